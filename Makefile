@@ -1,0 +1,141 @@
+# nsad - the NSA training daemon.
+#
+#   make run     install what is missing, build, start nsad with a default job
+#   make test    install what is missing, build, run every CPU test
+#
+# Other targets: all (default build), deps, check-deps, gpu-test (GPU machine),
+# bench-attn (GPU machine), clean. `make V=1` shows the commands.
+#
+# The engine (kernels/ -> build/libnsa.{a,so}) needs libc and, when nvcc is
+# found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
+# cJSON and libcurl (Debian packages, installed by `make deps`).
+
+CC      ?= cc
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+BUILD   := build
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+
+OPT     ?= -O2
+CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fPIC -pthread \
+           -D_GNU_SOURCE -Ikernels -Idaemon -Iproto
+LDLIBS_ENGINE := -lm -lpthread
+
+# CUDA: compiled whenever nvcc exists (CI has nvcc but no GPU).
+ifneq ($(NVCC),)
+HAVE_CUDA := 1
+GENCODE := -gencode arch=compute_90a,code=sm_90a \
+           -gencode arch=compute_80,code=sm_80 \
+           -gencode arch=compute_86,code=sm_86
+NVCCFLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -fPIC -Ikernels -lineinfo \
+             --expt-relaxed-constexpr -DNSA_HAVE_CUDA
+CFLAGS  += -DNSA_HAVE_CUDA -I$(CUDA_HOME)/include
+LDLIBS_ENGINE += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
+                 -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
+endif
+
+ifeq ($(V),1)
+Q :=
+else
+Q := @
+endif
+
+# ---- sources ---------------------------------------------------------------
+ENGINE_C   := $(wildcard kernels/*.c)
+CPU_SRC    := $(wildcard kernels/cpu/*.c)
+CUDA_SRC   := $(if $(HAVE_CUDA),$(wildcard kernels/cuda/*.cu))
+DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
+CTL_SRC    := $(wildcard ctl/*.c)
+TEST_SRC   := $(wildcard tests/unit/test_*.c)
+TEST_HELPERS := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
+
+ENGINE_OBJ := $(ENGINE_C:%.c=$(BUILD)/obj/%.o) \
+              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f32/%.o) \
+              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f64/%.o) \
+              $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/obj/%.o)
+CTL_OBJ    := $(CTL_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
+
+DAEMON_LIBS := -lyaml -lmicrohttpd -lcjson
+CTL_LIBS    := -lcurl -lcjson
+
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn clean
+all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
+
+# ---- the two set-up commands ------------------------------------------------
+deps:
+	$(Q)./scripts/deps.sh
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)./scripts/run.sh
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all tests
+	$(Q)./tests/run.sh
+
+# ---- engine -------------------------------------------------------------------
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC      $<"
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/cpu/f32/%.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	@echo "  CC f32  $<"
+	$(Q)$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/cpu/f64/%.o: kernels/cpu/%.c
+	@mkdir -p $(dir $@)
+	@echo "  CC f64  $<"
+	$(Q)$(CC) $(CFLAGS) -DNSA_CPU_F64 -MMD -MP -c $< -o $@
+
+$(BUILD)/obj/%.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libnsa.a: $(ENGINE_OBJ)
+	@mkdir -p $(BUILD)
+	@echo "  AR      $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/libnsa.so: $(ENGINE_OBJ)
+	@mkdir -p $(BUILD)
+	@echo "  LD      $@"
+	$(Q)$(CC) -shared -o $@ $^ $(LDLIBS_ENGINE)
+
+# ---- daemon and CLI -------------------------------------------------------------
+$(BUILD)/nsad: $(BUILD)/obj/daemon/main.o $(DAEMON_OBJ) $(BUILD)/libnsa.a
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
+
+$(BUILD)/nsactl: $(CTL_OBJ)
+	@echo "  LD      $@"
+	$(Q)$(CC) -o $@ $^ $(CTL_LIBS) -lm
+
+# ---- tests ----------------------------------------------------------------------
+.PHONY: tests
+tests: $(TEST_BIN)
+
+$(BUILD)/tests/%: tests/unit/%.c $(TEST_HELPER_OBJ) $(DAEMON_OBJ) $(BUILD)/libnsa.a
+	@mkdir -p $(dir $@)
+	@echo "  CC/LD   $@"
+	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TEST_HELPER_OBJ) $(DAEMON_OBJ) \
+	    $(BUILD)/libnsa.a -lcmocka $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
+
+unit-test: tests
+	$(Q)./tests/run.sh unit
+
+# GPU tests and benchmarks run on the GPU machine (CUDA toolkit only).
+gpu-test:
+	$(Q)$(MAKE) --no-print-directory -C tests/gpu run
+
+bench-attn:
+	$(Q)$(MAKE) --no-print-directory -C bench attn
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,14 @@
+/* commands.h - nsad's subcommands. Each returns the process exit status:
+ * 0 success, 1 runtime failure, 2 usage error, 78 (EX_CONFIG) bad config. */
+#ifndef NSAD_COMMANDS_H
+#define NSAD_COMMANDS_H
+
+#define EXIT_USAGE 2
+#define EXIT_CONFIG 78
+
+int cmdCheck(int argc, char **argv);   /* nsad check CONFIG.yaml      (daemon/cmd_check.c) */
+int cmdTrain(int argc, char **argv);   /* nsad train CONFIG.yaml ...  (daemon/cmd_train.c) */
+int cmdServe(int argc, char **argv);   /* nsad serve ...              (daemon/cmd_serve.c) */
+int cmdDemo(int argc, char **argv);    /* nsad demo: one forward/backward (daemon/cmd_demo.c) */
+
+#endif

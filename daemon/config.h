@@ -1,0 +1,126 @@
+/* config.h - a training job's configuration: YAML (libyaml) into a typed,
+ * validated struct.
+ *
+ * The prototype's config files load unchanged. Keys (see configs/ and
+ * docs/CONFIG.md):
+ *   model:   dim n_layers n_heads n_kv_groups d_k d_v vocab_size mlp_hidden mlp
+ *   nsa:     l d l_sel n_sel w phi
+ *   train:   steps seq_len batch_size lr min_lr seed log_every out_dir
+ *            accumulate_grad_batches warmup_steps weight_decay grad_clip
+ *            eval_every eval_batches save_every keep_last beta1 beta2 eps
+ *   runtime: device precision threads
+ *   data:    source path tokenizer val_fraction
+ *   nan:     policy max_skips
+ *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds
+ *   watchdog: data forward backward optimizer checkpoint eval (seconds) on_hang
+ * Keys the prototype had but nsad cannot honour (flash-attn switches and the
+ * like) load with a warning; unknown keys and bad values are errors. */
+#ifndef NSAD_CONFIG_H
+#define NSAD_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../kernels/nsa.h"
+
+#define CONFIG_PATH_MAX 1024
+#define CONFIG_MAX_WARNINGS 16
+
+typedef enum DataSource {
+    DATA_SYNTHETIC = 0,  /* seeded random tokens */
+    DATA_TEXT = 1,       /* a .txt file, a directory of .txt files, or .jsonl ("text") */
+    DATA_SHARDS = 2      /* llm.c .bin token shards: a file, directory or glob */
+} DataSource;
+
+typedef enum NanPolicy { NAN_HALT = 0, NAN_SKIP = 1, NAN_ROLLBACK = 2 } NanPolicy;
+
+typedef enum HangPolicy { HANG_REPORT = 0, HANG_EXIT = 1 } HangPolicy;
+
+typedef enum FaultKind { FAULT_NONE = 0, FAULT_NAN_LOSS = 1, FAULT_NAN_GRAD = 2 } FaultKind;
+
+typedef struct TrainConfig {
+    int64_t steps;           /* optimizer steps */
+    int seq_len;
+    int batch_size;          /* sequences per micro-batch */
+    int accumulate_grad_batches;
+    double lr, min_lr;       /* peak and final learning rate */
+    int64_t warmup_steps;
+    double weight_decay, grad_clip;
+    double beta1, beta2, eps;
+    uint64_t seed;
+    int64_t log_every, eval_every, eval_batches, save_every;
+    int keep_last;           /* checkpoints kept */
+    char out_dir[CONFIG_PATH_MAX];
+} TrainConfig;
+
+typedef struct RuntimeConfig {
+    NsaDevice device;        /* "cpu" | "cuda" ("auto" resolves at load: cuda if present) */
+    int device_auto;         /* 1 when the file said auto (or nothing) */
+    NsaPrecision precision;  /* fp32 | fp64 | bf16 | fp16 */
+    int threads;
+} RuntimeConfig;
+
+typedef struct DataConfig {
+    DataSource source;
+    char path[CONFIG_PATH_MAX];
+    char tokenizer[32];      /* "byte" */
+    double val_fraction;     /* held-out share of the data, never trained on */
+} DataConfig;
+
+typedef struct NanConfig {
+    NanPolicy policy;
+    int max_skips;
+} NanConfig;
+
+typedef struct FaultConfig {
+    int64_t nan_at_step;     /* 0 = never */
+    FaultKind nan_kind;
+    int64_t stall_at_step;   /* 0 = never */
+    char stall_phase[16];    /* phase name the stall happens in */
+    double stall_seconds;
+} FaultConfig;
+
+typedef struct WatchdogConfig {
+    double data, forward, backward, optimizer, checkpoint, eval; /* seconds */
+    HangPolicy on_hang;
+} WatchdogConfig;
+
+typedef struct JobConfig {
+    NsaModelConfig model;
+    TrainConfig train;
+    RuntimeConfig runtime;
+    DataConfig data;
+    NanConfig nan;
+    FaultConfig fault;
+    WatchdogConfig watchdog;
+    int n_warnings;
+    char warnings[CONFIG_MAX_WARNINGS][256];
+} JobConfig;
+
+/* Fills cfg with every default (the prototype's production model, a short
+ * synthetic run). Cannot fail. */
+void configDefaults(JobConfig *cfg);
+
+/* Parses YAML from a file or a string over the defaults and validates.
+ * Returns 0, or -1 with err holding one line: the key (dotted path), the
+ * value and what is allowed, e.g.
+ *   "nsa.d: 5 does not divide nsa.l (32); allowed: a divisor of l and l_sel".
+ * Warnings (ignored prototype keys) are appended to cfg->warnings. */
+int configLoadFile(JobConfig *cfg, const char *path, NsaError *err);
+int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err);
+
+/* Validates a filled struct (also used after overrides). Returns 0 or -1. */
+int configValidate(const JobConfig *cfg, NsaError *err);
+
+/* Writes the resolved config as YAML (the form `nsad check` prints, and that
+ * configLoadString reads back to the same struct). Returns a malloc'd string
+ * the caller frees, or NULL on allocation failure. */
+char *configToYaml(const JobConfig *cfg);
+
+/* A stable 64-bit hash of the settings that change the math (model, data,
+ * seed, batch shape); resume refuses a checkpoint whose hash differs. */
+uint64_t configHash(const JobConfig *cfg);
+
+const char *configPrecisionName(NsaPrecision p);
+const char *configDeviceName(NsaDevice d);
+
+#endif

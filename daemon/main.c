@@ -1,0 +1,44 @@
+/* main.c - nsad's entry point: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+#include "commands.h"
+#include "nsa.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: nsad COMMAND [ARGS]\n"
+            "\n"
+            "commands:\n"
+            "  serve [--config FILE] [--listen ADDR:PORT] [--state-dir DIR]\n"
+            "                          run the daemon (JSON/HTTP API, dashboard)\n"
+            "  train CONFIG [--steps N] [--out DIR] [--resume DIR|latest] [--device cpu|cuda]\n"
+            "                          run one training job in the foreground\n"
+            "  check CONFIG            validate a job config and print it resolved\n"
+            "  demo [CONFIG]           one forward/backward on the CPU engine, loss printed\n"
+            "  version                 print the version\n"
+            "\n"
+            "Each command takes --help.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "serve")) return cmdServe(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cmdTrain(argc - 1, argv + 1);
+    if (!strcmp(cmd, "check")) return cmdCheck(argc - 1, argv + 1);
+    if (!strcmp(cmd, "demo")) return cmdDemo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
+        printf("nsad %s\n", NSA_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "help") || !strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "nsad: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return EXIT_USAGE;
+}

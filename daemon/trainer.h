@@ -1,0 +1,99 @@
+/* trainer.h - one training job, start to finish: data, steps, evaluation,
+ * checkpoints, artifacts, the NaN guard. `nsad train` runs it in the
+ * foreground; `nsad serve` runs it on its trainer thread and watches it
+ * through a TrainMonitor. Same code path for both.
+ *
+ * Threads: trainerRun runs on the caller's thread (plus a data prefetch
+ * thread it owns). Other threads talk to it only through the TrainMonitor
+ * (atomics) and receive its news through TrainHooks, called on the trainer
+ * thread: hooks must be quick and must not call back into the trainer. */
+#ifndef NSAD_TRAINER_H
+#define NSAD_TRAINER_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include "config.h"
+
+typedef enum TrainPhase {
+    PHASE_IDLE = 0,
+    PHASE_STARTING,
+    PHASE_DATA,
+    PHASE_FORWARD,
+    PHASE_BACKWARD,
+    PHASE_ALLREDUCE,
+    PHASE_OPTIMIZER,
+    PHASE_CHECKPOINT,
+    PHASE_EVAL,
+    PHASE_COUNT
+} TrainPhase;
+
+/* Returns "idle", "data", "forward", ... Never NULL. */
+const char *trainPhaseName(TrainPhase phase);
+/* Returns the phase of that name, or -1. */
+int trainPhaseFromName(const char *name);
+
+/* Shared between the trainer and its watchers (HTTP thread, watchdog,
+ * signal handlers). Every field is atomic; the trainer writes, others read,
+ * except the request flags, which others set and the trainer clears. */
+typedef struct TrainMonitor {
+    _Atomic int phase;               /* TrainPhase */
+    _Atomic int64_t phase_since_ns;  /* CLOCK_MONOTONIC when the phase began */
+    _Atomic int64_t step;            /* last completed optimizer step */
+    _Atomic int64_t heartbeat_ns;    /* CLOCK_MONOTONIC of the last sign of life */
+    _Atomic int halt_requested;      /* finish this step, checkpoint, return */
+    _Atomic int stop_now;            /* abandon without checkpoint (shutdown) */
+} TrainMonitor;
+
+void trainMonitorInit(TrainMonitor *mon);
+/* Sets the phase and its start time; also a heartbeat. Async-signal-safe. */
+void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase);
+
+/* One logged step, as written to heartbeat_rank0.jsonl and training.csv. */
+typedef struct TrainSample {
+    int64_t step, total_steps;
+    double ts;            /* unix seconds */
+    double loss, lr, grad_norm, toks_per_s, step_seconds;
+    int64_t tokens_seen;
+    size_t mem_bytes;     /* device (or host RSS) memory in use */
+} TrainSample;
+
+typedef struct TrainHooks {
+    void *ctx;
+    /* a step was logged (every log_every steps and the last) */
+    void (*on_sample)(void *ctx, const TrainSample *s);
+    /* an evaluation finished */
+    void (*on_eval)(void *ctx, int64_t step, double val_loss, double bits_per_byte);
+    /* an event: type is "start", "resume", "checkpoint", "anomaly", "rollback",
+     * "halt", "complete", "fail"; detail is a one-line JSON object */
+    void (*on_event)(void *ctx, const char *type, const char *detail_json);
+} TrainHooks;
+
+typedef enum TrainOutcome {
+    TRAIN_COMPLETED = 0,  /* all steps done, final checkpoint written */
+    TRAIN_HALTED = 1,     /* halt request, .HALT file or SIGTERM: checkpointed */
+    TRAIN_NAN_HALTED = 2, /* the NaN guard stopped it (.anomaly_type written) */
+    TRAIN_FAILED = 3      /* an error; err says which */
+} TrainOutcome;
+
+typedef struct TrainOptions {
+    const char *out_dir;     /* overrides train.out_dir when not NULL */
+    const char *resume;      /* NULL, a checkpoint dir, or "latest" */
+    int64_t steps;           /* overrides train.steps when > 0 */
+    int device_override;     /* -1 none, else NsaDevice */
+    int quiet;               /* no progress line on stdout */
+} TrainOptions;
+
+typedef struct TrainResult {
+    TrainOutcome outcome;
+    int64_t step;            /* last completed step */
+    double last_loss, last_val_loss;
+    char anomaly[32];        /* "nan_loss", "nan_grad", ... or "" */
+} TrainResult;
+
+/* Runs the job. Returns 0 when it ended cleanly (completed or halted, with
+ * res->outcome saying which), or -1 with err filled and res->outcome set
+ * (TRAIN_NAN_HALTED or TRAIN_FAILED). mon and hooks may be NULL. */
+int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
+               const TrainHooks *hooks, TrainResult *res, NsaError *err);
+
+#endif

@@ -1,0 +1,270 @@
+/* nsa.h - the public C API of libnsa, the NSA training engine.
+ *
+ * libnsa holds the whole compute engine of nsad: the NSA transformer (parameter
+ * layout, forward, backward), the AdamW optimizer and the standalone NSA
+ * attention op, twice: a plain C reference (kernels/cpu, the oracle) and a CUDA
+ * engine (kernels/cuda). It depends on libc, libm and (for the CUDA engine) the
+ * CUDA toolkit only, so it builds on a machine without any of the daemon's
+ * libraries, and it is exported from libnsa.so for ctypes callers.
+ *
+ * Conventions (the contract every engine honours; see proto/model.md):
+ *   - Row-major tensors. Activations are token-major: x[B][S][C].
+ *     q[B][S][H][d_k], per-branch k[B][S][G][d_k], v[B][S][G][d_v],
+ *     gates[B][S][H][3] in branch order (cmp, sel, win), out[B][S][H][d_v].
+ *   - Linear weights are stored [out][in] (PyTorch nn.Linear): y = x W^T.
+ *   - Head h belongs to KV group h / (H/G): the heads of a group are contiguous.
+ *   - RoPE pairs split halves: dims (i, i + d_k/2), theta_i = base^(-2i/d_k).
+ *   - Every function that can fail returns 0 on success and -1 on error, and
+ *     then fills *err (if not NULL) with one line naming what was wrong.
+ *     Nothing in libnsa calls exit() or prints.
+ */
+#ifndef NSA_H
+#define NSA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define NSA_VERSION "0.1.0"
+
+/* ---- errors ------------------------------------------------------------ */
+
+typedef struct NsaError {
+    char message[512];
+} NsaError;
+
+/* ---- model configuration ----------------------------------------------- */
+
+typedef enum NsaPhi { NSA_PHI_AVG = 0, NSA_PHI_MLP = 1 } NsaPhi;
+typedef enum NsaMlpKind { NSA_MLP_SILU = 0, NSA_MLP_SWIGLU = 1 } NsaMlpKind;
+
+typedef enum NsaDevice { NSA_DEVICE_CPU = 0, NSA_DEVICE_CUDA = 1 } NsaDevice;
+
+/* Compute precision. F64 exists on the CPU engine only (gradient checks);
+ * F32 is the CPU default; BF16 (default on sm_80+) and FP16 (dynamic loss
+ * scaling) on CUDA keep fp32 master weights and fp32 optimizer moments. */
+typedef enum NsaPrecision {
+    NSA_PREC_F32 = 0,
+    NSA_PREC_F64 = 1,
+    NSA_PREC_BF16 = 2,
+    NSA_PREC_FP16 = 3
+} NsaPrecision;
+
+typedef struct NsaModelConfig {
+    int vocab_size;   /* V: logical vocabulary (256 for the byte tokenizer) */
+    int dim;          /* C */
+    int n_layers;     /* L */
+    int n_heads;      /* H query heads */
+    int n_kv_groups;  /* G key/value groups; H % G == 0 */
+    int d_k;          /* key/query head dim (even, for RoPE) */
+    int d_v;          /* value head dim */
+    int mlp_hidden;   /* MLP hidden width; 0 means 4*C */
+    NsaMlpKind mlp;   /* SiLU (default) or SwiGLU */
+    /* NSA */
+    int cmp_len;      /* l: compressed block length */
+    int cmp_stride;   /* d: compressed block stride; d | l, d | l' */
+    int sel_len;      /* l': selection block length */
+    int n_sel;        /* n: selected blocks per query, forced blocks included */
+    int window;       /* w: sliding window, t itself included */
+    NsaPhi phi;       /* compression function */
+    float rope_base;  /* 10000 */
+    float norm_eps;   /* RMSNorm epsilon, 1e-6 */
+} NsaModelConfig;
+
+/* Fills cfg with the prototype's defaults (dim 768, 12 layers, 12 heads,
+ * 2 groups, d_k = d_v = 64, l/d/l'/n/w = 32/16/64/16/512, phi avg, SiLU MLP,
+ * V 256). Cannot fail. */
+void nsaModelConfigDefaults(NsaModelConfig *cfg);
+
+/* Checks that cfg describes a model this engine can build. Returns 0, or -1
+ * with err naming the field, its value and what is allowed. */
+int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err);
+
+/* ---- model ------------------------------------------------------------- */
+
+typedef struct NsaModel NsaModel;
+
+typedef struct NsaEngineOptions {
+    NsaDevice device;
+    int device_ordinal;     /* CUDA device index */
+    NsaPrecision precision;
+    int max_batch;          /* B: largest micro-batch forward/backward sees */
+    int max_seq_len;        /* S: largest sequence length */
+    int threads;            /* CPU engine worker threads; 0 = 1 */
+} NsaEngineOptions;
+
+/* Builds a model: plans and allocates every arena (parameters, gradients,
+ * optimizer state, activations for max_batch x max_seq_len) once. Nothing
+ * is allocated later. Returns NULL on error with err filled. The caller
+ * frees with nsaModelFree. Weights are uninitialised until nsaModelInit or
+ * nsaModelSetTensor. */
+NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                         NsaError *err);
+
+/* Frees everything the model owns. NULL is a no-op. */
+void nsaModelFree(NsaModel *m);
+
+const NsaModelConfig *nsaModelGetConfig(const NsaModel *m);
+const NsaEngineOptions *nsaModelGetOptions(const NsaModel *m);
+
+/* Seeded, deterministic initialisation (same seed -> same weights on every
+ * engine): N(0, 0.02) matrices, output projections scaled by 1/sqrt(2L),
+ * norm weights 1, phi=mlp near the mean. Zeroes gradients and moments. */
+int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err);
+
+/* ---- tensors by name ---------------------------------------------------
+ * Parameter names (shapes [out][in] for matrices; proto/model.md lists all):
+ *   tok_emb [V][C], layers.{i}.attn_norm [C], layers.{i}.wq [H*d_k][C],
+ *   layers.{i}.wk_cmp / wk_sel / wk_win [G*d_k][C],
+ *   layers.{i}.wv_cmp / wv_sel / wv_win [G*d_v][C],
+ *   layers.{i}.phi_k.pos [l][d_k], .w1 [d_k][l*d_k], .w2 [d_k][d_k]  (phi=mlp)
+ *   layers.{i}.phi_v.pos [l][d_v], .w1 [d_v][l*d_v], .w2 [d_v][d_v]  (phi=mlp)
+ *   layers.{i}.w_gate [3*H][C], layers.{i}.wo [C][H*d_v],
+ *   layers.{i}.mlp_norm [C], layers.{i}.w_fc [F][C],
+ *   layers.{i}.w_up [F][C] (SwiGLU only), layers.{i}.w_proj [C][F],
+ *   final_norm [C], lm_head [V][C]
+ */
+
+typedef enum NsaArena {
+    NSA_ARENA_PARAMS = 0,  /* master weights */
+    NSA_ARENA_GRADS = 1,
+    NSA_ARENA_ADAM_M = 2,
+    NSA_ARENA_ADAM_V = 3
+} NsaArena;
+
+typedef struct NsaTensorInfo {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+    size_t numel;
+    size_t offset;     /* element offset inside each arena */
+    int weight_decay;  /* 1 for matrices (decayed), 0 for norms and vectors */
+} NsaTensorInfo;
+
+int nsaModelNumTensors(const NsaModel *m);
+/* Returns NULL when i is out of range. The pointer lives as long as m. */
+const NsaTensorInfo *nsaModelTensorInfo(const NsaModel *m, int i);
+/* Returns the index of the named tensor, or -1. */
+int nsaModelFindTensor(const NsaModel *m, const char *name);
+/* Total elements in one arena (every arena has the same layout). */
+size_t nsaModelNumParams(const NsaModel *m);
+
+/* Copies tensor i of an arena to/from host fp32 (exact for fp32 master
+ * weights). Synchronous: call between steps, never inside one. */
+int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err);
+int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err);
+
+/* CPU engine only: the raw host arena, of element type double for
+ * NSA_PREC_F64 and float otherwise. NULL for the CUDA engine. Tests use it
+ * for finite differences. */
+void *nsaModelHostArena(NsaModel *m, NsaArena arena);
+
+/* ---- training ----------------------------------------------------------
+ * One optimizer step is:
+ *   nsaModelZeroGrad;  k x (nsaModelForward, nsaModelBackward) (accumulation);
+ *   nsaModelOptimizerStep;  nsaModelStepStats.
+ * On CUDA the first three only enqueue work: no host synchronisation and
+ * no allocation inside a step. nsaModelStepStats waits for the step. */
+
+int nsaModelZeroGrad(NsaModel *m, NsaError *err);
+
+/* tokens and targets are host arrays of B*S ids in [0, V); B <= max_batch,
+ * S <= max_seq_len. A target of -1 is ignored (not counted in the mean).
+ * nsaModelForward runs the forward pass, keeps the activations and adds
+ * grad_scale * mean cross-entropy into the step's loss accumulator;
+ * nsaModelBackward then adds grad_scale * d(mean cross-entropy)/dparam into
+ * the gradient arena (it needs the activations of the last Forward).
+ * nsaModelForwardBackward does both. */
+int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets,
+                    int B, int S, float grad_scale, NsaError *err);
+int nsaModelBackward(NsaModel *m, NsaError *err);
+int nsaModelForwardBackward(NsaModel *m, const int32_t *tokens, const int32_t *targets,
+                            int B, int S, float grad_scale, NsaError *err);
+
+typedef struct NsaOptimConfig {
+    float lr;
+    float beta1, beta2, eps;   /* 0.9, 0.95, 1e-8 */
+    float weight_decay;        /* applied to weight_decay tensors only */
+    float grad_clip;           /* global-norm clip; <= 0 disables */
+} NsaOptimConfig;
+
+/* Global gradient norm (deterministic reduction), then - only if the
+ * accumulated loss and the norm are both finite - clip and AdamW with bias
+ * correction for 1-based step t. A non-finite loss or norm leaves weights
+ * and moments untouched: a bad update never reaches the weights. */
+int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err);
+
+typedef struct NsaStepStats {
+    double loss;          /* accumulated mean loss of the step */
+    double grad_norm;     /* before clipping */
+    int nonfinite_loss;   /* 1 if loss was NaN/Inf */
+    int nonfinite_grad;   /* 1 if the gradient norm was NaN/Inf */
+    int applied;          /* 1 if the update reached the weights */
+} NsaStepStats;
+
+/* Waits for the last optimizer step and returns its figures. */
+int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err);
+
+/* Forward only, for evaluation: returns the mean cross-entropy (nats per
+ * token) of this batch. Synchronous. Leaves gradients untouched. */
+int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets,
+                     int B, int S, double *loss, NsaError *err);
+
+/* Fault injection for tests of the NaN guard: poisons the next
+ * Forward's loss (NSA_FAULT_NAN_LOSS) or one gradient element
+ * (NSA_FAULT_NAN_GRAD) with NaN. */
+typedef enum NsaFault { NSA_FAULT_NONE = 0, NSA_FAULT_NAN_LOSS = 1, NSA_FAULT_NAN_GRAD = 2 } NsaFault;
+int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err);
+
+/* Bytes held by each arena and the activations, for the start-up report. */
+typedef struct NsaMemoryReport {
+    size_t params, grads, optimizer, activations, workspace, total;
+    size_t device_free, device_total;   /* CUDA only */
+} NsaMemoryReport;
+int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out);
+
+/* ---- the NSA attention op alone ----------------------------------------
+ * Inputs after the projections and RoPE, phi = avg:
+ *   q [B][S][H][d_k]; k_cmp, k_sel, k_win [B][S][G][d_k];
+ *   v_cmp, v_sel, v_win [B][S][G][d_v]; gates [B][S][H][3] (post-sigmoid).
+ * Outputs: out [B][S][H][d_v]; sel_idx [B][S][G][n_sel] int32, the selected
+ * selection-block indices in ascending order, padded with -1 (optional);
+ * lse_cmp [B][S][H] (optional), the compressed softmax's log-sum-exp
+ * (-INFINITY where no block is visible).
+ * Backward takes dout and returns the gradient of every input (dgates is
+ * the gradient with respect to the post-sigmoid gate values). Selection is
+ * a discrete choice and passes no gradient. */
+
+typedef struct NsaAttnDims {
+    int B, S, H, G, d_k, d_v;
+    int cmp_len, cmp_stride, sel_len, n_sel, window;
+} NsaAttnDims;
+
+/* Number of compressed blocks: floor((S - l)/d) + 1, or 0 when S < l. */
+int nsaNumCmpBlocks(int S, int cmp_len, int cmp_stride);
+/* Number of selection blocks: ceil(S / l'). */
+int nsaNumSelBlocks(int S, int sel_len);
+
+int nsaAttnDimsValidate(const NsaAttnDims *dims, NsaError *err);
+
+typedef struct NsaAttnInputs {
+    const float *q, *k_cmp, *v_cmp, *k_sel, *v_sel, *k_win, *v_win, *gates;
+} NsaAttnInputs;
+
+typedef struct NsaAttnGrads {
+    float *dq, *dk_cmp, *dv_cmp, *dk_sel, *dv_sel, *dk_win, *dv_win, *dgates;
+} NsaAttnGrads;
+
+/* CPU reference, fp32 host arrays. */
+int nsaAttnForwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, float *out,
+                      int32_t *sel_idx, float *lse_cmp, NsaError *err);
+int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const float *dout,
+                       const NsaAttnGrads *grads, NsaError *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NSA_H */
