@@ -58,9 +58,15 @@ TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
 
 DAEMON_LIBS := -lyaml -lmicrohttpd -lcjson
+
+# env.json records the commit nsad was built from (daemon/artifacts.c);
+# artifacts.o is rebuilt when a commit moves the branch.
+GIT_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+$(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
+$(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 CTL_LIBS    := -lcurl -lcjson
 
-.PHONY: all deps check-deps run test unit-test gpu-test bench-attn clean
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn clean corpus
 all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
 
 # ---- the two set-up commands ------------------------------------------------
@@ -68,12 +74,18 @@ deps:
 	$(Q)./scripts/deps.sh
 
 run: deps
+	$(Q)./scripts/make-corpus.sh
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)./scripts/run.sh
 
 test: deps
+	$(Q)./scripts/make-corpus.sh
 	$(Q)$(MAKE) --no-print-directory all tests
 	$(Q)./tests/run.sh
+
+# The fortunes text corpus (build/data/fortunes.txt) that tests and `make run` train on.
+corpus:
+	$(Q)./scripts/make-corpus.sh
 
 # ---- engine -------------------------------------------------------------------
 $(BUILD)/obj/%.o: %.c

@@ -1,9 +1,529 @@
-/* cmd_serve.c - placeholder until the subcommand lands (this session). */
+/* cmd_serve.c - `nsad serve`: the long-lived daemon.
+ *
+ * Threads: main (options, start-up, then signals), the trainer (service.c),
+ * the HTTP loop (server.c) and the watchdog (watchdog.c). Start-up order:
+ * options and daemon config (exit 78 when bad), state dir, token, run
+ * registry (picking up an interrupted run), listeners, trainer, watchdog,
+ * then READY=1 to systemd. SIGTERM/SIGINT stop it: the active run
+ * checkpoints and stays active on disk, so the next start resumes it. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <yaml.h>
+
+#include "auth.h"
 #include "commands.h"
+#include "log.h"
+#include "sdnotify.h"
+#include "server.h"
+#include "service.h"
+#include "signals.h"
+#include "stackdump.h"
+#include "watchdog.h"
+
+#define DEFAULT_CONFIG "/etc/nsad/nsad.yaml"
+#define DEFAULT_LISTEN "127.0.0.1:8470"
+#define SHUTDOWN_TIMEOUT_S 120.0
+
+typedef struct ServeOptions {
+    char config[PATH_MAX];
+    int config_given;
+    char listen[300];          /* "ADDR:PORT" or "none" */
+    char socket[PATH_MAX];     /* path, "none", or "" for the default */
+    char state_dir[PATH_MAX];
+    char web_root[PATH_MAX];
+    char token_file[PATH_MAX];
+    int no_auth;
+    long long max_body;
+    long max_connections;
+    long idle_timeout_s;
+    char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
+    int n_allow_hosts;
+    int log_level;
+} ServeOptions;
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "usage: nsad serve [OPTIONS]\n"
+            "\n"
+            "Runs the training daemon: a JSON/HTTP API (proto/api.md), the dashboard, one\n"
+            "trainer that owns the GPUs (or the CPU engine), and a watchdog.\n"
+            "\n"
+            "  --config FILE          daemon config (YAML; default " DEFAULT_CONFIG " when it exists)\n"
+            "  --listen ADDR:PORT     TCP address (default " DEFAULT_LISTEN "; 'none' for no TCP)\n"
+            "  --socket PATH          Unix socket (default $RUNTIME_DIRECTORY/nsad.sock,\n"
+            "                         $XDG_RUNTIME_DIR/nsad/nsad.sock or /run/nsad/nsad.sock; 'none')\n"
+            "  --state-dir DIR        runs, checkpoints and the token (default $STATE_DIRECTORY,\n"
+            "                         /var/lib/nsad as root, else ~/.local/state/nsad)\n"
+            "  --web-root DIR         dashboard files (default <binary>/../web, /usr/share/nsad/web)\n"
+            "  --token-file FILE      bearer token for TCP (default <state-dir>/token; made on first start)\n"
+            "  --no-auth              no token on TCP (refused unless --listen is loopback)\n"
+            "  --allow-host NAME      accept this Host header too (repeatable)\n"
+            "  --max-body BYTES       request body limit (default 1048576)\n"
+            "  --max-connections N    open connections before 429 (default 64)\n"
+            "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
+            "\n"
+            "Exit status: 0 after SIGTERM/SIGINT, 1 on a runtime failure, 2 on a usage error,\n"
+            "70 when the watchdog policy 'exit' stops a hung run, 78 on a bad config.\n");
+}
+
+static void setDefaults(ServeOptions *o) {
+    memset(o, 0, sizeof *o);
+    snprintf(o->config, sizeof o->config, "%s", DEFAULT_CONFIG);
+    snprintf(o->listen, sizeof o->listen, "%s", DEFAULT_LISTEN);
+    o->max_body = 1 << 20;
+    o->max_connections = 64;
+    o->idle_timeout_s = 30;
+    o->log_level = LOG_LVL_INFO;
+}
+
+/* ---- values shared by flags and the config file --------------------------------- */
+
+static int parseLogLevel(const char *v) {
+    static const struct { const char *name; int level; } levels[] = {
+        {"error", LOG_LVL_ERR}, {"warning", LOG_LVL_WARNING}, {"notice", LOG_LVL_NOTICE},
+        {"info", LOG_LVL_INFO}, {"debug", LOG_LVL_DEBUG}};
+    for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
+        if (!strcasecmp(v, levels[i].name)) return levels[i].level;
+    return -1;
+}
+
+static int parseInteger(const char *v, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || errno || n < lo || n > hi) return -1;
+    *out = n;
+    return 0;
+}
+
+static int copyValue(char *dst, size_t cap, const char *v) {
+    return snprintf(dst, cap, "%s", v) >= (int)cap ? -1 : 0;
+}
+
+/* Applies one setting by its config-file key. Returns 0, or -1 with err
+ * naming the key, the value and what is allowed. flag is the spelling used
+ * in messages ("--listen" or "listen"). */
+static int applySetting(ServeOptions *o, const char *key, const char *v, const char *flag, NsaError *err) {
+    long long n;
+    int bad = 0;
+    const char *allowed = "";
+    if (!strcmp(key, "listen")) {
+        bad = copyValue(o->listen, sizeof o->listen, v);
+        allowed = "ADDR:PORT or none";
+    } else if (!strcmp(key, "socket")) {
+        bad = copyValue(o->socket, sizeof o->socket, v);
+        allowed = "a path or none";
+    } else if (!strcmp(key, "state_dir")) {
+        bad = copyValue(o->state_dir, sizeof o->state_dir, v) || !*v;
+        allowed = "a directory";
+    } else if (!strcmp(key, "web_root")) {
+        bad = copyValue(o->web_root, sizeof o->web_root, v) || !*v;
+        allowed = "a directory";
+    } else if (!strcmp(key, "token_file")) {
+        bad = copyValue(o->token_file, sizeof o->token_file, v) || !*v;
+        allowed = "a file path";
+    } else if (!strcmp(key, "auth")) {
+        bad = strcmp(v, "true") && strcmp(v, "false");
+        o->no_auth = !strcmp(v, "false");
+        allowed = "true or false";
+    } else if (!strcmp(key, "max_body_bytes")) {
+        bad = parseInteger(v, 1024, (long long)1 << 30, &n);
+        if (!bad) o->max_body = n;
+        allowed = "an integer from 1024 to 1073741824";
+    } else if (!strcmp(key, "max_connections")) {
+        bad = parseInteger(v, 1, 1000, &n);
+        if (!bad) o->max_connections = (long)n;
+        allowed = "an integer from 1 to 1000";
+    } else if (!strcmp(key, "idle_timeout_s")) {
+        bad = parseInteger(v, 1, 3600, &n);
+        if (!bad) o->idle_timeout_s = (long)n;
+        allowed = "an integer from 1 to 3600";
+    } else if (!strcmp(key, "allow_hosts")) {
+        bad = o->n_allow_hosts == SERVER_MAX_ALLOW_HOSTS || !*v ||
+              copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
+        if (!bad) o->n_allow_hosts++;
+        allowed = "up to 16 host names";
+    } else if (!strcmp(key, "log_level")) {
+        int level = parseLogLevel(v);
+        bad = level < 0;
+        if (!bad) o->log_level = level;
+        allowed = "error, warning, notice, info or debug";
+    } else {
+        snprintf(err->message, sizeof err->message,
+                 "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
+                 "max_body_bytes, max_connections, idle_timeout_s, allow_hosts, log_level", flag);
+        return -1;
+    }
+    if (bad) {
+        snprintf(err->message, sizeof err->message, "%s: '%.200s' is not allowed; allowed: %s", flag, v, allowed);
+        return -1;
+    }
+    return 0;
+}
+
+/* Reads the daemon config: a YAML mapping of the keys applySetting knows
+ * (allow_hosts may be a list). Returns 0 or -1 with err. */
+static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(err->message, sizeof err->message, "%.300s: cannot open: %s", path, strerror(errno));
+        return -1;
+    }
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    yaml_parser_initialize(&parser);
+    yaml_parser_set_input_file(&parser, f);
+    int rc = 0;
+    if (!yaml_parser_load(&parser, &doc)) {
+        snprintf(err->message, sizeof err->message, "%.300s line %zu: %s", path, parser.problem_mark.line + 1,
+                 parser.problem ? parser.problem : "YAML syntax error");
+        yaml_parser_delete(&parser);
+        fclose(f);
+        return -1;
+    }
+    yaml_node_t *root = yaml_document_get_root_node(&doc);
+    if (root && root->type != YAML_MAPPING_NODE) {
+        snprintf(err->message, sizeof err->message, "%.300s: the top level must be a mapping of settings", path);
+        rc = -1;
+    }
+    for (yaml_node_pair_t *p = root && rc == 0 ? root->data.mapping.pairs.start : NULL;
+         p && p < root->data.mapping.pairs.top && rc == 0; p++) {
+        yaml_node_t *k = yaml_document_get_node(&doc, p->key);
+        yaml_node_t *v = yaml_document_get_node(&doc, p->value);
+        if (!k || k->type != YAML_SCALAR_NODE) {
+            snprintf(err->message, sizeof err->message, "%.300s: keys must be plain words", path);
+            rc = -1;
+            break;
+        }
+        const char *key = (const char *)k->data.scalar.value;
+        char flag[300];
+        snprintf(flag, sizeof flag, "%.200s: %.80s", path, key);
+        if (v && v->type == YAML_SEQUENCE_NODE && !strcmp(key, "allow_hosts")) {
+            for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && rc == 0;
+                 it++) {
+                yaml_node_t *item = yaml_document_get_node(&doc, *it);
+                rc = item && item->type == YAML_SCALAR_NODE
+                         ? applySetting(o, key, (const char *)item->data.scalar.value, flag, err)
+                         : (snprintf(err->message, sizeof err->message, "%s: list items must be host names", flag), -1);
+            }
+        } else if (v && v->type == YAML_SCALAR_NODE) {
+            rc = applySetting(o, key, (const char *)v->data.scalar.value, flag, err);
+        } else {
+            snprintf(err->message, sizeof err->message, "%s: expected a single value", flag);
+            rc = -1;
+        }
+    }
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    fclose(f);
+    return rc;
+}
+
+/* ---- command line ------------------------------------------------------------------ */
+
+/* Returns 0 to go on, or an exit status (EXIT_USAGE, EXIT_CONFIG, 0 for --help). */
+static int parseArgs(ServeOptions *o, int argc, char **argv) {
+    static const struct { const char *flag, *key; } valued[] = {
+        {"--listen", "listen"}, {"--socket", "socket"}, {"--state-dir", "state_dir"},
+        {"--web-root", "web_root"}, {"--token-file", "token_file"}, {"--allow-host", "allow_hosts"},
+        {"--max-body", "max_body_bytes"}, {"--max-connections", "max_connections"},
+        {"--idle-timeout", "idle_timeout_s"}, {"--log-level", "log_level"}};
+    /* the config file first, so that flags override it */
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return -1;
+        }
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "nsad serve: --config needs a file\n");
+                return EXIT_USAGE;
+            }
+            snprintf(o->config, sizeof o->config, "%s", argv[++i]);
+            o->config_given = 1;
+        }
+    }
+    NsaError err;
+    if (o->config_given || access(o->config, F_OK) == 0) {
+        if (loadDaemonConfig(o, o->config, &err) != 0) {
+            fprintf(stderr, "nsad serve: %s\n", err.message);
+            return EXIT_CONFIG;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--config")) {
+            i++;
+            continue;
+        }
+        if (!strcmp(a, "--no-auth")) {
+            o->no_auth = 1;
+            continue;
+        }
+        const char *key = NULL;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            if (!strcmp(a, valued[k].flag)) key = valued[k].key;
+        if (!key) {
+            fprintf(stderr, "nsad serve: unknown option '%s' (see nsad serve --help)\n", a);
+            return EXIT_USAGE;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "nsad serve: %s needs a value\n", a);
+            return EXIT_USAGE;
+        }
+        if (applySetting(o, key, argv[++i], a, &err) != 0) {
+            fprintf(stderr, "nsad serve: %s\n", err.message);
+            return EXIT_CONFIG;
+        }
+    }
+    return 0;
+}
+
+/* Splits "ADDR:PORT" ("[v6]:PORT" too). Returns 0 or -1. */
+static int splitListen(const char *spec, char *host, size_t cap, int *port) {
+    const char *colon = strrchr(spec, ':');
+    if (!colon || colon == spec) return -1;
+    size_t len = (size_t)(colon - spec);
+    const char *start = spec;
+    if (spec[0] == '[') {
+        if (colon[-1] != ']') return -1;
+        start++;
+        len -= 2;
+    } else if (memchr(spec, ':', len)) {
+        return -1; /* a bare IPv6 address needs brackets */
+    }
+    if (len == 0 || len >= cap) return -1;
+    memcpy(host, start, len);
+    host[len] = '\0';
+    long long p;
+    if (parseInteger(colon + 1, 0, 65535, &p) != 0) return -1;
+    *port = (int)p;
+    return 0;
+}
+
+/* mkdir -p with mode for the last component. Returns 0 or -1 (errno). */
+static int makeDirs(const char *path, mode_t mode) {
+    char buf[PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(buf, mode) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(buf, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+static void defaultStateDir(char *out, size_t cap) {
+    const char *sd = getenv("STATE_DIRECTORY");
+    if (sd && *sd) {
+        /* systemd may list several, colon-separated: the first is ours */
+        size_t len = strcspn(sd, ":");
+        snprintf(out, cap, "%.*s", (int)len, sd);
+    } else if (geteuid() == 0) {
+        snprintf(out, cap, "/var/lib/nsad");
+    } else if (getenv("XDG_STATE_HOME") && *getenv("XDG_STATE_HOME")) {
+        snprintf(out, cap, "%s/nsad", getenv("XDG_STATE_HOME"));
+    } else {
+        snprintf(out, cap, "%s/.local/state/nsad", getenv("HOME") ? getenv("HOME") : "/tmp");
+    }
+}
+
+/* The socket path when none was given (the same search nsactl makes). */
+static int defaultSocket(char *out, size_t cap) {
+    const char *rd = getenv("RUNTIME_DIRECTORY");
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    char dir[PATH_MAX];
+    if (rd && *rd)
+        snprintf(dir, sizeof dir, "%.*s", (int)strcspn(rd, ":"), rd);
+    else if (xdg && *xdg)
+        snprintf(dir, sizeof dir, "%s/nsad", xdg);
+    else
+        snprintf(dir, sizeof dir, "/run/nsad");
+    if (makeDirs(dir, 0750) != 0) return -1;
+    if (snprintf(out, cap, "%s/nsad.sock", dir) >= (int)cap) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return 0;
+}
+
+static int isDir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void defaultWebRoot(char *out, size_t cap) {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    out[0] = '\0';
+    if (n > 0) {
+        exe[n] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0';
+            char candidate[PATH_MAX + 8];
+            snprintf(candidate, sizeof candidate, "%s/../web", exe);
+            if (isDir(candidate) && (size_t)snprintf(out, cap, "%s", candidate) < cap) return;
+        }
+    }
+    if (isDir("/usr/share/nsad/web")) snprintf(out, cap, "/usr/share/nsad/web");
+}
+
+static void logStacks(const char *reason) {
+    char *text = stackdumpString(reason);
+    if (!text) {
+        logError("stack dump (%s): out of memory", reason);
+        return;
+    }
+    logNotice("stack dump (%s):", reason);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) logNotice("  %s", line);
+    free(text);
+}
+
+/* ---- the command --------------------------------------------------------------------- */
 
 int cmdServe(int argc, char **argv) {
-    (void)argc; (void)argv;
-    fprintf(stderr, "nsad: 'serve' is not built yet\n");
-    return 1;
+    ServeOptions o;
+    setDefaults(&o);
+    int rc = parseArgs(&o, argc, argv);
+    if (rc) return rc < 0 ? 0 : rc;
+    logSetLevel(o.log_level);
+
+    char host[256] = "";
+    int port = 0, tcp = strcmp(o.listen, "none") != 0;
+    if (tcp && splitListen(o.listen, host, sizeof host, &port) != 0) {
+        logError("--listen: '%s' is not allowed; allowed: ADDR:PORT (like 127.0.0.1:8470 or [::1]:8470) or none",
+                 o.listen);
+        return EXIT_CONFIG;
+    }
+    if (tcp && o.no_auth && !serverIsLoopback(host)) {
+        logError("--listen %s is not a loopback address: refusing to serve it without a token "
+                 "(drop --no-auth / auth: false, or listen on 127.0.0.1)", o.listen);
+        return EXIT_CONFIG;
+    }
+    if (!o.state_dir[0]) defaultStateDir(o.state_dir, sizeof o.state_dir);
+    if (makeDirs(o.state_dir, 0750) != 0) {
+        logError("--state-dir %s: cannot create: %s", o.state_dir, strerror(errno));
+        return EXIT_CONFIG;
+    }
+    int unix_sock = strcmp(o.socket, "none") != 0;
+    if (unix_sock && !o.socket[0] && defaultSocket(o.socket, sizeof o.socket) != 0) {
+        logError("cannot create the runtime directory for the Unix socket: %s (give --socket PATH or --socket none)",
+                 strerror(errno));
+        return EXIT_CONFIG;
+    }
+    if (!o.web_root[0]) defaultWebRoot(o.web_root, sizeof o.web_root);
+
+    char token[AUTH_TOKEN_MAX] = "";
+    NsaError err = {""};
+    if (tcp && !o.no_auth) {
+        if (!o.token_file[0] &&
+            snprintf(o.token_file, sizeof o.token_file, "%s/token", o.state_dir) >= (int)sizeof o.token_file) {
+            logError("--state-dir %s: path too long", o.state_dir);
+            return EXIT_CONFIG;
+        }
+        int created = 0;
+        if (authLoadOrCreateToken(o.token_file, token, sizeof token, &created, &err) != 0) {
+            logError("%s", err.message);
+            return EXIT_CONFIG;
+        }
+        if (created) logNotice("created a new bearer token in %s (mode 0600)", o.token_file);
+    }
+
+    if (signalsBlockDaemonSignals() != 0 || signalsInstallFatal() != 0) {
+        logError("cannot set up signal handling: %s", strerror(errno));
+        return 1;
+    }
+    stackdumpRegisterThread("main");
+
+    Service *svc = serviceOpen(o.state_dir, &err);
+    if (!svc) {
+        logError("state dir %s: %s", o.state_dir, err.message);
+        return EXIT_CONFIG;
+    }
+    ServerOptions so = {
+        .listen_host = tcp ? host : NULL,
+        .port = port,
+        .socket_path = unix_sock ? o.socket : NULL,
+        .web_root = o.web_root[0] ? o.web_root : NULL,
+        .token = tcp && !o.no_auth ? token : NULL,
+        .max_body = (size_t)o.max_body,
+        .max_connections = (unsigned)o.max_connections,
+        .idle_timeout_s = (unsigned)o.idle_timeout_s,
+        .n_allow_hosts = o.n_allow_hosts,
+    };
+    for (int i = 0; i < o.n_allow_hosts; i++) so.allow_hosts[i] = o.allow_hosts[i];
+    Server *srv = serverStart(&so, svc, &err);
+    if (!srv) {
+        logError("%s", err.message);
+        serviceClose(svc);
+        return 1;
+    }
+    Watchdog *wd = NULL;
+    if (serviceStartTrainer(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
+        logError("%s", err.message);
+        serverStop(srv);
+        serviceShutdown(svc, SHUTDOWN_TIMEOUT_S);
+        serviceClose(svc);
+        return 1;
+    }
+
+    char where[PATH_MAX + 400];
+    int n = 0;
+    if (tcp) n += snprintf(where + n, sizeof where - (size_t)n, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "",
+                           host, strchr(host, ':') ? "]" : "", serverPort(srv));
+    if (unix_sock)
+        snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", tcp ? " and " : "", o.socket);
+    logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where, o.state_dir,
+              tcp && !o.no_auth ? "; token in " : "", tcp && !o.no_auth ? o.token_file : "",
+              o.web_root[0] ? o.web_root : "(none found)");
+    char status[PATH_MAX + 500];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
+    sdNotify(status);
+
+    int exit_code = 0;
+    for (;;) {
+        int sig = signalsWait(1000);
+        if (sig == SIGQUIT) {
+            logStacks("SIGQUIT");
+        } else if (sig == SIGHUP) {
+            logNotice("SIGHUP: nsad has nothing to reload; restart it to apply a new daemon config");
+        } else if (sig == SIGTERM || sig == SIGINT) {
+            logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)",
+                      sig == SIGTERM ? "SIGTERM" : "SIGINT");
+            break;
+        }
+    }
+    sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
+    serverStop(srv);
+    if (serviceShutdown(svc, SHUTDOWN_TIMEOUT_S) != 0) {
+        logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
+                 SHUTDOWN_TIMEOUT_S);
+        exit_code = 1;
+        watchdogStop(wd);
+        return exit_code; /* the trainer thread still runs: do not free what it uses */
+    }
+    watchdogStop(wd);
+    serviceClose(svc);
+    stackdumpUnregisterThread();
+    logNotice("nsad stopped");
+    return exit_code;
 }

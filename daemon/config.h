@@ -4,12 +4,13 @@
  * The prototype's config files load unchanged. Keys (see configs/ and
  * docs/CONFIG.md):
  *   model:   dim n_layers n_heads n_kv_groups d_k d_v vocab_size mlp_hidden mlp
+ *            rope_base norm_eps
  *   nsa:     l d l_sel n_sel w phi
  *   train:   steps seq_len batch_size lr min_lr seed log_every out_dir
  *            accumulate_grad_batches warmup_steps weight_decay grad_clip
  *            eval_every eval_batches save_every keep_last beta1 beta2 eps
  *   runtime: device precision threads
- *   data:    source path tokenizer val_fraction
+ *   data:    source path tokenizer val_fraction prefetch
  *   nan:     policy max_skips
  *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds
  *   watchdog: data forward backward optimizer checkpoint eval (seconds) on_hang
@@ -56,7 +57,10 @@ typedef struct RuntimeConfig {
     NsaDevice device;        /* "cpu" | "cuda" ("auto" resolves at load: cuda if present) */
     int device_auto;         /* 1 when the file said auto (or nothing) */
     NsaPrecision precision;  /* fp32 | fp64 | bf16 | fp16 */
-    int threads;
+    int precision_auto;      /* 1 when the file said auto (or nothing): bf16 on
+                                cuda, fp32 on cpu; see configAutoPrecision */
+    int threads;             /* CPU engine threads; a file's 0 means one per
+                                online core and is resolved at load */
 } RuntimeConfig;
 
 typedef struct DataConfig {
@@ -64,6 +68,7 @@ typedef struct DataConfig {
     char path[CONFIG_PATH_MAX];
     char tokenizer[32];      /* "byte" */
     double val_fraction;     /* held-out share of the data, never trained on */
+    int prefetch;            /* batches computed ahead by the loader thread; 0 = none */
 } DataConfig;
 
 typedef struct NanConfig {
@@ -121,6 +126,10 @@ char *configToYaml(const JobConfig *cfg);
 uint64_t configHash(const JobConfig *cfg);
 
 const char *configPrecisionName(NsaPrecision p);
+/* The precision "auto" means on device d: bf16 on cuda, fp32 on cpu. A
+ * caller that overrides runtime.device re-resolves precision with it when
+ * runtime.precision_auto is set. */
+NsaPrecision configAutoPrecision(NsaDevice d);
 const char *configDeviceName(NsaDevice d);
 
 #endif

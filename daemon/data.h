@@ -30,15 +30,25 @@ void dataClose(DataLoader *dl);
 /* Fills tokens[batch*seq_len] (inputs) and targets[batch*seq_len] (the next
  * tokens) with batch number `position` of this split. Uses the prefetched
  * copy when it is ready; never blocks on disk when the disk keeps up.
+ * Allocates nothing. One calling thread per loader at a time.
  * Returns 0 or -1 with err. */
 int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets, NsaError *err);
 
 /* Total tokens in this split (synthetic: UINT64_MAX). */
 uint64_t dataNumTokens(const DataLoader *dl);
 /* Bytes of source text per token (1.0 for the byte tokenizer): turns nats
- * per token into bits per byte. */
+ * per token into bits per byte. 0 when unknown (shards do not record the
+ * text they came from): then there is no bits-per-byte figure. */
 double dataBytesPerToken(const DataLoader *dl);
 /* Vocabulary the tokens come from (256 for bytes; shards: model.vocab_size). */
 int dataVocabSize(const DataLoader *dl);
+
+/* How dataBatch served its calls so far: from the prefetch ring, or
+ * computed on the caller's thread (a miss: the prefetch was behind or the
+ * position jumped). Thread-safe. */
+typedef struct DataStats {
+    uint64_t prefetched, computed;
+} DataStats;
+void dataGetStats(DataLoader *dl, DataStats *out);
 
 #endif

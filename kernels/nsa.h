@@ -230,12 +230,14 @@ int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out);
  * Inputs after the projections and RoPE, phi = avg:
  *   q [B][S][H][d_k]; k_cmp, k_sel, k_win [B][S][G][d_k];
  *   v_cmp, v_sel, v_win [B][S][G][d_v]; gates [B][S][H][3] (post-sigmoid).
- * Outputs: out [B][S][H][d_v]; sel_idx [B][S][G][n_sel] int32, the selected
- * selection-block indices in ascending order, padded with -1 (optional);
+ * Outputs: out [B][S][H][d_v]; sel_idx [B][S][G][nsaNumSelSlots(n_sel)]
+ * int32 (= n_sel for n_sel >= 3), the selected selection-block indices in
+ * ascending order, padded with -1 (optional);
  * lse_cmp [B][S][H] (optional), the compressed softmax's log-sum-exp
  * (-INFINITY where no block is visible).
  * Backward takes dout and returns the gradient of every input (dgates is
- * the gradient with respect to the post-sigmoid gate values). Selection is
+ * the gradient with respect to the post-sigmoid gate values); it overwrites
+ * the eight gradient arrays, all of which must be given. Selection is
  * a discrete choice and passes no gradient. */
 
 typedef struct NsaAttnDims {
@@ -247,6 +249,10 @@ typedef struct NsaAttnDims {
 int nsaNumCmpBlocks(int S, int cmp_len, int cmp_stride);
 /* Number of selection blocks: ceil(S / l'). */
 int nsaNumSelBlocks(int S, int sel_len);
+/* Entries per sel_idx row: max(n_sel, 3). The forced blocks (0, the current
+ * and the previous one) are kept even when n_sel < 3, so a row may hold up
+ * to 3 blocks; for n_sel >= 3 this is n_sel. sel_idx is [B][S][G][slots]. */
+int nsaNumSelSlots(int n_sel);
 
 int nsaAttnDimsValidate(const NsaAttnDims *dims, NsaError *err);
 

@@ -16,6 +16,7 @@ libcmocka-dev
 libcurl4-openssl-dev
 fortunes
 fortunes-min
+systemd
 "
 
 missing=""

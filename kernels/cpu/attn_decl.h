@@ -5,7 +5,8 @@
  *   q [B][S][H][dk]; raw branch keys k [B][S][G][dk], values v [B][S][G][dv];
  *   pooled compressed kc [B][Nc][G][dk], vc [B][Nc][G][dv], Nc = nsaNumCmpBlocks;
  *   per-branch outputs o [B][S][H][dv]; lse [B][S][H];
- *   sel_idx [B][S][G][n_sel] ascending, -1 padded; gates [B][S][H][3].
+ *   sel_idx [B][S][G][nsaNumSelSlots(n_sel)] ascending, -1 padded;
+ *   gates [B][S][H][3].
  * Backward functions ADD into their gradient outputs (callers zero them),
  * so the model can accumulate the gradient of shared inputs. */
 
@@ -39,10 +40,12 @@ void FN(nsaCpuCmpAttnBackward)(real *dq, real *dkc, real *dvc, const real *dout,
  * s_j = sum over the group's heads, sum_i M_ij p_i with M_ij the fraction of
  * compressed block i inside selection block j; forced blocks 0, floor(t/l')
  * and floor(t/l')-1, then complete blocks (j+1)*l'-1 <= t by s_j descending,
- * ties to the lower j, until n_sel. Writes sel_idx ascending, -1 padded.
- * scores (optional, [B][S][G][Ns]) receives s. */
-void FN(nsaCpuSelectBlocks)(int32_t *sel_idx, real *scores, const real *q, const real *kc,
-                            const real *lse, const NsaAttnDims *dims);
+ * ties to the lower j, until n_sel (the forced blocks stay even when
+ * n_sel < 3). sel_idx rows hold nsaNumSelSlots(n_sel) entries, ascending,
+ * -1 padded. scores (optional, [B][S][G][Ns], Ns = nsaNumSelBlocks) receives s.
+ * Returns 0, or -1 only when its O(Ns) scratch cannot be allocated. */
+int FN(nsaCpuSelectBlocks)(int32_t *sel_idx, real *scores, const real *q, const real *kc,
+                           const real *lse, const NsaAttnDims *dims);
 
 /* Selected attention over the tokens <= t of the blocks in sel_idx. */
 void FN(nsaCpuSelAttnForward)(real *o, real *lse, const real *q, const real *k, const real *v,

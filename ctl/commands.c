@@ -1,0 +1,797 @@
+/* commands.c - the nsactl commands that ask once and print: start, status,
+ * list, halt, resume, metrics, events, stacks, dashboard, version. (watch,
+ * which keeps asking, is in watch.c.) */
+#include "commands.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "format.h"
+#include "nsa.h"
+
+/* Config files are small; the daemon refuses bodies over 1 MiB anyway
+ * (proto/api.md), so a bigger file is an error here, with a clear message. */
+#define CONFIG_FILE_LIMIT ((size_t)1 << 20)
+
+/* ---- per-command argument parsing --------------------------------------- */
+
+typedef struct CmdOption {
+    const char *name;   /* "--since" */
+    const char **value; /* set for options that take a value */
+    int *flag;          /* set to 1 for flags */
+} CmdOption;
+
+/* Splits argv into options from `opts` ("--x V", "--x=V", flags) and
+ * positional arguments (at least min_pos, at most max_pos, stored in pos[]).
+ * Returns 0, or prints one usage line and returns -1. */
+static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *opts, int n_opts,
+                     const char **pos, int min_pos, int max_pos, int *n_pos) {
+    *n_pos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] == '-' && arg[1] == '-' && arg[2]) {
+            const char *eq = strchr(arg, '=');
+            size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
+            const CmdOption *opt = NULL;
+            for (int k = 0; k < n_opts; k++)
+                if (strlen(opts[k].name) == name_len && !strncmp(opts[k].name, arg, name_len))
+                    opt = &opts[k];
+            if (!opt) {
+                fprintf(stderr, "nsactl %s: unknown option '%.*s' (see nsactl %s --help)\n", cmd,
+                        (int)name_len, arg, cmd);
+                return -1;
+            }
+            if (opt->flag) {
+                if (eq) {
+                    fprintf(stderr, "nsactl %s: %s takes no value\n", cmd, opt->name);
+                    return -1;
+                }
+                *opt->flag = 1;
+            } else if (eq) {
+                *opt->value = eq + 1;
+            } else if (i + 1 < argc) {
+                *opt->value = argv[++i];
+            } else {
+                fprintf(stderr, "nsactl %s: %s needs a value\n", cmd, opt->name);
+                return -1;
+            }
+        } else if (arg[0] == '-' && arg[1] && strcmp(arg, "-") != 0) {
+            fprintf(stderr, "nsactl %s: unknown option '%s' (see nsactl %s --help)\n", cmd, arg, cmd);
+            return -1;
+        } else {
+            if (*n_pos == max_pos) {
+                fprintf(stderr, "nsactl %s: unexpected argument '%s' (see nsactl %s --help)\n", cmd,
+                        arg, cmd);
+                return -1;
+            }
+            pos[(*n_pos)++] = arg;
+        }
+    }
+    if (*n_pos < min_pos) {
+        const CtlCommand *c = ctlFindCommand(cmd);
+        fprintf(stderr, "nsactl %s: missing argument; usage: nsactl %s\n", cmd,
+                c ? c->synopsis : cmd);
+        return -1;
+    }
+    return 0;
+}
+
+/* Parses a non-negative integer option. Returns 0, or prints and returns -1. */
+static int parseCount(const char *cmd, const char *opt, const char *text, long long *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (errno || end == text || *end || v < 0) {
+        fprintf(stderr, "nsactl %s: %s '%s' is not valid; allowed: an integer >= 0\n", cmd, opt, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+/* ---- shared views of a run ----------------------------------------------- */
+
+int ctlRunStateFinal(const char *state) {
+    return !strcmp(state, "halted") || !strcmp(state, "completed") || !strcmp(state, "failed") ||
+           !strcmp(state, "nan_halted");
+}
+
+void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) {
+    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = eta_fallback_s, age = 0;
+    int have_step = ctlNumber(run, "step", &step);
+    int have_total = ctlNumber(run, "total_steps", &total);
+    int have_loss = ctlNumber(run, "loss", &loss);
+    int have_val = ctlNumber(run, "val_loss", &val);
+    int have_tps = ctlNumber(run, "toks_per_s", &tps);
+    ctlNumber(run, "eta_s", &eta);
+    const char *state = ctlString(run, "state", "?");
+    char loss_s[32], val_s[32], tps_s[32], eta_s[32], phase_s[96] = "", anomaly_s[96] = "";
+
+    const char *phase = ctlString(run, "phase", NULL);
+    if (!strcmp(state, "hung") && phase && ctlNumber(run, "phase_age_s", &age)) {
+        char age_s[32];
+        snprintf(phase_s, sizeof phase_s, " (%s for %s)", phase, formatDuration(age, age_s, sizeof age_s));
+    }
+    const char *anomaly = ctlString(run, "anomaly", NULL);
+    if (anomaly) snprintf(anomaly_s, sizeof anomaly_s, "  anomaly %s", anomaly);
+
+    char progress[96];
+    if (have_step && have_total && total > 0)
+        snprintf(progress, sizeof progress, "step %.0f/%.0f (%.0f%%)", step, total,
+                 floor(100.0 * step / total));
+    else if (have_step)
+        snprintf(progress, sizeof progress, "step %.0f", step);
+    else
+        snprintf(progress, sizeof progress, "step -");
+
+    int active = !ctlRunStateFinal(state);
+    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s",
+             ctlString(run, "id", "?"), state, phase_s, progress,
+             formatLoss(loss, have_loss, loss_s, sizeof loss_s),
+             formatLoss(val, have_val, val_s, sizeof val_s),
+             have_tps ? formatSi(tps, tps_s, sizeof tps_s) : "-",
+             active ? "  ETA " : "", active ? formatDuration(eta, eta_s, sizeof eta_s) : "",
+             anomaly_s);
+}
+
+/* Prints one "label  value" line of `status`. */
+static void statusLine(const char *label, const char *value) {
+    printf("  %-11s %s\n", label, value);
+}
+
+static void printRunDetails(const cJSON *run) {
+    char a[64], b[64], c[64], line[512];
+    double v = 0, w = 0;
+    const char *id = ctlString(run, "id", "?");
+    const char *name = ctlString(run, "name", id);
+    if (strcmp(name, id)) snprintf(line, sizeof line, "%s (%s)", id, name);
+    else snprintf(line, sizeof line, "%s", id);
+    statusLine("run", line);
+
+    const char *state = ctlString(run, "state", "?");
+    const char *phase = ctlString(run, "phase", NULL);
+    if (phase && ctlNumber(run, "phase_age_s", &v))
+        snprintf(line, sizeof line, "%s (phase %s for %s)", state, phase, formatDuration(v, a, sizeof a));
+    else
+        snprintf(line, sizeof line, "%s", state);
+    statusLine("state", line);
+
+    int have_step = ctlNumber(run, "step", &v);
+    if (!have_step) snprintf(line, sizeof line, "-");
+    else if (ctlNumber(run, "total_steps", &w) && w > 0)
+        snprintf(line, sizeof line, "%.0f / %.0f (%.1f%%)", v, w, 100.0 * v / w);
+    else snprintf(line, sizeof line, "%.0f", v);
+    statusLine("step", line);
+
+    int have_loss = ctlNumber(run, "loss", &v);
+    formatLoss(v, have_loss, a, sizeof a);
+    int have_val = ctlNumber(run, "val_loss", &v);
+    formatLoss(v, have_val, b, sizeof b);
+    int have_bpb = ctlNumber(run, "bits_per_byte", &v);
+    formatLoss(v, have_bpb, c, sizeof c);
+    snprintf(line, sizeof line, "%s   val %s   bits/byte %s", a, b, c);
+    statusLine("loss", line);
+
+    snprintf(a, sizeof a, "-");
+    snprintf(b, sizeof b, "-");
+    if (ctlNumber(run, "lr", &v)) snprintf(a, sizeof a, "%.3g", v);
+    if (ctlNumber(run, "grad_norm", &v)) snprintf(b, sizeof b, "%.3g", v);
+    snprintf(line, sizeof line, "%s   grad norm %s", a, b);
+    statusLine("lr", line);
+
+    snprintf(a, sizeof a, "-");
+    if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, a, sizeof a);
+    w = -1;
+    ctlNumber(run, "eta_s", &w);
+    snprintf(line, sizeof line, "%s tok/s   ETA %s", a, formatDuration(w, b, sizeof b));
+    statusLine("speed", line);
+
+    if (ctlNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));
+    if (ctlNumber(run, "heartbeat_age_s", &v)) {
+        snprintf(line, sizeof line, "%s ago", formatDuration(v, a, sizeof a));
+        statusLine("heartbeat", line);
+    }
+    if (ctlNumber(run, "last_checkpoint_step", &v)) {
+        snprintf(line, sizeof line, "step %.0f", v);
+        statusLine("checkpoint", line);
+    }
+    snprintf(line, sizeof line, "%s %s", ctlString(run, "device", "-"), ctlString(run, "precision", "-"));
+    if (ctlNumber(run, "restarts", &v) && v > 0)
+        snprintf(line + strlen(line), sizeof line - strlen(line), "   restarts %.0f", v);
+    statusLine("device", line);
+
+    double created = 0, started = 0, ended = 0;
+    ctlNumber(run, "created_at", &created);
+    ctlNumber(run, "started_at", &started);
+    ctlNumber(run, "ended_at", &ended);
+    statusLine("created", formatTimestamp(created, a, sizeof a));
+    if (started > 0) statusLine("started", formatTimestamp(started, a, sizeof a));
+    if (ended > 0) statusLine("ended", formatTimestamp(ended, a, sizeof a));
+    const char *anomaly = ctlString(run, "anomaly", NULL);
+    if (anomaly) statusLine("anomaly", anomaly);
+    const char *error = ctlString(run, "error", NULL);
+    if (error) statusLine("error", error);
+    statusLine("out_dir", ctlString(run, "out_dir", "-"));
+}
+
+/* ---- start ------------------------------------------------------------------- */
+
+/* Reads a whole config file ("-" is stdin). Returns a malloc'd NUL-terminated
+ * buffer (caller frees), or NULL after printing why. */
+static char *readConfigFile(const char *path, size_t *len) {
+    FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+    if (!f) {
+        fprintf(stderr, "nsactl start: config file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 64 << 10, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (n < cap) break;
+        if (cap >= CONFIG_FILE_LIMIT) {
+            fprintf(stderr, "nsactl start: config file %s: larger than %zu bytes; a job config is "
+                            "a short YAML file\n", path, CONFIG_FILE_LIMIT);
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        cap *= 2;
+        char *grown = realloc(buf, cap + 1);
+        if (!grown) free(buf);
+        buf = grown;
+    }
+    int read_error = ferror(f);
+    if (f != stdin) fclose(f);
+    if (!buf) {
+        if (errno == ENOMEM) fprintf(stderr, "nsactl start: out of memory reading %s\n", path);
+        return NULL;
+    }
+    if (read_error) {
+        fprintf(stderr, "nsactl start: config file %s: read error\n", path);
+        free(buf);
+        return NULL;
+    }
+    size_t i = 0;
+    while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\t' || buf[i] == '\r')) i++;
+    if (i == n) {
+        fprintf(stderr, "nsactl start: config file %s: empty\n", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static int cmdStart(Ctl *ctl, int argc, char **argv) {
+    const char *name = NULL, *interval = NULL;
+    int watch = 0;
+    const CmdOption opts[] = {{"--name", &name, NULL}, {"--watch", NULL, &watch},
+                              {"--interval", &interval, NULL}};
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("start", argc, argv, opts, 3, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    double interval_s = 1.0;
+    if (interval && (sscanf(interval, "%lf", &interval_s) != 1 || !(interval_s >= 0.05))) {
+        fprintf(stderr, "nsactl start: --interval '%s' is not valid; allowed: seconds >= 0.05\n", interval);
+        return CTL_EXIT_USAGE;
+    }
+    char path[HTTP_ADDR_MAX] = "/api/v1/runs";
+    if (name) {
+        char escaped[512];
+        if (httpEscape(name, escaped, sizeof escaped)) {
+            fprintf(stderr, "nsactl start: --name is too long; allowed: 1-64 of A-Z a-z 0-9 . _ -\n");
+            return CTL_EXIT_USAGE;
+        }
+        snprintf(path, sizeof path, "/api/v1/runs?name=%s", escaped);
+    }
+    size_t len = 0;
+    char *body = readConfigFile(pos[0], &len);
+    if (!body) return CTL_EXIT_CONFIG;
+    /* The daemon reads JSON bodies strictly and anything else as YAML;
+     * label the file by what it is so a JSON typo gets a JSON error. */
+    size_t ext = strlen(pos[0]);
+    const char *first = body + strspn(body, " \t\r\n");
+    int is_json = (ext > 5 && !strcmp(pos[0] + ext - 5, ".json")) || *first == '{';
+    CtlReply reply;
+    int rc = ctlCall(ctl, "POST", path, body, len, is_json ? "application/json" : "application/yaml",
+                     1, &reply);
+    free(body);
+    if (rc != CTL_OK) return rc;
+    const char *id = ctlString(reply.json, "id", NULL);
+    if (!id) {
+        fprintf(stderr, "nsactl start: the daemon's answer has no run id\n");
+        ctlReplyFree(&reply);
+        return CTL_EXIT_ERROR;
+    }
+    char id_copy[128];
+    snprintf(id_copy, sizeof id_copy, "%s", id);
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+    } else {
+        printf("started run %s", id);
+        const char *run_name = ctlString(reply.json, "name", id);
+        if (strcmp(run_name, id)) printf(" (%s)", run_name);
+        printf(" on %s, state %s\n", ctlString(reply.json, "device", "?"),
+               ctlString(reply.json, "state", "?"));
+        if (!watch) printf("follow it:  nsactl watch %s\n", id);
+    }
+    fflush(stdout);
+    ctlReplyFree(&reply);
+    return watch ? ctlWatchRun(ctl, id_copy, interval_s) : CTL_OK;
+}
+
+/* ---- status and list ----------------------------------------------------------- */
+
+static int statusOfDaemon(Ctl *ctl) {
+    CtlReply health, runs;
+    int rc = ctlCall(ctl, "GET", "/api/v1/health", NULL, 0, NULL, 0, &health);
+    if (rc != CTL_OK) return rc;
+    rc = ctlCall(ctl, "GET", "/api/v1/runs", NULL, 0, NULL, 0, &runs);
+    if (rc != CTL_OK) {
+        ctlReplyFree(&health);
+        return rc;
+    }
+    const char *active_id = ctlString(runs.json, "active", NULL);
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(runs.json, "runs");
+    const cJSON *active = NULL, *run;
+    int n_runs = cJSON_GetArraySize(list);
+    cJSON_ArrayForEach(run, list) {
+        if (active_id && !strcmp(ctlString(run, "id", ""), active_id)) active = run;
+    }
+    if (ctl->json) {
+        cJSON *out = cJSON_CreateObject();
+        cJSON_AddItemToObject(out, "health", cJSON_Duplicate(health.json, 1));
+        cJSON_AddItemToObject(out, "active", active ? cJSON_Duplicate(active, 1) : cJSON_CreateNull());
+        cJSON_AddNumberToObject(out, "runs", n_runs);
+        char *text = cJSON_PrintUnformatted(out);
+        if (text) puts(text);
+        free(text);
+        cJSON_Delete(out);
+    } else {
+        double uptime = -1;
+        char up[32];
+        ctlNumber(health.json, "uptime_s", &uptime);
+        printf("nsad %s, up %s, trainer %s, %d run%s stored\n", ctlString(health.json, "version", "?"),
+               formatDuration(uptime, up, sizeof up), ctlString(health.json, "trainer", "?"), n_runs,
+               n_runs == 1 ? "" : "s");
+        if (active) {
+            char line[512];
+            ctlRunLine(active, -1, line, sizeof line);
+            printf("active: %s\n", line);
+        } else {
+            printf("no active run%s\n", n_runs ? " (nsactl list shows the others)" : "");
+        }
+    }
+    ctlReplyFree(&health);
+    ctlReplyFree(&runs);
+    return CTL_OK;
+}
+
+static int cmdStatus(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("status", argc, argv, NULL, 0, pos, 0, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (n_pos == 0) return statusOfDaemon(ctl);
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) ctlPrintJson(&reply);
+    else printRunDetails(reply.json);
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+static int cmdList(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("list", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
+    CtlReply reply;
+    int rc = ctlCall(ctl, "GET", "/api/v1/runs", NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+        ctlReplyFree(&reply);
+        return CTL_OK;
+    }
+    static const char *const headers[] = {"ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "DEVICE", "CREATED"};
+    FormatTable *table = formatTableNew(8, headers);
+    if (!table) {
+        fprintf(stderr, "nsactl list: out of memory\n");
+        ctlReplyFree(&reply);
+        return CTL_EXIT_ERROR;
+    }
+    const cJSON *run;
+    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(reply.json, "runs")) {
+        char step[48] = "-", loss[32], tps[32] = "-", created[32];
+        double v = 0, total = 0, ts = 0;
+        if (ctlNumber(run, "step", &v)) {
+            if (ctlNumber(run, "total_steps", &total)) snprintf(step, sizeof step, "%.0f/%.0f", v, total);
+            else snprintf(step, sizeof step, "%.0f", v);
+        }
+        int have_loss = ctlNumber(run, "loss", &v);
+        formatLoss(v, have_loss, loss, sizeof loss);
+        if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
+        ctlNumber(run, "created_at", &ts);
+        const char *cells[] = {ctlString(run, "id", "?"), ctlString(run, "name", "-"),
+                               ctlString(run, "state", "?"), step, loss, tps,
+                               ctlString(run, "device", "-"), formatTimestamp(ts, created, sizeof created)};
+        if (formatTableAdd(table, cells)) {
+            fprintf(stderr, "nsactl list: out of memory\n");
+            formatTableFree(table);
+            ctlReplyFree(&reply);
+            return CTL_EXIT_ERROR;
+        }
+    }
+    if (formatTableRows(table) == 0) printf("no runs yet; start one with: nsactl start CONFIG\n");
+    else formatTablePrint(table, stdout);
+    formatTableFree(table);
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+/* ---- halt and resume -------------------------------------------------------------- */
+
+/* Polls the run until its state leaves `transient` (halting, starting).
+ * Returns the final exit code; prints the state reached. */
+static int waitWhileState(Ctl *ctl, const char *id, const char *transient, char *state_out, size_t cap) {
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", id);
+    for (;;) {
+        CtlReply reply;
+        int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+        if (rc != CTL_OK) return rc;
+        snprintf(state_out, cap, "%s", ctlString(reply.json, "state", "?"));
+        ctlReplyFree(&reply);
+        if (strcmp(state_out, transient)) return CTL_OK;
+        struct timespec pause = {0, 200 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
+static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
+    int wait = 0;
+    const CmdOption opts[] = {{"--wait", NULL, &wait}};
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs(verb, argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/%s", pos[0], verb);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "POST", path, "{}", 2, "application/json", 0, &reply);
+    if (rc != CTL_OK) return rc;
+    char state[32];
+    snprintf(state, sizeof state, "%s", ctlString(reply.json, "state", "?"));
+    if (ctl->json && !wait) ctlPrintJson(&reply);
+    ctlReplyFree(&reply);
+    if (wait) {
+        /* halt: halting -> halted; resume: starting -> running (or an end). */
+        const char *transient = !strcmp(verb, "halt") ? "halting" : "starting";
+        if (strcmp(state, transient) == 0) {
+            rc = waitWhileState(ctl, pos[0], transient, state, sizeof state);
+            if (rc != CTL_OK) return rc;
+        }
+        if (ctl->json) {
+            snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
+            rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+            if (rc != CTL_OK) return rc;
+            ctlPrintJson(&reply);
+            ctlReplyFree(&reply);
+            return CTL_OK;
+        }
+    }
+    if (!ctl->json) {
+        if (!strcmp(verb, "halt") && !strcmp(state, "halting"))
+            printf("halting run %s: it stops after the current step and a checkpoint\n", pos[0]);
+        else
+            printf("run %s is %s\n", pos[0], state);
+    }
+    return CTL_OK;
+}
+
+static int cmdHalt(Ctl *ctl, int argc, char **argv) {
+    return cmdHaltOrResume(ctl, argc, argv, "halt");
+}
+
+static int cmdResume(Ctl *ctl, int argc, char **argv) {
+    return cmdHaltOrResume(ctl, argc, argv, "resume");
+}
+
+/* ---- metrics and events ------------------------------------------------------------ */
+
+static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
+    const char *since = NULL, *last = NULL;
+    const CmdOption opts[] = {{"--since", &since, NULL}, {"--last", &last, NULL}};
+    const char *pos[1];
+    int n_pos;
+    long long since_step = 0, last_n = 20;
+    if (parseArgs("metrics", argc, argv, opts, 2, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (since && parseCount("metrics", "--since", since, &since_step)) return CTL_EXIT_USAGE;
+    if (last && parseCount("metrics", "--last", last, &last_n)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=%lld", pos[0], since_step);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+        ctlReplyFree(&reply);
+        return CTL_OK;
+    }
+    const cJSON *train = cJSON_GetObjectItemCaseSensitive(reply.json, "train");
+    const cJSON *val = cJSON_GetObjectItemCaseSensitive(reply.json, "val");
+    int n_train = cJSON_GetArraySize(train), n_val = cJSON_GetArraySize(val);
+    int skip = (last_n > 0 && n_train > last_n) ? n_train - (int)last_n : 0;
+
+    static const char *const train_headers[] = {"STEP", "LOSS", "LR", "GRAD_NORM", "TOK/S", "MEMORY"};
+    FormatTable *table = formatTableNew(6, train_headers);
+    if (!table) {
+        ctlReplyFree(&reply);
+        fprintf(stderr, "nsactl metrics: out of memory\n");
+        return CTL_EXIT_ERROR;
+    }
+    int i = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, train) {
+        if (i++ < skip) continue;
+        char step[32] = "-", loss[32], lr[32] = "-", gn[32] = "-", tps[32] = "-", mem[32] = "-";
+        double v = 0;
+        if (ctlNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
+        int have_loss = ctlNumber(s, "loss", &v);
+        formatLoss(v, have_loss, loss, sizeof loss);
+        if (ctlNumber(s, "lr", &v)) snprintf(lr, sizeof lr, "%.3g", v);
+        if (ctlNumber(s, "grad_norm", &v)) snprintf(gn, sizeof gn, "%.3g", v);
+        if (ctlNumber(s, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
+        if (ctlNumber(s, "mem_bytes", &v)) formatBytes(v, mem, sizeof mem);
+        const char *cells[] = {step, loss, lr, gn, tps, mem};
+        if (formatTableAdd(table, cells)) {
+            fprintf(stderr, "nsactl metrics: out of memory\n");
+            formatTableFree(table);
+            ctlReplyFree(&reply);
+            return CTL_EXIT_ERROR;
+        }
+    }
+    if (n_train == 0) printf("no training samples%s yet\n", since_step ? " at or after that step" : "");
+    else formatTablePrint(table, stdout);
+    if (skip) printf("(last %lld of %d samples; --last 0 shows all)\n", last_n, n_train);
+    formatTableFree(table);
+
+    if (n_val > 0) {
+        static const char *const val_headers[] = {"STEP", "VAL_LOSS", "BITS/BYTE"};
+        table = formatTableNew(3, val_headers);
+        if (!table) {
+            fprintf(stderr, "nsactl metrics: out of memory\n");
+            ctlReplyFree(&reply);
+            return CTL_EXIT_ERROR;
+        }
+        {
+            cJSON_ArrayForEach(s, val) {
+                char step[32] = "-", vl[32], bpb[32];
+                double v = 0;
+                if (ctlNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
+                int have = ctlNumber(s, "val_loss", &v);
+                formatLoss(v, have, vl, sizeof vl);
+                have = ctlNumber(s, "bits_per_byte", &v);
+                formatLoss(v, have, bpb, sizeof bpb);
+                const char *cells[] = {step, vl, bpb};
+                if (formatTableAdd(table, cells)) {
+                    fprintf(stderr, "nsactl metrics: out of memory\n");
+                    formatTableFree(table);
+                    ctlReplyFree(&reply);
+                    return CTL_EXIT_ERROR;
+                }
+            }
+            printf("\n");
+            formatTablePrint(table, stdout);
+            formatTableFree(table);
+        }
+    }
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+static int cmdEvents(Ctl *ctl, int argc, char **argv) {
+    const char *since = NULL;
+    const CmdOption opts[] = {{"--since", &since, NULL}};
+    const char *pos[1];
+    int n_pos;
+    long long since_seq = 0;
+    if (parseArgs("events", argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (since && parseCount("events", "--since", since, &since_seq)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    if (since) snprintf(path, sizeof path, "/api/v1/runs/%s/events?since=%lld", pos[0], since_seq);
+    else snprintf(path, sizeof path, "/api/v1/runs/%s/events", pos[0]);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+        ctlReplyFree(&reply);
+        return CTL_OK;
+    }
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(reply.json, "events");
+    if (cJSON_GetArraySize(events) == 0) printf("no events\n");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        double seq = 0, ts = 0, step = 0;
+        char when[32], step_s[32] = "-";
+        ctlNumber(e, "seq", &seq);
+        ctlNumber(e, "ts", &ts);
+        if (ctlNumber(e, "step", &step)) snprintf(step_s, sizeof step_s, "%.0f", step);
+        const cJSON *detail = cJSON_GetObjectItemCaseSensitive(e, "detail");
+        char *detail_text = (detail && cJSON_GetArraySize(detail) > 0) ? cJSON_PrintUnformatted(detail) : NULL;
+        printf("%4.0f  %s  step %-7s %s%s%s\n", seq, formatTimestamp(ts, when, sizeof when), step_s,
+               ctlString(e, "type", "?"), detail_text ? "  " : "", detail_text ? detail_text : "");
+        free(detail_text);
+    }
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+/* ---- stacks, dashboard, version ---------------------------------------------------- */
+
+static int cmdStacks(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("stacks", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
+    CtlReply reply;
+    int rc = ctlCall(ctl, "POST", "/api/v1/debug/stacks", NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+    } else {
+        double age = -1, step = 0;
+        char age_s[32];
+        ctlNumber(reply.json, "phase_age_s", &age);
+        int have_step = ctlNumber(reply.json, "step", &step);
+        printf("run %s, phase %s for %s", ctlString(reply.json, "run_id", "(none)"),
+               ctlString(reply.json, "phase", "-"), formatDuration(age, age_s, sizeof age_s));
+        if (have_step) printf(", step %.0f", step);
+        printf("\n\n%s", ctlString(reply.json, "stacks", "(no stacks in the answer)\n"));
+        const char *stacks = ctlString(reply.json, "stacks", "");
+        if (*stacks && stacks[strlen(stacks) - 1] != '\n') putchar('\n');
+    }
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+static int cmdDashboard(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("dashboard", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
+    /* The dashboard is a TCP page: with the socket as target, point at the
+     * default listener. */
+    const char *base = ctl->target.socket_path[0] ? "http://127.0.0.1:8470" : ctl->target.base_url;
+    if (!ctl->target.token[0]) {
+        fprintf(stderr, "nsactl dashboard: no token: the dashboard needs the daemon's token; pass "
+                        "--token-file STATE_DIR/token (or run as a user who can read %s/token)\n",
+                ctl->state_dir);
+        return CTL_EXIT_ERROR;
+    }
+    if (ctl->json) {
+        cJSON *out = cJSON_CreateObject();
+        char url[HTTP_ADDR_MAX + HTTP_TOKEN_MAX + 16];
+        snprintf(url, sizeof url, "%s/#token=%s", base, ctl->target.token);
+        cJSON_AddStringToObject(out, "url", url);
+        char *text = cJSON_PrintUnformatted(out);
+        if (text) puts(text);
+        free(text);
+        cJSON_Delete(out);
+    } else {
+        printf("%s/#token=%s\n", base, ctl->target.token);
+    }
+    return CTL_OK;
+}
+
+static int cmdVersion(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("version", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
+    CtlReply reply;
+    int rc = ctlCall(ctl, "GET", "/api/v1/version", NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) {
+        ctlPrintJson(&reply);
+    } else {
+        printf("nsactl %s\nnsad   %s (api %s, cuda %s)\n", NSA_VERSION,
+               ctlString(reply.json, "version", "?"), ctlString(reply.json, "api", "?"),
+               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply.json, "cuda")) ? "yes" : "no");
+    }
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+static int cmdWatch(Ctl *ctl, int argc, char **argv) {
+    const char *interval = NULL;
+    const CmdOption opts[] = {{"--interval", &interval, NULL}};
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("watch", argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    double interval_s = 1.0;
+    if (interval && (sscanf(interval, "%lf", &interval_s) != 1 || !(interval_s >= 0.05))) {
+        fprintf(stderr, "nsactl watch: --interval '%s' is not valid; allowed: seconds >= 0.05\n", interval);
+        return CTL_EXIT_USAGE;
+    }
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    return ctlWatchRun(ctl, pos[0], interval_s);
+}
+
+/* ---- the table ------------------------------------------------------------------------ */
+
+const CtlCommand ctlCommands[] = {
+    {"start", "start CONFIG [--name NAME] [--watch] [--interval S]",
+     "start a run from a job config (YAML or JSON; - is stdin)",
+     "Sends CONFIG to nsad, which validates it and starts the run on its trainer.\n"
+     "Prints the new run's id (with --json: the run object).\n"
+     "  --name NAME     a label for the run (1-64 of A-Z a-z 0-9 . _ -)\n"
+     "  --watch         then follow it as `nsactl watch` does\n"
+     "  --interval S    poll period for --watch (default 1)\n"
+     "Exit 78 when the file is missing or unreadable or nsad rejects the config\n"
+     "(the message names the key, the value and what is allowed); 5 when another\n"
+     "run is active.\n",
+     cmdStart},
+    {"status", "status [ID]", "the daemon and its active run, or one run in detail",
+     "Without ID: version, uptime, trainer state and the active run.\n"
+     "With ID: every field of that run (state, step, loss, speed, ETA, memory,\n"
+     "checkpoint, errors). --json prints the daemon's run object; without ID\n"
+     "{\"health\": ..., \"active\": <run>|null, \"runs\": N}.\n",
+     cmdStatus},
+    {"list", "list", "every run nsad knows, newest first",
+     "A table of id, name, state, step, loss, tokens/s, device and creation time.\n"
+     "--json prints {\"runs\": [...], \"active\": ID|null}.\n",
+     cmdList},
+    {"halt", "halt ID [--wait]", "stop a run after its current step and a checkpoint",
+     "The run goes to halting, then halted; `nsactl resume ID` continues it.\n"
+     "  --wait    return only once it is halted (or ended otherwise)\n"
+     "Exit 5 when the run is not active (already ended).\n",
+     cmdHalt},
+    {"resume", "resume ID [--wait]", "continue a halted or failed run from its checkpoint",
+     "Same id, same metric series.\n"
+     "  --wait    return only once it left starting\n"
+     "Exit 5 when the run's state does not allow it or another run is active.\n",
+     cmdResume},
+    {"metrics", "metrics ID [--since STEP] [--last N]", "a run's logged training and validation samples",
+     "  --since STEP   samples at or after this step (default 0)\n"
+     "  --last N       show only the newest N training rows (default 20; 0: all);\n"
+     "                 --json always prints the daemon's whole answer\n",
+     cmdMetrics},
+    {"events", "events ID [--since SEQ]", "a run's events: start, checkpoints, anomalies, hangs, end",
+     "  --since SEQ    events with seq >= SEQ\n",
+     cmdEvents},
+    {"stacks", "stacks", "dump every nsad thread's stack (for a run that seems stuck)",
+     "Prints the trainer's phase and how long it has been in it, then the stacks.\n"
+     "nsad also writes them to its log.\n",
+     cmdStacks},
+    {"watch", "watch ID [--interval S]", "follow a run live until it ends (step, loss, tok/s, ETA)",
+     "On a terminal one line is redrawn in place; otherwise a line is printed per\n"
+     "change; --json prints the run object (without config) per change.\n"
+     "Rides out a daemon restart of up to 60 s.\n"
+     "  --interval S   poll period in seconds (default 1)\n"
+     "Exit 0 when the run completed or was halted, 1 when it failed or the NaN\n"
+     "guard stopped it.\n",
+     cmdWatch},
+    {"dashboard", "dashboard", "print the dashboard URL, with the token in its fragment",
+     "The URL is --url (default http://127.0.0.1:8470) plus /#token=TOKEN; the\n"
+     "token comes from --token, --token-file or the state dir (see nsactl --help).\n",
+     cmdDashboard},
+    {"version", "version", "nsactl's and nsad's versions", "", cmdVersion},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+const CtlCommand *ctlFindCommand(const char *name) {
+    for (const CtlCommand *c = ctlCommands; c->name; c++)
+        if (!strcmp(c->name, name)) return c;
+    return NULL;
+}

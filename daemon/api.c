@@ -1,0 +1,568 @@
+/* api.c - the routes of proto/api.md; see api.h. */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "log.h"
+#include "prom.h"
+#include "stackdump.h"
+
+#define API_PREFIX "/api/v1"
+#define SERIES_LIMIT 10000
+
+static const char oom_body[] = "{\"error\":{\"code\":\"internal\",\"message\":\"out of memory\"}}";
+
+void apiResponseFree(ApiResponse *res) {
+    free(res->body);
+    res->body = NULL;
+}
+
+static void outOfMemory(ApiResponse *res) {
+    res->status = 500;
+    res->body = strdup(oom_body);
+    res->body_len = res->body ? strlen(res->body) : 0;
+    res->content_type = "application/json";
+    res->no_store = 1;
+}
+
+static void initResponse(ApiResponse *res) {
+    memset(res, 0, sizeof *res);
+    res->content_type = "application/json";
+    res->no_store = 1;
+}
+
+/* Takes ownership of json: prints it as the body. */
+static void respondJson(ApiResponse *res, int status, cJSON *json) {
+    char *text = json ? cJSON_PrintUnformatted(json) : NULL;
+    cJSON_Delete(json);
+    if (!text) {
+        outOfMemory(res);
+        return;
+    }
+    res->status = status;
+    res->body = text;
+    res->body_len = strlen(text);
+}
+
+void apiError(ApiResponse *res, int status, const char *code, const char *fmt, ...) {
+    initResponse(res);
+    char message[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(message, sizeof message, fmt, ap);
+    va_end(ap);
+    cJSON *root = cJSON_CreateObject();
+    cJSON *err = cJSON_AddObjectToObject(root, "error");
+    cJSON_AddStringToObject(err, "code", code);
+    cJSON_AddStringToObject(err, "message", message);
+    respondJson(res, status, root);
+}
+
+int apiOwnsPath(const char *path) {
+    return !strcmp(path, "/api") || !strncmp(path, "/api/", 5) || !strcmp(path, "/metrics");
+}
+
+int apiIsPublic(const char *method, const char *path) {
+    return !strcmp(method, "GET") && !strcmp(path, API_PREFIX "/health");
+}
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static void addNumberOrNull(cJSON *o, const char *key, double v) {
+    if (isfinite(v))
+        cJSON_AddNumberToObject(o, key, v);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+static void addStringOrNull(cJSON *o, const char *key, const char *v) {
+    if (v && *v)
+        cJSON_AddStringToObject(o, key, v);
+    else
+        cJSON_AddNullToObject(o, key);
+}
+
+static void methodNotAllowed(ApiResponse *res, const ApiRequest *req, const char *allow) {
+    apiError(res, 405, "method_not_allowed", "%s is not allowed on %s; allowed: %s", req->method, req->path,
+             allow);
+    res->allow = allow;
+}
+
+/* Refuses query parameters other than those in allowed (comma-separated,
+ * may be ""). Returns 1 when it answered. */
+static int refuseUnknownQuery(const ApiRequest *req, ApiResponse *res, const char *allowed) {
+    if (req->query_overflow) {
+        apiError(res, 400, "invalid_argument", "more than %d query parameters", API_MAX_QUERY);
+        return 1;
+    }
+    for (int i = 0; i < req->n_query; i++) {
+        const char *key = req->query[i].key;
+        size_t klen = strlen(key);
+        int ok = 0;
+        for (const char *p = allowed; *p && !ok;) {
+            const char *comma = strchr(p, ',');
+            size_t len = comma ? (size_t)(comma - p) : strlen(p);
+            ok = len == klen && !strncmp(p, key, len);
+            p = comma ? comma + 1 : p + len;
+        }
+        if (!ok) {
+            apiError(res, 400, "invalid_argument", "unknown query parameter '%.100s'; allowed: %s", key,
+                     *allowed ? allowed : "none");
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static const char *queryValue(const ApiRequest *req, const char *key) {
+    for (int i = 0; i < req->n_query; i++)
+        if (!strcmp(req->query[i].key, key)) return req->query[i].value ? req->query[i].value : "";
+    return NULL;
+}
+
+/* Parses a non-negative integer query value. Returns 1 and answers 400 when
+ * it is malformed. */
+static int queryInt(const ApiRequest *req, ApiResponse *res, const char *key, int64_t *out) {
+    const char *v = queryValue(req, key);
+    if (!v) return 0;
+    char *end;
+    errno = 0;
+    long long n = strtoll(v, &end, 10);
+    if (!*v || *end || errno || n < 0) {
+        apiError(res, 400, "invalid_argument", "%s: '%.60s' is not allowed; allowed: an integer >= 0", key, v);
+        return 1;
+    }
+    *out = n;
+    return 0;
+}
+
+/* Validates an optional JSON object body with at most a string "reason".
+ * Returns 1 when it answered 400; fills reason (may stay ""). */
+static int parseReasonBody(const ApiRequest *req, ApiResponse *res, char *reason, size_t cap) {
+    reason[0] = '\0';
+    size_t i = 0;
+    while (i < req->body_len && strchr(" \t\r\n", req->body[i])) i++;
+    if (i == req->body_len) return 0;
+    cJSON *body = cJSON_ParseWithLength(req->body, req->body_len);
+    if (!body) {
+        apiError(res, 400, "invalid_json", "the body is not valid JSON; send {} or {\"reason\": \"...\"}");
+        return 1;
+    }
+    int answered = 0;
+    if (!cJSON_IsObject(body)) {
+        apiError(res, 400, "invalid_argument", "the body must be a JSON object, like {\"reason\": \"...\"}");
+        answered = 1;
+    }
+    for (cJSON *f = body->child; !answered && f; f = f->next) {
+        if (strcmp(f->string, "reason") != 0) {
+            apiError(res, 400, "invalid_argument", "unknown field '%.60s'; allowed: reason", f->string);
+            answered = 1;
+        } else if (!cJSON_IsString(f)) {
+            apiError(res, 400, "invalid_argument", "reason: expected a string, got %s",
+                     cJSON_IsNumber(f) ? "a number" : cJSON_IsBool(f) ? "a boolean" : "another type");
+            answered = 1;
+        } else {
+            snprintf(reason, cap, "%s", f->valuestring);
+        }
+    }
+    cJSON_Delete(body);
+    return answered;
+}
+
+static void answerServiceError(ApiResponse *res, ServiceStatus st, const NsaError *err) {
+    switch (st) {
+    case SVC_BUSY: apiError(res, 409, "busy", "%s", err->message); break;
+    case SVC_NOT_FOUND: apiError(res, 404, "not_found", "%s", err->message); break;
+    case SVC_INVALID_STATE: apiError(res, 409, "invalid_state", "%s", err->message); break;
+    case SVC_INVALID_CONFIG: apiError(res, 400, "invalid_config", "%s", err->message); break;
+    case SVC_UNAVAILABLE: apiError(res, 503, "unavailable", "%s", err->message); break;
+    default: apiError(res, 500, "internal", "%s", err->message); break;
+    }
+}
+
+/* ---- the run object -------------------------------------------------------------------- */
+
+/* The run as proto/api.md describes it. Caller holds svc->lock. */
+static cJSON *runJson(Service *svc, const Run *run, int with_config) {
+    cJSON *o = cJSON_CreateObject();
+    int active = !strcmp(svc->active_id, run->id);
+    int64_t now = serviceNowNs();
+    cJSON_AddStringToObject(o, "id", run->id);
+    cJSON_AddStringToObject(o, "name", run->name);
+    cJSON_AddStringToObject(o, "state", runStateName(run->state));
+    if (active && !svc->pending) {
+        TrainPhase phase = (TrainPhase)atomic_load(&svc->mon.phase);
+        cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
+        cJSON_AddNumberToObject(o, "phase_age_s", (double)(now - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+    } else {
+        cJSON_AddNullToObject(o, "phase");
+        cJSON_AddNullToObject(o, "phase_age_s");
+    }
+    cJSON_AddNumberToObject(o, "step", (double)run->step);
+    cJSON_AddNumberToObject(o, "total_steps", (double)run->total_steps);
+    addNumberOrNull(o, "loss", run->loss);
+    addNumberOrNull(o, "val_loss", run->val_loss);
+    addNumberOrNull(o, "bits_per_byte", run->bits_per_byte);
+    addNumberOrNull(o, "lr", run->lr);
+    addNumberOrNull(o, "grad_norm", run->grad_norm);
+    addNumberOrNull(o, "toks_per_s", run->toks_per_s);
+    double eta = NAN;
+    if (active && isfinite(run->step_seconds) && run->total_steps >= run->step)
+        eta = (double)(run->total_steps - run->step) * run->step_seconds;
+    addNumberOrNull(o, "eta_s", eta);
+    addNumberOrNull(o, "mem_bytes", run->mem_bytes);
+    if (active && !svc->pending)
+        cJSON_AddNumberToObject(o, "heartbeat_age_s", (double)(now - atomic_load(&svc->mon.heartbeat_ns)) * 1e-9);
+    else
+        cJSON_AddNullToObject(o, "heartbeat_age_s");
+    addStringOrNull(o, "anomaly", run->anomaly);
+    addStringOrNull(o, "error", run->error);
+    cJSON_AddNumberToObject(o, "last_checkpoint_step", (double)run->last_checkpoint_step);
+    cJSON_AddStringToObject(o, "device", run->device);
+    cJSON_AddStringToObject(o, "precision", run->precision);
+    cJSON_AddNumberToObject(o, "restarts", run->restarts);
+    cJSON_AddNumberToObject(o, "created_at", run->created_at);
+    addNumberOrNull(o, "started_at", run->started_at > 0 ? run->started_at : NAN);
+    addNumberOrNull(o, "ended_at", run->ended_at > 0 ? run->ended_at : NAN);
+    cJSON_AddStringToObject(o, "out_dir", run->out_dir);
+    if (with_config) cJSON_AddStringToObject(o, "config", run->config_yaml ? run->config_yaml : "");
+    return o;
+}
+
+/* Answers status with the run's object (looked up again under the lock). */
+static void respondRun(Service *svc, ApiResponse *res, int status, const char *id, int with_config) {
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    cJSON *o = run ? runJson(svc, run, with_config) : NULL;
+    pthread_mutex_unlock(&svc->lock);
+    if (!run)
+        apiError(res, 404, "not_found", "no run '%s'; GET /api/v1/runs lists them", id);
+    else
+        respondJson(res, status, o);
+}
+
+/* ---- routes ------------------------------------------------------------------------------ */
+
+static void getHealth(Service *svc, ApiResponse *res) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", "ok");
+    cJSON_AddStringToObject(o, "version", NSA_VERSION);
+    cJSON_AddNumberToObject(o, "uptime_s", (double)(serviceNowNs() - svc->started_ns) * 1e-9);
+    cJSON_AddStringToObject(o, "trainer", atomic_load(&svc->trainer_busy) ? "busy" : "idle");
+    respondJson(res, 200, o);
+}
+
+static void getVersion(ApiResponse *res) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", NSA_VERSION);
+    cJSON_AddStringToObject(o, "api", "v1");
+#ifdef NSA_HAVE_CUDA
+    cJSON_AddBoolToObject(o, "cuda", 1);
+    const char *devices[] = {"cpu", "cuda"};
+    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 2));
+#else
+    cJSON_AddBoolToObject(o, "cuda", 0);
+    const char *devices[] = {"cpu"};
+    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 1));
+#endif
+    respondJson(res, 200, o);
+}
+
+static void listRuns(Service *svc, ApiResponse *res) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON *arr = cJSON_AddArrayToObject(o, "runs");
+    pthread_mutex_lock(&svc->lock);
+    for (size_t i = svc->runs->n_runs; i-- > 0;) cJSON_AddItemToArray(arr, runJson(svc, svc->runs->runs[i], 0));
+    addStringOrNull(o, "active", svc->active_id);
+    pthread_mutex_unlock(&svc->lock);
+    respondJson(res, 200, o);
+}
+
+static int isJsonType(const char *content_type) {
+    return content_type && !strncasecmp(content_type, "application/json", 16);
+}
+
+static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    if (refuseUnknownQuery(req, res, "name")) return;
+    const char *name = queryValue(req, "name");
+    if (name && !runNameValid(name)) {
+        apiError(res, 400, "invalid_argument", "name: '%.80s' is not allowed; allowed: 1-64 of [A-Za-z0-9._-]", name);
+        return;
+    }
+    size_t i = 0;
+    while (i < req->body_len && strchr(" \t\r\n", req->body[i])) i++;
+    if (i == req->body_len) {
+        apiError(res, 400, "invalid_config", "the body is empty; send a job config (YAML or JSON)");
+        return;
+    }
+    if (isJsonType(req->content_type)) {
+        const char *where = NULL;
+        cJSON *probe = cJSON_ParseWithLengthOpts(req->body, req->body_len, &where, 0);
+        int is_object = cJSON_IsObject(probe);
+        cJSON_Delete(probe);
+        if (!probe) {
+            apiError(res, 400, "invalid_json", "the body is not valid JSON (error near byte %ld)",
+                     where ? (long)(where - req->body) : 0L);
+            return;
+        }
+        if (!is_object) {
+            apiError(res, 400, "invalid_config", "the config must be a JSON object with sections like \"model\" and \"train\"");
+            return;
+        }
+    }
+    if (memchr(req->body, '\0', req->body_len)) {
+        apiError(res, 400, "invalid_config", "the body holds a NUL byte");
+        return;
+    }
+    char id[RUN_ID_MAX];
+    NsaError err = {""};
+    ServiceStatus st = serviceCreateRun(svc, req->body, req->body_len, name, id, &err);
+    if (st != SVC_OK) {
+        answerServiceError(res, st, &err);
+        return;
+    }
+    respondRun(svc, res, 201, id, 0);
+    snprintf(res->location, sizeof res->location, API_PREFIX "/runs/%s", id);
+}
+
+static void haltOrResume(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id, int resume) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    char reason[256];
+    if (parseReasonBody(req, res, reason, sizeof reason)) return;
+    NsaError err = {""};
+    ServiceStatus st = resume ? serviceResumeRun(svc, id, &err) : serviceHaltRun(svc, id, &err);
+    if (st != SVC_OK) {
+        answerServiceError(res, st, &err);
+        return;
+    }
+    if (reason[0]) logNotice("run %s: %s reason: %s", id, resume ? "resume" : "halt", reason);
+    respondRun(svc, res, 202, id, 0);
+}
+
+static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
+    if (refuseUnknownQuery(req, res, "since")) return;
+    int64_t since = 0;
+    if (queryInt(req, res, "since", &since)) return;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", id);
+    cJSON *next = cJSON_AddNumberToObject(o, "next", (double)since);
+    cJSON *train = cJSON_AddArrayToObject(o, "train");
+    cJSON *val = cJSON_AddArrayToObject(o, "val");
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    int64_t highest = since - 1;
+    if (run) {
+        size_t n = 0;
+        for (size_t i = 0; i < run->n_train && n < SERIES_LIMIT; i++) {
+            const RunTrainPoint *p = &run->train[i];
+            if (p->step < since) continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "step", (double)p->step);
+            addNumberOrNull(e, "ts", p->ts);
+            addNumberOrNull(e, "loss", p->loss);
+            addNumberOrNull(e, "lr", p->lr);
+            addNumberOrNull(e, "grad_norm", p->grad_norm);
+            addNumberOrNull(e, "toks_per_s", p->toks_per_s);
+            addNumberOrNull(e, "mem_bytes", p->mem_bytes);
+            cJSON_AddItemToArray(train, e);
+            if (p->step > highest) highest = p->step;
+            n++;
+        }
+        /* a truncated answer must not skip evaluations beyond its last step */
+        int64_t val_cap = n == SERIES_LIMIT ? highest : INT64_MAX;
+        n = 0;
+        for (size_t i = 0; i < run->n_val && n < SERIES_LIMIT; i++) {
+            const RunValPoint *p = &run->val[i];
+            if (p->step < since || p->step > val_cap) continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddNumberToObject(e, "step", (double)p->step);
+            addNumberOrNull(e, "ts", p->ts);
+            addNumberOrNull(e, "val_loss", p->val_loss);
+            addNumberOrNull(e, "bits_per_byte", p->bits_per_byte);
+            cJSON_AddItemToArray(val, e);
+            if (p->step > highest) highest = p->step;
+            n++;
+        }
+    }
+    pthread_mutex_unlock(&svc->lock);
+    if (!run) {
+        cJSON_Delete(o);
+        apiError(res, 404, "not_found", "no run '%s'; GET /api/v1/runs lists them", id);
+        return;
+    }
+    cJSON_SetNumberValue(next, (double)(highest + 1 > since ? highest + 1 : since));
+    respondJson(res, 200, o);
+}
+
+static void getEvents(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
+    if (refuseUnknownQuery(req, res, "since")) return;
+    int64_t since = 0;
+    if (queryInt(req, res, "since", &since)) return;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", id);
+    cJSON *next = cJSON_AddNumberToObject(o, "next", (double)(since > 1 ? since : 1));
+    cJSON *arr = cJSON_AddArrayToObject(o, "events");
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    for (size_t i = 0; run && i < run->n_events; i++) {
+        const RunEvent *ev = &run->events[i];
+        if (ev->seq < since) continue;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "seq", (double)ev->seq);
+        cJSON_AddNumberToObject(e, "ts", ev->ts);
+        cJSON_AddStringToObject(e, "type", ev->type);
+        cJSON_AddNumberToObject(e, "step", (double)ev->step);
+        cJSON *detail = cJSON_Parse(ev->detail_json);
+        cJSON_AddItemToObject(e, "detail", detail ? detail : cJSON_CreateObject());
+        cJSON_AddItemToArray(arr, e);
+        cJSON_SetNumberValue(next, (double)(ev->seq + 1));
+    }
+    pthread_mutex_unlock(&svc->lock);
+    if (!run) {
+        cJSON_Delete(o);
+        apiError(res, 404, "not_found", "no run '%s'; GET /api/v1/runs lists them", id);
+        return;
+    }
+    respondJson(res, 200, o);
+}
+
+static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    char *stacks = stackdumpString("POST /api/v1/debug/stacks");
+    if (!stacks) {
+        apiError(res, 500, "internal", "could not collect the stacks (out of memory)");
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    pthread_mutex_lock(&svc->lock);
+    int active = svc->active_id[0] && !svc->pending;
+    TrainPhase phase = active ? (TrainPhase)atomic_load(&svc->mon.phase) : PHASE_IDLE;
+    cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
+    if (active)
+        cJSON_AddNumberToObject(o, "phase_age_s",
+                                (double)(serviceNowNs() - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+    else
+        cJSON_AddNullToObject(o, "phase_age_s");
+    cJSON_AddNumberToObject(o, "step", (double)atomic_load(&svc->mon.step));
+    addStringOrNull(o, "run_id", svc->active_id);
+    pthread_mutex_unlock(&svc->lock);
+    cJSON_AddStringToObject(o, "stacks", stacks);
+    logNotice("stack dump requested over the API (trainer phase %s)", trainPhaseName(phase));
+    const char *p = stacks;
+    while (p && *p) {
+        const char *nl = strchr(p, '\n');
+        int len = nl ? (int)(nl - p) : (int)strlen(p);
+        logNotice("  %.*s", len, p);
+        p = nl ? nl + 1 : NULL;
+    }
+    free(stacks);
+    respondJson(res, 200, o);
+}
+
+static void getPrometheus(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    size_t len = 0;
+    char *text = promRender(svc, &len);
+    if (!text) {
+        outOfMemory(res);
+        return;
+    }
+    res->status = 200;
+    res->body = text;
+    res->body_len = len;
+    res->content_type = PROM_CONTENT_TYPE;
+}
+
+/* Routes /api/v1/runs/{id}[/action]. */
+static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, const char *rest) {
+    char id[RUN_ID_MAX + 1];
+    const char *slash = strchr(rest, '/');
+    size_t id_len = slash ? (size_t)(slash - rest) : strlen(rest);
+    const char *action = slash ? slash + 1 : "";
+    if (id_len == 0 || id_len >= sizeof id) {
+        apiError(res, 404, "not_found", "no such route: %s %s", req->method, req->path);
+        return;
+    }
+    memcpy(id, rest, id_len);
+    id[id_len] = '\0';
+    if (!runIdValid(id)) {
+        apiError(res, 404, "not_found", "no run '%.80s': run ids are [A-Za-z0-9_-]{1,64}", id);
+        return;
+    }
+    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    if (!*action) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        if (refuseUnknownQuery(req, res, "")) return;
+        respondRun(svc, res, 200, id, 1);
+        return;
+    }
+    if (!strcmp(action, "halt") || !strcmp(action, "resume")) {
+        if (!post) { methodNotAllowed(res, req, "POST"); return; }
+        haltOrResume(svc, req, res, id, !strcmp(action, "resume"));
+        return;
+    }
+    if (!strcmp(action, "metrics")) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        getMetrics(svc, req, res, id);
+        return;
+    }
+    if (!strcmp(action, "events")) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        getEvents(svc, req, res, id);
+        return;
+    }
+    apiError(res, 404, "not_found", "no such route: %s %s", req->method, req->path);
+}
+
+void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    initResponse(res);
+    const char *path = req->path;
+    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    if (!strcmp(path, "/metrics")) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        getPrometheus(svc, req, res);
+        return;
+    }
+    if (strncmp(path, API_PREFIX "/", sizeof API_PREFIX) != 0) {
+        apiError(res, 404, "not_found", "no such route: %s %s; the API lives under " API_PREFIX "/", req->method,
+                 path);
+        return;
+    }
+    const char *rest = path + sizeof API_PREFIX;
+    if (!strcmp(rest, "health")) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        if (refuseUnknownQuery(req, res, "")) return;
+        getHealth(svc, res);
+        return;
+    }
+    if (!strcmp(rest, "version")) {
+        if (!get) { methodNotAllowed(res, req, "GET"); return; }
+        if (refuseUnknownQuery(req, res, "")) return;
+        getVersion(res);
+        return;
+    }
+    if (!strcmp(rest, "runs")) {
+        if (get) {
+            if (refuseUnknownQuery(req, res, "")) return;
+            listRuns(svc, res);
+            return;
+        }
+        if (post) { createRun(svc, req, res); return; }
+        methodNotAllowed(res, req, "GET, POST");
+        return;
+    }
+    if (!strncmp(rest, "runs/", 5)) { routeRun(svc, req, res, rest + 5); return; }
+    if (!strcmp(rest, "debug/stacks")) {
+        if (!post) { methodNotAllowed(res, req, "POST"); return; }
+        postStacks(svc, req, res);
+        return;
+    }
+    apiError(res, 404, "not_found", "no such route: %s %s", req->method, path);
+}

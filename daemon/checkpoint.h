@@ -1,0 +1,117 @@
+/* checkpoint.h - safetensors files and training checkpoints.
+ *
+ * Two layers:
+ *   safetensors*  reads and writes the safetensors format (what Python's
+ *                 `safetensors` loads): an 8-byte little-endian header
+ *                 length N, N bytes of JSON {name: {"dtype", "shape",
+ *                 "data_offsets": [begin, end]}, "__metadata__": {str: str}},
+ *                 padded with spaces so 8 + N is a multiple of 8, then the raw
+ *                 little-endian tensor bytes, contiguous, in header order.
+ *                 nsad writes and reads dtype "F32" only.
+ *   checkpoint*   a training checkpoint of an NsaModel: a directory
+ *                 OUT/checkpoints/step_00000100/ holding model.safetensors
+ *                 (master weights, the engine's tensor names) and
+ *                 state.safetensors (adam_m.<name>, adam_v.<name>, and the
+ *                 resume state in __metadata__), plus OUT/checkpoints/latest,
+ *                 a one-line text file naming the newest complete directory.
+ * Every file is written to a temporary name, fsynced and renamed, and the
+ * directory is fsynced, so a crash leaves either the old or the new state.
+ * proto/files.md documents the names and metadata keys. */
+#ifndef NSAD_CHECKPOINT_H
+#define NSAD_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../kernels/nsa.h"
+
+/* ---- safetensors -------------------------------------------------------- */
+
+#define SAFETENSORS_MAX_DIMS 8
+
+typedef struct SafetensorsTensor {
+    const char *name;
+    int ndim;
+    int64_t shape[SAFETENSORS_MAX_DIMS];
+    size_t numel;
+    const float *data;   /* writer: the source; reader: see safetensorsCopy */
+} SafetensorsTensor;
+
+/* One __metadata__ entry. Values are strings, as safetensors requires. */
+typedef struct SafetensorsMeta {
+    const char *key;
+    const char *value;
+} SafetensorsMeta;
+
+/* Writes n tensors (F32) and n_meta metadata entries to path atomically
+ * (path.tmp, fsync, rename, fsync of the directory). Returns 0, or -1 with
+ * err naming the file and the failing call; the temporary is removed. */
+int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
+                     const SafetensorsMeta *meta, int n_meta, NsaError *err);
+
+typedef struct Safetensors Safetensors;
+
+/* Reads and validates a whole safetensors file: header length within the
+ * file, a JSON object header, dtype F32, non-negative shapes whose element
+ * count matches data_offsets, offsets contiguous from 0 to the end of the
+ * file. Returns NULL with err naming the file and the first problem. The
+ * caller frees with safetensorsFree. */
+Safetensors *safetensorsRead(const char *path, NsaError *err);
+void safetensorsFree(Safetensors *st);
+
+int safetensorsCount(const Safetensors *st);
+/* Tensor i in file order (by data offset), or NULL when out of range. The
+ * pointer lives as long as st; its data field is NULL (use safetensorsCopy). */
+const SafetensorsTensor *safetensorsTensor(const Safetensors *st, int i);
+/* The named tensor, or NULL. */
+const SafetensorsTensor *safetensorsFind(const Safetensors *st, const char *name);
+/* Copies a tensor's numel floats into dst (no alignment assumed). */
+void safetensorsCopy(const Safetensors *st, const SafetensorsTensor *t, float *dst);
+/* The metadata value for key, or NULL when absent. Lives as long as st. */
+const char *safetensorsMeta(const Safetensors *st, const char *key);
+
+/* ---- training checkpoints ------------------------------------------------ */
+
+#define CHECKPOINT_FORMAT "nsad-checkpoint-1"
+
+/* What a resumed run needs besides weights and moments. The data order is
+ * a pure function of (seed, data_position) (daemon/data.h), so those two
+ * are the complete state of the data RNG. */
+typedef struct ResumeState {
+    int64_t step;             /* optimizer steps completed */
+    uint64_t data_position;   /* next training batch number */
+    uint64_t seed;            /* train.seed: data order and init */
+    uint64_t config_hash;     /* configHash() of the run that wrote it */
+    int64_t tokens_seen;      /* training tokens consumed so far */
+    int anomalies;            /* NaN/Inf anomalies absorbed so far (skip/rollback) */
+} ResumeState;
+
+/* Writes OUT/checkpoints/step_<8 digits>/ for st->step: model weights and
+ * optimizer moments of m (read with nsaModelGetTensor, so on CUDA this
+ * synchronises), then points OUT/checkpoints/latest at it and deletes the
+ * oldest step_* directories beyond keep_last (<= 0 keeps all). An existing
+ * directory for the same step is replaced. model_config_json (may be NULL)
+ * goes into model.safetensors' metadata. On success copies the directory
+ * path into saved_dir (if not NULL, cap bytes). Returns 0 or -1 with err. */
+int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
+                   const char *model_config_json, char *saved_dir, size_t cap, NsaError *err);
+
+/* Resolves what `--resume` names into a checkpoint directory:
+ *   "latest" or NULL   the directory OUT/checkpoints/latest points at;
+ *   a checkpoint dir   (holds model.safetensors) itself;
+ *   a run's out_dir    (holds checkpoints/latest) its latest.
+ * Returns 1 and fills dir when found, 0 when spec is NULL/"latest" and
+ * out_dir has no checkpoint yet, -1 with err otherwise (a named directory
+ * that holds no checkpoint is an error). */
+int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t cap,
+                      NsaError *err);
+
+/* Loads weights and moments from a checkpoint directory into m and fills
+ * st. Every tensor of m must be present with the same shape, and nothing
+ * else may be: a mismatch fails naming the tensor. On failure m's contents
+ * are unspecified (the caller must not train on them). Returns 0 or -1. */
+int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err);
+
+/* Reads only the resume state of a checkpoint directory. Returns 0 or -1. */
+int checkpointReadState(const char *dir, ResumeState *st, NsaError *err);
+
+#endif

@@ -1,0 +1,781 @@
+/* data.c - see data.h.
+ *
+ * A loader holds one split of the corpus as a token stream: a list of
+ * segments of uint16 tokens (text encoded into a buffer it owns, or the
+ * token area of memory-mapped llm.c shards), addressed by one global offset.
+ * Every batch is a pure function of its position:
+ *   train: row r starts at hash(seed, position, r) mod (tokens - seq_len);
+ *   val:   rows walk the split in consecutive seq_len strides, wrapping;
+ *   synthetic: every token is hash(seed, split, position, row, i) mod V.
+ * so a batch computed by the prefetch thread is bit-identical to one
+ * computed on demand, and a resumed run that restores the position sees
+ * exactly the batches the uninterrupted run would have seen.
+ *
+ * Splits: text is cut at the document boundary nearest to the last
+ * val_fraction of its bytes (documents: the files of a directory, the
+ * records of a .jsonl file, the blank-line separated paragraphs of a .txt
+ * file); shards are cut by token count, unless their names say "val"
+ * (llm.c's fineweb_val_*.bin), in which case those shards are the
+ * validation split and the others the training split. Train windows never
+ * leave the train range and val windows never leave the val range, so the
+ * two never share a token. */
+#include "data.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "tokenizer.h"
+
+#define SHARD_MAGIC 20240520
+#define SHARD_VERSION 1
+#define SHARD_HEADER_INTS 256
+#define SHARD_HEADER_BYTES (SHARD_HEADER_INTS * sizeof(int32_t))
+/* Between documents of the text stream: a blank line, which reads as a
+ * paragraph break to the model and needs no special token. */
+#define DOC_SEPARATOR "\n\n"
+
+typedef struct Segment {
+    const uint16_t *tokens;
+    uint64_t start;  /* offset of tokens[0] in the split's stream */
+    uint64_t len;
+} Segment;
+
+typedef struct Mapping {
+    void *addr;
+    size_t size;
+} Mapping;
+
+typedef enum SlotState { SLOT_EMPTY = 0, SLOT_FILLING = 1, SLOT_READY = 2 } SlotState;
+
+typedef struct Slot {
+    SlotState state;
+    uint64_t position;
+    int32_t *tokens, *targets;
+} Slot;
+
+struct DataLoader {
+    DataSource source;
+    DataSplit split;
+    int batch, seq_len, vocab;
+    uint64_t seed;
+    double bytes_per_token;
+
+    Segment *segments;
+    int n_segments;
+    uint64_t n_tokens;   /* in this split; UINT64_MAX for synthetic */
+    uint16_t *owned;     /* text: the encoded split */
+    int32_t *window;     /* dataBatch's scratch: seq_len + 1 tokens */
+    Mapping *maps;       /* shards: every mapped file */
+    int n_maps;
+
+    /* prefetch ring: the thread computes positions [want, want + depth) */
+    int depth;
+    Slot *slots;
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t want;
+    int stop;
+    _Atomic uint64_t hits, misses;
+};
+
+static int setError(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int setError(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ---- hashing: counter-based, so any batch is O(1) to reach ---------------- */
+
+static uint64_t mix64(uint64_t x) {
+    /* splitmix64's finaliser: every input bit reaches every output bit */
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+}
+
+static uint64_t hash4(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
+    return mix64(a ^ mix64(b ^ mix64(c ^ mix64(d))));
+}
+
+/* ---- growing arrays ---------------------------------------------------------- */
+
+typedef struct Bytes {
+    uint8_t *data;
+    size_t len, cap;
+} Bytes;
+
+static int bytesAppend(Bytes *b, const void *src, size_t n) {
+    if (b->len + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1 << 16;
+        while (cap < b->len + n) cap *= 2;
+        uint8_t *p = realloc(b->data, cap);
+        if (!p) return -1;
+        b->data = p;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+typedef struct Offsets {
+    uint64_t *data;
+    size_t len, cap;
+} Offsets;
+
+static int offsetsPush(Offsets *o, uint64_t v) {
+    if (o->len == o->cap) {
+        size_t cap = o->cap ? o->cap * 2 : 1024;
+        uint64_t *p = realloc(o->data, cap * sizeof *p);
+        if (!p) return -1;
+        o->data = p;
+        o->cap = cap;
+    }
+    o->data[o->len++] = v;
+    return 0;
+}
+
+typedef struct Names {
+    char **data;
+    size_t len, cap;
+} Names;
+
+static int namesPush(Names *n, const char *s) {
+    if (n->len == n->cap) {
+        size_t cap = n->cap ? n->cap * 2 : 16;
+        char **p = realloc(n->data, cap * sizeof *p);
+        if (!p) return -1;
+        n->data = p;
+        n->cap = cap;
+    }
+    if (!(n->data[n->len] = strdup(s))) return -1;
+    n->len++;
+    return 0;
+}
+
+static void namesFree(Names *n) {
+    for (size_t i = 0; i < n->len; i++) free(n->data[i]);
+    free(n->data);
+}
+
+static int compareNames(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int hasSuffix(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* Lists dir/NAME for the names ending in one of the suffixes, sorted. */
+static int listDir(const char *dir, const char *const *suffixes, Names *out, NsaError *err) {
+    DIR *d = opendir(dir);
+    if (!d) return setError(err, "data.path: %s: cannot open directory: %s", dir, strerror(errno));
+    struct dirent *e;
+    char path[4096];
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        int match = 0;
+        for (int i = 0; suffixes[i]; i++) match |= hasSuffix(e->d_name, suffixes[i]);
+        if (!match) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (namesPush(out, path) != 0) {
+            closedir(d);
+            return setError(err, "data.path: %s: out of memory", dir);
+        }
+    }
+    closedir(d);
+    if (out->len > 1) qsort(out->data, out->len, sizeof *out->data, compareNames);
+    return 0;
+}
+
+static int readWhole(const char *path, Bytes *out, NsaError *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return setError(err, "data.path: %s: cannot open: %s", path, strerror(errno));
+    uint8_t chunk[1 << 16];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        if (bytesAppend(out, chunk, n) != 0) {
+            fclose(f);
+            return setError(err, "data.path: %s: out of memory", path);
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) return setError(err, "data.path: %s: read error", path);
+    return 0;
+}
+
+/* ---- text: files, directories, jsonl ------------------------------------------ */
+
+/* Appends a .txt file; each paragraph (after a blank line) starts a document. */
+static int appendTxt(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
+    size_t base = text->len;
+    if (readWhole(path, text, err) != 0) return -1;
+    if (text->len == base) return 0;  /* empty file: no document */
+    if (offsetsPush(docs, base) != 0) return setError(err, "data.path: %s: out of memory", path);
+    const uint8_t *t = text->data;
+    for (size_t i = base + 2; i < text->len; i++) {
+        if (t[i - 1] != '\n' || t[i] == '\n' || t[i] == '\r') continue;
+        /* a blank line ends the paragraph: "\n\n", or "\n\r\n" from Windows */
+        int blank = t[i - 2] == '\n' || (i >= base + 3 && t[i - 2] == '\r' && t[i - 3] == '\n');
+        if (blank && offsetsPush(docs, i) != 0) return setError(err, "data.path: %s: out of memory", path);
+    }
+    return bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) == 0
+               ? 0
+               : setError(err, "data.path: %s: out of memory", path);
+}
+
+/* Appends the "text" field of every record of a .jsonl file, one document
+ * each. Fails on the first line that is not a JSON object with a string
+ * "text", naming the line and the byte offset. */
+static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
+    Bytes raw = {0};
+    if (readWhole(path, &raw, err) != 0) return -1;
+    int rc = 0;
+    size_t line_no = 0;
+    for (size_t pos = 0; pos < raw.len && rc == 0;) {
+        line_no++;
+        const char *line = (const char *)raw.data + pos;
+        const char *nl = memchr(line, '\n', raw.len - pos);
+        size_t len = nl ? (size_t)(nl - line) : raw.len - pos;
+        size_t next = pos + len + (nl ? 1 : 0);
+        size_t lead = 0;
+        while (lead < len && (line[lead] == ' ' || line[lead] == '\t' || line[lead] == '\r')) lead++;
+        if (lead == len) {  /* blank line: nothing to read */
+            pos = next;
+            continue;
+        }
+        const char *end = NULL;
+        cJSON *obj = cJSON_ParseWithLengthOpts(line, len, &end, 0);
+        size_t at = end ? (size_t)(end - line) : 0;
+        if (!obj) {
+            rc = setError(err, "data.path: %s:%zu: malformed JSON at byte offset %zu (column %zu); "
+                          "allowed: one JSON object per line with a string \"text\"",
+                          path, line_no, pos + at, at + 1);
+            break;
+        }
+        while (at < len && (line[at] == ' ' || line[at] == '\t' || line[at] == '\r')) at++;
+        const cJSON *field = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, "text") : NULL;
+        if (at < len) {
+            rc = setError(err, "data.path: %s:%zu: unexpected text after the JSON value at byte offset "
+                          "%zu (column %zu); allowed: one JSON object per line", path, line_no, pos + at,
+                          at + 1);
+        } else if (!cJSON_IsObject(obj)) {
+            rc = setError(err, "data.path: %s:%zu: the line at byte offset %zu is not a JSON object; "
+                          "allowed: an object with a string \"text\"", path, line_no, pos + lead);
+        } else if (!cJSON_IsString(field)) {
+            rc = setError(err, "data.path: %s:%zu: %s \"text\" field in the record at byte offset %zu; "
+                          "allowed: an object with a string \"text\"", path, line_no,
+                          field ? "a non-string" : "no", pos + lead);
+        } else {
+            const char *s = field->valuestring;
+            size_t n = strlen(s);
+            if (n > 0) {
+                if (offsetsPush(docs, text->len) != 0 || bytesAppend(text, s, n) != 0 ||
+                    bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) != 0)
+                    rc = setError(err, "data.path: %s: out of memory", path);
+            }
+        }
+        cJSON_Delete(obj);
+        pos = next;
+    }
+    free(raw.data);
+    return rc;
+}
+
+static int appendTextFile(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
+    if (hasSuffix(path, ".jsonl")) return appendJsonl(path, text, docs, err);
+    return appendTxt(path, text, docs, err);
+}
+
+/* Picks the document boundary nearest to the target that leaves both
+ * splits at least `need` bytes. Returns 0 and *cut, or -1. */
+static int chooseCut(const Offsets *docs, size_t n, double val_fraction, size_t need, size_t *cut) {
+    double target = (double)n * (1.0 - val_fraction);
+    int found = 0;
+    double best = 0;
+    for (size_t i = 0; i < docs->len; i++) {
+        size_t b = (size_t)docs->data[i];
+        if (b < need || n - b < need) continue;
+        double dist = b > target ? b - target : target - b;
+        if (!found || dist < best) {
+            found = 1;
+            best = dist;
+            *cut = b;
+        }
+    }
+    return found ? 0 : -1;
+}
+
+static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
+    const char *path = cfg->data.path;
+    const Tokenizer *tok = tokenizerFind(cfg->data.tokenizer);
+    if (!tok)
+        return setError(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s",
+                        cfg->data.tokenizer, tokenizerNames());
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return setError(err, "data.path: %s: %s; allowed: a .txt or .jsonl file, or a directory of them",
+                        path, strerror(errno));
+
+    Bytes text = {0};
+    Offsets docs = {0};
+    int rc = 0;
+    if (S_ISDIR(st.st_mode)) {
+        static const char *const suffixes[] = {".txt", ".jsonl", NULL};
+        Names files = {0};
+        rc = listDir(path, suffixes, &files, err);
+        if (rc == 0 && files.len == 0)
+            rc = setError(err, "data.path: %s: no .txt or .jsonl files in the directory", path);
+        for (size_t i = 0; rc == 0 && i < files.len; i++)
+            rc = appendTextFile(files.data[i], &text, &docs, err);
+        namesFree(&files);
+    } else {
+        rc = appendTextFile(path, &text, &docs, err);
+    }
+    if (rc == 0 && docs.len == 0) rc = setError(err, "data.path: %s: no text in the data", path);
+
+    /* the split, in bytes of the stream; +1: a window holds seq_len + 1 */
+    size_t need = (size_t)cfg->train.seq_len + 1;
+    size_t begin = 0, end = text.len;
+    if (rc == 0) {
+        double vf = cfg->data.val_fraction;
+        if (vf <= 0 && dl->split == SPLIT_VAL) {
+            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to "
+                          "evaluate");
+        } else if (vf > 0) {
+            size_t cut = 0;
+            if (chooseCut(&docs, text.len, vf, need, &cut) != 0)
+                rc = setError(err, "data.val_fraction: %g: %s (%zu bytes, %zu documents) has no document "
+                              "boundary leaving both splits %zu tokens (train.seq_len + 1); allowed: more "
+                              "data, a shorter seq_len or another val_fraction",
+                              vf, path, text.len, docs.len, need);
+            else if (dl->split == SPLIT_TRAIN)
+                end = cut;
+            else
+                begin = cut;
+        }
+    }
+    if (rc == 0 && end - begin < need)
+        rc = setError(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
+                      path, dl->split == SPLIT_TRAIN ? "train" : "val", end - begin, need);
+    free(docs.data);
+    if (rc != 0) {
+        free(text.data);
+        return -1;
+    }
+
+    size_t bytes = end - begin;
+    dl->owned = malloc(tokenizerMaxTokens(tok, bytes) * sizeof(uint16_t));
+    dl->segments = malloc(sizeof *dl->segments);
+    if (!dl->owned || !dl->segments) {
+        free(text.data);
+        return setError(err, "data.path: %s: out of memory for %zu tokens", path, bytes);
+    }
+    size_t n = tokenizerEncode(tok, text.data + begin, bytes, dl->owned);
+    free(text.data);
+    dl->segments[0] = (Segment){dl->owned, 0, n};
+    dl->n_segments = 1;
+    dl->n_tokens = n;
+    dl->vocab = tok->vocab_size;
+    dl->bytes_per_token = n ? (double)bytes / (double)n : tok->bytes_per_token;
+    return 0;
+}
+
+/* ---- llm.c token shards ---------------------------------------------------------- */
+
+/* Maps one shard and checks its header against its size. */
+static int mapShard(const char *path, Mapping *map, const uint16_t **tokens, uint64_t *n_tokens,
+                    NsaError *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return setError(err, "data.path: %s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        close(fd);
+        return setError(err, "data.path: %s: cannot stat: %s", path, strerror(errno));
+    }
+    size_t size = (size_t)st.st_size;
+    if (size < SHARD_HEADER_BYTES) {
+        close(fd);
+        return setError(err, "data.path: %s: truncated at offset %zu: shorter than the %zu-byte llm.c "
+                        "shard header", path, size, (size_t)SHARD_HEADER_BYTES);
+    }
+    void *addr = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    close(fd);
+    if (addr == MAP_FAILED) return setError(err, "data.path: %s: cannot map: %s", path, strerror(errno));
+    map->addr = addr;
+    map->size = size;
+
+    const int32_t *header = addr;
+    if (header[0] != SHARD_MAGIC)
+        return setError(err, "data.path: %s: offset 0: magic %d is not an llm.c token shard's; allowed: "
+                        "%d", path, header[0], SHARD_MAGIC);
+    if (header[1] != SHARD_VERSION)
+        return setError(err, "data.path: %s: offset 4: shard version %d is not supported; allowed: %d "
+                        "(uint16 tokens)", path, header[1], SHARD_VERSION);
+    if (header[2] <= 0)
+        return setError(err, "data.path: %s: offset 8: token count %d; allowed: a positive count", path,
+                        header[2]);
+    uint64_t count = (uint64_t)header[2];
+    size_t expected = SHARD_HEADER_BYTES + (size_t)count * sizeof(uint16_t);
+    if (size < expected)
+        return setError(err, "data.path: %s: truncated at offset %zu: the header promises %llu tokens, "
+                        "which end at offset %zu", path, size, (unsigned long long)count, expected);
+    if (size > expected)
+        return setError(err, "data.path: %s: offset %zu: %zu bytes after the last of the %llu tokens the "
+                        "header promises", path, expected, size - expected, (unsigned long long)count);
+    *tokens = (const uint16_t *)((const char *)addr + SHARD_HEADER_BYTES);
+    *n_tokens = count;
+    return 0;
+}
+
+static int isValShard(const char *path) {
+    const char *base = strrchr(path, '/');
+    return strstr(base ? base + 1 : path, "val") != NULL;
+}
+
+static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
+    const char *path = cfg->data.path;
+    Names files = {0};
+    int rc = 0;
+    struct stat st;
+    if (strpbrk(path, "*?[")) {
+        glob_t g;
+        int grc = glob(path, 0, NULL, &g);
+        if (grc == GLOB_NOMATCH)
+            rc = setError(err, "data.path: %s: the pattern matches no file", path);
+        else if (grc != 0)
+            rc = setError(err, "data.path: %s: cannot expand the pattern", path);
+        for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++)
+            if (namesPush(&files, g.gl_pathv[i]) != 0) rc = setError(err, "data.path: out of memory");
+        if (grc == 0) globfree(&g);
+    } else if (stat(path, &st) != 0) {
+        rc = setError(err, "data.path: %s: %s; allowed: a .bin shard, a directory of them, or a glob",
+                      path, strerror(errno));
+    } else if (S_ISDIR(st.st_mode)) {
+        static const char *const suffixes[] = {".bin", NULL};
+        rc = listDir(path, suffixes, &files, err);
+        if (rc == 0 && files.len == 0) rc = setError(err, "data.path: %s: no .bin shards in the directory", path);
+    } else {
+        if (namesPush(&files, path) != 0) rc = setError(err, "data.path: out of memory");
+    }
+    if (rc != 0) {
+        namesFree(&files);
+        return -1;
+    }
+
+    /* llm.c names its held-out shard *_val_*: use the names when both kinds exist */
+    size_t n_val_named = 0;
+    for (size_t i = 0; i < files.len; i++) n_val_named += (size_t)isValShard(files.data[i]);
+    int by_name = n_val_named > 0 && n_val_named < files.len;
+
+    dl->maps = calloc(files.len, sizeof *dl->maps);
+    dl->segments = calloc(files.len, sizeof *dl->segments);
+    if (!dl->maps || !dl->segments) {
+        namesFree(&files);
+        return setError(err, "data.path: out of memory");
+    }
+    /* map and check every header first: the split needs the total */
+    const uint16_t **tok = calloc(files.len, sizeof *tok);
+    uint64_t *count = calloc(files.len, sizeof *count);
+    uint64_t total = 0;
+    if (!tok || !count) rc = setError(err, "data.path: out of memory");
+    for (size_t i = 0; rc == 0 && i < files.len; i++) {
+        rc = mapShard(files.data[i], &dl->maps[i], &tok[i], &count[i], err);
+        dl->n_maps = (int)i + 1;
+        if (rc == 0 && (!by_name || isValShard(files.data[i]) == (dl->split == SPLIT_VAL))) total += count[i];
+    }
+
+    /* [lo, hi) of the concatenation of this split's files */
+    uint64_t lo = 0, hi = total;
+    if (rc == 0 && !by_name) {
+        double vf = cfg->data.val_fraction;
+        uint64_t n_val = (uint64_t)((double)total * vf);
+        if (dl->split == SPLIT_VAL && vf <= 0)
+            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
+        else if (dl->split == SPLIT_TRAIN)
+            hi = total - n_val;
+        else
+            lo = total - n_val;
+    }
+    uint64_t need = (uint64_t)cfg->train.seq_len + 1;
+    if (rc == 0 && hi - lo < need)
+        rc = setError(err, "data.path: %s: the %s split has %llu tokens, fewer than train.seq_len + 1 (%llu)",
+                      path, dl->split == SPLIT_TRAIN ? "train" : "val", (unsigned long long)(hi - lo),
+                      (unsigned long long)need);
+
+    /* segments for [lo, hi), each token checked against the vocabulary */
+    uint64_t offset = 0;
+    for (size_t i = 0; rc == 0 && i < files.len; i++) {
+        if (by_name && isValShard(files.data[i]) != (dl->split == SPLIT_VAL)) continue;
+        uint64_t a = offset > lo ? offset : lo, b = offset + count[i] < hi ? offset + count[i] : hi;
+        if (a < b) {
+            const uint16_t *t = tok[i] + (a - offset);
+            for (uint64_t j = 0; j < b - a; j++) {
+                if (t[j] >= (uint32_t)cfg->model.vocab_size) {
+                    rc = setError(err, "data.path: %s: offset %llu: token %u is not below model.vocab_size "
+                                  "(%d); allowed: tokens < vocab_size", files.data[i],
+                                  (unsigned long long)(SHARD_HEADER_BYTES + (a - offset + j) * 2), t[j],
+                                  cfg->model.vocab_size);
+                    break;
+                }
+            }
+            dl->segments[dl->n_segments++] = (Segment){t, a - lo, b - a};
+        }
+        offset += count[i];
+    }
+    free(tok);
+    free(count);
+    namesFree(&files);
+    if (rc != 0) return -1;
+    dl->n_tokens = hi - lo;
+    dl->vocab = cfg->model.vocab_size;
+    dl->bytes_per_token = 0;  /* the shards do not say what text they came from */
+    return 0;
+}
+
+/* ---- batches ------------------------------------------------------------------------- */
+
+/* Copies tokens [start, start + n) of the stream into out as int32. */
+static void copyWindow(const DataLoader *dl, uint64_t start, size_t n, int32_t *out) {
+    int lo = 0, hi = dl->n_segments - 1;
+    while (lo < hi) {  /* the last segment starting at or before `start` */
+        int mid = (lo + hi + 1) / 2;
+        if (dl->segments[mid].start <= start) lo = mid; else hi = mid - 1;
+    }
+    for (int s = lo; n > 0; s++) {
+        const Segment *seg = &dl->segments[s];
+        uint64_t off = start - seg->start;
+        size_t take = (size_t)(seg->len - off) < n ? (size_t)(seg->len - off) : n;
+        for (size_t i = 0; i < take; i++) out[i] = seg->tokens[off + i];
+        out += take;
+        n -= take;
+        start += take;
+    }
+}
+
+/* The batch at `position`: a pure function of the loader's data, seed and
+ * position. window is scratch of seq_len + 1 tokens. */
+static void computeBatch(const DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets,
+                         int32_t *window) {
+    size_t S = (size_t)dl->seq_len;
+    for (int r = 0; r < dl->batch; r++) {
+        if (dl->source == DATA_SYNTHETIC) {
+            uint64_t row = hash4(dl->seed, (uint64_t)dl->split, position, (uint64_t)r);
+            for (size_t i = 0; i <= S; i++) window[i] = (int32_t)(mix64(row ^ i) % (uint64_t)dl->vocab);
+        } else if (dl->split == SPLIT_TRAIN) {
+            uint64_t n_starts = dl->n_tokens - S;  /* windows of S + 1 tokens */
+            uint64_t start = hash4(dl->seed, 0x747261696eULL /* "train" */, position, (uint64_t)r) % n_starts;
+            copyWindow(dl, start, S + 1, window);
+        } else {
+            uint64_t n_windows = (dl->n_tokens - 1) / S;
+            uint64_t k = (position * (uint64_t)dl->batch + (uint64_t)r) % n_windows;
+            copyWindow(dl, k * S, S + 1, window);
+        }
+        memcpy(tokens + (size_t)r * S, window, S * sizeof(int32_t));
+        memcpy(targets + (size_t)r * S, window + 1, S * sizeof(int32_t));
+    }
+}
+
+static void *prefetchMain(void *arg) {
+    DataLoader *dl = arg;
+    int32_t *window = malloc(((size_t)dl->seq_len + 1) * sizeof(int32_t));
+    pthread_mutex_lock(&dl->mu);
+    while (!dl->stop && window) {
+        /* the first position of the look-ahead not held, and a slot outside it */
+        uint64_t target = 0;
+        int have_target = 0;
+        Slot *free_slot = NULL;
+        for (uint64_t p = dl->want; p < dl->want + (uint64_t)dl->depth && !have_target; p++) {
+            int held = 0;
+            for (int i = 0; i < dl->depth; i++)
+                held |= dl->slots[i].state != SLOT_EMPTY && dl->slots[i].position == p;
+            if (!held) {
+                target = p;
+                have_target = 1;
+            }
+        }
+        for (int i = 0; i < dl->depth && !free_slot; i++) {
+            Slot *s = &dl->slots[i];
+            if (s->state == SLOT_EMPTY ||
+                (s->state == SLOT_READY && (s->position < dl->want || s->position >= dl->want + (uint64_t)dl->depth)))
+                free_slot = s;
+        }
+        if (!have_target || !free_slot) {
+            pthread_cond_wait(&dl->cv, &dl->mu);
+            continue;
+        }
+        free_slot->state = SLOT_FILLING;
+        free_slot->position = target;
+        pthread_mutex_unlock(&dl->mu);
+        computeBatch(dl, target, free_slot->tokens, free_slot->targets, window);
+        pthread_mutex_lock(&dl->mu);
+        free_slot->state = SLOT_READY;
+        pthread_cond_broadcast(&dl->cv);
+    }
+    pthread_mutex_unlock(&dl->mu);
+    free(window);
+    return NULL;
+}
+
+static int startPrefetch(DataLoader *dl, int depth, NsaError *err) {
+    dl->depth = depth;
+    if (depth <= 0) return 0;
+    size_t n = (size_t)dl->batch * (size_t)dl->seq_len;
+    dl->slots = calloc((size_t)depth, sizeof *dl->slots);
+    if (!dl->slots) return setError(err, "data: out of memory for the prefetch ring");
+    for (int i = 0; i < depth; i++) {
+        dl->slots[i].tokens = malloc(n * sizeof(int32_t));
+        dl->slots[i].targets = malloc(n * sizeof(int32_t));
+        if (!dl->slots[i].tokens || !dl->slots[i].targets)
+            return setError(err, "data: out of memory for the prefetch ring (%d x %zu tokens)", depth, n);
+    }
+    if (pthread_mutex_init(&dl->mu, NULL) != 0 || pthread_cond_init(&dl->cv, NULL) != 0)
+        return setError(err, "data: cannot create the prefetch thread's lock");
+    int rc = pthread_create(&dl->thread, NULL, prefetchMain, dl);
+    if (rc != 0) {
+        pthread_cond_destroy(&dl->cv);
+        pthread_mutex_destroy(&dl->mu);
+        return setError(err, "data: cannot start the prefetch thread: %s", strerror(rc));
+    }
+    dl->thread_started = 1;
+    return 0;
+}
+
+/* ---- public API -------------------------------------------------------------------------- */
+
+DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
+    if (cfg->train.seq_len < 1 || cfg->train.batch_size < 1) {
+        setError(err, "train.seq_len: %d, train.batch_size: %d; allowed: both at least 1",
+                 cfg->train.seq_len, cfg->train.batch_size);
+        return NULL;
+    }
+    if (split != SPLIT_TRAIN && split != SPLIT_VAL) {
+        setError(err, "data: split %d; allowed: train (0) or val (1)", (int)split);
+        return NULL;
+    }
+    DataLoader *dl = calloc(1, sizeof *dl);
+    if (!dl) {
+        setError(err, "data: out of memory");
+        return NULL;
+    }
+    dl->source = cfg->data.source;
+    dl->split = split;
+    dl->batch = cfg->train.batch_size;
+    dl->seq_len = cfg->train.seq_len;
+    dl->seed = cfg->train.seed;
+    int rc;
+    switch (cfg->data.source) {
+    case DATA_SYNTHETIC:
+        if (split == SPLIT_VAL && cfg->data.val_fraction <= 0) {
+            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
+            break;
+        }
+        dl->n_tokens = UINT64_MAX;
+        dl->vocab = cfg->model.vocab_size;
+        dl->bytes_per_token = 1.0;
+        rc = 0;
+        break;
+    case DATA_TEXT: rc = openText(dl, cfg, err); break;
+    case DATA_SHARDS: rc = openShards(dl, cfg, err); break;
+    default: rc = setError(err, "data.source: %d; allowed: synthetic, text, shards", (int)cfg->data.source);
+    }
+    if (rc == 0 && dl->vocab > cfg->model.vocab_size)
+        rc = setError(err, "model.vocab_size: %d is smaller than the data's vocabulary (%d); allowed: at "
+                      "least %d", cfg->model.vocab_size, dl->vocab, dl->vocab);
+    if (rc == 0 && !(dl->window = malloc(((size_t)dl->seq_len + 1) * sizeof(int32_t))))
+        rc = setError(err, "data: out of memory for a window of %d tokens", dl->seq_len + 1);
+    if (rc == 0) rc = startPrefetch(dl, cfg->data.prefetch, err);
+    if (rc != 0) {
+        dataClose(dl);
+        return NULL;
+    }
+    return dl;
+}
+
+void dataClose(DataLoader *dl) {
+    if (!dl) return;
+    if (dl->thread_started) {
+        pthread_mutex_lock(&dl->mu);
+        dl->stop = 1;
+        pthread_cond_broadcast(&dl->cv);
+        pthread_mutex_unlock(&dl->mu);
+        pthread_join(dl->thread, NULL);
+        pthread_cond_destroy(&dl->cv);
+        pthread_mutex_destroy(&dl->mu);
+    }
+    if (dl->slots) {
+        for (int i = 0; i < dl->depth; i++) {
+            free(dl->slots[i].tokens);
+            free(dl->slots[i].targets);
+        }
+        free(dl->slots);
+    }
+    for (int i = 0; i < dl->n_maps; i++)
+        if (dl->maps[i].addr) munmap(dl->maps[i].addr, dl->maps[i].size);
+    free(dl->maps);
+    free(dl->segments);
+    free(dl->owned);
+    free(dl->window);
+    free(dl);
+}
+
+int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets, NsaError *err) {
+    if (!dl || !tokens || !targets) return setError(err, "dataBatch: NULL argument");
+    size_t n = (size_t)dl->batch * (size_t)dl->seq_len;
+    int served = 0;
+    if (dl->thread_started) {
+        pthread_mutex_lock(&dl->mu);
+        for (int i = 0; i < dl->depth && !served; i++) {
+            Slot *s = &dl->slots[i];
+            while (s->state == SLOT_FILLING && s->position == position) pthread_cond_wait(&dl->cv, &dl->mu);
+            if (s->state == SLOT_READY && s->position == position) {
+                memcpy(tokens, s->tokens, n * sizeof(int32_t));
+                memcpy(targets, s->targets, n * sizeof(int32_t));
+                served = 1;
+            }
+        }
+        dl->want = position + 1;
+        pthread_cond_broadcast(&dl->cv);
+        pthread_mutex_unlock(&dl->mu);
+    }
+    if (served) {
+        atomic_fetch_add(&dl->hits, 1);
+        return 0;
+    }
+    computeBatch(dl, position, tokens, targets, dl->window);
+    atomic_fetch_add(&dl->misses, 1);
+    return 0;
+}
+
+uint64_t dataNumTokens(const DataLoader *dl) { return dl->n_tokens; }
+
+double dataBytesPerToken(const DataLoader *dl) { return dl->bytes_per_token; }
+
+int dataVocabSize(const DataLoader *dl) { return dl->vocab; }
+
+void dataGetStats(DataLoader *dl, DataStats *out) {
+    out->prefetched = atomic_load(&dl->hits);
+    out->computed = atomic_load(&dl->misses);
+}

@@ -1,0 +1,759 @@
+/* runs.c - the run registry; see runs.h. */
+#include "runs.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+
+static const char *const state_names[RUN_STATE_COUNT] = {
+    "idle", "starting", "running", "halting", "halted", "completed", "failed", "nan_halted", "hung",
+};
+
+const char *runStateName(RunState state) {
+    if ((int)state < 0 || state >= RUN_STATE_COUNT) return "unknown";
+    return state_names[state];
+}
+
+int runStateFromName(const char *name) {
+    for (int i = 0; i < RUN_STATE_COUNT; i++)
+        if (name && !strcmp(name, state_names[i])) return i;
+    return -1;
+}
+
+int runStateIsActive(RunState state) {
+    return state == RUN_STARTING || state == RUN_RUNNING || state == RUN_HALTING || state == RUN_HUNG;
+}
+
+int runStateIsResumable(RunState state) {
+    return state == RUN_HALTED || state == RUN_NAN_HALTED || state == RUN_FAILED;
+}
+
+static int validChars(const char *s, const char *extra) {
+    size_t n = 0;
+    for (; s && s[n]; n++) {
+        char c = s[n];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 strchr(extra, c);
+        if (!ok) return 0;
+    }
+    return n >= 1 && n <= 64;
+}
+
+int runIdValid(const char *id) { return validChars(id, "_-"); }
+
+int runNameValid(const char *name) {
+    return validChars(name, "._-") && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+}
+
+double runsNow(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int setErr(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int setErr(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static int joinPath(char *out, size_t cap, const char *a, const char *b) {
+    int n = snprintf(out, cap, "%s/%s", a, b);
+    return (n < 0 || (size_t)n >= cap) ? -1 : 0;
+}
+
+static int makeDir(const char *path, NsaError *err) {
+    if (mkdir(path, 0750) == 0 || errno == EEXIST) {
+        struct stat st;
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
+        return setErr(err, "%s: exists and is not a directory", path);
+    }
+    return setErr(err, "cannot create directory %s: %s", path, strerror(errno));
+}
+
+/* Writes data to path through a temp file, fsync and rename. */
+static int writeFileAtomic(const char *path, const char *data, size_t len, NsaError *err) {
+    char tmp[RUN_PATH_MAX + 32];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) return setErr(err, "cannot write %s: %s", tmp, strerror(errno));
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, data + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int saved = errno;
+            close(fd);
+            unlink(tmp);
+            return setErr(err, "cannot write %s: %s", tmp, strerror(saved));
+        }
+        off += (size_t)w;
+    }
+    if (fsync(fd) != 0 || close(fd) != 0) {
+        unlink(tmp);
+        return setErr(err, "cannot write %s: %s", tmp, strerror(errno));
+    }
+    if (rename(tmp, path) != 0) {
+        int saved = errno;
+        unlink(tmp);
+        return setErr(err, "cannot rename %s to %s: %s", tmp, path, strerror(saved));
+    }
+    return 0;
+}
+
+/* Reads a whole file into a malloc'd NUL-terminated buffer, or NULL (errno set). */
+static char *readFile(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) break;
+        if (cap - len - 1 == 0) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf) return NULL;
+    if (failed) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[len] = '\0';
+    if (len_out) *len_out = len;
+    return buf;
+}
+
+static void runFree(Run *run) {
+    if (!run) return;
+    free(run->config_yaml);
+    free(run->train);
+    free(run->val);
+    for (size_t i = 0; i < run->n_events; i++) free(run->events[i].detail_json);
+    free(run->events);
+    free(run);
+}
+
+static Run *runNew(const RunRegistry *reg, const char *id) {
+    Run *run = calloc(1, sizeof *run);
+    if (!run) return NULL;
+    snprintf(run->id, sizeof run->id, "%s", id);
+    snprintf(run->name, sizeof run->name, "%s", id);
+    if (joinPath(run->dir, sizeof run->dir, reg->runs_dir, id) != 0 ||
+        joinPath(run->out_dir, sizeof run->out_dir, run->dir, "out") != 0) {
+        free(run);
+        return NULL;
+    }
+    run->loss = run->val_loss = run->bits_per_byte = NAN;
+    run->lr = run->grad_norm = run->toks_per_s = run->step_seconds = run->mem_bytes = NAN;
+    return run;
+}
+
+static int registryAppend(RunRegistry *reg, Run *run) {
+    if (reg->n_runs == reg->cap_runs) {
+        size_t cap = reg->cap_runs ? reg->cap_runs * 2 : 16;
+        Run **bigger = realloc(reg->runs, cap * sizeof *bigger);
+        if (!bigger) return -1;
+        reg->runs = bigger;
+        reg->cap_runs = cap;
+    }
+    reg->runs[reg->n_runs++] = run;
+    return 0;
+}
+
+/* ---- run.json ------------------------------------------------------------- */
+
+static void addNumberOrNull(cJSON *obj, const char *key, double v) {
+    if (isfinite(v))
+        cJSON_AddNumberToObject(obj, key, v);
+    else
+        cJSON_AddNullToObject(obj, key);
+}
+
+int runsSave(const Run *run, NsaError *err) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return setErr(err, "out of memory saving run %s", run->id);
+    cJSON_AddStringToObject(o, "id", run->id);
+    cJSON_AddStringToObject(o, "name", run->name);
+    cJSON_AddStringToObject(o, "state", runStateName(run->state));
+    cJSON_AddStringToObject(o, "device", run->device);
+    cJSON_AddStringToObject(o, "precision", run->precision);
+    cJSON_AddNumberToObject(o, "step", (double)run->step);
+    cJSON_AddNumberToObject(o, "total_steps", (double)run->total_steps);
+    cJSON_AddNumberToObject(o, "last_checkpoint_step", (double)run->last_checkpoint_step);
+    addNumberOrNull(o, "loss", run->loss);
+    addNumberOrNull(o, "val_loss", run->val_loss);
+    cJSON_AddStringToObject(o, "anomaly", run->anomaly);
+    cJSON_AddStringToObject(o, "error", run->error);
+    cJSON_AddNumberToObject(o, "restarts", run->restarts);
+    cJSON_AddNumberToObject(o, "created_at", run->created_at);
+    cJSON_AddNumberToObject(o, "started_at", run->started_at);
+    cJSON_AddNumberToObject(o, "ended_at", run->ended_at);
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return setErr(err, "out of memory saving run %s", run->id);
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/run.json", run->dir);
+    int rc = writeFileAtomic(path, text, strlen(text), err);
+    free(text);
+    return rc;
+}
+
+static double jsonNumber(const cJSON *o, const char *key, double dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : dflt;
+}
+
+static void jsonString(const cJSON *o, const char *key, char *out, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsString(v)) snprintf(out, cap, "%s", v->valuestring);
+}
+
+static int loadEvents(Run *run);
+
+/* Loads one run directory. Returns NULL with err when its files are unusable. */
+static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
+    Run *run = runNew(reg, id);
+    if (!run) {
+        setErr(err, "out of memory loading run %s", id);
+        return NULL;
+    }
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/run.json", run->dir);
+    char *text = readFile(path, NULL);
+    if (!text) {
+        setErr(err, "%s: %s", path, strerror(errno));
+        runFree(run);
+        return NULL;
+    }
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    const cJSON *state = cJSON_GetObjectItemCaseSensitive(o, "state");
+    int st = cJSON_IsString(state) ? runStateFromName(state->valuestring) : -1;
+    if (!cJSON_IsObject(o) || st < 0) {
+        setErr(err, "%s: not a run record (no valid \"state\")", path);
+        cJSON_Delete(o);
+        runFree(run);
+        return NULL;
+    }
+    run->state = (RunState)st;
+    jsonString(o, "name", run->name, sizeof run->name);
+    jsonString(o, "device", run->device, sizeof run->device);
+    jsonString(o, "precision", run->precision, sizeof run->precision);
+    jsonString(o, "anomaly", run->anomaly, sizeof run->anomaly);
+    jsonString(o, "error", run->error, sizeof run->error);
+    run->step = (int64_t)jsonNumber(o, "step", 0);
+    run->total_steps = (int64_t)jsonNumber(o, "total_steps", 0);
+    run->last_checkpoint_step = (int64_t)jsonNumber(o, "last_checkpoint_step", 0);
+    run->loss = jsonNumber(o, "loss", NAN);
+    run->val_loss = jsonNumber(o, "val_loss", NAN);
+    run->restarts = (int)jsonNumber(o, "restarts", 0);
+    run->created_at = jsonNumber(o, "created_at", 0);
+    run->started_at = jsonNumber(o, "started_at", 0);
+    run->ended_at = jsonNumber(o, "ended_at", 0);
+    cJSON_Delete(o);
+
+    snprintf(path, sizeof path, "%s/config.yaml", run->dir);
+    run->config_yaml = readFile(path, NULL);
+    if (!run->config_yaml) {
+        setErr(err, "%s: %s", path, strerror(errno));
+        runFree(run);
+        return NULL;
+    }
+    if (loadEvents(run) != 0) {
+        setErr(err, "%s/events.jsonl: out of memory", run->dir);
+        runFree(run);
+        return NULL;
+    }
+    NsaError serr;
+    if (runsLoadSeries(run, &serr) != 0) logWarn("run %s: metric series: %s", id, serr.message);
+    return run;
+}
+
+static int compareCreated(const void *a, const void *b) {
+    const Run *x = *(Run *const *)a, *y = *(Run *const *)b;
+    if (x->created_at != y->created_at) return x->created_at < y->created_at ? -1 : 1;
+    return strcmp(x->id, y->id);
+}
+
+RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
+    RunRegistry *reg = calloc(1, sizeof *reg);
+    if (!reg) {
+        setErr(err, "out of memory");
+        return NULL;
+    }
+    if (snprintf(reg->state_dir, sizeof reg->state_dir, "%s", state_dir) >= (int)sizeof reg->state_dir ||
+        joinPath(reg->runs_dir, sizeof reg->runs_dir, state_dir, "runs") != 0) {
+        setErr(err, "state dir path too long: %s", state_dir);
+        free(reg);
+        return NULL;
+    }
+    if (makeDir(reg->state_dir, err) != 0 || makeDir(reg->runs_dir, err) != 0) {
+        free(reg);
+        return NULL;
+    }
+    DIR *d = opendir(reg->runs_dir);
+    if (!d) {
+        setErr(err, "cannot read %s: %s", reg->runs_dir, strerror(errno));
+        free(reg);
+        return NULL;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (!runIdValid(e->d_name)) continue;
+        NsaError lerr;
+        Run *run = runLoad(reg, e->d_name, &lerr);
+        if (!run) {
+            logWarn("skipping stored run %s: %s", e->d_name, lerr.message);
+            continue;
+        }
+        if (registryAppend(reg, run) != 0) {
+            runFree(run);
+            closedir(d);
+            runsClose(reg);
+            setErr(err, "out of memory loading runs");
+            return NULL;
+        }
+    }
+    closedir(d);
+    if (reg->n_runs > 1) qsort(reg->runs, reg->n_runs, sizeof *reg->runs, compareCreated);
+    return reg;
+}
+
+void runsClose(RunRegistry *reg) {
+    if (!reg) return;
+    for (size_t i = 0; i < reg->n_runs; i++) runFree(reg->runs[i]);
+    free(reg->runs);
+    free(reg);
+}
+
+Run *runsFind(const RunRegistry *reg, const char *id) {
+    if (!id) return NULL;
+    for (size_t i = 0; i < reg->n_runs; i++)
+        if (!strcmp(reg->runs[i]->id, id)) return reg->runs[i];
+    return NULL;
+}
+
+/* A fresh id: UTC creation time plus 4 random hex digits. */
+static void makeRunId(char *out, size_t cap) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    unsigned short r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (unsigned short)(clock() ^ getpid());
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(out, cap, "%s-%04x", stamp, (unsigned)r);
+}
+
+Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, const char *device,
+                const char *precision, int64_t total_steps, NsaError *err) {
+    char id[RUN_ID_MAX];
+    int tries = 0;
+    do {
+        makeRunId(id, sizeof id);
+    } while (runsFind(reg, id) && ++tries < 16);
+    if (runsFind(reg, id)) {
+        setErr(err, "could not find a free run id");
+        return NULL;
+    }
+    Run *run = runNew(reg, id);
+    if (!run || !(run->config_yaml = strdup(config_yaml))) {
+        runFree(run);
+        setErr(err, "out of memory creating a run");
+        return NULL;
+    }
+    if (name) snprintf(run->name, sizeof run->name, "%s", name);
+    snprintf(run->device, sizeof run->device, "%s", device ? device : "");
+    snprintf(run->precision, sizeof run->precision, "%s", precision ? precision : "");
+    run->total_steps = total_steps;
+    run->state = RUN_STARTING;
+    run->created_at = runsNow();
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.yaml", run->dir);
+    if (mkdir(run->dir, 0750) != 0) {
+        setErr(err, "cannot create %s: %s", run->dir, strerror(errno));
+        runFree(run);
+        return NULL;
+    }
+    if (makeDir(run->out_dir, err) != 0 ||
+        writeFileAtomic(path, config_yaml, strlen(config_yaml), err) != 0 || runsSave(run, err) != 0 ||
+        registryAppend(reg, run) != 0) {
+        if (err && !err->message[0]) setErr(err, "out of memory creating a run");
+        runFree(run);
+        return NULL;
+    }
+    return run;
+}
+
+int runsSetConfig(Run *run, const char *config_yaml, NsaError *err) {
+    char *copy = strdup(config_yaml);
+    if (!copy) return setErr(err, "out of memory");
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.yaml", run->dir);
+    if (writeFileAtomic(path, copy, strlen(copy), err) != 0) {
+        free(copy);
+        return -1;
+    }
+    free(run->config_yaml);
+    run->config_yaml = copy;
+    return 0;
+}
+
+int runsSetState(Run *run, RunState state, NsaError *err) {
+    double now = runsNow();
+    if (state == RUN_RUNNING && run->state == RUN_STARTING) run->started_at = now;
+    if (runStateIsActive(state))
+        run->ended_at = 0;
+    else if (runStateIsActive(run->state))
+        run->ended_at = now;
+    run->state = state;
+    return runsSave(run, err);
+}
+
+/* ---- series ----------------------------------------------------------------- */
+
+static int growArray(void **arr, size_t *cap, size_t need, size_t elem) {
+    if (need <= *cap) return 0;
+    size_t cap2 = *cap ? *cap * 2 : 256;
+    while (cap2 < need) cap2 *= 2;
+    void *bigger = realloc(*arr, cap2 * elem);
+    if (!bigger) return -1;
+    *arr = bigger;
+    *cap = cap2;
+    return 0;
+}
+
+static int appendTrain(Run *run, const RunTrainPoint *p) {
+    while (run->n_train > 0 && run->train[run->n_train - 1].step >= p->step) run->n_train--;
+    if (growArray((void **)&run->train, &run->cap_train, run->n_train + 1, sizeof *run->train) != 0)
+        return -1;
+    run->train[run->n_train++] = *p;
+    return 0;
+}
+
+static int appendVal(Run *run, const RunValPoint *p) {
+    while (run->n_val > 0 && run->val[run->n_val - 1].step >= p->step) run->n_val--;
+    if (growArray((void **)&run->val, &run->cap_val, run->n_val + 1, sizeof *run->val) != 0) return -1;
+    run->val[run->n_val++] = *p;
+    return 0;
+}
+
+int runsAddSample(Run *run, const TrainSample *s) {
+    RunTrainPoint p = {.step = s->step, .ts = s->ts, .loss = s->loss, .lr = s->lr,
+                       .grad_norm = s->grad_norm, .toks_per_s = s->toks_per_s,
+                       .mem_bytes = (double)s->mem_bytes};
+    run->step = s->step;
+    if (s->total_steps > 0) run->total_steps = s->total_steps;
+    run->loss = s->loss;
+    run->lr = s->lr;
+    run->grad_norm = s->grad_norm;
+    run->toks_per_s = s->toks_per_s;
+    run->step_seconds = s->step_seconds;
+    run->mem_bytes = (double)s->mem_bytes;
+    return appendTrain(run, &p);
+}
+
+int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte) {
+    RunValPoint p = {.step = step, .ts = ts, .val_loss = val_loss, .bits_per_byte = bits_per_byte};
+    run->val_loss = val_loss;
+    run->bits_per_byte = bits_per_byte;
+    return appendVal(run, &p);
+}
+
+/* CSV columns nsad reads, with the header names it accepts for each. */
+enum { COL_STEP, COL_TS, COL_LOSS, COL_LR, COL_GNORM, COL_TOKS, COL_MEM, COL_VAL, COL_BPB, COL_COUNT };
+static const char *const column_names[COL_COUNT][4] = {
+    [COL_STEP] = {"step", NULL},
+    [COL_TS] = {"ts", "time", "timestamp", "unix_time"},
+    [COL_LOSS] = {"loss", "train_loss", NULL},
+    [COL_LR] = {"lr", "learning_rate", NULL},
+    [COL_GNORM] = {"grad_norm", "gnorm", NULL},
+    [COL_TOKS] = {"toks_per_s", "tokens_per_s", "tok_per_s", "tok_s"},
+    [COL_MEM] = {"mem_bytes", "memory_bytes", NULL},
+    [COL_VAL] = {"val_loss", NULL},
+    [COL_BPB] = {"bits_per_byte", "bpb", "val_bpb", NULL},
+};
+
+static int columnOf(const char *name) {
+    for (int c = 0; c < COL_COUNT; c++)
+        for (int k = 0; k < 4 && column_names[c][k]; k++)
+            if (!strcmp(name, column_names[c][k])) return c;
+    return -1;
+}
+
+/* Splits a CSV line in place on commas (no quoting: nsad's CSVs hold numbers). */
+static int splitCsv(char *line, char **fields, int max) {
+    int n = 0;
+    char *p = line;
+    while (n < max) {
+        fields[n++] = p;
+        char *comma = strchr(p, ',');
+        if (!comma) break;
+        *comma = '\0';
+        p = comma + 1;
+    }
+    for (int i = 0; i < n; i++) {
+        char *f = fields[i];
+        while (*f == ' ') f++;
+        size_t len = strlen(f);
+        while (len && (f[len - 1] == ' ' || f[len - 1] == '\r' || f[len - 1] == '\n')) f[--len] = '\0';
+        fields[i] = f;
+    }
+    return n;
+}
+
+static double parseCell(char **fields, int n, int idx) {
+    if (idx < 0 || idx >= n || !*fields[idx]) return NAN;
+    char *end;
+    double v = strtod(fields[idx], &end);
+    return *end ? NAN : v;
+}
+
+/* Reads one CSV into the run's series. is_val picks val.csv's columns. */
+static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
+    char path[RUN_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", run->out_dir, file);
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : setErr(err, "%s: %s", path, strerror(errno));
+    char line[4096];
+    int col[COL_COUNT];
+    for (int c = 0; c < COL_COUNT; c++) col[c] = -1;
+    char *fields[64];
+    long lineno = 0;
+    int rc = 0;
+    while (fgets(line, sizeof line, f)) {
+        lineno++;
+        int n = splitCsv(line, fields, 64);
+        if (lineno == 1) {
+            for (int i = 0; i < n; i++) {
+                int c = columnOf(fields[i]);
+                if (c >= 0 && col[c] < 0) col[c] = i;
+            }
+            if (col[COL_STEP] < 0) {
+                rc = setErr(err, "%s line 1: no \"step\" column in the header", path);
+                break;
+            }
+            continue;
+        }
+        double step = parseCell(fields, n, col[COL_STEP]);
+        if (!isfinite(step)) continue; /* a torn last line after a kill */
+        if (is_val) {
+            double v = parseCell(fields, n, col[COL_VAL] >= 0 ? col[COL_VAL] : col[COL_LOSS]);
+            RunValPoint p = {.step = (int64_t)step, .ts = parseCell(fields, n, col[COL_TS]),
+                             .val_loss = v, .bits_per_byte = parseCell(fields, n, col[COL_BPB])};
+            if (appendVal(run, &p) != 0) {
+                rc = setErr(err, "%s: out of memory", path);
+                break;
+            }
+        } else {
+            RunTrainPoint p = {.step = (int64_t)step, .ts = parseCell(fields, n, col[COL_TS]),
+                               .loss = parseCell(fields, n, col[COL_LOSS]),
+                               .lr = parseCell(fields, n, col[COL_LR]),
+                               .grad_norm = parseCell(fields, n, col[COL_GNORM]),
+                               .toks_per_s = parseCell(fields, n, col[COL_TOKS]),
+                               .mem_bytes = parseCell(fields, n, col[COL_MEM])};
+            if (appendTrain(run, &p) != 0) {
+                rc = setErr(err, "%s: out of memory", path);
+                break;
+            }
+        }
+    }
+    fclose(f);
+    return rc;
+}
+
+/* Index of the point with that step in a strictly increasing series, or -1. */
+static long findTrain(const Run *run, int64_t step) {
+    size_t lo = 0, hi = run->n_train;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (run->train[mid].step < step) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < run->n_train && run->train[lo].step == step ? (long)lo : -1;
+}
+
+static long findVal(const Run *run, int64_t step) {
+    for (size_t i = run->n_val; i-- > 0;)
+        if (run->val[i].step == step) return (long)i;
+    return -1;
+}
+
+/* The CSVs keep only step, loss, lr and tok/s; the heartbeat has the time,
+ * gradient norm and memory of every logged step. A step logged twice (redone
+ * after a resume) appears twice there: the later line is the one the CSV
+ * kept, and it wins because it is read last. */
+static void enrichFromHeartbeat(Run *run) {
+    char path[RUN_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/heartbeat_rank0.jsonl", run->out_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char *line = NULL;
+    size_t cap = 0;
+    while (getline(&line, &cap, f) > 0) {
+        int is_step = strstr(line, "\"event\":\"step\"") != NULL;
+        int is_eval = !is_step && strstr(line, "\"event\":\"eval\"") != NULL;
+        if (!is_step && !is_eval) continue;
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+        if (cJSON_IsNumber(step)) {
+            long i = is_step ? findTrain(run, (int64_t)step->valuedouble) : findVal(run, (int64_t)step->valuedouble);
+            if (i >= 0 && is_step) {
+                RunTrainPoint *p = &run->train[i];
+                p->ts = jsonNumber(o, "ts", p->ts);
+                p->grad_norm = jsonNumber(o, "grad_norm", p->grad_norm);
+                p->mem_bytes = jsonNumber(o, "memory", p->mem_bytes);
+                p->toks_per_s = jsonNumber(o, "toks_per_s", p->toks_per_s);
+            } else if (i >= 0) {
+                run->val[i].ts = jsonNumber(o, "ts", run->val[i].ts);
+            }
+        }
+        cJSON_Delete(o);
+    }
+    free(line);
+    fclose(f);
+}
+
+int runsLoadSeries(Run *run, NsaError *err) {
+    run->n_train = run->n_val = 0;
+    if (loadCsv(run, "training.csv", 0, err) != 0 || loadCsv(run, "val.csv", 1, err) != 0) return -1;
+    enrichFromHeartbeat(run);
+    if (run->n_train) {
+        const RunTrainPoint *p = &run->train[run->n_train - 1];
+        run->loss = p->loss;
+        run->lr = p->lr;
+        run->grad_norm = p->grad_norm;
+        run->toks_per_s = p->toks_per_s;
+        run->mem_bytes = p->mem_bytes;
+        if (p->step > run->step) run->step = p->step;
+    }
+    if (run->n_val) {
+        run->val_loss = run->val[run->n_val - 1].val_loss;
+        run->bits_per_byte = run->val[run->n_val - 1].bits_per_byte;
+    }
+    return 0;
+}
+
+/* ---- events ------------------------------------------------------------------- */
+
+static int pushEvent(Run *run, int64_t seq, double ts, const char *type, int64_t step, char *detail) {
+    if (growArray((void **)&run->events, &run->cap_events, run->n_events + 1, sizeof *run->events) != 0)
+        return -1;
+    RunEvent *e = &run->events[run->n_events++];
+    e->seq = seq;
+    e->ts = ts;
+    e->step = step;
+    snprintf(e->type, sizeof e->type, "%s", type);
+    e->detail_json = detail;
+    return 0;
+}
+
+/* Returns a malloc'd JSON object text for detail (see runsAddEvent). */
+static char *normaliseDetail(const char *detail_json) {
+    if (!detail_json || !*detail_json) return strdup("{}");
+    cJSON *d = cJSON_Parse(detail_json);
+    char *out;
+    if (cJSON_IsObject(d)) {
+        out = cJSON_PrintUnformatted(d);
+    } else {
+        cJSON *wrap = cJSON_CreateObject();
+        cJSON_AddStringToObject(wrap, "text", detail_json);
+        out = cJSON_PrintUnformatted(wrap);
+        cJSON_Delete(wrap);
+    }
+    cJSON_Delete(d);
+    return out;
+}
+
+int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_json, NsaError *err) {
+    char *detail = normaliseDetail(detail_json);
+    if (!detail) return setErr(err, "out of memory recording event %s", type);
+    int64_t seq = run->n_events ? run->events[run->n_events - 1].seq + 1 : 1;
+    double ts = runsNow();
+    if (pushEvent(run, seq, ts, type, step, detail) != 0) {
+        free(detail);
+        return setErr(err, "out of memory recording event %s", type);
+    }
+    cJSON *line = cJSON_CreateObject();
+    cJSON_AddNumberToObject(line, "seq", (double)seq);
+    cJSON_AddNumberToObject(line, "ts", ts);
+    cJSON_AddStringToObject(line, "type", type);
+    cJSON_AddNumberToObject(line, "step", (double)step);
+    cJSON_AddRawToObject(line, "detail", detail);
+    char *text = cJSON_PrintUnformatted(line);
+    cJSON_Delete(line);
+    if (!text) return setErr(err, "out of memory recording event %s", type);
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/events.jsonl", run->dir);
+    int rc = 0;
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        rc = setErr(err, "cannot append to %s: %s", path, strerror(errno));
+    } else {
+        int bad = fprintf(f, "%s\n", text) < 0;
+        bad |= fclose(f) != 0;
+        if (bad) rc = setErr(err, "cannot append to %s: %s", path, strerror(errno));
+    }
+    free(text);
+    return rc;
+}
+
+static int loadEvents(Run *run) {
+    char path[RUN_PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/events.jsonl", run->dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int rc = 0;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        cJSON *o = cJSON_Parse(line);
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(o, "type");
+        const cJSON *detail = cJSON_GetObjectItemCaseSensitive(o, "detail");
+        if (cJSON_IsObject(o) && cJSON_IsString(type)) {
+            char *d = cJSON_IsObject(detail) ? cJSON_PrintUnformatted(detail) : strdup("{}");
+            if (!d || pushEvent(run, (int64_t)jsonNumber(o, "seq", (double)run->n_events + 1),
+                                jsonNumber(o, "ts", 0), type->valuestring,
+                                (int64_t)jsonNumber(o, "step", 0), d) != 0) {
+                free(d);
+                rc = -1;
+            }
+        }
+        /* a line torn by a kill is skipped: the events before it stay */
+        cJSON_Delete(o);
+        if (rc) break;
+    }
+    free(line);
+    fclose(f);
+    return rc;
+}

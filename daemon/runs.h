@@ -1,0 +1,150 @@
+/* runs.h - the run registry: every run nsad knows, its state machine, its
+ * metric series and events, persisted under <state-dir>/runs/<id>/.
+ *
+ * On disk (proto/api.md, "Files in the state dir"):
+ *   run.json       the record (state, step, timestamps, anomaly, ...)
+ *   config.yaml    the resolved job config the trainer reads
+ *   events.jsonl   one event per line
+ *   out/           the run's out_dir (the trainer's artifacts); the metric
+ *                  series are rebuilt from out/training.csv and out/val.csv
+ *
+ * Not thread-safe: the owner (Service) serialises every call with its lock. */
+#ifndef NSAD_RUNS_H
+#define NSAD_RUNS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "nsa.h"
+#include "trainer.h"
+
+#define RUN_ID_MAX 65
+#define RUN_PATH_MAX 4096
+
+typedef enum RunState {
+    RUN_IDLE = 0,
+    RUN_STARTING,
+    RUN_RUNNING,
+    RUN_HALTING,
+    RUN_HALTED,
+    RUN_COMPLETED,
+    RUN_FAILED,
+    RUN_NAN_HALTED,
+    RUN_HUNG,
+    RUN_STATE_COUNT
+} RunState;
+
+/* "idle", "starting", ... Never NULL. */
+const char *runStateName(RunState state);
+/* The state of that name, or -1. */
+int runStateFromName(const char *name);
+/* 1 while the run holds the trainer: starting, running, halting, hung. */
+int runStateIsActive(RunState state);
+/* 1 when POST resume may restart a run in this state. */
+int runStateIsResumable(RunState state);
+
+/* 1 when id matches [A-Za-z0-9_-]{1,64} (safe as a path component). */
+int runIdValid(const char *id);
+/* 1 when name matches [A-Za-z0-9._-]{1,64} and is not "." or "..". */
+int runNameValid(const char *name);
+
+typedef struct RunTrainPoint {
+    int64_t step;
+    double ts, loss, lr, grad_norm, toks_per_s, mem_bytes;
+} RunTrainPoint;
+
+typedef struct RunValPoint {
+    int64_t step;
+    double ts, val_loss, bits_per_byte;
+} RunValPoint;
+
+typedef struct RunEvent {
+    int64_t seq, step;
+    double ts;
+    char type[24];
+    char *detail_json;  /* a JSON object, owned */
+} RunEvent;
+
+typedef struct Run {
+    char id[RUN_ID_MAX];
+    char name[RUN_ID_MAX];
+    RunState state;
+    char *config_yaml;            /* the resolved config (owned) */
+    char dir[RUN_PATH_MAX];       /* <state-dir>/runs/<id> */
+    char out_dir[RUN_PATH_MAX];   /* <dir>/out */
+    char device[16], precision[16];
+    int64_t step, total_steps, last_checkpoint_step;
+    /* latest values; NAN until known */
+    double loss, val_loss, bits_per_byte, lr, grad_norm, toks_per_s, step_seconds, mem_bytes;
+    char anomaly[64];             /* "" when none */
+    char error[512];              /* "" unless failed */
+    int restarts;                 /* daemon restarts that resumed it */
+    double created_at, started_at, ended_at; /* unix seconds; 0 = not yet */
+    RunTrainPoint *train;
+    size_t n_train, cap_train;
+    RunValPoint *val;
+    size_t n_val, cap_val;
+    RunEvent *events;
+    size_t n_events, cap_events;
+} Run;
+
+typedef struct RunRegistry {
+    char state_dir[RUN_PATH_MAX];
+    char runs_dir[RUN_PATH_MAX];
+    Run **runs;                   /* oldest first */
+    size_t n_runs, cap_runs;
+} RunRegistry;
+
+/* Opens (creating <state_dir>/runs when missing) and loads every stored run:
+ * its record, config, events and metric series. A run directory whose
+ * run.json is unreadable or corrupt is skipped with a warning in the log
+ * naming the file. Returns NULL with err when the state dir cannot be used.
+ * Free with runsClose. */
+RunRegistry *runsOpen(const char *state_dir, NsaError *err);
+void runsClose(RunRegistry *reg);
+
+/* Creates a run in state starting: a fresh id, its directories, config.yaml
+ * and run.json. name may be NULL (the id is used). Returns the run (owned by
+ * the registry) or NULL with err. */
+Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, const char *device,
+                const char *precision, int64_t total_steps, NsaError *err);
+
+/* Replaces the run's config (memory and config.yaml). Returns 0, or -1 with
+ * err (the old config stays). */
+int runsSetConfig(Run *run, const char *config_yaml, NsaError *err);
+
+/* The run with that id, or NULL. */
+Run *runsFind(const RunRegistry *reg, const char *id);
+
+/* Writes run.json atomically (temp file, fsync, rename). Returns 0 or -1
+ * with err. */
+int runsSave(const Run *run, NsaError *err);
+
+/* Moves the run to state, stamps started_at / ended_at as fitting, and
+ * saves. Returns runsSave's result; the state changes in memory either way. */
+int runsSetState(Run *run, RunState state, NsaError *err);
+
+/* Appends a logged training step to the series and updates the run's latest
+ * values. A step at or below the last one stored (a resume redoing steps
+ * after its checkpoint) first drops the stored points from that step on, so
+ * the series stays strictly increasing. Returns 0, or -1 when out of memory. */
+int runsAddSample(Run *run, const TrainSample *s);
+/* Same for an evaluation. */
+int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte);
+
+/* Records an event (in memory and appended to events.jsonl). detail_json
+ * must be a JSON object or NULL ({}); anything else is stored as
+ * {"text": "..."}. Returns 0, or -1 with err when the file cannot be written
+ * (the event is still kept in memory). */
+int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_json, NsaError *err);
+
+/* Replaces the metric series with the contents of out/training.csv and
+ * out/val.csv (missing files give empty series; columns are found by their
+ * header names), then fills what the CSVs lack (time, gradient norm,
+ * memory) from out/heartbeat_rank0.jsonl. Returns 0, or -1 with err naming
+ * the file and line. */
+int runsLoadSeries(Run *run, NsaError *err);
+
+/* The current unix time in seconds. */
+double runsNow(void);
+
+#endif

@@ -1,0 +1,586 @@
+/* server.c - listeners, limits, auth and static files; see server.h. */
+#include "server.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "auth.h"
+#include "log.h"
+#include "stackdump.h"
+
+#define CSP "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " \
+            "connect-src 'self'; frame-ancestors 'none'"
+#define LOOP_WAKE_MS 500
+
+typedef struct Listener {
+    struct Server *srv;
+    struct MHD_Daemon *mhd;
+    int fd;
+    int is_unix;
+} Listener;
+
+struct Server {
+    ServerOptions opt;
+    Service *svc;
+    Listener tcp, unix_sock;
+    int port;
+    char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+    char web_root[PATH_MAX];   /* realpath, "" when there is none */
+    char token[AUTH_TOKEN_MAX];
+    int have_token;
+    char bound_host[256];
+    _Atomic unsigned open_connections;
+    _Atomic int stop;
+    int wake[2];               /* a byte here ends the HTTP thread's select */
+    pthread_t thread;
+    int thread_started;
+};
+
+/* Per request: the body collected so far and whether it was refused. */
+typedef struct RequestState {
+    char *body;
+    size_t len, cap;
+    int answered;   /* a response was queued on the first call */
+    int too_large;  /* a chunked body outgrew the limit */
+} RequestState;
+
+static int setErr(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int setErr(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* ---- addresses ------------------------------------------------------------------ */
+
+int serverIsLoopback(const char *host) {
+    if (!host) return 0;
+    if (!strcasecmp(host, "localhost")) return 1;
+    struct in_addr a4;
+    struct in6_addr a6;
+    if (inet_pton(AF_INET, host, &a4) == 1) return (ntohl(a4.s_addr) >> 24) == 127;
+    if (inet_pton(AF_INET6, host, &a6) == 1) {
+        if (IN6_IS_ADDR_LOOPBACK(&a6)) return 1;
+        if (IN6_IS_ADDR_V4MAPPED(&a6)) return a6.s6_addr[12] == 127;
+    }
+    return 0;
+}
+
+static int bindTcp(Server *srv, NsaError *err) {
+    char port[16];
+    snprintf(port, sizeof port, "%d", srv->opt.port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE};
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(srv->opt.listen_host, port, &hints, &res);
+    if (rc != 0)
+        return setErr(err, "--listen %s:%d: cannot resolve the address: %s", srv->opt.listen_host,
+                      srv->opt.port, gai_strerror(rc));
+    int fd = -1, saved = 0;
+    for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (ai->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+            saved = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return setErr(err, "--listen %s:%d: cannot listen: %s", srv->opt.listen_host, srv->opt.port,
+                      strerror(saved));
+    struct sockaddr_storage ss;
+    socklen_t len = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &len) == 0)
+        srv->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                   : ((struct sockaddr_in *)&ss)->sin_port);
+    srv->tcp.fd = fd;
+    return 0;
+}
+
+/* Binds the Unix socket with mode 0660, replacing a stale socket file. */
+static int bindUnix(Server *srv, NsaError *err) {
+    const char *path = srv->opt.socket_path;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof addr.sun_path)
+        return setErr(err, "--socket %s: path longer than %zu bytes", path, sizeof addr.sun_path - 1);
+    snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) return setErr(err, "--socket %s: exists and is not a socket", path);
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int live = probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
+        if (probe >= 0) close(probe);
+        if (live) return setErr(err, "--socket %s: another nsad is listening there", path);
+        unlink(path);
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return setErr(err, "--socket %s: %s", path, strerror(errno));
+    mode_t old = umask(0117);
+    int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
+    int saved = errno;
+    umask(old);
+    if (rc != 0 || chmod(path, 0660) != 0 || listen(fd, 64) != 0) {
+        if (rc == 0) saved = errno;
+        close(fd);
+        return setErr(err, "--socket %s: cannot listen: %s", path, strerror(saved));
+    }
+    snprintf(srv->socket_path, sizeof srv->socket_path, "%s", path);
+    srv->unix_sock.fd = fd;
+    return 0;
+}
+
+/* ---- responses ------------------------------------------------------------------ */
+
+static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        apiResponseFree(res);
+        return MHD_NO;
+    }
+    res->body = NULL; /* MHD owns it now */
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, res->content_type);
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy", CSP);
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    if (res->no_store) MHD_add_response_header(r, "Cache-Control", "no-store");
+    if (res->allow) MHD_add_response_header(r, "Allow", res->allow);
+    if (res->location[0]) MHD_add_response_header(r, "Location", res->location);
+    if (res->retry_after) {
+        char v[16];
+        snprintf(v, sizeof v, "%d", res->retry_after);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+    if (res->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"nsad\"");
+    serviceCountRequest(srv->svc, res->status);
+    enum MHD_Result ok = MHD_queue_response(conn, (unsigned)res->status, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+static enum MHD_Result queueError(Server *srv, struct MHD_Connection *conn, int status, const char *code,
+                                  const char *message) {
+    ApiResponse res;
+    apiError(&res, status, code, "%s", message);
+    return queue(srv, conn, &res);
+}
+
+/* ---- checks ------------------------------------------------------------------------ */
+
+/* Host names a browser on this machine may use: loopback names, any IP
+ * literal (DNS rebinding needs a name), the bound host and --allow-host. */
+static int hostAllowed(const Server *srv, const char *host_header) {
+    if (!host_header || !*host_header) return 0;
+    char host[256];
+    size_t len = strlen(host_header);
+    if (len >= sizeof host) return 0;
+    if (host_header[0] == '[') {
+        const char *end = strchr(host_header, ']');
+        if (!end) return 0;
+        len = (size_t)(end - host_header - 1);
+        memcpy(host, host_header + 1, len);
+        host[len] = '\0';
+        if (end[1] && end[1] != ':') return 0;
+    } else {
+        const char *colon = strchr(host_header, ':');
+        if (colon) len = (size_t)(colon - host_header);
+        memcpy(host, host_header, len);
+        host[len] = '\0';
+    }
+    struct in6_addr a6;
+    struct in_addr a4;
+    if (inet_pton(AF_INET, host, &a4) == 1 || inet_pton(AF_INET6, host, &a6) == 1) return 1;
+    if (!strcasecmp(host, "localhost")) return 1;
+    if (srv->bound_host[0] && !strcasecmp(host, srv->bound_host)) return 1;
+    for (int i = 0; i < srv->opt.n_allow_hosts; i++)
+        if (!strcasecmp(host, srv->opt.allow_hosts[i])) return 1;
+    return 0;
+}
+
+/* A request path nsad refuses outright: a ".." segment, a backslash, or
+ * anything but printable ASCII. */
+static int pathIsBad(const char *path) {
+    if (!path || path[0] != '/') return 1;
+    for (const char *p = path; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c < 0x21 || c > 0x7e || c == '\\') return 1;
+    }
+    for (const char *seg = path; seg; seg = strchr(seg + 1, '/')) {
+        const char *s = seg + 1;
+        if (s[0] == '.' && s[1] == '.' && (s[2] == '/' || s[2] == '\0')) return 1;
+    }
+    return 0;
+}
+
+/* First-call checks, before any body is read. Returns 1 when it queued a
+ * refusal. */
+static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, const char *url,
+                       const char *method, enum MHD_Result *result) {
+    char msg[512];
+    if (atomic_load(&srv->open_connections) > srv->opt.max_connections) {
+        ApiResponse res;
+        apiError(&res, 429, "too_many_requests", "more than %u open connections; retry in a moment",
+                 srv->opt.max_connections);
+        res.retry_after = 1;
+        *result = queue(srv, conn, &res);
+        return 1;
+    }
+    const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
+    if (!l->is_unix && !hostAllowed(srv, host)) {
+        snprintf(msg, sizeof msg,
+                 "Host '%.200s' is not allowed; allowed: localhost, an IP address, or a name given with --allow-host",
+                 host ? host : "(none)");
+        *result = queueError(srv, conn, 403, "forbidden", msg);
+        return 1;
+    }
+    const char *origin = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, "Origin");
+    if (origin) {
+        char expected[320];
+        snprintf(expected, sizeof expected, "http://%s", host ? host : "");
+        if (!host || strcasecmp(origin, expected) != 0) {
+            snprintf(msg, sizeof msg, "Origin '%.200s' is not this server (%.200s); cross-origin requests are refused",
+                     origin, expected);
+            *result = queueError(srv, conn, 403, "forbidden", msg);
+            return 1;
+        }
+    }
+    if (pathIsBad(url)) {
+        *result = queueError(srv, conn, 400, "bad_path",
+                             "the path has a '..' segment, a backslash or a non-printable character");
+        return 1;
+    }
+    if (!l->is_unix && srv->have_token && apiOwnsPath(url) && !apiIsPublic(method, url)) {
+        const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+        if (!authCheckBearer(auth, srv->token)) {
+            *result = queueError(srv, conn, 401, "unauthorized",
+                                 auth ? "the bearer token is wrong"
+                                      : "missing 'Authorization: Bearer <token>'; the token is in the state dir's token file");
+            return 1;
+        }
+    }
+    const char *clen = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    if (clen) {
+        char *end;
+        unsigned long long n = strtoull(clen, &end, 10);
+        if (*end == '\0' && n > srv->opt.max_body) {
+            snprintf(msg, sizeof msg, "body of %llu bytes is over the limit of %zu bytes", n, srv->opt.max_body);
+            *result = queueError(srv, conn, 413, "payload_too_large", msg);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* ---- static files ----------------------------------------------------------------- */
+
+static const char *mimeType(const char *path) {
+    static const char *const types[][2] = {
+        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
+        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
+        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
+        {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"}, {".woff2", "font/woff2"},
+        {".map", "application/json"},
+    };
+    const char *dot = strrchr(path, '.');
+    if (dot && !strchr(dot, '/'))
+        for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+            if (!strcasecmp(dot, types[i][0])) return types[i][1];
+    return "application/octet-stream";
+}
+
+static enum MHD_Result serveStatic(Server *srv, struct MHD_Connection *conn, const char *url,
+                                   const char *method) {
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        ApiResponse res;
+        apiError(&res, 405, "method_not_allowed", "%s is not allowed on the dashboard's files; allowed: GET, HEAD",
+                 method);
+        res.allow = "GET, HEAD";
+        return queue(srv, conn, &res);
+    }
+    if (!srv->web_root[0])
+        return queueError(srv, conn, 404, "not_found", "no dashboard: nsad found no web root (see --web-root)");
+    const char *rel = strcmp(url, "/") == 0 ? "/index.html" : url;
+    /* hidden files stay hidden; ".." segments were refused earlier */
+    if (strstr(rel, "/.")) return queueError(srv, conn, 404, "not_found", "no such file");
+    char path[PATH_MAX], real[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s%s", srv->web_root, rel) >= (int)sizeof path ||
+        !realpath(path, real))
+        return queueError(srv, conn, 404, "not_found", "no such file");
+    size_t root_len = strlen(srv->web_root);
+    if (strncmp(real, srv->web_root, root_len) != 0 || real[root_len] != '/')
+        return queueError(srv, conn, 404, "not_found", "no such file");
+    int fd = open(real, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        if (fd >= 0) close(fd);
+        return queueError(srv, conn, 404, "not_found", "no such file");
+    }
+    struct MHD_Response *r = MHD_create_response_from_fd((uint64_t)st.st_size, fd);
+    if (!r) {
+        close(fd);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, mimeType(real));
+    MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(r, "Content-Security-Policy", CSP);
+    MHD_add_response_header(r, "X-Frame-Options", "DENY");
+    MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    serviceCountRequest(srv->svc, 200);
+    enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ok;
+}
+
+/* ---- the access handler ----------------------------------------------------------- */
+
+static enum MHD_Result collectQuery(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    (void)kind;
+    ApiRequest *req = cls;
+    if (req->n_query == API_MAX_QUERY) {
+        req->query_overflow = 1;
+        return MHD_NO;
+    }
+    req->query[req->n_query].key = key;
+    req->query[req->n_query].value = value;
+    req->n_query++;
+    return MHD_YES;
+}
+
+static enum MHD_Result handleRequest(void *cls, struct MHD_Connection *conn, const char *url,
+                                     const char *method, const char *version, const char *upload,
+                                     size_t *upload_size, void **con_cls) {
+    (void)version;
+    Listener *l = cls;
+    Server *srv = l->srv;
+    RequestState *rs = *con_cls;
+    if (!rs) {
+        rs = calloc(1, sizeof *rs);
+        if (!rs) return MHD_NO;
+        *con_cls = rs;
+        enum MHD_Result result;
+        if (refuseEarly(srv, l, conn, url, method, &result)) {
+            rs->answered = 1;
+            return result;
+        }
+        return MHD_YES;
+    }
+    if (rs->answered) {
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (rs->too_large || rs->len + n > srv->opt.max_body) {
+            rs->too_large = 1; /* keep reading, answer 413 at the end */
+            return MHD_YES;
+        }
+        if (rs->len + n + 1 > rs->cap) {
+            size_t cap = rs->cap ? rs->cap : 4096;
+            while (cap < rs->len + n + 1) cap *= 2;
+            char *bigger = realloc(rs->body, cap);
+            if (!bigger) return MHD_NO;
+            rs->body = bigger;
+            rs->cap = cap;
+        }
+        memcpy(rs->body + rs->len, upload, n);
+        rs->len += n;
+        rs->body[rs->len] = '\0';
+        return MHD_YES;
+    }
+    rs->answered = 1;
+    if (rs->too_large) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "body is over the limit of %zu bytes", srv->opt.max_body);
+        return queueError(srv, conn, 413, "payload_too_large", msg);
+    }
+    if (!apiOwnsPath(url)) return serveStatic(srv, conn, url, method);
+
+    ApiRequest req = {.method = method, .path = url, .body = rs->body, .body_len = rs->len};
+    req.content_type = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, collectQuery, &req);
+    ApiResponse res;
+    apiHandle(srv->svc, &req, &res);
+    logDebug("%s %s -> %d (%s)", method, url, res.status, l->is_unix ? "unix" : "tcp");
+    return queue(srv, conn, &res);
+}
+
+static void requestCompleted(void *cls, struct MHD_Connection *conn, void **con_cls,
+                             enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)conn;
+    (void)toe;
+    RequestState *rs = *con_cls;
+    if (rs) {
+        free(rs->body);
+        free(rs);
+        *con_cls = NULL;
+    }
+}
+
+static void connectionNotify(void *cls, struct MHD_Connection *conn, void **socket_ctx,
+                             enum MHD_ConnectionNotificationCode code) {
+    (void)conn;
+    (void)socket_ctx;
+    Server *srv = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED)
+        atomic_fetch_add(&srv->open_connections, 1);
+    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
+        atomic_fetch_sub(&srv->open_connections, 1);
+}
+
+static void mhdLog(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    size_t n = strlen(line);
+    while (n && line[n - 1] == '\n') line[--n] = '\0';
+    logDebug("http: %s", line);
+}
+
+static int startMhd(Server *srv, Listener *l, NsaError *err) {
+    l->srv = srv;
+    /* a hard cap above max_connections: up to it, requests get a 429 answer */
+    unsigned hard_limit = srv->opt.max_connections + 16;
+    l->mhd = MHD_start_daemon(
+        MHD_USE_ERROR_LOG, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+        MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT, srv->opt.idle_timeout_s,
+        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
+        requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION, connectionNotify, srv,
+        MHD_OPTION_EXTERNAL_LOGGER, mhdLog, srv, MHD_OPTION_END);
+    if (!l->mhd) return setErr(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
+    l->fd = -1; /* MHD_stop_daemon closes it */
+    return 0;
+}
+
+/* ---- the HTTP thread ---------------------------------------------------------------- */
+
+static void addFds(struct MHD_Daemon *d, fd_set *r, fd_set *w, fd_set *e, MHD_socket *max, uint64_t *timeout_ms) {
+    if (!d) return;
+    MHD_get_fdset2(d, r, w, e, max, FD_SETSIZE);
+    MHD_UNSIGNED_LONG_LONG t;
+    if (MHD_get_timeout(d, &t) == MHD_YES && t < *timeout_ms) *timeout_ms = t;
+}
+
+static void *httpThread(void *arg) {
+    Server *srv = arg;
+    stackdumpRegisterThread("http");
+    while (!atomic_load(&srv->stop)) {
+        atomic_store(&srv->svc->http_tick_ns, serviceNowNs());
+        fd_set r, w, e;
+        FD_ZERO(&r);
+        FD_ZERO(&w);
+        FD_ZERO(&e);
+        MHD_socket max = srv->wake[0];
+        FD_SET(srv->wake[0], &r);
+        uint64_t timeout_ms = LOOP_WAKE_MS;
+        addFds(srv->tcp.mhd, &r, &w, &e, &max, &timeout_ms);
+        addFds(srv->unix_sock.mhd, &r, &w, &e, &max, &timeout_ms);
+        struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
+        int n = select(max + 1, &r, &w, &e, &tv);
+        if (n < 0 && errno != EINTR) {
+            logError("http: select failed: %s", strerror(errno));
+            struct timespec nap = {0, 100 * 1000000L};
+            nanosleep(&nap, NULL);
+            continue;
+        }
+        if (n < 0) continue;
+        if (srv->tcp.mhd) MHD_run_from_select(srv->tcp.mhd, &r, &w, &e);
+        if (srv->unix_sock.mhd) MHD_run_from_select(srv->unix_sock.mhd, &r, &w, &e);
+    }
+    stackdumpUnregisterThread();
+    return NULL;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------- */
+
+Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
+    Server *srv = calloc(1, sizeof *srv);
+    if (!srv) {
+        setErr(err, "out of memory");
+        return NULL;
+    }
+    srv->opt = *opt;
+    srv->svc = svc;
+    srv->tcp.fd = srv->unix_sock.fd = -1;
+    srv->unix_sock.is_unix = 1;
+    srv->wake[0] = srv->wake[1] = -1;
+    if (opt->token) {
+        snprintf(srv->token, sizeof srv->token, "%s", opt->token);
+        srv->have_token = 1;
+    }
+    if (opt->listen_host) snprintf(srv->bound_host, sizeof srv->bound_host, "%s", opt->listen_host);
+    if (opt->web_root && !realpath(opt->web_root, srv->web_root)) srv->web_root[0] = '\0';
+    if (pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
+        setErr(err, "cannot create a pipe: %s", strerror(errno));
+        goto fail;
+    }
+    if (opt->listen_host && (bindTcp(srv, err) != 0 || startMhd(srv, &srv->tcp, err) != 0)) goto fail;
+    if (opt->socket_path && *opt->socket_path &&
+        (bindUnix(srv, err) != 0 || startMhd(srv, &srv->unix_sock, err) != 0))
+        goto fail;
+    if (!srv->tcp.mhd && !srv->unix_sock.mhd) {
+        setErr(err, "no listener: give --listen or --socket");
+        goto fail;
+    }
+    int rc = pthread_create(&srv->thread, NULL, httpThread, srv);
+    if (rc != 0) {
+        setErr(err, "cannot start the HTTP thread: %s", strerror(rc));
+        goto fail;
+    }
+    srv->thread_started = 1;
+    return srv;
+fail:
+    serverStop(srv);
+    return NULL;
+}
+
+int serverPort(const Server *srv) { return srv && srv->tcp.mhd ? srv->port : 0; }
+
+void serverStop(Server *srv) {
+    if (!srv) return;
+    if (srv->thread_started) {
+        atomic_store(&srv->stop, 1);
+        ssize_t w = write(srv->wake[1], "x", 1);
+        (void)w;
+        pthread_join(srv->thread, NULL);
+    }
+    Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
+    for (int i = 0; i < 2; i++) {
+        if (ls[i]->mhd) MHD_stop_daemon(ls[i]->mhd);
+        if (ls[i]->fd >= 0) close(ls[i]->fd);
+    }
+    if (srv->socket_path[0]) unlink(srv->socket_path);
+    if (srv->wake[0] >= 0) close(srv->wake[0]);
+    if (srv->wake[1] >= 0) close(srv->wake[1]);
+    free(srv);
+}

@@ -1,0 +1,46 @@
+/* server.h - nsad's HTTP server: libmicrohttpd on a TCP socket and a Unix
+ * socket (both bound here and handed over with MHD_OPTION_LISTEN_SOCKET),
+ * served by one HTTP thread. It enforces what proto/api.md promises about
+ * transport: the bearer token on TCP, Host and Origin checks, body and
+ * connection limits, path traversal refusal, security headers, and serves
+ * the dashboard's static files; everything under /api and /metrics goes to
+ * apiHandle. */
+#ifndef NSAD_SERVER_H
+#define NSAD_SERVER_H
+
+#include <stddef.h>
+#include "service.h"
+
+#define SERVER_MAX_ALLOW_HOSTS 16
+
+typedef struct ServerOptions {
+    const char *listen_host;   /* numeric address or name; NULL: no TCP listener */
+    int port;                  /* 0 picks a free port (see serverPort) */
+    const char *socket_path;   /* NULL or "": no Unix socket */
+    const char *web_root;      /* dashboard directory; NULL: none */
+    const char *token;         /* required on TCP; NULL: no auth (loopback only) */
+    size_t max_body;           /* bytes; larger bodies get 413 */
+    unsigned max_connections;  /* open connections beyond it get 429 */
+    unsigned idle_timeout_s;   /* an idle connection closes after it */
+    const char *allow_hosts[SERVER_MAX_ALLOW_HOSTS]; /* extra Host names */
+    int n_allow_hosts;
+} ServerOptions;
+
+typedef struct Server Server;
+
+/* Binds the listeners, starts libmicrohttpd and the HTTP thread. A stale
+ * Unix socket file (nobody accepting) is replaced; a live one is an error
+ * (another nsad). Returns NULL with err naming the address and the reason. */
+Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err);
+
+/* The TCP port actually bound (useful with port 0), or 0 without TCP. */
+int serverPort(const Server *srv);
+
+/* Stops accepting, joins the HTTP thread, closes the listeners and removes
+ * the socket file. NULL is a no-op. */
+void serverStop(Server *srv);
+
+/* 1 when host (a numeric address or "localhost") is a loopback address. */
+int serverIsLoopback(const char *host);
+
+#endif

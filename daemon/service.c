@@ -1,0 +1,493 @@
+/* service.c - the trainer thread and the run life cycle; see service.h. */
+#include "service.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "log.h"
+#include "stackdump.h"
+
+const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
+                                                    404, 405, 409, 413, 429, 500, 503, 0};
+
+int64_t serviceNowNs(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+    }
+    return st;
+}
+
+/* Records an event, logging (not failing) when its file cannot be written:
+ * the event stays visible through the API either way. Caller holds the lock. */
+static void addEvent(Run *run, const char *type, int64_t step, const char *detail) {
+    NsaError err;
+    if (runsAddEvent(run, type, step, detail, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+}
+
+static void saveState(Run *run, RunState state) {
+    NsaError err;
+    if (runsSetState(run, state, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+}
+
+double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase) {
+    switch (phase) {
+    case PHASE_DATA: return wd->data;
+    case PHASE_FORWARD: return wd->forward;
+    case PHASE_BACKWARD: return wd->backward;
+    case PHASE_ALLREDUCE: return wd->backward; /* overlapped with backward */
+    case PHASE_OPTIMIZER: return wd->optimizer;
+    case PHASE_CHECKPOINT: return wd->checkpoint;
+    case PHASE_EVAL: return wd->eval;
+    default: return 0;
+    }
+}
+
+void serviceCountRequest(Service *svc, int status) {
+    for (int i = 0; i < SERVICE_HTTP_CODES && service_http_codes[i]; i++)
+        if (service_http_codes[i] == status) {
+            atomic_fetch_add(&svc->http_requests[i], 1);
+            return;
+        }
+}
+
+/* ---- trainer hooks (trainer thread) -------------------------------------------- */
+
+static Run *activeRun(Service *svc) { return runsFind(svc->runs, svc->active_id); }
+
+static void markRunning(Service *svc, Run *run) {
+    if (run->state == RUN_STARTING) saveState(run, RUN_RUNNING);
+    if (run->state == RUN_HUNG) {
+        svc->hang_flagged_since = 0;
+        saveState(run, RUN_RUNNING);
+        addEvent(run, "recovered", run->step, NULL);
+        logNotice("run %s: recovered from the hang, running again", run->id);
+    }
+}
+
+static void hookSample(void *ctx, const TrainSample *s) {
+    Service *svc = ctx;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = activeRun(svc);
+    if (run) {
+        if (runsAddSample(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
+        markRunning(svc, run);
+    }
+    pthread_mutex_unlock(&svc->lock);
+}
+
+static void hookEval(void *ctx, int64_t step, double val_loss, double bits_per_byte) {
+    Service *svc = ctx;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = activeRun(svc);
+    if (run && runsAddEval(run, step, runsNow(), val_loss, bits_per_byte) != 0)
+        logWarn("run %s: out of memory for the metric series", run->id);
+    pthread_mutex_unlock(&svc->lock);
+}
+
+/* One bit per event type that ends a job, so finishJob adds the event only
+ * when the trainer did not report it itself. */
+static unsigned eventBit(const char *type) {
+    static const char *const ending[] = {"complete", "halt", "anomaly", "fail"};
+    for (unsigned i = 0; i < 4; i++)
+        if (!strcmp(type, ending[i])) return 1u << i;
+    return 0;
+}
+
+/* The step an event belongs to: its detail's "step" when present. */
+static int64_t eventStep(const cJSON *detail, int64_t fallback) {
+    const cJSON *s = cJSON_GetObjectItemCaseSensitive(detail, "step");
+    return cJSON_IsNumber(s) ? (int64_t)s->valuedouble : fallback;
+}
+
+static void hookEvent(void *ctx, const char *type, const char *detail_json) {
+    Service *svc = ctx;
+    cJSON *detail = detail_json ? cJSON_Parse(detail_json) : NULL;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = activeRun(svc);
+    if (run) {
+        int64_t step = eventStep(detail, atomic_load(&svc->mon.step));
+        addEvent(run, type, step, detail_json);
+        if (!strcmp(type, "start") || !strcmp(type, "resume")) {
+            markRunning(svc, run);
+        } else if (!strcmp(type, "checkpoint")) {
+            run->last_checkpoint_step = step;
+            run->step = step > run->step ? step : run->step;
+            NsaError err;
+            if (runsSave(run, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+        } else if (!strcmp(type, "anomaly")) {
+            atomic_fetch_add(&svc->anomalies_total, 1);
+            const cJSON *kind = cJSON_GetObjectItemCaseSensitive(detail, "kind");
+            if (!cJSON_IsString(kind)) kind = cJSON_GetObjectItemCaseSensitive(detail, "type");
+            if (cJSON_IsString(kind)) snprintf(run->anomaly, sizeof run->anomaly, "%s", kind->valuestring);
+        }
+        svc->job_events |= eventBit(type);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    cJSON_Delete(detail);
+}
+
+/* ---- the trainer thread ------------------------------------------------------------ */
+
+/* Records how a job ended. Caller holds the lock. */
+static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, const NsaError *terr) {
+    if (res->step > run->step) run->step = res->step;
+    if (svc->shutting_down && !svc->user_halt && res->outcome == TRAIN_HALTED) {
+        /* stopped for a daemon shutdown: keep it active on disk so the next
+         * nsad resumes it */
+        addEvent(run, "shutdown", run->step, NULL);
+        saveState(run, RUN_RUNNING);
+        logNotice("run %s: checkpointed at step %lld for the shutdown; the next start resumes it",
+                  run->id, (long long)run->step);
+        return;
+    }
+    RunState state = RUN_FAILED;
+    const char *event = "fail";
+    switch (res->outcome) {
+    case TRAIN_COMPLETED: state = RUN_COMPLETED; event = "complete"; break;
+    case TRAIN_HALTED: state = RUN_HALTED; event = "halt"; break;
+    case TRAIN_NAN_HALTED:
+        state = RUN_NAN_HALTED;
+        event = "anomaly";
+        if (res->anomaly[0]) snprintf(run->anomaly, sizeof run->anomaly, "%s", res->anomaly);
+        break;
+    case TRAIN_FAILED:
+        state = RUN_FAILED;
+        snprintf(run->error, sizeof run->error, "%s",
+                 rc != 0 && terr->message[0] ? terr->message : "the trainer failed without a message");
+        break;
+    }
+    if (!(svc->job_events & eventBit(event))) {
+        cJSON *d = cJSON_CreateObject();
+        if (state == RUN_FAILED) cJSON_AddStringToObject(d, "error", run->error);
+        if (state == RUN_NAN_HALTED) cJSON_AddStringToObject(d, "kind", run->anomaly);
+        char *text = cJSON_PrintUnformatted(d);
+        addEvent(run, event, run->step, text);
+        if (state == RUN_NAN_HALTED) atomic_fetch_add(&svc->anomalies_total, 1);
+        free(text);
+        cJSON_Delete(d);
+    }
+    saveState(run, state);
+    if (state == RUN_FAILED)
+        logError("run %s failed at step %lld: %s", run->id, (long long)run->step, run->error);
+    else
+        logNotice("run %s %s at step %lld", run->id, runStateName(state), (long long)run->step);
+}
+
+static void runJob(Service *svc, const char *id, int resume) {
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    char *yaml = run ? strdup(run->config_yaml) : NULL;
+    char out_dir[RUN_PATH_MAX];
+    snprintf(out_dir, sizeof out_dir, "%s", run ? run->out_dir : "");
+    svc->job_events = 0;
+    pthread_mutex_unlock(&svc->lock);
+
+    TrainResult res;
+    memset(&res, 0, sizeof res);
+    res.outcome = TRAIN_FAILED;
+    NsaError terr = {""};
+    int rc = -1;
+    JobConfig *cfg = malloc(sizeof *cfg);
+    if (!yaml || !cfg) {
+        snprintf(terr.message, sizeof terr.message, "out of memory starting the job");
+    } else {
+        configDefaults(cfg);
+        if (configLoadString(cfg, yaml, strlen(yaml), &terr) == 0) {
+            pthread_mutex_lock(&svc->lock);
+            svc->deadlines = cfg->watchdog;
+            svc->hang_flagged_since = 0;
+            pthread_mutex_unlock(&svc->lock);
+            TrainOptions opt = {.out_dir = out_dir, .resume = resume ? "latest" : NULL,
+                                .steps = 0, .device_override = -1, .quiet = 1};
+            TrainHooks hooks = {.ctx = svc, .on_sample = hookSample, .on_eval = hookEval,
+                                .on_event = hookEvent};
+            logInfo("run %s: %s", id, resume ? "resuming from its latest checkpoint" : "starting");
+            rc = trainerRun(cfg, &opt, &svc->mon, &hooks, &res, &terr);
+        }
+    }
+    free(cfg);
+    free(yaml);
+    trainMonitorEnter(&svc->mon, PHASE_IDLE);
+
+    pthread_mutex_lock(&svc->lock);
+    run = runsFind(svc->runs, id);
+    if (run) finishJob(svc, run, rc, &res, &terr);
+    svc->active_id[0] = '\0';
+    svc->hang_flagged_since = 0;
+    atomic_store(&svc->trainer_busy, 0);
+    pthread_mutex_unlock(&svc->lock);
+}
+
+static void *trainerThread(void *arg) {
+    Service *svc = arg;
+    stackdumpRegisterThread("trainer");
+    pthread_mutex_lock(&svc->lock);
+    while (!svc->shutting_down) {
+        atomic_store(&svc->trainer_tick_ns, serviceNowNs());
+        if (svc->pending) {
+            char id[RUN_ID_MAX];
+            snprintf(id, sizeof id, "%s", svc->active_id);
+            int resume = svc->pending == 2;
+            svc->pending = 0;
+            pthread_mutex_unlock(&svc->lock);
+            runJob(svc, id, resume);
+            pthread_mutex_lock(&svc->lock);
+            continue;
+        }
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 500 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&svc->wake, &svc->lock, &until);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    stackdumpUnregisterThread();
+    return NULL;
+}
+
+/* Hands run to the trainer thread. Caller holds the lock and checked that
+ * nothing is active. */
+static void queueRun(Service *svc, Run *run, int resume) {
+    snprintf(svc->active_id, sizeof svc->active_id, "%s", run->id);
+    svc->pending = resume ? 2 : 1;
+    svc->user_halt = 0;
+    atomic_store(&svc->mon.halt_requested, 0);
+    atomic_store(&svc->mon.stop_now, 0);
+    atomic_store(&svc->mon.step, run->step);
+    trainMonitorEnter(&svc->mon, PHASE_STARTING);
+    atomic_store(&svc->trainer_busy, 1);
+    pthread_cond_signal(&svc->wake);
+}
+
+/* ---- life cycle ---------------------------------------------------------------------- */
+
+/* Picks up what a previous nsad left active. Caller holds the lock. */
+static void recoverRuns(Service *svc) {
+    Run *resume = NULL;
+    for (size_t i = svc->runs->n_runs; i-- > 0;) {
+        Run *run = svc->runs->runs[i];
+        if (run->state == RUN_HALTING) {
+            addEvent(run, "restart", run->step, "{\"note\":\"nsad restarted while the run was halting\"}");
+            saveState(run, RUN_HALTED);
+        } else if (runStateIsActive(run->state)) {
+            if (!resume) {
+                resume = run;
+                continue;
+            }
+            addEvent(run, "restart",
+                     run->step, "{\"note\":\"nsad restarted; a newer run was resumed instead\"}");
+            saveState(run, RUN_HALTED);
+        }
+    }
+    if (!resume) return;
+    resume->restarts++;
+    char detail[128];
+    snprintf(detail, sizeof detail, "{\"from_state\":\"%s\",\"last_checkpoint_step\":%lld}",
+             runStateName(resume->state), (long long)resume->last_checkpoint_step);
+    addEvent(resume, "restart", resume->last_checkpoint_step, detail);
+    resume->anomaly[0] = '\0';
+    saveState(resume, RUN_STARTING);
+    queueRun(svc, resume, 1);
+    logNotice("run %s was active when nsad stopped; resuming it from its latest checkpoint (step %lld)",
+              resume->id, (long long)resume->last_checkpoint_step);
+}
+
+Service *serviceOpen(const char *state_dir, NsaError *err) {
+    Service *svc = calloc(1, sizeof *svc);
+    if (!svc) {
+        fail(err, SVC_INTERNAL, "out of memory");
+        return NULL;
+    }
+    svc->runs = runsOpen(state_dir, err);
+    if (!svc->runs) {
+        free(svc);
+        return NULL;
+    }
+    pthread_mutex_init(&svc->lock, NULL);
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_cond_init(&svc->wake, &attr);
+    pthread_condattr_destroy(&attr);
+    trainMonitorInit(&svc->mon);
+    svc->started_unix = runsNow();
+    svc->started_ns = serviceNowNs();
+    atomic_store(&svc->trainer_tick_ns, svc->started_ns);
+    atomic_store(&svc->http_tick_ns, svc->started_ns);
+    pthread_mutex_lock(&svc->lock);
+    recoverRuns(svc);
+    pthread_mutex_unlock(&svc->lock);
+    return svc;
+}
+
+int serviceStartTrainer(Service *svc, NsaError *err) {
+    int rc = pthread_create(&svc->trainer, NULL, trainerThread, svc);
+    if (rc != 0) {
+        fail(err, SVC_INTERNAL, "cannot start the trainer thread: %s", strerror(rc));
+        return -1;
+    }
+    svc->trainer_started = 1;
+    return 0;
+}
+
+int serviceShutdown(Service *svc, double timeout_s) {
+    pthread_mutex_lock(&svc->lock);
+    svc->shutting_down = 1;
+    if (svc->active_id[0]) {
+        if (svc->pending) {
+            /* never started: it stays active on disk and resumes next time */
+            svc->pending = 0;
+            svc->active_id[0] = '\0';
+        } else {
+            atomic_store(&svc->mon.halt_requested, 1);
+        }
+    }
+    pthread_cond_broadcast(&svc->wake);
+    pthread_mutex_unlock(&svc->lock);
+    if (!svc->trainer_started) return 0;
+    int64_t until = serviceNowNs() + (int64_t)(timeout_s * 1e9);
+    for (;;) {
+        struct timespec abs;
+        clock_gettime(CLOCK_REALTIME, &abs);
+        abs.tv_sec += 1;
+        if (pthread_timedjoin_np(svc->trainer, NULL, &abs) == 0) {
+            svc->trainer_started = 0;
+            return 0;
+        }
+        if (serviceNowNs() > until) return -1;
+    }
+}
+
+void serviceClose(Service *svc) {
+    if (!svc) return;
+    if (svc->trainer_started) return; /* still running: leak rather than free under it */
+    runsClose(svc->runs);
+    pthread_cond_destroy(&svc->wake);
+    pthread_mutex_destroy(&svc->lock);
+    free(svc);
+}
+
+/* ---- commands (HTTP thread) --------------------------------------------------------- */
+
+static ServiceStatus busy(Service *svc, NsaError *err) {
+    Run *run = activeRun(svc);
+    return fail(err, SVC_BUSY, "the trainer is busy with run %s (%s); halt it first or wait",
+                svc->active_id, run ? runStateName(run->state) : "starting");
+}
+
+ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
+                               char *id_out, NsaError *err) {
+    JobConfig *cfg = malloc(sizeof *cfg);
+    if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
+    configDefaults(cfg);
+    NsaError cerr;
+    if (configLoadString(cfg, config_text, len, &cerr) != 0) {
+        free(cfg);
+        return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
+    }
+    for (int i = 0; i < cfg->n_warnings; i++) logWarn("new run config: %s", cfg->warnings[i]);
+
+    ServiceStatus st = SVC_OK;
+    pthread_mutex_lock(&svc->lock);
+    if (svc->shutting_down) {
+        st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+    } else if (svc->active_id[0]) {
+        st = busy(svc, err);
+    } else {
+        /* the run's out_dir lives under the state dir: store the resolved
+         * config with it so the file says what the trainer does */
+        char *yaml = configToYaml(cfg);
+        Run *run = yaml ? runsCreate(svc->runs, name, yaml, configDeviceName(cfg->runtime.device),
+                                     configPrecisionName(cfg->runtime.precision), cfg->train.steps, err)
+                        : NULL;
+        int had_yaml = yaml != NULL;
+        free(yaml);
+        if (!run) {
+            st = had_yaml ? SVC_INTERNAL : fail(err, SVC_INTERNAL, "out of memory");
+        } else {
+            NsaError werr = {"out of memory"};
+            int fits = snprintf(cfg->train.out_dir, sizeof cfg->train.out_dir, "%s", run->out_dir) <
+                       (int)sizeof cfg->train.out_dir;
+            yaml = fits ? configToYaml(cfg) : NULL;
+            if (!fits) snprintf(werr.message, sizeof werr.message, "the run's out_dir path is too long");
+            if (!yaml || runsSetConfig(run, yaml, &werr) != 0)
+                logWarn("run %s: config.yaml keeps the submitted out_dir: %s", run->id, werr.message);
+            free(yaml);
+            queueRun(svc, run, 0);
+            snprintf(id_out, RUN_ID_MAX, "%s", run->id);
+            logNotice("run %s created (%s, %lld steps, %s)", run->id, run->name,
+                      (long long)run->total_steps, run->device);
+        }
+    }
+    pthread_mutex_unlock(&svc->lock);
+    free(cfg);
+    return st;
+}
+
+ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
+    ServiceStatus st = SVC_OK;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    if (!run) {
+        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+    } else if (run->state == RUN_HALTING) {
+        /* already on its way: repeating the request is harmless */
+    } else if (!runStateIsActive(run->state) || strcmp(svc->active_id, id) != 0) {
+        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a starting, running or hung run",
+                  id, runStateName(run->state));
+    } else {
+        svc->user_halt = 1;
+        atomic_store(&svc->mon.halt_requested, 1);
+        addEvent(run, "halt_requested", run->step, NULL);
+        saveState(run, RUN_HALTING);
+        logNotice("run %s: halt requested at step %lld", id, (long long)run->step);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    return st;
+}
+
+ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
+    ServiceStatus st = SVC_OK;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    if (!run) {
+        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+    } else if (svc->shutting_down) {
+        st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+    } else if (!runStateIsResumable(run->state)) {
+        st = fail(err, SVC_INVALID_STATE,
+                  "run %s is %s; resume applies to a halted, nan_halted or failed run", id,
+                  runStateName(run->state));
+    } else if (svc->active_id[0]) {
+        st = busy(svc, err);
+    } else {
+        run->anomaly[0] = '\0';
+        run->error[0] = '\0';
+        addEvent(run, "resume_requested", run->step, NULL);
+        saveState(run, RUN_STARTING);
+        queueRun(svc, run, 1);
+        logNotice("run %s: resume requested (latest checkpoint: step %lld)", id,
+                  (long long)run->last_checkpoint_step);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    return st;
+}

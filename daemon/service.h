@@ -1,0 +1,105 @@
+/* service.h - what `nsad serve` shares between its threads: the run
+ * registry, the trainer thread that owns the engine (GPUs or CPU), the
+ * TrainMonitor the watchdog and the API read, and the daemon's counters.
+ *
+ * Threads: the HTTP thread calls serviceCreateRun / serviceHaltRun /
+ * serviceResumeRun and reads the registry under svc->lock; the trainer
+ * thread runs one job at a time (trainerRun) and records its news under the
+ * same lock; the watchdog reads the monitor atomics and takes the lock to
+ * mark a run hung. Nobody holds the lock across slow work. */
+#ifndef NSAD_SERVICE_H
+#define NSAD_SERVICE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include "config.h"
+#include "runs.h"
+#include "trainer.h"
+
+/* HTTP status classes counted for nsad_http_requests_total. */
+#define SERVICE_HTTP_CODES 16
+
+typedef enum ServiceStatus {
+    SVC_OK = 0,
+    SVC_BUSY,            /* another run holds the trainer (409 busy) */
+    SVC_NOT_FOUND,       /* no such run (404) */
+    SVC_INVALID_STATE,   /* the run's state forbids it (409 invalid_state) */
+    SVC_INVALID_CONFIG,  /* the job config did not load (400 invalid_config) */
+    SVC_UNAVAILABLE,     /* shutting down (503) */
+    SVC_INTERNAL         /* I/O or memory failure (500) */
+} ServiceStatus;
+
+typedef struct Service {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;          /* the trainer thread waits on it */
+    RunRegistry *runs;
+    TrainMonitor mon;
+    /* under lock: */
+    char active_id[RUN_ID_MAX];   /* the run holding the trainer, "" when idle */
+    int pending;                  /* active run waits for the trainer thread */
+    int user_halt;                /* the active run's halt came from a user */
+    int shutting_down;
+    unsigned job_events;          /* ending events the trainer reported (eventBit) */
+    WatchdogConfig deadlines;     /* the active job's phase deadlines */
+    int64_t hang_flagged_since;   /* phase_since_ns the watchdog flagged, 0 none */
+    char last_dump[RUN_PATH_MAX]; /* the latest hang dump file */
+    /* atomics, read without the lock: */
+    _Atomic int64_t trainer_tick_ns; /* the idle trainer thread's last loop */
+    _Atomic int64_t http_tick_ns;    /* the HTTP thread's last loop */
+    _Atomic int trainer_busy;
+    _Atomic uint64_t hangs_total, anomalies_total;
+    _Atomic uint64_t http_requests[SERVICE_HTTP_CODES];
+    double started_unix;
+    int64_t started_ns;
+    pthread_t trainer;
+    int trainer_started;
+} Service;
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t serviceNowNs(void);
+
+/* Opens the registry in state_dir and prepares the pick-up of runs a
+ * previous nsad left active: the newest one that was starting, running or
+ * hung is queued to resume from its latest checkpoint (same id, restarts+1,
+ * a "restart" event); one that was halting becomes halted. Returns NULL with
+ * err when the state dir is unusable. Free with serviceClose. */
+Service *serviceOpen(const char *state_dir, NsaError *err);
+
+/* Starts the trainer thread (which picks up a queued run at once). Returns 0
+ * or -1 with err. */
+int serviceStartTrainer(Service *svc, NsaError *err);
+
+/* Asks an active run to checkpoint and stop without marking it halted (the
+ * next nsad resumes it), waits up to timeout_s for the trainer thread and
+ * joins it. Returns 0 when the trainer stopped, -1 when it did not in time
+ * (the caller exits anyway; the run's record still says it was active). */
+int serviceShutdown(Service *svc, double timeout_s);
+
+/* Frees everything. The trainer thread must have stopped (serviceShutdown)
+ * or never started. NULL is a no-op. */
+void serviceClose(Service *svc);
+
+/* Creates a run from a job config (YAML or JSON text) and hands it to the
+ * trainer. name may be NULL. On SVC_OK copies the new id into id_out
+ * (RUN_ID_MAX bytes). Otherwise err says why in one line. Takes the lock. */
+ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
+                               char *id_out, NsaError *err);
+
+/* Asks the run to halt (finish the step, checkpoint, stop). Takes the lock. */
+ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);
+
+/* Restarts a halted, nan_halted or failed run from its latest checkpoint.
+ * Takes the lock. */
+ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err);
+
+/* Counts one answered HTTP request by status for /metrics. Lock-free. */
+void serviceCountRequest(Service *svc, int status);
+/* The status codes serviceCountRequest tracks, slot by slot (0 ends). */
+extern const int service_http_codes[SERVICE_HTTP_CODES];
+
+/* The deadline in seconds for phase under the active job's watchdog config,
+ * or 0 when the phase has none (idle, starting). */
+double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase);
+
+#endif

@@ -1,0 +1,82 @@
+/* signals.c - see signals.h. */
+#include "signals.h"
+
+#include <errno.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const int daemon_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
+static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+
+static void daemonSet(sigset_t *set) {
+    sigemptyset(set);
+    for (size_t i = 0; i < sizeof daemon_signals / sizeof daemon_signals[0]; i++)
+        sigaddset(set, daemon_signals[i]);
+}
+
+int signalsBlockDaemonSignals(void) {
+    sigset_t set;
+    daemonSet(&set);
+    int rc = pthread_sigmask(SIG_BLOCK, &set, NULL);
+    if (rc != 0) {
+        errno = rc;
+        return -1;
+    }
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    return sigaction(SIGPIPE, &ign, NULL);
+}
+
+/* write(2) of a NUL-terminated string: async-signal-safe. */
+static void say(const char *s) {
+    ssize_t w = write(STDERR_FILENO, s, strlen(s));
+    (void)w;
+}
+
+static void onFatal(int sig) {
+    /* <2> is LOG_CRIT: journald files the trace as critical */
+    say("<2>nsad: fatal signal ");
+    say(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL"
+        : sig == SIGFPE ? "SIGFPE" : "SIGABRT");
+    say("; the crashing thread's stack:\n");
+    void *frames[64];
+    int n = backtrace(frames, 64);
+    backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    /* SA_RESETHAND restored the default action: this makes the core dump */
+    raise(sig);
+}
+
+int signalsInstallFatal(void) {
+    /* backtrace() loads libgcc on first use, which is not signal-safe: do it now */
+    void *warm[1];
+    backtrace(warm, 1);
+    /* lives as long as the process: never freed */
+    size_t size = 64 * 1024;
+    void *alt_stack = malloc(size);
+    if (!alt_stack) return -1;
+    stack_t ss = {.ss_sp = alt_stack, .ss_size = size};
+    if (sigaltstack(&ss, NULL) != 0) {
+        free(alt_stack);
+        return -1;
+    }
+    struct sigaction sa = {.sa_handler = onFatal, .sa_flags = SA_RESETHAND | SA_ONSTACK | SA_NODEFER};
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
+        if (sigaction(fatal_signals[i], &sa, NULL) != 0) return -1;
+    return 0;
+}
+
+int signalsWait(int timeout_ms) {
+    sigset_t set;
+    daemonSet(&set);
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
+    for (;;) {
+        int sig = sigtimedwait(&set, NULL, &ts);
+        if (sig > 0) return sig;
+        if (errno == EAGAIN) return 0;
+        if (errno != EINTR) return 0;
+    }
+}

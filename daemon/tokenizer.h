@@ -1,0 +1,38 @@
+/* tokenizer.h - text to token ids for the text data source.
+ *
+ * nsad ships one tokenizer, "byte": every byte of the UTF-8 text is one token
+ * (vocabulary 256), so no vocabulary file is needed and bits per byte equals
+ * bits per token. Pre-tokenized llm.c shards bypass the tokenizer entirely.
+ * Tokenizers are immutable tables: nothing to open or free. */
+#ifndef NSAD_TOKENIZER_H
+#define NSAD_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct Tokenizer {
+    const char *name;       /* the config's data.tokenizer value */
+    int vocab_size;         /* ids are in [0, vocab_size) */
+    double bytes_per_token; /* average source bytes per token */
+} Tokenizer;
+
+/* Returns the tokenizer of that name, or NULL when there is none. */
+const Tokenizer *tokenizerFind(const char *name);
+
+/* A comma-separated list of the known names, for error messages. */
+const char *tokenizerNames(void);
+
+/* Encodes len bytes of text into out (capacity at least
+ * tokenizerMaxTokens(tok, len)). Returns the number of tokens written.
+ * Cannot fail. */
+size_t tokenizerEncode(const Tokenizer *tok, const uint8_t *text, size_t len, uint16_t *out);
+
+/* Upper bound on the tokens len bytes can encode to. */
+size_t tokenizerMaxTokens(const Tokenizer *tok, size_t len);
+
+/* Decodes n token ids into out (capacity cap bytes, always NUL-terminated
+ * when cap > 0). Ids outside the vocabulary decode to '?'. Returns the
+ * number of bytes the full decoding needs (like snprintf). */
+size_t tokenizerDecode(const Tokenizer *tok, const int32_t *ids, size_t n, char *out, size_t cap);
+
+#endif

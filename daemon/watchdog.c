@@ -1,0 +1,238 @@
+/* watchdog.c - see watchdog.h. */
+#include "watchdog.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "sdnotify.h"
+#include "stackdump.h"
+
+#define TICK_NS (250 * 1000000LL)
+#define STATUS_EVERY_NS (5 * 1000000000LL)
+/* the HTTP loop wakes at least twice a second; this much silence means stuck */
+#define HTTP_SILENCE_NS (10 * 1000000000LL)
+#define TRAINER_IDLE_SILENCE_NS (10 * 1000000000LL)
+
+struct Watchdog {
+    Service *svc;
+    pthread_t thread;
+    _Atomic int stop;
+    uint64_t sd_usec;
+    int64_t last_ping_ns, last_status_ns;
+    int warned_no_ping;
+};
+
+int watchdogWriteDump(const char *dir, const char *reason, const char *header, const char *stacks,
+                      char *path, size_t cap, NsaError *err) {
+    int n = snprintf(path, cap, "%s/stacks-%lld-%s.txt", dir, (long long)time(NULL), reason);
+    if (n < 0 || (size_t)n >= cap) {
+        if (err) snprintf(err->message, sizeof err->message, "dump path too long under %s", dir);
+        return -1;
+    }
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
+    if (fd < 0) {
+        if (err) snprintf(err->message, sizeof err->message, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    int ok = 1;
+    const char *parts[2] = {header, stacks};
+    for (int i = 0; i < 2 && ok; i++) {
+        size_t len = parts[i] ? strlen(parts[i]) : 0, off = 0;
+        while (off < len) {
+            ssize_t w = write(fd, parts[i] + off, len - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                ok = 0;
+                break;
+            }
+            off += (size_t)w;
+        }
+    }
+    int saved = errno;
+    if (close(fd) != 0) ok = 0;
+    if (!ok) {
+        if (err) snprintf(err->message, sizeof err->message, "cannot write %s: %s", path, strerror(saved));
+        return -1;
+    }
+    return 0;
+}
+
+/* Logs text line by line (the log keeps one line per entry). */
+static void logLines(int level, const char *prefix, const char *text) {
+    const char *p = text;
+    while (p && *p) {
+        const char *nl = strchr(p, '\n');
+        int len = nl ? (int)(nl - p) : (int)strlen(p);
+        logMsg(level, "%s%.*s", prefix, len, p);
+        p = nl ? nl + 1 : NULL;
+    }
+}
+
+int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
+    TrainMonitor *mon = &svc->mon;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, svc->active_id);
+    TrainPhase phase = (TrainPhase)atomic_load(&mon->phase);
+    int64_t since = atomic_load(&mon->phase_since_ns);
+    if (svc->hang_flagged_since && since != svc->hang_flagged_since) {
+        /* the stuck phase ended: the trainer is moving again (a run halted
+         * while hung stays halting) */
+        svc->hang_flagged_since = 0;
+        if (run && run->state == RUN_HUNG) {
+            run->anomaly[0] = '\0';
+            NsaError err;
+            if (runsSetState(run, RUN_RUNNING, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+            if (runsAddEvent(run, "recovered", run->step, NULL, &err) != 0)
+                logWarn("run %s: %s", run->id, err.message);
+            logNotice("run %s: the stuck phase ended; running again", run->id);
+        }
+    }
+    double deadline = serviceDeadline(&svc->deadlines, phase);
+    double age = (double)(now_ns - since) * 1e-9;
+    int overrun = run && !svc->pending && deadline > 0 && age > deadline &&
+                  svc->hang_flagged_since != since && run->state != RUN_HUNG;
+    if (!overrun) {
+        pthread_mutex_unlock(&svc->lock);
+        return 0;
+    }
+    svc->hang_flagged_since = since;
+    char id[RUN_ID_MAX], out_dir[RUN_PATH_MAX];
+    snprintf(id, sizeof id, "%s", run->id);
+    snprintf(out_dir, sizeof out_dir, "%s", run->out_dir);
+    int64_t step = atomic_load(&mon->step);
+    HangPolicy policy = svc->deadlines.on_hang;
+    pthread_mutex_unlock(&svc->lock);
+
+    /* the slow part runs unlocked: the HTTP thread keeps answering */
+    const char *phase_name = trainPhaseName(phase);
+    char header[512];
+    snprintf(header, sizeof header,
+             "nsad hang dump\nrun: %s\nphase: %s\nphase_seconds: %.1f\ndeadline_seconds: %.1f\n"
+             "step: %lld\npolicy: %s\n\n",
+             id, phase_name, age, deadline, (long long)step, policy == HANG_EXIT ? "exit" : "report");
+    char *stacks = stackdumpString("watchdog: phase overran its deadline");
+    char path[RUN_PATH_MAX + 64] = "";
+    NsaError err;
+    if (watchdogWriteDump(out_dir, "hang", header, stacks ? stacks : "(no stacks: out of memory)\n", path,
+                          sizeof path, &err) != 0) {
+        logError("run %s: %s", id, err.message);
+        path[0] = '\0';
+    }
+    logError("run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s",
+             id, phase_name, age, deadline, (long long)step, path[0] ? path : "(not written)");
+    logLines(LOG_LVL_ERR, "  ", stacks);
+    free(stacks);
+    if (dump_path) snprintf(dump_path, cap, "%s", path);
+
+    pthread_mutex_lock(&svc->lock);
+    run = runsFind(svc->runs, id);
+    if (run && !strcmp(svc->active_id, id)) {
+        snprintf(run->anomaly, sizeof run->anomaly, "hang:%s", phase_name);
+        snprintf(svc->last_dump, sizeof svc->last_dump, "%s", path);
+        cJSON *d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "phase", phase_name);
+        cJSON_AddNumberToObject(d, "seconds", age);
+        cJSON_AddNumberToObject(d, "deadline", deadline);
+        cJSON_AddStringToObject(d, "dump", path);
+        cJSON_AddStringToObject(d, "policy", policy == HANG_EXIT ? "exit" : "report");
+        char *detail = cJSON_PrintUnformatted(d);
+        cJSON_Delete(d);
+        if (runsAddEvent(run, "hang", step, detail, &err) != 0) logWarn("run %s: %s", id, err.message);
+        free(detail);
+        if (runsSetState(run, RUN_HUNG, &err) != 0) logWarn("run %s: %s", id, err.message);
+    }
+    atomic_fetch_add(&svc->hangs_total, 1);
+    pthread_mutex_unlock(&svc->lock);
+
+    if (policy == HANG_EXIT) {
+        logError("watchdog policy is exit: stopping nsad so that systemd restarts it and the run resumes");
+        char status[160];
+        snprintf(status, sizeof status, "STATUS=run %s hung in %s; exiting for a restart", id, phase_name);
+        sdNotify(status);
+        _exit(WATCHDOG_EXIT_HUNG);
+    }
+    return 1;
+}
+
+/* WATCHDOG=1 only while both loops are alive; STATUS= every few seconds. */
+static void tellSystemd(Watchdog *wd, int64_t now) {
+    Service *svc = wd->svc;
+    if (wd->sd_usec && now - wd->last_ping_ns >= (int64_t)wd->sd_usec * 1000 / 3) {
+        int64_t http_age = now - atomic_load(&svc->http_tick_ns);
+        int busy = atomic_load(&svc->trainer_busy);
+        pthread_mutex_lock(&svc->lock);
+        int hung = svc->hang_flagged_since != 0;
+        pthread_mutex_unlock(&svc->lock);
+        int trainer_ok = busy ? !hung : now - atomic_load(&svc->trainer_tick_ns) < TRAINER_IDLE_SILENCE_NS;
+        int http_ok = http_age < HTTP_SILENCE_NS;
+        if (trainer_ok && http_ok) {
+            sdNotify("WATCHDOG=1");
+            wd->last_ping_ns = now;
+            wd->warned_no_ping = 0;
+        } else if (!wd->warned_no_ping) {
+            logWarn("not pinging systemd's watchdog: %s", !http_ok ? "the HTTP thread is silent" : "the trainer is hung");
+            wd->warned_no_ping = 1;
+        }
+    }
+    if (now - wd->last_status_ns >= STATUS_EVERY_NS) {
+        char status[256];
+        pthread_mutex_lock(&svc->lock);
+        Run *run = runsFind(svc->runs, svc->active_id);
+        if (run)
+            snprintf(status, sizeof status, "STATUS=run %s %s step %lld/%lld loss %.4f %.0f tok/s", run->id,
+                     runStateName(run->state), (long long)run->step, (long long)run->total_steps,
+                     isfinite(run->loss) ? run->loss : 0.0, isfinite(run->toks_per_s) ? run->toks_per_s : 0.0);
+        else
+            snprintf(status, sizeof status, "STATUS=idle, %zu runs stored", svc->runs->n_runs);
+        pthread_mutex_unlock(&svc->lock);
+        sdNotify(status);
+        wd->last_status_ns = now;
+    }
+}
+
+static void *watchdogThread(void *arg) {
+    Watchdog *wd = arg;
+    stackdumpRegisterThread("watchdog");
+    while (!atomic_load(&wd->stop)) {
+        int64_t now = serviceNowNs();
+        watchdogCheck(wd->svc, now, NULL, 0);
+        tellSystemd(wd, now);
+        struct timespec nap = {0, TICK_NS};
+        nanosleep(&nap, NULL);
+    }
+    stackdumpUnregisterThread();
+    return NULL;
+}
+
+Watchdog *watchdogStart(Service *svc, NsaError *err) {
+    Watchdog *wd = calloc(1, sizeof *wd);
+    if (!wd) {
+        if (err) snprintf(err->message, sizeof err->message, "out of memory");
+        return NULL;
+    }
+    wd->svc = svc;
+    wd->sd_usec = sdWatchdogUsec();
+    if (wd->sd_usec) logInfo("systemd watchdog: pinging every %.1f s", (double)wd->sd_usec / 3e6);
+    int rc = pthread_create(&wd->thread, NULL, watchdogThread, wd);
+    if (rc != 0) {
+        if (err) snprintf(err->message, sizeof err->message, "cannot start the watchdog thread: %s", strerror(rc));
+        free(wd);
+        return NULL;
+    }
+    return wd;
+}
+
+void watchdogStop(Watchdog *wd) {
+    if (!wd) return;
+    atomic_store(&wd->stop, 1);
+    pthread_join(wd->thread, NULL);
+    free(wd);
+}

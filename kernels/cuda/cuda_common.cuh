@@ -1,0 +1,98 @@
+/* cuda_common.cuh - shared helpers of the CUDA engine: error checks that
+ * return into NsaError (never exit), launch checks, warp/block reductions.
+ * Included by every CUDA source of the engine; internal to the engine. */
+#ifndef NSA_CUDA_COMMON_CUH
+#define NSA_CUDA_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "../nsa.h"
+
+/* Fills err with a formatted one-line message. Returns -1 so callers can
+ * `return cudaFail(err, ...)`. */
+static inline int cudaFail(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+/* Checks a CUDA runtime call; on failure fills err (naming the call, file
+ * and line) and returns -1 from the enclosing function. */
+#define CUDA_CHECK(call, err)                                                             \
+    do {                                                                                  \
+        cudaError_t cuda_check_status_ = (call);                                          \
+        if (cuda_check_status_ != cudaSuccess)                                            \
+            return cudaFail((err), "cuda: %s failed at %s:%d: %s", #call, __FILE__, __LINE__, \
+                            cudaGetErrorString(cuda_check_status_));                      \
+    } while (0)
+
+/* After a kernel launch: catches bad launch configurations at once. */
+#define LAUNCH_CHECK(name, err)                                                           \
+    do {                                                                                  \
+        cudaError_t launch_check_status_ = cudaGetLastError();                            \
+        if (launch_check_status_ != cudaSuccess)                                          \
+            return cudaFail((err), "cuda: launch of %s failed at %s:%d: %s", (name), __FILE__, \
+                            __LINE__, cudaGetErrorString(launch_check_status_));          \
+    } while (0)
+
+static inline unsigned ceilDiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }
+
+/* Grid size for a grid-stride loop over n elements, capped so huge tensors
+ * still launch. */
+static inline unsigned gridFor(size_t n, unsigned threads) {
+    size_t blocks = (n + threads - 1) / threads;
+    if (blocks < 1) blocks = 1;
+    if (blocks > 65535u * 8u) blocks = 65535u * 8u;
+    return (unsigned)blocks;
+}
+
+__device__ __forceinline__ float warpSum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ double warpSumD(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warpMax(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over a block of blockDim.x (a multiple of 32, <= 1024) threads; every
+ * thread gets the result. The order is fixed, so the result is
+ * deterministic. scratch holds 32 doubles in shared memory. */
+__device__ __forceinline__ double blockSumD(double v, double *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int nwarps = (blockDim.x + 31) >> 5;
+    v = warpSumD(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    double t = lane < nwarps ? scratch[lane] : 0.0;
+    t = warpSumD(t);
+    return t;
+}
+
+__device__ __forceinline__ float blockMaxF(float v, float *scratch) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int nwarps = (blockDim.x + 31) >> 5;
+    v = warpMax(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float t = lane < nwarps ? scratch[lane] : -INFINITY;
+    return warpMax(t);
+}
+
+#endif

@@ -1,0 +1,920 @@
+/* cuda_engine.cu - the CUDA training engine: arenas, the model's forward and
+ * backward as a sequence of kernels and cuBLASLt GEMMs, the optimizer step
+ * and the host-facing API of cuda_engine.h.
+ *
+ * Memory is planned once (planCarve walks the same layout for sizing and
+ * for pointer assignment): parameters, gradients, Adam m and v (the shared
+ * layout, fp32), saved activations for max_batch x max_seq_len, backward
+ * scratch shared by all layers, the cuBLASLt workspace, and pinned host
+ * staging for the token ids. A step enqueues work on one stream and never
+ * allocates or waits, except that re-using a pinned staging slot waits for
+ * the copy made from it two Forwards ago (a bounded queue, not a sync). */
+#include "cuda_engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include "../nsa_layout.h"
+#include "attn_cuda.h"
+#include "cuda_common.cuh"
+#include "gemm.h"
+#include "layers_cuda.h"
+
+#define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
+#define STAGING_SLOTS 2
+#define FP16_INITIAL_SCALE 65536.0f
+#define FP16_SCALE_WINDOW 1000
+
+/* One layer's saved forward activations (device pointers). */
+typedef struct LayerActs {
+    float *res;            /* [N][C] residual entering the layer */
+    float *xn, *rstd;      /* attention RMSNorm output and 1/rms */
+    float *q;              /* [N][H][dk] rotated */
+    float *k[3], *v[3];    /* per branch (cmp, sel, win) [N][G][dk] rotated, [N][G][dv] */
+    float *kc, *vc;        /* pooled [B][Nc][G][dk], [B][Nc][G][dv] */
+    float *gates;          /* [N][H][3] post-sigmoid */
+    float *o[3], *lse[3];  /* per branch [N][H][dv], [N][H] */
+    int32_t *sel;          /* [N][G][slots] */
+    float *y;              /* [N][H][dv] gate-combined */
+    float *mid;            /* [N][C] residual after attention */
+    float *mxn, *mrstd;    /* MLP RMSNorm */
+    float *fc, *up, *act;  /* [N][F]; up only for SwiGLU */
+} LayerActs;
+
+typedef struct Scratch {
+    float *dres, *dxn, *dq, *dk[3], *dv[3], *dkc, *dvc, *dgates, *d_o[3], *dy;
+    float *dfc, *dup, *dact, *delta[3];
+    float *row_loss;       /* [N] */
+    float *rms_partial;    /* [ceil(N/RMS_CHUNK)][C] */
+    float *emb_partial;    /* [max chunks][C] */
+    double *norm_partial;  /* [NORM_BLOCKS] */
+} Scratch;
+
+/* Device copies of one batch's ids and the embedding backward plan. */
+typedef struct BatchIds {
+    int32_t *tokens, *targets, *order, *chunk_start, *chunk_token, *token_chunk;
+} BatchIds;
+
+struct NsaCudaModel {
+    NsaModelConfig cfg;
+    NsaEngineOptions opt;
+    NsaLayout lay;
+    int F, max_tokens, max_cmp, slots;
+    size_t max_chunks;
+    cudaStream_t stream;
+    int have_stream;
+    GemmContext gemm;
+    float *arena[4];                 /* params, grads, adam m, adam v */
+    float *acts;                     /* activation arena */
+    size_t acts_floats;
+    float *scratch_mem;              /* scratch arena */
+    size_t scratch_floats;
+    LayerActs *layers;               /* host array [L] of device pointers */
+    float *final_res, *final_xn, *final_rstd, *logits;
+    Scratch sc;
+    float *rope;                     /* [max_seq][dk/2][2] */
+    OptimTensor *tensors;            /* device [n_tensors] */
+    size_t max_numel;
+    OptimState *state;               /* device */
+    OptimState *host_state;          /* pinned, filled after each step */
+    double *eval_loss, *host_eval_loss;
+    /* staging */
+    int32_t *ids_device;             /* one region, carved into ids */
+    BatchIds ids;
+    int32_t *staging[STAGING_SLOTS]; /* pinned, same size as ids_device */
+    cudaEvent_t staged[STAGING_SLOTS];
+    int staged_used[STAGING_SLOTS];
+    int next_slot;
+    size_t ids_ints;
+    int32_t *host_count;             /* [V] counting-sort scratch */
+    int32_t *host_plan_chunks;       /* n_chunks of the last forward */
+    int plan_chunks;
+    cudaEvent_t step_done;
+    int step_recorded;
+    /* step bookkeeping */
+    int B, S, have_forward;
+    float backward_factor;           /* grad_scale / counted targets */
+    int fault_nan_loss, fault_nan_grad;
+    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_acts, bytes_workspace;
+    size_t peak_used;
+};
+
+/* ---- planning ----------------------------------------------------------- */
+
+/* Hands out consecutive pieces of one arena; with base == NULL it only
+ * counts. Every piece starts on a 64-float (256-byte) boundary. */
+typedef struct Carver {
+    float *base;
+    size_t used;
+} Carver;
+
+static float *carve(Carver *cv, size_t floats) {
+    size_t at = cv->used;
+    cv->used += (floats + 63) / 64 * 64;
+    return cv->base ? cv->base + at : NULL;
+}
+
+static int cmpBlocks(const NsaModelConfig *c, int S) {
+    return nsaNumCmpBlocks(S, c->cmp_len, c->cmp_stride);
+}
+
+/* Activations for B sequences of S tokens. layers may be NULL (sizing). */
+static size_t planActivations(const NsaModelConfig *c, int F, int B, int S, float *base,
+                              LayerActs *layers, float **final_res, float **final_xn,
+                              float **final_rstd, float **logits) {
+    Carver cv = {base, 0};
+    const size_t N = (size_t)B * S;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, C = c->dim;
+    const size_t Nc = (size_t)cmpBlocks(c, S);
+    const int slots = nsaNumSelSlots(c->n_sel);
+    for (int i = 0; i < c->n_layers; i++) {
+        LayerActs a;
+        memset(&a, 0, sizeof(a));
+        a.res = carve(&cv, N * C);
+        a.xn = carve(&cv, N * C);
+        a.rstd = carve(&cv, N);
+        a.q = carve(&cv, N * H * dk);
+        for (int b = 0; b < 3; b++) {
+            a.k[b] = carve(&cv, N * G * dk);
+            a.v[b] = carve(&cv, N * G * dv);
+        }
+        a.kc = carve(&cv, (size_t)B * Nc * G * dk);
+        a.vc = carve(&cv, (size_t)B * Nc * G * dv);
+        a.gates = carve(&cv, N * H * 3);
+        for (int b = 0; b < 3; b++) {
+            a.o[b] = carve(&cv, N * H * dv);
+            a.lse[b] = carve(&cv, N * H);
+        }
+        a.sel = (int32_t *)carve(&cv, N * G * slots);
+        a.y = carve(&cv, N * H * dv);
+        a.mid = carve(&cv, N * C);
+        a.mxn = carve(&cv, N * C);
+        a.mrstd = carve(&cv, N);
+        a.fc = carve(&cv, N * F);
+        a.up = c->mlp == NSA_MLP_SWIGLU ? carve(&cv, N * F) : NULL;
+        a.act = carve(&cv, N * F);
+        if (layers) layers[i] = a;
+    }
+    float *fr = carve(&cv, N * C), *fx = carve(&cv, N * C), *fs = carve(&cv, N);
+    float *lg = carve(&cv, N * (size_t)c->vocab_size);
+    if (final_res) { *final_res = fr; *final_xn = fx; *final_rstd = fs; *logits = lg; }
+    return cv.used;
+}
+
+/* Backward scratch (shared by the layers), plus the RoPE table. */
+static size_t planScratch(const NsaModelConfig *c, int F, int B, int S, size_t max_chunks,
+                          float *base, Scratch *sc, float **rope) {
+    Carver cv = {base, 0};
+    Scratch s;
+    memset(&s, 0, sizeof(s));
+    const size_t N = (size_t)B * S;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, C = c->dim;
+    const size_t Nc = (size_t)cmpBlocks(c, S);
+    s.dres = carve(&cv, N * C);
+    s.dxn = carve(&cv, N * C);
+    s.dq = carve(&cv, N * H * dk);
+    for (int b = 0; b < 3; b++) {
+        s.dk[b] = carve(&cv, N * G * dk);
+        s.dv[b] = carve(&cv, N * G * dv);
+        s.d_o[b] = carve(&cv, N * H * dv);
+        s.delta[b] = carve(&cv, N * H);
+    }
+    s.dkc = carve(&cv, (size_t)B * Nc * G * dk);
+    s.dvc = carve(&cv, (size_t)B * Nc * G * dv);
+    s.dgates = carve(&cv, N * H * 3);
+    s.dy = carve(&cv, N * H * dv);
+    s.dfc = carve(&cv, N * F);
+    s.dup = c->mlp == NSA_MLP_SWIGLU ? carve(&cv, N * F) : NULL;
+    s.dact = carve(&cv, N * F);
+    s.row_loss = carve(&cv, N);
+    s.rms_partial = carve(&cv, ((N + RMS_CHUNK - 1) / RMS_CHUNK) * C);
+    s.emb_partial = carve(&cv, max_chunks * C);
+    s.norm_partial = (double *)carve(&cv, 2 * NORM_BLOCKS);
+    float *r = carve(&cv, (size_t)S * (c->d_k / 2) * 2);
+    if (sc) *sc = s;
+    if (rope) *rope = r;
+    return cv.used;
+}
+
+/* Int32 ids region: tokens, targets, order [N], chunk_start [chunks+1],
+ * chunk_token [chunks], token_chunk [V+1]. */
+static size_t planIds(size_t N, size_t max_chunks, int V, int32_t *base, BatchIds *ids) {
+    size_t at = 0;
+    BatchIds b;
+#define TAKE_IDS(field, n) do { b.field = base ? base + at : NULL; at += (n); } while (0)
+    TAKE_IDS(tokens, N);
+    TAKE_IDS(targets, N);
+    TAKE_IDS(order, N);
+    TAKE_IDS(chunk_start, max_chunks + 1);
+    TAKE_IDS(chunk_token, max_chunks);
+    TAKE_IDS(token_chunk, (size_t)V + 1);
+#undef TAKE_IDS
+    if (ids) *ids = b;
+    return at;
+}
+
+static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
+    if (!cfg || !opt) return cudaFail(err, "cuda: config and options are required (NULL given)");
+    if (nsaModelConfigValidate(cfg, err)) return -1;
+    if (opt->precision != NSA_PREC_F32 && opt->precision != NSA_PREC_BF16 &&
+        opt->precision != NSA_PREC_FP16)
+        return cudaFail(err,
+                        "cuda: precision = %d is not available on the CUDA engine; allowed: "
+                        "%d (f32), %d (bf16), %d (fp16)",
+                        (int)opt->precision, NSA_PREC_F32, NSA_PREC_BF16, NSA_PREC_FP16);
+    if (opt->max_batch < 1)
+        return cudaFail(err, "cuda: max_batch = %d; allowed: 1 or more", opt->max_batch);
+    if (opt->max_seq_len < 1)
+        return cudaFail(err, "cuda: max_seq_len = %d; allowed: 1 or more", opt->max_seq_len);
+    if ((size_t)opt->max_batch * (size_t)opt->max_seq_len > (size_t)1 << 30)
+        return cudaFail(err, "cuda: max_batch x max_seq_len = %zu tokens; allowed: up to 2^30",
+                        (size_t)opt->max_batch * (size_t)opt->max_seq_len);
+    if (cfg->phi != NSA_PHI_AVG)
+        return cudaFail(err, "cuda: phi = %d (mlp) is not implemented on the CUDA engine yet; "
+                             "allowed: %d (avg)", (int)cfg->phi, NSA_PHI_AVG);
+    if (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM)
+        return cudaFail(err, "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the CUDA engine",
+                        cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM);
+    return 0;
+}
+
+int nsaCudaDeviceCount(int *count, NsaError *err) {
+    if (!count) return cudaFail(err, "cuda: count pointer is NULL");
+    cudaError_t e = cudaGetDeviceCount(count);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        cudaGetLastError();
+        *count = 0;
+        return 0;
+    }
+    CUDA_CHECK(e, err);
+    return 0;
+}
+
+int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                         NsaCudaMemoryPlan *plan, NsaError *err) {
+    if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
+    if (checkOptions(cfg, opt, err)) return -1;
+    memset(plan, 0, sizeof(*plan));
+    NsaLayout lay;
+    if (nsaLayoutBuild(&lay, cfg, err)) return -1;
+    const size_t arena_bytes = lay.total * sizeof(float);
+    nsaLayoutFree(&lay);
+    const int F = nsaLayoutMlpHidden(cfg);
+    const int B = opt->max_batch, S = opt->max_seq_len;
+    const size_t N = (size_t)B * S;
+    const size_t chunks = embeddingMaxChunks(N, cfg->vocab_size);
+    plan->params = arena_bytes;
+    plan->grads = arena_bytes;
+    plan->optimizer = 2 * arena_bytes;
+    plan->activations = planActivations(cfg, F, B, S, NULL, NULL, NULL, NULL, NULL, NULL) *
+                        sizeof(float);
+    plan->activations_per_sequence =
+        planActivations(cfg, F, 1, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
+    size_t scratch1 = planScratch(cfg, F, 1, S, embeddingMaxChunks(S, cfg->vocab_size), NULL,
+                                  NULL, NULL) * sizeof(float);
+    plan->workspace = planScratch(cfg, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
+                      GEMM_WORKSPACE_BYTES +
+                      planIds(N, chunks, cfg->vocab_size, NULL, NULL) * sizeof(int32_t);
+    plan->total = plan->params + plan->grads + plan->optimizer + plan->activations +
+                  plan->workspace;
+    CUDA_CHECK(cudaSetDevice(opt->device_ordinal), err);
+    CUDA_CHECK(cudaMemGetInfo(&plan->device_free, &plan->device_total), err);
+    /* what one more sequence costs: its activations plus its scratch */
+    size_t fixed = plan->params + plan->grads + plan->optimizer + GEMM_WORKSPACE_BYTES;
+    size_t per_seq = plan->activations_per_sequence + scratch1;
+    size_t margin = (size_t)512 << 20;   /* CUDA context, cuBLAS internals */
+    if (plan->device_free > fixed + margin)
+        plan->max_batch_that_fits = (int)((plan->device_free - fixed - margin) / per_seq);
+    return 0;
+}
+
+/* ---- create / free ------------------------------------------------------ */
+
+void nsaCudaModelFree(NsaCudaModel *m) {
+    if (!m) return;
+    if (m->have_stream) cudaStreamSynchronize(m->stream);
+    gemmContextDestroy(&m->gemm);
+    for (int a = 0; a < 4; a++) cudaFree(m->arena[a]);
+    cudaFree(m->acts);
+    cudaFree(m->scratch_mem);
+    cudaFree(m->tensors);
+    cudaFree(m->state);
+    cudaFree(m->eval_loss);
+    cudaFree(m->ids_device);
+    cudaFreeHost(m->host_state);
+    cudaFreeHost(m->host_eval_loss);
+    for (int s = 0; s < STAGING_SLOTS; s++) {
+        cudaFreeHost(m->staging[s]);
+        if (m->staged[s]) cudaEventDestroy(m->staged[s]);
+    }
+    if (m->step_done) cudaEventDestroy(m->step_done);
+    if (m->have_stream) cudaStreamDestroy(m->stream);
+    free(m->layers);
+    free(m->host_count);
+    nsaLayoutFree(&m->lay);
+    free(m);
+}
+
+static int allocDevice(void **p, size_t bytes, const char *what, NsaError *err) {
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 256);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError();
+        return cudaFail(err, "cuda: out of device memory allocating %zu bytes for %s: %s", bytes,
+                        what, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static int allocPinned(void **p, size_t bytes, const char *what, NsaError *err) {
+    cudaError_t e = cudaMallocHost(p, bytes ? bytes : 64);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        cudaGetLastError();
+        return cudaFail(err, "cuda: cannot allocate %zu bytes of pinned host memory for %s: %s",
+                        bytes, what, cudaGetErrorString(e));
+    }
+    return 0;
+}
+
+static void trackPeak(NsaCudaModel *m) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && total_b - free_b > m->peak_used)
+        m->peak_used = total_b - free_b;
+}
+
+static int createInner(NsaCudaModel *m, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = m->opt.max_batch, S = m->opt.max_seq_len;
+    const size_t N = (size_t)B * S;
+    CUDA_CHECK(cudaSetDevice(m->opt.device_ordinal), err);
+    if (nsaLayoutBuild(&m->lay, c, err)) return -1;
+    m->F = nsaLayoutMlpHidden(c);
+    m->max_tokens = (int)N;
+    m->max_cmp = cmpBlocks(c, S);
+    m->slots = nsaNumSelSlots(c->n_sel);
+    m->max_chunks = embeddingMaxChunks(N, c->vocab_size);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), err);
+    m->have_stream = 1;
+    if (gemmContextCreate(&m->gemm, m->opt.precision, GEMM_WORKSPACE_BYTES, err)) return -1;
+
+    const size_t arena_bytes = m->lay.total * sizeof(float);
+    const char *arena_names[4] = {"parameters", "gradients", "Adam m", "Adam v"};
+    for (int a = 0; a < 4; a++)
+        if (allocDevice((void **)&m->arena[a], arena_bytes, arena_names[a], err)) return -1;
+    m->bytes_params = arena_bytes;
+    m->bytes_grads = arena_bytes;
+    m->bytes_optimizer = 2 * arena_bytes;
+
+    m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
+    if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
+    m->acts_floats = planActivations(c, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (allocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
+        return -1;
+    planActivations(c, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
+                    &m->final_rstd, &m->logits);
+    m->scratch_floats = planScratch(c, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
+    if (allocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
+                    "backward scratch", err))
+        return -1;
+    planScratch(c, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
+    m->bytes_acts = m->acts_floats * sizeof(float);
+
+    /* RoPE table, made once in double on the host */
+    const size_t rope_floats = (size_t)S * (c->d_k / 2) * 2;
+    float *rope_host = (float *)malloc(rope_floats * sizeof(float));
+    if (!rope_host) return cudaFail(err, "cuda: out of host memory for the RoPE table");
+    ropeTableHost(rope_host, S, c->d_k, (double)c->rope_base);
+    cudaError_t ce = cudaMemcpy(m->rope, rope_host, rope_floats * sizeof(float),
+                                cudaMemcpyHostToDevice);
+    free(rope_host);
+    CUDA_CHECK(ce, err);
+
+    /* optimizer tensor table */
+    OptimTensor *table = (OptimTensor *)calloc((size_t)m->lay.n_tensors, sizeof(OptimTensor));
+    if (!table) return cudaFail(err, "cuda: out of host memory for the tensor table");
+    for (int i = 0; i < m->lay.n_tensors; i++) {
+        const NsaTensorInfo *ti = &m->lay.entries[i].info;
+        table[i].offset = ti->offset;
+        table[i].numel = ti->numel;
+        table[i].decay = ti->weight_decay;
+        if (ti->numel > m->max_numel) m->max_numel = ti->numel;
+    }
+    if (allocDevice((void **)&m->tensors, (size_t)m->lay.n_tensors * sizeof(OptimTensor),
+                    "the tensor table", err)) {
+        free(table);
+        return -1;
+    }
+    ce = cudaMemcpy(m->tensors, table, (size_t)m->lay.n_tensors * sizeof(OptimTensor),
+                    cudaMemcpyHostToDevice);
+    free(table);
+    CUDA_CHECK(ce, err);
+
+    if (allocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
+        allocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
+        allocPinned((void **)&m->host_state, sizeof(OptimState), "step stats", err) ||
+        allocPinned((void **)&m->host_eval_loss, sizeof(double), "the eval loss", err))
+        return -1;
+
+    m->ids_ints = planIds(N, m->max_chunks, c->vocab_size, NULL, NULL);
+    if (allocDevice((void **)&m->ids_device, m->ids_ints * sizeof(int32_t), "token ids", err))
+        return -1;
+    planIds(N, m->max_chunks, c->vocab_size, m->ids_device, &m->ids);
+    for (int s = 0; s < STAGING_SLOTS; s++) {
+        if (allocPinned((void **)&m->staging[s], m->ids_ints * sizeof(int32_t), "token staging",
+                        err))
+            return -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->staged[s], cudaEventDisableTiming), err);
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->step_done, cudaEventDisableTiming), err);
+    m->host_count = (int32_t *)malloc((size_t)c->vocab_size * sizeof(int32_t));
+    if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
+    m->bytes_workspace = m->scratch_floats * sizeof(float) + GEMM_WORKSPACE_BYTES +
+                         m->ids_ints * sizeof(int32_t) + sizeof(OptimState) +
+                         (size_t)m->lay.n_tensors * sizeof(OptimTensor);
+    trackPeak(m);
+    return 0;
+}
+
+NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                                 NsaError *err) {
+    if (checkOptions(cfg, opt, err)) return NULL;
+    NsaCudaModel *m = (NsaCudaModel *)calloc(1, sizeof(NsaCudaModel));
+    if (!m) {
+        cudaFail(err, "cuda: out of host memory for the model");
+        return NULL;
+    }
+    m->cfg = *cfg;
+    m->opt = *opt;
+    if (createInner(m, err)) {
+        nsaCudaModelFree(m);
+        return NULL;
+    }
+    if (nsaCudaModelResetState(m, err)) {
+        nsaCudaModelFree(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* ---- state, tensors ----------------------------------------------------- */
+
+int nsaCudaModelResetState(NsaCudaModel *m, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    const size_t bytes = m->lay.total * sizeof(float);
+    for (int a = NSA_ARENA_GRADS; a <= NSA_ARENA_ADAM_V; a++)
+        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
+    OptimState st;
+    memset(&st, 0, sizeof(st));
+    st.loss_scale = m->opt.precision == NSA_PREC_FP16 ? FP16_INITIAL_SCALE : 1.0f;
+    *m->host_state = st;
+    CUDA_CHECK(cudaMemcpyAsync(m->state, m->host_state, sizeof(st), cudaMemcpyHostToDevice,
+                               m->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    memset(m->host_state, 0, sizeof(OptimState));
+    m->have_forward = 0;
+    m->step_recorded = 0;
+    m->fault_nan_loss = m->fault_nan_grad = 0;
+    return 0;
+}
+
+int nsaCudaModelInit(NsaCudaModel *m, uint64_t seed, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    float *host = (float *)calloc(m->lay.total, sizeof(float));   /* padding stays zero */
+    if (!host) return cudaFail(err, "cuda: out of host memory for init (%zu floats)", m->lay.total);
+    for (int i = 0; i < m->lay.n_tensors; i++) {
+        if (nsaLayoutInitTensor(&m->lay, i, seed, host + m->lay.entries[i].info.offset, err)) {
+            free(host);
+            return -1;
+        }
+    }
+    int rc = nsaCudaModelSetArena(m, NSA_ARENA_PARAMS, host, err);
+    free(host);
+    if (rc) return -1;
+    return nsaCudaModelResetState(m, err);
+}
+
+int nsaCudaModelNumTensors(const NsaCudaModel *m) { return m ? m->lay.n_tensors : 0; }
+
+const NsaTensorInfo *nsaCudaModelTensorInfo(const NsaCudaModel *m, int i) {
+    if (!m || i < 0 || i >= m->lay.n_tensors) return NULL;
+    return &m->lay.entries[i].info;
+}
+
+size_t nsaCudaModelArenaElements(const NsaCudaModel *m) { return m ? m->lay.total : 0; }
+
+static int checkArena(NsaArena arena, NsaError *err) {
+    if (arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V)
+        return cudaFail(err, "cuda: arena = %d; allowed: 0 (params), 1 (grads), 2 (adam_m), "
+                             "3 (adam_v)", (int)arena);
+    return 0;
+}
+
+/* The loss scale the gradient arena currently carries (synchronous). */
+static int currentLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
+    if (m->opt.precision != NSA_PREC_FP16) {
+        *scale = 1.0f;
+        return 0;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(scale, &m->state->loss_scale, sizeof(float), cudaMemcpyDeviceToHost,
+                               m->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    return 0;
+}
+
+static int copyOut(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, float *dst,
+                   NsaError *err) {
+    if (checkArena(arena, err)) return -1;
+    if (!dst) return cudaFail(err, "cuda: destination is NULL");
+    CUDA_CHECK(cudaMemcpyAsync(dst, m->arena[arena] + offset, n * sizeof(float),
+                               cudaMemcpyDeviceToHost, m->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    if (arena == NSA_ARENA_GRADS) {
+        float scale;
+        if (currentLossScale(m, &scale, err)) return -1;
+        if (scale != 1.0f)
+            for (size_t i = 0; i < n; i++) dst[i] /= scale;
+    }
+    return 0;
+}
+
+static int copyIn(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, const float *src,
+                  NsaError *err) {
+    if (checkArena(arena, err)) return -1;
+    if (!src) return cudaFail(err, "cuda: source is NULL");
+    if (arena == NSA_ARENA_GRADS && m->opt.precision == NSA_PREC_FP16)
+        return cudaFail(err, "cuda: setting gradients is not supported in fp16 mode (they carry "
+                             "the loss scale); allowed arenas: params, adam_m, adam_v");
+    CUDA_CHECK(cudaMemcpyAsync(m->arena[arena] + offset, src, n * sizeof(float),
+                               cudaMemcpyHostToDevice, m->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    return 0;
+}
+
+int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
+    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                             nsaCudaModelNumTensors(m) - 1);
+    return copyOut(m, arena, ti->offset, ti->numel, dst, err);
+}
+
+int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *src,
+                          NsaError *err) {
+    const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
+    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                             nsaCudaModelNumTensors(m) - 1);
+    return copyIn(m, arena, ti->offset, ti->numel, src, err);
+}
+
+int nsaCudaModelGetArena(NsaCudaModel *m, NsaArena arena, float *dst, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    return copyOut(m, arena, 0, m->lay.total, dst, err);
+}
+
+int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    return copyIn(m, arena, 0, m->lay.total, src, err);
+}
+
+/* ---- the step ------------------------------------------------------------ */
+
+int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    CUDA_CHECK(cudaMemsetAsync(m->arena[NSA_ARENA_GRADS], 0, m->lay.total * sizeof(float),
+                               m->stream), err);
+    CUDA_CHECK(cudaMemsetAsync(&m->state->loss, 0, sizeof(double), m->stream), err);
+    return 0;
+}
+
+/* Range checks on the host; returns the number of counted targets. */
+static int checkBatch(const NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                      int S, size_t *count, NsaError *err) {
+    if (!tokens || !targets) return cudaFail(err, "cuda: tokens and targets must not be NULL");
+    if (B < 1 || B > m->opt.max_batch)
+        return cudaFail(err, "cuda: batch B = %d; allowed: 1 to max_batch (%d)", B,
+                        m->opt.max_batch);
+    if (S < 1 || S > m->opt.max_seq_len)
+        return cudaFail(err, "cuda: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
+                        m->opt.max_seq_len);
+    const int V = m->cfg.vocab_size;
+    const size_t N = (size_t)B * S;
+    size_t counted = 0;
+    for (size_t n = 0; n < N; n++) {
+        if (tokens[n] < 0 || tokens[n] >= V)
+            return cudaFail(err, "cuda: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
+                            V - 1);
+        if (targets[n] < -1 || targets[n] >= V)
+            return cudaFail(err, "cuda: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
+                            (int)targets[n], V - 1);
+        counted += targets[n] >= 0;
+    }
+    if (counted == 0)
+        return cudaFail(err, "cuda: every target of the batch is -1; allowed: at least one "
+                             "target in 0 to V-1");
+    *count = counted;
+    return 0;
+}
+
+/* Stages the ids (and the embedding backward plan) through a pinned slot
+ * and enqueues their upload. */
+static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, size_t N,
+                       NsaError *err) {
+    const int slot = m->next_slot;
+    m->next_slot = (slot + 1) % STAGING_SLOTS;
+    if (m->staged_used[slot]) CUDA_CHECK(cudaEventSynchronize(m->staged[slot]), err);
+    int32_t *host = m->staging[slot];
+    BatchIds h;
+    planIds((size_t)m->max_tokens, m->max_chunks, m->cfg.vocab_size, host, &h);
+    memcpy(h.tokens, tokens, N * sizeof(int32_t));
+    memcpy(h.targets, targets, N * sizeof(int32_t));
+    EmbedPlan plan = {h.order, h.chunk_start, h.chunk_token, h.token_chunk, 0};
+    embeddingPlanBackward(&plan, m->host_count, tokens, N, m->cfg.vocab_size);
+    m->plan_chunks = plan.n_chunks;
+    CUDA_CHECK(cudaMemcpyAsync(m->ids_device, host, m->ids_ints * sizeof(int32_t),
+                               cudaMemcpyHostToDevice, m->stream), err);
+    CUDA_CHECK(cudaEventRecord(m->staged[slot], m->stream), err);
+    m->staged_used[slot] = 1;
+    return 0;
+}
+
+static NsaAttnDims attnDims(const NsaCudaModel *m, int B, int S) {
+    const NsaModelConfig *c = &m->cfg;
+    NsaAttnDims d = {B, S, c->n_heads, c->n_kv_groups, c->d_k, c->d_v,
+                     c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel, c->window};
+    return d;
+}
+
+#define P(idx) (m->arena[NSA_ARENA_PARAMS] + m->lay.entries[(idx)].info.offset)
+#define GR(idx) (m->arena[NSA_ARENA_GRADS] + m->lay.entries[(idx)].info.offset)
+#define TRY(call) do { if ((call) != 0) return -1; } while (0)
+
+/* The forward pass over the uploaded ids; logits end up as the loss
+ * gradient when want_grad. */
+static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_factor,
+                       NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int C = c->dim, V = c->vocab_size, H = c->n_heads, G = c->n_kv_groups;
+    const int dk = c->d_k, dv = c->d_v, F = m->F, L = c->n_layers;
+    const int N = B * S;
+    const NsaAttnDims dims = attnDims(m, B, S);
+    cudaStream_t st = m->stream;
+    GemmContext *gm = &m->gemm;
+
+    TRY(embeddingForward(m->layers[0].res, P(m->lay.tok_emb), m->ids.tokens, (size_t)N, C, st,
+                         err));
+    for (int i = 0; i < L; i++) {
+        const LayerActs *a = &m->layers[i];
+        const NsaLayerIndex *li = &m->lay.layers[i];
+        float *out = i + 1 < L ? m->layers[i + 1].res : m->final_res;
+        const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
+        const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
+
+        TRY(rmsnormForward(a->xn, a->rstd, a->res, P(li->attn_norm), (size_t)N, C, c->norm_eps,
+                           st, err));
+        TRY(linearForward(gm, st, a->q, a->xn, P(li->wq), N, C, H * dk, 0.0f, NULL, err));
+        TRY(ropeForward(a->q, m->rope, B, S, H, dk, st, err));
+        for (int b = 0; b < 3; b++) {
+            TRY(linearForward(gm, st, a->k[b], a->xn, P(wk[b]), N, C, G * dk, 0.0f, NULL, err));
+            TRY(ropeForward(a->k[b], m->rope, B, S, G, dk, st, err));
+            TRY(linearForward(gm, st, a->v[b], a->xn, P(wv[b]), N, C, G * dv, 0.0f, NULL, err));
+        }
+        TRY(attnPoolAvgForward(a->kc, a->k[0], B, S, G, dk, c->cmp_len, c->cmp_stride, st, err));
+        TRY(attnPoolAvgForward(a->vc, a->v[0], B, S, G, dv, c->cmp_len, c->cmp_stride, st, err));
+        TRY(linearForward(gm, st, a->gates, a->xn, P(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
+        TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
+
+        TRY(attnCmpForward(a->o[0], a->lse[0], a->q, a->kc, a->vc, &dims, st, err));
+        TRY(attnSelectBlocks(a->sel, a->q, a->kc, a->lse[0], &dims, st, err));
+        TRY(attnSelForward(a->o[1], a->lse[1], a->q, a->k[1], a->v[1], a->sel, &dims, st, err));
+        TRY(attnWinForward(a->o[2], a->lse[2], a->q, a->k[2], a->v[2], &dims, st, err));
+        TRY(attnGateCombineForward(a->y, a->gates, a->o[0], a->o[1], a->o[2], &dims, st, err));
+        /* the residual add rides in the GEMM epilogue: mid = res + y Wo^T */
+        TRY(linearForward(gm, st, a->mid, a->y, P(li->wo), N, H * dv, C, 1.0f, a->res, err));
+
+        TRY(rmsnormForward(a->mxn, a->mrstd, a->mid, P(li->mlp_norm), (size_t)N, C, c->norm_eps,
+                           st, err));
+        TRY(linearForward(gm, st, a->fc, a->mxn, P(li->w_fc), N, C, F, 0.0f, NULL, err));
+        if (c->mlp == NSA_MLP_SWIGLU) {
+            TRY(linearForward(gm, st, a->up, a->mxn, P(li->w_up), N, C, F, 0.0f, NULL, err));
+            TRY(swigluForward(a->act, a->fc, a->up, (size_t)N * F, st, err));
+        } else {
+            TRY(siluForward(a->act, a->fc, (size_t)N * F, st, err));
+        }
+        TRY(linearForward(gm, st, out, a->act, P(li->w_proj), N, F, C, 1.0f, a->mid, err));
+    }
+    TRY(rmsnormForward(m->final_xn, m->final_rstd, m->final_res, P(m->lay.final_norm), (size_t)N,
+                       C, c->norm_eps, st, err));
+    TRY(linearForward(gm, st, m->logits, m->final_xn, P(m->lay.lm_head), N, C, V, 0.0f, NULL,
+                      err));
+    TRY(crossEntropyForward(m->logits, m->sc.row_loss, m->ids.targets, (size_t)N, V, want_grad,
+                            grad_factor, &m->state->loss_scale, st, err));
+    return 0;
+}
+
+static int backwardPass(NsaCudaModel *m, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = m->B, S = m->S;
+    const int C = c->dim, V = c->vocab_size, H = c->n_heads, G = c->n_kv_groups;
+    const int dk = c->d_k, dv = c->d_v, F = m->F, L = c->n_layers;
+    const int N = B * S;
+    const NsaAttnDims dims = attnDims(m, B, S);
+    const Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    GemmContext *gm = &m->gemm;
+    const NsaLayout *lay = &m->lay;
+
+    /* head: logits hold d loss / d logits already */
+    TRY(linearBackwardX(gm, st, sc->dxn, m->logits, P(lay->lm_head), N, C, V, 0.0f, err));
+    TRY(linearBackwardW(gm, st, GR(lay->lm_head), m->logits, m->final_xn, N, C, V, err));
+    CUDA_CHECK(cudaMemsetAsync(sc->dres, 0, (size_t)N * C * sizeof(float), st), err);
+    TRY(rmsnormBackward(sc->dres, GR(lay->final_norm), sc->rms_partial, sc->dxn, m->final_res,
+                        P(lay->final_norm), m->final_rstd, (size_t)N, C, st, err));
+
+    for (int i = L - 1; i >= 0; i--) {
+        const LayerActs *a = &m->layers[i];
+        const NsaLayerIndex *li = &lay->layers[i];
+        const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
+        const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
+
+        /* MLP; dres = d loss / d(layer output) */
+        TRY(linearBackwardX(gm, st, sc->dact, sc->dres, P(li->w_proj), N, F, C, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->w_proj), sc->dres, a->act, N, F, C, err));
+        if (c->mlp == NSA_MLP_SWIGLU) {
+            TRY(swigluBackward(sc->dfc, sc->dup, sc->dact, a->fc, a->up, (size_t)N * F, st, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dup, P(li->w_up), N, C, F, 0.0f, err));
+            TRY(linearBackwardW(gm, st, GR(li->w_up), sc->dup, a->mxn, N, C, F, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, P(li->w_fc), N, C, F, 1.0f, err));
+        } else {
+            TRY(siluBackward(sc->dfc, sc->dact, a->fc, (size_t)N * F, st, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, P(li->w_fc), N, C, F, 0.0f, err));
+        }
+        TRY(linearBackwardW(gm, st, GR(li->w_fc), sc->dfc, a->mxn, N, C, F, err));
+        TRY(rmsnormBackward(sc->dres, GR(li->mlp_norm), sc->rms_partial, sc->dxn, a->mid,
+                            P(li->mlp_norm), a->mrstd, (size_t)N, C, st, err));
+
+        /* attention; dres = d loss / d mid */
+        TRY(linearBackwardX(gm, st, sc->dy, sc->dres, P(li->wo), N, H * dv, C, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->wo), sc->dres, a->y, N, H * dv, C, err));
+        TRY(attnGateCombineBackward(sc->dgates, sc->d_o[0], sc->d_o[1], sc->d_o[2], sc->dy,
+                                    a->gates, a->o[0], a->o[1], a->o[2], &dims, st, err));
+        for (int b = 0; b < 3; b++)
+            TRY(attnRowDelta(sc->delta[b], sc->d_o[b], a->o[b], (size_t)N * H, dv, st, err));
+        TRY(attnWinBackward(sc->dq, 0, sc->dk[2], sc->dv[2], sc->d_o[2], a->q, a->k[2], a->v[2],
+                            a->lse[2], sc->delta[2], &dims, st, err));
+        TRY(attnSelBackward(sc->dq, 1, sc->dk[1], sc->dv[1], sc->d_o[1], a->q, a->k[1], a->v[1],
+                            a->sel, a->lse[1], sc->delta[1], &dims, st, err));
+        TRY(attnCmpBackward(sc->dq, 1, sc->dkc, sc->dvc, sc->d_o[0], a->q, a->kc, a->vc,
+                            a->lse[0], sc->delta[0], &dims, st, err));
+        TRY(attnPoolAvgBackward(sc->dk[0], sc->dkc, B, S, G, dk, c->cmp_len, c->cmp_stride, 0, st,
+                                err));
+        TRY(attnPoolAvgBackward(sc->dv[0], sc->dvc, B, S, G, dv, c->cmp_len, c->cmp_stride, 0, st,
+                                err));
+        TRY(ropeBackward(sc->dq, m->rope, B, S, H, dk, st, err));
+        TRY(sigmoidBackward(sc->dgates, sc->dgates, a->gates, (size_t)N * H * 3, st, err));
+
+        TRY(linearBackwardX(gm, st, sc->dxn, sc->dq, P(li->wq), N, C, H * dk, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->wq), sc->dq, a->xn, N, C, H * dk, err));
+        for (int b = 0; b < 3; b++) {
+            TRY(ropeBackward(sc->dk[b], m->rope, B, S, G, dk, st, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dk[b], P(wk[b]), N, C, G * dk, 1.0f, err));
+            TRY(linearBackwardW(gm, st, GR(wk[b]), sc->dk[b], a->xn, N, C, G * dk, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dv[b], P(wv[b]), N, C, G * dv, 1.0f, err));
+            TRY(linearBackwardW(gm, st, GR(wv[b]), sc->dv[b], a->xn, N, C, G * dv, err));
+        }
+        TRY(linearBackwardX(gm, st, sc->dxn, sc->dgates, P(li->w_gate), N, C, 3 * H, 1.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->w_gate), sc->dgates, a->xn, N, C, 3 * H, err));
+        TRY(rmsnormBackward(sc->dres, GR(li->attn_norm), sc->rms_partial, sc->dxn, a->res,
+                            P(li->attn_norm), a->rstd, (size_t)N, C, st, err));
+    }
+    EmbedPlan plan = {m->ids.order, m->ids.chunk_start, m->ids.chunk_token, m->ids.token_chunk,
+                      m->plan_chunks};
+    TRY(embeddingBackward(GR(lay->tok_emb), sc->emb_partial, sc->dres, &plan, V, C, st, err));
+    return 0;
+}
+
+int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                        int S, float grad_scale, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!isfinite(grad_scale))
+        return cudaFail(err, "cuda: grad_scale = %g; allowed: a finite number", (double)grad_scale);
+    size_t count;
+    if (checkBatch(m, tokens, targets, B, S, &count, err)) return -1;
+    m->have_forward = 0;
+    const size_t N = (size_t)B * S;
+    if (uploadBatch(m, tokens, targets, N, err)) return -1;
+    const float factor = (float)((double)grad_scale / (double)count);
+    if (forwardPass(m, B, S, 1, factor, err)) return -1;
+    TRY(crossEntropyReduce(&m->state->loss, m->sc.row_loss, N,
+                           (double)grad_scale / (double)count, m->fault_nan_loss, m->stream, err));
+    m->fault_nan_loss = 0;
+    m->B = B;
+    m->S = S;
+    m->backward_factor = factor;
+    m->have_forward = 1;
+    return 0;
+}
+
+int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m->have_forward)
+        return cudaFail(err, "cuda: Backward needs the activations of a Forward (each Forward "
+                             "serves one Backward; EvalLoss discards them)");
+    m->have_forward = 0;
+    if (backwardPass(m, err)) return -1;
+    if (m->fault_nan_grad) {
+        const NsaTensorInfo *last = &m->lay.entries[m->lay.n_tensors - 1].info;
+        TRY(poisonFloat(m->arena[NSA_ARENA_GRADS] + last->offset, m->stream, err));
+        m->fault_nan_grad = 0;
+    }
+    return 0;
+}
+
+int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
+                              NsaError *err) {
+    if (!m || !oc) return cudaFail(err, "cuda: OptimizerStep needs a model and a config");
+    if (step < 1)
+        return cudaFail(err, "cuda: optimizer step = %lld; allowed: 1 or more (1-based)",
+                        (long long)step);
+    const double bc1 = 1.0 - pow((double)oc->beta1, (double)step);
+    const double bc2 = 1.0 - pow((double)oc->beta2, (double)step);
+    TRY(gradNorm(m->state, m->sc.norm_partial, m->arena[NSA_ARENA_GRADS], m->lay.total,
+                 m->stream, err));
+    TRY(adamwStep(m->arena[NSA_ARENA_PARAMS], m->arena[NSA_ARENA_GRADS],
+                  m->arena[NSA_ARENA_ADAM_M], m->arena[NSA_ARENA_ADAM_V], m->tensors,
+                  m->lay.n_tensors, m->max_numel, m->state, oc->lr, oc->beta1, oc->beta2, oc->eps,
+                  oc->weight_decay, oc->grad_clip, bc1, bc2,
+                  m->opt.precision == NSA_PREC_FP16, FP16_SCALE_WINDOW, m->stream, err));
+    /* the figures travel back behind the step; StepStats waits for them */
+    CUDA_CHECK(cudaMemcpyAsync(m->host_state, m->state, sizeof(OptimState),
+                               cudaMemcpyDeviceToHost, m->stream), err);
+    CUDA_CHECK(cudaEventRecord(m->step_done, m->stream), err);
+    m->step_recorded = 1;
+    return 0;
+}
+
+int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err) {
+    if (!m || !out) return cudaFail(err, "cuda: StepStats needs a model and an output");
+    memset(out, 0, sizeof(*out));
+    if (!m->step_recorded) return 0;   /* no step yet: zeros, like the CPU engine */
+    CUDA_CHECK(cudaEventSynchronize(m->step_done), err);
+    const OptimState *s = m->host_state;
+    out->loss = s->loss;
+    out->grad_norm = s->grad_norm;
+    out->nonfinite_loss = s->nonfinite_loss;
+    out->nonfinite_grad = s->nonfinite_grad;
+    out->applied = s->applied;
+    trackPeak(m);
+    return 0;
+}
+
+int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                         int S, double *loss, NsaError *err) {
+    if (!m || !loss) return cudaFail(err, "cuda: EvalLoss needs a model and an output");
+    size_t count;
+    if (checkBatch(m, tokens, targets, B, S, &count, err)) return -1;
+    m->have_forward = 0;   /* the pass overwrites the saved activations */
+    const size_t N = (size_t)B * S;
+    if (uploadBatch(m, tokens, targets, N, err)) return -1;
+    CUDA_CHECK(cudaMemsetAsync(m->eval_loss, 0, sizeof(double), m->stream), err);
+    if (forwardPass(m, B, S, 0, 0.0f, err)) return -1;
+    TRY(crossEntropyReduce(m->eval_loss, m->sc.row_loss, N, 1.0 / (double)count, 0, m->stream,
+                           err));
+    CUDA_CHECK(cudaMemcpyAsync(m->host_eval_loss, m->eval_loss, sizeof(double),
+                               cudaMemcpyDeviceToHost, m->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    *loss = *m->host_eval_loss;
+    return 0;
+}
+
+int nsaCudaModelInjectFault(NsaCudaModel *m, NsaFault fault, NsaError *err) {
+    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    switch (fault) {
+    case NSA_FAULT_NONE: m->fault_nan_loss = m->fault_nan_grad = 0; return 0;
+    case NSA_FAULT_NAN_LOSS: m->fault_nan_loss = 1; return 0;
+    case NSA_FAULT_NAN_GRAD: m->fault_nan_grad = 1; return 0;
+    }
+    return cudaFail(err, "cuda: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
+                         "2 (nan_grad)", (int)fault);
+}
+
+int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out) {
+    if (!m || !out) return -1;
+    memset(out, 0, sizeof(*out));
+    out->params = m->bytes_params;
+    out->grads = m->bytes_grads;
+    out->optimizer = m->bytes_optimizer;
+    out->activations = m->bytes_acts;
+    out->workspace = m->bytes_workspace;
+    out->total = out->params + out->grads + out->optimizer + out->activations + out->workspace;
+    if (cudaMemGetInfo(&out->device_free, &out->device_total) != cudaSuccess) {
+        cudaGetLastError();
+        out->device_free = out->device_total = 0;
+    }
+    return 0;
+}
+
+size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m) { return m ? m->peak_used : 0; }
+
+int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
+    if (!m || !scale) return cudaFail(err, "cuda: LossScale needs a model and an output");
+    return currentLossScale(m, scale, err);
+}

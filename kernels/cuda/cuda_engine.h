@@ -1,0 +1,141 @@
+/* cuda_engine.h - the CUDA training engine of libnsa, C-callable.
+ *
+ * kernels/nsa_model.c forwards every nsaModel* call of a model built with
+ * device NSA_DEVICE_CUDA to the function of the same role here; tests/gpu
+ * also drives it directly. The engine uses the shared parameter layout
+ * (kernels/nsa_layout.h): tensor indices, offsets and the arena size are the
+ * layout's, so checkpoints and SetTensor/GetTensor mean the same thing on
+ * every engine.
+ *
+ * Device state: fp32 master weights, fp32 gradients, fp32 Adam moments and
+ * fp32 activations, each in one arena allocated at create time for
+ * opt->max_batch x opt->max_seq_len; nothing is allocated afterwards. The
+ * precision mode picks how the GEMMs (cuBLASLt) run:
+ *   NSA_PREC_F32   exact fp32 (no TF32): the mode for checks against the CPU;
+ *   NSA_PREC_BF16  bf16 tensor-core operands, fp32 accumulate (default, sm_80+);
+ *   NSA_PREC_FP16  fp16 tensor-core operands, fp32 accumulate, with a dynamic
+ *                  loss scale kept on the device.
+ * Attention softmax statistics, norms, the loss and the optimizer are fp32
+ * in every mode.
+ *
+ * Steps: ZeroGrad, Forward, Backward and OptimizerStep only enqueue work on
+ * the engine's stream (no allocation, no host synchronisation; the token ids
+ * are staged through pinned buffers). The NaN guard lives on the device: the
+ * AdamW kernel reads the step's loss and gradient norm from device memory
+ * and leaves weights and moments untouched when either is non-finite.
+ * StepStats waits on an event recorded after the step and reads them back.
+ *
+ * Errors: every function that can fail returns 0 (or a non-NULL pointer) on
+ * success and -1 (NULL) on error with err (if not NULL) holding one line
+ * that names the failing call or argument. Nothing here exits or prints.
+ * Only built when nvcc is present (NSA_HAVE_CUDA); without it this header
+ * still compiles, but nothing implements it. */
+#ifndef NSA_CUDA_ENGINE_H
+#define NSA_CUDA_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "../nsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct NsaCudaModel NsaCudaModel;
+
+/* Number of CUDA devices visible. Returns 0 and sets *count (0 when the
+ * driver has none); -1 with err when the runtime itself fails. */
+int nsaCudaDeviceCount(int *count, NsaError *err);
+
+/* Memory plan for cfg/opt without allocating anything: bytes of each arena
+ * and of the activations for opt->max_batch sequences of opt->max_seq_len,
+ * the activation bytes of one such sequence, and the largest batch that
+ * would fit in the device's free memory now. Returns 0, or -1 with err
+ * (bad config, no device). */
+typedef struct NsaCudaMemoryPlan {
+    size_t params, grads, optimizer;      /* bytes: fp32 master, fp32 grads, m + v */
+    size_t activations;                   /* bytes for max_batch x max_seq_len */
+    size_t activations_per_sequence;      /* bytes for one sequence of max_seq_len */
+    size_t workspace;                     /* cuBLASLt workspace, staging, scratch */
+    size_t total;                         /* everything above */
+    size_t device_free, device_total;
+    int max_batch_that_fits;              /* at max_seq_len; 0 if not even one fits */
+} NsaCudaMemoryPlan;
+int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                         NsaCudaMemoryPlan *plan, NsaError *err);
+
+/* Builds the engine on device opt->device_ordinal: validates cfg and opt,
+ * builds the layout, creates the stream, cuBLASLt handle and events, and
+ * allocates every arena once. opt->precision must be F32, BF16 or FP16
+ * (F64 is CPU only). Returns NULL with err filled on any failure (nothing
+ * leaks). Weights are uninitialised until nsaCudaModelInit or SetTensor.
+ * The caller frees with nsaCudaModelFree. */
+NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                                 NsaError *err);
+
+/* Frees every device and host resource. NULL is a no-op. Synchronises. */
+void nsaCudaModelFree(NsaCudaModel *m);
+
+/* Seeded init, the same weights as the CPU engine: each tensor is drawn on
+ * the host with nsa_rng (seed, stream = layout index) as the layout's
+ * NsaInitKind says, then uploaded. Zeroes gradients, moments, the step's
+ * loss accumulator and resets the fp16 loss scale. Synchronous. */
+int nsaCudaModelInit(NsaCudaModel *m, uint64_t seed, NsaError *err);
+
+/* Zeroes gradients, moments and the loss accumulator and resets the loss
+ * scale, leaving weights as they are (for callers that upload weights
+ * themselves with SetTensor). Synchronous. */
+int nsaCudaModelResetState(NsaCudaModel *m, NsaError *err);
+
+/* The layout the engine uses (owned by m, lives as long as m). */
+int nsaCudaModelNumTensors(const NsaCudaModel *m);
+const NsaTensorInfo *nsaCudaModelTensorInfo(const NsaCudaModel *m, int i);
+size_t nsaCudaModelArenaElements(const NsaCudaModel *m);  /* layout total, padding included */
+
+/* Copies tensor i of an arena to/from host fp32. Gradients read back are
+ * unscaled (the fp16 loss scale divided out). Synchronous: call between
+ * steps. Returns -1 with err for a bad index or arena. */
+int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, NsaError *err);
+int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *src,
+                          NsaError *err);
+
+/* Whole arena (nsaCudaModelArenaElements floats) at once, for checkpoints.
+ * Same rules as Get/SetTensor. */
+int nsaCudaModelGetArena(NsaCudaModel *m, NsaArena arena, float *dst, NsaError *err);
+int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err);
+
+/* The step, as nsa.h describes nsaModelZeroGrad/Forward/Backward/
+ * OptimizerStep/StepStats. Forward checks B, S and every token/target id on
+ * the host (clear error naming the position and value) before enqueuing
+ * anything. Backward needs the activations of the last Forward. */
+int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err);
+int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                        int S, float grad_scale, NsaError *err);
+int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err);
+int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
+                              NsaError *err);
+int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err);
+
+/* Forward only; synchronous; leaves gradients and the step's loss
+ * accumulator untouched. */
+int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                         int S, double *loss, NsaError *err);
+
+/* Poisons the next Forward's loss or one gradient element of the next
+ * Backward with NaN (tests of the NaN guard). */
+int nsaCudaModelInjectFault(NsaCudaModel *m, NsaFault fault, NsaError *err);
+
+/* Bytes held (as allocated) plus the device's free/total memory now.
+ * Returns -1 only when m or out is NULL. */
+int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out);
+
+/* Peak device memory in use since create (cudaMemGetInfo based), bytes. */
+size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m);
+
+/* Current fp16 dynamic loss scale (1 in the other modes). Synchronous. */
+int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NSA_CUDA_ENGINE_H */

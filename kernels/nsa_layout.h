@@ -1,0 +1,91 @@
+/* nsa_layout.h - the parameter layout every engine shares.
+ *
+ * From an NsaModelConfig, nsaLayoutBuild makes the ordered tensor table of the
+ * model: name, shape, element count, element offset inside each arena (params,
+ * grads, Adam m, Adam v all use the same offsets), whether AdamW decays it,
+ * and how nsaModelInit fills it. The order is the checkpoint order, the
+ * gradient-norm reduction order and the order in which init draws random
+ * numbers, so the same seed gives the same weights on every engine.
+ *
+ * Order (phi tensors only when phi = mlp, w_up only for SwiGLU):
+ *   tok_emb
+ *   for each layer i:
+ *     layers.{i}.attn_norm, wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win,
+ *     phi_k.pos, phi_k.w1, phi_k.w2, phi_v.pos, phi_v.w1, phi_v.w2,
+ *     w_gate, wo, mlp_norm, w_fc, w_up, w_proj
+ *   final_norm, lm_head
+ * Offsets are rounded up to NSA_LAYOUT_ALIGN elements (the padding is zero in
+ * every arena and takes part in nothing). proto/model.md is the contract. */
+#ifndef NSA_LAYOUT_H
+#define NSA_LAYOUT_H
+
+#include <stddef.h>
+#include "nsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every tensor starts at a multiple of this many elements (256 bytes in fp32),
+ * so engines may use aligned vector loads on any tensor. */
+#define NSA_LAYOUT_ALIGN 64
+
+#define NSA_LAYOUT_NAME_MAX 48
+
+typedef enum NsaInitKind {
+    NSA_INIT_NORMAL = 0,  /* N(0, init_std), drawn in layout order */
+    NSA_INIT_ONES = 1     /* every element 1 (norm weights); draws nothing */
+} NsaInitKind;
+
+typedef struct NsaLayoutEntry {
+    NsaTensorInfo info;          /* info.name points into name[] below */
+    NsaInitKind init;
+    double init_std;             /* NSA_INIT_NORMAL only */
+    char name[NSA_LAYOUT_NAME_MAX];
+} NsaLayoutEntry;
+
+/* Tensor indices of one layer; -1 where the config has no such tensor
+ * (phi_* unless phi = mlp, w_up unless SwiGLU). */
+typedef struct NsaLayerIndex {
+    int attn_norm, wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win;
+    int phi_k_pos, phi_k_w1, phi_k_w2, phi_v_pos, phi_v_w1, phi_v_w2;
+    int w_gate, wo, mlp_norm, w_fc, w_up, w_proj;
+} NsaLayerIndex;
+
+typedef struct NsaLayout {
+    int n_tensors;
+    NsaLayoutEntry *entries;     /* n_tensors, in layout order */
+    int tok_emb, final_norm, lm_head;
+    int n_layers;
+    NsaLayerIndex *layers;       /* n_layers */
+    size_t total;                /* elements per arena, padding included */
+    size_t n_params;             /* elements of real parameters, padding excluded */
+} NsaLayout;
+
+/* Builds the table for cfg (validated first with nsaModelConfigValidate).
+ * Returns 0, or -1 with err filled (bad config, out of memory); on error lay
+ * holds nothing to free. The caller frees with nsaLayoutFree. */
+int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err);
+
+/* Frees what nsaLayoutBuild allocated and zeroes lay. Safe on a zeroed or
+ * already freed layout. */
+void nsaLayoutFree(NsaLayout *lay);
+
+/* Index of the named tensor, or -1. */
+int nsaLayoutFind(const NsaLayout *lay, const char *name);
+
+/* Fills dst (info.numel floats) with tensor i's initial values for seed:
+ * NSA_INIT_ONES -> 1; NSA_INIT_NORMAL -> (float)(init_std * z) with z drawn
+ * by nsaRngNormal from nsaRngSeed(seed, stream = i), element by element in
+ * row-major order. Every engine initialises through this function (the F64
+ * CPU engine widens the same floats), so one seed gives bit-identical
+ * starting weights everywhere. Returns 0, or -1 with err for a bad index. */
+int nsaLayoutInitTensor(const NsaLayout *lay, int i, uint64_t seed, float *dst, NsaError *err);
+
+/* The MLP hidden width F the config implies (mlp_hidden, or 4*dim when 0). */
+int nsaLayoutMlpHidden(const NsaModelConfig *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NSA_LAYOUT_H */

@@ -1,0 +1,491 @@
+/* nsa_model.c - the public model API of libnsa (kernels/nsa.h).
+ *
+ * Owns the NsaModel handle: the shared parameter layout, the step's loss
+ * accumulator, the last step's figures and pending fault injections, and one
+ * engine behind them - the CPU reference (kernels/cpu, F32 or F64 arenas) or,
+ * when built with nvcc, the CUDA engine (kernels/cuda/cuda_engine.h), to
+ * which every call of a CUDA model is forwarded unchanged. A CUDA model in a
+ * build without the CUDA engine is an error, never a silent CPU run. */
+#include "nsa.h"
+#include "nsa_layout.h"
+#include "cpu/cpu_model.h"
+#include "cpu/cpu_ops.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The CUDA engine is wired in when this build compiles it: nvcc found
+ * (NSA_HAVE_CUDA) and its source present (the Makefile compiles every
+ * .cu file under kernels/cuda, cuda_engine.cu implementing cuda_engine.h). */
+#if defined(NSA_HAVE_CUDA) && defined(__has_include)
+#if __has_include("cuda/cuda_engine.h") && __has_include("cuda/cuda_engine.cu")
+#include "cuda/cuda_engine.h"
+#define NSA_MODEL_CUDA 1
+#endif
+#endif
+
+struct NsaModel {
+    NsaModelConfig cfg;
+    NsaEngineOptions opt;
+    NsaLayout layout;
+    NsaCpuModel cpu;          /* device CPU */
+#ifdef NSA_MODEL_CUDA
+    NsaCudaModel *cuda;       /* device CUDA */
+#endif
+    /* CPU engine step state (the CUDA engine keeps its own on the device) */
+    double loss_accum;        /* sum of grad_scale * mean loss since ZeroGrad */
+    double backward_scale;    /* grad_scale / counted targets of the last Forward */
+    int have_forward;         /* activations of a Forward wait for their Backward */
+    int fault_nan_loss, fault_nan_grad;
+    NsaStepStats stats;
+};
+
+static int modelError(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+static int isCuda(const NsaModel *m) { return m->opt.device == NSA_DEVICE_CUDA; }
+
+static const char *precisionName(NsaPrecision p) {
+    switch (p) {
+    case NSA_PREC_F32: return "f32";
+    case NSA_PREC_F64: return "f64";
+    case NSA_PREC_BF16: return "bf16";
+    case NSA_PREC_FP16: return "fp16";
+    }
+    return "unknown";
+}
+
+/* ---- create / free ------------------------------------------------------ */
+
+NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
+    if (!cfg || !opt) {
+        modelError(err, "nsa: nsaModelCreate needs a config and engine options (got NULL)");
+        return NULL;
+    }
+    if (nsaModelConfigValidate(cfg, err)) return NULL;
+    if (opt->device != NSA_DEVICE_CPU && opt->device != NSA_DEVICE_CUDA) {
+        modelError(err, "nsa: device = %d is unknown; allowed: %d (cpu) or %d (cuda)",
+                   (int)opt->device, NSA_DEVICE_CPU, NSA_DEVICE_CUDA);
+        return NULL;
+    }
+    if (opt->max_batch < 1 || opt->max_seq_len < 1) {
+        modelError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
+                   opt->max_batch, opt->max_seq_len);
+        return NULL;
+    }
+    if (opt->threads < 0) {
+        modelError(err, "nsa: threads = %d; allowed: 0 (one thread) or more", opt->threads);
+        return NULL;
+    }
+    if (opt->device == NSA_DEVICE_CPU && opt->precision != NSA_PREC_F32 &&
+        opt->precision != NSA_PREC_F64) {
+        modelError(err,
+                   "nsa: precision %s is not supported by the CPU engine; allowed: f32 or f64",
+                   precisionName(opt->precision));
+        return NULL;
+    }
+#ifndef NSA_MODEL_CUDA
+    if (opt->device == NSA_DEVICE_CUDA) {
+        modelError(err, "nsa: this build has no CUDA engine");
+        return NULL;
+    }
+#endif
+
+    NsaModel *m = calloc(1, sizeof(*m));
+    if (!m) {
+        modelError(err, "nsa: out of memory allocating the model handle");
+        return NULL;
+    }
+    m->cfg = *cfg;
+    m->opt = *opt;
+    if (nsaLayoutBuild(&m->layout, cfg, err)) {
+        free(m);
+        return NULL;
+    }
+#ifdef NSA_MODEL_CUDA
+    if (opt->device == NSA_DEVICE_CUDA) {
+        m->cuda = nsaCudaModelCreate(cfg, opt, err);
+        if (!m->cuda) {
+            nsaLayoutFree(&m->layout);
+            free(m);
+            return NULL;
+        }
+        return m;
+    }
+#endif
+    if (nsaCpuModelAlloc(&m->cpu, cfg, &m->layout, opt->precision == NSA_PREC_F64,
+                         opt->max_batch, opt->max_seq_len, opt->threads, err)) {
+        nsaLayoutFree(&m->layout);
+        free(m);
+        return NULL;
+    }
+    return m;
+}
+
+void nsaModelFree(NsaModel *m) {
+    if (!m) return;
+#ifdef NSA_MODEL_CUDA
+    if (m->cuda) nsaCudaModelFree(m->cuda);
+#endif
+    nsaCpuModelRelease(&m->cpu);
+    nsaLayoutFree(&m->layout);
+    free(m);
+}
+
+const NsaModelConfig *nsaModelGetConfig(const NsaModel *m) { return m ? &m->cfg : NULL; }
+const NsaEngineOptions *nsaModelGetOptions(const NsaModel *m) { return m ? &m->opt : NULL; }
+
+/* ---- tensors ------------------------------------------------------------ */
+
+int nsaModelNumTensors(const NsaModel *m) { return m ? m->layout.n_tensors : 0; }
+
+const NsaTensorInfo *nsaModelTensorInfo(const NsaModel *m, int i) {
+    if (!m || i < 0 || i >= m->layout.n_tensors) return NULL;
+    return &m->layout.entries[i].info;
+}
+
+int nsaModelFindTensor(const NsaModel *m, const char *name) {
+    return m ? nsaLayoutFind(&m->layout, name) : -1;
+}
+
+size_t nsaModelNumParams(const NsaModel *m) { return m ? m->layout.total : 0; }
+
+static void *cpuArena(NsaModel *m, NsaArena arena) {
+    switch (arena) {
+    case NSA_ARENA_PARAMS: return m->cpu.params;
+    case NSA_ARENA_GRADS: return m->cpu.grads;
+    case NSA_ARENA_ADAM_M: return m->cpu.adam_m;
+    case NSA_ARENA_ADAM_V: return m->cpu.adam_v;
+    }
+    return NULL;
+}
+
+/* Checks the handle, arena and index shared by Get/SetTensor. */
+static int checkTensorArgs(NsaModel *m, NsaArena arena, int i, const void *buf, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V)
+        return modelError(err, "nsa: arena = %d is unknown; allowed: 0 (params) to 3 (adam_v)",
+                          (int)arena);
+    if (i < 0 || i >= m->layout.n_tensors)
+        return modelError(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
+                          m->layout.n_tensors - 1);
+    if (!buf) return modelError(err, "nsa: tensor %s: NULL host buffer", m->layout.entries[i].name);
+    return 0;
+}
+
+int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    if (checkTensorArgs(m, arena, i, dst, err)) return -1;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelGetTensor(m->cuda, arena, i, dst, err);
+#endif
+    const NsaTensorInfo *ti = &m->layout.entries[i].info;
+    if (m->cpu.f64) {
+        const double *src = (const double *)cpuArena(m, arena) + ti->offset;
+        for (size_t j = 0; j < ti->numel; j++) dst[j] = (float)src[j];
+    } else {
+        memcpy(dst, (const float *)cpuArena(m, arena) + ti->offset, ti->numel * sizeof(float));
+    }
+    return 0;
+}
+
+int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err) {
+    if (checkTensorArgs(m, arena, i, src, err)) return -1;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelSetTensor(m->cuda, arena, i, src, err);
+#endif
+    const NsaTensorInfo *ti = &m->layout.entries[i].info;
+    if (m->cpu.f64) {
+        double *dst = (double *)cpuArena(m, arena) + ti->offset;
+        for (size_t j = 0; j < ti->numel; j++) dst[j] = src[j];
+    } else {
+        memcpy((float *)cpuArena(m, arena) + ti->offset, src, ti->numel * sizeof(float));
+    }
+    return 0;
+}
+
+NsaCpuModel *nsaModelCpuEngine(NsaModel *m) {
+    return m && !isCuda(m) ? &m->cpu : NULL;
+}
+
+void *nsaModelHostArena(NsaModel *m, NsaArena arena) {
+    if (!m || isCuda(m) || arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V) return NULL;
+    return cpuArena(m, arena);
+}
+
+/* ---- init --------------------------------------------------------------- */
+
+/* Zeroes gradients, moments and the step state of the CPU engine. */
+static void cpuResetState(NsaModel *m) {
+    const size_t bytes = m->layout.total * m->cpu.real_size;
+    memset(m->cpu.grads, 0, bytes);
+    memset(m->cpu.adam_m, 0, bytes);
+    memset(m->cpu.adam_v, 0, bytes);
+    m->loss_accum = 0.0;
+    m->have_forward = 0;
+    memset(&m->stats, 0, sizeof(m->stats));
+}
+
+int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelInit(m->cuda, seed, err);
+#endif
+    const NsaLayout *lay = &m->layout;
+    memset(m->cpu.params, 0, lay->total * m->cpu.real_size);   /* padding stays zero */
+    size_t largest = 0;
+    for (int i = 0; i < lay->n_tensors; i++)
+        if (lay->entries[i].info.numel > largest) largest = lay->entries[i].info.numel;
+    /* Init is not part of a step, so a temporary host buffer is allowed here. */
+    float *buf = malloc(largest * sizeof(float));
+    if (!buf) return modelError(err, "nsa: out of memory for init (%zu floats)", largest);
+    for (int i = 0; i < lay->n_tensors; i++) {
+        if (nsaLayoutInitTensor(lay, i, seed, buf, err) ||
+            nsaModelSetTensor(m, NSA_ARENA_PARAMS, i, buf, err)) {
+            free(buf);
+            return -1;
+        }
+    }
+    free(buf);
+    cpuResetState(m);
+    return 0;
+}
+
+/* ---- the step ----------------------------------------------------------- */
+
+int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelZeroGrad(m->cuda, err);
+#endif
+    memset(m->cpu.grads, 0, m->layout.total * m->cpu.real_size);
+    m->loss_accum = 0.0;
+    return 0;
+}
+
+/* Shapes and ids of a batch: B, S within the planned maxima, every token in
+ * [0, V) and every target in [0, V) or -1. */
+static int checkBatch(const NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                      int S, NsaError *err) {
+    if (!tokens || !targets) return modelError(err, "nsa: tokens and targets must not be NULL");
+    if (B < 1 || B > m->opt.max_batch)
+        return modelError(err, "nsa: batch B = %d; allowed: 1 to max_batch (%d)", B,
+                          m->opt.max_batch);
+    if (S < 1 || S > m->opt.max_seq_len)
+        return modelError(err, "nsa: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
+                          m->opt.max_seq_len);
+    const int V = m->cfg.vocab_size;
+    const size_t N = (size_t)B * S;
+    for (size_t n = 0; n < N; n++) {
+        if (tokens[n] < 0 || tokens[n] >= V)
+            return modelError(err, "nsa: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
+                              V - 1);
+        if (targets[n] < -1 || targets[n] >= V)
+            return modelError(err, "nsa: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
+                              (int)targets[n], V - 1);
+    }
+    return 0;
+}
+
+/* Runs the CPU forward and returns the mean loss in *mean. Fails (after the
+ * pass) when no target is counted: a mean over nothing is undefined. */
+static int cpuForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                      double *mean, size_t *count, NsaError *err) {
+    double sum = 0.0;
+    int rc = m->cpu.f64 ? nsaCpuModelForwardF64(&m->cpu, tokens, targets, B, S, &sum, count, err)
+                        : nsaCpuModelForwardF32(&m->cpu, tokens, targets, B, S, &sum, count, err);
+    if (rc) return -1;
+    if (*count == 0)
+        return modelError(err, "nsa: every target of the batch is -1; allowed: at least one "
+                               "target in 0 to V-1");
+    *mean = sum / (double)*count;
+    return 0;
+}
+
+int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                    float grad_scale, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelForward(m->cuda, tokens, targets, B, S, grad_scale, err);
+#endif
+    if (checkBatch(m, tokens, targets, B, S, err)) return -1;
+    if (!isfinite(grad_scale))
+        return modelError(err, "nsa: grad_scale = %g; allowed: a finite number", (double)grad_scale);
+    m->have_forward = 0;
+    double mean;
+    size_t count;
+    if (cpuForward(m, tokens, targets, B, S, &mean, &count, err)) return -1;
+    if (m->fault_nan_loss) {
+        mean = NAN;
+        m->fault_nan_loss = 0;
+    }
+    m->loss_accum += (double)grad_scale * mean;
+    m->backward_scale = (double)grad_scale / (double)count;
+    m->have_forward = 1;
+    return 0;
+}
+
+int nsaModelBackward(NsaModel *m, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelBackward(m->cuda, err);
+#endif
+    if (!m->have_forward)
+        return modelError(err, "nsa: Backward needs the activations of a Forward (each Forward "
+                               "serves one Backward; EvalLoss discards them)");
+    if (m->cpu.f64)
+        nsaCpuModelBackwardF64(&m->cpu, m->backward_scale);
+    else
+        nsaCpuModelBackwardF32(&m->cpu, m->backward_scale);
+    m->have_forward = 0;
+    if (m->fault_nan_grad) {
+        /* the first element of the last tensor (lm_head): any one will do */
+        size_t at = m->layout.entries[m->layout.n_tensors - 1].info.offset;
+        if (m->cpu.f64)
+            ((double *)m->cpu.grads)[at] = NAN;
+        else
+            ((float *)m->cpu.grads)[at] = NAN;
+        m->fault_nan_grad = 0;
+    }
+    return 0;
+}
+
+int nsaModelForwardBackward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                            int S, float grad_scale, NsaError *err) {
+    if (nsaModelForward(m, tokens, targets, B, S, grad_scale, err)) return -1;
+    return nsaModelBackward(m, err);
+}
+
+static int checkOptim(const NsaOptimConfig *oc, int64_t step, NsaError *err) {
+    if (!oc) return modelError(err, "nsa: optimizer config is NULL");
+    if (!isfinite(oc->lr) || oc->lr < 0)
+        return modelError(err, "nsa: optimizer lr = %g; allowed: a finite number >= 0",
+                          (double)oc->lr);
+    if (!(oc->beta1 >= 0 && oc->beta1 < 1))
+        return modelError(err, "nsa: optimizer beta1 = %g; allowed: 0 <= beta1 < 1",
+                          (double)oc->beta1);
+    if (!(oc->beta2 >= 0 && oc->beta2 < 1))
+        return modelError(err, "nsa: optimizer beta2 = %g; allowed: 0 <= beta2 < 1",
+                          (double)oc->beta2);
+    if (!(oc->eps > 0) || !isfinite(oc->eps))
+        return modelError(err, "nsa: optimizer eps = %g; allowed: a finite number > 0",
+                          (double)oc->eps);
+    if (!(oc->weight_decay >= 0) || !isfinite(oc->weight_decay))
+        return modelError(err, "nsa: optimizer weight_decay = %g; allowed: a finite number >= 0",
+                          (double)oc->weight_decay);
+    if (isnan(oc->grad_clip))
+        return modelError(err, "nsa: optimizer grad_clip = nan; allowed: a number (<= 0 disables)");
+    if (step < 1)
+        return modelError(err, "nsa: optimizer step = %lld; allowed: 1 or more (1-based)",
+                          (long long)step);
+    return 0;
+}
+
+int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (checkOptim(oc, step, err)) return -1;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelOptimizerStep(m->cuda, oc, step, err);
+#endif
+    const NsaLayout *lay = &m->layout;
+    const int f64 = m->cpu.f64;
+    /* global norm in layout order: the same sum on every run */
+    double sum_sq = 0.0;
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const NsaTensorInfo *ti = &lay->entries[i].info;
+        sum_sq += f64 ? nsaCpuSumSquaresF64((const double *)m->cpu.grads + ti->offset, ti->numel)
+                      : nsaCpuSumSquaresF32((const float *)m->cpu.grads + ti->offset, ti->numel);
+    }
+    NsaStepStats *st = &m->stats;
+    st->loss = m->loss_accum;
+    st->grad_norm = sqrt(sum_sq);
+    st->nonfinite_loss = !isfinite(st->loss);
+    st->nonfinite_grad = !isfinite(st->grad_norm);
+    st->applied = 0;
+    if (st->nonfinite_loss || st->nonfinite_grad) return 0;   /* the NaN guard: skip it all */
+
+    const double clip = oc->grad_clip > 0 && st->grad_norm > oc->grad_clip
+                            ? oc->grad_clip / st->grad_norm
+                            : 1.0;
+    const double bc1 = 1.0 - pow(oc->beta1, (double)step);
+    const double bc2 = 1.0 - pow(oc->beta2, (double)step);
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const NsaTensorInfo *ti = &lay->entries[i].info;
+        const double wd = ti->weight_decay ? oc->weight_decay : 0.0;
+        if (f64)
+            nsaCpuAdamWF64((double *)m->cpu.params + ti->offset,
+                           (const double *)m->cpu.grads + ti->offset,
+                           (double *)m->cpu.adam_m + ti->offset,
+                           (double *)m->cpu.adam_v + ti->offset, ti->numel, oc->lr, oc->beta1,
+                           oc->beta2, oc->eps, wd, bc1, bc2, clip);
+        else
+            nsaCpuAdamWF32((float *)m->cpu.params + ti->offset,
+                           (const float *)m->cpu.grads + ti->offset,
+                           (float *)m->cpu.adam_m + ti->offset, (float *)m->cpu.adam_v + ti->offset,
+                           ti->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
+    }
+    st->applied = 1;
+    return 0;
+}
+
+int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
+    if (!m || !out) return modelError(err, "nsa: nsaModelStepStats needs a model and an output");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelStepStats(m->cuda, out, err);
+#endif
+    *out = m->stats;
+    return 0;
+}
+
+int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                     double *loss, NsaError *err) {
+    if (!m || !loss) return modelError(err, "nsa: nsaModelEvalLoss needs a model and an output");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelEvalLoss(m->cuda, tokens, targets, B, S, loss, err);
+#endif
+    if (checkBatch(m, tokens, targets, B, S, err)) return -1;
+    /* the pass overwrites the saved activations: a pending Backward is void */
+    m->have_forward = 0;
+    size_t count;
+    return cpuForward(m, tokens, targets, B, S, loss, &count, err);
+}
+
+int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
+    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (fault < NSA_FAULT_NONE || fault > NSA_FAULT_NAN_GRAD)
+        return modelError(err, "nsa: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
+                               "2 (nan_grad)",
+                          (int)fault);
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelInjectFault(m->cuda, fault, err);
+#endif
+    if (fault == NSA_FAULT_NONE) m->fault_nan_loss = m->fault_nan_grad = 0;
+    if (fault == NSA_FAULT_NAN_LOSS) m->fault_nan_loss = 1;
+    if (fault == NSA_FAULT_NAN_GRAD) m->fault_nan_grad = 1;
+    return 0;
+}
+
+int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
+    if (!m || !out) return -1;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelMemoryReport(m->cuda, out);
+#endif
+    memset(out, 0, sizeof(*out));
+    const size_t arena = m->layout.total * m->cpu.real_size;
+    out->params = arena;
+    out->grads = arena;
+    out->optimizer = 2 * arena;
+    out->activations = nsaCpuModelActivationBytes(&m->cpu);
+    out->workspace = nsaCpuModelWorkspaceBytes(&m->cpu);
+    out->total = out->params + out->grads + out->optimizer + out->activations + out->workspace;
+    return 0;
+}

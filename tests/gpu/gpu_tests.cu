@@ -1,0 +1,814 @@
+/* gpu_tests.cu - the CUDA engine against the CPU reference, on the GPU machine.
+ *
+ * Every check draws fresh random inputs from its own seed, poisons device
+ * outputs with NaN first (so an unwritten element fails), and compares by
+ * ||gpu - ref|| / ||ref||:
+ *   ops        each layer op (fp32 GEMM, RMSNorm, RoPE, activations,
+ *              cross-entropy, embedding, AdamW) against the double-precision
+ *              CPU op; the whole NSA attention op (all three branches,
+ *              selection, gates) forward and backward against
+ *              nsaAttnForwardCpu/BackwardCpu at several shapes, odd sizes
+ *              and S not a multiple of any block size;
+ *   model      loss and every gradient tensor of a small model, GPU fp32 vs
+ *              CPU f64; SiLU and SwiGLU;
+ *   training   a 20-step loss trajectory GPU fp32 vs CPU f32; two GPU runs
+ *              bit-identical; resume bit-identical; the NaN guard; bf16 and
+ *              fp16 modes; EvalLoss; the memory plan.
+ * Prints TAP lines, then a table and "N passed, N failed"; exits 1 on any
+ * failure. */
+#include "gpu_util.h"
+
+#include "cuda/attn_cuda.h"
+#include "cuda/cuda_engine.h"
+#include "cuda/gemm.h"
+#include "cuda/layers_cuda.h"
+extern "C" {
+#include "cpu/cpu_ops.h"
+}
+
+static double *toDouble(const float *x, size_t n) {
+    double *d = (double *)malloc((n ? n : 1) * sizeof(double));
+    for (size_t i = 0; i < n; i++) d[i] = x[i];
+    return d;
+}
+
+/* ---- attention op ---------------------------------------------------------- */
+
+/* Compares two lse arrays where -inf must match exactly. */
+static double lseErr(const float *a, const float *b, size_t n, int *inf_mismatch) {
+    double num = 0, den = 0;
+    *inf_mismatch = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (isinf(b[i]) || isinf(a[i])) {
+            if (a[i] != b[i]) (*inf_mismatch)++;
+            continue;
+        }
+        double d = (double)a[i] - b[i];
+        num += d * d;
+        den += (double)b[i] * b[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void testAttention(Results *res, const char *label, NsaAttnDims d, uint64_t seed) {
+    double t0 = nowSeconds();
+    char name[96];
+    NsaError err = {{0}};
+    const size_t N = (size_t)d.B * d.S;
+    const size_t nq = N * d.H * d.d_k, nk = N * d.G * d.d_k, nv = N * d.G * d.d_v;
+    const size_t no = N * d.H * d.d_v, ng = N * d.H * 3;
+    const size_t nsel = N * d.G * nsaNumSelSlots(d.n_sel);
+    float *h[8];
+    size_t sizes[8] = {nq, nk, nv, nk, nv, nk, nv, ng};
+    for (int i = 0; i < 8; i++) {
+        h[i] = hostAlloc(sizes[i]);
+        fillUniform(h[i], sizes[i], seed, (uint64_t)i, i == 7 ? 0.0f : -1.0f, 1.0f);
+    }
+    NsaAttnInputs hin = {h[0], h[1], h[2], h[3], h[4], h[5], h[6], h[7]};
+    float *ref_out = hostAlloc(no), *ref_lse = hostAlloc(N * d.H);
+    int32_t *ref_sel = (int32_t *)calloc(nsel, sizeof(int32_t));
+    int rc = nsaAttnForwardCpu(&d, &hin, ref_out, ref_sel, ref_lse, &err);
+
+    float *dptr[8];
+    for (int i = 0; i < 8; i++) dptr[i] = devFrom(h[i], sizes[i]);
+    NsaAttnInputs din = {dptr[0], dptr[1], dptr[2], dptr[3], dptr[4], dptr[5], dptr[6], dptr[7]};
+    size_t ws = attnOpWorkspaceFloats(&d);
+    float *work = (float *)devAlloc(ws * sizeof(float));
+    float *d_out = (float *)devAlloc(no * sizeof(float));
+    float *d_lse = (float *)devAlloc(N * d.H * sizeof(float));
+    int32_t *d_sel = (int32_t *)devAlloc(nsel * sizeof(int32_t));
+    NsaError gerr = {{0}};
+    int grc = attnOpForward(&d, &din, d_out, d_sel, d_lse, work, 0, &gerr);
+    float *g_out = hostAlloc(no), *g_lse = hostAlloc(N * d.H);
+    int32_t *g_sel = (int32_t *)calloc(nsel, sizeof(int32_t));
+    toHost(g_out, d_out, no * sizeof(float));
+    toHost(g_lse, d_lse, N * d.H * sizeof(float));
+    toHost(g_sel, d_sel, nsel * sizeof(int32_t));
+    size_t sel_diff = 0;
+    for (size_t i = 0; i < nsel; i++) sel_diff += g_sel[i] != ref_sel[i];
+    int inf_mismatch;
+    double e_out = relErr(g_out, ref_out, no), e_lse = lseErr(g_lse, ref_lse, N * d.H, &inf_mismatch);
+    snprintf(name, sizeof(name), "attn fwd %s", label);
+    if (rc || grc)
+        report(res, 0, nowSeconds() - t0, name, "error: cpu '%s' gpu '%s'", rc ? err.message : "",
+               grc ? gerr.message : "");
+    else
+        report(res, e_out < 1e-4 && e_lse < 1e-5 && !inf_mismatch && sel_diff == 0,
+               nowSeconds() - t0, name, "out %.2e lse %.2e sel mismatches %zu/%zu", e_out, e_lse,
+               sel_diff, nsel);
+
+    /* backward */
+    t0 = nowSeconds();
+    float *dout = hostAlloc(no);
+    fillUniform(dout, no, seed, 100, -1.0f, 1.0f);
+    float *rg[8];
+    for (int i = 0; i < 8; i++) rg[i] = hostAlloc(sizes[i]);
+    NsaAttnGrads hg = {rg[0], rg[1], rg[2], rg[3], rg[4], rg[5], rg[6], rg[7]};
+    rc = nsaAttnBackwardCpu(&d, &hin, dout, &hg, &err);
+    float *dg[8];
+    for (int i = 0; i < 8; i++) dg[i] = (float *)devAlloc(sizes[i] * sizeof(float));
+    NsaAttnGrads dgr = {dg[0], dg[1], dg[2], dg[3], dg[4], dg[5], dg[6], dg[7]};
+    float *d_dout = devFrom(dout, no);
+    grc = attnOpBackward(&d, &din, d_dout, &dgr, work, 0, &gerr);
+    const char *gname[8] = {"dq", "dk_cmp", "dv_cmp", "dk_sel", "dv_sel", "dk_win", "dv_win",
+                            "dgates"};
+    double worst = 0;
+    int worst_i = 0;
+    for (int i = 0; i < 8; i++) {
+        float *g = hostAlloc(sizes[i]);
+        toHost(g, dg[i], sizes[i] * sizeof(float));
+        double e = relErr(g, rg[i], sizes[i]);
+        /* an all-zero reference (e.g. no compressed block visible) must be matched exactly */
+        if (!(e <= worst)) { worst = e; worst_i = i; }
+        free(g);
+    }
+    snprintf(name, sizeof(name), "attn bwd %s", label);
+    if (rc || grc)
+        report(res, 0, nowSeconds() - t0, name, "error: cpu '%s' gpu '%s'", rc ? err.message : "",
+               grc ? gerr.message : "");
+    else
+        report(res, worst < 1e-3, nowSeconds() - t0, name, "worst %s %.2e", gname[worst_i], worst);
+
+    for (int i = 0; i < 8; i++) {
+        free(h[i]); free(rg[i]); cudaFree(dptr[i]); cudaFree(dg[i]);
+    }
+    free(ref_out); free(ref_lse); free(ref_sel); free(g_out); free(g_lse); free(g_sel); free(dout);
+    cudaFree(work); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_sel); cudaFree(d_dout);
+}
+
+/* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
+
+static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, double tol) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "linear %s N%d in%d out%d", prec == NSA_PREC_F32 ? "f32" : "bf16",
+             N, in, out);
+    NsaError err = {{0}};
+    GemmContext ctx;
+    if (gemmContextCreate(&ctx, prec, (size_t)8 << 20, &err)) {
+        report(res, 0, 0, name, "%s", err.message);
+        return;
+    }
+    size_t nx = (size_t)N * in, nw = (size_t)out * in, ny = (size_t)N * out;
+    float *x = hostAlloc(nx), *w = hostAlloc(nw), *dy = hostAlloc(ny);
+    fillUniform(x, nx, 7, 1, -1, 1);
+    fillUniform(w, nw, 7, 2, -1, 1);
+    fillUniform(dy, ny, 7, 3, -1, 1);
+    double *xd = toDouble(x, nx), *wd = toDouble(w, nw), *dyd = toDouble(dy, ny);
+    double *yr = (double *)calloc(ny, sizeof(double)), *dxr = (double *)calloc(nx, sizeof(double));
+    double *dwr = (double *)calloc(nw, sizeof(double));
+    nsaCpuLinearForwardF64(yr, xd, wd, (size_t)N, in, out);
+    nsaCpuLinearBackwardF64(dxr, dwr, dyd, xd, wd, (size_t)N, in, out);
+    for (size_t i = 0; i < nw; i++) dwr[i] += 0.5;   /* dW accumulates onto 0.5 */
+    float *dx_ = devFrom(x, nx), *dw_ = devFrom(w, nw), *ddy = devFrom(dy, ny);
+    float *dyo = (float *)devAlloc(ny * 4), *ddx = (float *)devAlloc(nx * 4);
+    float *ddw = (float *)devAlloc(nw * 4);
+    float *half = hostAlloc(nw);
+    for (size_t i = 0; i < nw; i++) half[i] = 0.5f;
+    GPU_OK(cudaMemcpy(ddw, half, nw * 4, cudaMemcpyHostToDevice));
+    int rc = linearForward(&ctx, 0, dyo, dx_, dw_, N, in, out, 0.0f, NULL, &err) ||
+             linearBackwardX(&ctx, 0, ddx, ddy, dw_, N, in, out, 0.0f, &err) ||
+             linearBackwardW(&ctx, 0, ddw, ddy, dx_, N, in, out, &err);
+    float *gy = hostAlloc(ny), *gx = hostAlloc(nx), *gw = hostAlloc(nw);
+    toHost(gy, dyo, ny * 4);
+    toHost(gx, ddx, nx * 4);
+    toHost(gw, ddw, nw * 4);
+    double e1 = relErrD(gy, yr, ny), e2 = relErrD(gx, dxr, nx), e3 = relErrD(gw, dwr, nw);
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, e1 < tol && e2 < tol && e3 < tol, nowSeconds() - t0, name,
+                "y %.2e dx %.2e dW(accumulated) %.2e (tol %.0e)", e1, e2, e3, tol);
+    gemmContextDestroy(&ctx);
+    free(x); free(w); free(dy); free(xd); free(wd); free(dyd); free(yr); free(dxr); free(dwr);
+    free(gy); free(gx); free(gw); free(half);
+    cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dyo); cudaFree(ddx); cudaFree(ddw);
+}
+
+static void testRmsNorm(Results *res, int N, int C) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "rmsnorm N%d C%d", N, C);
+    NsaError err = {{0}};
+    size_t n = (size_t)N * C;
+    float *x = hostAlloc(n), *w = hostAlloc(C), *dy = hostAlloc(n);
+    fillUniform(x, n, 11, 1, -2, 2);
+    fillUniform(w, C, 11, 2, 0.5, 1.5);
+    fillUniform(dy, n, 11, 3, -1, 1);
+    double *xd = toDouble(x, n), *wd = toDouble(w, C), *dyd = toDouble(dy, n);
+    double *y = (double *)calloc(n, 8), *rs = (double *)calloc(N, 8);
+    double *dx = (double *)calloc(n, 8), *dw = (double *)calloc(C, 8);
+    nsaCpuRmsNormForwardF64(y, rs, xd, wd, (size_t)N, C, 1e-6);
+    nsaCpuRmsNormBackwardF64(dx, dw, dyd, xd, wd, rs, (size_t)N, C);
+    float *gx = devFrom(x, n), *gw = devFrom(w, C), *gdy = devFrom(dy, n);
+    float *gy = (float *)devAlloc(n * 4), *grs = (float *)devAlloc(N * 4);
+    float *zeros = hostAlloc(n);
+    float *gdx = devFrom(zeros, n), *gdw = devFrom(zeros, C);
+    float *part = (float *)devAlloc(((size_t)(N + RMS_CHUNK - 1) / RMS_CHUNK) * C * 4);
+    int rc = rmsnormForward(gy, grs, gx, gw, (size_t)N, C, 1e-6f, 0, &err) ||
+             rmsnormBackward(gdx, gdw, part, gdy, gx, gw, grs, (size_t)N, C, 0, &err);
+    float *hy = hostAlloc(n), *hdx = hostAlloc(n), *hdw = hostAlloc(C);
+    toHost(hy, gy, n * 4);
+    toHost(hdx, gdx, n * 4);
+    toHost(hdw, gdw, C * 4);
+    double e1 = relErrD(hy, y, n), e2 = relErrD(hdx, dx, n), e3 = relErrD(hdw, dw, C);
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, e1 < 1e-5 && e2 < 1e-4 && e3 < 1e-4, nowSeconds() - t0, name,
+                "y %.2e dx %.2e dw %.2e", e1, e2, e3);
+    free(x); free(w); free(dy); free(xd); free(wd); free(dyd); free(y); free(rs); free(dx);
+    free(dw); free(zeros); free(hy); free(hdx); free(hdw);
+    cudaFree(gx); cudaFree(gw); cudaFree(gdy); cudaFree(gy); cudaFree(grs); cudaFree(gdx);
+    cudaFree(gdw); cudaFree(part);
+}
+
+static void testRope(Results *res, int B, int S, int heads, int dim) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "rope B%d S%d heads%d dim%d", B, S, heads, dim);
+    NsaError err = {{0}};
+    size_t n = (size_t)B * S * heads * dim, nt = (size_t)S * dim;
+    float *x = hostAlloc(n);
+    fillUniform(x, n, 13, 1, -1, 1);
+    double *xd = toDouble(x, n), *tab = (double *)calloc(nt, 8);
+    nsaCpuRopeTableF64(tab, S, dim, 10000.0);
+    nsaCpuRopeForwardF64(xd, tab, B, S, heads, dim);
+    double *back = toDouble(x, n);
+    nsaCpuRopeBackwardF64(back, tab, B, S, heads, dim);
+    float *table = hostAlloc(nt);
+    ropeTableHost(table, S, dim, 10000.0);
+    float *gt = devFrom(table, nt), *gx = devFrom(x, n), *gb = devFrom(x, n);
+    int rc = ropeForward(gx, gt, B, S, heads, dim, 0, &err) ||
+             ropeBackward(gb, gt, B, S, heads, dim, 0, &err);
+    float *hx = hostAlloc(n), *hb = hostAlloc(n);
+    toHost(hx, gx, n * 4);
+    toHost(hb, gb, n * 4);
+    double e1 = relErrD(hx, xd, n), e2 = relErrD(hb, back, n);
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, e1 < 1e-6 && e2 < 1e-6, nowSeconds() - t0, name, "fwd %.2e bwd %.2e", e1, e2);
+    free(x); free(xd); free(tab); free(back); free(table); free(hx); free(hb);
+    cudaFree(gt); cudaFree(gx); cudaFree(gb);
+}
+
+static void testActivations(Results *res, size_t n) {
+    double t0 = nowSeconds();
+    NsaError err = {{0}};
+    float *a = hostAlloc(n), *b = hostAlloc(n), *d = hostAlloc(n);
+    fillUniform(a, n, 17, 1, -6, 6);
+    fillUniform(b, n, 17, 2, -2, 2);
+    fillUniform(d, n, 17, 3, -1, 1);
+    double *ad = toDouble(a, n), *bd = toDouble(b, n), *dd = toDouble(d, n);
+    double *s = (double *)calloc(n, 8), *ds = (double *)calloc(n, 8), *w = (double *)calloc(n, 8);
+    double *dwa = (double *)calloc(n, 8), *dwb = (double *)calloc(n, 8);
+    nsaCpuSiluForwardF64(s, ad, n);
+    nsaCpuSiluBackwardF64(ds, dd, ad, n);
+    nsaCpuSwigluForwardF64(w, ad, bd, n);
+    nsaCpuSwigluBackwardF64(dwa, dwb, dd, ad, bd, n);
+    float *ga = devFrom(a, n), *gb = devFrom(b, n), *gd = devFrom(d, n);
+    float *o1 = (float *)devAlloc(n * 4), *o2 = (float *)devAlloc(n * 4);
+    float *o3 = (float *)devAlloc(n * 4), *o4 = (float *)devAlloc(n * 4), *o5 = (float *)devAlloc(n * 4);
+    int rc = siluForward(o1, ga, n, 0, &err) || siluBackward(o2, gd, ga, n, 0, &err) ||
+             swigluForward(o3, ga, gb, n, 0, &err) || swigluBackward(o4, o5, gd, ga, gb, n, 0, &err);
+    float *h = hostAlloc(n);
+    double e[5];
+    const double *ref[5] = {s, ds, w, dwa, dwb};
+    float *outs[5] = {o1, o2, o3, o4, o5};
+    double worst = 0;
+    for (int i = 0; i < 5; i++) {
+        toHost(h, outs[i], n * 4);
+        e[i] = relErrD(h, ref[i], n);
+        if (!(e[i] <= worst)) worst = e[i];
+    }
+    if (rc) report(res, 0, nowSeconds() - t0, "silu/swiglu", "%s", err.message);
+    else report(res, worst < 1e-5, nowSeconds() - t0, "silu/swiglu", "n %zu worst %.2e", n, worst);
+    free(a); free(b); free(d); free(ad); free(bd); free(dd); free(s); free(ds); free(w);
+    free(dwa); free(dwb); free(h);
+    cudaFree(ga); cudaFree(gb); cudaFree(gd); cudaFree(o1); cudaFree(o2); cudaFree(o3);
+    cudaFree(o4); cudaFree(o5);
+}
+
+static void testCrossEntropy(Results *res, int N, int V) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "cross-entropy N%d V%d", N, V);
+    NsaError err = {{0}};
+    size_t n = (size_t)N * V;
+    float *lg = hostAlloc(n);
+    fillUniform(lg, n, 19, 1, -8, 8);
+    int32_t *tg = (int32_t *)malloc(N * 4);
+    fillTokens(tg, N, 19, 2, V);
+    tg[0] = -1;
+    if (N > 5) tg[5] = -1;
+    double *lgd = toDouble(lg, n), *lse = (double *)calloc(N, 8), *dl = (double *)calloc(n, 8);
+    size_t count = 0;
+    double sum = nsaCpuCrossEntropyForwardF64(lse, lgd, tg, (size_t)N, V, &count);
+    nsaCpuCrossEntropyBackwardF64(dl, lgd, lse, tg, (size_t)N, V, 0.75 / (double)count);
+    float *glg = devFrom(lg, n), *rowl = (float *)devAlloc(N * 4);
+    int32_t *gtg = (int32_t *)devAlloc(N * 4);
+    GPU_OK(cudaMemcpy(gtg, tg, N * 4, cudaMemcpyHostToDevice));
+    float one = 1.0f, *gone = devFrom(&one, 1);
+    double zero = 0, *acc = (double *)devAlloc(8);
+    GPU_OK(cudaMemcpy(acc, &zero, 8, cudaMemcpyHostToDevice));
+    int rc = crossEntropyForward(glg, rowl, gtg, (size_t)N, V, 1, (float)(0.75 / (double)count),
+                                 gone, 0, &err) ||
+             crossEntropyReduce(acc, rowl, (size_t)N, 0.75 / (double)count, 0, 0, &err);
+    float *h = hostAlloc(n);
+    double loss;
+    toHost(h, glg, n * 4);
+    toHost(&loss, acc, 8);
+    double ref = 0.75 * sum / (double)count;
+    double e1 = fabs(loss - ref) / fabs(ref), e2 = relErrD(h, dl, n);
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, e1 < 1e-6 && e2 < 1e-5, nowSeconds() - t0, name,
+                "loss %.2e grad %.2e (2 ignored rows)", e1, e2);
+    free(lg); free(tg); free(lgd); free(lse); free(dl); free(h);
+    cudaFree(glg); cudaFree(rowl); cudaFree(gtg); cudaFree(gone); cudaFree(acc);
+}
+
+static void testEmbedding(Results *res, int N, int V, int C) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "embedding N%d V%d C%d", N, V, C);
+    NsaError err = {{0}};
+    int32_t *tok = (int32_t *)malloc(N * 4);
+    fillTokens(tok, N, 23, 1, V);
+    for (int i = 0; i < N / 2; i++) tok[i] = 1;   /* a long run: several chunks */
+    size_t nt = (size_t)V * C, nd = (size_t)N * C;
+    float *table = hostAlloc(nt), *dout = hostAlloc(nd);
+    fillUniform(table, nt, 23, 2, -1, 1);
+    fillUniform(dout, nd, 23, 3, -1, 1);
+    double *tabd = toDouble(table, nt), *doutd = toDouble(dout, nd);
+    double *fw = (double *)calloc(nd, 8), *dt = toDouble(table, nt);
+    nsaCpuEmbedForwardF64(fw, tabd, tok, (size_t)N, C);
+    nsaCpuEmbedBackwardF64(dt, doutd, tok, (size_t)N, C);   /* adds onto table values */
+    size_t maxc = embeddingMaxChunks(N, V);
+    int32_t *order = (int32_t *)malloc(N * 4), *cs = (int32_t *)malloc((maxc + 1) * 4);
+    int32_t *ct = (int32_t *)malloc(maxc * 4), *tc = (int32_t *)malloc((V + 1) * 4);
+    int32_t *cnt = (int32_t *)malloc(V * 4);
+    EmbedPlan hp = {order, cs, ct, tc, 0};
+    embeddingPlanBackward(&hp, cnt, tok, N, V);
+    int32_t *g_tok = (int32_t *)devAlloc(N * 4), *g_order = (int32_t *)devAlloc(N * 4);
+    int32_t *g_cs = (int32_t *)devAlloc((maxc + 1) * 4), *g_ct = (int32_t *)devAlloc(maxc * 4);
+    int32_t *g_tc = (int32_t *)devAlloc((V + 1) * 4);
+    GPU_OK(cudaMemcpy(g_tok, tok, N * 4, cudaMemcpyHostToDevice));
+    GPU_OK(cudaMemcpy(g_order, order, N * 4, cudaMemcpyHostToDevice));
+    GPU_OK(cudaMemcpy(g_cs, cs, (maxc + 1) * 4, cudaMemcpyHostToDevice));
+    GPU_OK(cudaMemcpy(g_ct, ct, maxc * 4, cudaMemcpyHostToDevice));
+    GPU_OK(cudaMemcpy(g_tc, tc, (V + 1) * 4, cudaMemcpyHostToDevice));
+    EmbedPlan dp = {g_order, g_cs, g_ct, g_tc, hp.n_chunks};
+    float *g_table = devFrom(table, nt), *g_dout = devFrom(dout, nd);
+    float *g_out = (float *)devAlloc(nd * 4), *g_dt = devFrom(table, nt);
+    float *part = (float *)devAlloc(maxc * C * 4);
+    int rc = embeddingForward(g_out, g_table, g_tok, (size_t)N, C, 0, &err) ||
+             embeddingBackward(g_dt, part, g_dout, &dp, V, C, 0, &err);
+    float *h1 = hostAlloc(nd), *h2 = hostAlloc(nt);
+    toHost(h1, g_out, nd * 4);
+    toHost(h2, g_dt, nt * 4);
+    double e1 = relErrD(h1, fw, nd), e2 = relErrD(h2, dt, nt);
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, e1 == 0.0 && e2 < 1e-6, nowSeconds() - t0, name,
+                "fwd %.2e bwd %.2e (%d chunks)", e1, e2, hp.n_chunks);
+    free(tok); free(table); free(dout); free(tabd); free(doutd); free(fw); free(dt); free(order);
+    free(cs); free(ct); free(tc); free(cnt); free(h1); free(h2);
+    cudaFree(g_tok); cudaFree(g_order); cudaFree(g_cs); cudaFree(g_ct); cudaFree(g_tc);
+    cudaFree(g_table); cudaFree(g_dout); cudaFree(g_out); cudaFree(g_dt); cudaFree(part);
+}
+
+/* ---- model-level ------------------------------------------------------------ */
+
+static NsaModelConfig smallConfig(NsaMlpKind mlp) {
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    c.vocab_size = 61;
+    c.dim = 48;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_groups = 2;
+    c.d_k = 12;
+    c.d_v = 8;
+    c.mlp_hidden = 72;
+    c.mlp = mlp;
+    c.cmp_len = 8;
+    c.cmp_stride = 4;
+    c.sel_len = 8;
+    c.n_sel = 4;
+    c.window = 13;
+    return c;
+}
+
+static NsaModel *makeModel(const NsaModelConfig *c, NsaDevice dev, NsaPrecision p, int B, int S,
+                           uint64_t seed, NsaError *err) {
+    NsaEngineOptions o;
+    memset(&o, 0, sizeof(o));
+    o.device = dev;
+    o.precision = p;
+    o.max_batch = B;
+    o.max_seq_len = S;
+    o.threads = 1;
+    NsaModel *m = nsaModelCreate(c, &o, err);
+    if (!m) return NULL;
+    if (nsaModelInit(m, seed, err)) {
+        nsaModelFree(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* A learnable stream: mostly an affine recurrence, some noise. */
+static void makeBatch(int32_t *tok, int32_t *tgt, int B, int S, int V, uint64_t seed, int step) {
+    NsaRng rng;
+    nsaRngSeed(&rng, seed, 1000 + (uint64_t)step);
+    for (int b = 0; b < B; b++) {
+        int cur = (int)nsaRngBelow(&rng, V);
+        for (int t = 0; t <= S; t++) {
+            int next = nsaRngBelow(&rng, 10) == 0 ? (int)nsaRngBelow(&rng, V) : (cur * 5 + 3) % V;
+            if (t < S) tok[b * S + t] = cur;
+            if (t > 0) tgt[b * S + t - 1] = cur;
+            cur = next;
+        }
+    }
+}
+
+static void testModelGradients(Results *res, NsaMlpKind mlp, int B, int S) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "model loss+grads %s B%d S%d", mlp ? "swiglu" : "silu", B, S);
+    NsaError err = {{0}};
+    NsaModelConfig c = smallConfig(mlp);
+    NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F64, B, S, 42, &err);
+    NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 42, &err) : NULL;
+    if (!cpu || !gpu) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        nsaModelFree(cpu);
+        return;
+    }
+    int32_t *tok = (int32_t *)malloc(B * S * 4), *tgt = (int32_t *)malloc(B * S * 4);
+    makeBatch(tok, tgt, B, S, c.vocab_size, 5, 0);
+    tgt[3] = -1;
+    NsaStepStats sc, sg;
+    NsaOptimConfig oc = {0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f};
+    int rc = nsaModelZeroGrad(cpu, &err) || nsaModelForwardBackward(cpu, tok, tgt, B, S, 1.0f, &err) ||
+             nsaModelOptimizerStep(cpu, &oc, 1, &err) || nsaModelStepStats(cpu, &sc, &err) ||
+             nsaModelZeroGrad(gpu, &err) || nsaModelForwardBackward(gpu, tok, tgt, B, S, 1.0f, &err) ||
+             nsaModelOptimizerStep(gpu, &oc, 1, &err) || nsaModelStepStats(gpu, &sg, &err);
+    if (rc) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        double worst = 0;
+        int worst_i = 0, zero_grads = 0;
+        for (int i = 0; i < nsaModelNumTensors(cpu); i++) {
+            const NsaTensorInfo *ti = nsaModelTensorInfo(cpu, i);
+            float *a = hostAlloc(ti->numel), *b = hostAlloc(ti->numel);
+            nsaModelGetTensor(gpu, NSA_ARENA_GRADS, i, a, &err);
+            nsaModelGetTensor(cpu, NSA_ARENA_GRADS, i, b, &err);
+            double e = relErr(a, b, ti->numel);
+            double norm = 0;
+            for (size_t k = 0; k < ti->numel; k++) norm += fabs(a[k]);
+            zero_grads += norm == 0.0;
+            if (!(e <= worst)) { worst = e; worst_i = i; }
+            free(a); free(b);
+        }
+        double el = fabs(sg.loss - sc.loss) / fabs(sc.loss);
+        double en = fabs(sg.grad_norm - sc.grad_norm) / sc.grad_norm;
+        report(res, el < 1e-5 && en < 1e-4 && worst < 1e-3 && zero_grads == 0, nowSeconds() - t0,
+               name, "loss %.2e norm %.2e worst grad %s %.2e, zero grads %d", el, en,
+               nsaModelTensorInfo(cpu, worst_i)->name, worst, zero_grads);
+    }
+    free(tok); free(tgt);
+    nsaModelFree(cpu);
+    nsaModelFree(gpu);
+}
+
+/* Runs steps [first, last] of a fixed schedule; losses[step-1] receive the loss. */
+static int trainSteps(NsaModel *m, int first, int last, int B, int S, int V, double *losses,
+                      NsaError *err) {
+    int32_t *tok = (int32_t *)malloc(B * S * 4), *tgt = (int32_t *)malloc(B * S * 4);
+    NsaOptimConfig oc = {3e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    int rc = 0;
+    for (int s = first; s <= last && !rc; s++) {
+        makeBatch(tok, tgt, B, S, V, 9, s);
+        NsaStepStats st;
+        rc = nsaModelZeroGrad(m, err) || nsaModelForwardBackward(m, tok, tgt, B, S, 1.0f, err) ||
+             nsaModelOptimizerStep(m, &oc, s, err) || nsaModelStepStats(m, &st, err);
+        if (!rc && losses) losses[s - 1] = st.loss;
+    }
+    free(tok); free(tgt);
+    return rc;
+}
+
+static void testTrajectory(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "20-step trajectory gpu f32 vs cpu f32";
+    NsaError err = {{0}};
+    NsaModelConfig c = smallConfig(NSA_MLP_SILU);
+    const int B = 2, S = 40, steps = 20;
+    NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F32, B, S, 3, &err);
+    NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 3, &err) : NULL;
+    double lc[20], lg[20];
+    if (!cpu || !gpu || trainSteps(cpu, 1, steps, B, S, c.vocab_size, lc, &err) ||
+        trainSteps(gpu, 1, steps, B, S, c.vocab_size, lg, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        double worst = 0;
+        for (int s = 0; s < steps; s++) {
+            double e = fabs(lg[s] - lc[s]) / fabs(lc[s]);
+            if (!(e <= worst)) worst = e;
+        }
+        report(res, worst < 2e-3 && lg[steps - 1] < lg[0], nowSeconds() - t0, name,
+               "loss %.4f -> %.4f (cpu %.4f -> %.4f), worst rel diff %.2e", lg[0], lg[steps - 1],
+               lc[0], lc[steps - 1], worst);
+    }
+    nsaModelFree(cpu);
+    nsaModelFree(gpu);
+}
+
+static int arenaEqual(NsaModel *a, NsaModel *b, NsaArena arena, NsaError *err) {
+    int same = 1;
+    for (int i = 0; i < nsaModelNumTensors(a) && same; i++) {
+        const NsaTensorInfo *ti = nsaModelTensorInfo(a, i);
+        float *x = hostAlloc(ti->numel), *y = hostAlloc(ti->numel);
+        if (nsaModelGetTensor(a, arena, i, x, err) || nsaModelGetTensor(b, arena, i, y, err))
+            same = 0;
+        else
+            same = memcmp(x, y, ti->numel * sizeof(float)) == 0;
+        free(x); free(y);
+    }
+    return same;
+}
+
+static NsaModelConfig midConfig(void) {
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    c.vocab_size = 256;
+    c.dim = 128;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_groups = 2;
+    c.d_k = 32;
+    c.d_v = 32;
+    c.window = 100;
+    c.cmp_len = 16;
+    c.cmp_stride = 8;
+    c.sel_len = 32;
+    c.n_sel = 4;
+    return c;
+}
+
+static void testDeterminism(Results *res, NsaPrecision p) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "two GPU runs bit-identical (%s)", p == NSA_PREC_BF16 ? "bf16" : "f32");
+    NsaError err = {{0}};
+    NsaModelConfig c = midConfig();
+    const int B = 2, S = 300;
+    double la[6], lb[6];
+    NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 77, &err);
+    NsaModel *b = a ? makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 77, &err) : NULL;
+    if (!a || !b || trainSteps(a, 1, 6, B, S, c.vocab_size, la, &err) ||
+        trainSteps(b, 1, 6, B, S, c.vocab_size, lb, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        int same_loss = memcmp(la, lb, sizeof(la)) == 0;
+        int same_p = arenaEqual(a, b, NSA_ARENA_PARAMS, &err);
+        int same_m = arenaEqual(a, b, NSA_ARENA_ADAM_M, &err);
+        report(res, same_loss && same_p && same_m, nowSeconds() - t0, name,
+               "losses %s, params %s, moments %s (loss %.4f -> %.4f)",
+               same_loss ? "equal" : "DIFFER", same_p ? "equal" : "DIFFER",
+               same_m ? "equal" : "DIFFER", la[0], la[5]);
+    }
+    nsaModelFree(a);
+    nsaModelFree(b);
+}
+
+static void testResume(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "GPU resume bit-identical (bf16)";
+    NsaError err = {{0}};
+    NsaModelConfig c = midConfig();
+    const int B = 2, S = 200;
+    double la[8], lb[8];
+    NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 5, &err);
+    NsaModel *b = a ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 5, &err) : NULL;
+    int ok = a && b && !trainSteps(a, 1, 8, B, S, c.vocab_size, la, &err) &&
+             !trainSteps(b, 1, 4, B, S, c.vocab_size, lb, &err);
+    NsaModel *r = NULL;
+    if (ok) {
+        /* checkpoint b through host memory, into a fresh model r */
+        r = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 999, &err);
+        ok = r != NULL;
+        NsaArena arenas[3] = {NSA_ARENA_PARAMS, NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
+        for (int i = 0; ok && i < nsaModelNumTensors(b); i++) {
+            const NsaTensorInfo *ti = nsaModelTensorInfo(b, i);
+            float *x = hostAlloc(ti->numel);
+            for (int k = 0; k < 3 && ok; k++)
+                ok = !nsaModelGetTensor(b, arenas[k], i, x, &err) &&
+                     !nsaModelSetTensor(r, arenas[k], i, x, &err);
+            free(x);
+        }
+        ok = ok && !trainSteps(r, 5, 8, B, S, c.vocab_size, lb, &err);
+    }
+    if (!ok) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        int same_loss = memcmp(la, lb, sizeof(la)) == 0;
+        int same_p = arenaEqual(a, r, NSA_ARENA_PARAMS, &err);
+        report(res, same_loss && same_p, nowSeconds() - t0, name,
+               "8 straight vs 4 + save/restore + 4: losses %s, params %s",
+               same_loss ? "equal" : "DIFFER", same_p ? "equal" : "DIFFER");
+    }
+    nsaModelFree(a);
+    nsaModelFree(b);
+    nsaModelFree(r);
+}
+
+static void testNanGuard(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "NaN guard on device (loss, grad)";
+    NsaError err = {{0}};
+    NsaModelConfig c = smallConfig(NSA_MLP_SILU);
+    const int B = 1, S = 30;
+    NsaModel *m = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 8, &err);
+    NsaModel *ref = m ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 8, &err) : NULL;
+    int32_t tok[30], tgt[30];
+    makeBatch(tok, tgt, B, S, c.vocab_size, 1, 0);
+    NsaOptimConfig oc = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    NsaStepStats s1, s2, s3;
+    int ok = m && ref;
+    ok = ok && !nsaModelInjectFault(m, NSA_FAULT_NAN_LOSS, &err) && !nsaModelZeroGrad(m, &err) &&
+         !nsaModelForwardBackward(m, tok, tgt, B, S, 1.0f, &err) &&
+         !nsaModelOptimizerStep(m, &oc, 1, &err) && !nsaModelStepStats(m, &s1, &err);
+    int clean1 = ok && arenaEqual(m, ref, NSA_ARENA_PARAMS, &err) &&
+                 arenaEqual(m, ref, NSA_ARENA_ADAM_V, &err);
+    ok = ok && !nsaModelInjectFault(m, NSA_FAULT_NAN_GRAD, &err) && !nsaModelZeroGrad(m, &err) &&
+         !nsaModelForwardBackward(m, tok, tgt, B, S, 1.0f, &err) &&
+         !nsaModelOptimizerStep(m, &oc, 1, &err) && !nsaModelStepStats(m, &s2, &err);
+    int clean2 = ok && arenaEqual(m, ref, NSA_ARENA_PARAMS, &err);
+    ok = ok && !nsaModelZeroGrad(m, &err) && !nsaModelForwardBackward(m, tok, tgt, B, S, 1.0f, &err) &&
+         !nsaModelOptimizerStep(m, &oc, 1, &err) && !nsaModelStepStats(m, &s3, &err);
+    int moved = ok && !arenaEqual(m, ref, NSA_ARENA_PARAMS, &err);
+    if (!ok)
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else
+        report(res, s1.nonfinite_loss && !s1.applied && clean1 && s2.nonfinite_grad && !s2.applied &&
+                        clean2 && s3.applied && moved && isfinite(s3.loss),
+               nowSeconds() - t0, name,
+               "nan loss: flagged %d applied %d clean %d; nan grad: flagged %d applied %d clean %d; "
+               "next step applied %d",
+               s1.nonfinite_loss, s1.applied, clean1, s2.nonfinite_grad, s2.applied, clean2,
+               s3.applied);
+    nsaModelFree(m);
+    nsaModelFree(ref);
+}
+
+static void testPrecisions(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "bf16 and fp16 vs f32 (first loss, 15 steps)";
+    NsaError err = {{0}};
+    NsaModelConfig c = midConfig();
+    const int B = 2, S = 160;
+    double l32[15], l16b[15], l16h[15];
+    NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 21, &err);
+    NsaModel *b = a ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 21, &err) : NULL;
+    NsaModel *h = b ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_FP16, B, S, 21, &err) : NULL;
+    if (!h || trainSteps(a, 1, 15, B, S, c.vocab_size, l32, &err) ||
+        trainSteps(b, 1, 15, B, S, c.vocab_size, l16b, &err) ||
+        trainSteps(h, 1, 15, B, S, c.vocab_size, l16h, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        double eb = fabs(l16b[0] - l32[0]) / l32[0], eh = fabs(l16h[0] - l32[0]) / l32[0];
+        float scale = 0;
+        NsaError e2;
+        int finite = 1;
+        for (int s = 0; s < 15; s++) finite &= isfinite(l16b[s]) && isfinite(l16h[s]);
+        report(res, eb < 1e-2 && eh < 1e-2 && finite && l16b[14] < l16b[0] && l16h[14] < l16h[0],
+               nowSeconds() - t0, name,
+               "first loss f32 %.4f bf16 %.2e fp16 %.2e; after 15: f32 %.4f bf16 %.4f fp16 %.4f",
+               l32[0], eb, eh, l32[14], l16b[14], l16h[14]);
+        (void)scale; (void)e2;
+    }
+    nsaModelFree(a);
+    nsaModelFree(b);
+    nsaModelFree(h);
+}
+
+static void testEvalLoss(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "EvalLoss equals the training forward's loss";
+    NsaError err = {{0}};
+    NsaModelConfig c = smallConfig(NSA_MLP_SILU);
+    const int B = 2, S = 33;
+    NsaModel *g = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 4, &err);
+    NsaModel *cpu = g ? makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F64, B, S, 4, &err) : NULL;
+    int32_t tok[66], tgt[66];
+    makeBatch(tok, tgt, B, S, c.vocab_size, 2, 0);
+    double ev = 0, evc = 0;
+    NsaStepStats st;
+    NsaOptimConfig oc = {0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f};
+    int ok = cpu && !nsaModelEvalLoss(g, tok, tgt, B, S, &ev, &err) &&
+             !nsaModelEvalLoss(cpu, tok, tgt, B, S, &evc, &err) && !nsaModelZeroGrad(g, &err) &&
+             !nsaModelForward(g, tok, tgt, B, S, 1.0f, &err) && !nsaModelBackward(g, &err) &&
+             !nsaModelOptimizerStep(g, &oc, 1, &err) && !nsaModelStepStats(g, &st, &err);
+    if (!ok) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, ev == st.loss && fabs(ev - evc) / evc < 1e-5, nowSeconds() - t0, name,
+                "eval %.6f step %.6f cpu f64 %.6f", ev, st.loss, evc);
+    nsaModelFree(g);
+    nsaModelFree(cpu);
+}
+
+static void testMemoryPlan(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "memory plan (production config, S 2048)";
+    NsaError err = {{0}};
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    NsaEngineOptions o;
+    memset(&o, 0, sizeof(o));
+    o.device = NSA_DEVICE_CUDA;
+    o.precision = NSA_PREC_BF16;
+    o.max_batch = 8;
+    o.max_seq_len = 2048;
+    NsaCudaMemoryPlan p;
+    if (nsaCudaMemoryPlanFor(&c, &o, &p, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        return;
+    }
+    report(res, p.params > 0 && p.activations_per_sequence > 0 && p.max_batch_that_fits >= 1,
+           nowSeconds() - t0, name,
+           "params %.0f MB, grads %.0f MB, adam %.0f MB, acts/seq %.0f MB, fits batch %d",
+           p.params / 1e6, p.grads / 1e6, p.optimizer / 1e6, p.activations_per_sequence / 1e6,
+           p.max_batch_that_fits);
+}
+
+static void testBadInput(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "bad input gives a clear error";
+    NsaError err = {{0}};
+    NsaModelConfig c = smallConfig(NSA_MLP_SILU);
+    NsaModel *m = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, 1, 16, 1, &err);
+    if (!m) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        return;
+    }
+    int32_t tok[16], tgt[16];
+    for (int i = 0; i < 16; i++) { tok[i] = i; tgt[i] = i; }
+    tok[7] = 9999;
+    int rc1 = nsaModelForward(m, tok, tgt, 1, 16, 1.0f, &err);
+    int named = strstr(err.message, "tokens[7]") != NULL;
+    tok[7] = 1;
+    int rc2 = nsaModelForward(m, tok, tgt, 1, 17, 1.0f, &err);
+    int rc3 = nsaModelBackward(m, &err);   /* no successful forward */
+    report(res, rc1 == -1 && named && rc2 == -1 && rc3 == -1, nowSeconds() - t0, name,
+           "last message: %s", err.message);
+    nsaModelFree(m);
+}
+
+int main(int argc, char **argv) {
+    Results *res = (Results *)calloc(1, sizeof(Results));
+    const char *only = argc > 1 ? argv[1] : "all";
+    int all = !strcmp(only, "all");
+    cudaDeviceProp prop;
+    GPU_OK(cudaGetDeviceProperties(&prop, 0));
+    printf("# device: %s, %d SMs, %.1f GB\n", prop.name, prop.multiProcessorCount,
+           prop.totalGlobalMem / 1e9);
+    if (all || !strcmp(only, "ops")) {
+        testLinear(res, 37, 50, 19, NSA_PREC_F32, 1e-5);
+        testLinear(res, 300, 768, 130, NSA_PREC_F32, 1e-5);
+        testLinear(res, 300, 768, 130, NSA_PREC_BF16, 1e-2);
+        testRmsNorm(res, 37, 50);
+        testRmsNorm(res, 300, 768);
+        testRope(res, 2, 33, 3, 10);
+        testRope(res, 1, 2050, 2, 64);
+        testActivations(res, 10007);
+        testCrossEntropy(res, 37, 67);
+        testCrossEntropy(res, 500, 256);
+        testEmbedding(res, 1000, 13, 50);
+        /* B, S, H, G, dk, dv, l, d, l', n, w */
+        NsaAttnDims shapes[] = {
+            {1, 37, 4, 2, 8, 6, 8, 4, 8, 3, 5},
+            {2, 130, 6, 3, 16, 16, 16, 8, 16, 4, 33},
+            {1, 300, 4, 1, 64, 32, 32, 16, 64, 2, 100},
+            {1, 5, 2, 1, 4, 4, 8, 4, 8, 3, 3},
+            {1, 77, 3, 3, 128, 100, 16, 16, 32, 16, 1000},
+            {1, 1100, 12, 2, 64, 64, 32, 16, 64, 16, 512},
+        };
+        const char *labels[] = {"odd small", "B2 S130 G3", "n_sel<3 dv!=dk", "S<l (no cmp block)",
+                                "d128 dv100 w>S", "production S1100"};
+        for (int i = 0; i < (int)(sizeof(shapes) / sizeof(shapes[0])); i++)
+            testAttention(res, labels[i], shapes[i], 1000 + i);
+    }
+    if (all || !strcmp(only, "model")) {
+        testModelGradients(res, NSA_MLP_SILU, 2, 50);
+        testModelGradients(res, NSA_MLP_SWIGLU, 1, 37);
+        testEvalLoss(res);
+        testBadInput(res);
+    }
+    if (all || !strcmp(only, "train")) {
+        testTrajectory(res);
+        testDeterminism(res, NSA_PREC_F32);
+        testDeterminism(res, NSA_PREC_BF16);
+        testResume(res);
+        testNanGuard(res);
+        testPrecisions(res);
+        testMemoryPlan(res);
+    }
+    int failed = printTable(res);
+    free(res);
+    return failed ? 1 : 0;
+}

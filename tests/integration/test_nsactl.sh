@@ -1,0 +1,229 @@
+#!/bin/sh
+# test_nsactl.sh - nsactl against a real nsad: starts `build/nsad serve` with a
+# temporary state dir on a free loopback port and its own Unix socket, runs
+# tiny CPU jobs on the fortunes corpus, and exercises every nsactl command in
+# human and --json form, plus the exit codes (daemon down, unknown run, bad
+# config file, 4xx answers, bad usage). Prints TAP; exits non-zero when a test
+# fails. Every wait is bounded; nsad is always killed on exit.
+# shellcheck disable=SC2015  # "test && ok || not_ok": ok only echoes, so it cannot fail
+set -u
+cd "$(dirname "$0")/../.." || exit 1
+ROOT=$(pwd)
+NSAD="$ROOT/build/nsad"
+CTL="$ROOT/build/nsactl"
+
+n=0
+failed=0
+ok() { n=$((n + 1)); echo "ok $n - $1"; }
+not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+# check NAME COMMAND...: ok when the command succeeds.
+check() { name="$1"; shift; if "$@" >"$TMP/check.out" 2>&1; then ok "$name"; else not_ok "$name" "$(head -c 600 "$TMP/check.out")"; fi; }
+# expect_rc NAME RC COMMAND...: ok when nsactl exits with RC.
+expect_rc() {
+    name="$1"; want="$2"; shift 2
+    "$@" >"$TMP/out" 2>"$TMP/err"; got=$?
+    if [ "$got" -eq "$want" ]; then ok "$name"; else not_ok "$name" "exit $got, wanted $want" "stdout: $(head -c 400 "$TMP/out")" "stderr: $(head -c 400 "$TMP/err")"; fi
+}
+# json EXPR: evaluates a Python expression over the JSON document `d` read from $TMP/out.
+json() { python3 -c "import json,sys; d=json.load(open('$TMP/out')); sys.exit(0 if ($1) else 1)"; }
+json_get() { python3 -c "import json,sys; d=json.load(open('$TMP/out')); print($1)"; }
+
+for f in "$NSAD" "$CTL"; do
+    if [ ! -x "$f" ]; then echo "1..0 # SKIP $f not built (make all)"; echo "not ok 1 - $f exists"; exit 1; fi
+done
+if [ ! -s build/data/fortunes.txt ]; then
+    ./scripts/make-corpus.sh >/dev/null || { echo "not ok 1 - build the fortunes corpus"; exit 1; }
+fi
+
+# Short paths: a Unix socket path must fit in 108 bytes.
+TMP=$(mktemp -d /tmp/nsactl-test.XXXXXX)
+STATE="$TMP/state"
+SOCK="$TMP/nsad.sock"
+NSAD_PID=""
+cleanup() {
+    if [ -n "$NSAD_PID" ] && kill -0 "$NSAD_PID" 2>/dev/null; then
+        kill "$NSAD_PID" 2>/dev/null
+        i=0; while kill -0 "$NSAD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+        kill -9 "$NSAD_PID" 2>/dev/null
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+PORT=$(free_port)
+URL="http://127.0.0.1:$PORT"
+
+# Two tiny jobs from the tiny-cpu config: a long one to halt and resume,
+# a short one to watch to completion.
+make_config() {  # steps out
+    sed -e "s|^  steps: .*|  steps: $1|" -e "s|^  path: .*|  path: $ROOT/build/data/fortunes.txt|" \
+        -e "s|^  log_every: .*|  log_every: 1|" -e "s|^  save_every: .*|  save_every: 5|" \
+        -e "s|^  eval_every: .*|  eval_every: 10|" -e "s|^  threads: .*|  threads: 1|" \
+        configs/tiny-cpu.yaml >"$2"
+}
+make_config 100000 "$TMP/long.yaml"
+make_config 12 "$TMP/short.yaml"
+
+export NSAD_SOCKET="$SOCK"
+unset NSAD_URL NSAD_TOKEN NSAD_TOKEN_FILE NSAD_STATE_DIR
+C() { "$CTL" --timeout 20 "$@"; }
+
+# ---- before the daemon: cannot reach it ------------------------------------------
+expect_rc "daemon down: status over the socket exits 3" 3 C status
+expect_rc "daemon down: list over TCP exits 3" 3 C --url "$URL" --token x list
+grep -q "$SOCK" "$TMP/err" 2>/dev/null || grep -q "127.0.0.1:$PORT" "$TMP/err" && ok "daemon down: the message names where nsactl looked" || not_ok "daemon down: the message names where nsactl looked" "$(cat "$TMP/err")"
+
+"$NSAD" serve --listen "127.0.0.1:$PORT" --state-dir "$STATE" --socket "$SOCK" >"$TMP/nsad.log" 2>&1 &
+NSAD_PID=$!
+i=0
+while [ $i -lt 200 ]; do
+    "$CTL" --timeout 1 status >/dev/null 2>&1 && break
+    kill -0 "$NSAD_PID" 2>/dev/null || break
+    sleep 0.1; i=$((i + 1))
+done
+if ! "$CTL" --timeout 2 status >/dev/null 2>&1; then
+    not_ok "nsad serve answers on its socket within 20 s" "$(tail -20 "$TMP/nsad.log")"
+    echo "1..$n"; exit 1
+fi
+ok "nsad serve answers on its socket within 20 s"
+
+# ---- help and usage --------------------------------------------------------------
+expect_rc "--help exits 0" 0 C --help
+grep -q "exit codes" "$TMP/out" && ok "--help documents the exit codes" || not_ok "--help documents the exit codes"
+for cmd in start status list halt resume metrics events stacks watch dashboard version; do
+    expect_rc "$cmd --help exits 0 and shows its usage" 0 C "$cmd" --help
+    grep -q "usage: nsactl $cmd" "$TMP/out" || not_ok "$cmd --help names the command" "$(head -3 "$TMP/out")"
+done
+expect_rc "no command exits 2" 2 C
+expect_rc "unknown command exits 2" 2 C frobnicate
+expect_rc "start without CONFIG exits 2" 2 C start
+expect_rc "unknown option exits 2" 2 C list --bogus
+expect_rc "a malformed run id exits 2" 2 C status '../etc'
+expect_rc "--url and --socket together exit 2" 2 C --url "$URL" --socket "$SOCK" list
+
+# ---- status and version -----------------------------------------------------------
+expect_rc "status exits 0" 0 C status
+grep -q "trainer idle" "$TMP/out" && ok "status says the trainer is idle" || not_ok "status says the trainer is idle" "$(cat "$TMP/out")"
+expect_rc "status --json exits 0" 0 C status --json
+json 'd["health"]["status"] == "ok" and d["active"] is None and d["runs"] == 0' && ok "status --json: health ok, no active run" || not_ok "status --json: health ok, no active run" "$(cat "$TMP/out")"
+expect_rc "version --json exits 0" 0 C version --json
+json 'd["api"] == "v1" and isinstance(d["version"], str)' && ok "version --json parses" || not_ok "version --json parses" "$(cat "$TMP/out")"
+
+# ---- bad config files -----------------------------------------------------------------
+expect_rc "start of a missing config file exits 78" 78 C start "$TMP/nope.yaml"
+printf 'model:\n  dim: 64\n  bogus_key: 3\n' >"$TMP/bad.yaml"
+expect_rc "start of a config nsad rejects exits 78" 78 C start "$TMP/bad.yaml"
+grep -q "bogus_key" "$TMP/err" && ok "the rejection names the bad key" || not_ok "the rejection names the bad key" "$(cat "$TMP/err")"
+printf '{"model": {"dim": 64,}}' >"$TMP/bad.json"
+expect_rc "start of malformed JSON exits 78" 78 C start "$TMP/bad.json"
+
+# ---- a long run: start, list, status, metrics, events, stacks, halt, resume -----
+expect_rc "start --json exits 0" 0 C start "$TMP/long.yaml" --name long-run --json
+json 'd["state"] in ("starting", "running") and d["name"] == "long-run"' && ok "start --json returns the run object" || not_ok "start --json returns the run object" "$(cat "$TMP/out")"
+ID=$(json_get 'd["id"]' 2>/dev/null)
+[ -n "$ID" ] || ID=missing
+expect_rc "a second start while busy exits 5" 5 C start "$TMP/short.yaml"
+grep -q "busy" "$TMP/err" && ok "the conflict says busy" || not_ok "the conflict says busy" "$(cat "$TMP/err")"
+
+# wait (bounded) until a few steps are logged
+i=0
+while [ $i -lt 600 ]; do
+    C status "$ID" --json >"$TMP/out" 2>/dev/null && json '(d["step"] or 0) >= 3' && break
+    json 'd["state"] in ("failed", "nan_halted", "completed")' 2>/dev/null && break
+    sleep 0.1; i=$((i + 1))
+done
+json 'd["state"] == "running" and d["step"] >= 3' && ok "the run reaches step 3 within 60 s" || not_ok "the run reaches step 3 within 60 s" "$(cat "$TMP/out")" "$(tail -5 "$TMP/nsad.log")"
+
+expect_rc "list exits 0" 0 C list
+grep -q "$ID" "$TMP/out" && grep -q "long-run" "$TMP/out" && ok "list shows the run and its name" || not_ok "list shows the run and its name" "$(cat "$TMP/out")"
+expect_rc "list --json exits 0" 0 C list --json
+json "d['active'] == '$ID' and d['runs'][0]['id'] == '$ID'" && ok "list --json: the run is active and newest" || not_ok "list --json: the run is active and newest" "$(cat "$TMP/out")"
+expect_rc "status ID exits 0" 0 C status "$ID"
+grep -q "running" "$TMP/out" && grep -q "tok/s" "$TMP/out" && ok "status ID shows state and speed" || not_ok "status ID shows state and speed" "$(cat "$TMP/out")"
+expect_rc "status (daemon) shows the active run" 0 C status
+grep -q "active: $ID" "$TMP/out" && ok "status names the active run" || not_ok "status names the active run" "$(cat "$TMP/out")"
+expect_rc "status ID --json exits 0" 0 C status "$ID" --json
+json "d['id'] == '$ID' and d['device'] == 'cpu' and 'config' in d" && ok "status ID --json is the run object with its config" || not_ok "status ID --json is the run object with its config" "$(head -c 600 "$TMP/out")"
+
+expect_rc "metrics exits 0" 0 C metrics "$ID"
+grep -q "STEP" "$TMP/out" && grep -q "LOSS" "$TMP/out" && ok "metrics prints a table" || not_ok "metrics prints a table" "$(cat "$TMP/out")"
+expect_rc "metrics --json exits 0" 0 C metrics "$ID" --json
+json 'len(d["train"]) >= 3 and [s["step"] for s in d["train"]] == sorted(s["step"] for s in d["train"]) and d["next"] == d["train"][-1]["step"] + 1' && ok "metrics --json: ordered samples and next" || not_ok "metrics --json: ordered samples and next" "$(head -c 600 "$TMP/out")"
+NEXT=$(json_get 'd["next"]')
+expect_rc "metrics --since exits 0" 0 C metrics "$ID" --since "$NEXT" --json
+json "all(s['step'] >= $NEXT for s in d['train'])" && ok "metrics --since filters by step" || not_ok "metrics --since filters by step" "$(head -c 600 "$TMP/out")"
+expect_rc "metrics --since -1 exits 2" 2 C metrics "$ID" --since -1
+
+expect_rc "events exits 0" 0 C events "$ID"
+grep -q "start" "$TMP/out" && ok "events shows the start event" || not_ok "events shows the start event" "$(cat "$TMP/out")"
+expect_rc "events --json exits 0" 0 C events "$ID" --json
+json 'd["events"][0]["type"] == "start" and d["events"][0]["seq"] == 1' && ok "events --json: seq 1 is start" || not_ok "events --json: seq 1 is start" "$(head -c 600 "$TMP/out")"
+
+expect_rc "stacks exits 0" 0 C stacks
+grep -q "phase" "$TMP/out" && ok "stacks prints the phase and stacks" || not_ok "stacks prints the phase and stacks" "$(head -c 600 "$TMP/out")"
+expect_rc "stacks --json exits 0" 0 C stacks --json
+json "isinstance(d['stacks'], str) and len(d['stacks']) > 0 and d['run_id'] == '$ID'" && ok "stacks --json carries the stacks of the active run" || not_ok "stacks --json carries the stacks of the active run" "$(head -c 300 "$TMP/out")"
+
+expect_rc "halt --wait exits 0" 0 timeout 60 "$CTL" halt "$ID" --wait
+grep -q "halted" "$TMP/out" && ok "halt --wait reports halted" || not_ok "halt --wait reports halted" "$(cat "$TMP/out")"
+expect_rc "halt of a halted run exits 5" 5 C halt "$ID"
+grep -q "invalid_state" "$TMP/err" && ok "the 409 names invalid_state" || not_ok "the 409 names invalid_state" "$(cat "$TMP/err")"
+HALT_STEP=$(C status "$ID" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')
+expect_rc "resume --json exits 0" 0 C resume "$ID" --json
+json "d['id'] == '$ID' and d['state'] in ('starting', 'running')" && ok "resume --json: same id, starting again" || not_ok "resume --json: same id, starting again" "$(head -c 600 "$TMP/out")"
+i=0
+while [ $i -lt 600 ]; do
+    C status "$ID" --json >"$TMP/out" 2>/dev/null && json "d['state'] == 'running' and d['step'] > $HALT_STEP" && break
+    sleep 0.1; i=$((i + 1))
+done
+json "d['state'] == 'running' and d['step'] > $HALT_STEP" && ok "the resumed run continues past step $HALT_STEP" || not_ok "the resumed run continues past step $HALT_STEP" "$(head -c 600 "$TMP/out")"
+expect_rc "halt --wait --json exits 0" 0 timeout 60 "$CTL" halt "$ID" --wait --json
+json 'd["state"] == "halted"' && ok "halt --wait --json ends halted" || not_ok "halt --wait --json ends halted" "$(head -c 600 "$TMP/out")"
+
+# ---- unknown runs ---------------------------------------------------------------------
+for cmd in status halt resume metrics events watch; do
+    expect_rc "$cmd of an unknown run exits 4" 4 C "$cmd" 20000101-000000-dead
+done
+grep -q "not_found" "$TMP/err" && ok "the 404 names not_found" || not_ok "the 404 names not_found" "$(cat "$TMP/err")"
+
+# ---- TCP, token, dashboard -------------------------------------------------------------
+expect_rc "TCP without a token exits 1 (401)" 1 C --url "$URL" --state-dir "$TMP/none" list
+grep -q "unauthorized" "$TMP/err" && ok "the 401 says unauthorized and what to do" || not_ok "the 401 says unauthorized and what to do" "$(cat "$TMP/err")"
+expect_rc "TCP with a wrong token exits 1" 1 C --url "$URL" --token wrong list
+expect_rc "TCP with --token-file exits 0" 0 C --url "$URL" --token-file "$STATE/token" list --json
+json "d['runs'][0]['id'] == '$ID'" && ok "TCP list --json sees the same runs" || not_ok "TCP list --json sees the same runs" "$(head -c 300 "$TMP/out")"
+expect_rc "TCP with the state dir's token exits 0" 0 C --url "$URL" --state-dir "$STATE" status
+expect_rc "an unreadable token file exits 1" 1 C --url "$URL" --token-file "$TMP/missing-token" list
+expect_rc "dashboard exits 0" 0 C --url "$URL" --state-dir "$STATE" dashboard
+[ "$(cat "$TMP/out")" = "$URL/#token=$(cat "$STATE/token")" ] && ok "dashboard prints URL/#token=TOKEN" || not_ok "dashboard prints URL/#token=TOKEN" "$(cat "$TMP/out")"
+expect_rc "dashboard --json exits 0" 0 C --url "$URL" --state-dir "$STATE" dashboard --json
+json "d['url'].startswith('$URL/#token=')" && ok "dashboard --json has the url" || not_ok "dashboard --json has the url" "$(cat "$TMP/out")"
+
+# ---- a short run watched to the end -------------------------------------------------------
+"$CTL" start - --json <"$TMP/short.yaml" >"$TMP/out" 2>"$TMP/err"
+rc=$?
+[ $rc -eq 0 ] && ok "start - reads the config from stdin" || not_ok "start - reads the config from stdin" "exit $rc: $(cat "$TMP/err")"
+SHORT=$(json_get 'd["id"]' 2>/dev/null)
+[ -n "$SHORT" ] || SHORT=missing
+expect_rc "watch exits 0 when the run completes" 0 timeout 120 "$CTL" watch "$SHORT" --interval 0.2
+tail -1 "$TMP/out" | grep -q "completed" && ok "watch's last line says completed" || not_ok "watch's last line says completed" "$(tail -3 "$TMP/out")"
+grep -q "loss" "$TMP/out" && grep -q "tok/s" "$TMP/out" && ok "watch lines show loss and tok/s" || not_ok "watch lines show loss and tok/s" "$(head -3 "$TMP/out")"
+expect_rc "watch --json of a finished run exits 0" 0 timeout 30 "$CTL" watch "$SHORT" --json
+python3 -c "
+import json, sys
+lines = [json.loads(l) for l in open('$TMP/out') if l.strip()]
+sys.exit(0 if lines and lines[-1]['state'] == 'completed' and lines[-1]['step'] == 12 and 'config' not in lines[-1] else 1)
+" && ok "watch --json: one run object a line, ending completed at step 12" || not_ok "watch --json: one run object a line, ending completed at step 12" "$(tail -c 400 "$TMP/out")"
+expect_rc "resume of a completed run exits 5" 5 C resume "$SHORT"
+
+# ---- the daemon goes away ----------------------------------------------------------------
+kill "$NSAD_PID" 2>/dev/null
+i=0; while kill -0 "$NSAD_PID" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 "$NSAD_PID" 2>/dev/null && not_ok "nsad stops on SIGTERM within 30 s" || ok "nsad stops on SIGTERM within 30 s"
+expect_rc "after nsad stopped, list exits 3" 3 C list
+expect_rc "after nsad stopped, TCP status exits 3" 3 C --url "$URL" --token-file "$STATE/token" status
+
+echo "1..$n"
+[ "$failed" -eq 0 ]

@@ -1,0 +1,390 @@
+/* test_api.c - the API routes (daemon/api.c) called directly, the service's
+ * run life cycle without a trainer thread (daemon/service.c), the pick-up
+ * of an interrupted run, the watchdog's hang detection (daemon/watchdog.c)
+ * and the Prometheus exposition (daemon/prom.c). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "prom.h"
+#include "service.h"
+#include "watchdog.h"
+
+static const char kTinyJson[] =
+    "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,\"d_v\":16},"
+    "\"nsa\":{\"l\":8,\"d\":4,\"l_sel\":16,\"n_sel\":4,\"w\":32},"
+    "\"train\":{\"steps\":20,\"seq_len\":64,\"batch_size\":2},"
+    "\"runtime\":{\"device\":\"cpu\",\"precision\":\"fp32\"},\"data\":{\"source\":\"synthetic\"}}";
+
+typedef struct Fixture {
+    char *dir;
+    Service *svc;
+} Fixture;
+
+static int setUp(void **state) {
+    Fixture *f = calloc(1, sizeof *f);
+    f->dir = strdup("/tmp/nsad-test-api-XXXXXX");
+    if (!f->dir || !mkdtemp(f->dir)) return -1;
+    NsaError err = {""};
+    f->svc = serviceOpen(f->dir, &err);
+    if (!f->svc) return -1;
+    *state = f;
+    return 0;
+}
+
+static int tearDown(void **state) {
+    Fixture *f = *state;
+    serviceClose(f->svc);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    int rc = system(cmd);
+    free(f->dir);
+    free(f);
+    return rc == 0 ? 0 : -1;
+}
+
+/* One request; returns the parsed body (the caller deletes it) and the
+ * response in res (body freed here). */
+static cJSON *call(Service *svc, const char *method, const char *path, const char *body, const char *ctype,
+                   ApiResponse *res) {
+    ApiRequest req = {.method = method, .path = path, .body = body, .body_len = body ? strlen(body) : 0,
+                      .content_type = ctype};
+    char *q = strchr(path, '?');
+    char path_only[256], query[256];
+    if (q) {
+        snprintf(path_only, sizeof path_only, "%.*s", (int)(q - path), path);
+        snprintf(query, sizeof query, "%s", q + 1);
+        req.path = path_only;
+        for (char *kv = strtok(query, "&"); kv && req.n_query < API_MAX_QUERY; kv = strtok(NULL, "&")) {
+            char *eq = strchr(kv, '=');
+            if (eq) *eq = '\0';
+            req.query[req.n_query].key = kv;
+            req.query[req.n_query].value = eq ? eq + 1 : NULL;
+            req.n_query++;
+        }
+    }
+    apiHandle(svc, &req, res);
+    cJSON *json = res->content_type && !strncmp(res->content_type, "application/json", 16)
+                      ? cJSON_ParseWithLength(res->body, res->body_len)
+                      : NULL;
+    return json;
+}
+
+static const char *errorCode(const cJSON *json) {
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(json, "error");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(e, "code");
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(e, "message");
+    if (!cJSON_IsString(c) || !cJSON_IsString(m) || !*m->valuestring) return NULL;
+    return c->valuestring;
+}
+
+static void expectError(Service *svc, const char *method, const char *path, const char *body, const char *ctype,
+                        int status, const char *code) {
+    ApiResponse res;
+    cJSON *json = call(svc, method, path, body, ctype, &res);
+    if (res.status != status || !errorCode(json) || strcmp(errorCode(json), code) != 0)
+        fail_msg("%s %s: got %d %.*s, want %d %s", method, path, res.status, (int)res.body_len, res.body,
+                 status, code);
+    if (status == 405) assert_non_null(res.allow);
+    cJSON_Delete(json);
+    apiResponseFree(&res);
+}
+
+static const char *str(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+static void healthVersionAndRouting(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "GET", "/api/v1/health", NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(str(j, "status"), "ok");
+    assert_string_equal(str(j, "trainer"), "idle");
+    assert_true(res.no_store);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    j = call(f->svc, "GET", "/api/v1/version", NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(str(j, "version"), NSA_VERSION);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    expectError(f->svc, "GET", "/api/v1/nothing", NULL, NULL, 404, "not_found");
+    expectError(f->svc, "GET", "/api/v2/health", NULL, NULL, 404, "not_found");
+    expectError(f->svc, "GET", "/api", NULL, NULL, 404, "not_found");
+    expectError(f->svc, "POST", "/api/v1/health", NULL, NULL, 405, "method_not_allowed");
+    expectError(f->svc, "DELETE", "/api/v1/runs", NULL, NULL, 405, "method_not_allowed");
+    expectError(f->svc, "POST", "/metrics", NULL, NULL, 405, "method_not_allowed");
+    expectError(f->svc, "GET", "/api/v1/debug/stacks", NULL, NULL, 405, "method_not_allowed");
+    expectError(f->svc, "GET", "/api/v1/runs/unknown-run", NULL, NULL, 404, "not_found");
+    expectError(f->svc, "GET", "/api/v1/runs/bad.id", NULL, NULL, 404, "not_found");
+    expectError(f->svc, "GET", "/api/v1/health?x=1", NULL, NULL, 400, "invalid_argument");
+
+    assert_int_equal(apiOwnsPath("/api/v1/runs"), 1);
+    assert_int_equal(apiOwnsPath("/metrics"), 1);
+    assert_int_equal(apiOwnsPath("/index.html"), 0);
+    assert_int_equal(apiOwnsPath("/apix"), 0);
+    assert_int_equal(apiIsPublic("GET", "/api/v1/health"), 1);
+    assert_int_equal(apiIsPublic("GET", "/api/v1/runs"), 0);
+    assert_int_equal(apiIsPublic("GET", "/metrics"), 0);
+}
+
+static void createBusyHaltResume(void **state) {
+    Fixture *f = *state;
+    expectError(f->svc, "POST", "/api/v1/runs", "{\"model\":", "application/json", 400, "invalid_json");
+    expectError(f->svc, "POST", "/api/v1/runs", "{\"train\":{\"steps\":\"many\"}}", "application/json", 400,
+                "invalid_config");
+    expectError(f->svc, "POST", "/api/v1/runs", "\n  \n", "application/yaml", 400, "invalid_config");
+    expectError(f->svc, "POST", "/api/v1/runs?name=a%2Fb", kTinyJson, "application/json", 400, "invalid_argument");
+    expectError(f->svc, "POST", "/api/v1/runs?colour=red", kTinyJson, "application/json", 400, "invalid_argument");
+
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs?name=unit", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    char location[160];
+    snprintf(location, sizeof location, "/api/v1/runs/%s", id);
+    assert_string_equal(res.location, location);
+    assert_string_equal(str(j, "state"), "starting");
+    assert_string_equal(str(j, "name"), "unit");
+    assert_string_equal(str(j, "device"), "cpu");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "loss")));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    /* the run's out_dir is under the state dir, and its config says so */
+    pthread_mutex_lock(&f->svc->lock);
+    Run *run = runsFind(f->svc->runs, id);
+    assert_non_null(run);
+    assert_non_null(strstr(run->config_yaml, run->out_dir));
+    assert_int_equal(strncmp(run->out_dir, f->dir, strlen(f->dir)), 0);
+    pthread_mutex_unlock(&f->svc->lock);
+
+    expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
+    char path[200];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/resume", id);
+    expectError(f->svc, "POST", path, NULL, NULL, 409, "invalid_state");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/halt", id);
+    expectError(f->svc, "POST", path, "{\"why\":\"x\"}", "application/json", 400, "invalid_argument");
+    expectError(f->svc, "POST", path, "{\"reason\":true}", "application/json", 400, "invalid_argument");
+    expectError(f->svc, "POST", path, "[]", "application/json", 400, "invalid_argument");
+    expectError(f->svc, "POST", path, "{", "application/json", 400, "invalid_json");
+    j = call(f->svc, "POST", path, "{\"reason\":\"unit test\"}", "application/json", &res);
+    assert_int_equal(res.status, 202);
+    assert_string_equal(str(j, "state"), "halting");
+    assert_int_equal(atomic_load(&f->svc->mon.halt_requested), 1);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    j = call(f->svc, "POST", path, NULL, NULL, &res); /* again: harmless */
+    assert_int_equal(res.status, 202);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    j = call(f->svc, "GET", "/api/v1/runs", NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "runs")), 1);
+    assert_string_equal(str(j, "active"), id);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/events", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");
+    assert_int_equal(cJSON_GetArraySize(events), 1);
+    assert_string_equal(str(cJSON_GetArrayItem(events, 0), "type"), "halt_requested");
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+}
+
+static void metricsSeriesAndSince(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    pthread_mutex_lock(&f->svc->lock);
+    Run *run = runsFind(f->svc->runs, id);
+    for (int64_t s = 1; s <= 5; s++)
+        runsAddSample(run, &(TrainSample){.step = s, .total_steps = 20, .ts = 1.0, .loss = 5.0 - (double)s * 0.1,
+                                          .lr = 1e-3, .grad_norm = 1.0, .toks_per_s = 10, .mem_bytes = 7});
+    runsAddSample(run, &(TrainSample){.step = 6, .loss = NAN});
+    runsAddEval(run, 4, 1.0, 4.5, 6.5);
+    pthread_mutex_unlock(&f->svc->lock);
+
+    char path[200];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=4", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    const cJSON *train = cJSON_GetObjectItemCaseSensitive(j, "train");
+    const cJSON *val = cJSON_GetObjectItemCaseSensitive(j, "val");
+    assert_int_equal(cJSON_GetArraySize(train), 3);
+    assert_int_equal(cJSON_GetArraySize(val), 1);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(train, 0), "step")->valueint, 4);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(train, 2), "loss")));
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "next")->valueint, 7);
+    assert_string_equal(str(j, "run_id"), id);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=7", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "train")), 0);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "next")->valueint, 7);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=x", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=-2", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    expectError(f->svc, "GET", "/api/v1/runs/nope/metrics", NULL, NULL, 404, "not_found");
+}
+
+static void interruptedRunIsPickedUp(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    pthread_mutex_lock(&f->svc->lock);
+    Run *run = runsFind(f->svc->runs, id);
+    NsaError err = {""};
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    run->last_checkpoint_step = 10;
+    assert_int_equal(runsSave(run, &err), 0);
+    pthread_mutex_unlock(&f->svc->lock);
+    /* the daemon dies here; a new one opens the same state dir */
+    serviceClose(f->svc);
+    f->svc = serviceOpen(f->dir, &err);
+    assert_non_null(f->svc);
+    run = runsFind(f->svc->runs, id);
+    assert_non_null(run);
+    assert_int_equal(run->state, RUN_STARTING);
+    assert_int_equal(run->restarts, 1);
+    assert_string_equal(f->svc->active_id, id);
+    assert_int_equal(f->svc->pending, 2); /* queued as a resume */
+    assert_string_equal(run->events[run->n_events - 1].type, "restart");
+    assert_int_equal(run->events[run->n_events - 1].step, 10);
+    expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
+}
+
+static void watchdogFlagsAnOverrunAndARecovery(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    /* play the trainer thread: it took the job and is in forward */
+    Service *svc = f->svc;
+    pthread_mutex_lock(&svc->lock);
+    svc->pending = 0;
+    svc->deadlines.forward = 0.5;
+    svc->deadlines.on_hang = HANG_REPORT;
+    Run *run = runsFind(svc->runs, id);
+    NsaError err;
+    runsSetState(run, RUN_RUNNING, &err);
+    pthread_mutex_unlock(&svc->lock);
+    trainMonitorEnter(&svc->mon, PHASE_FORWARD);
+    int64_t since = atomic_load(&svc->mon.phase_since_ns);
+
+    char dump[RUN_PATH_MAX + 64] = "";
+    assert_int_equal(watchdogCheck(svc, since + 400000000LL, dump, sizeof dump), 0);
+    assert_int_equal(watchdogCheck(svc, since + 600000000LL, dump, sizeof dump), 1);
+    assert_int_equal(run->state, RUN_HUNG);
+    assert_string_equal(run->anomaly, "hang:forward");
+    assert_string_equal(run->events[run->n_events - 1].type, "hang");
+    assert_non_null(strstr(run->events[run->n_events - 1].detail_json, "\"phase\":\"forward\""));
+    FILE *file = fopen(dump, "r");
+    assert_non_null(file);
+    char text[4096];
+    size_t n = fread(text, 1, sizeof text - 1, file);
+    text[n] = '\0';
+    fclose(file);
+    assert_non_null(strstr(text, "phase: forward"));
+    assert_non_null(strstr(text, id));
+    assert_int_equal(atomic_load(&svc->hangs_total), 1);
+    /* the same overrun is reported once */
+    assert_int_equal(watchdogCheck(svc, since + 5000000000LL, NULL, 0), 0);
+    /* the phase ends: running again */
+    trainMonitorEnter(&svc->mon, PHASE_BACKWARD);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    assert_int_equal(run->state, RUN_RUNNING);
+    assert_string_equal(run->anomaly, "");
+    assert_string_equal(run->events[run->n_events - 1].type, "recovered");
+}
+
+/* Every sample line belongs to a family announced by HELP and TYPE. */
+static void prometheusExposition(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    serviceCountRequest(f->svc, 404);
+    j = call(f->svc, "GET", "/metrics", NULL, NULL, &res);
+    assert_null(j);
+    assert_int_equal(res.status, 200);
+    assert_string_equal(res.content_type, PROM_CONTENT_TYPE);
+    char *text = strndup(res.body, res.body_len);
+    apiResponseFree(&res);
+    assert_true(text[strlen(text) - 1] == '\n');
+    char family[128] = "";
+    int samples = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        char name[128];
+        if (sscanf(line, "# TYPE %127s", name) == 1) {
+            snprintf(family, sizeof family, "%s", name);
+            continue;
+        }
+        if (line[0] == '#') continue;
+        size_t len = strcspn(line, "{ ");
+        assert_true(len > 5 && !strncmp(line, "nsad_", 5));
+        if (strlen(family) != len || strncmp(line, family, len) != 0) fail_msg("sample outside its family: %s", line);
+        samples++;
+    }
+    free(text);
+    assert_true(samples > 20);
+    char *again = promRender(f->svc, NULL);
+    assert_non_null(strstr(again, "nsad_up 1\n"));
+    assert_non_null(strstr(again, "nsad_runs{state=\"starting\"} 1\n"));
+    assert_non_null(strstr(again, "nsad_trainer_busy 1\n"));
+    assert_non_null(strstr(again, "nsad_http_requests_total{code=\"404\"} 1\n"));
+    assert_non_null(strstr(again, "# TYPE nsad_http_requests_total counter\n"));
+    free(again);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(healthVersionAndRouting, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(createBusyHaltResume, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(metricsSeriesAndSince, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(interruptedRunIsPickedUp, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(watchdogFlagsAnOverrunAndARecovery, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(prometheusExposition, setUp, tearDown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,507 @@
+/* test_checkpoint.c - safetensors writer/reader and training checkpoints
+ * (daemon/checkpoint.c). */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "checkpoint.h"
+#include "nsa.h"
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static int removeEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static void removeTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static char *makeTempDir(void) {
+    char *dir = strdup("/tmp/nsad-test-ckpt-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+static int fileExists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static unsigned char *readFile(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc((size_t)n + 1);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    buf[n] = 0;
+    *len = (size_t)n;
+    return buf;
+}
+
+static void writeBytes(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* A raw safetensors file from a header string and data bytes. */
+static void writeRaw(const char *path, const char *header, const void *data, size_t data_len) {
+    size_t hl = strlen(header);
+    unsigned char *buf = malloc(8 + hl + data_len);
+    for (int b = 0; b < 8; b++) buf[b] = (unsigned char)(((uint64_t)hl >> (8 * b)) & 0xff);
+    memcpy(buf + 8, header, hl);
+    if (data_len) memcpy(buf + 8 + hl, data, data_len);
+    writeBytes(path, buf, 8 + hl + data_len);
+    free(buf);
+}
+
+/* ---- safetensors ------------------------------------------------------- */
+
+static void test_safetensors_round_trip(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.safetensors", dir);
+    float a[6] = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 1e-30f};
+    float b[3] = {7.0f, 8.0f, 9.0f};
+    float scalar = 42.0f;
+    SafetensorsTensor ts[] = {
+        {"layers.0.w", 2, {2, 3}, 6, a},
+        {"bias", 1, {3}, 3, b},
+        {"empty", 2, {0, 4}, 0, NULL},
+        {"scalar", 0, {0}, 1, &scalar},
+    };
+    SafetensorsMeta meta[] = {{"step", "12"}, {"note", "quotes \" and \\ survive"}};
+    NsaError err = {{0}};
+    assert_int_equal(safetensorsWrite(path, ts, 4, meta, 2, &err), 0);
+
+    /* layout: 8-byte LE header length, data 8-byte aligned, no temp left */
+    size_t len;
+    unsigned char *raw = readFile(path, &len);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = (hl << 8) | raw[i];
+    assert_int_equal((8 + hl) % 8, 0);
+    assert_int_equal(len, 8 + hl + (6 + 3 + 0 + 1) * sizeof(float));
+    assert_int_equal(raw[8], '{');
+    free(raw);
+    char tmp[600];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    assert_false(fileExists(tmp));
+
+    Safetensors *st = safetensorsRead(path, &err);
+    assert_non_null(st);
+    assert_int_equal(safetensorsCount(st), 4);
+    const SafetensorsTensor *t = safetensorsFind(st, "layers.0.w");
+    assert_non_null(t);
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], 2);
+    assert_int_equal(t->shape[1], 3);
+    float got[6];
+    safetensorsCopy(st, t, got);
+    assert_memory_equal(got, a, sizeof a);  /* bit-exact, -0.0 and denormals too */
+    t = safetensorsFind(st, "bias");
+    safetensorsCopy(st, t, got);
+    assert_memory_equal(got, b, sizeof b);
+    t = safetensorsFind(st, "empty");
+    assert_non_null(t);
+    assert_int_equal(t->numel, 0);
+    t = safetensorsFind(st, "scalar");
+    assert_int_equal(t->ndim, 0);
+    assert_int_equal(t->numel, 1);
+    safetensorsCopy(st, t, got);
+    assert_true(got[0] == 42.0f);
+    assert_null(safetensorsFind(st, "nope"));
+    assert_string_equal(safetensorsMeta(st, "step"), "12");
+    assert_string_equal(safetensorsMeta(st, "note"), "quotes \" and \\ survive");
+    assert_null(safetensorsMeta(st, "missing"));
+    safetensorsFree(st);
+    removeTree(dir);
+    free(dir);
+}
+
+/* The file must load in Python's safetensors. Where the package is
+ * installed the script uses it; everywhere it also checks the format rules
+ * that library enforces (little-endian u64 length, JSON object header,
+ * dtype/shape/data_offsets, contiguous offsets covering the whole data,
+ * string metadata), with the standard library only, and prints each
+ * tensor's float sum for comparison. */
+static const char *python_check =
+    "import json, struct, sys\n"
+    "p = sys.argv[1]\n"
+    "raw = open(p, 'rb').read()\n"
+    "(n,) = struct.unpack('<Q', raw[:8])\n"
+    "assert 8 + n <= len(raw), 'header length past the end'\n"
+    "hdr = json.loads(raw[8:8 + n].decode('utf-8'))\n"
+    "assert isinstance(hdr, dict)\n"
+    "meta = hdr.pop('__metadata__', {})\n"
+    "assert all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items())\n"
+    "data = raw[8 + n:]\n"
+    "end = 0\n"
+    "sums = {}\n"
+    "for name, e in sorted(hdr.items(), key=lambda kv: kv[1]['data_offsets']):\n"
+    "    assert set(e) == {'dtype', 'shape', 'data_offsets'}, e\n"
+    "    assert e['dtype'] == 'F32'\n"
+    "    b, f = e['data_offsets']\n"
+    "    assert b == end, (name, b, end)\n"
+    "    numel = 1\n"
+    "    for d in e['shape']: numel *= d\n"
+    "    assert f - b == 4 * numel, name\n"
+    "    vals = struct.unpack('<%df' % numel, data[b:f])\n"
+    "    sums[name] = sum(vals)\n"
+    "    end = f\n"
+    "assert end == len(data), 'data not fully covered'\n"
+    "try:\n"
+    "    from safetensors.numpy import load_file\n"
+    "    loaded = load_file(p)\n"
+    "    assert sorted(loaded) == sorted(sums)\n"
+    "    print('lib safetensors')\n"
+    "except ImportError:\n"
+    "    print('lib none')\n"
+    "for name in sorted(sums): print(name, repr(sums[name]))\n";
+
+static void test_safetensors_python_loads(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char path[512], script[512], cmd[1200];
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    snprintf(script, sizeof script, "%s/check.py", dir);
+    float w[12];
+    for (int i = 0; i < 12; i++) w[i] = 0.125f * (float)(i - 5);
+    float v[2] = {3.5f, -1.0f};
+    SafetensorsTensor ts[] = {{"tok_emb", 2, {3, 4}, 12, w}, {"final_norm", 1, {2}, 2, v}};
+    SafetensorsMeta meta[] = {{"format", "pt"}};
+    NsaError err;
+    assert_int_equal(safetensorsWrite(path, ts, 2, meta, 1, &err), 0);
+    writeBytes(script, python_check, strlen(python_check));
+    snprintf(cmd, sizeof cmd, "python3 %s %s 2>&1", script, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    char out[4096] = "";
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    int status = pclose(p);
+    if (status != 0) print_error("python3 said: %s\n", out);
+    assert_int_equal(status, 0);
+    /* sums: tok_emb = 0.125 * sum(-5..6) = 0.75, final_norm = 2.5 */
+    assert_non_null(strstr(out, "final_norm 2.5\n"));
+    assert_non_null(strstr(out, "tok_emb 0.75\n"));
+    removeTree(dir);
+    free(dir);
+}
+
+static void expectReadError(const char *path, const char *fragment) {
+    NsaError err = {{0}};
+    Safetensors *st = safetensorsRead(path, &err);
+    if (st) fail_msg("%s loaded; expected an error with '%s'", path, fragment);
+    if (!strstr(err.message, fragment)) fail_msg("error '%s' lacks '%s'", err.message, fragment);
+    /* every error names the file */
+    assert_non_null(strstr(err.message, path));
+}
+
+static void test_safetensors_rejects_corrupt(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char path[512];
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    float data[4] = {1, 2, 3, 4};
+
+    writeBytes(path, "abc", 3);
+    expectReadError(path, "too short");
+
+    unsigned char huge[16] = {0xff, 0xff, 0xff, 0, 0, 0, 0, 0, '{', '}'};
+    writeBytes(path, huge, 10);
+    expectReadError(path, "exceeds the file");
+
+    writeRaw(path, "[1,2]", NULL, 0);
+    expectReadError(path, "not a JSON object");
+
+    writeRaw(path, "{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]}}", data, 4);
+    expectReadError(path, "dtype F16; allowed: F32");
+
+    /* shape says 4 floats, offsets hold 3 */
+    writeRaw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,12]}}", data, 12);
+    expectReadError(path, "shape needs 16");
+
+    /* a gap between tensors */
+    writeRaw(path,
+             "{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+             "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,12]}}",
+             data, 12);
+    expectReadError(path, "gap or overlap");
+
+    /* truncated data */
+    writeRaw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", data, 8);
+    expectReadError(path, "truncated");
+
+    writeRaw(path, "{\"__metadata__\":{\"k\":1}}", NULL, 0);
+    expectReadError(path, "__metadata__.k is not a string");
+
+    writeRaw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}", NULL, 0);
+    expectReadError(path, "shape[0]");
+
+    NsaError err = {{0}};
+    snprintf(path, sizeof path, "%s/missing.safetensors", dir);
+    assert_null(safetensorsRead(path, &err));
+    assert_non_null(strstr(err.message, "No such file"));
+
+    /* the writer fails cleanly into a directory that does not exist */
+    snprintf(path, sizeof path, "%s/no/such/dir/x.safetensors", dir);
+    SafetensorsTensor t = {"a", 1, {4}, 4, data};
+    assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), -1);
+    assert_non_null(strstr(err.message, "no/such/dir"));
+    /* and refuses a shape that disagrees with numel */
+    snprintf(path, sizeof path, "%s/x.safetensors", dir);
+    t.numel = 3;
+    assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), -1);
+    assert_non_null(strstr(err.message, "numel"));
+    removeTree(dir);
+    free(dir);
+}
+
+/* ---- model checkpoints ------------------------------------------------- */
+
+static NsaModel *tinyModel(int dim, uint64_t seed) {
+    NsaModelConfig mc;
+    nsaModelConfigDefaults(&mc);
+    mc.dim = dim;
+    mc.n_layers = 1;
+    mc.n_heads = 2;
+    mc.n_kv_groups = 1;
+    mc.d_k = 8;
+    mc.d_v = 8;
+    mc.cmp_len = 4;
+    mc.cmp_stride = 2;
+    mc.sel_len = 4;
+    mc.n_sel = 2;
+    mc.window = 8;
+    NsaEngineOptions eo = {NSA_DEVICE_CPU, 0, NSA_PREC_F32, 2, 16, 1};
+    NsaError err = {{0}};
+    NsaModel *m = nsaModelCreate(&mc, &eo, &err);
+    if (!m) fail_msg("nsaModelCreate: %s", err.message);
+    assert_int_equal(nsaModelInit(m, seed, &err), 0);
+    return m;
+}
+
+/* One optimizer step so the moments are not all zero. */
+static void trainOneStep(NsaModel *m) {
+    int32_t tokens[2 * 16], targets[2 * 16];
+    for (int i = 0; i < 32; i++) {
+        tokens[i] = (i * 37 + 11) % 256;
+        targets[i] = (i * 53 + 7) % 256;
+    }
+    NsaError err;
+    assert_int_equal(nsaModelZeroGrad(m, &err), 0);
+    assert_int_equal(nsaModelForwardBackward(m, tokens, targets, 2, 16, 1.0f, &err), 0);
+    NsaOptimConfig oc = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
+    NsaStepStats stats;
+    assert_int_equal(nsaModelStepStats(m, &stats, &err), 0);
+    assert_true(stats.applied);
+}
+
+static void assertArenasEqual(NsaModel *a, NsaModel *b, NsaArena arena) {
+    size_t n = nsaModelNumParams(a);
+    assert_int_equal(n, nsaModelNumParams(b));
+    float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+    NsaError err;
+    for (int i = 0; i < nsaModelNumTensors(a); i++) {
+        const NsaTensorInfo *info = nsaModelTensorInfo(a, i);
+        assert_int_equal(nsaModelGetTensor(a, arena, i, x, &err), 0);
+        assert_int_equal(nsaModelGetTensor(b, arena, i, y, &err), 0);
+        if (memcmp(x, y, info->numel * sizeof(float)) != 0)
+            fail_msg("arena %d tensor %s differs after the round trip", (int)arena, info->name);
+    }
+    free(x);
+    free(y);
+}
+
+static void test_checkpoint_model_round_trip(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    NsaModel *a = tinyModel(16, 1);
+    trainOneStep(a);
+    ResumeState rs = {.step = 7, .data_position = 123456789012ull, .seed = 1337,
+                      .config_hash = 0xfedcba9876543210ull, .tokens_seen = 4096, .anomalies = 2};
+    NsaError err = {{0}};
+    char saved[1024];
+    assert_int_equal(checkpointSave(a, dir, &rs, 3, "{\"model\":{}}", saved, sizeof saved, &err), 0);
+    char expect[1024];
+    snprintf(expect, sizeof expect, "%s/checkpoints/step_00000007", dir);
+    assert_string_equal(saved, expect);
+
+    NsaModel *b = tinyModel(16, 99);  /* other weights, zero moments */
+    ResumeState got;
+    memset(&got, 0xab, sizeof got);
+    if (checkpointLoad(b, saved, &got, &err) != 0) fail_msg("checkpointLoad: %s", err.message);
+    assertArenasEqual(a, b, NSA_ARENA_PARAMS);
+    assertArenasEqual(a, b, NSA_ARENA_ADAM_M);
+    assertArenasEqual(a, b, NSA_ARENA_ADAM_V);
+    assert_int_equal(got.step, 7);
+    assert_true(got.data_position == 123456789012ull);
+    assert_int_equal(got.seed, 1337);
+    assert_true(got.config_hash == 0xfedcba9876543210ull);
+    assert_int_equal(got.tokens_seen, 4096);
+    assert_int_equal(got.anomalies, 2);
+
+    /* the state alone reads the same */
+    ResumeState only;
+    assert_int_equal(checkpointReadState(saved, &only, &err), 0);
+    assert_int_equal(only.step, 7);
+
+    /* model.safetensors holds the engine's tensor names, state the moments */
+    char path[1200];
+    snprintf(path, sizeof path, "%s/model.safetensors", saved);
+    Safetensors *st = safetensorsRead(path, &err);
+    assert_non_null(st);
+    assert_int_equal(safetensorsCount(st), nsaModelNumTensors(a));
+    assert_non_null(safetensorsFind(st, "tok_emb"));
+    assert_non_null(safetensorsFind(st, "layers.0.wq"));
+    assert_non_null(safetensorsFind(st, "lm_head"));
+    assert_string_equal(safetensorsMeta(st, "format"), "pt");
+    assert_string_equal(safetensorsMeta(st, "step"), "7");
+    safetensorsFree(st);
+    snprintf(path, sizeof path, "%s/state.safetensors", saved);
+    st = safetensorsRead(path, &err);
+    assert_non_null(st);
+    assert_int_equal(safetensorsCount(st), 2 * nsaModelNumTensors(a));
+    assert_non_null(safetensorsFind(st, "adam_m.tok_emb"));
+    assert_non_null(safetensorsFind(st, "adam_v.lm_head"));
+    assert_string_equal(safetensorsMeta(st, "config_hash"), "fedcba9876543210");
+    safetensorsFree(st);
+
+    nsaModelFree(a);
+    nsaModelFree(b);
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_checkpoint_latest_and_keep_last(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    NsaModel *m = tinyModel(16, 3);
+    NsaError err = {{0}};
+    ResumeState rs = {.seed = 1, .config_hash = 5};
+    char found[1024], expect[1024], path[1200];
+
+    /* nothing saved yet: latest resolves to "none", a named dir is an error */
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 0);
+    assert_int_equal(checkpointResolve(dir, NULL, found, sizeof found, &err), 0);
+    assert_int_equal(checkpointResolve(dir, dir, found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "neither a checkpoint directory"));
+
+    for (int64_t s = 10; s <= 40; s += 10) {
+        rs.step = s;
+        assert_int_equal(checkpointSave(m, dir, &rs, 2, NULL, NULL, 0, &err), 0);
+    }
+    /* keep_last 2: 30 and 40 remain */
+    for (int64_t s = 10; s <= 40; s += 10) {
+        snprintf(path, sizeof path, "%s/checkpoints/step_%08d", dir, (int)s);
+        assert_int_equal(fileExists(path), s >= 30);
+    }
+    snprintf(path, sizeof path, "%s/checkpoints/latest", dir);
+    size_t len;
+    unsigned char *latest = readFile(path, &len);
+    assert_string_equal((char *)latest, "step_00000040\n");
+    free(latest);
+
+    snprintf(expect, sizeof expect, "%s/checkpoints/step_00000040", dir);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_string_equal(found, expect);
+    /* a run directory resolves to its latest, a checkpoint dir to itself */
+    assert_int_equal(checkpointResolve("/nonexistent", dir, found, sizeof found, &err), 1);
+    assert_string_equal(found, expect);
+    snprintf(expect, sizeof expect, "%s/checkpoints/step_00000030", dir);
+    assert_int_equal(checkpointResolve("/nonexistent", expect, found, sizeof found, &err), 1);
+    assert_string_equal(found, expect);
+
+    /* saving an older step again (resume from an older checkpoint) replaces
+     * it, points latest at it and keeps it even though newer ones exist */
+    rs.step = 30;
+    rs.anomalies = 4;
+    assert_int_equal(checkpointSave(m, dir, &rs, 2, NULL, NULL, 0, &err), 0);
+    ResumeState got;
+    assert_int_equal(checkpointReadState(expect, &got, &err), 0);
+    assert_int_equal(got.anomalies, 4);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_string_equal(found, expect);
+    /* no temporary directories or files are left behind */
+    snprintf(path, sizeof path, "%s/checkpoints/.step_00000030.tmp", dir);
+    assert_false(fileExists(path));
+    snprintf(path, sizeof path, "%s/checkpoints/.step_00000030.old", dir);
+    assert_false(fileExists(path));
+    snprintf(path, sizeof path, "%s/checkpoints/latest.tmp", dir);
+    assert_false(fileExists(path));
+
+    /* a latest pointer at a missing directory is an error, not "none" */
+    snprintf(path, sizeof path, "%s/checkpoints/latest", dir);
+    writeBytes(path, "step_00000099\n", 14);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "step_00000099"));
+    writeBytes(path, "garbage\n", 8);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "garbage"));
+
+    nsaModelFree(m);
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_checkpoint_rejects_other_model(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    NsaModel *small = tinyModel(16, 1);
+    NsaModel *wide = tinyModel(32, 1);
+    NsaError err = {{0}};
+    ResumeState rs = {.step = 1};
+    char saved[1024], path[1200];
+    assert_int_equal(checkpointSave(small, dir, &rs, 0, NULL, saved, sizeof saved, &err), 0);
+    assert_int_equal(checkpointLoad(wide, saved, &rs, &err), -1);
+    assert_non_null(strstr(err.message, "tok_emb"));
+    assert_non_null(strstr(err.message, "shape"));
+
+    /* a missing state file fails naming it */
+    snprintf(path, sizeof path, "%s/state.safetensors", saved);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(checkpointLoad(small, saved, &rs, &err), -1);
+    assert_non_null(strstr(err.message, "state.safetensors"));
+
+    /* a state file without the resume metadata is refused */
+    float one = 1.0f;
+    SafetensorsTensor t = {"x", 1, {1}, 1, &one};
+    assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), 0);
+    assert_int_equal(checkpointReadState(saved, &rs, &err), -1);
+    assert_non_null(strstr(err.message, "nsad_format"));
+
+    nsaModelFree(small);
+    nsaModelFree(wide);
+    removeTree(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_safetensors_round_trip),
+        cmocka_unit_test(test_safetensors_python_loads),
+        cmocka_unit_test(test_safetensors_rejects_corrupt),
+        cmocka_unit_test(test_checkpoint_model_round_trip),
+        cmocka_unit_test(test_checkpoint_latest_and_keep_last),
+        cmocka_unit_test(test_checkpoint_rejects_other_model),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,479 @@
+/* test_config.c - job configs: the shipped files load, JSON loads, every
+ * class of bad input gets its one-line message, the resolved YAML reads back
+ * to the same struct, and `nsad check` exits 0 / 78 / 2. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+#include "config.h"
+
+static const char *const shipped[] = {"configs/tiny-cpu.yaml", "configs/prototype-smoke.yaml",
+                                      "configs/prototype-125m.yaml", "configs/long-context.yaml"};
+
+/* Loads text over the defaults; returns configLoadString's result. */
+static int load(JobConfig *cfg, const char *text, NsaError *err) {
+    configDefaults(cfg);
+    memset(err, 0, sizeof *err);
+    return configLoadString(cfg, text, strlen(text), err);
+}
+
+/* Asserts that text fails to load and that the message holds every needle. */
+static void expectError(const char *text, ...) {
+    JobConfig cfg;
+    NsaError err;
+    int rc = load(&cfg, text, &err);
+    if (rc == 0) fail_msg("loaded but should fail:\n%s", text);
+    assert_null(strchr(err.message, '\n'));  /* one line */
+    va_list ap;
+    va_start(ap, text);
+    for (const char *needle; (needle = va_arg(ap, const char *));) {
+        if (!strstr(err.message, needle))
+            fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
+    }
+    va_end(ap);
+}
+
+/* Compares two configs on everything but the warnings. */
+static void assertSameConfig(const JobConfig *a, const JobConfig *b) {
+    assert_memory_equal(a, b, offsetof(JobConfig, n_warnings));
+}
+
+static void test_shipped_configs_load(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof shipped / sizeof shipped[0]; i++) {
+        JobConfig cfg;
+        NsaError err = {{0}};
+        configDefaults(&cfg);
+        if (configLoadFile(&cfg, shipped[i], &err) != 0) fail_msg("%s: %s", shipped[i], err.message);
+    }
+}
+
+static void test_prototype_configs_keep_their_values(void **state) {
+    (void)state;
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, "configs/prototype-125m.yaml", &err), 0);
+    assert_int_equal(cfg.model.dim, 768);
+    assert_int_equal(cfg.model.n_layers, 12);
+    assert_int_equal(cfg.model.n_heads, 12);
+    assert_int_equal(cfg.model.n_kv_groups, 2);
+    assert_int_equal(cfg.model.d_k, 64);
+    assert_int_equal(cfg.model.d_v, 64);
+    assert_int_equal(cfg.model.cmp_len, 32);
+    assert_int_equal(cfg.model.cmp_stride, 16);
+    assert_int_equal(cfg.model.sel_len, 64);
+    assert_int_equal(cfg.model.n_sel, 16);
+    assert_int_equal(cfg.model.window, 512);
+    assert_int_equal(cfg.train.seq_len, 2048);
+    assert_int_equal(cfg.runtime.precision, NSA_PREC_BF16);
+    assert_int_equal(cfg.runtime.device, NSA_DEVICE_CUDA);
+    assert_int_equal(cfg.runtime.device_auto, 0);
+
+    /* the prototype-only switches load, each with a warning naming it */
+    const char *expected[] = {"model.use_triton", "runtime.use_flash_attn", "runtime.compile:"};
+    for (size_t i = 0; i < 3; i++) {
+        int found = 0;
+        for (int w = 0; w < cfg.n_warnings; w++) found |= strstr(cfg.warnings[w], expected[i]) != NULL;
+        if (!found) fail_msg("no warning for %s", expected[i]);
+    }
+
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, "configs/long-context.yaml", &err), 0);
+    assert_int_equal(cfg.train.seq_len, 32768);
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, "configs/tiny-cpu.yaml", &err), 0);
+    assert_int_equal(cfg.runtime.device, NSA_DEVICE_CPU);
+    assert_int_equal(cfg.data.source, DATA_TEXT);
+    assert_int_equal(cfg.n_warnings, 0);
+}
+
+static void test_defaults_are_valid(void **state) {
+    (void)state;
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    if (configValidate(&cfg, &err) != 0) fail_msg("%s", err.message);
+    assert_int_equal(cfg.model.dim, 768);
+    assert_int_equal(cfg.data.source, DATA_SYNTHETIC);
+    assert_int_equal(cfg.runtime.device_auto, 1);
+    assert_true(cfg.runtime.threads >= 1);  /* 0 resolves to the core count */
+    NsaError err2;
+    assert_int_equal(load(&cfg, "runtime:\n  threads: 0\n", &err2), 0);
+    assert_int_equal(cfg.runtime.threads, (int)sysconf(_SC_NPROCESSORS_ONLN));
+}
+
+static void test_json_loads_like_yaml(void **state) {
+    (void)state;
+    const char *yaml =
+        "model:\n  dim: 64\n  n_layers: 2\n  n_heads: 4\n  n_kv_groups: 2\n  d_k: 16\n  d_v: 8\n"
+        "nsa:\n  l: 8\n  d: 4\n  l_sel: 16\n  n_sel: 4\n  w: 32\n  phi: mlp\n"
+        "train:\n  lr: 3.0e-4\n  seq_len: 128\n  out_dir: \"runs/x y\"\n  seed: 7\n"
+        "runtime:\n  device: cpu\n  precision: fp32\n";
+    const char *json_compact =
+        "{\"model\":{\"dim\":64,\"n_layers\":2,\"n_heads\":4,\"n_kv_groups\":2,\"d_k\":16,\"d_v\":8},"
+        "\"nsa\":{\"l\":8,\"d\":4,\"l_sel\":16,\"n_sel\":4,\"w\":32,\"phi\":\"mlp\"},"
+        "\"train\":{\"lr\":3e-4,\"seq_len\":128,\"out_dir\":\"runs/x y\",\"seed\":7},"
+        "\"runtime\":{\"device\":\"cpu\",\"precision\":\"fp32\"}}";
+    const char *json_pretty =
+        "{\n\t\"model\": {\n\t\t\"dim\": 64, \"n_layers\": 2, \"n_heads\": 4, \"n_kv_groups\": 2,\n"
+        "\t\t\"d_k\": 16, \"d_v\": 8\n\t},\n"
+        "\t\"nsa\": {\"l\": 8, \"d\": 4, \"l_sel\": 16, \"n_sel\": 4, \"w\": 32, \"phi\": \"mlp\"},\n"
+        "\t\"train\": {\"lr\": 0.0003, \"seq_len\": 128, \"out_dir\": \"runs/x y\", \"seed\": 7},\n"
+        "\t\"runtime\": {\"device\": \"cpu\", \"precision\": \"fp32\"}\n}\n";
+    JobConfig a, b, c;
+    NsaError err;
+    if (load(&a, yaml, &err) != 0) fail_msg("yaml: %s", err.message);
+    if (load(&b, json_compact, &err) != 0) fail_msg("compact json: %s", err.message);
+    if (load(&c, json_pretty, &err) != 0) fail_msg("pretty json: %s", err.message);
+    assert_int_equal(a.model.d_v, 8);
+    assert_int_equal(a.model.phi, NSA_PHI_MLP);
+    assert_string_equal(a.train.out_dir, "runs/x y");
+    assertSameConfig(&a, &b);
+    assertSameConfig(&a, &c);
+    /* JSON's own mistakes are still named */
+    expectError("{\"model\": {\"dim\": \"64\"}}", "model.dim", "\"64\"", "not an integer", NULL);
+    expectError("{\"model\": {\"dim\": 64}", "malformed YAML", NULL);
+    expectError("{\"model\": {\"dim\": 64 \"n_layers\": 2}}", "malformed YAML", "line 1", NULL);
+}
+
+static void test_resolved_yaml_reads_back(void **state) {
+    (void)state;
+    for (size_t i = 0; i <= sizeof shipped / sizeof shipped[0]; i++) {
+        JobConfig a, b;
+        NsaError err = {{0}};
+        configDefaults(&a);
+        if (i < sizeof shipped / sizeof shipped[0] && configLoadFile(&a, shipped[i], &err) != 0)
+            fail_msg("%s: %s", shipped[i], err.message);
+        char *yaml = configToYaml(&a);
+        assert_non_null(yaml);
+        if (load(&b, yaml, &err) != 0) fail_msg("%s\n%s", err.message, yaml);
+        assertSameConfig(&a, &b);
+        assert_int_equal(b.n_warnings, 0);
+        free(yaml);
+    }
+}
+
+static void test_unknown_key(void **state) {
+    (void)state;
+    expectError("model:\n  dim: 64\n  dimm: 64\n", "line 3", "model.dimm", "unknown key", "allowed:",
+                "did you mean dim", NULL);
+    expectError("modle:\n  dim: 64\n", "line 1", "modle", "unknown section", "did you mean model", NULL);
+    expectError("train:\n  learning_rate: 0.1\n", "train.learning_rate", "unknown key", "lr", NULL);
+}
+
+static void test_wrong_type(void **state) {
+    (void)state;
+    expectError("model:\n  dim: \"64\"\n", "line 2", "model.dim", "\"64\"", "not an integer",
+                "allowed: an integer from 1 to 65536", NULL);
+    expectError("model:\n  dim: 6.5\n", "model.dim", "6.5", "not an integer", NULL);
+    expectError("model:\n  dim: [64]\n", "model.dim", "a list", "not an integer", NULL);
+    expectError("model:\n  dim:\n", "model.dim", "not an integer", NULL);
+    expectError("train:\n  lr: fast\n", "train.lr", "fast", "not a number", NULL);
+    expectError("train:\n  lr: .nan\n", "train.lr", "not a number", NULL);
+    expectError("train:\n  out_dir: {a: 1}\n", "train.out_dir", "a mapping", "not a string", NULL);
+    expectError("model: 5\n", "model", "5", "not a mapping", "dim, n_layers", NULL);
+    expectError("- model\n", "config", "a list", "not a mapping", NULL);
+}
+
+static void test_out_of_range(void **state) {
+    (void)state;
+    expectError("model:\n  dim: 0\n", "model.dim", "0", "out of range", "from 1 to 65536", NULL);
+    expectError("model:\n  dim: 99999999999999999999\n", "model.dim", "out of range", NULL);
+    expectError("train:\n  lr: 0\n", "train.lr", "out of range", "0 < x", NULL);  /* open minimum */
+    expectError("train:\n  beta2: 1.0\n", "train.beta2", "1.0", "out of range", "< 1", NULL);
+    expectError("train:\n  steps: -5\n", "train.steps", "-5", "out of range", NULL);
+    expectError("data:\n  val_fraction: 0.9\n", "data.val_fraction", "0.9", "0 to 0.5", NULL);
+    expectError("train:\n  lr: 0.001\n  min_lr: 0.01\n", "train.min_lr", "above train.lr", NULL);
+    expectError("train:\n  seed: -1\n", "train.seed", "not an integer", NULL);
+
+    JobConfig cfg;
+    NsaError err;
+    assert_int_equal(load(&cfg, "train:\n  seed: 18446744073709551615\n  steps: 1_000_000\n", &err), 0);
+    assert_true(cfg.train.seed == UINT64_MAX);
+    assert_int_equal(cfg.train.steps, 1000000);
+
+    /* structs filled in code get the same range checks */
+    configDefaults(&cfg);
+    cfg.train.batch_size = 0;
+    assert_int_equal(configValidate(&cfg, &err), -1);
+    assert_non_null(strstr(err.message, "train.batch_size"));
+}
+
+static void test_not_divisible(void **state) {
+    (void)state;
+    expectError("nsa:\n  l: 32\n  d: 5\n  l_sel: 64\n", "nsa.d: 5 does not divide nsa.l (32)",
+                "allowed: a divisor of l and l_sel", NULL);
+    expectError("nsa:\n  l: 32\n  d: 16\n  l_sel: 24\n", "nsa.d: 16 does not divide nsa.l_sel (24)", NULL);
+    expectError("model:\n  n_heads: 12\n  n_kv_groups: 5\n",
+                "model.n_heads: 12 is not divisible by model.n_kv_groups (5)", NULL);
+    expectError("model:\n  d_k: 63\n", "model.d_k: 63 is odd", NULL);
+}
+
+static void test_bad_enum(void **state) {
+    (void)state;
+    expectError("nsa:\n  phi: max\n", "line 2", "nsa.phi", "max", "not a known value", "allowed: avg, mlp",
+                NULL);
+    expectError("runtime:\n  precision: fp8\n", "runtime.precision", "fp8", "fp32, fp64, bf16, fp16, auto",
+                NULL);
+    expectError("data:\n  source: s3\n", "data.source", "s3", "synthetic, text, shards", NULL);
+    expectError("runtime:\n  device: tpu\n", "runtime.device", "tpu", "cpu, cuda, auto", NULL);
+    expectError("data:\n  tokenizer: gpt2\n", "data.tokenizer", "gpt2", "allowed: byte", NULL);
+    expectError("fault:\n  stall_phase: lunch\n", "fault.stall_phase", "lunch", "forward", NULL);
+
+    /* aliases the prototype used, and "auto" */
+    JobConfig cfg;
+    NsaError err;
+    assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  precision: bf16-mixed\n", &err), 0);
+    assert_int_equal(cfg.runtime.precision, NSA_PREC_BF16);
+    assert_int_equal(cfg.runtime.precision_auto, 0);
+    assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  precision: auto\n", &err), 0);
+    assert_int_equal(cfg.runtime.precision, NSA_PREC_F32);
+    assert_int_equal(cfg.runtime.precision_auto, 1);
+    expectError("runtime:\n  device: cpu\n  precision: bf16\n", "runtime.precision", "bf16",
+                "not available on device cpu", NULL);
+}
+
+static void test_cross_key_rules(void **state) {
+    (void)state;
+    expectError("data:\n  source: text\n", "data.path", "(empty)", "data.source text", NULL);
+    expectError("data:\n  val_fraction: 0\ntrain:\n  eval_every: 100\n", "train.eval_every",
+                "data.val_fraction is 0", NULL);
+    expectError("data:\n  source: shards\n  path: x.bin\nmodel:\n  vocab_size: 100000\n",
+                "model.vocab_size", "100000", "uint16", NULL);
+    expectError("model:\n  vocab_size: 100\n", "model.vocab_size", "100", "at least 256", NULL);
+    expectError("fault:\n  nan_at_step: 3\n", "fault.nan_kind", "none", "loss, grad", NULL);
+
+    JobConfig cfg;
+    NsaError err;
+    assert_int_equal(load(&cfg, "data:\n  path: ignored.txt\n", &err), 0);
+    assert_int_equal(cfg.n_warnings, 1);
+    assert_non_null(strstr(cfg.warnings[0], "data.path"));
+}
+
+static void test_malformed_yaml_names_line(void **state) {
+    (void)state;
+    expectError("model:\n  dim: 64\n  n_layers: [1, 2\nnsa:\n  l: 8\n", "malformed YAML", "line 4", NULL);
+    expectError("model:\n  dim: 64\n   bad: indent\n", "malformed YAML", "line 3", NULL);
+    expectError("model:\n\tdim: 64\n", "malformed YAML", "line 2", NULL);
+    expectError("model:\n  dim: 64\n---\nnsa:\n  l: 8\n", "second YAML document", NULL);
+}
+
+static void test_duplicate_key(void **state) {
+    (void)state;
+    expectError("model:\n  dim: 64\n  n_layers: 2\n  dim: 128\n", "line 4", "model.dim",
+                "duplicate key (first given on line 2)", NULL);
+    expectError("model:\n  dim: 64\nmodel:\n  dim: 128\n", "line 3", "model", "duplicate key", NULL);
+}
+
+static void test_empty(void **state) {
+    (void)state;
+    expectError("", "config is empty", "model, nsa, train", NULL);
+    expectError("# nothing but a comment\n\n", "config is empty", NULL);
+    expectError("~\n", "config is empty", NULL);
+}
+
+/* Writes text to a fresh temp file; returns its malloc'd path. */
+static char *writeTemp(const char *text) {
+    char *path = strdup("/tmp/nsad-test-config-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    size_t n = strlen(text);
+    assert_int_equal(write(fd, text, n), (ssize_t)n);
+    close(fd);
+    return path;
+}
+
+static void test_file_errors_name_the_file(void **state) {
+    (void)state;
+    char *path = writeTemp("model:\n  dim: 64\n  heads: 4\n");
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, path, &err), -1);
+    char want[128];
+    snprintf(want, sizeof want, "%s:3: model.heads: unknown key", path);
+    if (!strstr(err.message, want)) fail_msg("message \"%s\" lacks \"%s\"", err.message, want);
+    unlink(path);
+    free(path);
+
+    path = writeTemp("");
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, path, &err), -1);
+    assert_non_null(strstr(err.message, path));
+    assert_non_null(strstr(err.message, "config is empty"));
+    unlink(path);
+    free(path);
+
+    path = writeTemp("model:\n  dim: 64\n\x01");
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, path, &err), -1);
+    snprintf(want, sizeof want, "%s: byte offset 17: malformed YAML: control characters", path);
+    if (!strstr(err.message, want)) fail_msg("message \"%s\" lacks \"%s\"", err.message, want);
+    unlink(path);
+    free(path);
+
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, "configs", &err), -1);
+    assert_non_null(strstr(err.message, "configs: is a directory"));
+
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, "/nonexistent/nsad.yaml", &err), -1);
+    assert_non_null(strstr(err.message, "/nonexistent/nsad.yaml: cannot open config"));
+}
+
+static void test_hash_follows_the_math(void **state) {
+    (void)state;
+    JobConfig a, b;
+    configDefaults(&a);
+    configDefaults(&b);
+    assert_true(configHash(&a) == configHash(&b));
+    b.train.lr = 1e-3;  /* schedule, not the model or the data order */
+    b.train.steps = 5;
+    b.runtime.threads = 7;
+    assert_true(configHash(&a) == configHash(&b));
+    b.model.d_k = 32;
+    assert_true(configHash(&a) != configHash(&b));
+    configDefaults(&b);
+    b.train.seed = 2;
+    assert_true(configHash(&a) != configHash(&b));
+    configDefaults(&b);
+    b.train.seq_len = 1024;
+    assert_true(configHash(&a) != configHash(&b));
+}
+
+/* Runs cmdCheck with stdout and stderr sent to files; returns its status. */
+static int runCheck(int argc, char **argv, char *out, size_t cap) {
+    fflush(stdout);
+    fflush(stderr);
+    int saved_out = dup(1), saved_err = dup(2);
+    char path[] = "/tmp/nsad-test-check-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    int rc = cmdCheck(argc, argv);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+    close(saved_out);
+    close(saved_err);
+    ssize_t n = pread(fd, out, cap - 1, 0);
+    out[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+static void test_check_command(void **state) {
+    (void)state;
+    static char out[65536];
+    char *good[] = {"check", "configs/prototype-smoke.yaml"};
+    assert_int_equal(runCheck(2, good, out, sizeof out), 0);
+    assert_non_null(strstr(out, "warning: runtime.use_flash_attn"));
+    assert_non_null(strstr(out, "  dim: 256\n"));
+    assert_non_null(strstr(out, "  precision: bf16\n"));
+
+    char *path = writeTemp("nsa:\n  d: 5\n");
+    char *bad[] = {"check", path};
+    assert_int_equal(runCheck(2, bad, out, sizeof out), EXIT_CONFIG);
+    assert_non_null(strstr(out, "nsa.d: 5 does not divide nsa.l (32)"));
+    assert_null(strstr(out, "model:"));  /* nothing printed on stdout */
+    unlink(path);
+    free(path);
+
+    char *none[] = {"check"};
+    assert_int_equal(runCheck(1, none, out, sizeof out), EXIT_USAGE);
+    char *help[] = {"check", "--help"};
+    assert_int_equal(runCheck(2, help, out, sizeof out), 0);
+    assert_non_null(strstr(out, "usage: nsad check CONFIG"));
+    char *missing[] = {"check", "/nonexistent.yaml"};
+    assert_int_equal(runCheck(2, missing, out, sizeof out), EXIT_CONFIG);
+}
+
+/* docs/CONFIG.md has a row for every key the loader knows, with the right
+ * default: the resolved YAML of the defaults lists every key. */
+static void test_docs_list_every_key(void **state) {
+    (void)state;
+    FILE *f = fopen("docs/CONFIG.md", "rb");
+    if (!f) fail_msg("docs/CONFIG.md: cannot open (run the tests from the repository root)");
+    static char doc[1 << 17];
+    size_t n = fread(doc, 1, sizeof doc - 1, f);
+    doc[n] = '\0';
+    fclose(f);
+
+    JobConfig cfg;
+    configDefaults(&cfg);
+    cfg.runtime.device_auto = 1;  /* print "auto" whatever this machine has */
+    cfg.runtime.precision_auto = 1;
+    cfg.runtime.threads = 0;      /* the documented default, before it resolves to the core count */
+    char *yaml = configToYaml(&cfg);
+    assert_non_null(yaml);
+    char section[32] = "";
+    int keys = 0;
+    for (char *line = strtok(yaml, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#') continue;
+        if (line[0] != ' ') {
+            snprintf(section, sizeof section, "%.*s", (int)strcspn(line, ":"), line);
+            continue;
+        }
+        char key[64], value[256], want[128];
+        snprintf(key, sizeof key, "%.*s", (int)strcspn(line + 2, ":"), line + 2);
+        const char *v = strchr(line, ':') + 2;
+        size_t len = strcspn(v, "#");
+        while (len > 0 && v[len - 1] == ' ') len--;
+        if (len >= 2 && v[0] == '"') {
+            v++;
+            len -= 2;
+        }
+        snprintf(value, sizeof value, "%.*s", (int)len, v);
+        if (!value[0]) snprintf(value, sizeof value, "(empty)");
+        snprintf(want, sizeof want, "| `%s.%s` | ", section, key);
+        const char *row = strstr(doc, want);
+        if (!row) fail_msg("docs/CONFIG.md has no row for %s.%s", section, key);
+        const char *type_end = strchr(row + strlen(want), '|');  /* then the default column */
+        assert_non_null(type_end);
+        char shown[256];
+        snprintf(shown, sizeof shown, "%.*s", (int)strcspn(type_end + 2, "|") - 1, type_end + 2);
+        char *tick;
+        while ((tick = strchr(shown, '`'))) memmove(tick, tick + 1, strlen(tick));
+        if (strcmp(shown, value)) fail_msg("docs/CONFIG.md: %s.%s default \"%s\", the loader's is \"%s\"",
+                                           section, key, shown, value);
+        keys++;
+    }
+    assert_true(keys > 50);
+    free(yaml);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shipped_configs_load),
+        cmocka_unit_test(test_prototype_configs_keep_their_values),
+        cmocka_unit_test(test_defaults_are_valid),
+        cmocka_unit_test(test_json_loads_like_yaml),
+        cmocka_unit_test(test_resolved_yaml_reads_back),
+        cmocka_unit_test(test_unknown_key),
+        cmocka_unit_test(test_wrong_type),
+        cmocka_unit_test(test_out_of_range),
+        cmocka_unit_test(test_not_divisible),
+        cmocka_unit_test(test_bad_enum),
+        cmocka_unit_test(test_cross_key_rules),
+        cmocka_unit_test(test_malformed_yaml_names_line),
+        cmocka_unit_test(test_duplicate_key),
+        cmocka_unit_test(test_empty),
+        cmocka_unit_test(test_file_errors_name_the_file),
+        cmocka_unit_test(test_hash_follows_the_math),
+        cmocka_unit_test(test_check_command),
+        cmocka_unit_test(test_docs_list_every_key),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

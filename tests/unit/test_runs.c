@@ -1,0 +1,245 @@
+/* test_runs.c - the run registry (daemon/runs.c): ids, the state machine's
+ * predicates, persistence across a reopen (what a daemon restart sees), the
+ * metric series (redone steps replace, files rebuild it), events. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "runs.h"
+
+static char *tempDir(void) {
+    char *dir = strdup("/tmp/nsad-test-runs-XXXXXX");
+    assert_non_null(dir);
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+static void removeDir(char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+    free(dir);
+}
+
+static void writeText(const char *dir, const char *name, const char *text) {
+    char path[RUN_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void idsAndNames(void **state) {
+    (void)state;
+    assert_int_equal(runIdValid("20261122-004105-a149"), 1);
+    assert_int_equal(runIdValid("a_b-C9"), 1);
+    assert_int_equal(runIdValid(""), 0);
+    assert_int_equal(runIdValid(".."), 0);
+    assert_int_equal(runIdValid("a/b"), 0);
+    assert_int_equal(runIdValid("a.b"), 0);
+    char long_id[70];
+    memset(long_id, 'a', 65);
+    long_id[65] = '\0';
+    assert_int_equal(runIdValid(long_id), 0);
+    long_id[64] = '\0';
+    assert_int_equal(runIdValid(long_id), 1);
+    assert_int_equal(runNameValid("tiny-cpu.v2"), 1);
+    assert_int_equal(runNameValid(".."), 0);
+    assert_int_equal(runNameValid("."), 0);
+    assert_int_equal(runNameValid("a b"), 0);
+}
+
+static void statePredicates(void **state) {
+    (void)state;
+    for (int s = 0; s < RUN_STATE_COUNT; s++)
+        assert_int_equal(runStateFromName(runStateName((RunState)s)), s);
+    assert_int_equal(runStateFromName("sleeping"), -1);
+    assert_string_equal(runStateName(RUN_NAN_HALTED), "nan_halted");
+    const RunState active[] = {RUN_STARTING, RUN_RUNNING, RUN_HALTING, RUN_HUNG};
+    const RunState resumable[] = {RUN_HALTED, RUN_NAN_HALTED, RUN_FAILED};
+    for (int s = 0; s < RUN_STATE_COUNT; s++) {
+        int a = 0, r = 0;
+        for (size_t i = 0; i < 4; i++) a |= active[i] == (RunState)s;
+        for (size_t i = 0; i < 3; i++) r |= resumable[i] == (RunState)s;
+        assert_int_equal(runStateIsActive((RunState)s), a);
+        assert_int_equal(runStateIsResumable((RunState)s), r);
+    }
+}
+
+static void createSaveReopen(void **state) {
+    (void)state;
+    char *dir = tempDir();
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, "first", "model:\n  dim: 32\n", "cpu", "fp32", 100, &err);
+    assert_non_null(run);
+    assert_int_equal(run->state, RUN_STARTING);
+    assert_string_equal(run->name, "first");
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", run->id);
+    assert_int_equal(runIdValid(id), 1);
+    struct stat st;
+    assert_int_equal(stat(run->out_dir, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    assert_true(run->started_at > 0);
+    assert_int_equal(runsAddSample(run, &(TrainSample){.step = 7, .total_steps = 100, .loss = 3.5}), 0);
+    run->last_checkpoint_step = 5;
+    assert_int_equal(runsAddEvent(run, "checkpoint", 5, "{\"dir\":\"x\"}", &err), 0);
+    assert_int_equal(runsAddEvent(run, "note", 6, "not json", &err), 0);
+    assert_int_equal(runsSetState(run, RUN_HUNG, &err), 0);
+    snprintf(run->anomaly, sizeof run->anomaly, "hang:forward");
+    assert_int_equal(runsSave(run, &err), 0);
+    Run *second = runsCreate(reg, NULL, "a: 1\n", "cpu", "fp32", 10, &err);
+    assert_non_null(second);
+    assert_string_not_equal(second->id, id);
+    assert_string_equal(second->name, second->id);
+    runsClose(reg);
+
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    assert_int_equal(reg->n_runs, 2);
+    run = runsFind(reg, id);
+    assert_non_null(run);
+    assert_int_equal(run->state, RUN_HUNG);
+    assert_int_equal(run->step, 7);
+    assert_int_equal(run->total_steps, 100);
+    assert_int_equal(run->last_checkpoint_step, 5);
+    assert_string_equal(run->anomaly, "hang:forward");
+    assert_string_equal(run->config_yaml, "model:\n  dim: 32\n");
+    assert_string_equal(run->device, "cpu");
+    assert_int_equal(run->n_events, 2);
+    assert_string_equal(run->events[0].type, "checkpoint");
+    assert_int_equal(run->events[0].seq, 1);
+    assert_int_equal(run->events[0].step, 5);
+    assert_string_equal(run->events[0].detail_json, "{\"dir\":\"x\"}");
+    assert_string_equal(run->events[1].detail_json, "{\"text\":\"not json\"}");
+    assert_int_equal(runsAddEvent(run, "resume", 5, NULL, &err), 0);
+    assert_int_equal(run->events[2].seq, 3);
+    assert_null(runsFind(reg, "nope"));
+    runsClose(reg);
+    removeDir(dir);
+}
+
+static void corruptRecordIsSkipped(void **state) {
+    (void)state;
+    char *dir = tempDir();
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 1, &err);
+    assert_non_null(run);
+    writeText(run->dir, "run.json", "{\"state\": \"dancing\"}");
+    runsClose(reg);
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    assert_int_equal(reg->n_runs, 0);
+    runsClose(reg);
+    removeDir(dir);
+}
+
+static void stateDirThatIsAFile(void **state) {
+    (void)state;
+    char *dir = tempDir();
+    char file[600];
+    snprintf(file, sizeof file, "%s/file", dir);
+    writeText(dir, "file", "x");
+    NsaError err = {""};
+    assert_null(runsOpen(file, &err));
+    assert_non_null(strstr(err.message, file));
+    removeDir(dir);
+}
+
+static void redoneStepsReplaceTheTail(void **state) {
+    (void)state;
+    Run run;
+    memset(&run, 0, sizeof run);
+    for (int64_t s = 1; s <= 10; s++) assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 1.0}), 0);
+    /* a resume from the checkpoint at step 6 logs 7.. again */
+    for (int64_t s = 7; s <= 12; s++) assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 2.0}), 0);
+    assert_int_equal(run.n_train, 12);
+    for (size_t i = 0; i < run.n_train; i++) {
+        assert_int_equal(run.train[i].step, (int64_t)i + 1);
+        assert_true(run.train[i].loss == (i < 6 ? 1.0 : 2.0));
+    }
+    assert_int_equal(runsAddEval(&run, 10, 1.0, 3.0, 4.0), 0);
+    assert_int_equal(runsAddEval(&run, 10, 2.0, 3.5, 4.5), 0);
+    assert_int_equal(run.n_val, 1);
+    assert_true(run.val_loss == 3.5);
+    free(run.train);
+    free(run.val);
+}
+
+static void seriesRebuiltFromFiles(void **state) {
+    (void)state;
+    char *dir = tempDir();
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 30, &err);
+    assert_non_null(run);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", run->id);
+    writeText(run->out_dir, "training.csv",
+              "step,loss,lr,toks_per_s\n10,5.5,0.001,100\n20,5.0,0.002,200\n30,4.5,0.0015,300\n31,4.4");
+    writeText(run->out_dir, "val.csv", "step,val_loss,bits_per_byte\n0,5.6,8.0\n20,5.1,7.4\n");
+    /* step 20 logged twice (a resume): the later line is the one kept */
+    writeText(run->out_dir, "heartbeat_rank0.jsonl",
+              "{\"ts\":1.0,\"event\":\"start\",\"step\":0}\n"
+              "{\"ts\":10.0,\"event\":\"step\",\"step\":10,\"grad_norm\":0.9,\"memory\":111}\n"
+              "{\"ts\":20.0,\"event\":\"step\",\"step\":20,\"grad_norm\":0.8,\"memory\":111}\n"
+              "{\"ts\":25.0,\"event\":\"resume\",\"step\":10}\n"
+              "{\"ts\":26.0,\"event\":\"step\",\"step\":20,\"grad_norm\":0.7,\"memory\":222}\n"
+              "{\"ts\":27.0,\"event\":\"eval\",\"step\":20,\"detail\":{\"val_loss\":5.1}}\n"
+              "{\"ts\":30.0,\"event\":\"step\",\"step\":30,\"grad_norm\":0.6,\"memory\":222}\n"
+              "{\"ts\":31.0,\"event\":\"st");
+    runsClose(reg);
+
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    run = runsFind(reg, id);
+    assert_non_null(run);
+    assert_int_equal(run->n_train, 4); /* the torn last row "31,4.4" still parses its step and loss */
+    assert_int_equal(run->train[0].step, 10);
+    assert_true(run->train[0].ts == 10.0 && run->train[0].grad_norm == 0.9 && run->train[0].mem_bytes == 111);
+    assert_true(run->train[1].ts == 26.0 && run->train[1].grad_norm == 0.7 && run->train[1].mem_bytes == 222);
+    assert_true(run->train[1].lr == 0.002 && run->train[1].toks_per_s == 200);
+    assert_true(isnan(run->train[3].grad_norm) && isnan(run->train[3].lr));
+    assert_int_equal(run->step, 31);
+    assert_true(run->loss == 4.4);
+    assert_int_equal(run->n_val, 2);
+    assert_true(isnan(run->val[0].ts));
+    assert_true(run->val[1].ts == 27.0 && run->val[1].val_loss == 5.1 && run->val[1].bits_per_byte == 7.4);
+    assert_true(run->val_loss == 5.1);
+
+    writeText(run->out_dir, "training.csv", "loss,lr\n1,2\n");
+    assert_int_equal(runsLoadSeries(run, &err), -1);
+    assert_non_null(strstr(err.message, "training.csv"));
+    assert_non_null(strstr(err.message, "step"));
+    runsClose(reg);
+    removeDir(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(idsAndNames),
+        cmocka_unit_test(statePredicates),
+        cmocka_unit_test(createSaveReopen),
+        cmocka_unit_test(corruptRecordIsSkipped),
+        cmocka_unit_test(stateDirThatIsAFile),
+        cmocka_unit_test(redoneStepsReplaceTheTail),
+        cmocka_unit_test(seriesRebuiltFromFiles),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,979 @@
+/* test_trainer.c - the training loop and its modules: lr schedule, run
+ * artifacts, stack dumps, trainerRun (real text, resume, NaN policies,
+ * .HALT, stalls) and `nsad train` (exit codes, signals).
+ *
+ * Runs from the repository root (tests/run.sh does): the real-text tests
+ * read build/data/fortunes.txt, built by scripts/make-corpus.sh. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <math.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+#include <cmocka.h>
+
+#include "artifacts.h"
+#include "checkpoint.h"
+#include "commands.h"
+#include "config.h"
+#include "schedule.h"
+#include "stackdump.h"
+#include "trainer.h"
+
+#define CORPUS "build/data/fortunes.txt"
+
+/* ---- helpers ----------------------------------------------------------- */
+
+static int removeEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+static void removeTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static char *makeTempDir(void) {
+    char *dir = strdup("/tmp/nsad-test-train-XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    return dir;
+}
+
+static int fileExists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static int fileIn(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    return fileExists(path);
+}
+
+/* The whole file as a string (the caller frees), or NULL when absent. */
+static char *slurp(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n + 1);
+    size_t got = fread(buf, 1, (size_t)n, f);
+    fclose(f);
+    buf[got] = 0;
+    return buf;
+}
+
+static void writeText(const char *dir, const char *name, const char *text) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* A CSV's data rows: steps and the given column (1-based after step). */
+typedef struct Csv {
+    int n;
+    int64_t step[512];
+    double value[512];
+    char text[512][40];  /* the column exactly as written */
+} Csv;
+
+static void readCsv(const char *dir, const char *name, const char *header, int column, Csv *csv) {
+    char *s = slurp(dir, name);
+    if (!s) fail_msg("%s/%s is missing", dir, name);
+    char *save = NULL;
+    char *line = strtok_r(s, "\n", &save);
+    assert_non_null(line);
+    assert_string_equal(line, header);
+    csv->n = 0;
+    while ((line = strtok_r(NULL, "\n", &save)) != NULL && csv->n < 512) {
+        char *fields[8];
+        int nf = 0;
+        char *fsave = NULL;
+        for (char *f = strtok_r(line, ",", &fsave); f && nf < 8; f = strtok_r(NULL, ",", &fsave))
+            fields[nf++] = f;
+        assert_true(nf > column);
+        csv->step[csv->n] = strtoll(fields[0], NULL, 10);
+        csv->value[csv->n] = strtod(fields[column], NULL);
+        snprintf(csv->text[csv->n], sizeof csv->text[0], "%s", fields[column]);
+        csv->n++;
+    }
+    free(s);
+}
+
+/* Every heartbeat line parsed; returns how many have event == type. */
+static int countEvents(const char *dir, const char *type) {
+    char *s = slurp(dir, ARTIFACT_HEARTBEAT);
+    assert_non_null(s);
+    int count = 0;
+    char *save = NULL;
+    for (char *line = strtok_r(s, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        if (!o) fail_msg("heartbeat line is not JSON: %s", line);
+        const cJSON *ev = cJSON_GetObjectItem(o, "event");
+        assert_true(cJSON_IsString(ev));
+        if (!strcmp(ev->valuestring, type)) count++;
+        cJSON_Delete(o);
+    }
+    free(s);
+    return count;
+}
+
+static void requireCorpus(void) {
+    if (access(CORPUS, R_OK) != 0 && system("./scripts/make-corpus.sh >/dev/null 2>&1") != 0)
+        fail_msg("%s is missing and scripts/make-corpus.sh failed: run the tests from the "
+                 "repository root after `make deps`", CORPUS);
+    assert_int_equal(access(CORPUS, R_OK), 0);
+}
+
+/* A small job: 12 steps of 4 x 64 tokens on a 1-layer model, fp32 CPU. */
+static const char *small_job_yaml =
+    "model:\n  dim: 32\n  n_layers: 1\n  n_heads: 2\n  n_kv_groups: 1\n  d_k: 16\n  d_v: 16\n"
+    "  vocab_size: 256\n"
+    "nsa:\n  l: 8\n  d: 4\n  l_sel: 16\n  n_sel: 4\n  w: 32\n  phi: avg\n"
+    "train:\n  steps: 12\n  seq_len: 64\n  batch_size: 4\n  accumulate_grad_batches: 2\n"
+    "  lr: 3.0e-3\n  min_lr: 3.0e-4\n  warmup_steps: 3\n  weight_decay: 0.1\n  grad_clip: 1.0\n"
+    "  seed: 7\n  log_every: 1\n  eval_every: 4\n  eval_batches: 2\n  save_every: 4\n"
+    "  keep_last: 2\n  out_dir: /nonexistent\n"
+    "runtime:\n  device: cpu\n  precision: fp32\n  threads: 1\n"
+    "data:\n  source: synthetic\n";
+
+static void loadSmallJob(JobConfig *cfg, int real_text) {
+    configDefaults(cfg);
+    NsaError err = {{0}};
+    if (configLoadString(cfg, small_job_yaml, strlen(small_job_yaml), &err) != 0)
+        fail_msg("config: %s", err.message);
+    if (real_text) {
+        requireCorpus();
+        cfg->data.source = DATA_TEXT;
+        snprintf(cfg->data.path, sizeof cfg->data.path, "%s", CORPUS);
+    }
+    if (configValidate(cfg, &err) != 0) fail_msg("config: %s", err.message);
+}
+
+/* Hooks that act at one step: request a halt, create .HALT, or stop now. */
+typedef enum HookAction { HOOK_NONE, HOOK_HALT_REQUEST, HOOK_HALT_FILE, HOOK_STOP_NOW } HookAction;
+
+typedef struct HookCtx {
+    TrainMonitor *mon;
+    const char *out_dir;
+    int64_t at_step;
+    HookAction action;
+    int samples, evals, events;
+} HookCtx;
+
+static void onSample(void *ctx, const TrainSample *s) {
+    HookCtx *h = ctx;
+    h->samples++;
+    assert_true(s->ts > 1e9);
+    assert_true(s->tokens_seen > 0);
+    if (s->step != h->at_step) return;
+    if (h->action == HOOK_HALT_REQUEST) atomic_store(&h->mon->halt_requested, 1);
+    if (h->action == HOOK_STOP_NOW) atomic_store(&h->mon->stop_now, 1);
+    if (h->action == HOOK_HALT_FILE) writeText(h->out_dir, ARTIFACT_HALT, "test\n");
+}
+
+static void onEval(void *ctx, int64_t step, double val_loss, double bpb) {
+    (void)step;
+    HookCtx *h = ctx;
+    h->evals++;
+    assert_true(isfinite(val_loss) && isfinite(bpb));
+}
+
+static void onEvent(void *ctx, const char *type, const char *detail) {
+    HookCtx *h = ctx;
+    h->events++;
+    assert_non_null(type);
+    cJSON *o = cJSON_Parse(detail);
+    if (!cJSON_IsObject(o)) fail_msg("event %s: detail is not a JSON object: %s", type, detail);
+    cJSON_Delete(o);
+}
+
+/* trainerRun with hooks into out_dir; returns its rc. */
+static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume, HookCtx *h,
+                  TrainResult *res, NsaError *err) {
+    TrainMonitor mon;
+    trainMonitorInit(&mon);
+    HookCtx local = {0};
+    if (!h) h = &local;
+    h->mon = &mon;
+    h->out_dir = out_dir;
+    TrainHooks hooks = {h, onSample, onEval, onEvent};
+    TrainOptions opt = {out_dir, resume, 0, -1, 1};
+    memset(err, 0, sizeof *err);
+    return trainerRun(cfg, &opt, &mon, &hooks, res, err);
+}
+
+/* ---- schedule, phases -------------------------------------------------- */
+
+static void test_schedule_warmup_cosine(void **state) {
+    (void)state;
+    LrSchedule s = {1.0, 0.1, 10, 110};
+    assert_true(fabs(scheduleLr(&s, 1) - 0.1) < 1e-12);   /* the first step trains */
+    assert_true(fabs(scheduleLr(&s, 5) - 0.5) < 1e-12);
+    assert_true(fabs(scheduleLr(&s, 10) - 1.0) < 1e-12);  /* peak at the end of warmup */
+    assert_true(fabs(scheduleLr(&s, 60) - 0.55) < 1e-12); /* cosine midpoint */
+    assert_true(fabs(scheduleLr(&s, 110) - 0.1) < 1e-12); /* lands on min_lr */
+    assert_true(fabs(scheduleLr(&s, 500) - 0.1) < 1e-12);
+    for (int64_t k = 11; k <= 110; k++) assert_true(scheduleLr(&s, k) <= scheduleLr(&s, k - 1));
+    for (int64_t k = 2; k <= 10; k++) assert_true(scheduleLr(&s, k) > scheduleLr(&s, k - 1));
+    LrSchedule flat = {0.5, 0.5, 0, 10};
+    assert_true(scheduleLr(&flat, 1) == 0.5 && scheduleLr(&flat, 10) == 0.5);
+    LrSchedule no_warmup = {1.0, 0.0, 0, 3};
+    assert_true(fabs(scheduleLr(&no_warmup, 0) - 0.75) < 1e-12); /* clamped to step 1 */
+    assert_true(fabs(scheduleLr(&no_warmup, 1) - 0.75) < 1e-12);
+}
+
+static void test_phase_names(void **state) {
+    (void)state;
+    for (int p = 0; p < PHASE_COUNT; p++)
+        assert_int_equal(trainPhaseFromName(trainPhaseName((TrainPhase)p)), p);
+    assert_string_equal(trainPhaseName(PHASE_FORWARD), "forward");
+    assert_string_equal(trainPhaseName(PHASE_COUNT), "unknown");
+    assert_int_equal(trainPhaseFromName("nonsense"), -1);
+    assert_int_equal(trainPhaseFromName(NULL), -1);
+    TrainMonitor mon;
+    trainMonitorInit(&mon);
+    int64_t before = atomic_load(&mon.phase_since_ns);
+    trainMonitorEnter(&mon, PHASE_EVAL);
+    assert_int_equal(atomic_load(&mon.phase), PHASE_EVAL);
+    assert_true(atomic_load(&mon.phase_since_ns) >= before);
+}
+
+/* ---- artifacts ----------------------------------------------------------- */
+
+static void test_artifacts_logs_and_resume_trim(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char sub[512];
+    snprintf(sub, sizeof sub, "%s/a/b", dir);  /* created with parents */
+    NsaError err = {{0}};
+    Artifacts *a = artifactsOpen(sub, -1, &err);
+    assert_non_null(a);
+    for (int64_t step = 1; step <= 4; step++) {
+        TrainSample s = {.step = step, .total_steps = 4, .ts = 1.7e9, .loss = 1.0 / 3.0 + (double)step,
+                         .lr = 1e-3, .grad_norm = 0.5, .toks_per_s = 1234.56, .tokens_seen = 100 * step,
+                         .mem_bytes = 4096};
+        assert_int_equal(artifactsLogStep(a, &s, "train", &err), 0);
+        if (step % 2 == 0) assert_int_equal(artifactsLogEval(a, step, 2.0, 2.0 / log(2.0), &err), 0);
+    }
+    assert_int_equal(artifactsLogEvent(a, "checkpoint", 4, "checkpoint", "{\"dir\":\"x\"}", &err), 0);
+    assert_int_equal(artifactsLogEvent(a, "bad", 4, "idle", "not json", &err), -1);
+    assert_non_null(strstr(err.message, "not a JSON object"));
+    artifactsClose(a);
+
+    Csv csv;
+    readCsv(sub, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &csv);
+    assert_int_equal(csv.n, 4);
+    /* the loss reads back as the same double */
+    for (int i = 0; i < 4; i++) assert_true(csv.value[i] == 1.0 / 3.0 + (double)(i + 1));
+    readCsv(sub, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 2, &csv);
+    assert_int_equal(csv.n, 2);
+    assert_true(fabs(csv.value[0] - 2.0 / log(2.0)) < 1e-12);
+
+    /* every heartbeat line: an object with ts, event, step, phase */
+    char *hb = slurp(sub, ARTIFACT_HEARTBEAT);
+    char *save = NULL;
+    int lines = 0, steps = 0;
+    for (char *line = strtok_r(hb, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        assert_non_null(o);
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "ts")));
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, "step")));
+        assert_true(cJSON_IsString(cJSON_GetObjectItem(o, "phase")));
+        const char *ev = cJSON_GetObjectItem(o, "event")->valuestring;
+        if (!strcmp(ev, "step")) {
+            steps++;
+            const char *keys[] = {"loss", "lr", "grad_norm", "toks_per_s", "memory", "tokens_seen"};
+            for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+                assert_true(cJSON_IsNumber(cJSON_GetObjectItem(o, keys[k])));
+        } else {
+            assert_true(cJSON_IsObject(cJSON_GetObjectItem(o, "detail")));
+        }
+        cJSON_Delete(o);
+        lines++;
+    }
+    free(hb);
+    assert_int_equal(steps, 4);
+    assert_int_equal(lines, 4 + 2 + 1);
+
+    /* resuming at step 2 drops the rows logged after it; the heartbeat stays */
+    a = artifactsOpen(sub, 2, &err);
+    assert_non_null(a);
+    artifactsClose(a);
+    readCsv(sub, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &csv);
+    assert_int_equal(csv.n, 2);
+    assert_int_equal(csv.step[1], 2);
+    readCsv(sub, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 1, &csv);
+    assert_int_equal(csv.n, 1);
+    assert_int_equal(countEvents(sub, "step"), 4);
+
+    /* a CSV that is not ours is not rewritten */
+    writeText(sub, ARTIFACT_VAL_CSV, "epoch,acc\n1,0.5\n");
+    assert_null(artifactsOpen(sub, 2, &err));
+    assert_non_null(strstr(err.message, "expected the header"));
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_artifacts_markers_and_metrics(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    NsaError err = {{0}};
+    assert_false(artifactsHaltRequested(dir));
+    assert_int_equal(artifactsWriteHalt(dir, "because", &err), 0);
+    assert_true(artifactsHaltRequested(dir));
+    assert_int_equal(artifactsWriteAnomaly(dir, "nan_grad", &err), 0);
+    char *text = slurp(dir, ARTIFACT_ANOMALY);
+    assert_string_equal(text, "nan_grad\n");
+    free(text);
+    assert_int_equal(artifactsClearStale(dir, &err), 2);
+    assert_false(artifactsHaltRequested(dir));
+    assert_int_equal(artifactsClearStale(dir, &err), 0);
+
+    char name[32];
+    artifactsAnomalyName(NAN, "loss", name, sizeof name);
+    assert_string_equal(name, "nan_loss");
+    artifactsAnomalyName(-INFINITY, "grad", name, sizeof name);
+    assert_string_equal(name, "inf_grad");
+
+    RunSummary s = {.outcome = "completed", .step = 3, .total_steps = 3, .final_loss = 1.5,
+                    .first_val_loss = 5.0, .first_bits_per_byte = 7.2, .final_val_loss = NAN,
+                    .final_bits_per_byte = NAN, .best_val_loss = 5.0, .tokens_seen = 99,
+                    .wall_seconds = 1.0, .mean_toks_per_s = 99.0, .anomalies = 0, .anomaly = "",
+                    .last_checkpoint = "x", .error = ""};
+    assert_int_equal(artifactsWriteMetrics(dir, &s, &err), 0);
+    text = slurp(dir, ARTIFACT_METRICS);
+    cJSON *o = cJSON_Parse(text);
+    free(text);
+    assert_non_null(o);
+    assert_string_equal(cJSON_GetObjectItem(o, "outcome")->valuestring, "completed");
+    assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "final_val_loss")));  /* NaN -> null */
+    assert_true(cJSON_GetObjectItem(o, "first_bits_per_byte")->valuedouble == 7.2);
+    cJSON_Delete(o);
+    removeTree(dir);
+    free(dir);
+}
+
+/* ---- stack dumps --------------------------------------------------------- */
+
+typedef struct Parked {
+    const char *name;
+    int block_signal;
+    _Atomic int ready, release;
+} Parked;
+
+/* A recognisable frame: the dump must show this function's name. */
+__attribute__((noinline)) void parkedThreadWaitsHere(Parked *p) {
+    atomic_store(&p->ready, 1);
+    while (!atomic_load(&p->release)) {
+        struct timespec t = {0, 2000000};
+        nanosleep(&t, NULL);
+    }
+}
+
+/* an unregistered thread: parks without telling the registry */
+static void *anonMain(void *arg) {
+    parkedThreadWaitsHere(arg);
+    return NULL;
+}
+
+static void *parkedMain(void *arg) {
+    Parked *p = arg;
+    assert_int_equal(stackdumpRegisterThread(p->name), 0);
+    if (p->block_signal) {
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, STACKDUMP_SIGNAL);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+    }
+    parkedThreadWaitsHere(p);
+    stackdumpUnregisterThread();
+    return NULL;
+}
+
+static void test_stackdump_all_threads(void **state) {
+    (void)state;
+    Parked good = {"parked-good", 0, 0, 0}, deaf = {"parked-deaf", 1, 0, 0};
+    pthread_t t1, t2, t3;
+    assert_int_equal(pthread_create(&t1, NULL, parkedMain, &good), 0);
+    assert_int_equal(pthread_create(&t2, NULL, parkedMain, &deaf), 0);
+    /* an unregistered thread is listed by tid, without a stack */
+    Parked anon = {"anon", 0, 0, 0};
+    assert_int_equal(pthread_create(&t3, NULL, anonMain, &anon), 0);
+    while (!atomic_load(&good.ready) || !atomic_load(&deaf.ready) || !atomic_load(&anon.ready)) {
+        struct timespec t = {0, 1000000};
+        nanosleep(&t, NULL);
+    }
+    assert_int_equal(stackdumpRegisterThread("test-main"), 0);
+    char *dump = stackdumpString("unit test");
+    assert_non_null(dump);
+    assert_non_null(strstr(dump, "reason: unit test"));
+    assert_non_null(strstr(dump, "thread \"test-main\""));
+    assert_non_null(strstr(dump, "the dumping thread"));
+    const char *g = strstr(dump, "thread \"parked-good\"");
+    assert_non_null(g);
+    const char *d = strstr(dump, "thread \"parked-deaf\"");
+    assert_non_null(d);
+    /* the good thread's own frames, symbolised */
+    const char *frame = strstr(g, "parkedThreadWaitsHere");
+    assert_non_null(frame);
+    assert_true(d < g ? 1 : frame < d);
+    assert_non_null(strstr(d, "no answer within"));
+    assert_non_null(strstr(dump, "threads not registered"));
+
+    /* the fd form writes the same kind of text */
+    char path[] = "/tmp/nsad-test-stack-XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(stackdumpWrite(fd, "to fd"), 0);
+    close(fd);
+    FILE *f = fopen(path, "r");
+    char head[64] = "";
+    assert_non_null(fgets(head, sizeof head, f));
+    fclose(f);
+    unlink(path);
+    assert_string_equal(head, "nsad stack dump\n");
+
+    stackdumpUnregisterThread();
+    atomic_store(&good.release, 1);
+    atomic_store(&deaf.release, 1);
+    atomic_store(&anon.release, 1);
+    pthread_join(t1, NULL);
+    pthread_join(t2, NULL);
+    pthread_join(t3, NULL);
+    free(dump);
+    /* unregistered threads are gone from the next dump */
+    dump = stackdumpString("after");
+    assert_null(strstr(dump, "parked-good"));
+    free(dump);
+}
+
+/* ---- training -------------------------------------------------------------- */
+
+/* Checks env.json, metrics.json and the heartbeat of a finished run. */
+static void checkRunArtifacts(const char *dir, const char *outcome, int64_t steps) {
+    char *text = slurp(dir, ARTIFACT_ENV);
+    assert_non_null(text);
+    cJSON *env = cJSON_Parse(text);
+    free(text);
+    assert_non_null(env);
+    const cJSON *versions = cJSON_GetObjectItem(env, "versions");
+    assert_string_equal(cJSON_GetObjectItem(versions, "nsad")->valuestring, NSA_VERSION);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(versions, "cjson")));
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(env, "git_commit")));
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(env, "device"), "kind")->valuestring,
+                        "cpu");
+    const cJSON *config = cJSON_GetObjectItem(env, "config");
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(cJSON_GetObjectItem(config, "model"), "dim")));
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(env, "config_yaml")));
+    assert_int_equal(strlen(cJSON_GetObjectItem(env, "config_hash")->valuestring), 16);
+    cJSON_Delete(env);
+
+    text = slurp(dir, ARTIFACT_METRICS);
+    assert_non_null(text);
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    assert_non_null(m);
+    assert_string_equal(cJSON_GetObjectItem(m, "outcome")->valuestring, outcome);
+    assert_int_equal((int64_t)cJSON_GetObjectItem(m, "step")->valuedouble, steps);
+    const char *keys[] = {"total_steps", "tokens_seen", "wall_seconds", "anomalies"};
+    for (size_t k = 0; k < sizeof keys / sizeof *keys; k++)
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItem(m, keys[k])));
+    cJSON_Delete(m);
+    assert_int_equal(countEvents(dir, "start") + countEvents(dir, "resume") >= 1, 1);
+}
+
+static void test_train_real_text_loss_falls(void **state) {
+    (void)state;
+    requireCorpus();
+    JobConfig *cfg = malloc(sizeof *cfg);
+    configDefaults(cfg);
+    NsaError err = {{0}};
+    if (configLoadFile(cfg, "configs/tiny-cpu.yaml", &err) != 0) fail_msg("%s", err.message);
+    char *dir = makeTempDir();
+    HookCtx h = {0};
+    TrainResult res;
+    int rc = runJob(cfg, dir, NULL, &h, &res, &err);
+    if (rc != 0) fail_msg("trainerRun: %s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, cfg->train.steps);
+
+    Csv val;
+    readCsv(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 2, &val);
+    assert_true(val.n >= 2);
+    assert_int_equal(val.step[0], 0);
+    double first = val.value[0], last = val.value[val.n - 1];
+    print_message("# real text (%s, %d steps): val bits/byte %.4f -> %.4f\n", CORPUS,
+                  (int)cfg->train.steps, first, last);
+    /* an untrained byte model sits near log2(256) = 8 bits per byte */
+    assert_true(first > 7.0 && first < 9.0);
+    /* learning English, not noise: well below the start */
+    assert_true(last < first - 2.5);
+    Csv train;
+    readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &train);
+    assert_int_equal(train.n, (int)(cfg->train.steps / cfg->train.log_every));
+    for (int i = 0; i < train.n; i++) assert_true(isfinite(train.value[i]));
+    assert_true(h.samples == train.n && h.evals == val.n);
+    checkRunArtifacts(dir, "completed", cfg->train.steps);
+    char latest[1024];
+    assert_int_equal(checkpointResolve(dir, "latest", latest, sizeof latest, &err), 1);
+    assert_non_null(strstr(latest, "step_00000060"));
+    removeTree(dir);
+    free(dir);
+    free(cfg);
+}
+
+/* Losses of the uninterrupted small run, computed once. */
+static Csv reference_losses, reference_val;
+static int have_reference;
+
+static void referenceRun(void) {
+    if (have_reference) return;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 1);
+    char *dir = makeTempDir();
+    TrainResult res;
+    NsaError err;
+    if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("reference run: %s", err.message);
+    readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &reference_losses);
+    readCsv(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 1, &reference_val);
+    assert_int_equal(reference_losses.n, 12);
+    removeTree(dir);
+    free(dir);
+    have_reference = 1;
+}
+
+static void assertSameCurve(const char *dir) {
+    Csv got;
+    readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &got);
+    assert_int_equal(got.n, reference_losses.n);
+    for (int i = 0; i < got.n; i++) {
+        assert_int_equal(got.step[i], reference_losses.step[i]);
+        if (got.value[i] != reference_losses.value[i])
+            fail_msg("step %d: loss %s differs from the uninterrupted run's %s",
+                     (int)got.step[i], got.text[i], reference_losses.text[i]);
+    }
+    readCsv(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 1, &got);
+    assert_int_equal(got.n, reference_val.n);
+    for (int i = 0; i < got.n; i++) assert_true(got.value[i] == reference_val.value[i]);
+}
+
+static void test_resume_is_bit_identical(void **state) {
+    (void)state;
+    referenceRun();
+    JobConfig cfg;
+    loadSmallJob(&cfg, 1);
+    char *dir = makeTempDir();
+    /* halt after step 5 (between checkpoints 4 and 8): the halt writes its
+     * own checkpoint at 5 and exits cleanly */
+    HookCtx h = {.at_step = 5, .action = HOOK_HALT_REQUEST};
+    TrainResult res;
+    NsaError err;
+    assert_int_equal(runJob(&cfg, dir, NULL, &h, &res, &err), 0);
+    assert_int_equal(res.outcome, TRAIN_HALTED);
+    assert_int_equal(res.step, 5);
+    checkRunArtifacts(dir, "halted", 5);
+    char found[1024];
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_non_null(strstr(found, "step_00000005"));
+
+    HookCtx h2 = {0};
+    if (runJob(&cfg, dir, "latest", &h2, &res, &err) != 0) fail_msg("resume: %s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, 12);
+    assert_int_equal(h2.samples, 7);  /* steps 6..12 only */
+    assertSameCurve(dir);
+    assert_int_equal(countEvents(dir, "resume"), 1);
+    checkRunArtifacts(dir, "completed", 12);
+    /* the summary covers the whole curve, the halted process's part too */
+    char *text = slurp(dir, ARTIFACT_METRICS);
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    assert_true(cJSON_GetObjectItem(m, "first_val_loss")->valuedouble == reference_val.value[0]);
+    assert_true(cJSON_GetObjectItem(m, "final_val_loss")->valuedouble ==
+                reference_val.value[reference_val.n - 1]);
+    cJSON_Delete(m);
+
+    /* resuming a finished run is a no-op that completes */
+    assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), 0);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, 12);
+
+    /* another seed is another run: refused, naming the hash */
+    cfg.train.seed = 8;
+    assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), -1);
+    assert_int_equal(res.outcome, TRAIN_FAILED);
+    assert_non_null(strstr(err.message, "hash"));
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_halt_file_stops_with_checkpoint(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    char *dir = makeTempDir();
+    HookCtx h = {.at_step = 3, .action = HOOK_HALT_FILE};
+    TrainResult res;
+    NsaError err;
+    assert_int_equal(runJob(&cfg, dir, NULL, &h, &res, &err), 0);
+    assert_int_equal(res.outcome, TRAIN_HALTED);
+    assert_int_equal(res.step, 3);
+    assert_true(fileIn(dir, "checkpoints/step_00000003/model.safetensors"));
+    assert_int_equal(countEvents(dir, "halt"), 1);
+    char *hb = slurp(dir, ARTIFACT_HEARTBEAT);
+    assert_non_null(strstr(hb, "\".HALT file\""));
+    free(hb);
+    /* a resume clears the stale .HALT instead of stopping at once */
+    assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), 0);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_false(fileIn(dir, ARTIFACT_HALT));
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_stop_now_skips_checkpoint(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    cfg.train.save_every = 0;
+    char *dir = makeTempDir();
+    HookCtx h = {.at_step = 2, .action = HOOK_STOP_NOW};
+    TrainResult res;
+    NsaError err;
+    assert_int_equal(runJob(&cfg, dir, NULL, &h, &res, &err), 0);
+    assert_int_equal(res.outcome, TRAIN_HALTED);
+    assert_int_equal(res.step, 2);
+    assert_false(fileIn(dir, "checkpoints"));
+    removeTree(dir);
+    free(dir);
+}
+
+static void nanHaltCase(FaultKind kind, const char *anomaly) {
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    cfg.nan.policy = NAN_HALT;
+    cfg.fault.nan_at_step = 3;
+    cfg.fault.nan_kind = kind;
+    char *dir = makeTempDir();
+    TrainResult res;
+    NsaError err;
+    assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
+    assert_int_equal(res.outcome, TRAIN_NAN_HALTED);
+    assert_int_equal(res.step, 2);  /* step 3 never happened */
+    assert_string_equal(res.anomaly, anomaly);
+    assert_non_null(strstr(err.message, anomaly));
+    assert_non_null(strstr(err.message, "step 3"));
+    char *text = slurp(dir, ARTIFACT_ANOMALY);
+    assert_non_null(text);
+    char expect[40];
+    snprintf(expect, sizeof expect, "%s\n", anomaly);
+    assert_string_equal(text, expect);
+    free(text);
+    assert_true(fileIn(dir, ARTIFACT_HALT));
+    assert_int_equal(countEvents(dir, "anomaly"), 1);
+    Csv csv;
+    readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &csv);
+    assert_int_equal(csv.n, 2);
+    checkRunArtifacts(dir, "nan_halted", 2);
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_nan_policy_halt_loss(void **state) {
+    (void)state;
+    nanHaltCase(FAULT_NAN_LOSS, "nan_loss");
+}
+
+static void test_nan_policy_halt_grad(void **state) {
+    (void)state;
+    nanHaltCase(FAULT_NAN_GRAD, "nan_grad");
+}
+
+static void test_nan_policy_skip(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    cfg.nan.policy = NAN_SKIP;
+    cfg.nan.max_skips = 1;
+    cfg.fault.nan_at_step = 3;
+    cfg.fault.nan_kind = FAULT_NAN_GRAD;
+    char *dir = makeTempDir();
+    TrainResult res;
+    NsaError err;
+    if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("%s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, 12);
+    assert_string_equal(res.anomaly, "nan_grad");
+    /* the poisoned gradient never reached the weights: every later loss is
+     * finite, and the step was retried on the next batch */
+    Csv csv;
+    readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &csv);
+    assert_int_equal(csv.n, 12);
+    for (int i = 0; i < csv.n; i++) assert_true(isfinite(csv.value[i]));
+    assert_true(isfinite(res.last_val_loss));
+    assert_true(fileIn(dir, ARTIFACT_ANOMALY));
+    assert_false(fileIn(dir, ARTIFACT_HALT));
+    assert_int_equal(countEvents(dir, "anomaly"), 1);
+    ResumeState st;
+    char found[1024];
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_int_equal(checkpointReadState(found, &st, &err), 0);
+    assert_int_equal(st.anomalies, 1);
+    assert_int_equal(st.data_position, 2 * 12 + 2);  /* one extra step's micro-batches */
+    removeTree(dir);
+    free(dir);
+
+    /* with no skips allowed the same fault halts */
+    cfg.nan.max_skips = 0;
+    dir = makeTempDir();
+    assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
+    assert_int_equal(res.outcome, TRAIN_NAN_HALTED);
+    assert_non_null(strstr(err.message, "max_skips"));
+    assert_true(fileIn(dir, ARTIFACT_HALT));
+    removeTree(dir);
+    free(dir);
+}
+
+static void test_nan_policy_rollback(void **state) {
+    (void)state;
+    referenceRun();
+    JobConfig cfg;
+    loadSmallJob(&cfg, 1);
+    cfg.nan.policy = NAN_ROLLBACK;
+    cfg.nan.max_skips = 3;
+    cfg.fault.nan_at_step = 7;  /* after the checkpoint at 4 */
+    cfg.fault.nan_kind = FAULT_NAN_LOSS;
+    char *dir = makeTempDir();
+    TrainResult res;
+    NsaError err;
+    if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("%s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_string_equal(res.anomaly, "nan_loss");
+    assert_int_equal(countEvents(dir, "rollback"), 1);
+    /* back at step 4 with step 4's weights, moments and data position, the
+     * replay is the uninterrupted run exactly */
+    assertSameCurve(dir);
+    removeTree(dir);
+    free(dir);
+
+    /* nothing to roll back to: halt, saying so */
+    cfg.train.save_every = 0;
+    dir = makeTempDir();
+    assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
+    assert_int_equal(res.outcome, TRAIN_NAN_HALTED);
+    assert_non_null(strstr(err.message, "no checkpoint"));
+    removeTree(dir);
+    free(dir);
+}
+
+typedef struct Watcher {
+    TrainMonitor *mon;
+    _Atomic int stop;
+    double longest_forward;  /* seconds the trainer stayed in forward */
+} Watcher;
+
+static void *watchMain(void *arg) {
+    Watcher *w = arg;
+    while (!atomic_load(&w->stop)) {
+        if (atomic_load(&w->mon->phase) == PHASE_FORWARD) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            double age = ((double)now.tv_sec * 1e9 + (double)now.tv_nsec -
+                          (double)atomic_load(&w->mon->phase_since_ns)) * 1e-9;
+            if (age > w->longest_forward) w->longest_forward = age;
+        }
+        struct timespec t = {0, 5000000};
+        nanosleep(&t, NULL);
+    }
+    return NULL;
+}
+
+static void test_stall_fault_sleeps_in_phase(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    cfg.train.steps = 3;
+    cfg.fault.stall_at_step = 2;
+    snprintf(cfg.fault.stall_phase, sizeof cfg.fault.stall_phase, "forward");
+    cfg.fault.stall_seconds = 0.4;
+    char *dir = makeTempDir();
+    TrainMonitor mon;
+    trainMonitorInit(&mon);
+    Watcher w = {.mon = &mon};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, watchMain, &w), 0);
+    TrainOptions opt = {dir, NULL, 0, -1, 1};
+    TrainResult res;
+    NsaError err;
+    int rc = trainerRun(&cfg, &opt, &mon, NULL, &res, &err);
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    assert_int_equal(rc, 0);
+    assert_int_equal(atomic_load(&mon.step), 3);
+    assert_int_equal(atomic_load(&mon.phase), PHASE_IDLE);
+    assert_true(w.longest_forward > 0.3);
+    removeTree(dir);
+    free(dir);
+}
+
+/* ---- nsad train ------------------------------------------------------------- */
+
+static void test_cmd_train_usage_and_config_errors(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char *help[] = {"train", "--help", NULL};
+    assert_int_equal(cmdTrain(2, help), 0);
+    char *none[] = {"train", NULL};
+    assert_int_equal(cmdTrain(1, none), EXIT_USAGE);
+    char *bad_device[] = {"train", "x.yaml", "--device", "tpu", NULL};
+    assert_int_equal(cmdTrain(4, bad_device), EXIT_USAGE);
+    char *bad_steps[] = {"train", "x.yaml", "--steps", "-3", NULL};
+    assert_int_equal(cmdTrain(4, bad_steps), EXIT_USAGE);
+    char *missing[] = {"train", "/nonexistent/job.yaml", NULL};
+    assert_int_equal(cmdTrain(2, missing), EXIT_CONFIG);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bad.yaml", dir);
+    writeText(dir, "bad.yaml", "train:\n  steps: many\n");
+    char *bad[] = {"train", path, NULL};
+    assert_int_equal(cmdTrain(2, bad), EXIT_CONFIG);
+    removeTree(dir);
+    free(dir);
+}
+
+/* Waits up to `seconds` for pred(dir); returns its last value. */
+static int waitFor(int (*pred)(const char *), const char *dir, double seconds) {
+    for (int i = 0; i < (int)(seconds * 100); i++) {
+        if (pred(dir)) return 1;
+        struct timespec t = {0, 10000000};
+        nanosleep(&t, NULL);
+    }
+    return pred(dir);
+}
+
+static int hasTwoSteps(const char *dir) {
+    char *s = slurp(dir, ARTIFACT_TRAINING_CSV);
+    int lines = 0;
+    for (char *p = s; p && *p; p++) lines += *p == '\n';
+    free(s);
+    return lines >= 3;
+}
+
+static int hasStackFile(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "stacks-", 7)) found = 1;
+    closedir(d);
+    return found;
+}
+
+static char *stackFileText(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char *text = NULL;
+    while (!text && (e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "stacks-", 7)) text = slurp(dir, e->d_name);
+    closedir(d);
+    return text;
+}
+
+static void test_cmd_train_signals(void **state) {
+    (void)state;
+    char *dir = makeTempDir();
+    char out[1024], cfg_path[1024];
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/job.yaml", dir);
+    /* long enough that SIGTERM arrives mid-run */
+    char *yaml = malloc(strlen(small_job_yaml) + 1);
+    strcpy(yaml, small_job_yaml);
+    char *steps = strstr(yaml, "steps: 12");
+    memcpy(steps, "steps: 99", 9);
+    writeText(dir, "job.yaml", yaml);
+    free(yaml);
+
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int devnull = open("/dev/null", O_WRONLY);
+        dup2(devnull, STDERR_FILENO);
+        char *argv[] = {"train", cfg_path, "--out", out, "--quiet", "--steps", "5000", NULL};
+        _exit(cmdTrain(7, argv));
+    }
+    int ok = waitFor(hasTwoSteps, out, 60);
+    if (ok) {
+        kill(pid, SIGUSR1);
+        ok = waitFor(hasStackFile, out, 20);
+    }
+    kill(pid, SIGTERM);
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (!ok) fail_msg("the child never logged two steps or never wrote a stack file");
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+
+    char *stacks = stackFileText(out);
+    assert_non_null(stacks);
+    assert_non_null(strstr(stacks, "reason: SIGUSR1"));
+    assert_non_null(strstr(stacks, "thread \"trainer\""));
+    assert_non_null(strstr(stacks, "thread \"signals\""));
+    free(stacks);
+
+    char *text = slurp(out, ARTIFACT_METRICS);
+    assert_non_null(text);
+    cJSON *m = cJSON_Parse(text);
+    free(text);
+    assert_string_equal(cJSON_GetObjectItem(m, "outcome")->valuestring, "halted");
+    int64_t step = (int64_t)cJSON_GetObjectItem(m, "step")->valuedouble;
+    cJSON_Delete(m);
+    assert_true(step >= 2 && step < 5000);
+    char found[1024], expect[64];
+    NsaError err;
+    assert_int_equal(checkpointResolve(out, "latest", found, sizeof found, &err), 1);
+    snprintf(expect, sizeof expect, "step_%08d", (int)step);
+    assert_non_null(strstr(found, expect));
+    removeTree(dir);
+    free(dir);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_schedule_warmup_cosine),
+        cmocka_unit_test(test_phase_names),
+        cmocka_unit_test(test_artifacts_logs_and_resume_trim),
+        cmocka_unit_test(test_artifacts_markers_and_metrics),
+        cmocka_unit_test(test_stackdump_all_threads),
+        cmocka_unit_test(test_train_real_text_loss_falls),
+        cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_halt_file_stops_with_checkpoint),
+        cmocka_unit_test(test_stop_now_skips_checkpoint),
+        cmocka_unit_test(test_nan_policy_halt_loss),
+        cmocka_unit_test(test_nan_policy_halt_grad),
+        cmocka_unit_test(test_nan_policy_skip),
+        cmocka_unit_test(test_nan_policy_rollback),
+        cmocka_unit_test(test_stall_fault_sleeps_in_phase),
+        cmocka_unit_test(test_cmd_train_usage_and_config_errors),
+        cmocka_unit_test(test_cmd_train_signals),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,67 @@
+/* testutil.c - see testutil.h. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+void *testAlloc(size_t n, size_t size) {
+    void *p = calloc(n ? n : 1, size ? size : 1);
+    if (!p) {
+        fprintf(stderr, "testAlloc: out of memory for %zu x %zu bytes\n", n, size);
+        abort();
+    }
+    return p;
+}
+
+void testFillF32(NsaRng *rng, float *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * nsaRngUniform(rng));
+}
+
+void testFillF64(NsaRng *rng, double *x, size_t n, double lo, double hi) {
+    for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * nsaRngUniform(rng);
+}
+
+static double relErr(double diff_sq, double want_sq) {
+    if (isnan(diff_sq) || isnan(want_sq)) return NAN;
+    if (want_sq == 0) return diff_sq == 0 ? 0 : INFINITY;
+    return sqrt(diff_sq / want_sq);
+}
+
+double testRelErrF64(const double *got, const double *want, size_t n) {
+    double diff_sq = 0, want_sq = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = got[i] - want[i];
+        diff_sq += d * d;
+        want_sq += want[i] * want[i];
+    }
+    return relErr(diff_sq, want_sq);
+}
+
+double testRelErrF32(const float *got, const double *want, size_t n) {
+    double diff_sq = 0, want_sq = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = (double)got[i] - want[i];
+        diff_sq += d * d;
+        want_sq += want[i] * want[i];
+    }
+    return relErr(diff_sq, want_sq);
+}
+
+double *testWidenF32(const float *x, size_t n) {
+    double *y = testAlloc(n, sizeof(double));
+    for (size_t i = 0; i < n; i++) y[i] = x[i];
+    return y;
+}
+
+int testAllFiniteF32(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+int testAllFiniteF64(const double *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}

@@ -1,0 +1,30 @@
+/* testutil.h - small helpers shared by the unit tests (linked into every
+ * test binary). Allocation failures abort the test program: a test has no
+ * useful way to go on without its buffers. */
+#ifndef NSA_TESTUTIL_H
+#define NSA_TESTUTIL_H
+
+#include <stddef.h>
+#include "nsa_rng.h"
+
+/* calloc that aborts with a message instead of returning NULL, and never
+ * returns NULL for n == 0. The caller frees. */
+void *testAlloc(size_t n, size_t size);
+
+/* Fills x[0..n) with independent uniform draws from [lo, hi). */
+void testFillF32(NsaRng *rng, float *x, size_t n, double lo, double hi);
+void testFillF64(NsaRng *rng, double *x, size_t n, double lo, double hi);
+
+/* ||got - want|| / ||want|| in the 2-norm; 0 when both are all zero and
+ * +INFINITY when only want is. A NaN anywhere gives NaN. */
+double testRelErrF64(const double *got, const double *want, size_t n);
+double testRelErrF32(const float *got, const double *want, size_t n);
+
+/* A new double copy of x (testAlloc'd; the caller frees). */
+double *testWidenF32(const float *x, size_t n);
+
+/* 1 if every element is finite. */
+int testAllFiniteF32(const float *x, size_t n);
+int testAllFiniteF64(const double *x, size_t n);
+
+#endif

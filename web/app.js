@@ -1,0 +1,887 @@
+/* app.js - the nsad dashboard: polls the JSON API (proto/api.md) and draws
+ * the run header, live charts (uPlot), events and config.
+ *
+ * No framework and no build step: the page must work offline under a strict
+ * CSP (no inline script or style), so everything is plain DOM. Metrics are
+ * fetched incrementally with the API's since-cursor and appended to
+ * column arrays that the charts read directly; nothing is reloaded whole. */
+(function () {
+  'use strict';
+
+  var API = '/api/v1';
+  var TOKEN_KEY = 'nsad.token';
+  var THEME_KEY = 'nsad.theme';
+  var SMOOTH_KEY = 'nsad.smoothing';
+  var XMODE_KEY = 'nsad.xmode';
+
+  var POLL_ACTIVE_MS = 1000;   /* a run that moves */
+  var POLL_IDLE_MS = 4000;     /* a finished or halted run (it may be resumed) */
+  var POLL_HIDDEN_MS = 10000;  /* the tab is in the background */
+  var RUNS_EVERY_TICKS = 5;    /* the run list changes rarely */
+  var EVENTS_EVERY_TICKS = 3;
+  var HEARTBEAT_STALE_S = 30;
+  var MAX_EVENTS_SHOWN = 300;
+  var MAX_METRIC_PAGES = 100;  /* per tick, when the API pages a long history */
+
+  var ACTIVE_STATES = { starting: 1, running: 1, halting: 1 };
+  var HALTABLE_STATES = { starting: 1, running: 1 };
+  var RESUMABLE_STATES = { halted: 1, nan_halted: 1, hung: 1, failed: 1 };
+  var STATE_LABELS = {
+    idle: 'idle', starting: 'starting', running: 'running', halting: 'halting',
+    halted: 'halted', completed: 'completed', failed: 'failed',
+    nan_halted: 'NaN halted', hung: 'hung'
+  };
+
+  function $(id) { return document.getElementById(id); }
+
+  /* ---- formatting -------------------------------------------------------- */
+
+  function isNum(v) { return typeof v === 'number' && isFinite(v); }
+
+  function fmtFixed(v, digits) { return isNum(v) ? v.toFixed(digits) : '—'; }
+
+  function fmtSig(v) {
+    if (!isNum(v)) return '—';
+    var a = Math.abs(v);
+    if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
+    return String(+v.toPrecision(4));
+  }
+
+  function fmtSI(v) {
+    if (!isNum(v)) return '—';
+    var a = Math.abs(v);
+    if (a >= 1e9) return (v / 1e9).toFixed(2) + 'G';
+    if (a >= 1e6) return (v / 1e6).toFixed(2) + 'M';
+    if (a >= 1e4) return (v / 1e3).toFixed(1) + 'k';
+    if (a >= 1e3) return (v / 1e3).toFixed(2) + 'k';
+    return String(+v.toPrecision(3));
+  }
+
+  function fmtLr(v) {
+    if (!isNum(v)) return '—';
+    if (v === 0) return '0';
+    return v < 0.01 ? v.toExponential(2) : String(+v.toPrecision(3));
+  }
+
+  function fmtBytes(v) {
+    if (!isNum(v)) return '—';
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+    var i = 0;
+    while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    return (i === 0 ? String(Math.round(v)) : v.toFixed(v >= 100 ? 0 : 1)) + ' ' + units[i];
+  }
+
+  function fmtDuration(s) {
+    if (!isNum(s) || s < 0) return '—';
+    s = Math.round(s);
+    var d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600),
+        m = Math.floor(s % 3600 / 60), sec = s % 60;
+    function two(n) { return (n < 10 ? '0' : '') + n; }
+    if (d > 0) return d + 'd ' + two(h) + 'h';
+    if (h > 0) return h + 'h ' + two(m) + 'm';
+    if (m > 0) return m + 'm ' + two(sec) + 's';
+    return sec + 's';
+  }
+
+  function fmtClock(ts) {
+    if (!isNum(ts)) return '';
+    var d = new Date(ts * 1000);
+    var now = new Date();
+    var opts = { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false };
+    if (d.toDateString() !== now.toDateString()) { opts.month = 'short'; opts.day = 'numeric'; }
+    return d.toLocaleString(undefined, opts);
+  }
+
+  /* ---- token (bearer auth for TCP access) ------------------------------------ */
+
+  /* `nsactl dashboard` prints URL#token=...: keep the token for this tab only
+   * and take it out of the address bar so it does not end up in history,
+   * bookmarks or screenshots. */
+  function adoptTokenFromHash() {
+    var hash = location.hash.replace(/^#/, '');
+    if (!hash) return;
+    var kept = [];
+    hash.split('&').forEach(function (part) {
+      var eq = part.indexOf('=');
+      var key = eq < 0 ? part : part.slice(0, eq);
+      if (key === 'token') {
+        var value = '';
+        try { value = decodeURIComponent(part.slice(eq + 1)); } catch (e) { value = ''; }
+        if (value) sessionStorage.setItem(TOKEN_KEY, value);
+      } else if (part) {
+        kept.push(part);
+      }
+    });
+    var rest = kept.length ? '#' + kept.join('&') : '';
+    history.replaceState(null, '', location.pathname + location.search + rest);
+  }
+
+  function getToken() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
+
+  /* ---- API ----------------------------------------------------------------- */
+
+  function ApiError(status, code, message) {
+    this.status = status;
+    this.code = code;
+    this.message = message;
+  }
+
+  /* Resolves to the parsed JSON body; rejects with an ApiError carrying the
+   * API's {"error":{"code","message"}} (or the HTTP status when the body is
+   * not that shape; status 0 when the daemon is unreachable). */
+  function api(method, path, body) {
+    var headers = { 'Accept': 'application/json' };
+    var token = getToken();
+    if (token) headers['Authorization'] = 'Bearer ' + token;
+    var init = { method: method, headers: headers, cache: 'no-store', credentials: 'same-origin' };
+    if (body !== undefined) {
+      headers['Content-Type'] = 'application/json';
+      init.body = JSON.stringify(body);
+    }
+    return fetch(API + path, init).then(function (res) {
+      return res.text().then(function (text) {
+        var data = null;
+        if (text) {
+          try { data = JSON.parse(text); } catch (e) { data = null; }
+        }
+        if (!res.ok) {
+          var err = data && data.error;
+          throw new ApiError(res.status, err && err.code ? String(err.code) : 'http_' + res.status,
+                             err && err.message ? String(err.message) : 'HTTP ' + res.status + ' ' + res.statusText);
+        }
+        if (data === null && text) throw new ApiError(res.status, 'bad_json', 'the daemon sent a body that is not JSON');
+        return data || {};
+      });
+    }, function (e) {
+      throw new ApiError(0, 'unreachable', 'cannot reach nsad (' + (e && e.message ? e.message : 'network error') + ')');
+    });
+  }
+
+  /* ---- metric store ---------------------------------------------------------- */
+
+  /* Columns, one array per field, in step order; the charts read them as is. */
+  function newStore() {
+    return {
+      train: { step: [], ts: [], loss: [], ema: [], lr: [], grad_norm: [], toks_per_s: [], mem_bytes: [] },
+      val: { step: [], ts: [], val_loss: [], bpb: [] },
+      emaLast: 0,
+      emaCount: 0,
+      emaDone: 0            /* train rows already folded into the average */
+    };
+  }
+
+  function num(v) { return isNum(v) ? v : null; }
+
+  /* Drops the tail of every column from index i on. */
+  function truncateColumns(cols, i) {
+    Object.keys(cols).forEach(function (k) { cols[k].length = i; });
+  }
+
+  /* Index of the first entry whose step is >= step (binary search). */
+  function lowerBound(steps, step) {
+    var lo = 0, hi = steps.length;
+    while (lo < hi) {
+      var mid = (lo + hi) >> 1;
+      if (steps[mid] < step) lo = mid + 1; else hi = mid;
+    }
+    return lo;
+  }
+
+  /* Appends samples; a step at or before the last one (a rollback or a
+   * resume from an older checkpoint) replaces the history from that step on,
+   * so the curve shows what the model really went through last. Returns true
+   * when earlier points were replaced. */
+  function appendTrain(store, rows, smoothing) {
+    var t = store.train, rewound = false;
+    rows.forEach(function (r) {
+      if (!r || !isNum(r.step)) return;
+      var n = t.step.length;
+      if (n && r.step <= t.step[n - 1]) {
+        truncateColumns(t, lowerBound(t.step, r.step));
+        rewound = true;
+      }
+      t.step.push(r.step);
+      t.ts.push(num(r.ts));
+      t.loss.push(num(r.loss));
+      t.lr.push(num(r.lr));
+      t.grad_norm.push(num(r.grad_norm));
+      t.toks_per_s.push(num(r.toks_per_s));
+      t.mem_bytes.push(num(r.mem_bytes));
+      t.ema.push(null);
+    });
+    if (rewound) recomputeEma(store, smoothing);
+    else extendEma(store, smoothing);
+    return rewound;
+  }
+
+  function appendVal(store, rows) {
+    var v = store.val;
+    rows.forEach(function (r) {
+      if (!r || !isNum(r.step)) return;
+      var n = v.step.length;
+      if (n && r.step <= v.step[n - 1]) truncateColumns(v, lowerBound(v.step, r.step));
+      v.step.push(r.step);
+      v.ts.push(num(r.ts));
+      v.val_loss.push(num(r.val_loss));
+      v.bpb.push(num(r.bits_per_byte));
+    });
+  }
+
+  /* Debiased exponential moving average (as TensorBoard draws it): the
+   * zero start is divided out, so the first points are not dragged to 0.
+   * Non-finite losses leave a gap and do not poison the average. */
+  function extendEma(store, w) {
+    var t = store.train;
+    for (var i = store.emaDone; i < t.loss.length; i++) {
+      var v = t.loss[i];
+      if (v === null) { t.ema[i] = null; continue; }
+      store.emaLast = store.emaLast * w + (1 - w) * v;
+      store.emaCount++;
+      var debias = 1 - Math.pow(w, store.emaCount);
+      t.ema[i] = debias > 0 ? store.emaLast / debias : v;
+    }
+    store.emaDone = t.loss.length;
+  }
+
+  function recomputeEma(store, w) {
+    var t = store.train;
+    store.emaLast = 0;
+    store.emaCount = 0;
+    store.emaDone = 0;
+    for (var i = 0; i < t.ema.length; i++) t.ema[i] = null;
+    extendEma(store, w);
+  }
+
+  /* ---- charts ------------------------------------------------------------------ */
+
+  function cssVar(name) {
+    return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+  }
+
+  function withAlpha(color, alpha) {
+    var m = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})$/i.exec(color);
+    if (!m) return color;
+    return 'rgba(' + parseInt(m[1], 16) + ',' + parseInt(m[2], 16) + ',' + parseInt(m[3], 16) + ',' + alpha + ')';
+  }
+
+  /* What each chart shows: which store part and columns, how to print values. */
+  var CHART_SPECS = [
+    { id: 'chart-loss', part: 'train', empty: 'waiting for the first logged step…',
+      series: [
+        { label: 'loss', col: 'loss', color: '--series-1', alpha: 0.3, width: 1, fmt: function (v) { return fmtFixed(v, 4); } },
+        { label: 'smoothed', col: 'ema', color: '--series-1', width: 2, fmt: function (v) { return fmtFixed(v, 4); } }
+      ], axis: function (v) { return fmtSig(v); } },
+    { id: 'chart-val', part: 'val', empty: 'no evaluation yet',
+      series: [
+        { label: 'val loss', col: 'val_loss', color: '--series-2', width: 2, points: true, fmt: function (v) { return fmtFixed(v, 4); } },
+        { label: 'bits/byte', col: 'bpb', color: '--series-4', width: 1.5, points: true, dash: [5, 4], scale: 'bpb', fmt: function (v) { return fmtFixed(v, 4); } }
+      ], axis: function (v) { return fmtSig(v); }, rightAxis: 'bpb' },
+    { id: 'chart-tps', part: 'train', empty: 'waiting for data…',
+      series: [{ label: 'tok/s', col: 'toks_per_s', color: '--series-3', width: 1.5, fill: true, fmt: fmtSI }],
+      axis: fmtSI, zeroBased: true },
+    { id: 'chart-lr', part: 'train', empty: 'waiting for data…',
+      series: [{ label: 'lr', col: 'lr', color: '--series-4', width: 2, fmt: fmtLr }],
+      axis: fmtLr, zeroBased: true },
+    { id: 'chart-gn', part: 'train', empty: 'waiting for data…',
+      series: [{ label: 'grad norm', col: 'grad_norm', color: '--series-5', width: 1.5, fmt: fmtSig }],
+      axis: fmtSig, zeroBased: true },
+    { id: 'chart-mem', part: 'train', empty: 'waiting for data…',
+      series: [{ label: 'memory', col: 'mem_bytes', color: '--series-6', width: 2, fill: true, fmt: fmtBytes }],
+      axis: fmtBytes, zeroBased: true }
+  ];
+
+  function chartHeight() { return window.innerWidth < 560 ? 170 : 210; }
+
+  function chartWidth(fig) { return Math.max(200, Math.floor(fig.clientWidth)); }
+
+  function buildChart(spec, xmode) {
+    var fig = $(spec.id);
+    var axisColor = cssVar('--axis'), gridColor = cssVar('--grid');
+    var time = xmode === 'time';
+    var series = [{
+      label: time ? 'time' : 'step',
+      value: time ? function (u, v) { return v == null ? '—' : fmtClock(v); }
+                  : function (u, v) { return v == null ? '—' : String(v); }
+    }];
+    spec.series.forEach(function (s) {
+      var color = cssVar(s.color);
+      var stroke = s.alpha ? withAlpha(color, s.alpha) : color;
+      series.push({
+        label: s.label,
+        scale: s.scale || 'y',
+        stroke: stroke,
+        width: s.width,
+        dash: s.dash,
+        fill: s.fill ? withAlpha(color, 0.12) : undefined,
+        spanGaps: false,
+        points: s.points ? { show: true, size: 6, fill: color } : { show: false },
+        value: function (u, v) { return v == null ? '—' : s.fmt(v); }
+      });
+    });
+    function axisValues(fmt) {
+      return function (u, splits) { return splits.map(function (v) { return v == null ? '' : fmt(v); }); };
+    }
+    var axes = [
+      { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
+        values: time ? undefined : axisValues(function (v) { return fmtSI(v); }) },
+      { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
+        size: 58, values: axisValues(spec.axis) }
+    ];
+    var scales = { x: { time: time } };
+    if (spec.zeroBased) {
+      scales.y = { range: function (u, min, max) {
+        if (min == null || max == null) return [0, 1];
+        var top = max > 0 ? max * 1.08 : 1;
+        return [Math.min(0, min), top];
+      } };
+    }
+    if (spec.rightAxis) {
+      axes.push({ scale: spec.rightAxis, side: 1, stroke: axisColor, grid: { show: false },
+                  ticks: { stroke: gridColor, width: 1 }, size: 50, values: axisValues(spec.axis) });
+    }
+    var opts = {
+      width: chartWidth(fig),
+      height: chartHeight(),
+      series: series,
+      axes: axes,
+      scales: scales,
+      legend: { live: true },
+      cursor: { sync: { key: 'nsad-' + xmode }, drag: { x: true, y: false } },
+      hooks: {
+        setSelect: [function (u) { if (u.select.width > 0) chart.zoomed = true; }]
+      }
+    };
+    var chart = { spec: spec, fig: fig, zoomed: false, plot: null, empty: null };
+    chart.plot = new uPlot(opts, emptyData(spec), fig);
+    /* uPlot zooms out on double click; from then on follow new data again. */
+    chart.plot.over.addEventListener('dblclick', function () { chart.zoomed = false; });
+    var empty = document.createElement('div');
+    empty.className = 'nodata';
+    empty.textContent = spec.empty;
+    fig.appendChild(empty);
+    chart.empty = empty;
+    return chart;
+  }
+
+  function emptyData(spec) {
+    var data = [[]];
+    spec.series.forEach(function () { data.push([]); });
+    return data;
+  }
+
+  function chartData(spec, store, xmode) {
+    var cols = store[spec.part];
+    var data = [xmode === 'time' ? cols.ts : cols.step];
+    spec.series.forEach(function (s) { data.push(cols[s.col]); });
+    return data;
+  }
+
+  /* ---- the page ---------------------------------------------------------------- */
+
+  var S = {
+    runs: [],
+    runId: null,
+    status: null,
+    store: newStore(),
+    cursor: 0,
+    gen: 0,               /* bumps on run switch; answers for an older run are dropped */
+    tick: 0,
+    timer: null,
+    needToken: false,
+    charts: [],
+    chartsFor: null,      /* run id the chart objects hold data of */
+    xmode: localStorage.getItem(XMODE_KEY) === 'time' ? 'time' : 'step',
+    smoothing: 0.6,
+    eventsKey: '',
+    configKey: '',
+    busy: false,          /* a halt/resume request is in flight */
+    lastOk: 0
+  };
+
+  (function loadSmoothing() {
+    var v = parseFloat(localStorage.getItem(SMOOTH_KEY));
+    if (isNum(v) && v >= 0 && v <= 0.99) S.smoothing = v;
+  })();
+
+  function showError(msg) {
+    var b = $('error-banner');
+    if (!msg) { b.hidden = true; b.textContent = ''; return; }
+    b.textContent = msg;
+    b.hidden = false;
+  }
+
+  function setConn(ok, text) {
+    var c = $('conn');
+    c.dataset.ok = ok ? '1' : '0';
+    c.textContent = text;
+  }
+
+  function destroyCharts() {
+    S.charts.forEach(function (c) {
+      c.plot.destroy();
+      if (c.empty && c.empty.parentNode) c.empty.parentNode.removeChild(c.empty);
+    });
+    S.charts = [];
+  }
+
+  function rebuildCharts() {
+    destroyCharts();
+    if ($('charts-card').hidden) return;
+    S.charts = CHART_SPECS.map(function (spec) { return buildChart(spec, S.xmode); });
+    S.chartsFor = S.runId;
+    refreshCharts();
+  }
+
+  function refreshCharts() {
+    S.charts.forEach(function (c) {
+      var data = chartData(c.spec, S.store, S.xmode);
+      c.plot.setData(data, !c.zoomed);
+      var hasPoint = data[1].some(function (v) { return v !== null; }) ||
+                     (data[2] && data[2].some(function (v) { return v !== null; }));
+      c.empty.hidden = hasPoint;
+      c.fig.dataset.points = String(data[0].length);
+    });
+  }
+
+  function resizeCharts() {
+    var h = chartHeight();
+    S.charts.forEach(function (c) { c.plot.setSize({ width: chartWidth(c.fig), height: h }); });
+  }
+
+  function resetRunView() {
+    S.gen++;
+    S.status = null;
+    S.store = newStore();
+    S.cursor = 0;
+    S.eventsKey = '';
+    S.configKey = '';
+    $('events').textContent = '';
+    $('config').textContent = '';
+    $('anomaly').hidden = true;
+  }
+
+  function selectRun(id, pushUrl) {
+    if (id === S.runId) return;
+    S.runId = id;
+    resetRunView();
+    if (pushUrl) {
+      var url = new URL(location.href);
+      if (id) url.searchParams.set('run', id); else url.searchParams.delete('run');
+      history.replaceState(null, '', url.pathname + url.search + url.hash);
+    }
+    showRunSections(!!id);
+    rebuildCharts();
+    pollSoon();
+  }
+
+  function showRunSections(show) {
+    ['run-card', 'charts-card', 'events-card', 'config-card'].forEach(function (id) { $(id).hidden = !show; });
+  }
+
+  /* The run to show when the user has not picked one: a live run first,
+   * else the most recently started. */
+  function defaultRun(runs) {
+    var live = runs.filter(function (r) { return ACTIVE_STATES[r.state]; });
+    var pool = live.length ? live : runs;
+    var best = null;
+    pool.forEach(function (r) {
+      if (!best || (r.started_at || 0) > (best.started_at || 0)) best = r;
+    });
+    return best ? best.id : null;
+  }
+
+  function renderPicker() {
+    var sel = $('run-select');
+    var runs = S.runs.slice().sort(function (a, b) { return (b.started_at || 0) - (a.started_at || 0); });
+    var key = JSON.stringify(runs.map(function (r) { return [r.id, r.state]; }));
+    if (sel.dataset.key !== key) {
+      sel.textContent = '';
+      runs.forEach(function (r) {
+        var o = document.createElement('option');
+        o.value = r.id;
+        o.textContent = r.id + ' — ' + (STATE_LABELS[r.state] || r.state);
+        sel.appendChild(o);
+      });
+      sel.dataset.key = key;
+    }
+    sel.value = S.runId || '';
+    $('picker').hidden = runs.length < 2;
+  }
+
+  function refreshRuns() {
+    var gen = S.gen;
+    return api('GET', '/runs').then(function (data) {
+      var runs = Array.isArray(data.runs) ? data.runs.filter(function (r) { return r && r.id; }) : [];
+      S.runs = runs;
+      $('empty-card').hidden = runs.length > 0;
+      if (gen !== S.gen) return;
+      var wanted = S.runId;
+      if (!wanted) wanted = new URL(location.href).searchParams.get('run');
+      var known = runs.some(function (r) { return r.id === wanted; });
+      if (!known) wanted = defaultRun(runs);
+      renderPicker();
+      if (wanted !== S.runId) selectRun(wanted, false);
+      renderPicker();
+    });
+  }
+
+  function setText(id, text) {
+    var el = $(id);
+    if (el.textContent !== text) el.textContent = text;
+  }
+
+  function renderStatus(st) {
+    var state = String(st.state || 'idle');
+    setText('run-id', st.id || S.runId || '—');
+    var badge = $('run-state');
+    badge.dataset.state = state;
+    setText('run-state', STATE_LABELS[state] || state);
+
+    var step = isNum(st.step) ? st.step : 0;
+    var total = isNum(st.total_steps) ? st.total_steps : 0;
+    var pct = total > 0 ? Math.max(0, Math.min(100, 100 * step / total)) : 0;
+    $('progress-fill').style.width = pct.toFixed(2) + '%';
+    $('progress').setAttribute('aria-valuenow', pct.toFixed(1));
+    setText('progress-text', 'step ' + step.toLocaleString() + ' / ' +
+            (total ? total.toLocaleString() : '—') + (total ? '  (' + pct.toFixed(1) + '%)' : ''));
+
+    setText('stat-loss', fmtFixed(st.loss, 4));
+    setText('stat-val', fmtFixed(st.val_loss, 4));
+    setText('stat-tps', fmtSI(st.toks_per_s));
+    setText('stat-eta', ACTIVE_STATES[state] ? fmtDuration(st.eta_s) : '—');
+    setText('stat-elapsed', fmtDuration(st.elapsed_s));
+    setText('stat-lr', fmtLr(st.lr));
+    setText('stat-gn', fmtSig(st.grad_norm));
+    setText('stat-mem', fmtBytes(st.mem_bytes));
+    var hb = $('stat-hb');
+    hb.textContent = isNum(st.heartbeat_age_s) ? fmtDuration(st.heartbeat_age_s) + ' ago' : '—';
+    hb.classList.toggle('stale', !!ACTIVE_STATES[state] && isNum(st.heartbeat_age_s) &&
+                        st.heartbeat_age_s > HEARTBEAT_STALE_S);
+
+    var anomaly = st.anomaly;
+    var an = $('anomaly');
+    if (anomaly && anomaly !== 'none') {
+      var text = typeof anomaly === 'string' ? anomaly : JSON.stringify(anomaly);
+      setText('anomaly', 'Anomaly: ' + text);
+      an.hidden = false;
+    } else {
+      an.hidden = true;
+    }
+
+    $('halt-btn').disabled = S.busy || !HALTABLE_STATES[state];
+    $('resume-btn').disabled = S.busy || !RESUMABLE_STATES[state];
+
+    document.title = (STATE_LABELS[state] || state) + (total ? ' ' + pct.toFixed(0) + '%' : '') +
+                     ' · ' + (st.id || '') + ' · nsad';
+    renderConfig(st.config);
+  }
+
+  function renderConfig(cfg) {
+    var key = cfg ? JSON.stringify(cfg) : '';
+    if (key === S.configKey) return;
+    S.configKey = key;
+    var box = $('config');
+    box.textContent = '';
+    if (!cfg || typeof cfg !== 'object') {
+      box.textContent = 'The daemon did not report a config for this run.';
+      return;
+    }
+    var general = [];
+    Object.keys(cfg).forEach(function (k) {
+      var v = cfg[k];
+      if (v && typeof v === 'object' && !Array.isArray(v)) box.appendChild(configTable(k, v));
+      else general.push([k, v]);
+    });
+    if (general.length) {
+      var obj = {};
+      general.forEach(function (kv) { obj[kv[0]] = kv[1]; });
+      box.insertBefore(configTable('run', obj), box.firstChild);
+    }
+  }
+
+  function configTable(title, obj) {
+    var table = document.createElement('table');
+    var cap = document.createElement('caption');
+    cap.textContent = title;
+    table.appendChild(cap);
+    Object.keys(obj).forEach(function (k) {
+      var tr = document.createElement('tr');
+      var th = document.createElement('th');
+      th.scope = 'row';
+      th.textContent = k;
+      var td = document.createElement('td');
+      var v = obj[k];
+      td.textContent = v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v);
+      tr.appendChild(th);
+      tr.appendChild(td);
+      table.appendChild(tr);
+    });
+    return table;
+  }
+
+  function refreshStatus() {
+    var gen = S.gen, id = S.runId;
+    return api('GET', '/runs/' + encodeURIComponent(id)).then(function (st) {
+      if (gen !== S.gen) return;
+      var before = S.status && S.status.state;
+      S.status = st;
+      renderStatus(st);
+      if (before && before !== st.state) S.eventsKey = 'stale';
+    });
+  }
+
+  /* Fetches every sample after the cursor (following pages when the API
+   * sends a partial answer) and appends them to the store. */
+  function refreshMetrics() {
+    var gen = S.gen, id = S.runId, pages = 0, added = false;
+    function page() {
+      return api('GET', '/runs/' + encodeURIComponent(id) + '/metrics?since=' + S.cursor).then(function (m) {
+        if (gen !== S.gen) return;
+        var train = Array.isArray(m.train) ? m.train : [];
+        var val = Array.isArray(m.val) ? m.val : [];
+        if (train.length) appendTrain(S.store, train, S.smoothing);
+        if (val.length) appendVal(S.store, val);
+        added = added || train.length > 0 || val.length > 0;
+        var next = isNum(m.next) ? m.next : S.cursor;
+        var moved = next !== S.cursor;
+        S.cursor = next;
+        pages++;
+        if (m.more && moved && pages < MAX_METRIC_PAGES) return page();
+      });
+    }
+    return page().then(function () {
+      if (gen === S.gen && (added || S.chartsFor !== S.runId)) {
+        S.chartsFor = S.runId;
+        refreshCharts();
+      }
+    });
+  }
+
+  function eventDetailText(detail) {
+    if (detail == null) return '';
+    if (typeof detail === 'string') return detail;
+    if (typeof detail !== 'object') return String(detail);
+    return Object.keys(detail).map(function (k) {
+      var v = detail[k];
+      return k + '=' + (v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v));
+    }).join('  ');
+  }
+
+  function refreshEvents() {
+    var gen = S.gen, id = S.runId;
+    return api('GET', '/runs/' + encodeURIComponent(id) + '/events').then(function (data) {
+      if (gen !== S.gen) return;
+      var events = Array.isArray(data.events) ? data.events : [];
+      var last = events.length ? events[events.length - 1] : null;
+      var key = events.length + ':' + (last ? last.ts + last.type : '');
+      if (key === S.eventsKey) return;
+      S.eventsKey = key;
+      var list = $('events');
+      list.textContent = '';
+      var shown = events.slice(-MAX_EVENTS_SHOWN).reverse();
+      shown.forEach(function (ev) {
+        var li = document.createElement('li');
+        var time = document.createElement('time');
+        if (isNum(ev.ts)) time.dateTime = new Date(ev.ts * 1000).toISOString();
+        time.textContent = fmtClock(ev.ts);
+        var type = document.createElement('span');
+        type.className = 'ev-type';
+        type.dataset.type = String(ev.type || '');
+        type.textContent = String(ev.type || 'event');
+        var detail = document.createElement('span');
+        detail.className = 'ev-detail';
+        detail.textContent = eventDetailText(ev.detail);
+        li.appendChild(time);
+        li.appendChild(type);
+        li.appendChild(detail);
+        list.appendChild(li);
+      });
+      $('events-empty').hidden = events.length > 0;
+    });
+  }
+
+  /* ---- polling ---------------------------------------------------------------- */
+
+  function pollSoon() {
+    if (S.timer) clearTimeout(S.timer);
+    S.timer = setTimeout(poll, 0);
+  }
+
+  function nextDelay() {
+    if (document.hidden) return POLL_HIDDEN_MS;
+    if (S.status && !ACTIVE_STATES[S.status.state]) return POLL_IDLE_MS;
+    return POLL_ACTIVE_MS;
+  }
+
+  var polling = false;
+
+  function poll() {
+    S.timer = null;
+    if (polling || S.needToken) return;
+    polling = true;
+    var tick = S.tick++;
+    var chain = Promise.resolve();
+    if (!S.runId || tick % RUNS_EVERY_TICKS === 0) chain = chain.then(refreshRuns);
+    chain = chain.then(function () {
+      if (!S.runId) return;
+      return refreshStatus().then(refreshMetrics).then(function () {
+        if (tick % EVENTS_EVERY_TICKS === 0 || S.eventsKey === '' || S.eventsKey === 'stale') return refreshEvents();
+      });
+    });
+    chain.then(function () {
+      S.lastOk = Date.now();
+      setConn(true, 'live');
+      showError('');
+    }, handleFailure).then(function () {
+      polling = false;
+      if (!S.needToken && !S.timer) S.timer = setTimeout(poll, nextDelay());
+    });
+  }
+
+  function handleFailure(e) {
+    if (!(e instanceof ApiError)) {
+      /* a bug in this page, not an API answer: say so rather than hide it */
+      setConn(false, 'error');
+      showError('Dashboard error: ' + (e && e.message ? e.message : String(e)));
+      throw e;
+    }
+    if (e.status === 401) { askForToken(); return; }
+    if (e.status === 404 && S.runId) {
+      /* the run is gone (state dir wiped, daemon restarted fresh) */
+      S.runId = null;
+      resetRunView();
+      showRunSections(false);
+      destroyCharts();
+    }
+    setConn(false, e.status === 0 ? 'offline' : 'error');
+    showError(e.message + (e.code && e.status ? ' (' + e.code + ')' : ''));
+  }
+
+  function askForToken() {
+    var had = !!getToken();
+    S.needToken = true;
+    if (had) sessionStorage.removeItem(TOKEN_KEY);
+    setConn(false, 'token needed');
+    showError('');
+    var note = $('token-note');
+    note.hidden = !had;
+    note.textContent = had ? 'The daemon rejected the token this tab had; paste the current one.' : '';
+    $('token-card').hidden = false;
+    $('token-input').focus();
+  }
+
+  /* ---- controls ---------------------------------------------------------------- */
+
+  function runAction(action) {
+    var id = S.runId;
+    if (!id || S.busy) return;
+    S.busy = true;
+    $('halt-btn').disabled = true;
+    $('resume-btn').disabled = true;
+    api('POST', '/runs/' + encodeURIComponent(id) + '/' + action, {}).then(function () {
+      showError('');
+      S.eventsKey = 'stale';
+    }, function (e) {
+      if (e instanceof ApiError && e.status === 401) { askForToken(); return; }
+      showError((action === 'halt' ? 'Halt' : 'Resume') + ' failed: ' + (e && e.message ? e.message : String(e)));
+    }).then(function () {
+      S.busy = false;
+      if (S.status) renderStatus(S.status);
+      pollSoon();
+    });
+  }
+
+  function applyTheme() {
+    var pref = localStorage.getItem(THEME_KEY) || 'auto';
+    if (pref === 'light' || pref === 'dark') document.documentElement.dataset.theme = pref;
+    else delete document.documentElement.dataset.theme;
+    var btn = $('theme-btn');
+    var label = 'Colour theme: ' + pref + ' (click to change)';
+    btn.title = label;
+    btn.setAttribute('aria-label', label);
+    btn.textContent = pref === 'light' ? '☀' : pref === 'dark' ? '☾' : '◐';
+  }
+
+  function cycleTheme() {
+    var order = ['auto', 'light', 'dark'];
+    var cur = localStorage.getItem(THEME_KEY) || 'auto';
+    localStorage.setItem(THEME_KEY, order[(order.indexOf(cur) + 1) % order.length]);
+    applyTheme();
+    rebuildCharts();  /* the canvas does not follow CSS: redraw with the new palette */
+  }
+
+  function wireControls() {
+    $('halt-btn').addEventListener('click', function () { runAction('halt'); });
+    $('resume-btn').addEventListener('click', function () { runAction('resume'); });
+    $('run-select').addEventListener('change', function (e) { selectRun(e.target.value, true); });
+    $('theme-btn').addEventListener('click', cycleTheme);
+
+    var smooth = $('smooth');
+    smooth.value = String(S.smoothing);
+    $('smooth-val').textContent = S.smoothing.toFixed(2);
+    smooth.addEventListener('input', function () {
+      var w = parseFloat(smooth.value);
+      if (!isNum(w)) return;
+      S.smoothing = Math.max(0, Math.min(0.99, w));
+      $('smooth-val').textContent = S.smoothing.toFixed(2);
+      localStorage.setItem(SMOOTH_KEY, String(S.smoothing));
+      recomputeEma(S.store, S.smoothing);
+      refreshCharts();
+    });
+
+    Array.prototype.forEach.call(document.querySelectorAll('input[name="xmode"]'), function (r) {
+      r.checked = r.value === S.xmode;
+      r.addEventListener('change', function () {
+        if (!r.checked) return;
+        S.xmode = r.value === 'time' ? 'time' : 'step';
+        localStorage.setItem(XMODE_KEY, S.xmode);
+        rebuildCharts();
+      });
+    });
+
+    $('token-form').addEventListener('submit', function (e) {
+      e.preventDefault();
+      var value = $('token-input').value.trim();
+      if (!value) return;
+      sessionStorage.setItem(TOKEN_KEY, value);
+      $('token-input').value = '';
+      $('token-card').hidden = true;
+      S.needToken = false;
+      setConn(false, 'connecting…');
+      pollSoon();
+    });
+
+    if (window.matchMedia) {
+      var mq = window.matchMedia('(prefers-color-scheme: dark)');
+      var onScheme = function () { if (!document.documentElement.dataset.theme) rebuildCharts(); };
+      if (mq.addEventListener) mq.addEventListener('change', onScheme);
+    }
+
+    if (window.ResizeObserver) {
+      var pending = false;
+      new ResizeObserver(function () {
+        if (pending) return;
+        pending = true;
+        requestAnimationFrame(function () { pending = false; resizeCharts(); });
+      }).observe($('charts-card'));
+    } else {
+      window.addEventListener('resize', resizeCharts);
+    }
+
+    document.addEventListener('visibilitychange', function () { if (!document.hidden) pollSoon(); });
+  }
+
+  function start() {
+    adoptTokenFromHash();
+    applyTheme();
+    if (typeof uPlot !== 'function') {
+      showError('The chart library (vendor/uPlot.iife.min.js) did not load; the page cannot draw charts.');
+      return;
+    }
+    wireControls();
+    pollSoon();
+  }
+
+  if (document.readyState === 'loading') document.addEventListener('DOMContentLoaded', start);
+  else start();
+})();
