@@ -80,6 +80,21 @@ static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *op
     return 0;
 }
 
+/* Parses a poll interval in seconds (>= 0.05). Returns 0, or prints and
+ * returns -1. */
+static int parseInterval(const char *cmd, const char *text, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (errno || end == text || *end || !(v >= 0.05) || v > 3600) {
+        fprintf(stderr, "nsactl %s: --interval '%s' is not valid; allowed: seconds from 0.05 to 3600\n",
+                cmd, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 /* Parses a non-negative integer option. Returns 0, or prints and returns -1. */
 static int parseCount(const char *cmd, const char *opt, const char *text, long long *out) {
     char *end = NULL;
@@ -228,43 +243,27 @@ static char *readConfigFile(const char *path, size_t *len) {
         fprintf(stderr, "nsactl start: config file %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    size_t cap = 64 << 10, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (n < cap) break;
-        if (cap >= CONFIG_FILE_LIMIT) {
-            fprintf(stderr, "nsactl start: config file %s: larger than %zu bytes; a job config is "
-                            "a short YAML file\n", path, CONFIG_FILE_LIMIT);
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        cap *= 2;
-        char *grown = realloc(buf, cap + 1);
-        if (!grown) free(buf);
-        buf = grown;
-    }
-    int read_error = ferror(f);
-    if (f != stdin) fclose(f);
+    /* One byte past the limit tells "exactly the limit" from "too large". */
+    char *buf = malloc(CONFIG_FILE_LIMIT + 2);
     if (!buf) {
-        if (errno == ENOMEM) fprintf(stderr, "nsactl start: out of memory reading %s\n", path);
+        if (f != stdin) fclose(f);
+        fprintf(stderr, "nsactl start: out of memory reading %s\n", path);
         return NULL;
     }
-    if (read_error) {
-        fprintf(stderr, "nsactl start: config file %s: read error\n", path);
-        free(buf);
-        return NULL;
-    }
-    size_t i = 0;
-    while (i < n && (buf[i] == ' ' || buf[i] == '\n' || buf[i] == '\t' || buf[i] == '\r')) i++;
-    if (i == n) {
-        fprintf(stderr, "nsactl start: config file %s: empty\n", path);
-        free(buf);
-        return NULL;
-    }
+    errno = 0;
+    size_t n = fread(buf, 1, CONFIG_FILE_LIMIT + 1, f);
     buf[n] = '\0';
+    int read_error = ferror(f) ? (errno ? errno : EIO) : 0;
+    if (f != stdin) fclose(f);
+    const char *problem = NULL;
+    if (read_error) problem = strerror(read_error);
+    else if (n > CONFIG_FILE_LIMIT) problem = "larger than 1 MiB, the most nsad accepts; a job config is a short YAML file";
+    else if (strspn(buf, " \t\r\n") >= n) problem = "empty";
+    if (problem) {
+        fprintf(stderr, "nsactl start: config file %s: %s\n", path, problem);
+        free(buf);
+        return NULL;
+    }
     *len = n;
     return buf;
 }
@@ -278,10 +277,7 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
     int n_pos;
     if (parseArgs("start", argc, argv, opts, 3, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
-    if (interval && (sscanf(interval, "%lf", &interval_s) != 1 || !(interval_s >= 0.05))) {
-        fprintf(stderr, "nsactl start: --interval '%s' is not valid; allowed: seconds >= 0.05\n", interval);
-        return CTL_EXIT_USAGE;
-    }
+    if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     char path[HTTP_ADDR_MAX] = "/api/v1/runs";
     if (name) {
         char escaped[512];
@@ -720,10 +716,7 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
     int n_pos;
     if (parseArgs("watch", argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
-    if (interval && (sscanf(interval, "%lf", &interval_s) != 1 || !(interval_s >= 0.05))) {
-        fprintf(stderr, "nsactl watch: --interval '%s' is not valid; allowed: seconds >= 0.05\n", interval);
-        return CTL_EXIT_USAGE;
-    }
+    if (interval && parseInterval("watch", interval, &interval_s)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     return ctlWatchRun(ctl, pos[0], interval_s);
 }

@@ -125,97 +125,85 @@ static int chooseTarget(Ctl *ctl, const GlobalArgs *g) {
     return rc;
 }
 
-int main(int argc, char **argv) {
-    GlobalArgs g = {0};
-    char **rest = calloc((size_t)argc + 1, sizeof *rest);
-    int n_rest = 0;
-    if (!rest) {
-        fprintf(stderr, "nsactl: out of memory\n");
-        return CTL_EXIT_ERROR;
-    }
-    if (splitArgs(argc, argv, &g, rest, &n_rest)) {
-        free(rest);
-        return CTL_EXIT_USAGE;
-    }
-    const CtlCommand *cmd = NULL;
-    if (n_rest > 0 && !strcmp(rest[0], "help")) {
-        if (n_rest > 1 && !(cmd = ctlFindCommand(rest[1]))) {
-            fprintf(stderr, "nsactl: unknown command '%s'\n\n", rest[1]);
-            printUsage(stderr);
-            free(rest);
+/* Fills ctl from the global options and the environment: output mode, state
+ * dir, timeout, target, token. Returns CTL_OK or the exit code after
+ * printing why not. */
+static int setupCtl(Ctl *ctl, const GlobalArgs *g, const CtlCommand *cmd) {
+    memset(ctl, 0, sizeof *ctl);
+    ctl->json = g->json;
+    ctl->tty = isatty(STDOUT_FILENO);
+    const char *env_state = getenv("NSAD_STATE_DIR");
+    ctl->state_dir = g->state_dir ? g->state_dir : (env_state && *env_state ? env_state : DEFAULT_STATE_DIR);
+    double timeout_s = DEFAULT_TIMEOUT_S;
+    if (g->timeout) {
+        char *end = NULL;
+        errno = 0;
+        timeout_s = strtod(g->timeout, &end);
+        if (errno || end == g->timeout || *end || !(timeout_s >= 0) || timeout_s > 86400) {
+            fprintf(stderr, "nsactl: --timeout '%s' is not valid; allowed: seconds from 0 (no limit) to 86400\n",
+                    g->timeout);
             return CTL_EXIT_USAGE;
         }
-        if (cmd) printCommandHelp(cmd);
-        else printUsage(stdout);
-        free(rest);
-        return CTL_OK;
     }
-    if (n_rest > 0 && !(cmd = ctlFindCommand(rest[0]))) {
-        fprintf(stderr, "nsactl: unknown command '%s'\n\n", rest[0]);
-        printUsage(stderr);
-        free(rest);
+    if (chooseTarget(ctl, g)) return CTL_EXIT_USAGE;
+    ctl->target.timeout_ms = (long)(timeout_s * 1000.0);
+    /* The Unix socket needs no token; the dashboard URL carries one even when
+     * nsactl itself talks over the socket. */
+    int wants_token = !ctl->target.socket_path[0] || !strcmp(cmd->name, "dashboard");
+    if (!wants_token && (g->token || g->token_file)) {
+        fprintf(stderr, "nsactl: --token/--token-file apply to TCP (--url) only; the Unix socket "
+                        "needs none\n");
         return CTL_EXIT_USAGE;
     }
-    if (g.help) {
+    if (wants_token && ctlResolveToken(ctl, g->token, g->token_file)) return CTL_EXIT_ERROR;
+    return CTL_OK;
+}
+
+/* Everything main does once argv has room to be split. Returns the exit code. */
+static int nsactlMain(int argc, char **argv, char **rest) {
+    GlobalArgs g = {0};
+    int n_rest = 0;
+    if (splitArgs(argc, argv, &g, rest, &n_rest)) return CTL_EXIT_USAGE;
+    const CtlCommand *cmd = NULL;
+    int asks_help = n_rest > 0 && !strcmp(rest[0], "help");
+    const char *name = asks_help ? (n_rest > 1 ? rest[1] : NULL) : (n_rest > 0 ? rest[0] : NULL);
+    if (name && !(cmd = ctlFindCommand(name))) {
+        fprintf(stderr, "nsactl: unknown command '%s'\n\n", name);
+        printUsage(stderr);
+        return CTL_EXIT_USAGE;
+    }
+    if (asks_help || g.help) {
         if (cmd) printCommandHelp(cmd);
         else printUsage(stdout);
-        free(rest);
         return CTL_OK;
     }
-    if (g.version && !cmd) {
+    if (g.version) {
         printf("nsactl %s\n", NSA_VERSION);
-        free(rest);
         return CTL_OK;
     }
     if (!cmd) {
         printUsage(stderr);
-        free(rest);
         return CTL_EXIT_USAGE;
     }
-
     Ctl ctl;
-    memset(&ctl, 0, sizeof ctl);
-    ctl.json = g.json;
-    ctl.tty = isatty(STDOUT_FILENO);
-    const char *env_state = getenv("NSAD_STATE_DIR");
-    ctl.state_dir = g.state_dir ? g.state_dir : (env_state && *env_state ? env_state : DEFAULT_STATE_DIR);
-    double timeout_s = DEFAULT_TIMEOUT_S;
-    if (g.timeout) {
-        char *end = NULL;
-        errno = 0;
-        timeout_s = strtod(g.timeout, &end);
-        if (errno || end == g.timeout || *end || !(timeout_s >= 0) || timeout_s > 86400) {
-            fprintf(stderr, "nsactl: --timeout '%s' is not valid; allowed: seconds from 0 (no limit) to 86400\n",
-                    g.timeout);
-            free(rest);
-            return CTL_EXIT_USAGE;
-        }
-    }
-    if (chooseTarget(&ctl, &g)) {
-        free(rest);
-        return CTL_EXIT_USAGE;
-    }
-    ctl.target.timeout_ms = (long)(timeout_s * 1000.0);
-    /* The Unix socket needs no token; the dashboard URL carries one even when
-     * nsactl itself talks over the socket. */
-    int wants_token = !ctl.target.socket_path[0] || !strcmp(cmd->name, "dashboard");
-    if (wants_token && ctlResolveToken(&ctl, g.token, g.token_file)) {
-        free(rest);
-        return CTL_EXIT_ERROR;
-    }
-    if (!wants_token && (g.token || g.token_file)) {
-        fprintf(stderr, "nsactl: --token/--token-file apply to TCP (--url) only; the Unix socket "
-                        "needs none\n");
-        free(rest);
-        return CTL_EXIT_USAGE;
-    }
+    int rc = setupCtl(&ctl, &g, cmd);
+    if (rc != CTL_OK) return rc;
     if (httpGlobalInit()) {
         fprintf(stderr, "nsactl: libcurl failed to initialise\n");
-        free(rest);
         return CTL_EXIT_ERROR;
     }
-    int rc = cmd->run(&ctl, n_rest - 1, rest + 1);
+    rc = cmd->run(&ctl, n_rest - 1, rest + 1);
     httpGlobalCleanup();
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    char **rest = calloc((size_t)argc + 1, sizeof *rest);
+    if (!rest) {
+        fprintf(stderr, "nsactl: out of memory\n");
+        return CTL_EXIT_ERROR;
+    }
+    int rc = nsactlMain(argc, argv, rest);
     free(rest);
     return rc;
 }

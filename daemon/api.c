@@ -89,10 +89,15 @@ static void addStringOrNull(cJSON *o, const char *key, const char *v) {
         cJSON_AddNullToObject(o, key);
 }
 
-static void methodNotAllowed(ApiResponse *res, const ApiRequest *req, const char *allow) {
+/* Returns 1 when the request's method is the first of allow (a static
+ * "GET" or "GET, POST"), else answers 405 with Allow: allow and returns 0. */
+static int methodIs(const ApiRequest *req, ApiResponse *res, const char *allow) {
+    size_t len = strcspn(allow, ",");
+    if (strlen(req->method) == len && !strncmp(req->method, allow, len)) return 1;
     apiError(res, 405, "method_not_allowed", "%s is not allowed on %s; allowed: %s", req->method, req->path,
              allow);
     res->allow = allow;
+    return 0;
 }
 
 /* Refuses query parameters other than those in allowed (comma-separated,
@@ -136,7 +141,8 @@ static int queryInt(const ApiRequest *req, ApiResponse *res, const char *key, in
     errno = 0;
     long long n = strtoll(v, &end, 10);
     if (!*v || *end || errno || n < 0) {
-        apiError(res, 400, "invalid_argument", "%s: '%.60s' is not allowed; allowed: an integer >= 0", key, v);
+        apiError(res, 400, "invalid_argument", "%s: '%.60s' is not allowed; allowed: an integer >= 0", key,
+                 v);
         return 1;
     }
     *out = n;
@@ -166,7 +172,9 @@ static int parseReasonBody(const ApiRequest *req, ApiResponse *res, char *reason
             answered = 1;
         } else if (!cJSON_IsString(f)) {
             apiError(res, 400, "invalid_argument", "reason: expected a string, got %s",
-                     cJSON_IsNumber(f) ? "a number" : cJSON_IsBool(f) ? "a boolean" : "another type");
+                     cJSON_IsNumber(f) ? "a number"
+                     : cJSON_IsBool(f) ? "a boolean"
+                                       : "another type");
             answered = 1;
         } else {
             snprintf(reason, cap, "%s", f->valuestring);
@@ -200,7 +208,8 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     if (active && !svc->pending) {
         TrainPhase phase = (TrainPhase)atomic_load(&svc->mon.phase);
         cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
-        cJSON_AddNumberToObject(o, "phase_age_s", (double)(now - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+        cJSON_AddNumberToObject(o, "phase_age_s",
+                                (double)(now - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
     } else {
         cJSON_AddNullToObject(o, "phase");
         cJSON_AddNullToObject(o, "phase_age_s");
@@ -219,7 +228,8 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "eta_s", eta);
     addNumberOrNull(o, "mem_bytes", run->mem_bytes);
     if (active && !svc->pending)
-        cJSON_AddNumberToObject(o, "heartbeat_age_s", (double)(now - atomic_load(&svc->mon.heartbeat_ns)) * 1e-9);
+        cJSON_AddNumberToObject(o, "heartbeat_age_s",
+                                (double)(now - atomic_load(&svc->mon.heartbeat_ns)) * 1e-9);
     else
         cJSON_AddNullToObject(o, "heartbeat_age_s");
     addStringOrNull(o, "anomaly", run->anomaly);
@@ -279,7 +289,8 @@ static void listRuns(Service *svc, ApiResponse *res) {
     cJSON *o = cJSON_CreateObject();
     cJSON *arr = cJSON_AddArrayToObject(o, "runs");
     pthread_mutex_lock(&svc->lock);
-    for (size_t i = svc->runs->n_runs; i-- > 0;) cJSON_AddItemToArray(arr, runJson(svc, svc->runs->runs[i], 0));
+    for (size_t i = svc->runs->n_runs; i-- > 0;)
+        cJSON_AddItemToArray(arr, runJson(svc, svc->runs->runs[i], 0));
     addStringOrNull(o, "active", svc->active_id);
     pthread_mutex_unlock(&svc->lock);
     respondJson(res, 200, o);
@@ -293,7 +304,8 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
     if (refuseUnknownQuery(req, res, "name")) return;
     const char *name = queryValue(req, "name");
     if (name && !runNameValid(name)) {
-        apiError(res, 400, "invalid_argument", "name: '%.80s' is not allowed; allowed: 1-64 of [A-Za-z0-9._-]", name);
+        apiError(res, 400, "invalid_argument",
+                 "name: '%.80s' is not allowed; allowed: 1-64 of [A-Za-z0-9._-]", name);
         return;
     }
     size_t i = 0;
@@ -313,7 +325,8 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
             return;
         }
         if (!is_object) {
-            apiError(res, 400, "invalid_config", "the config must be a JSON object with sections like \"model\" and \"train\"");
+            apiError(res, 400, "invalid_config",
+                     "the config must be a JSON object with sections like \"model\" and \"train\"");
             return;
         }
     }
@@ -357,8 +370,9 @@ static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, co
     cJSON *val = cJSON_AddArrayToObject(o, "val");
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
-    int64_t highest = since - 1;
+    int64_t highest = since - 1, generation = 0;
     if (run) {
+        generation = run->series_generation;
         size_t n = 0;
         for (size_t i = 0; i < run->n_train && n < SERIES_LIMIT; i++) {
             const RunTrainPoint *p = &run->train[i];
@@ -398,6 +412,7 @@ static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, co
         return;
     }
     cJSON_SetNumberValue(next, (double)(highest + 1 > since ? highest + 1 : since));
+    cJSON_AddNumberToObject(o, "generation", (double)generation);
     respondJson(res, 200, o);
 }
 
@@ -459,7 +474,7 @@ static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
     while (p && *p) {
         const char *nl = strchr(p, '\n');
         int len = nl ? (int)(nl - p) : (int)strlen(p);
-        logNotice("  %.*s", len, p);
+        if (len > 0) logNotice("  %.*s", len, p);
         p = nl ? nl + 1 : NULL;
     }
     free(stacks);
@@ -496,73 +511,42 @@ static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, cons
         apiError(res, 404, "not_found", "no run '%.80s': run ids are [A-Za-z0-9_-]{1,64}", id);
         return;
     }
-    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
     if (!*action) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        if (refuseUnknownQuery(req, res, "")) return;
-        respondRun(svc, res, 200, id, 1);
-        return;
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) respondRun(svc, res, 200, id, 1);
+    } else if (!strcmp(action, "halt") || !strcmp(action, "resume")) {
+        if (methodIs(req, res, "POST")) haltOrResume(svc, req, res, id, !strcmp(action, "resume"));
+    } else if (!strcmp(action, "metrics")) {
+        if (methodIs(req, res, "GET")) getMetrics(svc, req, res, id);
+    } else if (!strcmp(action, "events")) {
+        if (methodIs(req, res, "GET")) getEvents(svc, req, res, id);
+    } else {
+        apiError(res, 404, "not_found", "no such route: %s %s", req->method, req->path);
     }
-    if (!strcmp(action, "halt") || !strcmp(action, "resume")) {
-        if (!post) { methodNotAllowed(res, req, "POST"); return; }
-        haltOrResume(svc, req, res, id, !strcmp(action, "resume"));
-        return;
-    }
-    if (!strcmp(action, "metrics")) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        getMetrics(svc, req, res, id);
-        return;
-    }
-    if (!strcmp(action, "events")) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        getEvents(svc, req, res, id);
-        return;
-    }
-    apiError(res, 404, "not_found", "no such route: %s %s", req->method, req->path);
 }
 
 void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
     initResponse(res);
     const char *path = req->path;
-    int get = !strcmp(req->method, "GET"), post = !strcmp(req->method, "POST");
+    const char *rest = !strncmp(path, API_PREFIX "/", sizeof API_PREFIX) ? path + sizeof API_PREFIX : NULL;
     if (!strcmp(path, "/metrics")) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        getPrometheus(svc, req, res);
-        return;
-    }
-    if (strncmp(path, API_PREFIX "/", sizeof API_PREFIX) != 0) {
-        apiError(res, 404, "not_found", "no such route: %s %s; the API lives under " API_PREFIX "/", req->method,
-                 path);
-        return;
-    }
-    const char *rest = path + sizeof API_PREFIX;
-    if (!strcmp(rest, "health")) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        if (refuseUnknownQuery(req, res, "")) return;
-        getHealth(svc, res);
-        return;
-    }
-    if (!strcmp(rest, "version")) {
-        if (!get) { methodNotAllowed(res, req, "GET"); return; }
-        if (refuseUnknownQuery(req, res, "")) return;
-        getVersion(res);
-        return;
-    }
-    if (!strcmp(rest, "runs")) {
-        if (get) {
-            if (refuseUnknownQuery(req, res, "")) return;
+        if (methodIs(req, res, "GET")) getPrometheus(svc, req, res);
+    } else if (!rest) {
+        apiError(res, 404, "not_found", "no such route: %s %s; the API lives under " API_PREFIX "/",
+                 req->method, path);
+    } else if (!strcmp(rest, "health")) {
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getHealth(svc, res);
+    } else if (!strcmp(rest, "version")) {
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getVersion(res);
+    } else if (!strcmp(rest, "runs")) {
+        if (!strcmp(req->method, "POST"))
+            createRun(svc, req, res);
+        else if (methodIs(req, res, "GET, POST") && !refuseUnknownQuery(req, res, ""))
             listRuns(svc, res);
-            return;
-        }
-        if (post) { createRun(svc, req, res); return; }
-        methodNotAllowed(res, req, "GET, POST");
-        return;
+    } else if (!strncmp(rest, "runs/", 5)) {
+        routeRun(svc, req, res, rest + 5);
+    } else if (!strcmp(rest, "debug/stacks")) {
+        if (methodIs(req, res, "POST")) postStacks(svc, req, res);
+    } else {
+        apiError(res, 404, "not_found", "no such route: %s %s", req->method, path);
     }
-    if (!strncmp(rest, "runs/", 5)) { routeRun(svc, req, res, rest + 5); return; }
-    if (!strcmp(rest, "debug/stacks")) {
-        if (!post) { methodNotAllowed(res, req, "POST"); return; }
-        postStacks(svc, req, res);
-        return;
-    }
-    apiError(res, 404, "not_found", "no such route: %s %s", req->method, path);
 }

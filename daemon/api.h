@@ -11,23 +11,23 @@
 #define API_MAX_QUERY 16
 
 typedef struct ApiQueryParam {
-    const char *key, *value;  /* value may be NULL ("?flag") */
+    const char *key, *value; /* value may be NULL ("?flag") */
 } ApiQueryParam;
 
 typedef struct ApiRequest {
-    const char *method;       /* "GET", "POST", ... */
-    const char *path;         /* decoded, without the query string */
+    const char *method; /* "GET", "POST", ... */
+    const char *path;   /* decoded, without the query string */
     ApiQueryParam query[API_MAX_QUERY];
     int n_query;
-    int query_overflow;       /* more than API_MAX_QUERY parameters were sent */
-    const char *body;         /* may be NULL when body_len is 0 */
+    int query_overflow; /* more than API_MAX_QUERY parameters were sent */
+    const char *body;   /* may be NULL when body_len is 0 */
     size_t body_len;
     const char *content_type; /* may be NULL */
 } ApiRequest;
 
 typedef struct ApiResponse {
     int status;
-    char *body;               /* malloc'd, owned by the response */
+    char *body; /* malloc'd, owned by the response */
     size_t body_len;
     const char *content_type; /* static string */
     const char *allow;        /* the Allow header for 405, else NULL */

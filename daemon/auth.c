@@ -106,8 +106,7 @@ int authLoadOrCreateToken(const char *path, char *token, size_t cap, int *create
         return fail(err, "token file %s: %s", path, "token longer than 255 characters");
     for (size_t i = start; i < end; i++)
         if (!tokenCharAllowed(buf[i]))
-            return fail(err, "token file %s: %s", path,
-                        "token has a character outside [A-Za-z0-9._~+/=-]");
+            return fail(err, "token file %s: %s", path, "token has a character outside [A-Za-z0-9._~+/=-]");
     memcpy(token, buf + start, len);
     token[len] = '\0';
     return 0;

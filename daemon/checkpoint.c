@@ -187,16 +187,36 @@ oom:
     return fail(err, "out of memory building a safetensors header"), NULL;
 }
 
-int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
-                     const SafetensorsMeta *meta, int n_meta, NsaError *err) {
+/* Where the bytes of tensor i come from: a pointer to its numel floats,
+ * either its own storage or scratch (room for the largest tensor) after
+ * filling it. NULL on error, with err filled. */
+typedef const float *(*TensorSource)(void *ctx, int i, float *scratch, NsaError *err);
+
+static const float *fromArrays(void *ctx, int i, float *scratch, NsaError *err) {
+    (void)scratch; (void)err;
+    return ((const SafetensorsTensor *)ctx)[i].data;
+}
+
+/* The writer behind safetensorsWrite and checkpointSave: header, then each
+ * tensor's bytes as `source` hands them over, so a checkpoint of a large
+ * model needs one tensor of memory, not the whole arena. */
+static int writeStreaming(const char *path, const SafetensorsTensor *tensors, int n,
+                          const SafetensorsMeta *meta, int n_meta, TensorSource source,
+                          void *ctx, NsaError *err) {
     char *json = buildHeader(tensors, n, meta, n_meta, err);
     if (!json) return -1;
     size_t json_len = strlen(json);
     /* pad with spaces so the data starts 8-byte aligned */
     size_t header_len = (json_len + 7) & ~(size_t)7;
+    size_t largest = 1;
+    for (int i = 0; i < n; i++)
+        if (tensors[i].numel > largest) largest = tensors[i].numel;
     char *header = malloc(8 + header_len);
-    if (!header) {
+    float *scratch = source == fromArrays ? NULL : malloc(largest * sizeof(float));
+    if (!header || (source != fromArrays && !scratch)) {
         free(json);
+        free(header);
+        free(scratch);
         return fail(err, "out of memory writing %s", path);
     }
     uint64_t hl = header_len;
@@ -206,43 +226,52 @@ int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
     free(json);
 
     char tmp[4096], dir[4096];
-    if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) {
-        free(header);
-        return -1;
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = -1;
+    if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) goto fail_early;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        free(header);
-        return fail(err, "create %s: %s", tmp, strerror(errno));
+        fail(err, "create %s: %s", tmp, strerror(errno));
+        goto fail_early;
     }
-    int rc = writeAll(fd, header, 8 + header_len);
-    free(header);
-    for (int i = 0; rc == 0 && i < n; i++)
-        if (tensors[i].numel) rc = writeAll(fd, tensors[i].data, tensors[i].numel * sizeof(float));
-    if (rc != 0) {
-        int saved = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(err, "write %s: %s", tmp, strerror(saved));
+    if (writeAll(fd, header, 8 + header_len) != 0) goto fail_write;
+    for (int i = 0; i < n; i++) {
+        if (!tensors[i].numel) continue;
+        const float *data = source(ctx, i, scratch, err);
+        if (!data) goto fail_file;
+        if (writeAll(fd, data, tensors[i].numel * sizeof(float)) != 0) goto fail_write;
     }
     if (fsync(fd) != 0) {
-        int saved = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(err, "fsync %s: %s", tmp, strerror(saved));
+        fail(err, "fsync %s: %s", tmp, strerror(errno));
+        goto fail_file;
     }
-    if (close(fd) != 0) {
-        int saved = errno;
-        unlink(tmp);
-        return fail(err, "close %s: %s", tmp, strerror(saved));
+    int closed = close(fd);
+    fd = -1;
+    if (closed != 0) {
+        fail(err, "close %s: %s", tmp, strerror(errno));
+        goto fail_file;
     }
     if (rename(tmp, path) != 0) {
-        int saved = errno;
-        unlink(tmp);
-        return fail(err, "rename %s to %s: %s", tmp, path, strerror(saved));
+        fail(err, "rename %s to %s: %s", tmp, path, strerror(errno));
+        goto fail_file;
     }
+    free(header);
+    free(scratch);
     parentDir(path, dir, sizeof dir);
     return fsyncDir(dir, err);
+fail_write:
+    fail(err, "write %s: %s", tmp, strerror(errno));
+fail_file:
+    if (fd >= 0) close(fd);
+    unlink(tmp);
+fail_early:
+    free(header);
+    free(scratch);
+    return -1;
+}
+
+int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
+                     const SafetensorsMeta *meta, int n_meta, NsaError *err) {
+    return writeStreaming(path, tensors, n, meta, n_meta, fromArrays, (void *)tensors, err);
 }
 
 /* ---- safetensors reader ------------------------------------------------------ */
@@ -477,57 +506,59 @@ static void stepDirName(int64_t step, char *out, size_t cap) {
     snprintf(out, cap, "step_%08" PRId64, step);
 }
 
-/* Gathers one arena of m into a malloc'd buffer and the tensor list naming
- * slices of it, each name prefixed. Returns 0 or -1. */
-static int gatherArena(NsaModel *m, NsaArena arena, const char *prefix, float *buf,
-                       SafetensorsTensor *out, char **names, NsaError *err) {
-    int n = nsaModelNumTensors(m);
-    for (int i = 0; i < n; i++) {
-        const NsaTensorInfo *info = nsaModelTensorInfo(m, i);
-        size_t len = strlen(prefix) + strlen(info->name) + 1;
-        names[i] = malloc(len);
-        if (!names[i]) return fail(err, "out of memory gathering tensor %s", info->name);
-        snprintf(names[i], len, "%s%s", prefix, info->name);
-        out[i].name = names[i];
-        out[i].ndim = info->ndim;
-        for (int d = 0; d < info->ndim; d++) out[i].shape[d] = info->shape[d];
-        out[i].numel = info->numel;
-        out[i].data = buf + info->offset;
-        if (nsaModelGetTensor(m, arena, i, buf + info->offset, err) != 0) return -1;
-    }
-    return 0;
+/* The tensors of one safetensors file: each arena's tensors in layout
+ * order, names prefixed per arena ("adam_m." ...). */
+typedef struct ArenaFile {
+    NsaModel *m;
+    const NsaArena *arenas;
+    int n_per_arena;
+} ArenaFile;
+
+static const float *fromModel(void *ctx, int i, float *scratch, NsaError *err) {
+    const ArenaFile *f = ctx;
+    NsaArena arena = f->arenas[i / f->n_per_arena];
+    if (nsaModelGetTensor(f->m, arena, i % f->n_per_arena, scratch, err) != 0) return NULL;
+    return scratch;
 }
 
-static void freeNames(char **names, int n) {
-    if (!names) return;
-    for (int i = 0; i < n; i++) free(names[i]);
-    free(names);
-}
-
-/* Writes one safetensors file of the given arenas (1 or 2) of m. */
+/* Writes one safetensors file of the given arenas (1 or 2) of m, reading
+ * one tensor at a time with nsaModelGetTensor. */
 static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
                        const char *const *prefixes, int n_arenas, const SafetensorsMeta *meta,
                        int n_meta, NsaError *err) {
     int n = nsaModelNumTensors(m);
-    size_t numel = nsaModelNumParams(m);
     size_t total = (size_t)n * (size_t)n_arenas;
-    float *buf = malloc(numel * (size_t)n_arenas * sizeof(float) + 1);
     SafetensorsTensor *tensors = calloc(total + 1, sizeof *tensors);
     char **names = calloc(total + 1, sizeof(char *));
     int rc = -1;
-    if (!buf || !tensors || !names) {
-        fail(err, "out of memory writing %s (%zu floats)", path, numel * (size_t)n_arenas);
+    if (!tensors || !names) {
+        fail(err, "out of memory writing %s", path);
         goto out;
     }
-    for (int a = 0; a < n_arenas; a++)
-        if (gatherArena(m, arenas[a], prefixes[a], buf + (size_t)a * numel,
-                        tensors + (size_t)a * (size_t)n, names + (size_t)a * (size_t)n, err) != 0)
-            goto out;
-    rc = safetensorsWrite(path, tensors, (int)total, meta, n_meta, err);
+    for (int a = 0; a < n_arenas; a++) {
+        for (int i = 0; i < n; i++) {
+            const NsaTensorInfo *info = nsaModelTensorInfo(m, i);
+            size_t k = (size_t)a * (size_t)n + (size_t)i;
+            size_t len = strlen(prefixes[a]) + strlen(info->name) + 1;
+            names[k] = malloc(len);
+            if (!names[k]) {
+                fail(err, "out of memory writing %s", path);
+                goto out;
+            }
+            snprintf(names[k], len, "%s%s", prefixes[a], info->name);
+            tensors[k].name = names[k];
+            tensors[k].ndim = info->ndim;
+            for (int d = 0; d < info->ndim; d++) tensors[k].shape[d] = info->shape[d];
+            tensors[k].numel = info->numel;
+        }
+    }
+    ArenaFile file = {m, arenas, n};
+    rc = writeStreaming(path, tensors, (int)total, meta, n_meta, fromModel, &file, err);
 out:
-    freeNames(names, (int)total);
+    if (names)
+        for (size_t k = 0; k < total; k++) free(names[k]);
+    free(names);
     free(tensors);
-    free(buf);
     return rc;
 }
 

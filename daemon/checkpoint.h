@@ -86,8 +86,8 @@ typedef struct ResumeState {
 } ResumeState;
 
 /* Writes OUT/checkpoints/step_<8 digits>/ for st->step: model weights and
- * optimizer moments of m (read with nsaModelGetTensor, so on CUDA this
- * synchronises), then points OUT/checkpoints/latest at it and deletes the
+ * optimizer moments of m (read one tensor at a time with nsaModelGetTensor:
+ * memory for the largest tensor only; on CUDA this synchronises), then points OUT/checkpoints/latest at it and deletes the
  * oldest step_* directories beyond keep_last (<= 0 keeps all). An existing
  * directory for the same step is replaced. model_config_json (may be NULL)
  * goes into model.safetensors' metadata. On success copies the directory

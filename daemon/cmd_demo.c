@@ -5,8 +5,9 @@
  * Without a CONFIG it builds a small model (the shape of configs/tiny-cpu.yaml:
  * dim 64, 2 layers, 4 heads, 2 groups, d_k = d_v = 16, V 256, l/d/l'/n/w =
  * 8/4/16/4/32, B 2 x S 128), which finishes in well under a second. The
- * production 125M model (--full) needs about 2 GB and minutes per step on
- * the CPU reference, so it is opt-in. With a CONFIG the model, batch_size,
+ * production shape (--full: dim 768, 12 layers, 79M parameters with V 256)
+ * needs 1.3 GB and 10-30 s for one step of 128 tokens on two busy cores, so
+ * it is opt-in. With a CONFIG the model, batch_size,
  * seq_len and seed come from the file (configLoadFile); flags given after it
  * override. Exit 0 when the loss is finite and within 0.5 of ln(V), 1 if not
  * or on an engine error, 2 on a usage error, 78 on a bad config. */
@@ -32,16 +33,16 @@ typedef struct DemoOptions {
 } DemoOptions;
 
 static void demoUsage(FILE *out) {
-    fprintf(out,
-            "usage: nsad demo [CONFIG.yaml] [--full] [--dim N] [--layers N] [--heads N]\n"
-            "                 [--groups N] [--dk N] [--dv N] [--vocab N] [--phi avg|mlp]\n"
-            "                 [--mlp silu|swiglu] [--batch N] [--seq N] [--seed N]\n"
-            "                 [--precision fp32|fp64] [--threads N]\n"
-            "\n"
-            "One forward/backward of a freshly initialised model on the CPU engine over\n"
-            "seeded random tokens; prints the loss (close to ln(V) at init) and the\n"
-            "gradient norm. Default: a small model (dim 64, 2 layers) that runs in well\n"
-            "under a second; --full builds the 125M production shape (slow on a CPU).\n");
+    fprintf(out, "usage: nsad demo [CONFIG.yaml] [--full] [--dim N] [--layers N] [--heads N]\n"
+                 "                 [--groups N] [--dk N] [--dv N] [--vocab N] [--phi avg|mlp]\n"
+                 "                 [--mlp silu|swiglu] [--batch N] [--seq N] [--seed N]\n"
+                 "                 [--precision fp32|fp64] [--threads N]\n"
+                 "\n"
+                 "One forward/backward of a freshly initialised model on the CPU engine over\n"
+                 "seeded random tokens; prints the loss (close to ln(V) at init) and the\n"
+                 "gradient norm. Default: a small model (dim 64, 2 layers) that runs in well\n"
+                 "under a second; --full builds the production shape (dim 768, 12 layers:\n"
+                 "slow on a CPU). Flags after --full or CONFIG override single fields.\n");
 }
 
 static void demoDefaults(DemoOptions *d) {
@@ -72,8 +73,9 @@ static int parseIntFlag(const char *flag, const char *text, long long lo, long l
     errno = 0;
     long long v = strtoll(text, &end, 10);
     if (errno || end == text || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "nsad demo: %s '%s' is not allowed; allowed: an integer from %lld to %lld\n",
-                flag, text, lo, hi);
+        fprintf(stderr,
+                "nsad demo: %s '%s' is not allowed; allowed: an integer from %lld to %lld\n", flag,
+                text, lo, hi);
         return -1;
     }
     *out = v;
@@ -83,12 +85,21 @@ static int parseIntFlag(const char *flag, const char *text, long long lo, long l
 /* Applies one "--flag value" pair. Returns 0, or an exit status. */
 static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
     long long v = 0;
-    struct { const char *name; int *field; long long lo, hi; } ints[] = {
-        {"--dim", &d->model.dim, 1, 65536},         {"--layers", &d->model.n_layers, 1, 1024},
-        {"--heads", &d->model.n_heads, 1, 1024},    {"--groups", &d->model.n_kv_groups, 1, 1024},
-        {"--dk", &d->model.d_k, 2, 1024},           {"--dv", &d->model.d_v, 1, 1024},
-        {"--vocab", &d->model.vocab_size, 2, 1 << 24}, {"--batch", &d->batch, 1, 4096},
-        {"--seq", &d->seq_len, 1, 1 << 20},         {"--threads", &d->threads, 1, 256},
+    struct {
+        const char *name;
+        int *field;
+        long long lo, hi;
+    } ints[] = {
+        {"--dim", &d->model.dim, 1, 65536},
+        {"--layers", &d->model.n_layers, 1, 1024},
+        {"--heads", &d->model.n_heads, 1, 1024},
+        {"--groups", &d->model.n_kv_groups, 1, 1024},
+        {"--dk", &d->model.d_k, 2, 1024},
+        {"--dv", &d->model.d_v, 1, 1024},
+        {"--vocab", &d->model.vocab_size, 2, 1 << 24},
+        {"--batch", &d->batch, 1, 4096},
+        {"--seq", &d->seq_len, 1, 1 << 20},
+        {"--threads", &d->threads, 1, 256},
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         if (strcmp(flag, ints[i].name)) continue;
@@ -100,17 +111,26 @@ static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
         if (parseIntFlag(flag, value, 0, INT64_MAX, &v)) return EXIT_USAGE;
         d->seed = (uint64_t)v;
     } else if (!strcmp(flag, "--phi")) {
-        if (!strcmp(value, "avg")) d->model.phi = NSA_PHI_AVG;
-        else if (!strcmp(value, "mlp")) d->model.phi = NSA_PHI_MLP;
-        else goto bad_choice;
+        if (!strcmp(value, "avg"))
+            d->model.phi = NSA_PHI_AVG;
+        else if (!strcmp(value, "mlp"))
+            d->model.phi = NSA_PHI_MLP;
+        else
+            goto bad_choice;
     } else if (!strcmp(flag, "--mlp")) {
-        if (!strcmp(value, "silu")) d->model.mlp = NSA_MLP_SILU;
-        else if (!strcmp(value, "swiglu")) d->model.mlp = NSA_MLP_SWIGLU;
-        else goto bad_choice;
+        if (!strcmp(value, "silu"))
+            d->model.mlp = NSA_MLP_SILU;
+        else if (!strcmp(value, "swiglu"))
+            d->model.mlp = NSA_MLP_SWIGLU;
+        else
+            goto bad_choice;
     } else if (!strcmp(flag, "--precision")) {
-        if (!strcmp(value, "fp32")) d->precision = NSA_PREC_F32;
-        else if (!strcmp(value, "fp64")) d->precision = NSA_PREC_F64;
-        else goto bad_choice;
+        if (!strcmp(value, "fp32"))
+            d->precision = NSA_PREC_F32;
+        else if (!strcmp(value, "fp64"))
+            d->precision = NSA_PREC_F64;
+        else
+            goto bad_choice;
     } else {
         fprintf(stderr, "nsad demo: unknown option '%s'\n", flag);
         demoUsage(stderr);
@@ -119,8 +139,9 @@ static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
     return 0;
 bad_choice:
     fprintf(stderr, "nsad demo: %s '%s' is not allowed; allowed: %s\n", flag, value,
-            !strcmp(flag, "--phi") ? "avg or mlp"
-            : !strcmp(flag, "--mlp") ? "silu or swiglu" : "fp32 or fp64");
+            !strcmp(flag, "--phi")   ? "avg or mlp"
+            : !strcmp(flag, "--mlp") ? "silu or swiglu"
+                                     : "fp32 or fp64");
     return EXIT_USAGE;
 }
 
@@ -134,11 +155,12 @@ static int loadConfig(DemoOptions *d, const char *path) {
     configDefaults(job);
     NsaError err = {{0}};
     if (configLoadFile(job, path, &err)) {
-        fprintf(stderr, "nsad demo: %s: %s\n", path, err.message);
+        fprintf(stderr, "nsad demo: %s\n", err.message);
         free(job);
         return EXIT_CONFIG;
     }
-    for (int i = 0; i < job->n_warnings; i++) fprintf(stderr, "nsad demo: warning: %s\n", job->warnings[i]);
+    for (int i = 0; i < job->n_warnings; i++)
+        fprintf(stderr, "nsad demo: warning: %s\n", job->warnings[i]);
     d->model = job->model;
     d->batch = job->train.batch_size;
     d->seq_len = job->train.seq_len;
@@ -148,11 +170,13 @@ static int loadConfig(DemoOptions *d, const char *path) {
         d->precision = NSA_PREC_F64;
     } else if (job->runtime.precision != NSA_PREC_F32) {
         /* the demo is the CPU engine's: say so rather than switch quietly */
-        fprintf(stderr, "nsad demo: note: the config asks for %s; the demo runs the CPU engine in fp32\n",
+        fprintf(stderr,
+                "nsad demo: note: the config asks for %s; the demo runs the CPU engine in fp32\n",
                 configPrecisionName(job->runtime.precision));
     }
     if (job->runtime.device != NSA_DEVICE_CPU)
-        fprintf(stderr, "nsad demo: note: the config asks for device %s; the demo runs on the CPU\n",
+        fprintf(stderr,
+                "nsad demo: note: the config asks for device %s; the demo runs on the CPU\n",
                 configDeviceName(job->runtime.device));
     free(job);
     return 0;
@@ -167,8 +191,10 @@ static double secondsSince(const struct timespec *t0) {
 /* Builds, runs and reports; returns the exit status. */
 static int runDemo(const DemoOptions *d) {
     const NsaModelConfig *mc = &d->model;
-    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = d->precision,
-                            .max_batch = d->batch, .max_seq_len = d->seq_len,
+    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU,
+                            .precision = d->precision,
+                            .max_batch = d->batch,
+                            .max_seq_len = d->seq_len,
                             .threads = d->threads};
     NsaError err = {{0}};
     struct timespec t0;
@@ -221,7 +247,8 @@ static int runDemo(const DemoOptions *d) {
     for (int i = 0; i < nsaModelNumTensors(m); i++) {
         const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
         if (nsaModelGetTensor(m, NSA_ARENA_GRADS, i, grad, &err)) goto engine_error;
-        for (size_t j = 0; j < ti->numel; j++) sum_sq += (double)grad[j] * grad[j];
+        for (size_t j = 0; j < ti->numel; j++)
+            sum_sq += (double)grad[j] * grad[j];
         n_params += ti->numel;
     }
     NsaMemoryReport mem;
@@ -279,8 +306,8 @@ int cmdDemo(int argc, char **argv) {
         }
         if (!strcmp(argv[i], "--full")) {
             nsaModelConfigDefaults(&d.model);
-            fprintf(stderr, "nsad demo: note: the full 125M model on the CPU reference takes "
-                            "about 2 GB and minutes\n");
+            fprintf(stderr, "nsad demo: note: the production shape on the CPU reference needs "
+                            "about 1.3 GB and tens of seconds per step\n");
             continue;
         }
         if (i + 1 >= argc) {

@@ -29,13 +29,12 @@
 
 #define DEFAULT_CONFIG "/etc/nsad/nsad.yaml"
 #define DEFAULT_LISTEN "127.0.0.1:8470"
-#define SHUTDOWN_TIMEOUT_S 120.0
 
 typedef struct ServeOptions {
     char config[PATH_MAX];
     int config_given;
-    char listen[300];          /* "ADDR:PORT" or "none" */
-    char socket[PATH_MAX];     /* path, "none", or "" for the default */
+    char listen[300];      /* "ADDR:PORT" or "none" */
+    char socket[PATH_MAX]; /* path, "none", or "" for the default */
     char state_dir[PATH_MAX];
     char web_root[PATH_MAX];
     char token_file[PATH_MAX];
@@ -43,6 +42,7 @@ typedef struct ServeOptions {
     long long max_body;
     long max_connections;
     long idle_timeout_s;
+    long stop_timeout_s;
     char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
     int n_allow_hosts;
     int log_level;
@@ -67,6 +67,9 @@ static void usage(FILE *out) {
             "  --allow-host NAME      accept this Host header too (repeatable)\n"
             "  --max-body BYTES       request body limit (default 1048576)\n"
             "  --max-connections N    open connections before 429 (default 64)\n"
+            "  --idle-timeout SECONDS close idle connections after it (default 30)\n"
+            "  --stop-timeout SECONDS on SIGTERM, wait this long for the run to stop; after half of\n"
+            "                         it, abandon the step without a checkpoint (default 80)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
             "\n"
             "Exit status: 0 after SIGTERM/SIGINT, 1 on a runtime failure, 2 on a usage error,\n"
@@ -80,15 +83,21 @@ static void setDefaults(ServeOptions *o) {
     o->max_body = 1 << 20;
     o->max_connections = 64;
     o->idle_timeout_s = 30;
+    o->stop_timeout_s = 80; /* inside systemd's default TimeoutStopSec of 90 s */
     o->log_level = LOG_LVL_INFO;
 }
 
 /* ---- values shared by flags and the config file --------------------------------- */
 
 static int parseLogLevel(const char *v) {
-    static const struct { const char *name; int level; } levels[] = {
-        {"error", LOG_LVL_ERR}, {"warning", LOG_LVL_WARNING}, {"notice", LOG_LVL_NOTICE},
-        {"info", LOG_LVL_INFO}, {"debug", LOG_LVL_DEBUG}};
+    static const struct {
+        const char *name;
+        int level;
+    } levels[] = {{"error", LOG_LVL_ERR},
+                  {"warning", LOG_LVL_WARNING},
+                  {"notice", LOG_LVL_NOTICE},
+                  {"info", LOG_LVL_INFO},
+                  {"debug", LOG_LVL_DEBUG}};
     for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
         if (!strcasecmp(v, levels[i].name)) return levels[i].level;
     return -1;
@@ -145,6 +154,10 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         bad = parseInteger(v, 1, 3600, &n);
         if (!bad) o->idle_timeout_s = (long)n;
         allowed = "an integer from 1 to 3600";
+    } else if (!strcmp(key, "stop_timeout_s")) {
+        bad = parseInteger(v, 1, 86400, &n);
+        if (!bad) o->stop_timeout_s = (long)n;
+        allowed = "an integer from 1 to 86400";
     } else if (!strcmp(key, "allow_hosts")) {
         bad = o->n_allow_hosts == SERVER_MAX_ALLOW_HOSTS || !*v ||
               copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
@@ -158,11 +171,13 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
     } else {
         snprintf(err->message, sizeof err->message,
                  "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
-                 "max_body_bytes, max_connections, idle_timeout_s, allow_hosts, log_level", flag);
+                 "max_body_bytes, max_connections, idle_timeout_s, stop_timeout_s, allow_hosts, log_level",
+                 flag);
         return -1;
     }
     if (bad) {
-        snprintf(err->message, sizeof err->message, "%s: '%.200s' is not allowed; allowed: %s", flag, v, allowed);
+        snprintf(err->message, sizeof err->message, "%s: '%.200s' is not allowed; allowed: %s", flag, v,
+                 allowed);
         return -1;
     }
     return 0;
@@ -190,7 +205,8 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root && root->type != YAML_MAPPING_NODE) {
-        snprintf(err->message, sizeof err->message, "%.300s: the top level must be a mapping of settings", path);
+        snprintf(err->message, sizeof err->message, "%.300s: the top level must be a mapping of settings",
+                 path);
         rc = -1;
     }
     for (yaml_node_pair_t *p = root && rc == 0 ? root->data.mapping.pairs.start : NULL;
@@ -206,12 +222,14 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
         char flag[300];
         snprintf(flag, sizeof flag, "%.200s: %.80s", path, key);
         if (v && v->type == YAML_SEQUENCE_NODE && !strcmp(key, "allow_hosts")) {
-            for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top && rc == 0;
-                 it++) {
+            for (yaml_node_item_t *it = v->data.sequence.items.start;
+                 it < v->data.sequence.items.top && rc == 0; it++) {
                 yaml_node_t *item = yaml_document_get_node(&doc, *it);
                 rc = item && item->type == YAML_SCALAR_NODE
                          ? applySetting(o, key, (const char *)item->data.scalar.value, flag, err)
-                         : (snprintf(err->message, sizeof err->message, "%s: list items must be host names", flag), -1);
+                         : (snprintf(err->message, sizeof err->message, "%s: list items must be host names",
+                                     flag),
+                            -1);
             }
         } else if (v && v->type == YAML_SCALAR_NODE) {
             rc = applySetting(o, key, (const char *)v->data.scalar.value, flag, err);
@@ -230,11 +248,18 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
 
 /* Returns 0 to go on, or an exit status (EXIT_USAGE, EXIT_CONFIG, 0 for --help). */
 static int parseArgs(ServeOptions *o, int argc, char **argv) {
-    static const struct { const char *flag, *key; } valued[] = {
-        {"--listen", "listen"}, {"--socket", "socket"}, {"--state-dir", "state_dir"},
-        {"--web-root", "web_root"}, {"--token-file", "token_file"}, {"--allow-host", "allow_hosts"},
-        {"--max-body", "max_body_bytes"}, {"--max-connections", "max_connections"},
-        {"--idle-timeout", "idle_timeout_s"}, {"--log-level", "log_level"}};
+    static const struct {
+        const char *flag, *key;
+    } valued[] = {{"--listen", "listen"},
+                  {"--socket", "socket"},
+                  {"--state-dir", "state_dir"},
+                  {"--web-root", "web_root"},
+                  {"--token-file", "token_file"},
+                  {"--allow-host", "allow_hosts"},
+                  {"--max-body", "max_body_bytes"},
+                  {"--max-connections", "max_connections"},
+                  {"--idle-timeout", "idle_timeout_s"}, {"--stop-timeout", "stop_timeout_s"},
+                  {"--log-level", "log_level"}};
     /* the config file first, so that flags override it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -381,7 +406,9 @@ static void defaultWebRoot(char *out, size_t cap) {
             *slash = '\0';
             char candidate[PATH_MAX + 8];
             snprintf(candidate, sizeof candidate, "%s/../web", exe);
-            if (isDir(candidate) && (size_t)snprintf(out, cap, "%s", candidate) < cap) return;
+            char real[PATH_MAX];
+            if (isDir(candidate) && realpath(candidate, real) && (size_t)snprintf(out, cap, "%s", real) < cap)
+                return;
         }
     }
     if (isDir("/usr/share/nsad/web")) snprintf(out, cap, "/usr/share/nsad/web");
@@ -410,13 +437,15 @@ int cmdServe(int argc, char **argv) {
     char host[256] = "";
     int port = 0, tcp = strcmp(o.listen, "none") != 0;
     if (tcp && splitListen(o.listen, host, sizeof host, &port) != 0) {
-        logError("--listen: '%s' is not allowed; allowed: ADDR:PORT (like 127.0.0.1:8470 or [::1]:8470) or none",
-                 o.listen);
+        logError(
+            "--listen: '%s' is not allowed; allowed: ADDR:PORT (like 127.0.0.1:8470 or [::1]:8470) or none",
+            o.listen);
         return EXIT_CONFIG;
     }
     if (tcp && o.no_auth && !serverIsLoopback(host)) {
         logError("--listen %s is not a loopback address: refusing to serve it without a token "
-                 "(drop --no-auth / auth: false, or listen on 127.0.0.1)", o.listen);
+                 "(drop --no-auth / auth: false, or listen on 127.0.0.1)",
+                 o.listen);
         return EXIT_CONFIG;
     }
     if (!o.state_dir[0]) defaultStateDir(o.state_dir, sizeof o.state_dir);
@@ -426,17 +455,24 @@ int cmdServe(int argc, char **argv) {
     }
     int unix_sock = strcmp(o.socket, "none") != 0;
     if (unix_sock && !o.socket[0] && defaultSocket(o.socket, sizeof o.socket) != 0) {
-        logError("cannot create the runtime directory for the Unix socket: %s (give --socket PATH or --socket none)",
+        logError("cannot create the runtime directory for the Unix socket: %s (give --socket PATH or "
+                 "--socket none)",
                  strerror(errno));
         return EXIT_CONFIG;
     }
-    if (!o.web_root[0]) defaultWebRoot(o.web_root, sizeof o.web_root);
+    if (!o.web_root[0]) {
+        defaultWebRoot(o.web_root, sizeof o.web_root);
+    } else if (!isDir(o.web_root)) {
+        logError("--web-root %s: not a directory; allowed: the directory holding the dashboard's index.html",
+                 o.web_root);
+        return EXIT_CONFIG;
+    }
 
     char token[AUTH_TOKEN_MAX] = "";
     NsaError err = {""};
     if (tcp && !o.no_auth) {
-        if (!o.token_file[0] &&
-            snprintf(o.token_file, sizeof o.token_file, "%s/token", o.state_dir) >= (int)sizeof o.token_file) {
+        if (!o.token_file[0] && snprintf(o.token_file, sizeof o.token_file, "%s/token", o.state_dir) >=
+                                    (int)sizeof o.token_file) {
             logError("--state-dir %s: path too long", o.state_dir);
             return EXIT_CONFIG;
         }
@@ -452,7 +488,8 @@ int cmdServe(int argc, char **argv) {
         logError("cannot set up signal handling: %s", strerror(errno));
         return 1;
     }
-    stackdumpRegisterThread("main");
+    if (stackdumpRegisterThread("main") != 0)
+        logWarn("the main thread is not in stack dumps: %s", strerror(errno));
 
     Service *svc = serviceOpen(o.state_dir, &err);
     if (!svc) {
@@ -481,23 +518,23 @@ int cmdServe(int argc, char **argv) {
     if (serviceStartTrainer(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
         logError("%s", err.message);
         serverStop(srv);
-        serviceShutdown(svc, SHUTDOWN_TIMEOUT_S);
+        serviceShutdown(svc, (double)o.stop_timeout_s);
         serviceClose(svc);
         return 1;
     }
 
     char where[PATH_MAX + 400];
     int n = 0;
-    if (tcp) n += snprintf(where + n, sizeof where - (size_t)n, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "",
-                           host, strchr(host, ':') ? "]" : "", serverPort(srv));
-    if (unix_sock)
-        snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", tcp ? " and " : "", o.socket);
+    if (tcp)
+        n += snprintf(where + n, sizeof where - (size_t)n, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "",
+                      host, strchr(host, ':') ? "]" : "", serverPort(srv));
+    if (unix_sock) snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", tcp ? " and " : "", o.socket);
     logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where, o.state_dir,
               tcp && !o.no_auth ? "; token in " : "", tcp && !o.no_auth ? o.token_file : "",
               o.web_root[0] ? o.web_root : "(none found)");
     char status[PATH_MAX + 500];
     snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
-    sdNotify(status);
+    if (sdNotify(status) < 0) logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
 
     int exit_code = 0;
     for (;;) {
@@ -514,9 +551,9 @@ int cmdServe(int argc, char **argv) {
     }
     sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
     serverStop(srv);
-    if (serviceShutdown(svc, SHUTDOWN_TIMEOUT_S) != 0) {
+    if (serviceShutdown(svc, (double)o.stop_timeout_s) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
-                 SHUTDOWN_TIMEOUT_S);
+                 (double)o.stop_timeout_s);
         exit_code = 1;
         watchdogStop(wd);
         return exit_code; /* the trainer thread still runs: do not free what it uses */

@@ -172,7 +172,14 @@ int cmdTrain(int argc, char **argv) {
         return EXIT_CONFIG;
     }
     for (int i = 0; i < cfg->n_warnings; i++) logWarn("%s", cfg->warnings[i]);
-    const char *out_dir = opt.out_dir ? opt.out_dir : cfg->train.out_dir;
+    /* the overrides make a new config: check it here so a bad one is a
+     * config error (78), not a failed run */
+    if (trainerApplyOptions(cfg, &opt, &err) != 0) {
+        fprintf(stderr, "nsad train: %s\n", err.message);
+        free(cfg);
+        return EXIT_CONFIG;
+    }
+    const char *out_dir = cfg->train.out_dir;
 
     /* Block the signals before any thread exists, so every thread the
      * trainer starts inherits the mask and only signalThread takes them. */

@@ -44,8 +44,8 @@ static int validChars(const char *s, const char *extra) {
     size_t n = 0;
     for (; s && s[n]; n++) {
         char c = s[n];
-        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                 strchr(extra, c);
+        int ok =
+            (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || strchr(extra, c);
         if (!ok) return 0;
     }
     return n >= 1 && n <= 64;
@@ -405,9 +405,12 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
         return NULL;
     }
     if (makeDir(run->out_dir, err) != 0 ||
-        writeFileAtomic(path, config_yaml, strlen(config_yaml), err) != 0 || runsSave(run, err) != 0 ||
-        registryAppend(reg, run) != 0) {
-        if (err && !err->message[0]) setErr(err, "out of memory creating a run");
+        writeFileAtomic(path, config_yaml, strlen(config_yaml), err) != 0 || runsSave(run, err) != 0) {
+        runFree(run);
+        return NULL;
+    }
+    if (registryAppend(reg, run) != 0) {
+        setErr(err, "out of memory creating a run");
         runFree(run);
         return NULL;
     }
@@ -453,7 +456,9 @@ static int growArray(void **arr, size_t *cap, size_t need, size_t elem) {
 }
 
 static int appendTrain(Run *run, const RunTrainPoint *p) {
+    size_t before = run->n_train;
     while (run->n_train > 0 && run->train[run->n_train - 1].step >= p->step) run->n_train--;
+    if (run->n_train != before) run->series_generation++;
     if (growArray((void **)&run->train, &run->cap_train, run->n_train + 1, sizeof *run->train) != 0)
         return -1;
     run->train[run->n_train++] = *p;
@@ -461,15 +466,21 @@ static int appendTrain(Run *run, const RunTrainPoint *p) {
 }
 
 static int appendVal(Run *run, const RunValPoint *p) {
+    size_t before = run->n_val;
     while (run->n_val > 0 && run->val[run->n_val - 1].step >= p->step) run->n_val--;
+    if (run->n_val != before) run->series_generation++;
     if (growArray((void **)&run->val, &run->cap_val, run->n_val + 1, sizeof *run->val) != 0) return -1;
     run->val[run->n_val++] = *p;
     return 0;
 }
 
 int runsAddSample(Run *run, const TrainSample *s) {
-    RunTrainPoint p = {.step = s->step, .ts = s->ts, .loss = s->loss, .lr = s->lr,
-                       .grad_norm = s->grad_norm, .toks_per_s = s->toks_per_s,
+    RunTrainPoint p = {.step = s->step,
+                       .ts = s->ts,
+                       .loss = s->loss,
+                       .lr = s->lr,
+                       .grad_norm = s->grad_norm,
+                       .toks_per_s = s->toks_per_s,
                        .mem_bytes = (double)s->mem_bytes};
     run->step = s->step;
     if (s->total_steps > 0) run->total_steps = s->total_steps;
@@ -568,14 +579,17 @@ static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
         if (!isfinite(step)) continue; /* a torn last line after a kill */
         if (is_val) {
             double v = parseCell(fields, n, col[COL_VAL] >= 0 ? col[COL_VAL] : col[COL_LOSS]);
-            RunValPoint p = {.step = (int64_t)step, .ts = parseCell(fields, n, col[COL_TS]),
-                             .val_loss = v, .bits_per_byte = parseCell(fields, n, col[COL_BPB])};
+            RunValPoint p = {.step = (int64_t)step,
+                             .ts = parseCell(fields, n, col[COL_TS]),
+                             .val_loss = v,
+                             .bits_per_byte = parseCell(fields, n, col[COL_BPB])};
             if (appendVal(run, &p) != 0) {
                 rc = setErr(err, "%s: out of memory", path);
                 break;
             }
         } else {
-            RunTrainPoint p = {.step = (int64_t)step, .ts = parseCell(fields, n, col[COL_TS]),
+            RunTrainPoint p = {.step = (int64_t)step,
+                               .ts = parseCell(fields, n, col[COL_TS]),
                                .loss = parseCell(fields, n, col[COL_LOSS]),
                                .lr = parseCell(fields, n, col[COL_LR]),
                                .grad_norm = parseCell(fields, n, col[COL_GNORM]),
@@ -596,8 +610,10 @@ static long findTrain(const Run *run, int64_t step) {
     size_t lo = 0, hi = run->n_train;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        if (run->train[mid].step < step) lo = mid + 1;
-        else hi = mid;
+        if (run->train[mid].step < step)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < run->n_train && run->train[lo].step == step ? (long)lo : -1;
 }
@@ -626,7 +642,8 @@ static void enrichFromHeartbeat(Run *run) {
         cJSON *o = cJSON_Parse(line);
         const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
         if (cJSON_IsNumber(step)) {
-            long i = is_step ? findTrain(run, (int64_t)step->valuedouble) : findVal(run, (int64_t)step->valuedouble);
+            long i = is_step ? findTrain(run, (int64_t)step->valuedouble)
+                             : findVal(run, (int64_t)step->valuedouble);
             if (i >= 0 && is_step) {
                 RunTrainPoint *p = &run->train[i];
                 p->ts = jsonNumber(o, "ts", p->ts);
@@ -743,8 +760,8 @@ static int loadEvents(Run *run) {
         if (cJSON_IsObject(o) && cJSON_IsString(type)) {
             char *d = cJSON_IsObject(detail) ? cJSON_PrintUnformatted(detail) : strdup("{}");
             if (!d || pushEvent(run, (int64_t)jsonNumber(o, "seq", (double)run->n_events + 1),
-                                jsonNumber(o, "ts", 0), type->valuestring,
-                                (int64_t)jsonNumber(o, "step", 0), d) != 0) {
+                                jsonNumber(o, "ts", 0), type->valuestring, (int64_t)jsonNumber(o, "step", 0),
+                                d) != 0) {
                 free(d);
                 rc = -1;
             }

@@ -61,23 +61,23 @@ typedef struct RunEvent {
     int64_t seq, step;
     double ts;
     char type[24];
-    char *detail_json;  /* a JSON object, owned */
+    char *detail_json; /* a JSON object, owned */
 } RunEvent;
 
 typedef struct Run {
     char id[RUN_ID_MAX];
     char name[RUN_ID_MAX];
     RunState state;
-    char *config_yaml;            /* the resolved config (owned) */
-    char dir[RUN_PATH_MAX];       /* <state-dir>/runs/<id> */
-    char out_dir[RUN_PATH_MAX];   /* <dir>/out */
+    char *config_yaml;          /* the resolved config (owned) */
+    char dir[RUN_PATH_MAX];     /* <state-dir>/runs/<id> */
+    char out_dir[RUN_PATH_MAX]; /* <dir>/out */
     char device[16], precision[16];
     int64_t step, total_steps, last_checkpoint_step;
     /* latest values; NAN until known */
     double loss, val_loss, bits_per_byte, lr, grad_norm, toks_per_s, step_seconds, mem_bytes;
-    char anomaly[64];             /* "" when none */
-    char error[512];              /* "" unless failed */
-    int restarts;                 /* daemon restarts that resumed it */
+    char anomaly[64];                        /* "" when none */
+    char error[512];                         /* "" unless failed */
+    int restarts;                            /* daemon restarts that resumed it */
     double created_at, started_at, ended_at; /* unix seconds; 0 = not yet */
     RunTrainPoint *train;
     size_t n_train, cap_train;
@@ -85,12 +85,15 @@ typedef struct Run {
     size_t n_val, cap_val;
     RunEvent *events;
     size_t n_events, cap_events;
+    /* bumped whenever stored points are replaced (a resume or a rollback
+     * redid steps), so pollers know to refetch the series */
+    int64_t series_generation;
 } Run;
 
 typedef struct RunRegistry {
     char state_dir[RUN_PATH_MAX];
     char runs_dir[RUN_PATH_MAX];
-    Run **runs;                   /* oldest first */
+    Run **runs; /* oldest first */
     size_t n_runs, cap_runs;
 } RunRegistry;
 

@@ -24,8 +24,9 @@
 #include "log.h"
 #include "stackdump.h"
 
-#define CSP "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; " \
-            "connect-src 'self'; frame-ancestors 'none'"
+#define CSP                                                                                                  \
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "                        \
+    "connect-src 'self'; frame-ancestors 'none'"
 #define LOOP_WAKE_MS 500
 
 typedef struct Listener {
@@ -41,13 +42,13 @@ struct Server {
     Listener tcp, unix_sock;
     int port;
     char socket_path[sizeof(((struct sockaddr_un *)0)->sun_path)];
-    char web_root[PATH_MAX];   /* realpath, "" when there is none */
+    char web_root[PATH_MAX]; /* realpath, "" when there is none */
     char token[AUTH_TOKEN_MAX];
     int have_token;
     char bound_host[256];
     _Atomic unsigned open_connections;
     _Atomic int stop;
-    int wake[2];               /* a byte here ends the HTTP thread's select */
+    int wake[2]; /* a byte here ends the HTTP thread's select */
     pthread_t thread;
     int thread_started;
 };
@@ -56,8 +57,8 @@ struct Server {
 typedef struct RequestState {
     char *body;
     size_t len, cap;
-    int answered;   /* a response was queued on the first call */
-    int too_large;  /* a chunked body outgrew the limit */
+    int answered;  /* a response was queued on the first call */
+    int too_large; /* a chunked body outgrew the limit */
 } RequestState;
 
 static int setErr(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -159,8 +160,7 @@ static int bindUnix(Server *srv, NsaError *err) {
 /* ---- responses ------------------------------------------------------------------ */
 
 static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *r = MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         apiResponseFree(res);
         return MHD_NO;
@@ -256,7 +256,8 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
     const char *host = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_HOST);
     if (!l->is_unix && !hostAllowed(srv, host)) {
         snprintf(msg, sizeof msg,
-                 "Host '%.200s' is not allowed; allowed: localhost, an IP address, or a name given with --allow-host",
+                 "Host '%.200s' is not allowed; allowed: localhost, an IP address, or a name given with "
+                 "--allow-host",
                  host ? host : "(none)");
         *result = queueError(srv, conn, 403, "forbidden", msg);
         return 1;
@@ -266,8 +267,9 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
         char expected[320];
         snprintf(expected, sizeof expected, "http://%s", host ? host : "");
         if (!host || strcasecmp(origin, expected) != 0) {
-            snprintf(msg, sizeof msg, "Origin '%.200s' is not this server (%.200s); cross-origin requests are refused",
-                     origin, expected);
+            snprintf(msg, sizeof msg,
+                     "Origin '%.200s' is not this server (%.200s); cross-origin requests are refused", origin,
+                     expected);
             *result = queueError(srv, conn, 403, "forbidden", msg);
             return 1;
         }
@@ -280,9 +282,10 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
     if (!l->is_unix && srv->have_token && apiOwnsPath(url) && !apiIsPublic(method, url)) {
         const char *auth = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
         if (!authCheckBearer(auth, srv->token)) {
-            *result = queueError(srv, conn, 401, "unauthorized",
-                                 auth ? "the bearer token is wrong"
-                                      : "missing 'Authorization: Bearer <token>'; the token is in the state dir's token file");
+            *result = queueError(
+                srv, conn, 401, "unauthorized",
+                auth ? "the bearer token is wrong"
+                     : "missing 'Authorization: Bearer <token>'; the token is in the state dir's token file");
             return 1;
         }
     }
@@ -291,7 +294,8 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
         char *end;
         unsigned long long n = strtoull(clen, &end, 10);
         if (*end == '\0' && n > srv->opt.max_body) {
-            snprintf(msg, sizeof msg, "body of %llu bytes is over the limit of %zu bytes", n, srv->opt.max_body);
+            snprintf(msg, sizeof msg, "body of %llu bytes is over the limit of %zu bytes", n,
+                     srv->opt.max_body);
             *result = queueError(srv, conn, 413, "payload_too_large", msg);
             return 1;
         }
@@ -303,10 +307,16 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
 
 static const char *mimeType(const char *path) {
     static const char *const types[][2] = {
-        {".html", "text/html; charset=utf-8"}, {".js", "text/javascript; charset=utf-8"},
-        {".mjs", "text/javascript; charset=utf-8"}, {".css", "text/css; charset=utf-8"},
-        {".json", "application/json"}, {".svg", "image/svg+xml"}, {".png", "image/png"},
-        {".ico", "image/x-icon"}, {".txt", "text/plain; charset=utf-8"}, {".woff2", "font/woff2"},
+        {".html", "text/html; charset=utf-8"},
+        {".js", "text/javascript; charset=utf-8"},
+        {".mjs", "text/javascript; charset=utf-8"},
+        {".css", "text/css; charset=utf-8"},
+        {".json", "application/json"},
+        {".svg", "image/svg+xml"},
+        {".png", "image/png"},
+        {".ico", "image/x-icon"},
+        {".txt", "text/plain; charset=utf-8"},
+        {".woff2", "font/woff2"},
         {".map", "application/json"},
     };
     const char *dot = strrchr(path, '.');
@@ -320,19 +330,19 @@ static enum MHD_Result serveStatic(Server *srv, struct MHD_Connection *conn, con
                                    const char *method) {
     if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
         ApiResponse res;
-        apiError(&res, 405, "method_not_allowed", "%s is not allowed on the dashboard's files; allowed: GET, HEAD",
-                 method);
+        apiError(&res, 405, "method_not_allowed",
+                 "%s is not allowed on the dashboard's files; allowed: GET, HEAD", method);
         res.allow = "GET, HEAD";
         return queue(srv, conn, &res);
     }
     if (!srv->web_root[0])
-        return queueError(srv, conn, 404, "not_found", "no dashboard: nsad found no web root (see --web-root)");
+        return queueError(srv, conn, 404, "not_found",
+                          "no dashboard: nsad found no web root (see --web-root)");
     const char *rel = strcmp(url, "/") == 0 ? "/index.html" : url;
     /* hidden files stay hidden; ".." segments were refused earlier */
     if (strstr(rel, "/.")) return queueError(srv, conn, 404, "not_found", "no such file");
     char path[PATH_MAX], real[PATH_MAX];
-    if (snprintf(path, sizeof path, "%s%s", srv->web_root, rel) >= (int)sizeof path ||
-        !realpath(path, real))
+    if (snprintf(path, sizeof path, "%s%s", srv->web_root, rel) >= (int)sizeof path || !realpath(path, real))
         return queueError(srv, conn, 404, "not_found", "no such file");
     size_t root_len = strlen(srv->web_root);
     if (strncmp(real, srv->web_root, root_len) != 0 || real[root_len] != '/')
@@ -471,20 +481,22 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
     l->srv = srv;
     /* a hard cap above max_connections: up to it, requests get a 429 answer */
     unsigned hard_limit = srv->opt.max_connections + 16;
-    l->mhd = MHD_start_daemon(
-        MHD_USE_ERROR_LOG, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
-        MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT, srv->opt.idle_timeout_s,
-        MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024, MHD_OPTION_NOTIFY_COMPLETED,
-        requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION, connectionNotify, srv,
-        MHD_OPTION_EXTERNAL_LOGGER, mhdLog, srv, MHD_OPTION_END);
-    if (!l->mhd) return setErr(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
+    l->mhd =
+        MHD_start_daemon(MHD_USE_ERROR_LOG, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+                         MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT,
+                         srv->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
+                         MHD_OPTION_NOTIFY_COMPLETED, requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION,
+                         connectionNotify, srv, MHD_OPTION_EXTERNAL_LOGGER, mhdLog, srv, MHD_OPTION_END);
+    if (!l->mhd)
+        return setErr(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
     l->fd = -1; /* MHD_stop_daemon closes it */
     return 0;
 }
 
 /* ---- the HTTP thread ---------------------------------------------------------------- */
 
-static void addFds(struct MHD_Daemon *d, fd_set *r, fd_set *w, fd_set *e, MHD_socket *max, uint64_t *timeout_ms) {
+static void addFds(struct MHD_Daemon *d, fd_set *r, fd_set *w, fd_set *e, MHD_socket *max,
+                   uint64_t *timeout_ms) {
     if (!d) return;
     MHD_get_fdset2(d, r, w, e, max, FD_SETSIZE);
     MHD_UNSIGNED_LONG_LONG t;
@@ -493,7 +505,8 @@ static void addFds(struct MHD_Daemon *d, fd_set *r, fd_set *w, fd_set *e, MHD_so
 
 static void *httpThread(void *arg) {
     Server *srv = arg;
-    stackdumpRegisterThread("http");
+    if (stackdumpRegisterThread("http") != 0)
+        logWarn("the http thread is not in stack dumps: %s", strerror(errno));
     while (!atomic_load(&srv->stop)) {
         atomic_store(&srv->svc->http_tick_ns, serviceNowNs());
         fd_set r, w, e;

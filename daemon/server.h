@@ -14,14 +14,14 @@
 #define SERVER_MAX_ALLOW_HOSTS 16
 
 typedef struct ServerOptions {
-    const char *listen_host;   /* numeric address or name; NULL: no TCP listener */
-    int port;                  /* 0 picks a free port (see serverPort) */
-    const char *socket_path;   /* NULL or "": no Unix socket */
-    const char *web_root;      /* dashboard directory; NULL: none */
-    const char *token;         /* required on TCP; NULL: no auth (loopback only) */
-    size_t max_body;           /* bytes; larger bodies get 413 */
-    unsigned max_connections;  /* open connections beyond it get 429 */
-    unsigned idle_timeout_s;   /* an idle connection closes after it */
+    const char *listen_host;                         /* numeric address or name; NULL: no TCP listener */
+    int port;                                        /* 0 picks a free port (see serverPort) */
+    const char *socket_path;                         /* NULL or "": no Unix socket */
+    const char *web_root;                            /* dashboard directory; NULL: none */
+    const char *token;                               /* required on TCP; NULL: no auth (loopback only) */
+    size_t max_body;                                 /* bytes; larger bodies get 413 */
+    unsigned max_connections;                        /* open connections beyond it get 429 */
+    unsigned idle_timeout_s;                         /* an idle connection closes after it */
     const char *allow_hosts[SERVER_MAX_ALLOW_HOSTS]; /* extra Host names */
     int n_allow_hosts;
 } ServerOptions;

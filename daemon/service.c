@@ -75,6 +75,7 @@ static void markRunning(Service *svc, Run *run) {
     if (run->state == RUN_STARTING) saveState(run, RUN_RUNNING);
     if (run->state == RUN_HUNG) {
         svc->hang_flagged_since = 0;
+        run->anomaly[0] = '\0';
         saveState(run, RUN_RUNNING);
         addEvent(run, "recovered", run->step, NULL);
         logNotice("run %s: recovered from the hang, running again", run->id);
@@ -153,15 +154,23 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
          * nsad resumes it */
         addEvent(run, "shutdown", run->step, NULL);
         saveState(run, RUN_RUNNING);
-        logNotice("run %s: checkpointed at step %lld for the shutdown; the next start resumes it",
-                  run->id, (long long)run->step);
+        logNotice("run %s: checkpointed at step %lld for the shutdown; the next start resumes it", run->id,
+                  (long long)run->step);
         return;
     }
+    /* a hang the run came through is history (its event stays), not its end */
+    if (!strncmp(run->anomaly, "hang:", 5)) run->anomaly[0] = '\0';
     RunState state = RUN_FAILED;
     const char *event = "fail";
     switch (res->outcome) {
-    case TRAIN_COMPLETED: state = RUN_COMPLETED; event = "complete"; break;
-    case TRAIN_HALTED: state = RUN_HALTED; event = "halt"; break;
+    case TRAIN_COMPLETED:
+        state = RUN_COMPLETED;
+        event = "complete";
+        break;
+    case TRAIN_HALTED:
+        state = RUN_HALTED;
+        event = "halt";
+        break;
     case TRAIN_NAN_HALTED:
         state = RUN_NAN_HALTED;
         event = "anomaly";
@@ -214,10 +223,13 @@ static void runJob(Service *svc, const char *id, int resume) {
             svc->deadlines = cfg->watchdog;
             svc->hang_flagged_since = 0;
             pthread_mutex_unlock(&svc->lock);
-            TrainOptions opt = {.out_dir = out_dir, .resume = resume ? "latest" : NULL,
-                                .steps = 0, .device_override = -1, .quiet = 1};
-            TrainHooks hooks = {.ctx = svc, .on_sample = hookSample, .on_eval = hookEval,
-                                .on_event = hookEvent};
+            TrainOptions opt = {.out_dir = out_dir,
+                                .resume = resume ? "latest" : NULL,
+                                .steps = 0,
+                                .device_override = -1,
+                                .quiet = 1};
+            TrainHooks hooks = {
+                .ctx = svc, .on_sample = hookSample, .on_eval = hookEval, .on_event = hookEvent};
             logInfo("run %s: %s", id, resume ? "resuming from its latest checkpoint" : "starting");
             rc = trainerRun(cfg, &opt, &svc->mon, &hooks, &res, &terr);
         }
@@ -237,15 +249,16 @@ static void runJob(Service *svc, const char *id, int resume) {
 
 static void *trainerThread(void *arg) {
     Service *svc = arg;
-    stackdumpRegisterThread("trainer");
+    if (stackdumpRegisterThread("trainer") != 0)
+        logWarn("the trainer thread is not in stack dumps: %s", strerror(errno));
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
         atomic_store(&svc->trainer_tick_ns, serviceNowNs());
         if (svc->pending) {
             char id[RUN_ID_MAX];
             snprintf(id, sizeof id, "%s", svc->active_id);
-            int resume = svc->pending == 2;
-            svc->pending = 0;
+            int resume = svc->pending == SERVICE_PENDING_RESUME;
+            svc->pending = SERVICE_PENDING_NONE;
             pthread_mutex_unlock(&svc->lock);
             runJob(svc, id, resume);
             pthread_mutex_lock(&svc->lock);
@@ -269,7 +282,7 @@ static void *trainerThread(void *arg) {
  * nothing is active. */
 static void queueRun(Service *svc, Run *run, int resume) {
     snprintf(svc->active_id, sizeof svc->active_id, "%s", run->id);
-    svc->pending = resume ? 2 : 1;
+    svc->pending = resume ? SERVICE_PENDING_RESUME : SERVICE_PENDING_START;
     svc->user_halt = 0;
     atomic_store(&svc->mon.halt_requested, 0);
     atomic_store(&svc->mon.stop_now, 0);
@@ -294,8 +307,8 @@ static void recoverRuns(Service *svc) {
                 resume = run;
                 continue;
             }
-            addEvent(run, "restart",
-                     run->step, "{\"note\":\"nsad restarted; a newer run was resumed instead\"}");
+            addEvent(run, "restart", run->step,
+                     "{\"note\":\"nsad restarted; a newer run was resumed instead\"}");
             saveState(run, RUN_HALTED);
         }
     }
@@ -355,7 +368,7 @@ int serviceShutdown(Service *svc, double timeout_s) {
     if (svc->active_id[0]) {
         if (svc->pending) {
             /* never started: it stays active on disk and resumes next time */
-            svc->pending = 0;
+            svc->pending = SERVICE_PENDING_NONE;
             svc->active_id[0] = '\0';
         } else {
             atomic_store(&svc->mon.halt_requested, 1);
@@ -364,7 +377,8 @@ int serviceShutdown(Service *svc, double timeout_s) {
     pthread_cond_broadcast(&svc->wake);
     pthread_mutex_unlock(&svc->lock);
     if (!svc->trainer_started) return 0;
-    int64_t until = serviceNowNs() + (int64_t)(timeout_s * 1e9);
+    int64_t start = serviceNowNs();
+    int64_t abandon_at = start + (int64_t)(timeout_s * 0.5e9), until = start + (int64_t)(timeout_s * 1e9);
     for (;;) {
         struct timespec abs;
         clock_gettime(CLOCK_REALTIME, &abs);
@@ -373,7 +387,15 @@ int serviceShutdown(Service *svc, double timeout_s) {
             svc->trainer_started = 0;
             return 0;
         }
-        if (serviceNowNs() > until) return -1;
+        int64_t now = serviceNowNs();
+        if (now > abandon_at && !atomic_load(&svc->mon.stop_now)) {
+            /* a stuck step never reaches its checkpoint: give it up, the run
+             * resumes from its previous checkpoint */
+            logWarn("the trainer did not checkpoint within %.0f s; abandoning the step without a checkpoint",
+                    timeout_s * 0.5);
+            atomic_store(&svc->mon.stop_now, 1);
+        }
+        if (now > until) return -1;
     }
 }
 
@@ -390,8 +412,8 @@ void serviceClose(Service *svc) {
 
 static ServiceStatus busy(Service *svc, NsaError *err) {
     Run *run = activeRun(svc);
-    return fail(err, SVC_BUSY, "the trainer is busy with run %s (%s); halt it first or wait",
-                svc->active_id, run ? runStateName(run->state) : "starting");
+    return fail(err, SVC_BUSY, "the trainer is busy with run %s (%s); halt it first or wait", svc->active_id,
+                run ? runStateName(run->state) : "starting");
 }
 
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
@@ -434,8 +456,8 @@ ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len
             free(yaml);
             queueRun(svc, run, 0);
             snprintf(id_out, RUN_ID_MAX, "%s", run->id);
-            logNotice("run %s created (%s, %lld steps, %s)", run->id, run->name,
-                      (long long)run->total_steps, run->device);
+            logNotice("run %s created (%s, %lld steps, %s)", run->id, run->name, (long long)run->total_steps,
+                      run->device);
         }
     }
     pthread_mutex_unlock(&svc->lock);
@@ -452,8 +474,8 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
     } else if (run->state == RUN_HALTING) {
         /* already on its way: repeating the request is harmless */
     } else if (!runStateIsActive(run->state) || strcmp(svc->active_id, id) != 0) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a starting, running or hung run",
-                  id, runStateName(run->state));
+        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a starting, running or hung run", id,
+                  runStateName(run->state));
     } else {
         svc->user_halt = 1;
         atomic_store(&svc->mon.halt_requested, 1);
@@ -474,9 +496,9 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
     } else if (svc->shutting_down) {
         st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
     } else if (!runStateIsResumable(run->state)) {
-        st = fail(err, SVC_INVALID_STATE,
-                  "run %s is %s; resume applies to a halted, nan_halted or failed run", id,
-                  runStateName(run->state));
+        st =
+            fail(err, SVC_INVALID_STATE, "run %s is %s; resume applies to a halted, nan_halted or failed run",
+                 id, runStateName(run->state));
     } else if (svc->active_id[0]) {
         st = busy(svc, err);
     } else {

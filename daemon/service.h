@@ -22,23 +22,26 @@
 
 typedef enum ServiceStatus {
     SVC_OK = 0,
-    SVC_BUSY,            /* another run holds the trainer (409 busy) */
-    SVC_NOT_FOUND,       /* no such run (404) */
-    SVC_INVALID_STATE,   /* the run's state forbids it (409 invalid_state) */
-    SVC_INVALID_CONFIG,  /* the job config did not load (400 invalid_config) */
-    SVC_UNAVAILABLE,     /* shutting down (503) */
-    SVC_INTERNAL         /* I/O or memory failure (500) */
+    SVC_BUSY,           /* another run holds the trainer (409 busy) */
+    SVC_NOT_FOUND,      /* no such run (404) */
+    SVC_INVALID_STATE,  /* the run's state forbids it (409 invalid_state) */
+    SVC_INVALID_CONFIG, /* the job config did not load (400 invalid_config) */
+    SVC_UNAVAILABLE,    /* shutting down (503) */
+    SVC_INTERNAL        /* I/O or memory failure (500) */
 } ServiceStatus;
+
+/* What the trainer thread is to do with the active run it has not taken yet. */
+enum { SERVICE_PENDING_NONE = 0, SERVICE_PENDING_START = 1, SERVICE_PENDING_RESUME = 2 };
 
 typedef struct Service {
     pthread_mutex_t lock;
-    pthread_cond_t wake;          /* the trainer thread waits on it */
+    pthread_cond_t wake; /* the trainer thread waits on it */
     RunRegistry *runs;
     TrainMonitor mon;
     /* under lock: */
-    char active_id[RUN_ID_MAX];   /* the run holding the trainer, "" when idle */
-    int pending;                  /* active run waits for the trainer thread */
-    int user_halt;                /* the active run's halt came from a user */
+    char active_id[RUN_ID_MAX]; /* the run holding the trainer, "" when idle */
+    int pending;                /* SERVICE_PENDING_*: the active run waits for the trainer thread */
+    int user_halt;              /* the active run's halt came from a user */
     int shutting_down;
     unsigned job_events;          /* ending events the trainer reported (eventBit) */
     WatchdogConfig deadlines;     /* the active job's phase deadlines */
@@ -71,9 +74,11 @@ Service *serviceOpen(const char *state_dir, NsaError *err);
 int serviceStartTrainer(Service *svc, NsaError *err);
 
 /* Asks an active run to checkpoint and stop without marking it halted (the
- * next nsad resumes it), waits up to timeout_s for the trainer thread and
- * joins it. Returns 0 when the trainer stopped, -1 when it did not in time
- * (the caller exits anyway; the run's record still says it was active). */
+ * next nsad resumes it), waits for the trainer thread and joins it. After
+ * half of timeout_s it asks the trainer to stop at once, without a
+ * checkpoint (a stuck step never reaches one). Returns 0 when the trainer
+ * stopped, -1 when it did not within timeout_s (the caller exits anyway;
+ * the run's record still says it was active). */
 int serviceShutdown(Service *svc, double timeout_s);
 
 /* Frees everything. The trainer thread must have stopped (serviceShutdown)

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,15 +37,47 @@ static void say(const char *s) {
     (void)w;
 }
 
+/* The pipe the fatal handler formats the trace through: a signal handler
+ * can reach nothing else, so this one piece of state is file-wide. Set once
+ * by signalsInstallFatal before the handler can run. */
+static int trace_pipe[2] = {-1, -1};
+
+/* Copies what backtrace_symbols_fd wrote into the pipe to stderr, one
+ * "<2>  " prefixed line at a time, so journald files every frame as
+ * critical. Only read(2) and write(2): async-signal-safe. */
+static void relayTrace(void) {
+    char buf[4096], line[600];
+    size_t len = 0;
+    ssize_t n;
+    while ((n = read(trace_pipe[0], buf, sizeof buf)) > 0) {
+        for (ssize_t i = 0; i < n; i++) {
+            if (len < sizeof line - 1) line[len++] = buf[i];
+            if (buf[i] != '\n') continue;
+            say("<2>  ");
+            ssize_t w = write(STDERR_FILENO, line, len);
+            (void)w;
+            len = 0;
+        }
+    }
+}
+
 static void onFatal(int sig) {
     /* <2> is LOG_CRIT: journald files the trace as critical */
     say("<2>nsad: fatal signal ");
-    say(sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : sig == SIGILL ? "SIGILL"
-        : sig == SIGFPE ? "SIGFPE" : "SIGABRT");
+    say(sig == SIGSEGV  ? "SIGSEGV"
+        : sig == SIGBUS ? "SIGBUS"
+        : sig == SIGILL ? "SIGILL"
+        : sig == SIGFPE ? "SIGFPE"
+                        : "SIGABRT");
     say("; the crashing thread's stack:\n");
     void *frames[64];
     int n = backtrace(frames, 64);
-    backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    if (trace_pipe[1] >= 0) {
+        backtrace_symbols_fd(frames, n, trace_pipe[1]);
+        relayTrace();
+    } else {
+        backtrace_symbols_fd(frames, n, STDERR_FILENO);
+    }
     /* SA_RESETHAND restored the default action: this makes the core dump */
     raise(sig);
 }
@@ -53,6 +86,8 @@ int signalsInstallFatal(void) {
     /* backtrace() loads libgcc on first use, which is not signal-safe: do it now */
     void *warm[1];
     backtrace(warm, 1);
+    /* 64 frames of symbols fit in a pipe's buffer many times over */
+    if (trace_pipe[0] < 0 && pipe2(trace_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
     /* lives as long as the process: never freed */
     size_t size = 64 * 1024;
     void *alt_stack = malloc(size);

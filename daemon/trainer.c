@@ -97,7 +97,7 @@ typedef struct Trainer {
     /* throughput */
     double started;               /* monotonic seconds at the first step */
     int64_t steps_this_process;
-    double log_t0;
+    double log_step_seconds;      /* time in steps (not eval/checkpoint) since the last log */
     int64_t log_tokens0;
 } Trainer;
 
@@ -172,20 +172,25 @@ static void enter(Trainer *t, TrainPhase phase, int64_t step) {
 
 /* ---- setup -------------------------------------------------------------- */
 
+int trainerApplyOptions(JobConfig *job, const TrainOptions *opt, NsaError *err) {
+    if (opt->out_dir && snprintf(job->train.out_dir, sizeof job->train.out_dir, "%s",
+                                 opt->out_dir) >= (int)sizeof job->train.out_dir)
+        return fail(err, "--out: '%.60s...' is longer than %zu bytes", opt->out_dir,
+                    sizeof job->train.out_dir - 1);
+    if (opt->steps > 0) job->train.steps = opt->steps;
+    if (opt->device_override >= 0) {
+        job->runtime.device = (NsaDevice)opt->device_override;
+        job->runtime.device_auto = 0;
+        if (job->runtime.precision_auto)
+            job->runtime.precision = configAutoPrecision(job->runtime.device);
+    }
+    return configValidate(job, err);
+}
+
 static int applyOverrides(Trainer *t, const JobConfig *cfg, const TrainOptions *opt,
                           NsaError *err) {
     t->job = *cfg;
-    if (opt->out_dir && snprintf(t->job.train.out_dir, sizeof t->job.train.out_dir, "%s",
-                                 opt->out_dir) >= (int)sizeof t->job.train.out_dir)
-        return fail(err, "--out: path longer than %zu bytes", sizeof t->job.train.out_dir - 1);
-    if (opt->steps > 0) t->job.train.steps = opt->steps;
-    if (opt->device_override >= 0) {
-        t->job.runtime.device = (NsaDevice)opt->device_override;
-        t->job.runtime.device_auto = 0;
-        if (t->job.runtime.precision_auto)
-            t->job.runtime.precision = configAutoPrecision(t->job.runtime.device);
-    }
-    if (configValidate(&t->job, err) != 0) return -1;
+    if (trainerApplyOptions(&t->job, opt, err) != 0) return -1;
     t->out_dir = t->job.train.out_dir;
     const TrainConfig *tc = &t->job.train;
     t->schedule = (LrSchedule){tc->lr, tc->min_lr, tc->warmup_steps, tc->steps};
@@ -330,7 +335,9 @@ static int evaluate(Trainer *t, NsaError *err) {
         sum += loss;
     }
     double val = sum / (double)tc->eval_batches;
-    double bpb = val / log(2.0) / t->bytes_per_token;
+    /* token shards do not record the text they came from: no bits-per-byte
+     * figure then (NaN is written as "nan" in val.csv and null in JSON) */
+    double bpb = t->bytes_per_token > 0 ? val / log(2.0) / t->bytes_per_token : NAN;
     if (isnan(t->first_val)) {
         t->first_val = val;
         t->first_bpb = bpb;
@@ -379,10 +386,12 @@ static void formatEta(double seconds, char *out, size_t cap) {
     else snprintf(out, cap, "%ld:%02ld", s / 60, s % 60);
 }
 
+/* toks_per_s counts the steps' own time: evaluations and checkpoints in
+ * between would otherwise show up as a throughput drop. */
 static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step_seconds,
                    NsaError *err) {
     double now = monotonicSeconds();
-    double span = now - t->log_t0;
+    double span = t->log_step_seconds;
     int64_t tokens = t->state.tokens_seen - t->log_tokens0;
     TrainSample s = {
         .step = t->state.step,
@@ -396,7 +405,7 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
         .tokens_seen = t->state.tokens_seen,
         .mem_bytes = memoryInUse(t),
     };
-    t->log_t0 = now;
+    t->log_step_seconds = 0;
     t->log_tokens0 = t->state.tokens_seen;
     const char *phase = t->state.step <= t->job.train.warmup_steps ? "warmup" : "train";
     if (artifactsLogStep(t->art, &s, phase, err) != 0) return -1;
@@ -438,6 +447,8 @@ static int rollBack(Trainer *t, NsaError *err) {
                     st.config_hash);
     t->state = st;
     t->state.anomalies = anomalies;
+    t->log_tokens0 = st.tokens_seen;  /* throughput restarts from the checkpoint */
+    t->log_step_seconds = 0;
     atomic_store(&t->mon->step, st.step);
     artifactsClose(t->art);
     t->art = artifactsOpen(t->out_dir, st.step, err);
@@ -536,7 +547,8 @@ static const char *haltReason(Trainer *t) {
 
 static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
-    t->started = t->log_t0 = monotonicSeconds();
+    t->started = monotonicSeconds();
+    t->log_step_seconds = 0;
     t->log_tokens0 = t->state.tokens_seen;
     while (t->state.step < tc->steps) {
         int64_t step = t->state.step + 1;
@@ -544,6 +556,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
         double t0 = monotonicSeconds();
         NsaStepStats stats;
         if (runStep(t, step, lr, &stats, err) != 0) return -1;
+        t->log_step_seconds += monotonicSeconds() - t0;
         if (!stats.applied || stats.nonfinite_loss || stats.nonfinite_grad) {
             int g = guardAnomaly(t, step, &stats, err);
             if (g < 0) return -1;

@@ -90,6 +90,12 @@ typedef struct TrainResult {
     char anomaly[32];        /* "nan_loss", "nan_grad", ... or "" */
 } TrainResult;
 
+/* Applies opt's overrides (out_dir, steps, device; precision follows the
+ * device when the config said auto) to job and validates the result: the
+ * job trainerRun will run. Returns 0, or -1 with err naming the key, the
+ * value and what is allowed (a config error: `nsad train` exits 78). */
+int trainerApplyOptions(JobConfig *job, const TrainOptions *opt, NsaError *err);
+
 /* Runs the job. Returns 0 when it ended cleanly (completed or halted, with
  * res->outcome saying which), or -1 with err filled and res->outcome set
  * (TRAIN_NAN_HALTED or TRAIN_FAILED). mon and hooks may be NULL. */

@@ -28,10 +28,11 @@ struct Watchdog {
     uint64_t sd_usec;
     int64_t last_ping_ns, last_status_ns;
     int warned_no_ping;
+    int warned_notify;
 };
 
-int watchdogWriteDump(const char *dir, const char *reason, const char *header, const char *stacks,
-                      char *path, size_t cap, NsaError *err) {
+int watchdogWriteDump(const char *dir, const char *reason, const char *header, const char *stacks, char *path,
+                      size_t cap, NsaError *err) {
     int n = snprintf(path, cap, "%s/stacks-%lld-%s.txt", dir, (long long)time(NULL), reason);
     if (n < 0 || (size_t)n >= cap) {
         if (err) snprintf(err->message, sizeof err->message, "dump path too long under %s", dir);
@@ -126,8 +127,8 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
         logError("run %s: %s", id, err.message);
         path[0] = '\0';
     }
-    logError("run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s",
-             id, phase_name, age, deadline, (long long)step, path[0] ? path : "(not written)");
+    logError("run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s", id,
+             phase_name, age, deadline, (long long)step, path[0] ? path : "(not written)");
     logLines(LOG_LVL_ERR, "  ", stacks);
     free(stacks);
     if (dump_path) snprintf(dump_path, cap, "%s", path);
@@ -162,6 +163,14 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
     return 1;
 }
 
+/* sdNotify, logging the first failure (systemd then sees no pings). */
+static void notify(Watchdog *wd, const char *state) {
+    if (sdNotify(state) < 0 && !wd->warned_notify) {
+        logWarn("sd_notify to $NOTIFY_SOCKET failed: %s", strerror(errno));
+        wd->warned_notify = 1;
+    }
+}
+
 /* WATCHDOG=1 only while both loops are alive; STATUS= every few seconds. */
 static void tellSystemd(Watchdog *wd, int64_t now) {
     Service *svc = wd->svc;
@@ -172,13 +181,15 @@ static void tellSystemd(Watchdog *wd, int64_t now) {
         int hung = svc->hang_flagged_since != 0;
         pthread_mutex_unlock(&svc->lock);
         int trainer_ok = busy ? !hung : now - atomic_load(&svc->trainer_tick_ns) < TRAINER_IDLE_SILENCE_NS;
-        int http_ok = http_age < HTTP_SILENCE_NS;
+        int64_t http_limit = (int64_t)wd->sd_usec * 500; /* half systemd's interval, in ns */
+        int http_ok = http_age < (http_limit < HTTP_SILENCE_NS ? http_limit : HTTP_SILENCE_NS);
         if (trainer_ok && http_ok) {
-            sdNotify("WATCHDOG=1");
+            notify(wd, "WATCHDOG=1");
             wd->last_ping_ns = now;
             wd->warned_no_ping = 0;
         } else if (!wd->warned_no_ping) {
-            logWarn("not pinging systemd's watchdog: %s", !http_ok ? "the HTTP thread is silent" : "the trainer is hung");
+            logWarn("not pinging systemd's watchdog: %s",
+                    !http_ok ? "the HTTP thread is silent" : "the trainer is hung");
             wd->warned_no_ping = 1;
         }
     }
@@ -189,18 +200,20 @@ static void tellSystemd(Watchdog *wd, int64_t now) {
         if (run)
             snprintf(status, sizeof status, "STATUS=run %s %s step %lld/%lld loss %.4f %.0f tok/s", run->id,
                      runStateName(run->state), (long long)run->step, (long long)run->total_steps,
-                     isfinite(run->loss) ? run->loss : 0.0, isfinite(run->toks_per_s) ? run->toks_per_s : 0.0);
+                     isfinite(run->loss) ? run->loss : 0.0,
+                     isfinite(run->toks_per_s) ? run->toks_per_s : 0.0);
         else
             snprintf(status, sizeof status, "STATUS=idle, %zu runs stored", svc->runs->n_runs);
         pthread_mutex_unlock(&svc->lock);
-        sdNotify(status);
+        notify(wd, status);
         wd->last_status_ns = now;
     }
 }
 
 static void *watchdogThread(void *arg) {
     Watchdog *wd = arg;
-    stackdumpRegisterThread("watchdog");
+    if (stackdumpRegisterThread("watchdog") != 0)
+        logWarn("the watchdog thread is not in stack dumps: %s", strerror(errno));
     while (!atomic_load(&wd->stop)) {
         int64_t now = serviceNowNs();
         watchdogCheck(wd->svc, now, NULL, 0);
@@ -223,7 +236,8 @@ Watchdog *watchdogStart(Service *svc, NsaError *err) {
     if (wd->sd_usec) logInfo("systemd watchdog: pinging every %.1f s", (double)wd->sd_usec / 3e6);
     int rc = pthread_create(&wd->thread, NULL, watchdogThread, wd);
     if (rc != 0) {
-        if (err) snprintf(err->message, sizeof err->message, "cannot start the watchdog thread: %s", strerror(rc));
+        if (err)
+            snprintf(err->message, sizeof err->message, "cannot start the watchdog thread: %s", strerror(rc));
         free(wd);
         return NULL;
     }

@@ -38,7 +38,7 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap);
 /* Writes a stack dump with a header naming the run, phase and times to
  * <dir>/stacks-<unix>-<reason>.txt. Returns 0 and fills path, or -1 with
  * err. Used for hangs and for POST /api/v1/debug/stacks. */
-int watchdogWriteDump(const char *dir, const char *reason, const char *header, const char *stacks,
-                      char *path, size_t cap, NsaError *err);
+int watchdogWriteDump(const char *dir, const char *reason, const char *header, const char *stacks, char *path,
+                      size_t cap, NsaError *err);
 
 #endif

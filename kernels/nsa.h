@@ -270,6 +270,53 @@ int nsaAttnForwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, float *o
 int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const float *dout,
                        const NsaAttnGrads *grads, NsaError *err);
 
+/* ---- the fast NSA attention op on CUDA (kernels/cuda/fast_*.cu) --------
+ * bf16 device tensors in the layouts above (phi = avg), tensor cores,
+ * O(S) memory, deterministic backward. Declared for every build so ctypes
+ * callers can reach them through libnsa.so; they exist when libnsa was
+ * built with CUDA. Limits: (d_k, d_v) in {(64,64), (128,64), (128,128),
+ * (192,128)}, H/G <= 16, n_sel <= 32 (each refused with a one-line error).
+ *
+ * A plan allocates the one workspace for dims up to max_dims (same H, G,
+ * head dims and NSA sizes; B and S no larger) and keeps what the forward
+ * saves for the backward: call nsaAttnBackwardCuda after the forward of the
+ * same inputs on the same plan. Forward and backward only enqueue on the
+ * given stream (a cudaStream_t, NULL for the default stream): no allocation,
+ * no host synchronisation. They return 0, or -1 with err naming the fault.
+ * sel_idx and lse_cmp outputs are optional (NULL). Backward overwrites all
+ * eight gradients (bf16; dgates is the gradient of the post-sigmoid gates). */
+typedef struct NsaAttnCudaPlan NsaAttnCudaPlan;
+
+typedef struct NsaAttnDeviceInputs {
+    const void *q, *k_cmp, *v_cmp, *k_sel, *v_sel, *k_win, *v_win, *gates;
+} NsaAttnDeviceInputs;
+
+typedef struct NsaAttnDeviceGrads {
+    void *dq, *dk_cmp, *dv_cmp, *dk_sel, *dv_sel, *dk_win, *dv_win, *dgates;
+} NsaAttnDeviceGrads;
+
+/* Returns NULL with err filled on bad dims or a failed allocation. Free
+ * with nsaAttnCudaPlanFree (NULL is a no-op). */
+NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err);
+void nsaAttnCudaPlanFree(NsaAttnCudaPlan *plan);
+/* Device bytes the plan holds (0 for NULL). */
+size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *plan);
+
+int nsaAttnForwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,
+                       const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,
+                       float *lse_cmp, void *stream, NsaError *err);
+int nsaAttnBackwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,
+                        const NsaAttnDeviceInputs *in, const void *dout,
+                        const NsaAttnDeviceGrads *grads, void *stream, NsaError *err);
+
+/* Per-phase timing for benchmarks: when enabled, forward and backward record
+ * CUDA events between their phases; ProfileRead waits for them and fills up
+ * to max (name, milliseconds) pairs of the last forward and backward,
+ * returning how many (or -1 with err). */
+int nsaAttnCudaProfile(NsaAttnCudaPlan *plan, int enable, NsaError *err);
+int nsaAttnCudaProfileRead(NsaAttnCudaPlan *plan, const char **names, float *ms, int max,
+                           NsaError *err);
+
 #ifdef __cplusplus
 }
 #endif

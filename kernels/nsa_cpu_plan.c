@@ -3,6 +3,7 @@
  * and the plan is the same for both.) */
 #include "cpu/cpu_model.h"
 
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,11 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
     if (max_batch < 1 || max_seq < 1)
         return planError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
                          max_batch, max_seq);
+    if ((size_t)max_batch * max_seq > INT_MAX)
+        return planError(err,
+                         "nsa: max_batch x max_seq_len = %d x %d tokens; allowed: at most %d "
+                         "tokens per micro-batch",
+                         max_batch, max_seq, INT_MAX);
     cm->cfg = *cfg;
     cm->layout = layout;
     cm->f64 = f64;
@@ -113,6 +119,12 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
         if (layout->entries[i].info.numel > largest_weight)
             largest_weight = layout->entries[i].info.numel;
     sc->wt = planTake(&s, largest_weight);
+    /* the widest linear output: logits, MLP hidden, heads, gates or C */
+    size_t widest = V > F ? V : F;
+    const size_t outs[5] = {H * dk, H * dv, 3 * H, G * (dk > dv ? dk : dv), C};
+    for (int i = 0; i < 5; i++)
+        if (outs[i] > widest) widest = outs[i];
+    sc->dyt = planTake(&s, N * widest);
     cm->rope = planTake(&s, (size_t)max_seq * dk);
     cm->scratch_elems = s;
 

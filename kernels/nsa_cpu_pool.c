@@ -7,13 +7,13 @@
 #include <string.h>
 
 struct NsaCpuPool {
-    int parts;                 /* workers + the caller */
-    pthread_t *workers;        /* parts - 1 */
-    int started;               /* workers actually running */
+    int parts;          /* workers + the caller */
+    pthread_t *workers; /* parts - 1 */
+    int started;        /* workers actually running */
     pthread_mutex_t lock;
     pthread_cond_t work_ready, work_done;
-    unsigned long generation;  /* bumped for every region; workers wait for a new one */
-    int pending;               /* workers still running the current region */
+    unsigned long generation; /* bumped for every region; workers wait for a new one */
+    int pending;              /* workers still running the current region */
     int stopping;
     NsaCpuTask task;
     void *ctx;
@@ -49,7 +49,8 @@ static void *workerMain(void *arg_ptr) {
 NsaCpuPool *nsaCpuPoolCreate(int threads, NsaError *err) {
     NsaCpuPool *pool = calloc(1, sizeof(*pool));
     if (!pool) {
-        if (err) snprintf(err->message, sizeof(err->message), "nsa: out of memory for the thread pool");
+        if (err)
+            snprintf(err->message, sizeof(err->message), "nsa: out of memory for the thread pool");
         return NULL;
     }
     pool->parts = threads > 1 ? threads : 1;
@@ -89,7 +90,8 @@ void nsaCpuPoolFree(NsaCpuPool *pool) {
     pool->stopping = 1;
     pthread_cond_broadcast(&pool->work_ready);
     pthread_mutex_unlock(&pool->lock);
-    for (int i = 0; i < pool->started; i++) pthread_join(pool->workers[i], NULL);
+    for (int i = 0; i < pool->started; i++)
+        pthread_join(pool->workers[i], NULL);
     free(pool->workers);
     pthread_cond_destroy(&pool->work_done);
     pthread_cond_destroy(&pool->work_ready);
@@ -113,6 +115,7 @@ void nsaCpuPoolRun(NsaCpuPool *pool, NsaCpuTask task, void *ctx) {
     pthread_mutex_unlock(&pool->lock);
     task(ctx, 0, pool->parts);
     pthread_mutex_lock(&pool->lock);
-    while (pool->pending > 0) pthread_cond_wait(&pool->work_done, &pool->lock);
+    while (pool->pending > 0)
+        pthread_cond_wait(&pool->work_done, &pool->lock);
     pthread_mutex_unlock(&pool->lock);
 }

@@ -20,25 +20,23 @@
 /* The CUDA engine is wired in when this build compiles it: nvcc found
  * (NSA_HAVE_CUDA) and its source present (the Makefile compiles every
  * .cu file under kernels/cuda, cuda_engine.cu implementing cuda_engine.h). */
-#if defined(NSA_HAVE_CUDA) && defined(__has_include)
-#if __has_include("cuda/cuda_engine.h") && __has_include("cuda/cuda_engine.cu")
+#ifdef NSA_HAVE_CUDA
 #include "cuda/cuda_engine.h"
 #define NSA_MODEL_CUDA 1
-#endif
 #endif
 
 struct NsaModel {
     NsaModelConfig cfg;
     NsaEngineOptions opt;
     NsaLayout layout;
-    NsaCpuModel cpu;          /* device CPU */
+    NsaCpuModel cpu; /* device CPU */
 #ifdef NSA_MODEL_CUDA
-    NsaCudaModel *cuda;       /* device CUDA */
+    NsaCudaModel *cuda; /* device CUDA */
 #endif
     /* CPU engine step state (the CUDA engine keeps its own on the device) */
-    double loss_accum;        /* sum of grad_scale * mean loss since ZeroGrad */
-    double backward_scale;    /* grad_scale / counted targets of the last Forward */
-    int have_forward;         /* activations of a Forward wait for their Backward */
+    double loss_accum;     /* sum of grad_scale * mean loss since ZeroGrad */
+    double backward_scale; /* grad_scale / counted targets of the last Forward */
+    int have_forward;      /* activations of a Forward wait for their Backward */
     int fault_nan_loss, fault_nan_grad;
     NsaStepStats stats;
 };
@@ -57,10 +55,14 @@ static int isCuda(const NsaModel *m) { return m->opt.device == NSA_DEVICE_CUDA; 
 
 static const char *precisionName(NsaPrecision p) {
     switch (p) {
-    case NSA_PREC_F32: return "f32";
-    case NSA_PREC_F64: return "f64";
-    case NSA_PREC_BF16: return "bf16";
-    case NSA_PREC_FP16: return "fp16";
+    case NSA_PREC_F32:
+        return "fp32";
+    case NSA_PREC_F64:
+        return "fp64";
+    case NSA_PREC_BF16:
+        return "bf16";
+    case NSA_PREC_FP16:
+        return "fp16";
     }
     return "unknown";
 }
@@ -79,18 +81,18 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         return NULL;
     }
     if (opt->max_batch < 1 || opt->max_seq_len < 1) {
-        modelError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
-                   opt->max_batch, opt->max_seq_len);
+        modelError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1", opt->max_batch,
+                   opt->max_seq_len);
         return NULL;
     }
-    if (opt->threads < 0) {
-        modelError(err, "nsa: threads = %d; allowed: 0 (one thread) or more", opt->threads);
+    if (opt->threads < 0 || opt->threads > 256) {
+        modelError(err, "nsa: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
         return NULL;
     }
     if (opt->device == NSA_DEVICE_CPU && opt->precision != NSA_PREC_F32 &&
         opt->precision != NSA_PREC_F64) {
         modelError(err,
-                   "nsa: precision %s is not supported by the CPU engine; allowed: f32 or f64",
+                   "nsa: precision %s is not supported by the CPU engine; allowed: fp32 or fp64",
                    precisionName(opt->precision));
         return NULL;
     }
@@ -123,8 +125,8 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         return m;
     }
 #endif
-    if (nsaCpuModelAlloc(&m->cpu, cfg, &m->layout, opt->precision == NSA_PREC_F64,
-                         opt->max_batch, opt->max_seq_len, opt->threads, err)) {
+    if (nsaCpuModelAlloc(&m->cpu, cfg, &m->layout, opt->precision == NSA_PREC_F64, opt->max_batch,
+                         opt->max_seq_len, opt->threads, err)) {
         nsaLayoutFree(&m->layout);
         free(m);
         return NULL;
@@ -162,10 +164,14 @@ size_t nsaModelNumParams(const NsaModel *m) { return m ? m->layout.total : 0; }
 
 static void *cpuArena(NsaModel *m, NsaArena arena) {
     switch (arena) {
-    case NSA_ARENA_PARAMS: return m->cpu.params;
-    case NSA_ARENA_GRADS: return m->cpu.grads;
-    case NSA_ARENA_ADAM_M: return m->cpu.adam_m;
-    case NSA_ARENA_ADAM_V: return m->cpu.adam_v;
+    case NSA_ARENA_PARAMS:
+        return m->cpu.params;
+    case NSA_ARENA_GRADS:
+        return m->cpu.grads;
+    case NSA_ARENA_ADAM_M:
+        return m->cpu.adam_m;
+    case NSA_ARENA_ADAM_V:
+        return m->cpu.adam_v;
     }
     return NULL;
 }
@@ -191,7 +197,8 @@ int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *
     const NsaTensorInfo *ti = &m->layout.entries[i].info;
     if (m->cpu.f64) {
         const double *src = (const double *)cpuArena(m, arena) + ti->offset;
-        for (size_t j = 0; j < ti->numel; j++) dst[j] = (float)src[j];
+        for (size_t j = 0; j < ti->numel; j++)
+            dst[j] = (float)src[j];
     } else {
         memcpy(dst, (const float *)cpuArena(m, arena) + ti->offset, ti->numel * sizeof(float));
     }
@@ -206,16 +213,15 @@ int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaE
     const NsaTensorInfo *ti = &m->layout.entries[i].info;
     if (m->cpu.f64) {
         double *dst = (double *)cpuArena(m, arena) + ti->offset;
-        for (size_t j = 0; j < ti->numel; j++) dst[j] = src[j];
+        for (size_t j = 0; j < ti->numel; j++)
+            dst[j] = src[j];
     } else {
         memcpy((float *)cpuArena(m, arena) + ti->offset, src, ti->numel * sizeof(float));
     }
     return 0;
 }
 
-NsaCpuModel *nsaModelCpuEngine(NsaModel *m) {
-    return m && !isCuda(m) ? &m->cpu : NULL;
-}
+NsaCpuModel *nsaModelCpuEngine(NsaModel *m) { return m && !isCuda(m) ? &m->cpu : NULL; }
 
 void *nsaModelHostArena(NsaModel *m, NsaArena arena) {
     if (!m || isCuda(m) || arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V) return NULL;
@@ -241,7 +247,7 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
     if (isCuda(m)) return nsaCudaModelInit(m->cuda, seed, err);
 #endif
     const NsaLayout *lay = &m->layout;
-    memset(m->cpu.params, 0, lay->total * m->cpu.real_size);   /* padding stays zero */
+    memset(m->cpu.params, 0, lay->total * m->cpu.real_size); /* padding stays zero */
     size_t largest = 0;
     for (int i = 0; i < lay->n_tensors; i++)
         if (lay->entries[i].info.numel > largest) largest = lay->entries[i].info.numel;
@@ -319,7 +325,8 @@ int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, 
 #endif
     if (checkBatch(m, tokens, targets, B, S, err)) return -1;
     if (!isfinite(grad_scale))
-        return modelError(err, "nsa: grad_scale = %g; allowed: a finite number", (double)grad_scale);
+        return modelError(err, "nsa: grad_scale = %g; allowed: a finite number",
+                          (double)grad_scale);
     m->have_forward = 0;
     double mean;
     size_t count;
@@ -411,22 +418,20 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
     st->nonfinite_loss = !isfinite(st->loss);
     st->nonfinite_grad = !isfinite(st->grad_norm);
     st->applied = 0;
-    if (st->nonfinite_loss || st->nonfinite_grad) return 0;   /* the NaN guard: skip it all */
+    if (st->nonfinite_loss || st->nonfinite_grad) return 0; /* the NaN guard: skip it all */
 
-    const double clip = oc->grad_clip > 0 && st->grad_norm > oc->grad_clip
-                            ? oc->grad_clip / st->grad_norm
-                            : 1.0;
+    const double clip =
+        oc->grad_clip > 0 && st->grad_norm > oc->grad_clip ? oc->grad_clip / st->grad_norm : 1.0;
     const double bc1 = 1.0 - pow(oc->beta1, (double)step);
     const double bc2 = 1.0 - pow(oc->beta2, (double)step);
     for (int i = 0; i < lay->n_tensors; i++) {
         const NsaTensorInfo *ti = &lay->entries[i].info;
         const double wd = ti->weight_decay ? oc->weight_decay : 0.0;
         if (f64)
-            nsaCpuAdamWF64((double *)m->cpu.params + ti->offset,
-                           (const double *)m->cpu.grads + ti->offset,
-                           (double *)m->cpu.adam_m + ti->offset,
-                           (double *)m->cpu.adam_v + ti->offset, ti->numel, oc->lr, oc->beta1,
-                           oc->beta2, oc->eps, wd, bc1, bc2, clip);
+            nsaCpuAdamWF64(
+                (double *)m->cpu.params + ti->offset, (const double *)m->cpu.grads + ti->offset,
+                (double *)m->cpu.adam_m + ti->offset, (double *)m->cpu.adam_v + ti->offset,
+                ti->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
         else
             nsaCpuAdamWF32((float *)m->cpu.params + ti->offset,
                            (const float *)m->cpu.grads + ti->offset,
@@ -462,8 +467,9 @@ int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets,
 int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
     if (!m) return modelError(err, "nsa: no model (NULL)");
     if (fault < NSA_FAULT_NONE || fault > NSA_FAULT_NAN_GRAD)
-        return modelError(err, "nsa: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
-                               "2 (nan_grad)",
+        return modelError(err,
+                          "nsa: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
+                          "2 (nan_grad)",
                           (int)fault);
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelInjectFault(m->cuda, fault, err);

@@ -25,7 +25,9 @@ for f in "$NSAD" "$CTL"; do [ -x "$f" ] || die "$f is missing; run make all"; do
 [ -f "$CONFIG" ] || die "NSAD_RUN_CONFIG: $CONFIG not found"
 case "$PORT" in ''|*[!0-9]*) die "NSAD_PORT: '$PORT' is not a port number" ;; esac
 
-./scripts/make-corpus.sh
+# The corpus is built once from the fortunes packages; a machine without
+# them (a GPU node without a package index) can be handed the file instead.
+[ -s build/data/fortunes.txt ] || ./scripts/make-corpus.sh
 mkdir -p "$STATE"
 
 # A socket path must fit in 108 bytes; deep checkouts use the default place.
@@ -80,6 +82,23 @@ else
         { stop; wait "$NSAD_PID" || true; die "could not start the default run from $CONFIG (see the message above)"; }
     run_id=$(printf '%s' "$started" | python3 -c 'import json,sys; print(json.load(sys.stdin)["id"])')
 fi
+# Device or data trouble shows within the first seconds: say so rather than
+# leave a failed run behind a banner that says it trains.
+i=0
+while :; do
+    state=$("$CTL" status "$run_id" --json | python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["state"] + "\t" + (r.get("error") or ""))')
+    case "$state" in starting*) ;; *) break ;; esac
+    i=$((i + 1))
+    [ "$i" -lt 600 ] || break
+    sleep 0.1
+done
+case "$state" in
+    failed*)
+        stop; wait "$NSAD_PID" || true
+        hint=""
+        [ "$device" = cuda ] && hint="; NSAD_DEVICE=cpu make run trains on the CPU engine instead"
+        die "the default run failed: $(printf '%s' "$state" | cut -f2)$hint" ;;
+esac
 dashboard=$("$CTL" --url "$URL" --state-dir "$STATE" dashboard)
 
 cat <<EOF

@@ -43,7 +43,7 @@ void FN(nsaCpuCmpAttnBackward)(real *dq, real *dkc, real *dvc, const real *dout,
  * ties to the lower j, until n_sel (the forced blocks stay even when
  * n_sel < 3). sel_idx rows hold nsaNumSelSlots(n_sel) entries, ascending,
  * -1 padded. scores (optional, [B][S][G][Ns], Ns = nsaNumSelBlocks) receives s.
- * Returns 0, or -1 only when its O(Ns) scratch cannot be allocated. */
+ * Returns 0, or -1 when Ns exceeds 65536 (its O(Ns) scratch is on the stack). */
 int FN(nsaCpuSelectBlocks)(int32_t *sel_idx, real *scores, const real *q, const real *kc,
                            const real *lse, const NsaAttnDims *dims);
 

@@ -83,19 +83,19 @@ static void selectRow(int32_t *sel, int slots, unsigned char *taken, const real 
     while (k < slots) sel[k++] = -1;
 }
 
+#define NSA_CPU_SELECT_MAX_BLOCKS 65536
+
 int FN(nsaCpuSelectBlocks)(int32_t *sel_idx, real *scores, const real *q, const real *kc,
                            const real *lse, const NsaAttnDims *dims) {
     int B = dims->B, S = dims->S, G = dims->G;
     int Ns = nsaNumSelBlocks(S, dims->sel_len);
     int slots = nsaNumSelSlots(dims->n_sel);
-    size_t scratch = Ns > 0 ? (size_t)Ns : 1;  /* malloc(0) may return NULL */
-    unsigned char *taken = malloc(scratch);
-    real *row_scores = scores ? NULL : malloc(scratch * sizeof(real));
-    if (!taken || (!scores && !row_scores)) {
-        free(taken);
-        free(row_scores);
-        return -1;
-    }
+    /* Per-row scratch lives on the stack, so the training step allocates
+     * nothing here; 2^16 selection blocks (S = 4M at l' = 64) bound it. */
+    if (Ns > NSA_CPU_SELECT_MAX_BLOCKS) return -1;
+    int scratch = Ns > 0 ? Ns : 1;
+    unsigned char taken[scratch];
+    real row_scores[scores ? 1 : scratch];
     for (int b = 0; b < B; b++) {
         for (int t = 0; t < S; t++) {
             for (int g = 0; g < G; g++) {
@@ -107,7 +107,5 @@ int FN(nsaCpuSelectBlocks)(int32_t *sel_idx, real *scores, const real *q, const 
             }
         }
     }
-    free(taken);
-    free(row_scores);
     return 0;
 }

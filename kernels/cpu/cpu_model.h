@@ -42,6 +42,7 @@ typedef struct NsaCpuScratch {
     size_t dfc, dup, dact;      /* [N][F] */
     size_t dlogits;             /* [N][V] */
     size_t wt;                  /* the transpose of the weight a linear forward uses */
+    size_t dyt;                 /* the transpose of the output gradient of a linear backward */
 } NsaCpuScratch;
 
 typedef struct NsaCpuModel {
@@ -86,7 +87,7 @@ size_t nsaCpuModelWorkspaceBytes(const NsaCpuModel *cm);
 /* Forward over tokens/targets [B*S] (already range-checked): keeps the
  * activations, returns in *loss_sum the sum of the per-token losses (double)
  * and in *count the number of counted targets. Returns 0, or -1 with err
- * when an op fails (nsaCpuSelectBlocks out of memory for its scratch). */
+ * when an op fails (nsaCpuSelectBlocks past 65536 selection blocks). */
 int nsaCpuModelForwardF32(NsaCpuModel *cm, const int32_t *tokens, const int32_t *targets, int B,
                           int S, double *loss_sum, size_t *count, NsaError *err);
 int nsaCpuModelForwardF64(NsaCpuModel *cm, const int32_t *tokens, const int32_t *targets, int B,

@@ -16,21 +16,18 @@ void FN(nsaCpuRmsNormForward)(real *y, real *rstd, const real *x, const real *w,
 void FN(nsaCpuRmsNormBackward)(real *dx, real *dw, const real *dy, const real *x, const real *w,
                                const real *rstd, size_t N, int C);
 
-/* linear.c: y[N][out] = x[N][in] W^T with W [out][in] (writes y);
- * backward dx += dy W (dx may be NULL to skip), dW += dy^T x. */
+/* linear.c: the definitions, y[N][out] = x[N][in] W^T with W [out][in]
+ * (writes y); backward dx += dy W (dx may be NULL to skip), dW += dy^T x. */
 void FN(nsaCpuLinearForward)(real *y, const real *x, const real *w, size_t N, int in, int out);
-/* The forward from pre-transposed weights wt [in][out] (the fast path; every
- * element sums over i in order, so any row split gives the same bits), and
- * the transpose wt[c][r] = w[r][c] of a rows x cols matrix. */
-void FN(nsaCpuLinearForwardT)(real *y, const real *x, const real *wt, size_t N, int in, int out);
-void FN(nsaCpuTranspose)(real *wt, const real *w, int rows, int cols);
 void FN(nsaCpuLinearBackward)(real *dx, real *dw, const real *dy, const real *x, const real *w,
                               size_t N, int in, int out);
-/* The same split for a thread pool: part writes rows [N*part/parts,
- * N*(part+1)/parts) of dx and rows [out*part/parts, ...) of dW; the parts
- * together equal nsaCpuLinearBackward, bit for bit, for any parts. */
-void FN(nsaCpuLinearBackwardPart)(real *dx, real *dw, const real *dy, const real *x, const real *w,
-                                  size_t N, int in, int out, int part, int parts);
+/* linear.c: the fast path. t[c][r] = a[r][c] for a [rows][cols];
+ * y[r][m] = (accumulate ? y[r][m] : 0) + sum_k a[r][k] b[k][m] with
+ * a [rows][K], b [K][M]. Each element sums over k in order, so splitting the
+ * rows over calls (threads) gives the same bits. */
+void FN(nsaCpuTranspose)(real *t, const real *a, size_t rows, int cols);
+void FN(nsaCpuMatmul)(real *y, const real *a, const real *b, size_t rows, int K, int M,
+                      int accumulate);
 
 /* rope.c: rotates, in place, each head vector of x[B*S][heads][dim] at its
  * absolute position t = row % S. Split-halves pairing: (i, i + dim/2) is

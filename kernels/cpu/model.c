@@ -8,7 +8,9 @@
  *   x += Wproj act(RMSNorm(x) Wfc^T)   (act = SiLU, or SwiGLU with Wup)
  * logits = RMSNorm(x) lm_head^T; per-token cross-entropy in double.
  * All buffers were planned by nsaCpuModelAlloc (nsa_cpu_plan.c); nothing here
- * allocates. The attention ops are kernels/cpu/attn_*.c.
+ * allocates (nsaCpuSelectBlocks keeps its O(l'-blocks) row scratch on the
+ * stack and fails only past 65536 selection blocks: the forward's one error).
+ * The attention ops are kernels/cpu/attn_*.c.
  *
  * Parallel regions (cm->pool): linear layers split rows (and, for dW,
  * output rows); the attention branches split sequences, calling each op with
@@ -34,40 +36,53 @@ static NsaAttnDims attnDims(const NsaCpuModel *cm, int B, int S) {
 
 /* ---- linear layers over the pool ------------------------------------------ */
 
-typedef struct LinearJob {
-    real *y, *dx, *dw;
-    const real *x, *w, *dy;
-    size_t N;
-    int in, out;
-} LinearJob;
+/* One product y (+)= a b split by rows of y over the parts. */
+typedef struct MatmulJob {
+    real *y;
+    const real *a, *b;
+    size_t rows;
+    int K, M, accumulate;
+} MatmulJob;
 
-/* j->w holds the transposed weight here */
-static void linearForwardTask(void *ctx, int part, int parts) {
-    const LinearJob *j = ctx;
-    const size_t lo = j->N * part / parts, hi = j->N * (part + 1) / parts;
-    FN(nsaCpuLinearForwardT)(j->y + lo * j->out, j->x + lo * j->in, j->w, hi - lo, j->in, j->out);
+static void matmulPart(const MatmulJob *j, int part, int parts) {
+    const size_t lo = j->rows * part / parts, hi = j->rows * (part + 1) / parts;
+    FN(nsaCpuMatmul)(j->y + lo * j->M, j->a + lo * j->K, j->b, hi - lo, j->K, j->M, j->accumulate);
 }
 
-static void linearBackwardTask(void *ctx, int part, int parts) {
-    const LinearJob *j = ctx;
-    FN(nsaCpuLinearBackwardPart)(j->dx, j->dw, j->dy, j->x, j->w, j->N, j->in, j->out, part, parts);
+static void matmulTask(void *ctx, int part, int parts) { matmulPart(ctx, part, parts); }
+
+/* The two products of a linear backward in one region. */
+typedef struct BackwardJob {
+    MatmulJob dx, dw;
+} BackwardJob;
+
+static void backwardTask(void *ctx, int part, int parts) {
+    const BackwardJob *j = ctx;
+    if (j->dx.y) matmulPart(&j->dx, part, parts);
+    matmulPart(&j->dw, part, parts);
 }
 
-/* y = x W^T, through W transposed into the workspace (in*out work against
- * N*in*out for the product, and the product then streams rows of W^T). */
+/* y = x W^T = x (W^T): W [out][in] is transposed into the workspace first. */
 static void linearForward(NsaCpuModel *cm, real *y, const real *x, const real *w, size_t N, int in,
                           int out) {
     real *wt = (real *)cm->scratch + cm->sc.wt;
     FN(nsaCpuTranspose)(wt, w, out, in);
-    LinearJob j = {.y = y, .x = x, .w = wt, .N = N, .in = in, .out = out};
-    nsaCpuPoolRun(cm->pool, linearForwardTask, &j);
+    MatmulJob j = {.y = y, .a = x, .b = wt, .rows = N, .K = in, .M = out, .accumulate = 0};
+    nsaCpuPoolRun(cm->pool, matmulTask, &j);
 }
 
-/* dx += dy W;  dW += dy^T x */
+/* dx += dy W (dx NULL: skipped);  dW += (dy^T) x with dy transposed into the
+ * workspace. */
 static void linearBackward(NsaCpuModel *cm, real *dx, real *dw, const real *dy, const real *x,
                            const real *w, size_t N, int in, int out) {
-    LinearJob j = {.dx = dx, .dw = dw, .dy = dy, .x = x, .w = w, .N = N, .in = in, .out = out};
-    nsaCpuPoolRun(cm->pool, linearBackwardTask, &j);
+    real *dyt = (real *)cm->scratch + cm->sc.dyt;
+    FN(nsaCpuTranspose)(dyt, dy, N, out);
+    BackwardJob j = {
+        .dx = {.y = dx, .a = dy, .b = w, .rows = N, .K = out, .M = in, .accumulate = 1},
+        .dw = {.y = dw, .a = dyt, .b = x, .rows = (size_t)out, .K = (int)N, .M = in,
+               .accumulate = 1},
+    };
+    nsaCpuPoolRun(cm->pool, backwardTask, &j);
 }
 
 /* ---- the attention branches, one sequence slice per part ----------------- */

@@ -56,19 +56,20 @@ __global__ void poolAvgBackwardKernel(float *dx, const float *dpooled, int B, in
 
 __global__ void cmpForwardKernel(float *o, float *lse, const float *q, const float *kc,
                                  const float *vc, NsaAttnDims d, int Nc, float scale) {
-    __shared__ float qs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
     if (row >= (size_t)d.B * d.S * d.H) return;
     const int h = (int)(row % d.H);
     const size_t bt = row / d.H;
     const int t = (int)(bt % d.S), b = (int)(bt / d.S);
     const int g = h / (d.H / d.G);
-    warpStage(qs[warp], q + row * d.d_k, d.d_k);
+    warpStage(w.a, q + row * d.d_k, d.d_k);
     const float *K = kc + ((size_t)b * Nc * d.G + g) * d.d_k;
     const float *V = vc + ((size_t)b * Nc * d.G + g) * d.d_v;
     auto keyOf = [](int n) { return n; };
-    warpAttnRowForward(qs[warp], d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
+    warpAttnRowForward(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
                        cmpVisible(t, d.cmp_len, d.cmp_stride, Nc), keyOf, scale,
                        o + row * d.d_v, lse + row);
 }
@@ -76,21 +77,21 @@ __global__ void cmpForwardKernel(float *o, float *lse, const float *q, const flo
 __global__ void cmpBackwardDqKernel(float *dq, int accumulate, const float *dout, const float *q,
                                     const float *kc, const float *vc, const float *lse,
                                     const float *delta, NsaAttnDims d, int Nc, float scale) {
-    __shared__ float qs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
-    __shared__ float dos[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
     if (row >= (size_t)d.B * d.S * d.H) return;
     const int h = (int)(row % d.H);
     const size_t bt = row / d.H;
     const int t = (int)(bt % d.S), b = (int)(bt / d.S);
     const int g = h / (d.H / d.G);
-    warpStage(qs[warp], q + row * d.d_k, d.d_k);
-    warpStage(dos[warp], dout + row * d.d_v, d.d_v);
+    warpStage(w.a, q + row * d.d_k, d.d_k);
+    warpStage(w.b, dout + row * d.d_v, d.d_v);
     const float *K = kc + ((size_t)b * Nc * d.G + g) * d.d_k;
     const float *V = vc + ((size_t)b * Nc * d.G + g) * d.d_v;
     auto keyOf = [](int n) { return n; };
-    warpAttnRowBackwardDq(qs[warp], dos[warp], d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
+    warpAttnRowBackwardDq(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
                           (size_t)d.G * d.d_v, cmpVisible(t, d.cmp_len, d.cmp_stride, Nc), keyOf,
                           scale, lse[row], delta[row], dq + row * d.d_k, accumulate);
 }
@@ -100,17 +101,17 @@ __global__ void cmpBackwardDqKernel(float *dq, int accumulate, const float *dout
 __global__ void cmpBackwardDkvKernel(float *dkc, float *dvc, const float *dout, const float *q,
                                      const float *kc, const float *vc, const float *lse,
                                      const float *delta, NsaAttnDims d, int Nc, float scale) {
-    __shared__ float ks[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
-    __shared__ float vs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t key_row = (size_t)blockIdx.x * ATTN_WARPS + warp;  /* (b*Nc + i)*G + g */
     if (key_row >= (size_t)d.B * Nc * d.G) return;
     const int g = (int)(key_row % d.G);
     const size_t bi = key_row / d.G;
     const int i = (int)(bi % Nc), b = (int)(bi / Nc);
     const int hpg = d.H / d.G;
-    warpStage(ks[warp], kc + key_row * d.d_k, d.d_k);
-    warpStage(vs[warp], vc + key_row * d.d_v, d.d_v);
+    warpStage(w.a, kc + key_row * d.d_k, d.d_k);
+    warpStage(w.b, vc + key_row * d.d_v, d.d_v);
     const int t0 = i * d.cmp_stride + d.cmp_len - 1;
     const int n_cand = t0 < d.S ? (d.S - t0) * hpg : 0;
     const size_t row0 = ((size_t)b * d.S + t0) * d.H + (size_t)g * hpg;
@@ -119,7 +120,7 @@ __global__ void cmpBackwardDkvKernel(float *dkc, float *dvc, const float *dout, 
     float acc_dk[ATTN_DIM_REGS], acc_dv[ATTN_DIM_REGS];
 #pragma unroll
     for (int r = 0; r < ATTN_DIM_REGS; r++) acc_dk[r] = acc_dv[r] = 0.0f;
-    warpAttnKeyBackward(ks[warp], vs[warp], d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
+    warpAttnKeyBackward(w, d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
                         scale, acc_dk, acc_dv);
 #pragma unroll
     for (int r = 0; r < ATTN_DIM_REGS; r++) {
@@ -159,9 +160,8 @@ int attnCmpForward(float *o, float *lse, const float *q, const float *kc, const 
     if (rows == 0) return 0;
     int Nc = nsaNumCmpBlocks(dims->S, dims->cmp_len, dims->cmp_stride);
     float scale = 1.0f / sqrtf((float)dims->d_k);
-    cmpForwardKernel<<<ceilDiv(rows, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(
-        o, lse, q, kc, vc, *dims, Nc, scale);
-    LAUNCH_CHECK("cmpForwardKernel", err);
+    ATTN_LAUNCH_WARPS(cmpForwardKernel, rows, dims, stream, err,
+                      o, lse, q, kc, vc, *dims, Nc, scale);
     return 0;
 }
 
@@ -174,13 +174,11 @@ int attnCmpBackward(float *dq, int dq_accumulate, float *dkc, float *dvc, const 
     if (rows == 0) return 0;
     int Nc = nsaNumCmpBlocks(dims->S, dims->cmp_len, dims->cmp_stride);
     float scale = 1.0f / sqrtf((float)dims->d_k);
-    cmpBackwardDqKernel<<<ceilDiv(rows, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(
-        dq, dq_accumulate, dout, q, kc, vc, lse, delta, *dims, Nc, scale);
-    LAUNCH_CHECK("cmpBackwardDqKernel", err);
+    ATTN_LAUNCH_WARPS(cmpBackwardDqKernel, rows, dims, stream, err,
+                      dq, dq_accumulate, dout, q, kc, vc, lse, delta, *dims, Nc, scale);
     size_t keys = (size_t)dims->B * Nc * dims->G;
     if (keys == 0) return 0;
-    cmpBackwardDkvKernel<<<ceilDiv(keys, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(
-        dkc, dvc, dout, q, kc, vc, lse, delta, *dims, Nc, scale);
-    LAUNCH_CHECK("cmpBackwardDkvKernel", err);
+    ATTN_LAUNCH_WARPS(cmpBackwardDkvKernel, keys, dims, stream, err,
+                      dkc, dvc, dout, q, kc, vc, lse, delta, *dims, Nc, scale);
     return 0;
 }

@@ -31,17 +31,63 @@ __device__ __forceinline__ void warpStage(float *dst, const float *src, int n) {
     __syncwarp();
 }
 
+/* Per-warp shared memory of the attention kernels, in floats: the row
+ * vectors (q and dO, or k and v) and two 32-row tiles with an odd stride
+ * (dim + 1) so that lane j reading row j hits 32 different banks. Rows are
+ * staged with coalesced loads (the warp reads one row at a time), which is
+ * what keeps the per-lane dot products from thrashing L1. */
+__host__ __device__ __forceinline__ int attnTileStride(int dim) { return dim | 1; }
+__host__ __device__ __forceinline__ size_t attnWarpFloats(int dk, int dv) {
+    return (size_t)dk + dv + 32 * (size_t)attnTileStride(dk) + 32 * (size_t)attnTileStride(dv);
+}
+/* Shared-memory bytes of a block of `warps` warps. */
+static inline size_t attnBlockSmem(int dk, int dv, int warps) {
+    return (size_t)warps * attnWarpFloats(dk, dv) * sizeof(float);
+}
+
+typedef struct AttnWarpSmem {
+    float *a, *b;          /* [dk], [dv]: q and dO, or k and v */
+    float *ta, *tb;        /* [32][stride(dk)], [32][stride(dv)] */
+} AttnWarpSmem;
+
+__device__ __forceinline__ AttnWarpSmem attnWarpSmem(float *smem, int warp, int dk, int dv) {
+    AttnWarpSmem w;
+    float *base = smem + (size_t)warp * attnWarpFloats(dk, dv);
+    w.a = base;
+    w.b = w.a + dk;
+    w.ta = w.b + dv;
+    w.tb = w.ta + 32 * attnTileStride(dk);
+    return w;
+}
+
+/* Stages row `idx` of lane r (r = 0..31; idx < 0: skipped) of src
+ * (rows of row_stride floats, dim used) into tile row r. */
+__device__ __forceinline__ void warpStageRows(float *tile, int dim, const float *__restrict__ src,
+                                              size_t row_stride, long long idx) {
+    const int lane = threadIdx.x & 31, stride = attnTileStride(dim);
+    __syncwarp();
+#pragma unroll 4
+    for (int r = 0; r < 32; r++) {
+        long long ir = __shfl_sync(0xffffffffu, idx, r);
+        if (ir < 0) continue;
+        const float *row = src + (size_t)ir * row_stride;
+        for (int c = lane; c < dim; c += 32) tile[r * stride + c] = row[c];
+    }
+    __syncwarp();
+}
+
 /* Forward of one query row. keyOf(n) gives the key index of slot n (0 <=
  * n < n_slots) or -1 when that slot is masked; key index r means rows
- * K + r*k_stride and V + r*v_stride. qs: the row's query in shared memory.
+ * K + r*k_stride and V + r*v_stride. w.a holds the row's query.
  * Writes o_row[0..dv) (0 when nothing is visible) and *lse_out (lane 0;
  * -INFINITY when nothing is visible). */
 template <class KeyOf>
-__device__ void warpAttnRowForward(const float *qs, int dk, int dv, const float *__restrict__ K,
-                                   size_t k_stride, const float *__restrict__ V, size_t v_stride,
-                                   int n_slots, KeyOf keyOf, float scale, float *o_row,
-                                   float *lse_out) {
+__device__ void warpAttnRowForward(const AttnWarpSmem &w, int dk, int dv,
+                                   const float *__restrict__ K, size_t k_stride,
+                                   const float *__restrict__ V, size_t v_stride, int n_slots,
+                                   KeyOf keyOf, float scale, float *o_row, float *lse_out) {
     const int lane = threadIdx.x & 31;
+    const int ks = attnTileStride(dk), vs = attnTileStride(dv);
     float m = -INFINITY, l = 0.0f;
     float acc[ATTN_DIM_REGS];
 #pragma unroll
@@ -49,20 +95,20 @@ __device__ void warpAttnRowForward(const float *qs, int dk, int dv, const float 
     for (int base = 0; base < n_slots; base += 32) {
         int n = base + lane;
         int key = n < n_slots ? keyOf(n) : -1;
-        float s = key >= 0 ? scale * dotShared(qs, K + (size_t)key * k_stride, dk) : -INFINITY;
-        float m_chunk = warpMax(s);
-        if (m_chunk == -INFINITY) continue;
-        float m_new = fmaxf(m, m_chunk);
+        if (__ballot_sync(0xffffffffu, key >= 0) == 0) continue;
+        warpStageRows(w.ta, dk, K, k_stride, key);
+        warpStageRows(w.tb, dv, V, v_stride, key);
+        float s = key >= 0 ? scale * dotShared(w.a, w.ta + lane * ks, dk) : -INFINITY;
+        float m_new = fmaxf(m, warpMax(s));
         float corr = expf(m - m_new);
         float p = key >= 0 ? expf(s - m_new) : 0.0f;
         l = l * corr + warpSum(p);
 #pragma unroll
         for (int i = 0; i < ATTN_DIM_REGS; i++) acc[i] *= corr;
         for (int jj = 0; jj < 32; jj++) {
-            int kj = __shfl_sync(0xffffffffu, key, jj);
             float pj = __shfl_sync(0xffffffffu, p, jj);
-            if (kj < 0) continue;
-            const float *vrow = V + (size_t)kj * v_stride;
+            if (pj == 0.0f) continue;   /* masked slot (or an underflow: adds nothing) */
+            const float *vrow = w.tb + jj * vs;
 #pragma unroll
             for (int i = 0; i < ATTN_DIM_REGS; i++) {
                 int c = lane + 32 * i;
@@ -81,14 +127,15 @@ __device__ void warpAttnRowForward(const float *qs, int dk, int dv, const float 
 }
 
 /* dq of one query row: dq = scale * sum_j p_j (dO.v_j - delta) k_j with
- * p_j = exp(scale q.k_j - lse). qs, dos: q and dO of the row in shared. */
+ * p_j = exp(scale q.k_j - lse). w.a, w.b: q and dO of the row. */
 template <class KeyOf>
-__device__ void warpAttnRowBackwardDq(const float *qs, const float *dos, int dk, int dv,
+__device__ void warpAttnRowBackwardDq(const AttnWarpSmem &w, int dk, int dv,
                                       const float *__restrict__ K, size_t k_stride,
                                       const float *__restrict__ V, size_t v_stride, int n_slots,
                                       KeyOf keyOf, float scale, float lse, float delta,
                                       float *dq_row, int accumulate) {
     const int lane = threadIdx.x & 31;
+    const int ks = attnTileStride(dk), vs = attnTileStride(dv);
     float acc[ATTN_DIM_REGS];
 #pragma unroll
     for (int i = 0; i < ATTN_DIM_REGS; i++) acc[i] = 0.0f;
@@ -96,18 +143,20 @@ __device__ void warpAttnRowBackwardDq(const float *qs, const float *dos, int dk,
         for (int base = 0; base < n_slots; base += 32) {
             int n = base + lane;
             int key = n < n_slots ? keyOf(n) : -1;
+            if (__ballot_sync(0xffffffffu, key >= 0) == 0) continue;
+            warpStageRows(w.ta, dk, K, k_stride, key);
+            warpStageRows(w.tb, dv, V, v_stride, key);
             float ds = 0.0f;
             if (key >= 0) {
-                float s = scale * dotShared(qs, K + (size_t)key * k_stride, dk);
+                float s = scale * dotShared(w.a, w.ta + lane * ks, dk);
                 float p = expf(s - lse);
-                float dp = dotShared(dos, V + (size_t)key * v_stride, dv);
+                float dp = dotShared(w.b, w.tb + lane * vs, dv);
                 ds = p * (dp - delta);
             }
             for (int jj = 0; jj < 32; jj++) {
-                int kj = __shfl_sync(0xffffffffu, key, jj);
                 float dsj = __shfl_sync(0xffffffffu, ds, jj);
-                if (kj < 0) continue;
-                const float *krow = K + (size_t)kj * k_stride;
+                if (dsj == 0.0f) continue;
+                const float *krow = w.ta + jj * ks;
 #pragma unroll
                 for (int i = 0; i < ATTN_DIM_REGS; i++) {
                     int c = lane + 32 * i;
@@ -125,33 +174,36 @@ __device__ void warpAttnRowBackwardDq(const float *qs, const float *dos, int dk,
 
 /* dk, dv of one key, accumulated into registers over the query rows that
  * see it. rowOf(n) gives the query row index r (into q [r][dk], dout
- * [r][dv], lse [r], delta [r]) of candidate n, or -1 when masked. ks, vs:
- * the key and value in shared. Adds into acc_dk/acc_dv (lane's dims);
- * the caller scales dk by `scale` once at the end. */
+ * [r][dv], lse [r], delta [r]) of candidate n, or -1 when masked. w.a, w.b:
+ * the key and value. Adds into acc_dk/acc_dv (lane's dims); the caller
+ * scales dk by `scale` once at the end. */
 template <class RowOf>
-__device__ void warpAttnKeyBackward(const float *ks, const float *vs, int dk, int dv,
+__device__ void warpAttnKeyBackward(const AttnWarpSmem &w, int dk, int dv,
                                     const float *__restrict__ q, const float *__restrict__ dout,
                                     const float *__restrict__ lse,
                                     const float *__restrict__ delta, int n_cand, RowOf rowOf,
                                     float scale, float *acc_dk, float *acc_dv) {
     const int lane = threadIdx.x & 31;
+    const int ks = attnTileStride(dk), vs = attnTileStride(dv);
     for (int base = 0; base < n_cand; base += 32) {
         int n = base + lane;
         long long r = n < n_cand ? rowOf(n) : -1;
+        if (__ballot_sync(0xffffffffu, r >= 0) == 0) continue;
+        warpStageRows(w.ta, dk, q, (size_t)dk, r);
+        warpStageRows(w.tb, dv, dout, (size_t)dv, r);
         float p = 0.0f, ds = 0.0f;
         if (r >= 0) {
-            float s = scale * dotShared(ks, q + (size_t)r * dk, dk);
+            float s = scale * dotShared(w.a, w.ta + lane * ks, dk);
             p = expf(s - lse[r]);
-            float dp = dotShared(vs, dout + (size_t)r * dv, dv);
+            float dp = dotShared(w.b, w.tb + lane * vs, dv);
             ds = p * (dp - delta[r]);
         }
         for (int jj = 0; jj < 32; jj++) {
-            long long rj = __shfl_sync(0xffffffffu, r, jj);
             float pj = __shfl_sync(0xffffffffu, p, jj);
             float dsj = __shfl_sync(0xffffffffu, ds, jj);
-            if (rj < 0) continue;
-            const float *qrow = q + (size_t)rj * dk;
-            const float *dorow = dout + (size_t)rj * dv;
+            if (pj == 0.0f && dsj == 0.0f) continue;
+            const float *qrow = w.ta + jj * ks;
+            const float *dorow = w.tb + jj * vs;
 #pragma unroll
             for (int i = 0; i < ATTN_DIM_REGS; i++) {
                 int c = lane + 32 * i;
@@ -161,5 +213,17 @@ __device__ void warpAttnKeyBackward(const float *ks, const float *vs, int dk, in
         }
     }
 }
+
+/* Launches kernel with one warp per item over `count` items, ATTN_WARPS
+ * warps per block and the per-warp shared memory of dims; returns -1 from
+ * the enclosing launcher on failure. */
+#define ATTN_LAUNCH_WARPS(kernel, count, dims, stream, err, ...)                              \
+    do {                                                                                      \
+        size_t smem_ = attnBlockSmem((dims)->d_k, (dims)->d_v, ATTN_WARPS);                   \
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,  \
+                                        (int)smem_), err);                                    \
+        kernel<<<ceilDiv((count), ATTN_WARPS), 32 * ATTN_WARPS, smem_, (stream)>>>(__VA_ARGS__); \
+        LAUNCH_CHECK(#kernel, err);                                                           \
+    } while (0)
 
 #endif

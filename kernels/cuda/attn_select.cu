@@ -25,6 +25,7 @@ __global__ void selectBlocksKernel(int32_t *sel_idx, const float *q, const float
     float *P = ls + hpg;              /* [Nc] */
     float *sc = P + Nc;               /* [Ns] */
     int *taken = (int *)(sc + Ns);    /* [Ns] */
+    float *tile = (float *)(taken + Ns);  /* [SELECT_THREADS][dk | 1] */
     const size_t row = blockIdx.x;    /* (b*S + t)*G + g */
     const int g = (int)(row % d.G);
     const size_t bt = row / d.G;
@@ -37,15 +38,28 @@ __global__ void selectBlocksKernel(int32_t *sel_idx, const float *q, const float
     __syncthreads();
 
     const int nvis = t < l - 1 ? 0 : min((t - l + 1) / cs + 1, Nc);
-    for (int i = threadIdx.x; i < nvis; i += blockDim.x) {
-        const float *krow = kc + (((size_t)b * Nc + i) * d.G + g) * dk;
-        float acc = 0.0f;
-        for (int hh = 0; hh < hpg; hh++) {
-            float s = 0.0f;
-            for (int c = 0; c < dk; c++) s = fmaf(qs[hh * dk + c], krow[c], s);
-            acc += expf(scale * s - ls[hh]);
+    /* kc rows are staged SELECT_THREADS at a time with coalesced loads, so
+     * that each thread's dot products read shared memory */
+    const int kst = dk | 1;
+    for (int i0 = 0; i0 < nvis; i0 += SELECT_THREADS) {
+        const int rows = min(SELECT_THREADS, nvis - i0);
+        __syncthreads();
+        for (int e = threadIdx.x; e < rows * dk; e += blockDim.x) {
+            int r = e / dk, c = e % dk;
+            tile[r * kst + c] = kc[(((size_t)b * Nc + i0 + r) * d.G + g) * dk + c];
         }
-        P[i] = acc;
+        __syncthreads();
+        const int i = i0 + threadIdx.x;
+        if (threadIdx.x < rows) {
+            const float *krow = tile + threadIdx.x * kst;
+            float acc = 0.0f;
+            for (int hh = 0; hh < hpg; hh++) {
+                float s = 0.0f;
+                for (int c = 0; c < dk; c++) s = fmaf(qs[hh * dk + c], krow[c], s);
+                acc += expf(scale * s - ls[hh]);
+            }
+            P[i] = acc;
+        }
     }
     __syncthreads();
 
@@ -115,7 +129,8 @@ int attnSelectBlocks(int32_t *sel_idx, const float *q, const float *kc, const fl
     int Ns = nsaNumSelBlocks(dims->S, dims->sel_len);
     int hpg = dims->H / dims->G;
     size_t smem = ((size_t)hpg * dims->d_k + hpg + Nc + Ns) * sizeof(float) +
-                  (size_t)Ns * sizeof(int);
+                  (size_t)Ns * sizeof(int) +
+                  (size_t)SELECT_THREADS * (dims->d_k | 1) * sizeof(float);
     if (smem > 200 * 1024)
         return cudaFail(err,
                         "cuda: selection needs %zu bytes of shared memory per row (S = %d, "

@@ -6,20 +6,21 @@
 /* Forward: one warp per query row (b, t, h), keys t-w+1..t of group g. */
 __global__ void winForwardKernel(float *o, float *lse, const float *q, const float *k,
                                  const float *v, NsaAttnDims d, float scale) {
-    __shared__ float qs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
     if (row >= (size_t)d.B * d.S * d.H) return;
     const int h = (int)(row % d.H);
     const size_t bt = row / d.H;
     const int t = (int)(bt % d.S), b = (int)(bt / d.S);
     const int g = h / (d.H / d.G);
-    warpStage(qs[warp], q + row * d.d_k, d.d_k);
+    warpStage(w.a, q + row * d.d_k, d.d_k);
     const int start = t - d.window + 1 > 0 ? t - d.window + 1 : 0;
     const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
     const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
     auto keyOf = [start](int n) { return start + n; };
-    warpAttnRowForward(qs[warp], d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
+    warpAttnRowForward(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
                        t - start + 1, keyOf, scale, o + row * d.d_v, lse + row);
 }
 
@@ -27,22 +28,22 @@ __global__ void winForwardKernel(float *o, float *lse, const float *q, const flo
 __global__ void winBackwardDqKernel(float *dq, int accumulate, const float *dout, const float *q,
                                     const float *k, const float *v, const float *lse,
                                     const float *delta, NsaAttnDims d, float scale) {
-    __shared__ float qs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
-    __shared__ float dos[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
     if (row >= (size_t)d.B * d.S * d.H) return;
     const int h = (int)(row % d.H);
     const size_t bt = row / d.H;
     const int t = (int)(bt % d.S), b = (int)(bt / d.S);
     const int g = h / (d.H / d.G);
-    warpStage(qs[warp], q + row * d.d_k, d.d_k);
-    warpStage(dos[warp], dout + row * d.d_v, d.d_v);
+    warpStage(w.a, q + row * d.d_k, d.d_k);
+    warpStage(w.b, dout + row * d.d_v, d.d_v);
     const int start = t - d.window + 1 > 0 ? t - d.window + 1 : 0;
     const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
     const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
     auto keyOf = [start](int n) { return start + n; };
-    warpAttnRowBackwardDq(qs[warp], dos[warp], d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
+    warpAttnRowBackwardDq(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
                           (size_t)d.G * d.d_v, t - start + 1, keyOf, scale, lse[row], delta[row],
                           dq + row * d.d_k, accumulate);
 }
@@ -52,17 +53,17 @@ __global__ void winBackwardDqKernel(float *dq, int accumulate, const float *dout
 __global__ void winBackwardDkvKernel(float *dk, float *dv, const float *dout, const float *q,
                                      const float *k, const float *v, const float *lse,
                                      const float *delta, NsaAttnDims d, float scale) {
-    __shared__ float ks[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
-    __shared__ float vs[ATTN_WARPS][NSA_CUDA_ATTN_MAX_DIM];
+    extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t key_row = (size_t)blockIdx.x * ATTN_WARPS + warp;  /* (b*S + j)*G + g */
     if (key_row >= (size_t)d.B * d.S * d.G) return;
     const int g = (int)(key_row % d.G);
     const size_t bj = key_row / d.G;
     const int j = (int)(bj % d.S), b = (int)(bj / d.S);
     const int hpg = d.H / d.G;
-    warpStage(ks[warp], k + key_row * d.d_k, d.d_k);
-    warpStage(vs[warp], v + key_row * d.d_v, d.d_v);
+    warpStage(w.a, k + key_row * d.d_k, d.d_k);
+    warpStage(w.b, v + key_row * d.d_v, d.d_v);
     int t_last = j + d.window - 1 < d.S - 1 ? j + d.window - 1 : d.S - 1;
     const int n_cand = (t_last - j + 1) * hpg;
     const size_t row0 = ((size_t)b * d.S + j) * d.H + (size_t)g * hpg;
@@ -71,7 +72,7 @@ __global__ void winBackwardDkvKernel(float *dk, float *dv, const float *dout, co
     float acc_dk[ATTN_DIM_REGS], acc_dv[ATTN_DIM_REGS];
 #pragma unroll
     for (int i = 0; i < ATTN_DIM_REGS; i++) acc_dk[i] = acc_dv[i] = 0.0f;
-    warpAttnKeyBackward(ks[warp], vs[warp], d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
+    warpAttnKeyBackward(w, d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
                         scale, acc_dk, acc_dv);
 #pragma unroll
     for (int i = 0; i < ATTN_DIM_REGS; i++) {
@@ -87,9 +88,8 @@ int attnWinForward(float *o, float *lse, const float *q, const float *k, const f
     size_t rows = (size_t)dims->B * dims->S * dims->H;
     if (rows == 0) return 0;
     float scale = 1.0f / sqrtf((float)dims->d_k);
-    winForwardKernel<<<ceilDiv(rows, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(o, lse, q, k, v,
-                                                                               *dims, scale);
-    LAUNCH_CHECK("winForwardKernel", err);
+    ATTN_LAUNCH_WARPS(winForwardKernel, rows, dims, stream, err,
+                      o, lse, q, k, v, *dims, scale);
     return 0;
 }
 
@@ -102,11 +102,9 @@ int attnWinBackward(float *dq, int dq_accumulate, float *dk, float *dv, const fl
     size_t keys = (size_t)dims->B * dims->S * dims->G;
     if (rows == 0) return 0;
     float scale = 1.0f / sqrtf((float)dims->d_k);
-    winBackwardDqKernel<<<ceilDiv(rows, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(
-        dq, dq_accumulate, dout, q, k, v, lse, delta, *dims, scale);
-    LAUNCH_CHECK("winBackwardDqKernel", err);
-    winBackwardDkvKernel<<<ceilDiv(keys, ATTN_WARPS), 32 * ATTN_WARPS, 0, stream>>>(
-        dk, dv, dout, q, k, v, lse, delta, *dims, scale);
-    LAUNCH_CHECK("winBackwardDkvKernel", err);
+    ATTN_LAUNCH_WARPS(winBackwardDqKernel, rows, dims, stream, err,
+                      dq, dq_accumulate, dout, q, k, v, lse, delta, *dims, scale);
+    ATTN_LAUNCH_WARPS(winBackwardDkvKernel, keys, dims, stream, err,
+                      dk, dv, dout, q, k, v, lse, delta, *dims, scale);
     return 0;
 }

@@ -673,15 +673,12 @@ static void testPrecisions(Results *res) {
         report(res, 0, nowSeconds() - t0, name, "%s", err.message);
     } else {
         double eb = fabs(l16b[0] - l32[0]) / l32[0], eh = fabs(l16h[0] - l32[0]) / l32[0];
-        float scale = 0;
-        NsaError e2;
         int finite = 1;
         for (int s = 0; s < 15; s++) finite &= isfinite(l16b[s]) && isfinite(l16h[s]);
         report(res, eb < 1e-2 && eh < 1e-2 && finite && l16b[14] < l16b[0] && l16h[14] < l16h[0],
                nowSeconds() - t0, name,
                "first loss f32 %.4f bf16 %.2e fp16 %.2e; after 15: f32 %.4f bf16 %.4f fp16 %.4f",
                l32[0], eb, eh, l32[14], l16b[14], l16h[14]);
-        (void)scale; (void)e2;
     }
     nsaModelFree(a);
     nsaModelFree(b);

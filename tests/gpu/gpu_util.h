@@ -28,13 +28,13 @@ typedef struct Results {
     int n;
 } Results;
 
-static double nowSeconds(void) {
+static inline double nowSeconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static void report(Results *res, int ok, double seconds, const char *name, const char *fmt, ...) {
+static inline void report(Results *res, int ok, double seconds, const char *name, const char *fmt, ...) {
     int i = res->n < MAX_RESULTS ? res->n++ : MAX_RESULTS - 1;
     Result *r = &res->r[i];
     snprintf(r->name, sizeof(r->name), "%s", name);
@@ -48,7 +48,7 @@ static void report(Results *res, int ok, double seconds, const char *name, const
     fflush(stdout);
 }
 
-static int printTable(const Results *res) {
+static inline int printTable(const Results *res) {
     int passed = 0, failed = 0;
     printf("\n%-4s %-44s %-6s %7s  %s\n", "#", "test", "result", "seconds", "detail");
     for (int i = 0; i < res->n; i++) {
@@ -62,20 +62,20 @@ static int printTable(const Results *res) {
 }
 
 /* ---- random ---- */
-static void fillUniform(float *x, size_t n, uint64_t seed, uint64_t stream, float lo, float hi) {
+static inline void fillUniform(float *x, size_t n, uint64_t seed, uint64_t stream, float lo, float hi) {
     NsaRng rng;
     nsaRngSeed(&rng, seed, stream);
     for (size_t i = 0; i < n; i++) x[i] = lo + (hi - lo) * (float)nsaRngUniform(&rng);
 }
 
-static void fillTokens(int32_t *x, size_t n, uint64_t seed, uint64_t stream, int V) {
+static inline void fillTokens(int32_t *x, size_t n, uint64_t seed, uint64_t stream, int V) {
     NsaRng rng;
     nsaRngSeed(&rng, seed, stream);
     for (size_t i = 0; i < n; i++) x[i] = (int32_t)nsaRngBelow(&rng, (uint32_t)V);
 }
 
 /* ||a - b|| / max(||b||, tiny); NaN anywhere gives +inf. */
-static double relErr(const float *a, const float *b, size_t n) {
+static inline double relErr(const float *a, const float *b, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
@@ -87,7 +87,7 @@ static double relErr(const float *a, const float *b, size_t n) {
     return sqrt(num / den);
 }
 
-static double relErrD(const float *a, const double *b, size_t n) {
+static inline double relErrD(const float *a, const double *b, size_t n) {
     double num = 0.0, den = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (!isfinite(a[i]) || !isfinite(b[i])) return INFINITY;
@@ -110,7 +110,7 @@ static double relErrD(const float *a, const double *b, size_t n) {
         }                                                                             \
     } while (0)
 
-static void *devAlloc(size_t bytes) {
+static inline void *devAlloc(size_t bytes) {
     void *p = NULL;
     GPU_OK(cudaMalloc(&p, bytes ? bytes : 16));
     /* poison: NaN floats, so unwritten outputs fail the comparisons */
@@ -118,18 +118,18 @@ static void *devAlloc(size_t bytes) {
     return p;
 }
 
-static float *devFrom(const float *h, size_t n) {
+static inline float *devFrom(const float *h, size_t n) {
     float *d = (float *)devAlloc(n * sizeof(float));
     GPU_OK(cudaMemcpy(d, h, n * sizeof(float), cudaMemcpyHostToDevice));
     return d;
 }
 
-static void toHost(void *h, const void *d, size_t bytes) {
+static inline void toHost(void *h, const void *d, size_t bytes) {
     GPU_OK(cudaDeviceSynchronize());
     GPU_OK(cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost));
 }
 
-static float *hostAlloc(size_t n) {
+static inline float *hostAlloc(size_t n) {
     float *p = (float *)calloc(n ? n : 1, sizeof(float));
     if (!p) { fprintf(stderr, "FATAL: out of host memory (%zu floats)\n", n); exit(2); }
     return p;

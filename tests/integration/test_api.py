@@ -19,6 +19,7 @@ import json
 import math
 import os
 import re
+import resource
 import shutil
 import signal
 import socket
@@ -28,7 +29,8 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NSAD = os.path.join(ROOT, "build", "nsad")
+# NSAD_BIN runs the suite against another build (a sanitizer build, say)
+NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
 HTTP_TIMEOUT = 15
 MAX_CONNECTIONS = 6
 MAX_BODY = 64 * 1024
@@ -132,12 +134,13 @@ def json_config(steps, **sections):
 class Nsad:
     """One nsad serve process on a loopback port and a Unix socket."""
 
-    def __init__(self, workdir, web_root, env_extra=None):
+    def __init__(self, workdir, web_root, env_extra=None, args=None):
         self.workdir = workdir
         self.state_dir = os.path.join(workdir, "state")
         self.socket = os.path.join(workdir, "nsad.sock")
         self.web_root = web_root
         self.env_extra = env_extra or {}
+        self.extra_args = list(args or [])
         self.proc = None
         self.port = None
         self.log_path = os.path.join(workdir, "nsad.log")
@@ -150,12 +153,13 @@ class Nsad:
         args = [NSAD, "serve", "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket,
                 "--state-dir", self.state_dir, "--web-root", self.web_root,
                 "--max-connections", str(MAX_CONNECTIONS), "--max-body", str(MAX_BODY),
-                "--log-level", "info"]
+                "--log-level", "info"] + self.extra_args
         if getattr(self, "log", None):
             self.log.close()
         self.log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, env=env,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
+                                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
         ok = wait_for(self._healthy, timeout, 0.05)
         if ok:
             with open(os.path.join(self.state_dir, "token")) as f:
@@ -385,8 +389,10 @@ def test_transport(d):
 
 def test_lifecycle(d):
     """start -> status -> metrics -> halt -> resume -> completed."""
+    # batch 8: a few seconds of work, so the halt lands well before the end
     steps = 300
-    r = d.request("POST", "/api/v1/runs?name=life", json_config(steps), content_type="application/json")
+    r = d.request("POST", "/api/v1/runs?name=life", json_config(steps, train={"batch_size": 8}),
+                  content_type="application/json")
     ok = check("POST /api/v1/runs (JSON over TCP): 201 with Location and state starting",
                r.status == 201 and r.json and r.json.get("state") in ("starting", "running")
                and r.headers.get("Location") == f"/api/v1/runs/{r.json.get('id')}"
@@ -427,6 +433,7 @@ def test_lifecycle(d):
           run and run["state"] == "halted" and run["step"] < steps
           and run["last_checkpoint_step"] == run["step"], run)
     halted_step = run["step"] if run else 0
+    diag(f"halted at step {halted_step} of {steps}")
     r = d.api("POST", f"/api/v1/runs/{run_id}/halt")
     check("halt of a halted run: 409 invalid_state", r.status == 409 and r.error_code() == "invalid_state", r)
     r = d.api("POST", f"/api/v1/runs/{run_id}/resume", "{}", content_type="application/json")
@@ -451,6 +458,8 @@ def test_lifecycle(d):
     steps_seen = [p["step"] for p in r.json["train"]]
     check("the metric series has every step exactly once across halt and resume",
           steps_seen == list(range(1, steps + 1)), steps_seen[:5] + ["..."] + steps_seen[-5:])
+    check("a resume from the halt's own checkpoint replaces nothing (generation 0)",
+          r.json.get("generation") == 0, r.json.get("generation"))
     r = d.request("GET", "/api/v1/runs")
     check("GET /api/v1/runs lists the run, newest first",
           r.status == 200 and r.json["runs"] and r.json["runs"][0]["id"] == run_id
@@ -492,6 +501,41 @@ def test_prometheus(d, run_id):
         check("promtool check metrics accepts the exposition", p.returncode == 0, p.stdout + p.stderr)
     else:
         diag("promtool not installed: the strict parser above is the check")
+
+
+def test_concurrent_clients(d, run_id):
+    """Many clients at once over both listeners: every request gets an
+    answer (200, or 429 past the connection limit), none hangs."""
+    import threading
+    statuses = []
+    errors = []
+    lock = threading.Lock()
+
+    def client(i):
+        for k in range(15):
+            try:
+                path = ("/api/v1/runs", f"/api/v1/runs/{run_id}/metrics?since=0", "/metrics",
+                        f"/api/v1/runs/{run_id}")[(i + k) % 4]
+                r = d.request("GET", path, unix=(i % 2 == 0))
+                with lock:
+                    statuses.append(r.status)
+            except OSError as e:
+                with lock:
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(12)]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    took = time.monotonic() - t0
+    ok = not errors and len(statuses) == 12 * 15 and set(statuses) <= {200, 429} and statuses.count(200) > 0
+    diag(f"concurrent clients: {statuses.count(200)} x 200, {statuses.count(429)} x 429 in {took:.1f} s")
+    check("12 concurrent clients x 15 requests over both listeners: each answered 200 or 429", ok,
+          (errors[:3], sorted(set(statuses)), statuses.count(200)))
+    check("the daemon answers normally after the burst",
+          d.request("GET", "/api/v1/health", token=False).status == 200, "")
 
 
 def test_nan_fault(d):
@@ -699,10 +743,13 @@ def test_kill9_resume(workdir, web_root):
     resume = [e for e in events if e["type"] == "resume"]
     check("kill -9: restart and resume events; it resumed from the last checkpoint or later",
           restart and resume and resume[-1]["detail"].get("step", -1) >= ckpt_before, (ckpt_before, events[-6:]))
-    train = d.api("GET", f"/api/v1/runs/{run_id}/metrics").json["train"]
+    metrics = d.api("GET", f"/api/v1/runs/{run_id}/metrics").json
+    train = metrics["train"]
     got = [p["step"] for p in train]
     check("kill -9: the metric series is whole: every logged step once, none lost",
           got == list(range(5, steps + 1, 5)), got)
+    check("kill -9: the series generation tells pollers that redone steps replaced points",
+          metrics.get("generation", 0) >= 1, metrics.get("generation"))
     check("kill -9: points rebuilt from the files keep their time, grad norm and memory",
           train and all(p["ts"] and p["grad_norm"] is not None and p["mem_bytes"] for p in train),
           [p for p in train if not (p["ts"] and p["grad_norm"] is not None and p["mem_bytes"])][:3])
@@ -744,6 +791,32 @@ def test_sigterm_resume(workdir, web_root):
     return d
 
 
+def test_sigterm_while_stuck(workdir, web_root):
+    """SIGTERM while the trainer is stuck in a phase: after half of
+    --stop-timeout nsad abandons the step and exits 0; the run stays active
+    on disk for the next start."""
+    d = Nsad(workdir, web_root, args=["--stop-timeout", "4"])
+    if not check("SIGTERM while stuck: nsad starts", d.start(), ""):
+        return d
+    cfg = json_config(30, fault={"stall_at_step": 2, "stall_phase": "optimizer", "stall_seconds": 60.0},
+                      watchdog={"optimizer": 0.5})
+    r = d.api("POST", "/api/v1/runs", cfg, content_type="application/json")
+    if not check("SIGTERM while stuck: run created", r.status == 201, r):
+        return d
+    run_id = r.json["id"]
+    run = d.wait_state(run_id, ("hung",), 30)
+    check("SIGTERM while stuck: the run is hung in optimizer", run and run["phase"] == "optimizer", run)
+    t0 = time.monotonic()
+    rc = d.stop(30)
+    took = time.monotonic() - t0
+    check("SIGTERM while stuck: nsad gives the step up and exits 0 within the stop timeout",
+          rc == 0 and took < 8 and "abandoning the step" in d.log_text(), (rc, took, d.log_text()[-1500:]))
+    record = json.load(open(os.path.join(d.state_dir, "runs", run_id, "run.json")))
+    check("SIGTERM while stuck: the record stays active for the next start",
+          record["state"] in ("running", "hung"), record)
+    return d
+
+
 def test_hang_exit_policy(workdir, web_root):
     """watchdog.on_hang: exit -> nsad exits 70 with the run hung on disk; the
     next nsad picks the run up again."""
@@ -774,6 +847,23 @@ def test_hang_exit_policy(workdir, web_root):
     check("hang exit policy: the restarted nsad resumes the run (restarts = 1)",
           run and run["restarts"] == 1 and run["state"] in ("starting", "running", "hung"), run)
     d.kill9()  # the fault would stall it again: this scenario ends here
+    return d
+
+
+def test_fatal_signal(workdir, web_root):
+    """A fatal signal logs a stack, then the default action (core dump) runs."""
+    d = Nsad(workdir, web_root)
+    if not check("fatal signal: nsad starts", d.start(), ""):
+        return d
+    d.proc.send_signal(signal.SIGSEGV)
+    try:
+        rc = d.proc.wait(15)
+    except subprocess.TimeoutExpired:
+        rc = None
+    log = d.log_text()
+    check("fatal signal: SIGSEGV logs the crashing thread's stack and kills nsad by the signal",
+          rc == -signal.SIGSEGV and "fatal signal SIGSEGV" in log and "nsad(" in log.split("fatal signal")[-1],
+          (rc, log[-1500:]))
     return d
 
 
@@ -836,6 +926,11 @@ def test_bad_daemon_config(workdir):
                         os.path.join(workdir, "s2"), "--socket", "none"], capture_output=True, timeout=30)
     check("a non-loopback bind without a token is refused (exit 78)",
           p.returncode == 78 and "loopback" in p.stderr.decode(), (p.returncode, p.stderr))
+    p = subprocess.run([NSAD, "serve", "--web-root", os.path.join(workdir, "no-such-dir"), "--state-dir",
+                        os.path.join(workdir, "s4"), "--socket", "none", "--listen", f"127.0.0.1:{free_port()}"],
+                       capture_output=True, timeout=30)
+    check("a --web-root that is not a directory: exit 78", p.returncode == 78 and "web-root" in p.stderr.decode(),
+          (p.returncode, p.stderr))
     p = subprocess.run([NSAD, "serve", "--listen", "nonsense", "--state-dir", os.path.join(workdir, "s3"),
                         "--socket", "none"], capture_output=True, timeout=30)
     check("a malformed --listen: exit 78", p.returncode == 78, (p.returncode, p.stderr))
@@ -876,6 +971,7 @@ def main():
             if run_id:
                 test_prometheus(d, run_id)
                 test_bad_inputs(d, run_id)
+                test_concurrent_clients(d, run_id)
             test_dashboard(d)
             test_nan_fault(d)
             test_stall_fault(d)
@@ -888,9 +984,15 @@ def main():
         sdir = os.path.join(workdir, "sigterm")
         os.makedirs(sdir)
         daemons.append(test_sigterm_resume(sdir, web))
+        tdir = os.path.join(workdir, "sigterm-stuck")
+        os.makedirs(tdir)
+        daemons.append(test_sigterm_while_stuck(tdir, web))
         hdir = os.path.join(workdir, "hang-exit")
         os.makedirs(hdir)
         daemons.append(test_hang_exit_policy(hdir, web))
+        fdir = os.path.join(workdir, "fatal")
+        os.makedirs(fdir)
+        daemons.append(test_fatal_signal(fdir, web))
         ndir = os.path.join(workdir, "notify")
         os.makedirs(ndir)
         test_sdnotify(ndir, web)

@@ -40,7 +40,9 @@ TMP=$(mktemp -d /tmp/nsactl-test.XXXXXX)
 STATE="$TMP/state"
 SOCK="$TMP/nsad.sock"
 NSAD_PID=""
+WATCH_PID=""
 cleanup() {
+    [ -n "$WATCH_PID" ] && kill "$WATCH_PID" 2>/dev/null
     if [ -n "$NSAD_PID" ] && kill -0 "$NSAD_PID" 2>/dev/null; then
         kill "$NSAD_PID" 2>/dev/null
         i=0; while kill -0 "$NSAD_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
@@ -49,7 +51,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
+trap 'exit 141' PIPE
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 PORT=$(free_port)
@@ -70,20 +73,29 @@ export NSAD_SOCKET="$SOCK"
 unset NSAD_URL NSAD_TOKEN NSAD_TOKEN_FILE NSAD_STATE_DIR
 C() { "$CTL" --timeout 20 "$@"; }
 
+start_nsad() {
+    "$NSAD" serve --listen "127.0.0.1:$PORT" --state-dir "$STATE" --socket "$SOCK" >>"$TMP/nsad.log" 2>&1 &
+    NSAD_PID=$!
+    i=0
+    while [ $i -lt 200 ]; do
+        "$CTL" --timeout 1 status >/dev/null 2>&1 && return 0
+        kill -0 "$NSAD_PID" 2>/dev/null || return 1
+        sleep 0.1; i=$((i + 1))
+    done
+    return 1
+}
+stop_nsad() {
+    kill "$NSAD_PID" 2>/dev/null
+    i=0; while kill -0 "$NSAD_PID" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    ! kill -0 "$NSAD_PID" 2>/dev/null
+}
+
 # ---- before the daemon: cannot reach it ------------------------------------------
 expect_rc "daemon down: status over the socket exits 3" 3 C status
 expect_rc "daemon down: list over TCP exits 3" 3 C --url "$URL" --token x list
 grep -q "$SOCK" "$TMP/err" 2>/dev/null || grep -q "127.0.0.1:$PORT" "$TMP/err" && ok "daemon down: the message names where nsactl looked" || not_ok "daemon down: the message names where nsactl looked" "$(cat "$TMP/err")"
 
-"$NSAD" serve --listen "127.0.0.1:$PORT" --state-dir "$STATE" --socket "$SOCK" >"$TMP/nsad.log" 2>&1 &
-NSAD_PID=$!
-i=0
-while [ $i -lt 200 ]; do
-    "$CTL" --timeout 1 status >/dev/null 2>&1 && break
-    kill -0 "$NSAD_PID" 2>/dev/null || break
-    sleep 0.1; i=$((i + 1))
-done
-if ! "$CTL" --timeout 2 status >/dev/null 2>&1; then
+if ! start_nsad; then
     not_ok "nsad serve answers on its socket within 20 s" "$(tail -20 "$TMP/nsad.log")"
     echo "1..$n"; exit 1
 fi
@@ -102,6 +114,8 @@ expect_rc "start without CONFIG exits 2" 2 C start
 expect_rc "unknown option exits 2" 2 C list --bogus
 expect_rc "a malformed run id exits 2" 2 C status '../etc'
 expect_rc "--url and --socket together exit 2" 2 C --url "$URL" --socket "$SOCK" list
+expect_rc "a --url that is not http:// exits 2" 2 C --url "ftp://127.0.0.1:$PORT" list
+expect_rc "--interval 0 exits 2" 2 C watch some-run --interval 0
 
 # ---- status and version -----------------------------------------------------------
 expect_rc "status exits 0" 0 C status
@@ -118,6 +132,8 @@ expect_rc "start of a config nsad rejects exits 78" 78 C start "$TMP/bad.yaml"
 grep -q "bogus_key" "$TMP/err" && ok "the rejection names the bad key" || not_ok "the rejection names the bad key" "$(cat "$TMP/err")"
 printf '{"model": {"dim": 64,}}' >"$TMP/bad.json"
 expect_rc "start of malformed JSON exits 78" 78 C start "$TMP/bad.json"
+expect_rc "a 400 invalid_argument from nsad (bad --name) exits 1" 1 C start "$TMP/short.yaml" --name "no spaces allowed"
+grep -q "invalid_argument" "$TMP/err" && ok "the 400 names invalid_argument" || not_ok "the 400 names invalid_argument" "$(cat "$TMP/err")"
 
 # ---- a long run: start, list, status, metrics, events, stacks, halt, resume -----
 expect_rc "start --json exits 0" 0 C start "$TMP/long.yaml" --name long-run --json
@@ -217,11 +233,69 @@ lines = [json.loads(l) for l in open('$TMP/out') if l.strip()]
 sys.exit(0 if lines and lines[-1]['state'] == 'completed' and lines[-1]['step'] == 12 and 'config' not in lines[-1] else 1)
 " && ok "watch --json: one run object a line, ending completed at step 12" || not_ok "watch --json: one run object a line, ending completed at step 12" "$(tail -c 400 "$TMP/out")"
 expect_rc "resume of a completed run exits 5" 5 C resume "$SHORT"
+# On a terminal watch redraws one line in place (\r, erase to end of line).
+if command -v script >/dev/null 2>&1; then
+    timeout 30 script -qec "$CTL watch $SHORT" /dev/null >"$TMP/out" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] && grep -q "$(printf '\r\033\\[K')" "$TMP/out" && grep -q completed "$TMP/out" &&
+        ok "watch on a terminal redraws its line and ends completed" ||
+        not_ok "watch on a terminal redraws its line and ends completed" "exit $rc" "$(od -c "$TMP/out" | head -5)"
+else
+    ok "watch on a terminal redraws its line # SKIP script(1) not installed"
+fi
+expect_rc "start --watch follows a run to completion" 0 timeout 120 "$CTL" start "$TMP/short.yaml" --watch --interval 0.2
+grep -q "^started run" "$TMP/out" && tail -1 "$TMP/out" | grep -q completed && ok "start --watch prints the id, then the run to completed" ||
+    not_ok "start --watch prints the id, then the run to completed" "$(tail -3 "$TMP/out")"
+head -c 1200000 /dev/zero | tr '\0' '#' >"$TMP/huge.yaml"
+expect_rc "a config file over 1 MiB exits 78 before it is sent" 78 C start "$TMP/huge.yaml"
+grep -q "larger than" "$TMP/err" && ok "the message says the file is too large" || not_ok "the message says the file is too large" "$(cat "$TMP/err")"
+: >"$TMP/empty.yaml"
+expect_rc "an empty config file exits 78" 78 C start "$TMP/empty.yaml"
+
+# A server that accepts but never answers: --timeout turns that into exit 3.
+SILENT_PORT=$(free_port)
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
+open(sys.argv[2], "w").close()
+conns = []
+end = time.time() + 20
+while time.time() < end:
+    s.settimeout(end - time.time())
+    try: conns.append(s.accept()[0])
+    except OSError: break
+' "$SILENT_PORT" "$TMP/silent.ready" &
+SILENT_PID=$!
+i=0; while [ ! -e "$TMP/silent.ready" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+expect_rc "a daemon that does not answer within --timeout exits 3" 3 "$CTL" --timeout 1 --url "http://127.0.0.1:$SILENT_PORT" --token x list
+grep -q "no answer" "$TMP/err" && ok "the message says nsad did not answer in time" || not_ok "the message says nsad did not answer in time" "$(cat "$TMP/err")"
+kill "$SILENT_PID" 2>/dev/null
+
+# ---- watch rides out a daemon restart -------------------------------------------------------
+C start "$TMP/long.yaml" --name restart --json >"$TMP/out" 2>"$TMP/err"
+RID=$(json_get 'd["id"]' 2>/dev/null)
+[ -n "$RID" ] || RID=missing
+i=0; while [ $i -lt 600 ]; do C status "$RID" --json >"$TMP/out" 2>/dev/null && json '(d["step"] or 0) >= 2' && break; sleep 0.1; i=$((i + 1)); done
+"$CTL" watch "$RID" --interval 0.2 >"$TMP/watch.out" 2>"$TMP/watch.err" &
+WATCH_PID=$!
+sleep 1
+if stop_nsad && start_nsad; then ok "nsad restarts on the same state dir"; else not_ok "nsad restarts on the same state dir" "$(tail -5 "$TMP/nsad.log")"; fi
+i=0; while [ $i -lt 600 ]; do C status "$RID" --json >"$TMP/out" 2>/dev/null && json 'd["state"] == "running" and d["restarts"] >= 1' && break; sleep 0.1; i=$((i + 1)); done
+json 'd["state"] == "running" and d["restarts"] >= 1' && ok "the restarted nsad resumed the run (restarts >= 1)" || not_ok "the restarted nsad resumed the run (restarts >= 1)" "$(head -c 400 "$TMP/out")"
+expect_rc "halt --wait of the resumed run exits 0" 0 timeout 60 "$CTL" halt "$RID" --wait
+i=0; while kill -0 "$WATCH_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$WATCH_PID" 2>/dev/null; then
+    kill "$WATCH_PID"; not_ok "watch ends after the halt"
+else
+    wait "$WATCH_PID"; rc=$?
+    [ $rc -eq 0 ] && tail -1 "$TMP/watch.out" | grep -q halted && grep -q "lost nsad" "$TMP/watch.err" &&
+        ok "watch kept following across the restart and exited 0 at halted" ||
+        not_ok "watch kept following across the restart and exited 0 at halted" "exit $rc" "$(tail -2 "$TMP/watch.out")" "$(cat "$TMP/watch.err")"
+fi
 
 # ---- the daemon goes away ----------------------------------------------------------------
-kill "$NSAD_PID" 2>/dev/null
-i=0; while kill -0 "$NSAD_PID" 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-kill -0 "$NSAD_PID" 2>/dev/null && not_ok "nsad stops on SIGTERM within 30 s" || ok "nsad stops on SIGTERM within 30 s"
+stop_nsad && ok "nsad stops on SIGTERM within 30 s" || not_ok "nsad stops on SIGTERM within 30 s"
 expect_rc "after nsad stopped, list exits 3" 3 C list
 expect_rc "after nsad stopped, TCP status exits 3" 3 C --url "$URL" --token-file "$STATE/token" status
 

@@ -36,7 +36,8 @@ cleanup() {
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT TERM HUP
+trap 'exit 141' PIPE
 
 # ---- the unit file --------------------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null 2>&1; then

@@ -16,6 +16,7 @@
 
 #include "api.h"
 #include "prom.h"
+#include "server.h"
 #include "service.h"
 #include "watchdog.h"
 
@@ -56,7 +57,10 @@ static int tearDown(void **state) {
  * response in res (body freed here). */
 static cJSON *call(Service *svc, const char *method, const char *path, const char *body, const char *ctype,
                    ApiResponse *res) {
-    ApiRequest req = {.method = method, .path = path, .body = body, .body_len = body ? strlen(body) : 0,
+    ApiRequest req = {.method = method,
+                      .path = path,
+                      .body = body,
+                      .body_len = body ? strlen(body) : 0,
                       .content_type = ctype};
     char *q = strchr(path, '?');
     char path_only[256], query[256];
@@ -87,8 +91,8 @@ static const char *errorCode(const cJSON *json) {
     return c->valuestring;
 }
 
-static void expectError(Service *svc, const char *method, const char *path, const char *body, const char *ctype,
-                        int status, const char *code) {
+static void expectError(Service *svc, const char *method, const char *path, const char *body,
+                        const char *ctype, int status, const char *code) {
     ApiResponse res;
     cJSON *json = call(svc, method, path, body, ctype, &res);
     if (res.status != status || !errorCode(json) || strcmp(errorCode(json), code) != 0)
@@ -146,8 +150,10 @@ static void createBusyHaltResume(void **state) {
     expectError(f->svc, "POST", "/api/v1/runs", "{\"train\":{\"steps\":\"many\"}}", "application/json", 400,
                 "invalid_config");
     expectError(f->svc, "POST", "/api/v1/runs", "\n  \n", "application/yaml", 400, "invalid_config");
-    expectError(f->svc, "POST", "/api/v1/runs?name=a%2Fb", kTinyJson, "application/json", 400, "invalid_argument");
-    expectError(f->svc, "POST", "/api/v1/runs?colour=red", kTinyJson, "application/json", 400, "invalid_argument");
+    expectError(f->svc, "POST", "/api/v1/runs?name=a%2Fb", kTinyJson, "application/json", 400,
+                "invalid_argument");
+    expectError(f->svc, "POST", "/api/v1/runs?colour=red", kTinyJson, "application/json", 400,
+                "invalid_argument");
 
     ApiResponse res;
     cJSON *j = call(f->svc, "POST", "/api/v1/runs?name=unit", kTinyJson, "application/json", &res);
@@ -221,8 +227,14 @@ static void metricsSeriesAndSince(void **state) {
     pthread_mutex_lock(&f->svc->lock);
     Run *run = runsFind(f->svc->runs, id);
     for (int64_t s = 1; s <= 5; s++)
-        runsAddSample(run, &(TrainSample){.step = s, .total_steps = 20, .ts = 1.0, .loss = 5.0 - (double)s * 0.1,
-                                          .lr = 1e-3, .grad_norm = 1.0, .toks_per_s = 10, .mem_bytes = 7});
+        runsAddSample(run, &(TrainSample){.step = s,
+                                          .total_steps = 20,
+                                          .ts = 1.0,
+                                          .loss = 5.0 - (double)s * 0.1,
+                                          .lr = 1e-3,
+                                          .grad_norm = 1.0,
+                                          .toks_per_s = 10,
+                                          .mem_bytes = 7});
     runsAddSample(run, &(TrainSample){.step = 6, .loss = NAN});
     runsAddEval(run, 4, 1.0, 4.5, 6.5);
     pthread_mutex_unlock(&f->svc->lock);
@@ -283,7 +295,7 @@ static void interruptedRunIsPickedUp(void **state) {
     assert_int_equal(run->state, RUN_STARTING);
     assert_int_equal(run->restarts, 1);
     assert_string_equal(f->svc->active_id, id);
-    assert_int_equal(f->svc->pending, 2); /* queued as a resume */
+    assert_int_equal(f->svc->pending, SERVICE_PENDING_RESUME);
     assert_string_equal(run->events[run->n_events - 1].type, "restart");
     assert_int_equal(run->events[run->n_events - 1].step, 10);
     expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
@@ -301,7 +313,7 @@ static void watchdogFlagsAnOverrunAndARecovery(void **state) {
     /* play the trainer thread: it took the job and is in forward */
     Service *svc = f->svc;
     pthread_mutex_lock(&svc->lock);
-    svc->pending = 0;
+    svc->pending = SERVICE_PENDING_NONE;
     svc->deadlines.forward = 0.5;
     svc->deadlines.on_hang = HANG_REPORT;
     Run *run = runsFind(svc->runs, id);
@@ -363,7 +375,8 @@ static void prometheusExposition(void **state) {
         if (line[0] == '#') continue;
         size_t len = strcspn(line, "{ ");
         assert_true(len > 5 && !strncmp(line, "nsad_", 5));
-        if (strlen(family) != len || strncmp(line, family, len) != 0) fail_msg("sample outside its family: %s", line);
+        if (strlen(family) != len || strncmp(line, family, len) != 0)
+            fail_msg("sample outside its family: %s", line);
         samples++;
     }
     free(text);
@@ -377,6 +390,21 @@ static void prometheusExposition(void **state) {
     free(again);
 }
 
+static void loopbackAddresses(void **state) {
+    (void)state;
+    assert_int_equal(serverIsLoopback("127.0.0.1"), 1);
+    assert_int_equal(serverIsLoopback("127.3.2.1"), 1);
+    assert_int_equal(serverIsLoopback("::1"), 1);
+    assert_int_equal(serverIsLoopback("::ffff:127.0.0.1"), 1);
+    assert_int_equal(serverIsLoopback("localhost"), 1);
+    assert_int_equal(serverIsLoopback("0.0.0.0"), 0);
+    assert_int_equal(serverIsLoopback("::"), 0);
+    assert_int_equal(serverIsLoopback("10.0.0.1"), 0);
+    assert_int_equal(serverIsLoopback("128.0.0.1"), 0);
+    assert_int_equal(serverIsLoopback("example.com"), 0);
+    assert_int_equal(serverIsLoopback(NULL), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(healthVersionAndRouting, setUp, tearDown),
@@ -385,6 +413,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(interruptedRunIsPickedUp, setUp, tearDown),
         cmocka_unit_test_setup_teardown(watchdogFlagsAnOverrunAndARecovery, setUp, tearDown),
         cmocka_unit_test_setup_teardown(prometheusExposition, setUp, tearDown),
+        cmocka_unit_test(loopbackAddresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

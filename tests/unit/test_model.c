@@ -43,8 +43,11 @@ static NsaModelConfig tinyConfig(NsaPhi phi, NsaMlpKind mlp) {
 }
 
 static NsaModel *makeModel(const NsaModelConfig *cfg, NsaPrecision prec, uint64_t seed) {
-    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = prec, .max_batch = TB,
-                            .max_seq_len = TS, .threads = 1};
+    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU,
+                            .precision = prec,
+                            .max_batch = TB,
+                            .max_seq_len = TS,
+                            .threads = 1};
     NsaError err = {{0}};
     NsaModel *m = nsaModelCreate(cfg, &opt, &err);
     if (!m) fail_msg("nsaModelCreate: %s", err.message);
@@ -59,7 +62,8 @@ static void randomBatch(uint64_t seed, int V, int32_t *tokens, int32_t *targets)
     nsaRngSeed(&rng, seed, 99);
     int32_t stream[TB][TS + 1];
     for (int b = 0; b < TB; b++)
-        for (int t = 0; t <= TS; t++) stream[b][t] = (int32_t)nsaRngBelow(&rng, (uint32_t)V);
+        for (int t = 0; t <= TS; t++)
+            stream[b][t] = (int32_t)nsaRngBelow(&rng, (uint32_t)V);
     for (int b = 0; b < TB; b++)
         for (int t = 0; t < TS; t++) {
             tokens[b * TS + t] = stream[b][t];
@@ -121,7 +125,7 @@ static void test_layout_table(void **state) {
     for (int i = 0; i < lay.n_tensors; i++) {
         const NsaTensorInfo *ti = &lay.entries[i].info;
         assert_int_equal(ti->offset % NSA_LAYOUT_ALIGN, 0);
-        assert_true(ti->offset >= end);   /* ordered, never overlapping */
+        assert_true(ti->offset >= end); /* ordered, never overlapping */
         end = ti->offset + ti->numel;
         numel += ti->numel;
         assert_int_equal(ti->weight_decay, ti->ndim == 2 && !strstr(ti->name, ".pos"));
@@ -150,14 +154,15 @@ static void test_init_is_seeded_and_scaled(void **state) {
     const float *pc = nsaModelHostArena(c, NSA_ARENA_PARAMS);
     size_t same_as_other_seed = 0;
     for (size_t j = 0; j < P; j++) {
-        assert_true((double)pa[j] == pb[j]);   /* F64 starts from the same floats */
+        assert_true((double)pa[j] == pb[j]); /* F64 starts from the same floats */
         same_as_other_seed += pa[j] == pc[j];
     }
     /* only the ones of the norms and the zero padding agree across seeds */
     int norms = nsaModelFindTensor(a, "final_norm");
     assert_true(same_as_other_seed < P / 2);
     const NsaTensorInfo *ti = nsaModelTensorInfo(a, norms);
-    for (size_t j = 0; j < ti->numel; j++) assert_true(pa[ti->offset + j] == 1.0f);
+    for (size_t j = 0; j < ti->numel; j++)
+        assert_true(pa[ti->offset + j] == 1.0f);
 
     /* standard deviations: 0.02, and 0.02/sqrt(2L) for wo */
     int wq = nsaModelFindTensor(a, "layers.0.wq"), wo = nsaModelFindTensor(a, "layers.1.wo");
@@ -170,13 +175,15 @@ static void test_init_is_seeded_and_scaled(void **state) {
     for (int k = 0; k < 2; k++) {
         const NsaTensorInfo *t = nsaModelTensorInfo(m, k == 0 ? wq : wo);
         double ss = 0;
-        for (size_t j = 0; j < t->numel; j++) ss += (double)p[t->offset + j] * p[t->offset + j];
+        for (size_t j = 0; j < t->numel; j++)
+            ss += (double)p[t->offset + j] * p[t->offset + j];
         double sd = sqrt(ss / t->numel), want = k == 0 ? 0.02 : 0.02 / sqrt(4.0);
         assert_true(fabs(sd - want) < 0.1 * want);
     }
     /* moments start at zero */
     const float *mv = nsaModelHostArena(m, NSA_ARENA_ADAM_V);
-    for (size_t j = 0; j < nsaModelNumParams(m); j++) assert_true(mv[j] == 0.0f);
+    for (size_t j = 0; j < nsaModelNumParams(m); j++)
+        assert_true(mv[j] == 0.0f);
     nsaModelFree(m);
     nsaModelFree(a);
     nsaModelFree(b);
@@ -191,7 +198,8 @@ static void test_get_set_tensor(void **state) {
     int i = nsaModelFindTensor(m, "layers.0.wv_sel");
     const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
     float *buf = testAlloc(ti->numel, sizeof(float)), *back = testAlloc(ti->numel, sizeof(float));
-    for (size_t j = 0; j < ti->numel; j++) buf[j] = (float)j * 0.25f - 1.0f;
+    for (size_t j = 0; j < ti->numel; j++)
+        buf[j] = (float)j * 0.25f - 1.0f;
     assert_int_equal(nsaModelSetTensor(m, NSA_ARENA_ADAM_M, i, buf, &err), 0);
     assert_int_equal(nsaModelGetTensor(m, NSA_ARENA_ADAM_M, i, back, &err), 0);
     assert_memory_equal(buf, back, ti->numel * sizeof(float));
@@ -207,14 +215,15 @@ static void test_get_set_tensor(void **state) {
 
 /* ---- single layer ops ----------------------------------------------------- */
 
-/* Both linear forwards against a double-precision product, and the split
- * backward against the whole one, bit for bit. */
+/* The fast matrix product behind the model against the plain linear
+ * definitions, and split by rows against whole. */
 static void test_linear_ops(void **state) {
     (void)state;
     enum { N = 7, IN = 13, OUT = 11 };
     NsaRng rng;
     nsaRngSeed(&rng, 3, 3);
-    float x[N * IN], w[OUT * IN], wt[IN * OUT], y1[N * OUT], y2[N * OUT], dy[N * OUT];
+    float x[N * IN], w[OUT * IN], wt[IN * OUT], dy[N * OUT], dyt[OUT * N];
+    float y1[N * OUT], y2[N * OUT], y3[N * OUT];
     testFillF32(&rng, x, N * IN, -1, 1);
     testFillF32(&rng, w, OUT * IN, -1, 1);
     testFillF32(&rng, dy, N * OUT, -1, 1);
@@ -222,25 +231,42 @@ static void test_linear_ops(void **state) {
     for (int n = 0; n < N; n++)
         for (int o = 0; o < OUT; o++) {
             double acc = 0;
-            for (int i = 0; i < IN; i++) acc += (double)x[n * IN + i] * w[o * IN + i];
+            for (int i = 0; i < IN; i++)
+                acc += (double)x[n * IN + i] * w[o * IN + i];
             want[n * OUT + o] = acc;
         }
     nsaCpuLinearForwardF32(y1, x, w, N, IN, OUT);
     nsaCpuTransposeF32(wt, w, OUT, IN);
     assert_true(wt[5 * OUT + 2] == w[2 * IN + 5]);
-    nsaCpuLinearForwardTF32(y2, x, wt, N, IN, OUT);
+    nsaCpuMatmulF32(y2, x, wt, N, IN, OUT, 0);
     assert_true(testRelErrF32(y1, want, N * OUT) < 1e-6);
     assert_true(testRelErrF32(y2, want, N * OUT) < 1e-6);
+    /* rows 0..4 and 5..6 in two calls: the same bits as one call */
+    nsaCpuMatmulF32(y3, x, wt, 5, IN, OUT, 0);
+    nsaCpuMatmulF32(y3 + 5 * OUT, x + 5 * IN, wt, N - 5, IN, OUT, 0);
+    assert_memory_equal(y2, y3, sizeof(y2));
 
-    float dx1[N * IN] = {0}, dw1[OUT * IN] = {0}, dx2[N * IN] = {0}, dw2[OUT * IN] = {0};
+    /* backward: dx += dy W and dW += dy^T x through the product */
+    float dx1[N * IN], dw1[OUT * IN], dx2[N * IN], dw2[OUT * IN];
+    for (int i = 0; i < N * IN; i++)
+        dx1[i] = dx2[i] = 0.5f;
+    for (int i = 0; i < OUT * IN; i++)
+        dw1[i] = dw2[i] = -0.25f;
     nsaCpuLinearBackwardF32(dx1, dw1, dy, x, w, N, IN, OUT);
-    for (int part = 0; part < 3; part++)
-        nsaCpuLinearBackwardPartF32(dx2, dw2, dy, x, w, N, IN, OUT, part, 3);
-    assert_memory_equal(dx1, dx2, sizeof(dx1));
-    assert_memory_equal(dw1, dw2, sizeof(dw1));
-    double want_dw = 0;   /* dW[4][6] = sum_n dy[n][4] x[n][6] */
-    for (int n = 0; n < N; n++) want_dw += (double)dy[n * OUT + 4] * x[n * IN + 6];
-    assert_true(fabs(dw1[4 * IN + 6] - want_dw) < 1e-5);
+    nsaCpuMatmulF32(dx2, dy, w, N, OUT, IN, 1);
+    nsaCpuTransposeF32(dyt, dy, N, OUT);
+    nsaCpuMatmulF32(dw2, dyt, x, OUT, N, IN, 1);
+    double dx1d[N * IN], dw1d[OUT * IN];
+    for (int i = 0; i < N * IN; i++)
+        dx1d[i] = dx1[i];
+    for (int i = 0; i < OUT * IN; i++)
+        dw1d[i] = dw1[i];
+    assert_true(testRelErrF32(dx2, dx1d, N * IN) < 1e-6);
+    assert_true(testRelErrF32(dw2, dw1d, OUT * IN) < 1e-6);
+    double want_dw = -0.25; /* dW[4][6] */
+    for (int n = 0; n < N; n++)
+        want_dw += (double)dy[n * OUT + 4] * x[n * IN + 6];
+    assert_true(fabs(dw2[4 * IN + 6] - want_dw) < 1e-5);
 }
 
 /* RoPE keeps norms, turns pair (i, i + d/2) by t theta_i, and its backward
@@ -260,7 +286,8 @@ static void test_rope_op(void **state) {
     const double *in = keep + (t * HEADS + h) * D, *out = x + (t * HEADS + h) * D;
     assert_true(fabs(out[i] - (in[i] * cos(a) - in[i + D / 2] * sin(a))) < 1e-12);
     assert_true(fabs(out[i + D / 2] - (in[i] * sin(a) + in[i + D / 2] * cos(a))) < 1e-12);
-    for (int k = 0; k < D; k++) assert_true(x[k] == keep[k]);   /* t = 0: no turn */
+    for (int k = 0; k < D; k++)
+        assert_true(x[k] == keep[k]); /* t = 0: no turn */
     nsaCpuRopeBackwardF64(x, table, 1, S, HEADS, D);
     assert_true(testRelErrF64(x, keep, S * HEADS * D) < 1e-14);
 }
@@ -275,7 +302,7 @@ static double gradCheck(const NsaModelConfig *config, const char **worst_name) {
     scrambleWeightsF64(m, 43);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(44, cfg.vocab_size, tok, tgt);
-    tgt[3] = -1;   /* an ignored target must not count */
+    tgt[3] = -1; /* an ignored target must not count */
     forwardBackward(m, tok, tgt);
 
     double *p = nsaModelHostArena(m, NSA_ARENA_PARAMS);
@@ -366,7 +393,8 @@ static void test_every_tensor_gets_gradient(void **state) {
         for (int i = 0; i < nsaModelNumTensors(m); i++) {
             const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
             double ss = 0;
-            for (size_t j = 0; j < ti->numel; j++) ss += (double)g[ti->offset + j] * g[ti->offset + j];
+            for (size_t j = 0; j < ti->numel; j++)
+                ss += (double)g[ti->offset + j] * g[ti->offset + j];
             if (!(ss > 0 && isfinite(ss))) fail_msg("%s: gradient norm^2 %g", ti->name, ss);
         }
         nsaModelFree(m);
@@ -404,7 +432,8 @@ static void test_causality(void **state) {
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(22, cfg.vocab_size, tok, tgt);
     for (int b = 0; b < TB; b++)
-        for (int t = cut + 1; t < TS; t++) tgt[b * TS + t] = -1;
+        for (int t = cut + 1; t < TS; t++)
+            tgt[b * TS + t] = -1;
     const size_t P = nsaModelNumParams(m), V = cfg.vocab_size;
     NsaCpuModel *cm = nsaModelCpuEngine(m);
     assert_non_null(cm);
@@ -427,7 +456,8 @@ static void test_causality(void **state) {
         grads[run] = testAlloc(P, sizeof(float));
         memcpy(grads[run], nsaModelHostArena(m, NSA_ARENA_GRADS), P * sizeof(float));
         logits[run] = testAlloc((size_t)TB * TS * V, sizeof(float));
-        memcpy(logits[run], (const float *)cm->acts + cm->logits, (size_t)TB * TS * V * sizeof(float));
+        memcpy(logits[run], (const float *)cm->acts + cm->logits,
+               (size_t)TB * TS * V * sizeof(float));
     }
     assert_memory_equal(&loss[0], &loss[1], sizeof(double));
     assert_memory_equal(grads[0], grads[1], P * sizeof(float));
@@ -456,9 +486,11 @@ static void test_f32_matches_f64(void **state) {
         const size_t P = nsaModelNumParams(m64);
         const double *p64 = nsaModelHostArena(m64, NSA_ARENA_PARAMS);
         float *p32 = nsaModelHostArena(m32, NSA_ARENA_PARAMS);
-        for (size_t j = 0; j < P; j++) p32[j] = (float)p64[j];
+        for (size_t j = 0; j < P; j++)
+            p32[j] = (float)p64[j];
         double *p64w = nsaModelHostArena(m64, NSA_ARENA_PARAMS);
-        for (size_t j = 0; j < P; j++) p64w[j] = p32[j];   /* same rounded weights */
+        for (size_t j = 0; j < P; j++)
+            p64w[j] = p32[j]; /* same rounded weights */
         int32_t tok[TB * TS], tgt[TB * TS];
         randomBatch(33, cfg.vocab_size, tok, tgt);
         double l32 = lossOf(m32, tok, tgt), l64 = lossOf(m64, tok, tgt);
@@ -492,8 +524,11 @@ static void test_threads_bit_identical(void **state) {
     size_t P = 0;
     const int threads[3] = {1, 2, 3};
     for (int k = 0; k < 3; k++) {
-        NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F32,
-                                .max_batch = TB, .max_seq_len = TS, .threads = threads[k]};
+        NsaEngineOptions opt = {.device = NSA_DEVICE_CPU,
+                                .precision = NSA_PREC_F32,
+                                .max_batch = TB,
+                                .max_seq_len = TS,
+                                .threads = threads[k]};
         NsaError err = {{0}};
         NsaModel *m = nsaModelCreate(&cfg, &opt, &err);
         assert_non_null(m);
@@ -509,7 +544,8 @@ static void test_threads_bit_identical(void **state) {
         assert_memory_equal(&loss[0], &loss[k], sizeof(double));
         assert_memory_equal(grads[0], grads[k], P * sizeof(float));
     }
-    for (int k = 0; k < 3; k++) free(grads[k]);
+    for (int k = 0; k < 3; k++)
+        free(grads[k]);
 }
 
 /* ---- the forward against a naive re-derivation ------------------------------ */
@@ -519,7 +555,8 @@ static void refLinear(double *y, const double *x, const float *w, int N, int in,
     for (int n = 0; n < N; n++)
         for (int o = 0; o < out; o++) {
             double s = 0;
-            for (int i = 0; i < in; i++) s += x[n * in + i] * (double)w[o * in + i];
+            for (int i = 0; i < in; i++)
+                s += x[n * in + i] * (double)w[o * in + i];
             y[n * out + o] = s;
         }
 }
@@ -527,9 +564,11 @@ static void refLinear(double *y, const double *x, const float *w, int N, int in,
 static void refRmsNorm(double *y, const double *x, const float *w, int N, int C, double eps) {
     for (int n = 0; n < N; n++) {
         double ss = 0;
-        for (int c = 0; c < C; c++) ss += x[n * C + c] * x[n * C + c];
+        for (int c = 0; c < C; c++)
+            ss += x[n * C + c] * x[n * C + c];
         double r = 1.0 / sqrt(ss / C + eps);
-        for (int c = 0; c < C; c++) y[n * C + c] = x[n * C + c] * r * w[c];
+        for (int c = 0; c < C; c++)
+            y[n * C + c] = x[n * C + c] * r * w[c];
     }
 }
 
@@ -550,7 +589,8 @@ static void refRope(double *x, int N, int S, int heads, int d, double base) {
 
 static float *toFloat(const double *x, size_t n) {
     float *f = testAlloc(n, sizeof(float));
-    for (size_t i = 0; i < n; i++) f[i] = (float)x[i];
+    for (size_t i = 0; i < n; i++)
+        f[i] = (float)x[i];
     return f;
 }
 
@@ -564,14 +604,21 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
 #define W(name) (P + nsaModelTensorInfo(m, nsaModelFindTensor(m, name))->offset)
     char nm[64];
 #define LW(i, suffix) (snprintf(nm, sizeof(nm), "layers.%d.%s", i, suffix), W(nm))
-    double *x = testAlloc((size_t)N * C, sizeof(double)), *xn = testAlloc((size_t)N * C, sizeof(double));
-    double *q = testAlloc((size_t)N * H * dk, sizeof(double)), *kv[6], *gate = testAlloc((size_t)N * 3 * H, sizeof(double));
-    double *y = testAlloc((size_t)N * H * dv, sizeof(double)), *tmp = testAlloc((size_t)N * C, sizeof(double));
-    double *h1 = testAlloc((size_t)N * F, sizeof(double)), *h2 = testAlloc((size_t)N * F, sizeof(double));
-    for (int k = 0; k < 6; k++) kv[k] = testAlloc((size_t)N * G * (k % 2 ? dv : dk), sizeof(double));
+    double *x = testAlloc((size_t)N * C, sizeof(double)),
+           *xn = testAlloc((size_t)N * C, sizeof(double));
+    double *q = testAlloc((size_t)N * H * dk, sizeof(double)), *kv[6],
+           *gate = testAlloc((size_t)N * 3 * H, sizeof(double));
+    double *y = testAlloc((size_t)N * H * dv, sizeof(double)),
+           *tmp = testAlloc((size_t)N * C, sizeof(double));
+    double *h1 = testAlloc((size_t)N * F, sizeof(double)),
+           *h2 = testAlloc((size_t)N * F, sizeof(double));
+    for (int k = 0; k < 6; k++)
+        kv[k] = testAlloc((size_t)N * G * (k % 2 ? dv : dk), sizeof(double));
     for (int n = 0; n < N; n++)
-        for (int j = 0; j < C; j++) x[n * C + j] = W("tok_emb")[tok[n] * C + j];
-    const char *kname[3] = {"wk_cmp", "wk_sel", "wk_win"}, *vname[3] = {"wv_cmp", "wv_sel", "wv_win"};
+        for (int j = 0; j < C; j++)
+            x[n * C + j] = W("tok_emb")[tok[n] * C + j];
+    const char *kname[3] = {"wk_cmp", "wk_sel", "wk_win"},
+               *vname[3] = {"wv_cmp", "wv_sel", "wv_win"};
     for (int i = 0; i < c->n_layers; i++) {
         refRmsNorm(xn, x, LW(i, "attn_norm"), N, C, c->norm_eps);
         refLinear(q, xn, LW(i, "wq"), N, C, H * dk);
@@ -582,21 +629,26 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
             refLinear(kv[2 * b + 1], xn, LW(i, vname[b]), N, C, G * dv);
         }
         refLinear(gate, xn, LW(i, "w_gate"), N, C, 3 * H);
-        for (int j = 0; j < N * 3 * H; j++) gate[j] = 1 / (1 + exp(-gate[j]));
-        NsaAttnDims dims = {TB, TS, H, G, dk, dv, c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel,
-                            c->window};
+        for (int j = 0; j < N * 3 * H; j++)
+            gate[j] = 1 / (1 + exp(-gate[j]));
+        NsaAttnDims dims = {TB,         TS,       H,        G, dk, dv, c->cmp_len, c->cmp_stride,
+                            c->sel_len, c->n_sel, c->window};
         float *f[8] = {toFloat(q, (size_t)N * H * dk)};
-        for (int k = 0; k < 6; k++) f[1 + k] = toFloat(kv[k], (size_t)N * G * (k % 2 ? dv : dk));
+        for (int k = 0; k < 6; k++)
+            f[1 + k] = toFloat(kv[k], (size_t)N * G * (k % 2 ? dv : dk));
         f[7] = toFloat(gate, (size_t)N * 3 * H);
         NsaAttnInputs in = {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
         float *out = testAlloc((size_t)N * H * dv, sizeof(float));
         NsaError err = {{0}};
         if (nsaAttnForwardCpu(&dims, &in, out, NULL, NULL, &err)) fail_msg("attn: %s", err.message);
-        for (int j = 0; j < N * H * dv; j++) y[j] = out[j];
+        for (int j = 0; j < N * H * dv; j++)
+            y[j] = out[j];
         free(out);
-        for (int k = 0; k < 8; k++) free(f[k]);
+        for (int k = 0; k < 8; k++)
+            free(f[k]);
         refLinear(tmp, y, LW(i, "wo"), N, H * dv, C);
-        for (int j = 0; j < N * C; j++) x[j] += tmp[j];
+        for (int j = 0; j < N * C; j++)
+            x[j] += tmp[j];
         refRmsNorm(xn, x, LW(i, "mlp_norm"), N, C, c->norm_eps);
         refLinear(h1, xn, LW(i, "w_fc"), N, C, F);
         if (c->mlp == NSA_MLP_SWIGLU) refLinear(h2, xn, LW(i, "w_up"), N, C, F);
@@ -605,7 +657,8 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
             h1[j] = c->mlp == NSA_MLP_SWIGLU ? silu * h2[j] : silu;
         }
         refLinear(tmp, h1, LW(i, "w_proj"), N, F, C);
-        for (int j = 0; j < N * C; j++) x[j] += tmp[j];
+        for (int j = 0; j < N * C; j++)
+            x[j] += tmp[j];
     }
     refRmsNorm(xn, x, W("final_norm"), N, C, c->norm_eps);
     double *logits = testAlloc((size_t)N * V, sizeof(double));
@@ -615,16 +668,26 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
     for (int n = 0; n < N; n++) {
         if (tgt[n] < 0) continue;
         double mx = -INFINITY, sum = 0;
-        for (int v = 0; v < V; v++) mx = fmax(mx, logits[n * V + v]);
-        for (int v = 0; v < V; v++) sum += exp(logits[n * V + v] - mx);
+        for (int v = 0; v < V; v++)
+            mx = fmax(mx, logits[n * V + v]);
+        for (int v = 0; v < V; v++)
+            sum += exp(logits[n * V + v] - mx);
         total += mx + log(sum) - logits[n * V + tgt[n]];
         counted++;
     }
 #undef LW
 #undef W
     free(logits);
-    free(x); free(xn); free(q); free(gate); free(y); free(tmp); free(h1); free(h2);
-    for (int k = 0; k < 6; k++) free(kv[k]);
+    free(x);
+    free(xn);
+    free(q);
+    free(gate);
+    free(y);
+    free(tmp);
+    free(h1);
+    free(h2);
+    for (int k = 0; k < 6; k++)
+        free(kv[k]);
     return total / counted;
 }
 
@@ -674,8 +737,12 @@ static void test_adamw_reduces_loss(void **state) {
     NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 55);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(56, cfg.vocab_size, tok, tgt);
-    NsaOptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .grad_clip = 1.0f};
+    NsaOptimConfig oc = {.lr = 1e-2f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f,
+                         .grad_clip = 1.0f};
     NsaError err = {{0}};
     double first = lossOf(m, tok, tgt);
     NsaStepStats st = {0};
@@ -706,18 +773,23 @@ static void test_adamw_update_formula(void **state) {
     const double *g = nsaModelHostArena(m, NSA_ARENA_GRADS);
     const double pa = p[a], ga = g[a], pb = p[b], gb = g[b];
     double norm = 0;
-    for (size_t j = 0; j < nsaModelNumParams(m); j++) norm += g[j] * g[j];
+    for (size_t j = 0; j < nsaModelNumParams(m); j++)
+        norm += g[j] * g[j];
     norm = sqrt(norm);
-    NsaOptimConfig oc = {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.5f, .grad_clip = (float)(norm / 2)};
+    NsaOptimConfig oc = {.lr = 0.1f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.5f,
+                         .grad_clip = (float)(norm / 2)};
     NsaError err = {{0}};
     assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
     const double clip = (double)oc.grad_clip / norm;
     /* step 1: m/bc1 = g, v/bc2 = g^2, so the update is g/(|g| + eps) */
     const double ca = ga * clip, cb = gb * clip;
-    const double want_a = pa - (double)oc.lr * (ca / (fabs(ca) + (double)oc.eps) +
-                                                (double)oc.weight_decay * pa);
-    const double want_b = pb - (double)oc.lr * (cb / (fabs(cb) + (double)oc.eps));  /* no decay */
+    const double want_a =
+        pa - (double)oc.lr * (ca / (fabs(ca) + (double)oc.eps) + (double)oc.weight_decay * pa);
+    const double want_b = pb - (double)oc.lr * (cb / (fabs(cb) + (double)oc.eps)); /* no decay */
     assert_true(fabs(p[a] - want_a) < 1e-12);
     assert_true(fabs(p[b] - want_b) < 1e-12);
     NsaStepStats st;
@@ -731,8 +803,12 @@ static void checkNanGuard(NsaFault fault) {
     NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 90);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(91, cfg.vocab_size, tok, tgt);
-    NsaOptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
-                         .weight_decay = 0.1f, .grad_clip = 1.0f};
+    NsaOptimConfig oc = {.lr = 1e-2f,
+                         .beta1 = 0.9f,
+                         .beta2 = 0.95f,
+                         .eps = 1e-8f,
+                         .weight_decay = 0.1f,
+                         .grad_clip = 1.0f};
     NsaError err = {{0}};
     /* one good step first so the moments are non-zero */
     forwardBackward(m, tok, tgt);
@@ -824,7 +900,8 @@ static void test_bad_batches(void **state) {
     tgt[7] = -2;
     assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "targets[7] = -2"));
-    for (int n = 0; n < TB * TS; n++) tgt[n] = -1;
+    for (int n = 0; n < TB * TS; n++)
+        tgt[n] = -1;
     assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "-1"));
     assert_int_equal(nsaModelForward(m, tok, tgt, TB + 1, TS, 1.0f, &err), -1);
@@ -840,8 +917,8 @@ static void test_bad_batches(void **state) {
     assert_non_null(strstr(err.message, "beta2 = 1"));
     nsaModelFree(m);
 
-    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_BF16, .max_batch = 1,
-                            .max_seq_len = 4};
+    NsaEngineOptions opt = {
+        .device = NSA_DEVICE_CPU, .precision = NSA_PREC_BF16, .max_batch = 1, .max_seq_len = 4};
     assert_null(nsaModelCreate(&cfg, &opt, &err));
     assert_non_null(strstr(err.message, "bf16"));
 }
@@ -851,8 +928,8 @@ static void test_smaller_batch_than_planned(void **state) {
     (void)state;
     NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     NsaModel *big = makeModel(&cfg, NSA_PREC_F64, 4);
-    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F64, .max_batch = 1,
-                            .max_seq_len = 7};
+    NsaEngineOptions opt = {
+        .device = NSA_DEVICE_CPU, .precision = NSA_PREC_F64, .max_batch = 1, .max_seq_len = 7};
     NsaError err = {{0}};
     NsaModel *small = nsaModelCreate(&cfg, &opt, &err);
     assert_non_null(small);
@@ -865,6 +942,81 @@ static void test_smaller_batch_than_planned(void **state) {
     assert_true(a == b);
     nsaModelFree(big);
     nsaModelFree(small);
+}
+
+/* Sequences shorter than a compressed block: no block is visible, the
+ * compressed branch is 0 and its projections get exactly zero gradient,
+ * while everything else still trains. */
+static void test_sequence_shorter_than_block(void **state) {
+    (void)state;
+    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 14);
+    int32_t tok[TB * TS], tgt[TB * TS];
+    randomBatch(15, cfg.vocab_size, tok, tgt);
+    NsaError err = {{0}};
+    const int S = cfg.cmp_len - 1;
+    assert_int_equal(nsaModelZeroGrad(m, &err), 0);
+    assert_int_equal(nsaModelForwardBackward(m, tok, tgt, TB, S, 1.0f, &err), 0);
+    const double *g = nsaModelHostArena(m, NSA_ARENA_GRADS);
+    for (int i = 0; i < nsaModelNumTensors(m); i++) {
+        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
+        double ss = 0;
+        for (size_t j = 0; j < ti->numel; j++) ss += g[ti->offset + j] * g[ti->offset + j];
+        int cmp_only = strstr(ti->name, "wk_cmp") || strstr(ti->name, "wv_cmp") ||
+                       strstr(ti->name, "phi_");
+        if (cmp_only ? ss != 0 : !(ss > 0)) fail_msg("%s: gradient norm^2 %g", ti->name, ss);
+    }
+    nsaModelFree(m);
+}
+
+static void test_memory_report(void **state) {
+    (void)state;
+    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 1);
+    NsaMemoryReport r;
+    assert_int_equal(nsaModelMemoryReport(m, &r), 0);
+    assert_int_equal(r.params, nsaModelNumParams(m) * sizeof(double));
+    assert_int_equal(r.optimizer, 2 * r.params);
+    assert_true(r.activations > 0 && r.workspace > 0);
+    assert_int_equal(r.total, r.params + r.grads + r.optimizer + r.activations + r.workspace);
+    assert_int_equal(nsaModelMemoryReport(NULL, &r), -1);
+    nsaModelFree(m);
+}
+
+/* The generator: reproducible per (seed, stream), streams independent, and
+ * the draws have the moments they should. */
+static void test_rng(void **state) {
+    (void)state;
+    NsaRng a, b, c;
+    nsaRngSeed(&a, 42, 0);
+    nsaRngSeed(&b, 42, 0);
+    nsaRngSeed(&c, 42, 1);
+    int same_stream = 1, other_stream_equal = 0;
+    for (int i = 0; i < 1000; i++) {
+        uint64_t x = nsaRngNext(&a), y = nsaRngNext(&b), z = nsaRngNext(&c);
+        same_stream &= x == y;
+        other_stream_equal += x == z;
+    }
+    assert_true(same_stream);
+    assert_int_equal(other_stream_equal, 0);
+    const int n = 200000;
+    double sum = 0, sum_sq = 0, usum = 0;
+    unsigned counts[7] = {0};
+    for (int i = 0; i < n; i++) {
+        double z = nsaRngNormal(&a);
+        sum += z;
+        sum_sq += z * z;
+        double u = nsaRngUniform(&a);
+        assert_true(u >= 0 && u < 1);
+        usum += u;
+        uint32_t k = nsaRngBelow(&a, 7);
+        assert_true(k < 7);
+        counts[k]++;
+    }
+    assert_true(fabs(sum / n) < 0.01);
+    assert_true(fabs(sum_sq / n - 1) < 0.02);
+    assert_true(fabs(usum / n - 0.5) < 0.005);
+    for (int k = 0; k < 7; k++) assert_true(fabs(counts[k] / (double)n - 1.0 / 7) < 0.005);
 }
 
 static void expectReject(NsaModelConfig cfg, const char *want1, const char *want2) {
@@ -883,9 +1035,9 @@ static void test_config_validate(void **state) {
     NsaModelConfig tiny = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
     assert_int_equal(nsaModelConfigValidate(&tiny, &err), 0);
     NsaModelConfig c;
-#define BAD(field, value, w1, w2) \
-    c = good;                     \
-    c.field = value;              \
+#define BAD(field, value, w1, w2)                                                                  \
+    c = good;                                                                                      \
+    c.field = value;                                                                               \
     expectReject(c, w1, w2)
     BAD(vocab_size, 0, "vocab_size = 0", "allowed");
     BAD(dim, -3, "dim = -3", "allowed");
@@ -914,11 +1066,11 @@ static void test_config_validate(void **state) {
 static void test_cuda_device_without_engine(void **state) {
     (void)state;
     NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
-    NsaEngineOptions opt = {.device = NSA_DEVICE_CUDA, .precision = NSA_PREC_F32, .max_batch = 1,
-                            .max_seq_len = 8};
+    NsaEngineOptions opt = {
+        .device = NSA_DEVICE_CUDA, .precision = NSA_PREC_F32, .max_batch = 1, .max_seq_len = 8};
     NsaError err = {{0}};
     NsaModel *m = nsaModelCreate(&cfg, &opt, &err);
-    if (m) {   /* a build with the CUDA engine and a GPU: nothing to check here */
+    if (m) { /* a build with the CUDA engine and a GPU: nothing to check here */
         assert_null(nsaModelHostArena(m, NSA_ARENA_PARAMS));
         nsaModelFree(m);
         skip();
@@ -952,6 +1104,9 @@ int main(void) {
         cmocka_unit_test(test_eval_leaves_gradients),
         cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_smaller_batch_than_planned),
+        cmocka_unit_test(test_sequence_shorter_than_block),
+        cmocka_unit_test(test_memory_report),
+        cmocka_unit_test(test_rng),
         cmocka_unit_test(test_config_validate),
         cmocka_unit_test(test_cuda_device_without_engine),
     };

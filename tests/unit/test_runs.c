@@ -165,10 +165,13 @@ static void redoneStepsReplaceTheTail(void **state) {
     (void)state;
     Run run;
     memset(&run, 0, sizeof run);
-    for (int64_t s = 1; s <= 10; s++) assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 1.0}), 0);
+    for (int64_t s = 1; s <= 10; s++)
+        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 1.0}), 0);
     /* a resume from the checkpoint at step 6 logs 7.. again */
-    for (int64_t s = 7; s <= 12; s++) assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 2.0}), 0);
+    for (int64_t s = 7; s <= 12; s++)
+        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 2.0}), 0);
     assert_int_equal(run.n_train, 12);
+    assert_int_equal(run.series_generation, 1);
     for (size_t i = 0; i < run.n_train; i++) {
         assert_int_equal(run.train[i].step, (int64_t)i + 1);
         assert_true(run.train[i].loss == (i < 6 ? 1.0 : 2.0));

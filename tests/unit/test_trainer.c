@@ -855,6 +855,14 @@ static void test_cmd_train_usage_and_config_errors(void **state) {
     writeText(dir, "bad.yaml", "train:\n  steps: many\n");
     char *bad[] = {"train", path, NULL};
     assert_int_equal(cmdTrain(2, bad), EXIT_CONFIG);
+    /* an override that makes the config invalid is a config error too */
+    writeText(dir, "good.yaml", small_job_yaml);
+    snprintf(path, sizeof path, "%s/good.yaml", dir);
+    char long_out[CONFIG_PATH_MAX + 16];
+    memset(long_out, 'x', sizeof long_out - 1);
+    long_out[sizeof long_out - 1] = 0;
+    char *too_long[] = {"train", path, "--out", long_out, NULL};
+    assert_int_equal(cmdTrain(4, too_long), EXIT_CONFIG);
     removeTree(dir);
     free(dir);
 }
@@ -926,8 +934,22 @@ static void test_cmd_train_signals(void **state) {
         ok = waitFor(hasStackFile, out, 20);
     }
     kill(pid, SIGTERM);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
+    /* a child that ignores SIGTERM must not hang the suite */
+    int status = 0;
+    pid_t done = 0;
+    for (int i = 0; i < 6000 && done == 0; i++) {
+        done = waitpid(pid, &status, WNOHANG);
+        if (done == 0) {
+            struct timespec t = {0, 10000000};
+            nanosleep(&t, NULL);
+        }
+    }
+    if (done == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        fail_msg("nsad train did not exit within 60 s of SIGTERM");
+    }
+    assert_int_equal(done, pid);
     if (!ok) fail_msg("the child never logged two steps or never wrote a stack file");
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);

@@ -1,0 +1,276 @@
+/* bench_nsa.cu - times the fast NSA attention op (kernels/cuda/fast_*.cu),
+ * the counterpart of dense_sdpa.py: same shapes, same sequence lengths,
+ * batch so that B x S >= 64k tokens, bf16, and one JSON object per line:
+ *   {"impl": "nsa", "shape", "S", "B", "fwd_ms", "bwd_ms", "total_ms",
+ *    "peak_mib", "tflops", "finite", "branches": {...}, "phases": {...}}
+ * Timing: CUDA events around forward and forward+backward, warm-up, median
+ * of repeats; bwd = total - fwd as in dense_sdpa.py. peak_mib is the device
+ * memory the run holds (inputs, outputs, gradients and the plan's
+ * workspace), read from cudaMemGetInfo. "tflops" counts the useful FLOPs of
+ * the three branches (2 (d_k + d_v) per visible query-key pair, x3.5 for
+ * forward + backward, the convention of dense_sdpa.py); "branches" gives
+ * each branch's FLOPs and achieved TFLOP/s over its phases' time; "phases"
+ * is the per-phase time breakdown of one profiled forward + backward.
+ *
+ * usage: bench_nsa [--seq 2048,8192,...] [--shapes proto,paper,paper192]
+ *                  [--tokens 65536] [--reps 10] */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+extern "C" {
+#include "nsa.h"
+}
+
+#define CK(call)                                                                         \
+    do {                                                                                 \
+        cudaError_t e_ = (call);                                                         \
+        if (e_ != cudaSuccess) {                                                         \
+            fprintf(stderr, "bench_nsa: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), \
+                    __LINE__);                                                           \
+            exit(1);                                                                     \
+        }                                                                                \
+    } while (0)
+
+struct Shape {
+    const char *name;
+    int H, G, dk, dv;
+};
+static const Shape kShapes[] = {
+    {"proto", 12, 2, 64, 64},
+    {"paper", 64, 4, 128, 128},
+    {"paper192", 64, 4, 192, 128},
+};
+
+/* normal-ish values from a hash: no host generation of gigabytes */
+__global__ void fillKernel(__nv_bfloat16 *x, size_t n, unsigned long long seed, float lo, float hi,
+                           int gaussian) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        unsigned long long z = seed + i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float u1 = ((z >> 40) + 0.5f) / 16777216.f, u2 = (((z >> 16) & 0xFFFFFF) + 0.5f) / 16777216.f;
+        float v = gaussian ? sqrtf(-2.f * logf(u1)) * cospif(2.f * u2) : lo + (hi - lo) * u1;
+        x[i] = __float2bfloat16(v);
+    }
+}
+
+__global__ void countNonFinite(const __nv_bfloat16 *x, size_t n, unsigned long long *bad) {
+    unsigned long long local = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        local += !isfinite(__bfloat162float(x[i]));
+    if (local) atomicAdd(bad, local);
+}
+
+static __nv_bfloat16 *newTensor(size_t n, unsigned long long seed, float lo, float hi, int gaussian) {
+    __nv_bfloat16 *p;
+    CK(cudaMalloc(&p, n * sizeof(__nv_bfloat16)));
+    fillKernel<<<1024, 256>>>(p, n, seed, lo, hi, gaussian);
+    CK(cudaGetLastError());
+    return p;
+}
+
+static float median(std::vector<float> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+/* useful forward FLOPs of each branch, and of the selection score pass */
+struct Flops {
+    double cmp, sel, win, score;
+};
+static Flops countFlops(const NsaAttnDims &d) {
+    Flops f = {0, 0, 0, 0};
+    const double per = 2.0 * (d.d_k + d.d_v) * d.H * d.B;
+    for (long t = 0; t < d.S; t++) {
+        long nvis = t < d.cmp_len - 1 ? 0 : (t - d.cmp_len + 1) / d.cmp_stride + 1;
+        long cur = t / d.sel_len;
+        long nb = std::min<long>(std::max(d.n_sel, 1), cur + 1);
+        if (cur >= 1 && nb < 2) nb = 2;
+        if (cur >= 2 && nb < 3) nb = 3;
+        long sel_keys = (nb - 1) * d.sel_len + t % d.sel_len + 1;
+        f.cmp += per * nvis;
+        f.sel += per * sel_keys;
+        f.win += per * std::min<long>(t + 1, d.window);
+        f.score += 2.0 * d.d_k * d.H * d.B * nvis;
+    }
+    return f;
+}
+
+static void benchOne(const Shape &sh, int S, long tokens, int reps) {
+    NsaAttnDims d = {(int)std::max(1L, tokens / S), S, sh.H, sh.G, sh.dk, sh.dv, 32, 16, 64, 16, 512};
+    const size_t T = (size_t)d.B * S, rows = T * d.H, kvk = T * d.G * d.d_k, kvv = T * d.G * d.d_v;
+    size_t free0, total;
+    CK(cudaDeviceSynchronize());
+    CK(cudaMemGetInfo(&free0, &total));
+    unsigned long long seed = 1234 + S;
+    NsaAttnDeviceInputs in;
+    in.q = newTensor(rows * d.d_k, seed++, 0, 0, 1);
+    in.k_cmp = newTensor(kvk, seed++, 0, 0, 1);
+    in.v_cmp = newTensor(kvv, seed++, 0, 0, 1);
+    in.k_sel = newTensor(kvk, seed++, 0, 0, 1);
+    in.v_sel = newTensor(kvv, seed++, 0, 0, 1);
+    in.k_win = newTensor(kvk, seed++, 0, 0, 1);
+    in.v_win = newTensor(kvv, seed++, 0, 0, 1);
+    in.gates = newTensor(rows * 3, seed++, 0.05f, 0.95f, 0);
+    __nv_bfloat16 *dout = newTensor(rows * d.d_v, seed++, 0, 0, 1);
+    __nv_bfloat16 *out = newTensor(rows * d.d_v, seed++, 0, 0, 1);
+    NsaAttnDeviceGrads gr;
+    gr.dq = newTensor(rows * d.d_k, 1, 0, 0, 0);
+    gr.dk_cmp = newTensor(kvk, 1, 0, 0, 0);
+    gr.dv_cmp = newTensor(kvv, 1, 0, 0, 0);
+    gr.dk_sel = newTensor(kvk, 1, 0, 0, 0);
+    gr.dv_sel = newTensor(kvv, 1, 0, 0, 0);
+    gr.dk_win = newTensor(kvk, 1, 0, 0, 0);
+    gr.dv_win = newTensor(kvv, 1, 0, 0, 0);
+    gr.dgates = newTensor(rows * 3, 1, 0, 0, 0);
+    NsaError err = {{0}};
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    if (!plan) {
+        printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"error\": \"%s\"}\n", sh.name, S,
+               err.message);
+        fflush(stdout);
+        return;
+    }
+    CK(cudaDeviceSynchronize());
+    size_t free1;
+    CK(cudaMemGetInfo(&free1, &total));
+
+    cudaStream_t stream;
+    CK(cudaStreamCreate(&stream));
+    auto fwd = [&]() {
+        if (nsaAttnForwardCuda(plan, &d, &in, out, NULL, NULL, stream, &err)) {
+            fprintf(stderr, "bench_nsa: forward: %s\n", err.message);
+            exit(1);
+        }
+    };
+    auto fwdBwd = [&]() {
+        fwd();
+        if (nsaAttnBackwardCuda(plan, &d, &in, dout, &gr, stream, &err)) {
+            fprintf(stderr, "bench_nsa: backward: %s\n", err.message);
+            exit(1);
+        }
+    };
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    auto timeIt = [&](auto fn) {
+        for (int i = 0; i < 2; i++) fn();
+        CK(cudaStreamSynchronize(stream));
+        std::vector<float> ms;
+        for (int i = 0; i < reps; i++) {
+            CK(cudaEventRecord(a, stream));
+            fn();
+            CK(cudaEventRecord(b, stream));
+            CK(cudaEventSynchronize(b));
+            float t;
+            CK(cudaEventElapsedTime(&t, a, b));
+            ms.push_back(t);
+        }
+        return median(ms);
+    };
+    float fwd_ms = timeIt(fwd);
+    float total_ms = timeIt(fwdBwd);
+
+    /* one profiled pass for the phase breakdown */
+    nsaAttnCudaProfile(plan, 1, &err);
+    fwdBwd();
+    const char *names[16];
+    float phase_ms[16];
+    int np = nsaAttnCudaProfileRead(plan, names, phase_ms, 16, &err);
+    nsaAttnCudaProfile(plan, 0, &err);
+
+    unsigned long long *bad;
+    CK(cudaMalloc(&bad, 8));
+    CK(cudaMemset(bad, 0, 8));
+    countNonFinite<<<1024, 256, 0, stream>>>(out, rows * d.d_v, bad);
+    countNonFinite<<<1024, 256, 0, stream>>>((const __nv_bfloat16 *)gr.dq, rows * d.d_k, bad);
+    countNonFinite<<<1024, 256, 0, stream>>>((const __nv_bfloat16 *)gr.dk_cmp, kvk, bad);
+    countNonFinite<<<1024, 256, 0, stream>>>((const __nv_bfloat16 *)gr.dk_sel, kvk, bad);
+    countNonFinite<<<1024, 256, 0, stream>>>((const __nv_bfloat16 *)gr.dv_win, kvv, bad);
+    unsigned long long nbad = 0;
+    CK(cudaMemcpyAsync(&nbad, bad, 8, cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+
+    Flops f = countFlops(d);
+    auto phase = [&](const char *name) {
+        for (int i = 0; i < np; i++)
+            if (!strcmp(names[i], name)) return (double)phase_ms[i];
+        return 0.0;
+    };
+    double t_cmp = phase("fwd.pool") + phase("fwd.cmp") + phase("bwd.cmp");
+    double t_sel = phase("fwd.sel") + phase("bwd.sel_index") + phase("bwd.sel");
+    double t_win = phase("fwd.win+gate") + phase("bwd.win") + phase("bwd.gate");
+    double t_score = phase("fwd.select");
+    double useful = 3.5 * (f.cmp + f.sel + f.win);
+    printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"B\": %d, \"fwd_ms\": %.4f, "
+           "\"bwd_ms\": %.4f, \"total_ms\": %.4f, \"peak_mib\": %.1f, \"workspace_mib\": %.1f, "
+           "\"tflops\": %.1f, \"finite\": %s, \"branches\": {",
+           sh.name, S, d.B, fwd_ms, total_ms - fwd_ms, total_ms, (free0 - free1) / 1048576.0,
+           nsaAttnCudaPlanBytes(plan) / 1048576.0, useful / (total_ms * 1e-3) / 1e12,
+           nbad == 0 ? "true" : "false");
+    printf("\"cmp\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}, ", 3.5 * f.cmp / 1e9, t_cmp,
+           t_cmp > 0 ? 3.5 * f.cmp / (t_cmp * 1e-3) / 1e12 : 0);
+    printf("\"score\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}, ", f.score / 1e9, t_score,
+           t_score > 0 ? f.score / (t_score * 1e-3) / 1e12 : 0);
+    printf("\"sel\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}, ", 3.5 * f.sel / 1e9, t_sel,
+           t_sel > 0 ? 3.5 * f.sel / (t_sel * 1e-3) / 1e12 : 0);
+    printf("\"win\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}}, \"phases\": {", 3.5 * f.win / 1e9,
+           t_win, t_win > 0 ? 3.5 * f.win / (t_win * 1e-3) / 1e12 : 0);
+    for (int i = 0; i < np; i++) printf("%s\"%s\": %.4f", i ? ", " : "", names[i], phase_ms[i]);
+    printf("}}\n");
+    fflush(stdout);
+
+    nsaAttnCudaPlanFree(plan);
+    const void *bufs[] = {in.q, in.k_cmp, in.v_cmp, in.k_sel, in.v_sel, in.k_win, in.v_win,
+                          in.gates, dout, out, gr.dq, gr.dk_cmp, gr.dv_cmp, gr.dk_sel,
+                          gr.dv_sel, gr.dk_win, gr.dv_win, gr.dgates, bad};
+    for (const void *p : bufs) CK(cudaFree((void *)p));
+    CK(cudaEventDestroy(a));
+    CK(cudaEventDestroy(b));
+    CK(cudaStreamDestroy(stream));
+}
+
+int main(int argc, char **argv) {
+    const char *seq = "2048,8192,16384,32768,65536", *shapes = "proto,paper";
+    long tokens = 65536;
+    int reps = 10;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--seq")) seq = argv[i + 1];
+        else if (!strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
+        else if (!strcmp(argv[i], "--tokens")) tokens = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else {
+            fprintf(stderr, "bench_nsa: unknown option %s; allowed: --seq --shapes --tokens --reps\n",
+                    argv[i]);
+            return 2;
+        }
+    }
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("{\"device\": \"%s\", \"impl\": \"nsa\"}\n", prop.name);
+    char shape_list[256];
+    snprintf(shape_list, sizeof(shape_list), "%s", shapes);
+    for (char *sname = strtok(shape_list, ","); sname; sname = strtok(NULL, ",")) {
+        const Shape *sh = NULL;
+        for (const Shape &s : kShapes)
+            if (!strcmp(s.name, sname)) sh = &s;
+        if (!sh) {
+            fprintf(stderr, "bench_nsa: unknown shape %s; allowed: proto, paper, paper192\n", sname);
+            return 2;
+        }
+        char seq_list[256];
+        snprintf(seq_list, sizeof(seq_list), "%s", seq);
+        char *save = NULL;
+        for (char *s = strtok_r(seq_list, ",", &save); s; s = strtok_r(NULL, ",", &save))
+            benchOne(*sh, atoi(s), tokens, reps);
+    }
+    return 0;
+}

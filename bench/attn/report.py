@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""report.py - merges bench_nsa (NSA) and dense_sdpa.py (dense FA2/cuDNN)
+JSON lines into one markdown report: per shape and sequence length the
+forward/backward/total times, the speed-ups of NSA over each dense backend,
+the peak memory of each, achieved TFLOP/s; then NSA's per-branch TFLOP/s
+and per-phase time breakdown.
+
+usage: report.py nsa.jsonl [dense.jsonl]
+"""
+import json
+import os
+import sys
+
+
+def load(path):
+    rows = []
+    if not path or not os.path.exists(path):
+        return rows
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass
+    return rows
+
+
+def fmt(v, nd=2):
+    return "-" if v is None else f"{v:.{nd}f}"
+
+
+def main():
+    nsa = load(sys.argv[1])
+    dense = load(sys.argv[2] if len(sys.argv) > 2 else None)
+    devices = [r["device"] for r in nsa + dense if "device" in r]
+    print(f"device: {', '.join(sorted(set(devices))) or 'unknown'}\n")
+    by = {}
+    for r in nsa + dense:
+        if "shape" in r and "S" in r:
+            by[(r["shape"], r["S"], r.get("impl"))] = r
+    keys = sorted({(s, S) for (s, S, _) in by}, key=lambda k: (k[0], k[1]))
+    print("| shape | S | B | NSA fwd | NSA bwd | NSA total | FA2 total | cuDNN total "
+          "| FA2/NSA | cuDNN/NSA | NSA MiB | FA2 MiB | cuDNN MiB | NSA TFLOP/s | finite |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for shape, S in keys:
+        n = by.get((shape, S, "nsa"), {})
+        fa = by.get((shape, S, "fa2"), {})
+        cu = by.get((shape, S, "cudnn"), {})
+        nt = n.get("total_ms")
+        ratio = lambda d: (d.get("total_ms") / nt) if nt and d.get("total_ms") else None
+        err = n.get("error") or fa.get("error") or cu.get("error")
+        print(f"| {shape} | {S} | {n.get('B', fa.get('B', '-'))} | {fmt(n.get('fwd_ms'))} | "
+              f"{fmt(n.get('bwd_ms'))} | {fmt(nt)} | {fmt(fa.get('total_ms'))} | "
+              f"{fmt(cu.get('total_ms'))} | {fmt(ratio(fa))}x | {fmt(ratio(cu))}x | "
+              f"{fmt(n.get('peak_mib'), 0)} | {fmt(fa.get('peak_mib'), 0)} | "
+              f"{fmt(cu.get('peak_mib'), 0)} | {fmt(n.get('tflops'), 0)} | "
+              f"{n.get('finite', '-')}{' ' + err if err else ''} |")
+    print("\nNSA per branch (forward + backward; useful FLOPs, x3.5 convention; "
+          "score = the selection pass, forward only):\n")
+    print("| shape | S | cmp ms | cmp TFLOP/s | score ms | score TFLOP/s | sel ms | sel TFLOP/s "
+          "| win ms | win TFLOP/s |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for shape, S in keys:
+        b = by.get((shape, S, "nsa"), {}).get("branches")
+        if not b:
+            continue
+        cells = " | ".join(f"{fmt(b[k]['ms'])} | {fmt(b[k]['tflops'], 0)}"
+                           for k in ("cmp", "score", "sel", "win"))
+        print(f"| {shape} | {S} | {cells} |")
+    print("\nNSA per-phase time (ms) of one profiled forward + backward:\n")
+    phases = []
+    for shape, S in keys:
+        for name in by.get((shape, S, "nsa"), {}).get("phases", {}):
+            if name not in phases:
+                phases.append(name)
+    if phases:
+        print("| shape | S | " + " | ".join(phases) + " |")
+        print("|---|---|" + "---|" * len(phases))
+        for shape, S in keys:
+            p = by.get((shape, S, "nsa"), {}).get("phases")
+            if p:
+                print(f"| {shape} | {S} | " + " | ".join(fmt(p.get(k), 3) for k in phases) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

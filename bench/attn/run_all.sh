@@ -1,0 +1,62 @@
+#!/bin/sh
+# run_all.sh - issue 7 in one command on the GPU machine: build the fast NSA
+# attention, check it against the CPU reference, time it against dense
+# PyTorch attention (FA2, cuDNN) and print the merged table last.
+#   bench/attn/run_all.sh [all|test|bench|nsa]
+# Writes env.txt (device, SASS summary), build.log, test.log, nsa.jsonl,
+# dense.jsonl, errors.log, report.md to $OUT (the lent machine's return
+# folder) or build/bench/results. BENCH_ARGS / DENSE_ARGS pass options
+# through (e.g. BENCH_ARGS="--reps 5 --seq 2048,65536").
+set -u
+cd "$(dirname "$0")/../.."
+out="${OUT:-build/bench/results}"
+mkdir -p "$out"
+mode="${1:-all}"
+status=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv >"$out/env.txt" 2>&1
+if ! make --no-print-directory -C bench -j"$(nproc)" build >"$out/build.log" 2>&1; then
+    tail -30 "$out/build.log"
+    exit 1
+fi
+# which tensor-core instructions the fast kernels use (HMMA = mma.sync, HGMMA = wgmma)
+if command -v cuobjdump >/dev/null 2>&1; then
+    for o in build/bench/obj/fast_*.o; do
+        printf '%s: ' "$(basename "$o")"
+        cuobjdump -sass "$o" | grep -oE '(HGMMA|HMMA|LDSM|LDGSTS)[.A-Z0-9]*' | sort | uniq -c | tr -s ' \n' ' '
+        echo
+    done >>"$out/env.txt"
+fi
+cat "$out/env.txt"
+: >"$out/errors.log"
+if [ "$mode" = all ] || [ "$mode" = test ]; then
+    # one process per case (the fp32 CPU reference is the slow part)
+    n=$(build/bench/test_fast_attn --count)
+    tmp=$(mktemp -d)
+    i=0
+    while [ "$i" -lt "$n" ]; do
+        build/bench/test_fast_attn "$i" >"$tmp/$i.log" 2>&1 &
+        i=$((i + 1))
+    done
+    wait
+    i=0
+    while [ "$i" -lt "$n" ]; do
+        cat "$tmp/$i.log" >>"$out/test.log"
+        i=$((i + 1))
+    done
+    grep -E '^(not ok|Bail)' "$out/test.log"
+    bad=$(grep -cE '^(not ok|Bail)' "$out/test.log")
+    echo "test: $(grep -c '^ok' "$out/test.log") ok, $bad not ok"
+    [ "$bad" -eq 0 ] || status=1
+fi
+if [ "$mode" = all ] || [ "$mode" = bench ] || [ "$mode" = nsa ]; then
+    # shellcheck disable=SC2086
+    build/bench/bench_nsa ${BENCH_ARGS:-} >"$out/nsa.jsonl" 2>>"$out/errors.log" || status=1
+    if [ "$mode" != nsa ]; then
+        # shellcheck disable=SC2086
+        PYTHONUNBUFFERED=1 python3 bench/attn/dense_sdpa.py ${DENSE_ARGS:-} >"$out/dense.jsonl" 2>>"$out/errors.log" || status=1
+    fi
+    tail -5 "$out/errors.log"
+    python3 bench/attn/report.py "$out/nsa.jsonl" "$out/dense.jsonl" >"$out/report.md" 2>&1 || status=1
+    cat "$out/report.md"
+fi
+exit $status

@@ -1,0 +1,413 @@
+/* fast_attn.cu - the fast NSA attention op: plan (one workspace allocation),
+ * forward, backward and the per-phase profile, on bf16 device tensors.
+ *
+ * Saved by the forward for the backward (all O(S)): pooled kc/vc, o and lse
+ * of each branch, sel_idx. The backward folds the gate into each branch:
+ * with D_c = dout.o_c (= dgates_c), dO_c = g_c dout and delta_c = g_c D_c,
+ * so no per-branch dO is ever written. dq of the three branches is summed
+ * in fp32 in a fixed order (window, compressed, selected) without atomics. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "fast_internal.cuh"
+
+#define FAST_PHASES 6
+
+struct NsaAttnCudaPlan {
+    NsaAttnDims max;
+    int sm_count;
+    size_t bytes;
+    void *base;
+    bf16 *kc, *vc, *o[3];
+    float *lse[3], *dsum, *dq_acc, *cmp_part_k, *cmp_part_v;
+    size_t cmp_part_capacity; /* elements of cmp_part_k */
+    int32_t *sel;
+    FastRevIndex rev;
+    int profile;
+    cudaEvent_t ev_fwd[FAST_PHASES + 1], ev_bwd[FAST_PHASES + 1];
+    int n_fwd, n_bwd;
+};
+
+static const char *const kFwdPhase[] = {"fwd.pool", "fwd.cmp", "fwd.select", "fwd.sel",
+                                         "fwd.win+gate"};
+static const char *const kBwdPhase[] = {"bwd.gate", "bwd.win", "bwd.cmp", "bwd.sel_index",
+                                         "bwd.sel"};
+
+static int fastFail(NsaError *err, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof(err->message), fmt, ap);
+        va_end(ap);
+    }
+    return -1;
+}
+
+#define FAST_CHECK(call, what)                                                              \
+    do {                                                                                    \
+        cudaError_t fast_status_ = (call);                                                  \
+        if (fast_status_ != cudaSuccess)                                                    \
+            return fastFail(err, "nsa fast attention: %s failed: %s", (what),              \
+                            cudaGetErrorString(fast_status_));                              \
+    } while (0)
+
+static FastCtx fastMakeCtx(const NsaAttnDims *d) {
+    FastCtx c;
+    c.B = d->B;
+    c.S = d->S;
+    c.H = d->H;
+    c.G = d->G;
+    c.hpg = d->H / d->G;
+    c.cmp_len = d->cmp_len;
+    c.cmp_stride = d->cmp_stride;
+    c.sel_len = d->sel_len;
+    c.n_sel = d->n_sel;
+    c.window = d->window;
+    c.Nc = nsaNumCmpBlocks(d->S, d->cmp_len, d->cmp_stride);
+    c.Ns = nsaNumSelBlocks(d->S, d->sel_len);
+    c.slots = nsaNumSelSlots(d->n_sel);
+    c.scale = 1.0f / sqrtf((float)d->d_k);
+    c.scale_log2 = c.scale * FAST_LOG2E;
+    return c;
+}
+
+/* The limits of these kernels beyond nsaAttnDimsValidate. */
+static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
+    if (nsaAttnDimsValidate(d, err)) return -1;
+    if (!fastDimsSupported(d->d_k, d->d_v))
+        return fastFail(err,
+                        "nsa fast attention: (d_k, d_v) = (%d, %d) is not built; allowed: "
+                        "(64, 64), (128, 64), (128, 128), (192, 128)",
+                        d->d_k, d->d_v);
+    int hpg = d->H / d->G;
+    if (hpg > FAST_MAX_HPG)
+        return fastFail(err, "nsa fast attention: H/G = %d heads per group; allowed: 1 to %d", hpg,
+                        FAST_MAX_HPG);
+    if (nsaNumSelSlots(d->n_sel) > FAST_MAX_SLOTS)
+        return fastFail(err, "nsa fast attention: n_sel = %d; allowed: 1 to %d", d->n_sel,
+                        FAST_MAX_SLOTS);
+    long long span = (63LL * d->cmp_stride + d->cmp_len - 1) / d->sel_len + 2;
+    if (span >= FAST_SCORE_RING)
+        return fastFail(err,
+                        "nsa fast attention: a tile of 64 compressed blocks spans %lld selection "
+                        "blocks (cmp_stride %d, cmp_len %d, sel_len %d); allowed: fewer than %d",
+                        span, d->cmp_stride, d->cmp_len, d->sel_len, FAST_SCORE_RING);
+    size_t hist = (size_t)nsaNumSelBlocks(d->S, d->sel_len) * sizeof(int);
+    if (hist > 200 * 1024)
+        return fastFail(err,
+                        "nsa fast attention: S / sel_len = %d selection blocks; allowed: up to %d",
+                        nsaNumSelBlocks(d->S, d->sel_len), (int)(200 * 1024 / sizeof(int)));
+    return 0;
+}
+
+static int cmpPartsWanted(const FastCtx &c, int sm_count) {
+    if (c.Nc == 0) return 1;
+    long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
+    long long p = (4LL * sm_count + ctas - 1) / ctas;
+    return (int)(p < 1 ? 1 : (p > 8 ? 8 : p));
+}
+
+/* Carves the workspace; base NULL only measures. Returns the bytes. */
+static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
+    FastCtx c = fastMakeCtx(d);
+    size_t at = 0;
+    auto take = [&](size_t bytes) -> void * {
+        void *ptr = base ? base + at : NULL;
+        at += (bytes + 255) / 256 * 256;
+        return ptr;
+    };
+    const size_t T = (size_t)d->B * d->S, rows = T * d->H, BG = (size_t)d->B * d->G;
+    p->kc = (bf16 *)take((size_t)d->B * c.Nc * d->G * d->d_k * 2);
+    p->vc = (bf16 *)take((size_t)d->B * c.Nc * d->G * d->d_v * 2);
+    for (int i = 0; i < 3; i++) {
+        p->o[i] = (bf16 *)take(rows * d->d_v * 2);
+        p->lse[i] = (float *)take(rows * 4);
+    }
+    p->sel = (int32_t *)take(T * d->G * c.slots * 4);
+    p->dsum = (float *)take(rows * 3 * 4);
+    p->dq_acc = (float *)take(rows * d->d_k * 4);
+    int parts = cmpPartsWanted(c, p->sm_count);
+    p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
+    p->cmp_part_k = (float *)take(p->cmp_part_capacity * 4);
+    p->cmp_part_v = (float *)take((size_t)parts * d->B * c.Nc * d->G * d->d_v * 4);
+    FastRevIndex &r = p->rev;
+    size_t entries = (size_t)d->S * c.slots;
+    r.chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
+    r.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
+    r.max_parts = 2 * (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK) + 1;
+    int subtiles = (d->sel_len + 63) / 64;
+    r.offsets = (int *)take(BG * c.Ns * r.chunks * 4);
+    r.block_start = (int *)take(BG * (c.Ns + 1) * 4);
+    r.item_start = (int *)take(BG * (c.Ns + 1) * 4);
+    r.part_start = (int *)take(BG * (c.Ns + 1) * 4);
+    r.entries = (int *)take(BG * entries * 4);
+    r.part_k = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
+    r.part_v = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
+    return at;
+}
+
+extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err) {
+    if (fastCheckDims(max_dims, err)) return NULL;
+    NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
+    if (!p) {
+        fastFail(err, "nsa fast attention: out of host memory for the plan");
+        return NULL;
+    }
+    p->max = *max_dims;
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
+    if (e != cudaSuccess) {
+        fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
+        free(p);
+        return NULL;
+    }
+    p->bytes = fastCarve(p, max_dims, NULL);
+    e = cudaMalloc(&p->base, p->bytes);
+    if (e != cudaSuccess) {
+        fastFail(err, "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
+                 p->bytes, max_dims->B, max_dims->S, cudaGetErrorString(e));
+        free(p);
+        return NULL;
+    }
+    fastCarve(p, max_dims, (char *)p->base);
+    for (int i = 0; i <= FAST_PHASES; i++) {
+        if (cudaEventCreate(&p->ev_fwd[i]) != cudaSuccess ||
+            cudaEventCreate(&p->ev_bwd[i]) != cudaSuccess) {
+            fastFail(err, "nsa fast attention: cudaEventCreate failed");
+            nsaAttnCudaPlanFree(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+extern "C" void nsaAttnCudaPlanFree(NsaAttnCudaPlan *p) {
+    if (!p) return;
+    for (int i = 0; i <= FAST_PHASES; i++) {
+        if (p->ev_fwd[i]) cudaEventDestroy(p->ev_fwd[i]);
+        if (p->ev_bwd[i]) cudaEventDestroy(p->ev_bwd[i]);
+    }
+    cudaFree(p->base);
+    free(p);
+}
+
+extern "C" size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *p) { return p ? p->bytes : 0; }
+
+/* The call's dims must be the plan's, with B and S no larger. The carve was
+ * made for the plan's dims; every buffer is indexed densely by the call's
+ * dims, and all sizes grow with B and S, so the plan's buffers hold them. */
+static int fastCheckCall(const NsaAttnCudaPlan *p, const NsaAttnDims *d, NsaError *err) {
+    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    if (fastCheckDims(d, err)) return -1;
+    const NsaAttnDims *m = &p->max;
+    if (d->H != m->H || d->G != m->G || d->d_k != m->d_k || d->d_v != m->d_v ||
+        d->cmp_len != m->cmp_len || d->cmp_stride != m->cmp_stride || d->sel_len != m->sel_len ||
+        d->n_sel != m->n_sel || d->window != m->window)
+        return fastFail(err, "nsa fast attention: dims differ from the plan's in a field other "
+                             "than B and S; allowed: the planned H, G, d_k, d_v, l, d, l', n, w");
+    if (d->B > m->B || d->S > m->S)
+        return fastFail(err, "nsa fast attention: B=%d S=%d exceed the plan's B=%d S=%d", d->B,
+                        d->S, m->B, m->S);
+    /* the reverse index lays out [B*G][Ns][chunks]: fits when B and S do */
+    return 0;
+}
+
+#define FAST_PHASE(events, n, i)                                                            \
+    do {                                                                                    \
+        if (p->profile) {                                                                   \
+            FAST_CHECK(cudaEventRecord((events)[i], stream), "cudaEventRecord");            \
+            n = (i) + 1;                                                                    \
+        }                                                                                   \
+    } while (0)
+
+extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
+                                  const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,
+                                  float *lse_cmp, void *stream_ptr, NsaError *err) {
+    if (fastCheckCall(p, dims, err)) return -1;
+    if (!in || !in->q || !in->k_cmp || !in->v_cmp || !in->k_sel || !in->v_sel || !in->k_win ||
+        !in->v_win || !in->gates || !out)
+        return fastFail(err, "nsa fast attention: an input or out is NULL; all eight inputs and "
+                             "out are required");
+    cudaStream_t stream = (cudaStream_t)stream_ptr;
+    const FastCtx c = fastMakeCtx(dims);
+    const int dk = dims->d_k, dv = dims->d_v;
+    const bf16 *q = (const bf16 *)in->q;
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 0);
+    FAST_CHECK(fastPoolForward(p->kc, (const bf16 *)in->k_cmp, c, dk, stream), "pool k_cmp");
+    FAST_CHECK(fastPoolForward(p->vc, (const bf16 *)in->v_cmp, c, dv, stream), "pool v_cmp");
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 1);
+    FastFwdIo io = {};
+    io.q = q;
+    io.k = p->kc;
+    io.v = p->vc;
+    io.nkeys = c.Nc;
+    io.o = p->o[0];
+    io.lse = p->lse[0];
+    FAST_CHECK(fastCmpForward(c, dk, dv, io, stream), "compressed forward");
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 2);
+    FAST_CHECK(fastSelect(c, dk, q, p->kc, p->lse[0], p->sel, stream), "selection");
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 3);
+    io.k = (const bf16 *)in->k_sel;
+    io.v = (const bf16 *)in->v_sel;
+    io.nkeys = c.S;
+    io.o = p->o[1];
+    io.lse = p->lse[1];
+    FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 4);
+    io.k = (const bf16 *)in->k_win;
+    io.v = (const bf16 *)in->v_win;
+    io.o = p->o[2];
+    io.lse = p->lse[2];
+    io.o_cmp = p->o[0];
+    io.o_sel = p->o[1];
+    io.gates = (const bf16 *)in->gates;
+    io.out = (bf16 *)out;
+    FAST_CHECK(fastWinForward(c, dk, dv, io, stream), "window forward");
+    FAST_PHASE(p->ev_fwd, p->n_fwd, 5);
+    const size_t T = (size_t)dims->B * dims->S;
+    if (sel_idx)
+        FAST_CHECK(cudaMemcpyAsync(sel_idx, p->sel, T * dims->G * c.slots * sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, stream),
+                   "copy of sel_idx");
+    if (lse_cmp)
+        FAST_CHECK(cudaMemcpyAsync(lse_cmp, p->lse[0], T * dims->H * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream),
+                   "copy of lse_cmp");
+    return 0;
+}
+
+/* dsum[r][c] = dout[r].o_c[r] (fp32) and dgates = the same in bf16; a warp
+ * per row, fixed lane order. */
+__global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, const bf16 *dout,
+                                       const bf16 *o0, const bf16 *o1, const bf16 *o2,
+                                       size_t rows, int dv) {
+    const int lane = threadIdx.x & 31;
+    size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
+    size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
+    for (size_t r = warp; r < rows; r += nwarps) {
+        float acc[3] = {0.f, 0.f, 0.f};
+        const bf16 *os[3] = {o0, o1, o2};
+        for (int col = lane * 2; col < dv; col += 64) {
+            float2 dy = __bfloat1622float2(*(const __nv_bfloat162 *)(dout + r * dv + col));
+#pragma unroll
+            for (int k = 0; k < 3; k++) {
+                float2 o = __bfloat1622float2(*(const __nv_bfloat162 *)(os[k] + r * dv + col));
+                acc[k] += dy.x * o.x + dy.y * o.y;
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < 3; k++) {
+            float v = acc[k];
+            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0) {
+                dsum[r * 3 + k] = v;
+                dgates[r * 3 + k] = __float2bfloat16(v);
+            }
+        }
+    }
+}
+
+extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
+                                   const NsaAttnDeviceInputs *in, const void *dout,
+                                   const NsaAttnDeviceGrads *grads, void *stream_ptr,
+                                   NsaError *err) {
+    if (fastCheckCall(p, dims, err)) return -1;
+    if (!in || !in->q || !in->k_cmp || !in->v_cmp || !in->k_sel || !in->v_sel || !in->k_win ||
+        !in->v_win || !in->gates || !dout)
+        return fastFail(err, "nsa fast attention: an input or dout is NULL; all are required");
+    if (!grads || !grads->dq || !grads->dk_cmp || !grads->dv_cmp || !grads->dk_sel ||
+        !grads->dv_sel || !grads->dk_win || !grads->dv_win || !grads->dgates)
+        return fastFail(err, "nsa fast attention: a gradient output is NULL; all eight are required");
+    cudaStream_t stream = (cudaStream_t)stream_ptr;
+    const FastCtx c = fastMakeCtx(dims);
+    const int dk = dims->d_k, dv = dims->d_v;
+    const size_t rows = (size_t)dims->B * dims->S * dims->H;
+
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 0);
+    unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
+    if (blocks > 65535u * 8u) blocks = 65535u * 8u;
+    fastGateBackwardKernel<<<blocks, 256, 0, stream>>>(p->dsum, (bf16 *)grads->dgates,
+                                                       (const bf16 *)dout, p->o[0], p->o[1],
+                                                       p->o[2], rows, dv);
+    FAST_CHECK(cudaGetLastError(), "gate backward");
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 1);
+
+    FastBwdIo io = {};
+    io.q = (const bf16 *)in->q;
+    io.dout = (const bf16 *)dout;
+    io.gates = (const bf16 *)in->gates;
+    io.dsum = p->dsum;
+    io.dq_acc = p->dq_acc;
+    io.dq_out = (bf16 *)grads->dq;
+
+    io.k = (const bf16 *)in->k_win;
+    io.v = (const bf16 *)in->v_win;
+    io.nkeys = c.S;
+    io.lse = p->lse[2];
+    io.branch = 2;
+    io.dq_mode = 0;
+    FAST_CHECK(fastWinBackward(c, dk, dv, io, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win, stream),
+               "window backward");
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 2);
+
+    io.k = p->kc;
+    io.v = p->vc;
+    io.nkeys = c.Nc;
+    io.lse = p->lse[0];
+    io.branch = 0;
+    io.dq_mode = 1;
+    int parts = cmpPartsWanted(c, p->sm_count);
+    size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
+    if (per_part > 0 && (size_t)parts * per_part > p->cmp_part_capacity)
+        parts = (int)(p->cmp_part_capacity / per_part);
+    if (parts < 1) parts = 1;
+    FAST_CHECK(fastCmpBackward(c, dk, dv, io, parts, p->cmp_part_k, p->cmp_part_v,
+                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream),
+               "compressed backward");
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 3);
+
+    /* the reverse index sized for this call; partial slots keep the plan's stride */
+    FastRevIndex rev = p->rev;
+    rev.chunks = (dims->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
+    size_t entries = (size_t)dims->S * c.slots;
+    rev.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
+    FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 4);
+    io.k = (const bf16 *)in->k_sel;
+    io.v = (const bf16 *)in->v_sel;
+    io.nkeys = c.S;
+    io.lse = p->lse[1];
+    io.branch = 1;
+    io.dq_mode = 2;
+    FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, (bf16 *)grads->dk_sel,
+                               (bf16 *)grads->dv_sel, stream),
+               "selected backward");
+    FAST_PHASE(p->ev_bwd, p->n_bwd, 5);
+    return 0;
+}
+
+extern "C" int nsaAttnCudaProfile(NsaAttnCudaPlan *p, int enable, NsaError *err) {
+    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    p->profile = enable != 0;
+    p->n_fwd = p->n_bwd = 0;
+    return 0;
+}
+
+extern "C" int nsaAttnCudaProfileRead(NsaAttnCudaPlan *p, const char **names, float *ms, int max,
+                                      NsaError *err) {
+    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        cudaEvent_t *ev = pass ? p->ev_bwd : p->ev_fwd;
+        int count = pass ? p->n_bwd : p->n_fwd;
+        const char *const *label = pass ? kBwdPhase : kFwdPhase;
+        for (int i = 0; i + 1 < count && n < max; i++, n++) {
+            FAST_CHECK(cudaEventSynchronize(ev[i + 1]), "cudaEventSynchronize");
+            FAST_CHECK(cudaEventElapsedTime(&ms[n], ev[i], ev[i + 1]), "cudaEventElapsedTime");
+            names[n] = label[i];
+        }
+    }
+    return n;
+}

@@ -1,0 +1,36 @@
+/* fast_attn.h - the fast NSA attention op on Hopper/Ampere tensor cores
+ * (kernels/cuda/fast_*.cu): bf16 in and out, fp32 softmax statistics, every
+ * matrix product on mma.sync m16n8k16, O(S) memory, deterministic backward.
+ *
+ * The public C entry points (plan, forward, backward, profile) are declared
+ * in kernels/nsa.h so ctypes callers can reach them; this header adds the
+ * launchers of each kernel for the engine and the tests.
+ *
+ * Kernels, in the order the op runs them:
+ *   forward   pool (k, v)  -> kc, vc               fast_cmp.cu
+ *             compressed attention -> o_cmp, lse_cmp   fast_cmp.cu
+ *             scores + top-n fused -> sel_idx          fast_select.cu
+ *             selected attention, group-centric -> o_sel   fast_sel.cu
+ *             window attention + gate combine -> o_win, out fast_win.cu
+ *   backward  gate backward: dgates, dout.o_c             fast_attn.cu
+ *             window dK/dV, dQ                              fast_win.cu
+ *             compressed dK/dV (split rows, fixed-order sum into the
+ *             pooling backward), dQ                         fast_cmp.cu
+ *             reverse index (counting sort, stable), selected dK/dV per
+ *             selection block, fixed-order chunk reduce, dQ  fast_sel.cu
+ * Limits: (d_k, d_v) in {(64,64), (128,64), (128,128), (192,128)}; heads per
+ * group 1..16; n_sel <= 32. Every limit is checked with a one-line error. */
+#ifndef NSA_FAST_ATTN_H
+#define NSA_FAST_ATTN_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include "../nsa.h"
+
+#define FAST_MAX_SLOTS 32      /* sel_idx entries per row the kernels handle */
+#define FAST_MAX_HPG 16        /* heads per KV group */
+#define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces */
+#define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
+#define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
+
+#endif

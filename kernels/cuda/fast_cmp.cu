@@ -1,0 +1,155 @@
+/* fast_cmp.cu - the compressed branch: avg pooling of the keys and values
+ * into blocks, flash attention over the pooled blocks, and its backward.
+ *
+ * Block i covers tokens [i*d, i*d+l) and is visible at t when i*d+l-1 <= t.
+ * The forward saves only o_cmp and lse_cmp (no S x Nc matrix): the
+ * selection pass and the backward recompute P = exp(s - lse) tile by tile.
+ * dK/dV: key tile i0 is seen by every token from i0*d+l-1 on, so its row
+ * tiles are dealt round-robin to `parts` CTAs (balance: the first key tile
+ * has the longest list); each writes an fp32 partial and the pooling
+ * backward sums the parts in a fixed order - no atomics, reproducible. */
+#include "fast_internal.cuh"
+
+struct CmpPolicy {
+    int cmp_len, cmp_stride, Nc;
+    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
+        kb = 0;
+        ke = t_last < cmp_len - 1 ? 0 : min(Nc, (t_last - cmp_len + 1) / cmp_stride + 1);
+    }
+    __device__ bool visible(int t, int i) const { return i * cmp_stride + cmp_len - 1 <= t; }
+};
+
+/* pooled[b][i][g][c] = (1/l) sum_{j<l} x[b][i*d+j][g][c], fp32 sum. */
+__global__ void cmpPoolKernel(bf16 *pooled, const bf16 *x, int B, int S, int G, int dim, int l,
+                              int d, int Nc) {
+    size_t n = (size_t)B * Nc * G * dim;
+    float inv = 1.f / (float)l;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % dim);
+        size_t rest = idx / dim;
+        int g = (int)(rest % G);
+        rest /= G;
+        int i = (int)(rest % Nc);
+        int b = (int)(rest / Nc);
+        const bf16 *src = x + (((size_t)b * S + (size_t)i * d) * G + g) * dim + c;
+        float acc = 0.f;
+        for (int j = 0; j < l; j++) acc += __bfloat162float(src[(size_t)j * G * dim]);
+        pooled[idx] = __float2bfloat16(acc * inv);
+    }
+}
+
+/* dx[b][t][g][c] = (1/l) sum over blocks i holding t (ascending) of
+ * sum over parts p (ascending) of part[p][b][i][g][c]. */
+__global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, int B, int S, int G,
+                                      int dim, int l, int d, int Nc) {
+    size_t n = (size_t)B * S * G * dim;
+    float inv = 1.f / (float)l;
+    for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        int c = (int)(idx % dim);
+        size_t rest = idx / dim;
+        int g = (int)(rest % G);
+        rest /= G;
+        int t = (int)(rest % S);
+        int b = (int)(rest / S);
+        int ilo = t - l + 1 <= 0 ? 0 : (t - l + 1 + d - 1) / d;
+        int ihi = min(Nc - 1, t / d);
+        float acc = 0.f;
+        for (int i = ilo; i <= ihi; i++)
+            for (int p = 0; p < parts; p++)
+                acc += part[((((size_t)p * B + b) * Nc + i) * G + g) * dim + c];
+        dx[idx] = __float2bfloat16(acc * inv);
+    }
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(FAST_THREADS)
+cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
+    const int bg = blockIdx.z, b = bg / c.G, g = bg % c.G;
+    const int part = blockIdx.y, parts = gridDim.y;
+    const int i0 = blockIdx.x * 64, khi = min(c.Nc, i0 + 64);
+    const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
+    const int tpr = 32 / c.hpg;
+    const int total = (c.S - tb + tpr - 1) / tpr;
+    const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
+    const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
+    fastDkdvCore<DK, DV>(
+        c, io, b, g, i0, khi, ntiles,
+        [=](int it, int slot) {
+            int t = tb + (part + it * parts) * tpr + slot;
+            return t < S ? t : -1;
+        },
+        [=](int t, int i) { return i * d + l - 1 <= t; },
+        [=](int i, bool is_k, int col, float v0, float v1) {
+            size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
+            if (is_k)
+                *(float2 *)(part_k + blk * DK + col) = make_float2(v0, v1);
+            else
+                *(float2 *)(part_v + blk * DV + col) = make_float2(v0, v1);
+        });
+}
+
+cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
+                            cudaStream_t stream) {
+    size_t n = (size_t)c.B * c.Nc * c.G * dim;
+    if (n == 0) return cudaSuccess;
+    unsigned blocks = (unsigned)min((size_t)65535 * 8, (n + 255) / 256);
+    cmpPoolKernel<<<blocks, 256, 0, stream>>>(pooled, x, c.B, c.S, c.G, dim, c.cmp_len,
+                                              c.cmp_stride, c.Nc);
+    return cudaGetLastError();
+}
+
+template <int DK, int DV>
+static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
+    auto kernel = fastFwdKernel<DK, DV, CmpPolicy, false>;
+    const int smem = fastFwdSmem(DK, DV);
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int tpc = 64 / c.hpg;
+    dim3 grid((c.S + tpc - 1) / tpc, c.B * c.G);
+    kernel<<<grid, FAST_THREADS, smem, stream>>>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
+    return cudaGetLastError();
+}
+
+template <int DK, int DV>
+static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts, float *part_k,
+                               float *part_v, bf16 *dk_out, bf16 *dv_out, cudaStream_t stream) {
+    cudaError_t e;
+    if (c.Nc > 0) {
+        auto dkdv = cmpDkdvKernel<DK, DV>;
+        const int smem_kv = fastDkdvSmem(DK, DV);
+        if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
+        dkdv<<<dim3((c.Nc + 63) / 64, parts, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(
+            c, io, part_k, part_v);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    size_t nk = (size_t)c.B * c.S * c.G * DK, nv = (size_t)c.B * c.S * c.G * DV;
+    cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nk + 255) / 256), 256, 0, stream>>>(
+        dk_out, part_k, parts, c.B, c.S, c.G, DK, c.cmp_len, c.cmp_stride, c.Nc);
+    cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nv + 255) / 256), 256, 0, stream>>>(
+        dv_out, part_v, parts, c.B, c.S, c.G, DV, c.cmp_len, c.cmp_stride, c.Nc);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    if (c.Nc == 0) {
+        /* nothing is visible anywhere: dq gets no compressed term */
+        if (io.dq_mode == 1) return cudaSuccess;
+    }
+    auto dq = fastDqKernel<DK, DV, CmpPolicy>;
+    const int smem_q = fastDqSmem(DK, DV);
+    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
+    const int tpc = 64 / c.hpg;
+    dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
+        c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
+    return cudaGetLastError();
+}
+
+cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, cmpForward, c, io, stream);
+}
+
+cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
+                            float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, cmpBackward, c, io, parts, part_k, part_v, dk_out, dv_out, stream);
+}

@@ -1,0 +1,135 @@
+/* fast_common.cuh - the tensor-core building blocks of the fast NSA attention
+ * kernels (kernels/cuda/fast_*.cu): cp.async tile loads into padded shared
+ * memory, ldmatrix fragment loads, mma.sync m16n8k16 bf16 with fp32
+ * accumulators, and the fragment bookkeeping of a flash-attention tile.
+ *
+ * Fragment layout of mma.m16n8k16 (lane = 4*group + quad):
+ *   A 16x16: a0 (row g, cols 2q..2q+1), a1 (row g+8), a2 (row g, cols +8),
+ *            a3 (row g+8, cols +8);  B 16x8: b0 (k 2q..2q+1, col g), b1 (k +8);
+ *   C 16x8:  c0,c1 (row g, cols 2q, 2q+1), c2,c3 (row g+8).
+ * Shared tiles are row-major with rows padded by 8 bf16 (16 bytes), so the
+ * eight row addresses of one ldmatrix land in distinct bank groups.
+ * Internal to the fast kernels. */
+#ifndef NSA_FAST_COMMON_CUH
+#define NSA_FAST_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define FAST_THREADS 128  /* 4 warps: 4 x 16 mma rows */
+#define FAST_LOG2E 1.4426950408889634f
+#define FAST_LN2 0.6931471805599453f
+
+__device__ __forceinline__ uint32_t fastSmemAddr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+/* 16-byte async copy; src == NULL zero-fills the destination (masked rows
+ * must hold finite values: 0 * NaN would poison the P.V product). */
+__device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {
+    uint32_t d = fastSmemAddr(dst);
+    if (src) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    } else {
+        *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    }
+}
+__device__ __forceinline__ void fastCpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void fastCpWait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Loads ROWS rows of D bf16 into dst[ROWS][D + 8]; rowPtr(r) gives the
+ * global row or NULL for a masked row (zero-filled). All threads call it. */
+template <int ROWS, int D, class RowPtr>
+__device__ __forceinline__ void fastLoadTile(bf16 *dst, RowPtr rowPtr) {
+    constexpr int CHUNKS = D / 8, LD = D + 8;
+    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += FAST_THREADS) {
+        int r = c / CHUNKS, k = (c % CHUNKS) * 8;
+        const bf16 *src = rowPtr(r);
+        fastCpAsync16(dst + r * LD + k, src ? src + k : (const bf16 *)0);
+    }
+}
+
+__device__ __forceinline__ void fastLdsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                          const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(fastSmemAddr(p)));
+}
+__device__ __forceinline__ void fastLdsm4T(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,
+                                           const bf16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(fastSmemAddr(p)));
+}
+
+__device__ __forceinline__ void fastMma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t fastPack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&v;
+}
+
+/* A fragment of rows [row0, row0+16), cols [k0, k0+16) of a row-major tile. */
+__device__ __forceinline__ void fastLoadA(uint32_t a[4], const bf16 *tile, int ld, int row0,
+                                          int k0) {
+    int lane = threadIdx.x & 31;
+    fastLdsm4(a[0], a[1], a[2], a[3], tile + (row0 + (lane & 15)) * ld + k0 + (lane >> 4) * 8);
+}
+
+/* B fragments of two n-tiles (n0..n0+15) at k-step k0 when B[k][n] = Y[n][k]
+ * (Y row-major, e.g. keys for Q.K^T): b[0],b[1] for n0, b[2],b[3] for n0+8. */
+__device__ __forceinline__ void fastLoadBRows(uint32_t b[4], const bf16 *tile, int ld, int n0,
+                                              int k0) {
+    int lane = threadIdx.x & 31;
+    fastLdsm4(b[0], b[1], b[2], b[3],
+              tile + (n0 + (lane & 7) + (lane >> 4) * 8) * ld + k0 + ((lane >> 3) & 1) * 8);
+}
+
+/* B fragments of two n-tiles (n0..n0+15) at k-step k0 when B[k][n] = Z[k][n]
+ * (Z row-major, e.g. values for P.V). */
+__device__ __forceinline__ void fastLoadBCols(uint32_t b[4], const bf16 *tile, int ld, int k0,
+                                              int n0) {
+    int lane = threadIdx.x & 31;
+    fastLdsm4T(b[0], b[1], b[2], b[3],
+               tile + (k0 + (lane & 7) + ((lane >> 3) & 1) * 8) * ld + n0 + (lane >> 4) * 8);
+}
+
+/* The A fragment of k-step ks built from C accumulators c[2ks], c[2ks+1]. */
+__device__ __forceinline__ void fastAFromC(uint32_t a[4], const float c0[4], const float c1[4]) {
+    a[0] = fastPack(c0[0], c0[1]);
+    a[1] = fastPack(c0[2], c0[3]);
+    a[2] = fastPack(c1[0], c1[1]);
+    a[3] = fastPack(c1[2], c1[3]);
+}
+
+__device__ __forceinline__ float fastQuadMax(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float fastQuadSum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* Which (token, head) a packed row of a tile is: the heads of one KV group
+ * of `tokens_per_tile` consecutive tokens, token-major. Tiles hold whole
+ * tokens so per-token reductions (the selection scores) stay in one CTA. */
+struct FastRows {
+    int hpg;             /* heads per group */
+    int tokens_per_tile; /* floor(rows / hpg) */
+};
+
+#endif

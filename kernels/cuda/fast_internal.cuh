@@ -1,0 +1,78 @@
+/* fast_internal.cuh - the launchers of the fast attention kernels, shared by
+ * their sources and the op (fast_attn.cu). Each launcher enqueues on stream
+ * and returns the launch status (cudaErrorInvalidValue for a head-dim pair
+ * with no instantiation); it never synchronises or allocates. */
+#ifndef NSA_FAST_INTERNAL_CUH
+#define NSA_FAST_INTERNAL_CUH
+
+#include "fast_tile.cuh"
+
+/* The (d_k, d_v) pairs that are instantiated; every other pair is refused
+ * by the op's dims check before any launch. */
+#define FAST_DISPATCH(dk, dv, fn, ...)                                              \
+    do {                                                                            \
+        if ((dk) == 64 && (dv) == 64) return fn<64, 64>(__VA_ARGS__);               \
+        if ((dk) == 128 && (dv) == 64) return fn<128, 64>(__VA_ARGS__);             \
+        if ((dk) == 128 && (dv) == 128) return fn<128, 128>(__VA_ARGS__);           \
+        if ((dk) == 192 && (dv) == 128) return fn<192, 128>(__VA_ARGS__);           \
+        return cudaErrorInvalidValue;                                               \
+    } while (0)
+
+static inline int fastDimsSupported(int dk, int dv) {
+    return (dk == 64 && dv == 64) || (dk == 128 && dv == 64) || (dk == 128 && dv == 128) ||
+           (dk == 192 && dv == 128);
+}
+
+/* fast_win.cu: o_win, lse_win and (fused) out. */
+cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           cudaStream_t stream);
+/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
+cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
+                            bf16 *dv_out, cudaStream_t stream);
+
+/* fast_cmp.cu */
+cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
+                            cudaStream_t stream);
+/* io.k, io.v are the pooled kc, vc; io.nkeys = Nc. */
+cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           cudaStream_t stream);
+/* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
+ * [parts][B][Nc][G][dk], part_v likewise), then the pooling backward sums
+ * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]); dq per
+ * io.dq_mode. */
+cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
+                            float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream);
+
+/* fast_select.cu: sel_idx [B][S][G][slots] from q, kc and lse_cmp. */
+cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
+                       const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream);
+/* Shared memory the selection kernel needs (for the dims check). */
+int fastSelectSmem(const FastCtx &c, int dk);
+
+/* fast_sel.cu */
+cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           const int32_t *sel_idx, cudaStream_t stream);
+
+/* The reverse index of the selection, per (b, g): for selection block j the
+ * tokens that chose it, ascending (a stable counting sort), and the work
+ * items (chunks of FAST_SEL_CHUNK entries) of the dK/dV pass. */
+struct FastRevIndex {
+    int chunks;       /* ceil(S / FAST_REV_TOKENS) */
+    int max_items;    /* per (b, g): Ns + ceil(S * slots / FAST_SEL_CHUNK) */
+    int max_parts;    /* per (b, g): 2 * ceil(S * slots / FAST_SEL_CHUNK) + 1 */
+    int *offsets;     /* [B*G][Ns][chunks] counts, then exclusive offsets */
+    int *block_start; /* [B*G][Ns+1] */
+    int *item_start;  /* [B*G][Ns+1] */
+    int *part_start;  /* [B*G][Ns+1] */
+    int *entries;     /* [B*G][S*slots] tokens, grouped by block */
+    float *part_k, *part_v; /* [B*G][max_parts][subtiles][64][dk|dv] */
+};
+cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const FastRevIndex &rev,
+                              cudaStream_t stream);
+/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
+cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                            const int32_t *sel_idx, const FastRevIndex &rev, bf16 *dk_out,
+                            bf16 *dv_out, cudaStream_t stream);
+
+#endif

@@ -1,0 +1,532 @@
+/* fast_tile.cuh - the three flash-attention tile loops shared by the window
+ * and the compressed branch (fast_win.cu, fast_cmp.cu) and, for dK/dV, the
+ * selected branch (fast_sel.cu). A branch supplies a policy: which keys a
+ * tile of query tokens may see (keyRange) and the visibility rule
+ * (visible(t, u)). All kernels run 128 threads = 4 warps x 16 mma rows.
+ *
+ * Rows of a query tile are the heads of one KV group of consecutive tokens
+ * (GQA packing: the K/V tile is loaded once for every head of the group).
+ * Scores live in the log2 domain: s2 = scale*log2(e) q.k, so the softmax is
+ * exp2(s2 - m2) and lse = (m2 + log2 l) ln 2. Rows that see nothing get
+ * o = 0, lse = -INFINITY and zero gradients (never NaN). */
+#ifndef NSA_FAST_TILE_CUH
+#define NSA_FAST_TILE_CUH
+
+#include "fast_attn.h"
+#include "fast_common.cuh"
+
+/* Dims every fast kernel needs, resolved once per call on the host. */
+struct FastCtx {
+    int B, S, H, G, hpg;
+    int cmp_len, cmp_stride, sel_len, n_sel, window;
+    int Nc, Ns, slots;
+    float scale, scale_log2;
+};
+
+struct FastFwdIo {
+    const bf16 *q, *k, *v;  /* keys/values [B][nkeys][G][D] */
+    int nkeys;
+    bf16 *o;     /* [B][S][H][DV] */
+    float *lse;  /* [B][S][H] */
+    /* gate-combine epilogue (window branch, runs last):
+     * out = g_cmp o_cmp + g_sel o_sel + g_win o, gates [B][S][H][3] */
+    const bf16 *o_cmp, *o_sel, *gates;
+    bf16 *out;
+};
+
+struct FastBwdIo {
+    const bf16 *q, *k, *v, *dout, *gates;
+    int nkeys;
+    const float *lse;   /* this branch's lse [B][S][H] */
+    const float *dsum;  /* dout.o_c per row and branch [B][S][H][3] (= dgates) */
+    int branch;         /* 0 cmp, 1 sel, 2 win */
+    float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
+    bf16 *dq_out;       /* bf16 dq, written by the last branch (mode 2) */
+    int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq */
+};
+
+constexpr int fastFwdSmem(int dk, int dv) { return (64 * (dk + 8) * 3 + 2 * 64 * (dv + 8)) * 2; }
+constexpr int fastDqSmem(int dk, int dv) { return (3 * 64 * (dk + 8) + 3 * 64 * (dv + 8)) * 2; }
+constexpr int fastDkdvSmem(int dk, int dv) {
+    return (64 * (dk + 8) + 64 * (dv + 8) + 2 * 32 * (dk + 8) + 2 * 32 * (dv + 8)) * 2 +
+           2 * 32 * 4 * 4;
+}
+
+/* Forward of one tile of query rows: o = softmax(scale q.K^T) V over the
+ * keys [kb, ke) of the policy, visible(t, u) masking per row; o and lse out
+ * (and the gate combine when COMBINE). Grid (ceil(S / tokens_per_tile), B*G). */
+template <int DK, int DV, class Policy, bool COMBINE>
+__global__ void __launch_bounds__(FAST_THREADS)
+fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
+    constexpr int LDK = DK + 8, LDV = DV + 8;
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK, *sV = sK + 2 * 64 * LDK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
+    const int tpc = 64 / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    auto rowToken = [&](int r) {
+        int tok = t0 + r / c.hpg;
+        return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
+    };
+    auto rowIndex = [&](int r) -> size_t {
+        return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
+    };
+    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
+        return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
+    });
+    int kb, ke;
+    pol.keyRange(t0, t_last, kb, ke);
+    const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
+    auto loadKV = [&](int it, int st) {
+        const int u0 = kb + it * 64;
+        fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
+        });
+        fastLoadTile<64, DV>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
+        });
+    };
+    if (ntiles > 0) loadKV(0, 0);
+    fastCpCommit();
+
+    const int rA = warp * 16 + grp, rB = rA + 8;
+    const int tok[2] = {rowToken(rA), rowToken(rB)};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+    float o[DV / 8][4];
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    uint32_t qf[DK / 16][4];
+
+    for (int it = 0; it < ntiles; it++) {
+        const int st = it & 1;
+        if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+        fastCpCommit();
+        fastCpWait<1>();
+        __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
+        }
+        const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
+        float s[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; kk++) {
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
+                fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
+                fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            }
+        }
+        const int u0 = kb + it * 64;
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int u = u0 + n * 8 + quad * 2 + (e & 1);
+                int t = tok[e >> 1];
+                bool ok = t >= 0 && u < ke && pol.visible(t, u);
+                float v = ok ? s[n][e] * c.scale_log2 : -INFINITY;
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        }
+        float muse[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mn = fmaxf(m[i], fastQuadMax(mx[i]));
+            muse[i] = mn == -INFINITY ? 0.f : mn;
+            float corr = exp2f(m[i] - muse[i]);
+            m[i] = mn;
+            l[i] *= corr;
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                o[n][2 * i] *= corr;
+                o[n][2 * i + 1] *= corr;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[n][e] - muse[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            uint32_t a[4];
+            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+            for (int dp = 0; dp < DV / 16; dp++) {
+                uint32_t bb[4];
+                fastLoadBCols(bb, v_t, LDV, ks * 16, dp * 16);
+                fastMma(o[2 * dp], a, bb[0], bb[1]);
+                fastMma(o[2 * dp + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    fastCpWait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float lsum = fastQuadSum(l[i]);
+        int r = i ? rB : rA;
+        if (tok[i] < 0) continue;
+        size_t row = rowIndex(r);
+        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+        float gc = 0.f, gs = 0.f, gw = 0.f;
+        if (COMBINE) {
+            gc = __bfloat162float(io.gates[row * 3 + 0]);
+            gs = __bfloat162float(io.gates[row * 3 + 1]);
+            gw = __bfloat162float(io.gates[row * 3 + 2]);
+        }
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) {
+            int col = n * 8 + quad * 2;
+            float o0 = o[n][2 * i] * inv, o1 = o[n][2 * i + 1] * inv;
+            *(uint32_t *)(io.o + row * DV + col) = fastPack(o0, o1);
+            if (COMBINE) {
+                __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + row * DV + col);
+                __nv_bfloat162 os = *(const __nv_bfloat162 *)(io.o_sel + row * DV + col);
+                float y0 = gc * __low2float(oc) + gs * __low2float(os) + gw * o0;
+                float y1 = gc * __high2float(oc) + gs * __high2float(os) + gw * o1;
+                *(uint32_t *)(io.out + row * DV + col) = fastPack(y0, y1);
+            }
+        }
+        if (quad == 0) io.lse[row] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+    }
+}
+
+/* dQ of one tile of query rows, recomputing P from the saved lse:
+ *   dP = dO_c.V^T with dO_c = g_c dout;  dS = P (dP - delta_c), delta_c = g_c dout.o_c;
+ *   dq = scale dS.K, summed into the running dq of the branches (io.dq_mode). */
+template <int DK, int DV, class Policy>
+__global__ void __launch_bounds__(FAST_THREADS)
+fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
+    constexpr int LDK = DK + 8, LDV = DV + 8;
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + 64 * LDK, *sK = sdO + 64 * LDV,
+         *sV = sK + 2 * 64 * LDK;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
+    const int tpc = 64 / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    auto rowToken = [&](int r) {
+        int tok = t0 + r / c.hpg;
+        return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
+    };
+    auto rowIndex = [&](int r) -> size_t {
+        return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
+    };
+    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
+        return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
+    });
+    fastLoadTile<64, DV>(sdO, [&](int r) -> const bf16 * {
+        return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
+    });
+    int kb, ke;
+    pol.keyRange(t0, t_last, kb, ke);
+    const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
+    auto loadKV = [&](int it, int st) {
+        const int u0 = kb + it * 64;
+        fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
+        });
+        fastLoadTile<64, DV>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
+        });
+    };
+    if (ntiles > 0) loadKV(0, 0);
+    fastCpCommit();
+
+    const int rA = warp * 16 + grp, rB = rA + 8;
+    int tok[2];
+    float lse2[2], dsum[2], gate[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = i ? rB : rA;
+        tok[i] = rowToken(r);
+        lse2[i] = 0.f;
+        dsum[i] = 0.f;
+        gate[i] = 0.f;
+        if (tok[i] >= 0) {
+            size_t row = rowIndex(r);
+            float lse = io.lse[row];
+            if (lse == -INFINITY) tok[i] = -1;  /* sees nothing: no gradient */
+            else lse2[i] = lse * FAST_LOG2E;
+            dsum[i] = io.dsum[row * 3 + io.branch];
+            gate[i] = __bfloat162float(io.gates[row * 3 + io.branch]);
+        }
+    }
+    float dq[DK / 8][4];
+#pragma unroll
+    for (int n = 0; n < DK / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+
+    for (int it = 0; it < ntiles; it++) {
+        const int st = it & 1;
+        if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+        fastCpCommit();
+        fastCpWait<1>();
+        __syncthreads();
+        const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
+        float s[8][4], dp[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; kk++) {
+            uint32_t a[4];
+            fastLoadA(a, sQ, LDK, warp * 16, kk * 16);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
+                fastMma(s[2 * np], a, bb[0], bb[1]);
+                fastMma(s[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < DV / 16; kk++) {
+            uint32_t a[4];
+            fastLoadA(a, sdO, LDV, warp * 16, kk * 16);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                uint32_t bb[4];
+                fastLoadBRows(bb, v_t, LDV, np * 16, kk * 16);
+                fastMma(dp[2 * np], a, bb[0], bb[1]);
+                fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        const int u0 = kb + it * 64;
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int u = u0 + n * 8 + quad * 2 + (e & 1);
+                int i = e >> 1, t = tok[i];
+                bool ok = t >= 0 && u < ke && pol.visible(t, u);
+                float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
+                s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) {
+            uint32_t a[4];
+            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+            for (int dd = 0; dd < DK / 16; dd++) {
+                uint32_t bb[4];
+                fastLoadBCols(bb, k_t, LDK, ks * 16, dd * 16);
+                fastMma(dq[2 * dd], a, bb[0], bb[1]);
+                fastMma(dq[2 * dd + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    fastCpWait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = i ? rB : rA;
+        if (rowToken(r) < 0) continue;
+        size_t row = rowIndex(r);
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++) {
+            int col = n * 8 + quad * 2;
+            float v0 = dq[n][2 * i] * c.scale, v1 = dq[n][2 * i + 1] * c.scale;
+            float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
+            if (io.dq_mode == 0) {
+                *acc = make_float2(v0, v1);
+            } else {
+                float2 prev = *acc;
+                if (io.dq_mode == 1)
+                    *acc = make_float2(prev.x + v0, prev.y + v1);
+                else
+                    *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
+            }
+        }
+    }
+}
+
+/* dK, dV of one tile of 64 keys [u0, khi), walking the row tiles of 32
+ * query rows that may see them (rowToken(tile, slot) gives each row tile's
+ * tokens, -1 for none):
+ *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
+ *   dV = sum (g P^T) dout;  dK = scale sum dS^T Q.
+ * A fixed row-tile order per CTA and no atomics: bit-reproducible.
+ * store(u, is_k, col, v0, v1) writes two adjacent results of key u. */
+template <int DK, int DV, class RowToken, class Visible, class Store>
+__device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
+                                             int u0, int khi, int ntiles, RowToken rowToken,
+                                             Visible visible, Store store) {
+    constexpr int LDK = DK + 8, LDV = DV + 8;
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
+         *sdO = sQ + 2 * 32 * LDK;
+    float *sL = (float *)(sdO + 2 * 32 * LDV), *sD = sL + 64, *sG = sD + 64;
+    int *sT = (int *)(sG + 64);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int tpr = 32 / c.hpg;
+
+    fastLoadTile<64, DK>(sK, [&](int r) -> const bf16 * {
+        int u = u0 + r;
+        return u < khi ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
+    });
+    fastLoadTile<64, DV>(sV, [&](int r) -> const bf16 * {
+        int u = u0 + r;
+        return u < khi ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
+    });
+    auto loadRows = [&](int it, int st) {
+        auto rowOf = [&](int r, size_t &row) {
+            if (r >= tpr * c.hpg) return false;
+            int t = rowToken(it, r / c.hpg);
+            if (t < 0) return false;
+            row = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + r % c.hpg;
+            return true;
+        };
+        fastLoadTile<32, DK>(sQ + st * 32 * LDK, [&](int r) -> const bf16 * {
+            size_t row;
+            return rowOf(r, row) ? io.q + row * DK : nullptr;
+        });
+        fastLoadTile<32, DV>(sdO + st * 32 * LDV, [&](int r) -> const bf16 * {
+            size_t row;
+            return rowOf(r, row) ? io.dout + row * DV : nullptr;
+        });
+        if (threadIdx.x < 32) {
+            int r = threadIdx.x;
+            size_t row;
+            int t = -1;
+            float lse2 = 0.f, dsum = 0.f, gate = 0.f;
+            if (rowOf(r, row)) {
+                float lse = io.lse[row];
+                if (lse != -INFINITY) {
+                    t = rowToken(it, r / c.hpg);
+                    lse2 = lse * FAST_LOG2E;
+                    dsum = io.dsum[row * 3 + io.branch];
+                    gate = __bfloat162float(io.gates[row * 3 + io.branch]);
+                }
+            }
+            sT[st * 32 + r] = t;
+            sL[st * 32 + r] = lse2;
+            sD[st * 32 + r] = dsum;
+            sG[st * 32 + r] = gate;
+        }
+    };
+    if (ntiles > 0) loadRows(0, 0);
+    fastCpCommit();
+
+    float dk[DK / 8][4], dv[DV / 8][4];
+#pragma unroll
+    for (int n = 0; n < DK / 8; n++) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
+    const int keyA = warp * 16 + grp;
+
+    for (int it = 0; it < ntiles; it++) {
+        const int st = it & 1;
+        if (it + 1 < ntiles) loadRows(it + 1, st ^ 1);
+        fastCpCommit();
+        fastCpWait<1>();
+        __syncthreads();
+        const bf16 *q_t = sQ + st * 32 * LDK, *do_t = sdO + st * 32 * LDV;
+        const float *l_t = sL + st * 32, *d_t = sD + st * 32, *g_t = sG + st * 32;
+        const int *t_t = sT + st * 32;
+        float s[4][4], dp[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < DK / 16; kk++) {
+            uint32_t a[4];
+            fastLoadA(a, sK, LDK, warp * 16, kk * 16);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t bb[4];
+                fastLoadBRows(bb, q_t, LDK, np * 16, kk * 16);
+                fastMma(s[2 * np], a, bb[0], bb[1]);
+                fastMma(s[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+#pragma unroll
+        for (int kk = 0; kk < DV / 16; kk++) {
+            uint32_t a[4];
+            fastLoadA(a, sV, LDV, warp * 16, kk * 16);
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                uint32_t bb[4];
+                fastLoadBRows(bb, do_t, LDV, np * 16, kk * 16);
+                fastMma(dp[2 * np], a, bb[0], bb[1]);
+                fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        /* s becomes g P^T, dp becomes dS^T */
+#pragma unroll
+        for (int n = 0; n < 4; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int col = n * 8 + quad * 2 + (e & 1);
+                int u = u0 + keyA + (e >> 1) * 8;
+                int t = t_t[col];
+                bool ok = t >= 0 && u < khi && visible(t, u);
+                float p = ok ? exp2f(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
+                float gp = g_t[col] * p;
+                s[n][e] = gp;
+                dp[n][e] = gp * (dp[n][e] - d_t[col]);
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < 2; ks++) {
+            uint32_t a[4];
+            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+            for (int dd = 0; dd < DV / 16; dd++) {
+                uint32_t bb[4];
+                fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
+                fastMma(dv[2 * dd], a, bb[0], bb[1]);
+                fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
+            }
+            fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+            for (int dd = 0; dd < DK / 16; dd++) {
+                uint32_t bb[4];
+                fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
+                fastMma(dk[2 * dd], a, bb[0], bb[1]);
+                fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    fastCpWait<0>();
+
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int u = u0 + keyA + i * 8;
+        if (u >= khi) continue;
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++)
+            store(u, true, n * 8 + quad * 2, dk[n][2 * i] * c.scale, dk[n][2 * i + 1] * c.scale);
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++)
+            store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
+    }
+}
+
+/* Sets a kernel's dynamic shared memory limit (above 48 KB needs opt-in). */
+template <class Kernel>
+static inline cudaError_t fastSetSmem(Kernel kernel, int bytes) {
+    return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+#endif

@@ -1,0 +1,85 @@
+/* fast_win.cu - sliding-window attention, flash style, on tensor cores.
+ *
+ * Query t of head h sees keys [max(0, t-w+1), t] of its group. Forward: one
+ * CTA per tile of 64 packed (token, head) rows of a group streams the key
+ * tiles of [t0-w+1, t_last] (left and causal masks per row) and, as the
+ * last branch of the forward, fuses the gate combine into its epilogue:
+ * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory.
+ * Backward: dK/dV per key tile of 64 over the query rows [u0, u1+w-1]
+ * (deterministic, written once), dQ per query tile (fast_tile.cuh). */
+#include "fast_internal.cuh"
+
+struct WinPolicy {
+    int window;
+    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
+        kb = max(0, t0 - window + 1);
+        ke = t_last + 1;
+    }
+    __device__ bool visible(int t, int u) const { return u <= t && u > t - window; }
+};
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(FAST_THREADS)
+winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
+    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
+    const int u0 = blockIdx.x * 64, khi = min(c.S, u0 + 64);
+    /* the last token that sees key khi-1 is khi-1+w-1 */
+    const int te = (int)min((long long)c.S, (long long)khi - 1 + c.window);
+    const int tpr = 32 / c.hpg;
+    const int ntiles = (te - u0 + tpr - 1) / tpr;
+    const int window = c.window;
+    fastDkdvCore<DK, DV>(
+        c, io, b, g, u0, khi, ntiles,
+        [=](int it, int slot) {
+            int t = u0 + it * tpr + slot;
+            return t < te ? t : -1;
+        },
+        [=](int t, int u) { return u <= t && u > t - window; },
+        [=](int u, bool is_k, int col, float v0, float v1) {
+            size_t key = ((size_t)b * c.S + u) * c.G + g;
+            if (is_k)
+                *(uint32_t *)(dk_out + key * DK + col) = fastPack(v0, v1);
+            else
+                *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
+        });
+}
+
+template <int DK, int DV>
+static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
+    auto kernel = fastFwdKernel<DK, DV, WinPolicy, true>;
+    const int smem = fastFwdSmem(DK, DV);
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int tpc = 64 / c.hpg;
+    dim3 grid((c.S + tpc - 1) / tpc, c.B * c.G);
+    kernel<<<grid, FAST_THREADS, smem, stream>>>(c, io, WinPolicy{c.window});
+    return cudaGetLastError();
+}
+
+template <int DK, int DV>
+static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, bf16 *dv,
+                               cudaStream_t stream) {
+    auto dkdv = winDkdvKernel<DK, DV>;
+    const int smem_kv = fastDkdvSmem(DK, DV);
+    cudaError_t e = fastSetSmem(dkdv, smem_kv);
+    if (e != cudaSuccess) return e;
+    dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    auto dq = fastDqKernel<DK, DV, WinPolicy>;
+    const int smem_q = fastDqSmem(DK, DV);
+    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
+    const int tpc = 64 / c.hpg;
+    dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
+        c, io, WinPolicy{c.window});
+    return cudaGetLastError();
+}
+
+cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, winForward, c, io, stream);
+}
+
+cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
+                            bf16 *dv_out, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, winBackward, c, io, dk_out, dv_out, stream);
+}

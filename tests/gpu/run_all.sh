@@ -1,0 +1,72 @@
+#!/bin/bash
+# run_all.sh - on the GPU machine: build tests/gpu, run every check, the
+# timings and (optionally) the training run; logs under $OUT (or
+# build/gpu-out); prints a short table at the end.
+#
+#   tests/gpu/run_all.sh [tests] [bench] [train STEPS B|auto SECONDS] [long]
+# With no argument: tests and bench. `train 1000 auto 230` picks the batch
+# from the S=2048 bench so that 1000 steps take about 230 s. `long` times
+# S = 8192 and 32768 (after the training run).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT"
+BIN=build/gpu-tests
+want_tests=0; want_bench=0; want_long=0; train_steps=0; train_b=4; train_secs=100000
+[ $# -eq 0 ] && { want_tests=1; want_bench=1; }
+while [ $# -gt 0 ]; do
+    case "$1" in
+        tests) want_tests=1 ;;
+        bench) want_bench=1 ;;
+        train) train_steps=$2; train_b=$3; shift 2
+               [ "$train_b" = auto ] && { train_secs=$2; shift; } ;;
+        long) want_long=1 ;;
+        *) echo "unknown stage $1"; exit 2 ;;
+    esac
+    shift
+done
+summary=()
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/device.txt"
+date -u +"%Y-%m-%d %H:%M UTC" >>"$OUT/device.txt"
+t0=$(date +%s)
+if ! make -C tests/gpu -j16 all >"$OUT/build.log" 2>&1; then
+    grep -E "error|Error" "$OUT/build.log" | head -30
+    echo "BUILD FAILED"; exit 1
+fi
+summary+=("build: ok ($(( $(date +%s) - t0 )) s)")
+if [ $want_tests -eq 1 ]; then
+    $BIN/gpu_tests >"$OUT/tests.log" 2>&1
+    rc=$?
+    grep -E "^not ok|FATAL" "$OUT/tests.log" | head -20
+    sed -n '/^#    test/,$p' "$OUT/tests.log" | tail -60
+    summary+=("tests: $(tail -1 "$OUT/tests.log") (rc $rc)")
+fi
+if [ $want_bench -eq 1 ]; then
+    : >"$OUT/bench.log"
+    for cfg in "2048 1 6" "2048 2 4"; do
+        set -- $cfg
+        timeout 240 $BIN/gpu_bench "$1" "$2" "$3" bf16 >>"$OUT/bench.log" 2>&1 || echo "bench $cfg failed (rc $?)" >>"$OUT/bench.log"
+    done
+    grep -E "^# plan|^BENCH|failed|step|plan:|create:" "$OUT/bench.log"
+    summary+=("bench: $(grep -c '^BENCH' "$OUT/bench.log") configs timed")
+fi
+if [ "$train_steps" -gt 0 ]; then
+    if [ "$train_b" = auto ]; then
+        ms=$(grep '^BENCH S=2048 B=1 ' "$OUT/bench.log" | sed 's/.*ms_step=\([0-9.]*\).*/\1/')
+        train_b=$(python3 -c "print(max(1, min(16, int(0.85 * $train_secs * 1000 / ($train_steps * ${ms:-1000})))))")
+        echo "train: S=2048 step ${ms} ms at B=1 -> B=$train_b"
+    fi
+    $BIN/gpu_train build/data/fortunes.txt "$train_steps" "$train_b" 2048 "$train_secs" >"$OUT/train.log" 2>&1
+    grep -E "^step +(1|25|100|250|500|750|1000) |^val|^TRAIN|^#" "$OUT/train.log"
+    summary+=("train: $(tail -1 "$OUT/train.log")")
+fi
+if [ $want_long -eq 1 ]; then
+    for cfg in "8192 1 3" "32768 1 2"; do
+        set -- $cfg
+        timeout 70 $BIN/gpu_bench "$1" "$2" "$3" bf16 >>"$OUT/bench.log" 2>&1 || echo "bench $cfg failed (rc $?)" >>"$OUT/bench.log"
+    done
+    grep -E "^BENCH S=(8192|32768)|failed" "$OUT/bench.log"
+fi
+echo
+echo "==== summary ($(cat "$OUT/device.txt" | head -1))"
+for s in "${summary[@]}"; do echo "  $s"; done
