@@ -336,12 +336,25 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
     }
     char id[RUN_ID_MAX];
     NsaError err = {""};
-    ServiceStatus st = serviceCreateRun(svc, req->body, req->body_len, name, id, &err);
+    ServiceWarnings *warnings = malloc(sizeof *warnings);
+    if (!warnings) {
+        outOfMemory(res);
+        return;
+    }
+    ServiceStatus st = serviceCreateRun(svc, req->body, req->body_len, name, id, warnings, &err);
     if (st != SVC_OK) {
+        free(warnings);
         answerServiceError(res, st, &err);
         return;
     }
-    respondRun(svc, res, 201, id, 0);
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    cJSON *o = run ? runJson(svc, run, 0) : cJSON_CreateObject();
+    pthread_mutex_unlock(&svc->lock);
+    cJSON *list = cJSON_AddArrayToObject(o, "warnings");
+    for (int i = 0; i < warnings->n; i++) cJSON_AddItemToArray(list, cJSON_CreateString(warnings->text[i]));
+    free(warnings);
+    respondJson(res, 201, o);
     snprintf(res->location, sizeof res->location, API_PREFIX "/runs/%s", id);
 }
 

@@ -258,7 +258,8 @@ static int parseArgs(ServeOptions *o, int argc, char **argv) {
                   {"--allow-host", "allow_hosts"},
                   {"--max-body", "max_body_bytes"},
                   {"--max-connections", "max_connections"},
-                  {"--idle-timeout", "idle_timeout_s"}, {"--stop-timeout", "stop_timeout_s"},
+                  {"--idle-timeout", "idle_timeout_s"},
+                  {"--stop-timeout", "stop_timeout_s"},
                   {"--log-level", "log_level"}};
     /* the config file first, so that flags override it */
     for (int i = 1; i < argc; i++) {
@@ -534,7 +535,8 @@ int cmdServe(int argc, char **argv) {
               o.web_root[0] ? o.web_root : "(none found)");
     char status[PATH_MAX + 500];
     snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
-    if (sdNotify(status) < 0) logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
+    if (sdNotify(status) < 0)
+        logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
 
     int exit_code = 0;
     for (;;) {

@@ -76,7 +76,7 @@ static void markRunning(Service *svc, Run *run) {
     if (run->state == RUN_HUNG) {
         svc->hang_flagged_since = 0;
         run->anomaly[0] = '\0';
-        saveState(run, RUN_RUNNING);
+        saveState(run, svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
         addEvent(run, "recovered", run->step, NULL);
         logNotice("run %s: recovered from the hang, running again", run->id);
     }
@@ -417,7 +417,7 @@ static ServiceStatus busy(Service *svc, NsaError *err) {
 }
 
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
-                               char *id_out, NsaError *err) {
+                               char *id_out, ServiceWarnings *warnings, NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
@@ -426,7 +426,12 @@ ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
-    for (int i = 0; i < cfg->n_warnings; i++) logWarn("new run config: %s", cfg->warnings[i]);
+    if (warnings) warnings->n = 0;
+    for (int i = 0; i < cfg->n_warnings; i++) {
+        logWarn("new run config: %s", cfg->warnings[i]);
+        if (warnings)
+            snprintf(warnings->text[warnings->n++], sizeof warnings->text[0], "%s", cfg->warnings[i]);
+    }
 
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);

@@ -46,6 +46,7 @@ typedef struct Service {
     unsigned job_events;          /* ending events the trainer reported (eventBit) */
     WatchdogConfig deadlines;     /* the active job's phase deadlines */
     int64_t hang_flagged_since;   /* phase_since_ns the watchdog flagged, 0 none */
+    RunState state_before_hang;   /* what a recovered run goes back to (running or halting) */
     char last_dump[RUN_PATH_MAX]; /* the latest hang dump file */
     /* atomics, read without the lock: */
     _Atomic int64_t trainer_tick_ns; /* the idle trainer thread's last loop */
@@ -85,11 +86,18 @@ int serviceShutdown(Service *svc, double timeout_s);
  * or never started. NULL is a no-op. */
 void serviceClose(Service *svc);
 
+/* The config loader's warnings (ignored prototype keys) for a new run. */
+typedef struct ServiceWarnings {
+    int n;
+    char text[CONFIG_MAX_WARNINGS][256];
+} ServiceWarnings;
+
 /* Creates a run from a job config (YAML or JSON text) and hands it to the
  * trainer. name may be NULL. On SVC_OK copies the new id into id_out
- * (RUN_ID_MAX bytes). Otherwise err says why in one line. Takes the lock. */
+ * (RUN_ID_MAX bytes) and the config's warnings into warnings (may be NULL).
+ * Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
-                               char *id_out, NsaError *err);
+                               char *id_out, ServiceWarnings *warnings, NsaError *err);
 
 /* Asks the run to halt (finish the step, checkpoint, stop). Takes the lock. */
 ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);

@@ -37,10 +37,12 @@ static void say(const char *s) {
     (void)w;
 }
 
-/* The pipe the fatal handler formats the trace through: a signal handler
- * can reach nothing else, so this one piece of state is file-wide. Set once
- * by signalsInstallFatal before the handler can run. */
+/* The fatal handler's state: a signal handler can reach nothing else, so
+ * it is file-wide. Set up once by signalsInstallFatal before the handler can
+ * run. The pipe is what the trace is formatted through. */
 static int trace_pipe[2] = {-1, -1};
+/* The stack the handler runs on, so that a stack overflow still reports. */
+static char alt_stack[64 * 1024];
 
 /* Copies what backtrace_symbols_fd wrote into the pipe to stderr, one
  * "<2>  " prefixed line at a time, so journald files every frame as
@@ -88,15 +90,8 @@ int signalsInstallFatal(void) {
     backtrace(warm, 1);
     /* 64 frames of symbols fit in a pipe's buffer many times over */
     if (trace_pipe[0] < 0 && pipe2(trace_pipe, O_CLOEXEC | O_NONBLOCK) != 0) return -1;
-    /* lives as long as the process: never freed */
-    size_t size = 64 * 1024;
-    void *alt_stack = malloc(size);
-    if (!alt_stack) return -1;
-    stack_t ss = {.ss_sp = alt_stack, .ss_size = size};
-    if (sigaltstack(&ss, NULL) != 0) {
-        free(alt_stack);
-        return -1;
-    }
+    stack_t ss = {.ss_sp = alt_stack, .ss_size = sizeof alt_stack};
+    if (sigaltstack(&ss, NULL) != 0) return -1;
     struct sigaction sa = {.sa_handler = onFatal, .sa_flags = SA_RESETHAND | SA_ONSTACK | SA_NODEFER};
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)

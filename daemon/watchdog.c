@@ -90,7 +90,8 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
         if (run && run->state == RUN_HUNG) {
             run->anomaly[0] = '\0';
             NsaError err;
-            if (runsSetState(run, RUN_RUNNING, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+            RunState back = svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING;
+            if (runsSetState(run, back, &err) != 0) logWarn("run %s: %s", run->id, err.message);
             if (runsAddEvent(run, "recovered", run->step, NULL, &err) != 0)
                 logWarn("run %s: %s", run->id, err.message);
             logNotice("run %s: the stuck phase ended; running again", run->id);
@@ -148,6 +149,7 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
         cJSON_Delete(d);
         if (runsAddEvent(run, "hang", step, detail, &err) != 0) logWarn("run %s: %s", id, err.message);
         free(detail);
+        svc->state_before_hang = run->state;
         if (runsSetState(run, RUN_HUNG, &err) != 0) logWarn("run %s: %s", id, err.message);
     }
     atomic_fetch_add(&svc->hangs_total, 1);

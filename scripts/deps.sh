@@ -19,7 +19,16 @@ fortunes-min
 systemd
 "
 
+# The browser test (tests/browser) drives Debian's Chromium with playwright-core
+# from npm; the font gives its screenshots legible text.
+PACKAGES="$PACKAGES chromium fonts-dejavu-core"
+
 missing=""
+# Node.js for the browser test: any node >= 18 will do (playwright-core 1.61
+# needs 18; Debian 12's nodejs is 18.20). A node that is already there (e.g.
+# a newer one from another source, which bundles npm) is kept as it is.
+command -v node >/dev/null 2>&1 || missing="$missing nodejs"
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 for p in $PACKAGES; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
         missing="$missing $p"

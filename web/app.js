@@ -22,10 +22,12 @@
   var HEARTBEAT_STALE_S = 30;
   var MAX_EVENTS_SHOWN = 300;
   var MAX_METRIC_PAGES = 100;  /* per tick, when the API pages a long history */
+  var METRICS_PAGE_ROWS = 10000; /* the API's most rows of a kind per answer */
 
-  var ACTIVE_STATES = { starting: 1, running: 1, halting: 1 };
-  var HALTABLE_STATES = { starting: 1, running: 1 };
-  var RESUMABLE_STATES = { halted: 1, nan_halted: 1, hung: 1, failed: 1 };
+  /* Run states and what they allow, from proto/api.md. */
+  var ACTIVE_STATES = { starting: 1, running: 1, halting: 1, hung: 1 };
+  var HALTABLE_STATES = { starting: 1, running: 1, hung: 1 };
+  var RESUMABLE_STATES = { halted: 1, nan_halted: 1, failed: 1 };
   var STATE_LABELS = {
     idle: 'idle', starting: 'starting', running: 'running', halting: 'halting',
     halted: 'halted', completed: 'completed', failed: 'failed',
@@ -139,6 +141,7 @@
       init.body = JSON.stringify(body);
     }
     return fetch(API + path, init).then(function (res) {
+      noteServerClock(res.headers.get('Date'));
       return res.text().then(function (text) {
         var data = null;
         if (text) {
@@ -155,6 +158,17 @@
     }, function (e) {
       throw new ApiError(0, 'unreachable', 'cannot reach nsad (' + (e && e.message ? e.message : 'network error') + ')');
     });
+  }
+
+  /* The elapsed time of a live run is now minus its start on the daemon's
+   * clock; a browser on another machine may be minutes off. The HTTP Date
+   * header has whole seconds, so a difference under 2 s counts as none. */
+  var serverClockSkew = 0;
+  function noteServerClock(dateHeader) {
+    var t = dateHeader ? Date.parse(dateHeader) : NaN;
+    if (!isNum(t)) return;
+    var skew = (Date.now() - t) / 1000 - 0.5;
+    serverClockSkew = Math.abs(skew) < 2 ? 0 : skew;
   }
 
   /* ---- metric store ---------------------------------------------------------- */
@@ -318,6 +332,17 @@
         value: function (u, v) { return v == null ? '—' : s.fmt(v); }
       });
     });
+    /* Room for the widest tick label (uPlot's fixed default clips "3.00e-4"). */
+    function axisSize(u, values, axisIdx, cycleNum) {
+      var axis = u.axes[axisIdx];
+      if (cycleNum > 1 && axis._size) return axis._size;
+      var widest = 0;
+      u.ctx.font = axis.font[0];
+      (values || []).forEach(function (v) {
+        if (v) widest = Math.max(widest, u.ctx.measureText(v).width);
+      });
+      return Math.ceil(widest / (window.devicePixelRatio || 1)) + axis.gap + axis.ticks.size + 6;
+    }
     function axisValues(fmt) {
       return function (u, splits) { return splits.map(function (v) { return v == null ? '' : fmt(v); }); };
     }
@@ -325,7 +350,7 @@
       { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
         values: time ? undefined : axisValues(function (v) { return fmtSI(v); }) },
       { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
-        size: 58, values: axisValues(spec.axis) }
+        size: axisSize, values: axisValues(spec.axis) }
     ];
     var scales = { x: { time: time } };
     if (spec.zeroBased) {
@@ -337,7 +362,7 @@
     }
     if (spec.rightAxis) {
       axes.push({ scale: spec.rightAxis, side: 1, stroke: axisColor, grid: { show: false },
-                  ticks: { stroke: gridColor, width: 1 }, size: 50, values: axisValues(spec.axis) });
+                  ticks: { stroke: gridColor, width: 1 }, size: axisSize, values: axisValues(spec.axis) });
     }
     var opts = {
       width: chartWidth(fig),
@@ -348,7 +373,8 @@
       legend: { live: true },
       cursor: { sync: { key: 'nsad-' + xmode }, drag: { x: true, y: false } },
       hooks: {
-        setSelect: [function (u) { if (u.select.width > 0) chart.zoomed = true; }]
+        setSelect: [function (u) { if (u.select.width > 0) chart.zoomed = true; }],
+        setCursor: [function (u) { if (u.cursor.idx == null) showLatestInLegend(u); }]
       }
     };
     var chart = { spec: spec, fig: fig, zoomed: false, plot: null, empty: null };
@@ -361,6 +387,13 @@
     fig.appendChild(empty);
     chart.empty = empty;
     return chart;
+  }
+
+  /* With the cursor off the chart the legend shows the newest point, so
+   * each chart doubles as a readout. */
+  function showLatestInLegend(u) {
+    var n = u.data[0].length;
+    if (n > 0) u.setLegend({ idx: n - 1 }, false);
   }
 
   function emptyData(spec) {
@@ -383,7 +416,11 @@
     runId: null,
     status: null,
     store: newStore(),
-    cursor: 0,
+    cursor: 0,            /* metrics: the API's `next` */
+    generation: null,     /* metrics: the series generation last seen */
+    events: [],
+    eventsNext: 0,        /* events: the API's `next` seq */
+    eventsDue: true,      /* fetch events on the next tick, whatever its number */
     gen: 0,               /* bumps on run switch; answers for an older run are dropped */
     tick: 0,
     timer: null,
@@ -392,7 +429,6 @@
     chartsFor: null,      /* run id the chart objects hold data of */
     xmode: localStorage.getItem(XMODE_KEY) === 'time' ? 'time' : 'step',
     smoothing: 0.6,
-    eventsKey: '',
     configKey: '',
     busy: false,          /* a halt/resume request is in flight */
     lastOk: 0
@@ -403,11 +439,25 @@
     if (isNum(v) && v >= 0 && v <= 0.99) S.smoothing = v;
   })();
 
-  function showError(msg) {
+  /* The banner has two sources: polling (cleared by the next good poll)
+   * and the Halt/Resume buttons (kept until the next button press, so that
+   * a refused action stays readable). */
+  var bannerSource = '';
+  function showError(msg, source) {
+    source = source || 'poll';
     var b = $('error-banner');
-    if (!msg) { b.hidden = true; b.textContent = ''; return; }
+    if (!msg) {
+      if (bannerSource && bannerSource !== source) return;
+      b.hidden = true;
+      b.textContent = '';
+      bannerSource = '';
+      return;
+    }
+    if (bannerSource === 'action' && source === 'poll') return;
     b.textContent = msg;
     b.hidden = false;
+    b.dataset.source = source;
+    bannerSource = source;
   }
 
   function setConn(ok, text) {
@@ -436,6 +486,7 @@
     S.charts.forEach(function (c) {
       var data = chartData(c.spec, S.store, S.xmode);
       c.plot.setData(data, !c.zoomed);
+      if (c.plot.cursor.idx == null) showLatestInLegend(c.plot);
       var hasPoint = data[1].some(function (v) { return v !== null; }) ||
                      (data[2] && data[2].some(function (v) { return v !== null; }));
       c.empty.hidden = hasPoint;
@@ -453,7 +504,11 @@
     S.status = null;
     S.store = newStore();
     S.cursor = 0;
-    S.eventsKey = '';
+    S.generation = null;
+    S.events = [];
+    S.eventsNext = 0;
+    S.eventsDue = true;
+    $('events-empty').hidden = false;
     S.configKey = '';
     $('events').textContent = '';
     $('config').textContent = '';
@@ -490,6 +545,11 @@
     return best ? best.id : null;
   }
 
+  /* "name (id)" when the run was given a name, else the id. */
+  function runLabel(r) {
+    return r.name && r.name !== r.id ? r.name + ' (' + r.id + ')' : String(r.id);
+  }
+
   function renderPicker() {
     var sel = $('run-select');
     var runs = S.runs.slice().sort(function (a, b) { return (b.started_at || 0) - (a.started_at || 0); });
@@ -499,7 +559,7 @@
       runs.forEach(function (r) {
         var o = document.createElement('option');
         o.value = r.id;
-        o.textContent = r.id + ' — ' + (STATE_LABELS[r.state] || r.state);
+        o.textContent = runLabel(r) + ' — ' + (STATE_LABELS[r.state] || r.state);
         sel.appendChild(o);
       });
       sel.dataset.key = key;
@@ -518,7 +578,7 @@
       var wanted = S.runId;
       if (!wanted) wanted = new URL(location.href).searchParams.get('run');
       var known = runs.some(function (r) { return r.id === wanted; });
-      if (!known) wanted = defaultRun(runs);
+      if (!known) wanted = typeof data.active === 'string' && data.active ? data.active : defaultRun(runs);
       renderPicker();
       if (wanted !== S.runId) selectRun(wanted, false);
       renderPicker();
@@ -532,7 +592,8 @@
 
   function renderStatus(st) {
     var state = String(st.state || 'idle');
-    setText('run-id', st.id || S.runId || '—');
+    setText('run-id', st.id ? runLabel(st) : S.runId || '—');
+    $('run-id').title = st.out_dir ? 'output: ' + st.out_dir : '';
     var badge = $('run-state');
     badge.dataset.state = state;
     setText('run-state', STATE_LABELS[state] || state);
@@ -549,24 +610,23 @@
     setText('stat-val', fmtFixed(st.val_loss, 4));
     setText('stat-tps', fmtSI(st.toks_per_s));
     setText('stat-eta', ACTIVE_STATES[state] ? fmtDuration(st.eta_s) : '—');
-    setText('stat-elapsed', fmtDuration(st.elapsed_s));
+    setText('stat-elapsed', fmtDuration(elapsedSeconds(st)));
     setText('stat-lr', fmtLr(st.lr));
     setText('stat-gn', fmtSig(st.grad_norm));
     setText('stat-mem', fmtBytes(st.mem_bytes));
     var hb = $('stat-hb');
-    hb.textContent = isNum(st.heartbeat_age_s) ? fmtDuration(st.heartbeat_age_s) + ' ago' : '—';
+    hb.textContent = isNum(st.heartbeat_age_s)
+      ? (st.heartbeat_age_s < 1 ? 'now' : fmtDuration(st.heartbeat_age_s) + ' ago') : '—';
+    hb.title = st.phase ? 'phase: ' + st.phase + (isNum(st.phase_age_s) ? ' for ' + fmtDuration(st.phase_age_s) : '') : '';
     hb.classList.toggle('stale', !!ACTIVE_STATES[state] && isNum(st.heartbeat_age_s) &&
                         st.heartbeat_age_s > HEARTBEAT_STALE_S);
 
-    var anomaly = st.anomaly;
+    var problems = [];
+    if (st.anomaly) problems.push('Anomaly: ' + (typeof st.anomaly === 'string' ? st.anomaly : JSON.stringify(st.anomaly)));
+    if (st.error) problems.push('Error: ' + String(st.error));
     var an = $('anomaly');
-    if (anomaly && anomaly !== 'none') {
-      var text = typeof anomaly === 'string' ? anomaly : JSON.stringify(anomaly);
-      setText('anomaly', 'Anomaly: ' + text);
-      an.hidden = false;
-    } else {
-      an.hidden = true;
-    }
+    setText('anomaly', problems.join('  ·  '));
+    an.hidden = problems.length === 0;
 
     $('halt-btn').disabled = S.busy || !HALTABLE_STATES[state];
     $('resume-btn').disabled = S.busy || !RESUMABLE_STATES[state];
@@ -576,12 +636,31 @@
     renderConfig(st.config);
   }
 
+  /* Seconds the run has been going: to its end, or to now while active.
+   * Uses the daemon's clock for both ends where it can. */
+  function elapsedSeconds(st) {
+    if (isNum(st.elapsed_s)) return st.elapsed_s;
+    if (!isNum(st.started_at)) return null;
+    if (isNum(st.ended_at)) return st.ended_at - st.started_at;
+    if (!ACTIVE_STATES[st.state]) return null;
+    return Date.now() / 1000 - serverClockSkew - st.started_at;
+  }
+
+  /* The API sends the resolved config as YAML text; an object (older
+   * daemons, other tools) is drawn as one table per section. */
   function renderConfig(cfg) {
-    var key = cfg ? JSON.stringify(cfg) : '';
+    var key = cfg == null ? '' : typeof cfg === 'string' ? cfg : JSON.stringify(cfg);
     if (key === S.configKey) return;
     S.configKey = key;
     var box = $('config');
     box.textContent = '';
+    box.classList.toggle('config-text', typeof cfg === 'string');
+    if (typeof cfg === 'string' && cfg) {
+      var pre = document.createElement('pre');
+      pre.textContent = cfg;
+      box.appendChild(pre);
+      return;
+    }
     if (!cfg || typeof cfg !== 'object') {
       box.textContent = 'The daemon did not report a config for this run.';
       return;
@@ -626,7 +705,7 @@
       var before = S.status && S.status.state;
       S.status = st;
       renderStatus(st);
-      if (before && before !== st.state) S.eventsKey = 'stale';
+      if (before && before !== st.state) S.eventsDue = true;
     });
   }
 
@@ -637,6 +716,17 @@
     function page() {
       return api('GET', '/runs/' + encodeURIComponent(id) + '/metrics?since=' + S.cursor).then(function (m) {
         if (gen !== S.gen) return;
+        var generation = isNum(m.generation) ? m.generation : 0;
+        if (S.generation !== null && generation !== S.generation) {
+          /* points already drawn were replaced (resume redid steps, NaN
+           * rollback): start the series over */
+          S.generation = generation;
+          S.store = newStore();
+          S.cursor = 0;
+          added = true;
+          return page();
+        }
+        S.generation = generation;
         var train = Array.isArray(m.train) ? m.train : [];
         var val = Array.isArray(m.val) ? m.val : [];
         if (train.length) appendTrain(S.store, train, S.smoothing);
@@ -646,7 +736,8 @@
         var moved = next !== S.cursor;
         S.cursor = next;
         pages++;
-        if (m.more && moved && pages < MAX_METRIC_PAGES) return page();
+        var full = train.length >= METRICS_PAGE_ROWS || val.length >= METRICS_PAGE_ROWS;
+        if (full && moved && pages < MAX_METRIC_PAGES) return page();
       });
     }
     return page().then(function () {
@@ -657,46 +748,68 @@
     });
   }
 
-  function eventDetailText(detail) {
-    if (detail == null) return '';
-    if (typeof detail === 'string') return detail;
-    if (typeof detail !== 'object') return String(detail);
-    return Object.keys(detail).map(function (k) {
-      var v = detail[k];
-      return k + '=' + (v !== null && typeof v === 'object' ? JSON.stringify(v) : String(v));
-    }).join('  ');
+  /* One event detail value, short: file paths by their last component
+   * (the full detail is in the row's tooltip), fractions to 4 digits. */
+  function detailValue(v) {
+    if (v !== null && typeof v === 'object') return JSON.stringify(v);
+    if (typeof v === 'number') return Number.isInteger(v) ? String(v) : fmtSig(v);
+    var text = String(v);
+    if (/^\/[^\s]*\/[^\s/]+\/?$/.test(text)) text = '…/' + text.replace(/\/$/, '').split('/').pop();
+    return text;
   }
 
+  function eventDetailText(detail) {
+    if (detail == null) return '';
+    if (typeof detail !== 'object') return detailValue(detail);
+    return Object.keys(detail).map(function (k) { return k + '=' + detailValue(detail[k]); }).join('  ');
+  }
+
+  function eventItem(ev) {
+    var li = document.createElement('li');
+    var time = document.createElement('time');
+    if (isNum(ev.ts)) time.dateTime = new Date(ev.ts * 1000).toISOString();
+    time.textContent = fmtClock(ev.ts);
+    var type = document.createElement('span');
+    type.className = 'ev-type';
+    type.dataset.type = String(ev.type || '');
+    type.textContent = String(ev.type || 'event').replace(/_/g, ' ');
+    var detail = document.createElement('span');
+    detail.className = 'ev-detail';
+    var shownDetail = ev.detail;
+    if (shownDetail && typeof shownDetail === 'object' && shownDetail.step === ev.step) {
+      /* the trainer repeats the step in the detail; it is already shown */
+      shownDetail = Object.assign({}, shownDetail);
+      delete shownDetail.step;
+    }
+    var text = eventDetailText(shownDetail);
+    detail.textContent = (isNum(ev.step) ? 'step ' + ev.step + (text ? '  ' : '') : '') + text;
+    if (ev.detail && typeof ev.detail === 'object' && Object.keys(ev.detail).length) li.title = JSON.stringify(ev.detail);
+    li.appendChild(time);
+    li.appendChild(type);
+    li.appendChild(detail);
+    return li;
+  }
+
+  /* Fetches the events after the last one seen and puts them on top of the
+   * list (newest first). */
   function refreshEvents() {
     var gen = S.gen, id = S.runId;
-    return api('GET', '/runs/' + encodeURIComponent(id) + '/events').then(function (data) {
+    S.eventsDue = false;
+    return api('GET', '/runs/' + encodeURIComponent(id) + '/events?since=' + S.eventsNext).then(function (data) {
       if (gen !== S.gen) return;
       var events = Array.isArray(data.events) ? data.events : [];
-      var last = events.length ? events[events.length - 1] : null;
-      var key = events.length + ':' + (last ? last.ts + last.type : '');
-      if (key === S.eventsKey) return;
-      S.eventsKey = key;
+      var lastSeq = S.events.length ? S.events[S.events.length - 1].seq : -Infinity;
+      var fresh = events.filter(function (ev) { return ev && !(isNum(ev.seq) && ev.seq <= lastSeq); });
+      if (isNum(data.next)) S.eventsNext = data.next;
+      if (!fresh.length) return;
       var list = $('events');
-      list.textContent = '';
-      var shown = events.slice(-MAX_EVENTS_SHOWN).reverse();
-      shown.forEach(function (ev) {
-        var li = document.createElement('li');
-        var time = document.createElement('time');
-        if (isNum(ev.ts)) time.dateTime = new Date(ev.ts * 1000).toISOString();
-        time.textContent = fmtClock(ev.ts);
-        var type = document.createElement('span');
-        type.className = 'ev-type';
-        type.dataset.type = String(ev.type || '');
-        type.textContent = String(ev.type || 'event');
-        var detail = document.createElement('span');
-        detail.className = 'ev-detail';
-        detail.textContent = eventDetailText(ev.detail);
-        li.appendChild(time);
-        li.appendChild(type);
-        li.appendChild(detail);
-        list.appendChild(li);
+      fresh.forEach(function (ev) {
+        S.events.push(ev);
+        list.insertBefore(eventItem(ev), list.firstChild);
       });
-      $('events-empty').hidden = events.length > 0;
+      while (list.children.length > MAX_EVENTS_SHOWN) list.removeChild(list.lastChild);
+      if (S.events.length > MAX_EVENTS_SHOWN) S.events.splice(0, S.events.length - MAX_EVENTS_SHOWN);
+      $('events-empty').hidden = true;
     });
   }
 
@@ -725,7 +838,7 @@
     chain = chain.then(function () {
       if (!S.runId) return;
       return refreshStatus().then(refreshMetrics).then(function () {
-        if (tick % EVENTS_EVERY_TICKS === 0 || S.eventsKey === '' || S.eventsKey === 'stale') return refreshEvents();
+        if (tick % EVENTS_EVERY_TICKS === 0 || S.eventsDue) return refreshEvents();
       });
     });
     chain.then(function () {
@@ -743,7 +856,8 @@
       /* a bug in this page, not an API answer: say so rather than hide it */
       setConn(false, 'error');
       showError('Dashboard error: ' + (e && e.message ? e.message : String(e)));
-      throw e;
+      if (window.console) console.error(e);  /* keeps the stack; polling goes on */
+      return;
     }
     if (e.status === 401) { askForToken(); return; }
     if (e.status === 404 && S.runId) {
@@ -778,12 +892,12 @@
     S.busy = true;
     $('halt-btn').disabled = true;
     $('resume-btn').disabled = true;
+    showError('', 'action');
     api('POST', '/runs/' + encodeURIComponent(id) + '/' + action, {}).then(function () {
-      showError('');
-      S.eventsKey = 'stale';
+      S.eventsDue = true;
     }, function (e) {
       if (e instanceof ApiError && e.status === 401) { askForToken(); return; }
-      showError((action === 'halt' ? 'Halt' : 'Resume') + ' failed: ' + (e && e.message ? e.message : String(e)));
+      showError((action === 'halt' ? 'Halt' : 'Resume') + ' failed: ' + (e && e.message ? e.message : String(e)), 'action');
     }).then(function () {
       S.busy = false;
       if (S.status) renderStatus(S.status);

@@ -1,10 +1,13 @@
 /* attn_cuda.h - the NSA attention ops of the CUDA engine (kernels/cuda/attn_*.cu).
  *
- * Correct and O(S) in memory, not yet fast: a warp per (token, head) row
- * streams over the keys it may see with an online softmax in fp32; the
- * key/value gradients are gathered key-centric (a warp per key walks the
- * queries that see it), so there are no float atomics and every result is
- * bit-reproducible. A later, tensor-core implementation replaces these
+ * Correct and O(S) in memory, not yet fast (CUDA cores, fp32; the step
+ * time measured on an H200 is far above the GEMM floor and these kernels
+ * are the likely cause, not yet profiled; see docs/PERF.md): a warp per
+ * (token, head) row streams over the keys it may see, 32 at a time staged
+ * through shared memory, with an online softmax in fp32; the key/value
+ * gradients are gathered key-centric (a warp per key walks the queries that
+ * see it), so there are no float atomics and every result is
+ * bit-reproducible. The tensor-core kernels of the next issue replace these
  * behind the same signatures.
  *
  * Shapes are those of kernels/nsa.h and kernels/cpu/attn_decl.h, device
@@ -47,7 +50,7 @@ int attnCmpBackward(float *dq, int dq_accumulate, float *dkc, float *dvc, const 
                     NsaError *err);
 
 /* ---- selection (attn_select.cu) ---- */
-/* scores_scratch: unused today (scores live in shared memory); may be NULL. */
+/* Scores live in shared memory (O(S/l') per row); nothing S x S exists. */
 int attnSelectBlocks(int32_t *sel_idx, const float *q, const float *kc, const float *lse_cmp,
                      const NsaAttnDims *dims, cudaStream_t stream, NsaError *err);
 

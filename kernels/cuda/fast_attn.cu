@@ -12,7 +12,7 @@
 #include <string.h>
 #include "fast_internal.cuh"
 
-#define FAST_PHASES 6
+#define FAST_MAX_MARKS 24
 
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
@@ -25,14 +25,12 @@ struct NsaAttnCudaPlan {
     int32_t *sel;
     FastRevIndex rev;
     int profile;
-    cudaEvent_t ev_fwd[FAST_PHASES + 1], ev_bwd[FAST_PHASES + 1];
-    int n_fwd, n_bwd;
+    /* profiling: [0] forward, [1] backward marks of the last call */
+    cudaEvent_t ev[2][FAST_MAX_MARKS];
+    const char *mark_name[2][FAST_MAX_MARKS];
+    int n_marks[2];
+    FastMarks marks[2];
 };
-
-static const char *const kFwdPhase[] = {"fwd.pool", "fwd.cmp", "fwd.select", "fwd.sel",
-                                         "fwd.win+gate"};
-static const char *const kBwdPhase[] = {"bwd.gate", "bwd.win", "bwd.cmp", "bwd.sel_index",
-                                         "bwd.sel"};
 
 static int fastFail(NsaError *err, const char *fmt, ...) {
     if (err) {
@@ -172,9 +170,9 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         return NULL;
     }
     fastCarve(p, max_dims, (char *)p->base);
-    for (int i = 0; i <= FAST_PHASES; i++) {
-        if (cudaEventCreate(&p->ev_fwd[i]) != cudaSuccess ||
-            cudaEventCreate(&p->ev_bwd[i]) != cudaSuccess) {
+    for (int i = 0; i < FAST_MAX_MARKS; i++) {
+        if (cudaEventCreate(&p->ev[0][i]) != cudaSuccess ||
+            cudaEventCreate(&p->ev[1][i]) != cudaSuccess) {
             fastFail(err, "nsa fast attention: cudaEventCreate failed");
             nsaAttnCudaPlanFree(p);
             return NULL;
@@ -185,9 +183,9 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
 
 extern "C" void nsaAttnCudaPlanFree(NsaAttnCudaPlan *p) {
     if (!p) return;
-    for (int i = 0; i <= FAST_PHASES; i++) {
-        if (p->ev_fwd[i]) cudaEventDestroy(p->ev_fwd[i]);
-        if (p->ev_bwd[i]) cudaEventDestroy(p->ev_bwd[i]);
+    for (int i = 0; i < FAST_MAX_MARKS; i++) {
+        if (p->ev[0][i]) cudaEventDestroy(p->ev[0][i]);
+        if (p->ev[1][i]) cudaEventDestroy(p->ev[1][i]);
     }
     cudaFree(p->base);
     free(p);
@@ -214,13 +212,20 @@ static int fastCheckCall(const NsaAttnCudaPlan *p, const NsaAttnDims *d, NsaErro
     return 0;
 }
 
-#define FAST_PHASE(events, n, i)                                                            \
-    do {                                                                                    \
-        if (p->profile) {                                                                   \
-            FAST_CHECK(cudaEventRecord((events)[i], stream), "cudaEventRecord");            \
-            n = (i) + 1;                                                                    \
-        }                                                                                   \
-    } while (0)
+/* The marks of pass (0 forward, 1 backward) when profiling, else NULL. */
+static const FastMarks *fastPassMarks(NsaAttnCudaPlan *p, int pass, cudaStream_t stream) {
+    if (!p->profile) return NULL;
+    p->n_marks[pass] = 0;
+    FastMarks *m = &p->marks[pass];
+    m->events = p->ev[pass];
+    m->names = p->mark_name[pass];
+    m->count = &p->n_marks[pass];
+    m->max = FAST_MAX_MARKS;
+    m->stream = stream;
+    return m;
+}
+
+#define FAST_MARK(name) FAST_CHECK(fastMark(marks, (name)), "cudaEventRecord")
 
 extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                                   const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,
@@ -234,10 +239,11 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     const FastCtx c = fastMakeCtx(dims);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 0);
+    const FastMarks *marks = fastPassMarks(p, 0, stream);
+    FAST_MARK("fwd.pool");
     FAST_CHECK(fastPoolForward(p->kc, (const bf16 *)in->k_cmp, c, dk, stream), "pool k_cmp");
     FAST_CHECK(fastPoolForward(p->vc, (const bf16 *)in->v_cmp, c, dv, stream), "pool v_cmp");
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 1);
+    FAST_MARK("fwd.cmp");
     FastFwdIo io = {};
     io.q = q;
     io.k = p->kc;
@@ -246,16 +252,16 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.o = p->o[0];
     io.lse = p->lse[0];
     FAST_CHECK(fastCmpForward(c, dk, dv, io, stream), "compressed forward");
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 2);
+    FAST_MARK("fwd.select");
     FAST_CHECK(fastSelect(c, dk, q, p->kc, p->lse[0], p->sel, stream), "selection");
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 3);
+    FAST_MARK("fwd.sel");
     io.k = (const bf16 *)in->k_sel;
     io.v = (const bf16 *)in->v_sel;
     io.nkeys = c.S;
     io.o = p->o[1];
     io.lse = p->lse[1];
     FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 4);
+    FAST_MARK("fwd.win+gate");
     io.k = (const bf16 *)in->k_win;
     io.v = (const bf16 *)in->v_win;
     io.o = p->o[2];
@@ -265,7 +271,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.gates = (const bf16 *)in->gates;
     io.out = (bf16 *)out;
     FAST_CHECK(fastWinForward(c, dk, dv, io, stream), "window forward");
-    FAST_PHASE(p->ev_fwd, p->n_fwd, 5);
+    FAST_MARK("end");
     const size_t T = (size_t)dims->B * dims->S;
     if (sel_idx)
         FAST_CHECK(cudaMemcpyAsync(sel_idx, p->sel, T * dims->G * c.slots * sizeof(int32_t),
@@ -325,14 +331,14 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 0);
+    const FastMarks *marks = fastPassMarks(p, 1, stream);
+    FAST_MARK("bwd.gate");
     unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
     if (blocks > 65535u * 8u) blocks = 65535u * 8u;
     fastGateBackwardKernel<<<blocks, 256, 0, stream>>>(p->dsum, (bf16 *)grads->dgates,
                                                        (const bf16 *)dout, p->o[0], p->o[1],
                                                        p->o[2], rows, dv);
     FAST_CHECK(cudaGetLastError(), "gate backward");
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 1);
 
     FastBwdIo io = {};
     io.q = (const bf16 *)in->q;
@@ -348,9 +354,9 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.lse = p->lse[2];
     io.branch = 2;
     io.dq_mode = 0;
-    FAST_CHECK(fastWinBackward(c, dk, dv, io, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win, stream),
+    FAST_CHECK(fastWinBackward(c, dk, dv, io, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win, stream,
+                               marks),
                "window backward");
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 2);
 
     io.k = p->kc;
     io.v = p->vc;
@@ -364,9 +370,9 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         parts = (int)(p->cmp_part_capacity / per_part);
     if (parts < 1) parts = 1;
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, parts, p->cmp_part_k, p->cmp_part_v,
-                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream),
+                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 3);
+    FAST_MARK("bwd.sel.index");
 
     /* the reverse index sized for this call; partial slots keep the plan's stride */
     FastRevIndex rev = p->rev;
@@ -374,7 +380,6 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     size_t entries = (size_t)dims->S * c.slots;
     rev.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
     FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 4);
     io.k = (const bf16 *)in->k_sel;
     io.v = (const bf16 *)in->v_sel;
     io.nkeys = c.S;
@@ -382,16 +387,16 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.branch = 1;
     io.dq_mode = 2;
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, (bf16 *)grads->dk_sel,
-                               (bf16 *)grads->dv_sel, stream),
+                               (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
-    FAST_PHASE(p->ev_bwd, p->n_bwd, 5);
+    FAST_MARK("end");
     return 0;
 }
 
 extern "C" int nsaAttnCudaProfile(NsaAttnCudaPlan *p, int enable, NsaError *err) {
     if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
     p->profile = enable != 0;
-    p->n_fwd = p->n_bwd = 0;
+    p->n_marks[0] = p->n_marks[1] = 0;
     return 0;
 }
 
@@ -400,13 +405,11 @@ extern "C" int nsaAttnCudaProfileRead(NsaAttnCudaPlan *p, const char **names, fl
     if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
     int n = 0;
     for (int pass = 0; pass < 2; pass++) {
-        cudaEvent_t *ev = pass ? p->ev_bwd : p->ev_fwd;
-        int count = pass ? p->n_bwd : p->n_fwd;
-        const char *const *label = pass ? kBwdPhase : kFwdPhase;
-        for (int i = 0; i + 1 < count && n < max; i++, n++) {
-            FAST_CHECK(cudaEventSynchronize(ev[i + 1]), "cudaEventSynchronize");
-            FAST_CHECK(cudaEventElapsedTime(&ms[n], ev[i], ev[i + 1]), "cudaEventElapsedTime");
-            names[n] = label[i];
+        for (int i = 0; i + 1 < p->n_marks[pass] && n < max; i++, n++) {
+            FAST_CHECK(cudaEventSynchronize(p->ev[pass][i + 1]), "cudaEventSynchronize");
+            FAST_CHECK(cudaEventElapsedTime(&ms[n], p->ev[pass][i], p->ev[pass][i + 1]),
+                       "cudaEventElapsedTime");
+            names[n] = p->mark_name[pass][i];
         }
     }
     return n;

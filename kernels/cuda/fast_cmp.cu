@@ -70,7 +70,7 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     const int part = blockIdx.y, parts = gridDim.y;
     const int i0 = blockIdx.x * 64, khi = min(c.Nc, i0 + 64);
     const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
-    const int tpr = 32 / c.hpg;
+    const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int total = (c.S - tb + tpr - 1) / tpr;
     const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
     const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
@@ -114,8 +114,10 @@ static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_
 
 template <int DK, int DV>
 static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts, float *part_k,
-                               float *part_v, bf16 *dk_out, bf16 *dv_out, cudaStream_t stream) {
+                               float *part_v, bf16 *dk_out, bf16 *dv_out, cudaStream_t stream,
+                               const FastMarks *marks) {
     cudaError_t e;
+    if ((e = fastMark(marks, "bwd.cmp.dkdv")) != cudaSuccess) return e;
     if (c.Nc > 0) {
         auto dkdv = cmpDkdvKernel<DK, DV>;
         const int smem_kv = fastDkdvSmem(DK, DV);
@@ -124,6 +126,7 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
             c, io, part_k, part_v);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
+    if ((e = fastMark(marks, "bwd.cmp.pool")) != cudaSuccess) return e;
     size_t nk = (size_t)c.B * c.S * c.G * DK, nv = (size_t)c.B * c.S * c.G * DV;
     cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nk + 255) / 256), 256, 0, stream>>>(
         dk_out, part_k, parts, c.B, c.S, c.G, DK, c.cmp_len, c.cmp_stride, c.Nc);
@@ -137,6 +140,7 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
     auto dq = fastDqKernel<DK, DV, CmpPolicy>;
     const int smem_q = fastDqSmem(DK, DV);
     if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
+    if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
     const int tpc = 64 / c.hpg;
     dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
         c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
@@ -150,6 +154,7 @@ cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
 
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
-                            cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, cmpBackward, c, io, parts, part_k, part_v, dk_out, dv_out, stream);
+                            cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, cmpBackward, c, io, parts, part_k, part_v, dk_out, dv_out, stream,
+                  marks);
 }

@@ -45,15 +45,19 @@ __device__ __forceinline__ void fastCpWait() {
 }
 
 /* Loads ROWS rows of D bf16 into dst[ROWS][D + 8]; rowPtr(r) gives the
- * global row or NULL for a masked row (zero-filled). All threads call it. */
+ * global row or NULL for a masked row (zero-filled). All threads call it.
+ * FAST_THREADS / ROWS threads share a row, so each thread forms its row's
+ * address once (gathers such as the selected keys cost a division each). */
 template <int ROWS, int D, class RowPtr>
 __device__ __forceinline__ void fastLoadTile(bf16 *dst, RowPtr rowPtr) {
-    constexpr int CHUNKS = D / 8, LD = D + 8;
-    for (int c = threadIdx.x; c < ROWS * CHUNKS; c += FAST_THREADS) {
-        int r = c / CHUNKS, k = (c % CHUNKS) * 8;
-        const bf16 *src = rowPtr(r);
-        fastCpAsync16(dst + r * LD + k, src ? src + k : (const bf16 *)0);
-    }
+    static_assert(FAST_THREADS % ROWS == 0, "rows must divide the CTA");
+    constexpr int CHUNKS = D / 8, LD = D + 8, TPR = FAST_THREADS / ROWS;
+    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const bf16 *src = rowPtr(r);
+    bf16 *row = dst + r * LD;
+#pragma unroll
+    for (int k = part; k < CHUNKS; k += TPR)
+        fastCpAsync16(row + k * 8, src ? src + k * 8 : (const bf16 *)0);
 }
 
 __device__ __forceinline__ void fastLdsm4(uint32_t &r0, uint32_t &r1, uint32_t &r2, uint32_t &r3,

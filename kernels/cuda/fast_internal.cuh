@@ -23,12 +23,29 @@ static inline int fastDimsSupported(int dk, int dv) {
            (dk == 192 && dv == 128);
 }
 
+/* Optional per-kernel timing for benchmarks: a mark records an event on
+ * the stream; the time up to the next mark is charged to its name. NULL
+ * marks (profiling off) cost nothing. */
+struct FastMarks {
+    cudaEvent_t *events;
+    const char **names;
+    int *count;
+    int max;
+    cudaStream_t stream;
+};
+static inline cudaError_t fastMark(const FastMarks *m, const char *name) {
+    if (!m || *m->count >= m->max) return cudaSuccess;
+    cudaError_t e = cudaEventRecord(m->events[*m->count], m->stream);
+    if (e == cudaSuccess) m->names[(*m->count)++] = name;
+    return e;
+}
+
 /* fast_win.cu: o_win, lse_win and (fused) out. */
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream);
+                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 
 /* fast_cmp.cu */
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
@@ -42,7 +59,7 @@ cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
  * io.dq_mode. */
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
-                            cudaStream_t stream);
+                            cudaStream_t stream, const FastMarks *marks);
 
 /* fast_select.cu: sel_idx [B][S][G][slots] from q, kc and lse_cmp. */
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
@@ -73,6 +90,6 @@ cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const Fa
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream);
+                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 
 #endif

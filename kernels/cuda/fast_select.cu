@@ -17,11 +17,12 @@
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
 
+/* Shared memory of one CTA: Q, two key stages, the P tile, P summed over
+ * the heads of each token, and per token its score ring and top-K. */
 int fastSelectSmem(const FastCtx &c, int dk) {
-    return 3 * 64 * (dk + 8) * 2                 /* Q + 2 key stages */
-           + 64 * SEL_P_LD * 4                   /* P tile */
-           + 64 * FAST_SCORE_RING * 4            /* score rings */
-           + 64 * FAST_MAX_SLOTS * 8;            /* top-K score + index */
+    const int tpc = 64 / c.hpg;
+    return 3 * 64 * (dk + 8) * 2 + 64 * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
+           tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8;
 }
 
 /* The first and last compressed block overlapping selection block j. */
@@ -37,13 +38,14 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     constexpr int LDK = DK + 8;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK;
+    const int hpg = c.hpg, tpc = 64 / hpg, t0 = blockIdx.x * tpc;
     float *sP = (float *)(sK + 2 * 64 * LDK);
-    float *sRing = sP + 64 * SEL_P_LD;
-    float *sTopS = sRing + 64 * FAST_SCORE_RING;
-    int *sTopJ = (int *)(sTopS + 64 * FAST_MAX_SLOTS);
+    float *sPt = sP + 64 * SEL_P_LD; /* [tpc][SEL_P_LD]: P summed over the token's heads */
+    float *sRing = sPt + tpc * SEL_P_LD;
+    float *sTopS = sRing + tpc * FAST_SCORE_RING;
+    int *sTopJ = (int *)(sTopS + tpc * FAST_MAX_SLOTS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
-    const int hpg = c.hpg, tpc = 64 / hpg, t0 = blockIdx.x * tpc;
     const int t_last = min(c.S, t0 + tpc) - 1;
     const int l = c.cmp_len, d = c.cmp_stride, l_sel = c.sel_len;
     auto rowToken = [&](int r) {
@@ -147,6 +149,13 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             }
         }
         __syncthreads();
+        for (int idx = tid; idx < tpc * 64; idx += FAST_THREADS) {
+            int tk = idx >> 6, col = idx & 63;
+            float acc = 0.f;
+            for (int h = 0; h < hpg; h++) acc += sP[(tk * hpg + h) * SEL_P_LD + col];
+            sPt[tk * SEL_P_LD + col] = acc;
+        }
+        __syncthreads();
         /* fold the tile into the open selection blocks of each token */
         const int jlo = (i0 * d) / l_sel;
         const int jhi = min(c.Ns - 1, ((i0 + 63) * d + l - 1) / l_sel);
@@ -159,9 +168,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             float acc = 0.f;
             for (int i = ilo; i <= ihi; i++) {
                 int lo = max(i * d, j * l_sel), hi = min(i * d + l, (j + 1) * l_sel);
-                float ph = 0.f;
-                for (int h = 0; h < hpg; h++) ph += sP[(tk * hpg + h) * SEL_P_LD + (i - i0)];
-                acc += (float)(hi - lo) / (float)l * ph;
+                acc += (float)(hi - lo) / (float)l * sPt[tk * SEL_P_LD + (i - i0)];
             }
             sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
         }

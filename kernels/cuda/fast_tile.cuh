@@ -47,9 +47,13 @@ struct FastBwdIo {
 
 constexpr int fastFwdSmem(int dk, int dv) { return (64 * (dk + 8) * 3 + 2 * 64 * (dv + 8)) * 2; }
 constexpr int fastDqSmem(int dk, int dv) { return (3 * 64 * (dk + 8) + 3 * 64 * (dv + 8)) * 2; }
+/* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
+ * per barrier (registers hold a 16 x 32 score tile per warp). */
+#define FAST_DKDV_ROWS 64
 constexpr int fastDkdvSmem(int dk, int dv) {
-    return (64 * (dk + 8) + 64 * (dv + 8) + 2 * 32 * (dk + 8) + 2 * 32 * (dv + 8)) * 2 +
-           2 * 32 * 4 * 4;
+    return (64 * (dk + 8) + 64 * (dv + 8) + 2 * FAST_DKDV_ROWS * (dk + 8) +
+            2 * FAST_DKDV_ROWS * (dv + 8)) * 2 +
+           2 * FAST_DKDV_ROWS * 4 * 4;
 }
 
 /* Forward of one tile of query rows: o = softmax(scale q.K^T) V over the
@@ -359,9 +363,9 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     }
 }
 
-/* dK, dV of one tile of 64 keys [u0, khi), walking the row tiles of 32
- * query rows that may see them (rowToken(tile, slot) gives each row tile's
- * tokens, -1 for none):
+/* dK, dV of one tile of 64 keys [u0, khi), walking the row tiles of
+ * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them
+ * (rowToken(tile, slot) gives each row tile's tokens, -1 for none):
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
  *   dV = sum (g P^T) dout;  dK = scale sum dS^T Q.
  * A fixed row-tile order per CTA and no atomics: bit-reproducible.
@@ -372,12 +376,13 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                                              Visible visible, Store store) {
     constexpr int LDK = DK + 8, LDV = DV + 8;
     extern __shared__ __align__(16) unsigned char fast_smem[];
+    constexpr int R = FAST_DKDV_ROWS;
     bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
-         *sdO = sQ + 2 * 32 * LDK;
-    float *sL = (float *)(sdO + 2 * 32 * LDV), *sD = sL + 64, *sG = sD + 64;
-    int *sT = (int *)(sG + 64);
+         *sdO = sQ + 2 * R * LDK;
+    float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R;
+    int *sT = (int *)(sG + 2 * R);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
-    const int tpr = 32 / c.hpg;
+    const int tpr = R / c.hpg;
 
     fastLoadTile<64, DK>(sK, [&](int r) -> const bf16 * {
         int u = u0 + r;
@@ -395,15 +400,15 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             row = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + r % c.hpg;
             return true;
         };
-        fastLoadTile<32, DK>(sQ + st * 32 * LDK, [&](int r) -> const bf16 * {
+        fastLoadTile<R, DK>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(r, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTile<32, DV>(sdO + st * 32 * LDV, [&](int r) -> const bf16 * {
+        fastLoadTile<R, DV>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(r, row) ? io.dout + row * DV : nullptr;
         });
-        if (threadIdx.x < 32) {
+        if (threadIdx.x < R) {
             int r = threadIdx.x;
             size_t row;
             int t = -1;
@@ -417,10 +422,10 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                     gate = __bfloat162float(io.gates[row * 3 + io.branch]);
                 }
             }
-            sT[st * 32 + r] = t;
-            sL[st * 32 + r] = lse2;
-            sD[st * 32 + r] = dsum;
-            sG[st * 32 + r] = gate;
+            sT[st * R + r] = t;
+            sL[st * R + r] = lse2;
+            sD[st * R + r] = dsum;
+            sG[st * R + r] = gate;
         }
     };
     if (ntiles > 0) loadRows(0, 0);
@@ -439,9 +444,12 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         fastCpCommit();
         fastCpWait<1>();
         __syncthreads();
-        const bf16 *q_t = sQ + st * 32 * LDK, *do_t = sdO + st * 32 * LDV;
-        const float *l_t = sL + st * 32, *d_t = sD + st * 32, *g_t = sG + st * 32;
-        const int *t_t = sT + st * 32;
+#pragma unroll 1
+        for (int half = 0; half < R / 32; half++) {
+        const bf16 *q_t = sQ + (st * R + half * 32) * LDK, *do_t = sdO + (st * R + half * 32) * LDV;
+        const float *l_t = sL + st * R + half * 32, *d_t = sD + st * R + half * 32,
+                    *g_t = sG + st * R + half * 32;
+        const int *t_t = sT + st * R + half * 32;
         float s[4][4], dp[4][4];
 #pragma unroll
         for (int n = 0; n < 4; n++)
@@ -506,6 +514,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
             }
         }
+        } /* half */
         __syncthreads();
     }
     fastCpWait<0>();

@@ -25,7 +25,7 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
     const int u0 = blockIdx.x * 64, khi = min(c.S, u0 + 64);
     /* the last token that sees key khi-1 is khi-1+w-1 */
     const int te = (int)min((long long)c.S, (long long)khi - 1 + c.window);
-    const int tpr = 32 / c.hpg;
+    const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int ntiles = (te - u0 + tpr - 1) / tpr;
     const int window = c.window;
     fastDkdvCore<DK, DV>(
@@ -58,16 +58,18 @@ static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_
 
 template <int DK, int DV>
 static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, bf16 *dv,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, const FastMarks *marks) {
     auto dkdv = winDkdvKernel<DK, DV>;
     const int smem_kv = fastDkdvSmem(DK, DV);
     cudaError_t e = fastSetSmem(dkdv, smem_kv);
     if (e != cudaSuccess) return e;
+    if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     auto dq = fastDqKernel<DK, DV, WinPolicy>;
     const int smem_q = fastDqSmem(DK, DV);
     if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
+    if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
     const int tpc = 64 / c.hpg;
     dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
         c, io, WinPolicy{c.window});
@@ -80,6 +82,6 @@ cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
 }
 
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, winBackward, c, io, dk_out, dv_out, stream);
+                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, winBackward, c, io, dk_out, dv_out, stream, marks);
 }

@@ -4,9 +4,11 @@
 # build/gpu-out); prints a short table at the end.
 #
 #   tests/gpu/run_all.sh [tests] [bench] [train STEPS B|auto SECONDS] [long]
-# With no argument: tests and bench. `train 1000 auto 230` picks the batch
-# from the S=2048 bench so that 1000 steps take about 230 s. `long` times
-# S = 8192 and 32768 (after the training run).
+# With no argument: tests and bench. `train 1000 1 500` trains the
+# production config at B=1, S=2048 for at most 500 s of this call, resuming
+# from and saving to build/gpu-train.state (kept on a warm machine between
+# calls; delete it to start over); `auto` picks B from the S=2048 bench so
+# that the steps fit in SECONDS. `long` times S = 8192 and 32768.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-build/gpu-out}
@@ -18,8 +20,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         tests) want_tests=1 ;;
         bench) want_bench=1 ;;
-        train) train_steps=$2; train_b=$3; shift 2
-               [ "$train_b" = auto ] && { train_secs=$2; shift; } ;;
+        train) train_steps=$2; train_b=$3; train_secs=$4; shift 3 ;;
         long) want_long=1 ;;
         *) echo "unknown stage $1"; exit 2 ;;
     esac
@@ -56,7 +57,8 @@ if [ "$train_steps" -gt 0 ]; then
         train_b=$(python3 -c "print(max(1, min(16, int(0.85 * $train_secs * 1000 / ($train_steps * ${ms:-1000})))))")
         echo "train: S=2048 step ${ms} ms at B=1 -> B=$train_b"
     fi
-    $BIN/gpu_train build/data/fortunes.txt "$train_steps" "$train_b" 2048 "$train_secs" >"$OUT/train.log" 2>&1
+    $BIN/gpu_train build/data/fortunes.txt "$train_steps" "$train_b" 2048 "$train_secs" \
+        build/gpu-train.state >"$OUT/train.log" 2>&1
     grep -E "^step +(1|25|100|250|500|750|1000) |^val|^TRAIN|^#" "$OUT/train.log"
     summary+=("train: $(tail -1 "$OUT/train.log")")
 fi

@@ -111,8 +111,11 @@ static double relErr(const std::vector<float> &got, const std::vector<float> &re
         num += d * d;
         den += (double)ref[i] * ref[i];
     }
-    if (den == 0) return num == 0 ? 0 : INFINITY;
-    return sqrt(num / den);
+    /* A gradient that is exactly zero in exact arithmetic (one visible key:
+     * p = 1, dS = p (dp - delta) = 0) comes back as rounding noise; below an
+     * RMS of 1e-3 per element the error is measured against that floor. */
+    double floor2 = 1e-6 * (double)ref.size();
+    return sqrt(num / (den > floor2 ? den : floor2));
 }
 
 struct Case {

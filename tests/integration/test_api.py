@@ -32,6 +32,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # NSAD_BIN runs the suite against another build (a sanitizer build, say)
 NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
 HTTP_TIMEOUT = 15
+# NSAD_TEST_DEVICE=cuda runs the same scenarios on the CUDA engine (meant for
+# the GPU machine; not yet run there)
+RUNTIME = ({"device": "cuda", "precision": "bf16"} if os.environ.get("NSAD_TEST_DEVICE") == "cuda"
+           else {"device": "cpu", "precision": "fp32", "threads": 1})
 MAX_CONNECTIONS = 6
 MAX_BODY = 64 * 1024
 
@@ -123,7 +127,7 @@ def json_config(steps, **sections):
         "nsa": {"l": 8, "d": 4, "l_sel": 16, "n_sel": 4, "w": 32},
         "train": {"steps": steps, "seq_len": 64, "batch_size": 2, "log_every": 1, "eval_every": 0,
                   "save_every": 0, "warmup_steps": 2, "lr": 1e-3},
-        "runtime": {"device": "cpu", "precision": "fp32", "threads": 1},
+        "runtime": RUNTIME,
         "data": {"source": "synthetic"},
     }
     for name, values in sections.items():
@@ -395,6 +399,7 @@ def test_lifecycle(d):
                   content_type="application/json")
     ok = check("POST /api/v1/runs (JSON over TCP): 201 with Location and state starting",
                r.status == 201 and r.json and r.json.get("state") in ("starting", "running")
+               and r.json.get("warnings") == []
                and r.headers.get("Location") == f"/api/v1/runs/{r.json.get('id')}"
                and r.json.get("name") == "life", r)
     if not ok:
@@ -539,10 +544,14 @@ def test_concurrent_clients(d, run_id):
 
 
 def test_nan_fault(d):
-    cfg = json_config(40, fault={"nan_at_step": 5, "nan_kind": "loss"}, nan={"policy": "halt"})
+    # runtime.use_flash_attn: a prototype key that loads with a warning
+    cfg = json_config(40, fault={"nan_at_step": 5, "nan_kind": "loss"}, nan={"policy": "halt"},
+                      runtime={"use_flash_attn": True})
     r = d.api("POST", "/api/v1/runs", cfg, content_type="application/json")
     if not check("POST a run with a NaN fault at step 5", r.status == 201, r):
         return
+    check("the answer lists the config's warnings (an ignored prototype key)",
+          any("use_flash_attn" in w for w in r.json.get("warnings", [])), r.json.get("warnings"))
     run_id = r.json["id"]
     run = d.wait_state(run_id, ("nan_halted", "completed", "failed", "halted"), 60)
     check("NaN fault: the run ends nan_halted with the anomaly in its status",

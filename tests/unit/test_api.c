@@ -349,6 +349,46 @@ static void watchdogFlagsAnOverrunAndARecovery(void **state) {
     assert_string_equal(run->events[run->n_events - 1].type, "recovered");
 }
 
+/* A run halted before or while it hangs stays halting when the phase ends. */
+static void hangDuringHaltKeepsHalting(void **state) {
+    Fixture *f = *state;
+    Service *svc = f->svc;
+    ApiResponse res;
+    cJSON *j = call(svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    pthread_mutex_lock(&svc->lock);
+    svc->pending = SERVICE_PENDING_NONE;
+    svc->deadlines.checkpoint = 1.0;
+    Run *run = runsFind(svc->runs, id);
+    pthread_mutex_unlock(&svc->lock);
+    NsaError err;
+    assert_int_equal(serviceHaltRun(svc, id, &err), SVC_OK);
+    assert_int_equal(run->state, RUN_HALTING);
+    trainMonitorEnter(&svc->mon, PHASE_CHECKPOINT);
+    int64_t since = atomic_load(&svc->mon.phase_since_ns);
+    assert_int_equal(watchdogCheck(svc, since + 1500000000LL, NULL, 0), 1);
+    assert_int_equal(run->state, RUN_HUNG);
+    assert_int_equal(serviceHaltRun(svc, id, &err), SVC_OK); /* halting a hung run is allowed */
+    assert_int_equal(run->state, RUN_HALTING);
+    trainMonitorEnter(&svc->mon, PHASE_IDLE);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    assert_int_equal(run->state, RUN_HALTING);
+    assert_int_equal(svc->hang_flagged_since, 0);
+
+    /* a halting run that hangs goes back to halting when the phase ends */
+    trainMonitorEnter(&svc->mon, PHASE_CHECKPOINT);
+    since = atomic_load(&svc->mon.phase_since_ns);
+    assert_int_equal(watchdogCheck(svc, since + 1500000000LL, NULL, 0), 1);
+    assert_int_equal(run->state, RUN_HUNG);
+    trainMonitorEnter(&svc->mon, PHASE_DATA);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    assert_int_equal(run->state, RUN_HALTING);
+}
+
 /* Every sample line belongs to a family announced by HELP and TYPE. */
 static void prometheusExposition(void **state) {
     Fixture *f = *state;
@@ -412,6 +452,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(metricsSeriesAndSince, setUp, tearDown),
         cmocka_unit_test_setup_teardown(interruptedRunIsPickedUp, setUp, tearDown),
         cmocka_unit_test_setup_teardown(watchdogFlagsAnOverrunAndARecovery, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(hangDuringHaltKeepsHalting, setUp, tearDown),
         cmocka_unit_test_setup_teardown(prometheusExposition, setUp, tearDown),
         cmocka_unit_test(loopbackAddresses),
     };

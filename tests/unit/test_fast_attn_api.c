@@ -1,0 +1,140 @@
+/* test_fast_attn_api.c - the host-side contract of the fast CUDA attention
+ * op (kernels/cuda/fast_*.cu) that a machine without a GPU can check: every
+ * unsupported shape is refused before any device work with one line naming
+ * the field, its value and what is allowed; NULL plans and inputs are
+ * refused; a plan on a machine without a usable GPU fails cleanly. The
+ * numerical checks against the CPU reference need a GPU and live in
+ * tests/gpu/test_fast_attn.cu (make -C bench fast-test). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#include "nsa.h"
+
+#ifdef NSA_HAVE_CUDA
+
+static NsaAttnDims protoDims(void) {
+    NsaAttnDims d = {1, 256, 12, 2, 64, 64, 32, 16, 64, 16, 512};
+    return d;
+}
+
+/* Plan creation must fail on d and the message must contain every needle. */
+static void expectRefused(NsaAttnDims d, const char *needle1, const char *needle2) {
+    NsaError err;
+    memset(&err, 0, sizeof(err));
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    if (plan) nsaAttnCudaPlanFree(plan);
+    assert_null(plan);
+    print_message("# refused: %s\n", err.message);
+    assert_non_null(strstr(err.message, needle1));
+    if (needle2) assert_non_null(strstr(err.message, needle2));
+}
+
+static void test_refuses_unbuilt_head_dims(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    d.d_k = 96;
+    expectRefused(d, "(d_k, d_v) = (96, 64)", "allowed");
+    d = protoDims();
+    d.d_k = 64;
+    d.d_v = 128;
+    expectRefused(d, "(d_k, d_v) = (64, 128)", "(192, 128)");
+}
+
+static void test_refuses_too_many_heads_per_group(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    d.H = 64;
+    d.G = 2; /* 32 heads per group */
+    expectRefused(d, "H/G = 32", "1 to 16");
+}
+
+static void test_refuses_large_n_sel(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    d.n_sel = 33;
+    expectRefused(d, "n_sel = 33", "1 to 32");
+}
+
+static void test_refuses_invalid_dims(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    d.G = 5; /* does not divide H = 12 */
+    expectRefused(d, "G = 5", "divisor");
+    d = protoDims();
+    d.cmp_len = 128;
+    d.cmp_stride = 1;
+    d.sel_len = 1; /* 64 compressed blocks of 128 tokens span 192 selection blocks */
+    expectRefused(d, "spans 192 selection blocks", "fewer than 128");
+}
+
+static void test_refuses_null(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    NsaAttnDeviceInputs in;
+    memset(&in, 0, sizeof(in));
+    NsaError err;
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(nsaAttnForwardCuda(NULL, &d, &in, NULL, NULL, NULL, NULL, &err), -1);
+    assert_non_null(strstr(err.message, "plan is NULL"));
+    assert_int_equal(nsaAttnBackwardCuda(NULL, &d, &in, NULL, NULL, NULL, &err), -1);
+    assert_non_null(strstr(err.message, "plan is NULL"));
+    assert_int_equal(nsaAttnCudaPlanBytes(NULL), 0);
+    nsaAttnCudaPlanFree(NULL); /* a no-op */
+}
+
+/* With a GPU the plan is made and freed; without one it fails with a
+ * message, never a crash. Either way no silent success with a NULL plan. */
+static void test_plan_on_this_machine(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    NsaError err;
+    memset(&err, 0, sizeof(err));
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    if (plan) {
+        assert_true(nsaAttnCudaPlanBytes(plan) > 0);
+        NsaAttnDeviceInputs in;
+        memset(&in, 0, sizeof(in));
+        assert_int_equal(nsaAttnForwardCuda(plan, &d, &in, NULL, NULL, NULL, NULL, &err), -1);
+        assert_non_null(strstr(err.message, "NULL"));
+        d.S = 512; /* larger than planned */
+        in.q = in.k_cmp = in.v_cmp = in.k_sel = in.v_sel = in.k_win = in.v_win = in.gates = &d;
+        assert_int_equal(nsaAttnForwardCuda(plan, &d, &in, &d, NULL, NULL, NULL, &err), -1);
+        assert_non_null(strstr(err.message, "exceed the plan"));
+        nsaAttnCudaPlanFree(plan);
+    } else {
+        print_message("# no plan on this machine: %s\n", err.message);
+        assert_true(err.message[0] != '\0');
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refuses_unbuilt_head_dims),
+        cmocka_unit_test(test_refuses_too_many_heads_per_group),
+        cmocka_unit_test(test_refuses_large_n_sel),
+        cmocka_unit_test(test_refuses_invalid_dims),
+        cmocka_unit_test(test_refuses_null),
+        cmocka_unit_test(test_plan_on_this_machine),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#else /* built without CUDA: the fast op is not in libnsa */
+
+static void test_built_without_cuda(void **state) {
+    (void)state;
+    skip();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_built_without_cuda)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
+
+#endif
