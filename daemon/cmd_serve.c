@@ -455,6 +455,10 @@ int cmdServe(int argc, char **argv) {
         return EXIT_CONFIG;
     }
     int unix_sock = strcmp(o.socket, "none") != 0;
+    if (!tcp && !unix_sock) {
+        logError("--listen none and --socket none: nsad needs at least one listener");
+        return EXIT_CONFIG;
+    }
     if (unix_sock && !o.socket[0] && defaultSocket(o.socket, sizeof o.socket) != 0) {
         logError("cannot create the runtime directory for the Unix socket: %s (give --socket PATH or "
                  "--socket none)",

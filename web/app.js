@@ -15,10 +15,10 @@
   var XMODE_KEY = 'nsad.xmode';
 
   var POLL_ACTIVE_MS = 1000;   /* a run that moves */
-  var POLL_IDLE_MS = 4000;     /* a finished or halted run (it may be resumed) */
+  var POLL_IDLE_MS = 2500;     /* a finished or halted run (it may be resumed) */
   var POLL_HIDDEN_MS = 10000;  /* the tab is in the background */
-  var RUNS_EVERY_TICKS = 5;    /* the run list changes rarely */
-  var EVENTS_EVERY_TICKS = 3;
+  var RUNS_EVERY_MS = 5000;    /* the run list changes rarely */
+  var EVENTS_EVERY_MS = 3000;
   var HEARTBEAT_STALE_S = 30;
   var MAX_EVENTS_SHOWN = 300;
   var MAX_METRIC_PAGES = 100;  /* per tick, when the API pages a long history */
@@ -70,7 +70,7 @@
     var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
     var i = 0;
     while (Math.abs(v) >= 1024 && i < units.length - 1) { v /= 1024; i++; }
-    return (i === 0 ? String(Math.round(v)) : v.toFixed(v >= 100 ? 0 : 1)) + ' ' + units[i];
+    return (i === 0 ? String(Math.round(v)) : String(+v.toFixed(v >= 100 ? 0 : 1))) + ' ' + units[i];
   }
 
   function fmtDuration(s) {
@@ -282,7 +282,7 @@
   var CHART_SPECS = [
     { id: 'chart-loss', part: 'train', empty: 'waiting for the first logged step…',
       series: [
-        { label: 'loss', col: 'loss', color: '--series-1', alpha: 0.3, width: 1, fmt: function (v) { return fmtFixed(v, 4); } },
+        { label: 'loss', col: 'loss', color: '--series-1', alpha: 0.4, width: 1, fmt: function (v) { return fmtFixed(v, 4); } },
         { label: 'smoothed', col: 'ema', color: '--series-1', width: 2, fmt: function (v) { return fmtFixed(v, 4); } }
       ], axis: function (v) { return fmtSig(v); } },
     { id: 'chart-val', part: 'val', empty: 'no evaluation yet',
@@ -301,8 +301,23 @@
       axis: fmtSig, zeroBased: true },
     { id: 'chart-mem', part: 'train', empty: 'waiting for data…',
       series: [{ label: 'memory', col: 'mem_bytes', color: '--series-6', width: 2, fill: true, fmt: fmtBytes }],
-      axis: fmtBytes, zeroBased: true }
+      axis: fmtBytes, zeroBased: true, incrs: binaryIncrements() }
   ];
+
+  /* Tick steps for the step axis: whole steps only (1, 2, 5, 10, 20...). */
+  var STEP_INCREMENTS = (function () {
+    var out = [];
+    for (var p = 1; p <= 1e12; p *= 10) out.push(p, 2 * p, 5 * p);
+    return out;
+  })();
+
+  /* Tick steps for byte axes: powers of two, so ticks land on 64 MiB,
+   * 1 GiB... instead of 47.7 MiB. */
+  function binaryIncrements() {
+    var out = [];
+    for (var e = 0; e <= 50; e++) out.push(Math.pow(2, e));
+    return out;
+  }
 
   function chartHeight() { return window.innerWidth < 560 ? 170 : 210; }
 
@@ -348,9 +363,10 @@
     }
     var axes = [
       { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
-        values: time ? undefined : axisValues(function (v) { return fmtSI(v); }) },
+        values: time ? undefined : axisValues(function (v) { return fmtSI(v); }),
+        incrs: time ? undefined : STEP_INCREMENTS },
       { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
-        size: axisSize, values: axisValues(spec.axis) }
+        size: axisSize, values: axisValues(spec.axis), incrs: spec.incrs }
     ];
     var scales = { x: { time: time } };
     if (spec.zeroBased) {
@@ -414,24 +430,24 @@
   var S = {
     runs: [],
     runId: null,
+    pinned: false,        /* the user chose this run (picker or ?run=): do not follow the active one */
     status: null,
     store: newStore(),
     cursor: 0,            /* metrics: the API's `next` */
     generation: null,     /* metrics: the series generation last seen */
     events: [],
     eventsNext: 0,        /* events: the API's `next` seq */
-    eventsDue: true,      /* fetch events on the next tick, whatever its number */
+    eventsDue: true,      /* fetch events on the next poll, however recent the last */
+    eventsAt: 0,          /* Date.now() of the last events and run-list fetches */
+    runsAt: 0,
     gen: 0,               /* bumps on run switch; answers for an older run are dropped */
-    tick: 0,
     timer: null,
     needToken: false,
     charts: [],
-    chartsFor: null,      /* run id the chart objects hold data of */
     xmode: localStorage.getItem(XMODE_KEY) === 'time' ? 'time' : 'step',
     smoothing: 0.6,
     configKey: '',
-    busy: false,          /* a halt/resume request is in flight */
-    lastOk: 0
+    busy: false           /* a halt/resume request is in flight */
   };
 
   (function loadSmoothing() {
@@ -478,7 +494,6 @@
     destroyCharts();
     if ($('charts-card').hidden) return;
     S.charts = CHART_SPECS.map(function (spec) { return buildChart(spec, S.xmode); });
-    S.chartsFor = S.runId;
     refreshCharts();
   }
 
@@ -534,16 +549,18 @@
   }
 
   /* The run to show when the user has not picked one: a live run first,
-   * else the most recently started. */
+   * else the most recently created. */
   function defaultRun(runs) {
     var live = runs.filter(function (r) { return ACTIVE_STATES[r.state]; });
     var pool = live.length ? live : runs;
     var best = null;
     pool.forEach(function (r) {
-      if (!best || (r.started_at || 0) > (best.started_at || 0)) best = r;
+      if (!best || runCreated(r) > runCreated(best)) best = r;
     });
     return best ? best.id : null;
   }
+
+  function runCreated(r) { return r.created_at || r.started_at || 0; }
 
   /* "name (id)" when the run was given a name, else the id. */
   function runLabel(r) {
@@ -552,7 +569,7 @@
 
   function renderPicker() {
     var sel = $('run-select');
-    var runs = S.runs.slice().sort(function (a, b) { return (b.started_at || 0) - (a.started_at || 0); });
+    var runs = S.runs.slice().sort(function (a, b) { return runCreated(b) - runCreated(a); });
     var key = JSON.stringify(runs.map(function (r) { return [r.id, r.state]; }));
     if (sel.dataset.key !== key) {
       sel.textContent = '';
@@ -575,11 +592,17 @@
       S.runs = runs;
       $('empty-card').hidden = runs.length > 0;
       if (gen !== S.gen) return;
+      var active = typeof data.active === 'string' && data.active ? data.active : null;
       var wanted = S.runId;
-      if (!wanted) wanted = new URL(location.href).searchParams.get('run');
+      if (!wanted) {
+        wanted = new URL(location.href).searchParams.get('run');
+        if (wanted) S.pinned = true;
+      }
       var known = runs.some(function (r) { return r.id === wanted; });
-      if (!known) wanted = typeof data.active === 'string' && data.active ? data.active : defaultRun(runs);
-      renderPicker();
+      /* Unless the user picked a run, show the active run, else the newest,
+       * so a page left open follows the daemon to the next run. */
+      if (!known || !S.pinned) wanted = active || defaultRun(runs);
+      if (!known) S.pinned = false;
       if (wanted !== S.runId) selectRun(wanted, false);
       renderPicker();
     });
@@ -614,6 +637,10 @@
     setText('stat-lr', fmtLr(st.lr));
     setText('stat-gn', fmtSig(st.grad_norm));
     setText('stat-mem', fmtBytes(st.mem_bytes));
+    /* mem_bytes is device memory on a GPU and the process's RSS on the CPU */
+    var memCaption = document.querySelector('#chart-mem figcaption');
+    var memTitle = st.device === 'cpu' ? 'Host memory (CPU run)' : 'GPU memory';
+    if (memCaption.textContent !== memTitle) memCaption.textContent = memTitle;
     var hb = $('stat-hb');
     hb.textContent = isNum(st.heartbeat_age_s)
       ? (st.heartbeat_age_s < 1 ? 'now' : fmtDuration(st.heartbeat_age_s) + ' ago') : '—';
@@ -622,7 +649,7 @@
                         st.heartbeat_age_s > HEARTBEAT_STALE_S);
 
     var problems = [];
-    if (st.anomaly) problems.push('Anomaly: ' + (typeof st.anomaly === 'string' ? st.anomaly : JSON.stringify(st.anomaly)));
+    if (st.anomaly) problems.push('Anomaly: ' + anomalyText(st.anomaly));
     if (st.error) problems.push('Error: ' + String(st.error));
     var an = $('anomaly');
     setText('anomaly', problems.join('  ·  '));
@@ -634,6 +661,20 @@
     document.title = (STATE_LABELS[state] || state) + (total ? ' ' + pct.toFixed(0) + '%' : '') +
                      ' · ' + (st.id || '') + ' · nsad';
     renderConfig(st.config);
+  }
+
+  /* The API's anomaly code with words for a person; the code stays, since
+   * it is what the run's .anomaly_type file and the logs say. */
+  function anomalyText(code) {
+    if (typeof code !== 'string') return JSON.stringify(code);
+    var words = {
+      nan_loss: 'the loss was NaN', inf_loss: 'the loss was infinite',
+      nan_grad: 'a gradient was NaN', inf_grad: 'a gradient was infinite'
+    };
+    if (words[code]) return words[code] + ' (' + code + ')';
+    var hang = /^hang:(.+)$/.exec(code);
+    if (hang) return 'stuck in the ' + hang[1] + ' phase past its watchdog deadline (' + code + ')';
+    return code;
   }
 
   /* Seconds the run has been going: to its end, or to now while active.
@@ -727,6 +768,7 @@
           return page();
         }
         S.generation = generation;
+        $('charts-card').dataset.generation = String(generation);
         var train = Array.isArray(m.train) ? m.train : [];
         var val = Array.isArray(m.val) ? m.val : [];
         if (train.length) appendTrain(S.store, train, S.smoothing);
@@ -741,10 +783,7 @@
       });
     }
     return page().then(function () {
-      if (gen === S.gen && (added || S.chartsFor !== S.runId)) {
-        S.chartsFor = S.runId;
-        refreshCharts();
-      }
+      if (gen === S.gen && added) refreshCharts();
     });
   }
 
@@ -832,17 +871,22 @@
     S.timer = null;
     if (polling || S.needToken) return;
     polling = true;
-    var tick = S.tick++;
+    var now = Date.now();
     var chain = Promise.resolve();
-    if (!S.runId || tick % RUNS_EVERY_TICKS === 0) chain = chain.then(refreshRuns);
+    if (!S.runId || now - S.runsAt >= RUNS_EVERY_MS) {
+      S.runsAt = now;
+      chain = chain.then(refreshRuns);
+    }
     chain = chain.then(function () {
       if (!S.runId) return;
       return refreshStatus().then(refreshMetrics).then(function () {
-        if (tick % EVENTS_EVERY_TICKS === 0 || S.eventsDue) return refreshEvents();
+        if (S.eventsDue || Date.now() - S.eventsAt >= EVENTS_EVERY_MS) {
+          S.eventsAt = Date.now();
+          return refreshEvents();
+        }
       });
     });
     chain.then(function () {
-      S.lastOk = Date.now();
       setConn(true, 'live');
       showError('');
     }, handleFailure).then(function () {
@@ -927,7 +971,10 @@
   function wireControls() {
     $('halt-btn').addEventListener('click', function () { runAction('halt'); });
     $('resume-btn').addEventListener('click', function () { runAction('resume'); });
-    $('run-select').addEventListener('change', function (e) { selectRun(e.target.value, true); });
+    $('run-select').addEventListener('change', function (e) {
+      S.pinned = true;
+      selectRun(e.target.value, true);
+    });
     $('theme-btn').addEventListener('click', cycleTheme);
 
     var smooth = $('smooth');
@@ -985,7 +1032,21 @@
     document.addEventListener('visibilitychange', function () { if (!document.hidden) pollSoon(); });
   }
 
+  /* A read-only view of what the charts hold, for the browser test and for
+   * a person at the console: copies, so nothing outside can change the page. */
+  function snapshot() {
+    var t = S.store.train, v = S.store.val;
+    return {
+      runId: S.runId,
+      generation: S.generation,
+      cursor: S.cursor,
+      train: { step: t.step.slice(), ts: t.ts.slice(), loss: t.loss.slice(), ema: t.ema.slice() },
+      val: { step: v.step.slice(), val_loss: v.val_loss.slice() }
+    };
+  }
+
   function start() {
+    window.nsadDashboard = Object.freeze({ snapshot: snapshot });
     adoptTokenFromHash();
     applyTheme();
     if (typeof uPlot !== 'function') {
