@@ -26,17 +26,6 @@ struct Artifacts {
     int heartbeat_fd, training_fd, val_fd;
 };
 
-static int fail(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* snprintf for paths: truncation is an error. Returns 0 or -1 with err. */
 static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -45,7 +34,7 @@ static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(out, cap, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= cap) return fail(err, "path too long (over %zu bytes): %s...", cap, out);
+    if (n < 0 || (size_t)n >= cap) return nsaErrorf(err, "path too long (over %zu bytes): %s...", cap, out);
     return 0;
 }
 
@@ -79,11 +68,11 @@ static int mkdirP(const char *path, NsaError *err) {
         if (*p != '/') continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return fail(err, "mkdir %s: %s", buf, strerror(errno));
+            return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return fail(err, "mkdir %s: %s", buf, strerror(errno));
+        return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
     return 0;
 }
 
@@ -105,25 +94,25 @@ static int writeFileAtomic(const char *path, const char *data, size_t len, NsaEr
     char tmp[4096];
     if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) return -1;
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, "create %s: %s", tmp, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
     if (writeAll(fd, data, len) != 0 || fsync(fd) != 0) {
         int saved = errno;
         close(fd);
         unlink(tmp);
-        return fail(err, "write %s: %s", tmp, strerror(saved));
+        return nsaErrorf(err, "write %s: %s", tmp, strerror(saved));
     }
     close(fd);
     if (rename(tmp, path) != 0) {
         int saved = errno;
         unlink(tmp);
-        return fail(err, "rename %s to %s: %s", tmp, path, strerror(saved));
+        return nsaErrorf(err, "rename %s to %s: %s", tmp, path, strerror(saved));
     }
     return 0;
 }
 
 static int appendLine(int fd, const char *line, const char *what, NsaError *err) {
     if (writeAll(fd, line, strlen(line)) != 0)
-        return fail(err, "append to %s: %s", what, strerror(errno));
+        return nsaErrorf(err, "append to %s: %s", what, strerror(errno));
     return 0;
 }
 
@@ -133,12 +122,12 @@ static int appendLine(int fd, const char *line, const char *what, NsaError *err)
 static int trimCsv(const char *path, const char *header, int64_t keep_step, NsaError *err) {
     size_t cap = 4096, len = 0;
     char *out = malloc(cap);
-    if (!out) return fail(err, "out of memory trimming %s", path);
+    if (!out) return nsaErrorf(err, "out of memory trimming %s", path);
     len = (size_t)snprintf(out, cap, "%s\n", header);
     FILE *f = fopen(path, "r");
     if (!f && errno != ENOENT) {
         free(out);
-        return fail(err, "open %s: %s", path, strerror(errno));
+        return nsaErrorf(err, "open %s: %s", path, strerror(errno));
     }
     if (f) {
         char *line = NULL;
@@ -150,7 +139,7 @@ static int trimCsv(const char *path, const char *header, int64_t keep_step, NsaE
                 first = 0;
                 line[strcspn(line, "\r\n")] = 0;
                 if (strcmp(line, header) != 0) {
-                    fail(err, "%s starts with '%.80s'; expected the header '%s'", path, line, header);
+                    nsaErrorf(err, "%s starts with '%.80s'; expected the header '%s'", path, line, header);
                     free(line);
                     fclose(f);
                     free(out);
@@ -168,7 +157,7 @@ static int trimCsv(const char *path, const char *header, int64_t keep_step, NsaE
                     free(line);
                     fclose(f);
                     free(out);
-                    return fail(err, "out of memory trimming %s", path);
+                    return nsaErrorf(err, "out of memory trimming %s", path);
                 }
                 out = grown;
             }
@@ -188,14 +177,14 @@ static int openAppend(const char *out_dir, const char *name, int *fd, NsaError *
     char path[4096];
     if (pathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
     *fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (*fd < 0) return fail(err, "open %s: %s", path, strerror(errno));
+    if (*fd < 0) return nsaErrorf(err, "open %s: %s", path, strerror(errno));
     return 0;
 }
 
 Artifacts *artifactsOpen(const char *out_dir, int64_t resume_step, NsaError *err) {
     if (mkdirP(out_dir, err) != 0) return NULL;
     Artifacts *a = calloc(1, sizeof *a);
-    if (!a) return fail(err, "out of memory"), NULL;
+    if (!a) return nsaErrorf(err, "out of memory"), NULL;
     a->heartbeat_fd = a->training_fd = a->val_fd = -1;
     if (pathf(err, a->out_dir, sizeof a->out_dir, "%s", out_dir) != 0) goto fail;
     char path[4096];
@@ -229,12 +218,12 @@ void artifactsClose(Artifacts *a) {
 static int heartbeatAppend(Artifacts *a, cJSON *obj, NsaError *err) {
     char *json = obj ? cJSON_PrintUnformatted(obj) : NULL;
     cJSON_Delete(obj);
-    if (!json) return fail(err, "out of memory formatting a heartbeat line");
+    if (!json) return nsaErrorf(err, "out of memory formatting a heartbeat line");
     size_t n = strlen(json);
     char *line = malloc(n + 2);
     if (!line) {
         free(json);
-        return fail(err, "out of memory formatting a heartbeat line");
+        return nsaErrorf(err, "out of memory formatting a heartbeat line");
     }
     memcpy(line, json, n);
     line[n] = '\n';
@@ -278,12 +267,12 @@ int artifactsLogEval(Artifacts *a, int64_t step, double val_loss, double bits_pe
     snprintf(row, sizeof row, "%" PRId64 ",%s,%s\n", step, vl, bpb);
     if (appendLine(a->val_fd, row, ARTIFACT_VAL_CSV, err) != 0) return -1;
     cJSON *d = cJSON_CreateObject();
-    if (!d) return fail(err, "out of memory formatting an eval event");
+    if (!d) return nsaErrorf(err, "out of memory formatting an eval event");
     cJSON_AddNumberToObject(d, "val_loss", val_loss);
     cJSON_AddNumberToObject(d, "bits_per_byte", bits_per_byte);
     int ok = cJSON_PrintPreallocated(d, detail, sizeof detail, 0);
     cJSON_Delete(d);
-    if (!ok) return fail(err, "eval event too long");
+    if (!ok) return nsaErrorf(err, "eval event too long");
     return artifactsLogEvent(a, "eval", step, "eval", detail, err);
 }
 
@@ -294,14 +283,14 @@ int artifactsLogEvent(Artifacts *a, const char *type, int64_t step, const char *
         detail = cJSON_Parse(detail_json);
         if (!cJSON_IsObject(detail)) {
             cJSON_Delete(detail);
-            return fail(err, "heartbeat event %s: detail is not a JSON object: %.120s", type,
+            return nsaErrorf(err, "heartbeat event %s: detail is not a JSON object: %.120s", type,
                         detail_json);
         }
     }
     cJSON *o = cJSON_CreateObject();
     if (!o) {
         cJSON_Delete(detail);
-        return fail(err, "out of memory formatting a heartbeat event");
+        return nsaErrorf(err, "out of memory formatting a heartbeat event");
     }
     cJSON_AddNumberToObject(o, "ts", nowUnix());
     cJSON_AddStringToObject(o, "event", type);
@@ -403,12 +392,12 @@ static int writeJsonFile(const char *out_dir, const char *name, cJSON *root, Nsa
     char path[4096];
     char *text = root ? cJSON_Print(root) : NULL;
     cJSON_Delete(root);
-    if (!text) return fail(err, "out of memory formatting %s", name);
+    if (!text) return nsaErrorf(err, "out of memory formatting %s", name);
     size_t n = strlen(text);
     char *withNewline = realloc(text, n + 2);
     if (!withNewline) {
         free(text);
-        return fail(err, "out of memory formatting %s", name);
+        return nsaErrorf(err, "out of memory formatting %s", name);
     }
     withNewline[n] = '\n';
     withNewline[n + 1] = 0;
@@ -421,7 +410,7 @@ static int writeJsonFile(const char *out_dir, const char *name, cJSON *root, Nsa
 int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemoryReport *mem,
                       const char *resumed_from, NsaError *err) {
     cJSON *root = cJSON_CreateObject();
-    if (!root) return fail(err, "out of memory formatting env.json");
+    if (!root) return nsaErrorf(err, "out of memory formatting env.json");
     cJSON_AddNumberToObject(root, "ts", nowUnix());
     cJSON *v = cJSON_AddObjectToObject(root, "versions");
     cJSON_AddStringToObject(v, "nsad", NSA_VERSION);
@@ -466,7 +455,7 @@ int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemory
     else cJSON_AddNullToObject(root, "resumed_from");
     if (!c || !yaml) {
         cJSON_Delete(root);
-        return fail(err, "out of memory formatting env.json");
+        return nsaErrorf(err, "out of memory formatting env.json");
     }
     return writeJsonFile(out_dir, ARTIFACT_ENV, root, err);
 }
@@ -478,7 +467,7 @@ static void addNumberOrNull(cJSON *o, const char *key, double v) {
 
 int artifactsWriteMetrics(const char *out_dir, const RunSummary *s, NsaError *err) {
     cJSON *o = cJSON_CreateObject();
-    if (!o) return fail(err, "out of memory formatting metrics.json");
+    if (!o) return nsaErrorf(err, "out of memory formatting metrics.json");
     cJSON_AddNumberToObject(o, "ts", nowUnix());
     cJSON_AddStringToObject(o, "outcome", s->outcome);
     cJSON_AddNumberToObject(o, "step", (double)s->step);
@@ -530,7 +519,7 @@ int artifactsClearStale(const char *out_dir, NsaError *err) {
         char path[4096];
         if (pathf(err, path, sizeof path, "%s/%s", out_dir, names[i]) != 0) return -1;
         if (unlink(path) == 0) removed++;
-        else if (errno != ENOENT) return fail(err, "remove stale %s: %s", path, strerror(errno));
+        else if (errno != ENOENT) return nsaErrorf(err, "remove stale %s: %s", path, strerror(errno));
     }
     return removed;
 }

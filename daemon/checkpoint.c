@@ -22,17 +22,6 @@
 /* safetensors' own loader refuses headers above 100 MB */
 #define SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u)
 
-static int fail(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* snprintf for paths: truncation is an error, not a silently wrong path.
  * Returns 0, or -1 with err. */
 static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
@@ -42,7 +31,7 @@ static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(out, cap, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= cap) return fail(err, "path too long (over %zu bytes): %s...", cap, out);
+    if (n < 0 || (size_t)n >= cap) return nsaErrorf(err, "path too long (over %zu bytes): %s...", cap, out);
     return 0;
 }
 
@@ -68,11 +57,11 @@ static int writeAll(int fd, const void *buf, size_t len) {
  * a rename inside it survives a crash. */
 static int fsyncDir(const char *dir, NsaError *err) {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return fail(err, "open directory %s: %s", dir, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "open directory %s: %s", dir, strerror(errno));
     int rc = fsync(fd);
     int saved = errno;
     close(fd);
-    if (rc != 0) return fail(err, "fsync directory %s: %s", dir, strerror(saved));
+    if (rc != 0) return nsaErrorf(err, "fsync directory %s: %s", dir, strerror(saved));
     return 0;
 }
 
@@ -90,16 +79,16 @@ static void parentDir(const char *path, char *out, size_t cap) {
 static int mkdirP(const char *path, NsaError *err) {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return fail(err, "path too long: %s", path);
+        return nsaErrorf(err, "path too long: %s", path);
     for (char *p = buf + 1; *p; p++) {
         if (*p != '/') continue;
         *p = 0;
         if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return fail(err, "mkdir %s: %s", buf, strerror(errno));
+            return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
         *p = '/';
     }
     if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return fail(err, "mkdir %s: %s", buf, strerror(errno));
+        return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
     return 0;
 }
 
@@ -109,7 +98,7 @@ static int removeCheckpointDir(const char *dir, NsaError *err) {
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) return 0;
-        return fail(err, "opendir %s: %s", dir, strerror(errno));
+        return nsaErrorf(err, "opendir %s: %s", dir, strerror(errno));
     }
     struct dirent *e;
     char path[4096];
@@ -121,12 +110,12 @@ static int removeCheckpointDir(const char *dir, NsaError *err) {
             break;
         }
         if (unlink(path) != 0) {
-            rc = fail(err, "remove %s: %s", path, strerror(errno));
+            rc = nsaErrorf(err, "remove %s: %s", path, strerror(errno));
             break;
         }
     }
     closedir(d);
-    if (rc == 0 && rmdir(dir) != 0) rc = fail(err, "rmdir %s: %s", dir, strerror(errno));
+    if (rc == 0 && rmdir(dir) != 0) rc = nsaErrorf(err, "rmdir %s: %s", dir, strerror(errno));
     return rc;
 }
 
@@ -140,7 +129,7 @@ static int fileExists(const char *path) {
 static char *buildHeader(const SafetensorsTensor *tensors, int n, const SafetensorsMeta *meta,
                          int n_meta, NsaError *err) {
     cJSON *root = cJSON_CreateObject();
-    if (!root) return fail(err, "out of memory building a safetensors header"), NULL;
+    if (!root) return nsaErrorf(err, "out of memory building a safetensors header"), NULL;
     if (n_meta > 0) {
         cJSON *md = cJSON_AddObjectToObject(root, "__metadata__");
         for (int i = 0; md && i < n_meta; i++)
@@ -152,19 +141,19 @@ static char *buildHeader(const SafetensorsTensor *tensors, int n, const Safetens
         const SafetensorsTensor *t = &tensors[i];
         if (t->ndim < 0 || t->ndim > SAFETENSORS_MAX_DIMS) {
             cJSON_Delete(root);
-            return fail(err, "tensor %s: ndim %d; allowed: 0..%d", t->name, t->ndim,
+            return nsaErrorf(err, "tensor %s: ndim %d; allowed: 0..%d", t->name, t->ndim,
                         SAFETENSORS_MAX_DIMS), NULL;
         }
         size_t numel = 1;
         for (int d = 0; d < t->ndim; d++) numel *= (size_t)t->shape[d];
         if (numel != t->numel) {
             cJSON_Delete(root);
-            return fail(err, "tensor %s: shape holds %zu elements but numel is %zu", t->name,
+            return nsaErrorf(err, "tensor %s: shape holds %zu elements but numel is %zu", t->name,
                         numel, t->numel), NULL;
         }
         if (cJSON_GetObjectItemCaseSensitive(root, t->name)) {
             cJSON_Delete(root);
-            return fail(err, "tensor name %s appears twice", t->name), NULL;
+            return nsaErrorf(err, "tensor name %s appears twice", t->name), NULL;
         }
         cJSON *obj = cJSON_AddObjectToObject(root, t->name);
         if (!obj || !cJSON_AddStringToObject(obj, "dtype", "F32")) goto oom;
@@ -180,11 +169,11 @@ static char *buildHeader(const SafetensorsTensor *tensors, int n, const Safetens
     }
     char *json = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
-    if (!json) return fail(err, "out of memory printing a safetensors header"), NULL;
+    if (!json) return nsaErrorf(err, "out of memory printing a safetensors header"), NULL;
     return json;
 oom:
     cJSON_Delete(root);
-    return fail(err, "out of memory building a safetensors header"), NULL;
+    return nsaErrorf(err, "out of memory building a safetensors header"), NULL;
 }
 
 /* Where the bytes of tensor i come from: a pointer to its numel floats,
@@ -217,7 +206,7 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
         free(json);
         free(header);
         free(scratch);
-        return fail(err, "out of memory writing %s", path);
+        return nsaErrorf(err, "out of memory writing %s", path);
     }
     uint64_t hl = header_len;
     for (int b = 0; b < 8; b++) header[b] = (char)((hl >> (8 * b)) & 0xff);
@@ -230,7 +219,7 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
     if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) goto fail_early;
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        fail(err, "create %s: %s", tmp, strerror(errno));
+        nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
         goto fail_early;
     }
     if (writeAll(fd, header, 8 + header_len) != 0) goto fail_write;
@@ -241,17 +230,17 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
         if (writeAll(fd, data, tensors[i].numel * sizeof(float)) != 0) goto fail_write;
     }
     if (fsync(fd) != 0) {
-        fail(err, "fsync %s: %s", tmp, strerror(errno));
+        nsaErrorf(err, "fsync %s: %s", tmp, strerror(errno));
         goto fail_file;
     }
     int closed = close(fd);
     fd = -1;
     if (closed != 0) {
-        fail(err, "close %s: %s", tmp, strerror(errno));
+        nsaErrorf(err, "close %s: %s", tmp, strerror(errno));
         goto fail_file;
     }
     if (rename(tmp, path) != 0) {
-        fail(err, "rename %s to %s: %s", tmp, path, strerror(errno));
+        nsaErrorf(err, "rename %s to %s: %s", tmp, path, strerror(errno));
         goto fail_file;
     }
     free(header);
@@ -259,7 +248,7 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
     parentDir(path, dir, sizeof dir);
     return fsyncDir(dir, err);
 fail_write:
-    fail(err, "write %s: %s", tmp, strerror(errno));
+    nsaErrorf(err, "write %s: %s", tmp, strerror(errno));
 fail_file:
     if (fd >= 0) close(fd);
     unlink(tmp);
@@ -323,20 +312,20 @@ static int jsonSize(const cJSON *item, size_t *out) {
 
 static int parseMetadata(Safetensors *st, const cJSON *md, const char *path, NsaError *err) {
     if (!cJSON_IsObject(md))
-        return fail(err, "%s: __metadata__ is not an object; allowed: {string: string}", path);
+        return nsaErrorf(err, "%s: __metadata__ is not an object; allowed: {string: string}", path);
     int count = cJSON_GetArraySize(md);
     st->meta_keys = calloc((size_t)count + 1, sizeof(char *));
     st->meta_values = calloc((size_t)count + 1, sizeof(char *));
-    if (!st->meta_keys || !st->meta_values) return fail(err, "%s: out of memory", path);
+    if (!st->meta_keys || !st->meta_values) return nsaErrorf(err, "%s: out of memory", path);
     const cJSON *kv;
     cJSON_ArrayForEach(kv, md) {
         if (!cJSON_IsString(kv))
-            return fail(err, "%s: __metadata__.%s is not a string; allowed: string values", path,
+            return nsaErrorf(err, "%s: __metadata__.%s is not a string; allowed: string values", path,
                         kv->string);
         st->meta_keys[st->n_meta] = strdup(kv->string);
         st->meta_values[st->n_meta] = strdup(kv->valuestring);
         if (!st->meta_keys[st->n_meta] || !st->meta_values[st->n_meta])
-            return fail(err, "%s: out of memory", path);
+            return nsaErrorf(err, "%s: out of memory", path);
         st->n_meta++;
     }
     return 0;
@@ -344,37 +333,37 @@ static int parseMetadata(Safetensors *st, const cJSON *md, const char *path, Nsa
 
 static int parseEntry(StEntry *e, const cJSON *obj, const char *path, NsaError *err) {
     const char *name = obj->string;
-    if (!cJSON_IsObject(obj)) return fail(err, "%s: tensor %s: entry is not an object", path, name);
+    if (!cJSON_IsObject(obj)) return nsaErrorf(err, "%s: tensor %s: entry is not an object", path, name);
     const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(obj, "dtype");
     const cJSON *shape = cJSON_GetObjectItemCaseSensitive(obj, "shape");
     const cJSON *offs = cJSON_GetObjectItemCaseSensitive(obj, "data_offsets");
-    if (!cJSON_IsString(dtype)) return fail(err, "%s: tensor %s: no dtype string", path, name);
+    if (!cJSON_IsString(dtype)) return nsaErrorf(err, "%s: tensor %s: no dtype string", path, name);
     if (strcmp(dtype->valuestring, "F32") != 0)
-        return fail(err, "%s: tensor %s: dtype %s; allowed: F32", path, name, dtype->valuestring);
-    if (!cJSON_IsArray(shape)) return fail(err, "%s: tensor %s: no shape array", path, name);
+        return nsaErrorf(err, "%s: tensor %s: dtype %s; allowed: F32", path, name, dtype->valuestring);
+    if (!cJSON_IsArray(shape)) return nsaErrorf(err, "%s: tensor %s: no shape array", path, name);
     int ndim = cJSON_GetArraySize(shape);
     if (ndim > SAFETENSORS_MAX_DIMS)
-        return fail(err, "%s: tensor %s: %d dimensions; allowed: at most %d", path, name, ndim,
+        return nsaErrorf(err, "%s: tensor %s: %d dimensions; allowed: at most %d", path, name, ndim,
                     SAFETENSORS_MAX_DIMS);
     e->t.ndim = ndim;
     size_t numel = 1;
     for (int d = 0; d < ndim; d++) {
         size_t dim;
         if (jsonSize(cJSON_GetArrayItem(shape, d), &dim) != 0)
-            return fail(err, "%s: tensor %s: shape[%d] is not a non-negative integer", path, name, d);
+            return nsaErrorf(err, "%s: tensor %s: shape[%d] is not a non-negative integer", path, name, d);
         e->t.shape[d] = (int64_t)dim;
         if (dim && numel > SIZE_MAX / dim)
-            return fail(err, "%s: tensor %s: shape overflows", path, name);
+            return nsaErrorf(err, "%s: tensor %s: shape overflows", path, name);
         numel *= dim;
     }
     e->t.numel = numel;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
         jsonSize(cJSON_GetArrayItem(offs, 0), &e->begin) != 0 ||
         jsonSize(cJSON_GetArrayItem(offs, 1), &e->end) != 0 || e->end < e->begin)
-        return fail(err, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
+        return nsaErrorf(err, "%s: tensor %s: data_offsets must be [begin, end] with begin <= end", path,
                     name);
     if (e->end - e->begin != numel * sizeof(float))
-        return fail(err, "%s: tensor %s: data_offsets span %zu bytes but shape needs %zu", path,
+        return nsaErrorf(err, "%s: tensor %s: data_offsets span %zu bytes but shape needs %zu", path,
                     name, e->end - e->begin, numel * sizeof(float));
     return 0;
 }
@@ -382,16 +371,16 @@ static int parseEntry(StEntry *e, const cJSON *obj, const char *path, NsaError *
 static int parseHeader(Safetensors *st, const char *json, size_t len, const char *path,
                        NsaError *err) {
     cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root) return fail(err, "%s: header is not valid JSON", path);
+    if (!root) return nsaErrorf(err, "%s: header is not valid JSON", path);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
-        return fail(err, "%s: header is not a JSON object", path);
+        return nsaErrorf(err, "%s: header is not a JSON object", path);
     }
     int count = cJSON_GetArraySize(root);
     st->entries = calloc((size_t)count + 1, sizeof(StEntry));
     if (!st->entries) {
         cJSON_Delete(root);
-        return fail(err, "%s: out of memory", path);
+        return nsaErrorf(err, "%s: out of memory", path);
     }
     int rc = 0;
     const cJSON *item;
@@ -402,7 +391,7 @@ static int parseHeader(Safetensors *st, const char *json, size_t len, const char
             StEntry *e = &st->entries[st->n];
             e->t.name = strdup(item->string);
             if (!e->t.name) {
-                rc = fail(err, "%s: out of memory", path);
+                rc = nsaErrorf(err, "%s: out of memory", path);
                 break;
             }
             st->n++;
@@ -416,23 +405,23 @@ static int parseHeader(Safetensors *st, const char *json, size_t len, const char
 
 Safetensors *safetensorsRead(const char *path, NsaError *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(err, "open %s: %s", path, strerror(errno)), NULL;
+    if (fd < 0) return nsaErrorf(err, "open %s: %s", path, strerror(errno)), NULL;
     struct stat sb;
     if (fstat(fd, &sb) != 0) {
         int saved = errno;
         close(fd);
-        return fail(err, "stat %s: %s", path, strerror(saved)), NULL;
+        return nsaErrorf(err, "stat %s: %s", path, strerror(saved)), NULL;
     }
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
         close(fd);
-        return fail(err, "%s: %zu bytes, too short for a safetensors header length", path, size),
+        return nsaErrorf(err, "%s: %zu bytes, too short for a safetensors header length", path, size),
                NULL;
     }
     Safetensors *st = calloc(1, sizeof *st);
     if (!st) {
         close(fd);
-        return fail(err, "%s: out of memory", path), NULL;
+        return nsaErrorf(err, "%s: out of memory", path), NULL;
     }
     st->map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int saved = errno;
@@ -440,13 +429,13 @@ Safetensors *safetensorsRead(const char *path, NsaError *err) {
     if (st->map == MAP_FAILED) {
         st->map = NULL;
         safetensorsFree(st);
-        return fail(err, "mmap %s: %s", path, strerror(saved)), NULL;
+        return nsaErrorf(err, "mmap %s: %s", path, strerror(saved)), NULL;
     }
     st->map_len = size;
     uint64_t header_len = 0;
     for (int b = 7; b >= 0; b--) header_len = (header_len << 8) | st->map[b];
     if (header_len > SAFETENSORS_MAX_HEADER || header_len > size - 8) {
-        fail(err, "%s: header length %" PRIu64 " exceeds the file (%zu bytes) or 100 MB", path,
+        nsaErrorf(err, "%s: header length %" PRIu64 " exceeds the file (%zu bytes) or 100 MB", path,
              header_len, size);
         safetensorsFree(st);
         return NULL;
@@ -460,7 +449,7 @@ Safetensors *safetensorsRead(const char *path, NsaError *err) {
     size_t expect = 0;
     for (int i = 0; i < st->n; i++) {
         if (st->entries[i].begin != expect) {
-            fail(err, "%s: tensor %s starts at byte %zu of the data, expected %zu (gap or overlap)",
+            nsaErrorf(err, "%s: tensor %s starts at byte %zu of the data, expected %zu (gap or overlap)",
                  path, st->entries[i].t.name, st->entries[i].begin, expect);
             safetensorsFree(st);
             return NULL;
@@ -468,7 +457,7 @@ Safetensors *safetensorsRead(const char *path, NsaError *err) {
         expect = st->entries[i].end;
     }
     if (expect != size - st->data_start) {
-        fail(err, "%s: tensors cover %zu data bytes but the file holds %zu (truncated or padded)",
+        nsaErrorf(err, "%s: tensors cover %zu data bytes but the file holds %zu (truncated or padded)",
              path, expect, size - st->data_start);
         safetensorsFree(st);
         return NULL;
@@ -532,7 +521,7 @@ static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
     char **names = calloc(total + 1, sizeof(char *));
     int rc = -1;
     if (!tensors || !names) {
-        fail(err, "out of memory writing %s", path);
+        nsaErrorf(err, "out of memory writing %s", path);
         goto out;
     }
     for (int a = 0; a < n_arenas; a++) {
@@ -542,7 +531,7 @@ static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
             size_t len = strlen(prefixes[a]) + strlen(info->name) + 1;
             names[k] = malloc(len);
             if (!names[k]) {
-                fail(err, "out of memory writing %s", path);
+                nsaErrorf(err, "out of memory writing %s", path);
                 goto out;
             }
             snprintf(names[k], len, "%s%s", prefixes[a], info->name);
@@ -569,18 +558,18 @@ static int writeLatest(const char *ck_dir, const char *name, NsaError *err) {
         return -1;
     int len = snprintf(line, sizeof line, "%s\n", name);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return fail(err, "create %s: %s", tmp, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
     if (writeAll(fd, line, (size_t)len) != 0 || fsync(fd) != 0) {
         int saved = errno;
         close(fd);
         unlink(tmp);
-        return fail(err, "write %s: %s", tmp, strerror(saved));
+        return nsaErrorf(err, "write %s: %s", tmp, strerror(saved));
     }
     close(fd);
     if (rename(tmp, path) != 0) {
         int saved = errno;
         unlink(tmp);
-        return fail(err, "rename %s: %s", tmp, strerror(saved));
+        return nsaErrorf(err, "rename %s: %s", tmp, strerror(saved));
     }
     return fsyncDir(ck_dir, err);
 }
@@ -605,7 +594,7 @@ static int cmpInt64(const void *a, const void *b) {
 static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_last, NsaError *err) {
     if (keep_last <= 0) return 0;
     DIR *d = opendir(ck_dir);
-    if (!d) return fail(err, "opendir %s: %s", ck_dir, strerror(errno));
+    if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
     size_t cap = 16, n = 0;
     int64_t *steps = malloc(cap * sizeof *steps);
     struct dirent *e;
@@ -625,7 +614,7 @@ static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_las
         steps[n++] = s;
     }
     closedir(d);
-    if (!steps) return fail(err, "out of memory listing %s", ck_dir);
+    if (!steps) return nsaErrorf(err, "out of memory listing %s", ck_dir);
     qsort(steps, n, sizeof *steps, cmpInt64);
     size_t keep_others = (size_t)keep_last - 1;
     int rc = 0;
@@ -653,7 +642,7 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
     /* leftovers of a crash in the middle of an earlier save */
     if (removeCheckpointDir(tmp_dir, err) != 0 || removeCheckpointDir(old_dir, err) != 0)
         return -1;
-    if (mkdir(tmp_dir, 0755) != 0) return fail(err, "mkdir %s: %s", tmp_dir, strerror(errno));
+    if (mkdir(tmp_dir, 0755) != 0) return nsaErrorf(err, "mkdir %s: %s", tmp_dir, strerror(errno));
 
     char step_s[32], pos_s[32], seed_s[32], hash_s[32], tokens_s[32], anomalies_s[32];
     snprintf(step_s, sizeof step_s, "%" PRId64, st->step);
@@ -696,11 +685,11 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
 
     int replacing = fileExists(final_dir);
     if (replacing && rename(final_dir, old_dir) != 0) {
-        fail(err, "rename %s: %s", final_dir, strerror(errno));
+        nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
         goto fail_tmp;
     }
     if (rename(tmp_dir, final_dir) != 0) {
-        fail(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+        nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
         goto fail_tmp;
     }
     if (fsyncDir(ck_dir, err) != 0) return -1;
@@ -723,20 +712,20 @@ static int readLatest(const char *run_dir, char *dir, size_t cap, NsaError *err)
     FILE *f = fopen(path, "r");
     if (!f) {
         if (errno == ENOENT) return 0;
-        return fail(err, "open %s: %s", path, strerror(errno));
+        return nsaErrorf(err, "open %s: %s", path, strerror(errno));
     }
     char *line = fgets(name, sizeof name, f);
     fclose(f);
-    if (!line) return fail(err, "%s is empty; expected a line like step_00000100", path);
+    if (!line) return nsaErrorf(err, "%s is empty; expected a line like step_00000100", path);
     name[strcspn(name, "\r\n")] = 0;
     if (parseStepDir(name) < 0)
-        return fail(err, "%s holds '%s'; expected a line like step_00000100", path, name);
+        return nsaErrorf(err, "%s holds '%s'; expected a line like step_00000100", path, name);
     char model[4096];
     if (pathf(err, dir, cap, "%s/checkpoints/%s", run_dir, name) != 0 ||
         pathf(err, model, sizeof model, "%s/model.safetensors", dir) != 0)
         return -1;
     if (!fileExists(model))
-        return fail(err, "%s points at %s, which has no model.safetensors", path, dir);
+        return nsaErrorf(err, "%s points at %s, which has no model.safetensors", path, dir);
     return 1;
 }
 
@@ -751,7 +740,7 @@ int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t c
     }
     int rc = readLatest(spec, dir, cap, err);
     if (rc == 0)
-        return fail(err, "resume: '%s' is neither a checkpoint directory (no model.safetensors) "
+        return nsaErrorf(err, "resume: '%s' is neither a checkpoint directory (no model.safetensors) "
                          "nor a run directory (no checkpoints/latest)", spec);
     return rc;
 }
@@ -759,12 +748,12 @@ int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t c
 static int metaInt(const Safetensors *st, const char *key, const char *path, int base,
                    uint64_t *out, NsaError *err) {
     const char *v = safetensorsMeta(st, key);
-    if (!v) return fail(err, "%s: __metadata__ has no '%s'", path, key);
+    if (!v) return nsaErrorf(err, "%s: __metadata__ has no '%s'", path, key);
     char *end;
     errno = 0;
     unsigned long long x = strtoull(v, &end, base);
     if (!*v || *end || errno || *v == '-')
-        return fail(err, "%s: __metadata__.%s is '%s'; allowed: a non-negative integer", path,
+        return nsaErrorf(err, "%s: __metadata__.%s is '%s'; allowed: a non-negative integer", path,
                     key, v);
     *out = (uint64_t)x;
     return 0;
@@ -773,7 +762,7 @@ static int metaInt(const Safetensors *st, const char *key, const char *path, int
 static int parseState(const Safetensors *st, const char *path, ResumeState *out, NsaError *err) {
     const char *format = safetensorsMeta(st, "nsad_format");
     if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
-        return fail(err, "%s: nsad_format is '%s'; allowed: %s", path, format ? format : "(none)",
+        return nsaErrorf(err, "%s: nsad_format is '%s'; allowed: %s", path, format ? format : "(none)",
                     CHECKPOINT_FORMAT);
     uint64_t step, pos, seed, hash, tokens, anomalies;
     if (metaInt(st, "step", path, 10, &step, err) || metaInt(st, "data_position", path, 10, &pos, err) ||
@@ -809,7 +798,7 @@ static int loadArena(NsaModel *m, const Safetensors *st, const char *path, NsaAr
         const NsaTensorInfo *info = nsaModelTensorInfo(m, i);
         snprintf(name, sizeof name, "%s%s", prefix, info->name);
         const SafetensorsTensor *t = safetensorsFind(st, name);
-        if (!t) return fail(err, "%s: tensor %s is missing", path, name);
+        if (!t) return nsaErrorf(err, "%s: tensor %s is missing", path, name);
         int same = t->ndim == info->ndim;
         for (int d = 0; same && d < info->ndim; d++) same = t->shape[d] == info->shape[d];
         if (!same) {
@@ -820,7 +809,7 @@ static int loadArena(NsaModel *m, const Safetensors *st, const char *path, NsaAr
             for (int d = 0; d < t->ndim; d++)
                 snprintf(got + strlen(got), sizeof got - strlen(got), "%s%" PRId64, d ? "," : "",
                          t->shape[d]);
-            return fail(err, "%s: tensor %s has shape [%s]; the model needs [%s]", path, name,
+            return nsaErrorf(err, "%s: tensor %s has shape [%s]; the model needs [%s]", path, name,
                         got, want);
         }
         safetensorsCopy(st, t, scratch);
@@ -837,7 +826,7 @@ static int loadFile(NsaModel *m, const char *path, const NsaArena *arenas,
     int rc = -1;
     float *scratch = NULL;
     if (safetensorsCount(st) != n * n_arenas) {
-        fail(err, "%s holds %d tensors; this model has %d (a checkpoint of another model?)", path,
+        nsaErrorf(err, "%s holds %d tensors; this model has %d (a checkpoint of another model?)", path,
              safetensorsCount(st), n * n_arenas);
         goto out;
     }
@@ -846,7 +835,7 @@ static int loadFile(NsaModel *m, const char *path, const NsaArena *arenas,
         if (nsaModelTensorInfo(m, i)->numel > largest) largest = nsaModelTensorInfo(m, i)->numel;
     scratch = malloc(largest * sizeof(float));
     if (!scratch) {
-        fail(err, "%s: out of memory", path);
+        nsaErrorf(err, "%s: out of memory", path);
         goto out;
     }
     for (int a = 0; a < n_arenas; a++)

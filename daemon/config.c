@@ -193,17 +193,6 @@ static const IgnoredKey ignoredKeys[] = {
 
 /* ---- errors ---------------------------------------------------------------- */
 
-static int setError(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int setError(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static void addWarning(JobConfig *cfg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void addWarning(JobConfig *cfg, const char *fmt, ...) {
     if (cfg->n_warnings >= CONFIG_MAX_WARNINGS) return;
@@ -511,7 +500,7 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         describeRange(k, allowed, sizeof allowed);
         int is_real = k->type == KEY_DOUBLE || k->type == KEY_FLOAT;
         if (!isPlain(node) || isNull(node))
-            return setError(err, "%s%s.%s: %s is not %s; allowed: %s", at, k->section, k->key, shown,
+            return nsaErrorf(err, "%s%s.%s: %s is not %s; allowed: %s", at, k->section, k->key, shown,
                             is_real ? "a number" : "an integer", allowed);
         double v;
         int rc;
@@ -538,10 +527,10 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
             }
         }
         if (rc == -1)
-            return setError(err, "%s%s.%s: %s is not %s; allowed: %s", at, k->section, k->key, shown,
+            return nsaErrorf(err, "%s%s.%s: %s is not %s; allowed: %s", at, k->section, k->key, shown,
                             is_real ? "a number" : "an integer", allowed);
         if (rc == -2 || !inRange(k, v))
-            return setError(err, "%s%s.%s: %s is out of range; allowed: %s", at, k->section, k->key,
+            return nsaErrorf(err, "%s%s.%s: %s is out of range; allowed: %s", at, k->section, k->key,
                             shown, allowed);
         if (k->type == KEY_FLOAT)
             *(float *)field = (float)v;
@@ -551,11 +540,11 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
     }
     case KEY_STRING: {
         if (node->type != YAML_SCALAR_NODE)
-            return setError(err, "%s%s.%s: %s is not a string; allowed: a string", at, k->section,
+            return nsaErrorf(err, "%s%s.%s: %s is not a string; allowed: a string", at, k->section,
                             k->key, shown);
         if (isNull(node)) text = "";
         if (strlen(text) >= k->size)
-            return setError(err, "%s%s.%s: %s is too long; allowed: at most %zu bytes", at,
+            return nsaErrorf(err, "%s%s.%s: %s is too long; allowed: at most %zu bytes", at,
                             k->section, k->key, shown, k->size - 1);
         memcpy(field, text, strlen(text) + 1);
         return 0;
@@ -564,7 +553,7 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         enumList(k->names, allowed, sizeof allowed);
         int is_device = k->names == device_names, is_precision = k->names == precision_names;
         if (node->type != YAML_SCALAR_NODE || isNull(node))
-            return setError(err, "%s%s.%s: %s is not a name; allowed: %s%s", at, k->section, k->key,
+            return nsaErrorf(err, "%s%s.%s: %s is not a name; allowed: %s%s", at, k->section, k->key,
                             shown, allowed, (is_device || is_precision) ? ", auto" : "");
         if ((is_device || is_precision) && !strcasecmp(text, "auto")) {
             if (is_device) cfg->runtime.device_auto = 1;
@@ -573,7 +562,7 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         }
         int value;
         if (lookupEnum(k->names, text, &value) != 0)
-            return setError(err, "%s%s.%s: %s is not a known value; allowed: %s%s", at, k->section,
+            return nsaErrorf(err, "%s%s.%s: %s is not a known value; allowed: %s%s", at, k->section,
                             k->key, shown, allowed, (is_device || is_precision) ? ", auto" : "");
         *(int *)field = value;
         if (is_device) cfg->runtime.device_auto = 0;
@@ -581,7 +570,7 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         return 0;
     }
     }
-    return setError(err, "%s%s.%s: internal error: unknown key type", at, k->section, k->key);
+    return nsaErrorf(err, "%s%s.%s: internal error: unknown key type", at, k->section, k->key);
 }
 
 /* ---- the document walk ------------------------------------------------------------ */
@@ -648,7 +637,7 @@ static int checkDuplicates(yaml_document_t *doc, const yaml_node_t *map, const c
                 !strcmp((const char *)k0->data.scalar.value, (const char *)k->data.scalar.value)) {
                 char at[CONFIG_PATH_MAX + 32];
                 where(src, k, at, sizeof at);
-                return setError(err, "%s%s%s: duplicate key (first given on line %zu); allowed: each key once",
+                return nsaErrorf(err, "%s%s%s: duplicate key (first given on line %zu); allowed: each key once",
                                 at, prefix, (const char *)k->data.scalar.value, k0->start_mark.line + 1);
             }
         }
@@ -666,7 +655,7 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
         yaml_node_t *vn = yaml_document_get_node(doc, p->value);
         where(src, kn, at, sizeof at);
         if (!kn || kn->type != YAML_SCALAR_NODE || !vn)
-            return setError(err, "%s%s: a key that is not a plain name; allowed: key: value pairs", at,
+            return nsaErrorf(err, "%s%s: a key that is not a plain name; allowed: key: value pairs", at,
                             section);
         const char *key = (const char *)kn->data.scalar.value;
         const ConfigKey *k = findKey(section, key);
@@ -683,7 +672,7 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
         }
         const char *closest;
         sectionKeys(section, key, list, sizeof list, &closest);
-        return setError(err, "%s%s.%s: unknown key; allowed: %s%s%s%s", at, section, key, list,
+        return nsaErrorf(err, "%s%s.%s: unknown key; allowed: %s%s%s%s", at, section, key, list,
                         closest ? "; did you mean " : "", closest ? closest : "", closest ? "?" : "");
     }
     return 0;
@@ -695,12 +684,12 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
         "model, nsa, train, runtime, data, nan, fault, watchdog";
     yaml_node_t *root = yaml_document_get_root_node(doc);
     if (!root || (root->type == YAML_SCALAR_NODE && isNull(root)))
-        return setError(err, "%sconfig is empty; allowed: a mapping of sections (%s)",
+        return nsaErrorf(err, "%sconfig is empty; allowed: a mapping of sections (%s)",
                         src->path ? src->path : "", section_list);
     where(src, root, at, sizeof at);
     if (root->type != YAML_MAPPING_NODE) {
         showValue(root, shown, sizeof shown);
-        return setError(err, "%sconfig: %s is not a mapping; allowed: a mapping of sections (%s)", at,
+        return nsaErrorf(err, "%sconfig: %s is not a mapping; allowed: a mapping of sections (%s)", at,
                         shown, section_list);
     }
     if (checkDuplicates(doc, root, "", src, err) != 0) return -1;
@@ -709,7 +698,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
         yaml_node_t *vn = yaml_document_get_node(doc, p->value);
         where(src, kn, at, sizeof at);
         if (!kn || kn->type != YAML_SCALAR_NODE || !vn)
-            return setError(err, "%sconfig: a section name that is not a plain name; allowed: %s", at,
+            return nsaErrorf(err, "%sconfig: a section name that is not a plain name; allowed: %s", at,
                             section_list);
         const char *name = (const char *)kn->data.scalar.value;
         int known = 0;
@@ -724,7 +713,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
                     closest = sections[i];
                 }
             }
-            return setError(err, "%s%s: unknown section; allowed: %s%s%s%s", at, name, section_list,
+            return nsaErrorf(err, "%s%s: unknown section; allowed: %s%s%s%s", at, name, section_list,
                             closest ? "; did you mean " : "", closest ? closest : "", closest ? "?" : "");
         }
         if (vn->type == YAML_SCALAR_NODE && isNull(vn)) continue;  /* "nan:" with nothing under it */
@@ -734,7 +723,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
             sectionKeys(name, "", list, sizeof list, &unused);
             showValue(vn, shown, sizeof shown);
             where(src, vn, at, sizeof at);
-            return setError(err, "%s%s: %s is not a mapping; allowed: a mapping of %s", at, name, shown,
+            return nsaErrorf(err, "%s%s: %s is not a mapping; allowed: a mapping of %s", at, name, shown,
                             list);
         }
         if (walkSection(cfg, doc, name, vn, src, err) != 0) return -1;
@@ -754,16 +743,16 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
         if (parser->error == YAML_READER_ERROR) {  /* bad bytes: libyaml has an offset, no line */
             char byte[24] = "";
             if (parser->problem_value != -1) snprintf(byte, sizeof byte, " (byte 0x%02x)", parser->problem_value);
-            return setError(err, "%s%sbyte offset %zu: malformed YAML: %s%s; allowed: UTF-8 text",
+            return nsaErrorf(err, "%s%sbyte offset %zu: malformed YAML: %s%s; allowed: UTF-8 text",
                             src->path ? src->path : "", src->path ? ": " : "", parser->problem_offset,
                             parser->problem ? parser->problem : "unreadable input", byte);
         }
         const char *ctx = parser->context ? parser->context : "";
         size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
         if (src->path)
-            return setError(err, "%s:%zu:%zu: malformed YAML: %s%s%s", src->path, line, col,
+            return nsaErrorf(err, "%s:%zu:%zu: malformed YAML: %s%s%s", src->path, line, col,
                             parser->problem ? parser->problem : "parse error", *ctx ? " " : "", ctx);
-        return setError(err, "line %zu, column %zu: malformed YAML: %s%s%s", line, col,
+        return nsaErrorf(err, "line %zu, column %zu: malformed YAML: %s%s%s", line, col,
                         parser->problem ? parser->problem : "parse error", *ctx ? " " : "", ctx);
     }
     int rc = walkRoot(cfg, &doc, src, err);
@@ -778,13 +767,13 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
         yaml_document_delete(&extra);
         if (root) {
             if (src->path)
-                return setError(err, "%s:%zu: a second YAML document; allowed: one document per config",
+                return nsaErrorf(err, "%s:%zu: a second YAML document; allowed: one document per config",
                                 src->path, line);
-            return setError(err, "line %zu: a second YAML document; allowed: one document per config",
+            return nsaErrorf(err, "line %zu: a second YAML document; allowed: one document per config",
                             line);
         }
     } else {
-        return setError(err, "%s%smalformed YAML after the first document: %s", src->path ? src->path : "",
+        return nsaErrorf(err, "%s%smalformed YAML after the first document: %s", src->path ? src->path : "",
                         src->path ? ": " : "", parser->problem ? parser->problem : "parse error");
     }
 
@@ -796,7 +785,7 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
         if (src->path && err) {  /* name the file, as the per-key errors do */
             char msg[sizeof err->message];
             snprintf(msg, sizeof msg, "%s", err->message);
-            setError(err, "%s: %s", src->path, msg);
+            nsaErrorf(err, "%s: %s", src->path, msg);
         }
         return -1;
     }
@@ -805,7 +794,7 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
 
 int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err) {
     yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) return setError(err, "config: out of memory");
+    if (!yaml_parser_initialize(&parser)) return nsaErrorf(err, "config: out of memory");
     yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
     Source src = {NULL};
     int rc = loadParser(cfg, &parser, &src, err);
@@ -815,21 +804,21 @@ int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err
 
 int configLoadFile(JobConfig *cfg, const char *path, NsaError *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return setError(err, "%s: cannot open config: %s", path, strerror(errno));
+    if (!f) return nsaErrorf(err, "%s: cannot open config: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
         fclose(f);
-        return setError(err, "%s: is a directory; allowed: a YAML or JSON config file", path);
+        return nsaErrorf(err, "%s: is a directory; allowed: a YAML or JSON config file", path);
     }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
         fclose(f);
-        return setError(err, "%s: out of memory", path);
+        return nsaErrorf(err, "%s: out of memory", path);
     }
     yaml_parser_set_input_file(&parser, f);
     Source src = {path};
     int rc = loadParser(cfg, &parser, &src, err);
-    if (rc == 0 && ferror(f)) rc = setError(err, "%s: read error", path);
+    if (rc == 0 && ferror(f)) rc = nsaErrorf(err, "%s: read error", path);
     yaml_parser_delete(&parser);
     fclose(f);
     return rc;
@@ -854,66 +843,66 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
             int value = *(const int *)field;
             if (strcmp(enumName(k->names, value), "unknown")) continue;
             enumList(k->names, allowed, sizeof allowed);
-            return setError(err, "%s.%s: %d is not a known value; allowed: %s", k->section, k->key,
+            return nsaErrorf(err, "%s.%s: %d is not a known value; allowed: %s", k->section, k->key,
                             value, allowed);
         }
         default: continue;
         }
         if (!isfinite(v) || !inRange(k, v)) {
             describeRange(k, allowed, sizeof allowed);
-            return setError(err, "%s.%s: %.17g is out of range; allowed: %s", k->section, k->key, v,
+            return nsaErrorf(err, "%s.%s: %.17g is out of range; allowed: %s", k->section, k->key, v,
                             allowed);
         }
     }
 
     const NsaModelConfig *m = &cfg->model;
     if (m->n_heads % m->n_kv_groups != 0)
-        return setError(err, "model.n_heads: %d is not divisible by model.n_kv_groups (%d); allowed: a "
+        return nsaErrorf(err, "model.n_heads: %d is not divisible by model.n_kv_groups (%d); allowed: a "
                         "multiple of n_kv_groups", m->n_heads, m->n_kv_groups);
     if (m->d_k % 2 != 0)
-        return setError(err, "model.d_k: %d is odd; allowed: an even number (RoPE rotates pairs of dims)",
+        return nsaErrorf(err, "model.d_k: %d is odd; allowed: an even number (RoPE rotates pairs of dims)",
                         m->d_k);
     if (m->cmp_len % m->cmp_stride != 0)
-        return setError(err, "nsa.d: %d does not divide nsa.l (%d); allowed: a divisor of l and l_sel",
+        return nsaErrorf(err, "nsa.d: %d does not divide nsa.l (%d); allowed: a divisor of l and l_sel",
                         m->cmp_stride, m->cmp_len);
     if (m->sel_len % m->cmp_stride != 0)
-        return setError(err, "nsa.d: %d does not divide nsa.l_sel (%d); allowed: a divisor of l and l_sel",
+        return nsaErrorf(err, "nsa.d: %d does not divide nsa.l_sel (%d); allowed: a divisor of l and l_sel",
                         m->cmp_stride, m->sel_len);
 
     const TrainConfig *t = &cfg->train;
     if (t->min_lr > t->lr)
-        return setError(err, "train.min_lr: %g is above train.lr (%g); allowed: 0 to lr", t->min_lr, t->lr);
+        return nsaErrorf(err, "train.min_lr: %g is above train.lr (%g); allowed: 0 to lr", t->min_lr, t->lr);
     if (!t->out_dir[0])
-        return setError(err, "train.out_dir: (empty); allowed: a directory path");
+        return nsaErrorf(err, "train.out_dir: (empty); allowed: a directory path");
     if (t->eval_every > 0 && cfg->data.val_fraction <= 0)
-        return setError(err, "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
+        return nsaErrorf(err, "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
                         "allowed: 0 (no evaluation), or set data.val_fraction above 0",
                         (long long)t->eval_every);
 
     const RuntimeConfig *r = &cfg->runtime;
     if (r->device == NSA_DEVICE_CPU && (r->precision == NSA_PREC_BF16 || r->precision == NSA_PREC_FP16))
-        return setError(err, "runtime.precision: %s is not available on device cpu%s; allowed on cpu: "
+        return nsaErrorf(err, "runtime.precision: %s is not available on device cpu%s; allowed on cpu: "
                         "fp32, fp64, auto", configPrecisionName(r->precision),
                         r->device_auto ? " (runtime.device auto found no GPU)" : "");
     if (r->device == NSA_DEVICE_CUDA && r->precision == NSA_PREC_F64)
-        return setError(err, "runtime.precision: fp64 is not available on device cuda; allowed on cuda: "
+        return nsaErrorf(err, "runtime.precision: fp64 is not available on device cuda; allowed on cuda: "
                         "fp32, bf16, fp16, auto");
 
     const DataConfig *d = &cfg->data;
     const Tokenizer *tok = tokenizerFind(d->tokenizer);
     if (d->source != DATA_SHARDS) {
         if (!tok)
-            return setError(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s (or "
+            return nsaErrorf(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s (or "
                             "data.source shards for pre-tokenized data)", d->tokenizer, tokenizerNames());
         if (m->vocab_size < tok->vocab_size)
-            return setError(err, "model.vocab_size: %d is smaller than the %s tokenizer's vocabulary; "
+            return nsaErrorf(err, "model.vocab_size: %d is smaller than the %s tokenizer's vocabulary; "
                             "allowed: at least %d", m->vocab_size, tok->name, tok->vocab_size);
     } else if (m->vocab_size > 65536) {
-        return setError(err, "model.vocab_size: %d does not fit llm.c shards' uint16 tokens; allowed: 2 "
+        return nsaErrorf(err, "model.vocab_size: %d does not fit llm.c shards' uint16 tokens; allowed: 2 "
                         "to 65536 with data.source shards", m->vocab_size);
     }
     if (d->source != DATA_SYNTHETIC && !d->path[0])
-        return setError(err, "data.path: (empty) with data.source %s; allowed: %s",
+        return nsaErrorf(err, "data.path: (empty) with data.source %s; allowed: %s",
                         enumName(source_names, d->source),
                         d->source == DATA_TEXT ? "a .txt or .jsonl file, or a directory of them"
                                                : "a .bin shard, a directory of them, or a glob");
@@ -922,16 +911,16 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
      * this only fires if the engine grows a rule config.c does not know */
     NsaError engine_err;
     if (nsaModelConfigValidate(m, &engine_err) != 0)
-        return setError(err, "model: the engine refuses the model: %s", engine_err.message);
+        return nsaErrorf(err, "model: the engine refuses the model: %s", engine_err.message);
 
     const FaultConfig *f = &cfg->fault;
     if (f->nan_at_step > 0 && f->nan_kind == FAULT_NONE)
-        return setError(err, "fault.nan_kind: none while fault.nan_at_step is %lld; allowed: loss, grad",
+        return nsaErrorf(err, "fault.nan_kind: none while fault.nan_at_step is %lld; allowed: loss, grad",
                         (long long)f->nan_at_step);
     int phase_ok = 0;
     for (int i = 0; stall_phases[i]; i++) phase_ok |= !strcmp(stall_phases[i], f->stall_phase);
     if (!phase_ok)
-        return setError(err, "fault.stall_phase: \"%s\" is not a phase; allowed: data, forward, backward, "
+        return nsaErrorf(err, "fault.stall_phase: \"%s\" is not a phase; allowed: data, forward, backward, "
                         "allreduce, optimizer, checkpoint, eval", f->stall_phase);
     return 0;
 }

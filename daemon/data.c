@@ -27,7 +27,6 @@
 #include <fcntl.h>
 #include <glob.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,17 +90,6 @@ struct DataLoader {
     int stop;
     _Atomic uint64_t hits, misses;
 };
-
-static int setError(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int setError(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* ---- hashing: counter-based, so any batch is O(1) to reach ---------------- */
 
@@ -190,7 +178,7 @@ static int hasSuffix(const char *s, const char *suffix) {
 /* Lists dir/NAME for the names ending in one of the suffixes, sorted. */
 static int listDir(const char *dir, const char *const *suffixes, Names *out, NsaError *err) {
     DIR *d = opendir(dir);
-    if (!d) return setError(err, "data.path: %s: cannot open directory: %s", dir, strerror(errno));
+    if (!d) return nsaErrorf(err, "data.path: %s: cannot open directory: %s", dir, strerror(errno));
     struct dirent *e;
     char path[4096];
     while ((e = readdir(d))) {
@@ -201,7 +189,7 @@ static int listDir(const char *dir, const char *const *suffixes, Names *out, Nsa
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (namesPush(out, path) != 0) {
             closedir(d);
-            return setError(err, "data.path: %s: out of memory", dir);
+            return nsaErrorf(err, "data.path: %s: out of memory", dir);
         }
     }
     closedir(d);
@@ -211,18 +199,18 @@ static int listDir(const char *dir, const char *const *suffixes, Names *out, Nsa
 
 static int readWhole(const char *path, Bytes *out, NsaError *err) {
     FILE *f = fopen(path, "rb");
-    if (!f) return setError(err, "data.path: %s: cannot open: %s", path, strerror(errno));
+    if (!f) return nsaErrorf(err, "data.path: %s: cannot open: %s", path, strerror(errno));
     uint8_t chunk[1 << 16];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
         if (bytesAppend(out, chunk, n) != 0) {
             fclose(f);
-            return setError(err, "data.path: %s: out of memory", path);
+            return nsaErrorf(err, "data.path: %s: out of memory", path);
         }
     }
     int bad = ferror(f);
     fclose(f);
-    if (bad) return setError(err, "data.path: %s: read error", path);
+    if (bad) return nsaErrorf(err, "data.path: %s: read error", path);
     return 0;
 }
 
@@ -233,17 +221,17 @@ static int appendTxt(const char *path, Bytes *text, Offsets *docs, NsaError *err
     size_t base = text->len;
     if (readWhole(path, text, err) != 0) return -1;
     if (text->len == base) return 0;  /* empty file: no document */
-    if (offsetsPush(docs, base) != 0) return setError(err, "data.path: %s: out of memory", path);
+    if (offsetsPush(docs, base) != 0) return nsaErrorf(err, "data.path: %s: out of memory", path);
     const uint8_t *t = text->data;
     for (size_t i = base + 2; i < text->len; i++) {
         if (t[i - 1] != '\n' || t[i] == '\n' || t[i] == '\r') continue;
         /* a blank line ends the paragraph: "\n\n", or "\n\r\n" from Windows */
         int blank = t[i - 2] == '\n' || (i >= base + 3 && t[i - 2] == '\r' && t[i - 3] == '\n');
-        if (blank && offsetsPush(docs, i) != 0) return setError(err, "data.path: %s: out of memory", path);
+        if (blank && offsetsPush(docs, i) != 0) return nsaErrorf(err, "data.path: %s: out of memory", path);
     }
     return bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) == 0
                ? 0
-               : setError(err, "data.path: %s: out of memory", path);
+               : nsaErrorf(err, "data.path: %s: out of memory", path);
 }
 
 /* Appends the "text" field of every record of a .jsonl file, one document
@@ -270,7 +258,7 @@ static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *e
         cJSON *obj = cJSON_ParseWithLengthOpts(line, len, &end, 0);
         size_t at = end ? (size_t)(end - line) : 0;
         if (!obj) {
-            rc = setError(err, "data.path: %s:%zu: malformed JSON at byte offset %zu (column %zu); "
+            rc = nsaErrorf(err, "data.path: %s:%zu: malformed JSON at byte offset %zu (column %zu); "
                           "allowed: one JSON object per line with a string \"text\"",
                           path, line_no, pos + at, at + 1);
             break;
@@ -278,14 +266,14 @@ static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *e
         while (at < len && (line[at] == ' ' || line[at] == '\t' || line[at] == '\r')) at++;
         const cJSON *field = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, "text") : NULL;
         if (at < len) {
-            rc = setError(err, "data.path: %s:%zu: unexpected text after the JSON value at byte offset "
+            rc = nsaErrorf(err, "data.path: %s:%zu: unexpected text after the JSON value at byte offset "
                           "%zu (column %zu); allowed: one JSON object per line", path, line_no, pos + at,
                           at + 1);
         } else if (!cJSON_IsObject(obj)) {
-            rc = setError(err, "data.path: %s:%zu: the line at byte offset %zu is not a JSON object; "
+            rc = nsaErrorf(err, "data.path: %s:%zu: the line at byte offset %zu is not a JSON object; "
                           "allowed: an object with a string \"text\"", path, line_no, pos + lead);
         } else if (!cJSON_IsString(field)) {
-            rc = setError(err, "data.path: %s:%zu: %s \"text\" field in the record at byte offset %zu; "
+            rc = nsaErrorf(err, "data.path: %s:%zu: %s \"text\" field in the record at byte offset %zu; "
                           "allowed: an object with a string \"text\"", path, line_no,
                           field ? "a non-string" : "no", pos + lead);
         } else {
@@ -294,7 +282,7 @@ static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *e
             if (n > 0) {
                 if (offsetsPush(docs, text->len) != 0 || bytesAppend(text, s, n) != 0 ||
                     bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) != 0)
-                    rc = setError(err, "data.path: %s: out of memory", path);
+                    rc = nsaErrorf(err, "data.path: %s: out of memory", path);
             }
         }
         cJSON_Delete(obj);
@@ -332,11 +320,11 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     const char *path = cfg->data.path;
     const Tokenizer *tok = tokenizerFind(cfg->data.tokenizer);
     if (!tok)
-        return setError(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s",
+        return nsaErrorf(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s",
                         cfg->data.tokenizer, tokenizerNames());
     struct stat st;
     if (stat(path, &st) != 0)
-        return setError(err, "data.path: %s: %s; allowed: a .txt or .jsonl file, or a directory of them",
+        return nsaErrorf(err, "data.path: %s: %s; allowed: a .txt or .jsonl file, or a directory of them",
                         path, strerror(errno));
 
     Bytes text = {0};
@@ -347,14 +335,14 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         Names files = {0};
         rc = listDir(path, suffixes, &files, err);
         if (rc == 0 && files.len == 0)
-            rc = setError(err, "data.path: %s: no .txt or .jsonl files in the directory", path);
+            rc = nsaErrorf(err, "data.path: %s: no .txt or .jsonl files in the directory", path);
         for (size_t i = 0; rc == 0 && i < files.len; i++)
             rc = appendTextFile(files.data[i], &text, &docs, err);
         namesFree(&files);
     } else {
         rc = appendTextFile(path, &text, &docs, err);
     }
-    if (rc == 0 && docs.len == 0) rc = setError(err, "data.path: %s: no text in the data", path);
+    if (rc == 0 && docs.len == 0) rc = nsaErrorf(err, "data.path: %s: no text in the data", path);
 
     /* the split, in bytes of the stream; +1: a window holds seq_len + 1 */
     size_t need = (size_t)cfg->train.seq_len + 1;
@@ -362,12 +350,12 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     if (rc == 0) {
         double vf = cfg->data.val_fraction;
         if (vf <= 0 && dl->split == SPLIT_VAL) {
-            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to "
+            rc = nsaErrorf(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to "
                           "evaluate");
         } else if (vf > 0) {
             size_t cut = 0;
             if (chooseCut(&docs, text.len, vf, need, &cut) != 0)
-                rc = setError(err, "data.val_fraction: %g: %s (%zu bytes, %zu documents) has no document "
+                rc = nsaErrorf(err, "data.val_fraction: %g: %s (%zu bytes, %zu documents) has no document "
                               "boundary leaving both splits %zu tokens (train.seq_len + 1); allowed: more "
                               "data, a shorter seq_len or another val_fraction",
                               vf, path, text.len, docs.len, need);
@@ -378,7 +366,7 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         }
     }
     if (rc == 0 && end - begin < need)
-        rc = setError(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
+        rc = nsaErrorf(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
                       path, dl->split == SPLIT_TRAIN ? "train" : "val", end - begin, need);
     free(docs.data);
     if (rc != 0) {
@@ -391,7 +379,7 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     dl->segments = malloc(sizeof *dl->segments);
     if (!dl->owned || !dl->segments) {
         free(text.data);
-        return setError(err, "data.path: %s: out of memory for %zu tokens", path, bytes);
+        return nsaErrorf(err, "data.path: %s: out of memory for %zu tokens", path, bytes);
     }
     size_t n = tokenizerEncode(tok, text.data + begin, bytes, dl->owned);
     free(text.data);
@@ -409,41 +397,41 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
 static int mapShard(const char *path, Mapping *map, const uint16_t **tokens, uint64_t *n_tokens,
                     NsaError *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return setError(err, "data.path: %s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "data.path: %s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         close(fd);
-        return setError(err, "data.path: %s: cannot stat: %s", path, strerror(errno));
+        return nsaErrorf(err, "data.path: %s: cannot stat: %s", path, strerror(errno));
     }
     size_t size = (size_t)st.st_size;
     if (size < SHARD_HEADER_BYTES) {
         close(fd);
-        return setError(err, "data.path: %s: truncated at offset %zu: shorter than the %zu-byte llm.c "
+        return nsaErrorf(err, "data.path: %s: truncated at offset %zu: shorter than the %zu-byte llm.c "
                         "shard header", path, size, (size_t)SHARD_HEADER_BYTES);
     }
     void *addr = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
-    if (addr == MAP_FAILED) return setError(err, "data.path: %s: cannot map: %s", path, strerror(errno));
+    if (addr == MAP_FAILED) return nsaErrorf(err, "data.path: %s: cannot map: %s", path, strerror(errno));
     map->addr = addr;
     map->size = size;
 
     const int32_t *header = addr;
     if (header[0] != SHARD_MAGIC)
-        return setError(err, "data.path: %s: offset 0: magic %d is not an llm.c token shard's; allowed: "
+        return nsaErrorf(err, "data.path: %s: offset 0: magic %d is not an llm.c token shard's; allowed: "
                         "%d", path, header[0], SHARD_MAGIC);
     if (header[1] != SHARD_VERSION)
-        return setError(err, "data.path: %s: offset 4: shard version %d is not supported; allowed: %d "
+        return nsaErrorf(err, "data.path: %s: offset 4: shard version %d is not supported; allowed: %d "
                         "(uint16 tokens)", path, header[1], SHARD_VERSION);
     if (header[2] <= 0)
-        return setError(err, "data.path: %s: offset 8: token count %d; allowed: a positive count", path,
+        return nsaErrorf(err, "data.path: %s: offset 8: token count %d; allowed: a positive count", path,
                         header[2]);
     uint64_t count = (uint64_t)header[2];
     size_t expected = SHARD_HEADER_BYTES + (size_t)count * sizeof(uint16_t);
     if (size < expected)
-        return setError(err, "data.path: %s: truncated at offset %zu: the header promises %llu tokens, "
+        return nsaErrorf(err, "data.path: %s: truncated at offset %zu: the header promises %llu tokens, "
                         "which end at offset %zu", path, size, (unsigned long long)count, expected);
     if (size > expected)
-        return setError(err, "data.path: %s: offset %zu: %zu bytes after the last of the %llu tokens the "
+        return nsaErrorf(err, "data.path: %s: offset %zu: %zu bytes after the last of the %llu tokens the "
                         "header promises", path, expected, size - expected, (unsigned long long)count);
     *tokens = (const uint16_t *)((const char *)addr + SHARD_HEADER_BYTES);
     *n_tokens = count;
@@ -464,21 +452,21 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         glob_t g;
         int grc = glob(path, 0, NULL, &g);
         if (grc == GLOB_NOMATCH)
-            rc = setError(err, "data.path: %s: the pattern matches no file", path);
+            rc = nsaErrorf(err, "data.path: %s: the pattern matches no file", path);
         else if (grc != 0)
-            rc = setError(err, "data.path: %s: cannot expand the pattern", path);
+            rc = nsaErrorf(err, "data.path: %s: cannot expand the pattern", path);
         for (size_t i = 0; rc == 0 && i < g.gl_pathc; i++)
-            if (namesPush(&files, g.gl_pathv[i]) != 0) rc = setError(err, "data.path: out of memory");
+            if (namesPush(&files, g.gl_pathv[i]) != 0) rc = nsaErrorf(err, "data.path: out of memory");
         if (grc == 0) globfree(&g);
     } else if (stat(path, &st) != 0) {
-        rc = setError(err, "data.path: %s: %s; allowed: a .bin shard, a directory of them, or a glob",
+        rc = nsaErrorf(err, "data.path: %s: %s; allowed: a .bin shard, a directory of them, or a glob",
                       path, strerror(errno));
     } else if (S_ISDIR(st.st_mode)) {
         static const char *const suffixes[] = {".bin", NULL};
         rc = listDir(path, suffixes, &files, err);
-        if (rc == 0 && files.len == 0) rc = setError(err, "data.path: %s: no .bin shards in the directory", path);
+        if (rc == 0 && files.len == 0) rc = nsaErrorf(err, "data.path: %s: no .bin shards in the directory", path);
     } else {
-        if (namesPush(&files, path) != 0) rc = setError(err, "data.path: out of memory");
+        if (namesPush(&files, path) != 0) rc = nsaErrorf(err, "data.path: out of memory");
     }
     if (rc != 0) {
         namesFree(&files);
@@ -494,13 +482,13 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     dl->segments = calloc(files.len, sizeof *dl->segments);
     if (!dl->maps || !dl->segments) {
         namesFree(&files);
-        return setError(err, "data.path: out of memory");
+        return nsaErrorf(err, "data.path: out of memory");
     }
     /* map and check every header first: the split needs the total */
     const uint16_t **tok = calloc(files.len, sizeof *tok);
     uint64_t *count = calloc(files.len, sizeof *count);
     uint64_t total = 0;
-    if (!tok || !count) rc = setError(err, "data.path: out of memory");
+    if (!tok || !count) rc = nsaErrorf(err, "data.path: out of memory");
     for (size_t i = 0; rc == 0 && i < files.len; i++) {
         rc = mapShard(files.data[i], &dl->maps[i], &tok[i], &count[i], err);
         dl->n_maps = (int)i + 1;
@@ -513,7 +501,7 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         double vf = cfg->data.val_fraction;
         uint64_t n_val = (uint64_t)((double)total * vf);
         if (dl->split == SPLIT_VAL && vf <= 0)
-            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
+            rc = nsaErrorf(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
         else if (dl->split == SPLIT_TRAIN)
             hi = total - n_val;
         else
@@ -521,7 +509,7 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     }
     uint64_t need = (uint64_t)cfg->train.seq_len + 1;
     if (rc == 0 && hi - lo < need)
-        rc = setError(err, "data.path: %s: the %s split has %llu tokens, fewer than train.seq_len + 1 (%llu)",
+        rc = nsaErrorf(err, "data.path: %s: the %s split has %llu tokens, fewer than train.seq_len + 1 (%llu)",
                       path, dl->split == SPLIT_TRAIN ? "train" : "val", (unsigned long long)(hi - lo),
                       (unsigned long long)need);
 
@@ -534,7 +522,7 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
             const uint16_t *t = tok[i] + (a - offset);
             for (uint64_t j = 0; j < b - a; j++) {
                 if (t[j] >= (uint32_t)cfg->model.vocab_size) {
-                    rc = setError(err, "data.path: %s: offset %llu: token %u is not below model.vocab_size "
+                    rc = nsaErrorf(err, "data.path: %s: offset %llu: token %u is not below model.vocab_size "
                                   "(%d); allowed: tokens < vocab_size", files.data[i],
                                   (unsigned long long)(SHARD_HEADER_BYTES + (a - offset + j) * 2), t[j],
                                   cfg->model.vocab_size);
@@ -644,20 +632,20 @@ static int startPrefetch(DataLoader *dl, int depth, NsaError *err) {
     if (depth <= 0) return 0;
     size_t n = (size_t)dl->batch * (size_t)dl->seq_len;
     dl->slots = calloc((size_t)depth, sizeof *dl->slots);
-    if (!dl->slots) return setError(err, "data: out of memory for the prefetch ring");
+    if (!dl->slots) return nsaErrorf(err, "data: out of memory for the prefetch ring");
     for (int i = 0; i < depth; i++) {
         dl->slots[i].tokens = malloc(n * sizeof(int32_t));
         dl->slots[i].targets = malloc(n * sizeof(int32_t));
         if (!dl->slots[i].tokens || !dl->slots[i].targets)
-            return setError(err, "data: out of memory for the prefetch ring (%d x %zu tokens)", depth, n);
+            return nsaErrorf(err, "data: out of memory for the prefetch ring (%d x %zu tokens)", depth, n);
     }
     if (pthread_mutex_init(&dl->mu, NULL) != 0 || pthread_cond_init(&dl->cv, NULL) != 0)
-        return setError(err, "data: cannot create the prefetch thread's lock");
+        return nsaErrorf(err, "data: cannot create the prefetch thread's lock");
     int rc = pthread_create(&dl->thread, NULL, prefetchMain, dl);
     if (rc != 0) {
         pthread_cond_destroy(&dl->cv);
         pthread_mutex_destroy(&dl->mu);
-        return setError(err, "data: cannot start the prefetch thread: %s", strerror(rc));
+        return nsaErrorf(err, "data: cannot start the prefetch thread: %s", strerror(rc));
     }
     dl->thread_started = 1;
     return 0;
@@ -667,17 +655,17 @@ static int startPrefetch(DataLoader *dl, int depth, NsaError *err) {
 
 DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
     if (cfg->train.seq_len < 1 || cfg->train.batch_size < 1) {
-        setError(err, "train.seq_len: %d, train.batch_size: %d; allowed: both at least 1",
+        nsaErrorf(err, "train.seq_len: %d, train.batch_size: %d; allowed: both at least 1",
                  cfg->train.seq_len, cfg->train.batch_size);
         return NULL;
     }
     if (split != SPLIT_TRAIN && split != SPLIT_VAL) {
-        setError(err, "data: split %d; allowed: train (0) or val (1)", (int)split);
+        nsaErrorf(err, "data: split %d; allowed: train (0) or val (1)", (int)split);
         return NULL;
     }
     DataLoader *dl = calloc(1, sizeof *dl);
     if (!dl) {
-        setError(err, "data: out of memory");
+        nsaErrorf(err, "data: out of memory");
         return NULL;
     }
     dl->source = cfg->data.source;
@@ -689,7 +677,7 @@ DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
     switch (cfg->data.source) {
     case DATA_SYNTHETIC:
         if (split == SPLIT_VAL && cfg->data.val_fraction <= 0) {
-            rc = setError(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
+            rc = nsaErrorf(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to evaluate");
             break;
         }
         dl->n_tokens = UINT64_MAX;
@@ -699,13 +687,13 @@ DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
         break;
     case DATA_TEXT: rc = openText(dl, cfg, err); break;
     case DATA_SHARDS: rc = openShards(dl, cfg, err); break;
-    default: rc = setError(err, "data.source: %d; allowed: synthetic, text, shards", (int)cfg->data.source);
+    default: rc = nsaErrorf(err, "data.source: %d; allowed: synthetic, text, shards", (int)cfg->data.source);
     }
     if (rc == 0 && dl->vocab > cfg->model.vocab_size)
-        rc = setError(err, "model.vocab_size: %d is smaller than the data's vocabulary (%d); allowed: at "
+        rc = nsaErrorf(err, "model.vocab_size: %d is smaller than the data's vocabulary (%d); allowed: at "
                       "least %d", cfg->model.vocab_size, dl->vocab, dl->vocab);
     if (rc == 0 && !(dl->window = malloc(((size_t)dl->seq_len + 1) * sizeof(int32_t))))
-        rc = setError(err, "data: out of memory for a window of %d tokens", dl->seq_len + 1);
+        rc = nsaErrorf(err, "data: out of memory for a window of %d tokens", dl->seq_len + 1);
     if (rc == 0) rc = startPrefetch(dl, cfg->data.prefetch, err);
     if (rc != 0) {
         dataClose(dl);
@@ -742,7 +730,7 @@ void dataClose(DataLoader *dl) {
 }
 
 int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets, NsaError *err) {
-    if (!dl || !tokens || !targets) return setError(err, "dataBatch: NULL argument");
+    if (!dl || !tokens || !targets) return nsaErrorf(err, "dataBatch: NULL argument");
     size_t n = (size_t)dl->batch * (size_t)dl->seq_len;
     int served = 0;
     if (dl->thread_started) {

@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,17 +62,6 @@ double runsNow(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int setErr(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int setErr(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int joinPath(char *out, size_t cap, const char *a, const char *b) {
     int n = snprintf(out, cap, "%s/%s", a, b);
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
@@ -83,9 +71,9 @@ static int makeDir(const char *path, NsaError *err) {
     if (mkdir(path, 0750) == 0 || errno == EEXIST) {
         struct stat st;
         if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
-        return setErr(err, "%s: exists and is not a directory", path);
+        return nsaErrorf(err, "%s: exists and is not a directory", path);
     }
-    return setErr(err, "cannot create directory %s: %s", path, strerror(errno));
+    return nsaErrorf(err, "cannot create directory %s: %s", path, strerror(errno));
 }
 
 /* Writes data to path through a temp file, fsync and rename. */
@@ -93,7 +81,7 @@ static int writeFileAtomic(const char *path, const char *data, size_t len, NsaEr
     char tmp[RUN_PATH_MAX + 32];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) return setErr(err, "cannot write %s: %s", tmp, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(errno));
     size_t off = 0;
     while (off < len) {
         ssize_t w = write(fd, data + off, len - off);
@@ -102,18 +90,18 @@ static int writeFileAtomic(const char *path, const char *data, size_t len, NsaEr
             int saved = errno;
             close(fd);
             unlink(tmp);
-            return setErr(err, "cannot write %s: %s", tmp, strerror(saved));
+            return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(saved));
         }
         off += (size_t)w;
     }
     if (fsync(fd) != 0 || close(fd) != 0) {
         unlink(tmp);
-        return setErr(err, "cannot write %s: %s", tmp, strerror(errno));
+        return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(errno));
     }
     if (rename(tmp, path) != 0) {
         int saved = errno;
         unlink(tmp);
-        return setErr(err, "cannot rename %s to %s: %s", tmp, path, strerror(saved));
+        return nsaErrorf(err, "cannot rename %s to %s: %s", tmp, path, strerror(saved));
     }
     return 0;
 }
@@ -200,7 +188,7 @@ static void addNumberOrNull(cJSON *obj, const char *key, double v) {
 
 int runsSave(const Run *run, NsaError *err) {
     cJSON *o = cJSON_CreateObject();
-    if (!o) return setErr(err, "out of memory saving run %s", run->id);
+    if (!o) return nsaErrorf(err, "out of memory saving run %s", run->id);
     cJSON_AddStringToObject(o, "id", run->id);
     cJSON_AddStringToObject(o, "name", run->name);
     cJSON_AddStringToObject(o, "state", runStateName(run->state));
@@ -219,7 +207,7 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddNumberToObject(o, "ended_at", run->ended_at);
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
-    if (!text) return setErr(err, "out of memory saving run %s", run->id);
+    if (!text) return nsaErrorf(err, "out of memory saving run %s", run->id);
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.json", run->dir);
     int rc = writeFileAtomic(path, text, strlen(text), err);
@@ -243,14 +231,14 @@ static int loadEvents(Run *run);
 static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     Run *run = runNew(reg, id);
     if (!run) {
-        setErr(err, "out of memory loading run %s", id);
+        nsaErrorf(err, "out of memory loading run %s", id);
         return NULL;
     }
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.json", run->dir);
     char *text = readFile(path, NULL);
     if (!text) {
-        setErr(err, "%s: %s", path, strerror(errno));
+        nsaErrorf(err, "%s: %s", path, strerror(errno));
         runFree(run);
         return NULL;
     }
@@ -259,7 +247,7 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     const cJSON *state = cJSON_GetObjectItemCaseSensitive(o, "state");
     int st = cJSON_IsString(state) ? runStateFromName(state->valuestring) : -1;
     if (!cJSON_IsObject(o) || st < 0) {
-        setErr(err, "%s: not a run record (no valid \"state\")", path);
+        nsaErrorf(err, "%s: not a run record (no valid \"state\")", path);
         cJSON_Delete(o);
         runFree(run);
         return NULL;
@@ -284,12 +272,12 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
     run->config_yaml = readFile(path, NULL);
     if (!run->config_yaml) {
-        setErr(err, "%s: %s", path, strerror(errno));
+        nsaErrorf(err, "%s: %s", path, strerror(errno));
         runFree(run);
         return NULL;
     }
     if (loadEvents(run) != 0) {
-        setErr(err, "%s/events.jsonl: out of memory", run->dir);
+        nsaErrorf(err, "%s/events.jsonl: out of memory", run->dir);
         runFree(run);
         return NULL;
     }
@@ -307,12 +295,12 @@ static int compareCreated(const void *a, const void *b) {
 RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
     RunRegistry *reg = calloc(1, sizeof *reg);
     if (!reg) {
-        setErr(err, "out of memory");
+        nsaErrorf(err, "out of memory");
         return NULL;
     }
     if (snprintf(reg->state_dir, sizeof reg->state_dir, "%s", state_dir) >= (int)sizeof reg->state_dir ||
         joinPath(reg->runs_dir, sizeof reg->runs_dir, state_dir, "runs") != 0) {
-        setErr(err, "state dir path too long: %s", state_dir);
+        nsaErrorf(err, "state dir path too long: %s", state_dir);
         free(reg);
         return NULL;
     }
@@ -322,7 +310,7 @@ RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
     }
     DIR *d = opendir(reg->runs_dir);
     if (!d) {
-        setErr(err, "cannot read %s: %s", reg->runs_dir, strerror(errno));
+        nsaErrorf(err, "cannot read %s: %s", reg->runs_dir, strerror(errno));
         free(reg);
         return NULL;
     }
@@ -339,7 +327,7 @@ RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
             runFree(run);
             closedir(d);
             runsClose(reg);
-            setErr(err, "out of memory loading runs");
+            nsaErrorf(err, "out of memory loading runs");
             return NULL;
         }
     }
@@ -382,13 +370,13 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
         makeRunId(id, sizeof id);
     } while (runsFind(reg, id) && ++tries < 16);
     if (runsFind(reg, id)) {
-        setErr(err, "could not find a free run id");
+        nsaErrorf(err, "could not find a free run id");
         return NULL;
     }
     Run *run = runNew(reg, id);
     if (!run || !(run->config_yaml = strdup(config_yaml))) {
         runFree(run);
-        setErr(err, "out of memory creating a run");
+        nsaErrorf(err, "out of memory creating a run");
         return NULL;
     }
     if (name) snprintf(run->name, sizeof run->name, "%s", name);
@@ -400,7 +388,7 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
     if (mkdir(run->dir, 0750) != 0) {
-        setErr(err, "cannot create %s: %s", run->dir, strerror(errno));
+        nsaErrorf(err, "cannot create %s: %s", run->dir, strerror(errno));
         runFree(run);
         return NULL;
     }
@@ -410,7 +398,7 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
         return NULL;
     }
     if (registryAppend(reg, run) != 0) {
-        setErr(err, "out of memory creating a run");
+        nsaErrorf(err, "out of memory creating a run");
         runFree(run);
         return NULL;
     }
@@ -419,7 +407,7 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
 
 int runsSetConfig(Run *run, const char *config_yaml, NsaError *err) {
     char *copy = strdup(config_yaml);
-    if (!copy) return setErr(err, "out of memory");
+    if (!copy) return nsaErrorf(err, "out of memory");
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
     if (writeFileAtomic(path, copy, strlen(copy), err) != 0) {
@@ -554,7 +542,7 @@ static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
     char path[RUN_PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/%s", run->out_dir, file);
     FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : setErr(err, "%s: %s", path, strerror(errno));
+    if (!f) return errno == ENOENT ? 0 : nsaErrorf(err, "%s: %s", path, strerror(errno));
     char line[4096];
     int col[COL_COUNT];
     for (int c = 0; c < COL_COUNT; c++) col[c] = -1;
@@ -570,7 +558,7 @@ static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
                 if (c >= 0 && col[c] < 0) col[c] = i;
             }
             if (col[COL_STEP] < 0) {
-                rc = setErr(err, "%s line 1: no \"step\" column in the header", path);
+                rc = nsaErrorf(err, "%s line 1: no \"step\" column in the header", path);
                 break;
             }
             continue;
@@ -584,7 +572,7 @@ static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
                              .val_loss = v,
                              .bits_per_byte = parseCell(fields, n, col[COL_BPB])};
             if (appendVal(run, &p) != 0) {
-                rc = setErr(err, "%s: out of memory", path);
+                rc = nsaErrorf(err, "%s: out of memory", path);
                 break;
             }
         } else {
@@ -596,7 +584,7 @@ static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
                                .toks_per_s = parseCell(fields, n, col[COL_TOKS]),
                                .mem_bytes = parseCell(fields, n, col[COL_MEM])};
             if (appendTrain(run, &p) != 0) {
-                rc = setErr(err, "%s: out of memory", path);
+                rc = nsaErrorf(err, "%s: out of memory", path);
                 break;
             }
         }
@@ -713,12 +701,12 @@ static char *normaliseDetail(const char *detail_json) {
 
 int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_json, NsaError *err) {
     char *detail = normaliseDetail(detail_json);
-    if (!detail) return setErr(err, "out of memory recording event %s", type);
+    if (!detail) return nsaErrorf(err, "out of memory recording event %s", type);
     int64_t seq = run->n_events ? run->events[run->n_events - 1].seq + 1 : 1;
     double ts = runsNow();
     if (pushEvent(run, seq, ts, type, step, detail) != 0) {
         free(detail);
-        return setErr(err, "out of memory recording event %s", type);
+        return nsaErrorf(err, "out of memory recording event %s", type);
     }
     cJSON *line = cJSON_CreateObject();
     cJSON_AddNumberToObject(line, "seq", (double)seq);
@@ -728,17 +716,17 @@ int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_js
     cJSON_AddRawToObject(line, "detail", detail);
     char *text = cJSON_PrintUnformatted(line);
     cJSON_Delete(line);
-    if (!text) return setErr(err, "out of memory recording event %s", type);
+    if (!text) return nsaErrorf(err, "out of memory recording event %s", type);
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/events.jsonl", run->dir);
     int rc = 0;
     FILE *f = fopen(path, "a");
     if (!f) {
-        rc = setErr(err, "cannot append to %s: %s", path, strerror(errno));
+        rc = nsaErrorf(err, "cannot append to %s: %s", path, strerror(errno));
     } else {
         int bad = fprintf(f, "%s\n", text) < 0;
         bad |= fclose(f) != 0;
-        if (bad) rc = setErr(err, "cannot append to %s: %s", path, strerror(errno));
+        if (bad) rc = nsaErrorf(err, "cannot append to %s: %s", path, strerror(errno));
     }
     free(text);
     return rc;

@@ -61,17 +61,6 @@ typedef struct RequestState {
     int too_large; /* a chunked body outgrew the limit */
 } RequestState;
 
-static int setErr(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int setErr(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* ---- addresses ------------------------------------------------------------------ */
 
 int serverIsLoopback(const char *host) {
@@ -94,7 +83,7 @@ static int bindTcp(Server *srv, NsaError *err) {
     struct addrinfo *res = NULL;
     int rc = getaddrinfo(srv->opt.listen_host, port, &hints, &res);
     if (rc != 0)
-        return setErr(err, "--listen %s:%d: cannot resolve the address: %s", srv->opt.listen_host,
+        return nsaErrorf(err, "--listen %s:%d: cannot resolve the address: %s", srv->opt.listen_host,
                       srv->opt.port, gai_strerror(rc));
     int fd = -1, saved = 0;
     for (struct addrinfo *ai = res; ai && fd < 0; ai = ai->ai_next) {
@@ -114,7 +103,7 @@ static int bindTcp(Server *srv, NsaError *err) {
     }
     freeaddrinfo(res);
     if (fd < 0)
-        return setErr(err, "--listen %s:%d: cannot listen: %s", srv->opt.listen_host, srv->opt.port,
+        return nsaErrorf(err, "--listen %s:%d: cannot listen: %s", srv->opt.listen_host, srv->opt.port,
                       strerror(saved));
     struct sockaddr_storage ss;
     socklen_t len = sizeof ss;
@@ -130,19 +119,19 @@ static int bindUnix(Server *srv, NsaError *err) {
     const char *path = srv->opt.socket_path;
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof addr.sun_path)
-        return setErr(err, "--socket %s: path longer than %zu bytes", path, sizeof addr.sun_path - 1);
+        return nsaErrorf(err, "--socket %s: path longer than %zu bytes", path, sizeof addr.sun_path - 1);
     snprintf(addr.sun_path, sizeof addr.sun_path, "%s", path);
     struct stat st;
     if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode)) return setErr(err, "--socket %s: exists and is not a socket", path);
+        if (!S_ISSOCK(st.st_mode)) return nsaErrorf(err, "--socket %s: exists and is not a socket", path);
         int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         int live = probe >= 0 && connect(probe, (struct sockaddr *)&addr, sizeof addr) == 0;
         if (probe >= 0) close(probe);
-        if (live) return setErr(err, "--socket %s: another nsad is listening there", path);
+        if (live) return nsaErrorf(err, "--socket %s: another nsad is listening there", path);
         unlink(path);
     }
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return setErr(err, "--socket %s: %s", path, strerror(errno));
+    if (fd < 0) return nsaErrorf(err, "--socket %s: %s", path, strerror(errno));
     mode_t old = umask(0117);
     int rc = bind(fd, (struct sockaddr *)&addr, sizeof addr);
     int saved = errno;
@@ -150,7 +139,7 @@ static int bindUnix(Server *srv, NsaError *err) {
     if (rc != 0 || chmod(path, 0660) != 0 || listen(fd, 64) != 0) {
         if (rc == 0) saved = errno;
         close(fd);
-        return setErr(err, "--socket %s: cannot listen: %s", path, strerror(saved));
+        return nsaErrorf(err, "--socket %s: cannot listen: %s", path, strerror(saved));
     }
     snprintf(srv->socket_path, sizeof srv->socket_path, "%s", path);
     srv->unix_sock.fd = fd;
@@ -488,7 +477,7 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
                          MHD_OPTION_NOTIFY_COMPLETED, requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION,
                          connectionNotify, srv, MHD_OPTION_EXTERNAL_LOGGER, mhdLog, srv, MHD_OPTION_END);
     if (!l->mhd)
-        return setErr(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
+        return nsaErrorf(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
     l->fd = -1; /* MHD_stop_daemon closes it */
     return 0;
 }
@@ -539,7 +528,7 @@ static void *httpThread(void *arg) {
 Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
     Server *srv = calloc(1, sizeof *srv);
     if (!srv) {
-        setErr(err, "out of memory");
+        nsaErrorf(err, "out of memory");
         return NULL;
     }
     srv->opt = *opt;
@@ -554,7 +543,7 @@ Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
     if (opt->listen_host) snprintf(srv->bound_host, sizeof srv->bound_host, "%s", opt->listen_host);
     if (opt->web_root && !realpath(opt->web_root, srv->web_root)) srv->web_root[0] = '\0';
     if (pipe2(srv->wake, O_CLOEXEC | O_NONBLOCK) != 0) {
-        setErr(err, "cannot create a pipe: %s", strerror(errno));
+        nsaErrorf(err, "cannot create a pipe: %s", strerror(errno));
         goto fail;
     }
     if (opt->listen_host && (bindTcp(srv, err) != 0 || startMhd(srv, &srv->tcp, err) != 0)) goto fail;
@@ -562,12 +551,12 @@ Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
         (bindUnix(srv, err) != 0 || startMhd(srv, &srv->unix_sock, err) != 0))
         goto fail;
     if (!srv->tcp.mhd && !srv->unix_sock.mhd) {
-        setErr(err, "no listener: give --listen or --socket");
+        nsaErrorf(err, "no listener: give --listen or --socket");
         goto fail;
     }
     int rc = pthread_create(&srv->thread, NULL, httpThread, srv);
     if (rc != 0) {
-        setErr(err, "cannot start the HTTP thread: %s", strerror(rc));
+        nsaErrorf(err, "cannot start the HTTP thread: %s", strerror(rc));
         goto fail;
     }
     srv->thread_started = 1;

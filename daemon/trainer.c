@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,17 +100,6 @@ typedef struct Trainer {
     int64_t log_tokens0;
 } Trainer;
 
-static int fail(NsaError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static double monotonicSeconds(void) { return (double)monotonicNs() * 1e-9; }
 
 static double unixSeconds(void) {
@@ -175,7 +163,7 @@ static void enter(Trainer *t, TrainPhase phase, int64_t step) {
 int trainerApplyOptions(JobConfig *job, const TrainOptions *opt, NsaError *err) {
     if (opt->out_dir && snprintf(job->train.out_dir, sizeof job->train.out_dir, "%s",
                                  opt->out_dir) >= (int)sizeof job->train.out_dir)
-        return fail(err, "--out: '%.60s...' is longer than %zu bytes", opt->out_dir,
+        return nsaErrorf(err, "--out: '%.60s...' is longer than %zu bytes", opt->out_dir,
                     sizeof job->train.out_dir - 1);
     if (opt->steps > 0) job->train.steps = opt->steps;
     if (opt->device_override >= 0) {
@@ -207,7 +195,7 @@ static int openData(Trainer *t, NsaError *err) {
     if (!t->train_data) return -1;
     int data_vocab = dataVocabSize(t->train_data);
     if (data_vocab > t->job.model.vocab_size)
-        return fail(err, "model.vocab_size: %d is smaller than the data's vocabulary (%d); "
+        return nsaErrorf(err, "model.vocab_size: %d is smaller than the data's vocabulary (%d); "
                          "allowed: >= %d", t->job.model.vocab_size, data_vocab, data_vocab);
     t->bytes_per_token = dataBytesPerToken(t->train_data);
     if (evalEnabled(t)) {
@@ -217,7 +205,7 @@ static int openData(Trainer *t, NsaError *err) {
     size_t n = (size_t)t->job.train.batch_size * (size_t)t->job.train.seq_len;
     t->tokens = malloc(n * sizeof(int32_t));
     t->targets = malloc(n * sizeof(int32_t));
-    if (!t->tokens || !t->targets) return fail(err, "out of memory for a batch of %zu tokens", n);
+    if (!t->tokens || !t->targets) return nsaErrorf(err, "out of memory for a batch of %zu tokens", n);
     return 0;
 }
 
@@ -241,7 +229,7 @@ static int createModel(Trainer *t, NsaError *err) {
     }
     cJSON_Delete(all);
     cJSON_Delete(mc);
-    if (!t->model_config_json) return fail(err, "out of memory describing the model config");
+    if (!t->model_config_json) return nsaErrorf(err, "out of memory describing the model config");
     return 0;
 }
 
@@ -263,7 +251,7 @@ static int restoreOrInit(Trainer *t, const char *spec, char *resumed_from, size_
             ResumeState st;
             if (checkpointLoad(t->model, resumed_from, &st, err) != 0) return -1;
             if (st.config_hash != t->config_hash)
-                return fail(err, "resume: %s was written by a run whose config hashes to %016" PRIx64
+                return nsaErrorf(err, "resume: %s was written by a run whose config hashes to %016" PRIx64
                                  "; this config hashes to %016" PRIx64
                                  " (model, nsa, data, seed or batch shape differ)",
                             resumed_from, st.config_hash, t->config_hash);
@@ -371,7 +359,7 @@ static int saveCheckpoint(Trainer *t, NsaError *err) {
     cJSON_AddNumberToObject(d, "seconds", secs);
     char *detail = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
-    int rc = detail ? emitEvent(t, "checkpoint", detail, err) : fail(err, "out of memory");
+    int rc = detail ? emitEvent(t, "checkpoint", detail, err) : nsaErrorf(err, "out of memory");
     free(detail);
     return rc;
 }
@@ -443,7 +431,7 @@ static int rollBack(Trainer *t, NsaError *err) {
     ResumeState st;
     if (checkpointLoad(t->model, dir, &st, err) != 0) return -1;
     if (st.config_hash != t->config_hash)
-        return fail(err, "rollback: %s belongs to another config (hash %016" PRIx64 ")", dir,
+        return nsaErrorf(err, "rollback: %s belongs to another config (hash %016" PRIx64 ")", dir,
                     st.config_hash);
     t->state = st;
     t->state.anomalies = anomalies;
@@ -466,7 +454,7 @@ static int rollBack(Trainer *t, NsaError *err) {
  * -1 on an error while handling it. */
 static int guardAnomaly(Trainer *t, int64_t step, const NsaStepStats *stats, NsaError *err) {
     if (!stats->nonfinite_loss && !stats->nonfinite_grad)
-        return fail(err, "step %" PRId64 ": the engine skipped the update with a finite loss (%g) "
+        return nsaErrorf(err, "step %" PRId64 ": the engine skipped the update with a finite loss (%g) "
                          "and gradient norm (%g)", step, stats->loss, stats->grad_norm);
     if (stats->nonfinite_loss) artifactsAnomalyName(stats->loss, "loss", t->anomaly, sizeof t->anomaly);
     else artifactsAnomalyName(stats->grad_norm, "grad", t->anomaly, sizeof t->anomaly);
@@ -491,7 +479,7 @@ static int guardAnomaly(Trainer *t, int64_t step, const NsaStepStats *stats, Nsa
     cJSON_AddNumberToObject(d, "anomalies", t->state.anomalies);
     char *detail = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
-    int rc = detail ? emitEvent(t, "anomaly", detail, err) : fail(err, "out of memory");
+    int rc = detail ? emitEvent(t, "anomaly", detail, err) : nsaErrorf(err, "out of memory");
     free(detail);
     if (rc != 0) return -1;
 
@@ -499,13 +487,13 @@ static int guardAnomaly(Trainer *t, int64_t step, const NsaStepStats *stats, Nsa
     if (!strcmp(action, "rollback")) {
         int r = rollBack(t, err);
         if (r <= 0) return r < 0 ? -1 : GUARD_CONTINUE;
-        fail(err, "step %" PRId64 ": %s; nan.policy rollback found no checkpoint in %s/checkpoints "
+        nsaErrorf(err, "step %" PRId64 ": %s; nan.policy rollback found no checkpoint in %s/checkpoints "
                   "to roll back to: halted", step, t->anomaly, t->out_dir);
     } else if (over_budget) {
-        fail(err, "step %" PRId64 ": %s; %d anomalies exceed nan.max_skips (%d): halted", step,
+        nsaErrorf(err, "step %" PRId64 ": %s; %d anomalies exceed nan.max_skips (%d): halted", step,
              t->anomaly, t->state.anomalies, nc->max_skips);
     } else {
-        fail(err, "step %" PRId64 ": %s (loss %g, grad norm %g): update skipped, run halted "
+        nsaErrorf(err, "step %" PRId64 ": %s (loss %g, grad norm %g): update skipped, run halted "
                   "(nan.policy halt)", step, t->anomaly, stats->loss, stats->grad_norm);
     }
     char reason[600];
@@ -684,7 +672,7 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     char *detail = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
     int rc = detail ? emitEvent(t, resumed ? "resume" : "start", detail, err)
-                    : fail(err, "out of memory");
+                    : nsaErrorf(err, "out of memory");
     free(detail);
     if (rc != 0) return -1;
     /* the curve's true start: the untrained model */
@@ -733,7 +721,7 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     res->last_loss = res->last_val_loss = NAN;
 
     Trainer *t = calloc(1, sizeof *t);
-    if (!t) return fail(err, "out of memory");
+    if (!t) return nsaErrorf(err, "out of memory");
     t->mon = mon;
     t->hooks = hooks;
     t->quiet = opt->quiet;

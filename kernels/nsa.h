@@ -36,6 +36,14 @@ typedef struct NsaError {
     char message[512];
 } NsaError;
 
+/* Formats a one-line message into err (when not NULL) and returns -1, so an
+ * error path reads `return nsaErrorf(err, "field: %d ...", v);`. */
+int nsaErrorf(NsaError *err, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* ---- model configuration ----------------------------------------------- */
 
 typedef enum NsaPhi { NSA_PHI_AVG = 0, NSA_PHI_MLP = 1 } NsaPhi;
@@ -223,6 +231,10 @@ int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err);
 typedef struct NsaMemoryReport {
     size_t params, grads, optimizer, activations, workspace, total;
     size_t device_free, device_total;   /* CUDA only */
+    /* CUDA only ("" on the CPU engine): which attention kernels the model
+     * runs and why, e.g. "fast: bf16 tensor-core NSA op ..." or
+     * "reference: fp32 CUDA-core NSA kernels ..., because ...". */
+    char attention_path[256];
 } NsaMemoryReport;
 int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out);
 

@@ -12,7 +12,6 @@
 #include "nsa.h"
 #include "cpu/cpu_ops.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,16 +25,6 @@ int nsaNumSelBlocks(int S, int sel_len) { return S <= 0 ? 0 : (S - 1) / sel_len 
 
 int nsaNumSelSlots(int n_sel) { return n_sel < 3 ? 3 : n_sel; }
 
-static int attnFail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* Bounds keep every int index the ops form (j*l' + l', i*d + l, t + w)
  * far from INT_MAX. */
 #define ATTN_SIZE_LIMIT 65536
@@ -43,32 +32,32 @@ static int attnFail(NsaError *err, const char *fmt, ...) {
 
 static int checkDim(const char *field, int value, int limit, NsaError *err) {
     if (value < 1 || value > limit)
-        return attnFail(err, "nsa attention: %s = %d is out of range; allowed: 1 to %d", field,
+        return nsaErrorf(err, "nsa attention: %s = %d is out of range; allowed: 1 to %d", field,
                         value, limit);
     return 0;
 }
 
 int nsaAttnDimsValidate(const NsaAttnDims *dims, NsaError *err) {
-    if (!dims) return attnFail(err, "nsa attention: no dims given");
+    if (!dims) return nsaErrorf(err, "nsa attention: no dims given");
     if (checkDim("B", dims->B, ATTN_SIZE_LIMIT, err)) return -1;
     if (checkDim("S", dims->S, ATTN_SEQ_LIMIT, err)) return -1;
     if (checkDim("H", dims->H, 1024, err)) return -1;
     if (checkDim("G", dims->G, 1024, err)) return -1;
     if (dims->H % dims->G != 0)
-        return attnFail(err, "nsa attention: G = %d does not divide H (%d); allowed: a divisor of H",
+        return nsaErrorf(err, "nsa attention: G = %d does not divide H (%d); allowed: a divisor of H",
                         dims->G, dims->H);
     if (checkDim("d_k", dims->d_k, 1024, err)) return -1;
     if (checkDim("d_v", dims->d_v, 1024, err)) return -1;
     if (checkDim("cmp_len", dims->cmp_len, ATTN_SIZE_LIMIT, err)) return -1;
     if (checkDim("cmp_stride", dims->cmp_stride, ATTN_SIZE_LIMIT, err)) return -1;
     if (dims->cmp_len % dims->cmp_stride != 0)
-        return attnFail(err,
+        return nsaErrorf(err,
                         "nsa attention: cmp_stride = %d does not divide cmp_len (%d); "
                         "allowed: a divisor of cmp_len and sel_len",
                         dims->cmp_stride, dims->cmp_len);
     if (checkDim("sel_len", dims->sel_len, ATTN_SIZE_LIMIT, err)) return -1;
     if (dims->sel_len % dims->cmp_stride != 0)
-        return attnFail(err,
+        return nsaErrorf(err,
                         "nsa attention: cmp_stride = %d does not divide sel_len (%d); "
                         "allowed: a divisor of cmp_len and sel_len",
                         dims->cmp_stride, dims->sel_len);
@@ -118,7 +107,7 @@ static int scratchAlloc(AttnScratch *s, const NsaAttnDims *dims, NsaError *err) 
     if (!s->kc || !s->vc || !s->o_cmp || !s->o_sel || !s->o_win || !s->lse_cmp || !s->lse_sel ||
         !s->lse_win || !s->sel_idx) {
         scratchFree(s);
-        return attnFail(err, "nsa attention: out of memory for the scratch of B=%d S=%d H=%d",
+        return nsaErrorf(err, "nsa attention: out of memory for the scratch of B=%d S=%d H=%d",
                         dims->B, dims->S, dims->H);
     }
     return 0;
@@ -126,14 +115,14 @@ static int scratchAlloc(AttnScratch *s, const NsaAttnDims *dims, NsaError *err) 
 
 static int checkInputs(const NsaAttnDims *dims, const NsaAttnInputs *in, NsaError *err) {
     if (nsaAttnDimsValidate(dims, err)) return -1;
-    if (!in) return attnFail(err, "nsa attention: no inputs given");
+    if (!in) return nsaErrorf(err, "nsa attention: no inputs given");
     const struct { const char *name; const float *ptr; } fields[] = {
         {"q", in->q},         {"k_cmp", in->k_cmp}, {"v_cmp", in->v_cmp}, {"k_sel", in->k_sel},
         {"v_sel", in->v_sel}, {"k_win", in->k_win}, {"v_win", in->v_win}, {"gates", in->gates},
     };
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++)
         if (!fields[i].ptr)
-            return attnFail(err, "nsa attention: input %s is NULL; all eight inputs are required",
+            return nsaErrorf(err, "nsa attention: input %s is NULL; all eight inputs are required",
                             fields[i].name);
     return 0;
 }
@@ -148,7 +137,7 @@ static int attnForwardPass(const NsaAttnDims *dims, const NsaAttnInputs *in, Att
                             dims->cmp_stride);
     nsaCpuCmpAttnForwardF32(s->o_cmp, s->lse_cmp, in->q, s->kc, s->vc, dims);
     if (nsaCpuSelectBlocksF32(s->sel_idx, NULL, in->q, s->kc, s->lse_cmp, dims))
-        return attnFail(err, "nsa attention: out of memory for the selection scores (S=%d)",
+        return nsaErrorf(err, "nsa attention: out of memory for the selection scores (S=%d)",
                         dims->S);
     nsaCpuSelAttnForwardF32(s->o_sel, s->lse_sel, in->q, in->k_sel, in->v_sel, s->sel_idx, dims);
     nsaCpuWinAttnForwardF32(s->o_win, s->lse_win, in->q, in->k_win, in->v_win, dims);
@@ -159,7 +148,7 @@ static int attnForwardPass(const NsaAttnDims *dims, const NsaAttnInputs *in, Att
 int nsaAttnForwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, float *out,
                       int32_t *sel_idx, float *lse_cmp, NsaError *err) {
     if (checkInputs(dims, in, err)) return -1;
-    if (!out) return attnFail(err, "nsa attention: output out is NULL; it is required");
+    if (!out) return nsaErrorf(err, "nsa attention: output out is NULL; it is required");
     AttnScratch s;
     if (scratchAlloc(&s, dims, err)) return -1;
     int rc = attnForwardPass(dims, in, &s, out, err);
@@ -175,8 +164,8 @@ int nsaAttnForwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, float *o
 int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const float *dout,
                        const NsaAttnGrads *grads, NsaError *err) {
     if (checkInputs(dims, in, err)) return -1;
-    if (!dout) return attnFail(err, "nsa attention: dout is NULL; it is required");
-    if (!grads) return attnFail(err, "nsa attention: no gradient outputs given");
+    if (!dout) return nsaErrorf(err, "nsa attention: dout is NULL; it is required");
+    if (!grads) return nsaErrorf(err, "nsa attention: no gradient outputs given");
     const struct { const char *name; float *ptr; size_t n; } fields[] = {
         {"dq", grads->dq, (size_t)dims->H * dims->d_k},
         {"dk_cmp", grads->dk_cmp, (size_t)dims->G * dims->d_k},
@@ -190,7 +179,7 @@ int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const f
     size_t tokens = (size_t)dims->B * dims->S;
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (!fields[i].ptr)
-            return attnFail(err,
+            return nsaErrorf(err,
                             "nsa attention: gradient %s is NULL; all eight gradients are required",
                             fields[i].name);
         memset(fields[i].ptr, 0, tokens * fields[i].n * sizeof(float));
@@ -207,7 +196,7 @@ int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const f
     float *dvc = zeroAlloc((size_t)dims->B * Nc * dims->G * dims->d_v, sizeof(float));
     int rc;
     if (!do_cmp || !do_sel || !do_win || !dkc || !dvc)
-        rc = attnFail(err, "nsa attention: out of memory for the backward scratch of B=%d S=%d H=%d",
+        rc = nsaErrorf(err, "nsa attention: out of memory for the backward scratch of B=%d S=%d H=%d",
                       dims->B, dims->S, dims->H);
     else
         rc = attnForwardPass(dims, in, &s, NULL, err);

@@ -2,7 +2,6 @@
 #include "nsa.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 
 void nsaModelConfigDefaults(NsaModelConfig *cfg) {
@@ -25,16 +24,6 @@ void nsaModelConfigDefaults(NsaModelConfig *cfg) {
     cfg->norm_eps = 1e-6f;
 }
 
-static int configFail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 /* Sizes are bounded so that every int product the engines form (H*d_k,
  * l*d_k, 3*H, ...) stays far from INT_MAX. */
 #define SIZE_LIMIT 65536
@@ -42,62 +31,62 @@ static int configFail(NsaError *err, const char *fmt, ...) {
 
 static int checkRange(const char *field, int value, int limit, NsaError *err) {
     if (value < 1 || value > limit)
-        return configFail(err, "nsa config: %s = %d is out of range; allowed: 1 to %d", field,
+        return nsaErrorf(err, "nsa config: %s = %d is out of range; allowed: 1 to %d", field,
                           value, limit);
     return 0;
 }
 
 int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err) {
-    if (!cfg) return configFail(err, "nsa config: no config given");
+    if (!cfg) return nsaErrorf(err, "nsa config: no config given");
     if (checkRange("vocab_size", cfg->vocab_size, VOCAB_LIMIT, err)) return -1;
     if (checkRange("dim", cfg->dim, SIZE_LIMIT, err)) return -1;
     if (checkRange("n_layers", cfg->n_layers, 1024, err)) return -1;
     if (checkRange("n_heads", cfg->n_heads, 1024, err)) return -1;
     if (checkRange("n_kv_groups", cfg->n_kv_groups, 1024, err)) return -1;
     if (cfg->n_heads % cfg->n_kv_groups != 0)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: n_kv_groups = %d does not divide n_heads (%d); "
                           "allowed: a divisor of n_heads",
                           cfg->n_kv_groups, cfg->n_heads);
     if (checkRange("d_k", cfg->d_k, 1024, err)) return -1;
     if (cfg->d_k % 2 != 0)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: d_k = %d is odd; allowed: an even number "
                           "(RoPE rotates dimension pairs)",
                           cfg->d_k);
     if (checkRange("d_v", cfg->d_v, 1024, err)) return -1;
     if (cfg->mlp_hidden < 0 || cfg->mlp_hidden > 4 * SIZE_LIMIT)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: mlp_hidden = %d is out of range; allowed: 0 (means 4*dim) "
                           "or 1 to %d",
                           cfg->mlp_hidden, 4 * SIZE_LIMIT);
     if (cfg->mlp != NSA_MLP_SILU && cfg->mlp != NSA_MLP_SWIGLU)
-        return configFail(err, "nsa config: mlp = %d is unknown; allowed: %d (silu) or %d (swiglu)",
+        return nsaErrorf(err, "nsa config: mlp = %d is unknown; allowed: %d (silu) or %d (swiglu)",
                           (int)cfg->mlp, NSA_MLP_SILU, NSA_MLP_SWIGLU);
     if (checkRange("cmp_len", cfg->cmp_len, SIZE_LIMIT, err)) return -1;
     if (checkRange("cmp_stride", cfg->cmp_stride, SIZE_LIMIT, err)) return -1;
     if (cfg->cmp_len % cfg->cmp_stride != 0)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: cmp_stride = %d does not divide cmp_len (%d); "
                           "allowed: a divisor of cmp_len and sel_len",
                           cfg->cmp_stride, cfg->cmp_len);
     if (checkRange("sel_len", cfg->sel_len, SIZE_LIMIT, err)) return -1;
     if (cfg->sel_len % cfg->cmp_stride != 0)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: cmp_stride = %d does not divide sel_len (%d); "
                           "allowed: a divisor of cmp_len and sel_len",
                           cfg->cmp_stride, cfg->sel_len);
     if (checkRange("n_sel", cfg->n_sel, SIZE_LIMIT, err)) return -1;
     if (checkRange("window", cfg->window, 1 << 30, err)) return -1;
     if (cfg->phi != NSA_PHI_AVG && cfg->phi != NSA_PHI_MLP)
-        return configFail(err, "nsa config: phi = %d is unknown; allowed: %d (avg) or %d (mlp)",
+        return nsaErrorf(err, "nsa config: phi = %d is unknown; allowed: %d (avg) or %d (mlp)",
                           (int)cfg->phi, NSA_PHI_AVG, NSA_PHI_MLP);
     if (!isfinite(cfg->rope_base) || cfg->rope_base <= 1.0f)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: rope_base = %g is not allowed; allowed: a finite number > 1",
                           (double)cfg->rope_base);
     if (!isfinite(cfg->norm_eps) || cfg->norm_eps <= 0.0f || cfg->norm_eps > 1.0f)
-        return configFail(err,
+        return nsaErrorf(err,
                           "nsa config: norm_eps = %g is not allowed; allowed: a finite number in "
                           "(0, 1]",
                           (double)cfg->norm_eps);

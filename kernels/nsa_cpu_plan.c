@@ -4,20 +4,9 @@
 #include "cpu/cpu_model.h"
 
 #include <limits.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int planError(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
 
 /* Bump allocator over element offsets; every region is rounded up to 16
  * elements so rows of different buffers never share a cache line. */
@@ -33,10 +22,10 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
                      int f64, int max_batch, int max_seq, int threads, NsaError *err) {
     memset(cm, 0, sizeof(*cm));
     if (max_batch < 1 || max_seq < 1)
-        return planError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
+        return nsaErrorf(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
                          max_batch, max_seq);
     if ((size_t)max_batch * max_seq > INT_MAX)
-        return planError(err,
+        return nsaErrorf(err,
                          "nsa: max_batch x max_seq_len = %d x %d tokens; allowed: at most %d "
                          "tokens per micro-batch",
                          max_batch, max_seq, INT_MAX);
@@ -55,7 +44,7 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
     const int mlp_phi = cfg->phi == NSA_PHI_MLP, swiglu = cfg->mlp == NSA_MLP_SWIGLU;
 
     cm->layer_acts = calloc(L, sizeof(*cm->layer_acts));
-    if (!cm->layer_acts) return planError(err, "nsa: out of memory planning %zu layers", L);
+    if (!cm->layer_acts) return nsaErrorf(err, "nsa: out of memory planning %zu layers", L);
 
     size_t a = 0;
     for (size_t i = 0; i < L; i++) {
@@ -142,7 +131,7 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
         !cm->sel_idx || !cm->tokens || !cm->targets) {
         size_t total = (4 * P + cm->acts_elems + cm->scratch_elems) * rs;
         nsaCpuModelRelease(cm);
-        return planError(err,
+        return nsaErrorf(err,
                          "nsa: out of memory allocating the CPU engine (%.1f MiB for "
                          "max_batch %d x max_seq_len %d)",
                          total / 1048576.0, max_batch, max_seq);

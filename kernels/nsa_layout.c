@@ -3,18 +3,9 @@
 #include "nsa_rng.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static void layoutError(NsaError *err, const char *fmt, ...) {
-    if (!err) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof(err->message), fmt, ap);
-    va_end(ap);
-}
 
 int nsaLayoutMlpHidden(const NsaModelConfig *cfg) {
     return cfg->mlp_hidden > 0 ? cfg->mlp_hidden : 4 * cfg->dim;
@@ -70,7 +61,7 @@ int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
     lay->layers = calloc((size_t)L, sizeof(*lay->layers));
     if (!lay->entries || !lay->layers) {
         nsaLayoutFree(lay);
-        layoutError(err, "nsa: out of memory building the parameter table (%d layers)", L);
+        nsaErrorf(err, "nsa: out of memory building the parameter table (%d layers)", L);
         return -1;
     }
     lay->n_layers = L;
@@ -128,7 +119,7 @@ int nsaLayoutFind(const NsaLayout *lay, const char *name) {
 
 int nsaLayoutInitTensor(const NsaLayout *lay, int i, uint64_t seed, float *dst, NsaError *err) {
     if (i < 0 || i >= lay->n_tensors) {
-        layoutError(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
+        nsaErrorf(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
                     lay->n_tensors - 1);
         return -1;
     }

@@ -12,7 +12,6 @@
 #include "cpu/cpu_ops.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,16 +40,6 @@ struct NsaModel {
     NsaStepStats stats;
 };
 
-static int modelError(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int isCuda(const NsaModel *m) { return m->opt.device == NSA_DEVICE_CUDA; }
 
 static const char *precisionName(NsaPrecision p) {
@@ -71,41 +60,41 @@ static const char *precisionName(NsaPrecision p) {
 
 NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
     if (!cfg || !opt) {
-        modelError(err, "nsa: nsaModelCreate needs a config and engine options (got NULL)");
+        nsaErrorf(err, "nsa: nsaModelCreate needs a config and engine options (got NULL)");
         return NULL;
     }
     if (nsaModelConfigValidate(cfg, err)) return NULL;
     if (opt->device != NSA_DEVICE_CPU && opt->device != NSA_DEVICE_CUDA) {
-        modelError(err, "nsa: device = %d is unknown; allowed: %d (cpu) or %d (cuda)",
+        nsaErrorf(err, "nsa: device = %d is unknown; allowed: %d (cpu) or %d (cuda)",
                    (int)opt->device, NSA_DEVICE_CPU, NSA_DEVICE_CUDA);
         return NULL;
     }
     if (opt->max_batch < 1 || opt->max_seq_len < 1) {
-        modelError(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1", opt->max_batch,
+        nsaErrorf(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1", opt->max_batch,
                    opt->max_seq_len);
         return NULL;
     }
     if (opt->threads < 0 || opt->threads > 256) {
-        modelError(err, "nsa: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
+        nsaErrorf(err, "nsa: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
         return NULL;
     }
     if (opt->device == NSA_DEVICE_CPU && opt->precision != NSA_PREC_F32 &&
         opt->precision != NSA_PREC_F64) {
-        modelError(err,
+        nsaErrorf(err,
                    "nsa: precision %s is not supported by the CPU engine; allowed: fp32 or fp64",
                    precisionName(opt->precision));
         return NULL;
     }
 #ifndef NSA_MODEL_CUDA
     if (opt->device == NSA_DEVICE_CUDA) {
-        modelError(err, "nsa: this build has no CUDA engine");
+        nsaErrorf(err, "nsa: this build has no CUDA engine");
         return NULL;
     }
 #endif
 
     NsaModel *m = calloc(1, sizeof(*m));
     if (!m) {
-        modelError(err, "nsa: out of memory allocating the model handle");
+        nsaErrorf(err, "nsa: out of memory allocating the model handle");
         return NULL;
     }
     m->cfg = *cfg;
@@ -178,14 +167,14 @@ static void *cpuArena(NsaModel *m, NsaArena arena) {
 
 /* Checks the handle, arena and index shared by Get/SetTensor. */
 static int checkTensorArgs(NsaModel *m, NsaArena arena, int i, const void *buf, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
     if (arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V)
-        return modelError(err, "nsa: arena = %d is unknown; allowed: 0 (params) to 3 (adam_v)",
+        return nsaErrorf(err, "nsa: arena = %d is unknown; allowed: 0 (params) to 3 (adam_v)",
                           (int)arena);
     if (i < 0 || i >= m->layout.n_tensors)
-        return modelError(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
+        return nsaErrorf(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
                           m->layout.n_tensors - 1);
-    if (!buf) return modelError(err, "nsa: tensor %s: NULL host buffer", m->layout.entries[i].name);
+    if (!buf) return nsaErrorf(err, "nsa: tensor %s: NULL host buffer", m->layout.entries[i].name);
     return 0;
 }
 
@@ -242,7 +231,7 @@ static void cpuResetState(NsaModel *m) {
 }
 
 int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelInit(m->cuda, seed, err);
 #endif
@@ -253,7 +242,7 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
         if (lay->entries[i].info.numel > largest) largest = lay->entries[i].info.numel;
     /* Init is not part of a step, so a temporary host buffer is allowed here. */
     float *buf = malloc(largest * sizeof(float));
-    if (!buf) return modelError(err, "nsa: out of memory for init (%zu floats)", largest);
+    if (!buf) return nsaErrorf(err, "nsa: out of memory for init (%zu floats)", largest);
     for (int i = 0; i < lay->n_tensors; i++) {
         if (nsaLayoutInitTensor(lay, i, seed, buf, err) ||
             nsaModelSetTensor(m, NSA_ARENA_PARAMS, i, buf, err)) {
@@ -269,7 +258,7 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
 /* ---- the step ----------------------------------------------------------- */
 
 int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelZeroGrad(m->cuda, err);
 #endif
@@ -282,21 +271,21 @@ int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
  * [0, V) and every target in [0, V) or -1. */
 static int checkBatch(const NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                       int S, NsaError *err) {
-    if (!tokens || !targets) return modelError(err, "nsa: tokens and targets must not be NULL");
+    if (!tokens || !targets) return nsaErrorf(err, "nsa: tokens and targets must not be NULL");
     if (B < 1 || B > m->opt.max_batch)
-        return modelError(err, "nsa: batch B = %d; allowed: 1 to max_batch (%d)", B,
+        return nsaErrorf(err, "nsa: batch B = %d; allowed: 1 to max_batch (%d)", B,
                           m->opt.max_batch);
     if (S < 1 || S > m->opt.max_seq_len)
-        return modelError(err, "nsa: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
+        return nsaErrorf(err, "nsa: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
                           m->opt.max_seq_len);
     const int V = m->cfg.vocab_size;
     const size_t N = (size_t)B * S;
     for (size_t n = 0; n < N; n++) {
         if (tokens[n] < 0 || tokens[n] >= V)
-            return modelError(err, "nsa: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
+            return nsaErrorf(err, "nsa: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
                               V - 1);
         if (targets[n] < -1 || targets[n] >= V)
-            return modelError(err, "nsa: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
+            return nsaErrorf(err, "nsa: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
                               (int)targets[n], V - 1);
     }
     return 0;
@@ -311,7 +300,7 @@ static int cpuForward(NsaModel *m, const int32_t *tokens, const int32_t *targets
                         : nsaCpuModelForwardF32(&m->cpu, tokens, targets, B, S, &sum, count, err);
     if (rc) return -1;
     if (*count == 0)
-        return modelError(err, "nsa: every target of the batch is -1; allowed: at least one "
+        return nsaErrorf(err, "nsa: every target of the batch is -1; allowed: at least one "
                                "target in 0 to V-1");
     *mean = sum / (double)*count;
     return 0;
@@ -319,13 +308,13 @@ static int cpuForward(NsaModel *m, const int32_t *tokens, const int32_t *targets
 
 int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
                     float grad_scale, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelForward(m->cuda, tokens, targets, B, S, grad_scale, err);
 #endif
     if (checkBatch(m, tokens, targets, B, S, err)) return -1;
     if (!isfinite(grad_scale))
-        return modelError(err, "nsa: grad_scale = %g; allowed: a finite number",
+        return nsaErrorf(err, "nsa: grad_scale = %g; allowed: a finite number",
                           (double)grad_scale);
     m->have_forward = 0;
     double mean;
@@ -342,12 +331,12 @@ int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, 
 }
 
 int nsaModelBackward(NsaModel *m, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelBackward(m->cuda, err);
 #endif
     if (!m->have_forward)
-        return modelError(err, "nsa: Backward needs the activations of a Forward (each Forward "
+        return nsaErrorf(err, "nsa: Backward needs the activations of a Forward (each Forward "
                                "serves one Backward; EvalLoss discards them)");
     if (m->cpu.f64)
         nsaCpuModelBackwardF64(&m->cpu, m->backward_scale);
@@ -373,32 +362,32 @@ int nsaModelForwardBackward(NsaModel *m, const int32_t *tokens, const int32_t *t
 }
 
 static int checkOptim(const NsaOptimConfig *oc, int64_t step, NsaError *err) {
-    if (!oc) return modelError(err, "nsa: optimizer config is NULL");
+    if (!oc) return nsaErrorf(err, "nsa: optimizer config is NULL");
     if (!isfinite(oc->lr) || oc->lr < 0)
-        return modelError(err, "nsa: optimizer lr = %g; allowed: a finite number >= 0",
+        return nsaErrorf(err, "nsa: optimizer lr = %g; allowed: a finite number >= 0",
                           (double)oc->lr);
     if (!(oc->beta1 >= 0 && oc->beta1 < 1))
-        return modelError(err, "nsa: optimizer beta1 = %g; allowed: 0 <= beta1 < 1",
+        return nsaErrorf(err, "nsa: optimizer beta1 = %g; allowed: 0 <= beta1 < 1",
                           (double)oc->beta1);
     if (!(oc->beta2 >= 0 && oc->beta2 < 1))
-        return modelError(err, "nsa: optimizer beta2 = %g; allowed: 0 <= beta2 < 1",
+        return nsaErrorf(err, "nsa: optimizer beta2 = %g; allowed: 0 <= beta2 < 1",
                           (double)oc->beta2);
     if (!(oc->eps > 0) || !isfinite(oc->eps))
-        return modelError(err, "nsa: optimizer eps = %g; allowed: a finite number > 0",
+        return nsaErrorf(err, "nsa: optimizer eps = %g; allowed: a finite number > 0",
                           (double)oc->eps);
     if (!(oc->weight_decay >= 0) || !isfinite(oc->weight_decay))
-        return modelError(err, "nsa: optimizer weight_decay = %g; allowed: a finite number >= 0",
+        return nsaErrorf(err, "nsa: optimizer weight_decay = %g; allowed: a finite number >= 0",
                           (double)oc->weight_decay);
     if (isnan(oc->grad_clip))
-        return modelError(err, "nsa: optimizer grad_clip = nan; allowed: a number (<= 0 disables)");
+        return nsaErrorf(err, "nsa: optimizer grad_clip = nan; allowed: a number (<= 0 disables)");
     if (step < 1)
-        return modelError(err, "nsa: optimizer step = %lld; allowed: 1 or more (1-based)",
+        return nsaErrorf(err, "nsa: optimizer step = %lld; allowed: 1 or more (1-based)",
                           (long long)step);
     return 0;
 }
 
 int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
     if (checkOptim(oc, step, err)) return -1;
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelOptimizerStep(m->cuda, oc, step, err);
@@ -443,7 +432,7 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
 }
 
 int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
-    if (!m || !out) return modelError(err, "nsa: nsaModelStepStats needs a model and an output");
+    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelStepStats needs a model and an output");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelStepStats(m->cuda, out, err);
 #endif
@@ -453,7 +442,7 @@ int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
 
 int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
                      double *loss, NsaError *err) {
-    if (!m || !loss) return modelError(err, "nsa: nsaModelEvalLoss needs a model and an output");
+    if (!m || !loss) return nsaErrorf(err, "nsa: nsaModelEvalLoss needs a model and an output");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelEvalLoss(m->cuda, tokens, targets, B, S, loss, err);
 #endif
@@ -465,9 +454,9 @@ int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets,
 }
 
 int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
-    if (!m) return modelError(err, "nsa: no model (NULL)");
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
     if (fault < NSA_FAULT_NONE || fault > NSA_FAULT_NAN_GRAD)
-        return modelError(err,
+        return nsaErrorf(err,
                           "nsa: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
                           "2 (nan_grad)",
                           (int)fault);
