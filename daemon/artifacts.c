@@ -1,5 +1,6 @@
 /* artifacts.c - see artifacts.h; formats in proto/files.md. */
 #include "artifacts.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -7,7 +8,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <microhttpd.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,18 +25,6 @@ struct Artifacts {
     char out_dir[4096];
     int heartbeat_fd, training_fd, val_fd;
 };
-
-/* snprintf for paths: truncation is an error. Returns 0 or -1 with err. */
-static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out, cap, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= cap) return nsaErrorf(err, "path too long (over %zu bytes): %s...", cap, out);
-    return 0;
-}
 
 static double nowUnix(void) {
     struct timespec ts;
@@ -61,57 +49,8 @@ static void formatDouble(double v, char *out, size_t cap) {
     }
 }
 
-static int mkdirP(const char *path, NsaError *err) {
-    char buf[4096];
-    if (pathf(err, buf, sizeof buf, "%s", path) != 0) return -1;
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
-    return 0;
-}
-
-static int writeAll(int fd, const char *p, size_t len) {
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Writes a whole file: path.tmp, fsync, rename. */
-static int writeFileAtomic(const char *path, const char *data, size_t len, NsaError *err) {
-    char tmp[4096];
-    if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) return -1;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
-    if (writeAll(fd, data, len) != 0 || fsync(fd) != 0) {
-        int saved = errno;
-        close(fd);
-        unlink(tmp);
-        return nsaErrorf(err, "write %s: %s", tmp, strerror(saved));
-    }
-    close(fd);
-    if (rename(tmp, path) != 0) {
-        int saved = errno;
-        unlink(tmp);
-        return nsaErrorf(err, "rename %s to %s: %s", tmp, path, strerror(saved));
-    }
-    return 0;
-}
-
 static int appendLine(int fd, const char *line, const char *what, NsaError *err) {
-    if (writeAll(fd, line, strlen(line)) != 0)
+    if (fsWriteAll(fd, line, strlen(line)) != 0)
         return nsaErrorf(err, "append to %s: %s", what, strerror(errno));
     return 0;
 }
@@ -168,32 +107,32 @@ static int trimCsv(const char *path, const char *header, int64_t keep_step, NsaE
         free(line);
         fclose(f);
     }
-    int rc = writeFileAtomic(path, out, len, err);
+    int rc = fsWriteFileAtomic(path, out, len, 0644, err);
     free(out);
     return rc;
 }
 
 static int openAppend(const char *out_dir, const char *name, int *fd, NsaError *err) {
     char path[4096];
-    if (pathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
     *fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (*fd < 0) return nsaErrorf(err, "open %s: %s", path, strerror(errno));
     return 0;
 }
 
 Artifacts *artifactsOpen(const char *out_dir, int64_t resume_step, NsaError *err) {
-    if (mkdirP(out_dir, err) != 0) return NULL;
+    if (fsMkdirs(out_dir, 0755, err) != 0) return NULL;
     Artifacts *a = calloc(1, sizeof *a);
     if (!a) return nsaErrorf(err, "out of memory"), NULL;
     a->heartbeat_fd = a->training_fd = a->val_fd = -1;
-    if (pathf(err, a->out_dir, sizeof a->out_dir, "%s", out_dir) != 0) goto fail;
+    if (fsPathf(err, a->out_dir, sizeof a->out_dir, "%s", out_dir) != 0) goto fail;
     char path[4096];
     /* a fresh run keeps no rows: every step is logged again from 1 */
     int64_t keep = resume_step < 0 ? INT64_MIN : resume_step;
-    if (pathf(err, path, sizeof path, "%s/%s", out_dir, ARTIFACT_TRAINING_CSV) != 0 ||
+    if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, ARTIFACT_TRAINING_CSV) != 0 ||
         trimCsv(path, TRAINING_CSV_HEADER, keep, err) != 0)
         goto fail;
-    if (pathf(err, path, sizeof path, "%s/%s", out_dir, ARTIFACT_VAL_CSV) != 0 ||
+    if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, ARTIFACT_VAL_CSV) != 0 ||
         trimCsv(path, VAL_CSV_HEADER, keep, err) != 0)
         goto fail;
     if (openAppend(out_dir, ARTIFACT_HEARTBEAT, &a->heartbeat_fd, err) != 0 ||
@@ -401,8 +340,8 @@ static int writeJsonFile(const char *out_dir, const char *name, cJSON *root, Nsa
     }
     withNewline[n] = '\n';
     withNewline[n + 1] = 0;
-    int rc = pathf(err, path, sizeof path, "%s/%s", out_dir, name);
-    if (rc == 0) rc = writeFileAtomic(path, withNewline, n + 1, err);
+    int rc = fsPathf(err, path, sizeof path, "%s/%s", out_dir, name);
+    if (rc == 0) rc = fsWriteFileAtomic(path, withNewline, n + 1, 0644, err);
     free(withNewline);
     return rc;
 }
@@ -490,8 +429,8 @@ int artifactsWriteMetrics(const char *out_dir, const RunSummary *s, NsaError *er
 
 static int writeSmallFile(const char *out_dir, const char *name, const char *text, NsaError *err) {
     char path[4096];
-    if (pathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
-    return writeFileAtomic(path, text, strlen(text), err);
+    if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
+    return fsWriteFileAtomic(path, text, strlen(text), 0644, err);
 }
 
 int artifactsWriteAnomaly(const char *out_dir, const char *type, NsaError *err) {
@@ -508,7 +447,7 @@ int artifactsWriteHalt(const char *out_dir, const char *reason, NsaError *err) {
 
 int artifactsHaltRequested(const char *out_dir) {
     char path[4096];
-    if (pathf(NULL, path, sizeof path, "%s/%s", out_dir, ARTIFACT_HALT) != 0) return 0;
+    if (fsPathf(NULL, path, sizeof path, "%s/%s", out_dir, ARTIFACT_HALT) != 0) return 0;
     return access(path, F_OK) == 0;
 }
 
@@ -517,7 +456,7 @@ int artifactsClearStale(const char *out_dir, NsaError *err) {
     int removed = 0;
     for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
         char path[4096];
-        if (pathf(err, path, sizeof path, "%s/%s", out_dir, names[i]) != 0) return -1;
+        if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, names[i]) != 0) return -1;
         if (unlink(path) == 0) removed++;
         else if (errno != ENOENT) return nsaErrorf(err, "remove stale %s: %s", path, strerror(errno));
     }

@@ -1,13 +1,13 @@
 /* checkpoint.c - safetensors read/write and training checkpoints; see
  * checkpoint.h for the formats and contracts. */
 #include "checkpoint.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,48 +22,7 @@
 /* safetensors' own loader refuses headers above 100 MB */
 #define SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u)
 
-/* snprintf for paths: truncation is an error, not a silently wrong path.
- * Returns 0, or -1 with err. */
-static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int pathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(out, cap, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= cap) return nsaErrorf(err, "path too long (over %zu bytes): %s...", cap, out);
-    return 0;
-}
-
 /* ---- small file-system helpers ------------------------------------------ */
-
-static int writeAll(int fd, const void *buf, size_t len) {
-    const char *p = buf;
-    while (len > 0) {
-        /* write(2) moves at most about 2 GiB at once on Linux */
-        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
-        ssize_t w = write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
-/* fsync of the directory holding path (or of path itself when is_dir), so
- * a rename inside it survives a crash. */
-static int fsyncDir(const char *dir, NsaError *err) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return nsaErrorf(err, "open directory %s: %s", dir, strerror(errno));
-    int rc = fsync(fd);
-    int saved = errno;
-    close(fd);
-    if (rc != 0) return nsaErrorf(err, "fsync directory %s: %s", dir, strerror(saved));
-    return 0;
-}
 
 static void parentDir(const char *path, char *out, size_t cap) {
     const char *slash = strrchr(path, '/');
@@ -74,22 +33,6 @@ static void parentDir(const char *path, char *out, size_t cap) {
     } else {
         snprintf(out, cap, "%.*s", (int)(slash - path), path);
     }
-}
-
-static int mkdirP(const char *path, NsaError *err) {
-    char buf[4096];
-    if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf)
-        return nsaErrorf(err, "path too long: %s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        return nsaErrorf(err, "mkdir %s: %s", buf, strerror(errno));
-    return 0;
 }
 
 /* Removes a checkpoint directory: its plain files, then itself. A missing
@@ -105,7 +48,7 @@ static int removeCheckpointDir(const char *dir, NsaError *err) {
     int rc = 0;
     while ((e = readdir(d)) != NULL) {
         if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        if (pathf(err, path, sizeof path, "%s/%s", dir, e->d_name) != 0) {
+        if (fsPathf(err, path, sizeof path, "%s/%s", dir, e->d_name) != 0) {
             rc = -1;
             break;
         }
@@ -216,18 +159,18 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
 
     char tmp[4096], dir[4096];
     int fd = -1;
-    if (pathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) goto fail_early;
+    if (fsPathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) goto fail_early;
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
         nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
         goto fail_early;
     }
-    if (writeAll(fd, header, 8 + header_len) != 0) goto fail_write;
+    if (fsWriteAll(fd, header, 8 + header_len) != 0) goto fail_write;
     for (int i = 0; i < n; i++) {
         if (!tensors[i].numel) continue;
         const float *data = source(ctx, i, scratch, err);
         if (!data) goto fail_file;
-        if (writeAll(fd, data, tensors[i].numel * sizeof(float)) != 0) goto fail_write;
+        if (fsWriteAll(fd, data, tensors[i].numel * sizeof(float)) != 0) goto fail_write;
     }
     if (fsync(fd) != 0) {
         nsaErrorf(err, "fsync %s: %s", tmp, strerror(errno));
@@ -246,7 +189,7 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
     free(header);
     free(scratch);
     parentDir(path, dir, sizeof dir);
-    return fsyncDir(dir, err);
+    return fsFsyncDir(dir, err);
 fail_write:
     nsaErrorf(err, "write %s: %s", tmp, strerror(errno));
 fail_file:
@@ -553,13 +496,13 @@ out:
 
 static int writeLatest(const char *ck_dir, const char *name, NsaError *err) {
     char path[4096], tmp[4096], line[64];
-    if (pathf(err, path, sizeof path, "%s/latest", ck_dir) != 0 ||
-        pathf(err, tmp, sizeof tmp, "%s/latest.tmp", ck_dir) != 0)
+    if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0 ||
+        fsPathf(err, tmp, sizeof tmp, "%s/latest.tmp", ck_dir) != 0)
         return -1;
     int len = snprintf(line, sizeof line, "%s\n", name);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
-    if (writeAll(fd, line, (size_t)len) != 0 || fsync(fd) != 0) {
+    if (fsWriteAll(fd, line, (size_t)len) != 0 || fsync(fd) != 0) {
         int saved = errno;
         close(fd);
         unlink(tmp);
@@ -571,7 +514,7 @@ static int writeLatest(const char *ck_dir, const char *name, NsaError *err) {
         unlink(tmp);
         return nsaErrorf(err, "rename %s: %s", tmp, strerror(saved));
     }
-    return fsyncDir(ck_dir, err);
+    return fsFsyncDir(ck_dir, err);
 }
 
 /* Parses "step_" followed by digits only; returns the step or -1. */
@@ -621,7 +564,7 @@ static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_las
     for (size_t i = 0; rc == 0 && i + keep_others < n; i++) {
         char name[64], path[4096];
         stepDirName(steps[i], name, sizeof name);
-        rc = pathf(err, path, sizeof path, "%s/%s", ck_dir, name);
+        rc = fsPathf(err, path, sizeof path, "%s/%s", ck_dir, name);
         if (rc == 0) rc = removeCheckpointDir(path, err);
     }
     free(steps);
@@ -632,13 +575,13 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
                    const char *model_config_json, char *saved_dir, size_t cap, NsaError *err) {
     char ck_dir[4096], name[64], tmp_dir[4096], final_dir[4096], old_dir[4096], path[4096];
     stepDirName(st->step, name, sizeof name);
-    if (pathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", out_dir) != 0 ||
-        pathf(err, tmp_dir, sizeof tmp_dir, "%s/.%s.tmp", ck_dir, name) != 0 ||
-        pathf(err, final_dir, sizeof final_dir, "%s/%s", ck_dir, name) != 0 ||
-        pathf(err, old_dir, sizeof old_dir, "%s/.%s.old", ck_dir, name) != 0 ||
-        pathf(err, path, sizeof path, "%s/model.safetensors", tmp_dir) != 0)
+    if (fsPathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", out_dir) != 0 ||
+        fsPathf(err, tmp_dir, sizeof tmp_dir, "%s/.%s.tmp", ck_dir, name) != 0 ||
+        fsPathf(err, final_dir, sizeof final_dir, "%s/%s", ck_dir, name) != 0 ||
+        fsPathf(err, old_dir, sizeof old_dir, "%s/.%s.old", ck_dir, name) != 0 ||
+        fsPathf(err, path, sizeof path, "%s/model.safetensors", tmp_dir) != 0)
         return -1;
-    if (mkdirP(ck_dir, err) != 0) return -1;
+    if (fsMkdirs(ck_dir, 0755, err) != 0) return -1;
     /* leftovers of a crash in the middle of an earlier save */
     if (removeCheckpointDir(tmp_dir, err) != 0 || removeCheckpointDir(old_dir, err) != 0)
         return -1;
@@ -678,7 +621,7 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
     if (writeArenas(m, path, params, no_prefix, 1, model_meta,
                     (int)(sizeof model_meta / sizeof *model_meta), err) != 0)
         goto fail_tmp;
-    if (pathf(err, path, sizeof path, "%s/state.safetensors", tmp_dir) != 0) goto fail_tmp;
+    if (fsPathf(err, path, sizeof path, "%s/state.safetensors", tmp_dir) != 0) goto fail_tmp;
     if (writeArenas(m, path, moments, moment_prefixes, 2, state_meta,
                     (int)(sizeof state_meta / sizeof *state_meta), err) != 0)
         goto fail_tmp;
@@ -692,11 +635,11 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
         nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
         goto fail_tmp;
     }
-    if (fsyncDir(ck_dir, err) != 0) return -1;
+    if (fsFsyncDir(ck_dir, err) != 0) return -1;
     if (replacing && removeCheckpointDir(old_dir, err) != 0) return -1;
     if (writeLatest(ck_dir, name, err) != 0) return -1;
     if (pruneCheckpoints(ck_dir, st->step, keep_last, err) != 0) return -1;
-    if (saved_dir && pathf(err, saved_dir, cap, "%s", final_dir) != 0) return -1;
+    if (saved_dir && fsPathf(err, saved_dir, cap, "%s", final_dir) != 0) return -1;
     return 0;
 fail_tmp: {
         NsaError ignored;
@@ -708,7 +651,7 @@ fail_tmp: {
 /* Reads OUT/checkpoints/latest into dir. 1 found, 0 no pointer, -1 error. */
 static int readLatest(const char *run_dir, char *dir, size_t cap, NsaError *err) {
     char path[4096], name[256];
-    if (pathf(err, path, sizeof path, "%s/checkpoints/latest", run_dir) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/checkpoints/latest", run_dir) != 0) return -1;
     FILE *f = fopen(path, "r");
     if (!f) {
         if (errno == ENOENT) return 0;
@@ -721,8 +664,8 @@ static int readLatest(const char *run_dir, char *dir, size_t cap, NsaError *err)
     if (parseStepDir(name) < 0)
         return nsaErrorf(err, "%s holds '%s'; expected a line like step_00000100", path, name);
     char model[4096];
-    if (pathf(err, dir, cap, "%s/checkpoints/%s", run_dir, name) != 0 ||
-        pathf(err, model, sizeof model, "%s/model.safetensors", dir) != 0)
+    if (fsPathf(err, dir, cap, "%s/checkpoints/%s", run_dir, name) != 0 ||
+        fsPathf(err, model, sizeof model, "%s/model.safetensors", dir) != 0)
         return -1;
     if (!fileExists(model))
         return nsaErrorf(err, "%s points at %s, which has no model.safetensors", path, dir);
@@ -733,9 +676,9 @@ int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t c
                       NsaError *err) {
     if (!spec || !strcmp(spec, "latest")) return readLatest(out_dir, dir, cap, err);
     char path[4096];
-    if (pathf(err, path, sizeof path, "%s/model.safetensors", spec) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/model.safetensors", spec) != 0) return -1;
     if (fileExists(path)) {
-        if (pathf(err, dir, cap, "%s", spec) != 0) return -1;
+        if (fsPathf(err, dir, cap, "%s", spec) != 0) return -1;
         return 1;
     }
     int rc = readLatest(spec, dir, cap, err);
@@ -781,7 +724,7 @@ static int parseState(const Safetensors *st, const char *path, ResumeState *out,
 
 int checkpointReadState(const char *dir, ResumeState *st_out, NsaError *err) {
     char path[4096];
-    if (pathf(err, path, sizeof path, "%s/state.safetensors", dir) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/state.safetensors", dir) != 0) return -1;
     Safetensors *st = safetensorsRead(path, err);
     if (!st) return -1;
     int rc = parseState(st, path, st_out, err);
@@ -853,9 +796,9 @@ int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err)
     const char *const no_prefix[] = {""};
     const NsaArena moments[] = {NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
     const char *const moment_prefixes[] = {"adam_m.", "adam_v."};
-    if (pathf(err, path, sizeof path, "%s/model.safetensors", dir) != 0 ||
+    if (fsPathf(err, path, sizeof path, "%s/model.safetensors", dir) != 0 ||
         loadFile(m, path, params, no_prefix, 1, NULL, err) != 0 ||
-        pathf(err, path, sizeof path, "%s/state.safetensors", dir) != 0)
+        fsPathf(err, path, sizeof path, "%s/state.safetensors", dir) != 0)
         return -1;
     return loadFile(m, path, moments, moment_prefixes, 2, st, err);
 }

@@ -12,6 +12,7 @@
  * their text (an int key takes 64 but not "64", 6.4 or 1e3); quoted scalars
  * are strings. */
 #include "config.h"
+#include "strbuf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -927,39 +928,6 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
 
 /* ---- writing YAML -------------------------------------------------------------------- */
 
-typedef struct Buf {
-    char *data;
-    size_t len, cap;
-    int failed;
-} Buf;
-
-static void bufPrintf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bufPrintf(Buf *b, const char *fmt, ...) {
-    if (b->failed) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) {
-            b->failed = 1;
-            return;
-        }
-        if ((size_t)n < b->cap - b->len) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *p = realloc(b->data, cap);
-        if (!p) {
-            b->failed = 1;
-            return;
-        }
-        b->data = p;
-        b->cap = cap;
-    }
-}
-
 /* A double in the fewest digits that read back to the same value; whole
  * numbers without an exponent (120, not 1.2e+02). */
 static void formatReal(double v, char *out, size_t cap) {
@@ -973,75 +941,71 @@ static void formatReal(double v, char *out, size_t cap) {
     }
 }
 
-static void bufQuoted(Buf *b, const char *s) {
-    bufPrintf(b, "\"");
+static void bufQuoted(StrBuf *b, const char *s) {
+    strbufPrintf(b, "\"");
     for (; *s; s++) {
         unsigned char c = (unsigned char)*s;
         if (c == '"' || c == '\\')
-            bufPrintf(b, "\\%c", c);
+            strbufPrintf(b, "\\%c", c);
         else if (c < 0x20 || c == 0x7f)
-            bufPrintf(b, "\\x%02x", c);
+            strbufPrintf(b, "\\x%02x", c);
         else
-            bufPrintf(b, "%c", c);
+            strbufPrintf(b, "%c", c);
     }
-    bufPrintf(b, "\"");
+    strbufPrintf(b, "\"");
 }
 
 char *configToYaml(const JobConfig *cfg) {
-    Buf b = {malloc(4096), 0, 4096, 0};
-    if (!b.data) return NULL;
-    bufPrintf(&b, "# nsad job config, resolved (every key, defaults filled in)\n");
+    StrBuf b;
+    if (strbufInit(&b, 4096) != 0) return NULL;
+    strbufPrintf(&b, "# nsad job config, resolved (every key, defaults filled in)\n");
     const char *section = "";
     for (size_t i = 0; i < N_KEYS; i++) {
         const ConfigKey *k = &configKeys[i];
         const void *field = (const char *)cfg + k->offset;
         if (strcmp(section, k->section)) {
             section = k->section;
-            bufPrintf(&b, "%s:\n", section);
+            strbufPrintf(&b, "%s:\n", section);
         }
-        bufPrintf(&b, "  %s: ", k->key);
+        strbufPrintf(&b, "  %s: ", k->key);
         char num[40];
         switch (k->type) {
-        case KEY_INT: bufPrintf(&b, "%d", *(const int *)field); break;
-        case KEY_INT64: bufPrintf(&b, "%lld", (long long)*(const int64_t *)field); break;
-        case KEY_UINT64: bufPrintf(&b, "%llu", (unsigned long long)*(const uint64_t *)field); break;
+        case KEY_INT: strbufPrintf(&b, "%d", *(const int *)field); break;
+        case KEY_INT64: strbufPrintf(&b, "%lld", (long long)*(const int64_t *)field); break;
+        case KEY_UINT64: strbufPrintf(&b, "%llu", (unsigned long long)*(const uint64_t *)field); break;
         case KEY_DOUBLE:
             formatReal(*(const double *)field, num, sizeof num);
-            bufPrintf(&b, "%s", num);
+            strbufPrintf(&b, "%s", num);
             break;
         case KEY_FLOAT:
             /* floats print through double: exact, and read back to the same float */
             if (*(const float *)field == floorf(*(const float *)field) &&
                 fabsf(*(const float *)field) < 1e7f) {
-                bufPrintf(&b, "%.0f", (double)*(const float *)field);
+                strbufPrintf(&b, "%.0f", (double)*(const float *)field);
                 break;
             }
             for (int prec = 1; prec <= 9; prec++) {
                 snprintf(num, sizeof num, "%.*g", prec, (double)*(const float *)field);
                 if ((float)strtod(num, NULL) == *(const float *)field) break;
             }
-            bufPrintf(&b, "%s", num);
+            strbufPrintf(&b, "%s", num);
             break;
         case KEY_STRING: bufQuoted(&b, (const char *)field); break;
         case KEY_ENUM: {
             int value = *(const int *)field;
             if (k->names == device_names && cfg->runtime.device_auto)
-                bufPrintf(&b, "auto  # %s on this machine", enumName(k->names, value));
+                strbufPrintf(&b, "auto  # %s on this machine", enumName(k->names, value));
             else if (k->names == precision_names && cfg->runtime.precision_auto)
-                bufPrintf(&b, "auto  # %s on %s", enumName(k->names, value),
+                strbufPrintf(&b, "auto  # %s on %s", enumName(k->names, value),
                           configDeviceName(cfg->runtime.device));
             else
-                bufPrintf(&b, "%s", enumName(k->names, value));
+                strbufPrintf(&b, "%s", enumName(k->names, value));
             break;
         }
         }
-        bufPrintf(&b, "\n");
+        strbufPrintf(&b, "\n");
     }
-    if (b.failed) {
-        free(b.data);
-        return NULL;
-    }
-    return b.data;
+    return strbufTake(&b);
 }
 
 /* ---- hash ---------------------------------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* runs.c - the run registry; see runs.h. */
 #include "runs.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -65,79 +66,6 @@ double runsNow(void) {
 static int joinPath(char *out, size_t cap, const char *a, const char *b) {
     int n = snprintf(out, cap, "%s/%s", a, b);
     return (n < 0 || (size_t)n >= cap) ? -1 : 0;
-}
-
-static int makeDir(const char *path, NsaError *err) {
-    if (mkdir(path, 0750) == 0 || errno == EEXIST) {
-        struct stat st;
-        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 0;
-        return nsaErrorf(err, "%s: exists and is not a directory", path);
-    }
-    return nsaErrorf(err, "cannot create directory %s: %s", path, strerror(errno));
-}
-
-/* Writes data to path through a temp file, fsync and rename. */
-static int writeFileAtomic(const char *path, const char *data, size_t len, NsaError *err) {
-    char tmp[RUN_PATH_MAX + 32];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
-    if (fd < 0) return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(errno));
-    size_t off = 0;
-    while (off < len) {
-        ssize_t w = write(fd, data + off, len - off);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            int saved = errno;
-            close(fd);
-            unlink(tmp);
-            return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(saved));
-        }
-        off += (size_t)w;
-    }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        unlink(tmp);
-        return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(errno));
-    }
-    if (rename(tmp, path) != 0) {
-        int saved = errno;
-        unlink(tmp);
-        return nsaErrorf(err, "cannot rename %s to %s: %s", tmp, path, strerror(saved));
-    }
-    return 0;
-}
-
-/* Reads a whole file into a malloc'd NUL-terminated buffer, or NULL (errno set). */
-static char *readFile(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-        if (cap - len - 1 == 0) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
-    }
-    int failed = ferror(f);
-    fclose(f);
-    if (!buf) return NULL;
-    if (failed) {
-        free(buf);
-        errno = EIO;
-        return NULL;
-    }
-    buf[len] = '\0';
-    if (len_out) *len_out = len;
-    return buf;
 }
 
 static void runFree(Run *run) {
@@ -210,7 +138,7 @@ int runsSave(const Run *run, NsaError *err) {
     if (!text) return nsaErrorf(err, "out of memory saving run %s", run->id);
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.json", run->dir);
-    int rc = writeFileAtomic(path, text, strlen(text), err);
+    int rc = fsWriteFileAtomic(path, text, strlen(text), 0640, err);
     free(text);
     return rc;
 }
@@ -236,7 +164,7 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     }
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/run.json", run->dir);
-    char *text = readFile(path, NULL);
+    char *text = fsReadFile(path, NULL);
     if (!text) {
         nsaErrorf(err, "%s: %s", path, strerror(errno));
         runFree(run);
@@ -270,7 +198,7 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     cJSON_Delete(o);
 
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
-    run->config_yaml = readFile(path, NULL);
+    run->config_yaml = fsReadFile(path, NULL);
     if (!run->config_yaml) {
         nsaErrorf(err, "%s: %s", path, strerror(errno));
         runFree(run);
@@ -304,7 +232,7 @@ RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
         free(reg);
         return NULL;
     }
-    if (makeDir(reg->state_dir, err) != 0 || makeDir(reg->runs_dir, err) != 0) {
+    if (fsMkdirs(reg->state_dir, 0750, err) != 0 || fsMkdirs(reg->runs_dir, 0750, err) != 0) {
         free(reg);
         return NULL;
     }
@@ -392,8 +320,8 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
         runFree(run);
         return NULL;
     }
-    if (makeDir(run->out_dir, err) != 0 ||
-        writeFileAtomic(path, config_yaml, strlen(config_yaml), err) != 0 || runsSave(run, err) != 0) {
+    if (fsMkdirs(run->out_dir, 0750, err) != 0 ||
+        fsWriteFileAtomic(path, config_yaml, strlen(config_yaml), 0640, err) != 0 || runsSave(run, err) != 0) {
         runFree(run);
         return NULL;
     }
@@ -410,7 +338,7 @@ int runsSetConfig(Run *run, const char *config_yaml, NsaError *err) {
     if (!copy) return nsaErrorf(err, "out of memory");
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
-    if (writeFileAtomic(path, copy, strlen(copy), err) != 0) {
+    if (fsWriteFileAtomic(path, copy, strlen(copy), 0640, err) != 0) {
         free(copy);
         return -1;
     }

@@ -1,5 +1,6 @@
 /* stackdump.c - see stackdump.h. */
 #include "stackdump.h"
+#include "strbuf.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -7,7 +8,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,41 +105,11 @@ void stackdumpUnregisterThread(void) {
 
 /* ---- output buffer ------------------------------------------------------- */
 
-typedef struct Buf {
-    char *data;
-    size_t len, cap;
-    int oom;
-} Buf;
-
-static void bufPrintf(Buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void bufPrintf(Buf *b, const char *fmt, ...) {
-    if (b->oom) return;
-    for (;;) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (b->len + (size_t)n < b->cap) {
-            b->len += (size_t)n;
-            return;
-        }
-        size_t cap = b->cap * 2 + (size_t)n;
-        char *grown = realloc(b->data, cap);
-        if (!grown) {
-            b->oom = 1;
-            return;
-        }
-        b->data = grown;
-        b->cap = cap;
-    }
-}
-
-static void printFrames(Buf *b, void *const *frames, int n) {
+static void printFrames(StrBuf *b, void *const *frames, int n) {
     char **symbols = backtrace_symbols(frames, n);
     for (int i = 0; i < n; i++) {
-        if (symbols) bufPrintf(b, "  #%-2d %s\n", i, symbols[i]);
-        else bufPrintf(b, "  #%-2d %p\n", i, frames[i]);
+        if (symbols) strbufPrintf(b, "  #%-2d %s\n", i, symbols[i]);
+        else strbufPrintf(b, "  #%-2d %p\n", i, frames[i]);
     }
     free(symbols);
 }
@@ -151,7 +121,7 @@ static int64_t nowMs(void) {
 }
 
 /* Lists threads of this process that are not registered (tid and comm). */
-static void listUnregistered(Buf *b, const pid_t *known, int n_known) {
+static void listUnregistered(StrBuf *b, const pid_t *known, int n_known) {
     DIR *d = opendir("/proc/self/task");
     if (!d) return;
     struct dirent *e;
@@ -170,18 +140,17 @@ static void listUnregistered(Buf *b, const pid_t *known, int n_known) {
             fclose(f);
         }
         if (!header) {
-            bufPrintf(b, "threads not registered (no stack available):\n");
+            strbufPrintf(b, "threads not registered (no stack available):\n");
             header = 1;
         }
-        bufPrintf(b, "  tid %d (%s)\n", (int)tid, comm);
+        strbufPrintf(b, "  tid %d (%s)\n", (int)tid, comm);
     }
     closedir(d);
 }
 
 char *stackdumpString(const char *reason) {
-    Buf b = {malloc(4096), 0, 4096, 0};
-    if (!b.data) return NULL;
-    b.data[0] = 0;
+    StrBuf b;
+    if (strbufInit(&b, 4096) != 0) return NULL;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
@@ -201,13 +170,13 @@ char *stackdumpString(const char *reason) {
         atomic_store(&s->state, SLOT_REQUESTED);
         if (pthread_kill(s->thread, STACKDUMP_SIGNAL) != 0) atomic_store(&s->state, SLOT_IDLE);
     }
-    bufPrintf(&b, "nsad stack dump\nreason: %s\ntime: %s\npid: %d\nregistered threads: %d\n\n",
+    strbufPrintf(&b, "nsad stack dump\nreason: %s\ntime: %s\npid: %d\nregistered threads: %d\n\n",
               reason ? reason : "", when, (int)getpid(), n_registered);
 
     /* the calling thread answers directly */
     void *frames[STACKDUMP_MAX_FRAMES];
     int n = backtrace(frames, STACKDUMP_MAX_FRAMES);
-    bufPrintf(&b, "thread \"%s\" (tid %d, the dumping thread):\n", self ? self->name : "(unregistered)",
+    strbufPrintf(&b, "thread \"%s\" (tid %d, the dumping thread):\n", self ? self->name : "(unregistered)",
               (int)self_tid);
     printFrames(&b, frames, n);
 
@@ -224,27 +193,23 @@ char *stackdumpString(const char *reason) {
             struct timespec pause = {0, 1000000};
             nanosleep(&pause, NULL);
         }
-        bufPrintf(&b, "\nthread \"%s\" (tid %d):\n", s->name, (int)s->tid);
+        strbufPrintf(&b, "\nthread \"%s\" (tid %d):\n", s->name, (int)s->tid);
         int expected = SLOT_REQUESTED;
         if (atomic_compare_exchange_strong(&s->state, &expected, SLOT_IDLE)) {
-            bufPrintf(&b, "  (no answer within %d ms: signal blocked or stuck in the kernel)\n",
+            strbufPrintf(&b, "  (no answer within %d ms: signal blocked or stuck in the kernel)\n",
                       STACKDUMP_TIMEOUT_MS);
             continue;
         }
         /* a handler that started writing finishes in microseconds */
         while (atomic_load(&s->state) == SLOT_WRITING) sched_yield();
         if (atomic_load(&s->state) == SLOT_DONE) printFrames(&b, s->frames, s->n_frames);
-        else bufPrintf(&b, "  (could not be signalled)\n");
+        else strbufPrintf(&b, "  (could not be signalled)\n");
         atomic_store(&s->state, SLOT_IDLE);
     }
     pthread_mutex_unlock(&registry_lock);
-    bufPrintf(&b, "\n");
+    strbufPrintf(&b, "\n");
     listUnregistered(&b, known, n_known);
-    if (b.oom) {
-        free(b.data);
-        return NULL;
-    }
-    return b.data;
+    return strbufTake(&b);
 }
 
 int stackdumpWrite(int fd, const char *reason) {

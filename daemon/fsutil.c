@@ -1,0 +1,133 @@
+/* fsutil.c - see fsutil.h. */
+#include "fsutil.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int fsPathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= cap)
+        return nsaErrorf(err, "path too long (over %zu bytes): %s...", cap, out);
+    return 0;
+}
+
+static int mkdirOne(const char *path, mode_t mode, NsaError *err) {
+    if (mkdir(path, mode) == 0) return 0;
+    if (errno != EEXIST) return nsaErrorf(err, "cannot create directory %s: %s", path, strerror(errno));
+    struct stat st;
+    if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+        return nsaErrorf(err, "%s: exists and is not a directory", path);
+    return 0;
+}
+
+int fsMkdirs(const char *path, mode_t mode, NsaError *err) {
+    char buf[PATH_MAX];
+    if (fsPathf(err, buf, sizeof buf, "%s", path) != 0) return -1;
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdirOne(buf, 0755, err) != 0) return -1;
+        *p = '/';
+    }
+    return mkdirOne(buf, mode, err);
+}
+
+int fsWriteAll(int fd, const void *buf, size_t len) {
+    const char *p = buf;
+    while (len > 0) {
+        /* write(2) moves at most about 2 GiB at once on Linux */
+        size_t chunk = len > (1u << 30) ? (1u << 30) : len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+int fsFsyncDir(const char *dir, NsaError *err) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return nsaErrorf(err, "open directory %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int saved = errno;
+    close(fd);
+    if (rc != 0) return nsaErrorf(err, "fsync directory %s: %s", dir, strerror(saved));
+    return 0;
+}
+
+int fsWriteFileAtomic(const char *path, const void *data, size_t len, mode_t mode, NsaError *err) {
+    char tmp[PATH_MAX], dir[PATH_MAX];
+    if (fsPathf(err, tmp, sizeof tmp, "%s.tmp", path) != 0) return -1;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+    if (fd < 0) return nsaErrorf(err, "cannot create %s: %s", tmp, strerror(errno));
+    if (fsWriteAll(fd, data, len) != 0 || fsync(fd) != 0) {
+        int saved = errno;
+        close(fd);
+        unlink(tmp);
+        return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(saved));
+    }
+    if (close(fd) != 0) {
+        int saved = errno;
+        unlink(tmp);
+        return nsaErrorf(err, "cannot write %s: %s", tmp, strerror(saved));
+    }
+    if (rename(tmp, path) != 0) {
+        int saved = errno;
+        unlink(tmp);
+        return nsaErrorf(err, "cannot rename %s to %s: %s", tmp, path, strerror(saved));
+    }
+    const char *slash = strrchr(path, '/');
+    if (!slash) return fsFsyncDir(".", err);
+    if (slash == path) return fsFsyncDir("/", err);
+    if (fsPathf(err, dir, sizeof dir, "%.*s", (int)(slash - path), path) != 0) return -1;
+    return fsFsyncDir(dir, err);
+}
+
+char *fsReadFile(const char *path, size_t *len_out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    size_t cap = 4096, len = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + len, 1, cap - len - 1, f);
+        len += got;
+        if (got == 0) break;
+        if (cap - len - 1 == 0) {
+            char *bigger = realloc(buf, cap * 2);
+            if (!bigger) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = bigger;
+            cap *= 2;
+        }
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (!buf) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (failed) {
+        free(buf);
+        errno = EIO;
+        return NULL;
+    }
+    buf[len] = 0;
+    if (len_out) *len_out = len;
+    return buf;
+}

@@ -1,0 +1,36 @@
+/* fsutil.h - the file-system steps nsad repeats: bounded path formatting,
+ * mkdir -p, whole writes, and crash-safe replacement of a file (temp name,
+ * fsync, rename, fsync of the directory). Every function that takes an
+ * NsaError returns 0, or -1 with err naming the path and the errno text. */
+#ifndef NSAD_FSUTIL_H
+#define NSAD_FSUTIL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+#include "nsa.h"
+
+/* snprintf into a path buffer; truncation is an error, never a silently
+ * shorter path. */
+int fsPathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* mkdir -p: parents get 0755, the last component `mode`. An existing
+ * directory is fine; an existing non-directory is an error. */
+int fsMkdirs(const char *path, mode_t mode, NsaError *err);
+
+/* write(2) until done, retrying EINTR. Returns 0, or -1 with errno set. */
+int fsWriteAll(int fd, const void *buf, size_t len);
+
+/* fsync of a directory, so a rename inside it survives a crash. */
+int fsFsyncDir(const char *dir, NsaError *err);
+
+/* Replaces path with data: path.tmp, fsync, rename, fsync of the parent
+ * directory. On error the old file is untouched and the temp is removed. */
+int fsWriteFileAtomic(const char *path, const void *data, size_t len, mode_t mode, NsaError *err);
+
+/* Reads a whole file into a malloc'd NUL-terminated buffer (the caller
+ * frees); *len (if not NULL) gets its length. NULL with errno on error. */
+char *fsReadFile(const char *path, size_t *len);
+
+#endif
