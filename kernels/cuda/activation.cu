@@ -38,6 +38,33 @@ __global__ void sigmoidBackwardKernel(float *da, const float *dout, const float 
     ELEMENTWISE_LOOP(n) { float y = g[i]; da[i] = dout[i] * y * (1.0f - y); }
 }
 
+/* Typed variants: outputs stored as ot (GEMM operands in bf16/fp16 mode). */
+__global__ void siluForwardToKernel(void *out, int ot, const float *a, size_t n) {
+    ELEMENTWISE_LOOP(n) { float x = a[i]; storeAs(out, i, ot, x * sigmoidf_(x)); }
+}
+__global__ void swigluForwardToKernel(void *out, int ot, const float *a, const float *b, size_t n) {
+    ELEMENTWISE_LOOP(n) { float x = a[i]; storeAs(out, i, ot, x * sigmoidf_(x) * b[i]); }
+}
+__global__ void siluBackwardToKernel(void *da, int ot, const float *dout, const float *a,
+                                     size_t n) {
+    ELEMENTWISE_LOOP(n) {
+        float x = a[i], s = sigmoidf_(x);
+        storeAs(da, i, ot, dout[i] * s * (1.0f + x * (1.0f - s)));
+    }
+}
+__global__ void swigluBackwardToKernel(void *da, void *db, int ot, const float *dout,
+                                       const float *a, const float *b, size_t n) {
+    ELEMENTWISE_LOOP(n) {
+        float x = a[i], s = sigmoidf_(x), d = dout[i];
+        storeAs(da, i, ot, d * b[i] * s * (1.0f + x * (1.0f - s)));
+        storeAs(db, i, ot, d * x * s);
+    }
+}
+__global__ void sigmoidBackwardToKernel(void *da, int ot, const void *dout, int dt, const float *g,
+                                        size_t n) {
+    ELEMENTWISE_LOOP(n) { float y = g[i]; storeAs(da, i, ot, loadAs(dout, i, dt) * y * (1.0f - y)); }
+}
+
 #define LAUNCH_ELEMENTWISE(kernel, n, ...)                                        \
     do {                                                                          \
         if ((n) == 0) return 0;                                                   \
@@ -67,4 +94,25 @@ int sigmoidForward(float *out, const float *a, size_t n, cudaStream_t stream, Ns
 int sigmoidBackward(float *da, const float *dout, const float *g, size_t n, cudaStream_t stream,
                     NsaError *err) {
     LAUNCH_ELEMENTWISE(sigmoidBackwardKernel, n, da, dout, g, n);
+}
+
+int siluForwardTo(void *out, DType ot, const float *a, size_t n, cudaStream_t stream,
+                  NsaError *err) {
+    LAUNCH_ELEMENTWISE(siluForwardToKernel, n, out, (int)ot, a, n);
+}
+int swigluForwardTo(void *out, DType ot, const float *a, const float *b, size_t n,
+                    cudaStream_t stream, NsaError *err) {
+    LAUNCH_ELEMENTWISE(swigluForwardToKernel, n, out, (int)ot, a, b, n);
+}
+int siluBackwardTo(void *da, DType ot, const float *dout, const float *a, size_t n,
+                   cudaStream_t stream, NsaError *err) {
+    LAUNCH_ELEMENTWISE(siluBackwardToKernel, n, da, (int)ot, dout, a, n);
+}
+int swigluBackwardTo(void *da, void *db, DType ot, const float *dout, const float *a,
+                     const float *b, size_t n, cudaStream_t stream, NsaError *err) {
+    LAUNCH_ELEMENTWISE(swigluBackwardToKernel, n, da, db, (int)ot, dout, a, b, n);
+}
+int sigmoidBackwardTo(void *da, DType ot, const void *dout, DType dt, const float *g, size_t n,
+                      cudaStream_t stream, NsaError *err) {
+    LAUNCH_ELEMENTWISE(sigmoidBackwardToKernel, n, da, (int)ot, dout, (int)dt, g, n);
 }

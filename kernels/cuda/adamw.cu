@@ -7,7 +7,10 @@
  * 0 < clip < norm (else 1):
  *   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
  *   p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)   (decoupled decay, old p)
- * computed in double per element, stored fp32 (master weights, moments). */
+ * computed in double per element, stored fp32 (master weights, moments).
+ * In bf16/fp16 mode the same pass stores the new weight rounded to the
+ * GEMMs' operand type into the weight copy, so it is always the rounding of
+ * the current master (and stays untouched with it when the guard trips). */
 #include "layers_cuda.h"
 #include "cuda_common.cuh"
 
@@ -47,7 +50,8 @@ int gradNorm(OptimState *state, double *partial, const float *grads, size_t n,
 }
 
 /* grid (x, tensor): each block strides over one tensor's elements. */
-__global__ void adamwKernel(float *params, const float *grads, float *m, float *v,
+__global__ void adamwKernel(float *params, void *params_low, int low_type, const float *grads,
+                            float *m, float *v,
                             const OptimTensor *tensors, const OptimState *state, float lr,
                             float beta1, float beta2, float eps, float weight_decay,
                             float grad_clip, double bc1, double bc2) {
@@ -66,7 +70,9 @@ __global__ void adamwKernel(float *params, const float *grads, float *m, float *
         const double update = (mi / bc1) / (sqrt(vi / bc2) + (double)eps);
         m[at] = (float)mi;
         v[at] = (float)vi;
-        params[at] = (float)((double)params[at] - (double)lr * (update + wd * (double)params[at]));
+        const float p = (float)((double)params[at] - (double)lr * (update + wd * (double)params[at]));
+        params[at] = p;
+        if (params_low) storeAs(params_low, at, low_type, p);
     }
 }
 
@@ -84,11 +90,22 @@ int adamwStep(float *params, const float *grads, float *m, float *v, const Optim
               int n_tensors, size_t max_numel, OptimState *state, float lr, float beta1,
               float beta2, float eps, float weight_decay, float grad_clip, double bc1, double bc2,
               int dynamic_scale, int scale_window, cudaStream_t stream, NsaError *err) {
+    return adamwStepWithCopy(params, NULL, DTYPE_F32, grads, m, v, tensors, n_tensors, max_numel,
+                             state, lr, beta1, beta2, eps, weight_decay, grad_clip, bc1, bc2,
+                             dynamic_scale, scale_window, stream, err);
+}
+
+int adamwStepWithCopy(float *params, void *params_low, DType low_type, const float *grads,
+                      float *m, float *v, const OptimTensor *tensors, int n_tensors,
+                      size_t max_numel, OptimState *state, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float grad_clip, double bc1, double bc2,
+                      int dynamic_scale, int scale_window, cudaStream_t stream, NsaError *err) {
     unsigned gx = gridFor(max_numel, 256);
     if (gx > 1024) gx = 1024;
     dim3 grid(gx, (unsigned)n_tensors);
-    adamwKernel<<<grid, 256, 0, stream>>>(params, grads, m, v, tensors, state, lr, beta1, beta2,
-                                          eps, weight_decay, grad_clip, bc1, bc2);
+    adamwKernel<<<grid, 256, 0, stream>>>(params, params_low, (int)low_type, grads, m, v, tensors,
+                                          state, lr, beta1, beta2, eps, weight_decay, grad_clip,
+                                          bc1, bc2);
     LAUNCH_CHECK("adamwKernel", err);
     if (dynamic_scale) {
         lossScaleUpdateKernel<<<1, 1, 0, stream>>>(state, scale_window);

@@ -7,8 +7,10 @@
  * through shared memory, with an online softmax in fp32; the key/value
  * gradients are gathered key-centric (a warp per key walks the queries that
  * see it), so there are no float atomics and every result is
- * bit-reproducible. The tensor-core kernels of the next issue replace these
- * behind the same signatures.
+ * bit-reproducible. They are the engine's attention in f32 mode (the check
+ * mode) and, in bf16/fp16 mode, for dims the fast bf16 tensor-core op
+ * (fast_*.cu, nsaAttnForwardCuda) does not take; the engine reports which
+ * path a model uses (cuda_engine.h, nsaCudaModelAttentionPath).
  *
  * Shapes are those of kernels/nsa.h and kernels/cpu/attn_decl.h, device
  * fp32, row-major:

@@ -4,6 +4,8 @@
 #ifndef NSA_CUDA_COMMON_CUH
 #define NSA_CUDA_COMMON_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdarg.h>
@@ -93,6 +95,22 @@ __device__ __forceinline__ float blockMaxF(float v, float *scratch) {
     __syncthreads();
     float t = lane < nwarps ? scratch[lane] : -INFINITY;
     return warpMax(t);
+}
+
+/* Element access by storage type (the DType of layers_cuda.h: 0 fp32,
+ * 1 bf16, 2 fp16). The type is uniform across a launch, so the switch costs
+ * a predictable branch; values travel as fp32 and round once on store
+ * (round-to-nearest-even). */
+__device__ __forceinline__ float loadAs(const void *p, size_t i, int type) {
+    if (type == 1) return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+    if (type == 2) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void storeAs(void *p, size_t i, int type, float v) {
+    if (type == 1) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else if (type == 2) ((__half *)p)[i] = __float2half_rn(v);
+    else ((float *)p)[i] = v;
 }
 
 #endif

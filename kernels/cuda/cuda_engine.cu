@@ -4,11 +4,22 @@
  *
  * Memory is planned once (planCarve walks the same layout for sizing and
  * for pointer assignment): parameters, gradients, Adam m and v (the shared
- * layout, fp32), saved activations for max_batch x max_seq_len, backward
- * scratch shared by all layers, the cuBLASLt workspace, and pinned host
- * staging for the token ids. A step enqueues work on one stream and never
- * allocates or waits, except that re-using a pinned staging slot waits for
- * the copy made from it two Forwards ago (a bounded queue, not a sync). */
+ * layout, fp32), the bf16/fp16 weight copy the GEMMs read, saved
+ * activations for max_batch x max_seq_len, backward scratch shared by all
+ * layers, the cuBLASLt workspace, one fast-attention plan per layer, and
+ * pinned host staging for the token ids. A step enqueues work on one stream
+ * and never allocates or waits, except that re-using a pinned staging slot
+ * waits for the copy made from it two Forwards ago (a bounded queue, not a
+ * sync).
+ *
+ * Precision. Every tensor a GEMM reads is stored in the operand type
+ * (m->op: fp32 in f32 mode, bf16 / fp16 otherwise): the producers write it
+ * directly where they are ours (RMSNorm, the MLP activation and its
+ * backward, RoPE of the attention gradients), and the fp32 gradients that
+ * come out of GEMMs (the residual stream's, the logits') are converted once
+ * into shared scratch. Residual stream, norms statistics, the loss and the
+ * optimizer stay fp32. In f32 mode the operand buffers are the fp32
+ * activations themselves and nothing is converted. */
 #include "cuda_engine.h"
 
 #include <stdlib.h>
@@ -24,25 +35,41 @@
 #define FP16_INITIAL_SCALE 65536.0f
 #define FP16_SCALE_WINDOW 1000
 
-/* One layer's saved forward activations (device pointers). */
+/* One layer's saved forward activations (device pointers). "op" buffers are
+ * in the GEMM operand type (fp32 in f32 mode); "bf16" ones feed the fast
+ * attention op. A path's buffers are NULL when the other path is in use. */
 typedef struct LayerActs {
     float *res;            /* [N][C] residual entering the layer */
-    float *xn, *rstd;      /* attention RMSNorm output and 1/rms */
+    void *xn;              /* op [N][C] attention RMSNorm output */
+    float *rstd;           /* [N] 1/rms */
+    /* reference attention path (fp32) */
     float *q;              /* [N][H][dk] rotated */
     float *k[3], *v[3];    /* per branch (cmp, sel, win) [N][G][dk] rotated, [N][G][dv] */
     float *kc, *vc;        /* pooled [B][Nc][G][dk], [B][Nc][G][dv] */
-    float *gates;          /* [N][H][3] post-sigmoid */
     float *o[3], *lse[3];  /* per branch [N][H][dv], [N][H] */
     int32_t *sel;          /* [N][G][slots] */
     float *y;              /* [N][H][dv] gate-combined */
+    /* fast attention path (bf16; the plan keeps o, lse, kc, vc, sel) */
+    void *qb, *kb[3], *vb[3], *gb;
+    float *gates;          /* [N][H][3] post-sigmoid, fp32 */
+    void *y_op;            /* op [N][H][dv] the Wo operand (== y in f32 mode) */
     float *mid;            /* [N][C] residual after attention */
-    float *mxn, *mrstd;    /* MLP RMSNorm */
-    float *fc, *up, *act;  /* [N][F]; up only for SwiGLU */
+    void *mxn;             /* op [N][C] MLP RMSNorm output */
+    float *mrstd;
+    float *fc, *up;        /* [N][F]; up only for SwiGLU */
+    void *act;             /* op [N][F] */
 } LayerActs;
 
 typedef struct Scratch {
-    float *dres, *dxn, *dq, *dk[3], *dv[3], *dkc, *dvc, *dgates, *d_o[3], *dy;
-    float *dfc, *dup, *dact, *delta[3];
+    float *dres, *dxn;
+    float *dq, *dk[3], *dv[3];   /* fp32; in the fast path the forward's q/k/v before RoPE */
+    float *dkc, *dvc, *dgates, *d_o[3], *delta[3];   /* reference path only */
+    float *dy;                   /* [N][H][dv] fp32 */
+    void *dfc, *dup;             /* op [N][F] */
+    float *dact;                 /* [N][F] fp32 */
+    void *op_a;                  /* op [N][max(C, V)]: residual / logits gradient (bf16/fp16) */
+    void *op_b;                  /* op [N][max(H dk, G dk, G dv, 3H)]: attention input gradients */
+    void *dyb, *dqb, *dkb[3], *dvb[3], *dgb;   /* bf16, fast path */
     float *row_loss;       /* [N] */
     float *rms_partial;    /* [ceil(N/RMS_CHUNK)][C] */
     float *emb_partial;    /* [max chunks][C] */
@@ -54,22 +81,34 @@ typedef struct BatchIds {
     int32_t *tokens, *targets, *order, *chunk_start, *chunk_token, *token_chunk;
 } BatchIds;
 
+/* What the precision mode and the dims decide about storage. */
+typedef struct EngineMode {
+    int low;       /* 1 in bf16/fp16 mode: GEMM operands are 16-bit */
+    int fast;      /* 1 when attention runs on the fast bf16 op */
+    DType op;      /* GEMM operand type */
+} EngineMode;
+
 struct NsaCudaModel {
     NsaModelConfig cfg;
     NsaEngineOptions opt;
     NsaLayout lay;
+    EngineMode mode;
+    char attention_path[256];
     int F, max_tokens, max_cmp, slots;
     size_t max_chunks;
     cudaStream_t stream;
     int have_stream;
     GemmContext gemm;
     float *arena[4];                 /* params, grads, adam m, adam v */
+    void *weights_low;               /* bf16/fp16 copy of the params arena (low modes) */
+    NsaAttnCudaPlan **attn_plans;    /* host array [L] (fast path) */
     float *acts;                     /* activation arena */
     size_t acts_floats;
     float *scratch_mem;              /* scratch arena */
     size_t scratch_floats;
     LayerActs *layers;               /* host array [L] of device pointers */
-    float *final_res, *final_xn, *final_rstd, *logits;
+    float *final_res, *final_rstd, *logits;
+    void *final_xn;                  /* op */
     Scratch sc;
     float *rope;                     /* [max_seq][dk/2][2] */
     OptimTensor *tensors;            /* device [n_tensors] */
@@ -98,6 +137,51 @@ struct NsaCudaModel {
     size_t peak_used;
 };
 
+/* ---- attention path ------------------------------------------------------ */
+
+/* Decides which attention kernels a model runs and writes the reason into
+ * why. Returns 1 for the fast bf16 op, 0 for the fp32 reference kernels.
+ * The fast op's own limits (kernels/nsa.h) are checked here so that an
+ * unsupported shape is a reported choice, never a silent one: the reason
+ * reaches nsaCudaModelAttentionPath, the memory plan and MemoryReport. */
+static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, size_t len) {
+    const char *ref = "reference: fp32 CUDA-core NSA kernels (kernels/cuda/attn_*.cu)";
+    if (p == NSA_PREC_F32) {
+        snprintf(why, len, "%s, because precision f32 is the exact check mode", ref);
+        return 0;
+    }
+    const int dk = c->d_k, dv = c->d_v, hpg = c->n_heads / c->n_kv_groups;
+    const int dims_ok = (dk == 64 && dv == 64) || (dk == 128 && dv == 64) ||
+                        (dk == 128 && dv == 128) || (dk == 192 && dv == 128);
+    if (!dims_ok) {
+        snprintf(why, len,
+                 "%s, because the fast bf16 op takes (d_k, d_v) in {(64,64), (128,64), "
+                 "(128,128), (192,128)} and this model has (%d, %d)", ref, dk, dv);
+        return 0;
+    }
+    if (hpg > 16) {
+        snprintf(why, len, "%s, because the fast bf16 op takes up to 16 heads per group and "
+                           "this model has %d", ref, hpg);
+        return 0;
+    }
+    if (nsaNumSelSlots(c->n_sel) > 32) {
+        snprintf(why, len, "%s, because the fast bf16 op takes n_sel up to 32 and this model "
+                           "has %d", ref, c->n_sel);
+        return 0;
+    }
+    snprintf(why, len, "fast: bf16 tensor-core NSA op (nsaAttnForwardCuda, kernels/cuda/fast_*.cu), "
+                       "one plan per layer");
+    return 1;
+}
+
+static EngineMode engineMode(const NsaModelConfig *c, NsaPrecision p, char *why, size_t len) {
+    EngineMode e;
+    e.low = p != NSA_PREC_F32;
+    e.op = p == NSA_PREC_BF16 ? DTYPE_BF16 : p == NSA_PREC_FP16 ? DTYPE_F16 : DTYPE_F32;
+    e.fast = chooseAttention(c, p, why, len);
+    return e;
+}
+
 /* ---- planning ----------------------------------------------------------- */
 
 /* Hands out consecutive pieces of one arena; with base == NULL it only
@@ -113,13 +197,17 @@ static float *carve(Carver *cv, size_t floats) {
     return cv->base ? cv->base + at : NULL;
 }
 
+static void *carveTyped(Carver *cv, size_t n, DType t) {
+    return carve(cv, (n * dtypeBytes(t) + 3) / 4);
+}
+
 static int cmpBlocks(const NsaModelConfig *c, int S) {
     return nsaNumCmpBlocks(S, c->cmp_len, c->cmp_stride);
 }
 
 /* Activations for B sequences of S tokens. layers may be NULL (sizing). */
-static size_t planActivations(const NsaModelConfig *c, int F, int B, int S, float *base,
-                              LayerActs *layers, float **final_res, float **final_xn,
+static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int B, int S,
+                              float *base, LayerActs *layers, float **final_res, void **final_xn,
                               float **final_rstd, float **logits) {
     Carver cv = {base, 0};
     const size_t N = (size_t)B * S;
@@ -130,39 +218,52 @@ static size_t planActivations(const NsaModelConfig *c, int F, int B, int S, floa
         LayerActs a;
         memset(&a, 0, sizeof(a));
         a.res = carve(&cv, N * C);
-        a.xn = carve(&cv, N * C);
+        a.xn = carveTyped(&cv, N * C, e.op);
         a.rstd = carve(&cv, N);
-        a.q = carve(&cv, N * H * dk);
-        for (int b = 0; b < 3; b++) {
-            a.k[b] = carve(&cv, N * G * dk);
-            a.v[b] = carve(&cv, N * G * dv);
+        if (e.fast) {
+            a.qb = carveTyped(&cv, N * H * dk, DTYPE_BF16);
+            for (int b = 0; b < 3; b++) {
+                a.kb[b] = carveTyped(&cv, N * G * dk, DTYPE_BF16);
+                a.vb[b] = carveTyped(&cv, N * G * dv, DTYPE_BF16);
+            }
+            a.gb = carveTyped(&cv, N * H * 3, DTYPE_BF16);
+        } else {
+            a.q = carve(&cv, N * H * dk);
+            for (int b = 0; b < 3; b++) {
+                a.k[b] = carve(&cv, N * G * dk);
+                a.v[b] = carve(&cv, N * G * dv);
+            }
+            a.kc = carve(&cv, (size_t)B * Nc * G * dk);
+            a.vc = carve(&cv, (size_t)B * Nc * G * dv);
+            for (int b = 0; b < 3; b++) {
+                a.o[b] = carve(&cv, N * H * dv);
+                a.lse[b] = carve(&cv, N * H);
+            }
+            a.sel = (int32_t *)carve(&cv, N * G * slots);
+            a.y = carve(&cv, N * H * dv);
         }
-        a.kc = carve(&cv, (size_t)B * Nc * G * dk);
-        a.vc = carve(&cv, (size_t)B * Nc * G * dv);
         a.gates = carve(&cv, N * H * 3);
-        for (int b = 0; b < 3; b++) {
-            a.o[b] = carve(&cv, N * H * dv);
-            a.lse[b] = carve(&cv, N * H);
-        }
-        a.sel = (int32_t *)carve(&cv, N * G * slots);
-        a.y = carve(&cv, N * H * dv);
+        a.y_op = e.low ? carveTyped(&cv, N * H * dv, e.op) : (void *)a.y;
         a.mid = carve(&cv, N * C);
-        a.mxn = carve(&cv, N * C);
+        a.mxn = carveTyped(&cv, N * C, e.op);
         a.mrstd = carve(&cv, N);
         a.fc = carve(&cv, N * F);
         a.up = c->mlp == NSA_MLP_SWIGLU ? carve(&cv, N * F) : NULL;
-        a.act = carve(&cv, N * F);
+        a.act = carveTyped(&cv, N * F, e.op);
         if (layers) layers[i] = a;
     }
-    float *fr = carve(&cv, N * C), *fx = carve(&cv, N * C), *fs = carve(&cv, N);
+    float *fr = carve(&cv, N * C), *fs = carve(&cv, N);
+    void *fx = carveTyped(&cv, N * C, e.op);
     float *lg = carve(&cv, N * (size_t)c->vocab_size);
     if (final_res) { *final_res = fr; *final_xn = fx; *final_rstd = fs; *logits = lg; }
     return cv.used;
 }
 
+static size_t maxOf(size_t a, size_t b) { return a > b ? a : b; }
+
 /* Backward scratch (shared by the layers), plus the RoPE table. */
-static size_t planScratch(const NsaModelConfig *c, int F, int B, int S, size_t max_chunks,
-                          float *base, Scratch *sc, float **rope) {
+static size_t planScratch(const NsaModelConfig *c, EngineMode e, int F, int B, int S,
+                          size_t max_chunks, float *base, Scratch *sc, float **rope) {
     Carver cv = {base, 0};
     Scratch s;
     memset(&s, 0, sizeof(s));
@@ -175,16 +276,35 @@ static size_t planScratch(const NsaModelConfig *c, int F, int B, int S, size_t m
     for (int b = 0; b < 3; b++) {
         s.dk[b] = carve(&cv, N * G * dk);
         s.dv[b] = carve(&cv, N * G * dv);
-        s.d_o[b] = carve(&cv, N * H * dv);
-        s.delta[b] = carve(&cv, N * H);
     }
-    s.dkc = carve(&cv, (size_t)B * Nc * G * dk);
-    s.dvc = carve(&cv, (size_t)B * Nc * G * dv);
-    s.dgates = carve(&cv, N * H * 3);
+    if (!e.fast) {
+        for (int b = 0; b < 3; b++) {
+            s.d_o[b] = carve(&cv, N * H * dv);
+            s.delta[b] = carve(&cv, N * H);
+        }
+        s.dkc = carve(&cv, (size_t)B * Nc * G * dk);
+        s.dvc = carve(&cv, (size_t)B * Nc * G * dv);
+        s.dgates = carve(&cv, N * H * 3);
+    }
     s.dy = carve(&cv, N * H * dv);
-    s.dfc = carve(&cv, N * F);
-    s.dup = c->mlp == NSA_MLP_SWIGLU ? carve(&cv, N * F) : NULL;
+    s.dfc = carveTyped(&cv, N * F, e.op);
+    s.dup = c->mlp == NSA_MLP_SWIGLU ? carveTyped(&cv, N * F, e.op) : NULL;
     s.dact = carve(&cv, N * F);
+    if (e.low) {
+        s.op_a = carveTyped(&cv, N * maxOf((size_t)C, (size_t)c->vocab_size), e.op);
+        size_t widest = maxOf(maxOf((size_t)H * dk, (size_t)G * dk),
+                              maxOf((size_t)G * dv, (size_t)3 * H));
+        s.op_b = carveTyped(&cv, N * widest, e.op);
+    }
+    if (e.fast) {
+        s.dyb = carveTyped(&cv, N * H * dv, DTYPE_BF16);
+        s.dqb = carveTyped(&cv, N * H * dk, DTYPE_BF16);
+        for (int b = 0; b < 3; b++) {
+            s.dkb[b] = carveTyped(&cv, N * G * dk, DTYPE_BF16);
+            s.dvb[b] = carveTyped(&cv, N * G * dv, DTYPE_BF16);
+        }
+        s.dgb = carveTyped(&cv, N * H * 3, DTYPE_BF16);
+    }
     s.row_loss = carve(&cv, N);
     s.rms_partial = carve(&cv, ((N + RMS_CHUNK - 1) / RMS_CHUNK) * C);
     s.emb_partial = carve(&cv, max_chunks * C);
@@ -231,9 +351,14 @@ static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, 
     if (cfg->phi != NSA_PHI_AVG)
         return cudaFail(err, "cuda: phi = %d (mlp) is not implemented on the CUDA engine yet; "
                              "allowed: %d (avg)", (int)cfg->phi, NSA_PHI_AVG);
-    if (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM)
-        return cudaFail(err, "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the CUDA engine",
-                        cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM);
+    char why[256];
+    const int fast = chooseAttention(cfg, opt->precision, why, sizeof(why));
+    if (!fast && (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM))
+        return cudaFail(err, "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the reference "
+                             "attention kernels (%s)",
+                        cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM,
+                        opt->precision == NSA_PREC_F32 ? "precision f32"
+                                                       : "the fast op does not take these dims");
     return 0;
 }
 
@@ -254,24 +379,27 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
     if (checkOptions(cfg, opt, err)) return -1;
     memset(plan, 0, sizeof(*plan));
+    const EngineMode e = engineMode(cfg, opt->precision, plan->attention_path,
+                                    sizeof(plan->attention_path));
     NsaLayout lay;
     if (nsaLayoutBuild(&lay, cfg, err)) return -1;
     const size_t arena_bytes = lay.total * sizeof(float);
+    const size_t low_bytes = e.low ? lay.total * dtypeBytes(e.op) : 0;
     nsaLayoutFree(&lay);
     const int F = nsaLayoutMlpHidden(cfg);
     const int B = opt->max_batch, S = opt->max_seq_len;
     const size_t N = (size_t)B * S;
     const size_t chunks = embeddingMaxChunks(N, cfg->vocab_size);
-    plan->params = arena_bytes;
+    plan->params = arena_bytes + low_bytes;
     plan->grads = arena_bytes;
     plan->optimizer = 2 * arena_bytes;
-    plan->activations = planActivations(cfg, F, B, S, NULL, NULL, NULL, NULL, NULL, NULL) *
-                        sizeof(float);
+    plan->activations =
+        planActivations(cfg, e, F, B, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
     plan->activations_per_sequence =
-        planActivations(cfg, F, 1, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
-    size_t scratch1 = planScratch(cfg, F, 1, S, embeddingMaxChunks(S, cfg->vocab_size), NULL,
+        planActivations(cfg, e, F, 1, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
+    size_t scratch1 = planScratch(cfg, e, F, 1, S, embeddingMaxChunks(S, cfg->vocab_size), NULL,
                                   NULL, NULL) * sizeof(float);
-    plan->workspace = planScratch(cfg, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
+    plan->workspace = planScratch(cfg, e, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
                       GEMM_WORKSPACE_BYTES +
                       planIds(N, chunks, cfg->vocab_size, NULL, NULL) * sizeof(int32_t);
     plan->total = plan->params + plan->grads + plan->optimizer + plan->activations +
@@ -293,6 +421,10 @@ void nsaCudaModelFree(NsaCudaModel *m) {
     if (!m) return;
     if (m->have_stream) cudaStreamSynchronize(m->stream);
     gemmContextDestroy(&m->gemm);
+    if (m->attn_plans)
+        for (int i = 0; i < m->cfg.n_layers; i++) nsaAttnCudaPlanFree(m->attn_plans[i]);
+    free(m->attn_plans);
+    cudaFree(m->weights_low);
     for (int a = 0; a < 4; a++) cudaFree(m->arena[a]);
     cudaFree(m->acts);
     cudaFree(m->scratch_mem);
@@ -362,22 +494,48 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     for (int a = 0; a < 4; a++)
         if (allocDevice((void **)&m->arena[a], arena_bytes, arena_names[a], err)) return -1;
     m->bytes_params = arena_bytes;
+    if (m->mode.low) {
+        const size_t low_bytes = m->lay.total * dtypeBytes(m->mode.op);
+        if (allocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
+        m->bytes_params += low_bytes;
+    }
     m->bytes_grads = arena_bytes;
     m->bytes_optimizer = 2 * arena_bytes;
 
     m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
     if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
-    m->acts_floats = planActivations(c, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
+    m->acts_floats =
+        planActivations(c, m->mode, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
     if (allocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
         return -1;
-    planActivations(c, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
+    planActivations(c, m->mode, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
                     &m->final_rstd, &m->logits);
-    m->scratch_floats = planScratch(c, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
+    m->scratch_floats = planScratch(c, m->mode, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
     if (allocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
                     "backward scratch", err))
         return -1;
-    planScratch(c, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
+    planScratch(c, m->mode, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
     m->bytes_acts = m->acts_floats * sizeof(float);
+
+    /* One fast-attention plan per layer: each keeps what its layer's
+     * forward saves for the backward (pooled keys, branch outputs, lse,
+     * the selection), so all L backward calls find their own. */
+    size_t plan_bytes = 0;
+    if (m->mode.fast) {
+        m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)c->n_layers, sizeof(*m->attn_plans));
+        if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
+        const NsaAttnDims max_dims = {B, S, c->n_heads, c->n_kv_groups, c->d_k, c->d_v,
+                                      c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel, c->window};
+        for (int i = 0; i < c->n_layers; i++) {
+            NsaError perr = {{0}};
+            m->attn_plans[i] = nsaAttnCudaPlanCreate(&max_dims, &perr);
+            if (!m->attn_plans[i])
+                return cudaFail(err, "cuda: the fast attention op refused layer %d's plan (%s); "
+                                     "precision f32 runs the reference kernels instead",
+                                i, perr.message);
+            plan_bytes += nsaAttnCudaPlanBytes(m->attn_plans[i]);
+        }
+    }
 
     /* RoPE table, made once in double on the host */
     const size_t rope_floats = (size_t)S * (c->d_k / 2) * 2;
@@ -428,7 +586,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     CUDA_CHECK(cudaEventCreateWithFlags(&m->step_done, cudaEventDisableTiming), err);
     m->host_count = (int32_t *)malloc((size_t)c->vocab_size * sizeof(int32_t));
     if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
-    m->bytes_workspace = m->scratch_floats * sizeof(float) + GEMM_WORKSPACE_BYTES +
+    m->bytes_workspace = m->scratch_floats * sizeof(float) + GEMM_WORKSPACE_BYTES + plan_bytes +
                          m->ids_ints * sizeof(int32_t) + sizeof(OptimState) +
                          (size_t)m->lay.n_tensors * sizeof(OptimTensor);
     trackPeak(m);
@@ -445,6 +603,7 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
     }
     m->cfg = *cfg;
     m->opt = *opt;
+    m->mode = engineMode(cfg, opt->precision, m->attention_path, sizeof(m->attention_path));
     if (createInner(m, err)) {
         nsaCudaModelFree(m);
         return NULL;
@@ -546,6 +705,11 @@ static int copyIn(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, cons
                              "the loss scale); allowed arenas: params, adam_m, adam_v");
     CUDA_CHECK(cudaMemcpyAsync(m->arena[arena] + offset, src, n * sizeof(float),
                                cudaMemcpyHostToDevice, m->stream), err);
+    /* the GEMMs' weight copy follows every change of the master weights */
+    if (arena == NSA_ARENA_PARAMS && m->weights_low &&
+        convertTensor((char *)m->weights_low + offset * dtypeBytes(m->mode.op), m->mode.op,
+                      m->arena[arena] + offset, DTYPE_F32, n, m->stream, err))
+        return -1;
     CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
     return 0;
 }
@@ -647,14 +811,104 @@ static NsaAttnDims attnDims(const NsaCudaModel *m, int B, int S) {
 #define GR(idx) (m->arena[NSA_ARENA_GRADS] + m->lay.entries[(idx)].info.offset)
 #define TRY(call) do { if ((call) != 0) return -1; } while (0)
 
+/* Weight idx as a GEMM operand: the fp32 master in f32 mode, else its
+ * bf16/fp16 copy (kept current by AdamW and copyIn). */
+static const void *weightOperand(const NsaCudaModel *m, int idx) {
+    if (!m->mode.low) return P(idx);
+    return (const char *)m->weights_low +
+           m->lay.entries[idx].info.offset * dtypeBytes(m->mode.op);
+}
+#define W(idx) weightOperand(m, (idx))
+
+/* An fp32 tensor of n elements as a GEMM operand: itself in f32 mode, else
+ * converted into buf (operand type). */
+static int operandOf(NsaCudaModel *m, const void **out, const float *x, size_t n, void *buf,
+                     NsaError *err) {
+    if (!m->mode.low) {
+        *out = x;
+        return 0;
+    }
+    TRY(convertTensor(buf, m->mode.op, x, DTYPE_F32, n, m->stream, err));
+    *out = buf;
+    return 0;
+}
+
+/* Attention of one layer on the fp32 reference kernels: q, k, v, gates
+ * from a->xn, output y (and its operand copy y_op in bf16/fp16 mode). */
+static int attentionForwardReference(NsaCudaModel *m, const LayerActs *a, const NsaLayerIndex *li,
+                                     const NsaAttnDims *dims, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = dims->B, S = dims->S, N = B * S, C = c->dim;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
+    const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
+    const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
+    cudaStream_t st = m->stream;
+    GemmContext *gm = &m->gemm;
+    TRY(linearForward(gm, st, a->q, a->xn, W(li->wq), N, C, H * dk, 0.0f, NULL, err));
+    TRY(ropeForward(a->q, m->rope, B, S, H, dk, st, err));
+    for (int b = 0; b < 3; b++) {
+        TRY(linearForward(gm, st, a->k[b], a->xn, W(wk[b]), N, C, G * dk, 0.0f, NULL, err));
+        TRY(ropeForward(a->k[b], m->rope, B, S, G, dk, st, err));
+        TRY(linearForward(gm, st, a->v[b], a->xn, W(wv[b]), N, C, G * dv, 0.0f, NULL, err));
+    }
+    TRY(attnPoolAvgForward(a->kc, a->k[0], B, S, G, dk, c->cmp_len, c->cmp_stride, st, err));
+    TRY(attnPoolAvgForward(a->vc, a->v[0], B, S, G, dv, c->cmp_len, c->cmp_stride, st, err));
+    TRY(linearForward(gm, st, a->gates, a->xn, W(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
+    TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
+    TRY(attnCmpForward(a->o[0], a->lse[0], a->q, a->kc, a->vc, dims, st, err));
+    TRY(attnSelectBlocks(a->sel, a->q, a->kc, a->lse[0], dims, st, err));
+    TRY(attnSelForward(a->o[1], a->lse[1], a->q, a->k[1], a->v[1], a->sel, dims, st, err));
+    TRY(attnWinForward(a->o[2], a->lse[2], a->q, a->k[2], a->v[2], dims, st, err));
+    TRY(attnGateCombineForward(a->y, a->gates, a->o[0], a->o[1], a->o[2], dims, st, err));
+    if (m->mode.low)
+        TRY(convertTensor(a->y_op, m->mode.op, a->y, DTYPE_F32, (size_t)N * H * dv, st, err));
+    return 0;
+}
+
+/* Attention of one layer on the fast bf16 op: the projections land in fp32
+ * scratch and are rotated / rounded straight into the layer's saved bf16
+ * inputs; the op writes y in bf16 (the Wo operand itself in bf16 mode). */
+static int attentionForwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
+                                const NsaLayerIndex *li, const NsaAttnDims *dims, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = dims->B, S = dims->S, N = B * S, C = c->dim;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
+    const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
+    const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
+    const Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    GemmContext *gm = &m->gemm;
+    TRY(linearForward(gm, st, sc->dq, a->xn, W(li->wq), N, C, H * dk, 0.0f, NULL, err));
+    TRY(ropeApplyTo(a->qb, DTYPE_BF16, sc->dq, DTYPE_F32, m->rope, B, S, H, dk, 0, st, err));
+    for (int b = 0; b < 3; b++) {
+        TRY(linearForward(gm, st, sc->dk[b], a->xn, W(wk[b]), N, C, G * dk, 0.0f, NULL, err));
+        TRY(ropeApplyTo(a->kb[b], DTYPE_BF16, sc->dk[b], DTYPE_F32, m->rope, B, S, G, dk, 0, st,
+                        err));
+        TRY(linearForward(gm, st, sc->dv[b], a->xn, W(wv[b]), N, C, G * dv, 0.0f, NULL, err));
+        TRY(convertTensor(a->vb[b], DTYPE_BF16, sc->dv[b], DTYPE_F32, (size_t)N * G * dv, st,
+                          err));
+    }
+    TRY(linearForward(gm, st, a->gates, a->xn, W(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
+    TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
+    TRY(convertTensor(a->gb, DTYPE_BF16, a->gates, DTYPE_F32, (size_t)N * 3 * H, st, err));
+    const NsaAttnDeviceInputs in = {a->qb, a->kb[0], a->vb[0], a->kb[1],
+                                    a->vb[1], a->kb[2], a->vb[2], a->gb};
+    void *out = m->mode.op == DTYPE_BF16 ? a->y_op : sc->dyb;
+    TRY(nsaAttnForwardCuda(m->attn_plans[layer], dims, &in, out, NULL, NULL, st, err));
+    if (m->mode.op != DTYPE_BF16)
+        TRY(convertTensor(a->y_op, m->mode.op, sc->dyb, DTYPE_BF16, (size_t)N * H * dv, st, err));
+    return 0;
+}
+
 /* The forward pass over the uploaded ids; logits end up as the loss
  * gradient when want_grad. */
 static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_factor,
                        NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
-    const int C = c->dim, V = c->vocab_size, H = c->n_heads, G = c->n_kv_groups;
-    const int dk = c->d_k, dv = c->d_v, F = m->F, L = c->n_layers;
+    const int C = c->dim, V = c->vocab_size, H = c->n_heads;
+    const int dv = c->d_v, F = m->F, L = c->n_layers;
     const int N = B * S;
+    const DType op = m->mode.op;
     const NsaAttnDims dims = attnDims(m, B, S);
     cudaStream_t st = m->stream;
     GemmContext *gm = &m->gemm;
@@ -665,66 +919,151 @@ static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_
         const LayerActs *a = &m->layers[i];
         const NsaLayerIndex *li = &m->lay.layers[i];
         float *out = i + 1 < L ? m->layers[i + 1].res : m->final_res;
-        const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
-        const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
 
-        TRY(rmsnormForward(a->xn, a->rstd, a->res, P(li->attn_norm), (size_t)N, C, c->norm_eps,
-                           st, err));
-        TRY(linearForward(gm, st, a->q, a->xn, P(li->wq), N, C, H * dk, 0.0f, NULL, err));
-        TRY(ropeForward(a->q, m->rope, B, S, H, dk, st, err));
-        for (int b = 0; b < 3; b++) {
-            TRY(linearForward(gm, st, a->k[b], a->xn, P(wk[b]), N, C, G * dk, 0.0f, NULL, err));
-            TRY(ropeForward(a->k[b], m->rope, B, S, G, dk, st, err));
-            TRY(linearForward(gm, st, a->v[b], a->xn, P(wv[b]), N, C, G * dv, 0.0f, NULL, err));
-        }
-        TRY(attnPoolAvgForward(a->kc, a->k[0], B, S, G, dk, c->cmp_len, c->cmp_stride, st, err));
-        TRY(attnPoolAvgForward(a->vc, a->v[0], B, S, G, dv, c->cmp_len, c->cmp_stride, st, err));
-        TRY(linearForward(gm, st, a->gates, a->xn, P(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
-        TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
-
-        TRY(attnCmpForward(a->o[0], a->lse[0], a->q, a->kc, a->vc, &dims, st, err));
-        TRY(attnSelectBlocks(a->sel, a->q, a->kc, a->lse[0], &dims, st, err));
-        TRY(attnSelForward(a->o[1], a->lse[1], a->q, a->k[1], a->v[1], a->sel, &dims, st, err));
-        TRY(attnWinForward(a->o[2], a->lse[2], a->q, a->k[2], a->v[2], &dims, st, err));
-        TRY(attnGateCombineForward(a->y, a->gates, a->o[0], a->o[1], a->o[2], &dims, st, err));
+        TRY(rmsnormForwardTo(a->xn, op, a->rstd, a->res, P(li->attn_norm), (size_t)N, C,
+                             c->norm_eps, st, err));
+        if (m->mode.fast) TRY(attentionForwardFast(m, i, a, li, &dims, err));
+        else TRY(attentionForwardReference(m, a, li, &dims, err));
         /* the residual add rides in the GEMM epilogue: mid = res + y Wo^T */
-        TRY(linearForward(gm, st, a->mid, a->y, P(li->wo), N, H * dv, C, 1.0f, a->res, err));
+        TRY(linearForward(gm, st, a->mid, a->y_op, W(li->wo), N, H * dv, C, 1.0f, a->res, err));
 
-        TRY(rmsnormForward(a->mxn, a->mrstd, a->mid, P(li->mlp_norm), (size_t)N, C, c->norm_eps,
-                           st, err));
-        TRY(linearForward(gm, st, a->fc, a->mxn, P(li->w_fc), N, C, F, 0.0f, NULL, err));
+        TRY(rmsnormForwardTo(a->mxn, op, a->mrstd, a->mid, P(li->mlp_norm), (size_t)N, C,
+                             c->norm_eps, st, err));
+        TRY(linearForward(gm, st, a->fc, a->mxn, W(li->w_fc), N, C, F, 0.0f, NULL, err));
         if (c->mlp == NSA_MLP_SWIGLU) {
-            TRY(linearForward(gm, st, a->up, a->mxn, P(li->w_up), N, C, F, 0.0f, NULL, err));
-            TRY(swigluForward(a->act, a->fc, a->up, (size_t)N * F, st, err));
+            TRY(linearForward(gm, st, a->up, a->mxn, W(li->w_up), N, C, F, 0.0f, NULL, err));
+            TRY(swigluForwardTo(a->act, op, a->fc, a->up, (size_t)N * F, st, err));
         } else {
-            TRY(siluForward(a->act, a->fc, (size_t)N * F, st, err));
+            TRY(siluForwardTo(a->act, op, a->fc, (size_t)N * F, st, err));
         }
-        TRY(linearForward(gm, st, out, a->act, P(li->w_proj), N, F, C, 1.0f, a->mid, err));
+        TRY(linearForward(gm, st, out, a->act, W(li->w_proj), N, F, C, 1.0f, a->mid, err));
     }
-    TRY(rmsnormForward(m->final_xn, m->final_rstd, m->final_res, P(m->lay.final_norm), (size_t)N,
-                       C, c->norm_eps, st, err));
-    TRY(linearForward(gm, st, m->logits, m->final_xn, P(m->lay.lm_head), N, C, V, 0.0f, NULL,
+    TRY(rmsnormForwardTo(m->final_xn, op, m->final_rstd, m->final_res, P(m->lay.final_norm),
+                         (size_t)N, C, c->norm_eps, st, err));
+    TRY(linearForward(gm, st, m->logits, m->final_xn, W(m->lay.lm_head), N, C, V, 0.0f, NULL,
                       err));
     TRY(crossEntropyForward(m->logits, m->sc.row_loss, m->ids.targets, (size_t)N, V, want_grad,
                             grad_factor, &m->state->loss_scale, st, err));
     return 0;
 }
 
+/* The attention inputs in a fixed order: q, k_cmp, v_cmp, k_sel, v_sel,
+ * k_win, v_win, gates (the order of NsaAttnDeviceInputs). */
+static int attentionInputWidth(const NsaModelConfig *c, int j) {
+    if (j == 0) return c->n_heads * c->d_k;
+    if (j == 7) return 3 * c->n_heads;
+    return c->n_kv_groups * (j % 2 ? c->d_k : c->d_v);
+}
+
+static int attentionInputWeight(const NsaLayerIndex *li, int j) {
+    const int w[8] = {li->wq,     li->wk_cmp, li->wv_cmp, li->wk_sel,
+                      li->wv_sel, li->wk_win, li->wv_win, li->w_gate};
+    return w[j];
+}
+
+/* The two GEMMs of attention input j's gradient d (operand type):
+ * dxn (+)= d W_j (input 0 overwrites, the others add), dW_j += d^T xn. */
+static int attentionInputGemms(NsaCudaModel *m, const LayerActs *a, const NsaLayerIndex *li, int N,
+                               int j, const void *d, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int width = attentionInputWidth(c, j), widx = attentionInputWeight(li, j);
+    TRY(linearBackwardX(&m->gemm, m->stream, m->sc.dxn, d, W(widx), N, c->dim, width,
+                        j == 0 ? 0.0f : 1.0f, err));
+    TRY(linearBackwardW(&m->gemm, m->stream, GR(widx), d, a->xn, N, c->dim, width, err));
+    return 0;
+}
+
+/* Reference-path attention backward: sc->dy (fp32 d loss / d y) to dxn and
+ * the attention weights' gradients. */
+static int attentionBackwardReference(NsaCudaModel *m, const LayerActs *a, const NsaLayerIndex *li,
+                                      const NsaAttnDims *dims, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = dims->B, S = dims->S, N = B * S;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
+    const Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    TRY(attnGateCombineBackward(sc->dgates, sc->d_o[0], sc->d_o[1], sc->d_o[2], sc->dy, a->gates,
+                                a->o[0], a->o[1], a->o[2], dims, st, err));
+    for (int b = 0; b < 3; b++)
+        TRY(attnRowDelta(sc->delta[b], sc->d_o[b], a->o[b], (size_t)N * H, dv, st, err));
+    TRY(attnWinBackward(sc->dq, 0, sc->dk[2], sc->dv[2], sc->d_o[2], a->q, a->k[2], a->v[2],
+                        a->lse[2], sc->delta[2], dims, st, err));
+    TRY(attnSelBackward(sc->dq, 1, sc->dk[1], sc->dv[1], sc->d_o[1], a->q, a->k[1], a->v[1], a->sel,
+                        a->lse[1], sc->delta[1], dims, st, err));
+    TRY(attnCmpBackward(sc->dq, 1, sc->dkc, sc->dvc, sc->d_o[0], a->q, a->kc, a->vc, a->lse[0],
+                        sc->delta[0], dims, st, err));
+    TRY(attnPoolAvgBackward(sc->dk[0], sc->dkc, B, S, G, dk, c->cmp_len, c->cmp_stride, 0, st,
+                            err));
+    TRY(attnPoolAvgBackward(sc->dv[0], sc->dvc, B, S, G, dv, c->cmp_len, c->cmp_stride, 0, st,
+                            err));
+    TRY(ropeBackward(sc->dq, m->rope, B, S, H, dk, st, err));
+    TRY(sigmoidBackward(sc->dgates, sc->dgates, a->gates, (size_t)N * H * 3, st, err));
+    for (int b = 0; b < 3; b++) TRY(ropeBackward(sc->dk[b], m->rope, B, S, G, dk, st, err));
+    float *grads[8] = {sc->dq,    sc->dk[0], sc->dv[0], sc->dk[1],
+                       sc->dv[1], sc->dk[2], sc->dv[2], sc->dgates};
+    for (int j = 0; j < 8; j++) {
+        const void *d;
+        TRY(operandOf(m, &d, grads[j], (size_t)N * attentionInputWidth(c, j), sc->op_b, err));
+        TRY(attentionInputGemms(m, a, li, N, j, d, err));
+    }
+    return 0;
+}
+
+/* Fast-path attention backward: sc->dy rounded to bf16, the op's bf16
+ * gradients rotated back (q, k), unrounded (v in bf16 mode) or passed
+ * through the sigmoid (gates) straight into the GEMM operand buffer. */
+static int attentionBackwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
+                                 const NsaLayerIndex *li, const NsaAttnDims *dims, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int B = dims->B, S = dims->S, N = B * S;
+    const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
+    const DType op = m->mode.op;
+    const Scratch *sc = &m->sc;
+    cudaStream_t st = m->stream;
+    TRY(convertTensor(sc->dyb, DTYPE_BF16, sc->dy, DTYPE_F32, (size_t)N * H * dv, st, err));
+    const NsaAttnDeviceInputs in = {a->qb, a->kb[0], a->vb[0], a->kb[1],
+                                    a->vb[1], a->kb[2], a->vb[2], a->gb};
+    const NsaAttnDeviceGrads gr = {sc->dqb,    sc->dkb[0], sc->dvb[0], sc->dkb[1],
+                                   sc->dvb[1], sc->dkb[2], sc->dvb[2], sc->dgb};
+    TRY(nsaAttnBackwardCuda(m->attn_plans[layer], dims, &in, sc->dyb, &gr, st, err));
+    const void *bf[8] = {sc->dqb,    sc->dkb[0], sc->dvb[0], sc->dkb[1],
+                         sc->dvb[1], sc->dkb[2], sc->dvb[2], sc->dgb};
+    for (int j = 0; j < 8; j++) {
+        const void *d = sc->op_b;
+        if (j == 0)
+            TRY(ropeApplyTo(sc->op_b, op, bf[j], DTYPE_BF16, m->rope, B, S, H, dk, 1, st, err));
+        else if (j == 7)
+            TRY(sigmoidBackwardTo(sc->op_b, op, bf[j], DTYPE_BF16, a->gates, (size_t)N * H * 3, st,
+                                  err));
+        else if (j % 2)
+            TRY(ropeApplyTo(sc->op_b, op, bf[j], DTYPE_BF16, m->rope, B, S, G, dk, 1, st, err));
+        else if (op == DTYPE_BF16)
+            d = bf[j];
+        else
+            TRY(convertTensor(sc->op_b, op, bf[j], DTYPE_BF16, (size_t)N * G * dv, st, err));
+        TRY(attentionInputGemms(m, a, li, N, j, d, err));
+    }
+    return 0;
+}
+
 static int backwardPass(NsaCudaModel *m, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const int B = m->B, S = m->S;
-    const int C = c->dim, V = c->vocab_size, H = c->n_heads, G = c->n_kv_groups;
-    const int dk = c->d_k, dv = c->d_v, F = m->F, L = c->n_layers;
+    const int C = c->dim, V = c->vocab_size, H = c->n_heads;
+    const int dv = c->d_v, F = m->F, L = c->n_layers;
     const int N = B * S;
+    const DType op = m->mode.op;
     const NsaAttnDims dims = attnDims(m, B, S);
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
     GemmContext *gm = &m->gemm;
     const NsaLayout *lay = &m->lay;
+    const void *d;
 
     /* head: logits hold d loss / d logits already */
-    TRY(linearBackwardX(gm, st, sc->dxn, m->logits, P(lay->lm_head), N, C, V, 0.0f, err));
-    TRY(linearBackwardW(gm, st, GR(lay->lm_head), m->logits, m->final_xn, N, C, V, err));
+    TRY(operandOf(m, &d, m->logits, (size_t)N * V, sc->op_a, err));
+    TRY(linearBackwardX(gm, st, sc->dxn, d, W(lay->lm_head), N, C, V, 0.0f, err));
+    TRY(linearBackwardW(gm, st, GR(lay->lm_head), d, m->final_xn, N, C, V, err));
     CUDA_CHECK(cudaMemsetAsync(sc->dres, 0, (size_t)N * C * sizeof(float), st), err);
     TRY(rmsnormBackward(sc->dres, GR(lay->final_norm), sc->rms_partial, sc->dxn, m->final_res,
                         P(lay->final_norm), m->final_rstd, (size_t)N, C, st, err));
@@ -732,56 +1071,31 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
     for (int i = L - 1; i >= 0; i--) {
         const LayerActs *a = &m->layers[i];
         const NsaLayerIndex *li = &lay->layers[i];
-        const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
-        const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
 
         /* MLP; dres = d loss / d(layer output) */
-        TRY(linearBackwardX(gm, st, sc->dact, sc->dres, P(li->w_proj), N, F, C, 0.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->w_proj), sc->dres, a->act, N, F, C, err));
+        TRY(operandOf(m, &d, sc->dres, (size_t)N * C, sc->op_a, err));
+        TRY(linearBackwardX(gm, st, sc->dact, d, W(li->w_proj), N, F, C, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->w_proj), d, a->act, N, F, C, err));
         if (c->mlp == NSA_MLP_SWIGLU) {
-            TRY(swigluBackward(sc->dfc, sc->dup, sc->dact, a->fc, a->up, (size_t)N * F, st, err));
-            TRY(linearBackwardX(gm, st, sc->dxn, sc->dup, P(li->w_up), N, C, F, 0.0f, err));
+            TRY(swigluBackwardTo(sc->dfc, sc->dup, op, sc->dact, a->fc, a->up, (size_t)N * F, st,
+                                 err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dup, W(li->w_up), N, C, F, 0.0f, err));
             TRY(linearBackwardW(gm, st, GR(li->w_up), sc->dup, a->mxn, N, C, F, err));
-            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, P(li->w_fc), N, C, F, 1.0f, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, W(li->w_fc), N, C, F, 1.0f, err));
         } else {
-            TRY(siluBackward(sc->dfc, sc->dact, a->fc, (size_t)N * F, st, err));
-            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, P(li->w_fc), N, C, F, 0.0f, err));
+            TRY(siluBackwardTo(sc->dfc, op, sc->dact, a->fc, (size_t)N * F, st, err));
+            TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, W(li->w_fc), N, C, F, 0.0f, err));
         }
         TRY(linearBackwardW(gm, st, GR(li->w_fc), sc->dfc, a->mxn, N, C, F, err));
         TRY(rmsnormBackward(sc->dres, GR(li->mlp_norm), sc->rms_partial, sc->dxn, a->mid,
                             P(li->mlp_norm), a->mrstd, (size_t)N, C, st, err));
 
         /* attention; dres = d loss / d mid */
-        TRY(linearBackwardX(gm, st, sc->dy, sc->dres, P(li->wo), N, H * dv, C, 0.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->wo), sc->dres, a->y, N, H * dv, C, err));
-        TRY(attnGateCombineBackward(sc->dgates, sc->d_o[0], sc->d_o[1], sc->d_o[2], sc->dy,
-                                    a->gates, a->o[0], a->o[1], a->o[2], &dims, st, err));
-        for (int b = 0; b < 3; b++)
-            TRY(attnRowDelta(sc->delta[b], sc->d_o[b], a->o[b], (size_t)N * H, dv, st, err));
-        TRY(attnWinBackward(sc->dq, 0, sc->dk[2], sc->dv[2], sc->d_o[2], a->q, a->k[2], a->v[2],
-                            a->lse[2], sc->delta[2], &dims, st, err));
-        TRY(attnSelBackward(sc->dq, 1, sc->dk[1], sc->dv[1], sc->d_o[1], a->q, a->k[1], a->v[1],
-                            a->sel, a->lse[1], sc->delta[1], &dims, st, err));
-        TRY(attnCmpBackward(sc->dq, 1, sc->dkc, sc->dvc, sc->d_o[0], a->q, a->kc, a->vc,
-                            a->lse[0], sc->delta[0], &dims, st, err));
-        TRY(attnPoolAvgBackward(sc->dk[0], sc->dkc, B, S, G, dk, c->cmp_len, c->cmp_stride, 0, st,
-                                err));
-        TRY(attnPoolAvgBackward(sc->dv[0], sc->dvc, B, S, G, dv, c->cmp_len, c->cmp_stride, 0, st,
-                                err));
-        TRY(ropeBackward(sc->dq, m->rope, B, S, H, dk, st, err));
-        TRY(sigmoidBackward(sc->dgates, sc->dgates, a->gates, (size_t)N * H * 3, st, err));
-
-        TRY(linearBackwardX(gm, st, sc->dxn, sc->dq, P(li->wq), N, C, H * dk, 0.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->wq), sc->dq, a->xn, N, C, H * dk, err));
-        for (int b = 0; b < 3; b++) {
-            TRY(ropeBackward(sc->dk[b], m->rope, B, S, G, dk, st, err));
-            TRY(linearBackwardX(gm, st, sc->dxn, sc->dk[b], P(wk[b]), N, C, G * dk, 1.0f, err));
-            TRY(linearBackwardW(gm, st, GR(wk[b]), sc->dk[b], a->xn, N, C, G * dk, err));
-            TRY(linearBackwardX(gm, st, sc->dxn, sc->dv[b], P(wv[b]), N, C, G * dv, 1.0f, err));
-            TRY(linearBackwardW(gm, st, GR(wv[b]), sc->dv[b], a->xn, N, C, G * dv, err));
-        }
-        TRY(linearBackwardX(gm, st, sc->dxn, sc->dgates, P(li->w_gate), N, C, 3 * H, 1.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->w_gate), sc->dgates, a->xn, N, C, 3 * H, err));
+        TRY(operandOf(m, &d, sc->dres, (size_t)N * C, sc->op_a, err));
+        TRY(linearBackwardX(gm, st, sc->dy, d, W(li->wo), N, H * dv, C, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->wo), d, a->y_op, N, H * dv, C, err));
+        if (m->mode.fast) TRY(attentionBackwardFast(m, i, a, li, &dims, err));
+        else TRY(attentionBackwardReference(m, a, li, &dims, err));
         TRY(rmsnormBackward(sc->dres, GR(li->attn_norm), sc->rms_partial, sc->dxn, a->res,
                             P(li->attn_norm), a->rstd, (size_t)N, C, st, err));
     }
@@ -838,11 +1152,12 @@ int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t
     const double bc2 = 1.0 - pow((double)oc->beta2, (double)step);
     TRY(gradNorm(m->state, m->sc.norm_partial, m->arena[NSA_ARENA_GRADS], m->lay.total,
                  m->stream, err));
-    TRY(adamwStep(m->arena[NSA_ARENA_PARAMS], m->arena[NSA_ARENA_GRADS],
-                  m->arena[NSA_ARENA_ADAM_M], m->arena[NSA_ARENA_ADAM_V], m->tensors,
-                  m->lay.n_tensors, m->max_numel, m->state, oc->lr, oc->beta1, oc->beta2, oc->eps,
-                  oc->weight_decay, oc->grad_clip, bc1, bc2,
-                  m->opt.precision == NSA_PREC_FP16, FP16_SCALE_WINDOW, m->stream, err));
+    TRY(adamwStepWithCopy(m->arena[NSA_ARENA_PARAMS], m->weights_low, m->mode.op,
+                          m->arena[NSA_ARENA_GRADS], m->arena[NSA_ARENA_ADAM_M],
+                          m->arena[NSA_ARENA_ADAM_V], m->tensors, m->lay.n_tensors, m->max_numel,
+                          m->state, oc->lr, oc->beta1, oc->beta2, oc->eps, oc->weight_decay,
+                          oc->grad_clip, bc1, bc2, m->opt.precision == NSA_PREC_FP16,
+                          FP16_SCALE_WINDOW, m->stream, err));
     /* the figures travel back behind the step; StepStats waits for them */
     CUDA_CHECK(cudaMemcpyAsync(m->host_state, m->state, sizeof(OptimState),
                                cudaMemcpyDeviceToHost, m->stream), err);
@@ -905,6 +1220,7 @@ int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out) {
     out->activations = m->bytes_acts;
     out->workspace = m->bytes_workspace;
     out->total = out->params + out->grads + out->optimizer + out->activations + out->workspace;
+    snprintf(out->attention_path, sizeof(out->attention_path), "%s", m->attention_path);
     if (cudaMemGetInfo(&out->device_free, &out->device_total) != cudaSuccess) {
         cudaGetLastError();
         out->device_free = out->device_total = 0;
@@ -918,3 +1234,9 @@ int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
     if (!m || !scale) return cudaFail(err, "cuda: LossScale needs a model and an output");
     return currentLossScale(m, scale, err);
 }
+
+const char *nsaCudaModelAttentionPath(const NsaCudaModel *m) {
+    return m ? m->attention_path : "";
+}
+
+int nsaCudaModelUsesFastAttention(const NsaCudaModel *m) { return m ? m->mode.fast : 0; }

@@ -7,16 +7,34 @@
  * layout's, so checkpoints and SetTensor/GetTensor mean the same thing on
  * every engine.
  *
- * Device state: fp32 master weights, fp32 gradients, fp32 Adam moments and
- * fp32 activations, each in one arena allocated at create time for
- * opt->max_batch x opt->max_seq_len; nothing is allocated afterwards. The
- * precision mode picks how the GEMMs (cuBLASLt) run:
- *   NSA_PREC_F32   exact fp32 (no TF32): the mode for checks against the CPU;
- *   NSA_PREC_BF16  bf16 tensor-core operands, fp32 accumulate (default, sm_80+);
- *   NSA_PREC_FP16  fp16 tensor-core operands, fp32 accumulate, with a dynamic
- *                  loss scale kept on the device.
- * Attention softmax statistics, norms, the loss and the optimizer are fp32
- * in every mode.
+ * Device state: fp32 master weights, fp32 gradients, fp32 Adam moments, a
+ * 16-bit copy of the weights (bf16/fp16 modes) and the activations, each in
+ * one arena allocated at create time for opt->max_batch x opt->max_seq_len;
+ * nothing is allocated afterwards. The precision mode picks:
+ *   NSA_PREC_F32   exact fp32 GEMMs (no TF32) and the fp32 reference
+ *                  attention kernels (attn_*.cu): the mode for checks
+ *                  against the CPU;
+ *   NSA_PREC_BF16  (default, sm_80+) GEMMs on bf16 operands through
+ *                  cuBLASLt (CUDA_R_16BF A/B, CUBLAS_COMPUTE_32F, fp32 out):
+ *                  the AdamW kernel writes the bf16 weight copy next to the
+ *                  fp32 master, and every activation a GEMM reads is stored
+ *                  in bf16 by its producer (RMSNorm, SiLU, RoPE backward...);
+ *                  attention on the fast bf16 tensor-core op (fast_*.cu,
+ *                  nsaAttnForwardCuda) with one NsaAttnCudaPlan per layer;
+ *   NSA_PREC_FP16  the same with fp16 GEMM operands and a dynamic loss scale
+ *                  kept on the device; attention still runs in bf16 (the
+ *                  fast op is bf16 only; bf16 has fp32's range, so the
+ *                  scaled gradients cannot overflow there).
+ * Attention path: when the fast op cannot take the model's dims - (d_k, d_v)
+ * outside {(64,64), (128,64), (128,128), (192,128)}, more than 16 heads per
+ * group or n_sel above 32 - a bf16/fp16 model runs the fp32 reference
+ * attention kernels (GEMMs still 16-bit). That choice is never silent: it is
+ * made at create time and reported, with its reason, by
+ * nsaCudaModelAttentionPath, NsaMemoryReport.attention_path and
+ * NsaCudaMemoryPlan.attention_path. A fast-op plan that fails for any other
+ * reason (its workspace allocation, its score-ring limit) fails create.
+ * Residual stream, norm statistics, softmax statistics, the loss and the
+ * optimizer are fp32 in every mode.
  *
  * Steps: ZeroGrad, Forward, Backward and OptimizerStep only enqueue work on
  * the engine's stream (no allocation, no host synchronisation; the token ids
@@ -50,8 +68,11 @@ int nsaCudaDeviceCount(int *count, NsaError *err);
 /* Memory plan for cfg/opt without allocating anything: bytes of each arena
  * and of the activations for opt->max_batch sequences of opt->max_seq_len,
  * the activation bytes of one such sequence, and the largest batch that
- * would fit in the device's free memory now. Returns 0, or -1 with err
- * (bad config, no device). */
+ * would fit in the device's free memory now. params includes the 16-bit
+ * weight copy. Not included: the fast attention op's per-layer plans (their
+ * size is known only to the op; nsaCudaModelMemoryReport counts them in
+ * workspace), so the batch that fits is an upper bound in bf16/fp16 mode.
+ * Returns 0, or -1 with err (bad config, no device). */
 typedef struct NsaCudaMemoryPlan {
     size_t params, grads, optimizer;      /* bytes: fp32 master, fp32 grads, m + v */
     size_t activations;                   /* bytes for max_batch x max_seq_len */
@@ -60,6 +81,7 @@ typedef struct NsaCudaMemoryPlan {
     size_t total;                         /* everything above */
     size_t device_free, device_total;
     int max_batch_that_fits;              /* at max_seq_len; 0 if not even one fits */
+    char attention_path[256];             /* as nsaCudaModelAttentionPath would say */
 } NsaCudaMemoryPlan;
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err);
@@ -125,9 +147,17 @@ int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *
  * Backward with NaN (tests of the NaN guard). */
 int nsaCudaModelInjectFault(NsaCudaModel *m, NsaFault fault, NsaError *err);
 
-/* Bytes held (as allocated) plus the device's free/total memory now.
+/* Bytes held (as allocated; params includes the 16-bit weight copy,
+ * workspace the fast attention plans) plus the device's free/total memory
+ * now, and the attention path (as nsaCudaModelAttentionPath).
  * Returns -1 only when m or out is NULL. */
 int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out);
+
+/* Which attention kernels the model runs and why (one line, never NULL;
+ * "" for NULL m). Lives as long as m. */
+const char *nsaCudaModelAttentionPath(const NsaCudaModel *m);
+/* 1 when the model's attention runs on the fast bf16 op, else 0. */
+int nsaCudaModelUsesFastAttention(const NsaCudaModel *m);
 
 /* Peak device memory in use since create (cudaMemGetInfo based), bytes. */
 size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m);

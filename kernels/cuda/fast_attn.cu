@@ -212,6 +212,18 @@ static int fastCheckCall(const NsaAttnCudaPlan *p, const NsaAttnDims *d, NsaErro
     return 0;
 }
 
+/* The kernels copy tensor rows in 16-byte pieces (cp.async) and store
+ * outputs in 4-byte pairs: every base pointer but the gates' must be 16-byte
+ * aligned (cudaMalloc gives 256). Returns 0 or -1 naming the tensor. */
+static int fastCheckAligned(const char *const *names, const void *const *ptrs, int n,
+                            NsaError *err) {
+    for (int i = 0; i < n; i++)
+        if ((uintptr_t)ptrs[i] % 16 != 0)
+            return fastFail(err, "nsa fast attention: %s = %p is not 16-byte aligned; allowed: "
+                                 "16-byte aligned device pointers", names[i], ptrs[i]);
+    return 0;
+}
+
 /* The marks of pass (0 forward, 1 backward) when profiling, else NULL. */
 static const FastMarks *fastPassMarks(NsaAttnCudaPlan *p, int pass, cudaStream_t stream) {
     if (!p->profile) return NULL;
@@ -235,6 +247,12 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         !in->v_win || !in->gates || !out)
         return fastFail(err, "nsa fast attention: an input or out is NULL; all eight inputs and "
                              "out are required");
+    {
+        const char *names[] = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "out"};
+        const void *ptrs[] = {in->q, in->k_cmp, in->v_cmp, in->k_sel, in->v_sel, in->k_win,
+                              in->v_win, out};
+        if (fastCheckAligned(names, ptrs, 8, err)) return -1;
+    }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
     const FastCtx c = fastMakeCtx(dims);
     const int dk = dims->d_k, dv = dims->d_v;
@@ -326,6 +344,16 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (!grads || !grads->dq || !grads->dk_cmp || !grads->dv_cmp || !grads->dk_sel ||
         !grads->dv_sel || !grads->dk_win || !grads->dv_win || !grads->dgates)
         return fastFail(err, "nsa fast attention: a gradient output is NULL; all eight are required");
+    {
+        const char *names[] = {"q",      "k_cmp",  "v_cmp",  "k_sel",  "v_sel",  "k_win",
+                               "v_win",  "dout",   "dq",     "dk_cmp", "dv_cmp", "dk_sel",
+                               "dv_sel", "dk_win", "dv_win"};
+        const void *ptrs[] = {in->q,         in->k_cmp,      in->v_cmp,      in->k_sel,
+                              in->v_sel,     in->k_win,      in->v_win,      dout,
+                              grads->dq,     grads->dk_cmp,  grads->dv_cmp,  grads->dk_sel,
+                              grads->dv_sel, grads->dk_win,  grads->dv_win};
+        if (fastCheckAligned(names, ptrs, 15, err)) return -1;
+    }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
     const FastCtx c = fastMakeCtx(dims);
     const int dk = dims->d_k, dv = dims->d_v;

@@ -3,21 +3,27 @@
  * matrix product on mma.sync m16n8k16, O(S) memory, deterministic backward.
  *
  * The public C entry points (plan, forward, backward, profile) are declared
- * in kernels/nsa.h so ctypes callers can reach them; this header adds the
- * launchers of each kernel for the engine and the tests.
+ * in kernels/nsa.h so ctypes callers can reach them; this header holds the
+ * kernels' limits and sizes, fast_internal.cuh the per-kernel launchers.
  *
  * Kernels, in the order the op runs them:
- *   forward   pool (k, v)  -> kc, vc               fast_cmp.cu
- *             compressed attention -> o_cmp, lse_cmp   fast_cmp.cu
- *             scores + top-n fused -> sel_idx          fast_select.cu
- *             selected attention, group-centric -> o_sel   fast_sel.cu
- *             window attention + gate combine -> o_win, out fast_win.cu
- *   backward  gate backward: dgates, dout.o_c             fast_attn.cu
- *             window dK/dV, dQ                              fast_win.cu
- *             compressed dK/dV (split rows, fixed-order sum into the
- *             pooling backward), dQ                         fast_cmp.cu
- *             reverse index (counting sort, stable), selected dK/dV per
- *             selection block, fixed-order chunk reduce, dQ  fast_sel.cu
+ *   forward   pool (k, v) -> kc, vc                          fast_cmp.cu
+ *             compressed attention -> o_cmp, lse_cmp         fast_cmp.cu
+ *             scores + top-n fused -> sel_idx only           fast_select.cu
+ *             selected attention, group-centric, the union
+ *             of 4 tokens' blocks streamed once -> o_sel     fast_sel.cu
+ *             window attention + gate combine -> o_win, out  fast_win.cu
+ *   backward  gate backward: dgates = dout.o_c (the deltas)  fast_attn.cu
+ *             window dK/dV, dQ                                fast_win.cu
+ *             compressed dK/dV (row tiles dealt to several
+ *             CTAs, fp32 partials summed in a fixed order by
+ *             the pooling backward), dQ                       fast_cmp.cu
+ *             reverse index (stable counting sort), selected
+ *             dK/dV per block, fixed-order chunk reduce, dQ   fast_sel.cu
+ * The flash tile loops shared by the branches are in fast_tile.cuh, the
+ * mma/ldmatrix/cp.async helpers in fast_common.cuh, the launchers in
+ * fast_internal.cuh. Correctness: tests/gpu/test_fast_attn.cu; timing:
+ * bench/attn (make bench-attn); results: docs/PERF.md.
  * Limits: (d_k, d_v) in {(64,64), (128,64), (128,128), (192,128)}; heads per
  * group 1..16; n_sel <= 32. Every limit is checked with a one-line error. */
 #ifndef NSA_FAST_ATTN_H

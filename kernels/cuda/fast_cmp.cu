@@ -17,6 +17,9 @@ struct CmpPolicy {
         ke = t_last < cmp_len - 1 ? 0 : min(Nc, (t_last - cmp_len + 1) / cmp_stride + 1);
     }
     __device__ bool visible(int t, int i) const { return i * cmp_stride + cmp_len - 1 <= t; }
+    __device__ bool allVisible(int t_first, int t_last, int i_first, int i_last) const {
+        return i_last * cmp_stride + cmp_len - 1 <= t_first;
+    }
 };
 
 /* pooled[b][i][g][c] = (1/l) sum_{j<l} x[b][i*d+j][g][c], fp32 sum. */
@@ -81,6 +84,10 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
             return t < S ? t : -1;
         },
         [=](int t, int i) { return i * d + l - 1 <= t; },
+        [=](int it) { /* tokens of row tile it: [t, t + tpr) */
+            int t = tb + (part + it * parts) * tpr;
+            return t + tpr <= S && (i0 + 63) * d + l - 1 <= t;
+        },
         [=](int i, bool is_k, int col, float v0, float v1) {
             size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
             if (is_k)

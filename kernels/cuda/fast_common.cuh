@@ -128,12 +128,4 @@ __device__ __forceinline__ float fastQuadSum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-/* Which (token, head) a packed row of a tile is: the heads of one KV group
- * of `tokens_per_tile` consecutive tokens, token-major. Tiles hold whole
- * tokens so per-token reductions (the selection scores) stay in one CTA. */
-struct FastRows {
-    int hpg;             /* heads per group */
-    int tokens_per_tile; /* floor(rows / hpg) */
-};
-
 #endif

@@ -489,6 +489,10 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
             return e < e1 ? entries[e] : -1;
         },
         [=](int t, int u) { return u <= t; },
+        [=](int it) { /* entries ascend: the tile's first token is its smallest */
+            int e = e0 + it * tpr;
+            return e + tpr <= e1 && u0 + 63 <= entries[e];
+        },
         [=](int u, bool is_k, int col, float v0, float v1) {
             if (items == 1) {
                 size_t key = ((size_t)b * S + u) * G + g;

@@ -210,7 +210,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     for (int e = 0; e < c.slots; e++) row[e] = e < n ? chosen[e] : -1;
 }
 
-template <int DK, int DV>
+template <int DK>
 static cudaError_t selectLaunch(const FastCtx &c, const bf16 *q, const bf16 *kc,
                                 const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
     auto kernel = fastSelectKernel<DK>;
@@ -225,7 +225,9 @@ static cudaError_t selectLaunch(const FastCtx &c, const bf16 *q, const bf16 *kc,
 
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
                        const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
-    /* the kernel depends on d_k only; the dispatch picks one d_v per d_k */
-    int dv = dk == 128 ? 64 : (dk == 192 ? 128 : 64);
-    FAST_DISPATCH(dk, dv, selectLaunch, c, q, kc, lse_cmp, sel_idx, stream);
+    /* the score pass reads keys only: one instantiation per d_k */
+    if (dk == 64) return selectLaunch<64>(c, q, kc, lse_cmp, sel_idx, stream);
+    if (dk == 128) return selectLaunch<128>(c, q, kc, lse_cmp, sel_idx, stream);
+    if (dk == 192) return selectLaunch<192>(c, q, kc, lse_cmp, sel_idx, stream);
+    return cudaErrorInvalidValue;
 }

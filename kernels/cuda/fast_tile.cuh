@@ -128,6 +128,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             }
         }
         const int u0 = kb + it * 64;
+        /* interior tiles (every row sees every key) skip the mask */
+        const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < 8; n++) {
@@ -135,7 +137,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             for (int e = 0; e < 4; e++) {
                 int u = u0 + n * 8 + quad * 2 + (e & 1);
                 int t = tok[e >> 1];
-                bool ok = t >= 0 && u < ke && pol.visible(t, u);
+                bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
                 float v = ok ? s[n][e] * c.scale_log2 : -INFINITY;
                 s[n][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -313,13 +315,15 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
             }
         }
         const int u0 = kb + it * 64;
+        const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
 #pragma unroll
         for (int n = 0; n < 8; n++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int u = u0 + n * 8 + quad * 2 + (e & 1);
                 int i = e >> 1, t = tok[i];
-                bool ok = t >= 0 && u < ke && pol.visible(t, u);
+                /* a row that sees nothing (t < 0) stays masked even in a full tile */
+                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
                 float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
@@ -369,11 +373,12 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
  *   dV = sum (g P^T) dout;  dK = scale sum dS^T Q.
  * A fixed row-tile order per CTA and no atomics: bit-reproducible.
+ * tileFull(it) says every row of row tile it sees every key of the tile.
  * store(u, is_k, col, v0, v1) writes two adjacent results of key u. */
-template <int DK, int DV, class RowToken, class Visible, class Store>
+template <int DK, int DV, class RowToken, class Visible, class TileFull, class Store>
 __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
                                              int u0, int khi, int ntiles, RowToken rowToken,
-                                             Visible visible, Store store) {
+                                             Visible visible, TileFull tileFull, Store store) {
     constexpr int LDK = DK + 8, LDV = DV + 8;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     constexpr int R = FAST_DKDV_ROWS;
@@ -450,6 +455,9 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         const float *l_t = sL + st * R + half * 32, *d_t = sD + st * R + half * 32,
                     *g_t = sG + st * R + half * 32;
         const int *t_t = sT + st * R + half * 32;
+        /* every row of the tile sees all 64 keys: no mask (rows without a
+         * gradient carry gate 0, so they add nothing either way) */
+        const bool full = khi - u0 == 64 && tileFull(it);
         float s[4][4], dp[4][4];
 #pragma unroll
         for (int n = 0; n < 4; n++)
@@ -487,7 +495,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 int col = n * 8 + quad * 2 + (e & 1);
                 int u = u0 + keyA + (e >> 1) * 8;
                 int t = t_t[col];
-                bool ok = t >= 0 && u < khi && visible(t, u);
+                bool ok = full || (t >= 0 && u < khi && visible(t, u));
                 float p = ok ? exp2f(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
                 float gp = g_t[col] * p;
                 s[n][e] = gp;

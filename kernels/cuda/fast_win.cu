@@ -16,6 +16,10 @@ struct WinPolicy {
         ke = t_last + 1;
     }
     __device__ bool visible(int t, int u) const { return u <= t && u > t - window; }
+    /* keys [u_first, u_last] seen by every token of [t_first, t_last] */
+    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
+        return u_last <= t_first && u_first > t_last - window;
+    }
 };
 
 template <int DK, int DV>
@@ -35,6 +39,10 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
             return t < te ? t : -1;
         },
         [=](int t, int u) { return u <= t && u > t - window; },
+        [=](int it) { /* tokens of row tile it: [t, t + tpr) */
+            int t = u0 + it * tpr;
+            return t + tpr <= te && u0 + 63 <= t && u0 > t + tpr - 1 - window;
+        },
         [=](int u, bool is_k, int col, float v0, float v1) {
             size_t key = ((size_t)b * c.S + u) * c.G + g;
             if (is_k)

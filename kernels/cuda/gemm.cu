@@ -30,10 +30,11 @@ struct GemmPlan {
 int gemmContextCreate(GemmContext *ctx, NsaPrecision precision, size_t workspace_bytes,
                       NsaError *err) {
     memset(ctx, 0, sizeof(*ctx));
+    ctx->compute = CUBLAS_COMPUTE_32F;
     switch (precision) {
-    case NSA_PREC_F32: ctx->compute = CUBLAS_COMPUTE_32F; break;
-    case NSA_PREC_BF16: ctx->compute = CUBLAS_COMPUTE_32F_FAST_16BF; break;
-    case NSA_PREC_FP16: ctx->compute = CUBLAS_COMPUTE_32F_FAST_16F; break;
+    case NSA_PREC_F32: ctx->operand_cuda = CUDA_R_32F; ctx->operand = DTYPE_F32; break;
+    case NSA_PREC_BF16: ctx->operand_cuda = CUDA_R_16BF; ctx->operand = DTYPE_BF16; break;
+    case NSA_PREC_FP16: ctx->operand_cuda = CUDA_R_16F; ctx->operand = DTYPE_F16; break;
     default:
         return cudaFail(err, "cuda: precision %d has no GEMM mode; allowed: f32, bf16, fp16",
                         (int)precision);
@@ -84,8 +85,10 @@ static int planBuild(GemmContext *ctx, GemmPlan *p, NsaError *err) {
     uint64_t lt_a_cols = p->trans_b ? (uint64_t)p->N : (uint64_t)p->K;
     uint64_t lt_b_rows = p->trans_a ? (uint64_t)p->M : (uint64_t)p->K;
     uint64_t lt_b_cols = p->trans_a ? (uint64_t)p->K : (uint64_t)p->M;
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, CUDA_R_32F, lt_a_rows, lt_a_cols, p->ldb), err);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, CUDA_R_32F, lt_b_rows, lt_b_cols, p->lda), err);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->la, ctx->operand_cuda, lt_a_rows, lt_a_cols, p->ldb),
+             err);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, ctx->operand_cuda, lt_b_rows, lt_b_cols, p->lda),
+             err);
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
                                         p->ldc), err);
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
@@ -95,6 +98,14 @@ static int planBuild(GemmContext *ctx, GemmPlan *p, NsaError *err) {
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ctx->workspace_bytes,
         sizeof(ctx->workspace_bytes));
+    /* The heuristic assumes 256-byte aligned pointers unless told; a bf16
+     * weight copy at a 64-element layout offset is only 128-byte aligned. */
+    const uint32_t align = 128;
+    const cublasLtMatmulPreferenceAttributes_t align_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, align_attr[i], &align, sizeof(align));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -143,7 +154,7 @@ static GemmPlan *planFind(GemmContext *ctx, const GemmPlan *key, NsaError *err) 
 }
 
 int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
-                 int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                 int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                  const float *C, int ldc, float *D, int ldd, NsaError *err) {
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0) {
@@ -166,21 +177,21 @@ int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b
     return 0;
 }
 
-int linearForward(GemmContext *ctx, cudaStream_t stream, float *y, const float *x,
-                  const float *w, int N, int in, int out, float beta, const float *c,
+int linearForward(GemmContext *ctx, cudaStream_t stream, float *y, const void *x,
+                  const void *w, int N, int in, int out, float beta, const float *c,
                   NsaError *err) {
     return gemmRowMajor(ctx, stream, 0, 1, N, out, in, 1.0f, x, in, w, in, beta, c ? c : y, out,
                         y, out, err);
 }
 
-int linearBackwardX(GemmContext *ctx, cudaStream_t stream, float *dx, const float *dy,
-                    const float *w, int N, int in, int out, float beta, NsaError *err) {
+int linearBackwardX(GemmContext *ctx, cudaStream_t stream, float *dx, const void *dy,
+                    const void *w, int N, int in, int out, float beta, NsaError *err) {
     return gemmRowMajor(ctx, stream, 0, 0, N, in, out, 1.0f, dy, out, w, in, beta, dx, in, dx,
                         in, err);
 }
 
-int linearBackwardW(GemmContext *ctx, cudaStream_t stream, float *dw, const float *dy,
-                    const float *x, int N, int in, int out, NsaError *err) {
+int linearBackwardW(GemmContext *ctx, cudaStream_t stream, float *dw, const void *dy,
+                    const void *x, int N, int in, int out, NsaError *err) {
     return gemmRowMajor(ctx, stream, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in, dw,
                         in, err);
 }

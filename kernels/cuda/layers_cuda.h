@@ -12,6 +12,21 @@
 #include <stdint.h>
 #include "../nsa.h"
 
+/* Storage type of a tensor the engine hands to a GEMM or to the fast
+ * attention op. fp32 mode keeps everything DTYPE_F32; bf16 and fp16 modes
+ * store GEMM operands (activations, gradients of activations, the weight
+ * copy) in DTYPE_BF16 / DTYPE_F16, and the fast attention op's tensors in
+ * DTYPE_BF16. Arithmetic is fp32 in every kernel; values round once when
+ * stored. The numbering is shared with loadAs/storeAs (cuda_common.cuh). */
+typedef enum DType { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_F16 = 2 } DType;
+static inline size_t dtypeBytes(DType t) { return t == DTYPE_F32 ? 4 : 2; }
+
+/* ---- convert.cu ----
+ * dst[i] = (dt) src[i] for n elements; any pair of types (a same-type call
+ * is a copy). Enqueues on stream; -1 with err on a launch failure. */
+int convertTensor(void *dst, DType dt, const void *src, DType st, size_t n, cudaStream_t stream,
+                  NsaError *err);
+
 /* ---- embedding.cu ----
  * Forward: out[n] = table[tokens[n]].
  * Backward (adds into dtable), deterministic without float atomics: the
@@ -48,6 +63,10 @@ int embeddingBackward(float *dtable, float *partial, const float *dout, const Em
 #define RMS_CHUNK 256
 int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t N, int C,
                    float eps, cudaStream_t stream, NsaError *err);
+/* The same with y stored as yt (the normalised row feeds GEMMs only, so the
+ * low-precision modes write it straight in the operand type). */
+int rmsnormForwardTo(void *y, DType yt, float *rstd, const float *x, const float *w, size_t N,
+                     int C, float eps, cudaStream_t stream, NsaError *err);
 int rmsnormBackward(float *dx, float *dw, float *partial, const float *dy, const float *x,
                     const float *w, const float *rstd, size_t N, int C, cudaStream_t stream,
                     NsaError *err);
@@ -62,6 +81,13 @@ int ropeForward(float *x, const float *cos_sin, int B, int S, int heads, int dim
                 cudaStream_t stream, NsaError *err);
 int ropeBackward(float *dx, const float *cos_sin, int B, int S, int heads, int dim,
                  cudaStream_t stream, NsaError *err);
+/* Out of place and typed: dst (dt) = rotation of src (st) by +angle
+ * (inverse = 0, the forward) or -angle (inverse = 1, the backward). Used to
+ * rotate a GEMM's fp32 output straight into the bf16 attention input, and
+ * the attention's bf16 gradient straight into a GEMM operand. Each thread
+ * reads its pair before writing it, so same-type in-place use is safe. */
+int ropeApplyTo(void *dst, DType dt, const void *src, DType st, const float *cos_sin, int B,
+                int S, int heads, int dim, int inverse, cudaStream_t stream, NsaError *err);
 
 /* ---- activation.cu ---- elementwise over n.
  * silu(a) = a sigmoid(a); swiglu: out = silu(a) b; sigmoid in place allowed.
@@ -77,6 +103,19 @@ int sigmoidForward(float *out, const float *a, size_t n, cudaStream_t stream, Ns
 /* da = dout * g (1 - g), g the saved sigmoid output; da may alias dout. */
 int sigmoidBackward(float *da, const float *dout, const float *g, size_t n, cudaStream_t stream,
                     NsaError *err);
+/* Typed variants for the low-precision modes: the activation output (a GEMM
+ * operand only) and the gradients handed to GEMMs are stored as ot; dout of
+ * sigmoidBackwardTo is read as dt (bf16 from the fast attention op). */
+int siluForwardTo(void *out, DType ot, const float *a, size_t n, cudaStream_t stream,
+                  NsaError *err);
+int swigluForwardTo(void *out, DType ot, const float *a, const float *b, size_t n,
+                    cudaStream_t stream, NsaError *err);
+int siluBackwardTo(void *da, DType ot, const float *dout, const float *a, size_t n,
+                   cudaStream_t stream, NsaError *err);
+int swigluBackwardTo(void *da, void *db, DType ot, const float *dout, const float *a,
+                     const float *b, size_t n, cudaStream_t stream, NsaError *err);
+int sigmoidBackwardTo(void *da, DType ot, const void *dout, DType dt, const float *g, size_t n,
+                      cudaStream_t stream, NsaError *err);
 
 /* ---- crossentropy.cu ----
  * One block per row of logits [N][V] (fp32): row_loss[n] = lse - logit[target]
@@ -125,6 +164,14 @@ int adamwStep(float *params, const float *grads, float *m, float *v, const Optim
               int n_tensors, size_t max_numel, OptimState *state, float lr, float beta1,
               float beta2, float eps, float weight_decay, float grad_clip, double bc1, double bc2,
               int dynamic_scale, int scale_window, cudaStream_t stream, NsaError *err);
+/* The same, and each updated weight is also stored as low_type into
+ * params_low (same layout, the GEMMs' weight copy) - in the same pass, so
+ * the copy never lags the master. params_low NULL behaves as adamwStep. */
+int adamwStepWithCopy(float *params, void *params_low, DType low_type, const float *grads,
+                      float *m, float *v, const OptimTensor *tensors, int n_tensors,
+                      size_t max_numel, OptimState *state, float lr, float beta1, float beta2,
+                      float eps, float weight_decay, float grad_clip, double bc1, double bc2,
+                      int dynamic_scale, int scale_window, cudaStream_t stream, NsaError *err);
 
 /* Sets one float to NaN on the device (fault injection). */
 int poisonFloat(float *at, cudaStream_t stream, NsaError *err);

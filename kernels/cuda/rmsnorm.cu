@@ -6,9 +6,9 @@
 #include "layers_cuda.h"
 #include "cuda_common.cuh"
 
-/* One block per row. */
-__global__ void rmsnormForwardKernel(float *y, float *rstd, const float *x, const float *w, int C,
-                                     float eps) {
+/* One block per row; y stored as ytype. */
+__global__ void rmsnormForwardKernel(void *y, int ytype, float *rstd, const float *x,
+                                     const float *w, int C, float eps) {
     __shared__ double scratch[32];
     const size_t n = blockIdx.x;
     const float *xr = x + n * C;
@@ -17,7 +17,7 @@ __global__ void rmsnormForwardKernel(float *y, float *rstd, const float *x, cons
     ss = blockSumD(ss, scratch);
     const float r = (float)(1.0 / sqrt(ss / C + (double)eps));
     if (threadIdx.x == 0) rstd[n] = r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[n * C + c] = xr[c] * r * w[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) storeAs(y, n * C + c, ytype, xr[c] * r * w[c]);
 }
 
 __global__ void rmsnormBackwardDxKernel(float *dx, const float *dy, const float *x,
@@ -56,12 +56,18 @@ __global__ void rmsnormBackwardDwSumKernel(float *dw, const float *partial, int 
 
 static unsigned rowThreads(int C) { return C >= 512 ? 256 : (C >= 128 ? 128 : 32); }
 
-int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t N, int C,
-                   float eps, cudaStream_t stream, NsaError *err) {
+int rmsnormForwardTo(void *y, DType yt, float *rstd, const float *x, const float *w, size_t N,
+                     int C, float eps, cudaStream_t stream, NsaError *err) {
     if (N == 0) return 0;
-    rmsnormForwardKernel<<<(unsigned)N, rowThreads(C), 0, stream>>>(y, rstd, x, w, C, eps);
+    rmsnormForwardKernel<<<(unsigned)N, rowThreads(C), 0, stream>>>(y, (int)yt, rstd, x, w, C,
+                                                                     eps);
     LAUNCH_CHECK("rmsnormForwardKernel", err);
     return 0;
+}
+
+int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t N, int C,
+                   float eps, cudaStream_t stream, NsaError *err) {
+    return rmsnormForwardTo(y, DTYPE_F32, rstd, x, w, N, C, eps, stream, err);
 }
 
 int rmsnormBackward(float *dx, float *dw, float *partial, const float *dy, const float *x,

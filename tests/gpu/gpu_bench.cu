@@ -45,6 +45,7 @@ int main(int argc, char **argv) {
            S, B, plan.params / 1e6, plan.grads / 1e6, plan.optimizer / 1e6, plan.activations / 1e9,
            plan.activations_per_sequence / 1e9, plan.workspace / 1e9, plan.total / 1e9,
            plan.device_free / 1e9, plan.device_total / 1e9, plan.max_batch_that_fits);
+    printf("# attention: %s\n", plan.attention_path);
     double t_create = nowSeconds();
     NsaModel *m = nsaModelCreate(&c, &o, &err);
     if (!m || nsaModelInit(m, 1, &err)) {
@@ -87,9 +88,9 @@ int main(int argc, char **argv) {
            "activations %.2f GB workspace %.2f GB\n",
            prop.name, t_create, mr.params / 1e6, mr.grads / 1e6, mr.optimizer / 1e6,
            mr.activations / 1e9, mr.workspace / 1e9);
-    printf("BENCH S=%d B=%d prec=%s ms_step=%.1f min_ms=%.1f tok_s=%.0f fwd_ms=%.1f peak_gb=%.2f "
-           "loss=%.4f applied=%d\n",
-           S, B, pname, med * 1e3, times[2] * 1e3, (double)N / med, fwd * 1e3,
+    printf("BENCH S=%d B=%d prec=%s attn=%.4s ms_step=%.1f min_ms=%.1f tok_s=%.0f fwd_ms=%.1f "
+           "peak_gb=%.2f loss=%.4f applied=%d\n",
+           S, B, pname, mr.attention_path, med * 1e3, times[2] * 1e3, (double)N / med, fwd * 1e3,
            (total_b - free_b) / 1e9, st.loss, st.applied);
     nsaModelFree(m);
     free(tok); free(tgt); free(times);

@@ -10,10 +10,15 @@
  *              nsaAttnForwardCpu/BackwardCpu at several shapes, odd sizes
  *              and S not a multiple of any block size;
  *   model      loss and every gradient tensor of a small model, GPU fp32 vs
- *              CPU f64; SiLU and SwiGLU;
+ *              CPU f64 (SiLU and SwiGLU); the same in bf16 and fp16 with
+ *              attention on the fast bf16 op (bf16-sized budgets: loss 1e-2,
+ *              norm 2e-2, mean tensor 2e-2, worst tensor 6e-2); the
+ *              attention path each mode/dims picks and reports;
  *   training   a 20-step loss trajectory GPU fp32 vs CPU f32; two GPU runs
- *              bit-identical; resume bit-identical; the NaN guard; bf16 and
- *              fp16 modes; EvalLoss; the memory plan.
+ *              bit-identical (f32; bf16 on the fast op; bf16 GEMMs with the
+ *              reference attention); resume bit-identical (bf16, fast op);
+ *              the NaN guard; bf16 and fp16 vs f32 over 15 steps; EvalLoss;
+ *              the memory plan.
  * Prints TAP lines, then a table and "N passed, N failed"; exits 1 on any
  * failure. */
 #include "gpu_util.h"
@@ -141,8 +146,8 @@ static void testAttention(Results *res, const char *label, NsaAttnDims d, uint64
 static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, double tol) {
     double t0 = nowSeconds();
     char name[96];
-    snprintf(name, sizeof(name), "linear %s N%d in%d out%d", prec == NSA_PREC_F32 ? "f32" : "bf16",
-             N, in, out);
+    snprintf(name, sizeof(name), "linear %s N%d in%d out%d",
+             prec == NSA_PREC_F32 ? "f32" : prec == NSA_PREC_BF16 ? "bf16" : "fp16", N, in, out);
     NsaError err = {{0}};
     GemmContext ctx;
     if (gemmContextCreate(&ctx, prec, (size_t)8 << 20, &err)) {
@@ -166,9 +171,15 @@ static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, 
     float *half = hostAlloc(nw);
     for (size_t i = 0; i < nw; i++) half[i] = 0.5f;
     GPU_OK(cudaMemcpy(ddw, half, nw * 4, cudaMemcpyHostToDevice));
-    int rc = linearForward(&ctx, 0, dyo, dx_, dw_, N, in, out, 0.0f, NULL, &err) ||
-             linearBackwardX(&ctx, 0, ddx, ddy, dw_, N, in, out, 0.0f, &err) ||
-             linearBackwardW(&ctx, 0, ddw, ddy, dx_, N, in, out, &err);
+    /* operands in the context's storage type (bf16/fp16 copies of x, w, dy) */
+    const DType ot = gemmOperandType(&ctx);
+    void *ox = devAlloc(nx * 4), *ow = devAlloc(nw * 4), *ody = devAlloc(ny * 4);
+    int rc = convertTensor(ox, ot, dx_, DTYPE_F32, nx, 0, &err) ||
+             convertTensor(ow, ot, dw_, DTYPE_F32, nw, 0, &err) ||
+             convertTensor(ody, ot, ddy, DTYPE_F32, ny, 0, &err) ||
+             linearForward(&ctx, 0, dyo, ox, ow, N, in, out, 0.0f, NULL, &err) ||
+             linearBackwardX(&ctx, 0, ddx, ody, ow, N, in, out, 0.0f, &err) ||
+             linearBackwardW(&ctx, 0, ddw, ody, ox, N, in, out, &err);
     float *gy = hostAlloc(ny), *gx = hostAlloc(nx), *gw = hostAlloc(nw);
     toHost(gy, dyo, ny * 4);
     toHost(gx, ddx, nx * 4);
@@ -181,6 +192,7 @@ static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, 
     free(x); free(w); free(dy); free(xd); free(wd); free(dyd); free(yr); free(dxr); free(dwr);
     free(gy); free(gx); free(gw); free(half);
     cudaFree(dx_); cudaFree(dw_); cudaFree(ddy); cudaFree(dyo); cudaFree(ddx); cudaFree(ddw);
+    cudaFree(ox); cudaFree(ow); cudaFree(ody);
 }
 
 static void testRmsNorm(Results *res, int N, int C) {
@@ -393,6 +405,26 @@ static NsaModelConfig smallConfig(NsaMlpKind mlp) {
     return c;
 }
 
+/* A small model the fast bf16 attention op takes (d_k = d_v = 64). */
+static NsaModelConfig fastConfig(NsaMlpKind mlp) {
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    c.vocab_size = 256;
+    c.dim = 128;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_groups = 2;
+    c.d_k = 64;
+    c.d_v = 64;
+    c.mlp = mlp;
+    c.cmp_len = 16;
+    c.cmp_stride = 8;
+    c.sel_len = 32;
+    c.n_sel = 4;
+    c.window = 64;
+    return c;
+}
+
 static NsaModel *makeModel(const NsaModelConfig *c, NsaDevice dev, NsaPrecision p, int B, int S,
                            uint64_t seed, NsaError *err) {
     NsaEngineOptions o;
@@ -476,6 +508,91 @@ static void testModelGradients(Results *res, NsaMlpKind mlp, int B, int S) {
     nsaModelFree(gpu);
 }
 
+/* bf16/fp16 (GEMMs on 16-bit operands, attention on the fast bf16 op)
+ * against the f64 CPU engine: loss and every gradient tensor within a
+ * bf16-sized budget, none zero. */
+static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, int B, int S) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "model loss+grads %s fast attn %s B%d S%d",
+             p == NSA_PREC_BF16 ? "bf16" : "fp16", mlp ? "swiglu" : "silu", B, S);
+    NsaError err = {{0}};
+    NsaModelConfig c = fastConfig(mlp);
+    NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F64, B, S, 42, &err);
+    NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 42, &err) : NULL;
+    NsaMemoryReport mr;
+    if (!cpu || !gpu || nsaModelMemoryReport(gpu, &mr)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        nsaModelFree(cpu);
+        nsaModelFree(gpu);
+        return;
+    }
+    const int fast = strncmp(mr.attention_path, "fast", 4) == 0;
+    int32_t *tok = (int32_t *)malloc(B * S * 4), *tgt = (int32_t *)malloc(B * S * 4);
+    makeBatch(tok, tgt, B, S, c.vocab_size, 5, 0);
+    NsaStepStats sc, sg;
+    NsaOptimConfig oc = {0.0f, 0.9f, 0.95f, 1e-8f, 0.0f, 0.0f};
+    int rc = nsaModelZeroGrad(cpu, &err) || nsaModelForwardBackward(cpu, tok, tgt, B, S, 1.0f, &err) ||
+             nsaModelOptimizerStep(cpu, &oc, 1, &err) || nsaModelStepStats(cpu, &sc, &err) ||
+             nsaModelZeroGrad(gpu, &err) || nsaModelForwardBackward(gpu, tok, tgt, B, S, 1.0f, &err) ||
+             nsaModelOptimizerStep(gpu, &oc, 1, &err) || nsaModelStepStats(gpu, &sg, &err);
+    if (rc) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        double worst = 0, sum = 0;
+        int worst_i = 0, zero_grads = 0, n = nsaModelNumTensors(cpu);
+        for (int i = 0; i < n; i++) {
+            const NsaTensorInfo *ti = nsaModelTensorInfo(cpu, i);
+            float *a = hostAlloc(ti->numel), *b = hostAlloc(ti->numel);
+            nsaModelGetTensor(gpu, NSA_ARENA_GRADS, i, a, &err);
+            nsaModelGetTensor(cpu, NSA_ARENA_GRADS, i, b, &err);
+            double e = relErr(a, b, ti->numel);
+            double norm = 0;
+            for (size_t k = 0; k < ti->numel; k++) norm += fabs(a[k]);
+            zero_grads += norm == 0.0;
+            sum += e;
+            if (!(e <= worst)) { worst = e; worst_i = i; }
+            free(a); free(b);
+        }
+        double el = fabs(sg.loss - sc.loss) / fabs(sc.loss);
+        double en = fabs(sg.grad_norm - sc.grad_norm) / sc.grad_norm;
+        report(res, fast && el < 1e-2 && en < 2e-2 && sum / n < 2e-2 && worst < 6e-2 &&
+                        zero_grads == 0,
+               nowSeconds() - t0, name,
+               "%s loss %.2e norm %.2e grads mean %.2e worst %s %.2e, zero %d",
+               fast ? "fast" : "NOT FAST", el, en, sum / n, nsaModelTensorInfo(cpu, worst_i)->name,
+               worst, zero_grads);
+    }
+    free(tok); free(tgt);
+    nsaModelFree(cpu);
+    nsaModelFree(gpu);
+}
+
+/* The attention path is chosen at create time and reported with its
+ * reason: fast in bf16/fp16 for dims the op takes, the reference kernels
+ * (with the reason) in f32 and for dims it does not take. */
+static void testAttentionPath(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "attention path chosen and reported";
+    NsaError err = {{0}};
+    NsaModelConfig fc = fastConfig(NSA_MLP_SILU), sc = smallConfig(NSA_MLP_SILU);
+    struct { const NsaModelConfig *c; NsaPrecision p; const char *want; } cases[] = {
+        {&fc, NSA_PREC_BF16, "fast"}, {&fc, NSA_PREC_FP16, "fast"},
+        {&fc, NSA_PREC_F32, "reference"}, {&sc, NSA_PREC_BF16, "reference"}};
+    int ok = 1;
+    char last[600] = "";
+    for (int i = 0; i < 4 && ok; i++) {
+        NsaModel *m = makeModel(cases[i].c, NSA_DEVICE_CUDA, cases[i].p, 1, 64, 1, &err);
+        NsaMemoryReport mr;
+        ok = m && nsaModelMemoryReport(m, &mr) == 0 &&
+             strncmp(mr.attention_path, cases[i].want, strlen(cases[i].want)) == 0 &&
+             (i < 3 || strstr(mr.attention_path, "(12, 8)") != NULL);
+        snprintf(last, sizeof(last), "%s", m ? mr.attention_path : err.message);
+        nsaModelFree(m);
+    }
+    report(res, ok, nowSeconds() - t0, name, "%s", last);
+}
+
 /* Runs steps [first, last] of a fixed schedule; losses[step-1] receive the loss. */
 static int trainSteps(NsaModel *m, int first, int last, int B, int S, int V, double *losses,
                       NsaError *err) {
@@ -554,9 +671,10 @@ static NsaModelConfig midConfig(void) {
 static void testDeterminism(Results *res, NsaPrecision p) {
     double t0 = nowSeconds();
     char name[96];
-    snprintf(name, sizeof(name), "two GPU runs bit-identical (%s)", p == NSA_PREC_BF16 ? "bf16" : "f32");
+    snprintf(name, sizeof(name), "two GPU runs bit-identical (%s)",
+             p == NSA_PREC_BF16 ? "bf16, fast attention" : "f32");
     NsaError err = {{0}};
-    NsaModelConfig c = midConfig();
+    NsaModelConfig c = p == NSA_PREC_F32 ? midConfig() : fastConfig(NSA_MLP_SILU);
     const int B = 2, S = 300;
     double la[6], lb[6];
     NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 77, &err);
@@ -577,11 +695,33 @@ static void testDeterminism(Results *res, NsaPrecision p) {
     nsaModelFree(b);
 }
 
-static void testResume(Results *res) {
+/* bf16 GEMMs with the reference attention (dims the fast op refuses). */
+static void testDeterminismBf16Reference(Results *res) {
     double t0 = nowSeconds();
-    const char *name = "GPU resume bit-identical (bf16)";
+    const char *name = "two GPU runs bit-identical (bf16, reference attn)";
     NsaError err = {{0}};
     NsaModelConfig c = midConfig();
+    const int B = 2, S = 300;
+    double la[6], lb[6];
+    NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 77, &err);
+    NsaModel *b = a ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 77, &err) : NULL;
+    if (!a || !b || trainSteps(a, 1, 6, B, S, c.vocab_size, la, &err) ||
+        trainSteps(b, 1, 6, B, S, c.vocab_size, lb, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        int same = memcmp(la, lb, sizeof(la)) == 0 && arenaEqual(a, b, NSA_ARENA_PARAMS, &err);
+        report(res, same && la[5] < la[0], nowSeconds() - t0, name, "%s (loss %.4f -> %.4f)",
+               same ? "equal" : "DIFFER", la[0], la[5]);
+    }
+    nsaModelFree(a);
+    nsaModelFree(b);
+}
+
+static void testResume(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "GPU resume bit-identical (bf16, fast attention)";
+    NsaError err = {{0}};
+    NsaModelConfig c = fastConfig(NSA_MLP_SILU);
     const int B = 2, S = 200;
     double la[8], lb[8];
     NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 5, &err);
@@ -659,9 +799,9 @@ static void testNanGuard(Results *res) {
 
 static void testPrecisions(Results *res) {
     double t0 = nowSeconds();
-    const char *name = "bf16 and fp16 vs f32 (first loss, 15 steps)";
+    const char *name = "bf16 and fp16 (fast attn) vs f32 (first loss, 15 steps)";
     NsaError err = {{0}};
-    NsaModelConfig c = midConfig();
+    NsaModelConfig c = fastConfig(NSA_MLP_SILU);
     const int B = 2, S = 160;
     double l32[15], l16b[15], l16h[15];
     NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 21, &err);
@@ -726,11 +866,12 @@ static void testMemoryPlan(Results *res) {
         report(res, 0, nowSeconds() - t0, name, "%s", err.message);
         return;
     }
-    report(res, p.params > 0 && p.activations_per_sequence > 0 && p.max_batch_that_fits >= 1,
+    report(res, p.params > 0 && p.activations_per_sequence > 0 && p.max_batch_that_fits >= 1 &&
+                    strncmp(p.attention_path, "fast", 4) == 0,
            nowSeconds() - t0, name,
-           "params %.0f MB, grads %.0f MB, adam %.0f MB, acts/seq %.0f MB, fits batch %d",
+           "params %.0f MB, grads %.0f MB, adam %.0f MB, acts/seq %.0f MB, fits batch %d, attn %.4s",
            p.params / 1e6, p.grads / 1e6, p.optimizer / 1e6, p.activations_per_sequence / 1e6,
-           p.max_batch_that_fits);
+           p.max_batch_that_fits, p.attention_path);
 }
 
 static void testBadInput(Results *res) {
@@ -768,6 +909,8 @@ int main(int argc, char **argv) {
         testLinear(res, 37, 50, 19, NSA_PREC_F32, 1e-5);
         testLinear(res, 300, 768, 130, NSA_PREC_F32, 1e-5);
         testLinear(res, 300, 768, 130, NSA_PREC_BF16, 1e-2);
+        testLinear(res, 37, 50, 19, NSA_PREC_BF16, 1e-2);
+        testLinear(res, 300, 768, 130, NSA_PREC_FP16, 2e-3);
         testRmsNorm(res, 37, 50);
         testRmsNorm(res, 300, 768);
         testRope(res, 2, 33, 3, 10);
@@ -795,11 +938,16 @@ int main(int argc, char **argv) {
         testModelGradients(res, NSA_MLP_SWIGLU, 1, 37);
         testEvalLoss(res);
         testBadInput(res);
+        testAttentionPath(res);
+        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SILU, 2, 200);
+        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SWIGLU, 1, 130);
+        testModelGradientsLow(res, NSA_PREC_FP16, NSA_MLP_SILU, 1, 150);
     }
     if (all || !strcmp(only, "train")) {
         testTrajectory(res);
         testDeterminism(res, NSA_PREC_F32);
         testDeterminism(res, NSA_PREC_BF16);
+        testDeterminismBf16Reference(res);
         testResume(res);
         testNanGuard(res);
         testPrecisions(res);

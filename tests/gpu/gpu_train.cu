@@ -133,6 +133,9 @@ int main(int argc, char **argv) {
     NsaError err = {{0}};
     NsaModel *m = nsaModelCreate(&c, &o, &err);
     if (!m || nsaModelInit(m, 1234, &err)) { fprintf(stderr, "create: %s\n", err.message); return 1; }
+    NsaMemoryReport mr;
+    if (nsaModelMemoryReport(m, &mr) == 0 && mr.attention_path[0])
+        printf("# attention: %s\n", mr.attention_path);
     TrainBook book;
     memset(&book, 0, sizeof(book));
     book.magic = STATE_MAGIC;
