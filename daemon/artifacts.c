@@ -377,9 +377,13 @@ int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemory
         cJSON_AddNumberToObject(d, "model_bytes", (double)mem->total);
         cJSON_AddNumberToObject(d, "params_bytes", (double)mem->params);
         cJSON_AddNumberToObject(d, "activations_bytes", (double)mem->activations);
+        cJSON_AddNumberToObject(d, "grads_bytes", (double)mem->grads);
+        cJSON_AddNumberToObject(d, "optimizer_bytes", (double)mem->optimizer);
+        cJSON_AddNumberToObject(d, "workspace_bytes", (double)mem->workspace);
         if (cfg->runtime.device == NSA_DEVICE_CUDA) {
             cJSON_AddNumberToObject(d, "device_total_bytes", (double)mem->device_total);
             cJSON_AddNumberToObject(d, "device_free_bytes", (double)mem->device_free);
+            cJSON_AddStringToObject(d, "attention_path", mem->attention_path);
         }
     }
     char hash[24];

@@ -663,6 +663,13 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
             n_params, have_mem ? (double)mem.total / 1e6 : 0.0,
             configDeviceName(t->job.runtime.device), configPrecisionName(t->job.runtime.precision),
             tc->steps, tc->batch_size, tc->seq_len, tc->accumulate_grad_batches, t->out_dir);
+    if (have_mem) {
+        logInfo("memory: params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, "
+                "workspace %.1f MB, total %.1f MB",
+                (double)mem.params / 1e6, (double)mem.grads / 1e6, (double)mem.optimizer / 1e6,
+                (double)mem.activations / 1e6, (double)mem.workspace / 1e6, (double)mem.total / 1e6);
+        if (mem.attention_path[0]) logInfo("attention: %s", mem.attention_path);
+    }
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "step", (double)t->state.step);
     cJSON_AddNumberToObject(d, "total_steps", (double)tc->steps);
