@@ -46,6 +46,7 @@ typedef struct LayerActs {
     float *q;              /* [N][H][dk] rotated */
     float *k[3], *v[3];    /* per branch (cmp, sel, win) [N][G][dk] rotated, [N][G][dv] */
     float *kc, *vc;        /* pooled [B][Nc][G][dk], [B][Nc][G][dv] */
+    float *hk, *hv;        /* phi = mlp: pre-activations, shaped as kc, vc (else NULL) */
     float *o[3], *lse[3];  /* per branch [N][H][dv], [N][H] */
     int32_t *sel;          /* [N][G][slots] */
     float *y;              /* [N][H][dv] gate-combined */
@@ -64,6 +65,7 @@ typedef struct Scratch {
     float *dres, *dxn;
     float *dq, *dk[3], *dv[3];   /* fp32; in the fast path the forward's q/k/v before RoPE */
     float *dkc, *dvc, *dgates, *d_o[3], *delta[3];   /* reference path only */
+    PoolMlpScratch pool;         /* phi = mlp only (zeroed otherwise); forward and backward */
     float *dy;                   /* [N][H][dv] fp32 */
     void *dfc, *dup;             /* op [N][F] */
     float *dact;                 /* [N][F] fp32 */
@@ -148,6 +150,11 @@ static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, s
     const char *ref = "reference: fp32 CUDA-core NSA kernels (kernels/cuda/attn_*.cu)";
     if (p == NSA_PREC_F32) {
         snprintf(why, len, "%s, because precision f32 is the exact check mode", ref);
+        return 0;
+    }
+    if (c->phi == NSA_PHI_MLP) {
+        snprintf(why, len, "%s, because phi = mlp pools k_cmp/v_cmp with a learned MLP and the "
+                           "fast bf16 op pools with avg internally", ref);
         return 0;
     }
     const int dk = c->d_k, dv = c->d_v, hpg = c->n_heads / c->n_kv_groups;
@@ -235,6 +242,10 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
             }
             a.kc = carve(&cv, (size_t)B * Nc * G * dk);
             a.vc = carve(&cv, (size_t)B * Nc * G * dv);
+            if (c->phi == NSA_PHI_MLP) {
+                a.hk = carve(&cv, (size_t)B * Nc * G * dk);
+                a.hv = carve(&cv, (size_t)B * Nc * G * dv);
+            }
             for (int b = 0; b < 3; b++) {
                 a.o[b] = carve(&cv, N * H * dv);
                 a.lse[b] = carve(&cv, N * H);
@@ -285,6 +296,19 @@ static size_t planScratch(const NsaModelConfig *c, EngineMode e, int F, int B, i
         s.dkc = carve(&cv, (size_t)B * Nc * G * dk);
         s.dvc = carve(&cv, (size_t)B * Nc * G * dv);
         s.dgates = carve(&cv, N * H * 3);
+    }
+    if (c->phi == NSA_PHI_MLP) {
+        /* one set for phi_k and phi_v, every layer: sized for the wider */
+        const size_t NB = poolMlpBlocks(B, S, G, c->cmp_len, c->cmp_stride);
+        const size_t width = maxOf((size_t)dk, (size_t)dv), in_len = (size_t)c->cmp_len * width;
+        s.pool.u = carveTyped(&cv, NB * in_len, e.op);
+        s.pool.act = carveTyped(&cv, NB * width, e.op);
+        s.pool.dp = e.low ? carveTyped(&cv, NB * width, e.op) : NULL;
+        s.pool.dact = carve(&cv, NB * width);
+        s.pool.dh = carveTyped(&cv, NB * width, e.op);
+        s.pool.du = carve(&cv, NB * in_len);
+        s.pool.partial = carve(&cv, (NB + POOL_MLP_CHUNK - 1) / POOL_MLP_CHUNK * width);
+        s.pool.dh_sum = carve(&cv, width);
     }
     s.dy = carve(&cv, N * H * dv);
     s.dfc = carveTyped(&cv, N * F, e.op);
@@ -348,9 +372,6 @@ static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, 
     if ((size_t)opt->max_batch * (size_t)opt->max_seq_len > (size_t)1 << 30)
         return cudaFail(err, "cuda: max_batch x max_seq_len = %zu tokens; allowed: up to 2^30",
                         (size_t)opt->max_batch * (size_t)opt->max_seq_len);
-    if (cfg->phi != NSA_PHI_AVG)
-        return cudaFail(err, "cuda: phi = %d (mlp) is not implemented on the CUDA engine yet; "
-                             "allowed: %d (avg)", (int)cfg->phi, NSA_PHI_AVG);
     char why[256];
     const int fast = chooseAttention(cfg, opt->precision, why, sizeof(why));
     if (!fast && (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM))
@@ -358,6 +379,7 @@ static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, 
                              "attention kernels (%s)",
                         cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM,
                         opt->precision == NSA_PREC_F32 ? "precision f32"
+                        : cfg->phi == NSA_PHI_MLP      ? "phi = mlp"
                                                        : "the fast op does not take these dims");
     return 0;
 }
@@ -833,6 +855,13 @@ static int operandOf(NsaCudaModel *m, const void **out, const float *x, size_t n
     return 0;
 }
 
+/* One phi (k or v) of a layer: P and the fp32 W1 from the master
+ * weights, W1 and W2 as GEMM operands. */
+static PoolMlpWeights poolMlpWeights(const NsaCudaModel *m, int pos, int w1, int w2) {
+    PoolMlpWeights w = {P(pos), W(w1), W(w2), P(w1)};
+    return w;
+}
+
 /* Attention of one layer on the fp32 reference kernels: q, k, v, gates
  * from a->xn, output y (and its operand copy y_op in bf16/fp16 mode). */
 static int attentionForwardReference(NsaCudaModel *m, const LayerActs *a, const NsaLayerIndex *li,
@@ -851,8 +880,17 @@ static int attentionForwardReference(NsaCudaModel *m, const LayerActs *a, const 
         TRY(ropeForward(a->k[b], m->rope, B, S, G, dk, st, err));
         TRY(linearForward(gm, st, a->v[b], a->xn, W(wv[b]), N, C, G * dv, 0.0f, NULL, err));
     }
-    TRY(attnPoolAvgForward(a->kc, a->k[0], B, S, G, dk, c->cmp_len, c->cmp_stride, st, err));
-    TRY(attnPoolAvgForward(a->vc, a->v[0], B, S, G, dv, c->cmp_len, c->cmp_stride, st, err));
+    if (c->phi == NSA_PHI_MLP) {
+        const PoolMlpWeights pk = poolMlpWeights(m, li->phi_k_pos, li->phi_k_w1, li->phi_k_w2);
+        const PoolMlpWeights pv = poolMlpWeights(m, li->phi_v_pos, li->phi_v_w1, li->phi_v_w2);
+        TRY(poolMlpForward(gm, st, a->kc, a->hk, a->k[0], &pk, &m->sc.pool, B, S, G, dk,
+                           c->cmp_len, c->cmp_stride, err));
+        TRY(poolMlpForward(gm, st, a->vc, a->hv, a->v[0], &pv, &m->sc.pool, B, S, G, dv,
+                           c->cmp_len, c->cmp_stride, err));
+    } else {
+        TRY(attnPoolAvgForward(a->kc, a->k[0], B, S, G, dk, c->cmp_len, c->cmp_stride, st, err));
+        TRY(attnPoolAvgForward(a->vc, a->v[0], B, S, G, dv, c->cmp_len, c->cmp_stride, st, err));
+    }
     TRY(linearForward(gm, st, a->gates, a->xn, W(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
     TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
     TRY(attnCmpForward(a->o[0], a->lse[0], a->q, a->kc, a->vc, dims, st, err));
@@ -992,10 +1030,21 @@ static int attentionBackwardReference(NsaCudaModel *m, const LayerActs *a, const
                         a->lse[1], sc->delta[1], dims, st, err));
     TRY(attnCmpBackward(sc->dq, 1, sc->dkc, sc->dvc, sc->d_o[0], a->q, a->kc, a->vc, a->lse[0],
                         sc->delta[0], dims, st, err));
-    TRY(attnPoolAvgBackward(sc->dk[0], sc->dkc, B, S, G, dk, c->cmp_len, c->cmp_stride, 0, st,
-                            err));
-    TRY(attnPoolAvgBackward(sc->dv[0], sc->dvc, B, S, G, dv, c->cmp_len, c->cmp_stride, 0, st,
-                            err));
+    if (c->phi == NSA_PHI_MLP) {
+        const PoolMlpWeights pk = poolMlpWeights(m, li->phi_k_pos, li->phi_k_w1, li->phi_k_w2);
+        const PoolMlpWeights pv = poolMlpWeights(m, li->phi_v_pos, li->phi_v_w1, li->phi_v_w2);
+        TRY(poolMlpBackward(&m->gemm, st, sc->dk[0], 0, GR(li->phi_k_pos), GR(li->phi_k_w1),
+                            GR(li->phi_k_w2), sc->dkc, a->hk, a->k[0], &pk, &sc->pool, B, S, G,
+                            dk, c->cmp_len, c->cmp_stride, err));
+        TRY(poolMlpBackward(&m->gemm, st, sc->dv[0], 0, GR(li->phi_v_pos), GR(li->phi_v_w1),
+                            GR(li->phi_v_w2), sc->dvc, a->hv, a->v[0], &pv, &sc->pool, B, S, G,
+                            dv, c->cmp_len, c->cmp_stride, err));
+    } else {
+        TRY(attnPoolAvgBackward(sc->dk[0], sc->dkc, B, S, G, dk, c->cmp_len, c->cmp_stride, 0,
+                                st, err));
+        TRY(attnPoolAvgBackward(sc->dv[0], sc->dvc, B, S, G, dv, c->cmp_len, c->cmp_stride, 0,
+                                st, err));
+    }
     TRY(ropeBackward(sc->dq, m->rope, B, S, H, dk, st, err));
     TRY(sigmoidBackward(sc->dgates, sc->dgates, a->gates, (size_t)N * H * 3, st, err));
     for (int b = 0; b < 3; b++) TRY(ropeBackward(sc->dk[b], m->rope, B, S, G, dk, st, err));

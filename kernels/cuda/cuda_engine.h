@@ -28,7 +28,12 @@
  * Attention path: when the fast op cannot take the model's dims - (d_k, d_v)
  * outside {(64,64), (128,64), (128,128), (192,128)}, more than 16 heads per
  * group or n_sel above 32 - a bf16/fp16 model runs the fp32 reference
- * attention kernels (GEMMs still 16-bit). That choice is never silent: it is
+ * attention kernels (GEMMs still 16-bit). So does every phi = mlp model:
+ * the fast op takes the raw k_cmp/v_cmp and pools them with avg inside,
+ * while phi = mlp pools them first (attn_pool_mlp.cu: a gather of X + P and
+ * two GEMMs in the operand type, the pre-activation saved per layer, no
+ * float atomics) and hands the pooled keys to the reference kernels, which
+ * cap d_k and d_v at 128. That choice is never silent: it is
  * made at create time and reported, with its reason, by
  * nsaCudaModelAttentionPath, NsaMemoryReport.attention_path and
  * NsaCudaMemoryPlan.attention_path. A fast-op plan that fails for any other

@@ -1,6 +1,7 @@
 /* layers_cuda.h - the transformer layer ops of the CUDA engine, one file
  * each under kernels/cuda/ (forward and backward side by side): embedding,
- * RMSNorm, RoPE, activations, cross-entropy, global norm + AdamW.
+ * RMSNorm, RoPE, activations, cross-entropy, global norm + AdamW, and the
+ * phi = mlp block pooling (its two GEMMs go through gemm.h).
  * Device fp32 pointers, row-major, N rows (tokens) as size_t. Every
  * launcher enqueues on stream and returns 0, or -1 with err on a launch
  * failure. None allocates; scratch buffers come from the caller.
@@ -175,5 +176,50 @@ int adamwStepWithCopy(float *params, void *params_low, DType low_type, const flo
 
 /* Sets one float to NaN on the device (fault injection). */
 int poisonFloat(float *at, cudaStream_t stream, NsaError *err);
+
+/* ---- attn_pool_mlp.cu ----
+ * Compressed-block pooling with phi = mlp (kernels/cpu/attn_pool_mlp.c is
+ * the oracle): for block i of group g, u = vec(X_i + P),
+ *   hidden = W1 u,  pooled = mean_j X_ij + W2 silu(hidden).
+ * x [B][S][G][dim] (fp32, keys already rotated), pooled and hidden
+ * [B][Nc][G][dim] fp32 (hidden is the only thing the backward needs saved).
+ * The NB = B*Nc*G blocks are rows of two cuBLASLt GEMMs in the context's
+ * operand type; scratch (shared, none allocated here) holds the gathered
+ * operand and the backward's intermediates. Nothing uses float atomics:
+ * dX is gathered per token over the blocks that cover it, dP is a
+ * fixed-order column sum, so results are bit-reproducible. */
+typedef struct GemmContext GemmContext;
+#define POOL_MLP_CHUNK 256   /* rows per partial sum of the dP reduction */
+typedef struct PoolMlpWeights {
+    const float *pos;        /* [l][dim] fp32 */
+    const void *w1, *w2;     /* GEMM operand type: [dim][l*dim], [dim][dim] */
+    const float *w1_master;  /* fp32 W1 (dP = W1^T sum of dhidden) */
+} PoolMlpWeights;
+/* Sizes for NB = poolMlpBlocks(...) blocks at the largest B, S: */
+typedef struct PoolMlpScratch {
+    void *u;          /* op [NB][l*dim] gathered X + P */
+    void *act;        /* op [NB][dim] silu(hidden) */
+    void *dp;         /* op [NB][dim] dpooled as an operand (bf16/fp16 modes only) */
+    float *dact;      /* [NB][dim] d silu(hidden), then d hidden */
+    void *dh;         /* op [NB][dim] d hidden as an operand */
+    float *du;        /* [NB][l*dim] */
+    float *partial;   /* [ceil(NB / POOL_MLP_CHUNK)][dim] */
+    float *dh_sum;    /* [dim] */
+} PoolMlpScratch;
+/* B * nsaNumCmpBlocks(S, l, d) * G (0 when S < l). Cannot fail. */
+size_t poolMlpBlocks(int B, int S, int G, int cmp_len, int cmp_stride);
+/* Writes pooled and hidden (nothing when S < l). Returns -1 with err on a
+ * NULL weight/scratch pointer, bad dims, a launch or GEMM failure. */
+int poolMlpForward(GemmContext *gemm, cudaStream_t stream, float *pooled, float *hidden,
+                   const float *x, const PoolMlpWeights *w, const PoolMlpScratch *s, int B, int S,
+                   int G, int dim, int cmp_len, int cmp_stride, NsaError *err);
+/* dx (=, or += with accumulate) d loss / d x; ADDS into dpos, dw1, dw2
+ * (summed over every block). dx is written for every token, 0 where no
+ * block covers it. Same errors as poolMlpForward. */
+int poolMlpBackward(GemmContext *gemm, cudaStream_t stream, float *dx, int accumulate,
+                    float *dpos, float *dw1, float *dw2, const float *dpooled,
+                    const float *hidden, const float *x, const PoolMlpWeights *w,
+                    const PoolMlpScratch *s, int B, int S, int G, int dim, int cmp_len,
+                    int cmp_stride, NsaError *err);
 
 #endif

@@ -383,6 +383,108 @@ static void testEmbedding(Results *res, int N, int V, int C) {
     cudaFree(g_table); cudaFree(g_dout); cudaFree(g_out); cudaFree(g_dt); cudaFree(part);
 }
 
+/* ---- phi = mlp pooling vs the f64 CPU op ------------------------------------ */
+
+/* Fresh random x, P, W1, W2, dpooled; the GPU op (fp32 GEMMs, or bf16/fp16
+ * operands) against nsaCpuPoolMlp{Forward,Backward}F64: pooled, hidden, dx
+ * (overwritten: its buffer starts as NaN), and dP, dW1, dW2 (accumulated
+ * onto 1/64, as the engine's gradient arena accumulates: small next to the
+ * gradients, so it dilutes no error, yet a lost accumulation shows). */
+static void testPoolMlp(Results *res, const char *label, int B, int S, int G, int dim, int l,
+                        int d, NsaPrecision prec, double tol, uint64_t seed) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "phi=mlp pool %s %s", prec == NSA_PREC_F32 ? "f32"
+                                                        : prec == NSA_PREC_BF16 ? "bf16" : "fp16",
+             label);
+    NsaError err = {{0}};
+    GemmContext ctx;
+    if (gemmContextCreate(&ctx, prec, (size_t)8 << 20, &err)) {
+        report(res, 0, 0, name, "%s", err.message);
+        return;
+    }
+    const int Nc = nsaNumCmpBlocks(S, l, d);
+    const size_t NB = poolMlpBlocks(B, S, G, l, d), K = (size_t)l * dim;
+    const size_t nx = (size_t)B * S * G * dim, np = K, nw1 = (size_t)dim * K,
+                 nw2 = (size_t)dim * dim, nh = NB * dim;
+    float *x = hostAlloc(nx), *pos = hostAlloc(np), *w1 = hostAlloc(nw1), *w2 = hostAlloc(nw2);
+    float *dpool = hostAlloc(nh);
+    const float w1_scale = 2.0f / sqrtf((float)K), w2_scale = 2.0f / sqrtf((float)dim);
+    fillUniform(x, nx, seed, 1, -1.0f, 1.0f);
+    fillUniform(pos, np, seed, 2, -0.5f, 0.5f);
+    fillUniform(w1, nw1, seed, 3, -w1_scale, w1_scale);
+    fillUniform(w2, nw2, seed, 4, -w2_scale, w2_scale);
+    fillUniform(dpool, nh, seed, 5, -1.0f, 1.0f);
+
+    /* the oracle, in double */
+    double *xd = toDouble(x, nx), *pd = toDouble(pos, np), *w1d = toDouble(w1, nw1);
+    double *w2d = toDouble(w2, nw2), *dpd = toDouble(dpool, nh);
+    double *r_pool = (double *)calloc(nh + 1, sizeof(double));
+    double *r_hid = (double *)calloc(nh + 1, sizeof(double));
+    double *r_dx = (double *)calloc(nx, sizeof(double)), *r_dp = (double *)calloc(np, sizeof(double));
+    double *r_dw1 = (double *)calloc(nw1, sizeof(double));
+    double *r_dw2 = (double *)calloc(nw2, sizeof(double));
+    nsaCpuPoolMlpForwardF64(r_pool, r_hid, xd, pd, w1d, w2d, B, S, G, dim, l, d);
+    nsaCpuPoolMlpBackwardF64(r_dx, r_dp, r_dw1, r_dw2, dpd, r_hid, xd, pd, w1d, w2d, B, S, G,
+                             dim, l, d);
+    const float base = 1.0f / 64.0f;
+    for (size_t i = 0; i < np; i++) r_dp[i] += base;
+    for (size_t i = 0; i < nw1; i++) r_dw1[i] += base;
+    for (size_t i = 0; i < nw2; i++) r_dw2[i] += base;
+
+    /* device: fp32 tensors, the weights also as GEMM operands */
+    const DType ot = gemmOperandType(&ctx);
+    float *g_x = devFrom(x, nx), *g_pos = devFrom(pos, np), *g_w1 = devFrom(w1, nw1);
+    float *g_w2 = devFrom(w2, nw2), *g_dpool = devFrom(dpool, nh);
+    void *o_w1 = devAlloc(nw1 * 4), *o_w2 = devAlloc(nw2 * 4);
+    float *g_pool = (float *)devAlloc(nh * 4), *g_hid = (float *)devAlloc(nh * 4);
+    float *g_dx = (float *)devAlloc(nx * 4);
+    float *bases = hostAlloc(nw1 > np ? nw1 : np);
+    for (size_t i = 0; i < (nw1 > np ? nw1 : np); i++) bases[i] = base;
+    float *g_dp = devFrom(bases, np), *g_dw1 = devFrom(bases, nw1), *g_dw2 = devFrom(bases, nw2);
+    PoolMlpScratch s;
+    s.u = devAlloc(NB * K * 4);
+    s.act = devAlloc(nh * 4);
+    s.dp = devAlloc(nh * 4);
+    s.dact = (float *)devAlloc(nh * 4);
+    s.dh = devAlloc(nh * 4);
+    s.du = (float *)devAlloc(NB * K * 4);
+    s.partial = (float *)devAlloc(((NB + POOL_MLP_CHUNK - 1) / POOL_MLP_CHUNK) * dim * 4);
+    s.dh_sum = (float *)devAlloc((size_t)dim * 4);
+    PoolMlpWeights w = {g_pos, o_w1, o_w2, g_w1};
+    int rc = convertTensor(o_w1, ot, g_w1, DTYPE_F32, nw1, 0, &err) ||
+             convertTensor(o_w2, ot, g_w2, DTYPE_F32, nw2, 0, &err) ||
+             poolMlpForward(&ctx, 0, g_pool, g_hid, g_x, &w, &s, B, S, G, dim, l, d, &err) ||
+             poolMlpBackward(&ctx, 0, g_dx, 0, g_dp, g_dw1, g_dw2, g_dpool, g_hid, g_x, &w, &s,
+                             B, S, G, dim, l, d, &err);
+    float *h_pool = hostAlloc(nh), *h_hid = hostAlloc(nh), *h_dx = hostAlloc(nx);
+    float *h_dp = hostAlloc(np), *h_dw1 = hostAlloc(nw1), *h_dw2 = hostAlloc(nw2);
+    toHost(h_pool, g_pool, nh * 4);
+    toHost(h_hid, g_hid, nh * 4);
+    toHost(h_dx, g_dx, nx * 4);
+    toHost(h_dp, g_dp, np * 4);
+    toHost(h_dw1, g_dw1, nw1 * 4);
+    toHost(h_dw2, g_dw2, nw2 * 4);
+    const double e[6] = {relErrD(h_pool, r_pool, nh), relErrD(h_hid, r_hid, nh),
+                         relErrD(h_dx, r_dx, nx),     relErrD(h_dp, r_dp, np),
+                         relErrD(h_dw1, r_dw1, nw1),  relErrD(h_dw2, r_dw2, nw2)};
+    int ok = !rc;
+    for (int i = 0; i < 6; i++) ok = ok && e[i] < tol;
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, ok, nowSeconds() - t0, name,
+                "Nc %d pooled %.2e hidden %.2e dx %.2e dP %.2e dW1 %.2e dW2 %.2e (tol %.0e)", Nc,
+                e[0], e[1], e[2], e[3], e[4], e[5], tol);
+    gemmContextDestroy(&ctx);
+    free(x); free(pos); free(w1); free(w2); free(dpool); free(xd); free(pd); free(w1d); free(w2d);
+    free(dpd); free(r_pool); free(r_hid); free(r_dx); free(r_dp); free(r_dw1); free(r_dw2);
+    free(bases); free(h_pool); free(h_hid); free(h_dx); free(h_dp); free(h_dw1); free(h_dw2);
+    cudaFree(g_x); cudaFree(g_pos); cudaFree(g_w1); cudaFree(g_w2); cudaFree(g_dpool);
+    cudaFree(o_w1); cudaFree(o_w2); cudaFree(g_pool); cudaFree(g_hid); cudaFree(g_dx);
+    cudaFree(g_dp); cudaFree(g_dw1); cudaFree(g_dw2);
+    cudaFree(s.u); cudaFree(s.act); cudaFree(s.dp); cudaFree(s.dact); cudaFree(s.dh);
+    cudaFree(s.du); cudaFree(s.partial); cudaFree(s.dh_sum);
+}
+
 /* ---- model-level ------------------------------------------------------------ */
 
 static NsaModelConfig smallConfig(NsaMlpKind mlp) {
@@ -458,12 +560,14 @@ static void makeBatch(int32_t *tok, int32_t *tgt, int B, int S, int V, uint64_t 
     }
 }
 
-static void testModelGradients(Results *res, NsaMlpKind mlp, int B, int S) {
+static void testModelGradients(Results *res, NsaMlpKind mlp, NsaPhi phi, int B, int S) {
     double t0 = nowSeconds();
     char name[96];
-    snprintf(name, sizeof(name), "model loss+grads %s B%d S%d", mlp ? "swiglu" : "silu", B, S);
+    snprintf(name, sizeof(name), "model loss+grads %s%s B%d S%d", mlp ? "swiglu" : "silu",
+             phi == NSA_PHI_MLP ? " phi=mlp" : "", B, S);
     NsaError err = {{0}};
     NsaModelConfig c = smallConfig(mlp);
+    c.phi = phi;
     NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F64, B, S, 42, &err);
     NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 42, &err) : NULL;
     if (!cpu || !gpu) {
@@ -511,13 +615,16 @@ static void testModelGradients(Results *res, NsaMlpKind mlp, int B, int S) {
 /* bf16/fp16 (GEMMs on 16-bit operands, attention on the fast bf16 op)
  * against the f64 CPU engine: loss and every gradient tensor within a
  * bf16-sized budget, none zero. */
-static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, int B, int S) {
+static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, NsaPhi phi,
+                                  int B, int S) {
     double t0 = nowSeconds();
     char name[96];
-    snprintf(name, sizeof(name), "model loss+grads %s fast attn %s B%d S%d",
-             p == NSA_PREC_BF16 ? "bf16" : "fp16", mlp ? "swiglu" : "silu", B, S);
+    snprintf(name, sizeof(name), "model loss+grads %s %s %s B%d S%d",
+             p == NSA_PREC_BF16 ? "bf16" : "fp16",
+             phi == NSA_PHI_MLP ? "phi=mlp ref attn" : "fast attn", mlp ? "swiglu" : "silu", B, S);
     NsaError err = {{0}};
     NsaModelConfig c = fastConfig(mlp);
+    c.phi = phi;
     NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F64, B, S, 42, &err);
     NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 42, &err) : NULL;
     NsaMemoryReport mr;
@@ -527,7 +634,11 @@ static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, 
         nsaModelFree(gpu);
         return;
     }
+    /* phi = mlp must take the reference kernels and say why; avg the fast op */
     const int fast = strncmp(mr.attention_path, "fast", 4) == 0;
+    const int path_ok = phi == NSA_PHI_MLP ? strncmp(mr.attention_path, "reference", 9) == 0 &&
+                                                 strstr(mr.attention_path, "phi = mlp") != NULL
+                                           : fast;
     int32_t *tok = (int32_t *)malloc(B * S * 4), *tgt = (int32_t *)malloc(B * S * 4);
     makeBatch(tok, tgt, B, S, c.vocab_size, 5, 0);
     NsaStepStats sc, sg;
@@ -556,11 +667,11 @@ static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, 
         }
         double el = fabs(sg.loss - sc.loss) / fabs(sc.loss);
         double en = fabs(sg.grad_norm - sc.grad_norm) / sc.grad_norm;
-        report(res, fast && el < 1e-2 && en < 2e-2 && sum / n < 2e-2 && worst < 6e-2 &&
+        report(res, path_ok && el < 1e-2 && en < 2e-2 && sum / n < 2e-2 && worst < 6e-2 &&
                         zero_grads == 0,
                nowSeconds() - t0, name,
                "%s loss %.2e norm %.2e grads mean %.2e worst %s %.2e, zero %d",
-               fast ? "fast" : "NOT FAST", el, en, sum / n, nsaModelTensorInfo(cpu, worst_i)->name,
+               path_ok ? (fast ? "fast" : "ref (phi=mlp)") : "WRONG PATH", el, en, sum / n, nsaModelTensorInfo(cpu, worst_i)->name,
                worst, zero_grads);
     }
     free(tok); free(tgt);
@@ -907,6 +1018,17 @@ int main(int argc, char **argv) {
            prop.totalGlobalMem / 1e9);
     if (all || !strcmp(only, "ops")) {
         testLinear(res, 37, 50, 19, NSA_PREC_F32, 1e-5);
+        /* B, S, G, dim, l, d: S % d != 0, S < l (no block), l = d, > 1 dP chunk, dim 128 */
+        testPoolMlp(res, "B2 S37 G3 dim12 l8 d4", 2, 37, 3, 12, 8, 4, NSA_PREC_F32, 1e-5, 11);
+        testPoolMlp(res, "S<l B2 S5 G2 dim8 l8 d4", 2, 5, 2, 8, 8, 4, NSA_PREC_F32, 1e-5, 12);
+        testPoolMlp(res, "l=d B1 S50 G1 dim16 l16 d16", 1, 50, 1, 16, 16, 16, NSA_PREC_F32, 1e-5,
+                    13);
+        testPoolMlp(res, "B4 S1100 G2 dim32 l16 d8", 4, 1100, 2, 32, 16, 8, NSA_PREC_F32, 1e-5,
+                    14);
+        testPoolMlp(res, "B1 S600 G2 dim128 l32 d16", 1, 600, 2, 128, 32, 16, NSA_PREC_F32, 1e-5,
+                    15);
+        testPoolMlp(res, "B2 S37 G3 dim12 l8 d4", 2, 37, 3, 12, 8, 4, NSA_PREC_BF16, 3e-2, 16);
+        testPoolMlp(res, "B1 S600 G2 dim64 l16 d8", 1, 600, 2, 64, 16, 8, NSA_PREC_FP16, 5e-3, 17);
         testLinear(res, 300, 768, 130, NSA_PREC_F32, 1e-5);
         testLinear(res, 300, 768, 130, NSA_PREC_BF16, 1e-2);
         testLinear(res, 37, 50, 19, NSA_PREC_BF16, 1e-2);
@@ -934,14 +1056,18 @@ int main(int argc, char **argv) {
             testAttention(res, labels[i], shapes[i], 1000 + i);
     }
     if (all || !strcmp(only, "model")) {
-        testModelGradients(res, NSA_MLP_SILU, 2, 50);
-        testModelGradients(res, NSA_MLP_SWIGLU, 1, 37);
+        testModelGradients(res, NSA_MLP_SILU, NSA_PHI_AVG, 2, 50);
+        testModelGradients(res, NSA_MLP_SWIGLU, NSA_PHI_AVG, 1, 37);
+        testModelGradients(res, NSA_MLP_SILU, NSA_PHI_MLP, 2, 50);
+        testModelGradients(res, NSA_MLP_SWIGLU, NSA_PHI_MLP, 1, 37);
         testEvalLoss(res);
         testBadInput(res);
         testAttentionPath(res);
-        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SILU, 2, 200);
-        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SWIGLU, 1, 130);
-        testModelGradientsLow(res, NSA_PREC_FP16, NSA_MLP_SILU, 1, 150);
+        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SILU, NSA_PHI_AVG, 2, 200);
+        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SWIGLU, NSA_PHI_AVG, 1, 130);
+        testModelGradientsLow(res, NSA_PREC_FP16, NSA_MLP_SILU, NSA_PHI_AVG, 1, 150);
+        testModelGradientsLow(res, NSA_PREC_BF16, NSA_MLP_SILU, NSA_PHI_MLP, 2, 200);
+        testModelGradientsLow(res, NSA_PREC_FP16, NSA_MLP_SWIGLU, NSA_PHI_MLP, 1, 150);
     }
     if (all || !strcmp(only, "train")) {
         testTrajectory(res);
