@@ -37,7 +37,7 @@ typedef struct RunGauge {
 static const RunGauge run_gauges[] = {
     {"nsad_run_loss", "Training loss at the last logged step.", offsetof(Run, loss)},
     {"nsad_run_val_loss", "Validation loss at the last evaluation.", offsetof(Run, val_loss)},
-    {"nsad_run_bits_per_byte", "Validation bits per byte at the last evaluation.",
+    {"nsad_run_val_bpb", "Validation loss in bits per byte (bpb) at the last evaluation.",
      offsetof(Run, bits_per_byte)},
     {"nsad_run_tokens_per_second", "Training throughput at the last logged step.", offsetof(Run, toks_per_s)},
     {"nsad_run_learning_rate", "Learning rate at the last logged step.", offsetof(Run, lr)},

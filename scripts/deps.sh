@@ -34,20 +34,41 @@ for p in $PACKAGES; do
         missing="$missing $p"
     fi
 done
-[ -z "$missing" ] && exit 0
-
-echo "deps: installing:$missing"
 SUDO=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+
+# Refreshes the package index only when it is missing or older than a day.
+refresh_index() {
+    if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
+        $SUDO apt-get update -qq
+    fi
+}
+
+if [ -n "$missing" ]; then
+    echo "deps: installing:$missing"
+    if [ "$(id -u)" -ne 0 ] && [ -z "$SUDO" ]; then
         echo "deps: need root to install:$missing" >&2; exit 1
     fi
+    refresh_index
+    # shellcheck disable=SC2086
+    $SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    echo "deps: done"
 fi
-export DEBIAN_FRONTEND=noninteractive
-# Refresh the package index only when it is missing or older than a day.
-if [ -z "$(find /var/lib/apt/lists -maxdepth 1 -name '*Packages*' -mtime -1 2>/dev/null | head -1)" ]; then
-    $SUDO apt-get update -qq
+
+# promtool checks nsad's Prometheus exposition in the tests. It ships in
+# Debian's prometheus package, whose install would also start a Prometheus
+# server; so the package is only downloaded and promtool unpacked into build/.
+top="$(cd "$(dirname "$0")/.." && pwd)"
+tools="$top/build/tools"
+if ! command -v promtool >/dev/null 2>&1 && [ ! -x "$tools/bin/promtool" ]; then
+    echo "deps: unpacking promtool into build/tools"
+    tmp="$(mktemp -d)"
+    trap 'rm -rf "$tmp"' EXIT
+    refresh_index
+    chmod 755 "$tmp"  # apt fetches as the _apt user
+    (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1)
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
+    mkdir -p "$tools/bin"
+    cp "$tmp/root/usr/bin/promtool" "$tools/bin/promtool"
 fi
-# shellcheck disable=SC2086
-$SUDO apt-get install -y -qq --no-install-recommends $missing >/dev/null
-echo "deps: done"

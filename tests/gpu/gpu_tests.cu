@@ -8,16 +8,20 @@
  *              CPU op; the whole NSA attention op (all three branches,
  *              selection, gates) forward and backward against
  *              nsaAttnForwardCpu/BackwardCpu at several shapes, odd sizes
- *              and S not a multiple of any block size;
+ *              and S not a multiple of any block size; the phi = mlp
+ *              pooling (pooled, hidden, dx, dP, dW1, dW2) against the f64
+ *              CPU op, S % d != 0, S < l, l = d, fp32 and bf16/fp16;
  *   model      loss and every gradient tensor of a small model, GPU fp32 vs
  *              CPU f64 (SiLU and SwiGLU); the same in bf16 and fp16 with
  *              attention on the fast bf16 op (bf16-sized budgets: loss 1e-2,
- *              norm 2e-2, mean tensor 2e-2, worst tensor 6e-2); the
+ *              norm 2e-2, mean tensor 2e-2, worst tensor 6e-2); phi = mlp
+ *              likewise (f32, and bf16/fp16 on the reference attention,
+ *              which the report must name with its reason); the
  *              attention path each mode/dims picks and reports;
- *   training   a 20-step loss trajectory GPU fp32 vs CPU f32; two GPU runs
- *              bit-identical (f32; bf16 on the fast op; bf16 GEMMs with the
- *              reference attention); resume bit-identical (bf16, fast op);
- *              the NaN guard; bf16 and fp16 vs f32 over 15 steps; EvalLoss;
+ *   training   a 20-step loss trajectory GPU fp32 vs CPU f32 (phi avg and
+ *              mlp); two GPU runs bit-identical (f32; bf16 on the fast op;
+ *              bf16 GEMMs with the reference attention, phi avg and mlp);
+ *              resume bit-identical (bf16, fast op); the NaN guard; bf16 and fp16 vs f32 over 15 steps; EvalLoss;
  *              the memory plan.
  * Prints TAP lines, then a table and "N passed, N failed"; exits 1 on any
  * failure. */
@@ -721,11 +725,13 @@ static int trainSteps(NsaModel *m, int first, int last, int B, int S, int V, dou
     return rc;
 }
 
-static void testTrajectory(Results *res) {
+static void testTrajectory(Results *res, NsaPhi phi) {
     double t0 = nowSeconds();
-    const char *name = "20-step trajectory gpu f32 vs cpu f32";
+    const char *name = phi == NSA_PHI_MLP ? "20-step trajectory gpu f32 vs cpu f32 (phi=mlp)"
+                                          : "20-step trajectory gpu f32 vs cpu f32";
     NsaError err = {{0}};
     NsaModelConfig c = smallConfig(NSA_MLP_SILU);
+    c.phi = phi;
     const int B = 2, S = 40, steps = 20;
     NsaModel *cpu = makeModel(&c, NSA_DEVICE_CPU, NSA_PREC_F32, B, S, 3, &err);
     NsaModel *gpu = cpu ? makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_F32, B, S, 3, &err) : NULL;
@@ -806,12 +812,15 @@ static void testDeterminism(Results *res, NsaPrecision p) {
     nsaModelFree(b);
 }
 
-/* bf16 GEMMs with the reference attention (dims the fast op refuses). */
-static void testDeterminismBf16Reference(Results *res) {
+/* bf16 GEMMs with the reference attention (dims the fast op refuses, or
+ * phi = mlp, whose pooling must be as reproducible: no float atomics). */
+static void testDeterminismBf16Reference(Results *res, NsaPhi phi) {
     double t0 = nowSeconds();
-    const char *name = "two GPU runs bit-identical (bf16, reference attn)";
+    const char *name = phi == NSA_PHI_MLP ? "two GPU runs bit-identical (bf16, phi=mlp)"
+                                          : "two GPU runs bit-identical (bf16, reference attn)";
     NsaError err = {{0}};
     NsaModelConfig c = midConfig();
+    c.phi = phi;
     const int B = 2, S = 300;
     double la[6], lb[6];
     NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, B, S, 77, &err);
@@ -1070,10 +1079,12 @@ int main(int argc, char **argv) {
         testModelGradientsLow(res, NSA_PREC_FP16, NSA_MLP_SWIGLU, NSA_PHI_MLP, 1, 150);
     }
     if (all || !strcmp(only, "train")) {
-        testTrajectory(res);
+        testTrajectory(res, NSA_PHI_AVG);
+        testTrajectory(res, NSA_PHI_MLP);
         testDeterminism(res, NSA_PREC_F32);
         testDeterminism(res, NSA_PREC_BF16);
-        testDeterminismBf16Reference(res);
+        testDeterminismBf16Reference(res, NSA_PHI_AVG);
+        testDeterminismBf16Reference(res, NSA_PHI_MLP);
         testResume(res);
         testNanGuard(res);
         testPrecisions(res);
