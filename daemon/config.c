@@ -282,25 +282,8 @@ static int lookupEnum(const EnumName *names, const char *s, int *value) {
 
 void configDefaults(JobConfig *cfg) {
     memset(cfg, 0, sizeof *cfg);
-    NsaModelConfig *m = &cfg->model;
-    /* the prototype's production model (nsa.h documents the same numbers) */
-    m->vocab_size = 256;
-    m->dim = 768;
-    m->n_layers = 12;
-    m->n_heads = 12;
-    m->n_kv_groups = 2;
-    m->d_k = 64;
-    m->d_v = 64;
-    m->mlp_hidden = 0;
-    m->mlp = NSA_MLP_SILU;
-    m->cmp_len = 32;
-    m->cmp_stride = 16;
-    m->sel_len = 64;
-    m->n_sel = 16;
-    m->window = 512;
-    m->phi = NSA_PHI_AVG;
-    m->rope_base = 10000.0f;
-    m->norm_eps = 1e-6f;
+    /* the prototype's production model, as the engine defines it */
+    nsaModelConfigDefaults(&cfg->model);
 
     TrainConfig *t = &cfg->train;
     t->steps = 1000;

@@ -8,23 +8,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include "../nsa.h"
 
-/* Fills err with a formatted one-line message. Returns -1 so callers can
- * `return cudaFail(err, ...)`. */
-static inline int cudaFail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
+/* The engine's name for nsaErrorf (kernels/nsa_error.c): fills err with a
+ * one-line message and returns -1, so callers `return cudaFail(err, ...)`. */
+#define cudaFail nsaErrorf
 
 /* Checks a CUDA runtime call; on failure fills err (naming the call, file
  * and line) and returns -1 from the enclosing function. */
