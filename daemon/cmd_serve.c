@@ -537,6 +537,15 @@ int cmdServe(int argc, char **argv) {
     logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where, o.state_dir,
               tcp && !o.no_auth ? "; token in " : "", tcp && !o.no_auth ? o.token_file : "",
               o.web_root[0] ? o.web_root : "(none found)");
+    /* Device init before READY=1: systemd (and whoever waits on it) learns
+     * that nsad is up only once the driver has answered. No GPU is not an
+     * error (runs then use the CPU engine); a broken driver is logged. */
+    NsaDeviceInfo dev;
+    NsaError dev_err = {{0}};
+    if (nsaDeviceProbe(&dev, &dev_err) == 0)
+        logNotice("devices: %s", dev.description);
+    else
+        logError("devices: the CUDA runtime failed: %s; only CPU runs will work", dev_err.message);
     char status[PATH_MAX + 500];
     snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
     if (sdNotify(status) < 0)

@@ -91,6 +91,19 @@ void nsaModelConfigDefaults(NsaModelConfig *cfg);
  * with err naming the field, its value and what is allowed. */
 int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err);
 
+/* ---- devices ------------------------------------------------------------ */
+
+typedef struct NsaDeviceInfo {
+    int cuda_built;         /* 1 when this libnsa has the CUDA engine */
+    int cuda_devices;       /* CUDA devices visible (0: no driver or no GPU) */
+    char description[512];  /* one line: the devices, or why there are none */
+} NsaDeviceInfo;
+
+/* Asks the CUDA driver which devices there are (initialising the runtime
+ * when the build has CUDA). Returns 0 with *out filled, including when
+ * there is no GPU; -1 with err only when the runtime itself fails. */
+int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err);
+
 /* ---- model ------------------------------------------------------------- */
 
 typedef struct NsaModel NsaModel;

@@ -484,3 +484,31 @@ int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
     out->total = out->params + out->grads + out->optimizer + out->activations + out->workspace;
     return 0;
 }
+
+int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err) {
+    if (!out) return nsaErrorf(err, "nsa: device info pointer is NULL");
+    memset(out, 0, sizeof *out);
+#ifdef NSA_MODEL_CUDA
+    out->cuda_built = 1;
+    if (nsaCudaDeviceCount(&out->cuda_devices, err) != 0) return -1;
+    if (out->cuda_devices == 0) {
+        snprintf(out->description, sizeof out->description,
+                 "no CUDA device (no NVIDIA driver or GPU): the CPU engine runs");
+        return 0;
+    }
+    size_t used = (size_t)snprintf(out->description, sizeof out->description, "%d CUDA device%s:",
+                                   out->cuda_devices, out->cuda_devices == 1 ? "" : "s");
+    for (int i = 0; i < out->cuda_devices && used < sizeof out->description; i++) {
+        char name[256];
+        size_t bytes = 0;
+        if (nsaCudaDeviceDescribe(i, name, sizeof name, &bytes, err) != 0) return -1;
+        used += (size_t)snprintf(out->description + used, sizeof out->description - used,
+                                 "%s %d: %s, %.1f GiB", i ? ";" : "", i, name,
+                                 (double)bytes / (1024.0 * 1024.0 * 1024.0));
+    }
+#else
+    snprintf(out->description, sizeof out->description,
+             "this libnsa was built without CUDA: the CPU engine runs");
+#endif
+    return 0;
+}

@@ -396,6 +396,16 @@ int nsaCudaDeviceCount(int *count, NsaError *err) {
     return 0;
 }
 
+int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_bytes, NsaError *err) {
+    if (!name || cap == 0) return cudaFail(err, "cuda: name buffer is NULL or empty");
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal), err);
+    snprintf(name, cap, "%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor,
+             prop.multiProcessorCount);
+    if (total_bytes) *total_bytes = prop.totalGlobalMem;
+    return 0;
+}
+
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err) {
     if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");

@@ -70,6 +70,9 @@ typedef struct NsaCudaModel NsaCudaModel;
  * driver has none); -1 with err when the runtime itself fails. */
 int nsaCudaDeviceCount(int *count, NsaError *err);
 
+/* Name and memory of CUDA device `ordinal`. Returns 0, or -1 with err. */
+int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_bytes, NsaError *err);
+
 /* Memory plan for cfg/opt without allocating anything: bytes of each arena
  * and of the activations for opt->max_batch sequences of opt->max_seq_len,
  * the activation bytes of one such sequence, and the largest batch that
