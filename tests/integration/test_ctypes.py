@@ -61,6 +61,10 @@ class NsaStepStats(C.Structure):
                 ("nonfinite_grad", C.c_int), ("applied", C.c_int)]
 
 
+class NsaDeviceInfo(C.Structure):
+    _fields_ = [("cuda_built", C.c_int), ("cuda_devices", C.c_int), ("description", C.c_char * 512)]
+
+
 class NsaTensorInfo(C.Structure):
     _fields_ = [("name", C.c_char_p), ("ndim", C.c_int), ("shape", C.c_int64 * 4),
                 ("numel", C.c_size_t), ("offset", C.c_size_t), ("weight_decay", C.c_int)]
@@ -157,6 +161,12 @@ def main():
     lib.nsaModelGetTensor.argtypes = [C.c_void_p, C.c_int, C.c_int, PF, C.c_void_p]
     lib.nsaModelConfigDefaults.argtypes = [C.c_void_p]
     lib.nsaModelConfigValidate.argtypes = [C.c_void_p, C.c_void_p]
+
+    dev, err = NsaDeviceInfo(), NsaError()
+    rc = lib.nsaDeviceProbe(C.byref(dev), C.byref(err))
+    desc = dev.description.decode()
+    check(f"nsaDeviceProbe: {desc}", rc == 0 and dev.cuda_devices >= 0 and len(desc) > 0,
+          err.message.decode())
 
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))  # fresh inputs every run
     # --- the attention op alone: the identities of DESIGN.md section 3 ---
