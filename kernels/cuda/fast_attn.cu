@@ -16,6 +16,7 @@
 
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
+    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp */
     int sm_count;
     size_t bytes;
     void *base;
@@ -50,8 +51,15 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
                             cudaGetErrorString(fast_status_));                              \
     } while (0)
 
-static FastCtx fastMakeCtx(const NsaAttnDims *d) {
+/* Below this S the selected branch's forward and dQ use the union-of-4
+ * kernels (fast_sel_union.cu), from it the warp-per-token ones
+ * (fast_sel.cu): measured on an H200, union wins at 2048, warp at 8192. */
+#define FAST_SEL_UNION_BELOW_S 8192
+
+/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp. */
+static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0) {
     FastCtx c;
+    c.sel_union = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_BELOW_S);
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -153,6 +161,18 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         return NULL;
     }
     p->max = *max_dims;
+    /* NSA_FAST_SEL=union|warp forces one selected-branch design (the
+     * tests check both on short sequences); unset or auto picks by S. */
+    const char *sel_env = getenv("NSA_FAST_SEL");
+    if (sel_env && *sel_env && strcmp(sel_env, "auto") != 0) {
+        if (!strcmp(sel_env, "union")) p->sel_mode = 1;
+        else if (!strcmp(sel_env, "warp")) p->sel_mode = 2;
+        else {
+            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp", sel_env);
+            free(p);
+            return NULL;
+        }
+    }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
@@ -254,7 +274,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -355,7 +375,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode);
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 

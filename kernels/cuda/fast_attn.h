@@ -10,8 +10,9 @@
  *   forward   pool (k, v) -> kc, vc                          fast_cmp.cu
  *             compressed attention -> o_cmp, lse_cmp         fast_cmp.cu
  *             scores + top-n fused -> sel_idx only           fast_select.cu
- *             selected attention, group-centric, the union
- *             of 4 tokens' blocks streamed once -> o_sel     fast_sel.cu
+ *             selected attention, one warp per token (its
+ *             group's heads as mma rows), each warp gathering
+ *             its own blocks through private stages -> o_sel fast_sel.cu
  *             window attention + gate combine -> o_win, out  fast_win.cu
  *   backward  gate backward: dgates = dout.o_c (the deltas)  fast_attn.cu
  *             window dK/dV, dQ                                fast_win.cu

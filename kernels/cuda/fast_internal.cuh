@@ -67,8 +67,14 @@ cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
 /* Shared memory the selection kernel needs (for the dims check). */
 int fastSelectSmem(const FastCtx &c, int dk);
 
-/* fast_sel.cu */
+/* fast_sel.cu (dispatching to fast_sel_union.cu when c.sel_union) */
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                           const int32_t *sel_idx, cudaStream_t stream);
+
+/* fast_sel_union.cu: the short-sequence selected forward and dQ. */
+cudaError_t fastSelUnionForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                const int32_t *sel_idx, cudaStream_t stream);
+cudaError_t fastSelUnionDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                            const int32_t *sel_idx, cudaStream_t stream);
 
 /* The reverse index of the selection, per (b, g): for selection block j the

@@ -1,13 +1,15 @@
-/* fast_sel.cu - selected attention, group-centric (NSA paper, section 3.4).
+/* fast_sel.cu - selected attention (NSA paper, section 3.4).
  *
- * Forward and dQ: one CTA per 4 consecutive tokens of a KV group; warp w
- * owns token t0+w with the group's hpg heads as its 16 mma rows (padded).
- * The CTA merges the 4 tokens' sel_idx rows into their union (neighbours
- * share most blocks: the forced ones and usually the top ones) and streams
- * the union's keys through shared memory once, in tiles of 64 (cp.async
- * gather, double-buffered); a warp skips tiles holding no key its token
- * chose and masks the rest (block chosen by its token, u <= t). So every
- * selected block is read once per 4 tokens instead of once per token.
+ * Forward and dQ, token-per-warp: warp w of a CTA owns token t0+w of KV
+ * group g, its hpg heads as the 16 mma rows (padded). The warp walks the
+ * keys of the blocks its own sel_idx row chose (ascending, so the last one
+ * is the token's current block, cut at u = t) in tiles of SEL_KT keys,
+ * gathered with 16-byte cp.async into its own two shared-memory stages: the
+ * next tile is in flight while the current one is computed, and the warps
+ * never wait for each other (no CTA barrier). Issue 7 history: an earlier
+ * version streamed the union of 4 tokens' blocks through CTA-wide stages;
+ * on random selections a tile was wanted by about one warp in four, so
+ * three warps sat at every barrier (docs/PERF.md).
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
@@ -18,212 +20,194 @@
  * long, else an fp32 partial that a second kernel sums in item order. */
 #include "fast_internal.cuh"
 
-#define SEL_TOKENS 4 /* consecutive tokens per CTA, one warp (16 mma rows) each */
+#define SEL_WARPS 2 /* tokens per CTA, one warp each; 2 packs the SMs' shared memory best */
+#define SEL_KT 16   /* key slots per warp tile: small stages let 8-16 warps share an SM */
 
-/* Shared-memory state of a CTA's union of selected blocks. */
-struct SelUnionSmem {
-    int rows[SEL_TOKENS * FAST_MAX_SLOTS]; /* the 4 sel_idx rows */
-    int blocks[SEL_TOKENS * FAST_MAX_SLOTS]; /* their union, ascending */
-    int bits[SEL_TOKENS * FAST_MAX_SLOTS]; /* which of the 4 tokens chose it */
-    int count;
-    int key_tok[2][64];  /* per tile stage: token index of each key slot, -1 none */
-    int key_bits[2][64]; /* and the membership bits of its block */
+/* Shared memory of one warp: its Q rows (and dO rows for the dQ pass), two
+ * K/V stages, and its sel_idx row. Every part is a multiple of 16 bytes. */
+template <int DK, int DV, bool BWD>
+constexpr int selWarpSmem() {
+    return (16 * (DK + 8) + (BWD ? 16 * (DV + 8) : 0) + 2 * SEL_KT * (DK + 8) +
+            2 * SEL_KT * (DV + 8)) * 2 +
+           FAST_MAX_SLOTS * 4;
+}
+
+/* One warp's view of its token: where its shared memory lies, which row of
+ * sel_idx it follows and how many key slots that row covers. */
+template <int DK, int DV, bool BWD>
+struct SelWarp {
+    static constexpr int LDK = DK + 8, LDV = DV + 8;
+    bf16 *sQ, *sdO, *sK, *sV;
+    int *blocks; /* the token's sel_idx row, -1 padded */
+    int b, g, t; /* t = -1: past the sequence end, the warp has no work */
+    int nkeys;   /* key slots: all of every chosen block, the last cut at t */
+
+    /* Carves the warp's shared memory, reads its sel_idx row (all lanes
+     * call it) and counts its key slots. */
+    __device__ void init(unsigned char *smem, const FastCtx &c, const int32_t *sel_idx) {
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+        unsigned char *base = smem + (size_t)warp * selWarpSmem<DK, DV, BWD>();
+        sQ = (bf16 *)base;
+        sdO = sQ + 16 * LDK;
+        sK = sdO + (BWD ? 16 * LDV : 0);
+        sV = sK + 2 * SEL_KT * LDK;
+        blocks = (int *)(sV + 2 * SEL_KT * LDV);
+        b = blockIdx.y / c.G;
+        g = blockIdx.y % c.G;
+        const int tok = blockIdx.x * SEL_WARPS + warp;
+        t = tok < c.S ? tok : -1;
+        int j = (t >= 0 && lane < c.slots)
+                    ? sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + lane]
+                    : -1;
+        blocks[lane] = j;
+        const int n = __popc(__ballot_sync(0xffffffffu, j >= 0)); /* -1 padding trails */
+        __syncwarp();
+        nkeys = 0;
+        if (n > 0) {
+            const int last = blocks[n - 1];
+            nkeys = (n - 1) * c.sel_len + max(0, min(c.sel_len, t - last * c.sel_len + 1));
+        }
+    }
+
+    /* Token of key slot s (< nkeys); rows ascend, so slot order is key order. */
+    __device__ __forceinline__ int slotToken(const FastCtx &c, int s) const {
+        return blocks[s / c.sel_len] * c.sel_len + s % c.sel_len;
+    }
+
+    /* Row of head h of the token in [B][S][H][*]. */
+    __device__ __forceinline__ size_t rowIndex(const FastCtx &c, int h) const {
+        return ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + h;
+    }
+
+    /* Starts the copy of 16 rows of D bf16 (row r from src(r), NULL for a
+     * zero row) into dst[16][D + 8]: lane pair (2r, 2r+1) owns row r, so
+     * each lane forms one address and every 32-byte sector is used whole. */
+    template <int D, class Src>
+    __device__ __forceinline__ void load16(bf16 *dst, Src src) const {
+        constexpr int LD = D + 8;
+        const int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
+        const bf16 *row = src(r);
+#pragma unroll
+        for (int k = half; k < D / 8; k += 2)
+            fastCpAsync16(dst + r * LD + k * 8, row ? row + k * 8 : (const bf16 *)0);
+    }
+
+    /* Starts the copy of key tile it (slots it*SEL_KT ...) into stage st and
+     * returns this lane's slot token (lane pair 2r, 2r+1: slot r), -1 when
+     * the slot is past nkeys. */
+    __device__ __forceinline__ int loadTile(const FastCtx &c, const bf16 *k, const bf16 *v, int it,
+                                            int st) const {
+        static_assert(SEL_KT == 16, "one slot per lane pair");
+        const int s = it * SEL_KT + ((threadIdx.x & 31) >> 1);
+        const int tok = s < nkeys ? slotToken(c, s) : -1;
+        const size_t key = ((size_t)b * c.S + (tok < 0 ? 0 : tok)) * c.G + g;
+        load16<DK>(sK + st * SEL_KT * LDK,
+                   [&](int) -> const bf16 * { return tok >= 0 ? k + key * DK : nullptr; });
+        load16<DV>(sV + st * SEL_KT * LDV,
+                   [&](int) -> const bf16 * { return tok >= 0 ? v + key * DV : nullptr; });
+        return tok;
+    }
 };
 
-template <int DK, int DV, bool BWD>
-constexpr int selSmem() {
-    return (64 * (DK + 8) + (BWD ? 64 * (DV + 8) : 0) + 2 * 64 * (DK + 8) + 2 * 64 * (DV + 8)) * 2 +
-           (int)sizeof(SelUnionSmem);
+/* Token of key column col of the current tile, from the lane pair that
+ * loaded it; visible to the warp's token when it is a real key u <= t. */
+__device__ __forceinline__ bool selVisible(int lane_tok, int col, int t) {
+    int u = __shfl_sync(0xffffffffu, lane_tok, col * 2);
+    return u >= 0 && u <= t;
 }
 
-/* Loads the sel_idx rows of tokens t0..t0+3 and merges them (4-way, the
- * rows are ascending) into the union with per-block token bits. Returns the
- * number of key slots: all tokens of the union's blocks up to the last
- * token t_last (the last block is t_last's current block, the highest). */
-__device__ int selUnion(const FastCtx &c, const int32_t *sel_idx, int b, int g, int t0,
-                        SelUnionSmem *u) {
-    const int tid = threadIdx.x;
-    if (tid < SEL_TOKENS * FAST_MAX_SLOTS) {
-        int tk = tid / FAST_MAX_SLOTS, e = tid % FAST_MAX_SLOTS, t = t0 + tk;
-        u->rows[tid] = (t < c.S && e < c.slots)
-                           ? sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + e]
-                           : -1;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        int at[SEL_TOKENS] = {0, 0, 0, 0}, n = 0;
-        for (;;) {
-            int m = 0x7fffffff;
-            for (int k = 0; k < SEL_TOKENS; k++) {
-                int v = at[k] < c.slots ? u->rows[k * FAST_MAX_SLOTS + at[k]] : -1;
-                if (v >= 0 && v < m) m = v;
-            }
-            if (m == 0x7fffffff) break;
-            int bits = 0;
-            for (int k = 0; k < SEL_TOKENS; k++) {
-                if (at[k] < c.slots && u->rows[k * FAST_MAX_SLOTS + at[k]] == m) {
-                    bits |= 1 << k;
-                    at[k]++;
-                }
-            }
-            u->blocks[n] = m;
-            u->bits[n] = bits;
-            n++;
-        }
-        u->count = n;
-    }
-    __syncthreads();
-    const int n = u->count, t_last = min(c.S, t0 + SEL_TOKENS) - 1;
-    return n == 0 ? 0 : (n - 1) * c.sel_len + t_last % c.sel_len + 1;
-}
-
-/* Key slot s of the union -> key row index (b, u, g), or -1 past the end. */
-__device__ __forceinline__ long long selSlotKey(const FastCtx &c, const SelUnionSmem *u, int b,
-                                                int g, int s, int nkeys) {
-    if (s >= nkeys) return -1;
-    int tok = u->blocks[s / c.sel_len] * c.sel_len + s % c.sel_len;
-    return ((long long)b * c.S + tok) * c.G + g;
-}
-
-/* Loads one tile of 64 key slots (K, V) and its metadata into stage st. */
+/* Forward: o = softmax(q K_sel^T * scale) V_sel over the token's selected
+ * keys u <= t, per head; lse saved for the backward (-inf: no key). */
 template <int DK, int DV>
-__device__ __forceinline__ void selLoadTile(const FastCtx &c, SelUnionSmem *u, const bf16 *k,
-                                            const bf16 *v, bf16 *sK, bf16 *sV, int b, int g,
-                                            int it, int st, int nkeys) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
-    fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
-        long long key = selSlotKey(c, u, b, g, it * 64 + r, nkeys);
-        return key >= 0 ? k + (size_t)key * DK : nullptr;
-    });
-    fastLoadTile<64, DV>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
-        long long key = selSlotKey(c, u, b, g, it * 64 + r, nkeys);
-        return key >= 0 ? v + (size_t)key * DV : nullptr;
-    });
-    if (threadIdx.x < 64) {
-        int s = it * 64 + threadIdx.x;
-        bool ok = s < nkeys;
-        u->key_tok[st][threadIdx.x] = ok ? u->blocks[s / c.sel_len] * c.sel_len + s % c.sel_len : -1;
-        u->key_bits[st][threadIdx.x] = ok ? u->bits[s / c.sel_len] : 0;
-    }
-}
-
-/* Forward, group-centric: one CTA per 4 consecutive tokens of group g; the
- * union of their selected blocks is streamed once through shared memory;
- * warp w computes token t0+w (its hpg heads as the mma rows) over the keys
- * of the blocks that token chose, u <= t, and skips tiles holding none. */
-template <int DK, int DV>
-__global__ void __launch_bounds__(FAST_THREADS)
+__global__ void __launch_bounds__(32 * SEL_WARPS)
 selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
+    using W = SelWarp<DK, DV, false>;
+    constexpr int LDK = W::LDK, LDV = W::LDV;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK, *sV = sK + 2 * 64 * LDK;
-    SelUnionSmem *u = (SelUnionSmem *)(sV + 2 * 64 * LDV);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
-    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G, t0 = blockIdx.x * SEL_TOKENS;
-    const int my_t = t0 + warp < c.S ? t0 + warp : -1;
-    auto rowIndex = [&](int r) -> size_t {
-        return ((size_t)b * c.S + t0 + r / 16) * c.H + (size_t)g * c.hpg + r % 16;
-    };
-    auto rowLive = [&](int r) { return r % 16 < c.hpg && t0 + r / 16 < c.S; };
-    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
-        return rowLive(r) ? io.q + rowIndex(r) * DK : nullptr;
+    W w;
+    w.init(fast_smem, c, sel_idx);
+    if (w.t < 0) return; /* the whole warp: nothing below synchronises the CTA */
+    const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
+    w.template load16<DK>(w.sQ, [&](int h) -> const bf16 * {
+        return h < c.hpg ? io.q + w.rowIndex(c, h) * DK : nullptr;
     });
-    const int nkeys = selUnion(c, sel_idx, b, g, t0, u);
-    const int ntiles = (nkeys + 63) / 64;
-    if (ntiles > 0) selLoadTile<DK, DV>(c, u, io.k, io.v, sK, sV, b, g, 0, 0, nkeys);
+    const int ntiles = (w.nkeys + SEL_KT - 1) / SEL_KT;
+    int tok_cur = ntiles > 0 ? w.loadTile(c, io.k, io.v, 0, 0) : -1;
     fastCpCommit();
 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
     float o[DV / 8][4];
 #pragma unroll
     for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    uint32_t qf[DK / 16][4];
-    bool have_q = false;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
-        if (it + 1 < ntiles) selLoadTile<DK, DV>(c, u, io.k, io.v, sK, sV, b, g, it + 1, st ^ 1, nkeys);
+        const int tok_next = it + 1 < ntiles ? w.loadTile(c, io.k, io.v, it + 1, st ^ 1) : -1;
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads();
-        auto visible = [&](int col) {
-            int tok = u->key_tok[st][col];
-            return my_t >= 0 && tok >= 0 && tok <= my_t && ((u->key_bits[st][col] >> warp) & 1);
-        };
-        if (__any_sync(0xffffffffu, visible(lane) || visible(lane + 32))) {
-            if (!have_q) {
+        __syncwarp(); /* the other lanes' copies (and zero rows) are visible */
+        const bf16 *k_t = w.sK + st * SEL_KT * LDK, *v_t = w.sV + st * SEL_KT * LDV;
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-                for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
-                have_q = true;
-            }
-            const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
-            float s[8][4];
+        for (int kk = 0; kk < DK / 16; kk++) {
+            uint32_t a[4], bb[4];
+            fastLoadA(a, w.sQ, LDK, 0, kk * 16);
+            fastLoadBRows(bb, k_t, LDK, 0, kk * 16);
+            fastMma(s[0], a, bb[0], bb[1]);
+            fastMma(s[1], a, bb[2], bb[3]);
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < 2; n++) {
 #pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) {
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                    fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
-                    fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-                }
-            }
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float v = visible(n * 8 + quad * 2 + (e & 1)) ? s[n][e] * c.scale_log2 : -INFINITY;
-                    s[n][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                }
-            }
-            float muse[2];
-#pragma unroll
-            for (int i = 0; i < 2; i++) {
-                float mn = fmaxf(m[i], fastQuadMax(mx[i]));
-                muse[i] = mn == -INFINITY ? 0.f : mn;
-                float corr = exp2f(m[i] - muse[i]);
-                m[i] = mn;
-                l[i] *= corr;
-#pragma unroll
-                for (int n = 0; n < DV / 8; n++) {
-                    o[n][2 * i] *= corr;
-                    o[n][2 * i + 1] *= corr;
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float p = exp2f(s[n][e] - muse[e >> 1]);
-                    s[n][e] = p;
-                    l[e >> 1] += p;
-                }
-            }
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                uint32_t a[4];
-                fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-                for (int dp = 0; dp < DV / 16; dp++) {
-                    uint32_t bb[4];
-                    fastLoadBCols(bb, v_t, LDV, ks * 16, dp * 16);
-                    fastMma(o[2 * dp], a, bb[0], bb[1]);
-                    fastMma(o[2 * dp + 1], a, bb[2], bb[3]);
-                }
+            for (int e = 0; e < 4; e++) {
+                bool vis = selVisible(tok_cur, n * 8 + quad * 2 + (e & 1), w.t);
+                float v = vis ? s[n][e] * c.scale_log2 : -INFINITY;
+                s[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
         }
-        __syncthreads();
+        float muse[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float mn = fmaxf(m[i], fastQuadMax(mx[i]));
+            muse[i] = mn == -INFINITY ? 0.f : mn;
+            float corr = exp2f(m[i] - muse[i]);
+            m[i] = mn;
+            l[i] *= corr;
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) {
+                o[n][2 * i] *= corr;
+                o[n][2 * i + 1] *= corr;
+            }
+        }
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float p = exp2f(s[n][e] - muse[e >> 1]);
+                s[n][e] = p;
+                l[e >> 1] += p;
+            }
+        }
+        uint32_t a[4];
+        fastAFromC(a, s[0], s[1]);
+#pragma unroll
+        for (int dp = 0; dp < DV / 16; dp++) {
+            uint32_t bb[4];
+            fastLoadBCols(bb, v_t, LDV, 0, dp * 16);
+            fastMma(o[2 * dp], a, bb[0], bb[1]);
+            fastMma(o[2 * dp + 1], a, bb[2], bb[3]);
+        }
+        __syncwarp(); /* every lane is done with stage st before it is refilled */
+        tok_cur = tok_next;
     }
     fastCpWait<0>();
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float lsum = fastQuadSum(l[i]);
-        int r = warp * 16 + grp + i * 8;
-        if (!rowLive(r)) continue;
-        size_t row = rowIndex(r);
+        int h = grp + i * 8;
+        if (h >= c.hpg) continue;
+        size_t row = w.rowIndex(c, h);
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
 #pragma unroll
         for (int n = 0; n < DV / 8; n++)
@@ -233,42 +217,40 @@ selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
     }
 }
 
-/* dQ of the selected branch, same CTA shape as the forward. */
+/* dQ of the selected branch, same warp shape as the forward:
+ * dq = scale * sum_u gate p_u (dp_u - dsum) k_u, p_u = exp(s_u - lse),
+ * dp_u = dout . v_u; written or accumulated per io.dq_mode. */
 template <int DK, int DV>
-__global__ void __launch_bounds__(FAST_THREADS)
+/* The explicit 1 lifts ptxas's default register target, which spilled the
+ * (64,64) instance; shared memory, not registers, sets the CTAs per SM. */
+__global__ void __launch_bounds__(32 * SEL_WARPS, 1)
 selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
+    using W = SelWarp<DK, DV, true>;
+    constexpr int LDK = W::LDK, LDV = W::LDV;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + 64 * LDK, *sK = sdO + 64 * LDV,
-         *sV = sK + 2 * 64 * LDK;
-    SelUnionSmem *u = (SelUnionSmem *)(sV + 2 * 64 * LDV);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
-    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G, t0 = blockIdx.x * SEL_TOKENS;
-    const int my_t = t0 + warp < c.S ? t0 + warp : -1;
-    auto rowIndex = [&](int r) -> size_t {
-        return ((size_t)b * c.S + t0 + r / 16) * c.H + (size_t)g * c.hpg + r % 16;
-    };
-    auto rowLive = [&](int r) { return r % 16 < c.hpg && t0 + r / 16 < c.S; };
-    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
-        return rowLive(r) ? io.q + rowIndex(r) * DK : nullptr;
+    W w;
+    w.init(fast_smem, c, sel_idx);
+    if (w.t < 0) return;
+    const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
+    w.template load16<DK>(w.sQ, [&](int h) -> const bf16 * {
+        return h < c.hpg ? io.q + w.rowIndex(c, h) * DK : nullptr;
     });
-    fastLoadTile<64, DV>(sdO, [&](int r) -> const bf16 * {
-        return rowLive(r) ? io.dout + rowIndex(r) * DV : nullptr;
+    w.template load16<DV>(w.sdO, [&](int h) -> const bf16 * {
+        return h < c.hpg ? io.dout + w.rowIndex(c, h) * DV : nullptr;
     });
-    const int nkeys = selUnion(c, sel_idx, b, g, t0, u);
-    const int ntiles = (nkeys + 63) / 64;
-    if (ntiles > 0) selLoadTile<DK, DV>(c, u, io.k, io.v, sK, sV, b, g, 0, 0, nkeys);
+    const int ntiles = (w.nkeys + SEL_KT - 1) / SEL_KT;
+    int tok_cur = ntiles > 0 ? w.loadTile(c, io.k, io.v, 0, 0) : -1;
     fastCpCommit();
 
     float lse2[2], dsum[2], gate[2];
     bool live[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        int r = warp * 16 + grp + i * 8;
+        int h = grp + i * 8;
         live[i] = false;
         lse2[i] = dsum[i] = gate[i] = 0.f;
-        if (rowLive(r)) {
-            size_t row = rowIndex(r);
+        if (h < c.hpg) {
+            size_t row = w.rowIndex(c, h);
             float lse = io.lse[row];
             live[i] = lse != -INFINITY;
             lse2[i] = live[i] ? lse * FAST_LOG2E : 0.f;
@@ -281,76 +263,57 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
     for (int n = 0; n < DK / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
-        if (it + 1 < ntiles) selLoadTile<DK, DV>(c, u, io.k, io.v, sK, sV, b, g, it + 1, st ^ 1, nkeys);
+        const int tok_next = it + 1 < ntiles ? w.loadTile(c, io.k, io.v, it + 1, st ^ 1) : -1;
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads();
-        auto visible = [&](int col) {
-            int tok = u->key_tok[st][col];
-            return my_t >= 0 && tok >= 0 && tok <= my_t && ((u->key_bits[st][col] >> warp) & 1);
-        };
-        if (__any_sync(0xffffffffu, visible(lane) || visible(lane + 32))) {
-            const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
-            float s[8][4], dp[8][4];
+        __syncwarp();
+        const bf16 *k_t = w.sK + st * SEL_KT * LDK, *v_t = w.sV + st * SEL_KT * LDV;
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
-            for (int n = 0; n < 8; n++)
+        for (int kk = 0; kk < DK / 16; kk++) {
+            uint32_t a[4], bb[4];
+            fastLoadA(a, w.sQ, LDK, 0, kk * 16);
+            fastLoadBRows(bb, k_t, LDK, 0, kk * 16);
+            fastMma(s[0], a, bb[0], bb[1]);
+            fastMma(s[1], a, bb[2], bb[3]);
+        }
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+        for (int kk = 0; kk < DV / 16; kk++) {
+            uint32_t a[4], bb[4];
+            fastLoadA(a, w.sdO, LDV, 0, kk * 16);
+            fastLoadBRows(bb, v_t, LDV, 0, kk * 16);
+            fastMma(dp[0], a, bb[0], bb[1]);
+            fastMma(dp[1], a, bb[2], bb[3]);
+        }
 #pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) {
-                uint32_t a[4];
-                fastLoadA(a, sQ, LDK, warp * 16, kk * 16);
+        for (int n = 0; n < 2; n++) {
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                    fastMma(s[2 * np], a, bb[0], bb[1]);
-                    fastMma(s[2 * np + 1], a, bb[2], bb[3]);
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < DV / 16; kk++) {
-                uint32_t a[4];
-                fastLoadA(a, sdO, LDV, warp * 16, kk * 16);
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, v_t, LDV, np * 16, kk * 16);
-                    fastMma(dp[2 * np], a, bb[0], bb[1]);
-                    fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int i = e >> 1;
-                    bool ok = live[i] && visible(n * 8 + quad * 2 + (e & 1));
-                    float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
-                    s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
-                }
-            }
-#pragma unroll
-            for (int ks = 0; ks < 4; ks++) {
-                uint32_t a[4];
-                fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-                for (int dd = 0; dd < DK / 16; dd++) {
-                    uint32_t bb[4];
-                    fastLoadBCols(bb, k_t, LDK, ks * 16, dd * 16);
-                    fastMma(dq[2 * dd], a, bb[0], bb[1]);
-                    fastMma(dq[2 * dd + 1], a, bb[2], bb[3]);
-                }
+            for (int e = 0; e < 4; e++) {
+                int i = e >> 1;
+                bool vis = selVisible(tok_cur, n * 8 + quad * 2 + (e & 1), w.t);
+                float p = live[i] && vis ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
+                s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }
-        __syncthreads();
+        uint32_t a[4];
+        fastAFromC(a, s[0], s[1]);
+#pragma unroll
+        for (int dd = 0; dd < DK / 16; dd++) {
+            uint32_t bb[4];
+            fastLoadBCols(bb, k_t, LDK, 0, dd * 16);
+            fastMma(dq[2 * dd], a, bb[0], bb[1]);
+            fastMma(dq[2 * dd + 1], a, bb[2], bb[3]);
+        }
+        __syncwarp();
+        tok_cur = tok_next;
     }
     fastCpWait<0>();
 #pragma unroll
     for (int i = 0; i < 2; i++) {
-        int r = warp * 16 + grp + i * 8;
-        if (!rowLive(r)) continue;
-        size_t row = rowIndex(r);
+        int h = grp + i * 8;
+        if (h >= c.hpg) continue;
+        size_t row = w.rowIndex(c, h);
 #pragma unroll
         for (int n = 0; n < DK / 8; n++) {
             int col = n * 8 + quad * 2;
@@ -536,10 +499,10 @@ template <int DK, int DV>
 static cudaError_t selForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
                               cudaStream_t stream) {
     auto kernel = selFwdKernel<DK, DV>;
-    constexpr int smem = selSmem<DK, DV, false>();
+    constexpr int smem = SEL_WARPS * selWarpSmem<DK, DV, false>();
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
-    kernel<<<dim3((c.S + SEL_TOKENS - 1) / SEL_TOKENS, c.B * c.G), FAST_THREADS, smem, stream>>>(
+    kernel<<<dim3((c.S + SEL_WARPS - 1) / SEL_WARPS, c.B * c.G), 32 * SEL_WARPS, smem, stream>>>(
         c, io, sel_idx);
     return cudaGetLastError();
 }
@@ -561,17 +524,19 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     selReduceKernel<DK, DV><<<dim3(c.Ns, subtiles, c.B * c.G), 256, 0, stream>>>(c, rev, dk_out,
                                                                                  dv_out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    auto dq = selDqKernel<DK, DV>;
-    constexpr int smem_q = selSmem<DK, DV, true>();
-    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
-    dq<<<dim3((c.S + SEL_TOKENS - 1) / SEL_TOKENS, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
+    if (c.sel_union) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
+    auto dq = selDqKernel<DK, DV>;
+    constexpr int smem_q = SEL_WARPS * selWarpSmem<DK, DV, true>();
+    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
+    dq<<<dim3((c.S + SEL_WARPS - 1) / SEL_WARPS, c.B * c.G), 32 * SEL_WARPS, smem_q, stream>>>(
         c, io, sel_idx);
     return cudaGetLastError();
 }
 
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            const int32_t *sel_idx, cudaStream_t stream) {
+    if (c.sel_union) return fastSelUnionForward(c, dk, dv, io, sel_idx, stream);
     FAST_DISPATCH(dk, dv, selForward, c, io, sel_idx, stream);
 }
 
