@@ -10,9 +10,11 @@
  *   forward   pool (k, v) -> kc, vc                          fast_cmp.cu
  *             compressed attention -> o_cmp, lse_cmp         fast_cmp.cu
  *             scores + top-n fused -> sel_idx only           fast_select.cu
- *             selected attention, one warp per token (its
- *             group's heads as mma rows), each warp gathering
- *             its own blocks through private stages -> o_sel fast_sel.cu
+ *             selected attention, group-centric: from S = 8192
+ *             one warp per token (its group's heads as mma
+ *             rows) gathering its own blocks -> o_sel         fast_sel.cu
+ *             below it one CTA per 4 tokens streaming the
+ *             union of their blocks                          fast_sel_union.cu
  *             window attention + gate combine -> o_win, out  fast_win.cu
  *   backward  gate backward: dgates = dout.o_c (the deltas)  fast_attn.cu
  *             window dK/dV, dQ                                fast_win.cu
