@@ -15,25 +15,12 @@
 #include <unistd.h>
 
 #include "auth.h"
+#include "testutil.h"
 #include "sdnotify.h"
-
-static char *tempDir(void) {
-    char *dir = strdup("/tmp/nsad-test-auth-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void removeDir(char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
-}
 
 static void tokenCreatedOnceWithMode0600(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("auth");
     char path[512], token[AUTH_TOKEN_MAX], again[AUTH_TOKEN_MAX];
     snprintf(path, sizeof path, "%s/token", dir);
     int created = 0;
@@ -48,19 +35,21 @@ static void tokenCreatedOnceWithMode0600(void **state) {
     assert_int_equal(authLoadOrCreateToken(path, again, sizeof again, &created, &err), 0);
     assert_int_equal(created, 0);
     assert_string_equal(token, again);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void twoTokensDiffer(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("auth");
     char a[512], b[512], ta[AUTH_TOKEN_MAX], tb[AUTH_TOKEN_MAX];
     snprintf(a, sizeof a, "%s/a", dir);
     snprintf(b, sizeof b, "%s/b", dir);
     assert_int_equal(authLoadOrCreateToken(a, ta, sizeof ta, NULL, NULL), 0);
     assert_int_equal(authLoadOrCreateToken(b, tb, sizeof tb, NULL, NULL), 0);
     assert_string_not_equal(ta, tb);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void writeFile(const char *path, const char *text, mode_t mode) {
@@ -73,7 +62,7 @@ static void writeFile(const char *path, const char *text, mode_t mode) {
 
 static void tokenFileRefusals(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("auth");
     char path[512], token[AUTH_TOKEN_MAX];
     NsaError err = {""};
     snprintf(path, sizeof path, "%s/token", dir);
@@ -99,7 +88,8 @@ static void tokenFileRefusals(void **state) {
     snprintf(missing_dir, sizeof missing_dir, "%s/no/such/dir/token", dir);
     assert_int_equal(authLoadOrCreateToken(missing_dir, token, sizeof token, NULL, &err), -1);
     assert_non_null(strstr(err.message, missing_dir));
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void tokenComparison(void **state) {
@@ -131,7 +121,7 @@ static void bearerHeader(void **state) {
 
 static void sdNotifySendsToTheSocket(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("auth");
     char path[512];
     snprintf(path, sizeof path, "%s/notify", dir);
     int fd = socket(AF_UNIX, SOCK_DGRAM, 0);
@@ -153,7 +143,8 @@ static void sdNotifySendsToTheSocket(void **state) {
     assert_int_equal(sdNotify("READY=1"), -1);
     unsetenv("NOTIFY_SOCKET");
     close(fd);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void sdWatchdogInterval(void **state) {

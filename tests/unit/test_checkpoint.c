@@ -2,7 +2,6 @@
  * (daemon/checkpoint.c). */
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -18,21 +17,9 @@
 
 #include "checkpoint.h"
 #include "nsa.h"
+#include "testutil.h"
 
 /* ---- helpers ----------------------------------------------------------- */
-
-static int removeEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static void removeTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static char *makeTempDir(void) {
-    char *dir = strdup("/tmp/nsad-test-ckpt-XXXXXX");
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
 
 static int fileExists(const char *path) {
     struct stat sb;
@@ -75,7 +62,7 @@ static void writeRaw(const char *path, const char *header, const void *data, siz
 
 static void test_safetensors_round_trip(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     char path[512];
     snprintf(path, sizeof path, "%s/t.safetensors", dir);
     float a[6] = {1.5f, -2.25f, 3.0f, 0.0f, -0.0f, 1e-30f};
@@ -131,7 +118,7 @@ static void test_safetensors_round_trip(void **state) {
     assert_string_equal(safetensorsMeta(st, "note"), "quotes \" and \\ survive");
     assert_null(safetensorsMeta(st, "missing"));
     safetensorsFree(st);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -177,7 +164,7 @@ static const char *python_check =
 
 static void test_safetensors_python_loads(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     char path[512], script[512], cmd[1200];
     snprintf(path, sizeof path, "%s/m.safetensors", dir);
     snprintf(script, sizeof script, "%s/check.py", dir);
@@ -201,7 +188,7 @@ static void test_safetensors_python_loads(void **state) {
     /* sums: tok_emb = 0.125 * sum(-5..6) = 0.75, final_norm = 2.5 */
     assert_non_null(strstr(out, "final_norm 2.5\n"));
     assert_non_null(strstr(out, "tok_emb 0.75\n"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -216,7 +203,7 @@ static void expectReadError(const char *path, const char *fragment) {
 
 static void test_safetensors_rejects_corrupt(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     char path[512];
     snprintf(path, sizeof path, "%s/bad.safetensors", dir);
     float data[4] = {1, 2, 3, 4};
@@ -270,7 +257,7 @@ static void test_safetensors_rejects_corrupt(void **state) {
     t.numel = 3;
     assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), -1);
     assert_non_null(strstr(err.message, "numel"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -333,7 +320,7 @@ static void assertArenasEqual(NsaModel *a, NsaModel *b, NsaArena arena) {
 
 static void test_checkpoint_model_round_trip(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     NsaModel *a = tinyModel(16, 1);
     trainOneStep(a);
     ResumeState rs = {.step = 7, .data_position = 123456789012ull, .seed = 1337,
@@ -387,13 +374,13 @@ static void test_checkpoint_model_round_trip(void **state) {
 
     nsaModelFree(a);
     nsaModelFree(b);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
 static void test_checkpoint_latest_and_keep_last(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     NsaModel *m = tinyModel(16, 3);
     NsaError err = {{0}};
     ResumeState rs = {.seed = 1, .config_hash = 5};
@@ -458,13 +445,13 @@ static void test_checkpoint_latest_and_keep_last(void **state) {
     assert_non_null(strstr(err.message, "garbage"));
 
     nsaModelFree(m);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
 static void test_checkpoint_rejects_other_model(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("ckpt");
     NsaModel *small = tinyModel(16, 1);
     NsaModel *wide = tinyModel(32, 1);
     NsaError err = {{0}};
@@ -490,7 +477,7 @@ static void test_checkpoint_rejects_other_model(void **state) {
 
     nsaModelFree(small);
     nsaModelFree(wide);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 

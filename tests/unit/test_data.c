@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "testutil.h"
 #include "data.h"
 
 #define CORPUS "build/data/fortunes.txt"
@@ -36,27 +37,9 @@ static int setupDir(void **state) {
     return 0;
 }
 
-static void removeTree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    char path[512];
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        struct stat st;
-        if (lstat(path, &st) == 0 && S_ISDIR(st.st_mode))
-            removeTree(path);
-        else
-            unlink(path);
-    }
-    closedir(d);
-    rmdir(dir);
-}
-
 static int teardownDir(void **state) {
     Fixture *fx = *state;
-    removeTree(fx->dir);
+    testRemoveTree(fx->dir);
     free(fx);
     return 0;
 }

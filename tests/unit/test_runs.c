@@ -14,20 +14,7 @@
 #include <sys/stat.h>
 
 #include "runs.h"
-
-static char *tempDir(void) {
-    char *dir = strdup("/tmp/nsad-test-runs-XXXXXX");
-    assert_non_null(dir);
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
-
-static void removeDir(char *dir) {
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
-    free(dir);
-}
+#include "testutil.h"
 
 static void writeText(const char *dir, const char *name, const char *text) {
     char path[RUN_PATH_MAX + 64];
@@ -77,7 +64,7 @@ static void statePredicates(void **state) {
 
 static void createSaveReopen(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("runs");
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
@@ -129,12 +116,13 @@ static void createSaveReopen(void **state) {
     assert_int_equal(run->events[2].seq, 3);
     assert_null(runsFind(reg, "nope"));
     runsClose(reg);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void corruptRecordIsSkipped(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("runs");
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
@@ -146,19 +134,21 @@ static void corruptRecordIsSkipped(void **state) {
     assert_non_null(reg);
     assert_int_equal(reg->n_runs, 0);
     runsClose(reg);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void stateDirThatIsAFile(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("runs");
     char file[600];
     snprintf(file, sizeof file, "%s/file", dir);
     writeText(dir, "file", "x");
     NsaError err = {""};
     assert_null(runsOpen(file, &err));
     assert_non_null(strstr(err.message, file));
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void redoneStepsReplaceTheTail(void **state) {
@@ -186,7 +176,7 @@ static void redoneStepsReplaceTheTail(void **state) {
 
 static void seriesRebuiltFromFiles(void **state) {
     (void)state;
-    char *dir = tempDir();
+    char *dir = testTempDir("runs");
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
@@ -231,7 +221,8 @@ static void seriesRebuiltFromFiles(void **state) {
     assert_non_null(strstr(err.message, "training.csv"));
     assert_non_null(strstr(err.message, "step"));
     runsClose(reg);
-    removeDir(dir);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 int main(void) {

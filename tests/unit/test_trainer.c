@@ -7,7 +7,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -33,23 +32,11 @@
 #include "schedule.h"
 #include "stackdump.h"
 #include "trainer.h"
+#include "testutil.h"
 
 #define CORPUS "build/data/fortunes.txt"
 
 /* ---- helpers ----------------------------------------------------------- */
-
-static int removeEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb; (void)flag; (void)ftw;
-    return remove(path);
-}
-
-static void removeTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }
-
-static char *makeTempDir(void) {
-    char *dir = strdup("/tmp/nsad-test-train-XXXXXX");
-    assert_non_null(mkdtemp(dir));
-    return dir;
-}
 
 static int fileExists(const char *path) {
     struct stat sb;
@@ -261,7 +248,7 @@ static void test_phase_names(void **state) {
 
 static void test_artifacts_logs_and_resume_trim(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     char sub[512];
     snprintf(sub, sizeof sub, "%s/a/b", dir);  /* created with parents */
     NsaError err = {{0}};
@@ -329,13 +316,13 @@ static void test_artifacts_logs_and_resume_trim(void **state) {
     writeText(sub, ARTIFACT_VAL_CSV, "epoch,acc\n1,0.5\n");
     assert_null(artifactsOpen(sub, 2, &err));
     assert_non_null(strstr(err.message, "expected the header"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
 static void test_artifacts_markers_and_metrics(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     NsaError err = {{0}};
     assert_false(artifactsHaltRequested(dir));
     assert_int_equal(artifactsWriteHalt(dir, "because", &err), 0);
@@ -368,7 +355,7 @@ static void test_artifacts_markers_and_metrics(void **state) {
     assert_true(cJSON_IsNull(cJSON_GetObjectItem(o, "final_val_loss")));  /* NaN -> null */
     assert_true(cJSON_GetObjectItem(o, "first_bits_per_byte")->valuedouble == 7.2);
     cJSON_Delete(o);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -508,7 +495,7 @@ static void test_train_real_text_loss_falls(void **state) {
     configDefaults(cfg);
     NsaError err = {{0}};
     if (configLoadFile(cfg, "configs/tiny-cpu.yaml", &err) != 0) fail_msg("%s", err.message);
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     HookCtx h = {0};
     TrainResult res;
     int rc = runJob(cfg, dir, NULL, &h, &res, &err);
@@ -536,7 +523,7 @@ static void test_train_real_text_loss_falls(void **state) {
     char latest[1024];
     assert_int_equal(checkpointResolve(dir, "latest", latest, sizeof latest, &err), 1);
     assert_non_null(strstr(latest, "step_00000060"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
     free(cfg);
 }
@@ -549,14 +536,14 @@ static void referenceRun(void) {
     if (have_reference) return;
     JobConfig cfg;
     loadSmallJob(&cfg, 1);
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     TrainResult res;
     NsaError err;
     if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("reference run: %s", err.message);
     readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &reference_losses);
     readCsv(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 1, &reference_val);
     assert_int_equal(reference_losses.n, 12);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
     have_reference = 1;
 }
@@ -581,7 +568,7 @@ static void test_resume_is_bit_identical(void **state) {
     referenceRun();
     JobConfig cfg;
     loadSmallJob(&cfg, 1);
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     /* halt after step 5 (between checkpoints 4 and 8): the halt writes its
      * own checkpoint at 5 and exits cleanly */
     HookCtx h = {.at_step = 5, .action = HOOK_HALT_REQUEST};
@@ -622,7 +609,7 @@ static void test_resume_is_bit_identical(void **state) {
     assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), -1);
     assert_int_equal(res.outcome, TRAIN_FAILED);
     assert_non_null(strstr(err.message, "hash"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -630,7 +617,7 @@ static void test_halt_file_stops_with_checkpoint(void **state) {
     (void)state;
     JobConfig cfg;
     loadSmallJob(&cfg, 0);
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     HookCtx h = {.at_step = 3, .action = HOOK_HALT_FILE};
     TrainResult res;
     NsaError err;
@@ -646,7 +633,7 @@ static void test_halt_file_stops_with_checkpoint(void **state) {
     assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), 0);
     assert_int_equal(res.outcome, TRAIN_COMPLETED);
     assert_false(fileIn(dir, ARTIFACT_HALT));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -655,7 +642,7 @@ static void test_stop_now_skips_checkpoint(void **state) {
     JobConfig cfg;
     loadSmallJob(&cfg, 0);
     cfg.train.save_every = 0;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     HookCtx h = {.at_step = 2, .action = HOOK_STOP_NOW};
     TrainResult res;
     NsaError err;
@@ -663,7 +650,7 @@ static void test_stop_now_skips_checkpoint(void **state) {
     assert_int_equal(res.outcome, TRAIN_HALTED);
     assert_int_equal(res.step, 2);
     assert_false(fileIn(dir, "checkpoints"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -673,7 +660,7 @@ static void nanHaltCase(FaultKind kind, const char *anomaly) {
     cfg.nan.policy = NAN_HALT;
     cfg.fault.nan_at_step = 3;
     cfg.fault.nan_kind = kind;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     TrainResult res;
     NsaError err;
     assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
@@ -694,7 +681,7 @@ static void nanHaltCase(FaultKind kind, const char *anomaly) {
     readCsv(dir, ARTIFACT_TRAINING_CSV, TRAINING_CSV_HEADER, 1, &csv);
     assert_int_equal(csv.n, 2);
     checkRunArtifacts(dir, "nan_halted", 2);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -716,7 +703,7 @@ static void test_nan_policy_skip(void **state) {
     cfg.nan.max_skips = 1;
     cfg.fault.nan_at_step = 3;
     cfg.fault.nan_kind = FAULT_NAN_GRAD;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     TrainResult res;
     NsaError err;
     if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("%s", err.message);
@@ -739,17 +726,17 @@ static void test_nan_policy_skip(void **state) {
     assert_int_equal(checkpointReadState(found, &st, &err), 0);
     assert_int_equal(st.anomalies, 1);
     assert_int_equal(st.data_position, 2 * 12 + 2);  /* one extra step's micro-batches */
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 
     /* with no skips allowed the same fault halts */
     cfg.nan.max_skips = 0;
-    dir = makeTempDir();
+    dir = testTempDir("train");
     assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
     assert_int_equal(res.outcome, TRAIN_NAN_HALTED);
     assert_non_null(strstr(err.message, "max_skips"));
     assert_true(fileIn(dir, ARTIFACT_HALT));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -762,7 +749,7 @@ static void test_nan_policy_rollback(void **state) {
     cfg.nan.max_skips = 3;
     cfg.fault.nan_at_step = 7;  /* after the checkpoint at 4 */
     cfg.fault.nan_kind = FAULT_NAN_LOSS;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     TrainResult res;
     NsaError err;
     if (runJob(&cfg, dir, NULL, NULL, &res, &err) != 0) fail_msg("%s", err.message);
@@ -772,16 +759,16 @@ static void test_nan_policy_rollback(void **state) {
     /* back at step 4 with step 4's weights, moments and data position, the
      * replay is the uninterrupted run exactly */
     assertSameCurve(dir);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 
     /* nothing to roll back to: halt, saying so */
     cfg.train.save_every = 0;
-    dir = makeTempDir();
+    dir = testTempDir("train");
     assert_int_equal(runJob(&cfg, dir, NULL, NULL, &res, &err), -1);
     assert_int_equal(res.outcome, TRAIN_NAN_HALTED);
     assert_non_null(strstr(err.message, "no checkpoint"));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -815,7 +802,7 @@ static void test_stall_fault_sleeps_in_phase(void **state) {
     cfg.fault.stall_at_step = 2;
     snprintf(cfg.fault.stall_phase, sizeof cfg.fault.stall_phase, "forward");
     cfg.fault.stall_seconds = 0.4;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     TrainMonitor mon;
     trainMonitorInit(&mon);
     Watcher w = {.mon = &mon};
@@ -831,7 +818,7 @@ static void test_stall_fault_sleeps_in_phase(void **state) {
     assert_int_equal(atomic_load(&mon.step), 3);
     assert_int_equal(atomic_load(&mon.phase), PHASE_IDLE);
     assert_true(w.longest_forward > 0.3);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -839,7 +826,7 @@ static void test_stall_fault_sleeps_in_phase(void **state) {
 
 static void test_cmd_train_usage_and_config_errors(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     char *help[] = {"train", "--help", NULL};
     assert_int_equal(cmdTrain(2, help), 0);
     char *none[] = {"train", NULL};
@@ -863,7 +850,7 @@ static void test_cmd_train_usage_and_config_errors(void **state) {
     long_out[sizeof long_out - 1] = 0;
     char *too_long[] = {"train", path, "--out", long_out, NULL};
     assert_int_equal(cmdTrain(4, too_long), EXIT_CONFIG);
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 
@@ -908,7 +895,7 @@ static char *stackFileText(const char *dir) {
 
 static void test_cmd_train_signals(void **state) {
     (void)state;
-    char *dir = makeTempDir();
+    char *dir = testTempDir("train");
     char out[1024], cfg_path[1024];
     snprintf(out, sizeof out, "%s/out", dir);
     snprintf(cfg_path, sizeof cfg_path, "%s/job.yaml", dir);
@@ -974,7 +961,7 @@ static void test_cmd_train_signals(void **state) {
     assert_int_equal(checkpointResolve(out, "latest", found, sizeof found, &err), 1);
     snprintf(expect, sizeof expect, "step_%08d", (int)step);
     assert_non_null(strstr(found, expect));
-    removeTree(dir);
+    testRemoveTree(dir);
     free(dir);
 }
 

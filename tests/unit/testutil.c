@@ -1,9 +1,14 @@
 /* testutil.c - see testutil.h. */
+#define _XOPEN_SOURCE 700
 #include "testutil.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
+#include <ftw.h>
+#include <string.h>
+#include <sys/stat.h>
 
 void *testAlloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
@@ -65,3 +70,20 @@ int testAllFiniteF64(const double *x, size_t n) {
         if (!isfinite(x[i])) return 0;
     return 1;
 }
+
+static int removeEntry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb; (void)flag; (void)ftw;
+    return remove(path);
+}
+
+char *testTempDir(const char *tag) {
+    char *dir = testAlloc(strlen(tag) + 32, 1);
+    sprintf(dir, "/tmp/nsad-test-%s-XXXXXX", tag);
+    if (!mkdtemp(dir)) {
+        fprintf(stderr, "testTempDir: mkdtemp %s: %s\n", dir, strerror(errno));
+        abort();
+    }
+    return dir;
+}
+
+void testRemoveTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }

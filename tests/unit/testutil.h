@@ -27,4 +27,11 @@ double *testWidenF32(const float *x, size_t n);
 int testAllFiniteF32(const float *x, size_t n);
 int testAllFiniteF64(const double *x, size_t n);
 
+/* A new empty directory /tmp/nsad-test-TAG-XXXXXX (mkdtemp); aborts the
+ * test program when it cannot be made. The caller frees the string. */
+char *testTempDir(const char *tag);
+/* Removes dir and everything below it (no symlink is followed); a missing
+ * dir is fine. */
+void testRemoveTree(const char *dir);
+
 #endif
