@@ -109,14 +109,9 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 template <int DK, int DV>
 static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    auto kernel = fastFwdKernel<DK, DV, CmpPolicy, false>;
-    const int smem = fastFwdSmem(DK, DV);
-    cudaError_t e = fastSetSmem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    const int tpc = 64 / c.hpg;
-    dim3 grid((c.S + tpc - 1) / tpc, c.B * c.G);
-    kernel<<<grid, FAST_THREADS, smem, stream>>>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
-    return cudaGetLastError();
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, CmpPolicy, false, FAST_QTILE_WARPS>,
+                            fastFwdSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+                            CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
 }
 
 template <int DK, int DV>
@@ -144,14 +139,10 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         /* nothing is visible anywhere: dq gets no compressed term */
         if (io.dq_mode == 1) return cudaSuccess;
     }
-    auto dq = fastDqKernel<DK, DV, CmpPolicy>;
-    const int smem_q = fastDqSmem(DK, DV);
-    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
-    const int tpc = 64 / c.hpg;
-    dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
-        c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
-    return cudaGetLastError();
+    return fastLaunchQTiles(fastDqKernel<DK, DV, CmpPolicy, FAST_QTILE_WARPS>,
+                            fastDqSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+                            CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
 }
 
 cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

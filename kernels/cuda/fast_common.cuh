@@ -45,13 +45,14 @@ __device__ __forceinline__ void fastCpWait() {
 }
 
 /* Loads ROWS rows of D bf16 into dst[ROWS][D + 8]; rowPtr(r) gives the
- * global row or NULL for a masked row (zero-filled). All threads call it.
- * FAST_THREADS / ROWS threads share a row, so each thread forms its row's
- * address once (gathers such as the selected keys cost a division each). */
-template <int ROWS, int D, class RowPtr>
+ * global row or NULL for a masked row (zero-filled). All THREADS threads of
+ * the CTA call it; THREADS / ROWS of them share a row, so each thread forms
+ * its row's address once (gathers such as the selected keys cost a
+ * division each). */
+template <int ROWS, int D, int THREADS = FAST_THREADS, class RowPtr>
 __device__ __forceinline__ void fastLoadTile(bf16 *dst, RowPtr rowPtr) {
-    static_assert(FAST_THREADS % ROWS == 0, "rows must divide the CTA");
-    constexpr int CHUNKS = D / 8, LD = D + 8, TPR = FAST_THREADS / ROWS;
+    static_assert(THREADS % ROWS == 0, "rows must divide the CTA");
+    constexpr int CHUNKS = D / 8, LD = D + 8, TPR = THREADS / ROWS;
     const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
     const bf16 *src = rowPtr(r);
     bf16 *row = dst + r * LD;

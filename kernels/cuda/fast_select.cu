@@ -7,13 +7,16 @@
  * (mma.sync), then folds p into the selection-block scores of each token
  *   s_j += sum_{i in tile} M_ij sum_{h in group} p_i(h)
  * in a ring of FAST_SCORE_RING open blocks per token. Once no later tile can
- * touch block j (j < floor(i_end d / l')) its score is final and the token's
- * thread offers it to a running top-K (K = n_sel - forced blocks), in
- * ascending j: a newcomer replaces the worst kept entry only when strictly
- * better, and the worst is the lowest score with the highest j, so ties go
- * to the lower block index exactly as the reference. Blocks no tile reaches
- * score 0. */
+ * touch block j (j < floor(i_end d / l')) its score is final and is offered
+ * to the token's running top-K (K = n_sel - forced blocks). A warp serves a
+ * token, a lane per offered block: candidates that beat the worst kept key
+ * are merged by rank (the K best of old and new), so the set is exact under
+ * the key (score desc, block asc) - ties go to the lower block index as in
+ * the reference - and no thread walks the blocks alone. Blocks no tile
+ * reaches score 0. */
 #include "fast_internal.cuh"
+
+#include <limits.h>
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
 
@@ -32,10 +35,76 @@ __device__ __forceinline__ int selFirstCmp(int j, int l_sel, int l, int d) {
 }
 __device__ __forceinline__ int selLastCmp(int j, int l_sel, int d) { return ((j + 1) * l_sel - 1) / d; }
 
+/* Key order of the top-K: higher score first, then the lower block index
+ * (the reference's tie rule). Every key in a merge is distinct: real blocks
+ * have distinct j, empty slots and idle lanes get distinct sentinel j. */
+__device__ __forceinline__ bool selBetter(float s1, int j1, float s2, int j2) {
+    return s1 > s2 || (s1 == s2 && j1 < j2);
+}
+#define SEL_EMPTY_J (INT_MAX - 64) /* j at or above: an empty slot, not a block */
+
+/* Merges one candidate per lane (valid or not) into a token's top-K kept in
+ * topS/topJ[0..K) (K <= 31), warp-wide. The kept set is the K best keys of
+ * old and new together, so the result does not depend on the order blocks
+ * are offered in. Cheap when no candidate beats the worst kept entry. */
+__device__ __forceinline__ void selTopkMerge(float *topS, int *topJ, int K, float cs, int cj,
+                                             bool valid) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    if (!valid) {
+        cs = -INFINITY;
+        cj = SEL_EMPTY_J + 32 + lane;
+    }
+    const float os = lane < K ? topS[lane] : INFINITY;
+    const int oj = lane < K ? topJ[lane] : -1;
+    float ws = os;
+    int wj = oj;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) { /* the worst kept key */
+        float xs = __shfl_xor_sync(full, ws, off);
+        int xj = __shfl_xor_sync(full, wj, off);
+        if (selBetter(ws, wj, xs, xj)) ws = xs, wj = xj;
+    }
+    if (!__ballot_sync(full, valid && selBetter(cs, cj, ws, wj))) return;
+    int r_old = 0, r_new = 0; /* rank = how many keys of the union beat mine */
+    for (int src = 0; src < 32; src++) {
+        float xs = __shfl_sync(full, os, src);
+        int xj = __shfl_sync(full, oj, src);
+        if (src < K) {
+            r_old += selBetter(xs, xj, os, oj);
+            r_new += selBetter(xs, xj, cs, cj);
+        }
+        xs = __shfl_sync(full, cs, src);
+        xj = __shfl_sync(full, cj, src);
+        r_old += selBetter(xs, xj, os, oj);
+        r_new += selBetter(xs, xj, cs, cj);
+    }
+    __syncwarp();
+    if (lane < K && r_old < K) topS[r_old] = os, topJ[r_old] = oj;
+    if (r_new < K) topS[r_new] = cs, topJ[r_new] = cj;
+    __syncwarp();
+}
+
+/* One token's view of the selection: its current block, the forced blocks
+ * (0, cur, cur - 1) and how many it may choose freely. */
+struct SelToken {
+    int t, cur, n_forced, n_complete, K;
+    __device__ SelToken(int t_, int l_sel, int n_sel) : t(t_) {
+        cur = t / l_sel;
+        n_forced = 1 + (cur >= 1) + (cur >= 2);
+        n_complete = (t + 1) / l_sel;
+        K = max(0, n_sel - n_forced);
+    }
+    __device__ bool eligible(int j) const {
+        return j < n_complete && j != 0 && j != cur && j != cur - 1;
+    }
+};
+
 template <int DK>
 __global__ void __launch_bounds__(FAST_THREADS)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx) {
     constexpr int LDK = DK + 8;
+    constexpr int WARPS = FAST_THREADS / 32;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK;
     const int hpg = c.hpg, tpc = 64 / hpg, t0 = blockIdx.x * tpc;
@@ -47,6 +116,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int t_last = min(c.S, t0 + tpc) - 1;
+    const int n_tok = t_last - t0 + 1; /* tokens of this CTA inside the sequence */
     const int l = c.cmp_len, d = c.cmp_stride, l_sel = c.sel_len;
     auto rowToken = [&](int r) {
         int tok = t0 + r / hpg;
@@ -70,40 +140,36 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     if (ntiles > 0) loadK(0, 0);
     fastCpCommit();
     for (int i = tid; i < tpc * FAST_SCORE_RING; i += FAST_THREADS) sRing[i] = 0.f;
-    __syncthreads(); /* a token's thread reads its ring even when no tile runs */
+    for (int i = tid; i < tpc * FAST_MAX_SLOTS; i += FAST_THREADS) {
+        sTopS[i] = -INFINITY;
+        sTopJ[i] = SEL_EMPTY_J + i % FAST_MAX_SLOTS;
+    }
+    __syncthreads(); /* rings and top-K slots are read even when no tile runs */
 
-    /* per-token top-K state, owned by thread tid < tpc */
-    const int my_t = tid < tpc && t0 + tid < c.S ? t0 + tid : -1;
-    const int cur = my_t >= 0 ? my_t / l_sel : 0;
-    const int n_forced = 1 + (cur >= 1 ? 1 : 0) + (cur >= 2 ? 1 : 0);
-    const int n_complete = my_t >= 0 ? (my_t + 1) / l_sel : 0;
-    const int K = my_t >= 0 ? max(0, c.n_sel - n_forced) : 0;
-    float *topS = sTopS + tid * FAST_MAX_SLOTS;
-    int *topJ = sTopJ + tid * FAST_MAX_SLOTS;
-    int count = 0, worst = 0;
-    auto offer = [&](int j, float s) {
-        if (j >= n_complete || j == 0 || j == cur || j == cur - 1 || K == 0) return;
-        if (count < K) {
-            topS[count] = s;
-            topJ[count] = j;
-            count++;
-        } else if (s > topS[worst]) {
-            topS[worst] = s;
-            topJ[worst] = j;
-        } else {
-            return;
-        }
-        if (count == K) { /* worst: lowest score, then highest j */
-            worst = 0;
-            for (int e = 1; e < K; e++)
-                if (topS[e] < topS[worst] || (topS[e] == topS[worst] && topJ[e] > topJ[worst]))
-                    worst = e;
+    /* Offers the final scores of blocks [j_from, j_to) to the top-K of each
+     * token: warp w serves tokens w, w + WARPS, ..., a lane per block. Every
+     * ring slot read is cleared for the block that will reuse it. */
+    auto offerRange = [&](int j_from, int j_to) {
+        for (int tk = warp; tk < n_tok; tk += WARPS) {
+            const SelToken tok(t0 + tk, l_sel, c.n_sel);
+            float *ring = sRing + tk * FAST_SCORE_RING;
+            for (int j0 = j_from; j0 < j_to; j0 += 32) {
+                const int j = j0 + lane;
+                float s = 0.f;
+                if (j < j_to) {
+                    s = ring[j % FAST_SCORE_RING];
+                    ring[j % FAST_SCORE_RING] = 0.f;
+                }
+                if (tok.K > 0)
+                    selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, tok.K,
+                                 s, j, j < j_to && tok.eligible(j));
+            }
         }
     };
 
     const int rA = warp * 16 + grp, rB = rA + 8;
     int tok[2] = {rowToken(rA), rowToken(rB)};
-    float lse2[2] = {0.f, 0.f};
+    float lse2[2] = {INFINITY, INFINITY};
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         if (tok[i] < 0) continue;
@@ -112,6 +178,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         else lse2[i] = lse * FAST_LOG2E;
     }
     uint32_t qf[DK / 16][4];
+    const float inv_l = 1.f / (float)l;
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1, i0 = it * 64;
@@ -137,15 +204,22 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
             }
         }
+        /* p = exp2(s2 - lse2); rows without a token carry lse2 = +inf (p = 0).
+         * Interior tiles (every token sees all 64 blocks) skip the mask. */
+        const bool full = i0 + 64 <= nvis && (i0 + 63) * d + l - 1 <= t0;
 #pragma unroll
         for (int n = 0; n < 8; n++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int col = n * 8 + quad * 2 + (e & 1), i = i0 + col;
-                int t = tok[e >> 1];
-                bool ok = t >= 0 && i * d + l - 1 <= t;
-                float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[e >> 1]) : 0.f;
-                sP[(e < 2 ? rA : rB) * SEL_P_LD + col] = p;
+            for (int h = 0; h < 2; h++) {
+                const int col = n * 8 + quad * 2, i = i0 + col;
+                float p0 = exp2f(fmaf(s[n][2 * h], c.scale_log2, -lse2[h]));
+                float p1 = exp2f(fmaf(s[n][2 * h + 1], c.scale_log2, -lse2[h]));
+                if (!full) {
+                    const int t = tok[h];
+                    if (t < 0 || i * d + l - 1 > t) p0 = 0.f;
+                    if (t < 0 || (i + 1) * d + l - 1 > t) p1 = 0.f;
+                }
+                *(float2 *)(sP + (h ? rB : rA) * SEL_P_LD + col) = make_float2(p0, p1);
             }
         }
         __syncthreads();
@@ -160,54 +234,53 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         const int jlo = (i0 * d) / l_sel;
         const int jhi = min(c.Ns - 1, ((i0 + 63) * d + l - 1) / l_sel);
         const int nj = jhi - jlo + 1;
-        for (int pair = tid; pair < tpc * nj; pair += FAST_THREADS) {
-            int tk = pair / nj, j = jlo + pair % nj;
-            if (t0 + tk >= c.S) continue;
-            int ilo = max(i0, selFirstCmp(j, l_sel, l, d));
-            int ihi = min(min(i0 + 63, nvis - 1), selLastCmp(j, l_sel, d));
-            float acc = 0.f;
-            for (int i = ilo; i <= ihi; i++) {
-                int lo = max(i * d, j * l_sel), hi = min(i * d + l, (j + 1) * l_sel);
-                acc += (float)(hi - lo) / (float)l * sPt[tk * SEL_P_LD + (i - i0)];
+        /* a lane per selection block (its overlap range formed once), a
+         * warp per token */
+        for (int jj = lane; jj < nj; jj += 32) {
+            const int j = jlo + jj;
+            const int ilo = max(i0, selFirstCmp(j, l_sel, l, d));
+            const int ihi = min(min(i0 + 63, nvis - 1), selLastCmp(j, l_sel, d));
+            for (int tk = warp; tk < n_tok; tk += WARPS) {
+                const float *pt = sPt + tk * SEL_P_LD;
+                float acc = 0.f;
+                for (int i = ilo; i <= ihi; i++) {
+                    int lo = max(i * d, j * l_sel), hi = min(i * d + l, (j + 1) * l_sel);
+                    acc += (float)(hi - lo) * inv_l * pt[i - i0];
+                }
+                sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
             }
-            sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
         }
         __syncthreads();
         /* blocks no later tile touches are final */
         const int j_end = min(c.Ns, ((i0 + 64) * d) / l_sel);
-        if (my_t >= 0) {
-            for (int j = j_done; j < j_end; j++) {
-                float *slot = sRing + tid * FAST_SCORE_RING + j % FAST_SCORE_RING;
-                offer(j, *slot);
-                *slot = 0.f;
-            }
-        }
+        if (j_end > j_done) offerRange(j_done, j_end);
         j_done = max(j_done, j_end);
     }
     fastCpWait<0>();
-    if (my_t < 0) return;
-    for (int j = j_done; j < n_complete; j++) {
-        float *slot = sRing + tid * FAST_SCORE_RING + j % FAST_SCORE_RING;
-        offer(j, *slot);
-        *slot = 0.f;
-    }
-    /* forced blocks + the kept top-K, ascending, -1 padded */
-    int chosen[FAST_MAX_SLOTS];
-    int n = 0;
-    chosen[n++] = 0;
-    if (cur >= 1) chosen[n++] = cur;
-    if (cur >= 2) chosen[n++] = cur - 1;
-    for (int e = 0; e < count; e++) chosen[n++] = topJ[e];
-    for (int a = 1; a < n; a++) { /* insertion sort, n <= 32 */
-        int v = chosen[a], k = a - 1;
-        while (k >= 0 && chosen[k] > v) {
-            chosen[k + 1] = chosen[k];
-            k--;
+    /* blocks past the last tile's reach hold what the tiles left (or 0) */
+    int j_all = 0;
+    for (int tk = 0; tk < n_tok; tk++) j_all = max(j_all, SelToken(t0 + tk, l_sel, c.n_sel).n_complete);
+    if (j_all > j_done) offerRange(j_done, j_all);
+
+    /* forced blocks + the kept top-K, ascending, -1 padded: a lane per
+     * entry, placed by its rank (entries are distinct) */
+    for (int tk = warp; tk < n_tok; tk += WARPS) {
+        const SelToken tk_sel(t0 + tk, l_sel, c.n_sel);
+        int v = INT_MAX;
+        if (lane < tk_sel.K) {
+            int j = sTopJ[tk * FAST_MAX_SLOTS + lane];
+            if (j < SEL_EMPTY_J) v = j;
+        } else if (lane - tk_sel.K < tk_sel.n_forced) {
+            const int f = lane - tk_sel.K;
+            v = f == 0 ? 0 : f == 1 ? tk_sel.cur : tk_sel.cur - 1;
         }
-        chosen[k + 1] = v;
+        const int n = __popc(__ballot_sync(0xffffffffu, v != INT_MAX));
+        int rank = 0;
+        for (int src = 0; src < 32; src++) rank += __shfl_sync(0xffffffffu, v, src) < v;
+        int32_t *row = sel_idx + (((size_t)b * c.S + t0 + tk) * c.G + g) * c.slots;
+        if (v != INT_MAX) row[rank] = v;
+        if (lane >= n && lane < c.slots) row[lane] = -1; /* ranks are < n: no overlap */
     }
-    int32_t *row = sel_idx + (((size_t)b * c.S + my_t) * c.G + g) * c.slots;
-    for (int e = 0; e < c.slots; e++) row[e] = e < n ? chosen[e] : -1;
 }
 
 template <int DK>

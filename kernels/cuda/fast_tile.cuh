@@ -2,7 +2,8 @@
  * and the compressed branch (fast_win.cu, fast_cmp.cu) and, for dK/dV, the
  * selected branch (fast_sel.cu). A branch supplies a policy: which keys a
  * tile of query tokens may see (keyRange) and the visibility rule
- * (visible(t, u)). All kernels run 128 threads = 4 warps x 16 mma rows.
+ * (visible(t, u)). Every warp owns 16 mma rows; the query-tile kernels
+ * (forward, dQ) run FAST_QTILE_WARPS warps, the dK/dV core 4.
  *
  * Rows of a query tile are the heads of one KV group of consecutive tokens
  * (GQA packing: the K/V tile is loaded once for every head of the group).
@@ -46,8 +47,17 @@ struct FastBwdIo {
     int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq */
 };
 
-constexpr int fastFwdSmem(int dk, int dv) { return (64 * (dk + 8) * 3 + 2 * 64 * (dv + 8)) * 2; }
-constexpr int fastDqSmem(int dk, int dv) { return (3 * 64 * (dk + 8) + 3 * 64 * (dv + 8)) * 2; }
+/* Warps of the query-tile kernels (forward, dQ): 16 rows each, so a CTA
+ * holds 16 * FAST_QTILE_WARPS query rows against 64-key tiles. 128 rows
+ * halve the K/V bytes each query row pulls from L2 against 64 rows (the
+ * compressed forward was L2-bound at 64 rows: ncu, 70% L2 throughput). */
+#define FAST_QTILE_WARPS 8
+constexpr int fastFwdSmem(int dk, int dv, int warps) {
+    return (16 * warps * (dk + 8) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
+}
+constexpr int fastDqSmem(int dk, int dv, int warps) {
+    return (16 * warps * ((dk + 8) + (dv + 8)) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
+}
 /* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
  * per barrier (registers hold a 16 x 32 score tile per warp). */
 #define FAST_DKDV_ROWS 64
@@ -57,18 +67,19 @@ constexpr int fastDkdvSmem(int dk, int dv) {
            2 * FAST_DKDV_ROWS * 4 * 4;
 }
 
-/* Forward of one tile of query rows: o = softmax(scale q.K^T) V over the
- * keys [kb, ke) of the policy, visible(t, u) masking per row; o and lse out
- * (and the gate combine when COMBINE). Grid (ceil(S / tokens_per_tile), B*G). */
-template <int DK, int DV, class Policy, bool COMBINE>
-__global__ void __launch_bounds__(FAST_THREADS)
+/* Forward of one tile of 16 * WARPS query rows: o = softmax(scale q.K^T) V
+ * over the keys [kb, ke) of the policy, visible(t, u) masking per row; o and
+ * lse out (and the gate combine when COMBINE).
+ * Grid (ceil(S / tokens_per_tile), B*G), 32 * WARPS threads. */
+template <int DK, int DV, class Policy, bool COMBINE, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
 fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = 16 * WARPS, THREADS = 32 * WARPS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK, *sV = sK + 2 * 64 * LDK;
+    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + R * LDK, *sV = sK + 2 * 64 * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
-    const int tpc = 64 / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
     auto rowToken = [&](int r) {
         int tok = t0 + r / c.hpg;
         return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
@@ -76,7 +87,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
     };
-    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTile<R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
     int kb, ke;
@@ -84,11 +95,11 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
     auto loadKV = [&](int it, int st) {
         const int u0 = kb + it * 64;
-        fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        fastLoadTile<64, DK, THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<64, DV>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+        fastLoadTile<64, DV, THREADS>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -216,16 +227,16 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
 /* dQ of one tile of query rows, recomputing P from the saved lse:
  *   dP = dO_c.V^T with dO_c = g_c dout;  dS = P (dP - delta_c), delta_c = g_c dout.o_c;
  *   dq = scale dS.K, summed into the running dq of the branches (io.dq_mode). */
-template <int DK, int DV, class Policy>
-__global__ void __launch_bounds__(FAST_THREADS)
+template <int DK, int DV, class Policy, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
 fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = 16 * WARPS, THREADS = 32 * WARPS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + 64 * LDK, *sK = sdO + 64 * LDV,
+    bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
          *sV = sK + 2 * 64 * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
-    const int tpc = 64 / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
     auto rowToken = [&](int r) {
         int tok = t0 + r / c.hpg;
         return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
@@ -233,10 +244,10 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
     };
-    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTile<R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
-    fastLoadTile<64, DV>(sdO, [&](int r) -> const bf16 * {
+    fastLoadTile<R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
     int kb, ke;
@@ -244,11 +255,11 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
     auto loadKV = [&](int it, int st) {
         const int u0 = kb + it * 64;
-        fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        fastLoadTile<64, DK, THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<64, DV>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+        fastLoadTile<64, DV, THREADS>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -545,6 +556,21 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
 template <class Kernel>
 static inline cudaError_t fastSetSmem(Kernel kernel, int bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+}
+
+/* Enqueues a query-tile kernel (an instance of fastFwdKernel or fastDqKernel
+ * with FAST_QTILE_WARPS warps) over every token: one CTA per
+ * 16 * FAST_QTILE_WARPS / hpg whole tokens of each (b, g). Returns the
+ * attribute or launch status; never synchronises. */
+template <class Kernel, class... Args>
+static inline cudaError_t fastLaunchQTiles(Kernel kernel, int smem, const FastCtx &c,
+                                           cudaStream_t stream, Args... args) {
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int tpc = 16 * FAST_QTILE_WARPS / c.hpg;
+    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * FAST_QTILE_WARPS, smem, stream>>>(
+        c, args...);
+    return cudaGetLastError();
 }
 
 #endif

@@ -54,14 +54,9 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
 
 template <int DK, int DV>
 static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    auto kernel = fastFwdKernel<DK, DV, WinPolicy, true>;
-    const int smem = fastFwdSmem(DK, DV);
-    cudaError_t e = fastSetSmem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    const int tpc = 64 / c.hpg;
-    dim3 grid((c.S + tpc - 1) / tpc, c.B * c.G);
-    kernel<<<grid, FAST_THREADS, smem, stream>>>(c, io, WinPolicy{c.window});
-    return cudaGetLastError();
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, WinPolicy, true, FAST_QTILE_WARPS>,
+                            fastFwdSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+                            WinPolicy{c.window});
 }
 
 template <int DK, int DV>
@@ -74,14 +69,10 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
     if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    auto dq = fastDqKernel<DK, DV, WinPolicy>;
-    const int smem_q = fastDqSmem(DK, DV);
-    if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
-    const int tpc = 64 / c.hpg;
-    dq<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem_q, stream>>>(
-        c, io, WinPolicy{c.window});
-    return cudaGetLastError();
+    return fastLaunchQTiles(fastDqKernel<DK, DV, WinPolicy, FAST_QTILE_WARPS>,
+                            fastDqSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+                            WinPolicy{c.window});
 }
 
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
