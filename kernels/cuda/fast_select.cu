@@ -9,8 +9,8 @@
  * in a ring of FAST_SCORE_RING open blocks per token. Once no later tile can
  * touch block j (j < floor(i_end d / l')) its score is final and is offered
  * to the token's running top-K (K = n_sel - forced blocks). A warp serves a
- * token, a lane per offered block: candidates that beat the worst kept key
- * are merged by rank (the K best of old and new), so the set is exact under
+ * token, a lane per offered block: a ballot finds the candidates that beat
+ * the worst kept key and only those are inserted, so the set is exact under
  * the key (score desc, block asc) - ties go to the lower block index as in
  * the reference - and no thread walks the blocks alone. Blocks no tile
  * reaches score 0. */
@@ -37,51 +37,52 @@ __device__ __forceinline__ int selLastCmp(int j, int l_sel, int d) { return ((j 
 
 /* Key order of the top-K: higher score first, then the lower block index
  * (the reference's tie rule). Every key in a merge is distinct: real blocks
- * have distinct j, empty slots and idle lanes get distinct sentinel j. */
+ * have distinct j, empty slots get distinct sentinel j. */
 __device__ __forceinline__ bool selBetter(float s1, int j1, float s2, int j2) {
     return s1 > s2 || (s1 == s2 && j1 < j2);
 }
 #define SEL_EMPTY_J (INT_MAX - 64) /* j at or above: an empty slot, not a block */
 
+/* Worst key (lowest score, then highest j) of the K kept entries held by
+ * lanes < K, on every lane. */
+__device__ __forceinline__ void selWorst(float os, int oj, int K, float &ws, int &wj) {
+    const int lane = threadIdx.x & 31;
+    ws = lane < K ? os : INFINITY;
+    wj = lane < K ? oj : -1;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        float xs = __shfl_xor_sync(0xffffffffu, ws, off);
+        int xj = __shfl_xor_sync(0xffffffffu, wj, off);
+        if (selBetter(ws, wj, xs, xj)) ws = xs, wj = xj;
+    }
+}
+
 /* Merges one candidate per lane (valid or not) into a token's top-K kept in
- * topS/topJ[0..K) (K <= 31), warp-wide. The kept set is the K best keys of
- * old and new together, so the result does not depend on the order blocks
- * are offered in. Cheap when no candidate beats the worst kept entry. */
+ * topS/topJ[0..K) (K <= 31), warp-wide: each candidate that beats the worst
+ * kept key replaces it. The kept set is the K best keys seen, whatever the
+ * order of the offers. After the first few tiles a candidate rarely gets
+ * in, so the common case is one reduction and one ballot. */
 __device__ __forceinline__ void selTopkMerge(float *topS, int *topJ, int K, float cs, int cj,
                                              bool valid) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
-    if (!valid) {
-        cs = -INFINITY;
-        cj = SEL_EMPTY_J + 32 + lane;
+    float os = lane < K ? topS[lane] : 0.f;
+    int oj = lane < K ? topJ[lane] : 0;
+    float ws;
+    int wj;
+    selWorst(os, oj, K, ws, wj);
+    unsigned in = __ballot_sync(full, valid && selBetter(cs, cj, ws, wj));
+    if (!in) return;
+    while (in) {
+        const int src = __ffs(in) - 1;
+        in &= in - 1;
+        const float xs = __shfl_sync(full, cs, src);
+        const int xj = __shfl_sync(full, cj, src);
+        if (!selBetter(xs, xj, ws, wj)) continue; /* an earlier newcomer raised the bar */
+        if (lane < K && os == ws && oj == wj) os = xs, oj = xj; /* keys are distinct */
+        selWorst(os, oj, K, ws, wj);
     }
-    const float os = lane < K ? topS[lane] : INFINITY;
-    const int oj = lane < K ? topJ[lane] : -1;
-    float ws = os;
-    int wj = oj;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) { /* the worst kept key */
-        float xs = __shfl_xor_sync(full, ws, off);
-        int xj = __shfl_xor_sync(full, wj, off);
-        if (selBetter(ws, wj, xs, xj)) ws = xs, wj = xj;
-    }
-    if (!__ballot_sync(full, valid && selBetter(cs, cj, ws, wj))) return;
-    int r_old = 0, r_new = 0; /* rank = how many keys of the union beat mine */
-    for (int src = 0; src < 32; src++) {
-        float xs = __shfl_sync(full, os, src);
-        int xj = __shfl_sync(full, oj, src);
-        if (src < K) {
-            r_old += selBetter(xs, xj, os, oj);
-            r_new += selBetter(xs, xj, cs, cj);
-        }
-        xs = __shfl_sync(full, cs, src);
-        xj = __shfl_sync(full, cj, src);
-        r_old += selBetter(xs, xj, os, oj);
-        r_new += selBetter(xs, xj, cs, cj);
-    }
-    __syncwarp();
-    if (lane < K && r_old < K) topS[r_old] = os, topJ[r_old] = oj;
-    if (r_new < K) topS[r_new] = cs, topJ[r_new] = cj;
+    if (lane < K) topS[lane] = os, topJ[lane] = oj;
     __syncwarp();
 }
 
