@@ -21,7 +21,7 @@ struct NsaAttnCudaPlan {
     size_t bytes;
     void *base;
     bf16 *kc, *vc, *o[3];
-    float *lse[3], *dsum, *dq_acc, *cmp_part_k, *cmp_part_v;
+    float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
     size_t cmp_part_capacity; /* elements of cmp_part_k */
     int32_t *sel;
     FastRevIndex rev;
@@ -132,6 +132,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
     }
     p->sel = (int32_t *)take(T * d->G * c.slots * 4);
     p->dsum = (float *)take(rows * 3 * 4);
+    p->gate_f = (float *)take(rows * 3 * 4);
     p->dq_acc = (float *)take(rows * d->d_k * 4);
     int parts = cmpPartsWanted(c, p->sm_count);
     p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
@@ -323,10 +324,11 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
 }
 
 /* dsum[r][c] = dout[r].o_c[r] (fp32) and dgates = the same in bf16; a warp
- * per row, fixed lane order. */
-__global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, const bf16 *dout,
-                                       const bf16 *o0, const bf16 *o1, const bf16 *o2,
-                                       size_t rows, int dv) {
+ * per row, fixed lane order. gate_f = the gates in fp32, for the dK/dV
+ * kernels' 4-byte async copies. */
+__global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, float *gate_f, const bf16 *gates,
+                                       const bf16 *dout, const bf16 *o0, const bf16 *o1,
+                                       const bf16 *o2, size_t rows, int dv) {
     const int lane = threadIdx.x & 31;
     size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
     size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
@@ -348,6 +350,7 @@ __global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, const bf16 *do
             if (lane == 0) {
                 dsum[r * 3 + k] = v;
                 dgates[r * 3 + k] = __float2bfloat16(v);
+                gate_f[r * 3 + k] = __bfloat162float(gates[r * 3 + k]);
             }
         }
     }
@@ -383,9 +386,9 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FAST_MARK("bwd.gate");
     unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
     if (blocks > 65535u * 8u) blocks = 65535u * 8u;
-    fastGateBackwardKernel<<<blocks, 256, 0, stream>>>(p->dsum, (bf16 *)grads->dgates,
-                                                       (const bf16 *)dout, p->o[0], p->o[1],
-                                                       p->o[2], rows, dv);
+    fastGateBackwardKernel<<<blocks, 256, 0, stream>>>(
+        p->dsum, (bf16 *)grads->dgates, p->gate_f, (const bf16 *)in->gates, (const bf16 *)dout,
+        p->o[0], p->o[1], p->o[2], rows, dv);
     FAST_CHECK(cudaGetLastError(), "gate backward");
 
     FastBwdIo io = {};
@@ -393,6 +396,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.dout = (const bf16 *)dout;
     io.gates = (const bf16 *)in->gates;
     io.dsum = p->dsum;
+    io.gate_f = p->gate_f;
     io.dq_acc = p->dq_acc;
     io.dq_out = (bf16 *)grads->dq;
 

@@ -79,12 +79,12 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
     fastDkdvCore<DK, DV>(
         c, io, b, g, i0, khi, ntiles,
-        [=](int it, int slot) {
+        [=](int it, int slot, int *dst) {
             int t = tb + (part + it * parts) * tpr + slot;
-            return t < S ? t : -1;
+            *dst = t < S ? t : -1;
         },
         [=](int t, int i) { return i * d + l - 1 <= t; },
-        [=](int it) { /* tokens of row tile it: [t, t + tpr) */
+        [=](int it, int) { /* tokens of row tile it: [t, t + tpr) */
             int t = tb + (part + it * parts) * tpr;
             return t + tpr <= S && (i0 + 63) * d + l - 1 <= t;
         },

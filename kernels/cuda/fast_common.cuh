@@ -38,6 +38,16 @@ __device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {
         *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     }
 }
+/* 4-byte async copy (metadata: lse, deltas, gates, token indices); src ==
+ * NULL stores 0 instead. */
+__device__ __forceinline__ void fastCpAsync4(void *dst, const void *src) {
+    if (src) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(fastSmemAddr(dst)),
+                     "l"(src));
+    } else {
+        *(uint32_t *)dst = 0u;
+    }
+}
 __device__ __forceinline__ void fastCpCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void fastCpWait() {

@@ -447,14 +447,14 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
     const int S = c.S, G = c.G;
     fastDkdvCore<DK, DV>(
         c, io, b, g, u0, khi, ntiles,
-        [=](int it, int s) {
+        [=](int it, int s, int *dst) {
             int e = e0 + it * tpr + s;
-            return e < e1 ? entries[e] : -1;
+            if (e < e1) fastCpAsync4(dst, entries + e);
+            else *dst = -1;
         },
         [=](int t, int u) { return u <= t; },
-        [=](int it) { /* entries ascend: the tile's first token is its smallest */
-            int e = e0 + it * tpr;
-            return e + tpr <= e1 && u0 + 63 <= entries[e];
+        [=](int it, int t_first) { /* entries ascend: the first token is the smallest */
+            return e0 + (it + 1) * tpr <= e1 && u0 + 63 <= t_first;
         },
         [=](int u, bool is_k, int col, float v0, float v1) {
             if (items == 1) {

@@ -41,6 +41,7 @@ struct FastBwdIo {
     int nkeys;
     const float *lse;   /* this branch's lse [B][S][H] */
     const float *dsum;  /* dout.o_c per row and branch [B][S][H][3] (= dgates) */
+    const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
     int branch;         /* 0 cmp, 1 sel, 2 win */
     float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
     bf16 *dq_out;       /* bf16 dq, written by the last branch (mode 2) */
@@ -64,7 +65,7 @@ constexpr int fastDqSmem(int dk, int dv, int warps) {
 constexpr int fastDkdvSmem(int dk, int dv) {
     return (64 * (dk + 8) + 64 * (dv + 8) + 2 * FAST_DKDV_ROWS * (dk + 8) +
             2 * FAST_DKDV_ROWS * (dv + 8)) * 2 +
-           2 * FAST_DKDV_ROWS * 4 * 4;
+           2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4;
 }
 
 /* Forward of one tile of 16 * WARPS query rows: o = softmax(scale q.K^T) V
@@ -380,26 +381,34 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
 }
 
 /* dK, dV of one tile of 64 keys [u0, khi), walking the row tiles of
- * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them
- * (rowToken(tile, slot) gives each row tile's tokens, -1 for none):
+ * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them:
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
  *   dV = sum (g P^T) dout;  dK = scale sum dS^T Q.
  * A fixed row-tile order per CTA and no atomics: bit-reproducible.
- * tileFull(it) says every row of row tile it sees every key of the tile.
- * store(u, is_k, col, v0, v1) writes two adjacent results of key u. */
-template <int DK, int DV, class RowToken, class Visible, class TileFull, class Store>
+ *
+ * Pipeline, one barrier per row tile: the token indices of tile k arrive
+ * two tiles ahead (a ring of 4 slots) (fetchToken(k, slot, dst) writes slot's token or -1 to
+ * shared memory, directly or by a 4-byte async copy), so the rows of tile
+ * k+1 - q, dout and their lse, delta and gate - are all async copies issued
+ * while tile k computes; no thread waits on a global load in the loop.
+ * tileFull(k, t_first) says every row of tile k (first token t_first) sees
+ * every key of the tile. store(u, is_k, col, v0, v1) writes two adjacent
+ * results of key u. */
+template <int DK, int DV, class FetchToken, class Visible, class TileFull, class Store>
 __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
-                                             int u0, int khi, int ntiles, RowToken rowToken,
+                                             int u0, int khi, int ntiles, FetchToken fetchToken,
                                              Visible visible, TileFull tileFull, Store store) {
     constexpr int LDK = DK + 8, LDV = DV + 8;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     constexpr int R = FAST_DKDV_ROWS;
+    static_assert(R <= FAST_THREADS, "one metadata thread per row");
     bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
          *sdO = sQ + 2 * R * LDK;
     float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R;
     int *sT = (int *)(sG + 2 * R);
+    int *sTok = sT + 2 * R; /* [4][R]: tokens of row tile k in ring slot k % 4 */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
-    const int tpr = R / c.hpg;
+    const int hpg = c.hpg, tpr = R / hpg;
 
     fastLoadTile<64, DK>(sK, [&](int r) -> const bf16 * {
         int u = u0 + r;
@@ -409,43 +418,63 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         int u = u0 + r;
         return u < khi ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
     });
-    auto loadRows = [&](int it, int st) {
-        auto rowOf = [&](int r, size_t &row) {
-            if (r >= tpr * c.hpg) return false;
-            int t = rowToken(it, r / c.hpg);
-            if (t < 0) return false;
-            row = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + r % c.hpg;
-            return true;
-        };
+    auto fetchTokens = [&](int k) {
+        if (k < ntiles && (int)threadIdx.x < tpr)
+            fetchToken(k, (int)threadIdx.x, sTok + (k % 4) * R + threadIdx.x);
+    };
+    auto rowOf = [&](const int *tok, int r, size_t &row) {
+        if (r >= tpr * hpg) return false;
+        int t = tok[r / hpg];
+        if (t < 0) return false;
+        row = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg;
+        return true;
+    };
+    /* async copies of row tile k into stage k & 1 (its tokens are visible) */
+    auto issueRows = [&](int k) {
+        const int st = k & 1;
+        const int *tok = sTok + (k % 4) * R;
         fastLoadTile<R, DK>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
-            return rowOf(r, row) ? io.q + row * DK : nullptr;
+            return rowOf(tok, r, row) ? io.q + row * DK : nullptr;
         });
         fastLoadTile<R, DV>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
             size_t row;
-            return rowOf(r, row) ? io.dout + row * DV : nullptr;
+            return rowOf(tok, r, row) ? io.dout + row * DV : nullptr;
         });
-        if (threadIdx.x < R) {
-            int r = threadIdx.x;
-            size_t row;
-            int t = -1;
-            float lse2 = 0.f, dsum = 0.f, gate = 0.f;
-            if (rowOf(r, row)) {
-                float lse = io.lse[row];
-                if (lse != -INFINITY) {
-                    t = rowToken(it, r / c.hpg);
-                    lse2 = lse * FAST_LOG2E;
-                    dsum = io.dsum[row * 3 + io.branch];
-                    gate = __bfloat162float(io.gates[row * 3 + io.branch]);
-                }
-            }
-            sT[st * R + r] = t;
-            sL[st * R + r] = lse2;
-            sD[st * R + r] = dsum;
-            sG[st * R + r] = gate;
+        if ((int)threadIdx.x < R) {
+            const int r = threadIdx.x;
+            size_t row = 0;
+            const bool ok = rowOf(tok, r, row);
+            sT[st * R + r] = ok ? tok[r / hpg] : -1;
+            fastCpAsync4(sL + st * R + r, ok ? io.lse + row : nullptr);
+            fastCpAsync4(sD + st * R + r, ok ? io.dsum + row * 3 + io.branch : nullptr);
+            fastCpAsync4(sG + st * R + r, ok ? io.gate_f + row * 3 + io.branch : nullptr);
         }
     };
-    if (ntiles > 0) loadRows(0, 0);
+    /* the thread that issued row r's metadata finishes it once its copies
+     * landed: lse to the log2 domain; a row that sees nothing (lse = -inf)
+     * gets token -1 and zero gate, delta (no gradient, never NaN) */
+    auto finishRows = [&](int k) {
+        if ((int)threadIdx.x < R) {
+            const int i = (k & 1) * R + threadIdx.x;
+            const float lse = sL[i];
+            if (sT[i] >= 0 && lse != -INFINITY) {
+                sL[i] = lse * FAST_LOG2E;
+            } else {
+                sT[i] = -1;
+                sL[i] = 0.f;
+                sD[i] = 0.f;
+                sG[i] = 0.f;
+            }
+        }
+    };
+    fetchTokens(0);
+    fetchTokens(1);
+    fastCpCommit();
+    fastCpWait<0>();
+    __syncthreads();
+    if (ntiles > 0) issueRows(0);
+    fetchTokens(2);
     fastCpCommit();
 
     float dk[DK / 8][4], dv[DV / 8][4];
@@ -457,19 +486,22 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
 
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
-        if (it + 1 < ntiles) loadRows(it + 1, st ^ 1);
+        fastCpWait<0>(); /* rows of tile it, tokens of tile it + 2 */
+        finishRows(it);
+        __syncthreads(); /* ... visible to all; stage st ^ 1 is free again */
+        if (it + 1 < ntiles) issueRows(it + 1);
+        fetchTokens(it + 3);
         fastCpCommit();
-        fastCpWait<1>();
-        __syncthreads();
+        const int t_first = sTok[(it % 4) * R]; /* slot (it + 3) % 4 is being refilled */
+        /* every row of the tile sees all 64 keys: no mask (rows without a
+         * gradient carry gate 0, so they add nothing either way) */
+        const bool full = khi - u0 == 64 && tileFull(it, t_first);
 #pragma unroll 1
         for (int half = 0; half < R / 32; half++) {
         const bf16 *q_t = sQ + (st * R + half * 32) * LDK, *do_t = sdO + (st * R + half * 32) * LDV;
         const float *l_t = sL + st * R + half * 32, *d_t = sD + st * R + half * 32,
                     *g_t = sG + st * R + half * 32;
         const int *t_t = sT + st * R + half * 32;
-        /* every row of the tile sees all 64 keys: no mask (rows without a
-         * gradient carry gate 0, so they add nothing either way) */
-        const bool full = khi - u0 == 64 && tileFull(it);
         float s[4][4], dp[4][4];
 #pragma unroll
         for (int n = 0; n < 4; n++)
@@ -535,7 +567,6 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             }
         }
         } /* half */
-        __syncthreads();
     }
     fastCpWait<0>();
 

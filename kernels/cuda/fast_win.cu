@@ -34,12 +34,12 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
     const int window = c.window;
     fastDkdvCore<DK, DV>(
         c, io, b, g, u0, khi, ntiles,
-        [=](int it, int slot) {
+        [=](int it, int slot, int *dst) {
             int t = u0 + it * tpr + slot;
-            return t < te ? t : -1;
+            *dst = t < te ? t : -1;
         },
         [=](int t, int u) { return u <= t && u > t - window; },
-        [=](int it) { /* tokens of row tile it: [t, t + tpr) */
+        [=](int it, int) { /* tokens of row tile it: [t, t + tpr) */
             int t = u0 + it * tpr;
             return t + tpr <= te && u0 + 63 <= t && u0 > t + tpr - 1 - window;
         },
