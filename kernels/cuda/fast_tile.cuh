@@ -56,6 +56,12 @@ struct FastBwdIo {
 constexpr int fastFwdSmem(int dk, int dv, int warps) {
     return (16 * warps * (dk + 8) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
 }
+/* Forward CTAs an SM holds: two when both fit in shared memory (227 KB),
+ * and then the kernel is held to 128 registers (the latency-bound tile
+ * loop gains more from a second CTA than from registers); else one. */
+constexpr int fastFwdCtasPerSm(int dk, int dv, int warps) {
+    return 2 * (fastFwdSmem(dk, dv, warps) + 1024) <= 227 * 1024 ? 2 : 1;
+}
 constexpr int fastDqSmem(int dk, int dv, int warps) {
     return (16 * warps * ((dk + 8) + (dv + 8)) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
 }
@@ -73,7 +79,7 @@ constexpr int fastDkdvSmem(int dk, int dv) {
  * lse out (and the gate combine when COMBINE).
  * Grid (ceil(S / tokens_per_tile), B*G), 32 * WARPS threads. */
 template <int DK, int DV, class Policy, bool COMBINE, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS)
+__global__ void __launch_bounds__(32 * WARPS, fastFwdCtasPerSm(DK, DV, WARPS))
 fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     constexpr int LDK = DK + 8, LDV = DV + 8, R = 16 * WARPS, THREADS = 32 * WARPS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
@@ -114,30 +120,28 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     float o[DV / 8][4];
 #pragma unroll
     for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    uint32_t qf[DK / 16][4];
-
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
         if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
         __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
-        }
         const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
         float s[8][4];
 #pragma unroll
         for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        /* q fragments are re-read from shared memory per tile: holding them
+         * (DK/4 registers) would cost the second CTA per SM */
 #pragma unroll
         for (int kk = 0; kk < DK / 16; kk++) {
+            uint32_t qa[4];
+            fastLoadA(qa, sQ, LDK, warp * 16, kk * 16);
 #pragma unroll
             for (int np = 0; np < 4; np++) {
                 uint32_t bb[4];
                 fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
-                fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+                fastMma(s[2 * np], qa, bb[0], bb[1]);
+                fastMma(s[2 * np + 1], qa, bb[2], bb[3]);
             }
         }
         const int u0 = kb + it * 64;
