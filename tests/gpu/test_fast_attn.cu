@@ -308,6 +308,7 @@ int main(int argc, char **argv) {
         {"S4096 hpg4 n_sel2", 1, 4096, 4, 1, 64, 64, 32, 16, 64, 2, 256},
         {"S200 l'=d=l=1 (full causal)", 1, 200, 2, 1, 64, 64, 1, 1, 1, 32, 1},
         {"S1200 paper-like 16/1 d128 l'128", 1, 1200, 16, 1, 128, 128, 32, 16, 128, 16, 512},
+        {"S1700 hpg8", 1, 1700, 16, 2, 64, 64, 32, 16, 64, 16, 256},
     };
     const int n = sizeof(cases) / sizeof(cases[0]);
     if (argc > 1 && !strcmp(argv[1], "--count")) {
