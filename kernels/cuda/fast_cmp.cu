@@ -6,8 +6,9 @@
  * selection pass and the backward recompute P = exp(s - lse) tile by tile.
  * dK/dV: key tile i0 is seen by every token from i0*d+l-1 on, so its row
  * tiles are dealt round-robin to `parts` CTAs (balance: the first key tile
- * has the longest list); each writes an fp32 partial and the pooling
- * backward sums the parts in a fixed order - no atomics, reproducible. */
+ * has the longest list) and the CTAs start longest first; each writes an
+ * fp32 partial and the pooling backward sums the parts in a fixed order -
+ * no atomics, reproducible. */
 #include "fast_internal.cuh"
 
 struct CmpPolicy {
@@ -69,9 +70,17 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
 template <int DK, int DV>
 __global__ void __launch_bounds__(FAST_THREADS)
 cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
-    const int bg = blockIdx.z, b = bg / c.G, g = bg % c.G;
-    const int part = blockIdx.y, parts = gridDim.y;
-    const int i0 = blockIdx.x * 64, khi = min(c.Nc, i0 + 64);
+    /* Longest first: CTAs start in linear-index order, and key tile x has
+     * work ~ S - x*64*d, so the index runs over key tiles outermost (every
+     * part and (b, g) of tile 0 first). Without it the long CTAs of late
+     * (b, g) started last and the pass ran about 1.36x its balanced time
+     * (a greedy-schedule model of the paper shape at 64k). */
+    const int parts = gridDim.y, BG = gridDim.z;
+    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + parts * blockIdx.z);
+    const int key_tile = linear / (parts * BG), rest = linear % (parts * BG);
+    const int bg = rest / parts, b = bg / c.G, g = bg % c.G;
+    const int part = rest % parts;
+    const int i0 = key_tile * 64, khi = min(c.Nc, i0 + 64);
     const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int total = (c.S - tb + tpr - 1) / tpr;
