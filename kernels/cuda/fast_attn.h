@@ -16,13 +16,18 @@
  *             below it one CTA per 4 tokens streaming the
  *             union of their blocks                          fast_sel_union.cu
  *             window attention + gate combine -> o_win, out  fast_win.cu
- *   backward  gate backward: dgates = dout.o_c (the deltas)  fast_attn.cu
+ *   backward  gate backward: dgates = dout.o_c (the deltas),
+ *             the gates in fp32                               fast_attn.cu
  *             window dK/dV, dQ                                fast_win.cu
  *             compressed dK/dV (row tiles dealt to several
- *             CTAs, fp32 partials summed in a fixed order by
- *             the pooling backward), dQ                       fast_cmp.cu
+ *             CTAs started longest first, fp32 partials summed
+ *             in a fixed order by the pooling backward), dQ   fast_cmp.cu
  *             reverse index (stable counting sort), selected
  *             dK/dV per block, fixed-order chunk reduce, dQ   fast_sel.cu
+ * CTA shapes: forward and dQ tiles are 8 warps = 128 query rows (whole
+ * tokens of one KV group) against 64-key tiles; dK/dV tiles are 4 warps =
+ * 64 keys against 64-row stages whose metadata arrives by async copies one
+ * tile ahead; the score pass is 4 warps, a warp per token's top-n.
  * The flash tile loops shared by the branches are in fast_tile.cuh, the
  * mma/ldmatrix/cp.async helpers in fast_common.cuh, the launchers in
  * fast_internal.cuh. Correctness: tests/gpu/test_fast_attn.cu; timing:
