@@ -51,15 +51,20 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
                             cudaGetErrorString(fast_status_));                              \
     } while (0)
 
-/* Below this S the selected branch's forward and dQ use the union-of-4
- * kernels (fast_sel_union.cu), from it the warp-per-token ones
- * (fast_sel.cu): measured on an H200, union wins at 2048, warp at 8192. */
-#define FAST_SEL_UNION_BELOW_S 8192
+/* Below these S the selected branch's forward / dQ use the union-of-4
+ * kernels (fast_sel_union.cu), from them the warp-per-token ones
+ * (fast_sel.cu). Measured on an H200 (docs/PERF.md), paper / prototype
+ * shape: forward union wins at 2048 and 4096 (37.9 vs 45.4 / 8.1 vs 11.1 ms
+ * at 4096), warp at 8192; dQ union wins at 2048, warp from 4096 (86.3 vs
+ * 96.5 / 15.8 vs 16.8 ms of backward at 4096). */
+#define FAST_SEL_UNION_FWD_BELOW_S 8192
+#define FAST_SEL_UNION_DQ_BELOW_S 4096
 
 /* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp. */
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0) {
     FastCtx c;
-    c.sel_union = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_BELOW_S);
+    c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
+    c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;

@@ -23,7 +23,8 @@
  *             CTAs started longest first, fp32 partials summed
  *             in a fixed order by the pooling backward), dQ   fast_cmp.cu
  *             reverse index (stable counting sort), selected
- *             dK/dV per block, fixed-order chunk reduce, dQ   fast_sel.cu
+ *             dK/dV per block, fixed-order chunk reduce, dQ
+ *             (warp per token from S = 4096, union below)     fast_sel.cu
  * CTA shapes: forward and dQ tiles are 8 warps = 128 query rows (whole
  * tokens of one KV group) against 64-key tiles; dK/dV tiles are 4 warps =
  * 64 keys against 64-row stages whose metadata arrives by async copies one

@@ -67,7 +67,7 @@ cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
 /* Shared memory the selection kernel needs (for the dims check). */
 int fastSelectSmem(const FastCtx &c, int dk);
 
-/* fast_sel.cu (dispatching to fast_sel_union.cu when c.sel_union) */
+/* fast_sel.cu (dispatching to fast_sel_union.cu when c.sel_union_fwd / _dq) */
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            const int32_t *sel_idx, cudaStream_t stream);
 

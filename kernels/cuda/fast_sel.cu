@@ -525,7 +525,7 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
                                                                                  dv_out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
-    if (c.sel_union) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
+    if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
     auto dq = selDqKernel<DK, DV>;
     constexpr int smem_q = SEL_WARPS * selWarpSmem<DK, DV, true>();
     if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
@@ -536,7 +536,7 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
 
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            const int32_t *sel_idx, cudaStream_t stream) {
-    if (c.sel_union) return fastSelUnionForward(c, dk, dv, io, sel_idx, stream);
+    if (c.sel_union_fwd) return fastSelUnionForward(c, dk, dv, io, sel_idx, stream);
     FAST_DISPATCH(dk, dv, selForward, c, io, sel_idx, stream);
 }
 

@@ -13,8 +13,9 @@
  * pass over the union beats a pass per token; at long S random selections
  * share few blocks and the union's CTA barriers leave three warps in four
  * idle, so fast_sel.cu's warp-per-token kernels win. Measured on an H200
- * (docs/PERF.md): union faster at S = 2048, warp-per-token from S = 8192.
- * fastMakeCtx picks by S (FAST_SEL_UNION_BELOW_S); NSA_FAST_SEL in the
+ * (docs/PERF.md): the union forward is faster up to S = 4096, the union dQ
+ * at 2048; fastMakeCtx picks each by S (FAST_SEL_UNION_FWD_BELOW_S,
+ * FAST_SEL_UNION_DQ_BELOW_S); NSA_FAST_SEL in the
  * environment of nsaAttnCudaPlanCreate forces one (tests run both). */
 #include "fast_internal.cuh"
 

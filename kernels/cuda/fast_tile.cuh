@@ -22,7 +22,8 @@ struct FastCtx {
     int cmp_len, cmp_stride, sel_len, n_sel, window;
     int Nc, Ns, slots;
     float scale, scale_log2;
-    int sel_union;  /* selected fwd/dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
+    /* selected forward / dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
+    int sel_union_fwd, sel_union_dq;
 };
 
 struct FastFwdIo {
