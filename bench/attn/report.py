@@ -2,8 +2,8 @@
 """report.py - merges bench_nsa (NSA) and dense_sdpa.py (dense FA2/cuDNN)
 JSON lines into one markdown report: per shape and sequence length the
 forward/backward/total times, the speed-ups of NSA over each dense backend,
-the peak memory of each, achieved TFLOP/s; then NSA's per-branch TFLOP/s
-and per-phase time breakdown.
+the peak memory of each, achieved TFLOP/s; then NSA's per-branch TFLOP/s,
+the per-phase time breakdown and the rows that issue 7 sets targets for.
 
 usage: report.py nsa.jsonl [dense.jsonl]
 """
@@ -31,6 +31,38 @@ def fmt(v, nd=2):
     return "-" if v is None else f"{v:.{nd}f}"
 
 
+def fmtx(v):
+    return "-" if v is None else f"{v:.2f}x"
+
+
+# Issue 7's targets (benchmarks, not tests): (shape, S, dense backend,
+# least speed-up of NSA over it, fwd+bwd). At 2k "within 1.25x of dense"
+# is a speed-up of at least 1/1.25 = 0.8.
+TARGETS = [
+    ("paper", 65536, "fa2", 9.0),
+    ("paper", 65536, "cudnn", 5.0),
+    ("proto", 65536, "fa2", 6.0),
+    ("paper", 2048, "fa2", 0.8),
+    ("proto", 2048, "fa2", 0.8),
+]
+
+
+def print_targets(by):
+    rows = []
+    for shape, S, impl, want in TARGETS:
+        n, d = by.get((shape, S, "nsa")), by.get((shape, S, impl))
+        if not n or not d or not n.get("total_ms") or not d.get("total_ms"):
+            continue
+        got = d["total_ms"] / n["total_ms"]
+        rows.append(f"| {shape} | {S} | {impl} | {want:.2f}x | {got:.2f}x | "
+                    f"{'yes' if got >= want else 'no'} |")
+    if rows:
+        print("\nAgainst issue 7's targets (NSA fwd+bwd speed-up over dense):\n")
+        print("| shape | S | dense | target | measured | met |")
+        print("|---|---|---|---|---|---|")
+        print("\n".join(rows))
+
+
 def main():
     nsa = load(sys.argv[1])
     dense = load(sys.argv[2] if len(sys.argv) > 2 else None)
@@ -53,7 +85,7 @@ def main():
         err = n.get("error") or fa.get("error") or cu.get("error")
         print(f"| {shape} | {S} | {n.get('B', fa.get('B', '-'))} | {fmt(n.get('fwd_ms'))} | "
               f"{fmt(n.get('bwd_ms'))} | {fmt(nt)} | {fmt(fa.get('total_ms'))} | "
-              f"{fmt(cu.get('total_ms'))} | {fmt(ratio(fa))}x | {fmt(ratio(cu))}x | "
+              f"{fmt(cu.get('total_ms'))} | {fmtx(ratio(fa))} | {fmtx(ratio(cu))} | "
               f"{fmt(n.get('peak_mib'), 0)} | {fmt(fa.get('peak_mib'), 0)} | "
               f"{fmt(cu.get('peak_mib'), 0)} | {fmt(n.get('tflops'), 0)} | "
               f"{n.get('finite', '-')}{' ' + err if err else ''} |")
@@ -82,6 +114,7 @@ def main():
             p = by.get((shape, S, "nsa"), {}).get("phases")
             if p:
                 print(f"| {shape} | {S} | " + " | ".join(fmt(p.get(k), 3) for k in phases) + " |")
+    print_targets(by)
 
 
 if __name__ == "__main__":
