@@ -371,6 +371,16 @@ static int growArray(void **arr, size_t *cap, size_t need, size_t elem) {
     return 0;
 }
 
+/* Keeps the points at even indices and the last one of an array of n
+ * elements of elem bytes, in order; returns how many remain. */
+static size_t thinSeries(void *arr, size_t n, size_t elem) {
+    char *a = arr;
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i += 2) memmove(a + kept++ * elem, a + i * elem, elem);
+    if (n > 0 && (n - 1) % 2 != 0) memmove(a + kept++ * elem, a + (n - 1) * elem, elem);
+    return kept;
+}
+
 static int appendTrain(Run *run, const RunTrainPoint *p) {
     size_t before = run->n_train;
     while (run->n_train > 0 && run->train[run->n_train - 1].step >= p->step) run->n_train--;
@@ -378,6 +388,10 @@ static int appendTrain(Run *run, const RunTrainPoint *p) {
     if (growArray((void **)&run->train, &run->cap_train, run->n_train + 1, sizeof *run->train) != 0)
         return -1;
     run->train[run->n_train++] = *p;
+    if (run->n_train > RUN_SERIES_MAX_POINTS) {
+        run->n_train = thinSeries(run->train, run->n_train, sizeof *run->train);
+        run->series_generation++;
+    }
     return 0;
 }
 
@@ -387,6 +401,10 @@ static int appendVal(Run *run, const RunValPoint *p) {
     if (run->n_val != before) run->series_generation++;
     if (growArray((void **)&run->val, &run->cap_val, run->n_val + 1, sizeof *run->val) != 0) return -1;
     run->val[run->n_val++] = *p;
+    if (run->n_val > RUN_SERIES_MAX_POINTS) {
+        run->n_val = thinSeries(run->val, run->n_val, sizeof *run->val);
+        run->series_generation++;
+    }
     return 0;
 }
 

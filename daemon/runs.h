@@ -19,6 +19,12 @@
 
 #define RUN_ID_MAX 65
 #define RUN_PATH_MAX 4096
+/* Points a run keeps in memory per series (training, evaluation). The files
+ * under out/ keep every logged step; past this many points the in-memory
+ * series - what the API and the dashboard serve - drops every other point
+ * (keeping the first and the last), so a run of any length costs bounded
+ * daemon memory (about 1 MB) at a resolution that halves each time. */
+#define RUN_SERIES_MAX_POINTS 16384
 
 typedef enum RunState {
     RUN_IDLE = 0,
@@ -129,7 +135,9 @@ int runsSetState(Run *run, RunState state, NsaError *err);
 /* Appends a logged training step to the series and updates the run's latest
  * values. A step at or below the last one stored (a resume redoing steps
  * after its checkpoint) first drops the stored points from that step on, so
- * the series stays strictly increasing. Returns 0, or -1 when out of memory. */
+ * the series stays strictly increasing; a series past RUN_SERIES_MAX_POINTS
+ * is thinned. Either bumps series_generation. Returns 0, or -1 when out of
+ * memory. */
 int runsAddSample(Run *run, const TrainSample *s);
 /* Same for an evaluation. */
 int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte);

@@ -174,6 +174,42 @@ static void redoneStepsReplaceTheTail(void **state) {
     free(run.val);
 }
 
+/* A long run's in-memory series stays bounded: past the cap every other
+ * point goes, the first and the latest stay, steps still ascend, and the
+ * generation tells pollers to refetch. */
+static void longSeriesIsThinned(void **state) {
+    (void)state;
+    Run run;
+    memset(&run, 0, sizeof run);
+    const int64_t steps = 5 * RUN_SERIES_MAX_POINTS + 7;
+    int64_t thinned_at = 0;
+    for (int64_t s = 1; s <= steps; s++) {
+        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = (double)s}), 0);
+        assert_true(run.n_train <= RUN_SERIES_MAX_POINTS);
+        if (!thinned_at && run.series_generation) thinned_at = s;
+    }
+    assert_int_equal(thinned_at, RUN_SERIES_MAX_POINTS + 1);
+    assert_true(run.n_train > RUN_SERIES_MAX_POINTS / 4);
+    assert_int_equal(run.train[0].step, 1);
+    assert_int_equal(run.train[run.n_train - 1].step, steps);
+    assert_true(run.loss == (double)steps);
+    for (size_t i = 1; i < run.n_train; i++) {
+        assert_true(run.train[i].step > run.train[i - 1].step);
+        assert_true(run.train[i].loss == (double)run.train[i].step);
+    }
+    /* a redo after thinning still replaces the tail */
+    int64_t gen = run.series_generation;
+    assert_int_equal(runsAddSample(&run, &(TrainSample){.step = steps - 100, .loss = -1.0}), 0);
+    assert_int_equal(run.train[run.n_train - 1].step, steps - 100);
+    assert_true(run.series_generation > gen);
+    for (int64_t s = 1; s <= RUN_SERIES_MAX_POINTS + 1; s++)
+        assert_int_equal(runsAddEval(&run, s, 0.0, 1.0, 2.0), 0);
+    assert_true(run.n_val <= RUN_SERIES_MAX_POINTS);
+    assert_int_equal(run.val[run.n_val - 1].step, RUN_SERIES_MAX_POINTS + 1);
+    free(run.train);
+    free(run.val);
+}
+
 static void seriesRebuiltFromFiles(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
@@ -233,6 +269,7 @@ int main(void) {
         cmocka_unit_test(corruptRecordIsSkipped),
         cmocka_unit_test(stateDirThatIsAFile),
         cmocka_unit_test(redoneStepsReplaceTheTail),
+        cmocka_unit_test(longSeriesIsThinned),
         cmocka_unit_test(seriesRebuiltFromFiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
