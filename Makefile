@@ -10,6 +10,10 @@
 # found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
 # cJSON and libcurl (Debian packages, installed by `make deps`).
 
+# `make` alone builds all (the artifacts.o rule below would otherwise be
+# the first target).
+.DEFAULT_GOAL := all
+
 CC      ?= cc
 NVCC    ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 BUILD   := build

@@ -503,6 +503,24 @@ static int cmdResume(Ctl *ctl, int argc, char **argv) {
     return cmdHaltOrResume(ctl, argc, argv, "resume");
 }
 
+static int cmdDelete(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("delete", argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "DELETE", path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json)
+        ctlPrintJson(&reply);
+    else
+        printf("deleted %s\n", pos[0]);
+    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
 /* ---- metrics and events ------------------------------------------------------------ */
 
 static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
@@ -755,6 +773,11 @@ const CtlCommand ctlCommands[] = {
      "  --wait    return only once it left starting\n"
      "Exit 5 when the run's state does not allow it or another run is active.\n",
      cmdResume},
+    {"delete", "delete ID", "remove an ended run: its record, logs and checkpoints",
+     "For runs that are not active (halt a running one first); nothing of it is\n"
+     "kept. --json prints {\"run_id\": ID, \"deleted\": true}.\n"
+     "Exit 5 when the run is active, 4 when there is no such run.\n",
+     cmdDelete},
     {"metrics", "metrics ID [--since STEP] [--last N]", "a run's logged training and validation samples",
      "  --since STEP   samples at or after this step (default 0)\n"
      "  --last N       show only the newest N training rows (default 20; 0: all);\n"

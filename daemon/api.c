@@ -508,6 +508,20 @@ static void getPrometheus(Service *svc, const ApiRequest *req, ApiResponse *res)
     res->content_type = PROM_CONTENT_TYPE;
 }
 
+static void deleteRun(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    NsaError err = {""};
+    ServiceStatus st = serviceDeleteRun(svc, id, &err);
+    if (st != SVC_OK) {
+        answerServiceError(res, st, &err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "run_id", id);
+    cJSON_AddBoolToObject(o, "deleted", 1);
+    respondJson(res, 200, o);
+}
+
 /* Routes /api/v1/runs/{id}[/action]. */
 static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, const char *rest) {
     char id[RUN_ID_MAX + 1];
@@ -525,7 +539,10 @@ static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, cons
         return;
     }
     if (!*action) {
-        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) respondRun(svc, res, 200, id, 1);
+        if (!strcmp(req->method, "DELETE"))
+            deleteRun(svc, req, res, id);
+        else if (methodIs(req, res, "GET, DELETE") && !refuseUnknownQuery(req, res, ""))
+            respondRun(svc, res, 200, id, 1);
     } else if (!strcmp(action, "halt") || !strcmp(action, "resume")) {
         if (methodIs(req, res, "POST")) haltOrResume(svc, req, res, id, !strcmp(action, "resume"));
     } else if (!strcmp(action, "metrics")) {

@@ -2,6 +2,7 @@
 #include "fsutil.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
@@ -130,4 +131,52 @@ char *fsReadFile(const char *path, size_t *len_out) {
     buf[len] = 0;
     if (len_out) *len_out = len;
     return buf;
+}
+
+/* The first failure of a tree removal: the entry's name and errno. */
+typedef struct RemoveFailure {
+    char name[256];
+    int errno_value;
+} RemoveFailure;
+
+static void removeFailed(RemoveFailure *f, const char *name) {
+    if (f->errno_value) return;
+    f->errno_value = errno;
+    snprintf(f->name, sizeof f->name, "%s", name);
+}
+
+/* Removes name under the directory dirfd, depth first, never following a
+ * symbolic link; carries on past failures and records the first. */
+static void removeAt(int dirfd, const char *name, RemoveFailure *f) {
+    struct stat st;
+    if (fstatat(dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+        if (errno != ENOENT) removeFailed(f, name);
+        return;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        int fd = openat(dirfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
+        if (!d) {
+            removeFailed(f, name);
+            if (fd >= 0) close(fd);
+            return;
+        }
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL)
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) removeAt(fd, e->d_name, f);
+        closedir(d);
+        if (unlinkat(dirfd, name, AT_REMOVEDIR) != 0 && errno != ENOENT) removeFailed(f, name);
+    } else if (unlinkat(dirfd, name, 0) != 0 && errno != ENOENT) {
+        removeFailed(f, name);
+    }
+}
+
+int fsRemoveTree(const char *path, NsaError *err) {
+    RemoveFailure f = {"", 0};
+    removeAt(AT_FDCWD, path, &f);
+    if (f.errno_value) {
+        nsaErrorf(err, "cannot remove %s (at %s): %s", path, f.name, strerror(f.errno_value));
+        return -1;
+    }
+    return 0;
 }

@@ -33,4 +33,10 @@ int fsWriteFileAtomic(const char *path, const void *data, size_t len, mode_t mod
  * frees); *len (if not NULL) gets its length. NULL with errno on error. */
 char *fsReadFile(const char *path, size_t *len);
 
+/* rm -r: removes path and everything below it, not following symbolic
+ * links (a link is removed, never its target). A missing path is fine.
+ * On error err names the first entry that could not be removed; what could
+ * be removed is gone. */
+int fsRemoveTree(const char *path, NsaError *err);
+
 #endif

@@ -244,6 +244,14 @@ RunRegistry *runsOpen(const char *state_dir, NsaError *err) {
     }
     struct dirent *e;
     while ((e = readdir(d)) != NULL) {
+        if (!strncmp(e->d_name, RUNS_TRASH_PREFIX, strlen(RUNS_TRASH_PREFIX))) {
+            /* a deletion the previous nsad did not finish */
+            char trash[RUN_PATH_MAX + 300];
+            NsaError terr;
+            snprintf(trash, sizeof trash, "%s/%s", reg->runs_dir, e->d_name);
+            if (fsRemoveTree(trash, &terr) != 0) logWarn("unfinished run deletion: %s", terr.message);
+            continue;
+        }
         if (!runIdValid(e->d_name)) continue;
         NsaError lerr;
         Run *run = runLoad(reg, e->d_name, &lerr);
@@ -276,6 +284,32 @@ Run *runsFind(const RunRegistry *reg, const char *id) {
     for (size_t i = 0; i < reg->n_runs; i++)
         if (!strcmp(reg->runs[i]->id, id)) return reg->runs[i];
     return NULL;
+}
+
+int runsDelete(RunRegistry *reg, const char *id, char *trash_out, size_t cap, NsaError *err) {
+    size_t at = reg->n_runs;
+    for (size_t i = 0; i < reg->n_runs; i++)
+        if (!strcmp(reg->runs[i]->id, id)) at = i;
+    if (at == reg->n_runs) {
+        nsaErrorf(err, "no run '%s'", id);
+        return -1;
+    }
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    if (fsPathf(err, trash_out, cap, "%s/" RUNS_TRASH_PREFIX "%s.%ld.%09ld", reg->runs_dir, id,
+                (long)now.tv_sec, (long)now.tv_nsec) != 0)
+        return -1;
+    Run *run = reg->runs[at];
+    if (rename(run->dir, trash_out) != 0) {
+        nsaErrorf(err, "cannot move %s to %s: %s", run->dir, trash_out, strerror(errno));
+        return -1;
+    }
+    NsaError ferr;
+    if (fsFsyncDir(reg->runs_dir, &ferr) != 0) logWarn("deleting run %s: %s", id, ferr.message);
+    memmove(&reg->runs[at], &reg->runs[at + 1], (reg->n_runs - at - 1) * sizeof *reg->runs);
+    reg->n_runs--;
+    runFree(run);
+    return 0;
 }
 
 /* A fresh id: UTC creation time plus 4 random hex digits. */

@@ -106,7 +106,7 @@ typedef struct RunRegistry {
 /* Opens (creating <state_dir>/runs when missing) and loads every stored run:
  * its record, config, events and metric series. A run directory whose
  * run.json is unreadable or corrupt is skipped with a warning in the log
- * naming the file. Returns NULL with err when the state dir cannot be used.
+ * naming the file; deleted runs' leftover trash is removed. Returns NULL with err when the state dir cannot be used.
  * Free with runsClose. */
 RunRegistry *runsOpen(const char *state_dir, NsaError *err);
 void runsClose(RunRegistry *reg);
@@ -123,6 +123,18 @@ int runsSetConfig(Run *run, const char *config_yaml, NsaError *err);
 
 /* The run with that id, or NULL. */
 Run *runsFind(const RunRegistry *reg, const char *id);
+
+/* Name prefix of a deleted run's directory until it is removed. */
+#define RUNS_TRASH_PREFIX ".deleted-"
+
+/* Takes the run out of the registry (freeing it: pointers to it die) and
+ * renames its directory to <runs>/.deleted-<id>.<time> in one step, so a
+ * crash leaves either the whole run or trash that the next runsOpen
+ * removes. trash_out (cap bytes) gets that path: the caller removes the
+ * tree (fsRemoveTree; slow, so outside any lock). Returns 0, or -1 with
+ * err (nothing changed) when there is no such run or the rename fails.
+ * Refusing active runs is the caller's business. */
+int runsDelete(RunRegistry *reg, const char *id, char *trash_out, size_t cap, NsaError *err);
 
 /* Writes run.json atomically (temp file, fsync, rename). Returns 0 or -1
  * with err. */

@@ -1,5 +1,6 @@
 /* service.c - the trainer thread and the run life cycle; see service.h. */
 #include "service.h"
+#include "fsutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -490,6 +491,31 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
     }
     pthread_mutex_unlock(&svc->lock);
     return st;
+}
+
+ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
+    ServiceStatus st = SVC_OK;
+    char trash[RUN_PATH_MAX + 128] = "";
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    if (!run) {
+        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+    } else if (runStateIsActive(run->state) || !strcmp(svc->active_id, id)) {
+        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt it (and let it stop) before deleting it", id,
+                  runStateName(run->state));
+    } else {
+        NsaError derr = {""};
+        if (runsDelete(svc->runs, id, trash, sizeof trash, &derr) != 0)
+            st = fail(err, SVC_INTERNAL, "run %s not deleted: %s", id, derr.message);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    if (st != SVC_OK) return st;
+    NsaError rerr;
+    if (fsRemoveTree(trash, &rerr) != 0)
+        logWarn("run %s: deleted, but its files are not all gone: %s (the next start retries)", id,
+                rerr.message);
+    logNotice("run %s: deleted", id);
+    return SVC_OK;
 }
 
 ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {

@@ -106,6 +106,15 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);
  * Takes the lock. */
 ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err);
 
+/* Deletes a run that is not active (not starting, running, halting or hung,
+ * and not holding the trainer): its record leaves the registry at once and
+ * its directory - config, logs, checkpoints - is removed after the lock is
+ * released. Returns SVC_NOT_FOUND, SVC_INVALID_STATE (halt it first) or
+ * SVC_INTERNAL (the directory could not be moved: nothing changed) with
+ * err; SVC_OK also when the removal of the moved directory failed part way
+ * (logged; the next nsad finishes it). Takes the lock. */
+ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err);
+
 /* Counts one answered HTTP request by status for /metrics. Lock-free. */
 void serviceCountRequest(Service *svc, int status);
 /* The status codes serviceCountRequest tracks, slot by slot (0 ends). */

@@ -571,6 +571,42 @@ def test_nan_fault(d):
           re.search(r"^nsad_anomalies_total [1-9]", r.body, re.M) is not None, r.body[-400:])
 
 
+def test_delete(d):
+    """DELETE /api/v1/runs/{id}: refused while active, then record and files gone."""
+    r = d.request("POST", "/api/v1/runs?name=doomed", json_config(300, train={"batch_size": 8}),
+                  content_type="application/json")
+    if not check("POST a run to delete later: 201", r.status == 201, r):
+        return
+    run_id = r.json["id"]
+    run_dir = os.path.join(d.state_dir, "runs", run_id)
+    wait_for(lambda: (lambda x: x if x and x["state"] == "running" else None)(d.run(run_id)), 30)
+    r = d.api("DELETE", f"/api/v1/runs/{run_id}")
+    check("DELETE an active run: 409 invalid_state, the run and its files stay",
+          r.status == 409 and r.error_code() == "invalid_state" and os.path.isdir(run_dir)
+          and d.run(run_id) is not None, r)
+    r = d.api("DELETE", f"/api/v1/runs/{run_id}/metrics")
+    check("DELETE on a run's metrics: 405 naming GET",
+          r.status == 405 and r.error_code() == "method_not_allowed" and r.headers.get("Allow") == "GET", r)
+    d.api("POST", f"/api/v1/runs/{run_id}/halt")
+    run = d.wait_state(run_id, ("halted", "completed", "failed"), 30)
+    check("the run to delete stops", run is not None, run)
+    r = d.api("DELETE", f"/api/v1/runs/{run_id}?force=1")
+    check("DELETE with a query parameter: 400 invalid_argument",
+          r.status == 400 and r.error_code() == "invalid_argument", r)
+    r = d.api("DELETE", f"/api/v1/runs/{run_id}")
+    check("DELETE an ended run: 200 {run_id, deleted: true}",
+          r.status == 200 and r.json == {"run_id": run_id, "deleted": True}, r)
+    leftovers = [n for n in os.listdir(os.path.join(d.state_dir, "runs")) if n.startswith(".deleted-")]
+    check("its directory is gone (no trash left)", not os.path.exists(run_dir) and not leftovers, leftovers)
+    r = d.api("GET", f"/api/v1/runs/{run_id}")
+    check("GET the deleted run: 404 not_found", r.status == 404 and r.error_code() == "not_found", r)
+    r = d.api("GET", "/api/v1/runs")
+    check("the run list no longer has it",
+          r.status == 200 and all(x["id"] != run_id for x in r.json["runs"]), r)
+    r = d.api("DELETE", f"/api/v1/runs/{run_id}")
+    check("DELETE it again: 404 not_found", r.status == 404 and r.error_code() == "not_found", r)
+
+
 def test_stall_fault(d):
     cfg = json_config(20, fault={"stall_at_step": 3, "stall_phase": "forward", "stall_seconds": 3.0},
                       watchdog={"forward": 0.5})
@@ -986,6 +1022,7 @@ def main():
                 test_concurrent_clients(d, run_id)
             test_dashboard(d)
             test_nan_fault(d)
+            test_delete(d)
             test_stall_fault(d)
             check("the daemon survived everything", d.alive(), d.log_text()[-3000:])
             rc = d.stop(60)

@@ -104,7 +104,7 @@ ok "nsad serve answers on its socket within 20 s"
 # ---- help and usage --------------------------------------------------------------
 expect_rc "--help exits 0" 0 C --help
 grep -q "exit codes" "$TMP/out" && ok "--help documents the exit codes" || not_ok "--help documents the exit codes"
-for cmd in start status list halt resume metrics events stacks watch dashboard version; do
+for cmd in start status list halt resume delete metrics events stacks watch dashboard version; do
     expect_rc "$cmd --help exits 0 and shows its usage" 0 C "$cmd" --help
     grep -q "usage: nsactl $cmd" "$TMP/out" || not_ok "$cmd --help names the command" "$(head -3 "$TMP/out")"
 done
@@ -182,6 +182,9 @@ grep -q "phase" "$TMP/out" && ok "stacks prints the phase and stacks" || not_ok 
 expect_rc "stacks --json exits 0" 0 C stacks --json
 json "isinstance(d['stacks'], str) and len(d['stacks']) > 0 and d['run_id'] == '$ID'" && ok "stacks --json carries the stacks of the active run" || not_ok "stacks --json carries the stacks of the active run" "$(head -c 300 "$TMP/out")"
 
+expect_rc "delete of the active run exits 5" 5 C delete "$ID"
+grep -q "invalid_state" "$TMP/err" && [ -d "$STATE/runs/$ID" ] && ok "the refusal names invalid_state and the run stays" ||
+    not_ok "the refusal names invalid_state and the run stays" "$(cat "$TMP/err")"
 expect_rc "halt --wait exits 0" 0 timeout 60 "$CTL" halt "$ID" --wait
 grep -q "halted" "$TMP/out" && ok "halt --wait reports halted" || not_ok "halt --wait reports halted" "$(cat "$TMP/out")"
 expect_rc "halt of a halted run exits 5" 5 C halt "$ID"
@@ -199,7 +202,7 @@ expect_rc "halt --wait --json exits 0" 0 timeout 60 "$CTL" halt "$ID" --wait --j
 json 'd["state"] == "halted"' && ok "halt --wait --json ends halted" || not_ok "halt --wait --json ends halted" "$(head -c 600 "$TMP/out")"
 
 # ---- unknown runs ---------------------------------------------------------------------
-for cmd in status halt resume metrics events watch; do
+for cmd in status halt resume delete metrics events watch; do
     expect_rc "$cmd of an unknown run exits 4" 4 C "$cmd" 20000101-000000-dead
 done
 grep -q "not_found" "$TMP/err" && ok "the 404 names not_found" || not_ok "the 404 names not_found" "$(cat "$TMP/err")"
@@ -243,6 +246,12 @@ if command -v script >/dev/null 2>&1; then
 else
     ok "watch on a terminal redraws its line # SKIP script(1) not installed"
 fi
+expect_rc "delete of a completed run exits 0" 0 C delete "$SHORT"
+grep -q "^deleted $SHORT" "$TMP/out" && [ ! -e "$STATE/runs/$SHORT" ] &&
+    ok "delete says so and the run's directory is gone" ||
+    not_ok "delete says so and the run's directory is gone" "$(cat "$TMP/out" "$TMP/err")"
+expect_rc "status of the deleted run exits 4" 4 C status "$SHORT"
+expect_rc "delete without ID exits 2" 2 C delete
 expect_rc "start --watch follows a run to completion" 0 timeout 120 "$CTL" start "$TMP/short.yaml" --watch --interval 0.2
 grep -q "^started run" "$TMP/out" && tail -1 "$TMP/out" | grep -q completed && ok "start --watch prints the id, then the run to completed" ||
     not_ok "start --watch prints the id, then the run to completed" "$(tail -3 "$TMP/out")"

@@ -12,7 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include "fsutil.h"
 #include "runs.h"
 #include "testutil.h"
 
@@ -210,6 +212,59 @@ static void longSeriesIsThinned(void **state) {
     free(run.val);
 }
 
+/* runsDelete moves the run's directory aside in one rename; a crash before
+ * the removal leaves trash that the next runsOpen removes. Removal never
+ * follows a symbolic link out of the run. */
+static void deleteMovesAsideThenSweeps(void **state) {
+    (void)state;
+    char *dir = testTempDir("runs-del");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, &err);
+    assert_non_null(a);
+    char ida[RUN_ID_MAX], adir[RUN_PATH_MAX], link[RUN_PATH_MAX + 16], outside[RUN_PATH_MAX];
+    snprintf(ida, sizeof ida, "%s", a->id);
+    snprintf(adir, sizeof adir, "%s", a->dir);
+    Run *b = runsCreate(reg, "b", "x: 2\n", "cpu", "fp32", 10, &err);
+    assert_non_null(b);
+    char idb[RUN_ID_MAX];
+    snprintf(idb, sizeof idb, "%s", b->id);
+    writeText(dir, "outside.txt", "keep me");
+    snprintf(outside, sizeof outside, "%s/outside.txt", dir);
+    assert_int_equal(fsMkdirs(a->out_dir, 0750, &err), 0);
+    snprintf(link, sizeof link, "%s/link", a->out_dir);
+    assert_int_equal(symlink(outside, link), 0);
+
+    char trash[RUN_PATH_MAX + 128];
+    assert_int_equal(runsDelete(reg, ida, trash, sizeof trash, &err), 0);
+    assert_null(runsFind(reg, ida));
+    assert_non_null(runsFind(reg, idb));
+    assert_int_equal(reg->n_runs, 1);
+    struct stat st;
+    assert_int_not_equal(lstat(adir, &st), 0);
+    assert_int_equal(stat(trash, &st), 0);
+    assert_true(S_ISDIR(st.st_mode));
+    assert_non_null(strstr(trash, "/" RUNS_TRASH_PREFIX));
+    char again[RUN_PATH_MAX + 128];
+    assert_int_equal(runsDelete(reg, ida, again, sizeof again, &err), -1);
+    assert_non_null(strstr(err.message, ida));
+
+    /* as if nsad died before removing the trash */
+    runsClose(reg);
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    assert_int_equal(reg->n_runs, 1);
+    assert_non_null(runsFind(reg, idb));
+    assert_int_not_equal(lstat(trash, &st), 0);
+    assert_int_equal(stat(outside, &st), 0); /* the link's target survived */
+
+    assert_int_equal(fsRemoveTree(trash, &err), 0); /* already gone: fine */
+    runsClose(reg);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 static void seriesRebuiltFromFiles(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
@@ -270,6 +325,7 @@ int main(void) {
         cmocka_unit_test(stateDirThatIsAFile),
         cmocka_unit_test(redoneStepsReplaceTheTail),
         cmocka_unit_test(longSeriesIsThinned),
+        cmocka_unit_test(deleteMovesAsideThenSweeps),
         cmocka_unit_test(seriesRebuiltFromFiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
