@@ -20,6 +20,7 @@
  * leave the train range and val windows never leave the val range, so the
  * two never share a token. */
 #include "data.h"
+#include "signals.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -49,11 +50,13 @@ typedef struct Segment {
     const uint16_t *tokens;
     uint64_t start;  /* offset of tokens[0] in the split's stream */
     uint64_t len;
+    int map;         /* shards: index into DataLoader.maps; -1 for text */
 } Segment;
 
 typedef struct Mapping {
     void *addr;
     size_t size;
+    char *path; /* owned */
 } Mapping;
 
 typedef enum SlotState { SLOT_EMPTY = 0, SLOT_FILLING = 1, SLOT_READY = 2 } SlotState;
@@ -88,6 +91,8 @@ struct DataLoader {
     pthread_cond_t cv;
     uint64_t want;
     int stop;
+    int failed;        /* the prefetch thread could not read a batch: fail is why */
+    NsaError fail;
     _Atomic uint64_t hits, misses;
 };
 
@@ -383,7 +388,7 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     }
     size_t n = tokenizerEncode(tok, text.data + begin, bytes, dl->owned);
     free(text.data);
-    dl->segments[0] = (Segment){dl->owned, 0, n};
+    dl->segments[0] = (Segment){dl->owned, 0, n, -1};
     dl->n_segments = 1;
     dl->n_tokens = n;
     dl->vocab = tok->vocab_size;
@@ -414,6 +419,7 @@ static int mapShard(const char *path, Mapping *map, const uint16_t **tokens, uin
     if (addr == MAP_FAILED) return nsaErrorf(err, "data.path: %s: cannot map: %s", path, strerror(errno));
     map->addr = addr;
     map->size = size;
+    map->path = strdup(path);
 
     const int32_t *header = addr;
     if (header[0] != SHARD_MAGIC)
@@ -529,7 +535,7 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
                     break;
                 }
             }
-            dl->segments[dl->n_segments++] = (Segment){t, a - lo, b - a};
+            dl->segments[dl->n_segments++] = (Segment){t, a - lo, b - a, (int)i};
         }
         offset += count[i];
     }
@@ -545,8 +551,10 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
 
 /* ---- batches ------------------------------------------------------------------------- */
 
-/* Copies tokens [start, start + n) of the stream into out as int32. */
-static void copyWindow(const DataLoader *dl, uint64_t start, size_t n, int32_t *out) {
+/* Copies tokens [start, start + n) of the stream into out as int32;
+ * *reading names the segment being read (for an error after a SIGBUS). */
+static void copyWindow(const DataLoader *dl, uint64_t start, size_t n, int32_t *out,
+                       volatile int *reading) {
     int lo = 0, hi = dl->n_segments - 1;
     while (lo < hi) {  /* the last segment starting at or before `start` */
         int mid = (lo + hi + 1) / 2;
@@ -554,6 +562,7 @@ static void copyWindow(const DataLoader *dl, uint64_t start, size_t n, int32_t *
     }
     for (int s = lo; n > 0; s++) {
         const Segment *seg = &dl->segments[s];
+        *reading = s;
         uint64_t off = start - seg->start;
         size_t take = (size_t)(seg->len - off) < n ? (size_t)(seg->len - off) : n;
         for (size_t i = 0; i < take; i++) out[i] = seg->tokens[off + i];
@@ -563,27 +572,60 @@ static void copyWindow(const DataLoader *dl, uint64_t start, size_t n, int32_t *
     }
 }
 
+/* One batch to compute: what computeBatch needs, plus the segment it was
+ * reading when a guarded read failed. */
+typedef struct BatchJob {
+    const DataLoader *dl;
+    uint64_t position;
+    int32_t *tokens, *targets, *window; /* window: seq_len + 1 tokens of scratch */
+    volatile int reading;
+} BatchJob;
+
 /* The batch at `position`: a pure function of the loader's data, seed and
- * position. window is scratch of seq_len + 1 tokens. */
-static void computeBatch(const DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets,
-                         int32_t *window) {
+ * position. Takes no lock and allocates nothing (signalsGuardBus may
+ * abandon it). */
+static void computeBatch(void *arg) {
+    BatchJob *job = arg;
+    const DataLoader *dl = job->dl;
+    int32_t *window = job->window;
     size_t S = (size_t)dl->seq_len;
     for (int r = 0; r < dl->batch; r++) {
         if (dl->source == DATA_SYNTHETIC) {
-            uint64_t row = hash4(dl->seed, (uint64_t)dl->split, position, (uint64_t)r);
+            uint64_t row = hash4(dl->seed, (uint64_t)dl->split, job->position, (uint64_t)r);
             for (size_t i = 0; i <= S; i++) window[i] = (int32_t)(mix64(row ^ i) % (uint64_t)dl->vocab);
         } else if (dl->split == SPLIT_TRAIN) {
             uint64_t n_starts = dl->n_tokens - S;  /* windows of S + 1 tokens */
-            uint64_t start = hash4(dl->seed, 0x747261696eULL /* "train" */, position, (uint64_t)r) % n_starts;
-            copyWindow(dl, start, S + 1, window);
+            uint64_t start =
+                hash4(dl->seed, 0x747261696eULL /* "train" */, job->position, (uint64_t)r) % n_starts;
+            copyWindow(dl, start, S + 1, window, &job->reading);
         } else {
             uint64_t n_windows = (dl->n_tokens - 1) / S;
-            uint64_t k = (position * (uint64_t)dl->batch + (uint64_t)r) % n_windows;
-            copyWindow(dl, k * S, S + 1, window);
+            uint64_t k = (job->position * (uint64_t)dl->batch + (uint64_t)r) % n_windows;
+            copyWindow(dl, k * S, S + 1, window, &job->reading);
         }
-        memcpy(tokens + (size_t)r * S, window, S * sizeof(int32_t));
-        memcpy(targets + (size_t)r * S, window + 1, S * sizeof(int32_t));
+        memcpy(job->tokens + (size_t)r * S, window, S * sizeof(int32_t));
+        memcpy(job->targets + (size_t)r * S, window + 1, S * sizeof(int32_t));
     }
+}
+
+/* computeBatch; over mapped shards a read past a file that shrank under
+ * nsad (truncated or rewritten in place) raises SIGBUS, which fails the
+ * batch with err naming the file instead of killing the daemon. */
+static int readBatch(const DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets,
+                     int32_t *window, NsaError *err) {
+    BatchJob job = {dl, position, tokens, targets, window, -1};
+    if (dl->source != DATA_SHARDS) {
+        computeBatch(&job);
+        return 0;
+    }
+    if (signalsGuardBus(computeBatch, &job) == 0) return 0;
+    int seg = job.reading;
+    if (seg < 0) /* nothing was read: the guard itself could not be set up */
+        return nsaErrorf(err, "data: cannot install the SIGBUS guard for mapped shards: %s", strerror(errno));
+    int map = seg >= 0 && seg < dl->n_segments ? dl->segments[seg].map : -1;
+    return nsaErrorf(err, "data.path: %s: the shard shrank while nsad read it (truncated or rewritten "
+                    "during the run); stop writing to it and resume the run",
+                    map >= 0 && dl->maps[map].path ? dl->maps[map].path : "a shard");
 }
 
 static void *prefetchMain(void *arg) {
@@ -617,8 +659,16 @@ static void *prefetchMain(void *arg) {
         free_slot->state = SLOT_FILLING;
         free_slot->position = target;
         pthread_mutex_unlock(&dl->mu);
-        computeBatch(dl, target, free_slot->tokens, free_slot->targets, window);
+        NsaError ferr = {""};
+        int rc = readBatch(dl, target, free_slot->tokens, free_slot->targets, window, &ferr);
         pthread_mutex_lock(&dl->mu);
+        if (rc != 0) { /* dataBatch reports it; nothing more is read */
+            free_slot->state = SLOT_EMPTY;
+            dl->fail = ferr;
+            dl->failed = 1;
+            pthread_cond_broadcast(&dl->cv);
+            break;
+        }
         free_slot->state = SLOT_READY;
         pthread_cond_broadcast(&dl->cv);
     }
@@ -720,8 +770,10 @@ void dataClose(DataLoader *dl) {
         }
         free(dl->slots);
     }
-    for (int i = 0; i < dl->n_maps; i++)
+    for (int i = 0; i < dl->n_maps; i++) {
         if (dl->maps[i].addr) munmap(dl->maps[i].addr, dl->maps[i].size);
+        free(dl->maps[i].path);
+    }
     free(dl->maps);
     free(dl->segments);
     free(dl->owned);
@@ -738,6 +790,7 @@ int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targe
         for (int i = 0; i < dl->depth && !served; i++) {
             Slot *s = &dl->slots[i];
             while (s->state == SLOT_FILLING && s->position == position) pthread_cond_wait(&dl->cv, &dl->mu);
+            if (dl->failed) break;
             if (s->state == SLOT_READY && s->position == position) {
                 memcpy(tokens, s->tokens, n * sizeof(int32_t));
                 memcpy(targets, s->targets, n * sizeof(int32_t));
@@ -745,14 +798,17 @@ int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targe
             }
         }
         dl->want = position + 1;
+        int failed = dl->failed;
+        if (failed && err) *err = dl->fail;
         pthread_cond_broadcast(&dl->cv);
         pthread_mutex_unlock(&dl->mu);
+        if (failed) return -1;
     }
     if (served) {
         atomic_fetch_add(&dl->hits, 1);
         return 0;
     }
-    computeBatch(dl, position, tokens, targets, dl->window);
+    if (readBatch(dl, position, tokens, targets, dl->window, err) != 0) return -1;
     atomic_fetch_add(&dl->misses, 1);
     return 0;
 }

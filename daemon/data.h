@@ -31,7 +31,9 @@ void dataClose(DataLoader *dl);
  * tokens) with batch number `position` of this split. Uses the prefetched
  * copy when it is ready; never blocks on disk when the disk keeps up.
  * Allocates nothing. One calling thread per loader at a time.
- * Returns 0 or -1 with err. */
+ * Returns 0 or -1 with err: a shard that shrank under the mapping (the
+ * SIGBUS is caught, see signalsGuardBus) fails this and every later batch
+ * with the file's name instead of killing nsad. */
 int dataBatch(DataLoader *dl, uint64_t position, int32_t *tokens, int32_t *targets, NsaError *err);
 
 /* Total tokens in this split (synthetic: UINT64_MAX). */

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,8 @@
 #include <unistd.h>
 
 static const int daemon_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
-static const int fatal_signals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT};
+/* SIGBUS has its own handler (onBus), which guarded reads return through. */
+static const int fatal_signals[] = {SIGSEGV, SIGILL, SIGFPE, SIGABRT};
 
 static void daemonSet(sigset_t *set) {
     sigemptyset(set);
@@ -84,6 +86,26 @@ static void onFatal(int sig) {
     raise(sig);
 }
 
+/* Where a SIGBUS in a guarded call (signalsGuardBus) on this thread lands;
+ * NULL outside one. Thread-local and file-wide because a signal handler can
+ * reach nothing else. */
+static _Thread_local sigjmp_buf *bus_landing;
+
+static void onBus(int sig) {
+    if (bus_landing) siglongjmp(*bus_landing, 1);
+    /* not a guarded read: fatal, with the default action back for the core */
+    struct sigaction dfl = {.sa_handler = SIG_DFL};
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGBUS, &dfl, NULL);
+    onFatal(sig);
+}
+
+static int installBus(void) {
+    struct sigaction sa = {.sa_handler = onBus, .sa_flags = SA_ONSTACK | SA_NODEFER};
+    sigemptyset(&sa.sa_mask);
+    return sigaction(SIGBUS, &sa, NULL);
+}
+
 int signalsInstallFatal(void) {
     /* backtrace() loads libgcc on first use, which is not signal-safe: do it now */
     void *warm[1];
@@ -96,6 +118,23 @@ int signalsInstallFatal(void) {
     sigemptyset(&sa.sa_mask);
     for (size_t i = 0; i < sizeof fatal_signals / sizeof fatal_signals[0]; i++)
         if (sigaction(fatal_signals[i], &sa, NULL) != 0) return -1;
+    return installBus();
+}
+
+int signalsGuardBus(void (*fn)(void *), void *arg) {
+    /* checked per call (one query): a library or a test harness may have
+     * put its own SIGBUS handler in since */
+    struct sigaction cur;
+    if (sigaction(SIGBUS, NULL, &cur) != 0) return -1;
+    if (cur.sa_handler != onBus && installBus() != 0) return -1;
+    sigjmp_buf landing;
+    if (sigsetjmp(landing, 1)) {
+        bus_landing = NULL;
+        return -1;
+    }
+    bus_landing = &landing;
+    fn(arg);
+    bus_landing = NULL;
     return 0;
 }
 

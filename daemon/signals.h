@@ -23,4 +23,13 @@ int signalsInstallFatal(void);
  * signal number, or 0 on timeout. */
 int signalsWait(int timeout_ms);
 
+/* Runs fn(arg) so that a SIGBUS it raises - a read of a mapped file that
+ * shrank under nsad - returns -1 to the caller instead of killing the
+ * daemon; returns 0 when fn returned. fn must not take locks or allocate
+ * (it may be abandoned mid-way). A SIGBUS outside a guarded call stays
+ * fatal (stack trace, core dump). (Re)installs nsad's SIGBUS handler when
+ * another is in place; any thread, nesting not supported. Returns -1
+ * without running fn when the handler cannot be installed (errno set). */
+int signalsGuardBus(void (*fn)(void *), void *arg);
+
 #endif

@@ -583,6 +583,42 @@ static void test_corrupt_shards_name_file_and_offset(void **state) {
     dataClose(dl);
 }
 
+/* A shard truncated while a run reads it (rewritten in place, a full disk
+ * during a copy): the mapped pages past the new end raise SIGBUS, which
+ * must fail the batch with the file's name - direct or prefetched - and
+ * not kill the daemon. The guard still works after it has caught one. */
+static void test_shard_truncated_during_the_run(void **state) {
+    Fixture *fx = *state;
+    char path[512];
+    pathIn(fx, "live.bin", path, sizeof path);
+    writeCountingShard(path, 0, 60000);
+    JobConfig cfg;
+    baseConfig(&cfg, DATA_SHARDS, path, 64, 4);
+    cfg.model.vocab_size = 60000;
+    cfg.data.val_fraction = 0.1;
+    DataLoader *direct = openOk(&cfg, SPLIT_TRAIN);
+    cfg.data.prefetch = 2;
+    DataLoader *ahead = openOk(&cfg, SPLIT_TRAIN);
+    Batch b = batchNew(&cfg);
+    getBatch(direct, 0, &b);
+    getBatch(ahead, 0, &b);
+    assert_int_equal(truncate(path, 1024), 0);
+    for (uint64_t p = 1; p <= 3; p++) {
+        NsaError err = {""};
+        assert_int_equal(dataBatch(direct, p, b.tokens, b.targets, &err), -1);
+        assert_non_null(strstr(err.message, path));
+        assert_non_null(strstr(err.message, "shrank"));
+    }
+    int failed = 0;
+    NsaError err = {""};
+    for (uint64_t p = 1; p < 64 && !failed; p++) failed = dataBatch(ahead, p, b.tokens, b.targets, &err) != 0;
+    assert_true(failed);
+    assert_non_null(strstr(err.message, "shrank"));
+    batchFree(&b);
+    dataClose(direct);
+    dataClose(ahead);
+}
+
 /* ---- prefetch and resume ------------------------------------------------------- */
 
 static void sleepMs(int ms) {
@@ -674,6 +710,7 @@ int main(void) {
         cmocka_unit_test(test_fortunes_corpus),
         cmocka_unit_test_setup_teardown(test_shards_split_and_load, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_corrupt_shards_name_file_and_offset, setupDir, teardownDir),
+        cmocka_unit_test_setup_teardown(test_shard_truncated_during_the_run, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_prefetch_matches_direct_reads, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_resume_sees_the_same_batches, setupDir, teardownDir),
     };
