@@ -139,4 +139,58 @@ __device__ __forceinline__ float fastQuadSum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
+/* One online-softmax step over a score tile s of NT n-tiles (NT * 8 keys;
+ * log2 domain, masked entries -inf) whose per-row-half maxima over this
+ * thread's entries are mx: the running max m, sum l and output o (DV
+ * columns) are rescaled to the new max, and s becomes P = exp2(s - m).
+ * A row that has seen nothing keeps m = -inf and gets P = 0. */
+template <int NT, int DV>
+__device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float mx[2], float m[2],
+                                                float l[2], float (&o)[DV / 8][4]) {
+    float muse[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float mn = fmaxf(m[i], fastQuadMax(mx[i]));
+        muse[i] = mn == -INFINITY ? 0.f : mn;
+        float corr = exp2f(m[i] - muse[i]);
+        m[i] = mn;
+        l[i] *= corr;
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) {
+            o[n][2 * i] *= corr;
+            o[n][2 * i + 1] *= corr;
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float p = exp2f(s[n][e] - muse[e >> 1]);
+            s[n][e] = p;
+            l[e >> 1] += p;
+        }
+    }
+}
+
+/* acc += s . Z[0, NT*8) x [0, D): s the C fragments of NT n-tiles over
+ * the tile's NT * 8 keys (rounded to bf16 as the A operand), Z a row-major
+ * shared tile of those keys with row stride ldz - o += P.V in a forward,
+ * dq += dS.K in a dQ pass. */
+template <int NT, int D>
+__device__ __forceinline__ void fastAccumulateRows(float (&acc)[D / 8][4], const float (&s)[NT][4],
+                                                   const bf16 *z, int ldz) {
+#pragma unroll
+    for (int ks = 0; ks < NT / 2; ks++) {
+        uint32_t a[4];
+        fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            uint32_t bb[4];
+            fastLoadBCols(bb, z, ldz, ks * 16, dp * 16);
+            fastMma(acc[2 * dp], a, bb[0], bb[1]);
+            fastMma(acc[2 * dp + 1], a, bb[2], bb[3]);
+        }
+    }
+}
+
 #endif

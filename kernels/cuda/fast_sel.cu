@@ -166,38 +166,8 @@ selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
         }
-        float muse[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mn = fmaxf(m[i], fastQuadMax(mx[i]));
-            muse[i] = mn == -INFINITY ? 0.f : mn;
-            float corr = exp2f(m[i] - muse[i]);
-            m[i] = mn;
-            l[i] *= corr;
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++) {
-                o[n][2 * i] *= corr;
-                o[n][2 * i + 1] *= corr;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[n][e] - muse[e >> 1]);
-                s[n][e] = p;
-                l[e >> 1] += p;
-            }
-        }
-        uint32_t a[4];
-        fastAFromC(a, s[0], s[1]);
-#pragma unroll
-        for (int dp = 0; dp < DV / 16; dp++) {
-            uint32_t bb[4];
-            fastLoadBCols(bb, v_t, LDV, 0, dp * 16);
-            fastMma(o[2 * dp], a, bb[0], bb[1]);
-            fastMma(o[2 * dp + 1], a, bb[2], bb[3]);
-        }
+        fastSoftmaxStep<2, DV>(s, mx, m, l, o);
+        fastAccumulateRows<2, DV>(o, s, v_t, LDV);
         __syncwarp(); /* every lane is done with stage st before it is refilled */
         tok_cur = tok_next;
     }
@@ -296,15 +266,7 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }
-        uint32_t a[4];
-        fastAFromC(a, s[0], s[1]);
-#pragma unroll
-        for (int dd = 0; dd < DK / 16; dd++) {
-            uint32_t bb[4];
-            fastLoadBCols(bb, k_t, LDK, 0, dd * 16);
-            fastMma(dq[2 * dd], a, bb[0], bb[1]);
-            fastMma(dq[2 * dd + 1], a, bb[2], bb[3]);
-        }
+        fastAccumulateRows<2, DK>(dq, s, k_t, LDK);
         __syncwarp();
         tok_cur = tok_next;
     }
@@ -313,22 +275,7 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
     for (int i = 0; i < 2; i++) {
         int h = grp + i * 8;
         if (h >= c.hpg) continue;
-        size_t row = w.rowIndex(c, h);
-#pragma unroll
-        for (int n = 0; n < DK / 8; n++) {
-            int col = n * 8 + quad * 2;
-            float v0 = dq[n][2 * i] * c.scale, v1 = dq[n][2 * i + 1] * c.scale;
-            float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
-            if (io.dq_mode == 0) {
-                *acc = make_float2(v0, v1);
-            } else {
-                float2 prev = *acc;
-                if (io.dq_mode == 1)
-                    *acc = make_float2(prev.x + v0, prev.y + v1);
-                else
-                    *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
-            }
-        }
+        fastStoreDqRow<DK>(c, io, w.rowIndex(c, h), i, dq);
     }
 }
 

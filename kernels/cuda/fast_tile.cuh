@@ -161,41 +161,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
             }
         }
-        float muse[2];
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            float mn = fmaxf(m[i], fastQuadMax(mx[i]));
-            muse[i] = mn == -INFINITY ? 0.f : mn;
-            float corr = exp2f(m[i] - muse[i]);
-            m[i] = mn;
-            l[i] *= corr;
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++) {
-                o[n][2 * i] *= corr;
-                o[n][2 * i + 1] *= corr;
-            }
-        }
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                float p = exp2f(s[n][e] - muse[e >> 1]);
-                s[n][e] = p;
-                l[e >> 1] += p;
-            }
-        }
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            uint32_t a[4];
-            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-            for (int dp = 0; dp < DV / 16; dp++) {
-                uint32_t bb[4];
-                fastLoadBCols(bb, v_t, LDV, ks * 16, dp * 16);
-                fastMma(o[2 * dp], a, bb[0], bb[1]);
-                fastMma(o[2 * dp + 1], a, bb[2], bb[3]);
-            }
-        }
+        fastSoftmaxStep<8, DV>(s, mx, m, l, o);
+        fastAccumulateRows<8, DV>(o, s, v_t, LDV);
         __syncthreads();
     }
     fastCpWait<0>();
@@ -227,6 +194,30 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             }
         }
         if (quad == 0) io.lse[row] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+    }
+}
+
+/* Writes row half i (0: mma row grp, 1: grp + 8) of a warp's dq fragments,
+ * times the softmax scale, as io.dq_mode says: 0 dq_acc = dq, 1 dq_acc +=
+ * dq, 2 dq_out (bf16) = dq_acc + dq - the branches' fixed summation order. */
+template <int DK>
+__device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo &io, size_t row, int i,
+                                               const float (&dq)[DK / 8][4]) {
+    const int quad = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < DK / 8; n++) {
+        int col = n * 8 + quad * 2;
+        float v0 = dq[n][2 * i] * c.scale, v1 = dq[n][2 * i + 1] * c.scale;
+        float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
+        if (io.dq_mode == 0) {
+            *acc = make_float2(v0, v1);
+        } else {
+            float2 prev = *acc;
+            if (io.dq_mode == 1)
+                *acc = make_float2(prev.x + v0, prev.y + v1);
+            else
+                *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
+        }
     }
 }
 
@@ -346,18 +337,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }
-#pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
-            uint32_t a[4];
-            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-            for (int dd = 0; dd < DK / 16; dd++) {
-                uint32_t bb[4];
-                fastLoadBCols(bb, k_t, LDK, ks * 16, dd * 16);
-                fastMma(dq[2 * dd], a, bb[0], bb[1]);
-                fastMma(dq[2 * dd + 1], a, bb[2], bb[3]);
-            }
-        }
+        fastAccumulateRows<8, DK>(dq, s, k_t, LDK);
         __syncthreads();
     }
     fastCpWait<0>();
@@ -366,22 +346,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     for (int i = 0; i < 2; i++) {
         int r = i ? rB : rA;
         if (rowToken(r) < 0) continue;
-        size_t row = rowIndex(r);
-#pragma unroll
-        for (int n = 0; n < DK / 8; n++) {
-            int col = n * 8 + quad * 2;
-            float v0 = dq[n][2 * i] * c.scale, v1 = dq[n][2 * i + 1] * c.scale;
-            float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
-            if (io.dq_mode == 0) {
-                *acc = make_float2(v0, v1);
-            } else {
-                float2 prev = *acc;
-                if (io.dq_mode == 1)
-                    *acc = make_float2(prev.x + v0, prev.y + v1);
-                else
-                    *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
-            }
-        }
+        fastStoreDqRow<DK>(c, io, rowIndex(r), i, dq);
     }
 }
 
