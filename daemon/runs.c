@@ -651,6 +651,12 @@ int runsLoadSeries(Run *run, NsaError *err) {
 /* ---- events ------------------------------------------------------------------- */
 
 static int pushEvent(Run *run, int64_t seq, double ts, const char *type, int64_t step, char *detail) {
+    if (run->n_events == RUN_EVENTS_MAX) { /* the older half goes; events.jsonl keeps it */
+        size_t drop = RUN_EVENTS_MAX / 2;
+        for (size_t i = 0; i < drop; i++) free(run->events[i].detail_json);
+        memmove(run->events, run->events + drop, (run->n_events - drop) * sizeof *run->events);
+        run->n_events -= drop;
+    }
     if (growArray((void **)&run->events, &run->cap_events, run->n_events + 1, sizeof *run->events) != 0)
         return -1;
     RunEvent *e = &run->events[run->n_events++];

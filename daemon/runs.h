@@ -25,6 +25,10 @@
  * (keeping the first and the last), so a run of any length costs bounded
  * daemon memory (about 1 MB) at a resolution that halves each time. */
 #define RUN_SERIES_MAX_POINTS 16384
+/* Events a run keeps in memory (what the events route serves): past this
+ * many the older half is dropped; events.jsonl keeps every one. A NaN
+ * skip policy can log an anomaly per step. */
+#define RUN_EVENTS_MAX 4096
 
 typedef enum RunState {
     RUN_IDLE = 0,
@@ -154,7 +158,8 @@ int runsAddSample(Run *run, const TrainSample *s);
 /* Same for an evaluation. */
 int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte);
 
-/* Records an event (in memory and appended to events.jsonl). detail_json
+/* Records an event (in memory, newest RUN_EVENTS_MAX kept, and appended to
+ * events.jsonl). detail_json
  * must be a JSON object or NULL ({}); anything else is stored as
  * {"text": "..."}. Returns 0, or -1 with err when the file cannot be written
  * (the event is still kept in memory). */

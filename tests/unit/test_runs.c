@@ -265,6 +265,39 @@ static void deleteMovesAsideThenSweeps(void **state) {
     free(dir);
 }
 
+/* Events are bounded in memory too: the newest stay, seq keeps counting,
+ * and a reopen (which reloads events.jsonl) applies the same bound. */
+static void eventsAreBounded(void **state) {
+    (void)state;
+    char *dir = testTempDir("runs-ev");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 10, &err);
+    assert_non_null(run);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", run->id);
+    const int total = RUN_EVENTS_MAX + RUN_EVENTS_MAX / 2 + 3;
+    for (int i = 1; i <= total; i++)
+        assert_int_equal(runsAddEvent(run, "anomaly", i, "{\"type\":\"nan_loss\"}", &err), 0);
+    assert_true(run->n_events <= RUN_EVENTS_MAX);
+    assert_int_equal(run->events[run->n_events - 1].seq, total);
+    assert_int_equal(run->events[run->n_events - 1].step, total);
+    for (size_t i = 1; i < run->n_events; i++) assert_int_equal(run->events[i].seq, run->events[i - 1].seq + 1);
+    runsClose(reg);
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    run = runsFind(reg, id);
+    assert_non_null(run);
+    assert_true(run->n_events <= RUN_EVENTS_MAX);
+    assert_int_equal(run->events[run->n_events - 1].seq, total);
+    assert_int_equal(runsAddEvent(run, "halt", total, NULL, &err), 0);
+    assert_int_equal(run->events[run->n_events - 1].seq, total + 1);
+    runsClose(reg);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 static void seriesRebuiltFromFiles(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
@@ -326,6 +359,7 @@ int main(void) {
         cmocka_unit_test(redoneStepsReplaceTheTail),
         cmocka_unit_test(longSeriesIsThinned),
         cmocka_unit_test(deleteMovesAsideThenSweeps),
+        cmocka_unit_test(eventsAreBounded),
         cmocka_unit_test(seriesRebuiltFromFiles),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
