@@ -172,12 +172,33 @@ __device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float m
     }
 }
 
+/* acc += A[a_row, a_row + 16) x [0, D) . Z[0, NT*8) x [0, D)^T for a warp:
+ * its 16 rows of the row-major shared tile a (stride lda) against NT * 8
+ * rows of the shared tile z (stride ldz), both through ldmatrix - the
+ * scores S = Q.K^T and dP = dO.V^T, or their transposes in dK/dV. */
+template <int NT, int D>
+__device__ __forceinline__ void fastMmaAZt(float (&acc)[NT][4], const bf16 *a, int lda, int a_row,
+                                           const bf16 *z, int ldz) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+        uint32_t af[4];
+        fastLoadA(af, a, lda, a_row, kk * 16);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bb[4];
+            fastLoadBRows(bb, z, ldz, np * 16, kk * 16);
+            fastMma(acc[2 * np], af, bb[0], bb[1]);
+            fastMma(acc[2 * np + 1], af, bb[2], bb[3]);
+        }
+    }
+}
+
 /* acc += s . Z[0, NT*8) x [0, D): s the C fragments of NT n-tiles over
  * the tile's NT * 8 keys (rounded to bf16 as the A operand), Z a row-major
  * shared tile of those keys with row stride ldz - o += P.V in a forward,
  * dq += dS.K in a dQ pass. */
 template <int NT, int D>
-__device__ __forceinline__ void fastAccumulateRows(float (&acc)[D / 8][4], const float (&s)[NT][4],
+__device__ __forceinline__ void fastMmaPZ(float (&acc)[D / 8][4], const float (&s)[NT][4],
                                                    const bf16 *z, int ldz) {
 #pragma unroll
     for (int ks = 0; ks < NT / 2; ks++) {

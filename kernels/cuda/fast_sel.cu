@@ -147,14 +147,7 @@ selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
         __syncwarp(); /* the other lanes' copies (and zero rows) are visible */
         const bf16 *k_t = w.sK + st * SEL_KT * LDK, *v_t = w.sV + st * SEL_KT * LDV;
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
-            uint32_t a[4], bb[4];
-            fastLoadA(a, w.sQ, LDK, 0, kk * 16);
-            fastLoadBRows(bb, k_t, LDK, 0, kk * 16);
-            fastMma(s[0], a, bb[0], bb[1]);
-            fastMma(s[1], a, bb[2], bb[3]);
-        }
+        fastMmaAZt<2, DK>(s, w.sQ, LDK, 0, k_t, LDK);
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
         for (int n = 0; n < 2; n++) {
@@ -167,7 +160,7 @@ selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
             }
         }
         fastSoftmaxStep<2, DV>(s, mx, m, l, o);
-        fastAccumulateRows<2, DV>(o, s, v_t, LDV);
+        fastMmaPZ<2, DV>(o, s, v_t, LDV);
         __syncwarp(); /* every lane is done with stage st before it is refilled */
         tok_cur = tok_next;
     }
@@ -240,22 +233,8 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
         const bf16 *k_t = w.sK + st * SEL_KT * LDK, *v_t = w.sV + st * SEL_KT * LDV;
         float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
         float dp[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
-            uint32_t a[4], bb[4];
-            fastLoadA(a, w.sQ, LDK, 0, kk * 16);
-            fastLoadBRows(bb, k_t, LDK, 0, kk * 16);
-            fastMma(s[0], a, bb[0], bb[1]);
-            fastMma(s[1], a, bb[2], bb[3]);
-        }
-#pragma unroll
-        for (int kk = 0; kk < DV / 16; kk++) {
-            uint32_t a[4], bb[4];
-            fastLoadA(a, w.sdO, LDV, 0, kk * 16);
-            fastLoadBRows(bb, v_t, LDV, 0, kk * 16);
-            fastMma(dp[0], a, bb[0], bb[1]);
-            fastMma(dp[1], a, bb[2], bb[3]);
-        }
+        fastMmaAZt<2, DK>(s, w.sQ, LDK, 0, k_t, LDK);
+        fastMmaAZt<2, DV>(dp, w.sdO, LDV, 0, v_t, LDV);
 #pragma unroll
         for (int n = 0; n < 2; n++) {
 #pragma unroll
@@ -266,7 +245,7 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }
-        fastAccumulateRows<2, DK>(dq, s, k_t, LDK);
+        fastMmaPZ<2, DK>(dq, s, k_t, LDK);
         __syncwarp();
         tok_cur = tok_next;
     }

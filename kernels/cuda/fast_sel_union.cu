@@ -181,7 +181,7 @@ selFwdUnionKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
                 }
             }
             fastSoftmaxStep<8, DV>(s, mx, m, l, o);
-            fastAccumulateRows<8, DV>(o, s, v_t, LDV);
+            fastMmaPZ<8, DV>(o, s, v_t, LDV);
         }
         __syncthreads();
     }
@@ -264,30 +264,8 @@ selDqUnionKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
             for (int n = 0; n < 8; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) {
-                uint32_t a[4];
-                fastLoadA(a, sQ, LDK, warp * 16, kk * 16);
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                    fastMma(s[2 * np], a, bb[0], bb[1]);
-                    fastMma(s[2 * np + 1], a, bb[2], bb[3]);
-                }
-            }
-#pragma unroll
-            for (int kk = 0; kk < DV / 16; kk++) {
-                uint32_t a[4];
-                fastLoadA(a, sdO, LDV, warp * 16, kk * 16);
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, v_t, LDV, np * 16, kk * 16);
-                    fastMma(dp[2 * np], a, bb[0], bb[1]);
-                    fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
-                }
-            }
+            fastMmaAZt<8, DK>(s, sQ, LDK, warp * 16, k_t, LDK);
+            fastMmaAZt<8, DV>(dp, sdO, LDV, warp * 16, v_t, LDV);
 #pragma unroll
             for (int n = 0; n < 8; n++) {
 #pragma unroll
@@ -298,7 +276,7 @@ selDqUnionKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
                     s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
                 }
             }
-            fastAccumulateRows<8, DK>(dq, s, k_t, LDK);
+            fastMmaPZ<8, DK>(dq, s, k_t, LDK);
         }
         __syncthreads();
     }

@@ -133,18 +133,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
         for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
         /* q fragments are re-read from shared memory per tile: holding them
          * (DK/4 registers) would cost the second CTA per SM */
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
-            uint32_t qa[4];
-            fastLoadA(qa, sQ, LDK, warp * 16, kk * 16);
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                fastMma(s[2 * np], qa, bb[0], bb[1]);
-                fastMma(s[2 * np + 1], qa, bb[2], bb[3]);
-            }
-        }
+        fastMmaAZt<8, DK>(s, sQ, LDK, warp * 16, k_t, LDK);
         const int u0 = kb + it * 64;
         /* interior tiles (every row sees every key) skip the mask */
         const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
@@ -162,7 +151,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             }
         }
         fastSoftmaxStep<8, DV>(s, mx, m, l, o);
-        fastAccumulateRows<8, DV>(o, s, v_t, LDV);
+        fastMmaPZ<8, DV>(o, s, v_t, LDV);
         __syncthreads();
     }
     fastCpWait<0>();
@@ -299,30 +288,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
         for (int n = 0; n < 8; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
-            uint32_t a[4];
-            fastLoadA(a, sQ, LDK, warp * 16, kk * 16);
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                fastMma(s[2 * np], a, bb[0], bb[1]);
-                fastMma(s[2 * np + 1], a, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < DV / 16; kk++) {
-            uint32_t a[4];
-            fastLoadA(a, sdO, LDV, warp * 16, kk * 16);
-#pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, v_t, LDV, np * 16, kk * 16);
-                fastMma(dp[2 * np], a, bb[0], bb[1]);
-                fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
-            }
-        }
+        fastMmaAZt<8, DK>(s, sQ, LDK, warp * 16, k_t, LDK);
+        fastMmaAZt<8, DV>(dp, sdO, LDV, warp * 16, v_t, LDV);
         const int u0 = kb + it * 64;
         const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
 #pragma unroll
@@ -337,7 +304,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }
-        fastAccumulateRows<8, DK>(dq, s, k_t, LDK);
+        fastMmaPZ<8, DK>(dq, s, k_t, LDK);
         __syncthreads();
     }
     fastCpWait<0>();
@@ -477,30 +444,8 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         for (int n = 0; n < 4; n++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
-            uint32_t a[4];
-            fastLoadA(a, sK, LDK, warp * 16, kk * 16);
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, q_t, LDK, np * 16, kk * 16);
-                fastMma(s[2 * np], a, bb[0], bb[1]);
-                fastMma(s[2 * np + 1], a, bb[2], bb[3]);
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < DV / 16; kk++) {
-            uint32_t a[4];
-            fastLoadA(a, sV, LDV, warp * 16, kk * 16);
-#pragma unroll
-            for (int np = 0; np < 2; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, do_t, LDV, np * 16, kk * 16);
-                fastMma(dp[2 * np], a, bb[0], bb[1]);
-                fastMma(dp[2 * np + 1], a, bb[2], bb[3]);
-            }
-        }
+        fastMmaAZt<4, DK>(s, sK, LDK, warp * 16, q_t, LDK);
+        fastMmaAZt<4, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
         /* s becomes g P^T, dp becomes dS^T */
 #pragma unroll
         for (int n = 0; n < 4; n++) {
