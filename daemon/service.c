@@ -493,6 +493,18 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
     return st;
 }
 
+/* Removes a deleted run's moved-aside directory (arg: its malloc'd path,
+ * freed here). Off the HTTP thread: a run's checkpoints can be gigabytes,
+ * and a silent HTTP thread stops the systemd watchdog pings. */
+static void *removeTrashMain(void *arg) {
+    char *trash = arg;
+    NsaError err;
+    if (fsRemoveTree(trash, &err) != 0)
+        logWarn("deleted run: its files are not all gone: %s (the next start retries)", err.message);
+    free(trash);
+    return NULL;
+}
+
 ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
     ServiceStatus st = SVC_OK;
     char trash[RUN_PATH_MAX + 128] = "";
@@ -510,11 +522,24 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
     }
     pthread_mutex_unlock(&svc->lock);
     if (st != SVC_OK) return st;
-    NsaError rerr;
-    if (fsRemoveTree(trash, &rerr) != 0)
-        logWarn("run %s: deleted, but its files are not all gone: %s (the next start retries)", id,
-                rerr.message);
     logNotice("run %s: deleted", id);
+    /* a remover left unfinished at exit leaves trash the next start sweeps */
+    char *path = strdup(trash);
+    pthread_t remover;
+    pthread_attr_t attr;
+    int started = 0;
+    if (path && pthread_attr_init(&attr) == 0) {
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        started = pthread_create(&remover, &attr, removeTrashMain, path) == 0;
+        pthread_attr_destroy(&attr);
+    }
+    if (!started) { /* no thread to spare: remove here */
+        free(path);
+        NsaError rerr;
+        if (fsRemoveTree(trash, &rerr) != 0)
+            logWarn("run %s: deleted, but its files are not all gone: %s (the next start retries)", id,
+                    rerr.message);
+    }
     return SVC_OK;
 }
 

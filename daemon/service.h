@@ -108,11 +108,12 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err);
 
 /* Deletes a run that is not active (not starting, running, halting or hung,
  * and not holding the trainer): its record leaves the registry at once and
- * its directory - config, logs, checkpoints - is removed after the lock is
- * released. Returns SVC_NOT_FOUND, SVC_INVALID_STATE (halt it first) or
- * SVC_INTERNAL (the directory could not be moved: nothing changed) with
- * err; SVC_OK also when the removal of the moved directory failed part way
- * (logged; the next nsad finishes it). Takes the lock. */
+ * its directory - config, logs, checkpoints - is moved aside at once and
+ * removed by a detached thread (slow work stays off the caller's thread).
+ * Returns SVC_NOT_FOUND, SVC_INVALID_STATE (halt it first) or SVC_INTERNAL
+ * (the directory could not be moved: nothing changed) with err; SVC_OK
+ * also when the removal fails part way (logged; the next nsad finishes
+ * it). Takes the lock. */
 ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err);
 
 /* Counts one answered HTTP request by status for /metrics. Lock-free. */
