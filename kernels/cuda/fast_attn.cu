@@ -18,6 +18,7 @@ struct NsaAttnCudaPlan {
     NsaAttnDims max;
     int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp */
     int sm_count;
+    int smem_max; /* opt-in shared memory per CTA */
     size_t bytes;
     void *base;
     bf16 *kc, *vc, *o[3];
@@ -60,9 +61,12 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
 #define FAST_SEL_UNION_FWD_BELOW_S 8192
 #define FAST_SEL_UNION_DQ_BELOW_S 4096
 
-/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp. */
-static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0) {
+/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp;
+ * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
+ * is launched with this context). */
+static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0) {
     FastCtx c;
+    c.smem_max = smem_max;
     c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
     c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
     c.B = d->B;
@@ -186,6 +190,8 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&p->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     if (e != cudaSuccess) {
         fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
         free(p);
@@ -284,7 +290,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -387,7 +393,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max);
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 

@@ -118,8 +118,8 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 template <int DK, int DV>
 static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, CmpPolicy, false, FAST_QTILE_WARPS>,
-                            fastFwdSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, CmpPolicy, false>, FastQTile<DV>::THREADS,
+                            fastFwdSmem<DK, DV>(), c, stream, io,
                             CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
 }
 
@@ -149,8 +149,8 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         if (io.dq_mode == 1) return cudaSuccess;
     }
     if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
-    return fastLaunchQTiles(fastDqKernel<DK, DV, CmpPolicy, FAST_QTILE_WARPS>,
-                            fastDqSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+    return fastLaunchQTiles(fastDqKernel<DK, DV, CmpPolicy>, FastQTile<DK>::THREADS,
+                            fastDqSmem<DK, DV>(), c, stream, io,
                             CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
 }
 

@@ -38,6 +38,16 @@ __device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {
         *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     }
 }
+/* 16-byte async copy through L1 (.ca): for rows that several warps of an SM
+ * read (the selected branch's forced blocks); src == NULL zero-fills. */
+__device__ __forceinline__ void fastCpAsync16L1(void *dst, const void *src) {
+    uint32_t d = fastSmemAddr(dst);
+    if (src) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+    } else {
+        *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+    }
+}
 /* 4-byte async copy (metadata: lse, deltas, gates, token indices); src ==
  * NULL stores 0 instead. */
 __device__ __forceinline__ void fastCpAsync4(void *dst, const void *src) {
@@ -172,46 +182,68 @@ __device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float m
     }
 }
 
-/* acc += A[a_row, a_row + 16) x [0, D) . Z[0, NT*8) x [0, D)^T for a warp:
- * its 16 rows of the row-major shared tile a (stride lda) against NT * 8
- * rows of the shared tile z (stride ldz), both through ldmatrix - the
- * scores S = Q.K^T and dP = dO.V^T, or their transposes in dK/dV. */
-template <int NT, int D>
-__device__ __forceinline__ void fastMmaAZt(float (&acc)[NT][4], const bf16 *a, int lda, int a_row,
-                                           const bf16 *z, int ldz) {
+/* acc[i] += A[a_row + 16i, +16) x [0, D) . Z[0, NT*8) x [0, D)^T for a
+ * warp: its MT m-tiles of 16 rows of the row-major shared tile a (stride
+ * lda) against NT * 8 rows of the shared tile z (stride ldz), both through
+ * ldmatrix - the scores S = Q.K^T and dP = dO.V^T, or their transposes in
+ * dK/dV. Every B fragment feeds MT products: on Hopper an ldmatrix.x4
+ * (512 bytes, 4 cycles of shared-memory bandwidth) per two mma.sync is
+ * the bound, so MT = 2 moves 1.5x fewer shared bytes per product. */
+template <int MT, int NT, int D>
+__device__ __forceinline__ void fastMmaAZtM(float (&acc)[MT][NT][4], const bf16 *a, int lda,
+                                            int a_row, const bf16 *z, int ldz) {
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++) {
-        uint32_t af[4];
-        fastLoadA(af, a, lda, a_row, kk * 16);
+        uint32_t af[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++) fastLoadA(af[i], a, lda, a_row + 16 * i, kk * 16);
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             uint32_t bb[4];
             fastLoadBRows(bb, z, ldz, np * 16, kk * 16);
-            fastMma(acc[2 * np], af, bb[0], bb[1]);
-            fastMma(acc[2 * np + 1], af, bb[2], bb[3]);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                fastMma(acc[i][2 * np], af[i], bb[0], bb[1]);
+                fastMma(acc[i][2 * np + 1], af[i], bb[2], bb[3]);
+            }
         }
     }
 }
-
-/* acc += s . Z[0, NT*8) x [0, D): s the C fragments of NT n-tiles over
- * the tile's NT * 8 keys (rounded to bf16 as the A operand), Z a row-major
- * shared tile of those keys with row stride ldz - o += P.V in a forward,
- * dq += dS.K in a dQ pass. */
 template <int NT, int D>
-__device__ __forceinline__ void fastMmaPZ(float (&acc)[D / 8][4], const float (&s)[NT][4],
-                                                   const bf16 *z, int ldz) {
+__device__ __forceinline__ void fastMmaAZt(float (&acc)[NT][4], const bf16 *a, int lda, int a_row,
+                                           const bf16 *z, int ldz) {
+    fastMmaAZtM<1, NT, D>(*reinterpret_cast<float(*)[1][NT][4]>(&acc), a, lda, a_row, z, ldz);
+}
+
+/* acc[i] += s[i] . Z[0, NT*8) x [0, D) for each of MT m-tiles: s the C
+ * fragments of NT n-tiles over the tile's NT * 8 keys (rounded to bf16 as
+ * the A operand), Z a row-major shared tile of those keys with row stride
+ * ldz - o += P.V in a forward, dq += dS.K in a dQ pass. */
+template <int MT, int NT, int D>
+__device__ __forceinline__ void fastMmaPZM(float (&acc)[MT][D / 8][4], const float (&s)[MT][NT][4],
+                                           const bf16 *z, int ldz) {
 #pragma unroll
     for (int ks = 0; ks < NT / 2; ks++) {
-        uint32_t a[4];
-        fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++) fastAFromC(a[i], s[i][2 * ks], s[i][2 * ks + 1]);
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             uint32_t bb[4];
             fastLoadBCols(bb, z, ldz, ks * 16, dp * 16);
-            fastMma(acc[2 * dp], a, bb[0], bb[1]);
-            fastMma(acc[2 * dp + 1], a, bb[2], bb[3]);
+#pragma unroll
+            for (int i = 0; i < MT; i++) {
+                fastMma(acc[i][2 * dp], a[i], bb[0], bb[1]);
+                fastMma(acc[i][2 * dp + 1], a[i], bb[2], bb[3]);
+            }
         }
     }
+}
+template <int NT, int D>
+__device__ __forceinline__ void fastMmaPZ(float (&acc)[D / 8][4], const float (&s)[NT][4],
+                                          const bf16 *z, int ldz) {
+    fastMmaPZM<1, NT, D>(*reinterpret_cast<float(*)[1][D / 8][4]>(&acc),
+                         *reinterpret_cast<const float(*)[1][NT][4]>(&s), z, ldz);
 }
 
 #endif

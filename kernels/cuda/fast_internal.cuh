@@ -64,8 +64,6 @@ cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
 /* fast_select.cu: sel_idx [B][S][G][slots] from q, kc and lse_cmp. */
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
                        const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream);
-/* Shared memory the selection kernel needs (for the dims check). */
-int fastSelectSmem(const FastCtx &c, int dk);
 
 /* fast_sel.cu (dispatching to fast_sel_union.cu when c.sel_union_fwd / _dq) */
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

@@ -81,30 +81,43 @@ struct SelWarp {
 
     /* Starts the copy of 16 rows of D bf16 (row r from src(r), NULL for a
      * zero row) into dst[16][D + 8]: lane pair (2r, 2r+1) owns row r, so
-     * each lane forms one address and every 32-byte sector is used whole. */
+     * each lane forms one address and every 32-byte sector is used whole.
+     * via_l1 (this lane's row): copy through L1 rather than L2 only. */
     template <int D, class Src>
-    __device__ __forceinline__ void load16(bf16 *dst, Src src) const {
+    __device__ __forceinline__ void load16(bf16 *dst, Src src, bool via_l1 = false) const {
         constexpr int LD = D + 8;
         const int lane = threadIdx.x & 31, r = lane >> 1, half = lane & 1;
         const bf16 *row = src(r);
 #pragma unroll
-        for (int k = half; k < D / 8; k += 2)
-            fastCpAsync16(dst + r * LD + k * 8, row ? row + k * 8 : (const bf16 *)0);
+        for (int k = half; k < D / 8; k += 2) {
+            const bf16 *from = row ? row + k * 8 : (const bf16 *)0;
+            if (via_l1) fastCpAsync16L1(dst + r * LD + k * 8, from);
+            else fastCpAsync16(dst + r * LD + k * 8, from);
+        }
     }
 
     /* Starts the copy of key tile it (slots it*SEL_KT ...) into stage st and
      * returns this lane's slot token (lane pair 2r, 2r+1: slot r), -1 when
-     * the slot is past nkeys. */
+     * the slot is past nkeys. The forced blocks (0, the current one and the
+     * one before) come through L1: block 0 is every token's, the other two
+     * are shared by the 64 tokens around, so warps on one SM often want
+     * the same rows at nearly the same time, while the freely chosen
+     * blocks (random on the benchmark's inputs) rarely repeat and stay out
+     * of L1. Measured on an H200 at 64k (docs/PERF.md): selected forward
+     * 38.5 -> 33.2 ms and dQ 40.7 -> 35.3 ms (paper shape); every gather
+     * through L1 gained less (32.6, 38.3 ms). */
     __device__ __forceinline__ int loadTile(const FastCtx &c, const bf16 *k, const bf16 *v, int it,
                                             int st) const {
         static_assert(SEL_KT == 16, "one slot per lane pair");
         const int s = it * SEL_KT + ((threadIdx.x & 31) >> 1);
         const int tok = s < nkeys ? slotToken(c, s) : -1;
         const size_t key = ((size_t)b * c.S + (tok < 0 ? 0 : tok)) * c.G + g;
+        const int blk = tok / c.sel_len, cur = t / c.sel_len;
+        const bool forced = tok >= 0 && (blk == 0 || blk >= cur - 1);
         load16<DK>(sK + st * SEL_KT * LDK,
-                   [&](int) -> const bf16 * { return tok >= 0 ? k + key * DK : nullptr; });
+                   [&](int) -> const bf16 * { return tok >= 0 ? k + key * DK : nullptr; }, forced);
         load16<DV>(sV + st * SEL_KT * LDV,
-                   [&](int) -> const bf16 * { return tok >= 0 ? v + key * DV : nullptr; });
+                   [&](int) -> const bf16 * { return tok >= 0 ? v + key * DV : nullptr; }, forced);
         return tok;
     }
 };

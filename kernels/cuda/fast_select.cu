@@ -1,8 +1,8 @@
 /* fast_select.cu - selection scores and top-n, fused: only sel_idx reaches
  * memory (no S x Ns score matrix).
  *
- * One CTA per tile of whole tokens (64/hpg tokens x the hpg heads of group
- * g). It recomputes the compressed softmax from the forward's statistics,
+ * One CTA per tile of whole tokens (16 * WARPS / hpg tokens x the hpg heads
+ * of group g; WARPS = 8, or 4 where 8 would not fit in shared memory). It recomputes the compressed softmax from the forward's statistics,
  * p_i = exp2(s2_i - lse2), one tile of 64 pooled blocks at a time
  * (mma.sync), then folds p into the selection-block scores of each token
  *   s_j += sum_{i in tile} M_ij sum_{h in group} p_i(h)
@@ -20,11 +20,12 @@
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
 
-/* Shared memory of one CTA: Q, two key stages, the P tile, P summed over
- * the heads of each token, and per token its score ring and top-K. */
-int fastSelectSmem(const FastCtx &c, int dk) {
-    const int tpc = 64 / c.hpg;
-    return 3 * 64 * (dk + 8) * 2 + 64 * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
+/* Shared memory of one CTA of `warps` warps (16 query rows each): Q, two
+ * key stages, the P tile, P summed over the heads of each token, and per
+ * token its score ring and top-K. */
+static int selectSmem(const FastCtx &c, int dk, int warps) {
+    const int rows = 16 * warps, tpc = rows / c.hpg;
+    return (rows + 2 * 64) * (dk + 8) * 2 + rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
            tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8;
 }
 
@@ -101,16 +102,15 @@ struct SelToken {
     }
 };
 
-template <int DK>
-__global__ void __launch_bounds__(FAST_THREADS)
+template <int DK, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx) {
-    constexpr int LDK = DK + 8;
-    constexpr int WARPS = FAST_THREADS / 32;
+    constexpr int LDK = DK + 8, SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + 64 * LDK;
-    const int hpg = c.hpg, tpc = 64 / hpg, t0 = blockIdx.x * tpc;
+    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + SCORE_ROWS * LDK;
+    const int hpg = c.hpg, tpc = SCORE_ROWS / hpg, t0 = blockIdx.x * tpc;
     float *sP = (float *)(sK + 2 * 64 * LDK);
-    float *sPt = sP + 64 * SEL_P_LD; /* [tpc][SEL_P_LD]: P summed over the token's heads */
+    float *sPt = sP + SCORE_ROWS * SEL_P_LD; /* [tpc][SEL_P_LD]: P summed over the token's heads */
     float *sRing = sPt + tpc * SEL_P_LD;
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
     int *sTopJ = (int *)(sTopS + tpc * FAST_MAX_SLOTS);
@@ -126,22 +126,22 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / hpg) * c.H + (size_t)g * hpg + r % hpg;
     };
-    fastLoadTile<64, DK>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTile<SCORE_ROWS, DK, SCORE_THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? q + rowIndex(r) * DK : nullptr;
     });
     const int nvis = t_last < l - 1 ? 0 : min(c.Nc, (t_last - l + 1) / d + 1);
     const int ntiles = (nvis + 63) / 64;
     auto loadK = [&](int it, int st) {
         const int i0 = it * 64;
-        fastLoadTile<64, DK>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        fastLoadTile<64, DK, SCORE_THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
             int i = i0 + r;
             return i < nvis ? kc + (((size_t)b * c.Nc + i) * c.G + g) * DK : nullptr;
         });
     };
     if (ntiles > 0) loadK(0, 0);
     fastCpCommit();
-    for (int i = tid; i < tpc * FAST_SCORE_RING; i += FAST_THREADS) sRing[i] = 0.f;
-    for (int i = tid; i < tpc * FAST_MAX_SLOTS; i += FAST_THREADS) {
+    for (int i = tid; i < tpc * FAST_SCORE_RING; i += SCORE_THREADS) sRing[i] = 0.f;
+    for (int i = tid; i < tpc * FAST_MAX_SLOTS; i += SCORE_THREADS) {
         sTopS[i] = -INFINITY;
         sTopJ[i] = SEL_EMPTY_J + i % FAST_MAX_SLOTS;
     }
@@ -224,7 +224,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             }
         }
         __syncthreads();
-        for (int idx = tid; idx < tpc * 64; idx += FAST_THREADS) {
+        for (int idx = tid; idx < tpc * 64; idx += SCORE_THREADS) {
             int tk = idx >> 6, col = idx & 63;
             float acc = 0.f;
             for (int h = 0; h < hpg; h++) acc += sP[(tk * hpg + h) * SEL_P_LD + col];
@@ -284,17 +284,31 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     }
 }
 
+template <int DK, int WARPS>
+static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16 *kc,
+                                     const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
+    auto kernel = fastSelectKernel<DK, WARPS>;
+    const int smem = selectSmem(c, DK, WARPS);
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int tpc = 16 * WARPS / c.hpg;
+    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * WARPS, smem, stream>>>(c, q, kc, lse_cmp,
+                                                                                sel_idx);
+    return cudaGetLastError();
+}
+
+/* For d_k >= 128, 128 query rows per CTA (8 warps) share each tile of
+ * pooled keys: 64 rows pulled twice the key bytes from L2 per row
+ * (measured, paper shape at 64k: 23.1 -> 20.4 ms). d_k = 64 keys are half
+ * the bytes and 4 warps stay faster (proto 64k: 5.45 ms against 5.83).
+ * Where the per-token state of 128 rows does not fit (one head per
+ * group) it is 4 warps too. */
 template <int DK>
 static cudaError_t selectLaunch(const FastCtx &c, const bf16 *q, const bf16 *kc,
                                 const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
-    auto kernel = fastSelectKernel<DK>;
-    const int smem = fastSelectSmem(c, DK);
-    cudaError_t e = fastSetSmem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    const int tpc = 64 / c.hpg;
-    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), FAST_THREADS, smem, stream>>>(c, q, kc,
-                                                                                   lse_cmp, sel_idx);
-    return cudaGetLastError();
+    if (DK >= 128 && selectSmem(c, DK, 8) <= c.smem_max)
+        return selectLaunchWarps<DK, 8>(c, q, kc, lse_cmp, sel_idx, stream);
+    return selectLaunchWarps<DK, 4>(c, q, kc, lse_cmp, sel_idx, stream);
 }
 
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,

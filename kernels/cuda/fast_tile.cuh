@@ -2,8 +2,9 @@
  * and the compressed branch (fast_win.cu, fast_cmp.cu) and, for dK/dV, the
  * selected branch (fast_sel.cu). A branch supplies a policy: which keys a
  * tile of query tokens may see (keyRange) and the visibility rule
- * (visible(t, u)). Every warp owns 16 mma rows; the query-tile kernels
- * (forward, dQ) run FAST_QTILE_WARPS warps, the dK/dV core 4.
+ * (visible(t, u)). Warps own 16 mma rows (an m-tile) or two; the query-tile kernels
+ * (forward, dQ) split FAST_QTILE_ROWS rows as FastQTile says, the dK/dV
+ * core runs 4.
  *
  * Rows of a query tile are the heads of one KV group of consecutive tokens
  * (GQA packing: the K/V tile is loaded once for every head of the group).
@@ -24,6 +25,7 @@ struct FastCtx {
     float scale, scale_log2;
     /* selected forward / dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
     int sel_union_fwd, sel_union_dq;
+    int smem_max; /* the device's opt-in shared memory per CTA, bytes */
 };
 
 struct FastFwdIo {
@@ -49,22 +51,38 @@ struct FastBwdIo {
     int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq */
 };
 
-/* Warps of the query-tile kernels (forward, dQ): 16 rows each, so a CTA
- * holds 16 * FAST_QTILE_WARPS query rows against 64-key tiles. 128 rows
- * halve the K/V bytes each query row pulls from L2 against 64 rows (the
- * compressed forward was L2-bound at 64 rows: ncu, 70% L2 throughput). */
-#define FAST_QTILE_WARPS 8
-constexpr int fastFwdSmem(int dk, int dv, int warps) {
-    return (16 * warps * (dk + 8) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
+/* The query-tile kernels (forward, dQ) hold FAST_QTILE_ROWS query rows per
+ * CTA: 128 rows halve the K/V bytes each row pulls from L2 against 64 (the
+ * compressed forward was L2-bound at 64 rows: ncu, 70% L2 throughput).
+ * How the rows are split depends on the width D of the accumulator a warp
+ * keeps (DV in the forward, DK in dQ):
+ *  - D = 128: 4 warps of two 16-row m-tiles against 32-key tiles. Every
+ *    K/V fragment read from shared memory then feeds two products; with
+ *    one, ldmatrix traffic bounded the tile loop (an ldmatrix.x4 moves 512
+ *    bytes, 4 cycles of the SM's shared-memory bandwidth, per two
+ *    mma.sync; ncu showed short_scoreboard and mio_throttle stalls). The
+ *    accumulators take the 255 registers, so 2 CTAs (8 warps) per SM.
+ *  - D = 64: 8 warps of one m-tile against 64-key tiles. The accumulators
+ *    are small enough for more warps per SM, which wins there (measured:
+ *    proto dQ 2.97 ms this way, 3.31 with two m-tiles).
+ *  - D = 192 (dQ with d_k = 192): one m-tile too; two would spill. */
+#define FAST_QTILE_ROWS 128
+template <int D>
+struct FastQTile {
+    static constexpr int MT = D == 128 ? 2 : 1; /* m-tiles per warp */
+    static constexpr int WARPS = FAST_QTILE_ROWS / (16 * MT);
+    static constexpr int THREADS = 32 * WARPS;
+    static constexpr int KEYS = 64 / MT; /* keys per tile */
+};
+template <int DK, int DV>
+constexpr int fastFwdSmem() {
+    constexpr int KT = FastQTile<DV>::KEYS;
+    return (FAST_QTILE_ROWS * (DK + 8) + 2 * KT * (DK + 8) + 2 * KT * (DV + 8)) * 2;
 }
-/* Forward CTAs an SM holds: two when both fit in shared memory (227 KB),
- * and then the kernel is held to 128 registers (the latency-bound tile
- * loop gains more from a second CTA than from registers); else one. */
-constexpr int fastFwdCtasPerSm(int dk, int dv, int warps) {
-    return 2 * (fastFwdSmem(dk, dv, warps) + 1024) <= 227 * 1024 ? 2 : 1;
-}
-constexpr int fastDqSmem(int dk, int dv, int warps) {
-    return (16 * warps * ((dk + 8) + (dv + 8)) + 2 * 64 * (dk + 8) + 2 * 64 * (dv + 8)) * 2;
+template <int DK, int DV>
+constexpr int fastDqSmem() {
+    constexpr int KT = FastQTile<DK>::KEYS;
+    return (FAST_QTILE_ROWS * ((DK + 8) + (DV + 8)) + 2 * KT * (DK + 8) + 2 * KT * (DV + 8)) * 2;
 }
 /* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
  * per barrier (registers hold a 16 x 32 score tile per warp). */
@@ -75,16 +93,21 @@ constexpr int fastDkdvSmem(int dk, int dv) {
            2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4;
 }
 
-/* Forward of one tile of 16 * WARPS query rows: o = softmax(scale q.K^T) V
- * over the keys [kb, ke) of the policy, visible(t, u) masking per row; o and
- * lse out (and the gate combine when COMBINE).
- * Grid (ceil(S / tokens_per_tile), B*G), 32 * WARPS threads. */
-template <int DK, int DV, class Policy, bool COMBINE, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS, fastFwdCtasPerSm(DK, DV, WARPS))
+/* Forward of one tile of FAST_QTILE_ROWS query rows: o = softmax(scale
+ * q.K^T) V over the keys [kb, ke) of the policy, visible(t, u) masking per
+ * row; o and lse out (and the gate combine when COMBINE).
+ * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::THREADS threads. */
+/* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
+ * registers (the latency-bound loop gains more from a second CTA than from
+ * registers); two m-tiles need all 255 and get 2 x 4 warps. */
+template <int DK, int DV, class Policy, bool COMBINE>
+__global__ void __launch_bounds__(FastQTile<DV>::THREADS, 2)
 fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = 16 * WARPS, THREADS = 32 * WARPS;
+    using Q = FastQTile<DV>;
+    constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + R * LDK, *sV = sK + 2 * 64 * LDK;
+    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + R * LDK, *sV = sK + 2 * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -100,14 +123,14 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     });
     int kb, ke;
     pol.keyRange(t0, t_last, kb, ke);
-    const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
+    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
     auto loadKV = [&](int it, int st) {
-        const int u0 = kb + it * 64;
-        fastLoadTile<64, DK, THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        const int u0 = kb + it * KT;
+        fastLoadTile<KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<64, DV, THREADS>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+        fastLoadTile<KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -115,53 +138,67 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     if (ntiles > 0) loadKV(0, 0);
     fastCpCommit();
 
-    const int rA = warp * 16 + grp, rB = rA + 8;
-    const int tok[2] = {rowToken(rA), rowToken(rB)};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[DV / 8][4];
+    /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8) */
+    const int row0 = warp * 16 * MT;
+    int tok[MT][2];
+    float m[MT][2], l[MT][2];
+    float o[MT][DV / 8][4];
 #pragma unroll
-    for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int i = 0; i < MT; i++) {
+        tok[i][0] = rowToken(row0 + 16 * i + grp);
+        tok[i][1] = rowToken(row0 + 16 * i + grp + 8);
+        m[i][0] = m[i][1] = -INFINITY;
+        l[i][0] = l[i][1] = 0.f;
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
+    }
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
         if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
         __syncthreads();
-        const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
-        float s[8][4];
+        const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+        float s[MT][NT][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int n = 0; n < NT; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
         /* q fragments are re-read from shared memory per tile: holding them
-         * (DK/4 registers) would cost the second CTA per SM */
-        fastMmaAZt<8, DK>(s, sQ, LDK, warp * 16, k_t, LDK);
-        const int u0 = kb + it * 64;
+         * (MT * DK / 4 registers) would spill */
+        fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+        const int u0 = kb + it * KT;
         /* interior tiles (every row sees every key) skip the mask */
-        const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
-        float mx[2] = {-INFINITY, -INFINITY};
+        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
+        for (int i = 0; i < MT; i++) {
+            float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int u = u0 + n * 8 + quad * 2 + (e & 1);
-                int t = tok[e >> 1];
-                bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
-                float v = ok ? s[n][e] * c.scale_log2 : -INFINITY;
-                s[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int u = u0 + n * 8 + quad * 2 + (e & 1);
+                    int t = tok[i][e >> 1];
+                    bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
+                    float v = ok ? s[i][n][e] * c.scale_log2 : -INFINITY;
+                    s[i][n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
             }
+            fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
         }
-        fastSoftmaxStep<8, DV>(s, mx, m, l, o);
-        fastMmaPZ<8, DV>(o, s, v_t, LDV);
+        fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
         __syncthreads();
     }
     fastCpWait<0>();
 
 #pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
     for (int i = 0; i < 2; i++) {
-        float lsum = fastQuadSum(l[i]);
-        int r = i ? rB : rA;
-        if (tok[i] < 0) continue;
-        size_t row = rowIndex(r);
+        float lsum = fastQuadSum(l[mt][i]);
+        if (tok[mt][i] < 0) continue;
+        size_t row = rowIndex(row0 + 16 * mt + grp + 8 * i);
         float inv = lsum > 0.f ? 1.f / lsum : 0.f;
         float gc = 0.f, gs = 0.f, gw = 0.f;
         if (COMBINE) {
@@ -172,7 +209,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
 #pragma unroll
         for (int n = 0; n < DV / 8; n++) {
             int col = n * 8 + quad * 2;
-            float o0 = o[n][2 * i] * inv, o1 = o[n][2 * i + 1] * inv;
+            float o0 = o[mt][n][2 * i] * inv, o1 = o[mt][n][2 * i + 1] * inv;
             *(uint32_t *)(io.o + row * DV + col) = fastPack(o0, o1);
             if (COMBINE) {
                 __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + row * DV + col);
@@ -182,7 +219,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
                 *(uint32_t *)(io.out + row * DV + col) = fastPack(y0, y1);
             }
         }
-        if (quad == 0) io.lse[row] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+        if (quad == 0)
+            io.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+    }
     }
 }
 
@@ -210,16 +249,23 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
     }
 }
 
-/* dQ of one tile of query rows, recomputing P from the saved lse:
+/* dQ of one tile of FAST_QTILE_ROWS query rows, recomputing P from the
+ * saved lse:
  *   dP = dO_c.V^T with dO_c = g_c dout;  dS = P (dP - delta_c), delta_c = g_c dout.o_c;
  *   dq = scale dS.K, summed into the running dq of the branches (io.dq_mode). */
-template <int DK, int DV, class Policy, int WARPS>
-__global__ void __launch_bounds__(32 * WARPS)
+/* CTAs per SM the registers are sized for: two m-tiles (DK = 128) need
+ * 255 registers, 2 CTAs of 4 warps; DK = 64 fits 2 CTAs of 8 warps in
+ * 128 (measured: proto dQ 3.0 ms so, 4.2 ms at 208 registers and one
+ * CTA); DK = 192 needs 1 CTA of 8 warps at up to 255. */
+template <int DK, int DV, class Policy>
+__global__ void __launch_bounds__(FastQTile<DK>::THREADS, DK == 192 ? 1 : 2)
 fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = 16 * WARPS, THREADS = 32 * WARPS;
+    using Q = FastQTile<DK>;
+    constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
-         *sV = sK + 2 * 64 * LDK;
+         *sV = sK + 2 * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -238,14 +284,14 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     });
     int kb, ke;
     pol.keyRange(t0, t_last, kb, ke);
-    const int ntiles = ke > kb ? (ke - kb + 63) / 64 : 0;
+    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
     auto loadKV = [&](int it, int st) {
-        const int u0 = kb + it * 64;
-        fastLoadTile<64, DK, THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        const int u0 = kb + it * KT;
+        fastLoadTile<KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<64, DV, THREADS>(sV + st * 64 * LDV, [&](int r) -> const bf16 * {
+        fastLoadTile<KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -253,28 +299,31 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     if (ntiles > 0) loadKV(0, 0);
     fastCpCommit();
 
-    const int rA = warp * 16 + grp, rB = rA + 8;
-    int tok[2];
-    float lse2[2], dsum[2], gate[2];
+    const int row0 = warp * 16 * MT;
+    int tok[MT][2];
+    float lse2[MT][2], dsum[MT][2], gate[MT][2];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int r = i ? rB : rA;
-        tok[i] = rowToken(r);
-        lse2[i] = 0.f;
-        dsum[i] = 0.f;
-        gate[i] = 0.f;
-        if (tok[i] >= 0) {
-            size_t row = rowIndex(r);
-            float lse = io.lse[row];
-            if (lse == -INFINITY) tok[i] = -1;  /* sees nothing: no gradient */
-            else lse2[i] = lse * FAST_LOG2E;
-            dsum[i] = io.dsum[row * 3 + io.branch];
-            gate[i] = __bfloat162float(io.gates[row * 3 + io.branch]);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = row0 + 16 * mt + grp + 8 * i;
+            tok[mt][i] = rowToken(r);
+            lse2[mt][i] = dsum[mt][i] = gate[mt][i] = 0.f;
+            if (tok[mt][i] >= 0) {
+                size_t row = rowIndex(r);
+                float lse = io.lse[row];
+                if (lse == -INFINITY) tok[mt][i] = -1; /* sees nothing: no gradient */
+                else lse2[mt][i] = lse * FAST_LOG2E;
+                dsum[mt][i] = io.dsum[row * 3 + io.branch];
+                gate[mt][i] = __bfloat162float(io.gates[row * 3 + io.branch]);
+            }
         }
     }
-    float dq[DK / 8][4];
+    float dq[MT][DK / 8][4];
 #pragma unroll
-    for (int n = 0; n < DK / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.f;
 
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
@@ -282,38 +331,46 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
         fastCpCommit();
         fastCpWait<1>();
         __syncthreads();
-        const bf16 *k_t = sK + st * 64 * LDK, *v_t = sV + st * 64 * LDV;
-        float s[8][4], dp[8][4];
+        const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+        float s[MT][NT][4], dp[MT][NT][4];
 #pragma unroll
-        for (int n = 0; n < 8; n++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-        fastMmaAZt<8, DK>(s, sQ, LDK, warp * 16, k_t, LDK);
-        fastMmaAZt<8, DV>(dp, sdO, LDV, warp * 16, v_t, LDV);
-        const int u0 = kb + it * 64;
-        const bool full = u0 + 64 <= ke && pol.allVisible(t0, t_last, u0, u0 + 63);
+            for (int n = 0; n < NT; n++)
 #pragma unroll
-        for (int n = 0; n < 8; n++) {
+                for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+        fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+        fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+        const int u0 = kb + it * KT;
+        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int u = u0 + n * 8 + quad * 2 + (e & 1);
-                int i = e >> 1, t = tok[i];
-                /* a row that sees nothing (t < 0) stays masked even in a full tile */
-                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
-                float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
-                s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
+        for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int u = u0 + n * 8 + quad * 2 + (e & 1);
+                    int i = e >> 1, t = tok[mt][i];
+                    /* a row that sees nothing (t < 0) stays masked even in a full tile */
+                    bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
+                    float p = ok ? exp2f(s[mt][n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
+                    s[mt][n][e] = gate[mt][i] * p * (dp[mt][n][e] - dsum[mt][i]);
+                }
             }
         }
-        fastMmaPZ<8, DK>(dq, s, k_t, LDK);
+        fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
         __syncthreads();
     }
     fastCpWait<0>();
 
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int r = i ? rB : rA;
-        if (rowToken(r) < 0) continue;
-        fastStoreDqRow<DK>(c, io, rowIndex(r), i, dq);
+    for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            int r = row0 + 16 * mt + grp + 8 * i;
+            if (rowToken(r) < 0) continue;
+            fastStoreDqRow<DK>(c, io, rowIndex(r), i, dq[mt]);
+        }
     }
 }
 
@@ -504,17 +561,17 @@ static inline cudaError_t fastSetSmem(Kernel kernel, int bytes) {
     return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-/* Enqueues a query-tile kernel (an instance of fastFwdKernel or fastDqKernel
- * with FAST_QTILE_WARPS warps) over every token: one CTA per
- * 16 * FAST_QTILE_WARPS / hpg whole tokens of each (b, g). Returns the
+/* Enqueues a query-tile kernel (an instance of fastFwdKernel or
+ * fastDqKernel, threads per CTA from its FastQTile) over every token: one
+ * CTA per FAST_QTILE_ROWS / hpg whole tokens of each (b, g). Returns the
  * attribute or launch status; never synchronises. */
 template <class Kernel, class... Args>
-static inline cudaError_t fastLaunchQTiles(Kernel kernel, int smem, const FastCtx &c,
-                                           cudaStream_t stream, Args... args) {
+static inline cudaError_t fastLaunchQTiles(Kernel kernel, int threads, int smem,
+                                           const FastCtx &c, cudaStream_t stream, Args... args) {
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
-    const int tpc = 16 * FAST_QTILE_WARPS / c.hpg;
-    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * FAST_QTILE_WARPS, smem, stream>>>(
+    const int tpc = FAST_QTILE_ROWS / c.hpg;
+    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), threads, smem, stream>>>(
         c, args...);
     return cudaGetLastError();
 }

@@ -54,8 +54,8 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
 
 template <int DK, int DV>
 static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, WinPolicy, true, FAST_QTILE_WARPS>,
-                            fastFwdSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, WinPolicy, true>, FastQTile<DV>::THREADS,
+                            fastFwdSmem<DK, DV>(), c, stream, io,
                             WinPolicy{c.window});
 }
 
@@ -70,8 +70,8 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
-    return fastLaunchQTiles(fastDqKernel<DK, DV, WinPolicy, FAST_QTILE_WARPS>,
-                            fastDqSmem(DK, DV, FAST_QTILE_WARPS), c, stream, io,
+    return fastLaunchQTiles(fastDqKernel<DK, DV, WinPolicy>, FastQTile<DK>::THREADS,
+                            fastDqSmem<DK, DV>(), c, stream, io,
                             WinPolicy{c.window});
 }
 

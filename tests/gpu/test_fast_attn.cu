@@ -309,6 +309,11 @@ int main(int argc, char **argv) {
         {"S200 l'=d=l=1 (full causal)", 1, 200, 2, 1, 64, 64, 1, 1, 1, 32, 1},
         {"S1200 paper-like 16/1 d128 l'128", 1, 1200, 16, 1, 128, 128, 32, 16, 128, 16, 512},
         {"S1700 hpg8", 1, 1700, 16, 2, 64, 64, 32, 16, 64, 16, 256},
+        /* the long end, against the full CPU reference (about two CPU
+         * minutes each): the issue's 64k, and an S that is no multiple of
+         * any block size with d_k != d_v */
+        {"S65536 hpg2", 1, 65536, 2, 1, 64, 64, 32, 16, 64, 16, 512},
+        {"S32771 hpg2 dk128 dv64", 1, 32771, 2, 1, 128, 64, 32, 16, 64, 16, 512},
     };
     const int n = sizeof(cases) / sizeof(cases[0]);
     if (argc > 1 && !strcmp(argv[1], "--count")) {
