@@ -16,7 +16,7 @@
 
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
-    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp */
+    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block */
     int sm_count;
     int smem_max; /* opt-in shared memory per CTA */
     size_t bytes;
@@ -26,6 +26,13 @@ struct NsaAttnCudaPlan {
     size_t cmp_part_capacity; /* elements of cmp_part_k */
     int32_t *sel;
     FastRevIndex rev;
+    /* the block-centric selected forward's chunk buffers (NULL: not planned) */
+    int *sb_item_start;
+    bf16 *sb_part_o;
+    float *sb_part_lse;
+    /* B and S of the forward that built the reverse index for this sel
+     * (0: none - the backward builds it) */
+    int rev_B, rev_S;
     int profile;
     /* profiling: [0] forward, [1] backward marks of the last call */
     cudaEvent_t ev[2][FAST_MAX_MARKS];
@@ -61,7 +68,8 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
 #define FAST_SEL_UNION_FWD_BELOW_S 8192
 #define FAST_SEL_UNION_DQ_BELOW_S 4096
 
-/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp;
+/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp, 3
+ * block-centric forward (warp-per-token dQ);
  * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
  * is launched with this context). */
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0) {
@@ -69,6 +77,7 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
     c.smem_max = smem_max;
     c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
     c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
+    c.sel_block_fwd = sel_mode == 3 || (sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S);
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -162,8 +171,29 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
     r.item_start = (int *)take(BG * (c.Ns + 1) * 4);
     r.part_start = (int *)take(BG * (c.Ns + 1) * 4);
     r.entries = (int *)take(BG * entries * 4);
+    r.entry_slot = (int *)take(BG * entries * 4);
     r.part_k = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
     r.part_v = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
+    /* block-centric selected forward: sized for the largest chunking any
+     * call within the plan's B and S makes (more, smaller chunks at
+     * larger B) */
+    p->sb_item_start = NULL;
+    p->sb_part_o = NULL;
+    p->sb_part_lse = NULL;
+    if (p->sel_mode == 3 || (p->sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S)) {
+        size_t items = 0, tokens = 0;
+        for (int bb = 1; bb <= d->B; bb++) {
+            FastSelBlock sb = fastSelBlockShape(bb, d->S, c.Ns, c.slots, c.hpg);
+            size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
+            size_t tk = (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS;
+            items = it > items ? it : items;
+            tokens = tk > tokens ? tk : tokens;
+        }
+        const size_t pairs = tokens * d->G * c.slots * c.hpg;
+        p->sb_item_start = (int *)take(items * 4);
+        p->sb_part_o = (bf16 *)take(pairs * d->d_v * 2);
+        p->sb_part_lse = (float *)take(pairs * 4);
+    }
     return at;
 }
 
@@ -175,14 +205,16 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         return NULL;
     }
     p->max = *max_dims;
-    /* NSA_FAST_SEL=union|warp forces one selected-branch design (the
-     * tests check both on short sequences); unset or auto picks by S. */
+    /* NSA_FAST_SEL=union|warp|block forces one selected-branch design (the
+     * tests check each at every shape); unset or auto picks by S. */
     const char *sel_env = getenv("NSA_FAST_SEL");
     if (sel_env && *sel_env && strcmp(sel_env, "auto") != 0) {
         if (!strcmp(sel_env, "union")) p->sel_mode = 1;
         else if (!strcmp(sel_env, "warp")) p->sel_mode = 2;
+        else if (!strcmp(sel_env, "block")) p->sel_mode = 3;
         else {
-            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp", sel_env);
+            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, block",
+                     sel_env);
             free(p);
             return NULL;
         }
@@ -275,6 +307,16 @@ static const FastMarks *fastPassMarks(NsaAttnCudaPlan *p, int pass, cudaStream_t
 
 #define FAST_MARK(name) FAST_CHECK(fastMark(marks, (name)), "cudaEventRecord")
 
+/* The reverse index sized for this call; partial slots keep the plan's stride. */
+static FastRevIndex fastCallRev(const NsaAttnCudaPlan *p, const NsaAttnDims *dims,
+                                const FastCtx &c) {
+    FastRevIndex rev = p->rev;
+    rev.chunks = (dims->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
+    size_t entries = (size_t)dims->S * c.slots;
+    rev.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
+    return rev;
+}
+
 extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                                   const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,
                                   float *lse_cmp, void *stream_ptr, NsaError *err) {
@@ -314,7 +356,21 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.nkeys = c.S;
     io.o = p->o[1];
     io.lse = p->lse[1];
-    FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
+    p->rev_B = p->rev_S = 0;
+    if (c.sel_block_fwd) {
+        const FastRevIndex rev = fastCallRev(p, dims, c);
+        FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
+        FastSelBlock sb = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg);
+        sb.item_start = p->sb_item_start;
+        sb.part_o = p->sb_part_o;
+        sb.part_lse = p->sb_part_lse;
+        FAST_CHECK(fastSelBlockForward(c, dk, dv, io, p->sel, rev, sb, stream),
+                   "selected forward (block-centric)");
+        p->rev_B = dims->B; /* the backward reuses this index */
+        p->rev_S = dims->S;
+    } else {
+        FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
+    }
     FAST_MARK("fwd.win+gate");
     io.k = (const bf16 *)in->k_win;
     io.v = (const bf16 *)in->v_win;
@@ -441,12 +497,9 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                "compressed backward");
     FAST_MARK("bwd.sel.index");
 
-    /* the reverse index sized for this call; partial slots keep the plan's stride */
-    FastRevIndex rev = p->rev;
-    rev.chunks = (dims->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
-    size_t entries = (size_t)dims->S * c.slots;
-    rev.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
-    FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
+    const FastRevIndex rev = fastCallRev(p, dims, c);
+    if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
+        FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
     io.k = (const bf16 *)in->k_sel;
     io.v = (const bf16 *)in->v_sel;
     io.nkeys = c.S;

@@ -87,10 +87,29 @@ struct FastRevIndex {
     int *item_start;  /* [B*G][Ns+1] */
     int *part_start;  /* [B*G][Ns+1] */
     int *entries;     /* [B*G][S*slots] tokens, grouped by block */
+    int *entry_slot;  /* [B*G][S*slots] where the block sits in each entry's sel_idx row */
     float *part_k, *part_v; /* [B*G][max_parts][subtiles][64][dk|dv] */
 };
 cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const FastRevIndex &rev,
                               cudaStream_t stream);
+
+/* fast_sel_block.cu: the block-centric selected forward (long S). Tokens go
+ * in chunks of chunk_revs * FAST_REV_TOKENS per batch row; one chunk's
+ * partials fill part_o / part_lse. */
+struct FastSelBlock {
+    int chunk_revs;  /* reverse-index chunks per token chunk */
+    int nchunks;     /* token chunks of the call */
+    int max_items;   /* work items per (chunk, b, g), at most */
+    int *item_start; /* [nchunks][B*G][Ns+1] */
+    bf16 *part_o;    /* [B][chunk tokens][G][slots][hpg][dv], normalised per block */
+    float *part_lse; /* [B][chunk tokens][G][slots][hpg] */
+};
+/* The chunking for a call of B x S (the buffers left NULL); cannot fail. */
+FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg);
+/* o_sel, lse_sel (io.o, io.lse) from the reverse index rev of sel_idx. */
+cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                const int32_t *sel_idx, const FastRevIndex &rev,
+                                const FastSelBlock &sb, cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev, bf16 *dk_out,

@@ -11,6 +11,13 @@
  * on random selections a tile was wanted by about one warp in four, so
  * three warps sat at every barrier (docs/PERF.md).
  *
+ * Which forward runs (fastMakeCtx, by S; NSA_FAST_SEL forces one): the
+ * union kernels (fast_sel_union.cu) below S = 8192, where neighbours share
+ * most blocks; the block-centric forward (fast_sel_block.cu) from 8192 on,
+ * which reads each chosen block once per work item instead of once per
+ * token; this warp-per-token forward when forced (NSA_FAST_SEL=warp). The
+ * dQ here runs from S = 4096 on.
+ *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
  * tokens, exclusive scan, fill by one warp per chunk in token order). The
@@ -335,8 +342,9 @@ __global__ void __launch_bounds__(1024) selScanKernel(FastCtx c, FastRevIndex re
 }
 
 /* One warp per chunk of tokens, in token order: entry of (t, j) goes to
- * offsets[j][chunk] + (earlier tokens of the chunk that chose j). A row's
- * blocks are distinct, so the lanes never share a counter. */
+ * offsets[j][chunk] + (earlier tokens of the chunk that chose j), with the
+ * slot of j in t's row beside it. A row's blocks are distinct, so the
+ * lanes never share a counter. */
 __global__ void selFillKernel(FastCtx c, const int32_t *sel_idx, FastRevIndex rev) {
     extern __shared__ int seen[];
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, chunk = blockIdx.x;
@@ -345,11 +353,14 @@ __global__ void selFillKernel(FastCtx c, const int32_t *sel_idx, FastRevIndex re
     __syncwarp();
     const int *off = rev.offsets + (size_t)bg * c.Ns * rev.chunks;
     int *entries = rev.entries + (size_t)bg * c.S * c.slots;
+    int *entry_slot = rev.entry_slot + (size_t)bg * c.S * c.slots;
     const int t_end = min(c.S, (chunk + 1) * FAST_REV_TOKENS);
     for (int t = chunk * FAST_REV_TOKENS; t < t_end; t++) {
         int j = lane < c.slots ? sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + lane] : -1;
         if (j >= 0) {
-            entries[off[(size_t)j * rev.chunks + chunk] + seen[j]] = t;
+            const int at = off[(size_t)j * rev.chunks + chunk] + seen[j];
+            entries[at] = t;
+            entry_slot[at] = lane;
             seen[j]++;
         }
         __syncwarp();

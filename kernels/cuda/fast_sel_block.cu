@@ -1,0 +1,290 @@
+/* fast_sel_block.cu - selected attention forward for long sequences,
+ * block-centric (the third design of the selected forward; fast_sel.cu says
+ * when each runs).
+ *
+ * The warp-per-token forward gathers the chosen blocks' K and V for every
+ * token: 32 KB per (token, block) pair at the paper shape, fetched from L2
+ * at random addresses - that kernel runs at the L2 bandwidth. Here a CTA
+ * holds one selection block's K and V in shared memory and streams the
+ * query rows of the tokens that chose it (the block's ascending token list
+ * of the reverse index), writing for each (token, block) pair a partial
+ * normalised within the block:
+ *   o_k = sum_{u in block, u <= t} p_u v_u / l_k,  lse_k = m_k + ln l_k.
+ * A combine kernel then merges a token's partials in slot order:
+ *   lse = ln sum_k exp(lse_k),  o = sum_k exp(lse_k - lse) o_k.
+ * Per pair that moves the token's query rows (4 KB) and the partial (4 KB
+ * out, 4 KB back) instead of 32 KB of gathered keys. The partials of every
+ * pair would be S * G * slots * hpg * dv values (17 GB at paper 64k), so
+ * the tokens go in chunks (FastSelBlock) through one buffer. */
+#include "fast_internal.cuh"
+
+#define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
+#define SELB_ROWS (16 * SELB_WARPS)
+#define SELB_TILES 4  /* row tiles per work item: a block's K/V load serves 4 tiles */
+
+/* Tokens of one work item: SELB_TILES row tiles of SELB_ROWS / hpg tokens. */
+static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES * (SELB_ROWS / hpg); }
+
+/* The entries [e_lo, e_hi) of block j's token list (reverse index of (b, g)
+ * = bg) that fall in token chunk `chunk`. */
+static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
+                                     const FastSelBlock &sb, int bg, int j, int chunk, int &e_lo,
+                                     int &e_hi) {
+    const int *off = rev.offsets + (size_t)bg * c.Ns * rev.chunks;
+    const size_t n = (size_t)c.Ns * rev.chunks;
+    const int ch0 = chunk * sb.chunk_revs, ch1 = min(rev.chunks, ch0 + sb.chunk_revs);
+    const int total = rev.block_start[(size_t)bg * (c.Ns + 1) + c.Ns];
+    const size_t a = (size_t)j * rev.chunks + ch0, z = (size_t)j * rev.chunks + ch1;
+    e_lo = off[a];
+    e_hi = z < n ? off[z] : total;
+}
+
+/* Work items of every token chunk: for each (chunk, b, g) and block j,
+ * ceil(entries / item tokens) items, exclusive-scanned into item_start.
+ * One CTA of 1024 per (chunk, bg). */
+__global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevIndex rev,
+                                                           FastSelBlock sb) {
+    __shared__ int sums[1024];
+    const int chunk = blockIdx.x, bg = blockIdx.y, tid = threadIdx.x;
+    const int per_item = selBlockItemTokens(c.hpg);
+    auto items = [&](int j) {
+        int lo, hi;
+        selBlockRange(c, rev, sb, bg, j, chunk, lo, hi);
+        return (hi - lo + per_item - 1) / per_item;
+    };
+    const int per = (c.Ns + 1023) / 1024, lo = min(c.Ns, tid * per), hi = min(c.Ns, lo + per);
+    int local = 0;
+    for (int j = lo; j < hi; j++) local += items(j);
+    sums[tid] = local;
+    __syncthreads();
+    for (int off = 1; off < 1024; off <<= 1) { /* Hillis-Steele inclusive scan */
+        int v = tid >= off ? sums[tid - off] : 0;
+        __syncthreads();
+        sums[tid] += v;
+        __syncthreads();
+    }
+    int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+    int run = sums[tid] - local;
+    for (int j = lo; j < hi; j++) {
+        is[j] = run;
+        run += items(j);
+    }
+    if (tid == 1023) is[c.Ns] = sums[1023];
+}
+
+/* One work item: block j's K/V (its first 64 keys per key sub-tile) against
+ * up to SELB_TILES row tiles of the tokens that chose j in this chunk:
+ * partial o_k (bf16, normalised) and lse_k (ln, -inf: no visible key) per
+ * (token, slot of j in the token's row, head). Keys u <= t only.
+ * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
+template <int DK, int DV>
+__global__ void __launch_bounds__(32 * SELB_WARPS, 2)
+selBlockFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastRevIndex rev,
+                  FastSelBlock sb, int chunk) {
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = SELB_ROWS, THREADS = 32 * SELB_WARPS;
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
+    int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
+    int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
+    const int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+    if (item >= is[c.Ns]) return;
+    int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (is[mid] <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    const int j = lo, hpg = c.hpg, tpt = R / hpg, per_item = SELB_TILES * tpt;
+    int e_lo, e_hi;
+    selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
+    const int e0 = e_lo + (item - is[j]) * per_item, e1 = min(e_hi, e0 + per_item);
+    const int ntiles = (e1 - e0 + tpt - 1) / tpt;
+    const size_t ent0 = (size_t)bg * c.S * c.slots;
+    const int u_lo = j * c.sel_len, u_hi = min(c.S, u_lo + c.sel_len);
+    const int nsub = (u_hi - u_lo + 63) / 64;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+
+    auto loadKV = [&](int sub) {
+        const int u0 = u_lo + sub * 64;
+        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < u_hi ? io.k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
+        });
+        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < u_hi ? io.v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
+        });
+    };
+    auto issueQ = [&](int rt, int st) {
+        const int *tk = sTok + rt * tpt;
+        fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+            const int k = r / hpg;
+            const int t = k < tpt ? tk[k] : -1;
+            return t >= 0 ? io.q + (((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg) * DK
+                          : nullptr;
+        });
+    };
+
+    /* the item's tokens (and j's slot in their rows) in one round trip */
+    for (int i = threadIdx.x; i < SELB_TILES * R; i += THREADS) {
+        const int e = e0 + i;
+        const bool ok = i < per_item && e < e1;
+        sTok[i] = ok ? rev.entries[ent0 + e] : -1;
+        sSlot[i] = ok ? rev.entry_slot[ent0 + e] : -1;
+    }
+    if (nsub == 1) loadKV(0);
+    __syncthreads();
+    issueQ(0, 0);
+    fastCpCommit();
+
+    const int rA = warp * 16 + grp, rB = rA + 8;
+    for (int rt = 0; rt < ntiles; rt++) {
+        const int st = rt & 1;
+        if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
+        fastCpCommit();
+        fastCpWait<1>();
+        __syncthreads(); /* q of rt (and K/V) landed */
+        int tok[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int k = (i ? rB : rA) / hpg;
+            tok[i] = k < tpt ? sTok[rt * tpt + k] : -1;
+        }
+        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+        float o[DV / 8][4];
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+        for (int sub = 0; sub < nsub; sub++) {
+            if (nsub > 1) { /* blocks longer than 64 keys: one sub-tile at a time */
+                __syncthreads();
+                loadKV(sub);
+                fastCpCommit();
+                fastCpWait<0>();
+                __syncthreads();
+            }
+            float s[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
+            const int u0 = u_lo + sub * 64;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int u = u0 + n * 8 + quad * 2 + (e & 1), t = tok[e >> 1];
+                    const float v = (t >= 0 && u < u_hi && u <= t) ? s[n][e] * c.scale_log2 : -INFINITY;
+                    s[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
+            }
+            fastSoftmaxStep<8, DV>(s, mx, m, l, o);
+            fastMmaPZ<8, DV>(o, s, sV, LDV);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const float lsum = fastQuadSum(l[i]);
+            const int r = i ? rB : rA, k = r / hpg;
+            const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
+            if (tok[i] < 0 || slot < 0) continue;
+            const size_t pair = (((size_t)b * CT + (tok[i] - t_base)) * c.G + g) * c.slots + slot;
+            const size_t idx = pair * hpg + r % hpg;
+            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+                *(uint32_t *)(sb.part_o + idx * DV + n * 8 + quad * 2) =
+                    fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+            if (quad == 0)
+                sb.part_lse[idx] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+        }
+        __syncthreads(); /* stage st is refilled by the next iteration */
+    }
+    fastCpWait<0>();
+}
+
+/* Merges the partials of one (b, t, g) in slot order into o_sel, lse_sel.
+ * Grid (chunk tokens, B*G), 128 threads. */
+template <int DV>
+__global__ void __launch_bounds__(128)
+selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk) {
+    __shared__ float w[FAST_MAX_HPG][FAST_MAX_SLOTS];
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t = chunk * CT + blockIdx.x;
+    if (t >= c.S) return;
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tid = threadIdx.x;
+    const int32_t *row = sel_idx + (((size_t)b * c.S + t) * c.G + g) * c.slots;
+    const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
+    const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
+    if (tid < hpg) {
+        float mx = -INFINITY;
+        for (int s = 0; s < c.slots; s++)
+            if (row[s] >= 0) mx = fmaxf(mx, sb.part_lse[(pair0 + s) * hpg + tid]);
+        float sum = 0.f;
+        for (int s = 0; s < c.slots; s++) {
+            float e = 0.f;
+            if (row[s] >= 0 && mx != -INFINITY) e = expf(sb.part_lse[(pair0 + s) * hpg + tid] - mx);
+            w[tid][s] = e;
+            sum += e;
+        }
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        for (int s = 0; s < c.slots; s++) w[tid][s] *= inv;
+        io.lse[out0 + tid] = sum > 0.f ? mx + logf(sum) : -INFINITY;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < hpg * (DV / 2); idx += blockDim.x) {
+        const int h = idx / (DV / 2), col = (idx % (DV / 2)) * 2;
+        float a0 = 0.f, a1 = 0.f;
+        for (int s = 0; s < c.slots; s++) {
+            const float ws = w[h][s];
+            if (ws == 0.f) continue; /* unused slots hold no partial: never read */
+            const float2 v = __bfloat1622float2(
+                *(const __nv_bfloat162 *)(sb.part_o + ((pair0 + s) * hpg + h) * DV + col));
+            a0 += ws * v.x;
+            a1 += ws * v.y;
+        }
+        *(uint32_t *)(io.o + (out0 + h) * DV + col) = fastPack(a0, a1);
+    }
+}
+
+template <int DK, int DV>
+static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
+                                   const FastRevIndex &rev, const FastSelBlock &sb,
+                                   cudaStream_t stream) {
+    auto kernel = selBlockFwdKernel<DK, DV>;
+    constexpr int smem = (64 * (DK + 8) + 64 * (DV + 8) + 2 * SELB_ROWS * (DK + 8)) * 2 +
+                         2 * SELB_TILES * SELB_ROWS * 4;
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int BG = c.B * c.G;
+    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(c, rev, sb);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS;
+    for (int chunk = 0; chunk < sb.nchunks; chunk++) {
+        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, sel_idx, rev, sb,
+                                                                          chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        selBlockCombineKernel<DV><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg) {
+    FastSelBlock sb = {};
+    const int rev_chunks = (S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
+    const int per = FAST_SEL_BLOCK_TOKENS / (B * FAST_REV_TOKENS);
+    sb.chunk_revs = per < 1 ? 1 : (per > rev_chunks ? rev_chunks : per);
+    sb.nchunks = (rev_chunks + sb.chunk_revs - 1) / sb.chunk_revs;
+    const long long CT = (long long)sb.chunk_revs * FAST_REV_TOKENS;
+    const int per_item = selBlockItemTokens(hpg);
+    /* sum_j ceil(len_j / per_item) <= Ns + (entries of one (b, g) in a chunk) / per_item */
+    sb.max_items = (int)(Ns + (CT * slots + per_item - 1) / per_item);
+    return sb;
+}
+
+cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                const int32_t *sel_idx, const FastRevIndex &rev,
+                                const FastSelBlock &sb, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selBlockForward, c, io, sel_idx, rev, sb, stream);
+}
