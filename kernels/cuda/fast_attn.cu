@@ -26,9 +26,10 @@ struct NsaAttnCudaPlan {
     size_t cmp_part_capacity; /* elements of cmp_part_k */
     int32_t *sel;
     FastRevIndex rev;
-    /* the block-centric selected forward's chunk buffers (NULL: not planned) */
+    /* the block-centric selected forward's and dQ's chunk buffers (NULL:
+     * not planned); sb_part holds the forward's o partials, later the dQ's */
     int *sb_item_start;
-    bf16 *sb_part_o;
+    void *sb_part;
     float *sb_part_lse;
     /* B and S of the forward that built the reverse index for this sel
      * (0: none - the backward builds it) */
@@ -68,8 +69,14 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
 #define FAST_SEL_UNION_FWD_BELOW_S 8192
 #define FAST_SEL_UNION_DQ_BELOW_S 4096
 
-/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp, 3
- * block-centric forward (warp-per-token dQ);
+/* The block-centric selected dQ wins at d_k = 64 (proto shape, 64k: 8.4
+ * -> 6.2 ms on an H200) and loses at d_k = 128 (paper: 35.3 -> 42.7 ms: its
+ * d = 128 kernel holds 181 KB of shared memory, one CTA per SM, and each
+ * pair's fp32 partial moves 16 KB), so auto uses it for d_k = 64 only. */
+static bool fastSelBlockDqWins(int d_k) { return d_k == 64; }
+
+/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp
+ * per token, 3 block-centric;
  * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
  * is launched with this context). */
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0) {
@@ -78,6 +85,7 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
     c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
     c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
     c.sel_block_fwd = sel_mode == 3 || (sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S);
+    c.sel_block_dq = sel_mode == 3 || (c.sel_block_fwd && fastSelBlockDqWins(d->d_k));
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -178,21 +186,28 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
      * call within the plan's B and S makes (more, smaller chunks at
      * larger B) */
     p->sb_item_start = NULL;
-    p->sb_part_o = NULL;
+    p->sb_part = NULL;
     p->sb_part_lse = NULL;
     if (p->sel_mode == 3 || (p->sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S)) {
-        size_t items = 0, tokens = 0;
+        size_t items = 0, part = 0, lse = 0;
+        const int passes = p->sel_mode == 3 || fastSelBlockDqWins(d->d_k) ? 2 : 1;
         for (int bb = 1; bb <= d->B; bb++) {
-            FastSelBlock sb = fastSelBlockShape(bb, d->S, c.Ns, c.slots, c.hpg);
-            size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
-            size_t tk = (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS;
-            items = it > items ? it : items;
-            tokens = tk > tokens ? tk : tokens;
+            for (int pass = 0; pass < passes; pass++) { /* 0 forward, 1 dQ */
+                FastSelBlock sb = fastSelBlockShape(
+                    bb, d->S, c.Ns, c.slots, c.hpg,
+                    pass ? FAST_SEL_BLOCK_DQ_TOKENS : FAST_SEL_BLOCK_TOKENS);
+                const size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
+                const size_t pairs =
+                    (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS * d->G * c.slots * c.hpg;
+                const size_t bytes = pass ? pairs * d->d_k * 4 : pairs * d->d_v * 2;
+                items = it > items ? it : items;
+                part = bytes > part ? bytes : part;
+                if (!pass) lse = pairs * 4 > lse ? pairs * 4 : lse;
+            }
         }
-        const size_t pairs = tokens * d->G * c.slots * c.hpg;
         p->sb_item_start = (int *)take(items * 4);
-        p->sb_part_o = (bf16 *)take(pairs * d->d_v * 2);
-        p->sb_part_lse = (float *)take(pairs * 4);
+        p->sb_part = take(part);
+        p->sb_part_lse = (float *)take(lse);
     }
     return at;
 }
@@ -360,9 +375,10 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (c.sel_block_fwd) {
         const FastRevIndex rev = fastCallRev(p, dims, c);
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
-        FastSelBlock sb = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg);
+        FastSelBlock sb =
+            fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_TOKENS);
         sb.item_start = p->sb_item_start;
-        sb.part_o = p->sb_part_o;
+        sb.part_o = (bf16 *)p->sb_part;
         sb.part_lse = p->sb_part_lse;
         FAST_CHECK(fastSelBlockForward(c, dk, dv, io, p->sel, rev, sb, stream),
                    "selected forward (block-centric)");
@@ -506,8 +522,14 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.lse = p->lse[1];
     io.branch = 1;
     io.dq_mode = 2;
-    FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, (bf16 *)grads->dk_sel,
-                               (bf16 *)grads->dv_sel, stream, marks),
+    FastSelBlock sbq = {};
+    if (c.sel_block_dq) {
+        sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
+        sbq.item_start = p->sb_item_start;
+        sbq.part_dq = (float *)p->sb_part;
+    }
+    FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
+                               (bf16 *)grads->dk_sel, (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
     FAST_MARK("end");
     return 0;

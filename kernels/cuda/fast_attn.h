@@ -47,6 +47,7 @@
 #define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces */
 #define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
 #define FAST_SEL_BLOCK_TOKENS 4096 /* B x tokens per chunk of the block-centric selected forward */
+#define FAST_SEL_BLOCK_DQ_TOKENS 2048 /* and of its dQ (fp32 partials: twice the bytes per pair) */
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 
 #endif

@@ -101,18 +101,27 @@ struct FastSelBlock {
     int nchunks;     /* token chunks of the call */
     int max_items;   /* work items per (chunk, b, g), at most */
     int *item_start; /* [nchunks][B*G][Ns+1] */
-    bf16 *part_o;    /* [B][chunk tokens][G][slots][hpg][dv], normalised per block */
-    float *part_lse; /* [B][chunk tokens][G][slots][hpg] */
+    bf16 *part_o;    /* forward: [B][chunk tokens][G][slots][hpg][dv], normalised per block */
+    float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
+    float *part_dq;  /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
 };
-/* The chunking for a call of B x S (the buffers left NULL); cannot fail. */
-FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg);
+/* The chunking for a call of B x S with about budget_tokens tokens (B x
+ * chunk) per chunk, at least FAST_REV_TOKENS per batch row (the buffers
+ * left NULL); cannot fail. */
+FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens);
 /* o_sel, lse_sel (io.o, io.lse) from the reverse index rev of sel_idx. */
 cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                                 const int32_t *sel_idx, const FastRevIndex &rev,
                                 const FastSelBlock &sb, cudaStream_t stream);
-/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
+/* dq of the selected branch per io.dq_mode (block-centric, same index). */
+cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                           const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
+                           cudaStream_t stream);
+/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
+ * c.sel_block_dq (sb_dq its chunking and buffers, else NULL). */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
-                            const int32_t *sel_idx, const FastRevIndex &rev, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
+                            const int32_t *sel_idx, const FastRevIndex &rev,
+                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream, const FastMarks *marks);
 
 #endif

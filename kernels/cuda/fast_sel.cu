@@ -16,7 +16,8 @@
  * most blocks; the block-centric forward (fast_sel_block.cu) from 8192 on,
  * which reads each chosen block once per work item instead of once per
  * token; this warp-per-token forward when forced (NSA_FAST_SEL=warp). The
- * dQ here runs from S = 4096 on.
+ * dQ: union below 4096, this warp-per-token one from 4096, block-centric
+ * from 8192 where d_k = 64 (fast_attn.cu says why).
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
@@ -459,8 +460,8 @@ static cudaError_t selForward(const FastCtx &c, const FastFwdIo &io, const int32
 
 template <int DK, int DV>
 static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
-                               const FastRevIndex &rev, bf16 *dk_out, bf16 *dv_out,
-                               cudaStream_t stream, const FastMarks *marks) {
+                               const FastRevIndex &rev, const FastSelBlock *sb_dq, bf16 *dk_out,
+                               bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.sel.dkdv")) != cudaSuccess) return e;
     const int subtiles = (c.sel_len + 63) / 64;
@@ -476,6 +477,10 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
     if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
+    if (c.sel_block_dq) {
+        if (!sb_dq) return cudaErrorInvalidValue;
+        return fastSelBlockDq(c, DK, DV, io, sel_idx, rev, *sb_dq, stream);
+    }
     auto dq = selDqKernel<DK, DV>;
     constexpr int smem_q = SEL_WARPS * selWarpSmem<DK, DV, true>();
     if ((e = fastSetSmem(dq, smem_q)) != cudaSuccess) return e;
@@ -512,7 +517,8 @@ cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const Fa
 }
 
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
-                            const int32_t *sel_idx, const FastRevIndex &rev, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
-    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, dk_out, dv_out, stream, marks);
+                            const int32_t *sel_idx, const FastRevIndex &rev,
+                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, sb_dq, dk_out, dv_out, stream, marks);
 }

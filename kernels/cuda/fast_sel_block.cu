@@ -15,7 +15,13 @@
  * Per pair that moves the token's query rows (4 KB) and the partial (4 KB
  * out, 4 KB back) instead of 32 KB of gathered keys. The partials of every
  * pair would be S * G * slots * hpg * dv values (17 GB at paper 64k), so
- * the tokens go in chunks (FastSelBlock) through one buffer. */
+ * the tokens go in chunks (FastSelBlock) through one buffer.
+ *
+ * The dQ pass has the same shape: a CTA holds block j's K/V, streams the
+ * query and dout rows of its tokens and writes per pair the fp32 partial
+ *   dq_k = sum_{u in j, u <= t} g p_u (dp_u - delta) k_u;
+ * the combine sums a token's partials in slot order into the branches'
+ * running dq (FastBwdIo.dq_mode). Both passes share the chunk buffer. */
 #include "fast_internal.cuh"
 
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
@@ -72,6 +78,49 @@ __global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevInd
     if (tid == 1023) is[c.Ns] = sums[1023];
 }
 
+/* A CTA's work item: grid (max_items, B*G) over the items of `chunk`
+ * (selBlockPlanKernel), block j, its entries [e0, e1) = up to SELB_TILES
+ * row tiles of SELB_ROWS / hpg tokens, and the keys of j. */
+struct SelBlockItem {
+    int j, e0, e1, ntiles, u_lo, u_hi, nsub;
+
+    /* Finds the item of this CTA (false: past the chunk's last item; the
+     * whole CTA returns) and copies its tokens and j's slot in each one's
+     * sel_idx row into tok[], slot[] (SELB_TILES * SELB_ROWS entries, -1
+     * past the end) - one round trip for the whole item. Every thread of
+     * the CTA calls it; the caller's next barrier publishes tok and slot. */
+    __device__ bool init(const FastCtx &c, const FastRevIndex &rev, const FastSelBlock &sb,
+                         int chunk, int *tok, int *slot, int threads) {
+        const int bg = blockIdx.y, item = blockIdx.x;
+        const int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+        if (item >= is[c.Ns]) return false;
+        int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
+        while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (is[mid] <= item) lo = mid;
+            else hi = mid - 1;
+        }
+        j = lo;
+        const int tpt = SELB_ROWS / c.hpg, per_item = SELB_TILES * tpt;
+        int e_lo, e_hi;
+        selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
+        e0 = e_lo + (item - is[j]) * per_item;
+        e1 = min(e_hi, e0 + per_item);
+        ntiles = (e1 - e0 + tpt - 1) / tpt;
+        u_lo = j * c.sel_len;
+        u_hi = min(c.S, u_lo + c.sel_len);
+        nsub = (u_hi - u_lo + 63) / 64;
+        const size_t ent0 = (size_t)bg * c.S * c.slots;
+        for (int i = threadIdx.x; i < SELB_TILES * SELB_ROWS; i += threads) {
+            const int e = e0 + i;
+            const bool ok = i < per_item && e < e1;
+            tok[i] = ok ? rev.entries[ent0 + e] : -1;
+            slot[i] = ok ? rev.entry_slot[ent0 + e] : -1;
+        }
+        return true;
+    }
+};
+
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
  * up to SELB_TILES row tiles of the tokens that chose j in this chunk:
  * partial o_k (bf16, normalised) and lse_k (ln, -inf: no visible key) per
@@ -86,23 +135,10 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastRevIndex 
     bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
     int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
-    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
-    const int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
-    if (item >= is[c.Ns]) return;
-    int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (is[mid] <= item) lo = mid;
-        else hi = mid - 1;
-    }
-    const int j = lo, hpg = c.hpg, tpt = R / hpg, per_item = SELB_TILES * tpt;
-    int e_lo, e_hi;
-    selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
-    const int e0 = e_lo + (item - is[j]) * per_item, e1 = min(e_hi, e0 + per_item);
-    const int ntiles = (e1 - e0 + tpt - 1) / tpt;
-    const size_t ent0 = (size_t)bg * c.S * c.slots;
-    const int u_lo = j * c.sel_len, u_hi = min(c.S, u_lo + c.sel_len);
-    const int nsub = (u_hi - u_lo + 63) / 64;
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
+    SelBlockItem it;
+    if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
 
@@ -127,13 +163,6 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastRevIndex 
         });
     };
 
-    /* the item's tokens (and j's slot in their rows) in one round trip */
-    for (int i = threadIdx.x; i < SELB_TILES * R; i += THREADS) {
-        const int e = e0 + i;
-        const bool ok = i < per_item && e < e1;
-        sTok[i] = ok ? rev.entries[ent0 + e] : -1;
-        sSlot[i] = ok ? rev.entry_slot[ent0 + e] : -1;
-    }
     if (nsub == 1) loadKV(0);
     __syncthreads();
     issueQ(0, 0);
@@ -247,6 +276,174 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
     }
 }
 
+/* dQ partials of one work item (see the file comment): per (token, slot
+ * of j, head) the unscaled fp32 dq_k. Rows come two tiles deep: q and dout
+ * by 16-byte async copies, lse, delta and gate by 4-byte ones.
+ * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
+template <int DK, int DV>
+__global__ void __launch_bounds__(32 * SELB_WARPS, 1)
+selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
+    constexpr int LDK = DK + 8, LDV = DV + 8, R = SELB_ROWS, THREADS = 32 * SELB_WARPS;
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
+    bf16 *sdO = sQ + 2 * R * LDK;                                             /* [2][R] */
+    float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R; /* [2][R] */
+    int *sTok = (int *)(sG + 2 * R), *sSlot = sTok + SELB_TILES * R;
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
+    SelBlockItem it;
+    if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+
+    auto loadKV = [&](int sub) {
+        const int u0 = u_lo + sub * 64;
+        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < u_hi ? io.k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
+        });
+        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < u_hi ? io.v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
+        });
+    };
+    /* row r of tile rt: its [B][S][H] index, or false for a padding row */
+    auto rowOf = [&](int rt, int r, size_t &row) {
+        const int k = r / hpg;
+        const int t = k < tpt ? sTok[rt * tpt + k] : -1;
+        if (t < 0) return false;
+        row = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg;
+        return true;
+    };
+    auto issueRows = [&](int rt, int st) {
+        fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+            size_t row;
+            return rowOf(rt, r, row) ? io.q + row * DK : nullptr;
+        });
+        fastLoadTile<R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+            size_t row;
+            return rowOf(rt, r, row) ? io.dout + row * DV : nullptr;
+        });
+        if ((int)threadIdx.x < R) {
+            const int r = threadIdx.x;
+            size_t row = 0;
+            const bool ok = rowOf(rt, r, row);
+            fastCpAsync4(sL + st * R + r, ok ? io.lse + row : nullptr);
+            fastCpAsync4(sD + st * R + r, ok ? io.dsum + row * 3 + io.branch : nullptr);
+            fastCpAsync4(sG + st * R + r, ok ? io.gate_f + row * 3 + io.branch : nullptr);
+        }
+    };
+
+    if (nsub == 1) loadKV(0);
+    __syncthreads();
+    issueRows(0, 0);
+    fastCpCommit();
+
+    const int rA = warp * 16 + grp, rB = rA + 8;
+    for (int rt = 0; rt < ntiles; rt++) {
+        const int st = rt & 1;
+        if (rt + 1 < ntiles) issueRows(rt + 1, st ^ 1);
+        fastCpCommit();
+        fastCpWait<1>();
+        __syncthreads(); /* rows of rt (and K/V) landed */
+        int tok[2];
+        float lse2[2], dsum[2], gate[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = i ? rB : rA, k = r / hpg;
+            const float lse = sL[st * R + r];
+            tok[i] = k < tpt ? sTok[rt * tpt + k] : -1;
+            if (lse == -INFINITY) tok[i] = -1; /* sees nothing: no gradient, never NaN */
+            lse2[i] = tok[i] >= 0 ? lse * FAST_LOG2E : 0.f;
+            dsum[i] = sD[st * R + r];
+            gate[i] = sG[st * R + r];
+        }
+        float dq[DK / 8][4];
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+        for (int sub = 0; sub < nsub; sub++) {
+            if (nsub > 1) { /* blocks longer than 64 keys: one sub-tile at a time */
+                __syncthreads();
+                loadKV(sub);
+                fastCpCommit();
+                fastCpWait<0>();
+                __syncthreads();
+            }
+            float s[8][4], dp[8][4];
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+            fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
+            fastMmaAZt<8, DV>(dp, sdO + st * R * LDV, LDV, warp * 16, sV, LDV);
+            const int u0 = u_lo + sub * 64;
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int u = u0 + n * 8 + quad * 2 + (e & 1), i = e >> 1, t = tok[i];
+                    const bool ok = t >= 0 && u < u_hi && u <= t;
+                    const float p = ok ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
+                    s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
+                }
+            }
+            fastMmaPZ<8, DK>(dq, s, sK, LDK);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = i ? rB : rA, k = r / hpg;
+            const int t = k < tpt ? sTok[rt * tpt + k] : -1;
+            const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
+            if (t < 0 || slot < 0) continue; /* rows that see nothing still write their zeros */
+            const size_t pair = (((size_t)b * CT + (t - t_base)) * c.G + g) * c.slots + slot;
+            float *dst = sb.part_dq + (pair * hpg + r % hpg) * DK;
+#pragma unroll
+            for (int n = 0; n < DK / 8; n++)
+                *(float2 *)(dst + n * 8 + quad * 2) = make_float2(dq[n][2 * i], dq[n][2 * i + 1]);
+        }
+        __syncthreads(); /* stage st is refilled by the next iteration */
+    }
+    fastCpWait<0>();
+}
+
+/* Sums the dQ partials of one (b, t, g) in slot order, times the softmax
+ * scale, into the branches' running dq as io.dq_mode says (fastStoreDqRow's
+ * rule). Grid (chunk tokens, B*G), 128 threads. */
+template <int DK>
+__global__ void __launch_bounds__(128)
+selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSelBlock sb,
+                        int chunk) {
+    __shared__ int slot_used[FAST_MAX_SLOTS];
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t = chunk * CT + blockIdx.x;
+    if (t >= c.S) return;
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tid = threadIdx.x;
+    if (tid < c.slots) slot_used[tid] = sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + tid] >= 0;
+    __syncthreads();
+    const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
+    const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
+    for (int idx = tid; idx < hpg * (DK / 2); idx += blockDim.x) {
+        const int h = idx / (DK / 2), col = (idx % (DK / 2)) * 2;
+        float a0 = 0.f, a1 = 0.f;
+        for (int s = 0; s < c.slots; s++) {
+            if (!slot_used[s]) continue; /* unused slots hold no partial: never read */
+            const float2 v = *(const float2 *)(sb.part_dq + ((pair0 + s) * hpg + h) * DK + col);
+            a0 += v.x;
+            a1 += v.y;
+        }
+        a0 *= c.scale;
+        a1 *= c.scale;
+        const size_t at = (row0 + h) * DK + col;
+        float2 *acc = (float2 *)(io.dq_acc + at);
+        if (io.dq_mode == 0) {
+            *acc = make_float2(a0, a1);
+        } else {
+            const float2 prev = *acc;
+            if (io.dq_mode == 1) *acc = make_float2(prev.x + a0, prev.y + a1);
+            else *(uint32_t *)(io.dq_out + at) = fastPack(prev.x + a0, prev.y + a1);
+        }
+    }
+}
+
 template <int DK, int DV>
 static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
                                    const FastRevIndex &rev, const FastSelBlock &sb,
@@ -270,10 +467,10 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     return cudaSuccess;
 }
 
-FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg) {
+FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {
     FastSelBlock sb = {};
     const int rev_chunks = (S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
-    const int per = FAST_SEL_BLOCK_TOKENS / (B * FAST_REV_TOKENS);
+    const int per = budget_tokens / (B * FAST_REV_TOKENS);
     sb.chunk_revs = per < 1 ? 1 : (per > rev_chunks ? rev_chunks : per);
     sb.nchunks = (rev_chunks + sb.chunk_revs - 1) / sb.chunk_revs;
     const long long CT = (long long)sb.chunk_revs * FAST_REV_TOKENS;
@@ -287,4 +484,33 @@ cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdI
                                 const int32_t *sel_idx, const FastRevIndex &rev,
                                 const FastSelBlock &sb, cudaStream_t stream) {
     FAST_DISPATCH(dk, dv, selBlockForward, c, io, sel_idx, rev, sb, stream);
+}
+
+template <int DK, int DV>
+static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
+                              const FastRevIndex &rev, const FastSelBlock &sb,
+                              cudaStream_t stream) {
+    auto kernel = selBlockDqKernel<DK, DV>;
+    constexpr int smem = (64 * (DK + 8) + 64 * (DV + 8) + 2 * SELB_ROWS * (DK + 8) +
+                          2 * SELB_ROWS * (DV + 8)) * 2 +
+                         3 * 2 * SELB_ROWS * 4 + 2 * SELB_TILES * SELB_ROWS * 4;
+    cudaError_t e = fastSetSmem(kernel, smem);
+    if (e != cudaSuccess) return e;
+    const int BG = c.B * c.G;
+    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(c, rev, sb);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS;
+    for (int chunk = 0; chunk < sb.nchunks; chunk++) {
+        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        selBlockDqCombineKernel<DK><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                           const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
+                           cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selBlockDq, c, io, sel_idx, rev, sb, stream);
 }

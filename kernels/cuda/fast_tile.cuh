@@ -25,7 +25,7 @@ struct FastCtx {
     float scale, scale_log2;
     /* selected forward / dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
     int sel_union_fwd, sel_union_dq;
-    int sel_block_fwd; /* 1: block-centric selected forward (fast_sel_block.cu) */
+    int sel_block_fwd, sel_block_dq; /* 1: block-centric selected forward / dQ (fast_sel_block.cu) */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
 };
 
