@@ -8,7 +8,7 @@
 # folder) or build/bench/results. BENCH_ARGS / DENSE_ARGS pass options
 # through (e.g. BENCH_ARGS="--reps 5 --seq 2048,65536").
 set -u
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 out="${OUT:-build/bench/results}"
 mkdir -p "$out"
 mode="${1:-all}"
@@ -29,20 +29,29 @@ fi
 cat "$out/env.txt"
 : >"$out/errors.log"
 if [ "$mode" = all ] || [ "$mode" = test ]; then
-    # one process per case (the fp32 CPU reference is the slow part)
+    # one process per case and selected-branch design (the fp32 CPU
+    # reference is the slow part): auto picks by S, union / warp / block
+    # force one design at every shape (NSA_FAST_SEL, kernels/cuda/fast_attn.cu)
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    i=0
-    while [ "$i" -lt "$n" ]; do
-        build/bench/test_fast_attn "$i" >"$tmp/$i.log" 2>&1 &
-        i=$((i + 1))
+    for sel in auto union warp block; do
+        i=0
+        while [ "$i" -lt "$n" ]; do
+            NSA_FAST_SEL=$sel build/bench/test_fast_attn "$i" >"$tmp/$sel.$i.log" 2>&1 &
+            i=$((i + 1))
+        done
     done
     wait
-    i=0
-    while [ "$i" -lt "$n" ]; do
-        cat "$tmp/$i.log" >>"$out/test.log"
-        i=$((i + 1))
+    for sel in auto union warp block; do
+        echo "# NSA_FAST_SEL=$sel" >>"$out/test.log"
+        i=0
+        while [ "$i" -lt "$n" ]; do
+            cat "$tmp/$sel.$i.log" >>"$out/test.log"
+            i=$((i + 1))
+        done
+        echo "test[$sel]: $(cat "$tmp/$sel".*.log | grep -c '^ok') ok, $(cat "$tmp/$sel".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
+    rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"
     bad=$(grep -cE '^(not ok|Bail)' "$out/test.log")
     echo "test: $(grep -c '^ok' "$out/test.log") ok, $bad not ok"
