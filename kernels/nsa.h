@@ -323,8 +323,19 @@ typedef struct NsaAttnDeviceGrads {
 /* Returns NULL with err filled on bad dims or a failed allocation. Free
  * with nsaAttnCudaPlanFree (NULL is a no-op). */
 NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err);
+/* A plan with its own state (what its forward leaves for its backward) that
+ * borrows the per-call scratch (dq accumulator, partial sums, chunk
+ * buffers; about half of a plan at long S) of owner, a plan from
+ * nsaAttnCudaPlanCreate with identical max_dims on the same device: the L
+ * plans of an L-layer model then hold one scratch, not L. Calls on plans
+ * that share a scratch must not overlap (enqueue them on one stream), and
+ * owner must be freed last. Returns NULL with err on NULL or unsuitable
+ * owner, bad dims or a failed allocation. */
+NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
+                                              NsaError *err);
 void nsaAttnCudaPlanFree(NsaAttnCudaPlan *plan);
-/* Device bytes the plan holds (0 for NULL). */
+/* Device bytes the plan allocated (0 for NULL): state and scratch for an
+ * owner, state only for a plan that shares another's scratch. */
 size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *plan);
 
 int nsaAttnForwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,

@@ -454,7 +454,8 @@ void nsaCudaModelFree(NsaCudaModel *m) {
     if (m->have_stream) cudaStreamSynchronize(m->stream);
     gemmContextDestroy(&m->gemm);
     if (m->attn_plans)
-        for (int i = 0; i < m->cfg.n_layers; i++) nsaAttnCudaPlanFree(m->attn_plans[i]);
+        for (int i = m->cfg.n_layers - 1; i >= 0; i--) /* plan 0, the scratch owner, last */
+            nsaAttnCudaPlanFree(m->attn_plans[i]);
     free(m->attn_plans);
     cudaFree(m->weights_low);
     for (int a = 0; a < 4; a++) cudaFree(m->arena[a]);
@@ -551,7 +552,9 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
 
     /* One fast-attention plan per layer: each keeps what its layer's
      * forward saves for the backward (pooled keys, branch outputs, lse,
-     * the selection), so all L backward calls find their own. */
+     * the selection), so all L backward calls find their own. The layers
+     * run one after another on one stream, so plans 1..L-1 borrow plan 0's
+     * per-call scratch instead of holding L copies; they are freed first. */
     size_t plan_bytes = 0;
     if (m->mode.fast) {
         m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)c->n_layers, sizeof(*m->attn_plans));
@@ -560,7 +563,9 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
                                       c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel, c->window};
         for (int i = 0; i < c->n_layers; i++) {
             NsaError perr = {{0}};
-            m->attn_plans[i] = nsaAttnCudaPlanCreate(&max_dims, &perr);
+            m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, &perr)
+                                      : nsaAttnCudaPlanCreateSharing(&max_dims, m->attn_plans[0],
+                                                                     &perr);
             if (!m->attn_plans[i])
                 return cudaFail(err, "cuda: the fast attention op refused layer %d's plan (%s); "
                                      "precision f32 runs the reference kernels instead",

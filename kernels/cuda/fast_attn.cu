@@ -17,10 +17,12 @@
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
     int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block */
-    int sm_count;
+    int device, sm_count;
     int smem_max; /* opt-in shared memory per CTA */
-    size_t bytes;
-    void *base;
+    size_t bytes;         /* device bytes this plan allocated */
+    void *base;           /* its state, then (an owner's) its scratch */
+    char *scratch_base;   /* the scratch it uses: its own or its owner's */
+    NsaAttnCudaPlan *scratch_owner; /* NULL: owns its scratch */
     bf16 *kc, *vc, *o[3];
     float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
     size_t cmp_part_capacity; /* elements of cmp_part_k */
@@ -144,13 +146,25 @@ static int cmpPartsWanted(const FastCtx &c, int sm_count) {
     return (int)(p < 1 ? 1 : (p > 8 ? 8 : p));
 }
 
-/* Carves the workspace; base NULL only measures. Returns the bytes. */
-static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
+/* Carves the workspace in two parts: the plan's state - what its forward
+ * leaves for its backward (pooled keys, branch outputs, lse, the selection
+ * and its reverse index) - from state_base, and the scratch a call uses
+ * and drops (dsum, gates in fp32, the dq accumulator, partial sums, chunk
+ * buffers) from scratch_base. NULL bases only measure. Returns the state
+ * bytes and sets *scratch_bytes. Plans of one model share one scratch
+ * (nsaAttnCudaPlanCreateSharing). */
+static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_base,
+                        char *scratch_base, size_t *scratch_bytes) {
     FastCtx c = fastMakeCtx(d);
-    size_t at = 0;
+    size_t at = 0, at_scratch = 0;
     auto take = [&](size_t bytes) -> void * {
-        void *ptr = base ? base + at : NULL;
+        void *ptr = state_base ? state_base + at : NULL;
         at += (bytes + 255) / 256 * 256;
+        return ptr;
+    };
+    auto scratch = [&](size_t bytes) -> void * {
+        void *ptr = scratch_base ? scratch_base + at_scratch : NULL;
+        at_scratch += (bytes + 255) / 256 * 256;
         return ptr;
     };
     const size_t T = (size_t)d->B * d->S, rows = T * d->H, BG = (size_t)d->B * d->G;
@@ -161,13 +175,13 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
         p->lse[i] = (float *)take(rows * 4);
     }
     p->sel = (int32_t *)take(T * d->G * c.slots * 4);
-    p->dsum = (float *)take(rows * 3 * 4);
-    p->gate_f = (float *)take(rows * 3 * 4);
-    p->dq_acc = (float *)take(rows * d->d_k * 4);
+    p->dsum = (float *)scratch(rows * 3 * 4);
+    p->gate_f = (float *)scratch(rows * 3 * 4);
+    p->dq_acc = (float *)scratch(rows * d->d_k * 4);
     int parts = cmpPartsWanted(c, p->sm_count);
     p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
-    p->cmp_part_k = (float *)take(p->cmp_part_capacity * 4);
-    p->cmp_part_v = (float *)take((size_t)parts * d->B * c.Nc * d->G * d->d_v * 4);
+    p->cmp_part_k = (float *)scratch(p->cmp_part_capacity * 4);
+    p->cmp_part_v = (float *)scratch((size_t)parts * d->B * c.Nc * d->G * d->d_v * 4);
     FastRevIndex &r = p->rev;
     size_t entries = (size_t)d->S * c.slots;
     r.chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
@@ -180,8 +194,8 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
     r.part_start = (int *)take(BG * (c.Ns + 1) * 4);
     r.entries = (int *)take(BG * entries * 4);
     r.entry_slot = (int *)take(BG * entries * 4);
-    r.part_k = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
-    r.part_v = (float *)take(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
+    r.part_k = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
+    r.part_v = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
     /* block-centric selected forward: sized for the largest chunking any
      * call within the plan's B and S makes (more, smaller chunks at
      * larger B) */
@@ -205,14 +219,17 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *base) {
                 if (!pass) lse = pairs * 4 > lse ? pairs * 4 : lse;
             }
         }
-        p->sb_item_start = (int *)take(items * 4);
-        p->sb_part = take(part);
-        p->sb_part_lse = (float *)take(lse);
+        p->sb_item_start = (int *)scratch(items * 4);
+        p->sb_part = scratch(part);
+        p->sb_part_lse = (float *)scratch(lse);
     }
+    *scratch_bytes = at_scratch;
     return at;
 }
 
-extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err) {
+/* nsaAttnCudaPlanCreate (owner NULL) and nsaAttnCudaPlanCreateSharing. */
+static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
+                                       NsaError *err) {
     if (fastCheckDims(max_dims, err)) return NULL;
     NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
     if (!p) {
@@ -234,6 +251,24 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
             return NULL;
         }
     }
+    if (owner) {
+        const NsaAttnDims *o = &owner->max;
+        if (owner->scratch_owner) {
+            fastFail(err, "nsa fast attention: the plan to share scratch with shares another "
+                          "plan's; allowed: a plan from nsaAttnCudaPlanCreate");
+            free(p);
+            return NULL;
+        }
+        if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode) {
+            fastFail(err, "nsa fast attention: dims (B=%d S=%d H=%d G=%d ...) or NSA_FAST_SEL "
+                          "differ from the scratch owner's (B=%d S=%d H=%d G=%d ...); allowed: "
+                          "identical max_dims and design",
+                     max_dims->B, max_dims->S, max_dims->H, max_dims->G, o->B, o->S, o->H, o->G);
+            free(p);
+            return NULL;
+        }
+        p->scratch_owner = owner;
+    }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
@@ -244,7 +279,17 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         free(p);
         return NULL;
     }
-    p->bytes = fastCarve(p, max_dims, NULL);
+    p->device = dev;
+    if (owner && owner->device != dev) {
+        fastFail(err, "nsa fast attention: the scratch owner lives on device %d, this plan on %d; "
+                      "allowed: the same device", owner->device, dev);
+        free(p);
+        return NULL;
+    }
+    /* an owner holds its scratch after its state; a sharer only its state */
+    size_t scratch_bytes = 0;
+    const size_t state_bytes = fastCarve(p, max_dims, NULL, NULL, &scratch_bytes);
+    p->bytes = owner ? state_bytes : state_bytes + scratch_bytes;
     e = cudaMalloc(&p->base, p->bytes);
     if (e != cudaSuccess) {
         fastFail(err, "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
@@ -252,7 +297,8 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         free(p);
         return NULL;
     }
-    fastCarve(p, max_dims, (char *)p->base);
+    p->scratch_base = owner ? owner->scratch_base : (char *)p->base + state_bytes;
+    fastCarve(p, max_dims, (char *)p->base, p->scratch_base, &scratch_bytes);
     for (int i = 0; i < FAST_MAX_MARKS; i++) {
         if (cudaEventCreate(&p->ev[0][i]) != cudaSuccess ||
             cudaEventCreate(&p->ev[1][i]) != cudaSuccess) {
@@ -262,6 +308,19 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, N
         }
     }
     return p;
+}
+
+extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err) {
+    return fastPlanCreate(max_dims, NULL, err);
+}
+
+extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_dims,
+                                                         NsaAttnCudaPlan *owner, NsaError *err) {
+    if (!owner) {
+        fastFail(err, "nsa fast attention: the plan to share scratch with is NULL");
+        return NULL;
+    }
+    return fastPlanCreate(max_dims, owner, err);
 }
 
 extern "C" void nsaAttnCudaPlanFree(NsaAttnCudaPlan *p) {

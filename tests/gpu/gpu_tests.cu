@@ -8,7 +8,8 @@
  *              CPU op; the whole NSA attention op (all three branches,
  *              selection, gates) forward and backward against
  *              nsaAttnForwardCpu/BackwardCpu at several shapes, odd sizes
- *              and S not a multiple of any block size; the phi = mlp
+ *              and S not a multiple of any block size; fast-op plans that
+ *              share one scratch keep their own state; the phi = mlp
  *              pooling (pooled, hidden, dx, dP, dW1, dW2) against the f64
  *              CPU op, S % d != 0, S < l, l = d, fp32 and bf16/fp16;
  *   model      loss and every gradient tensor of a small model, GPU fp32 vs
@@ -143,6 +144,135 @@ static void testAttention(Results *res, const char *label, NsaAttnDims d, uint64
     }
     free(ref_out); free(ref_lse); free(ref_sel); free(g_out); free(g_lse); free(g_sel); free(dout);
     cudaFree(work); cudaFree(d_out); cudaFree(d_lse); cudaFree(d_sel); cudaFree(d_dout);
+}
+
+/* Uploads n floats as bf16 (the fast op's input type). */
+static void *devBf16(const float *h, size_t n) {
+    uint16_t *b = (uint16_t *)malloc((n ? n : 1) * 2);
+    for (size_t i = 0; i < n; i++) {
+        __nv_bfloat16 v = __float2bfloat16(h[i]);
+        memcpy(&b[i], &v, 2);
+    }
+    void *d = devAlloc((n ? n : 1) * 2);
+    GPU_OK(cudaMemcpy(d, b, n * 2, cudaMemcpyHostToDevice));
+    free(b);
+    return d;
+}
+
+/* Plans sharing one scratch (as the engine's layers do) keep their own
+ * state: a sharer's forward and backward run between an owner's forward
+ * and backward leave the owner's output and gradients bit-identical, the
+ * sharer's results equal what the owner computes for the same inputs, the
+ * sharer holds fewer bytes, and unsuitable owners are refused. S = 8192
+ * takes the block-centric selected path, whose reverse index the forward
+ * leaves for the backward. */
+static void testAttnPlanSharing(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "fast attn plans sharing scratch keep their own state";
+    NsaAttnDims d = {1, 8192, 12, 2, 64, 64, 32, 16, 64, 16, 512};
+    NsaError err = {{0}};
+    const size_t N = (size_t)d.B * d.S;
+    const size_t sizes[8] = {N * d.H * d.d_k, N * d.G * d.d_k, N * d.G * d.d_v, N * d.G * d.d_k,
+                             N * d.G * d.d_v, N * d.G * d.d_k, N * d.G * d.d_v, N * d.H * 3};
+    const size_t no = N * d.H * d.d_v;
+    void *in_dev[2][8], *dout_dev[2], *out_dev = devAlloc(no * 2), *grad_dev[8];
+    for (int set = 0; set < 2; set++) {
+        for (int i = 0; i < 8; i++) {
+            float *h = hostAlloc(sizes[i]);
+            fillUniform(h, sizes[i], 4242 + set, (uint64_t)i, i == 7 ? 0.05f : -1.0f, i == 7 ? 0.95f : 1.0f);
+            in_dev[set][i] = devBf16(h, sizes[i]);
+            free(h);
+        }
+        float *h = hostAlloc(no);
+        fillUniform(h, no, 4242 + set, 100, -1.0f, 1.0f);
+        dout_dev[set] = devBf16(h, no);
+        free(h);
+    }
+    for (int i = 0; i < 8; i++) grad_dev[i] = devAlloc(sizes[i] * 2);
+    size_t total = no;
+    for (int i = 0; i < 8; i++) total += sizes[i];
+    /* outputs and gradients of one call sequence, as raw bf16 */
+    auto snapshot = [&](uint16_t *dst) {
+        size_t at = 0;
+        toHost(dst, out_dev, no * 2);
+        at += no;
+        for (int i = 0; i < 8; i++) {
+            toHost(dst + at, grad_dev[i], sizes[i] * 2);
+            at += sizes[i];
+        }
+    };
+    auto inputs = [&](int set) {
+        NsaAttnDeviceInputs in = {in_dev[set][0], in_dev[set][1], in_dev[set][2], in_dev[set][3],
+                                  in_dev[set][4], in_dev[set][5], in_dev[set][6], in_dev[set][7]};
+        return in;
+    };
+    NsaAttnDeviceGrads gr = {grad_dev[0], grad_dev[1], grad_dev[2], grad_dev[3],
+                             grad_dev[4], grad_dev[5], grad_dev[6], grad_dev[7]};
+    uint16_t *clean_a = (uint16_t *)malloc(total * 2), *clean_b = (uint16_t *)malloc(total * 2);
+    uint16_t *mixed_a = (uint16_t *)malloc(total * 2), *mixed_b = (uint16_t *)malloc(total * 2);
+    NsaAttnCudaPlan *owner = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *sharer = owner ? nsaAttnCudaPlanCreateSharing(&d, owner, &err) : NULL;
+    int ok = owner && sharer;
+    char detail[1024] = "";
+    if (ok) {
+        NsaAttnDeviceInputs a = inputs(0), b = inputs(1);
+        /* clean: owner alone, A then B */
+        ok &= nsaAttnForwardCuda(owner, &d, &a, out_dev, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(owner, &d, &a, dout_dev[0], &gr, NULL, &err) == 0;
+        GPU_OK(cudaDeviceSynchronize());
+        snapshot(clean_a);
+        ok &= nsaAttnForwardCuda(owner, &d, &b, out_dev, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(owner, &d, &b, dout_dev[1], &gr, NULL, &err) == 0;
+        GPU_OK(cudaDeviceSynchronize());
+        snapshot(clean_b);
+        /* mixed: owner forward A, sharer forward + backward B, owner backward A */
+        ok &= nsaAttnForwardCuda(owner, &d, &a, out_dev, NULL, NULL, NULL, &err) == 0;
+        void *out_a = devAlloc(no * 2);
+        GPU_OK(cudaMemcpy(out_a, out_dev, no * 2, cudaMemcpyDeviceToDevice));
+        ok &= nsaAttnForwardCuda(sharer, &d, &b, out_dev, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(sharer, &d, &b, dout_dev[1], &gr, NULL, &err) == 0;
+        GPU_OK(cudaDeviceSynchronize());
+        snapshot(mixed_b);
+        ok &= nsaAttnBackwardCuda(owner, &d, &a, dout_dev[0], &gr, NULL, &err) == 0;
+        GPU_OK(cudaMemcpy(out_dev, out_a, no * 2, cudaMemcpyDeviceToDevice));
+        GPU_OK(cudaDeviceSynchronize());
+        snapshot(mixed_a);
+        cudaFree(out_a);
+        const int same_a = memcmp(clean_a, mixed_a, total * 2) == 0;
+        const int same_b = memcmp(clean_b, mixed_b, total * 2) == 0;
+        const size_t owner_bytes = nsaAttnCudaPlanBytes(owner), sharer_bytes = nsaAttnCudaPlanBytes(sharer);
+        NsaError e2 = {{0}}, e3 = {{0}};
+        NsaAttnCudaPlan *chain = nsaAttnCudaPlanCreateSharing(&d, sharer, &e2);
+        NsaAttnDims other = d;
+        other.S = 4096;
+        NsaAttnCudaPlan *unlike = nsaAttnCudaPlanCreateSharing(&other, owner, &e3);
+        const int refused = !chain && !unlike && strstr(e2.message, "shares another") &&
+                            strstr(e3.message, "differ from the scratch owner");
+        nsaAttnCudaPlanFree(chain);
+        nsaAttnCudaPlanFree(unlike);
+        ok &= same_a && same_b && sharer_bytes < owner_bytes && refused;
+        snprintf(detail, sizeof(detail),
+                 "owner A bit-identical %s, sharer B = owner B %s, bytes %.0f MB owner / %.0f MB "
+                 "sharer, refusals %s",
+                 same_a ? "yes" : "NO", same_b ? "yes" : "NO", owner_bytes / 1e6,
+                 sharer_bytes / 1e6, refused ? "ok" : "MISSING");
+    } else {
+        snprintf(detail, sizeof(detail), "plan: %s", err.message);
+    }
+    if (!ok && err.message[0] && detail[0] != 'p') {
+        size_t at = strlen(detail);
+        snprintf(detail + at, sizeof(detail) - at, "; %s", err.message);
+    }
+    report(res, ok, nowSeconds() - t0, name, "%s", detail);
+    nsaAttnCudaPlanFree(sharer);
+    nsaAttnCudaPlanFree(owner);
+    for (int set = 0; set < 2; set++) {
+        for (int i = 0; i < 8; i++) cudaFree(in_dev[set][i]);
+        cudaFree(dout_dev[set]);
+    }
+    for (int i = 0; i < 8; i++) cudaFree(grad_dev[i]);
+    cudaFree(out_dev);
+    free(clean_a); free(clean_b); free(mixed_a); free(mixed_b);
 }
 
 /* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
@@ -1063,6 +1193,7 @@ int main(int argc, char **argv) {
                                 "d128 dv100 w>S", "production S1100"};
         for (int i = 0; i < (int)(sizeof(shapes) / sizeof(shapes[0])); i++)
             testAttention(res, labels[i], shapes[i], 1000 + i);
+        testAttnPlanSharing(res);
     }
     if (all || !strcmp(only, "model")) {
         testModelGradients(res, NSA_MLP_SILU, NSA_PHI_AVG, 2, 50);

@@ -1,8 +1,9 @@
 /* test_fast_attn_api.c - the host-side contract of the fast CUDA attention
  * op (kernels/cuda/fast_*.cu) that a machine without a GPU can check: every
  * unsupported shape is refused before any device work with one line naming
- * the field, its value and what is allowed; NULL plans and inputs are
- * refused; a plan on a machine without a usable GPU fails cleanly. The
+ * the field, its value and what is allowed; NULL plans, inputs and scratch
+ * owners are refused; a plan on a machine without a usable GPU fails
+ * cleanly (with one, plans sharing a scratch are checked too). The
  * numerical checks against the CPU reference need a GPU and live in
  * tests/gpu/test_fast_attn.cu (make -C bench fast-test). */
 #include <setjmp.h>
@@ -86,6 +87,13 @@ static void test_refuses_null(void **state) {
     assert_non_null(strstr(err.message, "plan is NULL"));
     assert_int_equal(nsaAttnCudaPlanBytes(NULL), 0);
     nsaAttnCudaPlanFree(NULL); /* a no-op */
+    memset(&err, 0, sizeof(err));
+    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, &err));
+    assert_non_null(strstr(err.message, "share scratch with is NULL"));
+    d.n_sel = 33; /* bad dims are named before the owner is looked at */
+    memset(&err, 0, sizeof(err));
+    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, &err));
+    assert_true(err.message[0] != '\0');
 }
 
 /* With a GPU the plan is made and freed; without one it fails with a
@@ -106,6 +114,19 @@ static void test_plan_on_this_machine(void **state) {
         in.q = in.k_cmp = in.v_cmp = in.k_sel = in.v_sel = in.k_win = in.v_win = in.gates = &d;
         assert_int_equal(nsaAttnForwardCuda(plan, &d, &in, &d, NULL, NULL, NULL, &err), -1);
         assert_non_null(strstr(err.message, "exceed the plan"));
+        /* a plan sharing the scratch holds less; unlike dims and a
+         * sharer as owner are refused */
+        d = protoDims();
+        NsaAttnCudaPlan *sharer = nsaAttnCudaPlanCreateSharing(&d, plan, &err);
+        assert_non_null(sharer);
+        assert_true(nsaAttnCudaPlanBytes(sharer) > 0);
+        assert_true(nsaAttnCudaPlanBytes(sharer) < nsaAttnCudaPlanBytes(plan));
+        assert_null(nsaAttnCudaPlanCreateSharing(&d, sharer, &err));
+        assert_non_null(strstr(err.message, "shares another"));
+        d.S = 128;
+        assert_null(nsaAttnCudaPlanCreateSharing(&d, plan, &err));
+        assert_non_null(strstr(err.message, "differ from the scratch owner"));
+        nsaAttnCudaPlanFree(sharer);
         nsaAttnCudaPlanFree(plan);
     } else {
         print_message("# no plan on this machine: %s\n", err.message);
