@@ -119,6 +119,33 @@ struct SelBlockItem {
         }
         return true;
     }
+
+    /* Starts the async copy of key sub-tile `sub` (64 keys of block j,
+     * zero rows past its end) of k, v [B][S][G][D] into sK, sV. */
+    template <int DK, int DV, int THREADS>
+    __device__ void loadKV(const FastCtx &c, const bf16 *k, const bf16 *v, int b, int g, int sub,
+                           bf16 *sK, bf16 *sV) const {
+        const int u0 = u_lo + sub * 64, hi = u_hi;
+        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < hi ? k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
+        });
+        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
+            int u = u0 + r;
+            return u < hi ? v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
+        });
+    }
+
+    /* Row r of row tile rt (token r / hpg of the tile, head r % hpg) as an
+     * index into [B][S][H]; false for a padding row. tok: init's tokens. */
+    __device__ __forceinline__ bool row(const FastCtx &c, const int *tok, int b, int g, int rt,
+                                        int r, size_t &at) const {
+        const int tpt = SELB_ROWS / c.hpg, k = r / c.hpg;
+        const int t = k < tpt ? tok[rt * tpt + k] : -1;
+        if (t < 0) return false;
+        at = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + r % c.hpg;
+        return true;
+    }
 };
 
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
@@ -128,8 +155,7 @@ struct SelBlockItem {
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
 template <int DK, int DV>
 __global__ void __launch_bounds__(32 * SELB_WARPS, 2)
-selBlockFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastRevIndex rev,
-                  FastSelBlock sb, int chunk) {
+selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
     constexpr int LDK = DK + 8, LDV = DV + 8, R = SELB_ROWS, THREADS = 32 * SELB_WARPS;
     extern __shared__ __align__(16) unsigned char fast_smem[];
     bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
@@ -142,24 +168,11 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastRevIndex 
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
 
-    auto loadKV = [&](int sub) {
-        const int u0 = u_lo + sub * 64;
-        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < u_hi ? io.k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
-        });
-        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < u_hi ? io.v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
-        });
-    };
+    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS>(c, io.k, io.v, b, g, sub, sK, sV); };
     auto issueQ = [&](int rt, int st) {
-        const int *tk = sTok + rt * tpt;
         fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
-            const int k = r / hpg;
-            const int t = k < tpt ? tk[k] : -1;
-            return t >= 0 ? io.q + (((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg) * DK
-                          : nullptr;
+            size_t row;
+            return it.row(c, sTok, b, g, rt, r, row) ? io.q + row * DK : nullptr;
         });
     };
 
@@ -296,25 +309,8 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
 
-    auto loadKV = [&](int sub) {
-        const int u0 = u_lo + sub * 64;
-        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < u_hi ? io.k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
-        });
-        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < u_hi ? io.v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
-        });
-    };
-    /* row r of tile rt: its [B][S][H] index, or false for a padding row */
-    auto rowOf = [&](int rt, int r, size_t &row) {
-        const int k = r / hpg;
-        const int t = k < tpt ? sTok[rt * tpt + k] : -1;
-        if (t < 0) return false;
-        row = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg;
-        return true;
-    };
+    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS>(c, io.k, io.v, b, g, sub, sK, sV); };
+    auto rowOf = [&](int rt, int r, size_t &row) { return it.row(c, sTok, b, g, rt, r, row); };
     auto issueRows = [&](int rt, int st) {
         fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
@@ -458,8 +454,7 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, sel_idx, rev, sb,
-                                                                          chunk);
+        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selBlockCombineKernel<DV><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
