@@ -370,16 +370,22 @@ static int statusOfDaemon(Ctl *ctl) {
     return CTL_OK;
 }
 
+/* Calls method on /api/v1/runs/{id} (id already checked) with no body.
+ * Returns ctlCall's code; on CTL_OK the caller frees *reply. */
+static int runCall(Ctl *ctl, const char *method, const char *id, CtlReply *reply) {
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", id);
+    return ctlCall(ctl, method, path, NULL, 0, NULL, 0, reply);
+}
+
 static int cmdStatus(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     if (parseArgs("status", argc, argv, NULL, 0, pos, 0, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (n_pos == 0) return statusOfDaemon(ctl);
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
-    char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
     CtlReply reply;
-    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+    int rc = runCall(ctl, "GET", pos[0], &reply);
     if (rc != CTL_OK) return rc;
     if (ctl->json) ctlPrintJson(&reply);
     else printRunDetails(reply.json);
@@ -440,11 +446,9 @@ static int cmdList(Ctl *ctl, int argc, char **argv) {
 /* Polls the run until its state leaves `transient` (halting, starting).
  * Returns the final exit code; prints the state reached. */
 static int waitWhileState(Ctl *ctl, const char *id, const char *transient, char *state_out, size_t cap) {
-    char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", id);
     for (;;) {
         CtlReply reply;
-        int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+        int rc = runCall(ctl, "GET", id, &reply);
         if (rc != CTL_OK) return rc;
         snprintf(state_out, cap, "%s", ctlString(reply.json, "state", "?"));
         ctlReplyFree(&reply);
@@ -478,8 +482,7 @@ static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
             if (rc != CTL_OK) return rc;
         }
         if (ctl->json) {
-            snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
-            rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
+            rc = runCall(ctl, "GET", pos[0], &reply);
             if (rc != CTL_OK) return rc;
             ctlPrintJson(&reply);
             ctlReplyFree(&reply);
@@ -508,10 +511,8 @@ static int cmdDelete(Ctl *ctl, int argc, char **argv) {
     int n_pos;
     if (parseArgs("delete", argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
-    char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
     CtlReply reply;
-    int rc = ctlCall(ctl, "DELETE", path, NULL, 0, NULL, 0, &reply);
+    int rc = runCall(ctl, "DELETE", pos[0], &reply);
     if (rc != CTL_OK) return rc;
     if (ctl->json)
         ctlPrintJson(&reply);
