@@ -29,27 +29,40 @@ fi
 cat "$out/env.txt"
 : >"$out/errors.log"
 if [ "$mode" = all ] || [ "$mode" = test ]; then
-    # one process per case and selected-branch design (the fp32 CPU
-    # reference is the slow part): auto picks by S, union / warp / block
-    # force one design at every shape (NSA_FAST_SEL, kernels/cuda/fast_attn.cu)
+    # the wgmma building blocks first (a layout error shows there plainly)
+    build/bench/test_wgmma >"$out/test_wgmma.log" 2>&1 || status=1
+    echo "test_wgmma: $(tail -1 "$out/test_wgmma.log")"
+    # one process per case and design (the fp32 CPU reference is the slow
+    # part): auto picks the selected kernels by S, union / warp / block force
+    # one at every shape (NSA_FAST_SEL); each runs on the device's default
+    # tensor-core path (wgmma on sm_90), and auto once more on mma.sync
+    # (NSA_FAST_MMA=sync; kernels/cuda/fast_attn.cu)
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    for sel in auto union warp block; do
+    designs="auto union warp block auto/sync"
+    for design in $designs; do
+        sel=${design%/*}
+        mma=auto
+        [ "$design" = "${design#*/}" ] || mma=${design#*/}
         i=0
         while [ "$i" -lt "$n" ]; do
-            NSA_FAST_SEL=$sel build/bench/test_fast_attn "$i" >"$tmp/$sel.$i.log" 2>&1 &
+            NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma build/bench/test_fast_attn "$i" \
+                >"$tmp/${sel}_$mma.$i.log" 2>&1 &
             i=$((i + 1))
         done
     done
     wait
-    for sel in auto union warp block; do
-        echo "# NSA_FAST_SEL=$sel" >>"$out/test.log"
+    for design in $designs; do
+        sel=${design%/*}
+        mma=auto
+        [ "$design" = "${design#*/}" ] || mma=${design#*/}
+        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma" >>"$out/test.log"
         i=0
         while [ "$i" -lt "$n" ]; do
-            cat "$tmp/$sel.$i.log" >>"$out/test.log"
+            cat "$tmp/${sel}_$mma.$i.log" >>"$out/test.log"
             i=$((i + 1))
         done
-        echo "test[$sel]: $(cat "$tmp/$sel".*.log | grep -c '^ok') ok, $(cat "$tmp/$sel".*.log | grep -cE '^(not ok|Bail)') not ok"
+        echo "test[$sel, $mma]: $(cat "$tmp/${sel}_$mma".*.log | grep -c '^ok') ok, $(cat "$tmp/${sel}_$mma".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
     rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"

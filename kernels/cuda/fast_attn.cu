@@ -17,6 +17,7 @@
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
     int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block */
+    int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
     int device, sm_count;
     int smem_max; /* opt-in shared memory per CTA */
     size_t bytes;         /* device bytes this plan allocated */
@@ -78,12 +79,14 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
 static bool fastSelBlockDqWins(int d_k) { return d_k == 64; }
 
 /* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp
- * per token, 3 block-centric;
+ * per token, 3 block-centric; wgmma: the tile loops' tensor-core path;
  * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
  * is launched with this context). */
-static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0) {
+static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
+                           int wgmma = 0) {
     FastCtx c;
     c.smem_max = smem_max;
+    c.wgmma = wgmma;
     c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
     c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
     c.sel_block_fwd = sel_mode == 3 || (sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S);
@@ -280,6 +283,31 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         return NULL;
     }
     p->device = dev;
+    /* NSA_FAST_MMA=sync|wgmma picks the tile loops' tensor-core path (the
+     * tests check both); unset or auto: wgmma on sm_90, where the sm_90a
+     * code is built, else mma.sync. wgmma elsewhere is refused. */
+    int major = 0, minor = 0;
+    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (e != cudaSuccess) {
+        fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
+        free(p);
+        return NULL;
+    }
+    const int hopper = major == 9 && minor == 0;
+    const char *mma_env = getenv("NSA_FAST_MMA");
+    if (!mma_env || !*mma_env || !strcmp(mma_env, "auto")) {
+        p->wgmma = hopper;
+    } else if (!strcmp(mma_env, "sync")) {
+        p->wgmma = 0;
+    } else if (!strcmp(mma_env, "wgmma") && hopper) {
+        p->wgmma = 1;
+    } else {
+        fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d device; "
+                      "allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+        free(p);
+        return NULL;
+    }
     if (owner && owner->device != dev) {
         fastFail(err, "nsa fast attention: the scratch owner lives on device %d, this plan on %d; "
                       "allowed: the same device", owner->device, dev);
@@ -406,7 +434,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -524,7 +552,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma);
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 

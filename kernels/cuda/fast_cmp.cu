@@ -67,7 +67,7 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
     }
 }
 
-template <int DK, int DV>
+template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FAST_THREADS)
 cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     /* Longest first: CTAs start in linear-index order, and key tile x has
@@ -86,7 +86,7 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     const int total = (c.S - tb + tpr - 1) / tpr;
     const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
     const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
-    fastDkdvCore<DK, DV>(
+    fastDkdvCore<DK, DV, WG>(
         c, io, b, g, i0, khi, ntiles,
         [=](int it, int slot, int *dst) {
             int t = tb + (part + it * parts) * tpr + slot;
@@ -118,9 +118,8 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 template <int DK, int DV>
 static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, CmpPolicy, false>, FastQTile<DV>::THREADS,
-                            fastFwdSmem<DK, DV>(), c, stream, io,
-                            CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
+    return fastLaunchForward<DK, DV, CmpPolicy, false>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc},
+                                                       stream);
 }
 
 template <int DK, int DV>
@@ -130,8 +129,8 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.cmp.dkdv")) != cudaSuccess) return e;
     if (c.Nc > 0) {
-        auto dkdv = cmpDkdvKernel<DK, DV>;
-        const int smem_kv = fastDkdvSmem(DK, DV);
+        auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
+        const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
         if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
         dkdv<<<dim3((c.Nc + 63) / 64, parts, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(
             c, io, part_k, part_v);
@@ -149,9 +148,7 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         if (io.dq_mode == 1) return cudaSuccess;
     }
     if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
-    return fastLaunchQTiles(fastDqKernel<DK, DV, CmpPolicy>, FastQTile<DK>::THREADS,
-                            fastDqSmem<DK, DV>(), c, stream, io,
-                            CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc});
+    return fastLaunchDq<DK, DV>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc}, stream);
 }
 
 cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

@@ -368,7 +368,7 @@ __global__ void selFillKernel(FastCtx c, const int32_t *sel_idx, FastRevIndex re
     }
 }
 
-template <int DK, int DV>
+template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FAST_THREADS)
 selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out) {
     const int bg = blockIdx.z, b = bg / c.G, g = bg % c.G, sub = blockIdx.y;
@@ -396,7 +396,7 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
     float *pk = rev.part_k + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DK;
     float *pv = rev.part_v + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DV;
     const int S = c.S, G = c.G;
-    fastDkdvCore<DK, DV>(
+    fastDkdvCore<DK, DV, WG>(
         c, io, b, g, u0, khi, ntiles,
         [=](int it, int s, int *dst) {
             int e = e0 + it * tpr + s;
@@ -465,8 +465,8 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.sel.dkdv")) != cudaSuccess) return e;
     const int subtiles = (c.sel_len + 63) / 64;
-    auto dkdv = selDkdvKernel<DK, DV>;
-    const int smem_kv = fastDkdvSmem(DK, DV);
+    auto dkdv = c.wgmma ? selDkdvKernel<DK, DV, true> : selDkdvKernel<DK, DV, false>;
+    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
     if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
     dkdv<<<dim3(rev.max_items, subtiles, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(
         c, io, rev, dk_out, dv_out);

@@ -16,6 +16,7 @@
 
 #include "fast_attn.h"
 #include "fast_common.cuh"
+#include "fast_wgmma.cuh"
 
 /* Dims every fast kernel needs, resolved once per call on the host. */
 struct FastCtx {
@@ -27,6 +28,7 @@ struct FastCtx {
     int sel_union_fwd, sel_union_dq;
     int sel_block_fwd, sel_block_dq; /* 1: block-centric selected forward / dQ (fast_sel_block.cu) */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
+    int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
 };
 
 struct FastFwdIo {
@@ -68,30 +70,66 @@ struct FastBwdIo {
  *    proto dQ 2.97 ms this way, 3.31 with two m-tiles).
  *  - D = 192 (dQ with d_k = 192): one m-tile too; two would spill. */
 #define FAST_QTILE_ROWS 128
-template <int D>
+/* With wgmma (WG) the tile is two warpgroups of 64 rows (8 warps, one
+ * m-tile each) against 64-key tiles: the tensor cores read both operands
+ * of the scores from shared memory, so the ldmatrix bound above is gone.
+ * CTAS: the CTAs per SM the registers are sized for. */
+template <int D, bool WG = false>
 struct FastQTile {
-    static constexpr int MT = D == 128 ? 2 : 1; /* m-tiles per warp */
+    static constexpr int MT = (!WG && D == 128) ? 2 : 1; /* m-tiles per warp */
     static constexpr int WARPS = FAST_QTILE_ROWS / (16 * MT);
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int KEYS = 64 / MT; /* keys per tile */
+    static constexpr int PAD = WG ? 0 : 8; /* row padding of the shared tiles, bf16 */
+    /* forward (D = DV) and dQ (D = DK) */
+    static constexpr int FWD_CTAS = WG && D > 64 ? 1 : 2;
+    static constexpr int DQ_CTAS = D == 192 || (WG && D > 64) ? 1 : 2;
 };
-template <int DK, int DV>
+/* Dynamic shared memory of the tile kernels; WG tiles are swizzled and
+ * start 1024-byte aligned (fastTileBase), hence the slack. */
+template <int DK, int DV, bool WG = false>
 constexpr int fastFwdSmem() {
-    constexpr int KT = FastQTile<DV>::KEYS;
-    return (FAST_QTILE_ROWS * (DK + 8) + 2 * KT * (DK + 8) + 2 * KT * (DV + 8)) * 2;
+    using Q = FastQTile<DV, WG>;
+    constexpr int KT = Q::KEYS, P = Q::PAD;
+    return (FAST_QTILE_ROWS * (DK + P) + 2 * KT * (DK + P) + 2 * KT * (DV + P)) * 2 + (WG ? 1024 : 0);
 }
-template <int DK, int DV>
+template <int DK, int DV, bool WG = false>
 constexpr int fastDqSmem() {
-    constexpr int KT = FastQTile<DK>::KEYS;
-    return (FAST_QTILE_ROWS * ((DK + 8) + (DV + 8)) + 2 * KT * (DK + 8) + 2 * KT * (DV + 8)) * 2;
+    using Q = FastQTile<DK, WG>;
+    constexpr int KT = Q::KEYS, P = Q::PAD;
+    return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + 2 * KT * (DK + P) + 2 * KT * (DV + P)) * 2 +
+           (WG ? 1024 : 0);
+}
+
+/* The tile kernels' dynamic shared memory, 1024-byte aligned for WG. */
+template <bool WG>
+__device__ __forceinline__ bf16 *fastTileBase() {
+    extern __shared__ __align__(16) unsigned char fast_smem[];
+    if (!WG) return (bf16 *)fast_smem;
+    const uint32_t pad = (1024u - (fastSmemAddr(fast_smem) & 1023u)) & 1023u;
+    return (bf16 *)(fast_smem + pad);
+}
+/* A padded (mma.sync) or swizzled (WG) tile load; see fastLoadTile. */
+template <bool WG, int ROWS, int D, int THREADS = FAST_THREADS, class RowPtr>
+__device__ __forceinline__ void fastLoadTileFor(bf16 *dst, RowPtr rowPtr) {
+    if constexpr (WG) fastLoadTileSw<ROWS, D, THREADS>(dst, rowPtr);
+    else fastLoadTile<ROWS, D, THREADS>(dst, rowPtr);
+}
+/* The barrier after a cp.async wait: for WG the landed tiles are first
+ * handed to the async proxy the tensor cores read through. */
+template <bool WG>
+__device__ __forceinline__ void fastTileBarrier() {
+    if constexpr (WG) fastWgProxyFence();
+    __syncthreads();
 }
 /* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
  * per barrier (registers hold a 16 x 32 score tile per warp). */
 #define FAST_DKDV_ROWS 64
-constexpr int fastDkdvSmem(int dk, int dv) {
-    return (64 * (dk + 8) + 64 * (dv + 8) + 2 * FAST_DKDV_ROWS * (dk + 8) +
-            2 * FAST_DKDV_ROWS * (dv + 8)) * 2 +
-           2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4;
+constexpr int fastDkdvSmem(int dk, int dv, bool wg = false) {
+    const int pad = wg ? 0 : 8;
+    return (64 * (dk + pad) + 64 * (dv + pad) + 2 * FAST_DKDV_ROWS * (dk + pad) +
+            2 * FAST_DKDV_ROWS * (dv + pad)) * 2 +
+           2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4 + (wg ? 1024 : 0);
 }
 
 /* Forward of one tile of FAST_QTILE_ROWS query rows: o = softmax(scale
@@ -101,14 +139,13 @@ constexpr int fastDkdvSmem(int dk, int dv) {
 /* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
-template <int DK, int DV, class Policy, bool COMBINE>
-__global__ void __launch_bounds__(FastQTile<DV>::THREADS, 2)
+template <int DK, int DV, class Policy, bool COMBINE, bool WG>
+__global__ void __launch_bounds__(FastQTile<DV, WG>::THREADS, FastQTile<DV, WG>::FWD_CTAS)
 fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
-    using Q = FastQTile<DV>;
+    using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + R * LDK, *sV = sK + 2 * KT * LDK;
+    constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
+    bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + 2 * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -119,7 +156,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
     };
-    fastLoadTile<R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
     int kb, ke;
@@ -127,11 +164,11 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
     auto loadKV = [&](int it, int st) {
         const int u0 = kb + it * KT;
-        fastLoadTile<KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -139,7 +176,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     if (ntiles > 0) loadKV(0, 0);
     fastCpCommit();
 
-    /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8) */
+    /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
+     * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
+    const int wg_row0 = (warp >> 2) * 64;
     const int row0 = warp * 16 * MT;
     int tok[MT][2];
     float m[MT][2], l[MT][2];
@@ -158,16 +197,24 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
         if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads();
+        fastTileBarrier<WG>();
         const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
         float s[MT][NT][4];
+        if constexpr (WG) {
+            fastWgArrive();
+            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(s[0]);
+        } else {
 #pragma unroll
-        for (int i = 0; i < MT; i++)
+            for (int i = 0; i < MT; i++)
 #pragma unroll
-            for (int n = 0; n < NT; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
-        /* q fragments are re-read from shared memory per tile: holding them
-         * (MT * DK / 4 registers) would spill */
-        fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+                for (int n = 0; n < NT; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
+            /* q fragments are re-read from shared memory per tile: holding
+             * them (MT * DK / 4 registers) would spill */
+            fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+        }
         const int u0 = kb + it * KT;
         /* interior tiles (every row sees every key) skip the mask */
         const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
@@ -188,7 +235,18 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             }
             fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
         }
-        fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+        if constexpr (WG) {
+            uint32_t a[NT / 2][4];
+            fastWgAFromC<NT>(a, s[0]);
+            fastWgFenceAcc(o[0]);
+            fastWgArrive();
+            fastWgIssuePZ<NT, DV>(o[0], a, v_t, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(o[0]);
+        } else {
+            fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+        }
         __syncthreads();
     }
     fastCpWait<0>();
@@ -258,14 +316,13 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
  * 255 registers, 2 CTAs of 4 warps; DK = 64 fits 2 CTAs of 8 warps in
  * 128 (measured: proto dQ 3.0 ms so, 4.2 ms at 208 registers and one
  * CTA); DK = 192 needs 1 CTA of 8 warps at up to 255. */
-template <int DK, int DV, class Policy>
-__global__ void __launch_bounds__(FastQTile<DK>::THREADS, DK == 192 ? 1 : 2)
+template <int DK, int DV, class Policy, bool WG>
+__global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
-    using Q = FastQTile<DK>;
+    using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
+    constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
+    bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
          *sV = sK + 2 * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
@@ -277,10 +334,10 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
     };
-    fastLoadTile<R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
-    fastLoadTile<R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
     int kb, ke;
@@ -288,11 +345,11 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
     auto loadKV = [&](int it, int st) {
         const int u0 = kb + it * KT;
-        fastLoadTile<KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
         });
@@ -300,7 +357,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     if (ntiles > 0) loadKV(0, 0);
     fastCpCommit();
 
-    const int row0 = warp * 16 * MT;
+    const int row0 = warp * 16 * MT, wg_row0 = (warp >> 2) * 64;
     int tok[MT][2];
     float lse2[MT][2], dsum[MT][2], gate[MT][2];
 #pragma unroll
@@ -331,17 +388,27 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
         if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads();
+        fastTileBarrier<WG>();
         const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
         float s[MT][NT][4], dp[MT][NT][4];
+        if constexpr (WG) {
+            fastWgArrive();
+            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+            fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(s[0]);
+            fastWgFenceAcc(dp[0]);
+        } else {
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++)
+            for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-            for (int n = 0; n < NT; n++)
+                for (int n = 0; n < NT; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
-        fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-        fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+                    for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+            fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+            fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+        }
         const int u0 = kb + it * KT;
         const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
 #pragma unroll
@@ -359,7 +426,18 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
                 }
             }
         }
-        fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+        if constexpr (WG) {
+            uint32_t a[NT / 2][4];
+            fastWgAFromC<NT>(a, s[0]);
+            fastWgFenceAcc(dq[0]);
+            fastWgArrive();
+            fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(dq[0]);
+        } else {
+            fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+        }
         __syncthreads();
     }
     fastCpWait<0>();
@@ -389,15 +467,14 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
  * tileFull(k, t_first) says every row of tile k (first token t_first) sees
  * every key of the tile. store(u, is_k, col, v0, v1) writes two adjacent
  * results of key u. */
-template <int DK, int DV, class FetchToken, class Visible, class TileFull, class Store>
+template <int DK, int DV, bool WG, class FetchToken, class Visible, class TileFull, class Store>
 __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
                                              int u0, int khi, int ntiles, FetchToken fetchToken,
                                              Visible visible, TileFull tileFull, Store store) {
-    constexpr int LDK = DK + 8, LDV = DV + 8;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
+    constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8);
     constexpr int R = FAST_DKDV_ROWS;
     static_assert(R <= FAST_THREADS, "one metadata thread per row");
-    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
          *sdO = sQ + 2 * R * LDK;
     float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R;
     int *sT = (int *)(sG + 2 * R);
@@ -405,11 +482,11 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int hpg = c.hpg, tpr = R / hpg;
 
-    fastLoadTile<64, DK>(sK, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, 64, DK>(sK, [&](int r) -> const bf16 * {
         int u = u0 + r;
         return u < khi ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
     });
-    fastLoadTile<64, DV>(sV, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, 64, DV>(sV, [&](int r) -> const bf16 * {
         int u = u0 + r;
         return u < khi ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
     });
@@ -428,11 +505,11 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     auto issueRows = [&](int k) {
         const int st = k & 1;
         const int *tok = sTok + (k % 4) * R;
-        fastLoadTile<R, DK>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(tok, r, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTile<R, DV>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DV>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(tok, r, row) ? io.dout + row * DV : nullptr;
         });
@@ -483,7 +560,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         const int st = it & 1;
         fastCpWait<0>(); /* rows of tile it, tokens of tile it + 2 */
         finishRows(it);
-        __syncthreads(); /* ... visible to all; stage st ^ 1 is free again */
+        fastTileBarrier<WG>(); /* ... visible to all; stage st ^ 1 is free again */
         if (it + 1 < ntiles) issueRows(it + 1);
         fetchTokens(it + 3);
         fastCpCommit();
@@ -498,12 +575,23 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                     *g_t = sG + st * R + half * 32;
         const int *t_t = sT + st * R + half * 32;
         float s[4][4], dp[4][4];
+        if constexpr (WG) {
+            /* the stage's swizzled tiles of R rows; this half is rows half * 32 .. +31 */
+            fastWgArrive();
+            fastWgIssueAZt<4, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * 32);
+            fastWgIssueAZt<4, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * 32);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(s);
+            fastWgFenceAcc(dp);
+        } else {
 #pragma unroll
-        for (int n = 0; n < 4; n++)
+            for (int n = 0; n < 4; n++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-        fastMmaAZt<4, DK>(s, sK, LDK, warp * 16, q_t, LDK);
-        fastMmaAZt<4, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
+                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+            fastMmaAZt<4, DK>(s, sK, LDK, warp * 16, q_t, LDK);
+            fastMmaAZt<4, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
+        }
         /* s becomes g P^T, dp becomes dS^T */
 #pragma unroll
         for (int n = 0; n < 4; n++) {
@@ -519,6 +607,20 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 dp[n][e] = gp * (dp[n][e] - d_t[col]);
             }
         }
+        if constexpr (WG) {
+            uint32_t ap[2][4], ads[2][4];
+            fastWgAFromC<4>(ap, s);
+            fastWgAFromC<4>(ads, dp);
+            fastWgFenceAcc(dv);
+            fastWgFenceAcc(dk);
+            fastWgArrive();
+            fastWgIssuePZ<4, DV>(dv, ap, sdO + st * R * LDV, R, half * 32);
+            fastWgIssuePZ<4, DK>(dk, ads, sQ + st * R * LDK, R, half * 32);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(dv);
+            fastWgFenceAcc(dk);
+        } else {
 #pragma unroll
         for (int ks = 0; ks < 2; ks++) {
             uint32_t a[4];
@@ -539,6 +641,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
             }
         }
+        } /* mma.sync */
         } /* half */
     }
     fastCpWait<0>();
@@ -575,6 +678,28 @@ static inline cudaError_t fastLaunchQTiles(Kernel kernel, int threads, int smem,
     kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), threads, smem, stream>>>(
         c, args...);
     return cudaGetLastError();
+}
+
+/* The forward / dQ tile kernel of a policy on this context's tensor-core
+ * path (c.wgmma); returns the launch status, never synchronises. */
+template <int DK, int DV, class Policy, bool COMBINE>
+static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &io, Policy pol,
+                                            cudaStream_t stream) {
+    if (c.wgmma)
+        return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, true>,
+                                FastQTile<DV, true>::THREADS, fastFwdSmem<DK, DV, true>(), c,
+                                stream, io, pol);
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, FastQTile<DV>::THREADS,
+                            fastFwdSmem<DK, DV>(), c, stream, io, pol);
+}
+template <int DK, int DV, class Policy>
+static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, Policy pol,
+                                       cudaStream_t stream) {
+    if (c.wgmma)
+        return fastLaunchQTiles(fastDqKernel<DK, DV, Policy, true>, FastQTile<DK, true>::THREADS,
+                                fastDqSmem<DK, DV, true>(), c, stream, io, pol);
+    return fastLaunchQTiles(fastDqKernel<DK, DV, Policy, false>, FastQTile<DK>::THREADS,
+                            fastDqSmem<DK, DV>(), c, stream, io, pol);
 }
 
 #endif

@@ -22,7 +22,7 @@ struct WinPolicy {
     }
 };
 
-template <int DK, int DV>
+template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FAST_THREADS)
 winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
@@ -32,7 +32,7 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int ntiles = (te - u0 + tpr - 1) / tpr;
     const int window = c.window;
-    fastDkdvCore<DK, DV>(
+    fastDkdvCore<DK, DV, WG>(
         c, io, b, g, u0, khi, ntiles,
         [=](int it, int slot, int *dst) {
             int t = u0 + it * tpr + slot;
@@ -54,25 +54,21 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
 
 template <int DK, int DV>
 static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, WinPolicy, true>, FastQTile<DV>::THREADS,
-                            fastFwdSmem<DK, DV>(), c, stream, io,
-                            WinPolicy{c.window});
+    return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, WinPolicy{c.window}, stream);
 }
 
 template <int DK, int DV>
 static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, bf16 *dv,
                                cudaStream_t stream, const FastMarks *marks) {
-    auto dkdv = winDkdvKernel<DK, DV>;
-    const int smem_kv = fastDkdvSmem(DK, DV);
+    auto dkdv = c.wgmma ? winDkdvKernel<DK, DV, true> : winDkdvKernel<DK, DV, false>;
+    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
     cudaError_t e = fastSetSmem(dkdv, smem_kv);
     if (e != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
-    return fastLaunchQTiles(fastDqKernel<DK, DV, WinPolicy>, FastQTile<DK>::THREADS,
-                            fastDqSmem<DK, DV>(), c, stream, io,
-                            WinPolicy{c.window});
+    return fastLaunchDq<DK, DV>(c, io, WinPolicy{c.window}, stream);
 }
 
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

@@ -277,6 +277,41 @@ static void testAttnPlanSharing(Results *res) {
 
 /* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
 
+/* The tensor-core path switch of the fast op: unknown NSA_FAST_MMA values,
+ * and wgmma off compute capability 9.0, are refused with a message naming
+ * the variable; sync and auto are accepted. The environment is restored. */
+static void testAttnMmaSwitch(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "fast attn NSA_FAST_MMA: bad values refused, sync/auto accepted";
+    NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
+    const char *prev = getenv("NSA_FAST_MMA");
+    char *saved = prev ? strdup(prev) : NULL;
+    int major = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    NsaError err = {{0}};
+    setenv("NSA_FAST_MMA", "tensor", 1);
+    NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
+    int ok = bad == NULL && strstr(err.message, "NSA_FAST_MMA=tensor") != NULL;
+    char first[160];
+    snprintf(first, sizeof(first), "%s", err.message);
+    nsaAttnCudaPlanFree(bad);
+    const char *accepted[2] = {"sync", "auto"};
+    for (int i = 0; i < 2; i++) {
+        setenv("NSA_FAST_MMA", accepted[i], 1);
+        NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
+        ok = ok && p != NULL;
+        nsaAttnCudaPlanFree(p);
+    }
+    setenv("NSA_FAST_MMA", "wgmma", 1);
+    NsaAttnCudaPlan *wg = nsaAttnCudaPlanCreate(&d, &err);
+    ok = ok && ((major == 9) == (wg != NULL));
+    nsaAttnCudaPlanFree(wg);
+    if (saved) setenv("NSA_FAST_MMA", saved, 1);
+    else unsetenv("NSA_FAST_MMA");
+    free(saved);
+    report(res, ok, nowSeconds() - t0, name, "%s", first);
+}
+
 static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, double tol) {
     double t0 = nowSeconds();
     char name[96];
@@ -1194,6 +1229,7 @@ int main(int argc, char **argv) {
         for (int i = 0; i < (int)(sizeof(shapes) / sizeof(shapes[0])); i++)
             testAttention(res, labels[i], shapes[i], 1000 + i);
         testAttnPlanSharing(res);
+        testAttnMmaSwitch(res);
     }
     if (all || !strcmp(only, "model")) {
         testModelGradients(res, NSA_MLP_SILU, NSA_PHI_AVG, 2, 50);

@@ -1,0 +1,231 @@
+/* fast_wgmma.cuh - Hopper warpgroup MMA (wgmma, sm_90a) for the flash tile
+ * loops of fast_tile.cuh: 128-byte-swizzled shared tiles, their matrix
+ * descriptors, and the products a tile loop needs.
+ *
+ * Shared tile layout ("swizzled tile" below): ROWS rows of D bf16 as D / 64
+ * panels of [ROWS][64] (128-byte rows), panel p at p * ROWS * 128 bytes;
+ * 16-byte chunk c of row r sits at chunk c ^ (r & 7) - the 128-byte
+ * swizzle the tensor cores read without bank conflicts. Each tile starts
+ * on a 1024-byte boundary (the swizzle is a function of address bits).
+ *
+ * Descriptors (PTX "matrix descriptor", swizzle mode 1 = 128 B):
+ *  - K-major operand (rows along M or N, the reduction dim k contiguous):
+ *    start = row0's row in the panel of k, + (k % 64) * 2 bytes; stride
+ *    byte offset (8-row groups) 1024; leading byte offset unused.
+ *  - MN-major operand (B = Z with k along rows, n along the columns, as V
+ *    in P.V): start = row k0; leading byte offset = the panel stride
+ *    (next 64 columns of n), stride byte offset 1024 (next 8 rows of k).
+ *
+ * Accumulators: warp w of the warpgroup holds rows 16w..16w+15 of the
+ * m64 tile, and float d[N/8][4] is laid out exactly as NT = N/8 mma.sync
+ * C fragments (fast_common.cuh), so the softmax code is shared; the A
+ * operand from registers is an mma.sync A fragment (fastAFromC).
+ *
+ * Ordering: tiles written by cp.async or plain stores are made visible to
+ * the tensor cores' async proxy with fastWgProxyFence before the barrier.
+ * On targets without wgmma these compile to a trap: the host only picks the
+ * wgmma kernels on sm_90 (FastCtx.wgmma). Internal to the fast kernels. */
+#ifndef NSA_FAST_WGMMA_CUH
+#define NSA_FAST_WGMMA_CUH
+
+#include "fast_common.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FAST_HAVE_WGMMA 1
+#else
+#define FAST_HAVE_WGMMA 0
+#endif
+
+/* Bytes of a swizzled tile of rows x d bf16. */
+#define FAST_SW_BYTES(rows, d) ((rows) * (d) * 2)
+
+/* Loads ROWS rows of D bf16 into a swizzled tile; rowPtr(r) gives the
+ * global row or NULL (zero-filled). All THREADS threads call it. */
+template <int ROWS, int D, int THREADS, class RowPtr>
+__device__ __forceinline__ void fastLoadTileSw(bf16 *dst, RowPtr rowPtr) {
+    static_assert(THREADS % ROWS == 0 && ROWS % 8 == 0 && D % 64 == 0, "tile shape");
+    constexpr int CHUNKS = D / 8, TPR = THREADS / ROWS;
+    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const bf16 *src = rowPtr(r);
+    char *row = (char *)dst + r * 128;
+#pragma unroll
+    for (int k = part; k < CHUNKS; k += TPR)
+        fastCpAsync16(row + (k >> 3) * (ROWS * 128) + (((k & 7) ^ (r & 7)) << 4),
+                      src ? src + k * 8 : (const bf16 *)0);
+}
+
+/* Makes this thread's generic-proxy shared stores (cp.async landed, zero
+ * fills) visible to wgmma; call after the cp.async wait, before the barrier. */
+__device__ __forceinline__ void fastWgProxyFence() {
+#if FAST_HAVE_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ uint64_t fastWgDesc(const void *smem, uint32_t lbo, uint32_t sbo) {
+    const uint32_t a = fastSmemAddr(smem);
+    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+}
+/* K-major descriptor of rows [row0, row0 + 64 or N) at reduction column k0
+ * (a multiple of 16) of a swizzled tile of `rows` rows. */
+__device__ __forceinline__ uint64_t fastWgDescK(const bf16 *tile, int rows, int row0, int k0) {
+    return fastWgDesc(tile + (k0 >> 6) * rows * 64 + row0 * 64 + (k0 & 63), 16, 1024);
+}
+/* MN-major descriptor of a swizzled tile of `rows` rows read as B[k][n]
+ * with k = rows from k0 (a multiple of 8), n = its columns. */
+__device__ __forceinline__ uint64_t fastWgDescMN(const bf16 *tile, int rows, int k0) {
+    return fastWgDesc(tile + k0 * 64, (uint32_t)rows * 128, 1024);
+}
+
+__device__ __forceinline__ void fastWgArrive() {
+#if FAST_HAVE_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fastWgCommit() {
+#if FAST_HAVE_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void fastWgWait() {
+#if FAST_HAVE_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+/* Pins accumulator registers in place around the asynchronous products so
+ * the compiler neither reads them before the wait nor moves writes past an
+ * issue. */
+template <int N>
+__device__ __forceinline__ void fastWgFenceAcc(float (&d)[N][4]) {
+#pragma unroll
+    for (int n = 0; n < N; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+#define FAST_WG_ACC4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#if FAST_HAVE_WGMMA
+/* d (+)= A . B, A and B from shared memory (K-major), m64n32k16 */
+__device__ __forceinline__ void fastWgSS(float (&d)[4][4], uint64_t desc_a, uint64_t desc_b,
+                                          int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15"
+        "}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+/* d (+)= A . B, A and B from shared memory (K-major), m64n64k16 */
+__device__ __forceinline__ void fastWgSS(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                          int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3),
+          FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+/* d (+)= A . B, A from registers, B from shared memory (MN-major), m64n64k16 */
+__device__ __forceinline__ void fastWgRS(float (&d)[8][4], const uint32_t (&a)[4],
+                                           uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3),
+          FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+/* d (+)= A . B, A from registers, B from shared memory (MN-major), m64n128k16 */
+__device__ __forceinline__ void fastWgRS(float (&d)[16][4], const uint32_t (&a)[4],
+                                           uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3),
+          FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7),
+          FAST_WG_ACC4(8), FAST_WG_ACC4(9), FAST_WG_ACC4(10), FAST_WG_ACC4(11),
+          FAST_WG_ACC4(12), FAST_WG_ACC4(13), FAST_WG_ACC4(14), FAST_WG_ACC4(15)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+/* d (+)= A . B, A from registers, B from shared memory (MN-major), m64n192k16 */
+__device__ __forceinline__ void fastWgRS(float (&d)[24][4], const uint32_t (&a)[4],
+                                           uint64_t desc_b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %101, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n192k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95"
+        "}, {%96,%97,%98,%99}, %100, p, 1, 1, 1;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3),
+          FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7),
+          FAST_WG_ACC4(8), FAST_WG_ACC4(9), FAST_WG_ACC4(10), FAST_WG_ACC4(11),
+          FAST_WG_ACC4(12), FAST_WG_ACC4(13), FAST_WG_ACC4(14), FAST_WG_ACC4(15),
+          FAST_WG_ACC4(16), FAST_WG_ACC4(17), FAST_WG_ACC4(18), FAST_WG_ACC4(19),
+          FAST_WG_ACC4(20), FAST_WG_ACC4(21), FAST_WG_ACC4(22), FAST_WG_ACC4(23)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate));
+}
+#else
+template <int NT>
+__device__ __forceinline__ void fastWgSS(float (&d)[NT][4], uint64_t, uint64_t, int) {
+    __trap();
+}
+template <int NT>
+__device__ __forceinline__ void fastWgRS(float (&d)[NT][4], const uint32_t (&)[4], uint64_t, int) {
+    __trap();
+}
+#endif
+#undef FAST_WG_ACC4
+
+/* Issues acc (64 x NT*8) = A[a_row0, +64) . Z[z_row0, +NT*8)^T over D
+ * columns, both swizzled tiles read K-major (a_rows, z_rows their row
+ * counts): the scores S = Q.K^T and dP = dO.V^T, or S^T = K.Q^T in dK/dV.
+ * The caller brackets the issues with fastWgArrive / fastWgCommit and
+ * waits before reading acc. */
+template <int NT, int D>
+__device__ __forceinline__ void fastWgIssueAZt(float (&acc)[NT][4], const bf16 *a, int a_rows,
+                                               int a_row0, const bf16 *z, int z_rows, int z_row0) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        fastWgSS(acc, fastWgDescK(a, a_rows, a_row0, kk * 16), fastWgDescK(z, z_rows, z_row0, kk * 16),
+                 kk > 0);
+}
+
+/* The register A operands of P . Z over NT * 8 keys: P the C fragments s
+ * of NT n-tiles rounded to bf16, one mma.sync A fragment per 16 keys.
+ * Built before fastWgArrive: registers written between two issues would
+ * make the compiler insert a warpgroup arrive of its own (C7519). */
+template <int NT>
+__device__ __forceinline__ void fastWgAFromC(uint32_t (&a)[NT / 2][4], const float (&s)[NT][4]) {
+#pragma unroll
+    for (int ks = 0; ks < NT / 2; ks++) fastAFromC(a[ks], s[2 * ks], s[2 * ks + 1]);
+}
+
+/* Issues acc (64 x D) += P . Z[z_row0, +NT*8) x [0, D): P from fastWgAFromC,
+ * Z a swizzled tile of z_rows rows read MN-major - o += P.V, dq += dS.K,
+ * and in dK/dV dv += P^T.dO, dk += dS^T.Q. */
+template <int NT, int D>
+__device__ __forceinline__ void fastWgIssuePZ(float (&acc)[D / 8][4], const uint32_t (&a)[NT / 2][4],
+                                              const bf16 *z, int z_rows, int z_row0) {
+#pragma unroll
+    for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescMN(z, z_rows, z_row0 + 16 * ks), 1);
+}
+
+#endif

@@ -1,0 +1,237 @@
+/* test_wgmma.cu - checks the warpgroup MMA building blocks of
+ * kernels/cuda/fast_wgmma.cuh on an sm_90 GPU against a CPU product, at
+ * every shape the tile loops use, before any attention kernel relies on
+ * them: the swizzled tile load, the K-major and MN-major descriptors (with
+ * row offsets inside a tile), the shared x shared products (scores) and the
+ * register x shared products (P.V). Inputs are fresh random bf16 values,
+ * outputs are poisoned with NaN first; a case passes when its largest error
+ * is within 1e-5 of the largest |reference| (fp32 accumulation of exact
+ * bf16 products) and nothing is NaN. On a mismatch it prints the first
+ * wrong entries, so a layout error shows its pattern.
+ *
+ *   test_wgmma            prints one TAP line per case, then `N passed, N failed` */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda/fast_wgmma.cuh"
+
+#define CHECK(call)                                                                     \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) {                                                        \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call,               \
+                    cudaGetErrorString(e_));                                            \
+            exit(1);                                                                    \
+        }                                                                               \
+    } while (0)
+
+/* Writes a warpgroup's m64 x NT*8 accumulator to out[64][NT*8]. */
+template <int NT>
+__device__ void storeAcc(float *out, const float (&acc)[NT][4]) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        out[row * NT * 8 + n * 8 + col] = acc[n][0];
+        out[row * NT * 8 + n * 8 + col + 1] = acc[n][1];
+        out[(row + 8) * NT * 8 + n * 8 + col] = acc[n][2];
+        out[(row + 8) * NT * 8 + n * 8 + col + 1] = acc[n][3];
+    }
+}
+
+/* out[64][NT*8] = A[a_row0, +64) . Z[z_row0, +NT*8)^T over D; A has A_ROWS
+ * rows, Z Z_ROWS, both row-major bf16 in global memory. One warpgroup. */
+template <int NT, int D, int A_ROWS, int Z_ROWS>
+__global__ void scoresKernel(float *out, const bf16 *a, const bf16 *z, int a_row0, int z_row0) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t pad = (1024u - (fastSmemAddr(smem) & 1023u)) & 1023u;
+    bf16 *sA = (bf16 *)(smem + pad), *sZ = sA + A_ROWS * D;
+    fastLoadTileSw<A_ROWS, D, 128>(sA, [&](int r) { return a + (size_t)r * D; });
+    fastLoadTileSw<Z_ROWS, D, 128>(sZ, [&](int r) { return z + (size_t)r * D; });
+    fastCpCommit();
+    fastCpWait<0>();
+    fastWgProxyFence();
+    __syncthreads();
+    float acc[NT][4];
+    fastWgArrive();
+    fastWgIssueAZt<NT, D>(acc, sA, A_ROWS, a_row0, sZ, Z_ROWS, z_row0);
+    fastWgCommit();
+    fastWgWait<0>();
+    fastWgFenceAcc(acc);
+    storeAcc<NT>(out, acc);
+}
+
+/* out[64][D] = bf16(P) . Z[z_row0, +NT*8) x [0, D): P [64][NT*8] fp32 in
+ * global memory, handed to the product as C fragments; Z has Z_ROWS rows. */
+template <int NT, int D, int Z_ROWS>
+__global__ void pvKernel(float *out, const float *p, const bf16 *z, int z_row0) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t pad = (1024u - (fastSmemAddr(smem) & 1023u)) & 1023u;
+    bf16 *sZ = (bf16 *)(smem + pad);
+    fastLoadTileSw<Z_ROWS, D, 128>(sZ, [&](int r) { return z + (size_t)r * D; });
+    fastCpCommit();
+    fastCpWait<0>();
+    fastWgProxyFence();
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+    float s[NT][4], acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        s[n][0] = p[row * NT * 8 + n * 8 + col];
+        s[n][1] = p[row * NT * 8 + n * 8 + col + 1];
+        s[n][2] = p[(row + 8) * NT * 8 + n * 8 + col];
+        s[n][3] = p[(row + 8) * NT * 8 + n * 8 + col + 1];
+    }
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    uint32_t af[NT / 2][4];
+    fastWgAFromC<NT>(af, s);
+    fastWgFenceAcc(acc);
+    fastWgArrive();
+    fastWgIssuePZ<NT, D>(acc, af, sZ, Z_ROWS, z_row0);
+    fastWgCommit();
+    fastWgWait<0>();
+    fastWgFenceAcc(acc);
+    storeAcc<D / 8>(out, acc);
+}
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static float uniform(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (float)((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.f - 1.f;
+}
+static float bf16Round(float x) { return __bfloat162float(__float2bfloat16(x)); }
+
+static int passed = 0, failed = 0;
+
+/* Compares got with want ([rows][cols]); prints the TAP line. */
+static void verdict(const char *name, const float *got, const float *want, int rows, int cols) {
+    double max_ref = 0, max_err = 0;
+    int nan = 0, shown = 0;
+    for (int i = 0; i < rows * cols; i++) max_ref = fmax(max_ref, fabs(want[i]));
+    for (int i = 0; i < rows * cols; i++) {
+        if (isnan(got[i])) nan++;
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= 1e-5 * max_ref) && shown < 6) {
+            fprintf(stderr, "  %s: [%d][%d] got %g want %g\n", name, i / cols, i % cols, got[i],
+                    want[i]);
+            shown++;
+        }
+        if (e > max_err || isnan(e)) max_err = isnan(e) ? INFINITY : e;
+    }
+    const int ok = nan == 0 && max_err <= 1e-5 * max_ref;
+    printf("%s %d - %s: rel err %.2e, %d NaN\n", ok ? "ok" : "not ok", passed + failed + 1, name,
+           max_ref > 0 ? max_err / max_ref : max_err, nan);
+    ok ? passed++ : failed++;
+}
+
+template <int NT, int D, int A_ROWS, int Z_ROWS>
+static void caseScores(int a_row0, int z_row0) {
+    const int N = NT * 8;
+    float *ha = (float *)malloc(sizeof(float) * A_ROWS * D), *hz = (float *)malloc(sizeof(float) * Z_ROWS * D);
+    bf16 *ba = (bf16 *)malloc(sizeof(bf16) * A_ROWS * D), *bz = (bf16 *)malloc(sizeof(bf16) * Z_ROWS * D);
+    for (int i = 0; i < A_ROWS * D; i++) ha[i] = bf16Round(uniform()), ba[i] = __float2bfloat16(ha[i]);
+    for (int i = 0; i < Z_ROWS * D; i++) hz[i] = bf16Round(uniform()), bz[i] = __float2bfloat16(hz[i]);
+    float *want = (float *)malloc(sizeof(float) * 64 * N), *got = (float *)malloc(sizeof(float) * 64 * N);
+    for (int r = 0; r < 64; r++)
+        for (int n = 0; n < N; n++) {
+            double acc = 0;
+            for (int k = 0; k < D; k++) acc += (double)ha[(a_row0 + r) * D + k] * hz[(z_row0 + n) * D + k];
+            want[r * N + n] = (float)acc;
+        }
+    bf16 *da, *dz;
+    float *dout;
+    CHECK(cudaMalloc(&da, sizeof(bf16) * A_ROWS * D));
+    CHECK(cudaMalloc(&dz, sizeof(bf16) * Z_ROWS * D));
+    CHECK(cudaMalloc(&dout, sizeof(float) * 64 * N));
+    CHECK(cudaMemcpy(da, ba, sizeof(bf16) * A_ROWS * D, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dz, bz, sizeof(bf16) * Z_ROWS * D, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dout, 0xff, sizeof(float) * 64 * N)); /* NaN poison */
+    const int smem = (A_ROWS + Z_ROWS) * D * 2 + 1024;
+    auto kernel = scoresKernel<NT, D, A_ROWS, Z_ROWS>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<1, 128, smem>>>(dout, da, dz, a_row0, z_row0);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(got, dout, sizeof(float) * 64 * N, cudaMemcpyDeviceToHost));
+    char name[128];
+    snprintf(name, sizeof(name), "scores m64n%dk16 D=%d A rows %d+64 of %d, Z rows %d+%d of %d", N, D,
+             a_row0, A_ROWS, z_row0, N, Z_ROWS);
+    verdict(name, got, want, 64, N);
+    CHECK(cudaFree(da));
+    CHECK(cudaFree(dz));
+    CHECK(cudaFree(dout));
+    free(ha), free(hz), free(ba), free(bz), free(want), free(got);
+}
+
+template <int NT, int D, int Z_ROWS>
+static void casePV(int z_row0) {
+    const int K = NT * 8;
+    float *hp = (float *)malloc(sizeof(float) * 64 * K), *hz = (float *)malloc(sizeof(float) * Z_ROWS * D);
+    bf16 *bz = (bf16 *)malloc(sizeof(bf16) * Z_ROWS * D);
+    for (int i = 0; i < 64 * K; i++) hp[i] = uniform(); /* rounded on the device */
+    for (int i = 0; i < Z_ROWS * D; i++) hz[i] = bf16Round(uniform()), bz[i] = __float2bfloat16(hz[i]);
+    float *want = (float *)malloc(sizeof(float) * 64 * D), *got = (float *)malloc(sizeof(float) * 64 * D);
+    for (int r = 0; r < 64; r++)
+        for (int n = 0; n < D; n++) {
+            double acc = 0;
+            for (int k = 0; k < K; k++) acc += (double)bf16Round(hp[r * K + k]) * hz[(z_row0 + k) * D + n];
+            want[r * D + n] = (float)acc;
+        }
+    float *dp, *dout;
+    bf16 *dz;
+    CHECK(cudaMalloc(&dp, sizeof(float) * 64 * K));
+    CHECK(cudaMalloc(&dz, sizeof(bf16) * Z_ROWS * D));
+    CHECK(cudaMalloc(&dout, sizeof(float) * 64 * D));
+    CHECK(cudaMemcpy(dp, hp, sizeof(float) * 64 * K, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dz, bz, sizeof(bf16) * Z_ROWS * D, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dout, 0xff, sizeof(float) * 64 * D));
+    const int smem = Z_ROWS * D * 2 + 1024;
+    auto kernel = pvKernel<NT, D, Z_ROWS>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<1, 128, smem>>>(dout, dp, dz, z_row0);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(got, dout, sizeof(float) * 64 * D, cudaMemcpyDeviceToHost));
+    char name[128];
+    snprintf(name, sizeof(name), "P.V m64n%dk16 x %d, Z rows %d+%d of %d", D, NT / 2, z_row0, K, Z_ROWS);
+    verdict(name, got, want, 64, D);
+    CHECK(cudaFree(dp));
+    CHECK(cudaFree(dz));
+    CHECK(cudaFree(dout));
+    free(hp), free(hz), free(bz), free(want), free(got);
+}
+
+int main(void) {
+    int dev = 0, major = 0, minor = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    if (major != 9 || minor != 0) {
+        printf("not ok 1 - wgmma needs compute capability 9.0, this device is %d.%d\n", major, minor);
+        printf("0 passed, 1 failed\n");
+        return 1;
+    }
+    /* scores of the forward / dQ tiles: 128 query rows (warpgroup 0 or 1) x 64 keys */
+    caseScores<8, 64, 128, 64>(0, 0);
+    caseScores<8, 128, 128, 64>(64, 0);
+    caseScores<8, 192, 128, 64>(64, 0);
+    /* dK/dV: 64 keys x one 32-row half of a 64-row stage */
+    caseScores<4, 64, 64, 64>(0, 32);
+    caseScores<4, 128, 64, 64>(0, 0);
+    caseScores<4, 192, 64, 64>(0, 32);
+    /* P.V over a 64-key tile, and the dK/dV halves (32 rows from row 32) */
+    casePV<8, 64, 64>(0);
+    casePV<8, 128, 64>(0);
+    casePV<8, 192, 64>(0);
+    casePV<4, 128, 64>(32);
+    casePV<4, 192, 64>(32);
+    casePV<4, 64, 64>(32);
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
