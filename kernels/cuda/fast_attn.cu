@@ -63,20 +63,43 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
                             cudaGetErrorString(fast_status_));                              \
     } while (0)
 
-/* Below these S the selected branch's forward / dQ use the union-of-4
- * kernels (fast_sel_union.cu), from them the warp-per-token ones
- * (fast_sel.cu). Measured on an H200 (docs/PERF.md), paper / prototype
- * shape: forward union wins at 2048 and 4096 (37.9 vs 45.4 / 8.1 vs 11.1 ms
- * at 4096), warp at 8192; dQ union wins at 2048, warp from 4096 (86.3 vs
- * 96.5 / 15.8 vs 16.8 ms of backward at 4096). */
-#define FAST_SEL_UNION_FWD_BELOW_S 8192
-#define FAST_SEL_UNION_DQ_BELOW_S 4096
-
-/* The block-centric selected dQ wins at d_k = 64 (proto shape, 64k: 8.4
- * -> 6.2 ms on an H200) and loses at d_k = 128 (paper: 35.3 -> 42.7 ms: its
- * d = 128 kernel holds 181 KB of shared memory, one CTA per SM, and each
- * pair's fp32 partial moves 16 KB), so auto uses it for d_k = 64 only. */
-static bool fastSelBlockDqWins(int d_k) { return d_k == 64; }
+/* Which selected-branch kernels a call runs (fast_sel.cu): the union-of-4
+ * ones (fast_sel_union.cu), the block-centric ones (fast_sel_block.cu), or
+ * else the warp-per-token ones. sel_mode 1/2/3 forces union / warp / block
+ * (NSA_FAST_SEL); 0 picks what measured fastest on an H200 (docs/PERF.md,
+ * "selected-branch designs on wgmma"), ms of the phase at the paper /
+ * proto shape, B x S = 64K:
+ *  - on wgmma: the forward is block-centric where d_v = 64 (proto 2k: 2.9
+ *    against union 4.2) or S >= 4096 (paper 4k: 25.6 against union 26.4;
+ *    at 2k union wins, 17.0 against 21.8); the dQ is block-centric where
+ *    d_k = 64 (proto 2k: 3.7 against union 6.9) or S < 8192 (paper 2k:
+ *    25.7 against union 30.7, 4k: 30.4 against warp 32.2), warp per token
+ *    from 8192 (paper 64k: 35.6 against 37.3);
+ *  - on mma.sync: the union forward below 8192 (paper 4k: 37.9 against
+ *    warp 45.4), block-centric from there; the union dQ below 4096, warp
+ *    from there, block-centric from 8192 where d_k = 64 (proto 64k: 6.2
+ *    against 8.4; at d_k = 128 it lost, 42.7 against 35.3). */
+struct FastSelDesign {
+    int union_fwd, union_dq, block_fwd, block_dq;
+};
+static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_mode, int wgmma) {
+    FastSelDesign s = {0, 0, 0, 0};
+    if (sel_mode == 1) {
+        s.union_fwd = s.union_dq = 1;
+    } else if (sel_mode == 3) {
+        s.block_fwd = s.block_dq = 1;
+    } else if (sel_mode == 0 && wgmma) {
+        s.block_fwd = d_v <= 64 || S >= 4096;
+        s.union_fwd = !s.block_fwd;
+        s.block_dq = d_k <= 64 || S < 8192;
+    } else if (sel_mode == 0) {
+        s.union_fwd = S < 8192;
+        s.block_fwd = !s.union_fwd;
+        s.union_dq = S < 4096;
+        s.block_dq = S >= 8192 && d_k == 64;
+    }
+    return s;
+}
 
 /* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp
  * per token, 3 block-centric; wgmma: the tile loops' tensor-core path;
@@ -87,10 +110,11 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
     FastCtx c;
     c.smem_max = smem_max;
     c.wgmma = wgmma;
-    c.sel_union_fwd = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_FWD_BELOW_S);
-    c.sel_union_dq = sel_mode == 1 || (sel_mode == 0 && d->S < FAST_SEL_UNION_DQ_BELOW_S);
-    c.sel_block_fwd = sel_mode == 3 || (sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S);
-    c.sel_block_dq = sel_mode == 3 || (c.sel_block_fwd && fastSelBlockDqWins(d->d_k));
+    const FastSelDesign sd = fastSelDesign(d->S, d->d_k, d->d_v, sel_mode, wgmma);
+    c.sel_union_fwd = sd.union_fwd;
+    c.sel_union_dq = sd.union_dq;
+    c.sel_block_fwd = sd.block_fwd;
+    c.sel_block_dq = sd.block_dq;
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -199,17 +223,22 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     r.entry_slot = (int *)take(BG * entries * 4);
     r.part_k = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
     r.part_v = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
-    /* block-centric selected forward: sized for the largest chunking any
-     * call within the plan's B and S makes (more, smaller chunks at
-     * larger B) */
+    /* block-centric selected forward / dQ: sized for the largest chunking
+     * any call within the plan's B and S makes (more, smaller chunks at
+     * larger B; the sizes grow with S). A call of any S up to the plan's
+     * may pick them: fastSelDesign switches at most once in S, so its two
+     * ends tell. */
     p->sb_item_start = NULL;
     p->sb_part = NULL;
     p->sb_part_lse = NULL;
-    if (p->sel_mode == 3 || (p->sel_mode == 0 && d->S >= FAST_SEL_UNION_FWD_BELOW_S)) {
+    const FastSelDesign lo = fastSelDesign(1, d->d_k, d->d_v, p->sel_mode, p->wgmma);
+    const FastSelDesign hi = fastSelDesign(d->S, d->d_k, d->d_v, p->sel_mode, p->wgmma);
+    const int need_pass[2] = {lo.block_fwd || hi.block_fwd, lo.block_dq || hi.block_dq};
+    if (need_pass[0] || need_pass[1]) {
         size_t items = 0, part = 0, lse = 0;
-        const int passes = p->sel_mode == 3 || fastSelBlockDqWins(d->d_k) ? 2 : 1;
         for (int bb = 1; bb <= d->B; bb++) {
-            for (int pass = 0; pass < passes; pass++) { /* 0 forward, 1 dQ */
+            for (int pass = 0; pass < 2; pass++) { /* 0 forward, 1 dQ */
+                if (!need_pass[pass]) continue;
                 FastSelBlock sb = fastSelBlockShape(
                     bb, d->S, c.Ns, c.slots, c.hpg,
                     pass ? FAST_SEL_BLOCK_DQ_TOKENS : FAST_SEL_BLOCK_TOKENS);
@@ -305,6 +334,13 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
     } else {
         fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d device; "
                       "allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+        free(p);
+        return NULL;
+    }
+    if (owner && owner->wgmma != p->wgmma) {
+        fastFail(err, "nsa fast attention: NSA_FAST_MMA differs from the scratch owner's "
+                      "(%s against %s); allowed: the same tensor-core path",
+                 p->wgmma ? "wgmma" : "sync", owner->wgmma ? "wgmma" : "sync");
         free(p);
         return NULL;
     }

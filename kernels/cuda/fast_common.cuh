@@ -149,27 +149,25 @@ __device__ __forceinline__ float fastQuadSum(float v) {
     return v + __shfl_xor_sync(0xffffffffu, v, 2);
 }
 
-/* One online-softmax step over a score tile s of NT n-tiles (NT * 8 keys;
- * log2 domain, masked entries -inf) whose per-row-half maxima over this
- * thread's entries are mx: the running max m, sum l and output o (DV
- * columns) are rescaled to the new max, and s becomes P = exp2(s - m).
- * A row that has seen nothing keeps m = -inf and gets P = 0. */
-template <int NT, int DV>
-__device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float mx[2], float m[2],
-                                                float l[2], float (&o)[DV / 8][4]) {
+/* The score half of an online-softmax step over a tile s of NT n-tiles
+ * (NT * 8 keys; log2 domain, masked entries -inf) whose per-row-half
+ * maxima over this thread's entries are mx: the running max m moves to
+ * the new max, the running sum l is rescaled and grows by the tile, s
+ * becomes P = exp2(s - m), and corr gets the factor the output of the
+ * earlier tiles must be scaled by. A row that has seen nothing keeps
+ * m = -inf and gets P = 0. Split from the rescale so that a wgmma loop can
+ * run it while the previous tile's P.V is still in flight. */
+template <int NT>
+__device__ __forceinline__ void fastSoftmaxScores(float (&s)[NT][4], const float mx[2], float m[2],
+                                                  float l[2], float corr[2]) {
     float muse[2];
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         float mn = fmaxf(m[i], fastQuadMax(mx[i]));
         muse[i] = mn == -INFINITY ? 0.f : mn;
-        float corr = exp2f(m[i] - muse[i]);
+        corr[i] = exp2f(m[i] - muse[i]);
         m[i] = mn;
-        l[i] *= corr;
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++) {
-            o[n][2 * i] *= corr;
-            o[n][2 * i + 1] *= corr;
-        }
+        l[i] *= corr[i];
     }
 #pragma unroll
     for (int n = 0; n < NT; n++) {
@@ -180,6 +178,25 @@ __device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float m
             l[e >> 1] += p;
         }
     }
+}
+/* o (DV columns, C fragments) *= corr per row half. */
+template <int DV>
+__device__ __forceinline__ void fastRescaleRows(float (&o)[DV / 8][4], const float corr[2]) {
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++) {
+        o[n][0] *= corr[0];
+        o[n][1] *= corr[0];
+        o[n][2] *= corr[1];
+        o[n][3] *= corr[1];
+    }
+}
+/* One online-softmax step (fastSoftmaxScores, then the output rescale). */
+template <int NT, int DV>
+__device__ __forceinline__ void fastSoftmaxStep(float (&s)[NT][4], const float mx[2], float m[2],
+                                                float l[2], float (&o)[DV / 8][4]) {
+    float corr[2];
+    fastSoftmaxScores<NT>(s, mx, m, l, corr);
+    fastRescaleRows<DV>(o, corr);
 }
 
 /* acc[i] += A[a_row + 16i, +16) x [0, D) . Z[0, NT*8) x [0, D)^T for a

@@ -11,13 +11,12 @@
  * on random selections a tile was wanted by about one warp in four, so
  * three warps sat at every barrier (docs/PERF.md).
  *
- * Which forward runs (fastMakeCtx, by S; NSA_FAST_SEL forces one): the
- * union kernels (fast_sel_union.cu) below S = 8192, where neighbours share
- * most blocks; the block-centric forward (fast_sel_block.cu) from 8192 on,
- * which reads each chosen block once per work item instead of once per
- * token; this warp-per-token forward when forced (NSA_FAST_SEL=warp). The
- * dQ: union below 4096, this warp-per-token one from 4096, block-centric
- * from 8192 where d_k = 64 (fast_attn.cu says why).
+ * Which forward and dQ run is decided per call in fast_attn.cu
+ * (fastSelDesign, by S, head dims and tensor-core path; NSA_FAST_SEL
+ * forces one): the union kernels (fast_sel_union.cu) at short S, where
+ * neighbours share most blocks; the block-centric ones (fast_sel_block.cu),
+ * which read each chosen block once per work item instead of once per
+ * token; these warp-per-token ones for the long-S dQ at d_k >= 128.
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of

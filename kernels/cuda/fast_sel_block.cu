@@ -121,16 +121,17 @@ struct SelBlockItem {
     }
 
     /* Starts the async copy of key sub-tile `sub` (64 keys of block j,
-     * zero rows past its end) of k, v [B][S][G][D] into sK, sV. */
-    template <int DK, int DV, int THREADS>
+     * zero rows past its end) of k, v [B][S][G][D] into sK, sV (padded
+     * tiles, or swizzled for WG). */
+    template <int DK, int DV, int THREADS, bool WG>
     __device__ void loadKV(const FastCtx &c, const bf16 *k, const bf16 *v, int b, int g, int sub,
                            bf16 *sK, bf16 *sV) const {
         const int u0 = u_lo + sub * 64, hi = u_hi;
-        fastLoadTile<64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, 64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < hi ? k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
         });
-        fastLoadTile<64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, 64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
             int u = u0 + r;
             return u < hi ? v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
         });
@@ -148,17 +149,31 @@ struct SelBlockItem {
     }
 };
 
+/* Shared memory of the block-centric kernels: K, V, two stages of q (and
+ * of dout for dQ) rows, their metadata (dQ: lse, delta, gate) and the
+ * item's tokens and slots. WG tiles are swizzled, 1024-byte aligned. */
+template <int DK, int DV, bool WG, bool DQ>
+constexpr int selBlockSmem() {
+    constexpr int P = WG ? 0 : 8;
+    return (64 * (DK + P) + 64 * (DV + P) + 2 * SELB_ROWS * (DK + P) +
+            (DQ ? 2 * SELB_ROWS * (DV + P) : 0)) * 2 +
+           (DQ ? 3 * 2 * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 + (WG ? 1024 : 0);
+}
+
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
  * up to SELB_TILES row tiles of the tokens that chose j in this chunk:
  * partial o_k (bf16, normalised) and lse_k (ln, -inf: no visible key) per
- * (token, slot of j in the token's row, head). Keys u <= t only.
+ * (token, slot of j in the token's row, head). Keys u <= t only. WG: the
+ * products on wgmma, a warpgroup per 64 rows (launched for d_v = 64 only;
+ * at d_v = 128 its accumulators need more than the 128 registers of two
+ * CTAs per SM - the compiler serialises the wgmma otherwise, C7512).
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
-template <int DK, int DV>
-__global__ void __launch_bounds__(32 * SELB_WARPS, 2)
+template <int DK, int DV, bool WG>
+__global__ void __launch_bounds__(32 * SELB_WARPS, WG && DV > 64 ? 1 : 2)
 selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = SELB_ROWS, THREADS = 32 * SELB_WARPS;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
+    constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
+                  THREADS = 32 * SELB_WARPS;
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
     int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
@@ -168,9 +183,9 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
 
-    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS>(c, io.k, io.v, b, g, sub, sK, sV); };
+    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
     auto issueQ = [&](int rt, int st) {
-        fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
             return it.row(c, sTok, b, g, rt, r, row) ? io.q + row * DK : nullptr;
         });
@@ -187,7 +202,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads(); /* q of rt (and K/V) landed */
+        fastTileBarrier<WG>(); /* q of rt (and K/V) landed */
         int tok[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -204,12 +219,20 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 loadKV(sub);
                 fastCpCommit();
                 fastCpWait<0>();
-                __syncthreads();
+                fastTileBarrier<WG>();
             }
             float s[8][4];
+            if constexpr (WG) {
+                fastWgArrive();
+                fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, (warp >> 2) * 64, sK, 64, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(s);
+            } else {
 #pragma unroll
-            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-            fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
+                for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+                fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
+            }
             const int u0 = u_lo + sub * 64;
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -223,7 +246,18 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 }
             }
             fastSoftmaxStep<8, DV>(s, mx, m, l, o);
-            fastMmaPZ<8, DV>(o, s, sV, LDV);
+            if constexpr (WG) {
+                uint32_t a[4][4];
+                fastWgAFromC<8>(a, s);
+                fastWgFenceAcc(o);
+                fastWgArrive();
+                fastWgIssuePZ<8, DV>(o, a, sV, 64, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(o);
+            } else {
+                fastMmaPZ<8, DV>(o, s, sV, LDV);
+            }
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -293,12 +327,12 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
  * of j, head) the unscaled fp32 dq_k. Rows come two tiles deep: q and dout
  * by 16-byte async copies, lse, delta and gate by 4-byte ones.
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
-template <int DK, int DV>
+template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(32 * SELB_WARPS, 1)
 selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
-    constexpr int LDK = DK + 8, LDV = DV + 8, R = SELB_ROWS, THREADS = 32 * SELB_WARPS;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sK = (bf16 *)fast_smem, *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
+    constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
+                  THREADS = 32 * SELB_WARPS;
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
     bf16 *sdO = sQ + 2 * R * LDK;                                             /* [2][R] */
     float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R; /* [2][R] */
     int *sTok = (int *)(sG + 2 * R), *sSlot = sTok + SELB_TILES * R;
@@ -309,14 +343,14 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
 
-    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS>(c, io.k, io.v, b, g, sub, sK, sV); };
+    auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
     auto rowOf = [&](int rt, int r, size_t &row) { return it.row(c, sTok, b, g, rt, r, row); };
     auto issueRows = [&](int rt, int st) {
-        fastLoadTile<R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(rt, r, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTile<R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(rt, r, row) ? io.dout + row * DV : nullptr;
         });
@@ -341,7 +375,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
         if (rt + 1 < ntiles) issueRows(rt + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads(); /* rows of rt (and K/V) landed */
+        fastTileBarrier<WG>(); /* rows of rt (and K/V) landed */
         int tok[2];
         float lse2[2], dsum[2], gate[2];
 #pragma unroll
@@ -363,15 +397,26 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 loadKV(sub);
                 fastCpCommit();
                 fastCpWait<0>();
-                __syncthreads();
+                fastTileBarrier<WG>();
             }
             float s[8][4], dp[8][4];
+            if constexpr (WG) {
+                const int wg_row0 = (warp >> 2) * 64;
+                fastWgArrive();
+                fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, wg_row0, sK, 64, 0);
+                fastWgIssueAZt<8, DV>(dp, sdO + st * R * LDV, R, wg_row0, sV, 64, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(s);
+                fastWgFenceAcc(dp);
+            } else {
 #pragma unroll
-            for (int n = 0; n < 8; n++)
+                for (int n = 0; n < 8; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-            fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
-            fastMmaAZt<8, DV>(dp, sdO + st * R * LDV, LDV, warp * 16, sV, LDV);
+                    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+                fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
+                fastMmaAZt<8, DV>(dp, sdO + st * R * LDV, LDV, warp * 16, sV, LDV);
+            }
             const int u0 = u_lo + sub * 64;
 #pragma unroll
             for (int n = 0; n < 8; n++) {
@@ -383,7 +428,18 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                     s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
                 }
             }
-            fastMmaPZ<8, DK>(dq, s, sK, LDK);
+            if constexpr (WG) {
+                uint32_t a[4][4];
+                fastWgAFromC<8>(a, s);
+                fastWgFenceAcc(dq);
+                fastWgArrive();
+                fastWgIssuePZ<8, DK>(dq, a, sK, 64, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(dq);
+            } else {
+                fastMmaPZ<8, DK>(dq, s, sK, LDK);
+            }
         }
 #pragma unroll
         for (int i = 0; i < 2; i++) {
@@ -444,9 +500,12 @@ template <int DK, int DV>
 static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
                                    const FastRevIndex &rev, const FastSelBlock &sb,
                                    cudaStream_t stream) {
-    auto kernel = selBlockFwdKernel<DK, DV>;
-    constexpr int smem = (64 * (DK + 8) + 64 * (DV + 8) + 2 * SELB_ROWS * (DK + 8)) * 2 +
-                         2 * SELB_TILES * SELB_ROWS * 4;
+    /* wgmma only for d_v = 64: at d_v = 128 the one-CTA-per-SM wgmma kernel
+     * measured slower than mma.sync at two (H200, paper 64k: 32.5 against
+     * 28.8 ms) */
+    const bool wg = c.wgmma && DV <= 64;
+    auto kernel = wg ? selBlockFwdKernel<DK, DV, true> : selBlockFwdKernel<DK, DV, false>;
+    const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
@@ -485,10 +544,8 @@ template <int DK, int DV>
 static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                               const FastRevIndex &rev, const FastSelBlock &sb,
                               cudaStream_t stream) {
-    auto kernel = selBlockDqKernel<DK, DV>;
-    constexpr int smem = (64 * (DK + 8) + 64 * (DV + 8) + 2 * SELB_ROWS * (DK + 8) +
-                          2 * SELB_ROWS * (DV + 8)) * 2 +
-                         3 * 2 * SELB_ROWS * 4 + 2 * SELB_TILES * SELB_ROWS * 4;
+    auto kernel = c.wgmma ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
+    const int smem = c.wgmma ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;

@@ -81,8 +81,15 @@ struct FastQTile {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int KEYS = 64 / MT; /* keys per tile */
     static constexpr int PAD = WG ? 0 : 8; /* row padding of the shared tiles, bf16 */
-    /* forward (D = DV) and dQ (D = DK) */
+    /* K/V stages: the wgmma loops keep tile it's V (P.V in flight) and tile
+     * it+1's K (its scores in flight) while tile it+2 lands */
+    static constexpr int STAGES = WG ? 3 : 2;
+    /* forward (D = DV) and dQ (D = DK); the pipelined wgmma loops hold a
+     * score tile, its P fragments and the accumulator (plus dP in dQ):
+     * more than the 128 registers two CTAs of 8 warps leave, except the
+     * forward at D = 64 */
     static constexpr int FWD_CTAS = WG && D > 64 ? 1 : 2;
+    static constexpr bool DQ_PIPE = WG && D > 64;
     static constexpr int DQ_CTAS = D == 192 || (WG && D > 64) ? 1 : 2;
 };
 /* Dynamic shared memory of the tile kernels; WG tiles are swizzled and
@@ -90,14 +97,15 @@ struct FastQTile {
 template <int DK, int DV, bool WG = false>
 constexpr int fastFwdSmem() {
     using Q = FastQTile<DV, WG>;
-    constexpr int KT = Q::KEYS, P = Q::PAD;
-    return (FAST_QTILE_ROWS * (DK + P) + 2 * KT * (DK + P) + 2 * KT * (DV + P)) * 2 + (WG ? 1024 : 0);
+    constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
+    return (FAST_QTILE_ROWS * (DK + P) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2 +
+           (WG ? 1024 : 0);
 }
 template <int DK, int DV, bool WG = false>
 constexpr int fastDqSmem() {
     using Q = FastQTile<DK, WG>;
-    constexpr int KT = Q::KEYS, P = Q::PAD;
-    return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + 2 * KT * (DK + P) + 2 * KT * (DV + P)) * 2 +
+    constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
+    return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2 +
            (WG ? 1024 : 0);
 }
 
@@ -125,6 +133,10 @@ __device__ __forceinline__ void fastTileBarrier() {
 /* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
  * per barrier (registers hold a 16 x 32 score tile per warp). */
 #define FAST_DKDV_ROWS 64
+/* Rows per wgmma pass of the dK/dV core where d_k, d_v <= 128 (32 or 64). */
+#ifndef FAST_DKDV_WG_ROWS
+#define FAST_DKDV_WG_ROWS 64
+#endif
 constexpr int fastDkdvSmem(int dk, int dv, bool wg = false) {
     const int pad = wg ? 0 : 8;
     return (64 * (dk + pad) + 64 * (dv + pad) + 2 * FAST_DKDV_ROWS * (dk + pad) +
@@ -145,7 +157,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
-    bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + 2 * KT * LDK;
+    bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -192,21 +204,89 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
 #pragma unroll
         for (int n = 0; n < DV / 8; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
     }
-    for (int it = 0; it < ntiles; it++) {
-        const int st = it & 1;
-        if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
-        fastCpCommit();
-        fastCpWait<1>();
-        fastTileBarrier<WG>();
-        const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-        float s[MT][NT][4];
-        if constexpr (WG) {
+    /* scores of m-tile i of tile it to the log2 domain, masked entries
+     * -inf, and their row-half maxima; interior tiles (every row sees every
+     * key) skip the mask */
+    auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
+        const int u0 = kb + it * KT;
+        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+        mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int u = u0 + n * 8 + quad * 2 + (e & 1);
+                int t = tok[i][e >> 1];
+                bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
+                float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
+                si[n][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        }
+    };
+    if constexpr (WG) {
+        /* Software pipeline, one barrier per tile (FlashAttention-3's
+         * intra-warpgroup overlap): tile it issues its scores, then P.V of
+         * tile it-1, and computes its exponentials while that P.V runs on
+         * the tensor cores. Nothing is in flight across iterations (the
+         * compiler would serialise the products otherwise, C7515); K/V go
+         * three stages deep: tile it's K, tile it-1's V, tile it+1 landing. */
+        if (ntiles > 0) {
+            float s[NT][4], corr[2];
+            uint32_t a[NT / 2][4];
+            auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
+                float mx[2];
+                maskTile(s, 0, it, mx);
+                fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
+            };
+            if (ntiles > 1) loadKV(1, 1);
+            fastCpCommit();
+            fastCpWait<1>();
+            fastTileBarrier<WG>();
             fastWgArrive();
-            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
             fastWgCommit();
             fastWgWait<0>();
-            fastWgFenceAcc(s[0]);
-        } else {
+            fastWgFenceAcc(s);
+            scoresToP(0); /* o is 0: no rescale */
+            fastWgAFromC<NT>(a, s);
+            for (int it = 1; it < ntiles; it++) {
+                fastCpWait<0>(); /* tile it landed; every warp is past P.V of it-2 */
+                fastTileBarrier<WG>();
+                if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
+                fastCpCommit();
+                fastWgArrive();
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + (it % 3) * KT * LDK, KT, 0);
+                fastWgCommit();
+                fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
+                fastWgFenceAcc(o[0]);
+                fastWgArrive();
+                fastWgIssuePZ<NT, DV>(o[0], a, sV + ((it - 1) % 3) * KT * LDV, KT, 0);
+                fastWgCommit();
+                fastWgWait<1>(); /* scores of tile it */
+                fastWgFenceAcc(s);
+                scoresToP(it);
+                fastWgWait<0>(); /* P.V of tile it-1 */
+                fastWgFenceAcc(o[0]);
+                fastWgAFromC<NT>(a, s);
+            }
+            fastRescaleRows<DV>(o[0], corr);
+            fastWgFenceAcc(o[0]);
+            fastWgArrive();
+            fastWgIssuePZ<NT, DV>(o[0], a, sV + ((ntiles - 1) % 3) * KT * LDV, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(o[0]);
+        }
+    } else {
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it & 1;
+            if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+            fastCpCommit();
+            fastCpWait<1>();
+            __syncthreads();
+            const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+            float s[MT][NT][4];
 #pragma unroll
             for (int i = 0; i < MT; i++)
 #pragma unroll
@@ -214,40 +294,15 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             /* q fragments are re-read from shared memory per tile: holding
              * them (MT * DK / 4 registers) would spill */
             fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-        }
-        const int u0 = kb + it * KT;
-        /* interior tiles (every row sees every key) skip the mask */
-        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
 #pragma unroll
-        for (int i = 0; i < MT; i++) {
-            float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int n = 0; n < NT; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = u0 + n * 8 + quad * 2 + (e & 1);
-                    int t = tok[i][e >> 1];
-                    bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
-                    float v = ok ? s[i][n][e] * c.scale_log2 : -INFINITY;
-                    s[i][n][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
-                }
+            for (int i = 0; i < MT; i++) {
+                float mx[2];
+                maskTile(s[i], i, it, mx);
+                fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
             }
-            fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
-        }
-        if constexpr (WG) {
-            uint32_t a[NT / 2][4];
-            fastWgAFromC<NT>(a, s[0]);
-            fastWgFenceAcc(o[0]);
-            fastWgArrive();
-            fastWgIssuePZ<NT, DV>(o[0], a, v_t, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(o[0]);
-        } else {
             fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+            __syncthreads();
         }
-        __syncthreads();
     }
     fastCpWait<0>();
 
@@ -323,7 +378,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
-         *sV = sK + 2 * KT * LDK;
+         *sV = sK + Q::STAGES * KT * LDK;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -383,62 +438,118 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
 #pragma unroll
         for (int n = 0; n < DK / 8; n++) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.f;
 
-    for (int it = 0; it < ntiles; it++) {
-        const int st = it & 1;
-        if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
-        fastCpCommit();
-        fastCpWait<1>();
-        fastTileBarrier<WG>();
-        const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-        float s[MT][NT][4], dp[MT][NT][4];
-        if constexpr (WG) {
-            fastWgArrive();
-            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
-            fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(s[0]);
-            fastWgFenceAcc(dp[0]);
-        } else {
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
-            fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-            fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
-        }
+    /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta) */
+    auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
         const int u0 = kb + it * KT;
         const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
+        for (int n = 0; n < NT; n++) {
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = u0 + n * 8 + quad * 2 + (e & 1);
-                    int i = e >> 1, t = tok[mt][i];
-                    /* a row that sees nothing (t < 0) stays masked even in a full tile */
-                    bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
-                    float p = ok ? exp2f(s[mt][n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
-                    s[mt][n][e] = gate[mt][i] * p * (dp[mt][n][e] - dsum[mt][i]);
-                }
+            for (int e = 0; e < 4; e++) {
+                int u = u0 + n * 8 + quad * 2 + (e & 1);
+                int i = e >> 1, t = tok[mt][i];
+                /* a row that sees nothing (t < 0) stays masked even in a full tile */
+                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
+                float p = ok ? exp2f(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
+                si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
             }
         }
-        if constexpr (WG) {
+    };
+    if constexpr (Q::DQ_PIPE) {
+        /* Software pipeline as in fastFwdKernel: tile it issues its scores
+         * and dP, then dS.K of tile it-1, and computes its dS while that
+         * runs. */
+        if (ntiles > 0) {
+            float s[NT][4], dp[NT][4];
             uint32_t a[NT / 2][4];
-            fastWgAFromC<NT>(a, s[0]);
+            if (ntiles > 1) loadKV(1, 1);
+            fastCpCommit();
+            fastCpWait<1>();
+            fastTileBarrier<WG>();
+            fastWgArrive();
+            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
+            fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(s);
+            fastWgFenceAcc(dp);
+            dsTile(s, dp, 0, 0);
+            fastWgAFromC<NT>(a, s);
+            for (int it = 1; it < ntiles; it++) {
+                fastCpWait<0>(); /* tile it landed; every warp is past dS.K of it-2 */
+                fastTileBarrier<WG>();
+                if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
+                fastCpCommit();
+                const int st = it % 3;
+                fastWgArrive();
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + st * KT * LDK, KT, 0);
+                fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV + st * KT * LDV, KT, 0);
+                fastWgCommit();
+                fastWgFenceAcc(dq[0]);
+                fastWgArrive();
+                fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((it - 1) % 3) * KT * LDK, KT, 0);
+                fastWgCommit();
+                fastWgWait<1>(); /* scores and dP of tile it */
+                fastWgFenceAcc(s);
+                fastWgFenceAcc(dp);
+                dsTile(s, dp, 0, it);
+                fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
+                fastWgFenceAcc(dq[0]);
+                fastWgAFromC<NT>(a, s);
+            }
             fastWgFenceAcc(dq[0]);
             fastWgArrive();
-            fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0);
+            fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
             fastWgCommit();
             fastWgWait<0>();
             fastWgFenceAcc(dq[0]);
-        } else {
-            fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
         }
-        __syncthreads();
+    } else {
+        /* one tile at a time: mma.sync, or wgmma where the pipeline's
+         * registers would cost the second CTA per SM (d_k = 64: proto dQ
+         * 2.4 ms this way against 3.2 pipelined at one CTA, H200) */
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it & 1;
+            if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+            fastCpCommit();
+            fastCpWait<1>();
+            fastTileBarrier<WG>();
+            const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+            float s[MT][NT][4], dp[MT][NT][4];
+            if constexpr (WG) {
+                fastWgArrive();
+                fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+                fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(s[0]);
+                fastWgFenceAcc(dp[0]);
+            } else {
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+                fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+            }
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
+            if constexpr (WG) {
+                uint32_t a[NT / 2][4];
+                fastWgAFromC<NT>(a, s[0]);
+                fastWgFenceAcc(dq[0]);
+                fastWgArrive();
+                fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(dq[0]);
+            } else {
+                fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+            }
+            __syncthreads();
+        }
     }
     fastCpWait<0>();
 
@@ -568,33 +679,37 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         /* every row of the tile sees all 64 keys: no mask (rows without a
          * gradient carry gate 0, so they add nothing either way) */
         const bool full = khi - u0 == 64 && tileFull(it, t_first);
+        /* rows per pass: the mma.sync path holds a 16 x 32 score tile per
+         * warp; wgmma takes the whole 64-row stage in one m64n64 pass where
+         * the dK/dV accumulators leave room (d_k, d_v <= 128) */
+        constexpr int RH = (WG && DK <= 128 && DV <= 128) ? FAST_DKDV_WG_ROWS : 32, NTH = RH / 8;
 #pragma unroll 1
-        for (int half = 0; half < R / 32; half++) {
-        const bf16 *q_t = sQ + (st * R + half * 32) * LDK, *do_t = sdO + (st * R + half * 32) * LDV;
-        const float *l_t = sL + st * R + half * 32, *d_t = sD + st * R + half * 32,
-                    *g_t = sG + st * R + half * 32;
-        const int *t_t = sT + st * R + half * 32;
-        float s[4][4], dp[4][4];
+        for (int half = 0; half < R / RH; half++) {
+        const bf16 *q_t = sQ + (st * R + half * RH) * LDK, *do_t = sdO + (st * R + half * RH) * LDV;
+        const float *l_t = sL + st * R + half * RH, *d_t = sD + st * R + half * RH,
+                    *g_t = sG + st * R + half * RH;
+        const int *t_t = sT + st * R + half * RH;
+        float s[NTH][4], dp[NTH][4];
         if constexpr (WG) {
-            /* the stage's swizzled tiles of R rows; this half is rows half * 32 .. +31 */
+            /* the stage's swizzled tiles of R rows; this pass is rows half * RH .. +RH-1 */
             fastWgArrive();
-            fastWgIssueAZt<4, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * 32);
-            fastWgIssueAZt<4, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * 32);
+            fastWgIssueAZt<NTH, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * RH);
+            fastWgIssueAZt<NTH, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * RH);
             fastWgCommit();
             fastWgWait<0>();
             fastWgFenceAcc(s);
             fastWgFenceAcc(dp);
         } else {
 #pragma unroll
-            for (int n = 0; n < 4; n++)
+            for (int n = 0; n < NTH; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-            fastMmaAZt<4, DK>(s, sK, LDK, warp * 16, q_t, LDK);
-            fastMmaAZt<4, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
+            fastMmaAZt<NTH, DK>(s, sK, LDK, warp * 16, q_t, LDK);
+            fastMmaAZt<NTH, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
         }
         /* s becomes g P^T, dp becomes dS^T */
 #pragma unroll
-        for (int n = 0; n < 4; n++) {
+        for (int n = 0; n < NTH; n++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int col = n * 8 + quad * 2 + (e & 1);
@@ -608,40 +723,40 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             }
         }
         if constexpr (WG) {
-            uint32_t ap[2][4], ads[2][4];
-            fastWgAFromC<4>(ap, s);
-            fastWgAFromC<4>(ads, dp);
+            uint32_t ap[NTH / 2][4], ads[NTH / 2][4];
+            fastWgAFromC<NTH>(ap, s);
+            fastWgAFromC<NTH>(ads, dp);
             fastWgFenceAcc(dv);
             fastWgFenceAcc(dk);
             fastWgArrive();
-            fastWgIssuePZ<4, DV>(dv, ap, sdO + st * R * LDV, R, half * 32);
-            fastWgIssuePZ<4, DK>(dk, ads, sQ + st * R * LDK, R, half * 32);
+            fastWgIssuePZ<NTH, DV>(dv, ap, sdO + st * R * LDV, R, half * RH);
+            fastWgIssuePZ<NTH, DK>(dk, ads, sQ + st * R * LDK, R, half * RH);
             fastWgCommit();
             fastWgWait<0>();
             fastWgFenceAcc(dv);
             fastWgFenceAcc(dk);
         } else {
 #pragma unroll
-        for (int ks = 0; ks < 2; ks++) {
-            uint32_t a[4];
-            fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
+            for (int ks = 0; ks < NTH / 2; ks++) {
+                uint32_t a[4];
+                fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
 #pragma unroll
-            for (int dd = 0; dd < DV / 16; dd++) {
-                uint32_t bb[4];
-                fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
-                fastMma(dv[2 * dd], a, bb[0], bb[1]);
-                fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
-            }
-            fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
+                for (int dd = 0; dd < DV / 16; dd++) {
+                    uint32_t bb[4];
+                    fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
+                    fastMma(dv[2 * dd], a, bb[0], bb[1]);
+                    fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
+                }
+                fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
 #pragma unroll
-            for (int dd = 0; dd < DK / 16; dd++) {
-                uint32_t bb[4];
-                fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
-                fastMma(dk[2 * dd], a, bb[0], bb[1]);
-                fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
+                for (int dd = 0; dd < DK / 16; dd++) {
+                    uint32_t bb[4];
+                    fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
+                    fastMma(dk[2 * dd], a, bb[0], bb[1]);
+                    fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
+                }
             }
         }
-        } /* mma.sync */
         } /* half */
     }
     fastCpWait<0>();
