@@ -23,10 +23,10 @@
 /* Shared memory of one CTA of `warps` warps (16 query rows each): Q, two
  * key stages, the P tile, P summed over the heads of each token, and per
  * token its score ring and top-K. */
-static int selectSmem(const FastCtx &c, int dk, int warps) {
+static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
     const int rows = 16 * warps, tpc = rows / c.hpg;
-    return (rows + 2 * 64) * (dk + 8) * 2 + rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
-           tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8;
+    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
+           tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 + (wg ? 1024 : 0);
 }
 
 /* The first and last compressed block overlapping selection block j. */
@@ -102,12 +102,12 @@ struct SelToken {
     }
 };
 
-template <int DK, int WARPS>
+/* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
+template <int DK, int WARPS, bool WG>
 __global__ void __launch_bounds__(32 * WARPS)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx) {
-    constexpr int LDK = DK + 8, SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    bf16 *sQ = (bf16 *)fast_smem, *sK = sQ + SCORE_ROWS * LDK;
+    constexpr int LDK = DK + (WG ? 0 : 8), SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
+    bf16 *sQ = fastTileBase<WG>(), *sK = sQ + SCORE_ROWS * LDK;
     const int hpg = c.hpg, tpc = SCORE_ROWS / hpg, t0 = blockIdx.x * tpc;
     float *sP = (float *)(sK + 2 * 64 * LDK);
     float *sPt = sP + SCORE_ROWS * SEL_P_LD; /* [tpc][SEL_P_LD]: P summed over the token's heads */
@@ -126,14 +126,14 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / hpg) * c.H + (size_t)g * hpg + r % hpg;
     };
-    fastLoadTile<SCORE_ROWS, DK, SCORE_THREADS>(sQ, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, SCORE_ROWS, DK, SCORE_THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? q + rowIndex(r) * DK : nullptr;
     });
     const int nvis = t_last < l - 1 ? 0 : min(c.Nc, (t_last - l + 1) / d + 1);
     const int ntiles = (nvis + 63) / 64;
     auto loadK = [&](int it, int st) {
         const int i0 = it * 64;
-        fastLoadTile<64, DK, SCORE_THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, 64, DK, SCORE_THREADS>(sK + st * 64 * LDK, [&](int r) -> const bf16 * {
             int i = i0 + r;
             return i < nvis ? kc + (((size_t)b * c.Nc + i) * c.G + g) * DK : nullptr;
         });
@@ -178,7 +178,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         if (lse == -INFINITY) tok[i] = -1;
         else lse2[i] = lse * FAST_LOG2E;
     }
-    uint32_t qf[DK / 16][4];
+    uint32_t qf[WG ? 1 : DK / 16][4]; /* mma.sync: the warp's q fragments, loaded once */
     const float inv_l = 1.f / (float)l;
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
@@ -186,23 +186,31 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         if (it + 1 < ntiles) loadK(it + 1, st ^ 1);
         fastCpCommit();
         fastCpWait<1>();
-        __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
-        }
+        fastTileBarrier<WG>();
         const bf16 *k_t = sK + st * 64 * LDK;
         float s[8][4];
+        if constexpr (WG) {
+            fastWgArrive();
+            fastWgIssueAZt<8, DK>(s, sQ, SCORE_ROWS, (warp >> 2) * 64, k_t, 64, 0);
+            fastWgCommit();
+            fastWgWait<0>();
+            fastWgFenceAcc(s);
+        } else {
+            if (it == 0) {
 #pragma unroll
-        for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+                for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
+            }
 #pragma unroll
-        for (int kk = 0; kk < DK / 16; kk++) {
+            for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                uint32_t bb[4];
-                fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
-                fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+            for (int kk = 0; kk < DK / 16; kk++) {
+#pragma unroll
+                for (int np = 0; np < 4; np++) {
+                    uint32_t bb[4];
+                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
+                    fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
+                    fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
+                }
             }
         }
         /* p = exp2(s2 - lse2); rows without a token carry lse2 = +inf (p = 0).
@@ -220,15 +228,39 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                     if (t < 0 || i * d + l - 1 > t) p0 = 0.f;
                     if (t < 0 || (i + 1) * d + l - 1 > t) p1 = 0.f;
                 }
-                *(float2 *)(sP + (h ? rB : rA) * SEL_P_LD + col) = make_float2(p0, p1);
+                s[n][2 * h] = p0;
+                s[n][2 * h + 1] = p1;
             }
         }
-        __syncthreads();
-        for (int idx = tid; idx < tpc * 64; idx += SCORE_THREADS) {
-            int tk = idx >> 6, col = idx & 63;
-            float acc = 0.f;
-            for (int h = 0; h < hpg; h++) acc += sP[(tk * hpg + h) * SEL_P_LD + col];
-            sPt[tk * SEL_P_LD + col] = acc;
+        if (hpg == 16) {
+            /* the warp's 16 rows are the 16 heads of token `warp`: sum them
+             * in registers (the two row halves, then the 8 row groups by
+             * shuffles) instead of through shared memory */
+#pragma unroll
+            for (int n = 0; n < 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    float v = s[n][e] + s[n][e + 2];
+                    v += __shfl_xor_sync(0xffffffffu, v, 4);
+                    v += __shfl_xor_sync(0xffffffffu, v, 8);
+                    v += __shfl_xor_sync(0xffffffffu, v, 16);
+                    if (grp == 0) sPt[warp * SEL_P_LD + n * 8 + quad * 2 + e] = v;
+                }
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *(float2 *)(sP + (h ? rB : rA) * SEL_P_LD + n * 8 + quad * 2) =
+                        make_float2(s[n][2 * h], s[n][2 * h + 1]);
+            __syncthreads();
+            for (int idx = tid; idx < tpc * 64; idx += SCORE_THREADS) {
+                int tk = idx >> 6, col = idx & 63;
+                float acc = 0.f;
+                for (int h = 0; h < hpg; h++) acc += sP[(tk * hpg + h) * SEL_P_LD + col];
+                sPt[tk * SEL_P_LD + col] = acc;
+            }
         }
         __syncthreads();
         /* fold the tile into the open selection blocks of each token */
@@ -287,8 +319,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
 template <int DK, int WARPS>
 static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16 *kc,
                                      const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
-    auto kernel = fastSelectKernel<DK, WARPS>;
-    const int smem = selectSmem(c, DK, WARPS);
+    auto kernel = c.wgmma ? fastSelectKernel<DK, WARPS, true> : fastSelectKernel<DK, WARPS, false>;
+    const int smem = selectSmem(c, DK, WARPS, c.wgmma);
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int tpc = 16 * WARPS / c.hpg;
@@ -306,7 +338,7 @@ static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16
 template <int DK>
 static cudaError_t selectLaunch(const FastCtx &c, const bf16 *q, const bf16 *kc,
                                 const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream) {
-    if (DK >= 128 && selectSmem(c, DK, 8) <= c.smem_max)
+    if (DK >= 128 && selectSmem(c, DK, 8, c.wgmma) <= c.smem_max)
         return selectLaunchWarps<DK, 8>(c, q, kc, lse_cmp, sel_idx, stream);
     return selectLaunchWarps<DK, 4>(c, q, kc, lse_cmp, sel_idx, stream);
 }
