@@ -16,7 +16,7 @@
 
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
-    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block */
+    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block, 4 dense */
     int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
     int device, sm_count;
     int smem_max; /* opt-in shared memory per CTA */
@@ -28,6 +28,7 @@ struct NsaAttnCudaPlan {
     float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
     size_t cmp_part_capacity; /* elements of cmp_part_k */
     int32_t *sel;
+    uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
     FastRevIndex rev;
     /* the block-centric selected forward's and dQ's chunk buffers (NULL:
      * not planned); sb_part holds the forward's o partials, later the dQ's */
@@ -63,13 +64,16 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
                             cudaGetErrorString(fast_status_));                              \
     } while (0)
 
-/* Which selected-branch kernels a call runs (fast_sel.cu): the union-of-4
- * ones (fast_sel_union.cu), the block-centric ones (fast_sel_block.cu), or
- * else the warp-per-token ones. sel_mode 1/2/3 forces union / warp / block
- * (NSA_FAST_SEL); 0 picks what measured fastest on an H200 (docs/PERF.md,
- * "selected-branch designs on wgmma"), ms of the phase at the paper /
- * proto shape, B x S = 64K:
- *  - on wgmma: the forward is block-centric where d_v = 64 (proto 2k: 2.9
+/* Which selected-branch kernels a call runs: the masked dense ones
+ * (fast_sel_dense.cu), the union-of-4 ones (fast_sel_union.cu), the
+ * block-centric ones (fast_sel_block.cu), or else the warp-per-token ones
+ * (fast_sel.cu). sel_mode 1/2/3/4 forces union / warp / block / dense
+ * (NSA_FAST_SEL; dense only where it applies - l' a multiple of 64, at
+ * most 64 blocks - and auto elsewhere); 0 picks what measured fastest on
+ * an H200 (docs/PERF.md, "selected-branch designs on wgmma"), ms of the
+ * phase at the paper / proto shape, B x S = 64K:
+ *  - on wgmma, masked dense where it applies up to FAST_SEL_DENSE_MAX_S;
+ *    past it the forward is block-centric where d_v = 64 (proto 2k: 2.9
  *    against union 4.2) or S >= 4096 (paper 4k: 25.6 against union 26.4;
  *    at 2k union wins, 17.0 against 21.8); the dQ is block-centric where
  *    d_k = 64 (proto 2k: 3.7 against union 6.9) or S < 8192 (paper 2k:
@@ -79,20 +83,26 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
  *    warp 45.4), block-centric from there; the union dQ below 4096, warp
  *    from there, block-centric from 8192 where d_k = 64 (proto 64k: 6.2
  *    against 8.4; at d_k = 128 it lost, 42.7 against 35.3). */
+#define FAST_SEL_DENSE_MAX_S 4096
 struct FastSelDesign {
-    int union_fwd, union_dq, block_fwd, block_dq;
+    int union_fwd, union_dq, block_fwd, block_dq, dense_fwd, dense_dq;
 };
-static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_mode, int wgmma) {
-    FastSelDesign s = {0, 0, 0, 0};
+static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel_mode, int wgmma) {
+    FastSelDesign s = {0, 0, 0, 0, 0, 0};
+    const bool dense_ok = fastSelDenseApplies(S, sel_len);
     if (sel_mode == 1) {
         s.union_fwd = s.union_dq = 1;
+    } else if (sel_mode == 2) {
+        /* warp per token: every flag off */
     } else if (sel_mode == 3) {
         s.block_fwd = s.block_dq = 1;
-    } else if (sel_mode == 0 && wgmma) {
+    } else if (dense_ok && (sel_mode == 4 || (wgmma && S <= FAST_SEL_DENSE_MAX_S))) {
+        s.dense_fwd = s.dense_dq = 1;
+    } else if (wgmma) {
         s.block_fwd = d_v <= 64 || S >= 4096;
         s.union_fwd = !s.block_fwd;
         s.block_dq = d_k <= 64 || S < 8192;
-    } else if (sel_mode == 0) {
+    } else {
         s.union_fwd = S < 8192;
         s.block_fwd = !s.union_fwd;
         s.union_dq = S < 4096;
@@ -101,8 +111,8 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_mode, int wg
     return s;
 }
 
-/* sel_mode: 0 picks the selected kernels by S, 1 forces union, 2 warp
- * per token, 3 block-centric; wgmma: the tile loops' tensor-core path;
+/* sel_mode: 0 picks the selected kernels (fastSelDesign), 1 forces union,
+ * 2 warp per token, 3 block-centric, 4 masked dense; wgmma: the tile loops' tensor-core path;
  * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
  * is launched with this context). */
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
@@ -110,11 +120,13 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
     FastCtx c;
     c.smem_max = smem_max;
     c.wgmma = wgmma;
-    const FastSelDesign sd = fastSelDesign(d->S, d->d_k, d->d_v, sel_mode, wgmma);
+    const FastSelDesign sd = fastSelDesign(d->S, d->d_k, d->d_v, d->sel_len, sel_mode, wgmma);
     c.sel_union_fwd = sd.union_fwd;
     c.sel_union_dq = sd.union_dq;
     c.sel_block_fwd = sd.block_fwd;
     c.sel_block_dq = sd.block_dq;
+    c.sel_dense_fwd = sd.dense_fwd;
+    c.sel_dense_dq = sd.dense_dq;
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -202,6 +214,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
         p->lse[i] = (float *)take(rows * 4);
     }
     p->sel = (int32_t *)take(T * d->G * c.slots * 4);
+    p->sel_mask = (uint64_t *)take(T * d->G * 8);
     p->dsum = (float *)scratch(rows * 3 * 4);
     p->gate_f = (float *)scratch(rows * 3 * 4);
     p->dq_acc = (float *)scratch(rows * d->d_k * 4);
@@ -226,14 +239,21 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     /* block-centric selected forward / dQ: sized for the largest chunking
      * any call within the plan's B and S makes (more, smaller chunks at
      * larger B; the sizes grow with S). A call of any S up to the plan's
-     * may pick them: fastSelDesign switches at most once in S, so its two
-     * ends tell. */
+     * may pick them: fastSelDesign is constant in S between the edges
+     * below, so asking at each edge tells. */
     p->sb_item_start = NULL;
     p->sb_part = NULL;
     p->sb_part_lse = NULL;
-    const FastSelDesign lo = fastSelDesign(1, d->d_k, d->d_v, p->sel_mode, p->wgmma);
-    const FastSelDesign hi = fastSelDesign(d->S, d->d_k, d->d_v, p->sel_mode, p->wgmma);
-    const int need_pass[2] = {lo.block_fwd || hi.block_fwd, lo.block_dq || hi.block_dq};
+    int need_pass[2] = {0, 0};
+    const int edges[] = {1, 4095, 4096, 8191, 8192, FAST_SEL_DENSE_MAX_S, FAST_SEL_DENSE_MAX_S + 1,
+                         64 * d->sel_len, 64 * d->sel_len + 1, d->S};
+    for (int e = 0; e < (int)(sizeof(edges) / sizeof(edges[0])); e++) {
+        if (edges[e] < 1 || edges[e] > d->S) continue;
+        const FastSelDesign sd =
+            fastSelDesign(edges[e], d->d_k, d->d_v, d->sel_len, p->sel_mode, p->wgmma);
+        need_pass[0] |= sd.block_fwd;
+        need_pass[1] |= sd.block_dq;
+    }
     if (need_pass[0] || need_pass[1]) {
         size_t items = 0, part = 0, lse = 0;
         for (int bb = 1; bb <= d->B; bb++) {
@@ -269,16 +289,17 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         return NULL;
     }
     p->max = *max_dims;
-    /* NSA_FAST_SEL=union|warp|block forces one selected-branch design (the
+    /* NSA_FAST_SEL=union|warp|block|dense forces one selected-branch design (the
      * tests check each at every shape); unset or auto picks by S. */
     const char *sel_env = getenv("NSA_FAST_SEL");
     if (sel_env && *sel_env && strcmp(sel_env, "auto") != 0) {
         if (!strcmp(sel_env, "union")) p->sel_mode = 1;
         else if (!strcmp(sel_env, "warp")) p->sel_mode = 2;
         else if (!strcmp(sel_env, "block")) p->sel_mode = 3;
+        else if (!strcmp(sel_env, "dense")) p->sel_mode = 4;
         else {
-            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, block",
-                     sel_env);
+            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, block, "
+                          "dense", sel_env);
             free(p);
             return NULL;
         }
@@ -495,7 +516,12 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.o = p->o[1];
     io.lse = p->lse[1];
     p->rev_B = p->rev_S = 0;
-    if (c.sel_block_fwd) {
+    if (c.sel_dense_fwd || c.sel_dense_dq)
+        FAST_CHECK(fastSelDenseMask(c, p->sel, p->sel_mask, stream), "selection mask");
+    if (c.sel_dense_fwd) {
+        FAST_CHECK(fastSelDenseForward(c, dk, dv, io, p->sel_mask, stream),
+                   "selected forward (masked dense)");
+    } else if (c.sel_block_fwd) {
         const FastRevIndex rev = fastCallRev(p, dims, c);
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
         FastSelBlock sb =
@@ -652,6 +678,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sbq.part_dq = (float *)p->sb_part;
     }
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
+                               c.sel_dense_dq ? p->sel_mask : NULL,
                                (bf16 *)grads->dk_sel, (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
     FAST_MARK("end");

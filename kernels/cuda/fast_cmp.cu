@@ -11,7 +11,7 @@
  * no atomics, reproducible. */
 #include "fast_internal.cuh"
 
-struct CmpPolicy {
+struct CmpPolicy : FastNoRowMask {
     int cmp_len, cmp_stride, Nc;
     __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
         kb = 0;
@@ -118,7 +118,7 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 template <int DK, int DV>
 static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchForward<DK, DV, CmpPolicy, false>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc},
+    return fastLaunchForward<DK, DV, CmpPolicy, false>(c, io, CmpPolicy{{}, c.cmp_len, c.cmp_stride, c.Nc},
                                                        stream);
 }
 
@@ -148,7 +148,7 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         if (io.dq_mode == 1) return cudaSuccess;
     }
     if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
-    return fastLaunchDq<DK, DV>(c, io, CmpPolicy{c.cmp_len, c.cmp_stride, c.Nc}, stream);
+    return fastLaunchDq<DK, DV>(c, io, CmpPolicy{{}, c.cmp_len, c.cmp_stride, c.Nc}, stream);
 }
 
 cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

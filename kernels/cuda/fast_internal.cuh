@@ -69,6 +69,20 @@ cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
 cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            const int32_t *sel_idx, cudaStream_t stream);
 
+/* fast_sel_dense.cu: the short-sequence selected forward and dQ as masked
+ * dense flash attention. Applies where l' is a multiple of 64 and there
+ * are at most 64 selection blocks. */
+bool fastSelDenseApplies(int S, int sel_len);
+/* mask [B][S][G]: bit j set where block j is in the token's sel_idx row. */
+cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t *mask,
+                             cudaStream_t stream);
+/* o_sel, lse_sel (io.o, io.lse). */
+cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                const uint64_t *mask, cudaStream_t stream);
+/* dq of the selected branch per io.dq_mode. */
+cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                           const uint64_t *mask, cudaStream_t stream);
+
 /* fast_sel_union.cu: the short-sequence selected forward and dQ. */
 cudaError_t fastSelUnionForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                                 const int32_t *sel_idx, cudaStream_t stream);
@@ -118,10 +132,11 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
                            const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
                            cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
- * c.sel_block_dq (sb_dq its chunking and buffers, else NULL). */
+ * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), masked
+ * dense when c.sel_dense_dq (dense_mask from fastSelDenseMask, else NULL). */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
-                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
-                            cudaStream_t stream, const FastMarks *marks);
+                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bf16 *dk_out,
+                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 
 #endif

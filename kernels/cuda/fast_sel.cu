@@ -459,8 +459,9 @@ static cudaError_t selForward(const FastCtx &c, const FastFwdIo &io, const int32
 
 template <int DK, int DV>
 static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
-                               const FastRevIndex &rev, const FastSelBlock *sb_dq, bf16 *dk_out,
-                               bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
+                               const FastRevIndex &rev, const FastSelBlock *sb_dq,
+                               const uint64_t *dense_mask, bf16 *dk_out, bf16 *dv_out,
+                               cudaStream_t stream, const FastMarks *marks) {
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.sel.dkdv")) != cudaSuccess) return e;
     const int subtiles = (c.sel_len + 63) / 64;
@@ -475,6 +476,10 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
                                                                                  dv_out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
+    if (c.sel_dense_dq) {
+        if (!dense_mask) return cudaErrorInvalidValue;
+        return fastSelDenseDq(c, DK, DV, io, dense_mask, stream);
+    }
     if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
     if (c.sel_block_dq) {
         if (!sb_dq) return cudaErrorInvalidValue;
@@ -517,7 +522,8 @@ cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const Fa
 
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
-                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
-                            cudaStream_t stream, const FastMarks *marks) {
-    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, sb_dq, dk_out, dv_out, stream, marks);
+                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bf16 *dk_out,
+                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, sb_dq, dense_mask, dk_out, dv_out,
+                  stream, marks);
 }

@@ -18,6 +18,17 @@
 #include "fast_common.cuh"
 #include "fast_wgmma.cuh"
 
+/* A policy (see the file comment) may also mask whole key tiles per row:
+ * rowState(b, g, t) is loaded once per query row (t < 0: a padding row),
+ * rowSees(row, u0) says whether the row may see the key tile starting at
+ * u0 at all (the masked dense selected branch, fast_sel_dense.cu). Plain
+ * policies inherit this one, which sees everything and costs nothing. */
+struct FastNoRowMask {
+    struct Row {};
+    __device__ Row rowState(int, int, int) const { return Row{}; }
+    __device__ bool rowSees(Row, int) const { return true; }
+};
+
 /* Dims every fast kernel needs, resolved once per call on the host. */
 struct FastCtx {
     int B, S, H, G, hpg;
@@ -27,6 +38,7 @@ struct FastCtx {
     /* selected forward / dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
     int sel_union_fwd, sel_union_dq;
     int sel_block_fwd, sel_block_dq; /* 1: block-centric selected forward / dQ (fast_sel_block.cu) */
+    int sel_dense_fwd, sel_dense_dq; /* 1: masked dense selected forward / dQ (fast_sel_dense.cu) */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
     int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
 };
@@ -195,10 +207,13 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     int tok[MT][2];
     float m[MT][2], l[MT][2];
     float o[MT][DV / 8][4];
+    typename Policy::Row rows[MT][2];
 #pragma unroll
     for (int i = 0; i < MT; i++) {
         tok[i][0] = rowToken(row0 + 16 * i + grp);
         tok[i][1] = rowToken(row0 + 16 * i + grp + 8);
+        rows[i][0] = pol.rowState(b, g, tok[i][0]);
+        rows[i][1] = pol.rowState(b, g, tok[i][1]);
         m[i][0] = m[i][1] = -INFINITY;
         l[i][0] = l[i][1] = 0.f;
 #pragma unroll
@@ -210,6 +225,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
         const int u0 = kb + it * KT;
         const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+        const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
         mx[0] = mx[1] = -INFINITY;
 #pragma unroll
         for (int n = 0; n < NT; n++) {
@@ -217,7 +233,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             for (int e = 0; e < 4; e++) {
                 int u = u0 + n * 8 + quad * 2 + (e & 1);
                 int t = tok[i][e >> 1];
-                bool ok = full || (t >= 0 && u < ke && pol.visible(t, u));
+                bool ok = (full || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
                 float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
                 si[n][e] = v;
                 mx[e >> 1] = fmaxf(mx[e >> 1], v);
@@ -415,12 +431,14 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     const int row0 = warp * 16 * MT, wg_row0 = (warp >> 2) * 64;
     int tok[MT][2];
     float lse2[MT][2], dsum[MT][2], gate[MT][2];
+    typename Policy::Row rows[MT][2];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             int r = row0 + 16 * mt + grp + 8 * i;
             tok[mt][i] = rowToken(r);
+            rows[mt][i] = pol.rowState(b, g, tok[mt][i]);
             lse2[mt][i] = dsum[mt][i] = gate[mt][i] = 0.f;
             if (tok[mt][i] >= 0) {
                 size_t row = rowIndex(r);
@@ -442,6 +460,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
         const int u0 = kb + it * KT;
         const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+        const bool sees[2] = {pol.rowSees(rows[mt][0], u0), pol.rowSees(rows[mt][1], u0)};
 #pragma unroll
         for (int n = 0; n < NT; n++) {
 #pragma unroll
@@ -449,7 +468,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
                 int u = u0 + n * 8 + quad * 2 + (e & 1);
                 int i = e >> 1, t = tok[mt][i];
                 /* a row that sees nothing (t < 0) stays masked even in a full tile */
-                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u)));
+                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u))) && sees[i];
                 float p = ok ? exp2f(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
                 si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
             }

@@ -9,7 +9,7 @@
  * (deterministic, written once), dQ per query tile (fast_tile.cuh). */
 #include "fast_internal.cuh"
 
-struct WinPolicy {
+struct WinPolicy : FastNoRowMask {
     int window;
     __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
         kb = max(0, t0 - window + 1);
@@ -54,7 +54,7 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
 
 template <int DK, int DV>
 static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, WinPolicy{c.window}, stream);
+    return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, WinPolicy{{}, c.window}, stream);
 }
 
 template <int DK, int DV>
@@ -68,7 +68,7 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
-    return fastLaunchDq<DK, DV>(c, io, WinPolicy{c.window}, stream);
+    return fastLaunchDq<DK, DV>(c, io, WinPolicy{{}, c.window}, stream);
 }
 
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

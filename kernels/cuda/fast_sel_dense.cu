@@ -1,0 +1,91 @@
+/* fast_sel_dense.cu - selected attention at short S as masked dense flash
+ * attention (the fourth design of the selected forward and dQ; fast_attn.cu
+ * picks it, fast_sel.cu says what the others do).
+ *
+ * At short S a token chooses a large share of all blocks (16 of 32 at
+ * S = 2048, l' = 64), so its selected keys are most of its causal past. Then
+ * the cheapest exact way is the compressed and window branches' flash tile
+ * loops (fast_tile.cuh, wgmma on sm_90) over every causal key tile, with the
+ * tiles a row did not choose masked out:
+ *   o_t = sum_{u <= t, block(u) in sel(t)} p_u v_u,
+ * a per-row bit mask of chosen blocks (one 64-bit word per (b, t, g), so
+ * at most 64 blocks: Ns <= 64) and l' a multiple of 64, so that every key
+ * tile (64 keys, or 32 on mma.sync at d = 128) lies in one block and a row
+ * tests one bit per tile. The work is that of dense causal attention, paid
+ * back by tensor-core tiles instead of per-token gathers or partials. dK/dV
+ * stay with the reverse index (fast_sel.cu), which touches chosen pairs
+ * only. */
+#include "fast_internal.cuh"
+
+/* mask[b][t][g] = OR over the token's valid sel_idx entries j of 1 << j. */
+__global__ void selDenseMaskKernel(const int32_t *sel_idx, uint64_t *mask, size_t rows, int slots) {
+    for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < rows;
+         r += (size_t)gridDim.x * blockDim.x) {
+        const int32_t *row = sel_idx + r * slots;
+        uint64_t bits = 0;
+        for (int s = 0; s < slots; s++)
+            if (row[s] >= 0) bits |= 1ull << row[s];
+        mask[r] = bits;
+    }
+}
+
+/* The tile policy: query t sees key u <= t when u's block is in t's mask. */
+struct SelDensePolicy {
+    const uint64_t *mask;
+    int S, G, sel_len;
+    struct Row {
+        uint64_t bits;
+    };
+    __device__ Row rowState(int b, int g, int t) const {
+        return Row{t >= 0 ? mask[((size_t)b * S + t) * G + g] : 0ull};
+    }
+    /* the key tile at u0 lies in block u0 / l' (l' a multiple of the tile) */
+    __device__ bool rowSees(Row r, int u0) const { return (r.bits >> (u0 / sel_len)) & 1ull; }
+    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
+        kb = 0;
+        ke = t_last + 1;
+    }
+    __device__ bool visible(int t, int u) const { return u <= t; }
+    /* every row of the tile past every key: the causal mask is off, the
+     * row mask (rowSees) still applies */
+    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
+        return u_last <= t_first;
+    }
+};
+
+bool fastSelDenseApplies(int S, int sel_len) {
+    const int Ns = (S + sel_len - 1) / sel_len;
+    return sel_len % 64 == 0 && Ns <= 64;
+}
+
+cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t *mask,
+                             cudaStream_t stream) {
+    const size_t rows = (size_t)c.B * c.S * c.G;
+    if (rows == 0) return cudaSuccess;
+    const unsigned blocks = (unsigned)min((size_t)65535, (rows + 255) / 256);
+    selDenseMaskKernel<<<blocks, 256, 0, stream>>>(sel_idx, mask, rows, c.slots);
+    return cudaGetLastError();
+}
+
+template <int DK, int DV>
+static cudaError_t selDenseForward(const FastCtx &c, const FastFwdIo &io, const uint64_t *mask,
+                                   cudaStream_t stream) {
+    return fastLaunchForward<DK, DV, SelDensePolicy, false>(
+        c, io, SelDensePolicy{mask, c.S, c.G, c.sel_len}, stream);
+}
+
+template <int DK, int DV>
+static cudaError_t selDenseDq(const FastCtx &c, const FastBwdIo &io, const uint64_t *mask,
+                              cudaStream_t stream) {
+    return fastLaunchDq<DK, DV>(c, io, SelDensePolicy{mask, c.S, c.G, c.sel_len}, stream);
+}
+
+cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                const uint64_t *mask, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selDenseForward, c, io, mask, stream);
+}
+
+cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                           const uint64_t *mask, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selDenseDq, c, io, mask, stream);
+}
