@@ -164,15 +164,18 @@ constexpr int selBlockSmem() {
  * up to SELB_TILES row tiles of the tokens that chose j in this chunk:
  * partial o_k (bf16, normalised) and lse_k (ln, -inf: no visible key) per
  * (token, slot of j in the token's row, head). Keys u <= t only. WG: the
- * products on wgmma, a warpgroup per 64 rows (launched for d_v = 64 only;
- * at d_v = 128 its accumulators need more than the 128 registers of two
- * CTAs per SM - the compiler serialises the wgmma otherwise, C7512).
+ * products on wgmma, a warpgroup per 64 rows; at d_v = 128 the output is
+ * formed in two 64-column halves so that two CTAs per SM fit in registers
+ * (the whole 64 x 128 accumulator needed 164 registers, one CTA per SM, and
+ * measured slower than mma.sync: paper 64k 32.5 against 28.8 ms) - which
+ * needs one key sub-tile per block (l' <= 64; the host checks).
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
 template <int DK, int DV, bool WG>
-__global__ void __launch_bounds__(32 * SELB_WARPS, WG && DV > 64 ? 1 : 2)
+__global__ void __launch_bounds__(32 * SELB_WARPS, 2)
 selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
                   THREADS = 32 * SELB_WARPS;
+    constexpr bool HALVES = WG && DV > 64;
     bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
     int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
@@ -182,6 +185,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    if (HALVES && nsub > 1) __trap(); /* a launch the host must not make */
 
     auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
     auto issueQ = [&](int rt, int st) {
@@ -210,18 +214,8 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             tok[i] = k < tpt ? sTok[rt * tpt + k] : -1;
         }
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-        float o[DV / 8][4];
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-        for (int sub = 0; sub < nsub; sub++) {
-            if (nsub > 1) { /* blocks longer than 64 keys: one sub-tile at a time */
-                __syncthreads();
-                loadKV(sub);
-                fastCpCommit();
-                fastCpWait<0>();
-                fastTileBarrier<WG>();
-            }
-            float s[8][4];
+        /* s = the scores of key sub-tile sub, log2 domain, masked (-inf) */
+        auto scores = [&](float (&s)[8][4], int sub, float mx[2]) {
             if constexpr (WG) {
                 fastWgArrive();
                 fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, (warp >> 2) * 64, sK, 64, 0);
@@ -234,7 +228,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
             }
             const int u0 = u_lo + sub * 64;
-            float mx[2] = {-INFINITY, -INFINITY};
+            mx[0] = mx[1] = -INFINITY;
 #pragma unroll
             for (int n = 0; n < 8; n++) {
 #pragma unroll
@@ -245,35 +239,92 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
             }
-            fastSoftmaxStep<8, DV>(s, mx, m, l, o);
-            if constexpr (WG) {
-                uint32_t a[4][4];
-                fastWgAFromC<8>(a, s);
-                fastWgFenceAcc(o);
-                fastWgArrive();
-                fastWgIssuePZ<8, DV>(o, a, sV, 64, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(o);
-            } else {
-                fastMmaPZ<8, DV>(o, s, sV, LDV);
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
+        };
+        /* row half i's partial: its index into part_o / part_lse (false:
+         * a padding row), 1 / l, and lse_k written */
+        auto finishRow = [&](int i, size_t &idx, float &inv) {
             const float lsum = fastQuadSum(l[i]);
             const int r = i ? rB : rA, k = r / hpg;
             const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
-            if (tok[i] < 0 || slot < 0) continue;
+            if (tok[i] < 0 || slot < 0) return false;
             const size_t pair = (((size_t)b * CT + (tok[i] - t_base)) * c.G + g) * c.slots + slot;
-            const size_t idx = pair * hpg + r % hpg;
-            const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-            for (int n = 0; n < DV / 8; n++)
-                *(uint32_t *)(sb.part_o + idx * DV + n * 8 + quad * 2) =
-                    fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+            idx = pair * hpg + r % hpg;
+            inv = lsum > 0.f ? 1.f / lsum : 0.f;
             if (quad == 0)
                 sb.part_lse[idx] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+            return true;
+        };
+        if constexpr (HALVES) {
+            /* one key sub-tile (l' <= 64, checked by the host): P once, then
+             * o in two 64-column halves, each written as soon as it is done */
+            float s[8][4], mx[2], corr[2];
+            scores(s, 0, mx);
+            fastSoftmaxScores<8>(s, mx, m, l, corr);
+            uint32_t a[4][4];
+            fastWgAFromC<8>(a, s);
+            size_t idx[2];
+            float inv[2];
+            bool has[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) has[i] = finishRow(i, idx[i], inv[i]);
+#pragma unroll
+            for (int h = 0; h < DV / 64; h++) {
+                float oh[8][4];
+#pragma unroll
+                for (int n = 0; n < 8; n++) oh[n][0] = oh[n][1] = oh[n][2] = oh[n][3] = 0.f;
+                fastWgFenceAcc(oh);
+                fastWgArrive();
+                fastWgIssuePZ<8, 64>(oh, a, sV + h * 64 * 64, 64, 0);
+                fastWgCommit();
+                fastWgWait<0>();
+                fastWgFenceAcc(oh);
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    if (!has[i]) continue;
+#pragma unroll
+                    for (int n = 0; n < 8; n++)
+                        *(uint32_t *)(sb.part_o + idx[i] * DV + h * 64 + n * 8 + quad * 2) =
+                            fastPack(oh[n][2 * i] * inv[i], oh[n][2 * i + 1] * inv[i]);
+                }
+            }
+        } else {
+            float o[DV / 8][4];
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+            for (int sub = 0; sub < nsub; sub++) {
+                if (nsub > 1) { /* blocks longer than 64 keys: one sub-tile at a time */
+                    __syncthreads();
+                    loadKV(sub);
+                    fastCpCommit();
+                    fastCpWait<0>();
+                    fastTileBarrier<WG>();
+                }
+                float s[8][4], mx[2];
+                scores(s, sub, mx);
+                fastSoftmaxStep<8, DV>(s, mx, m, l, o);
+                if constexpr (WG) {
+                    uint32_t a[4][4];
+                    fastWgAFromC<8>(a, s);
+                    fastWgFenceAcc(o);
+                    fastWgArrive();
+                    fastWgIssuePZ<8, DV>(o, a, sV, 64, 0);
+                    fastWgCommit();
+                    fastWgWait<0>();
+                    fastWgFenceAcc(o);
+                } else {
+                    fastMmaPZ<8, DV>(o, s, sV, LDV);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                size_t idx;
+                float inv;
+                if (!finishRow(i, idx, inv)) continue;
+#pragma unroll
+                for (int n = 0; n < DV / 8; n++)
+                    *(uint32_t *)(sb.part_o + idx * DV + n * 8 + quad * 2) =
+                        fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+            }
         }
         __syncthreads(); /* stage st is refilled by the next iteration */
     }
@@ -500,10 +551,9 @@ template <int DK, int DV>
 static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
                                    const FastRevIndex &rev, const FastSelBlock &sb,
                                    cudaStream_t stream) {
-    /* wgmma only for d_v = 64: at d_v = 128 the one-CTA-per-SM wgmma kernel
-     * measured slower than mma.sync at two (H200, paper 64k: 32.5 against
-     * 28.8 ms) */
-    const bool wg = c.wgmma && DV <= 64;
+    /* the wgmma kernel forms a d_v = 128 output in halves, one key
+     * sub-tile per block only */
+    const bool wg = c.wgmma && (DV <= 64 || c.sel_len <= 64);
     auto kernel = wg ? selBlockFwdKernel<DK, DV, true> : selBlockFwdKernel<DK, DV, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
     cudaError_t e = fastSetSmem(kernel, smem);
