@@ -154,10 +154,10 @@ struct SelBlockItem {
  * item's tokens and slots. WG tiles are swizzled, 1024-byte aligned. */
 template <int DK, int DV, bool WG, bool DQ>
 constexpr int selBlockSmem() {
-    constexpr int P = WG ? 0 : 8;
-    return (64 * (DK + P) + 64 * (DV + P) + 2 * SELB_ROWS * (DK + P) +
-            (DQ ? 2 * SELB_ROWS * (DV + P) : 0)) * 2 +
-           (DQ ? 3 * 2 * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 + (WG ? 1024 : 0);
+    constexpr int P = WG ? 0 : 8, ST = DQ && WG && DK == 128 ? 1 : 2; /* SelBlockDqShape */
+    return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
+            (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
+           (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 + (WG ? 1024 : 0);
 }
 
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
@@ -376,23 +376,37 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
 
 /* dQ partials of one work item (see the file comment): per (token, slot
  * of j, head) the unscaled fp32 dq_k. Rows come two tiles deep: q and dout
- * by 16-byte async copies, lse, delta and gate by 4-byte ones.
+ * by 16-byte async copies, lse, delta and gate by 4-byte ones. WG: the
+ * products on wgmma; at d_k = 128 dq is formed in 64-column parts, each
+ * written when done, and the rows come one tile deep, so that registers
+ * (119) and shared memory (103 KB) leave two CTAs per SM - the other CTA
+ * hides the loads; this needs one key sub-tile per block (l' <= 64; the
+ * host checks). (d_k = 64 keeps one CTA of 182 registers: at 128 it spills;
+ * d_k = 192 keeps one CTA: two would need 242 KB.)
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
+template <int DK, bool WG>
+struct SelBlockDqShape {
+    static constexpr bool PARTS = WG && DK == 128;
+    static constexpr int STAGES = PARTS ? 1 : 2, CTAS = PARTS ? 2 : 1;
+};
 template <int DK, int DV, bool WG>
-__global__ void __launch_bounds__(32 * SELB_WARPS, 1)
+__global__ void __launch_bounds__(32 * SELB_WARPS, SelBlockDqShape<DK, WG>::CTAS)
 selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
                   THREADS = 32 * SELB_WARPS;
-    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
-    bf16 *sdO = sQ + 2 * R * LDK;                                             /* [2][R] */
-    float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R; /* [2][R] */
-    int *sTok = (int *)(sG + 2 * R), *sSlot = sTok + SELB_TILES * R;
+    constexpr int ST = SelBlockDqShape<DK, WG>::STAGES;
+    constexpr bool PARTS = SelBlockDqShape<DK, WG>::PARTS;
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [ST][R] */
+    bf16 *sdO = sQ + ST * R * LDK;                                            /* [ST][R] */
+    float *sL = (float *)(sdO + ST * R * LDV), *sD = sL + ST * R, *sG = sD + ST * R; /* [ST][R] */
+    int *sTok = (int *)(sG + ST * R), *sSlot = sTok + SELB_TILES * R;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it;
     if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
     const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    if (PARTS && nsub > 1) __trap(); /* a launch the host must not make */
 
     auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
     auto rowOf = [&](int rt, int r, size_t &row) { return it.row(c, sTok, b, g, rt, r, row); };
@@ -422,10 +436,12 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
 
     const int rA = warp * 16 + grp, rB = rA + 8;
     for (int rt = 0; rt < ntiles; rt++) {
-        const int st = rt & 1;
-        if (rt + 1 < ntiles) issueRows(rt + 1, st ^ 1);
+        const int st = ST == 1 ? 0 : rt & 1;
+        if (ST == 2 && rt + 1 < ntiles) issueRows(rt + 1, st ^ 1);
+        if (ST == 1 && rt > 0) issueRows(rt, 0); /* the stage was freed by the last barrier */
         fastCpCommit();
-        fastCpWait<1>();
+        if (ST == 2) fastCpWait<1>();
+        else fastCpWait<0>();
         fastTileBarrier<WG>(); /* rows of rt (and K/V) landed */
         int tok[2];
         float lse2[2], dsum[2], gate[2];
@@ -439,9 +455,18 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             dsum[i] = sD[st * R + r];
             gate[i] = sG[st * R + r];
         }
-        float dq[DK / 8][4];
+        /* the partial's destination of row half i (NULL: a padding row) */
+        auto partRow = [&](int i) -> float * {
+            const int r = i ? rB : rA, k = r / hpg;
+            const int t = k < tpt ? sTok[rt * tpt + k] : -1;
+            const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
+            if (t < 0 || slot < 0) return nullptr; /* rows that see nothing still write their zeros */
+            const size_t pair = (((size_t)b * CT + (t - t_base)) * c.G + g) * c.slots + slot;
+            return sb.part_dq + (pair * hpg + r % hpg) * DK;
+        };
+        float dq[PARTS ? 1 : DK / 8][4];
 #pragma unroll
-        for (int n = 0; n < DK / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
+        for (int n = 0; n < (PARTS ? 1 : DK / 8); n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
         for (int sub = 0; sub < nsub; sub++) {
             if (nsub > 1) { /* blocks longer than 64 keys: one sub-tile at a time */
                 __syncthreads();
@@ -479,7 +504,33 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                     s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
                 }
             }
-            if constexpr (WG) {
+            if constexpr (PARTS) {
+                /* one sub-tile (checked above): dS.K in 64-column parts of
+                 * K, each written as soon as it is done */
+                uint32_t a[4][4];
+                fastWgAFromC<8>(a, s);
+                float *dst[2] = {partRow(0), partRow(1)};
+#pragma unroll
+                for (int h = 0; h < DK / 64; h++) {
+                    float dqh[8][4];
+#pragma unroll
+                    for (int n = 0; n < 8; n++) dqh[n][0] = dqh[n][1] = dqh[n][2] = dqh[n][3] = 0.f;
+                    fastWgFenceAcc(dqh);
+                    fastWgArrive();
+                    fastWgIssuePZ<8, 64>(dqh, a, sK + h * 64 * 64, 64, 0);
+                    fastWgCommit();
+                    fastWgWait<0>();
+                    fastWgFenceAcc(dqh);
+#pragma unroll
+                    for (int i = 0; i < 2; i++) {
+                        if (!dst[i]) continue;
+#pragma unroll
+                        for (int n = 0; n < 8; n++)
+                            *(float2 *)(dst[i] + h * 64 + n * 8 + quad * 2) =
+                                make_float2(dqh[n][2 * i], dqh[n][2 * i + 1]);
+                    }
+                }
+            } else if constexpr (WG) {
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
                 fastWgFenceAcc(dq);
@@ -492,17 +543,15 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 fastMmaPZ<8, DK>(dq, s, sK, LDK);
             }
         }
+        if constexpr (!PARTS) {
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = i ? rB : rA, k = r / hpg;
-            const int t = k < tpt ? sTok[rt * tpt + k] : -1;
-            const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
-            if (t < 0 || slot < 0) continue; /* rows that see nothing still write their zeros */
-            const size_t pair = (((size_t)b * CT + (t - t_base)) * c.G + g) * c.slots + slot;
-            float *dst = sb.part_dq + (pair * hpg + r % hpg) * DK;
+            for (int i = 0; i < 2; i++) {
+                float *dst = partRow(i);
+                if (!dst) continue;
 #pragma unroll
-            for (int n = 0; n < DK / 8; n++)
-                *(float2 *)(dst + n * 8 + quad * 2) = make_float2(dq[n][2 * i], dq[n][2 * i + 1]);
+                for (int n = 0; n < DK / 8; n++)
+                    *(float2 *)(dst + n * 8 + quad * 2) = make_float2(dq[n][2 * i], dq[n][2 * i + 1]);
+            }
         }
         __syncthreads(); /* stage st is refilled by the next iteration */
     }
@@ -594,8 +643,11 @@ template <int DK, int DV>
 static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                               const FastRevIndex &rev, const FastSelBlock &sb,
                               cudaStream_t stream) {
-    auto kernel = c.wgmma ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
-    const int smem = c.wgmma ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
+    /* the wgmma kernel forms a d_k = 128 dq in parts, one key sub-tile per
+     * block only */
+    const bool wg = c.wgmma && (DK != 128 || c.sel_len <= 64);
+    auto kernel = wg ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
+    const int smem = wg ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
