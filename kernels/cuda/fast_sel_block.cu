@@ -217,11 +217,11 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         /* s = the scores of key sub-tile sub, log2 domain, masked (-inf) */
         auto scores = [&](float (&s)[8][4], int sub, float mx[2]) {
             if constexpr (WG) {
-                fastWgArrive();
-                fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, (warp >> 2) * 64, sK, 64, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(s);
+                fastWgRun(
+                    [&] {
+                        fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, (warp >> 2) * 64, sK, 64, 0);
+                    },
+                    s);
             } else {
 #pragma unroll
                 for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
@@ -267,17 +267,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             bool has[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) has[i] = finishRow(i, idx[i], inv[i]);
-#pragma unroll
-            for (int h = 0; h < DV / 64; h++) {
-                float oh[8][4];
-#pragma unroll
-                for (int n = 0; n < 8; n++) oh[n][0] = oh[n][1] = oh[n][2] = oh[n][3] = 0.f;
-                fastWgFenceAcc(oh);
-                fastWgArrive();
-                fastWgIssuePZ<8, 64>(oh, a, sV + h * 64 * 64, 64, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(oh);
+            fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
                     if (!has[i]) continue;
@@ -286,7 +276,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                         *(uint32_t *)(sb.part_o + idx[i] * DV + h * 64 + n * 8 + quad * 2) =
                             fastPack(oh[n][2 * i] * inv[i], oh[n][2 * i + 1] * inv[i]);
                 }
-            }
+            });
         } else {
             float o[DV / 8][4];
 #pragma unroll
@@ -305,12 +295,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 if constexpr (WG) {
                     uint32_t a[4][4];
                     fastWgAFromC<8>(a, s);
-                    fastWgFenceAcc(o);
-                    fastWgArrive();
-                    fastWgIssuePZ<8, DV>(o, a, sV, 64, 0);
-                    fastWgCommit();
-                    fastWgWait<0>();
-                    fastWgFenceAcc(o);
+                    fastWgRun([&] { fastWgIssuePZ<8, DV>(o, a, sV, 64, 0); }, o);
                 } else {
                     fastMmaPZ<8, DV>(o, s, sV, LDV);
                 }
@@ -478,13 +463,12 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             float s[8][4], dp[8][4];
             if constexpr (WG) {
                 const int wg_row0 = (warp >> 2) * 64;
-                fastWgArrive();
-                fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, wg_row0, sK, 64, 0);
-                fastWgIssueAZt<8, DV>(dp, sdO + st * R * LDV, R, wg_row0, sV, 64, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(s);
-                fastWgFenceAcc(dp);
+                fastWgRun(
+                    [&] {
+                        fastWgIssueAZt<8, DK>(s, sQ + st * R * LDK, R, wg_row0, sK, 64, 0);
+                        fastWgIssueAZt<8, DV>(dp, sdO + st * R * LDV, R, wg_row0, sV, 64, 0);
+                    },
+                    s, dp);
             } else {
 #pragma unroll
                 for (int n = 0; n < 8; n++)
@@ -510,17 +494,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
                 float *dst[2] = {partRow(0), partRow(1)};
-#pragma unroll
-                for (int h = 0; h < DK / 64; h++) {
-                    float dqh[8][4];
-#pragma unroll
-                    for (int n = 0; n < 8; n++) dqh[n][0] = dqh[n][1] = dqh[n][2] = dqh[n][3] = 0.f;
-                    fastWgFenceAcc(dqh);
-                    fastWgArrive();
-                    fastWgIssuePZ<8, 64>(dqh, a, sK + h * 64 * 64, 64, 0);
-                    fastWgCommit();
-                    fastWgWait<0>();
-                    fastWgFenceAcc(dqh);
+                fastWgPZParts<DK>(a, sK, [&](int h, const float (&dqh)[8][4]) {
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
                         if (!dst[i]) continue;
@@ -529,16 +503,11 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                             *(float2 *)(dst[i] + h * 64 + n * 8 + quad * 2) =
                                 make_float2(dqh[n][2 * i], dqh[n][2 * i + 1]);
                     }
-                }
+                });
             } else if constexpr (WG) {
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
-                fastWgFenceAcc(dq);
-                fastWgArrive();
-                fastWgIssuePZ<8, DK>(dq, a, sK, 64, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(dq);
+                fastWgRun([&] { fastWgIssuePZ<8, DK>(dq, a, sK, 64, 0); }, dq);
             } else {
                 fastMmaPZ<8, DK>(dq, s, sK, LDK);
             }

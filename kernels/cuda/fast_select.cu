@@ -190,11 +190,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         const bf16 *k_t = sK + st * 64 * LDK;
         float s[8][4];
         if constexpr (WG) {
-            fastWgArrive();
-            fastWgIssueAZt<8, DK>(s, sQ, SCORE_ROWS, (warp >> 2) * 64, k_t, 64, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(s);
+            fastWgRun(
+                [&] {
+                    fastWgIssueAZt<8, DK>(s, sQ, SCORE_ROWS, (warp >> 2) * 64, k_t, 64, 0);
+                },
+                s);
         } else {
             if (it == 0) {
 #pragma unroll

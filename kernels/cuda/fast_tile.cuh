@@ -259,11 +259,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
             fastCpCommit();
             fastCpWait<1>();
             fastTileBarrier<WG>();
-            fastWgArrive();
-            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(s);
+            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0); }, s);
             scoresToP(0); /* o is 0: no rescale */
             fastWgAFromC<NT>(a, s);
             for (int it = 1; it < ntiles; it++) {
@@ -287,12 +283,11 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
                 fastWgAFromC<NT>(a, s);
             }
             fastRescaleRows<DV>(o[0], corr);
-            fastWgFenceAcc(o[0]);
-            fastWgArrive();
-            fastWgIssuePZ<NT, DV>(o[0], a, sV + ((ntiles - 1) % 3) * KT * LDV, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(o[0]);
+            fastWgRun(
+                [&] {
+                    fastWgIssuePZ<NT, DV>(o[0], a, sV + ((ntiles - 1) % 3) * KT * LDV, KT, 0);
+                },
+                o[0]);
         }
     } else {
         for (int it = 0; it < ntiles; it++) {
@@ -485,13 +480,12 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
             fastCpCommit();
             fastCpWait<1>();
             fastTileBarrier<WG>();
-            fastWgArrive();
-            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
-            fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(s);
-            fastWgFenceAcc(dp);
+            fastWgRun(
+                [&] {
+                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
+                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
+                },
+                s, dp);
             dsTile(s, dp, 0, 0);
             fastWgAFromC<NT>(a, s);
             for (int it = 1; it < ntiles; it++) {
@@ -516,12 +510,11 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
                 fastWgFenceAcc(dq[0]);
                 fastWgAFromC<NT>(a, s);
             }
-            fastWgFenceAcc(dq[0]);
-            fastWgArrive();
-            fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(dq[0]);
+            fastWgRun(
+                [&] {
+                    fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
+                },
+                dq[0]);
         }
     } else {
         /* one tile at a time: mma.sync, or wgmma where the pipeline's
@@ -536,13 +529,12 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
             const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
             float s[MT][NT][4], dp[MT][NT][4];
             if constexpr (WG) {
-                fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
-                fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(s[0]);
-                fastWgFenceAcc(dp[0]);
+                fastWgRun(
+                    [&] {
+                        fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+                        fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
+                    },
+                    s[0], dp[0]);
             } else {
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++)
@@ -558,12 +550,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
             if constexpr (WG) {
                 uint32_t a[NT / 2][4];
                 fastWgAFromC<NT>(a, s[0]);
-                fastWgFenceAcc(dq[0]);
-                fastWgArrive();
-                fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0);
-                fastWgCommit();
-                fastWgWait<0>();
-                fastWgFenceAcc(dq[0]);
+                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0); }, dq[0]);
             } else {
                 fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
             }
@@ -711,13 +698,12 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         float s[NTH][4], dp[NTH][4];
         if constexpr (WG) {
             /* the stage's swizzled tiles of R rows; this pass is rows half * RH .. +RH-1 */
-            fastWgArrive();
-            fastWgIssueAZt<NTH, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * RH);
-            fastWgIssueAZt<NTH, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * RH);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(s);
-            fastWgFenceAcc(dp);
+            fastWgRun(
+                [&] {
+                    fastWgIssueAZt<NTH, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * RH);
+                    fastWgIssueAZt<NTH, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * RH);
+                },
+                s, dp);
         } else {
 #pragma unroll
             for (int n = 0; n < NTH; n++)
@@ -745,15 +731,12 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             uint32_t ap[NTH / 2][4], ads[NTH / 2][4];
             fastWgAFromC<NTH>(ap, s);
             fastWgAFromC<NTH>(ads, dp);
-            fastWgFenceAcc(dv);
-            fastWgFenceAcc(dk);
-            fastWgArrive();
-            fastWgIssuePZ<NTH, DV>(dv, ap, sdO + st * R * LDV, R, half * RH);
-            fastWgIssuePZ<NTH, DK>(dk, ads, sQ + st * R * LDK, R, half * RH);
-            fastWgCommit();
-            fastWgWait<0>();
-            fastWgFenceAcc(dv);
-            fastWgFenceAcc(dk);
+            fastWgRun(
+                [&] {
+                    fastWgIssuePZ<NTH, DV>(dv, ap, sdO + st * R * LDV, R, half * RH);
+                    fastWgIssuePZ<NTH, DK>(dk, ads, sQ + st * R * LDK, R, half * RH);
+                },
+                dv, dk);
         } else {
 #pragma unroll
             for (int ks = 0; ks < NTH / 2; ks++) {

@@ -105,6 +105,20 @@ __device__ __forceinline__ void fastWgFenceAcc(float (&d)[N][4]) {
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[n][e])::"memory");
 }
 
+/* Runs the products issue() enqueues as one group and waits for them:
+ * the accumulators accs are pinned before the arrive (they may hold values
+ * plain code wrote) and after the wait. For a loop that keeps products in
+ * flight, use the pieces (fastWgArrive ... fastWgWait) instead. */
+template <class Issue, class... Acc>
+__device__ __forceinline__ void fastWgRun(Issue issue, Acc &...accs) {
+    (fastWgFenceAcc(accs), ...);
+    fastWgArrive();
+    issue();
+    fastWgCommit();
+    fastWgWait<0>();
+    (fastWgFenceAcc(accs), ...);
+}
+
 #define FAST_WG_ACC4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
 #if FAST_HAVE_WGMMA
 /* d (+)= A . B, A and B from shared memory (K-major), m64n32k16 */
@@ -226,6 +240,23 @@ __device__ __forceinline__ void fastWgIssuePZ(float (&acc)[D / 8][4], const uint
                                               const bf16 *z, int z_rows, int z_row0) {
 #pragma unroll
     for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescMN(z, z_rows, z_row0 + 16 * ks), 1);
+}
+
+/* P . Z over a 64-row swizzled tile z of D columns, in 64-column parts: 32
+ * accumulator registers at a time instead of D / 2. Each part is handed to
+ * store(h, acc) (columns 64h .. 64h + 63, C-fragment layout) once done -
+ * for kernels that write their result straight out and must stay at two
+ * CTAs per SM. */
+template <int D, class Store>
+__device__ __forceinline__ void fastWgPZParts(const uint32_t (&a)[4][4], const bf16 *z, Store store) {
+#pragma unroll
+    for (int h = 0; h < D / 64; h++) {
+        float acc[8][4];
+#pragma unroll
+        for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+        fastWgRun([&] { fastWgIssuePZ<8, 64>(acc, a, z + h * 64 * 64, 64, 0); }, acc);
+        store(h, acc);
+    }
 }
 
 #endif

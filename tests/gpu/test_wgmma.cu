@@ -55,11 +55,7 @@ __global__ void scoresKernel(float *out, const bf16 *a, const bf16 *z, int a_row
     fastWgProxyFence();
     __syncthreads();
     float acc[NT][4];
-    fastWgArrive();
-    fastWgIssueAZt<NT, D>(acc, sA, A_ROWS, a_row0, sZ, Z_ROWS, z_row0);
-    fastWgCommit();
-    fastWgWait<0>();
-    fastWgFenceAcc(acc);
+    fastWgRun([&] { fastWgIssueAZt<NT, D>(acc, sA, A_ROWS, a_row0, sZ, Z_ROWS, z_row0); }, acc);
     storeAcc<NT>(out, acc);
 }
 
@@ -89,12 +85,7 @@ __global__ void pvKernel(float *out, const float *p, const bf16 *z, int z_row0) 
     for (int n = 0; n < D / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
     uint32_t af[NT / 2][4];
     fastWgAFromC<NT>(af, s);
-    fastWgFenceAcc(acc);
-    fastWgArrive();
-    fastWgIssuePZ<NT, D>(acc, af, sZ, Z_ROWS, z_row0);
-    fastWgCommit();
-    fastWgWait<0>();
-    fastWgFenceAcc(acc);
+    fastWgRun([&] { fastWgIssuePZ<NT, D>(acc, af, sZ, Z_ROWS, z_row0); }, acc);
     storeAcc<D / 8>(out, acc);
 }
 
