@@ -33,13 +33,14 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     build/bench/test_wgmma >"$out/test_wgmma.log" 2>&1 || status=1
     echo "test_wgmma: $(tail -1 "$out/test_wgmma.log")"
     # one process per case and design (the fp32 CPU reference is the slow
-    # part): auto picks the selected kernels by S, union / warp / block force
-    # one at every shape (NSA_FAST_SEL); each runs on the device's default
-    # tensor-core path (wgmma on sm_90), and auto once more on mma.sync
-    # (NSA_FAST_MMA=sync; kernels/cuda/fast_attn.cu)
+    # part): auto picks the selected kernels by S, union / warp / block /
+    # dense force one at every shape (dense where it applies; NSA_FAST_SEL);
+    # each runs on the device's default tensor-core path (wgmma on sm_90),
+    # and auto once more on mma.sync (NSA_FAST_MMA=sync;
+    # kernels/cuda/fast_attn.cu)
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    designs="auto union warp block auto/sync"
+    designs="auto union warp block dense auto/sync"
     for design in $designs; do
         sel=${design%/*}
         mma=auto
