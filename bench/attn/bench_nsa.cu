@@ -220,6 +220,13 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
     double t_cmp = phases({"fwd.pool", "fwd.cmp", "bwd.cmp."});
     double t_sel = phases({"fwd.sel", "bwd.sel."});
     double t_win = phases({"fwd.win+gate", "bwd.win.", "bwd.gate"});
+    /* the window and compressed dQ run as one pass: its time is shared out
+     * by the two branches' FLOPs (their dQ is the same share of each) */
+    const double t_wc = phases({"bwd.win+cmp.dq"});
+    if (f.cmp + f.win > 0) {
+        t_cmp += t_wc * f.cmp / (f.cmp + f.win);
+        t_win += t_wc * f.win / (f.cmp + f.win);
+    }
     double t_score = phases({"fwd.select"});
     double useful = 3.5 * (f.cmp + f.sel + f.win);
     printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"B\": %d, \"fwd_ms\": %.4f, "

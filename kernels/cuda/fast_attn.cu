@@ -637,14 +637,15 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.dq_acc = p->dq_acc;
     io.dq_out = (bf16 *)grads->dq;
 
-    io.k = (const bf16 *)in->k_win;
-    io.v = (const bf16 *)in->v_win;
-    io.nkeys = c.S;
-    io.lse = p->lse[2];
-    io.branch = 2;
-    io.dq_mode = 0;
-    FAST_CHECK(fastWinBackward(c, dk, dv, io, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win, stream,
-                               marks),
+    FastBwdIo win = io;
+    win.k = (const bf16 *)in->k_win;
+    win.v = (const bf16 *)in->v_win;
+    win.nkeys = c.S;
+    win.lse = p->lse[2];
+    win.branch = 2;
+    win.dq_mode = 0;
+    FAST_CHECK(fastWinBackward(c, dk, dv, win, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win,
+                               stream, marks),
                "window backward");
 
     io.k = p->kc;
@@ -652,7 +653,6 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.nkeys = c.Nc;
     io.lse = p->lse[0];
     io.branch = 0;
-    io.dq_mode = 1;
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
     if (per_part > 0 && (size_t)parts * per_part > p->cmp_part_capacity)
@@ -661,6 +661,10 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, parts, p->cmp_part_k, p->cmp_part_v,
                                (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
+    /* dq = window + compressed terms in one pass (written, mode 0); the
+     * selected branch adds its own and writes the bf16 result */
+    FAST_MARK("bwd.win+cmp.dq");
+    FAST_CHECK(fastWinCmpDq(c, dk, dv, win, io, stream), "window and compressed dq");
     FAST_MARK("bwd.sel.index");
 
     const FastRevIndex rev = fastCallRev(p, dims, c);

@@ -11,18 +11,6 @@
  * no atomics, reproducible. */
 #include "fast_internal.cuh"
 
-struct CmpPolicy : FastNoRowMask {
-    int cmp_len, cmp_stride, Nc;
-    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
-        kb = 0;
-        ke = t_last < cmp_len - 1 ? 0 : min(Nc, (t_last - cmp_len + 1) / cmp_stride + 1);
-    }
-    __device__ bool visible(int t, int i) const { return i * cmp_stride + cmp_len - 1 <= t; }
-    __device__ bool allVisible(int t_first, int t_last, int i_first, int i_last) const {
-        return i_last * cmp_stride + cmp_len - 1 <= t_first;
-    }
-};
-
 /* pooled[b][i][g][c] = (1/l) sum_{j<l} x[b][i*d+j][g][c], fp32 sum. */
 __global__ void cmpPoolKernel(bf16 *pooled, const bf16 *x, int B, int S, int G, int dim, int l,
                               int d, int Nc) {
@@ -118,8 +106,7 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 template <int DK, int DV>
 static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchForward<DK, DV, CmpPolicy, false>(c, io, CmpPolicy{{}, c.cmp_len, c.cmp_stride, c.Nc},
-                                                       stream);
+    return fastLaunchForward<DK, DV, CmpPolicy, false>(c, io, fastCmpPolicy(c), stream);
 }
 
 template <int DK, int DV>
@@ -142,13 +129,7 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         dk_out, part_k, parts, c.B, c.S, c.G, DK, c.cmp_len, c.cmp_stride, c.Nc);
     cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nv + 255) / 256), 256, 0, stream>>>(
         dv_out, part_v, parts, c.B, c.S, c.G, DV, c.cmp_len, c.cmp_stride, c.Nc);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if (c.Nc == 0) {
-        /* nothing is visible anywhere: dq gets no compressed term */
-        if (io.dq_mode == 1) return cudaSuccess;
-    }
-    if ((e = fastMark(marks, "bwd.cmp.dq")) != cudaSuccess) return e;
-    return fastLaunchDq<DK, DV>(c, io, CmpPolicy{{}, c.cmp_len, c.cmp_stride, c.Nc}, stream);
+    return cudaGetLastError();
 }
 
 cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

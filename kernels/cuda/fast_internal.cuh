@@ -5,7 +5,7 @@
 #ifndef NSA_FAST_INTERNAL_CUH
 #define NSA_FAST_INTERNAL_CUH
 
-#include "fast_tile.cuh"
+#include "fast_policy.cuh"
 
 /* The (d_k, d_v) pairs that are instantiated; every other pair is refused
  * by the op's dims check before any launch. */
@@ -43,9 +43,14 @@ static inline cudaError_t fastMark(const FastMarks *m, const char *name) {
 /* fast_win.cu: o_win, lse_win and (fused) out. */
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            cudaStream_t stream);
-/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode. */
+/* dk_out, dv_out overwritten (bf16). */
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
+/* dq of the window and compressed branches in one pass (win: rows, window
+ * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
+ * = Nc, lse_cmp). */
+cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
+                         const FastBwdIo &cmp, cudaStream_t stream);
 
 /* fast_cmp.cu */
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
@@ -55,8 +60,8 @@ cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
                            cudaStream_t stream);
 /* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
  * [parts][B][Nc][G][dk], part_v likewise), then the pooling backward sums
- * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]); dq per
- * io.dq_mode. */
+ * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]); its dq
+ * comes with the window's (fastWinCmpDq). */
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
                             cudaStream_t stream, const FastMarks *marks);

@@ -77,7 +77,8 @@ static cudaError_t selDenseForward(const FastCtx &c, const FastFwdIo &io, const 
 template <int DK, int DV>
 static cudaError_t selDenseDq(const FastCtx &c, const FastBwdIo &io, const uint64_t *mask,
                               cudaStream_t stream) {
-    return fastLaunchDq<DK, DV>(c, io, SelDensePolicy{mask, c.S, c.G, c.sel_len}, stream);
+    return fastLaunchDq<DK, DV>(c, io, stream,
+                                fastDqBranch(io, SelDensePolicy{mask, c.S, c.G, c.sel_len}));
 }
 
 cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

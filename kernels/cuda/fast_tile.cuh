@@ -14,6 +14,7 @@
 #ifndef NSA_FAST_TILE_CUH
 #define NSA_FAST_TILE_CUH
 
+#include <type_traits>
 #include "fast_attn.h"
 #include "fast_common.cuh"
 #include "fast_wgmma.cuh"
@@ -377,14 +378,25 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
 /* dQ of one tile of FAST_QTILE_ROWS query rows, recomputing P from the
  * saved lse:
  *   dP = dO_c.V^T with dO_c = g_c dout;  dS = P (dP - delta_c), delta_c = g_c dout.o_c;
- *   dq = scale dS.K, summed into the running dq of the branches (io.dq_mode). */
+ *   dq = scale dS.K, summed into the running dq of the branches (io.dq_mode).
+ * io gives the rows (q, dout) and where dq goes; each of the branches (a
+ * FastDqBranch: keys, lse, policy) runs its tile loop in turn on the same
+ * q / dout tiles and dq registers - the window and compressed branches
+ * share one pass this way (one load of the rows and one dq round trip
+ * less). */
 /* CTAs per SM the registers are sized for: two m-tiles (DK = 128) need
  * 255 registers, 2 CTAs of 4 warps; DK = 64 fits 2 CTAs of 8 warps in
  * 128 (measured: proto dQ 3.0 ms so, 4.2 ms at 208 registers and one
  * CTA); DK = 192 needs 1 CTA of 8 warps at up to 255. */
-template <int DK, int DV, class Policy, bool WG>
+template <class Policy>
+struct FastDqBranch {
+    using Row = typename Policy::Row;
+    FastBwdIo io; /* the branch's k, v, nkeys, lse and index into dsum / gates */
+    Policy pol;
+};
+template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
-fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
+fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
@@ -406,157 +418,167 @@ fastDqKernel(FastCtx c, FastBwdIo io, Policy pol) {
     fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
-    int kb, ke;
-    pol.keyRange(t0, t_last, kb, ke);
-    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
-    auto loadKV = [&](int it, int st) {
-        const int u0 = kb + it * KT;
-        fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
-        });
-        fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
-        });
-    };
-    if (ntiles > 0) loadKV(0, 0);
-    fastCpCommit();
-
     const int row0 = warp * 16 * MT, wg_row0 = (warp >> 2) * 64;
-    int tok[MT][2];
-    float lse2[MT][2], dsum[MT][2], gate[MT][2];
-    typename Policy::Row rows[MT][2];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int r = row0 + 16 * mt + grp + 8 * i;
-            tok[mt][i] = rowToken(r);
-            rows[mt][i] = pol.rowState(b, g, tok[mt][i]);
-            lse2[mt][i] = dsum[mt][i] = gate[mt][i] = 0.f;
-            if (tok[mt][i] >= 0) {
-                size_t row = rowIndex(r);
-                float lse = io.lse[row];
-                if (lse == -INFINITY) tok[mt][i] = -1; /* sees nothing: no gradient */
-                else lse2[mt][i] = lse * FAST_LOG2E;
-                dsum[mt][i] = io.dsum[row * 3 + io.branch];
-                gate[mt][i] = __bfloat162float(io.gates[row * 3 + io.branch]);
-            }
-        }
-    }
     float dq[MT][DK / 8][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int n = 0; n < DK / 8; n++) dq[mt][n][0] = dq[mt][n][1] = dq[mt][n][2] = dq[mt][n][3] = 0.f;
+    /* one branch's keys: the tile loop over its key range, dq accumulating
+     * over the branches in their order */
+    auto runBranch = [&](const auto &branch) {
+        const FastBwdIo &bio = branch.io;
+        const auto &pol = branch.pol;
+        using Row = typename std::decay_t<decltype(branch)>::Row;
+        __syncthreads(); /* the last branch's stages are free */
+        int kb, ke;
+        pol.keyRange(t0, t_last, kb, ke);
+        const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+        auto loadKV = [&](int it, int st) {
+            const int u0 = kb + it * KT;
+            fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
+                int u = u0 + r;
+                return u < ke ? bio.k + (((size_t)b * bio.nkeys + u) * c.G + g) * DK : nullptr;
+            });
+            fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
+                int u = u0 + r;
+                return u < ke ? bio.v + (((size_t)b * bio.nkeys + u) * c.G + g) * DV : nullptr;
+            });
+        };
+        if (ntiles > 0) loadKV(0, 0);
+        fastCpCommit();
 
-    /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta) */
-    auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
-        const int u0 = kb + it * KT;
-        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
-        const bool sees[2] = {pol.rowSees(rows[mt][0], u0), pol.rowSees(rows[mt][1], u0)};
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int u = u0 + n * 8 + quad * 2 + (e & 1);
-                int i = e >> 1, t = tok[mt][i];
-                /* a row that sees nothing (t < 0) stays masked even in a full tile */
-                bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u))) && sees[i];
-                float p = ok ? exp2f(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
-                si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
+        int tok[MT][2];
+        float lse2[MT][2], dsum[MT][2], gate[MT][2];
+        Row rows[MT][2];
+    #pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+    #pragma unroll
+            for (int i = 0; i < 2; i++) {
+                int r = row0 + 16 * mt + grp + 8 * i;
+                tok[mt][i] = rowToken(r);
+                rows[mt][i] = pol.rowState(b, g, tok[mt][i]);
+                lse2[mt][i] = dsum[mt][i] = gate[mt][i] = 0.f;
+                if (tok[mt][i] >= 0) {
+                    size_t row = rowIndex(r);
+                    float lse = bio.lse[row];
+                    if (lse == -INFINITY) tok[mt][i] = -1; /* sees nothing: no gradient */
+                    else lse2[mt][i] = lse * FAST_LOG2E;
+                    dsum[mt][i] = bio.dsum[row * 3 + bio.branch];
+                    gate[mt][i] = __bfloat162float(bio.gates[row * 3 + bio.branch]);
+                }
             }
         }
-    };
-    if constexpr (Q::DQ_PIPE) {
-        /* Software pipeline as in fastFwdKernel: tile it issues its scores
-         * and dP, then dS.K of tile it-1, and computes its dS while that
-         * runs. */
-        if (ntiles > 0) {
-            float s[NT][4], dp[NT][4];
-            uint32_t a[NT / 2][4];
-            if (ntiles > 1) loadKV(1, 1);
-            fastCpCommit();
-            fastCpWait<1>();
-            fastTileBarrier<WG>();
-            fastWgRun(
-                [&] {
-                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
-                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
-                },
-                s, dp);
-            dsTile(s, dp, 0, 0);
-            fastWgAFromC<NT>(a, s);
-            for (int it = 1; it < ntiles; it++) {
-                fastCpWait<0>(); /* tile it landed; every warp is past dS.K of it-2 */
-                fastTileBarrier<WG>();
-                if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
+
+        /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta) */
+        auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
+            const int u0 = kb + it * KT;
+            const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+            const bool sees[2] = {pol.rowSees(rows[mt][0], u0), pol.rowSees(rows[mt][1], u0)};
+    #pragma unroll
+            for (int n = 0; n < NT; n++) {
+    #pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int u = u0 + n * 8 + quad * 2 + (e & 1);
+                    int i = e >> 1, t = tok[mt][i];
+                    /* a row that sees nothing (t < 0) stays masked even in a full tile */
+                    bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u))) && sees[i];
+                    float p = ok ? exp2f(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
+                    si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
+                }
+            }
+        };
+        if constexpr (Q::DQ_PIPE) {
+            /* Software pipeline as in fastFwdKernel: tile it issues its scores
+             * and dP, then dS.K of tile it-1, and computes its dS while that
+             * runs. */
+            if (ntiles > 0) {
+                float s[NT][4], dp[NT][4];
+                uint32_t a[NT / 2][4];
+                if (ntiles > 1) loadKV(1, 1);
                 fastCpCommit();
-                const int st = it % 3;
-                fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + st * KT * LDK, KT, 0);
-                fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV + st * KT * LDV, KT, 0);
-                fastWgCommit();
-                fastWgFenceAcc(dq[0]);
-                fastWgArrive();
-                fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((it - 1) % 3) * KT * LDK, KT, 0);
-                fastWgCommit();
-                fastWgWait<1>(); /* scores and dP of tile it */
-                fastWgFenceAcc(s);
-                fastWgFenceAcc(dp);
-                dsTile(s, dp, 0, it);
-                fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
-                fastWgFenceAcc(dq[0]);
-                fastWgAFromC<NT>(a, s);
-            }
-            fastWgRun(
-                [&] {
-                    fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
-                },
-                dq[0]);
-        }
-    } else {
-        /* one tile at a time: mma.sync, or wgmma where the pipeline's
-         * registers would cost the second CTA per SM (d_k = 64: proto dQ
-         * 2.4 ms this way against 3.2 pipelined at one CTA, H200) */
-        for (int it = 0; it < ntiles; it++) {
-            const int st = it & 1;
-            if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
-            fastCpCommit();
-            fastCpWait<1>();
-            fastTileBarrier<WG>();
-            const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-            float s[MT][NT][4], dp[MT][NT][4];
-            if constexpr (WG) {
+                fastCpWait<1>();
+                fastTileBarrier<WG>();
                 fastWgRun(
                     [&] {
-                        fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
-                        fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
+                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
+                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
                     },
-                    s[0], dp[0]);
-            } else {
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
-                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-                fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+                    s, dp);
+                dsTile(s, dp, 0, 0);
+                fastWgAFromC<NT>(a, s);
+                for (int it = 1; it < ntiles; it++) {
+                    fastCpWait<0>(); /* tile it landed; every warp is past dS.K of it-2 */
+                    fastTileBarrier<WG>();
+                    if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
+                    fastCpCommit();
+                    const int st = it % 3;
+                    fastWgArrive();
+                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + st * KT * LDK, KT, 0);
+                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV + st * KT * LDV, KT, 0);
+                    fastWgCommit();
+                    fastWgFenceAcc(dq[0]);
+                    fastWgArrive();
+                    fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((it - 1) % 3) * KT * LDK, KT, 0);
+                    fastWgCommit();
+                    fastWgWait<1>(); /* scores and dP of tile it */
+                    fastWgFenceAcc(s);
+                    fastWgFenceAcc(dp);
+                    dsTile(s, dp, 0, it);
+                    fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
+                    fastWgFenceAcc(dq[0]);
+                    fastWgAFromC<NT>(a, s);
+                }
+                fastWgRun(
+                    [&] {
+                        fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
+                    },
+                    dq[0]);
             }
-#pragma unroll
-            for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
-            if constexpr (WG) {
-                uint32_t a[NT / 2][4];
-                fastWgAFromC<NT>(a, s[0]);
-                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0); }, dq[0]);
-            } else {
-                fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+        } else {
+            /* one tile at a time: mma.sync, or wgmma where the pipeline's
+             * registers would cost the second CTA per SM (d_k = 64: proto dQ
+             * 2.4 ms this way against 3.2 pipelined at one CTA, H200) */
+            for (int it = 0; it < ntiles; it++) {
+                const int st = it & 1;
+                if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+                fastCpCommit();
+                fastCpWait<1>();
+                fastTileBarrier<WG>();
+                const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+                float s[MT][NT][4], dp[MT][NT][4];
+                if constexpr (WG) {
+                    fastWgRun(
+                        [&] {
+                            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
+                            fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
+                        },
+                        s[0], dp[0]);
+                } else {
+    #pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+    #pragma unroll
+                        for (int n = 0; n < NT; n++)
+    #pragma unroll
+                            for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+                    fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+                    fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+                }
+    #pragma unroll
+                for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
+                if constexpr (WG) {
+                    uint32_t a[NT / 2][4];
+                    fastWgAFromC<NT>(a, s[0]);
+                    fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0); }, dq[0]);
+                } else {
+                    fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+                }
+                __syncthreads();
             }
-            __syncthreads();
         }
-    }
+        fastCpWait<0>();
+    };
+    (runBranch(br), ...);
     fastCpWait<0>();
 
 #pragma unroll
@@ -809,14 +831,19 @@ static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &i
     return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, FastQTile<DV>::THREADS,
                             fastFwdSmem<DK, DV>(), c, stream, io, pol);
 }
-template <int DK, int DV, class Policy>
-static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, Policy pol,
-                                       cudaStream_t stream) {
+template <int DK, int DV, class... Branches>
+static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cudaStream_t stream,
+                                       Branches... br) {
     if (c.wgmma)
-        return fastLaunchQTiles(fastDqKernel<DK, DV, Policy, true>, FastQTile<DK, true>::THREADS,
-                                fastDqSmem<DK, DV, true>(), c, stream, io, pol);
-    return fastLaunchQTiles(fastDqKernel<DK, DV, Policy, false>, FastQTile<DK>::THREADS,
-                            fastDqSmem<DK, DV>(), c, stream, io, pol);
+        return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>,
+                                FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(), c, stream,
+                                io, br...);
+    return fastLaunchQTiles(fastDqKernel<DK, DV, false, Branches...>, FastQTile<DK>::THREADS,
+                            fastDqSmem<DK, DV>(), c, stream, io, br...);
+}
+template <class Policy>
+static inline FastDqBranch<Policy> fastDqBranch(const FastBwdIo &io, Policy pol) {
+    return FastDqBranch<Policy>{io, pol};
 }
 
 #endif

@@ -6,21 +6,9 @@
  * last branch of the forward, fuses the gate combine into its epilogue:
  * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory.
  * Backward: dK/dV per key tile of 64 over the query rows [u0, u1+w-1]
- * (deterministic, written once), dQ per query tile (fast_tile.cuh). */
+ * (deterministic, written once), and one dQ pass per query tile for this
+ * branch and the compressed one together (fastWinCmpDq). */
 #include "fast_internal.cuh"
-
-struct WinPolicy : FastNoRowMask {
-    int window;
-    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
-        kb = max(0, t0 - window + 1);
-        ke = t_last + 1;
-    }
-    __device__ bool visible(int t, int u) const { return u <= t && u > t - window; }
-    /* keys [u_first, u_last] seen by every token of [t_first, t_last] */
-    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
-        return u_last <= t_first && u_first > t_last - window;
-    }
-};
 
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FAST_THREADS)
@@ -54,7 +42,7 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
 
 template <int DK, int DV>
 static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
-    return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, WinPolicy{{}, c.window}, stream);
+    return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, fastWinPolicy(c), stream);
 }
 
 template <int DK, int DV>
@@ -66,9 +54,14 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
     if (e != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
     dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if ((e = fastMark(marks, "bwd.win.dq")) != cudaSuccess) return e;
-    return fastLaunchDq<DK, DV>(c, io, WinPolicy{{}, c.window}, stream);
+    return cudaGetLastError();
+}
+
+template <int DK, int DV>
+static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo &cmp,
+                            cudaStream_t stream) {
+    return fastLaunchDq<DK, DV>(c, win, stream, fastDqBranch(win, fastWinPolicy(c)),
+                                fastDqBranch(cmp, fastCmpPolicy(c)));
 }
 
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
@@ -79,4 +72,9 @@ cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
     FAST_DISPATCH(dk, dv, winBackward, c, io, dk_out, dv_out, stream, marks);
+}
+
+cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
+                         const FastBwdIo &cmp, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, stream);
 }
