@@ -5,7 +5,8 @@
  * of each branch, sel_idx. The backward folds the gate into each branch:
  * with D_c = dout.o_c (= dgates_c), dO_c = g_c dout and delta_c = g_c D_c,
  * so no per-branch dO is ever written. dq of the three branches is summed
- * in fp32 in a fixed order (window, compressed, selected) without atomics. */
+ * in fp32 in a fixed order (window, then compressed in the same pass, then
+ * selected) without atomics. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
