@@ -71,8 +71,9 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
  * (fast_sel.cu). sel_mode 1/2/3/4 forces union / warp / block / dense
  * (NSA_FAST_SEL; dense only where it applies - l' a multiple of 64, at
  * most 64 blocks - and auto elsewhere); 0 picks what measured fastest on
- * an H200 (docs/PERF.md, "selected-branch designs on wgmma"), ms of the
- * phase at the paper / proto shape, B x S = 64K:
+ * an H200 (docs/PERF.md, the sweeps of the sections "the tile loops on
+ * wgmma", "masked dense selected branch" and "block-centric dQ at d_k =
+ * 128 in parts"), ms of the phase at the paper / proto shape, B x S = 64K:
  *  - on wgmma, masked dense where it applies up to FAST_SEL_DENSE_MAX_S;
  *    past it the forward is block-centric where d_v = 64 (proto 2k: 2.9
  *    against union 4.2) or S >= 4096 (paper 4k: 25.6 against union 26.4;
