@@ -76,8 +76,9 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
  * 128 in parts"), ms of the phase at the paper / proto shape, B x S = 64K:
  *  - on wgmma, masked dense where it applies up to FAST_SEL_DENSE_MAX_S
  *    (paper 2k: forward 7.5 against union 17.0, dQ 12.8 against block
- *    26.3; 4k: 13.8 against block 25.4, 21.1 against 30.4; at 8k its
- *    dense-causal work would exceed the block-centric kernels' time);
+ *    26.3; 4k: 13.8 against block 25.4, 21.1 against 30.4; past 64
+ *    blocks the mask word is full, and at 8k its dense-causal work would
+ *    be about 4x the chosen pairs' - an estimate, not measured);
  *    past it the forward is block-centric where d_v = 64 (proto 2k: 2.9
  *    against union 4.2) or S >= 4096 (paper 4k: 25.6 against union 26.4;
  *    at 2k union wins, 17.0 against 21.8); the dQ is block-centric where
