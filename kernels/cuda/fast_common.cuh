@@ -140,6 +140,18 @@ __device__ __forceinline__ void fastAFromC(uint32_t a[4], const float c0[4], con
     a[3] = fastPack(c1[2], c1[3]);
 }
 
+/* 2^x as one SFU instruction (ex2.approx.ftz: relative error about 2^-22;
+ * results below 2^-126 flush to 0, which a bf16 softmax term is anyway).
+ * fastExp2() without fast-math wraps MUFU.EX2 in a range test and two
+ * predicated multiplies: four instructions per score instead of one, in
+ * loops whose non-tensor instructions are what the tensor cores wait on.
+ * exp2(-inf) = 0, as the masked scores need. */
+__device__ __forceinline__ float fastExp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ float fastQuadMax(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
     return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
@@ -165,7 +177,7 @@ __device__ __forceinline__ void fastSoftmaxScores(float (&s)[NT][4], const float
     for (int i = 0; i < 2; i++) {
         float mn = fmaxf(m[i], fastQuadMax(mx[i]));
         muse[i] = mn == -INFINITY ? 0.f : mn;
-        corr[i] = exp2f(m[i] - muse[i]);
+        corr[i] = fastExp2(m[i] - muse[i]);
         m[i] = mn;
         l[i] *= corr[i];
     }
@@ -173,7 +185,7 @@ __device__ __forceinline__ void fastSoftmaxScores(float (&s)[NT][4], const float
     for (int n = 0; n < NT; n++) {
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-            float p = exp2f(s[n][e] - muse[e >> 1]);
+            float p = fastExp2(s[n][e] - muse[e >> 1]);
             s[n][e] = p;
             l[e >> 1] += p;
         }

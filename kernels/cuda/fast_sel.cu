@@ -261,7 +261,7 @@ selDqKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx) {
             for (int e = 0; e < 4; e++) {
                 int i = e >> 1;
                 bool vis = selVisible(tok_cur, n * 8 + quad * 2 + (e & 1), w.t);
-                float p = live[i] && vis ? exp2f(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
+                float p = live[i] && vis ? fastExp2(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
                 s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
             }
         }

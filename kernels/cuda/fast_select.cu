@@ -19,22 +19,58 @@
 #include <limits.h>
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
+#define SEL_FOLD_TAPS 8 /* compressed blocks per selection block folded from registers */
+
+/* Whether the heads of a group are summed in registers: 16 heads are one
+ * warp's 16 rows, i.e. one token per warp. Otherwise P goes through a
+ * shared fp32 tile. */
+static __host__ __device__ bool selHeadsInWarp(int hpg) { return hpg == 16; }
+
+/* Per token of a CTA: its selection constants and its running top-K. */
+struct SelTokenState {
+    int cur, n_forced, n_complete, K; /* see SelToken */
+    float worst_s;                    /* the worst kept key (score, block) */
+    int worst_j;
+};
 
 /* Shared memory of one CTA of `warps` warps (16 query rows each): Q, two
- * key stages, the P tile, P summed over the heads of each token, and per
- * token its score ring and top-K. */
+ * key stages, the P tile (unless the heads sum in registers), P summed
+ * over the heads of each token, and per token its score ring, top-K and
+ * state. */
 static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
     const int rows = 16 * warps, tpc = rows / c.hpg;
-    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
-           tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 + (wg ? 1024 : 0);
+    const int p_rows = selHeadsInWarp(c.hpg) ? 0 : rows;
+    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + p_rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
+           tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 +
+           tpc * (int)sizeof(SelTokenState) + (wg ? 1024 : 0);
 }
 
+/* floor(n / d) for 0 <= n < 2^31 by a multiply and a shift (Granlund and
+ * Montgomery: m = ceil(2^(31 + s) / d), s = ceil(log2 d), is exact over that
+ * range) - the per-tile block bounds would otherwise be ~25-instruction
+ * integer divisions by runtime block sizes. */
+struct SelDivider {
+    unsigned long long m;
+    int shift;
+    __device__ explicit SelDivider(int d) {
+        int s = 0;
+        while ((1 << s) < d) s++;
+        shift = 31 + s;
+        m = ((1ull << shift) + (unsigned long long)d - 1) / (unsigned long long)d;
+    }
+    __device__ __forceinline__ int operator()(int n) const {
+        return (int)(((unsigned long long)(unsigned)n * m) >> shift);
+    }
+};
+
 /* The first and last compressed block overlapping selection block j. */
-__device__ __forceinline__ int selFirstCmp(int j, int l_sel, int l, int d) {
+__device__ __forceinline__ int selFirstCmp(int j, int l_sel, int l, const SelDivider &div_d) {
     int lo = j * l_sel - l; /* i*d > j*l' - l */
-    return lo < 0 ? 0 : lo / d + 1;
+    return lo < 0 ? 0 : div_d(lo) + 1;
 }
-__device__ __forceinline__ int selLastCmp(int j, int l_sel, int d) { return ((j + 1) * l_sel - 1) / d; }
+__device__ __forceinline__ int selLastCmp(int j, int l_sel, const SelDivider &div_d) {
+    return div_d((j + 1) * l_sel - 1);
+}
 
 /* Key order of the top-K: higher score first, then the lower block index
  * (the reference's tie rule). Every key in a merge is distinct: real blocks
@@ -59,21 +95,19 @@ __device__ __forceinline__ void selWorst(float os, int oj, int K, float &ws, int
 }
 
 /* Merges one candidate per lane (valid or not) into a token's top-K kept in
- * topS/topJ[0..K) (K <= 31), warp-wide: each candidate that beats the worst
- * kept key replaces it. The kept set is the K best keys seen, whatever the
- * order of the offers. After the first few tiles a candidate rarely gets
- * in, so the common case is one reduction and one ballot. */
+ * topS/topJ[0..K) (K <= 31), warp-wide, given the worst kept key (ws, wj),
+ * which it updates: each candidate that beats the worst kept key replaces
+ * it. The kept set is the K best keys seen, whatever the order of the
+ * offers. After the first few tiles a candidate rarely gets in, so the
+ * common case is one compare and one ballot. */
 __device__ __forceinline__ void selTopkMerge(float *topS, int *topJ, int K, float cs, int cj,
-                                             bool valid) {
+                                             bool valid, float &ws, int &wj) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
-    float os = lane < K ? topS[lane] : 0.f;
-    int oj = lane < K ? topJ[lane] : 0;
-    float ws;
-    int wj;
-    selWorst(os, oj, K, ws, wj);
     unsigned in = __ballot_sync(full, valid && selBetter(cs, cj, ws, wj));
     if (!in) return;
+    float os = lane < K ? topS[lane] : 0.f;
+    int oj = lane < K ? topJ[lane] : 0;
     while (in) {
         const int src = __ffs(in) - 1;
         in &= in - 1;
@@ -97,10 +131,45 @@ struct SelToken {
         n_complete = (t + 1) / l_sel;
         K = max(0, n_sel - n_forced);
     }
-    __device__ bool eligible(int j) const {
-        return j < n_complete && j != 0 && j != cur && j != cur - 1;
-    }
 };
+__device__ __forceinline__ bool selEligible(const SelTokenState &ts, int j) {
+    return j < ts.n_complete && j != 0 && j != ts.cur && j != ts.cur - 1;
+}
+
+/* One exchange of a reduce-scatter: v[0 .. 2 HALF) with the lane `mask`
+ * away; this lane keeps (and sums into v[0 .. HALF)) the upper half if
+ * `upper`, the lower half otherwise. */
+template <int HALF>
+__device__ __forceinline__ void selHalve(float (&v)[16], bool upper, int mask) {
+#pragma unroll
+    for (int k = 0; k < HALF; k++) {
+        const float send = upper ? v[k] : v[k + HALF];
+        const float keep = upper ? v[k + HALF] : v[k];
+        v[k] = keep + __shfl_xor_sync(0xffffffffu, send, mask);
+    }
+}
+
+/* Sums a warp's 16 rows (the 16 heads of one token) of a 16 x 64 P tile in
+ * C-fragment layout and writes the 64 column sums to pt: the two row
+ * halves in registers, then a reduce-scatter across the 8 row groups
+ * (lanes with the same quad) in three halving exchanges - 14 shuffles
+ * instead of the 48 of three full butterflies. */
+__device__ __forceinline__ void selSumHeads16(const float (&s)[8][4], float *pt) {
+    const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
+    float v[16]; /* v[2n + e] = column n * 8 + quad * 2 + e */
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        v[2 * n] = s[n][0] + s[n][2];
+        v[2 * n + 1] = s[n][1] + s[n][3];
+    }
+    selHalve<8>(v, grp & 1, 4);
+    selHalve<4>(v, (grp >> 1) & 1, 8);
+    selHalve<2>(v, (grp >> 2) & 1, 16);
+    /* v[0..1] hold v-index (grp&1)*8 + (grp>>1&1)*4 + (grp>>2)*2 + {0, 1}:
+     * n = (grp&1)*4 + (grp>>1&1)*2 + (grp>>2) */
+    const int n = (grp & 1) * 4 + ((grp >> 1) & 1) * 2 + (grp >> 2);
+    *(float2 *)(pt + n * 8 + quad * 2) = make_float2(v[0], v[1]);
+}
 
 /* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
 template <int DK, int WARPS, bool WG>
@@ -109,16 +178,19 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     constexpr int LDK = DK + (WG ? 0 : 8), SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + SCORE_ROWS * LDK;
     const int hpg = c.hpg, tpc = SCORE_ROWS / hpg, t0 = blockIdx.x * tpc;
+    const bool heads_in_warp = selHeadsInWarp(hpg);
     float *sP = (float *)(sK + 2 * 64 * LDK);
-    float *sPt = sP + SCORE_ROWS * SEL_P_LD; /* [tpc][SEL_P_LD]: P summed over the token's heads */
+    float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_P_LD]: P summed over heads */
     float *sRing = sPt + tpc * SEL_P_LD;
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
     int *sTopJ = (int *)(sTopS + tpc * FAST_MAX_SLOTS);
+    SelTokenState *sTok = (SelTokenState *)(sTopJ + tpc * FAST_MAX_SLOTS);
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int t_last = min(c.S, t0 + tpc) - 1;
     const int n_tok = t_last - t0 + 1; /* tokens of this CTA inside the sequence */
     const int l = c.cmp_len, d = c.cmp_stride, l_sel = c.sel_len;
+    const SelDivider div_d(d), div_sel(l_sel);
     auto rowToken = [&](int r) {
         int tok = t0 + r / hpg;
         return (r < tpc * hpg && tok < c.S) ? tok : -1;
@@ -145,14 +217,21 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         sTopS[i] = -INFINITY;
         sTopJ[i] = SEL_EMPTY_J + i % FAST_MAX_SLOTS;
     }
-    __syncthreads(); /* rings and top-K slots are read even when no tile runs */
+    for (int tk = tid; tk < n_tok; tk += SCORE_THREADS) {
+        const SelToken tok(t0 + tk, l_sel, c.n_sel);
+        /* the worst of the K empty slots: score -inf, the highest sentinel */
+        sTok[tk] = SelTokenState{tok.cur, tok.n_forced, tok.n_complete, tok.K, -INFINITY,
+                                 SEL_EMPTY_J + max(tok.K, 1) - 1};
+    }
+    __syncthreads(); /* rings, top-K slots and token states are read even when no tile runs */
 
     /* Offers the final scores of blocks [j_from, j_to) to the top-K of each
-     * token: warp w serves tokens w, w + WARPS, ..., a lane per block. Every
-     * ring slot read is cleared for the block that will reuse it. */
+     * token: warp w serves tokens w, w + WARPS, ..., a lane per block - the
+     * same warp that folds them, so no barrier stands between. Every ring
+     * slot read is cleared for the block that will reuse it. */
     auto offerRange = [&](int j_from, int j_to) {
         for (int tk = warp; tk < n_tok; tk += WARPS) {
-            const SelToken tok(t0 + tk, l_sel, c.n_sel);
+            SelTokenState ts = sTok[tk];
             float *ring = sRing + tk * FAST_SCORE_RING;
             for (int j0 = j_from; j0 < j_to; j0 += 32) {
                 const int j = j0 + lane;
@@ -161,10 +240,12 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                     s = ring[j % FAST_SCORE_RING];
                     ring[j % FAST_SCORE_RING] = 0.f;
                 }
-                if (tok.K > 0)
-                    selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, tok.K,
-                                 s, j, j < j_to && tok.eligible(j));
+                if (ts.K > 0)
+                    selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, ts.K, s,
+                                 j, j < j_to && selEligible(ts, j), ts.worst_s, ts.worst_j);
             }
+            if (lane == 0) sTok[tk].worst_s = ts.worst_s, sTok[tk].worst_j = ts.worst_j;
+            __syncwarp();
         }
     };
 
@@ -183,10 +264,12 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1, i0 = it * 64;
+        /* tile it has landed and every warp is past tile it - 1, whose
+         * stage the next load reuses */
+        fastCpWait<0>();
+        fastTileBarrier<WG>();
         if (it + 1 < ntiles) loadK(it + 1, st ^ 1);
         fastCpCommit();
-        fastCpWait<1>();
-        fastTileBarrier<WG>();
         const bf16 *k_t = sK + st * 64 * LDK;
         float s[8][4];
         if constexpr (WG) {
@@ -221,8 +304,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
 #pragma unroll
             for (int h = 0; h < 2; h++) {
                 const int col = n * 8 + quad * 2, i = i0 + col;
-                float p0 = exp2f(fmaf(s[n][2 * h], c.scale_log2, -lse2[h]));
-                float p1 = exp2f(fmaf(s[n][2 * h + 1], c.scale_log2, -lse2[h]));
+                float p0 = fastExp2(fmaf(s[n][2 * h], c.scale_log2, -lse2[h]));
+                float p1 = fastExp2(fmaf(s[n][2 * h + 1], c.scale_log2, -lse2[h]));
                 if (!full) {
                     const int t = tok[h];
                     if (t < 0 || i * d + l - 1 > t) p0 = 0.f;
@@ -232,21 +315,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 s[n][2 * h + 1] = p1;
             }
         }
-        if (hpg == 16) {
-            /* the warp's 16 rows are the 16 heads of token `warp`: sum them
-             * in registers (the two row halves, then the 8 row groups by
-             * shuffles) instead of through shared memory */
-#pragma unroll
-            for (int n = 0; n < 8; n++) {
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    float v = s[n][e] + s[n][e + 2];
-                    v += __shfl_xor_sync(0xffffffffu, v, 4);
-                    v += __shfl_xor_sync(0xffffffffu, v, 8);
-                    v += __shfl_xor_sync(0xffffffffu, v, 16);
-                    if (grp == 0) sPt[warp * SEL_P_LD + n * 8 + quad * 2 + e] = v;
-                }
-            }
+        if (heads_in_warp) {
+            /* the warp's 16 rows are the 16 heads of token `warp`, which
+             * this warp also folds: no barrier */
+            selSumHeads16(s, sPt + warp * SEL_P_LD);
+            __syncwarp();
         } else {
 #pragma unroll
             for (int n = 0; n < 8; n++)
@@ -257,55 +330,70 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             __syncthreads();
             for (int idx = tid; idx < tpc * 64; idx += SCORE_THREADS) {
                 int tk = idx >> 6, col = idx & 63;
+                const float *p = sP + tk * hpg * SEL_P_LD + col;
                 float acc = 0.f;
-                for (int h = 0; h < hpg; h++) acc += sP[(tk * hpg + h) * SEL_P_LD + col];
+                for (int h = 0; h < hpg; h++) acc += p[h * SEL_P_LD];
                 sPt[tk * SEL_P_LD + col] = acc;
             }
+            __syncthreads();
         }
-        __syncthreads();
-        /* fold the tile into the open selection blocks of each token */
-        const int jlo = (i0 * d) / l_sel;
-        const int jhi = min(c.Ns - 1, ((i0 + 63) * d + l - 1) / l_sel);
-        const int nj = jhi - jlo + 1;
-        /* a lane per selection block (its overlap range formed once), a
-         * warp per token */
-        for (int jj = lane; jj < nj; jj += 32) {
-            const int j = jlo + jj;
-            const int ilo = max(i0, selFirstCmp(j, l_sel, l, d));
-            const int ihi = min(min(i0 + 63, nvis - 1), selLastCmp(j, l_sel, d));
+        /* fold the tile into the open selection blocks of each token: a
+         * lane per selection block, its overlap weights formed once per
+         * tile (the first SEL_FOLD_TAPS in registers), a warp per token */
+        const int jlo = div_sel(i0 * d);
+        const int jhi = min(c.Ns - 1, div_sel((i0 + 63) * d + l - 1));
+        const int i_last = min(i0 + 63, nvis - 1);
+        for (int j = jlo + lane; j - lane <= jhi; j += 32) {
+            const bool live = j <= jhi;
+            const int ilo = max(i0, selFirstCmp(j, l_sel, l, div_d));
+            const int ihi = min(i_last, selLastCmp(j, l_sel, div_d));
+            const int ju = j * l_sel, ju_end = ju + l_sel;
+            float w[SEL_FOLD_TAPS];
+#pragma unroll
+            for (int k = 0; k < SEL_FOLD_TAPS; k++) {
+                const int i = ilo + k, lo = max(i * d, ju), hi = min(i * d + l, ju_end);
+                w[k] = live && i <= ihi ? (float)(hi - lo) * inv_l : 0.f;
+            }
+            /* taps past i_last have weight 0 and read column 63 instead
+             * (written, finite), so every read stays inside the row */
+            int col[SEL_FOLD_TAPS];
+#pragma unroll
+            for (int k = 0; k < SEL_FOLD_TAPS; k++) col[k] = min(ilo - i0 + k, 63);
             for (int tk = warp; tk < n_tok; tk += WARPS) {
                 const float *pt = sPt + tk * SEL_P_LD;
                 float acc = 0.f;
-                for (int i = ilo; i <= ihi; i++) {
-                    int lo = max(i * d, j * l_sel), hi = min(i * d + l, (j + 1) * l_sel);
-                    acc += (float)(hi - lo) * inv_l * pt[i - i0];
+#pragma unroll
+                for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(w[k], pt[col[k]], acc);
+                for (int i = ilo + SEL_FOLD_TAPS; live && i <= ihi; i++) {
+                    const int lo = max(i * d, ju), hi = min(i * d + l, ju_end);
+                    acc += (float)(hi - lo) * inv_l * sPt[tk * SEL_P_LD + i - i0];
                 }
-                sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
+                if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
             }
         }
-        __syncthreads();
+        __syncwarp();
         /* blocks no later tile touches are final */
-        const int j_end = min(c.Ns, ((i0 + 64) * d) / l_sel);
+        const int j_end = min(c.Ns, div_sel((i0 + 64) * d));
         if (j_end > j_done) offerRange(j_done, j_end);
         j_done = max(j_done, j_end);
     }
     fastCpWait<0>();
     /* blocks past the last tile's reach hold what the tiles left (or 0) */
     int j_all = 0;
-    for (int tk = 0; tk < n_tok; tk++) j_all = max(j_all, SelToken(t0 + tk, l_sel, c.n_sel).n_complete);
+    for (int tk = 0; tk < n_tok; tk++) j_all = max(j_all, sTok[tk].n_complete);
     if (j_all > j_done) offerRange(j_done, j_all);
 
     /* forced blocks + the kept top-K, ascending, -1 padded: a lane per
      * entry, placed by its rank (entries are distinct) */
     for (int tk = warp; tk < n_tok; tk += WARPS) {
-        const SelToken tk_sel(t0 + tk, l_sel, c.n_sel);
+        const SelTokenState ts = sTok[tk];
         int v = INT_MAX;
-        if (lane < tk_sel.K) {
+        if (lane < ts.K) {
             int j = sTopJ[tk * FAST_MAX_SLOTS + lane];
             if (j < SEL_EMPTY_J) v = j;
-        } else if (lane - tk_sel.K < tk_sel.n_forced) {
-            const int f = lane - tk_sel.K;
-            v = f == 0 ? 0 : f == 1 ? tk_sel.cur : tk_sel.cur - 1;
+        } else if (lane - ts.K < ts.n_forced) {
+            const int f = lane - ts.K;
+            v = f == 0 ? 0 : f == 1 ? ts.cur : ts.cur - 1;
         }
         const int n = __popc(__ballot_sync(0xffffffffu, v != INT_MAX));
         int rank = 0;

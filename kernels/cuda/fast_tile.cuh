@@ -490,7 +490,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
                     int i = e >> 1, t = tok[mt][i];
                     /* a row that sees nothing (t < 0) stays masked even in a full tile */
                     bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u))) && sees[i];
-                    float p = ok ? exp2f(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
+                    float p = ok ? fastExp2(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
                     si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
                 }
             }
@@ -750,7 +750,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 int u = u0 + keyA + (e >> 1) * 8;
                 int t = t_t[col];
                 bool ok = full || (t >= 0 && u < khi && visible(t, u));
-                float p = ok ? exp2f(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
+                float p = ok ? fastExp2(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
                 float gp = g_t[col] * p;
                 s[n][e] = gp;
                 dp[n][e] = gp * (dp[n][e] - d_t[col]);
