@@ -46,8 +46,14 @@
 #define FAST_MAX_HPG 16        /* heads per KV group */
 #define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces */
 #define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
+/* Chunk sizes of the block-centric selected passes (overridable at build
+ * time for sweeps; halving both was slower on an H200, call 48). */
+#ifndef FAST_SEL_BLOCK_TOKENS
 #define FAST_SEL_BLOCK_TOKENS 4096 /* B x tokens per chunk of the block-centric selected forward */
+#endif
+#ifndef FAST_SEL_BLOCK_DQ_TOKENS
 #define FAST_SEL_BLOCK_DQ_TOKENS 2048 /* and of its dQ (fp32 partials: twice the bytes per pair) */
+#endif
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 
 #endif

@@ -74,15 +74,21 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     const int total = (c.S - tb + tpr - 1) / tpr;
     const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
     const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
+    /* Row tiles go last token first: every key tile's rows end at S - 1,
+     * so the CTAs running together walk the same rows and share them in
+     * L2; first token first, each started at its own key tile's first
+     * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
+     * 48% busy beside L2 77%). */
+    auto tileStart = [=](int it) { return tb + (part + (ntiles - 1 - it) * parts) * tpr; };
     fastDkdvCore<DK, DV, WG>(
         c, io, b, g, i0, khi, ntiles,
         [=](int it, int slot, int *dst) {
-            int t = tb + (part + it * parts) * tpr + slot;
+            int t = tileStart(it) + slot;
             *dst = t < S ? t : -1;
         },
         [=](int t, int i) { return i * d + l - 1 <= t; },
         [=](int it, int) { /* tokens of row tile it: [t, t + tpr) */
-            int t = tb + (part + it * parts) * tpr;
+            int t = tileStart(it);
             return t + tpr <= S && (i0 + 63) * d + l - 1 <= t;
         },
         [=](int i, bool is_k, int col, float v0, float v1) {

@@ -261,6 +261,31 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     }
     uint32_t qf[WG ? 1 : DK / 16][4]; /* mma.sync: the warp's q fragments, loaded once */
     const float inv_l = 1.f / (float)l;
+    /* Where 64 compressed blocks span a whole number of selection blocks
+     * (64 d % l' == 0, as in every configuration the paper uses), tile it
+     * folds exactly as tile 0 does, shifted by it * 64 d / l' blocks (d
+     * divides l and l', so positions i d - j l' are tile-invariant): lane
+     * jj's weights and columns are formed once here. Elsewhere, or past 32
+     * blocks or SEL_FOLD_TAPS taps per tile, they are formed per tile.
+     * Taps past the last visible block need no bound: their P is 0. */
+    const int fold_nj = div_sel(63 * d + l - 1) + 1; /* blocks a tile touches */
+    float fold_w[SEL_FOLD_TAPS];
+    int fold_col[SEL_FOLD_TAPS];
+    bool periodic;
+    {
+        const int lo_rel = max(0, (lane * l_sel - l) / d + 1); /* multiples of d: exact */
+        const int hi_rel = min(63, ((lane + 1) * l_sel - 1) / d);
+        const bool lane_live = lane < fold_nj;
+        periodic = __all_sync(0xffffffffu, !lane_live || hi_rel - lo_rel < SEL_FOLD_TAPS) &&
+                   (64 * d) % l_sel == 0 && fold_nj <= 32;
+#pragma unroll
+        for (int k = 0; k < SEL_FOLD_TAPS; k++) {
+            const int i = lo_rel + k;
+            const int lo = max(i * d, lane * l_sel), hi = min(i * d + l, (lane + 1) * l_sel);
+            fold_w[k] = lane_live && i <= hi_rel ? (float)(hi - lo) * inv_l : 0.f;
+            fold_col[k] = min(i, 63);
+        }
+    }
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1, i0 = it * 64;
@@ -338,8 +363,20 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             __syncthreads();
         }
         /* fold the tile into the open selection blocks of each token: a
-         * lane per selection block, its overlap weights formed once per
-         * tile (the first SEL_FOLD_TAPS in registers), a warp per token */
+         * lane per selection block, a warp per token */
+        if (periodic) {
+            const int j = it * ((64 * d) / l_sel) + lane;
+            const bool live = lane < fold_nj && j < c.Ns;
+            for (int tk = warp; tk < n_tok; tk += WARPS) {
+                const float *pt = sPt + tk * SEL_P_LD;
+                float acc = 0.f;
+#pragma unroll
+                for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(fold_w[k], pt[fold_col[k]], acc);
+                if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
+            }
+        } else {
+        /* the overlap weights formed once per tile and lane (the first
+         * SEL_FOLD_TAPS in registers) */
         const int jlo = div_sel(i0 * d);
         const int jhi = min(c.Ns - 1, div_sel((i0 + 63) * d + l - 1));
         const int i_last = min(i0 + 63, nvis - 1);
@@ -371,6 +408,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
             }
         }
+        } /* periodic */
         __syncwarp();
         /* blocks no later tile touches are final */
         const int j_end = min(c.Ns, div_sel((i0 + 64) * d));
