@@ -599,6 +599,18 @@ __global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, float *gate_f,
     }
 }
 
+/* io aimed at one branch: its keys and values (nkeys of them per (b, g)),
+ * its lse, and its index in the per-row (cmp, sel, win) triples. */
+static FastBwdIo fastBranchIo(FastBwdIo io, const void *k, const void *v, int nkeys,
+                              const float *lse, int branch) {
+    io.k = (const bf16 *)k;
+    io.v = (const bf16 *)v;
+    io.nkeys = nkeys;
+    io.lse = lse;
+    io.branch = branch;
+    return io;
+}
+
 extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                                    const NsaAttnDeviceInputs *in, const void *dout,
                                    const NsaAttnDeviceGrads *grads, void *stream_ptr,
@@ -643,22 +655,13 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.dq_acc = p->dq_acc;
     io.dq_out = (bf16 *)grads->dq;
 
-    FastBwdIo win = io;
-    win.k = (const bf16 *)in->k_win;
-    win.v = (const bf16 *)in->v_win;
-    win.nkeys = c.S;
-    win.lse = p->lse[2];
-    win.branch = 2;
+    FastBwdIo win = fastBranchIo(io, in->k_win, in->v_win, c.S, p->lse[2], 2);
     win.dq_mode = 0;
     FAST_CHECK(fastWinBackward(c, dk, dv, win, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win,
                                stream, marks),
                "window backward");
 
-    io.k = p->kc;
-    io.v = p->vc;
-    io.nkeys = c.Nc;
-    io.lse = p->lse[0];
-    io.branch = 0;
+    io = fastBranchIo(io, p->kc, p->vc, c.Nc, p->lse[0], 0);
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
     if (per_part > 0 && (size_t)parts * per_part > p->cmp_part_capacity)
@@ -676,11 +679,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     const FastRevIndex rev = fastCallRev(p, dims, c);
     if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
-    io.k = (const bf16 *)in->k_sel;
-    io.v = (const bf16 *)in->v_sel;
-    io.nkeys = c.S;
-    io.lse = p->lse[1];
-    io.branch = 1;
+    io = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
     io.dq_mode = 2;
     FastSelBlock sbq = {};
     if (c.sel_block_dq) {

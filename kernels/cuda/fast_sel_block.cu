@@ -598,15 +598,14 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     }
 }
 
-template <int DK, int DV>
-static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
-                                   const FastRevIndex &rev, const FastSelBlock &sb,
-                                   cudaStream_t stream) {
-    /* the wgmma kernel forms a d_v = 128 output in halves, one key
-     * sub-tile per block only */
-    const bool wg = c.wgmma && (DV <= 64 || c.sel_len <= 64);
-    auto kernel = wg ? selBlockFwdKernel<DK, DV, true> : selBlockFwdKernel<DK, DV, false>;
-    const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
+/* Enqueues one block-centric pass (the forward or the dQ): the work-item
+ * plan of every chunk, then per chunk the pass kernel and the combine that
+ * merges its partials. Returns the first attribute or launch error; never
+ * synchronises. */
+template <class Kernel, class Combine, class Io>
+static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combine combine,
+                               const Io &io, const int32_t *sel_idx, const FastRevIndex &rev,
+                               const FastSelBlock &sb, cudaStream_t stream) {
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
@@ -616,10 +615,22 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
         kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        selBlockCombineKernel<DV><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        combine<<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     return cudaSuccess;
+}
+
+template <int DK, int DV>
+static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
+                                   const FastRevIndex &rev, const FastSelBlock &sb,
+                                   cudaStream_t stream) {
+    /* the wgmma kernel forms a d_v = 128 output in halves, one key
+     * sub-tile per block only */
+    const bool wg = c.wgmma && (DV <= 64 || c.sel_len <= 64);
+    auto kernel = wg ? selBlockFwdKernel<DK, DV, true> : selBlockFwdKernel<DK, DV, false>;
+    const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
+    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, io, sel_idx, rev, sb, stream);
 }
 
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {
@@ -650,19 +661,7 @@ static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32
     const bool wg = c.wgmma && (DK != 128 || c.sel_len <= 64);
     auto kernel = wg ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
-    cudaError_t e = fastSetSmem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    const int BG = c.B * c.G;
-    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(c, rev, sb);
-    if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    const int CT = sb.chunk_revs * FAST_REV_TOKENS;
-    for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        selBlockDqCombineKernel<DK><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
-        if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    }
-    return cudaSuccess;
+    return selBlockRun(c, kernel, smem, selBlockDqCombineKernel<DK>, io, sel_idx, rev, sb, stream);
 }
 
 cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,

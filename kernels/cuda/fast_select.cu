@@ -1,7 +1,7 @@
 /* fast_select.cu - selection scores and top-n, fused: only sel_idx reaches
  * memory (no S x Ns score matrix).
  *
- * One CTA per tile of whole tokens (16 * WARPS / hpg tokens x the hpg heads
+ * One CTA per tile of whole tokens (16 * WARPS / rows-per-token tokens x the hpg heads
  * of group g; WARPS = 8, or 4 where 8 would not fit in shared memory). It recomputes the compressed softmax from the forward's statistics,
  * p_i = exp2(s2_i - lse2), one tile of 64 pooled blocks at a time
  * (mma.sync), then folds p into the selection-block scores of each token
@@ -21,10 +21,14 @@
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
 #define SEL_FOLD_TAPS 8 /* compressed blocks per selection block folded from registers */
 
-/* Whether the heads of a group are summed in registers: 16 heads are one
- * warp's 16 rows, i.e. one token per warp. Otherwise P goes through a
- * shared fp32 tile. */
-static __host__ __device__ bool selHeadsInWarp(int hpg) { return hpg == 16; }
+/* Query rows per token in a CTA's tile: with more than 4 heads per group a
+ * token's heads are padded to 8 or 16 rows (padding rows load zeros and
+ * score 0), so that a warp's 16 rows hold whole tokens and the heads are
+ * summed in its registers (selSumHeads16 / selSumHeads8); that warp then
+ * folds and offers those tokens, and no barrier stands between. With 4 or
+ * fewer the rows stay packed and P goes through a shared fp32 tile. */
+static __host__ __device__ int selRowsPerToken(int hpg) { return hpg > 8 ? 16 : hpg > 4 ? 8 : hpg; }
+static __host__ __device__ bool selHeadsInWarp(int hpg) { return hpg > 4; }
 
 /* Per token of a CTA: its selection constants and its running top-K. */
 struct SelTokenState {
@@ -38,7 +42,7 @@ struct SelTokenState {
  * over the heads of each token, and per token its score ring, top-K and
  * state. */
 static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
-    const int rows = 16 * warps, tpc = rows / c.hpg;
+    const int rows = 16 * warps, tpc = rows / selRowsPerToken(c.hpg);
     const int p_rows = selHeadsInWarp(c.hpg) ? 0 : rows;
     return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + p_rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
            tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 +
@@ -139,8 +143,8 @@ __device__ __forceinline__ bool selEligible(const SelTokenState &ts, int j) {
 /* One exchange of a reduce-scatter: v[0 .. 2 HALF) with the lane `mask`
  * away; this lane keeps (and sums into v[0 .. HALF)) the upper half if
  * `upper`, the lower half otherwise. */
-template <int HALF>
-__device__ __forceinline__ void selHalve(float (&v)[16], bool upper, int mask) {
+template <int HALF, int N>
+__device__ __forceinline__ void selHalve(float (&v)[N], bool upper, int mask) {
 #pragma unroll
     for (int k = 0; k < HALF; k++) {
         const float send = upper ? v[k] : v[k + HALF];
@@ -171,13 +175,38 @@ __device__ __forceinline__ void selSumHeads16(const float (&s)[8][4], float *pt)
     *(float2 *)(pt + n * 8 + quad * 2) = make_float2(v[0], v[1]);
 }
 
+/* The same for two tokens of 8 rows each (5 to 8 heads, padded): rows
+ * 0-7 (the row-half-0 entries) are token 0, rows 8-15 token 1. One
+ * reduce-scatter over the 32 entries of both leaves each lane four sums:
+ * token (grp & 1), columns of n = (grp >> 1 & 1) * 4 + (grp >> 2) * 2 + {0, 1}.
+ * pt0 is token 0's row of the summed tile, token 1's is pt1_off further. */
+__device__ __forceinline__ void selSumHeads8(const float (&s)[8][4], float *pt0, int pt1_off) {
+    const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
+    float v[32]; /* v[16 h + 2n + e] = row half h, column n * 8 + quad * 2 + e */
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+        v[2 * n] = s[n][0];
+        v[2 * n + 1] = s[n][1];
+        v[16 + 2 * n] = s[n][2];
+        v[16 + 2 * n + 1] = s[n][3];
+    }
+    selHalve<16>(v, grp & 1, 4);
+    selHalve<8>(v, (grp >> 1) & 1, 8);
+    selHalve<4>(v, (grp >> 2) & 1, 16);
+    const int n0 = ((grp >> 1) & 1) * 4 + (grp >> 2) * 2;
+    float *pt = pt0 + (grp & 1) * pt1_off;
+    *(float2 *)(pt + n0 * 8 + quad * 2) = make_float2(v[0], v[1]);
+    *(float2 *)(pt + (n0 + 1) * 8 + quad * 2) = make_float2(v[2], v[3]);
+}
+
 /* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
 template <int DK, int WARPS, bool WG>
 __global__ void __launch_bounds__(32 * WARPS)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx) {
     constexpr int LDK = DK + (WG ? 0 : 8), SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + SCORE_ROWS * LDK;
-    const int hpg = c.hpg, tpc = SCORE_ROWS / hpg, t0 = blockIdx.x * tpc;
+    const int hpg = c.hpg, rpt = selRowsPerToken(hpg), tpc = SCORE_ROWS / rpt;
+    const int t0 = blockIdx.x * tpc;
     const bool heads_in_warp = selHeadsInWarp(hpg);
     float *sP = (float *)(sK + 2 * 64 * LDK);
     float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_P_LD]: P summed over heads */
@@ -191,12 +220,24 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const int n_tok = t_last - t0 + 1; /* tokens of this CTA inside the sequence */
     const int l = c.cmp_len, d = c.cmp_stride, l_sel = c.sel_len;
     const SelDivider div_d(d), div_sel(l_sel);
+    /* row r: the CTA's token (tk) and head of it, or false for a padding
+     * row. Warp w owns tokens w, w + WARPS, ... (it folds, offers and
+     * writes them); with 8 rows per token its row halves are tokens w and
+     * w + WARPS, so that its heads are in its own registers. */
+    auto rowSlot = [&](int r, int &tk, int &head) {
+        if (rpt == 16) tk = r >> 4, head = r & 15;
+        else if (rpt == 8) tk = (r >> 4) + ((r >> 3) & 1) * WARPS, head = r & 7;
+        else tk = r / hpg, head = r % hpg;
+        return r < tpc * rpt && head < hpg;
+    };
     auto rowToken = [&](int r) {
-        int tok = t0 + r / hpg;
-        return (r < tpc * hpg && tok < c.S) ? tok : -1;
+        int tk, head;
+        return rowSlot(r, tk, head) && t0 + tk < c.S ? t0 + tk : -1;
     };
     auto rowIndex = [&](int r) -> size_t {
-        return ((size_t)b * c.S + t0 + r / hpg) * c.H + (size_t)g * hpg + r % hpg;
+        int tk, head;
+        rowSlot(r, tk, head);
+        return ((size_t)b * c.S + t0 + tk) * c.H + (size_t)g * hpg + head;
     };
     fastLoadTileFor<WG, SCORE_ROWS, DK, SCORE_THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? q + rowIndex(r) * DK : nullptr;
@@ -341,9 +382,10 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             }
         }
         if (heads_in_warp) {
-            /* the warp's 16 rows are the 16 heads of token `warp`, which
-             * this warp also folds: no barrier */
-            selSumHeads16(s, sPt + warp * SEL_P_LD);
+            /* the warp's 16 rows are its own tokens' heads (rpt 16: token
+             * `warp`; rpt 8: tokens warp and warp + WARPS): no barrier */
+            if (rpt == 16) selSumHeads16(s, sPt + warp * SEL_P_LD);
+            else selSumHeads8(s, sPt + warp * SEL_P_LD, WARPS * SEL_P_LD);
             __syncwarp();
         } else {
 #pragma unroll
@@ -449,7 +491,7 @@ static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16
     const int smem = selectSmem(c, DK, WARPS, c.wgmma);
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
-    const int tpc = 16 * WARPS / c.hpg;
+    const int tpc = 16 * WARPS / selRowsPerToken(c.hpg);
     kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * WARPS, smem, stream>>>(c, q, kc, lse_cmp,
                                                                                 sel_idx);
     return cudaGetLastError();

@@ -309,6 +309,7 @@ int main(int argc, char **argv) {
         {"S200 l'=d=l=1 (full causal)", 1, 200, 2, 1, 64, 64, 1, 1, 1, 32, 1},
         {"S1200 paper-like 16/1 d128 l'128", 1, 1200, 16, 1, 128, 128, 32, 16, 128, 16, 512},
         {"S1700 hpg8", 1, 1700, 16, 2, 64, 64, 32, 16, 64, 16, 256},
+        {"S700 hpg12 d128", 1, 700, 12, 1, 128, 128, 32, 16, 64, 16, 256},
         /* l' = 3 d: 64 compressed blocks are no whole number of selection
          * blocks (the score pass folds per tile, not by its periodic map) */
         {"S900 l'48 hpg4", 1, 900, 8, 2, 64, 64, 32, 16, 48, 12, 128},
