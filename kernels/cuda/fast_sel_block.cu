@@ -562,7 +562,9 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
 
 /* Sums the dQ partials of one (b, t, g) in slot order, times the softmax
  * scale, into the branches' running dq as io.dq_mode says (fastStoreDqRow's
- * rule). Grid (chunk tokens, B*G), 128 threads. */
+ * rule). Each thread sums four columns of one head over the slots with
+ * 16-byte loads, four slots' loads in flight at a time (the pass only
+ * streams the partials). Grid (chunk tokens, B*G), 128 threads. */
 template <int DK>
 __global__ void __launch_bounds__(128)
 selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSelBlock sb,
@@ -575,25 +577,36 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     __syncthreads();
     const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
     const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
-    for (int idx = tid; idx < hpg * (DK / 2); idx += blockDim.x) {
-        const int h = idx / (DK / 2), col = (idx % (DK / 2)) * 2;
-        float a0 = 0.f, a1 = 0.f;
-        for (int s = 0; s < c.slots; s++) {
-            if (!slot_used[s]) continue; /* unused slots hold no partial: never read */
-            const float2 v = __ldcs((const float2 *)(sb.part_dq + ((pair0 + s) * hpg + h) * DK + col));
-            a0 += v.x;
-            a1 += v.y;
+    constexpr int VEC = 4, GROUP = 4; /* floats per load; slots per batch of loads */
+    for (int idx = tid; idx < hpg * (DK / VEC); idx += blockDim.x) {
+        const int h = idx / (DK / VEC), col = (idx % (DK / VEC)) * VEC;
+        const float *src = sb.part_dq + (pair0 * hpg + h) * DK + col;
+        const size_t slot_stride = (size_t)hpg * DK;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s0 = 0; s0 < c.slots; s0 += GROUP) {
+            float4 v[GROUP];
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) /* unused slots hold no partial: never read */
+                v[k] = s0 + k < c.slots && slot_used[s0 + k]
+                           ? __ldcs((const float4 *)(src + (s0 + k) * slot_stride))
+                           : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int k = 0; k < GROUP; k++) a.x += v[k].x, a.y += v[k].y, a.z += v[k].z, a.w += v[k].w;
         }
-        a0 *= c.scale;
-        a1 *= c.scale;
+        a.x *= c.scale, a.y *= c.scale, a.z *= c.scale, a.w *= c.scale;
         const size_t at = (row0 + h) * DK + col;
-        float2 *acc = (float2 *)(io.dq_acc + at);
+        float4 *acc = (float4 *)(io.dq_acc + at);
         if (io.dq_mode == 0) {
-            *acc = make_float2(a0, a1);
+            *acc = a;
         } else {
-            const float2 prev = *acc;
-            if (io.dq_mode == 1) *acc = make_float2(prev.x + a0, prev.y + a1);
-            else *(uint32_t *)(io.dq_out + at) = fastPack(prev.x + a0, prev.y + a1);
+            const float4 prev = *acc;
+            a.x += prev.x, a.y += prev.y, a.z += prev.z, a.w += prev.w;
+            if (io.dq_mode == 1) {
+                *acc = a;
+            } else {
+                uint2 out = make_uint2(fastPack(a.x, a.y), fastPack(a.z, a.w));
+                *(uint2 *)(io.dq_out + at) = out;
+            }
         }
     }
 }

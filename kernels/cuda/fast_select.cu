@@ -84,42 +84,37 @@ __device__ __forceinline__ bool selBetter(float s1, int j1, float s2, int j2) {
 }
 #define SEL_EMPTY_J (INT_MAX - 64) /* j at or above: an empty slot, not a block */
 
-/* Worst key (lowest score, then highest j) of the K kept entries held by
- * lanes < K, on every lane. */
-__device__ __forceinline__ void selWorst(float os, int oj, int K, float &ws, int &wj) {
-    const int lane = threadIdx.x & 31;
-    ws = lane < K ? os : INFINITY;
-    wj = lane < K ? oj : -1;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-        float xs = __shfl_xor_sync(0xffffffffu, ws, off);
-        int xj = __shfl_xor_sync(0xffffffffu, wj, off);
-        if (selBetter(ws, wj, xs, xj)) ws = xs, wj = xj;
-    }
-}
-
 /* Merges one candidate per lane (valid or not) into a token's top-K kept in
- * topS/topJ[0..K) (K <= 31), warp-wide, given the worst kept key (ws, wj),
- * which it updates: each candidate that beats the worst kept key replaces
- * it. The kept set is the K best keys seen, whatever the order of the
- * offers. After the first few tiles a candidate rarely gets in, so the
- * common case is one compare and one ballot. */
+ * topS/topJ[0..K) (K <= 31) sorted best first, warp-wide, given the worst
+ * kept key (ws, wj) = entry K - 1, which it updates. Each candidate that
+ * beats the worst is inserted at its rank (the kept keys better than it
+ * form a prefix: one ballot counts them) and the entries behind it move
+ * down one lane, dropping the old worst - a shift instead of a search for
+ * the new worst. The kept set is the K best keys seen, whatever the order
+ * of the offers; after the first few tiles a candidate rarely gets in, so
+ * the common case is one compare and one ballot. Empty slots hold -inf with
+ * ascending sentinel blocks, which is sorted. */
 __device__ __forceinline__ void selTopkMerge(float *topS, int *topJ, int K, float cs, int cj,
                                              bool valid, float &ws, int &wj) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     unsigned in = __ballot_sync(full, valid && selBetter(cs, cj, ws, wj));
     if (!in) return;
-    float os = lane < K ? topS[lane] : 0.f;
-    int oj = lane < K ? topJ[lane] : 0;
+    float os = lane < K ? topS[lane] : -INFINITY;
+    int oj = lane < K ? topJ[lane] : SEL_EMPTY_J + lane;
     while (in) {
         const int src = __ffs(in) - 1;
         in &= in - 1;
         const float xs = __shfl_sync(full, cs, src);
         const int xj = __shfl_sync(full, cj, src);
         if (!selBetter(xs, xj, ws, wj)) continue; /* an earlier newcomer raised the bar */
-        if (lane < K && os == ws && oj == wj) os = xs, oj = xj; /* keys are distinct */
-        selWorst(os, oj, K, ws, wj);
+        const int rank = __popc(__ballot_sync(full, lane < K && selBetter(os, oj, xs, xj)));
+        const float us = __shfl_up_sync(full, os, 1);
+        const int uj = __shfl_up_sync(full, oj, 1);
+        if (lane == rank) os = xs, oj = xj;
+        else if (lane > rank) os = us, oj = uj;
+        ws = __shfl_sync(full, os, K - 1);
+        wj = __shfl_sync(full, oj, K - 1);
     }
     if (lane < K) topS[lane] = os, topJ[lane] = oj;
     __syncwarp();
