@@ -38,21 +38,21 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # each runs on the device's default tensor-core path (wgmma on sm_90),
     # and auto once more on mma.sync (NSA_FAST_MMA=sync;
     # kernels/cuda/fast_attn.cu)
+    # At most one process per CPU at a time: each holds a CUDA context,
+    # and a hundred at once ran the GPU out of memory (a case then bails
+    # out at its first cudaMalloc - a false failure).
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
     designs="auto union warp block dense auto/sync"
     for design in $designs; do
-        sel=${design%/*}
-        mma=auto
-        [ "$design" = "${design#*/}" ] || mma=${design#*/}
         i=0
         while [ "$i" -lt "$n" ]; do
-            NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma build/bench/test_fast_attn "$i" \
-                >"$tmp/${sel}_$mma.$i.log" 2>&1 &
+            echo "$design $i"
             i=$((i + 1))
         done
-    done
-    wait
+    done | xargs -P "$(nproc)" -L 1 sh -c '
+        sel=${0%/*}; mma=auto; [ "$0" = "${0#*/}" ] || mma=${0#*/}
+        NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma build/bench/test_fast_attn "$1" >"'"$tmp"'/${sel}_$mma.$1.log" 2>&1'
     for design in $designs; do
         sel=${design%/*}
         mma=auto
