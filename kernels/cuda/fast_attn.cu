@@ -566,31 +566,38 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     return 0;
 }
 
-/* dsum[r][c] = dout[r].o_c[r] (fp32) and dgates = the same in bf16; a warp
- * per row, fixed lane order. gate_f = the gates in fp32, for the dK/dV
- * kernels' 4-byte async copies. */
+/* dsum[r][c] = dout[r].o_c[r] (fp32) and dgates = the same in bf16; dv / 8
+ * lanes per row (16-byte loads, every load of a row in flight at once),
+ * summed in a fixed shuffle order. gate_f = the gates in fp32, for the
+ * dK/dV kernels' 4-byte async copies. dv is 64 or 128 (fastCheckDims). */
 __global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, float *gate_f, const bf16 *gates,
                                        const bf16 *dout, const bf16 *o0, const bf16 *o1,
                                        const bf16 *o2, size_t rows, int dv) {
-    const int lane = threadIdx.x & 31;
-    size_t warp = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5;
-    size_t nwarps = ((size_t)gridDim.x * blockDim.x) >> 5;
-    for (size_t r = warp; r < rows; r += nwarps) {
-        float acc[3] = {0.f, 0.f, 0.f};
+    const int lpr = dv / 8; /* lanes per row: 8 or 16 */
+    const int lane = threadIdx.x & 31, sub = lane % lpr, col = sub * 8;
+    const size_t group = (blockIdx.x * (size_t)blockDim.x + threadIdx.x) / lpr;
+    const size_t ngroups = ((size_t)gridDim.x * blockDim.x) / lpr;
+    /* every lane of the warp runs the same trip count (the shuffles need
+     * them all): rows past the end compute on row 0 and store nothing */
+    for (size_t base = group - group % (32 / lpr); base < rows; base += ngroups) {
+        const size_t r0 = base + (lane / lpr), r = r0 < rows ? r0 : 0;
+        const uint4 dy4 = *(const uint4 *)(dout + r * dv + col);
         const bf16 *os[3] = {o0, o1, o2};
-        for (int col = lane * 2; col < dv; col += 64) {
-            float2 dy = __bfloat1622float2(*(const __nv_bfloat162 *)(dout + r * dv + col));
+        uint4 o4[3];
 #pragma unroll
-            for (int k = 0; k < 3; k++) {
-                float2 o = __bfloat1622float2(*(const __nv_bfloat162 *)(os[k] + r * dv + col));
-                acc[k] += dy.x * o.x + dy.y * o.y;
-            }
-        }
+        for (int k = 0; k < 3; k++) o4[k] = *(const uint4 *)(os[k] + r * dv + col);
+        const __nv_bfloat162 *dy2 = (const __nv_bfloat162 *)&dy4;
 #pragma unroll
         for (int k = 0; k < 3; k++) {
-            float v = acc[k];
-            for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-            if (lane == 0) {
+            const __nv_bfloat162 *o2v = (const __nv_bfloat162 *)&o4[k];
+            float v = 0.f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 a = __bfloat1622float2(dy2[e]), o = __bfloat1622float2(o2v[e]);
+                v += a.x * o.x + a.y * o.y;
+            }
+            for (int off = lpr / 2; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (sub == 0 && r0 < rows) {
                 dsum[r * 3 + k] = v;
                 dgates[r * 3 + k] = __float2bfloat16(v);
                 gate_f[r * 3 + k] = __bfloat162float(gates[r * 3 + k]);
@@ -639,7 +646,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
 
     const FastMarks *marks = fastPassMarks(p, 1, stream);
     FAST_MARK("bwd.gate");
-    unsigned blocks = (unsigned)((rows * 32 + 255) / 256);
+    unsigned blocks = (unsigned)((rows * (dv / 8) + 255) / 256);
     if (blocks > 65535u * 8u) blocks = 65535u * 8u;
     fastGateBackwardKernel<<<blocks, 256, 0, stream>>>(
         p->dsum, (bf16 *)grads->dgates, p->gate_f, (const bf16 *)in->gates, (const bf16 *)dout,

@@ -32,26 +32,34 @@ __global__ void cmpPoolKernel(bf16 *pooled, const bf16 *x, int B, int S, int G, 
 }
 
 /* dx[b][t][g][c] = (1/l) sum over blocks i holding t (ascending) of
- * sum over parts p (ascending) of part[p][b][i][g][c]. */
+ * sum over parts p (ascending) of part[p][b][i][g][c]. A thread per four
+ * channels (dim is a multiple of 4): 16-byte loads, and the index
+ * arithmetic - 64-bit divisions by runtime sizes - once per four outputs
+ * instead of per output. */
 __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, int B, int S, int G,
                                       int dim, int l, int d, int Nc) {
-    size_t n = (size_t)B * S * G * dim;
+    const int dim4 = dim / 4;
+    size_t n = (size_t)B * S * G * dim4;
     float inv = 1.f / (float)l;
     for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < n;
          idx += (size_t)gridDim.x * blockDim.x) {
-        int c = (int)(idx % dim);
-        size_t rest = idx / dim;
+        int c = (int)(idx % dim4) * 4;
+        size_t rest = idx / dim4;
         int g = (int)(rest % G);
         rest /= G;
         int t = (int)(rest % S);
         int b = (int)(rest / S);
         int ilo = t - l + 1 <= 0 ? 0 : (t - l + 1 + d - 1) / d;
         int ihi = min(Nc - 1, t / d);
-        float acc = 0.f;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int i = ilo; i <= ihi; i++)
-            for (int p = 0; p < parts; p++)
-                acc += part[((((size_t)p * B + b) * Nc + i) * G + g) * dim + c];
-        dx[idx] = __float2bfloat16(acc * inv);
+            for (int p = 0; p < parts; p++) {
+                const float4 v =
+                    *(const float4 *)(part + ((((size_t)p * B + b) * Nc + i) * G + g) * dim + c);
+                acc.x += v.x, acc.y += v.y, acc.z += v.z, acc.w += v.w;
+            }
+        *(uint2 *)(dx + idx * 4) =
+            make_uint2(fastPack(acc.x * inv, acc.y * inv), fastPack(acc.z * inv, acc.w * inv));
     }
 }
 
@@ -130,7 +138,8 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if ((e = fastMark(marks, "bwd.cmp.pool")) != cudaSuccess) return e;
-    size_t nk = (size_t)c.B * c.S * c.G * DK, nv = (size_t)c.B * c.S * c.G * DV;
+    /* a thread per four channels */
+    size_t nk = (size_t)c.B * c.S * c.G * DK / 4, nv = (size_t)c.B * c.S * c.G * DV / 4;
     cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nk + 255) / 256), 256, 0, stream>>>(
         dk_out, part_k, parts, c.B, c.S, c.G, DK, c.cmp_len, c.cmp_stride, c.Nc);
     cmpPoolBackwardKernel<<<(unsigned)min((size_t)65535 * 8, (nv + 255) / 256), 256, 0, stream>>>(
