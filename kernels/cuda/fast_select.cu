@@ -1,19 +1,23 @@
 /* fast_select.cu - selection scores and top-n, fused: only sel_idx reaches
  * memory (no S x Ns score matrix).
  *
- * One CTA per tile of whole tokens (16 * WARPS / rows-per-token tokens x the hpg heads
- * of group g; WARPS = 8, or 4 where 8 would not fit in shared memory). It recomputes the compressed softmax from the forward's statistics,
- * p_i = exp2(s2_i - lse2), one tile of 64 pooled blocks at a time
- * (mma.sync), then folds p into the selection-block scores of each token
+ * One CTA per tile of whole tokens (16 * WARPS / rows-per-token tokens x
+ * the hpg heads of group g, padded to 8 or 16 rows a token where hpg > 4;
+ * WARPS = 8 at d_k >= 128, else 4). It recomputes the compressed softmax
+ * from the forward's statistics, p_i = exp2(s2_i - lse2), one tile of 64
+ * pooled blocks at a time (wgmma on sm_90, else mma.sync), sums it over
+ * the heads of each token, then folds it into the selection-block scores
  *   s_j += sum_{i in tile} M_ij sum_{h in group} p_i(h)
  * in a ring of FAST_SCORE_RING open blocks per token. Once no later tile can
  * touch block j (j < floor(i_end d / l')) its score is final and is offered
- * to the token's running top-K (K = n_sel - forced blocks). A warp serves a
- * token, a lane per offered block: a ballot finds the candidates that beat
- * the worst kept key and only those are inserted, so the set is exact under
- * the key (score desc, block asc) - ties go to the lower block index as in
- * the reference - and no thread walks the blocks alone. Blocks no tile
- * reaches score 0. */
+ * to the token's running top-K (K = n_sel - forced blocks), kept sorted. A
+ * warp serves a token, a lane per offered block: a ballot finds the
+ * candidates that beat the worst kept key and only those are inserted, at
+ * their rank, so the set is exact under the key (score desc, block asc) -
+ * ties go to the lower block index as in the reference - and no thread
+ * walks the blocks alone. Blocks no tile reaches score 0. Where the heads
+ * of a token are in one warp's rows, that warp sums, folds and offers them
+ * and a tile needs one CTA barrier (its K tile landing). */
 #include "fast_internal.cuh"
 
 #include <limits.h>
