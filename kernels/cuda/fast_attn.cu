@@ -184,8 +184,9 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
 static int cmpPartsWanted(const FastCtx &c, int sm_count) {
     if (c.Nc == 0) return 1;
     /* The longest CTA (key tile 0, S/parts rows) should not outlast the
-     * balanced pass: with the triangle of work, 2 CTAs per SM and the CTAs
-     * started longest first, 4 waves' worth of CTAs keep the greedy
+     * balanced pass: with the triangle of work, 2 CTAs of 64 keys per SM
+     * (or, on wgmma, one of 128: the same count in 64-key units) and the
+     * CTAs started longest first, 4 waves' worth of CTAs keep the greedy
      * schedule within about 1% of balanced (a model, not measured). */
     long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
     long long p = (8LL * sm_count + ctas - 1) / ctas;
@@ -272,7 +273,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                 const size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
                 const size_t pairs =
                     (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS * d->G * c.slots * c.hpg;
-                const size_t bytes = pass ? pairs * d->d_k * 4 : pairs * d->d_v * 2;
+                const size_t bytes = pairs * (pass ? d->d_k : d->d_v) * sizeof(bf16);
                 items = it > items ? it : items;
                 part = bytes > part ? bytes : part;
                 if (!pass) lse = pairs * 4 > lse ? pairs * 4 : lse;
@@ -692,7 +693,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (c.sel_block_dq) {
         sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
         sbq.item_start = p->sb_item_start;
-        sbq.part_dq = (float *)p->sb_part;
+        sbq.part_dq = (bf16 *)p->sb_part;
     }
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
                                c.sel_dense_dq ? p->sel_mask : NULL,

@@ -52,7 +52,7 @@
 #define FAST_SEL_BLOCK_TOKENS 4096 /* B x tokens per chunk of the block-centric selected forward */
 #endif
 #ifndef FAST_SEL_BLOCK_DQ_TOKENS
-#define FAST_SEL_BLOCK_DQ_TOKENS 2048 /* and of its dQ (fp32 partials: twice the bytes per pair) */
+#define FAST_SEL_BLOCK_DQ_TOKENS 4096 /* and of its dQ (bf16 partials too: the same bytes per pair) */
 #endif
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 

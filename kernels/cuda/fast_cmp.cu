@@ -64,8 +64,9 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
 }
 
 template <int DK, int DV, bool WG>
-__global__ void __launch_bounds__(FAST_THREADS)
+__global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
 cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
+    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
     /* Longest first: CTAs start in linear-index order, and key tile x has
      * work ~ S - x*64*d, so the index runs over key tiles outermost (every
      * part and (b, g) of tile 0 first). Without it the long CTAs of late
@@ -76,7 +77,7 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
     const int key_tile = linear / (parts * BG), rest = linear % (parts * BG);
     const int bg = rest / parts, b = bg / c.G, g = bg % c.G;
     const int part = rest % parts;
-    const int i0 = key_tile * 64, khi = min(c.Nc, i0 + 64);
+    const int i0 = key_tile * KT, khi = min(c.Nc, i0 + KT);
     const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int total = (c.S - tb + tpr - 1) / tpr;
@@ -88,16 +89,19 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
      * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
      * 48% busy beside L2 77%). */
     auto tileStart = [=](int it) { return tb + (part + (ntiles - 1 - it) * parts) * tpr; };
-    fastDkdvCore<DK, DV, WG>(
+    fastDkdvCore<DK, DV, WG, FastDkdvShape<WG, DK, DV>::KWG>(
         c, io, b, g, i0, khi, ntiles,
         [=](int it, int slot, int *dst) {
             int t = tileStart(it) + slot;
             *dst = t < S ? t : -1;
         },
         [=](int t, int i) { return i * d + l - 1 <= t; },
-        [=](int it, int) { /* tokens of row tile it: [t, t + tpr) */
+        [=](int it, int ia, int) { /* the tile's last token sees block ia */
+            return ia * d + l - 1 <= min(S, tileStart(it) + tpr) - 1;
+        },
+        [=](int it, int, int ia) { /* tokens of row tile it: [t, t + tpr) */
             int t = tileStart(it);
-            return t + tpr <= S && (i0 + 63) * d + l - 1 <= t;
+            return t + tpr <= S && (ia + 63) * d + l - 1 <= t;
         },
         [=](int i, bool is_k, int col, float v0, float v1) {
             size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
@@ -131,9 +135,13 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
     if ((e = fastMark(marks, "bwd.cmp.dkdv")) != cudaSuccess) return e;
     if (c.Nc > 0) {
         auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
-        const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
+        const int kt = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS
+                               : FastDkdvShape<false, DK, DV>::KEYS;
+        const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
+                                    : FastDkdvShape<false, DK, DV>::THREADS;
+        const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma, kt / 64);
         if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
-        dkdv<<<dim3((c.Nc + 63) / 64, parts, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(
+        dkdv<<<dim3((c.Nc + kt - 1) / kt, parts, c.B * c.G), threads, smem_kv, stream>>>(
             c, io, part_k, part_v);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }

@@ -122,7 +122,7 @@ struct FastSelBlock {
     int *item_start; /* [nchunks][B*G][Ns+1] */
     bf16 *part_o;    /* forward: [B][chunk tokens][G][slots][hpg][dv], normalised per block */
     float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
-    float *part_dq;  /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
+    bf16 *part_dq;   /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
 };
 /* The chunking for a call of B x S with about budget_tokens tokens (B x
  * chunk) per chunk, at least FAST_REV_TOKENS per batch row (the buffers

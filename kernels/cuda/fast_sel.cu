@@ -395,7 +395,7 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
     float *pk = rev.part_k + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DK;
     float *pv = rev.part_v + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DV;
     const int S = c.S, G = c.G;
-    fastDkdvCore<DK, DV, WG>(
+    fastDkdvCore<DK, DV, WG, 1>(
         c, io, b, g, u0, khi, ntiles,
         [=](int it, int s, int *dst) {
             int e = e0 + it * tpr + s;
@@ -403,8 +403,9 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
             else *dst = -1;
         },
         [=](int t, int u) { return u <= t; },
-        [=](int it, int t_first) { /* entries ascend: the first token is the smallest */
-            return e0 + (it + 1) * tpr <= e1 && u0 + 63 <= t_first;
+        [=](int, int, int) { return true; }, /* every listed token chose the block */
+        [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
+            return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
         },
         [=](int u, bool is_k, int col, float v0, float v1) {
             if (items == 1) {

@@ -25,10 +25,18 @@
  * 4096 / 2048 were slower).
  *
  * The dQ pass has the same shape: a CTA holds block j's K/V, streams the
- * query and dout rows of its tokens and writes per pair the fp32 partial
- *   dq_k = sum_{u in j, u <= t} g p_u (dp_u - delta) k_u;
- * the combine sums a token's partials in slot order into the branches'
- * running dq (FastBwdIo.dq_mode). Both passes share the chunk buffer. */
+ * query and dout rows of its tokens and writes per pair the partial
+ *   dq_k = sum_{u in j, u <= t} g p_u (dp_u - delta) k_u,
+ * accumulated in fp32 and stored in bf16; the combine sums a token's
+ * partials in slot order, in fp32, into the branches' running dq
+ * (FastBwdIo.dq_mode). Both passes share the chunk buffer.
+ *
+ * Why bf16 partials: they are most of the dQ pass's memory traffic (each
+ * is written once and read once, from DRAM: a chunk's partials are a GB,
+ * L2 is 50 MB), and each carries one bf16 rounding (relative 2^-9) before
+ * an fp32 sum of at most `slots` of them - the order of the rounding of
+ * the bf16 dq the engine keeps anyway. The forward's partials were bf16
+ * from the start. */
 #include "fast_internal.cuh"
 
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
@@ -393,7 +401,7 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
 }
 
 /* dQ partials of one work item (see the file comment): per (token, slot
- * of j, head) the unscaled fp32 dq_k. Rows come two tiles deep: q and dout
+ * of j, head) the unscaled dq_k, in bf16. Rows come two tiles deep: q and dout
  * by 16-byte async copies, lse, delta and gate by 4-byte ones. WG: the
  * products on wgmma; at d_k = 128 dq is formed in 64-column parts, each
  * written when done, and the rows come one tile deep, so that registers
@@ -474,7 +482,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             gate[i] = sG[st * R + r];
         }
         /* the partial's destination of row half i (NULL: a padding row) */
-        auto partRow = [&](int i) -> float * {
+        auto partRow = [&](int i) -> bf16 * {
             const int r = i ? rB : rA, k = r / hpg;
             const int t = k < tpt ? sTok[rt * tpt + k] : -1;
             const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
@@ -526,15 +534,15 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                  * K, each written as soon as it is done */
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
-                float *dst[2] = {partRow(0), partRow(1)};
+                bf16 *dst[2] = {partRow(0), partRow(1)};
                 fastWgPZParts<DK>(a, sK, [&](int h, const float (&dqh)[8][4]) {
 #pragma unroll
                     for (int i = 0; i < 2; i++) {
                         if (!dst[i]) continue;
 #pragma unroll
                         for (int n = 0; n < 8; n++)
-                            __stcs((float2 *)(dst[i] + h * 64 + n * 8 + quad * 2),
-                                   make_float2(dqh[n][2 * i], dqh[n][2 * i + 1]));
+                            __stcs((unsigned *)(dst[i] + h * 64 + n * 8 + quad * 2),
+                                   fastPack(dqh[n][2 * i], dqh[n][2 * i + 1]));
                     }
                 });
             } else if constexpr (WG) {
@@ -548,11 +556,11 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
         if constexpr (!PARTS) {
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                float *dst = partRow(i);
+                bf16 *dst = partRow(i);
                 if (!dst) continue;
 #pragma unroll
                 for (int n = 0; n < DK / 8; n++)
-                    __stcs((float2 *)(dst + n * 8 + quad * 2), make_float2(dq[n][2 * i], dq[n][2 * i + 1]));
+                    __stcs((unsigned *)(dst + n * 8 + quad * 2), fastPack(dq[n][2 * i], dq[n][2 * i + 1]));
             }
         }
         __syncthreads(); /* stage st is refilled by the next iteration */
@@ -560,11 +568,11 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     fastCpWait<0>();
 }
 
-/* Sums the dQ partials of one (b, t, g) in slot order, times the softmax
- * scale, into the branches' running dq as io.dq_mode says (fastStoreDqRow's
- * rule). Each thread sums four columns of one head over the slots with
- * 16-byte loads, four slots' loads in flight at a time (the pass only
- * streams the partials). Grid (chunk tokens, B*G), 128 threads. */
+/* Sums the bf16 dQ partials of one (b, t, g) in slot order, in fp32, times
+ * the softmax scale, into the branches' running dq as io.dq_mode says
+ * (fastStoreDqRow's rule). Each thread sums eight columns of one head over
+ * the slots with 16-byte loads, four slots' loads in flight at a time (the
+ * pass only streams the partials). Grid (chunk tokens, B*G), 128 threads. */
 template <int DK>
 __global__ void __launch_bounds__(128)
 selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSelBlock sb,
@@ -577,36 +585,51 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     __syncthreads();
     const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
     const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
-    constexpr int VEC = 4, GROUP = 4; /* floats per load; slots per batch of loads */
+    constexpr int VEC = 8, GROUP = 4; /* bf16 per load; slots per batch of loads */
     for (int idx = tid; idx < hpg * (DK / VEC); idx += blockDim.x) {
         const int h = idx / (DK / VEC), col = (idx % (DK / VEC)) * VEC;
-        const float *src = sb.part_dq + (pair0 * hpg + h) * DK + col;
+        const bf16 *src = sb.part_dq + (pair0 * hpg + h) * DK + col;
         const size_t slot_stride = (size_t)hpg * DK;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        float a[VEC] = {};
         for (int s0 = 0; s0 < c.slots; s0 += GROUP) {
-            float4 v[GROUP];
+            uint4 raw[GROUP];
 #pragma unroll
             for (int k = 0; k < GROUP; k++) /* unused slots hold no partial: never read */
-                v[k] = s0 + k < c.slots && slot_used[s0 + k]
-                           ? __ldcs((const float4 *)(src + (s0 + k) * slot_stride))
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
+                raw[k] = s0 + k < c.slots && slot_used[s0 + k]
+                             ? __ldcs((const uint4 *)(src + (s0 + k) * slot_stride))
+                             : make_uint4(0, 0, 0, 0);
 #pragma unroll
-            for (int k = 0; k < GROUP; k++) a.x += v[k].x, a.y += v[k].y, a.z += v[k].z, a.w += v[k].w;
+            for (int k = 0; k < GROUP; k++) {
+                const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&raw[k];
+#pragma unroll
+                for (int e = 0; e < VEC / 2; e++) {
+                    const float2 v = __bfloat1622float2(v2[e]);
+                    a[2 * e] += v.x;
+                    a[2 * e + 1] += v.y;
+                }
+            }
         }
-        a.x *= c.scale, a.y *= c.scale, a.z *= c.scale, a.w *= c.scale;
+#pragma unroll
+        for (int e = 0; e < VEC; e++) a[e] *= c.scale;
         const size_t at = (row0 + h) * DK + col;
         float4 *acc = (float4 *)(io.dq_acc + at);
-        if (io.dq_mode == 0) {
-            *acc = a;
-        } else {
-            const float4 prev = *acc;
-            a.x += prev.x, a.y += prev.y, a.z += prev.z, a.w += prev.w;
-            if (io.dq_mode == 1) {
-                *acc = a;
+#pragma unroll
+        for (int v4 = 0; v4 < VEC / 4; v4++) {
+            float *x = a + 4 * v4;
+            if (io.dq_mode == 0) {
+                acc[v4] = make_float4(x[0], x[1], x[2], x[3]);
             } else {
-                uint2 out = make_uint2(fastPack(a.x, a.y), fastPack(a.z, a.w));
-                *(uint2 *)(io.dq_out + at) = out;
+                const float4 prev = acc[v4];
+                x[0] += prev.x, x[1] += prev.y, x[2] += prev.z, x[3] += prev.w;
+                if (io.dq_mode == 1) acc[v4] = make_float4(x[0], x[1], x[2], x[3]);
             }
+        }
+        if (io.dq_mode == 2) {
+            uint4 out;
+            uint32_t *o32 = (uint32_t *)&out;
+#pragma unroll
+            for (int e = 0; e < VEC / 2; e++) o32[e] = fastPack(a[2 * e], a[2 * e + 1]);
+            *(uint4 *)(io.dq_out + at) = out;
         }
     }
 }

@@ -157,10 +157,25 @@ __device__ __forceinline__ void fastTileBarrier() {
 #ifndef FAST_DKDV_WG_ROWS
 #define FAST_DKDV_WG_ROWS 64
 #endif
-constexpr int fastDkdvSmem(int dk, int dv, bool wg = false) {
+/* Key warpgroups per dK/dV CTA of the window and compressed branches on
+ * wgmma: two warpgroups of 64 keys each share every row stage (q, dout and
+ * their row data), which halves the bytes each key pulls from L2; the
+ * selected branch's CTAs hold one selection block (64 keys) and keep one. */
+#ifndef FAST_DKDV_KEY_WGS
+#define FAST_DKDV_KEY_WGS 2
+#endif
+template <bool WG, int DK, int DV>
+struct FastDkdvShape {
+    /* warpgroups of 64 keys: at d_k = d_v = 64 one warpgroup's registers
+     * leave three CTAs per SM, two warpgroups one (H200, proto 64k: compressed
+     * dK/dV 2.81 -> 3.19 ms, window 0.85 -> 1.03) */
+    static constexpr int KWG = WG && DK + DV >= 256 ? FAST_DKDV_KEY_WGS : 1;
+    static constexpr int KEYS = 64 * KWG, THREADS = FAST_THREADS * KWG;
+};
+constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
     const int pad = wg ? 0 : 8;
-    return (64 * (dk + pad) + 64 * (dv + pad) + 2 * FAST_DKDV_ROWS * (dk + pad) +
-            2 * FAST_DKDV_ROWS * (dv + pad)) * 2 +
+    return (64 * key_wgs * (dk + pad) + 64 * key_wgs * (dv + pad) +
+            2 * FAST_DKDV_ROWS * (dk + pad) + 2 * FAST_DKDV_ROWS * (dv + pad)) * 2 +
            2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4 + (wg ? 1024 : 0);
 }
 
@@ -599,7 +614,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
     }
 }
 
-/* dK, dV of one tile of 64 keys [u0, khi), walking the row tiles of
+/* dK, dV of one tile of 64 * KWG keys [u0, khi), walking the row tiles of
  * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them:
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
  *   dV = sum (g P^T) dout;  dK = scale sum dS^T Q.
@@ -610,17 +625,21 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
  * shared memory, directly or by a 4-byte async copy), so the rows of tile
  * k+1 - q, dout and their lse, delta and gate - are all async copies issued
  * while tile k computes; no thread waits on a global load in the loop.
- * tileFull(k, t_first) says every row of tile k (first token t_first) sees
- * every key of the tile. store(u, is_k, col, v0, v1) writes two adjacent
- * results of key u. */
-template <int DK, int DV, bool WG, class FetchToken, class Visible, class TileFull, class Store>
+ * Each warpgroup owns 64 keys [ka, ka + 64) of the CTA's and computes
+ * only for row tiles where seesAny(k, ka, kb) (some row of tile k may see
+ * a key of [ka, kb]); tileFull(k, t_first, ka) says every row of tile k
+ * (first token t_first) sees every key of [ka, ka + 64).
+ * store(u, is_k, col, v0, v1) writes two adjacent results of key u. */
+template <int DK, int DV, bool WG, int KWG, class FetchToken, class Visible, class SeesAny,
+          class TileFull, class Store>
 __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
                                              int u0, int khi, int ntiles, FetchToken fetchToken,
-                                             Visible visible, TileFull tileFull, Store store) {
+                                             Visible visible, SeesAny seesAny, TileFull tileFull,
+                                             Store store) {
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8);
-    constexpr int R = FAST_DKDV_ROWS;
+    constexpr int R = FAST_DKDV_ROWS, KT = 64 * KWG, THREADS = FAST_THREADS * KWG;
     static_assert(R <= FAST_THREADS, "one metadata thread per row");
-    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV,
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + KT * LDK, *sQ = sV + KT * LDV,
          *sdO = sQ + 2 * R * LDK;
     float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R;
     int *sT = (int *)(sG + 2 * R);
@@ -628,11 +647,11 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int hpg = c.hpg, tpr = R / hpg;
 
-    fastLoadTileFor<WG, 64, DK>(sK, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, KT, DK, THREADS>(sK, [&](int r) -> const bf16 * {
         int u = u0 + r;
         return u < khi ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
     });
-    fastLoadTileFor<WG, 64, DV>(sV, [&](int r) -> const bf16 * {
+    fastLoadTileFor<WG, KT, DV, THREADS>(sV, [&](int r) -> const bf16 * {
         int u = u0 + r;
         return u < khi ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
     });
@@ -651,11 +670,11 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     auto issueRows = [&](int k) {
         const int st = k & 1;
         const int *tok = sTok + (k % 4) * R;
-        fastLoadTileFor<WG, R, DK>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(tok, r, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTileFor<WG, R, DV>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
             size_t row;
             return rowOf(tok, r, row) ? io.dout + row * DV : nullptr;
         });
@@ -701,6 +720,8 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
 #pragma unroll
     for (int n = 0; n < DV / 8; n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
     const int keyA = warp * 16 + grp;
+    /* this warpgroup's keys [ka, kb] */
+    const int wg = KWG > 1 ? warp >> 2 : 0, ka = u0 + wg * 64, kb = min(khi, ka + 64) - 1;
 
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1;
@@ -711,9 +732,13 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         fetchTokens(it + 3);
         fastCpCommit();
         const int t_first = sTok[(it % 4) * R]; /* slot (it + 3) % 4 is being refilled */
+        /* no row of the tile sees this warpgroup's keys: nothing to add
+         * (warpgroup-uniform, so the wgmma below stay whole) */
+        if constexpr (KWG > 1) /* one warpgroup: the caller's row tiles all see key u0 */
+            if (ka > kb || !seesAny(it, ka, kb)) continue;
         /* every row of the tile sees all 64 keys: no mask (rows without a
          * gradient carry gate 0, so they add nothing either way) */
-        const bool full = khi - u0 == 64 && tileFull(it, t_first);
+        const bool full = kb - ka == 63 && tileFull(it, t_first, ka);
         /* rows per pass: the mma.sync path holds a 16 x 32 score tile per
          * warp; wgmma takes the whole 64-row stage in one m64n64 pass where
          * the dK/dV accumulators leave room (d_k, d_v <= 128) */
@@ -729,8 +754,8 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             /* the stage's swizzled tiles of R rows; this pass is rows half * RH .. +RH-1 */
             fastWgRun(
                 [&] {
-                    fastWgIssueAZt<NTH, DK>(s, sK, 64, 0, sQ + st * R * LDK, R, half * RH);
-                    fastWgIssueAZt<NTH, DV>(dp, sV, 64, 0, sdO + st * R * LDV, R, half * RH);
+                    fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, sQ + st * R * LDK, R, half * RH);
+                    fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, sdO + st * R * LDV, R, half * RH);
                 },
                 s, dp);
         } else {
@@ -741,21 +766,33 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
             fastMmaAZt<NTH, DK>(s, sK, LDK, warp * 16, q_t, LDK);
             fastMmaAZt<NTH, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
         }
-        /* s becomes g P^T, dp becomes dS^T */
+        /* s becomes g P^T, dp becomes dS^T; a full tile reads no token and
+         * tests no mask. Two copies of the loop, chosen once per tile: as
+         * one loop with a per-element test the compiler kept the test and
+         * the token loads in every tile in some builds, which cost the
+         * dK/dV passes a third of their time (H200, paper 64k selected
+         * dK/dV 13.0 -> 17.8 ms). */
+        auto gradOfScores = [&](auto full_tile) {
+            constexpr bool FULL = decltype(full_tile)::value;
 #pragma unroll
-        for (int n = 0; n < NTH; n++) {
+            for (int n = 0; n < NTH; n++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int col = n * 8 + quad * 2 + (e & 1);
-                int u = u0 + keyA + (e >> 1) * 8;
-                int t = t_t[col];
-                bool ok = full || (t >= 0 && u < khi && visible(t, u));
-                float p = ok ? fastExp2(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
-                float gp = g_t[col] * p;
-                s[n][e] = gp;
-                dp[n][e] = gp * (dp[n][e] - d_t[col]);
+                for (int e = 0; e < 4; e++) {
+                    const int col = n * 8 + quad * 2 + (e & 1);
+                    bool ok = true;
+                    if constexpr (!FULL) {
+                        const int u = u0 + keyA + (e >> 1) * 8, t = t_t[col];
+                        ok = t >= 0 && u < khi && visible(t, u);
+                    }
+                    const float p = ok ? fastExp2(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
+                    const float gp = g_t[col] * p;
+                    s[n][e] = gp;
+                    dp[n][e] = gp * (dp[n][e] - d_t[col]);
+                }
             }
-        }
+        };
+        if (full) gradOfScores(std::true_type{});
+        else gradOfScores(std::false_type{});
         if constexpr (WG) {
             uint32_t ap[NTH / 2][4], ads[NTH / 2][4];
             fastWgAFromC<NTH>(ap, s);

@@ -11,25 +11,30 @@
 #include "fast_internal.cuh"
 
 template <int DK, int DV, bool WG>
-__global__ void __launch_bounds__(FAST_THREADS)
+__global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
 winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
+    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
-    const int u0 = blockIdx.x * 64, khi = min(c.S, u0 + 64);
+    const int u0 = blockIdx.x * KT, khi = min(c.S, u0 + KT);
     /* the last token that sees key khi-1 is khi-1+w-1 */
     const int te = (int)min((long long)c.S, (long long)khi - 1 + c.window);
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int ntiles = (te - u0 + tpr - 1) / tpr;
     const int window = c.window;
-    fastDkdvCore<DK, DV, WG>(
+    fastDkdvCore<DK, DV, WG, FastDkdvShape<WG, DK, DV>::KWG>(
         c, io, b, g, u0, khi, ntiles,
         [=](int it, int slot, int *dst) {
             int t = u0 + it * tpr + slot;
             *dst = t < te ? t : -1;
         },
         [=](int t, int u) { return u <= t && u > t - window; },
-        [=](int it, int) { /* tokens of row tile it: [t, t + tpr) */
+        [=](int it, int ua, int ub) { /* tokens [t, t_last] see keys [t - w + 1, t_last] */
+            int t = u0 + it * tpr, t_last = min(te, t + tpr) - 1;
+            return ua <= t_last && ub > t - window;
+        },
+        [=](int it, int, int ua) { /* tokens of row tile it: [t, t + tpr) */
             int t = u0 + it * tpr;
-            return t + tpr <= te && u0 + 63 <= t && u0 > t + tpr - 1 - window;
+            return t + tpr <= te && ua + 63 <= t && ua > t + tpr - 1 - window;
         },
         [=](int u, bool is_k, int col, float v0, float v1) {
             size_t key = ((size_t)b * c.S + u) * c.G + g;
@@ -49,11 +54,15 @@ template <int DK, int DV>
 static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, bf16 *dv,
                                cudaStream_t stream, const FastMarks *marks) {
     auto dkdv = c.wgmma ? winDkdvKernel<DK, DV, true> : winDkdvKernel<DK, DV, false>;
-    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
+    const int kt = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS
+                           : FastDkdvShape<false, DK, DV>::KEYS;
+    const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
+                                : FastDkdvShape<false, DK, DV>::THREADS;
+    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma, kt / 64);
     cudaError_t e = fastSetSmem(dkdv, smem_kv);
     if (e != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
-    dkdv<<<dim3((c.S + 63) / 64, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(c, io, dk, dv);
+    dkdv<<<dim3((c.S + kt - 1) / kt, c.B * c.G), threads, smem_kv, stream>>>(c, io, dk, dv);
     return cudaGetLastError();
 }
 
