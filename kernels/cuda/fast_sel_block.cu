@@ -41,7 +41,9 @@
 
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
 #define SELB_ROWS (16 * SELB_WARPS)
+#ifndef SELB_TILES
 #define SELB_TILES 4  /* row tiles per work item: a block's K/V load serves 4 tiles */
+#endif
 
 /* Tokens of one work item: SELB_TILES row tiles of SELB_ROWS / hpg tokens. */
 static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES * (SELB_ROWS / hpg); }
@@ -164,15 +166,50 @@ struct SelBlockItem {
     }
 };
 
+/* Partials leave the wgmma kernels through shared memory. A warp's 16
+ * rows of a C-fragment tile (D columns, bf16) go to the same rows of the q
+ * stage the tile was computed from - free once the warp's scores are done,
+ * and laid out as that stage (64-column panels of SELB_ROWS rows of 128
+ * bytes), with each row's 16-byte chunks XOR-swizzled by the row so that a
+ * fragment store touches 32 distinct banks. The warp then stores whole
+ * 16-byte chunks: a (token, slot)'s hpg rows lie together in the partial
+ * buffer, so it writes whole 128-byte lines, where the fragments' 4-byte
+ * stores wrote each 32-byte sector in two 16-byte halves. */
+__device__ __forceinline__ void selStagePut(bf16 *stage, int r, int col, float v0, float v1) {
+    const int chunk = ((col & 63) >> 3) ^ (r & 7);
+    *(uint32_t *)((char *)stage + (col >> 6) * (SELB_ROWS * 128) + r * 128 + chunk * 16 +
+                  (col & 7) * 2) = fastPack(v0, v1);
+}
+/* Stores the warp's staged rows (after a __syncwarp that follows the last
+ * selStagePut): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
+ * at all. */
+template <int D>
+__device__ __forceinline__ void selStageStore(const bf16 *stage, const long long *row_at,
+                                              bf16 *dst, int warp, int lane) {
+    constexpr int CH = D / 8; /* 16-byte chunks per row */
+#pragma unroll 2
+    for (int i = lane; i < 16 * CH; i += 32) {
+        const int r = warp * 16 + i / CH, k = i % CH;
+        const long long at = row_at[r];
+        if (at < 0) continue;
+        const int chunk = (k & 7) ^ (r & 7);
+        const uint4 v = *(const uint4 *)((const char *)stage + (k >> 3) * (SELB_ROWS * 128) +
+                                         r * 128 + chunk * 16);
+        __stcs((uint4 *)(dst + (size_t)at * D + k * 8), v);
+    }
+}
+
 /* Shared memory of the block-centric kernels: K, V, two stages of q (and
- * of dout for dQ) rows, their metadata (dQ: lse, delta, gate) and the
- * item's tokens and slots. WG tiles are swizzled, 1024-byte aligned. */
+ * of dout for dQ) rows, their metadata (dQ: lse, delta, gate), the
+ * item's tokens and slots and (WG) the partial rows' destinations. WG
+ * tiles are swizzled, 1024-byte aligned. */
 template <int DK, int DV, bool WG, bool DQ>
 constexpr int selBlockSmem() {
     constexpr int P = WG ? 0 : 8, ST = DQ && WG && DK == 128 ? 1 : 2; /* SelBlockDqShape */
     return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
             (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
-           (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 + (WG ? 1024 : 0);
+           (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 +
+           (WG ? SELB_ROWS * 8 + 1024 : 0);
 }
 
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
@@ -194,6 +231,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
     int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
+    long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it;
     if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
@@ -269,29 +307,32 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 __stcs(sb.part_lse + idx, lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY);
             return true;
         };
+        bf16 *stage = sQ + st * R * LDK; /* WG: the partials' way out (selStagePut) */
         if constexpr (HALVES) {
             /* one key sub-tile (l' <= 64, checked by the host): P once, then
-             * o in two 64-column halves, each written as soon as it is done */
+             * o in two 64-column halves, each staged as soon as it is done */
             float s[8][4], mx[2], corr[2];
             scores(s, 0, mx);
             fastSoftmaxScores<8>(s, mx, m, l, corr);
             uint32_t a[4][4];
             fastWgAFromC<8>(a, s);
-            size_t idx[2];
-            float inv[2];
-            bool has[2];
+            float inv[2] = {0.f, 0.f};
 #pragma unroll
-            for (int i = 0; i < 2; i++) has[i] = finishRow(i, idx[i], inv[i]);
+            for (int i = 0; i < 2; i++) {
+                size_t idx = 0;
+                const bool has = finishRow(i, idx, inv[i]);
+                if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
+            }
             fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
 #pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    if (!has[i]) continue;
+                for (int i = 0; i < 2; i++)
 #pragma unroll
                     for (int n = 0; n < 8; n++)
-                        __stcs((unsigned *)(sb.part_o + idx[i] * DV + h * 64 + n * 8 + quad * 2),
-                               fastPack(oh[n][2 * i] * inv[i], oh[n][2 * i + 1] * inv[i]));
-                }
+                        selStagePut(stage, i ? rB : rA, h * 64 + n * 8 + quad * 2,
+                                    oh[n][2 * i] * inv[i], oh[n][2 * i + 1] * inv[i]);
             });
+            __syncwarp();
+            selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
         } else {
             float o[DV / 8][4];
 #pragma unroll
@@ -317,13 +358,25 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             }
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                size_t idx;
-                float inv;
-                if (!finishRow(i, idx, inv)) continue;
+                size_t idx = 0;
+                float inv = 0.f;
+                const bool has = finishRow(i, idx, inv);
+                if constexpr (WG) {
+                    if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
 #pragma unroll
-                for (int n = 0; n < DV / 8; n++)
-                    __stcs((unsigned *)(sb.part_o + idx * DV + n * 8 + quad * 2),
-                           fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv));
+                    for (int n = 0; n < DV / 8; n++)
+                        selStagePut(stage, i ? rB : rA, n * 8 + quad * 2, o[n][2 * i] * inv,
+                                    o[n][2 * i + 1] * inv);
+                } else if (has) { /* mma.sync: the stage's rows are padded and shared */
+#pragma unroll
+                    for (int n = 0; n < DV / 8; n++)
+                        __stcs((unsigned *)(sb.part_o + idx * DV + n * 8 + quad * 2),
+                               fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv));
+                }
+            }
+            if constexpr (WG) {
+                __syncwarp();
+                selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
             }
         }
         __syncthreads(); /* stage st is refilled by the next iteration */
@@ -426,6 +479,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     bf16 *sdO = sQ + ST * R * LDK;                                            /* [ST][R] */
     float *sL = (float *)(sdO + ST * R * LDV), *sD = sL + ST * R, *sG = sD + ST * R; /* [ST][R] */
     int *sTok = (int *)(sG + ST * R), *sSlot = sTok + SELB_TILES * R;
+    long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it;
     if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
@@ -482,14 +536,20 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             gate[i] = sG[st * R + r];
         }
         /* the partial's destination of row half i (NULL: a padding row) */
-        auto partRow = [&](int i) -> bf16 * {
+        /* the partial row of row half i in part_dq (-1: a padding row) */
+        auto partAt = [&](int i) -> long long {
             const int r = i ? rB : rA, k = r / hpg;
             const int t = k < tpt ? sTok[rt * tpt + k] : -1;
             const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
-            if (t < 0 || slot < 0) return nullptr; /* rows that see nothing still write their zeros */
+            if (t < 0 || slot < 0) return -1; /* rows that see nothing still write their zeros */
             const size_t pair = (((size_t)b * CT + (t - t_base)) * c.G + g) * c.slots + slot;
-            return sb.part_dq + (pair * hpg + r % hpg) * DK;
+            return (long long)(pair * hpg + r % hpg);
         };
+        bf16 *stage = sQ + st * R * LDK; /* WG: the partials' way out (selStagePut) */
+        if (WG && quad == 0) {
+            sAt[rA] = partAt(0);
+            sAt[rB] = partAt(1);
+        }
         float dq[PARTS ? 1 : DK / 8][4];
 #pragma unroll
         for (int n = 0; n < (PARTS ? 1 : DK / 8); n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.f;
@@ -531,19 +591,16 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             }
             if constexpr (PARTS) {
                 /* one sub-tile (checked above): dS.K in 64-column parts of
-                 * K, each written as soon as it is done */
+                 * K, each staged as soon as it is done */
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
-                bf16 *dst[2] = {partRow(0), partRow(1)};
                 fastWgPZParts<DK>(a, sK, [&](int h, const float (&dqh)[8][4]) {
 #pragma unroll
-                    for (int i = 0; i < 2; i++) {
-                        if (!dst[i]) continue;
+                    for (int i = 0; i < 2; i++)
 #pragma unroll
                         for (int n = 0; n < 8; n++)
-                            __stcs((unsigned *)(dst[i] + h * 64 + n * 8 + quad * 2),
-                                   fastPack(dqh[n][2 * i], dqh[n][2 * i + 1]));
-                    }
+                            selStagePut(stage, i ? rB : rA, h * 64 + n * 8 + quad * 2,
+                                        dqh[n][2 * i], dqh[n][2 * i + 1]);
                 });
             } else if constexpr (WG) {
                 uint32_t a[4][4];
@@ -553,11 +610,22 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 fastMmaPZ<8, DK>(dq, s, sK, LDK);
             }
         }
-        if constexpr (!PARTS) {
+        if constexpr (WG) {
+            if constexpr (!PARTS)
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int n = 0; n < DK / 8; n++)
+                        selStagePut(stage, i ? rB : rA, n * 8 + quad * 2, dq[n][2 * i],
+                                    dq[n][2 * i + 1]);
+            __syncwarp();
+            selStageStore<DK>(stage, sAt, sb.part_dq, warp, lane);
+        } else {
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                bf16 *dst = partRow(i);
-                if (!dst) continue;
+                const long long at = partAt(i);
+                if (at < 0) continue;
+                bf16 *dst = sb.part_dq + (size_t)at * DK;
 #pragma unroll
                 for (int n = 0; n < DK / 8; n++)
                     __stcs((unsigned *)(dst + n * 8 + quad * 2), fastPack(dq[n][2 * i], dq[n][2 * i + 1]));
