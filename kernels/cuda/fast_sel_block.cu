@@ -41,8 +41,12 @@
 
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
 #define SELB_ROWS (16 * SELB_WARPS)
+/* Row tiles per work item: a block's K/V load serves up to 8 tiles (64
+ * tokens at 16 heads per group). With the partials staged, 8 measured a
+ * little faster than 4 (H200, paper 8k 80.3 -> 79.0 ms, paper192 64k 192.4
+ * -> 191.3) and 2 or 1 slower (paper 64k 135.6 -> 137.7, 141.4). */
 #ifndef SELB_TILES
-#define SELB_TILES 4  /* row tiles per work item: a block's K/V load serves 4 tiles */
+#define SELB_TILES 8
 #endif
 
 /* Tokens of one work item: SELB_TILES row tiles of SELB_ROWS / hpg tokens. */
