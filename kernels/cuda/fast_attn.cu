@@ -84,8 +84,10 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
  *    at 2k union wins, 17.0 against 21.8); the dQ is block-centric where
  *    d_k = 64 (proto 8k: 5.6 against warp 8.3), d_k = 128 with l' <= 64
  *    (its two-CTA kernel; paper 8k: 31.0 against 33.7, 64k: 32.4 against
- *    35.6) or S < 8192 (paper 4k: 30.4 against warp 32.2), else warp per
- *    token (paper192 64k: 47.8 against block 53.1);
+ *    35.6), d_k = 192 with l' <= 64 (since the partials are bf16 and leave
+ *    through shared memory: paper192 64k 33.0 against warp 48.1; before,
+ *    47.8 against block 53.1) or S < 8192 (paper 4k: 30.4 against warp
+ *    32.2), else warp per token;
  *  - on mma.sync: the union forward below 8192 (paper 4k: 37.9 against
  *    warp 45.4), block-centric from there; the union dQ below 4096, warp
  *    from there, block-centric from 8192 where d_k = 64 (proto 64k: 6.2
@@ -108,7 +110,7 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel
     } else if (wgmma) {
         s.block_fwd = d_v <= 64 || S >= 4096;
         s.union_fwd = !s.block_fwd;
-        s.block_dq = d_k <= 64 || (d_k == 128 && sel_len <= 64) || S < 8192;
+        s.block_dq = d_k <= 64 || (d_k >= 128 && sel_len <= 64) || S < 8192;
     } else {
         s.union_fwd = S < 8192;
         s.block_fwd = !s.union_fwd;

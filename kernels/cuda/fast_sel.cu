@@ -16,7 +16,8 @@
  * forces one): the union kernels (fast_sel_union.cu) at short S, where
  * neighbours share most blocks; the block-centric ones (fast_sel_block.cu),
  * which read each chosen block once per work item instead of once per
- * token; these warp-per-token ones for the long-S dQ at d_k >= 128.
+ * token; these warp-per-token ones for the long-S dQ at d_k >= 128 where
+ * l' > 64.
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
