@@ -147,15 +147,7 @@ struct SelBlockItem {
     template <int DK, int DV, int THREADS, bool WG>
     __device__ void loadKV(const FastCtx &c, const bf16 *k, const bf16 *v, int b, int g, int sub,
                            bf16 *sK, bf16 *sV) const {
-        const int u0 = u_lo + sub * 64, hi = u_hi;
-        fastLoadTileFor<WG, 64, DK, THREADS>(sK, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < hi ? k + (((size_t)b * c.S + u) * c.G + g) * DK : nullptr;
-        });
-        fastLoadTileFor<WG, 64, DV, THREADS>(sV, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < hi ? v + (((size_t)b * c.S + u) * c.G + g) * DV : nullptr;
-        });
+        fastLoadKeyTile<WG, 64, DK, DV, THREADS>(sK, sV, k, v, c.S, c.G, b, g, u_lo + sub * 64, u_hi);
     }
 
     /* Row r of row tile rt (token r / hpg of the tile, head r % hpg) as an
@@ -388,6 +380,36 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     fastCpWait<0>();
 }
 
+/* a[0..7] += weight(k) * the eight bf16 partial values at src + k *
+ * slot_stride, over the slots k in order (fp32; weight 0: an unused slot,
+ * never read). Four slots' 16-byte loads are in flight at a time: the
+ * combines only stream the partials, so what they need is bytes in flight. */
+template <class Weight>
+__device__ __forceinline__ void selSumPartials(float (&a)[8], const bf16 *src, size_t slot_stride,
+                                               int slots, Weight weight) {
+    constexpr int GROUP = 4;
+    for (int s0 = 0; s0 < slots; s0 += GROUP) {
+        uint4 raw[GROUP];
+        float ws[GROUP];
+#pragma unroll
+        for (int k = 0; k < GROUP; k++) {
+            ws[k] = s0 + k < slots ? weight(s0 + k) : 0.f;
+            raw[k] = ws[k] != 0.f ? __ldcs((const uint4 *)(src + (s0 + k) * slot_stride))
+                                  : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < GROUP; k++) {
+            const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&raw[k];
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 v = __bfloat1622float2(v2[e]);
+                a[2 * e] = fmaf(ws[k], v.x, a[2 * e]);
+                a[2 * e + 1] = fmaf(ws[k], v.y, a[2 * e + 1]);
+            }
+        }
+    }
+}
+
 /* Merges the partials of one (b, t, g) in slot order into o_sel, lse_sel:
  *   lse = ln sum_k exp(lse_k),  o = sum_k exp(lse_k - lse) o_k.
  * A warp per head forms the weights, a lane per slot (max and sum by
@@ -422,33 +444,12 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         if (lane == 0) io.lse[out0 + h] = sum > 0.f ? mx + logf(sum) : -INFINITY;
     }
     __syncthreads();
-    constexpr int VEC = 8, GROUP = 4; /* bf16 per load; slots per batch of loads */
+    constexpr int VEC = 8; /* bf16 per load */
     for (int idx = tid; idx < hpg * (DV / VEC); idx += blockDim.x) {
         const int h = idx / (DV / VEC), col = (idx % (DV / VEC)) * VEC;
-        const bf16 *src = sb.part_o + (pair0 * hpg + h) * DV + col;
-        const size_t slot_stride = (size_t)hpg * DV;
         float a[VEC] = {};
-        for (int s0 = 0; s0 < c.slots; s0 += GROUP) {
-            uint4 raw[GROUP];
-            float ws[GROUP];
-#pragma unroll
-            for (int k = 0; k < GROUP; k++) {
-                /* unused slots hold no partial: never read (weight 0) */
-                ws[k] = s0 + k < c.slots ? w[h][s0 + k] : 0.f;
-                raw[k] = ws[k] != 0.f ? __ldcs((const uint4 *)(src + (s0 + k) * slot_stride))
-                                      : make_uint4(0, 0, 0, 0);
-            }
-#pragma unroll
-            for (int k = 0; k < GROUP; k++) {
-                const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&raw[k];
-#pragma unroll
-                for (int e = 0; e < VEC / 2; e++) {
-                    const float2 v = __bfloat1622float2(v2[e]);
-                    a[2 * e] = fmaf(ws[k], v.x, a[2 * e]);
-                    a[2 * e + 1] = fmaf(ws[k], v.y, a[2 * e + 1]);
-                }
-            }
-        }
+        selSumPartials(a, sb.part_o + (pair0 * hpg + h) * DV + col, (size_t)hpg * DV, c.slots,
+                       [&](int k) { return w[h][k]; });
         uint4 out;
         uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
@@ -657,30 +658,12 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     __syncthreads();
     const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
     const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
-    constexpr int VEC = 8, GROUP = 4; /* bf16 per load; slots per batch of loads */
+    constexpr int VEC = 8; /* bf16 per load */
     for (int idx = tid; idx < hpg * (DK / VEC); idx += blockDim.x) {
         const int h = idx / (DK / VEC), col = (idx % (DK / VEC)) * VEC;
-        const bf16 *src = sb.part_dq + (pair0 * hpg + h) * DK + col;
-        const size_t slot_stride = (size_t)hpg * DK;
-        float a[VEC] = {};
-        for (int s0 = 0; s0 < c.slots; s0 += GROUP) {
-            uint4 raw[GROUP];
-#pragma unroll
-            for (int k = 0; k < GROUP; k++) /* unused slots hold no partial: never read */
-                raw[k] = s0 + k < c.slots && slot_used[s0 + k]
-                             ? __ldcs((const uint4 *)(src + (s0 + k) * slot_stride))
-                             : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int k = 0; k < GROUP; k++) {
-                const __nv_bfloat162 *v2 = (const __nv_bfloat162 *)&raw[k];
-#pragma unroll
-                for (int e = 0; e < VEC / 2; e++) {
-                    const float2 v = __bfloat1622float2(v2[e]);
-                    a[2 * e] += v.x;
-                    a[2 * e + 1] += v.y;
-                }
-            }
-        }
+        float a[VEC] = {}; /* weight 1: fmaf(1, v, a) is a + v exactly */
+        selSumPartials(a, sb.part_dq + (pair0 * hpg + h) * DK + col, (size_t)hpg * DK, c.slots,
+                       [&](int k) { return slot_used[k] ? 1.f : 0.f; });
 #pragma unroll
         for (int e = 0; e < VEC; e++) a[e] *= c.scale;
         const size_t at = (row0 + h) * DK + col;

@@ -141,6 +141,20 @@ __device__ __forceinline__ void fastLoadTileFor(bf16 *dst, RowPtr rowPtr) {
     if constexpr (WG) fastLoadTileSw<ROWS, D, THREADS>(dst, rowPtr);
     else fastLoadTile<ROWS, D, THREADS>(dst, rowPtr);
 }
+/* Starts the async copy of key tile [u0, u0 + KT) of k, v [B][nkeys][G][D]
+ * into the stages sK, sV, rows from ke on zero-filled. */
+template <bool WG, int KT, int DK, int DV, int THREADS>
+__device__ __forceinline__ void fastLoadKeyTile(bf16 *sK, bf16 *sV, const bf16 *k, const bf16 *v,
+                                                int nkeys, int G, int b, int g, int u0, int ke) {
+    fastLoadTileFor<WG, KT, DK, THREADS>(sK, [&](int r) -> const bf16 * {
+        int u = u0 + r;
+        return u < ke ? k + (((size_t)b * nkeys + u) * G + g) * DK : nullptr;
+    });
+    fastLoadTileFor<WG, KT, DV, THREADS>(sV, [&](int r) -> const bf16 * {
+        int u = u0 + r;
+        return u < ke ? v + (((size_t)b * nkeys + u) * G + g) * DV : nullptr;
+    });
+}
 /* The barrier after a cp.async wait: for WG the landed tiles are first
  * handed to the async proxy the tensor cores read through. */
 template <bool WG>
@@ -210,15 +224,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     pol.keyRange(t0, t_last, kb, ke);
     const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
     auto loadKV = [&](int it, int st) {
-        const int u0 = kb + it * KT;
-        fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < ke ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
-        });
-        fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
-            int u = u0 + r;
-            return u < ke ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
-        });
+        fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, io.k, io.v,
+                                                 io.nkeys, c.G, b, g, kb + it * KT, ke);
     };
     if (ntiles > 0) loadKV(0, 0);
     fastCpCommit();
@@ -457,15 +464,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
         pol.keyRange(t0, t_last, kb, ke);
         const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
         auto loadKV = [&](int it, int st) {
-            const int u0 = kb + it * KT;
-            fastLoadTileFor<WG, KT, DK, THREADS>(sK + st * KT * LDK, [&](int r) -> const bf16 * {
-                int u = u0 + r;
-                return u < ke ? bio.k + (((size_t)b * bio.nkeys + u) * c.G + g) * DK : nullptr;
-            });
-            fastLoadTileFor<WG, KT, DV, THREADS>(sV + st * KT * LDV, [&](int r) -> const bf16 * {
-                int u = u0 + r;
-                return u < ke ? bio.v + (((size_t)b * bio.nkeys + u) * c.G + g) * DV : nullptr;
-            });
+            fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
+                                                     bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
         };
         if (ntiles > 0) loadKV(0, 0);
         fastCpCommit();
@@ -647,14 +647,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int hpg = c.hpg, tpr = R / hpg;
 
-    fastLoadTileFor<WG, KT, DK, THREADS>(sK, [&](int r) -> const bf16 * {
-        int u = u0 + r;
-        return u < khi ? io.k + (((size_t)b * io.nkeys + u) * c.G + g) * DK : nullptr;
-    });
-    fastLoadTileFor<WG, KT, DV, THREADS>(sV, [&](int r) -> const bf16 * {
-        int u = u0 + r;
-        return u < khi ? io.v + (((size_t)b * io.nkeys + u) * c.G + g) * DV : nullptr;
-    });
+    fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK, sV, io.k, io.v, io.nkeys, c.G, b, g, u0, khi);
     auto fetchTokens = [&](int k) {
         if (k < ntiles && (int)threadIdx.x < tpr)
             fetchToken(k, (int)threadIdx.x, sTok + (k % 4) * R + threadIdx.x);
