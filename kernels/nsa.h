@@ -337,6 +337,12 @@ void nsaAttnCudaPlanFree(NsaAttnCudaPlan *plan);
 /* Device bytes the plan allocated (0 for NULL): state and scratch for an
  * owner, state only for a plan that shares another's scratch. */
 size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *plan);
+/* The bytes a plan for max_dims would take on the current device, without
+ * allocating: its state (each plan's own) and its scratch (an owner's, that
+ * sharing plans borrow); either pointer may be NULL. Same checks and
+ * environment as nsaAttnCudaPlanCreate. Returns 0, or -1 with err. */
+int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, size_t *state_bytes, size_t *scratch_bytes,
+                           NsaError *err);
 
 int nsaAttnForwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,
                        const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,

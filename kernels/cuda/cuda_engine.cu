@@ -417,6 +417,7 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     if (nsaLayoutBuild(&lay, cfg, err)) return -1;
     const size_t arena_bytes = lay.total * sizeof(float);
     const size_t low_bytes = e.low ? lay.total * dtypeBytes(e.op) : 0;
+    const size_t optim_table = sizeof(OptimState) + (size_t)lay.n_tensors * sizeof(OptimTensor);
     nsaLayoutFree(&lay);
     const int F = nsaLayoutMlpHidden(cfg);
     const int B = opt->max_batch, S = opt->max_seq_len;
@@ -431,16 +432,35 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         planActivations(cfg, e, F, 1, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
     size_t scratch1 = planScratch(cfg, e, F, 1, S, embeddingMaxChunks(S, cfg->vocab_size), NULL,
                                   NULL, NULL) * sizeof(float);
+    CUDA_CHECK(cudaSetDevice(opt->device_ordinal), err);
+    /* the fast attention op's plans, as nsaCudaModelCreate makes them: one
+     * per layer with its own state, all sharing the first one's scratch */
+    size_t attn = 0, attn1 = 0;
+    if (e.fast) {
+        for (int pass = 0; pass < 2; pass++) { /* max_batch, then one sequence */
+            const NsaAttnDims d = {pass ? 1 : B, S, cfg->n_heads, cfg->n_kv_groups, cfg->d_k,
+                                   cfg->d_v, cfg->cmp_len, cfg->cmp_stride, cfg->sel_len,
+                                   cfg->n_sel, cfg->window};
+            size_t state = 0, scratch = 0;
+            NsaError aerr = {{0}};
+            if (nsaAttnCudaPlanMeasure(&d, &state, &scratch, &aerr))
+                return cudaFail(err, "cuda: the fast attention op refused the plan (%s)",
+                                aerr.message);
+            *(pass ? &attn1 : &attn) = state * (size_t)cfg->n_layers + scratch;
+        }
+    }
     plan->workspace = planScratch(cfg, e, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
-                      GEMM_WORKSPACE_BYTES +
-                      planIds(N, chunks, cfg->vocab_size, NULL, NULL) * sizeof(int32_t);
+                      GEMM_WORKSPACE_BYTES + attn +
+                      planIds(N, chunks, cfg->vocab_size, NULL, NULL) * sizeof(int32_t) +
+                      optim_table;
     plan->total = plan->params + plan->grads + plan->optimizer + plan->activations +
                   plan->workspace;
-    CUDA_CHECK(cudaSetDevice(opt->device_ordinal), err);
     CUDA_CHECK(cudaMemGetInfo(&plan->device_free, &plan->device_total), err);
-    /* what one more sequence costs: its activations plus its scratch */
+    /* what one more sequence costs: its activations, its scratch and its
+     * share of the attention plans (measured at one sequence: their chunk
+     * buffers do not grow linearly in B, so this is an estimate) */
     size_t fixed = plan->params + plan->grads + plan->optimizer + GEMM_WORKSPACE_BYTES;
-    size_t per_seq = plan->activations_per_sequence + scratch1;
+    size_t per_seq = plan->activations_per_sequence + scratch1 + attn1;
     size_t margin = (size_t)512 << 20;   /* CUDA context, cuBLAS internals */
     if (plan->device_free > fixed + margin)
         plan->max_batch_that_fits = (int)((plan->device_free - fixed - margin) / per_seq);

@@ -77,10 +77,11 @@ int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_byt
  * and of the activations for opt->max_batch sequences of opt->max_seq_len,
  * the activation bytes of one such sequence, and the largest batch that
  * would fit in the device's free memory now. params includes the 16-bit
- * weight copy. Not included: the fast attention op's per-layer plans (their
- * size is known only to the op; nsaCudaModelMemoryReport counts them in
- * workspace), so the batch that fits is an upper bound in bf16/fp16 mode.
- * Returns 0, or -1 with err (bad config, no device). */
+ * weight copy; workspace the fast attention op's per-layer plans as
+ * nsaAttnCudaPlanMeasure gives them, so total is what nsaCudaModelCreate
+ * allocates and nsaCudaModelMemoryReport reports. The batch that fits is an
+ * estimate (the attention plans' chunk buffers are not linear in B).
+ * Returns 0, or -1 with err (bad config, no device, a refused plan). */
 typedef struct NsaCudaMemoryPlan {
     size_t params, grads, optimizer;      /* bytes: fp32 master, fp32 grads, m + v */
     size_t activations;                   /* bytes for max_batch x max_seq_len */

@@ -289,15 +289,12 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     return at;
 }
 
-/* nsaAttnCudaPlanCreate (owner NULL) and nsaAttnCudaPlanCreateSharing. */
-static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
-                                       NsaError *err) {
-    if (fastCheckDims(max_dims, err)) return NULL;
-    NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
-    if (!p) {
-        fastFail(err, "nsa fast attention: out of host memory for the plan");
-        return NULL;
-    }
+/* Fills a plan's design for max_dims on the current device: the dims
+ * checked, the selected-branch design (NSA_FAST_SEL), the device's SM count
+ * and shared memory, the tensor-core path (NSA_FAST_MMA). Allocates
+ * nothing. Returns 0, or -1 with err (bad dims or variable, no device). */
+static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, NsaError *err) {
+    if (fastCheckDims(max_dims, err)) return -1;
     p->max = *max_dims;
     /* NSA_FAST_SEL=union|warp|block|dense forces one selected-branch design (the
      * tests check each at every shape); unset or auto picks by S. */
@@ -307,85 +304,76 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         else if (!strcmp(sel_env, "warp")) p->sel_mode = 2;
         else if (!strcmp(sel_env, "block")) p->sel_mode = 3;
         else if (!strcmp(sel_env, "dense")) p->sel_mode = 4;
-        else {
-            fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, block, "
-                          "dense", sel_env);
-            free(p);
-            return NULL;
-        }
-    }
-    if (owner) {
-        const NsaAttnDims *o = &owner->max;
-        if (owner->scratch_owner) {
-            fastFail(err, "nsa fast attention: the plan to share scratch with shares another "
-                          "plan's; allowed: a plan from nsaAttnCudaPlanCreate");
-            free(p);
-            return NULL;
-        }
-        if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode) {
-            fastFail(err, "nsa fast attention: dims (B=%d S=%d H=%d G=%d ...) or NSA_FAST_SEL "
-                          "differ from the scratch owner's (B=%d S=%d H=%d G=%d ...); allowed: "
-                          "identical max_dims and design",
-                     max_dims->B, max_dims->S, max_dims->H, max_dims->G, o->B, o->S, o->H, o->G);
-            free(p);
-            return NULL;
-        }
-        p->scratch_owner = owner;
+        else
+            return fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, "
+                                 "block, dense", sel_env);
     }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&p->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess) {
-        fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
-        free(p);
-        return NULL;
-    }
-    p->device = dev;
     /* NSA_FAST_MMA=sync|wgmma picks the tile loops' tensor-core path (the
      * tests check both); unset or auto: wgmma on sm_90, where the sm_90a
      * code is built, else mma.sync. wgmma elsewhere is refused. */
     int major = 0, minor = 0;
-    e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
-    if (e != cudaSuccess) {
-        fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
-        free(p);
-        return NULL;
-    }
+    if (e != cudaSuccess)
+        return fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
+    p->device = dev;
     const int hopper = major == 9 && minor == 0;
     const char *mma_env = getenv("NSA_FAST_MMA");
-    if (!mma_env || !*mma_env || !strcmp(mma_env, "auto")) {
-        p->wgmma = hopper;
-    } else if (!strcmp(mma_env, "sync")) {
-        p->wgmma = 0;
-    } else if (!strcmp(mma_env, "wgmma") && hopper) {
-        p->wgmma = 1;
-    } else {
-        fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d device; "
-                      "allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+    if (!mma_env || !*mma_env || !strcmp(mma_env, "auto")) p->wgmma = hopper;
+    else if (!strcmp(mma_env, "sync")) p->wgmma = 0;
+    else if (!strcmp(mma_env, "wgmma") && hopper) p->wgmma = 1;
+    else
+        return fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d "
+                             "device; allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+    return 0;
+}
+
+/* nsaAttnCudaPlanCreate (owner NULL) and nsaAttnCudaPlanCreateSharing. */
+static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
+                                       NsaError *err) {
+    NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
+    if (!p) {
+        fastFail(err, "nsa fast attention: out of host memory for the plan");
+        return NULL;
+    }
+    if (fastPlanConfigure(p, max_dims, err)) {
         free(p);
         return NULL;
     }
-    if (owner && owner->wgmma != p->wgmma) {
-        fastFail(err, "nsa fast attention: NSA_FAST_MMA differs from the scratch owner's "
-                      "(%s against %s); allowed: the same tensor-core path",
-                 p->wgmma ? "wgmma" : "sync", owner->wgmma ? "wgmma" : "sync");
-        free(p);
-        return NULL;
-    }
-    if (owner && owner->device != dev) {
-        fastFail(err, "nsa fast attention: the scratch owner lives on device %d, this plan on %d; "
-                      "allowed: the same device", owner->device, dev);
-        free(p);
-        return NULL;
+    if (owner) {
+        const NsaAttnDims *o = &owner->max;
+        const char *why = NULL;
+        if (owner->scratch_owner)
+            why = "the plan to share scratch with shares another plan's; allowed: a plan from "
+                  "nsaAttnCudaPlanCreate";
+        else if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode)
+            why = "dims or NSA_FAST_SEL differ from the scratch owner's; allowed: identical "
+                  "max_dims and design";
+        else if (owner->wgmma != p->wgmma)
+            why = "NSA_FAST_MMA differs from the scratch owner's; allowed: the same tensor-core "
+                  "path";
+        else if (owner->device != p->device)
+            why = "the scratch owner lives on another device; allowed: the same device";
+        if (why) {
+            fastFail(err, "nsa fast attention: %s (this plan B=%d S=%d H=%d G=%d on device %d, "
+                          "owner B=%d S=%d H=%d G=%d on device %d)",
+                     why, max_dims->B, max_dims->S, max_dims->H, max_dims->G, p->device, o->B,
+                     o->S, o->H, o->G, owner->device);
+            free(p);
+            return NULL;
+        }
+        p->scratch_owner = owner;
     }
     /* an owner holds its scratch after its state; a sharer only its state */
     size_t scratch_bytes = 0;
     const size_t state_bytes = fastCarve(p, max_dims, NULL, NULL, &scratch_bytes);
     p->bytes = owner ? state_bytes : state_bytes + scratch_bytes;
-    e = cudaMalloc(&p->base, p->bytes);
+    cudaError_t e = cudaMalloc(&p->base, p->bytes);
     if (e != cudaSuccess) {
         fastFail(err, "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
                  p->bytes, max_dims->B, max_dims->S, cudaGetErrorString(e));
@@ -403,6 +391,23 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         }
     }
     return p;
+}
+
+extern "C" int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, size_t *state_bytes,
+                                      size_t *scratch_bytes, NsaError *err) {
+    if (!max_dims) return fastFail(err, "nsa fast attention: dims are NULL");
+    NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
+    if (!p) return fastFail(err, "nsa fast attention: out of host memory for the plan");
+    if (fastPlanConfigure(p, max_dims, err)) {
+        free(p);
+        return -1;
+    }
+    size_t scratch = 0;
+    const size_t state = fastCarve(p, max_dims, NULL, NULL, &scratch);
+    free(p);
+    if (state_bytes) *state_bytes = state;
+    if (scratch_bytes) *scratch_bytes = scratch;
+    return 0;
 }
 
 extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err) {

@@ -1151,12 +1151,22 @@ static void testMemoryPlan(Results *res) {
         report(res, 0, nowSeconds() - t0, name, "%s", err.message);
         return;
     }
-    report(res, p.params > 0 && p.activations_per_sequence > 0 && p.max_batch_that_fits >= 1 &&
-                    strncmp(p.attention_path, "fast", 4) == 0,
+    /* the plan is what the engine then allocates, to the byte: the
+     * attention op's per-layer plans included */
+    NsaModel *m = makeModel(&c, NSA_DEVICE_CUDA, NSA_PREC_BF16, o.max_batch, o.max_seq_len, 1, &err);
+    NsaMemoryReport mr;
+    memset(&mr, 0, sizeof(mr));
+    const int made = m && nsaModelMemoryReport(m, &mr) == 0;
+    nsaModelFree(m);
+    report(res, made && p.params > 0 && p.activations_per_sequence > 0 &&
+                    p.max_batch_that_fits >= 1 && strncmp(p.attention_path, "fast", 4) == 0 &&
+                    mr.total == p.total && mr.workspace == p.workspace,
            nowSeconds() - t0, name,
-           "params %.0f MB, grads %.0f MB, adam %.0f MB, acts/seq %.0f MB, fits batch %d, attn %.4s",
+           "params %.0f MB, grads %.0f MB, adam %.0f MB, acts/seq %.0f MB, workspace %.0f MB "
+           "(model %.0f MB), total %.0f MB (model %.0f MB), fits batch %d, attn %.4s%s%s",
            p.params / 1e6, p.grads / 1e6, p.optimizer / 1e6, p.activations_per_sequence / 1e6,
-           p.max_batch_that_fits, p.attention_path);
+           p.workspace / 1e6, mr.workspace / 1e6, p.total / 1e6, mr.total / 1e6,
+           p.max_batch_that_fits, p.attention_path, made ? "" : "; model: ", made ? "" : err.message);
 }
 
 static void testBadInput(Results *res) {

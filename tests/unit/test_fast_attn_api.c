@@ -34,6 +34,12 @@ static void expectRefused(NsaAttnDims d, const char *needle1, const char *needle
     print_message("# refused: %s\n", err.message);
     assert_non_null(strstr(err.message, needle1));
     if (needle2) assert_non_null(strstr(err.message, needle2));
+    /* measuring a plan applies the same checks */
+    memset(&err, 0, sizeof(err));
+    size_t state_bytes = 1, scratch_bytes = 1;
+    assert_int_equal(nsaAttnCudaPlanMeasure(&d, &state_bytes, &scratch_bytes, &err), -1);
+    assert_non_null(strstr(err.message, needle1));
+    if (needle2) assert_non_null(strstr(err.message, needle2));
 }
 
 static void test_refuses_unbuilt_head_dims(void **state) {
@@ -86,6 +92,8 @@ static void test_refuses_null(void **state) {
     assert_int_equal(nsaAttnBackwardCuda(NULL, &d, &in, NULL, NULL, NULL, &err), -1);
     assert_non_null(strstr(err.message, "plan is NULL"));
     assert_int_equal(nsaAttnCudaPlanBytes(NULL), 0);
+    assert_int_equal(nsaAttnCudaPlanMeasure(NULL, NULL, NULL, &err), -1);
+    assert_non_null(strstr(err.message, "dims are NULL"));
     nsaAttnCudaPlanFree(NULL); /* a no-op */
     memset(&err, 0, sizeof(err));
     assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, &err));
@@ -104,8 +112,15 @@ static void test_plan_on_this_machine(void **state) {
     NsaError err;
     memset(&err, 0, sizeof(err));
     NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    size_t state_bytes = 0, scratch_bytes = 0;
+    NsaError merr;
+    memset(&merr, 0, sizeof(merr));
+    const int measured = nsaAttnCudaPlanMeasure(&d, &state_bytes, &scratch_bytes, &merr);
     if (plan) {
         assert_true(nsaAttnCudaPlanBytes(plan) > 0);
+        /* the measure is what the plan allocated: state and scratch */
+        assert_int_equal(measured, 0);
+        assert_int_equal(nsaAttnCudaPlanBytes(plan), state_bytes + scratch_bytes);
         NsaAttnDeviceInputs in;
         memset(&in, 0, sizeof(in));
         assert_int_equal(nsaAttnForwardCuda(plan, &d, &in, NULL, NULL, NULL, NULL, &err), -1);
@@ -121,6 +136,7 @@ static void test_plan_on_this_machine(void **state) {
         assert_non_null(sharer);
         assert_true(nsaAttnCudaPlanBytes(sharer) > 0);
         assert_true(nsaAttnCudaPlanBytes(sharer) < nsaAttnCudaPlanBytes(plan));
+        assert_int_equal(nsaAttnCudaPlanBytes(sharer), state_bytes); /* a sharer holds its state */
         assert_null(nsaAttnCudaPlanCreateSharing(&d, sharer, &err));
         assert_non_null(strstr(err.message, "shares another"));
         d.S = 128;
@@ -131,6 +147,10 @@ static void test_plan_on_this_machine(void **state) {
     } else {
         print_message("# no plan on this machine: %s\n", err.message);
         assert_true(err.message[0] != '\0');
+        /* no device to measure for either: the same kind of clear failure */
+        assert_int_equal(measured, -1);
+        print_message("# no measure on this machine: %s\n", merr.message);
+        assert_true(merr.message[0] != '\0');
     }
 }
 
