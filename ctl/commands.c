@@ -674,7 +674,8 @@ static int cmdStacks(Ctl *ctl, int argc, char **argv) {
         printf("run %s, phase %s for %s", ctlString(reply.json, "run_id", "(none)"),
                ctlString(reply.json, "phase", "-"), formatDuration(age, age_s, sizeof age_s));
         if (have_step) printf(", step %.0f", step);
-        printf("\n\n%s", ctlString(reply.json, "stacks", "(no stacks in the answer)\n"));
+        printf("\n%s", ctlString(reply.json, "device", ""));
+        printf("\n%s", ctlString(reply.json, "stacks", "(no stacks in the answer)\n"));
         const char *stacks = ctlString(reply.json, "stacks", "");
         if (*stacks && stacks[strlen(stacks) - 1] != '\n') putchar('\n');
     }
@@ -788,7 +789,8 @@ const CtlCommand ctlCommands[] = {
      "  --since SEQ    events with seq >= SEQ\n",
      cmdEvents},
     {"stacks", "stacks", "dump every nsad thread's stack (for a run that seems stuck)",
-     "Prints the trainer's phase and how long it has been in it, then the stacks.\n"
+     "Prints the trainer's phase and how long it has been in it, what it last\n"
+     "knew of the device, then the stacks.\n"
      "nsad also writes them to its log.\n",
      cmdStacks},
     {"watch", "watch ID [--interval S]", "follow a run live until it ends (step, loss, tok/s, ETA)",

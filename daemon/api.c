@@ -481,6 +481,9 @@ static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
     cJSON_AddNumberToObject(o, "step", (double)atomic_load(&svc->mon.step));
     addStringOrNull(o, "run_id", svc->active_id);
     pthread_mutex_unlock(&svc->lock);
+    char device[640];
+    trainMonitorDescribeDevice(&svc->mon, serviceNowNs(), device, sizeof device);
+    cJSON_AddStringToObject(o, "device", device);
     cJSON_AddStringToObject(o, "stacks", stacks);
     logNotice("stack dump requested over the API (trainer phase %s)", trainPhaseName(phase));
     const char *p = stacks;

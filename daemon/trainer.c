@@ -55,6 +55,63 @@ void trainMonitorInit(TrainMonitor *mon) {
     atomic_store(&mon->heartbeat_ns, monotonicNs());
     atomic_store(&mon->halt_requested, 0);
     atomic_store(&mon->stop_now, 0);
+    atomic_store(&mon->step_done_ns, 0);
+    atomic_store(&mon->step_done, 0);
+    atomic_store(&mon->memory_bytes, 0);
+    atomic_store(&mon->memory_step, 0);
+    atomic_store(&mon->device_seq, 0);
+    mon->device[0] = '\0';
+}
+
+/* A seqlock: one writer (the trainer), readers retry while it writes. The
+ * bytes go through relaxed atomic loads and stores so that a read racing
+ * a write is defined behaviour; the sequence numbers order them. */
+void trainMonitorSetDevice(TrainMonitor *mon, const char *line) {
+    unsigned seq = atomic_load_explicit(&mon->device_seq, memory_order_relaxed);
+    atomic_store_explicit(&mon->device_seq, seq + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    size_t i = 0;
+    for (; line && line[i] && i + 1 < sizeof mon->device; i++)
+        atomic_store_explicit((_Atomic char *)&mon->device[i], line[i], memory_order_relaxed);
+    atomic_store_explicit((_Atomic char *)&mon->device[i], '\0', memory_order_relaxed);
+    atomic_store_explicit(&mon->device_seq, seq + 2, memory_order_release);
+}
+
+void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap) {
+    out[0] = '\0';
+    for (int attempt = 0; attempt < 100; attempt++) {
+        unsigned before = atomic_load_explicit(&mon->device_seq, memory_order_acquire);
+        if (before & 1) continue;
+        size_t i = 0;
+        for (; i + 1 < cap && i < sizeof mon->device; i++) {
+            out[i] = atomic_load_explicit((_Atomic char *)&mon->device[i], memory_order_relaxed);
+            if (!out[i]) break;
+        }
+        out[i < cap ? i : cap - 1] = '\0';
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&mon->device_seq, memory_order_relaxed) == before) return;
+    }
+    snprintf(out, cap, "(being replaced)");
+}
+
+void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap) {
+    char device[sizeof mon->device];
+    trainMonitorDevice(mon, device, sizeof device);
+    const int64_t mem = atomic_load(&mon->memory_bytes), mem_step = atomic_load(&mon->memory_step);
+    const int64_t done_ns = atomic_load(&mon->step_done_ns), done = atomic_load(&mon->step_done);
+    char memory[96], last[128];
+    if (mem_step > 0)
+        snprintf(memory, sizeof memory, "%.2f GB in use at step %" PRId64, (double)mem / 1e9,
+                 mem_step);
+    else
+        snprintf(memory, sizeof memory, "not measured yet (no step logged in this process)");
+    if (done_ns > 0)
+        snprintf(last, sizeof last, "step %" PRId64 ", %.1f s ago", done,
+                 now_ns > done_ns ? (double)(now_ns - done_ns) * 1e-9 : 0.0);
+    else
+        snprintf(last, sizeof last, "none yet in this process");
+    snprintf(out, cap, "device: %s\ndevice_memory: %s\nlast_step_done: %s\n",
+             device[0] ? device : "(no model built yet)", memory, last);
 }
 
 /* clock_gettime and atomic stores only: async-signal-safe */
@@ -207,6 +264,29 @@ static int openData(Trainer *t, NsaError *err) {
     t->targets = malloc(n * sizeof(int32_t));
     if (!t->tokens || !t->targets) return nsaErrorf(err, "out of memory for a batch of %zu tokens", n);
     return 0;
+}
+
+/* The device line of hang dumps: engine, precision, which device (the
+ * probe's line on CUDA), memory and attention path. Asked once per job,
+ * while the device answers. */
+static void publishDevice(Trainer *t, const NsaMemoryReport *mem) {
+    char line[sizeof t->mon->device];
+    const RuntimeConfig *rt = &t->job.runtime;
+    int n = snprintf(line, sizeof line, "%s, %s", configDeviceName(rt->device),
+                     configPrecisionName(rt->precision));
+    if (rt->device == NSA_DEVICE_CUDA) {
+        NsaDeviceInfo info;
+        NsaError e;
+        if (nsaDeviceProbe(&info, &e) == 0)
+            n += snprintf(line + n, n < (int)sizeof line ? sizeof line - (size_t)n : 0, "; %s",
+                          info.description);
+        if (mem && n < (int)sizeof line)
+            n += snprintf(line + n, sizeof line - (size_t)n, "; model %.2f GB; attention %s",
+                          (double)mem->total / 1e9, mem->attention_path);
+    } else if (n < (int)sizeof line) {
+        snprintf(line + n, sizeof line - (size_t)n, "; %d threads", rt->threads);
+    }
+    trainMonitorSetDevice(t->mon, line);
 }
 
 static int createModel(Trainer *t, NsaError *err) {
@@ -393,6 +473,8 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
         .tokens_seen = t->state.tokens_seen,
         .mem_bytes = memoryInUse(t),
     };
+    atomic_store(&t->mon->memory_bytes, (int64_t)s.mem_bytes);
+    atomic_store(&t->mon->memory_step, s.step);
     t->log_step_seconds = 0;
     t->log_tokens0 = t->state.tokens_seen;
     const char *phase = t->state.step <= t->job.train.warmup_steps ? "warmup" : "train";
@@ -544,6 +626,8 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
         double t0 = monotonicSeconds();
         NsaStepStats stats;
         if (runStep(t, step, lr, &stats, err) != 0) return -1;
+        atomic_store(&t->mon->step_done, step); /* its results are back from the device */
+        atomic_store(&t->mon->step_done_ns, monotonicNs());
         t->log_step_seconds += monotonicSeconds() - t0;
         if (!stats.applied || stats.nonfinite_loss || stats.nonfinite_grad) {
             int g = guardAnomaly(t, step, &stats, err);
@@ -670,6 +754,7 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
                 (double)mem.activations / 1e6, (double)mem.workspace / 1e6, (double)mem.total / 1e6);
         if (mem.attention_path[0]) logInfo("attention: %s", mem.attention_path);
     }
+    publishDevice(t, have_mem ? &mem : NULL);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddNumberToObject(d, "step", (double)t->state.step);
     cJSON_AddNumberToObject(d, "total_steps", (double)tc->steps);

@@ -42,11 +42,32 @@ typedef struct TrainMonitor {
     _Atomic int64_t heartbeat_ns;    /* CLOCK_MONOTONIC of the last sign of life */
     _Atomic int halt_requested;      /* finish this step, checkpoint, return */
     _Atomic int stop_now;            /* abandon without checkpoint (shutdown) */
+    /* What a hang dump says about the device, kept by the trainer so that a
+     * watcher never has to ask a driver that may itself be stuck: */
+    _Atomic int64_t step_done_ns;    /* when a step's results last came back (0: none yet) */
+    _Atomic int64_t step_done;       /* which step that was */
+    _Atomic int64_t memory_bytes;    /* device memory in use (CPU: RSS) at the last logged step */
+    _Atomic int64_t memory_step;     /* and that step */
+    _Atomic unsigned device_seq;     /* odd while `device` is being written (a seqlock) */
+    char device[384];                /* the engine's device line; trainMonitorDevice reads it */
 } TrainMonitor;
 
 void trainMonitorInit(TrainMonitor *mon);
 /* Sets the phase and its start time; also a heartbeat. Async-signal-safe. */
 void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase);
+/* The trainer's side: the device line of the model it just built (copied,
+ * truncated to fit). Cannot fail. */
+void trainMonitorSetDevice(TrainMonitor *mon, const char *line);
+/* A watcher's side: copies the device line into out (cap > 0; "" before the
+ * first model), consistent even while the trainer replaces it. */
+void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap);
+/* The device lines of a dump header, each ending in a newline: "device:"
+ * (the device line), "device_memory:" (in use at the last logged step) and
+ * "last_step_done:" (how long before now_ns, CLOCK_MONOTONIC, a step's
+ * results last came back from the device: a long time with the phase
+ * stuck points at the device or its driver, a short one at the host).
+ * Truncates to cap (> 0). Cannot fail. */
+void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap);
 
 /* One logged step, as written to heartbeat_rank0.jsonl and training.csv. */
 typedef struct TrainSample {

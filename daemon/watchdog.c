@@ -115,11 +115,13 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
 
     /* the slow part runs unlocked: the HTTP thread keeps answering */
     const char *phase_name = trainPhaseName(phase);
-    char header[512];
+    char device[640], header[1024];
+    trainMonitorDescribeDevice(mon, now_ns, device, sizeof device);
     snprintf(header, sizeof header,
              "nsad hang dump\nrun: %s\nphase: %s\nphase_seconds: %.1f\ndeadline_seconds: %.1f\n"
-             "step: %lld\npolicy: %s\n\n",
-             id, phase_name, age, deadline, (long long)step, policy == HANG_EXIT ? "exit" : "report");
+             "step: %lld\npolicy: %s\n%s\n",
+             id, phase_name, age, deadline, (long long)step, policy == HANG_EXIT ? "exit" : "report",
+             device);
     char *stacks = stackdumpString("watchdog: phase overran its deadline");
     char path[RUN_PATH_MAX + 64] = "";
     NsaError err;

@@ -178,9 +178,10 @@ expect_rc "events --json exits 0" 0 C events "$ID" --json
 json 'd["events"][0]["type"] == "start" and d["events"][0]["seq"] == 1' && ok "events --json: seq 1 is start" || not_ok "events --json: seq 1 is start" "$(head -c 600 "$TMP/out")"
 
 expect_rc "stacks exits 0" 0 C stacks
-grep -q "phase" "$TMP/out" && ok "stacks prints the phase and stacks" || not_ok "stacks prints the phase and stacks" "$(head -c 600 "$TMP/out")"
+grep -q "phase" "$TMP/out" && grep -q "^last_step_done: " "$TMP/out" && grep -q "^device: cpu, " "$TMP/out" &&
+    ok "stacks prints the phase, the device lines and stacks" || not_ok "stacks prints the phase, the device lines and stacks" "$(head -c 600 "$TMP/out")"
 expect_rc "stacks --json exits 0" 0 C stacks --json
-json "isinstance(d['stacks'], str) and len(d['stacks']) > 0 and d['run_id'] == '$ID'" && ok "stacks --json carries the stacks of the active run" || not_ok "stacks --json carries the stacks of the active run" "$(head -c 300 "$TMP/out")"
+json "isinstance(d['stacks'], str) and len(d['stacks']) > 0 and d['run_id'] == '$ID' and d['device'].startswith('device: cpu, ')" && ok "stacks --json carries the stacks and device lines of the active run" || not_ok "stacks --json carries the stacks and device lines of the active run" "$(head -c 300 "$TMP/out")"
 
 expect_rc "delete of the active run exits 5" 5 C delete "$ID"
 grep -q "invalid_state" "$TMP/err" && [ -d "$STATE/runs/$ID" ] && ok "the refusal names invalid_state and the run stays" ||

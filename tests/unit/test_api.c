@@ -322,6 +322,13 @@ static void watchdogFlagsAnOverrunAndARecovery(void **state) {
     pthread_mutex_unlock(&svc->lock);
     trainMonitorEnter(&svc->mon, PHASE_FORWARD);
     int64_t since = atomic_load(&svc->mon.phase_since_ns);
+    /* what the trainer keeps for the dump: its device, memory at the last
+     * logged step, the last step whose results came back (2 s before) */
+    trainMonitorSetDevice(&svc->mon, "cuda, bf16; 1 CUDA device: 0: Test GPU");
+    atomic_store(&svc->mon.memory_bytes, 1500000000LL);
+    atomic_store(&svc->mon.memory_step, 9);
+    atomic_store(&svc->mon.step_done, 10);
+    atomic_store(&svc->mon.step_done_ns, since + 600000000LL - 2000000000LL);
 
     char dump[RUN_PATH_MAX + 64] = "";
     assert_int_equal(watchdogCheck(svc, since + 400000000LL, dump, sizeof dump), 0);
@@ -338,6 +345,9 @@ static void watchdogFlagsAnOverrunAndARecovery(void **state) {
     fclose(file);
     assert_non_null(strstr(text, "phase: forward"));
     assert_non_null(strstr(text, id));
+    assert_non_null(strstr(text, "device: cuda, bf16; 1 CUDA device: 0: Test GPU\n"));
+    assert_non_null(strstr(text, "device_memory: 1.50 GB in use at step 9\n"));
+    assert_non_null(strstr(text, "last_step_done: step 10, 2.0 s ago\n"));
     assert_int_equal(atomic_load(&svc->hangs_total), 1);
     /* the same overrun is reported once */
     assert_int_equal(watchdogCheck(svc, since + 5000000000LL, NULL, 0), 0);

@@ -6,6 +6,7 @@
  * read build/data/fortunes.txt, built by scripts/make-corpus.sh. */
 #include <dirent.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -164,6 +165,7 @@ typedef struct HookCtx {
     int64_t at_step;
     HookAction action;
     int samples, evals, events;
+    char device[640]; /* the monitor's device lines when the job returned */
 } HookCtx;
 
 static void onSample(void *ctx, const TrainSample *s) {
@@ -205,7 +207,9 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
     TrainHooks hooks = {h, onSample, onEval, onEvent};
     TrainOptions opt = {out_dir, resume, 0, -1, 1};
     memset(err, 0, sizeof *err);
-    return trainerRun(cfg, &opt, &mon, &hooks, res, err);
+    int rc = trainerRun(cfg, &opt, &mon, &hooks, res, err);
+    trainMonitorDescribeDevice(&mon, atomic_load(&mon.step_done_ns), h->device, sizeof h->device);
+    return rc;
 }
 
 /* ---- schedule, phases -------------------------------------------------- */
@@ -242,6 +246,58 @@ static void test_phase_names(void **state) {
     trainMonitorEnter(&mon, PHASE_EVAL);
     assert_int_equal(atomic_load(&mon.phase), PHASE_EVAL);
     assert_true(atomic_load(&mon.phase_since_ns) >= before);
+}
+
+/* The device line: empty before a model, truncated to fit, and never a mix
+ * of two lines while the trainer replaces it under a reading watcher. */
+typedef struct DeviceWriter {
+    TrainMonitor *mon;
+    _Atomic int stop;
+} DeviceWriter;
+
+static void *deviceWriterLoop(void *arg) {
+    DeviceWriter *w = arg;
+    for (unsigned i = 0; !atomic_load(&w->stop); i++)
+        trainMonitorSetDevice(w->mon, i & 1 ? "cuda, bf16; 1 CUDA device: 0: first GPU, 139.8 GiB"
+                                            : "cpu, f32; 4 threads");
+    return NULL;
+}
+
+static void test_monitor_device_line(void **state) {
+    (void)state;
+    TrainMonitor mon;
+    trainMonitorInit(&mon);
+    char text[640];
+    trainMonitorDescribeDevice(&mon, 0, text, sizeof text);
+    assert_string_equal(text, "device: (no model built yet)\n"
+                              "device_memory: not measured yet (no step logged in this process)\n"
+                              "last_step_done: none yet in this process\n");
+    char line[1000];
+    memset(line, 'x', sizeof line - 1);
+    line[sizeof line - 1] = '\0';
+    trainMonitorSetDevice(&mon, line);
+    trainMonitorDevice(&mon, text, sizeof text);
+    assert_int_equal(strlen(text), sizeof mon.device - 1);
+    char small[8];
+    trainMonitorDevice(&mon, small, sizeof small);
+    assert_string_equal(small, "xxxxxxx");
+
+    DeviceWriter w = {&mon, 0};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, deviceWriterLoop, &w), 0);
+    int whole = 0;
+    for (int i = 0; i < 200000; i++) {
+        trainMonitorDevice(&mon, text, sizeof text);
+        if (!strcmp(text, "(being replaced)")) continue;
+        if (strcmp(text, "cpu, f32; 4 threads") != 0 &&
+            strcmp(text, "cuda, bf16; 1 CUDA device: 0: first GPU, 139.8 GiB") != 0 &&
+            strlen(text) != sizeof mon.device - 1)
+            fail_msg("a torn device line: '%s'", text);
+        whole++;
+    }
+    atomic_store(&w.stop, 1);
+    pthread_join(th, NULL);
+    assert_true(whole > 0);
 }
 
 /* ---- artifacts ----------------------------------------------------------- */
@@ -502,6 +558,15 @@ static void test_train_real_text_loss_falls(void **state) {
     if (rc != 0) fail_msg("trainerRun: %s", err.message);
     assert_int_equal(res.outcome, TRAIN_COMPLETED);
     assert_int_equal(res.step, cfg->train.steps);
+    /* what a hang dump would have said about the device at the end */
+    char want[96];
+    snprintf(want, sizeof want, "device: cpu, %s; %d threads\n",
+             configPrecisionName(cfg->runtime.precision), cfg->runtime.threads);
+    if (strncmp(h.device, want, strlen(want)) != 0) fail_msg("device lines: %s", h.device);
+    snprintf(want, sizeof want, "last_step_done: step %" PRId64 ", 0.0 s ago\n", cfg->train.steps);
+    assert_non_null(strstr(h.device, want));
+    snprintf(want, sizeof want, "GB in use at step %" PRId64 "\n", cfg->train.steps);
+    assert_non_null(strstr(h.device, want));
 
     Csv val;
     readCsv(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER, 2, &val);
@@ -969,6 +1034,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_schedule_warmup_cosine),
         cmocka_unit_test(test_phase_names),
+        cmocka_unit_test(test_monitor_device_line),
         cmocka_unit_test(test_artifacts_logs_and_resume_trim),
         cmocka_unit_test(test_artifacts_markers_and_metrics),
         cmocka_unit_test(test_stackdump_all_threads),
