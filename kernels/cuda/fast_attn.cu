@@ -183,15 +183,22 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
     return 0;
 }
 
+/* 64-key CTAs per SM the compressed dK/dV's parts aim at: 16 measured a
+ * little faster than 8 since its CTAs hold 128 keys (H200, call 69: paper
+ * 64k 22.05 -> 21.82 and 22.45 -> 21.74 ms, paper192 29.3 -> 28.6). */
+#ifndef FAST_CMP_BALANCE_CTAS
+#define FAST_CMP_BALANCE_CTAS 16
+#endif
 static int cmpPartsWanted(const FastCtx &c, int sm_count) {
     if (c.Nc == 0) return 1;
     /* The longest CTA (key tile 0, S/parts rows) should not outlast the
      * balanced pass: with the triangle of work, 2 CTAs of 64 keys per SM
      * (or, on wgmma, one of 128: the same count in 64-key units) and the
      * CTAs started longest first, 4 waves' worth of CTAs keep the greedy
-     * schedule within about 1% of balanced (a model, not measured). */
+     * schedule within about 1% of balanced (a model); 8 waves measured a
+     * little faster (FAST_CMP_BALANCE_CTAS). */
     long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
-    long long p = (8LL * sm_count + ctas - 1) / ctas;
+    long long p = ((long long)FAST_CMP_BALANCE_CTAS * sm_count + ctas - 1) / ctas;
     return (int)(p < 1 ? 1 : (p > 8 ? 8 : p));
 }
 
