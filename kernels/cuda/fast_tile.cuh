@@ -9,7 +9,7 @@
  * sm_80+), and wgmma (WG, sm_90a; fast_wgmma.cuh), where the forward and
  * dQ are software-pipelined. Warps own 16 mma rows (an m-tile) or two; the
  * query-tile kernels (forward, dQ) split FAST_QTILE_ROWS rows as FastQTile
- * says, the dK/dV core runs 4 (one warpgroup).
+ * says, the dK/dV core one warpgroup (4 warps) per 64 keys (FastDkdvShape).
  *
  * Rows of a query tile are the heads of one KV group of consecutive tokens
  * (GQA packing: the K/V tile is loaded once for every head of the group).
