@@ -270,21 +270,19 @@ static int openData(Trainer *t, NsaError *err) {
  * probe's line on CUDA), memory and attention path. Asked once per job,
  * while the device answers. */
 static void publishDevice(Trainer *t, const NsaMemoryReport *mem) {
-    char line[sizeof t->mon->device];
     const RuntimeConfig *rt = &t->job.runtime;
-    int n = snprintf(line, sizeof line, "%s, %s", configDeviceName(rt->device),
-                     configPrecisionName(rt->precision));
+    char line[1024]; /* room for every part; the monitor keeps what fits */
     if (rt->device == NSA_DEVICE_CUDA) {
         NsaDeviceInfo info;
         NsaError e;
-        if (nsaDeviceProbe(&info, &e) == 0)
-            n += snprintf(line + n, n < (int)sizeof line ? sizeof line - (size_t)n : 0, "; %s",
-                          info.description);
-        if (mem && n < (int)sizeof line)
-            n += snprintf(line + n, sizeof line - (size_t)n, "; model %.2f GB; attention %s",
-                          (double)mem->total / 1e9, mem->attention_path);
-    } else if (n < (int)sizeof line) {
-        snprintf(line + n, sizeof line - (size_t)n, "; %d threads", rt->threads);
+        const int probed = nsaDeviceProbe(&info, &e) == 0;
+        snprintf(line, sizeof line, "%s, %s; %s; model %.2f GB; attention %s",
+                 configDeviceName(rt->device), configPrecisionName(rt->precision),
+                 probed ? info.description : "device not probed", mem ? (double)mem->total / 1e9 : 0.0,
+                 mem ? mem->attention_path : "?");
+    } else {
+        snprintf(line, sizeof line, "%s, %s; %d threads", configDeviceName(rt->device),
+                 configPrecisionName(rt->precision), rt->threads);
     }
     trainMonitorSetDevice(t->mon, line);
 }
