@@ -406,6 +406,14 @@ int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_byt
     return 0;
 }
 
+/* The fast attention op's dims for B sequences of S tokens of model cfg:
+ * what the engine plans each layer for, and what its memory plan measures. */
+static NsaAttnDims attnDimsFor(const NsaModelConfig *cfg, int B, int S) {
+    const NsaAttnDims d = {B, S, cfg->n_heads, cfg->n_kv_groups, cfg->d_k, cfg->d_v,
+                           cfg->cmp_len, cfg->cmp_stride, cfg->sel_len, cfg->n_sel, cfg->window};
+    return d;
+}
+
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err) {
     if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
@@ -438,9 +446,7 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     size_t attn = 0, attn1 = 0;
     if (e.fast) {
         for (int pass = 0; pass < 2; pass++) { /* max_batch, then one sequence */
-            const NsaAttnDims d = {pass ? 1 : B, S, cfg->n_heads, cfg->n_kv_groups, cfg->d_k,
-                                   cfg->d_v, cfg->cmp_len, cfg->cmp_stride, cfg->sel_len,
-                                   cfg->n_sel, cfg->window};
+            const NsaAttnDims d = attnDimsFor(cfg, pass ? 1 : B, S);
             size_t state = 0, scratch = 0;
             NsaError aerr = {{0}};
             if (nsaAttnCudaPlanMeasure(&d, &state, &scratch, &aerr))
@@ -579,8 +585,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     if (m->mode.fast) {
         m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)c->n_layers, sizeof(*m->attn_plans));
         if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
-        const NsaAttnDims max_dims = {B, S, c->n_heads, c->n_kv_groups, c->d_k, c->d_v,
-                                      c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel, c->window};
+        const NsaAttnDims max_dims = attnDimsFor(c, B, S);
         for (int i = 0; i < c->n_layers; i++) {
             NsaError perr = {{0}};
             m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, &perr)
@@ -857,12 +862,6 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
     return 0;
 }
 
-static NsaAttnDims attnDims(const NsaCudaModel *m, int B, int S) {
-    const NsaModelConfig *c = &m->cfg;
-    NsaAttnDims d = {B, S, c->n_heads, c->n_kv_groups, c->d_k, c->d_v,
-                     c->cmp_len, c->cmp_stride, c->sel_len, c->n_sel, c->window};
-    return d;
-}
 
 #define P(idx) (m->arena[NSA_ARENA_PARAMS] + m->lay.entries[(idx)].info.offset)
 #define GR(idx) (m->arena[NSA_ARENA_GRADS] + m->lay.entries[(idx)].info.offset)
@@ -982,7 +981,7 @@ static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_
     const int dv = c->d_v, F = m->F, L = c->n_layers;
     const int N = B * S;
     const DType op = m->mode.op;
-    const NsaAttnDims dims = attnDims(m, B, S);
+    const NsaAttnDims dims = attnDimsFor(&m->cfg, B, S);
     cudaStream_t st = m->stream;
     GemmContext *gm = &m->gemm;
 
@@ -1137,7 +1136,7 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
     const int dv = c->d_v, F = m->F, L = c->n_layers;
     const int N = B * S;
     const DType op = m->mode.op;
-    const NsaAttnDims dims = attnDims(m, B, S);
+    const NsaAttnDims dims = attnDimsFor(&m->cfg, B, S);
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
     GemmContext *gm = &m->gemm;
