@@ -18,6 +18,7 @@
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
     int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block, 4 dense */
+    int sel_fused; /* NSA_FAST_SEL_FUSED at create: 1 (default) the fused selected backward where it applies */
     int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
     int device, sm_count;
     int smem_max; /* opt-in shared memory per CTA */
@@ -36,6 +37,10 @@ struct NsaAttnCudaPlan {
     int *sb_item_start;
     void *sb_part;
     float *sb_part_lse;
+    /* the fused selected backward's buffers (item_start NULL: not planned);
+     * its item partials share rev.part_k / part_v, its fp32 dK/dV the
+     * compressed backward's partials (that pass is over by then) */
+    FastSelFused fused;
     /* B and S of the forward that built the reverse index for this sel
      * (0: none - the backward builds it) */
     int rev_B, rev_S;
@@ -94,10 +99,11 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
  *    against 8.4; at d_k = 128 it lost, 42.7 against 35.3). */
 #define FAST_SEL_DENSE_MAX_S 4096
 struct FastSelDesign {
-    int union_fwd, union_dq, block_fwd, block_dq, dense_fwd, dense_dq;
+    int union_fwd, union_dq, block_fwd, block_dq, dense_fwd, dense_dq, fused_bwd;
 };
-static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel_mode, int wgmma) {
-    FastSelDesign s = {0, 0, 0, 0, 0, 0};
+static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel_mode, int wgmma,
+                                   int fused = 1) {
+    FastSelDesign s = {0, 0, 0, 0, 0, 0, 0};
     const bool dense_ok = fastSelDenseApplies(S, sel_len);
     if (sel_mode == 1) {
         s.union_fwd = s.union_dq = 1;
@@ -117,6 +123,12 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel
         s.union_dq = S < 4096;
         s.block_dq = S >= 8192 && d_k == 64;
     }
+    /* where the dQ is block-centric, on wgmma with one key tile per block,
+     * the dK/dV pass forms it on the way (fast_sel_block.cu, "fused"):
+     * H200, paper 64k selected backward 34.8 -> 28.4 ms, total 131.5 ->
+     * 123.8; paper 8k 78.4 -> 71.8; proto 64k 20.0 -> 19.3 (docs/PERF.md);
+     * NSA_FAST_SEL_FUSED=0 keeps the two passes */
+    s.fused_bwd = fused && wgmma && s.block_dq && sel_len <= 64;
     return s;
 }
 
@@ -125,11 +137,13 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel
  * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
  * is launched with this context). */
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
-                           int wgmma = 0) {
+                           int wgmma = 0, int sel_fused = 1) {
     FastCtx c;
     c.smem_max = smem_max;
     c.wgmma = wgmma;
-    const FastSelDesign sd = fastSelDesign(d->S, d->d_k, d->d_v, d->sel_len, sel_mode, wgmma);
+    const FastSelDesign sd =
+        fastSelDesign(d->S, d->d_k, d->d_v, d->sel_len, sel_mode, wgmma, sel_fused);
+    c.sel_fused_bwd = sd.fused_bwd;
     c.sel_union_fwd = sd.union_fwd;
     c.sel_union_dq = sd.union_dq;
     c.sel_block_fwd = sd.block_fwd;
@@ -235,10 +249,52 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     p->dsum = (float *)scratch(rows * 3 * 4);
     p->gate_f = (float *)scratch(rows * 3 * 4);
     p->dq_acc = (float *)scratch(rows * d->d_k * 4);
+    /* which selected-branch passes a call of any S up to the plan's may
+     * run: fastSelDesign is constant in S between the edges below, so
+     * asking at each edge tells (0 block forward, 1 block dQ, 2 fused) */
+    int need_pass[3] = {0, 0, 0};
+    const int edges[] = {1, 4095, 4096, 8191, 8192, FAST_SEL_DENSE_MAX_S, FAST_SEL_DENSE_MAX_S + 1,
+                         64 * d->sel_len, 64 * d->sel_len + 1, d->S};
+    for (int e = 0; e < (int)(sizeof(edges) / sizeof(edges[0])); e++) {
+        if (edges[e] < 1 || edges[e] > d->S) continue;
+        const FastSelDesign sd = fastSelDesign(edges[e], d->d_k, d->d_v, d->sel_len, p->sel_mode,
+                                               p->wgmma, p->sel_fused);
+        need_pass[0] |= sd.block_fwd;
+        need_pass[1] |= sd.block_dq;
+        need_pass[2] |= sd.fused_bwd;
+    }
+    /* the fused pass's sizes: the largest any call within the plan's B
+     * and S makes (more, smaller chunks at larger B) */
+    size_t fused_plan = 0, fused_part_k = 0, fused_part_v = 0;
+    if (need_pass[2]) {
+        for (int bb = 1; bb <= d->B; bb++) {
+            const FastSelBlock sb =
+                fastSelBlockShape(bb, d->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
+            const FastSelFused f = fastSelFusedShape(sb, c.Ns, c.slots, c.hpg);
+            const size_t plan = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1) * 4;
+            const size_t pk = (size_t)bb * d->G * f.max_parts * 64 * d->d_k * 4;
+            const size_t pv = (size_t)bb * d->G * f.max_parts * 64 * d->d_v * 4;
+            fused_plan = plan > fused_plan ? plan : fused_plan;
+            fused_part_k = pk > fused_part_k ? pk : fused_part_k;
+            fused_part_v = pv > fused_part_v ? pv : fused_part_v;
+        }
+    }
+    /* the compressed backward's partials, and in the same bytes the fused
+     * selected backward's fp32 dK/dV (its pass runs after that one) */
     int parts = cmpPartsWanted(c, p->sm_count);
     p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
-    p->cmp_part_k = (float *)scratch(p->cmp_part_capacity * 4);
-    p->cmp_part_v = (float *)scratch((size_t)parts * d->B * c.Nc * d->G * d->d_v * 4);
+    const size_t cmp_k_bytes = (p->cmp_part_capacity * 4 + 255) / 256 * 256;
+    const size_t cmp_bytes = cmp_k_bytes + (size_t)parts * d->B * c.Nc * d->G * d->d_v * 4;
+    const size_t acc_k_bytes = need_pass[2] ? (T * d->G * d->d_k * 4 + 255) / 256 * 256 : 0;
+    const size_t acc_bytes = need_pass[2] ? acc_k_bytes + T * d->G * d->d_v * 4 : 0;
+    char *shared = (char *)scratch(cmp_bytes > acc_bytes ? cmp_bytes : acc_bytes);
+    p->cmp_part_k = (float *)shared;
+    p->cmp_part_v = shared ? (float *)(shared + cmp_k_bytes) : NULL;
+    p->fused = FastSelFused{};
+    if (need_pass[2]) {
+        p->fused.acc_k = (float *)shared;
+        p->fused.acc_v = shared ? (float *)(shared + acc_k_bytes) : NULL;
+    }
     FastRevIndex &r = p->rev;
     size_t entries = (size_t)d->S * c.slots;
     r.chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
@@ -251,26 +307,23 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     r.part_start = (int *)take(BG * (c.Ns + 1) * 4);
     r.entries = (int *)take(BG * entries * 4);
     r.entry_slot = (int *)take(BG * entries * 4);
-    r.part_k = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_k * 4);
-    r.part_v = (float *)scratch(BG * r.max_parts * subtiles * 64 * d->d_v * 4);
+    /* the dK/dV pass's item partials, or the fused pass's (one or the other runs) */
+    const size_t rev_pk = BG * r.max_parts * subtiles * 64 * d->d_k * 4;
+    const size_t rev_pv = BG * r.max_parts * subtiles * 64 * d->d_v * 4;
+    r.part_k = (float *)scratch(rev_pk > fused_part_k ? rev_pk : fused_part_k);
+    r.part_v = (float *)scratch(rev_pv > fused_part_v ? rev_pv : fused_part_v);
+    if (need_pass[2]) {
+        p->fused.item_start = (int *)scratch(fused_plan);
+        p->fused.part_start = (int *)scratch(fused_plan);
+        p->fused.part_k = r.part_k;
+        p->fused.part_v = r.part_v;
+    }
     /* block-centric selected forward / dQ: sized for the largest chunking
      * any call within the plan's B and S makes (more, smaller chunks at
-     * larger B; the sizes grow with S). A call of any S up to the plan's
-     * may pick them: fastSelDesign is constant in S between the edges
-     * below, so asking at each edge tells. */
+     * larger B; the sizes grow with S). */
     p->sb_item_start = NULL;
     p->sb_part = NULL;
     p->sb_part_lse = NULL;
-    int need_pass[2] = {0, 0};
-    const int edges[] = {1, 4095, 4096, 8191, 8192, FAST_SEL_DENSE_MAX_S, FAST_SEL_DENSE_MAX_S + 1,
-                         64 * d->sel_len, 64 * d->sel_len + 1, d->S};
-    for (int e = 0; e < (int)(sizeof(edges) / sizeof(edges[0])); e++) {
-        if (edges[e] < 1 || edges[e] > d->S) continue;
-        const FastSelDesign sd =
-            fastSelDesign(edges[e], d->d_k, d->d_v, d->sel_len, p->sel_mode, p->wgmma);
-        need_pass[0] |= sd.block_fwd;
-        need_pass[1] |= sd.block_dq;
-    }
     if (need_pass[0] || need_pass[1]) {
         size_t items = 0, part = 0, lse = 0;
         for (int bb = 1; bb <= d->B; bb++) {
@@ -315,6 +368,16 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
             return fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, "
                                  "block, dense", sel_env);
     }
+    /* NSA_FAST_SEL_FUSED=0 keeps the selected dK/dV and dQ as two passes
+     * where the fused one applies (the tests check both) */
+    const char *fused_env = getenv("NSA_FAST_SEL_FUSED");
+    p->sel_fused = 1;
+    if (fused_env && *fused_env) {
+        if (!strcmp(fused_env, "0")) p->sel_fused = 0;
+        else if (strcmp(fused_env, "1") != 0)
+            return fastFail(err, "nsa fast attention: NSA_FAST_SEL_FUSED=%s; allowed: 0, 1",
+                            fused_env);
+    }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
@@ -358,9 +421,10 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         if (owner->scratch_owner)
             why = "the plan to share scratch with shares another plan's; allowed: a plan from "
                   "nsaAttnCudaPlanCreate";
-        else if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode)
-            why = "dims or NSA_FAST_SEL differ from the scratch owner's; allowed: identical "
-                  "max_dims and design";
+        else if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode ||
+                 owner->sel_fused != p->sel_fused)
+            why = "dims, NSA_FAST_SEL or NSA_FAST_SEL_FUSED differ from the scratch owner's; "
+                  "allowed: identical max_dims and design";
         else if (owner->wgmma != p->wgmma)
             why = "NSA_FAST_MMA differs from the scratch owner's; allowed: the same tensor-core "
                   "path";
@@ -513,7 +577,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -655,7 +719,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma);
+    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 
@@ -708,6 +772,21 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
         sbq.item_start = p->sb_item_start;
         sbq.part_dq = (bf16 *)p->sb_part;
+    }
+    if (c.sel_fused_bwd) {
+        if (!p->fused.item_start || !sbq.part_dq)
+            return fastFail(err, "nsa fast attention: the fused selected backward was not planned "
+                                 "(a bug: fastCarve and fastSelDesign disagree)");
+        FastSelFused f = p->fused;
+        const FastSelFused shape = fastSelFusedShape(sbq, c.Ns, c.slots, c.hpg);
+        f.max_items = shape.max_items;
+        f.max_parts = shape.max_parts;
+        FAST_MARK("bwd.sel.fused");
+        FAST_CHECK(fastSelFusedBackward(c, dk, dv, io, p->sel, rev, sbq, f, (bf16 *)grads->dk_sel,
+                                        (bf16 *)grads->dv_sel, stream),
+                   "fused selected backward");
+        FAST_MARK("end");
+        return 0;
     }
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
                                c.sel_dense_dq ? p->sel_mask : NULL,

@@ -136,6 +136,33 @@ cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdI
 cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                            const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
                            cudaStream_t stream);
+/* The fused selected backward (wgmma, l' <= 64): per token chunk of the
+ * dQ's chunking (FastSelBlock), one pass over each chosen block's tokens
+ * forms dK/dV and the dq partials together. dK/dV add up across chunks in
+ * fp32 (acc); within a chunk a block whose tokens span several work items
+ * writes one partial per item, summed in item order. */
+struct FastSelFused {
+    int max_items;   /* work items per (chunk, b, g), at most */
+    int max_parts;   /* item partials per (chunk, b, g), at most */
+    int *item_start; /* [nchunks][B*G][Ns+1] */
+    int *part_start; /* [nchunks][B*G][Ns+1]: first partial of each block */
+    float *part_k, *part_v; /* [B*G][max_parts][64][dk|dv] */
+    float *acc_k, *acc_v;   /* [B][S][G][dk|dv] */
+};
+/* 64-row stages per fused work item, and its tokens. */
+#define FAST_SEL_FUSED_STAGES 64
+static inline __host__ __device__ int fastSelFusedItemTokens(int hpg) {
+    return FAST_SEL_FUSED_STAGES * (FAST_DKDV_ROWS / hpg);
+}
+/* The fused pass's item and partial bounds for the chunking sb; cannot fail. */
+FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg);
+/* dK/dV of the selected branch (dk_out, dv_out, bf16) and its dq per
+ * io.dq_mode, fused (see FastSelFused): sb the dQ's chunking and partial
+ * buffer, f its own buffers. */
+cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                                 const int32_t *sel_idx, const FastRevIndex &rev,
+                                 const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
+                                 bf16 *dv_out, cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
  * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), masked
  * dense when c.sel_dense_dq (dense_mask from fastSelDenseMask, else NULL). */

@@ -67,36 +67,53 @@ static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
 }
 
 /* Work items of every token chunk: for each (chunk, b, g) and block j,
- * ceil(entries / item tokens) items, exclusive-scanned into item_start.
- * One CTA of 1024 per (chunk, bg). */
+ * ceil(entries / per_item) items, exclusive-scanned into item_start; with
+ * part_start (the fused backward), also the first item partial of each
+ * block, counting the items of blocks that have more than one. One CTA of
+ * 1024 per (chunk, bg). */
 __global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevIndex rev,
-                                                           FastSelBlock sb) {
-    __shared__ int sums[1024];
+                                                           FastSelBlock sb, int per_item,
+                                                           int *item_start, int *part_start) {
+    __shared__ int sums[2][1024];
     const int chunk = blockIdx.x, bg = blockIdx.y, tid = threadIdx.x;
-    const int per_item = selBlockItemTokens(c.hpg);
     auto items = [&](int j) {
         int lo, hi;
         selBlockRange(c, rev, sb, bg, j, chunk, lo, hi);
         return (hi - lo + per_item - 1) / per_item;
     };
+    auto parts = [](int n) { return n > 1 ? n : 0; };
     const int per = (c.Ns + 1023) / 1024, lo = min(c.Ns, tid * per), hi = min(c.Ns, lo + per);
-    int local = 0;
-    for (int j = lo; j < hi; j++) local += items(j);
-    sums[tid] = local;
-    __syncthreads();
-    for (int off = 1; off < 1024; off <<= 1) { /* Hillis-Steele inclusive scan */
-        int v = tid >= off ? sums[tid - off] : 0;
-        __syncthreads();
-        sums[tid] += v;
-        __syncthreads();
-    }
-    int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
-    int run = sums[tid] - local;
+    int local = 0, local_parts = 0;
     for (int j = lo; j < hi; j++) {
-        is[j] = run;
-        run += items(j);
+        const int n = items(j);
+        local += n;
+        local_parts += parts(n);
     }
-    if (tid == 1023) is[c.Ns] = sums[1023];
+    sums[0][tid] = local;
+    sums[1][tid] = local_parts;
+    __syncthreads();
+    for (int off = 1; off < 1024; off <<= 1) { /* Hillis-Steele inclusive scans */
+        const int v = tid >= off ? sums[0][tid - off] : 0;
+        const int w = tid >= off ? sums[1][tid - off] : 0;
+        __syncthreads();
+        sums[0][tid] += v;
+        sums[1][tid] += w;
+        __syncthreads();
+    }
+    const size_t at = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+    int *is = item_start + at, *ps = part_start ? part_start + at : NULL;
+    int run = sums[0][tid] - local, run_parts = sums[1][tid] - local_parts;
+    for (int j = lo; j < hi; j++) {
+        const int n = items(j);
+        is[j] = run;
+        run += n;
+        if (ps) ps[j] = run_parts;
+        run_parts += parts(n);
+    }
+    if (tid == 1023) {
+        is[c.Ns] = sums[0][1023];
+        if (ps) ps[c.Ns] = sums[1][1023];
+    }
 }
 
 /* A CTA's work item: grid (max_items, B*G) over the items of `chunk`
@@ -171,15 +188,16 @@ struct SelBlockItem {
  * 16-byte chunks: a (token, slot)'s hpg rows lie together in the partial
  * buffer, so it writes whole 128-byte lines, where the fragments' 4-byte
  * stores wrote each 32-byte sector in two 16-byte halves. */
+template <int ROWS = SELB_ROWS>
 __device__ __forceinline__ void selStagePut(bf16 *stage, int r, int col, float v0, float v1) {
     const int chunk = ((col & 63) >> 3) ^ (r & 7);
-    *(uint32_t *)((char *)stage + (col >> 6) * (SELB_ROWS * 128) + r * 128 + chunk * 16 +
+    *(uint32_t *)((char *)stage + (col >> 6) * (ROWS * 128) + r * 128 + chunk * 16 +
                   (col & 7) * 2) = fastPack(v0, v1);
 }
 /* Stores the warp's staged rows (after a __syncwarp that follows the last
  * selStagePut): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
  * at all. */
-template <int D>
+template <int D, int ROWS = SELB_ROWS>
 __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long *row_at,
                                               bf16 *dst, int warp, int lane) {
     constexpr int CH = D / 8; /* 16-byte chunks per row */
@@ -189,7 +207,7 @@ __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long
         const long long at = row_at[r];
         if (at < 0) continue;
         const int chunk = (k & 7) ^ (r & 7);
-        const uint4 v = *(const uint4 *)((const char *)stage + (k >> 3) * (SELB_ROWS * 128) +
+        const uint4 v = *(const uint4 *)((const char *)stage + (k >> 3) * (ROWS * 128) +
                                          r * 128 + chunk * 16);
         __stcs((uint4 *)(dst + (size_t)at * D + k * 8), v);
     }
@@ -700,7 +718,8 @@ static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combin
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
-    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(c, rev, sb);
+    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
+        c, rev, sb, selBlockItemTokens(c.hpg), sb.item_start, NULL);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
@@ -759,4 +778,232 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
                            const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
                            cudaStream_t stream) {
     FAST_DISPATCH(dk, dv, selBlockDq, c, io, sel_idx, rev, sb, stream);
+}
+
+/* ---- The fused selected backward (wgmma, l' <= 64) ----
+ *
+ * The dK/dV pass (fast_sel.cu) and the block-centric dQ above each stream,
+ * per (token, block) pair, the token's q and dout rows (8 KB at the paper
+ * shape) and recompute its scores and dP. Here one pass does both: a CTA
+ * holds block j's K/V, walks the q / dout rows of the tokens of one chunk
+ * that chose j with the dK/dV core (fast_tile.cuh), and after each stage's
+ * dK/dV products (stageOut) writes that stage's dS to shared memory and
+ * forms the pairs' dq partials dS.K from it - one product more per stage
+ * instead of a second pass over the rows.
+ *
+ * The dq partials need the token chunks of the dQ (FastSelBlock), so dK/dV
+ * are formed per chunk and add up across chunks in fp32 (FastSelFused.acc)
+ * in chunk order: a block whose tokens in the chunk fit one work item adds
+ * its sums directly; one with more items (block 0, every token's) writes a
+ * partial per item, which a second kernel adds in item order. No atomics:
+ * bit-reproducible like the passes it replaces. */
+
+/* Shared memory: the dK/dV core's, then a ring of the slots of the ring of
+ * tokens ([4][rows]) and each stage row's partial row ([rows], -1: none). */
+template <int DK, int DV>
+constexpr int selFusedSmem() {
+    return fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + FAST_DKDV_ROWS * 8;
+}
+
+/* One work item of a chunk: block j's keys (one 64-key tile) against up to
+ * FAST_SEL_FUSED_STAGES stages of the rows of the chunk's tokens that
+ * chose j. dK/dV (dK times the scale) add to f.acc, or go to the item's
+ * partial when j has several items in this chunk; per pair the unscaled dq
+ * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
+ * Grid (f.max_items, B*G), FAST_THREADS threads. */
+template <int DK, int DV>
+__global__ void __launch_bounds__(FAST_THREADS)
+selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
+                  int chunk) {
+    constexpr int R = FAST_DKDV_ROWS;
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
+    const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+    const int *is = f.item_start + plan;
+    if (item >= is[c.Ns]) return;
+    int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (is[mid] <= item) lo = mid;
+        else hi = mid - 1;
+    }
+    const int j = lo, k_item = item - is[j], items = is[j + 1] - is[j];
+    int e_lo, e_hi;
+    selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
+    const int hpg = c.hpg, tpr = R / hpg, per_item = fastSelFusedItemTokens(hpg);
+    const int e0 = e_lo + k_item * per_item, e1 = min(e_hi, e0 + per_item);
+    const int ntiles = (e1 - e0 + tpr - 1) / tpr;
+    const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
+    const size_t ent0 = (size_t)bg * c.S * c.slots;
+    const int *entries = rev.entries + ent0, *entry_slot = rev.entry_slot + ent0;
+    bf16 *sK = fastTileBase<true>(); /* the core's layout starts with K */
+    int *sSlot = (int *)((char *)sK + fastDkdvSmem(DK, DV, true, 1) - 1024); /* [4][R] */
+    long long *sAt = (long long *)(sSlot + 4 * R);                        /* [R] */
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
+    const int part = items > 1 ? f.part_start[plan + j] + k_item : -1;
+    float *pk = f.part_k + ((size_t)bg * f.max_parts + (part < 0 ? 0 : part)) * 64 * DK;
+    float *pv = f.part_v + ((size_t)bg * f.max_parts + (part < 0 ? 0 : part)) * 64 * DV;
+    float *acc_k = f.acc_k, *acc_v = f.acc_v;
+    bf16 *part_dq = sb.part_dq;
+    const int S = c.S, G = c.G, slots = c.slots;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    fastDkdvCore<DK, DV, true, 1>(
+        c, io, b, g, u0, khi, ntiles,
+        [=](int it, int s, int *dst) { /* the token and j's slot in its row, side by side */
+            const int e = e0 + it * tpr + s;
+            int *slot_dst = sSlot + (it % 4) * R + s;
+            if (e < e1) {
+                fastCpAsync4(dst, entries + e);
+                fastCpAsync4(slot_dst, entry_slot + e);
+            } else {
+                *dst = -1;
+                *slot_dst = -1;
+            }
+        },
+        [=](int t, int u) { return u <= t; },
+        [=](int, int, int) { return true; }, /* every listed token chose the block */
+        [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
+            return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
+        },
+        [=](int u, bool is_k, int col, float v0, float v1) {
+            const int D = is_k ? DK : DV;
+            float2 *to = part >= 0 ? (float2 *)((is_k ? pk : pv) + (size_t)(u - u0) * D + col)
+                                   : (float2 *)((is_k ? acc_k : acc_v) +
+                                                (((size_t)b * S + u) * G + g) * D + col);
+            if (part >= 0) {
+                *to = make_float2(v0, v1);
+            } else {
+                const float2 was = *to;
+                *to = make_float2(was.x + v0, was.y + v1);
+            }
+        },
+        [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, const int *tok) {
+            constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
+            if (half == 0 && (int)threadIdx.x < R) { /* where each row's partial goes */
+                const int r = threadIdx.x, k = r / hpg;
+                const int t = r < tpr * hpg ? tok[k] : -1;
+                const int slot = r < tpr * hpg ? sSlot[(it % 4) * R + k] : -1;
+                sAt[r] = t >= 0 && slot >= 0
+                             ? (long long)(((((size_t)b * CT + (t - t_base)) * G + g) * slots + slot) *
+                                               hpg +
+                                           r % hpg)
+                             : -1;
+            }
+            /* dS (rows x keys) into the dout stage's first panel: this
+             * pass's products were the last to read those rows */
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], warp * 16, half * RH + 16 * ks);
+            if (half + 1 < R / RH) return;
+            fastWgProxyFence();
+            __syncthreads(); /* dS whole, sAt written; every warp is past the stage's products */
+#pragma unroll 1
+            for (int h = 0; h < DK / 64; h++) {
+                float dq[8][4];
+                fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
+#pragma unroll
+                for (int i = 0; i < 2; i++)
+#pragma unroll
+                    for (int n = 0; n < 8; n++)
+                        selStagePut<R>(q_stage, warp * 16 + grp + 8 * i, h * 64 + n * 8 + quad * 2,
+                                       dq[n][2 * i], dq[n][2 * i + 1]);
+            }
+            __syncwarp();
+            selStageStore<DK, R>(q_stage, sAt, part_dq, warp, lane);
+        });
+}
+
+/* Adds the item partials of the blocks with several items in this chunk to
+ * acc, in item order. Grid (Ns, B*G), 256 threads. */
+template <int DK, int DV>
+__global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFused f, int chunk) {
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, j = blockIdx.x;
+    const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+    const int items = f.item_start[plan + j + 1] - f.item_start[plan + j];
+    if (items <= 1) return;
+    const int first = f.part_start[plan + j];
+    const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
+    for (int idx = threadIdx.x; idx < 64 * (DK + DV) / 4; idx += blockDim.x) {
+        const bool is_k = idx < 64 * DK / 4;
+        const int D = is_k ? DK : DV, rel = (is_k ? idx : idx - 64 * DK / 4) * 4;
+        const int r = rel / D, col = rel % D;
+        if (u0 + r >= khi) continue;
+        const float *part = (is_k ? f.part_k : f.part_v) +
+                            ((size_t)bg * f.max_parts + first) * 64 * D + (size_t)r * D + col;
+        float4 *to = (float4 *)((is_k ? f.acc_k : f.acc_v) + (((size_t)b * c.S + u0 + r) * c.G + g) * D + col);
+        float4 a = *to;
+        for (int p = 0; p < items; p++) {
+            const float4 x = *(const float4 *)(part + (size_t)p * 64 * D);
+            a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
+        }
+        *to = a;
+    }
+}
+
+/* dk_out, dv_out = acc in bf16, eight values per thread. */
+__global__ void selFusedFinishKernel(const float *acc_k, const float *acc_v, bf16 *dk_out,
+                                     bf16 *dv_out, size_t n_k8, size_t n_v8) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n_k8 + n_v8;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const bool is_k = i < n_k8;
+        const size_t at = (is_k ? i : i - n_k8) * 8;
+        const float4 *src = (const float4 *)((is_k ? acc_k : acc_v) + at);
+        const float4 x = src[0], y = src[1];
+        uint4 out;
+        out.x = fastPack(x.x, x.y);
+        out.y = fastPack(x.z, x.w);
+        out.z = fastPack(y.x, y.y);
+        out.w = fastPack(y.z, y.w);
+        *(uint4 *)((is_k ? dk_out : dv_out) + at) = out;
+    }
+}
+
+FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg) {
+    FastSelFused f = {};
+    const long long CT = (long long)sb.chunk_revs * FAST_REV_TOKENS;
+    const int per_item = fastSelFusedItemTokens(hpg);
+    /* sum_j ceil(n_j / P) <= Ns + (entries of one (b, g) in a chunk) / P;
+     * the blocks with n_j > P have at most 2 n_j / P items */
+    const long long span = (CT * slots + per_item - 1) / per_item;
+    f.max_items = (int)(Ns + span);
+    f.max_parts = (int)(2 * span + 1);
+    return f;
+}
+
+template <int DK, int DV>
+static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
+                                    const FastRevIndex &rev, const FastSelBlock &sb,
+                                    const FastSelFused &f, bf16 *dk_out, bf16 *dv_out,
+                                    cudaStream_t stream) {
+    if (!c.wgmma || c.sel_len > 64) return cudaErrorInvalidValue; /* fastSelDesign's rule */
+    const size_t keys = (size_t)c.B * c.S * c.G;
+    cudaError_t e;
+    if ((e = cudaMemsetAsync(f.acc_k, 0, keys * DK * sizeof(float), stream)) != cudaSuccess) return e;
+    if ((e = cudaMemsetAsync(f.acc_v, 0, keys * DV * sizeof(float), stream)) != cudaSuccess) return e;
+    auto kernel = selFusedBwdKernel<DK, DV>;
+    constexpr int smem = selFusedSmem<DK, DV>();
+    if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
+    const int BG = c.B * c.G;
+    selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
+        c, rev, sb, fastSelFusedItemTokens(c.hpg), f.item_start, f.part_start);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS;
+    for (int chunk = 0; chunk < sb.nchunks; chunk++) {
+        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG), 256, 0, stream>>>(c, f, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        selBlockDqCombineKernel<DK><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    }
+    const size_t n_k8 = keys * DK / 8, n_v8 = keys * DV / 8;
+    const size_t want = (n_k8 + n_v8 + 255) / 256;
+    selFusedFinishKernel<<<(unsigned)(want < 65535u * 8u ? want : 65535u * 8u), 256, 0, stream>>>(
+        f.acc_k, f.acc_v, dk_out, dv_out, n_k8, n_v8);
+    return cudaGetLastError();
+}
+
+cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
+                                 const int32_t *sel_idx, const FastRevIndex &rev,
+                                 const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
+                                 bf16 *dv_out, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selFusedBackward, c, io, sel_idx, rev, sb, f, dk_out, dv_out, stream);
 }

@@ -45,6 +45,7 @@ struct FastCtx {
     int sel_union_fwd, sel_union_dq;
     int sel_block_fwd, sel_block_dq; /* 1: block-centric selected forward / dQ (fast_sel_block.cu) */
     int sel_dense_fwd, sel_dense_dq; /* 1: masked dense selected forward / dQ (fast_sel_dense.cu) */
+    int sel_fused_bwd; /* 1: dK/dV and the block-centric dQ in one pass (fast_sel_block.cu) */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
     int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
 };
@@ -629,13 +630,24 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
  * only for row tiles where seesAny(k, ka, kb) (some row of tile k may see
  * a key of [ka, kb]); tileFull(k, t_first, ka) says every row of tile k
  * (first token t_first) sees every key of [ka, ka + 64).
- * store(u, is_k, col, v0, v1) writes two adjacent results of key u. */
+ * store(u, is_k, col, v0, v1) writes two adjacent results of key u.
+ * stageOut (wgmma only; FastNoStageOut: none) runs after each pass's dK/dV
+ * products with what else the pass can give: stageOut(it, half, ads,
+ * q_stage, do_stage, tok) - ads the A fragments of its dS^T (keys x rows
+ * half * RH .. + RH - 1), the stage's q and dout tiles (the dout tile free
+ * from here on, the q tile once every warp has passed a barrier), and the
+ * row tile's tokens (fetchToken's slots). The fused selected backward
+ * forms dq = dS.K there (fast_sel_block.cu). */
+struct FastNoStageOut {
+    template <class... A>
+    __device__ void operator()(A &&...) const {}
+};
 template <int DK, int DV, bool WG, int KWG, class FetchToken, class Visible, class SeesAny,
-          class TileFull, class Store>
+          class TileFull, class Store, class StageOut = FastNoStageOut>
 __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &io, int b, int g,
                                              int u0, int khi, int ntiles, FetchToken fetchToken,
                                              Visible visible, SeesAny seesAny, TileFull tileFull,
-                                             Store store) {
+                                             Store store, StageOut stageOut = StageOut{}) {
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8);
     constexpr int R = FAST_DKDV_ROWS, KT = 64 * KWG, THREADS = FAST_THREADS * KWG;
     static_assert(R <= FAST_THREADS, "one metadata thread per row");
@@ -796,6 +808,8 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                     fastWgIssuePZ<NTH, DK>(dk, ads, sQ + st * R * LDK, R, half * RH);
                 },
                 dv, dk);
+            if constexpr (!std::is_same<StageOut, FastNoStageOut>::value)
+                stageOut(it, half, ads, sQ + st * R * LDK, sdO + st * R * LDV, sTok + (it % 4) * R);
         } else {
 #pragma unroll
             for (int ks = 0; ks < NTH / 2; ks++) {

@@ -145,6 +145,37 @@ __device__ __forceinline__ void fastWgSS(float (&d)[8][4], uint64_t desc_a, uint
           FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7)
         : "l"(desc_a), "l"(desc_b), "r"(accumulate));
 }
+/* d (+)= A . B, A from shared memory (K-major), B from shared memory
+ * (MN-major), m64n64k16: dq = dS.K in the fused selected backward, where dS
+ * went through shared memory (fastStoreAT) */
+__device__ __forceinline__ void fastWgSSt(float (&d)[8][4], uint64_t desc_a, uint64_t desc_b,
+                                          int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+        : FAST_WG_ACC4(0), FAST_WG_ACC4(1), FAST_WG_ACC4(2), FAST_WG_ACC4(3),
+          FAST_WG_ACC4(4), FAST_WG_ACC4(5), FAST_WG_ACC4(6), FAST_WG_ACC4(7)
+        : "l"(desc_a), "l"(desc_b), "r"(accumulate));
+}
+/* Stores an mma.sync A fragment a (16 x 16: rows m, columns k) of a warp
+ * transposed into a swizzled tile of `rows` rows: element (m, k) goes to
+ * row k0 + k, column m0 + m (stmatrix .trans, one 16-byte row per lane
+ * and matrix). Call fastWgProxyFence and a barrier before wgmma reads it. */
+__device__ __forceinline__ void fastStoreAT(bf16 *tile, int rows, const uint32_t (&a)[4], int m0,
+                                            int k0) {
+    /* lane l addresses row j = l % 8 of matrix i = l / 8: a[0] is (m 0-7,
+     * k 0-7), a[1] (m 8-15, k 0-7), a[2] (m 0-7, k 8-15), a[3] (m 8-15, k 8-15) */
+    const int lane = threadIdx.x & 31, i = lane >> 3;
+    const int row = k0 + (i >> 1) * 8 + (lane & 7), col = m0 + (i & 1) * 8;
+    char *at = (char *)tile + (col >> 6) * rows * 128 + row * 128 + ((((col & 63) >> 3) ^ (row & 7)) << 4);
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     fastSmemAddr(at)),
+                 "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
+                 : "memory");
+}
 /* d (+)= A . B, A from registers, B from shared memory (MN-major), m64n64k16 */
 __device__ __forceinline__ void fastWgRS(float (&d)[8][4], const uint32_t (&a)[4],
                                            uint64_t desc_b, int accumulate) {
@@ -205,6 +236,8 @@ template <int NT>
 __device__ __forceinline__ void fastWgRS(float (&d)[NT][4], const uint32_t (&)[4], uint64_t, int) {
     __trap();
 }
+__device__ __forceinline__ void fastWgSSt(float (&)[8][4], uint64_t, uint64_t, int) { __trap(); }
+__device__ __forceinline__ void fastStoreAT(bf16 *, int, const uint32_t (&)[4], int, int) { __trap(); }
 #endif
 #undef FAST_WG_ACC4
 
@@ -240,6 +273,19 @@ __device__ __forceinline__ void fastWgIssuePZ(float (&acc)[D / 8][4], const uint
                                               const bf16 *z, int z_rows, int z_row0) {
 #pragma unroll
     for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescMN(z, z_rows, z_row0 + 16 * ks), 1);
+}
+
+/* Issues acc (64 x 64) = A . Z[0, KD) x [0, 64): A a swizzled tile of 64
+ * rows read K-major over KD (<= 64) columns, Z a swizzled tile of z_rows
+ * rows read MN-major (its first 64 columns; pass z + h * z_rows * 64 for
+ * panel h) - dq = dS.K in the fused selected backward. */
+template <int KD>
+__device__ __forceinline__ void fastWgIssueSZ(float (&acc)[8][4], const bf16 *a, const bf16 *z,
+                                              int z_rows) {
+    static_assert(KD % 16 == 0 && KD <= 64, "one 64-column panel of A");
+#pragma unroll
+    for (int kk = 0; kk < KD / 16; kk++)
+        fastWgSSt(acc, fastWgDescK(a, 64, 0, kk * 16), fastWgDescMN(z, z_rows, kk * 16), kk > 0);
 }
 
 /* P . Z over a 64-row swizzled tile z of D columns, in 64-column parts: 32

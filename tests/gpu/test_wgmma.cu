@@ -2,12 +2,13 @@
  * kernels/cuda/fast_wgmma.cuh on an sm_90 GPU against a CPU product, at
  * every shape the tile loops use, before any attention kernel relies on
  * them: the swizzled tile load, the K-major and MN-major descriptors (with
- * row offsets inside a tile), the shared x shared products (scores) and the
- * register x shared products (P.V). Inputs are fresh random bf16 values,
- * outputs are poisoned with NaN first; a case passes when its largest error
- * is within 1e-5 of the largest |reference| (fp32 accumulation of exact
- * bf16 products) and nothing is NaN. On a mismatch it prints the first
- * wrong entries, so a layout error shows its pattern.
+ * row offsets inside a tile), the shared x shared products (scores), the
+ * register x shared products (P.V), and dS.K through a transposed
+ * shared-memory store (the fused selected backward). Inputs are fresh
+ * random bf16 values, outputs are poisoned with NaN first; a case passes
+ * when its largest error is within 1e-5 of the largest |reference| (fp32
+ * accumulation of exact bf16 products) and nothing is NaN. On a mismatch
+ * it prints the first wrong entries, so a layout error shows its pattern.
  *
  *   test_wgmma            prints one TAP line per case, then `N passed, N failed` */
 #include <math.h>
@@ -87,6 +88,55 @@ __global__ void pvKernel(float *out, const float *p, const bf16 *z, int z_row0) 
     fastWgAFromC<NT>(af, s);
     fastWgRun([&] { fastWgIssuePZ<NT, D>(acc, af, sZ, Z_ROWS, z_row0); }, acc);
     storeAcc<D / 8>(out, acc);
+}
+
+/* out[64][D] = bf16(T)^T . Z[0, 64) x [0, D) through shared memory, as the
+ * fused selected backward forms dq = dS.K: T [64 keys][64 rows] fp32 in
+ * global memory, handed over as C fragments of a warpgroup (keys x rows),
+ * in halves of 16 * KS rows; each half's A fragments are stored transposed
+ * (fastStoreAT) into a 64 x 64 tile, then read K-major against Z MN-major
+ * (fastWgIssueSZ), 64 columns at a time. Z has 64 rows. */
+template <int KS, int D>
+__global__ void dsKernel(float *out, const float *t, const bf16 *z) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const uint32_t pad = (1024u - (fastSmemAddr(smem) & 1023u)) & 1023u;
+    bf16 *sZ = (bf16 *)(smem + pad), *sT = sZ + 64 * D;
+    fastLoadTileSw<64, D, 128>(sZ, [&](int r) { return z + (size_t)r * D; });
+    fastCpCommit();
+    fastCpWait<0>();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int key = warp * 16 + (lane >> 2), col = (lane & 3) * 2;
+    constexpr int RH = 16 * KS, NTH = 2 * KS;
+    for (int half = 0; half < 64 / RH; half++) {
+        float s[NTH][4];
+#pragma unroll
+        for (int n = 0; n < NTH; n++) {
+            const int r = half * RH + n * 8 + col;
+            s[n][0] = t[key * 64 + r];
+            s[n][1] = t[key * 64 + r + 1];
+            s[n][2] = t[(key + 8) * 64 + r];
+            s[n][3] = t[(key + 8) * 64 + r + 1];
+        }
+        uint32_t a[KS][4];
+        fastWgAFromC<NTH>(a, s);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) fastStoreAT(sT, 64, a[ks], warp * 16, half * RH + 16 * ks);
+    }
+    fastWgProxyFence();
+    __syncthreads();
+    const int row = warp * 16 + (lane >> 2);
+    for (int h = 0; h < D / 64; h++) {
+        float acc[8][4];
+        fastWgRun([&] { fastWgIssueSZ<64>(acc, sT, sZ + h * 64 * 64, 64); }, acc);
+#pragma unroll
+        for (int n = 0; n < 8; n++) {
+            const int c = h * 64 + n * 8 + col;
+            out[row * D + c] = acc[n][0];
+            out[row * D + c + 1] = acc[n][1];
+            out[(row + 8) * D + c] = acc[n][2];
+            out[(row + 8) * D + c + 1] = acc[n][3];
+        }
+    }
 }
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
@@ -198,6 +248,44 @@ static void casePV(int z_row0) {
     free(hp), free(hz), free(bz), free(want), free(got);
 }
 
+template <int KS, int D>
+static void caseDsK(void) {
+    float *ht = (float *)malloc(sizeof(float) * 64 * 64), *hz = (float *)malloc(sizeof(float) * 64 * D);
+    bf16 *bz = (bf16 *)malloc(sizeof(bf16) * 64 * D);
+    for (int i = 0; i < 64 * 64; i++) ht[i] = uniform(); /* rounded on the device */
+    for (int i = 0; i < 64 * D; i++) hz[i] = bf16Round(uniform()), bz[i] = __float2bfloat16(hz[i]);
+    float *want = (float *)malloc(sizeof(float) * 64 * D), *got = (float *)malloc(sizeof(float) * 64 * D);
+    for (int r = 0; r < 64; r++)
+        for (int n = 0; n < D; n++) {
+            double acc = 0;
+            for (int k = 0; k < 64; k++) acc += (double)bf16Round(ht[k * 64 + r]) * hz[k * D + n];
+            want[r * D + n] = (float)acc;
+        }
+    float *dt, *dout;
+    bf16 *dz;
+    CHECK(cudaMalloc(&dt, sizeof(float) * 64 * 64));
+    CHECK(cudaMalloc(&dz, sizeof(bf16) * 64 * D));
+    CHECK(cudaMalloc(&dout, sizeof(float) * 64 * D));
+    CHECK(cudaMemcpy(dt, ht, sizeof(float) * 64 * 64, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dz, bz, sizeof(bf16) * 64 * D, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dout, 0xff, sizeof(float) * 64 * D));
+    const int smem = 64 * D * 2 + 64 * 64 * 2 + 1024;
+    auto kernel = dsKernel<KS, D>;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<1, 128, smem>>>(dout, dt, dz);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(got, dout, sizeof(float) * 64 * D, cudaMemcpyDeviceToHost));
+    char name[128];
+    snprintf(name, sizeof(name), "dS.K: stmatrix.trans in %d-row halves, m64n64k16 SS (B MN-major), D %d",
+             16 * KS, D);
+    verdict(name, got, want, 64, D);
+    CHECK(cudaFree(dt));
+    CHECK(cudaFree(dz));
+    CHECK(cudaFree(dout));
+    free(ht), free(hz), free(bz), free(want), free(got);
+}
+
 int main(void) {
     int dev = 0, major = 0, minor = 0;
     CHECK(cudaGetDevice(&dev));
@@ -223,6 +311,11 @@ int main(void) {
     casePV<4, 128, 64>(32);
     casePV<4, 192, 64>(32);
     casePV<4, 64, 64>(32);
+    /* dq = dS.K of the fused selected backward: dS^T from the dK/dV
+     * fragments through shared memory, whole stages and 32-row halves */
+    caseDsK<4, 64>();
+    caseDsK<4, 128>();
+    caseDsK<2, 192>();
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
