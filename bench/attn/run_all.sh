@@ -36,14 +36,15 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # part): auto picks the selected kernels by S, union / warp / block /
     # dense force one at every shape (dense where it applies; NSA_FAST_SEL);
     # each runs on the device's default tensor-core path (wgmma on sm_90),
-    # and auto once more on mma.sync (NSA_FAST_MMA=sync;
-    # kernels/cuda/fast_attn.cu)
+    # auto once more on mma.sync (NSA_FAST_MMA=sync), and block once more
+    # with the selected dK/dV and dQ as two passes (NSA_FAST_SEL_FUSED=0;
+    # kernels/cuda/fast_attn.cu). A design reads sel[/mma[/fused]].
     # At most one process per CPU at a time: each holds a CUDA context,
     # and a hundred at once ran the GPU out of memory (a case then bails
     # out at its first cudaMalloc - a false failure).
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    designs="auto union warp block dense auto/sync"
+    designs="auto union warp block dense auto/sync block/auto/0"
     for design in $designs; do
         i=0
         while [ "$i" -lt "$n" ]; do
@@ -51,19 +52,23 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
             i=$((i + 1))
         done
     done | xargs -P "$(nproc)" -L 1 sh -c '
-        sel=${0%/*}; mma=auto; [ "$0" = "${0#*/}" ] || mma=${0#*/}
-        NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma build/bench/test_fast_attn "$1" >"'"$tmp"'/${sel}_$mma.$1.log" 2>&1'
+        IFS=/ read -r sel mma fused <<DESIGN
+$0
+DESIGN
+        NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} \
+            build/bench/test_fast_attn "$1" >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}.$1.log" 2>&1'
     for design in $designs; do
-        sel=${design%/*}
-        mma=auto
-        [ "$design" = "${design#*/}" ] || mma=${design#*/}
-        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=$mma" >>"$out/test.log"
+        IFS=/ read -r sel mma fused <<DESIGN
+$design
+DESIGN
+        tag="${sel}_${mma:-auto}_${fused:-1}"
+        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1}" >>"$out/test.log"
         i=0
         while [ "$i" -lt "$n" ]; do
-            cat "$tmp/${sel}_$mma.$i.log" >>"$out/test.log"
+            cat "$tmp/$tag.$i.log" >>"$out/test.log"
             i=$((i + 1))
         done
-        echo "test[$sel, $mma]: $(cat "$tmp/${sel}_$mma".*.log | grep -c '^ok') ok, $(cat "$tmp/${sel}_$mma".*.log | grep -cE '^(not ok|Bail)') not ok"
+        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
     rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"
