@@ -150,7 +150,9 @@ struct FastSelFused {
     float *acc_k, *acc_v;   /* [B][S][G][dk|dv] */
 };
 /* 64-row stages per fused work item, and its tokens. */
+#ifndef FAST_SEL_FUSED_STAGES
 #define FAST_SEL_FUSED_STAGES 64
+#endif
 static inline __host__ __device__ int fastSelFusedItemTokens(int hpg) {
     return FAST_SEL_FUSED_STAGES * (FAST_DKDV_ROWS / hpg);
 }
