@@ -264,19 +264,30 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
         need_pass[2] |= sd.fused_bwd;
     }
     /* the fused pass's sizes: the largest any call within the plan's B
-     * and S makes (more, smaller chunks at larger B) */
+     * and S makes (more, smaller chunks at larger B; its item size follows
+     * the chunk's tokens, which stop growing with S at the budget, so S
+     * runs over every chunk length up to the plan's) */
     size_t fused_plan = 0, fused_part_k = 0, fused_part_v = 0;
     if (need_pass[2]) {
+        const int rev_chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
         for (int bb = 1; bb <= d->B; bb++) {
-            const FastSelBlock sb =
-                fastSelBlockShape(bb, d->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
-            const FastSelFused f = fastSelFusedShape(sb, c.Ns, c.slots, c.hpg);
-            const size_t plan = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1) * 4;
-            const size_t pk = (size_t)bb * d->G * f.max_parts * 64 * d->d_k * 4;
-            const size_t pv = (size_t)bb * d->G * f.max_parts * 64 * d->d_v * 4;
-            fused_plan = plan > fused_plan ? plan : fused_plan;
-            fused_part_k = pk > fused_part_k ? pk : fused_part_k;
-            fused_part_v = pv > fused_part_v ? pv : fused_part_v;
+            /* rc = 0: the plan's S (the most chunks); then every shorter
+             * chunk while the chunk is the whole call */
+            for (int rc = 0; rc < rev_chunks; rc++) {
+                const int s = rc == 0 ? d->S : rc * FAST_REV_TOKENS;
+                const FastSelBlock sb =
+                    fastSelBlockShape(bb, s, c.Ns, c.slots, c.hpg,
+                                      fastSelBlockTokens(d->G, c.slots, c.hpg, d->d_k));
+                if (rc > 0 && sb.chunk_revs < rc) break; /* chunks stopped growing: sizes too */
+                const FastSelFused f =
+                    fastSelFusedShape(sb, c.Ns, c.slots, c.hpg, bb * d->G, p->sm_count);
+                const size_t plan = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1) * 4;
+                const size_t pk = (size_t)bb * d->G * f.max_parts * 64 * d->d_k * 4;
+                const size_t pv = (size_t)bb * d->G * f.max_parts * 64 * d->d_v * 4;
+                fused_plan = plan > fused_plan ? plan : fused_plan;
+                fused_part_k = pk > fused_part_k ? pk : fused_part_k;
+                fused_part_v = pv > fused_part_v ? pv : fused_part_v;
+            }
         }
     }
     /* the compressed backward's partials, and in the same bytes the fused
@@ -331,7 +342,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                 if (!need_pass[pass]) continue;
                 FastSelBlock sb = fastSelBlockShape(
                     bb, d->S, c.Ns, c.slots, c.hpg,
-                    pass ? FAST_SEL_BLOCK_DQ_TOKENS : FAST_SEL_BLOCK_TOKENS);
+                    fastSelBlockTokens(d->G, c.slots, c.hpg, pass ? d->d_k : d->d_v));
                 const size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
                 const size_t pairs =
                     (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS * d->G * c.slots * c.hpg;
@@ -611,7 +622,8 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         const FastRevIndex rev = fastCallRev(p, dims, c);
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
         FastSelBlock sb =
-            fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_TOKENS);
+            fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
+                              fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_v));
         sb.item_start = p->sb_item_start;
         sb.part_o = (bf16 *)p->sb_part;
         sb.part_lse = p->sb_part_lse;
@@ -769,7 +781,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.dq_mode = 2;
     FastSelBlock sbq = {};
     if (c.sel_block_dq) {
-        sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg, FAST_SEL_BLOCK_DQ_TOKENS);
+        sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
+                                fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_k));
         sbq.item_start = p->sb_item_start;
         sbq.part_dq = (bf16 *)p->sb_part;
     }
@@ -778,7 +791,9 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
             return fastFail(err, "nsa fast attention: the fused selected backward was not planned "
                                  "(a bug: fastCarve and fastSelDesign disagree)");
         FastSelFused f = p->fused;
-        const FastSelFused shape = fastSelFusedShape(sbq, c.Ns, c.slots, c.hpg);
+        const FastSelFused shape =
+            fastSelFusedShape(sbq, c.Ns, c.slots, c.hpg, dims->B * dims->G, p->sm_count);
+        f.item_tokens = shape.item_tokens;
         f.max_items = shape.max_items;
         f.max_parts = shape.max_parts;
         FAST_MARK("bwd.sel.fused");

@@ -47,12 +47,18 @@
 #define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces */
 #define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
 /* Chunk sizes of the block-centric selected passes (overridable at build
- * time for sweeps; halving both was slower on an H200, call 48). */
+ * time for sweeps; halving both was slower on an H200, call 48): at least
+ * FAST_SEL_BLOCK_TOKENS (B x tokens) per chunk, more where a token's
+ * partials are small - as many as FAST_SEL_BLOCK_BYTES of partials hold,
+ * up to FAST_SEL_BLOCK_MAX_TOKENS (fastSelBlockTokens). */
 #ifndef FAST_SEL_BLOCK_TOKENS
-#define FAST_SEL_BLOCK_TOKENS 4096 /* B x tokens per chunk of the block-centric selected forward */
+#define FAST_SEL_BLOCK_TOKENS 4096
 #endif
-#ifndef FAST_SEL_BLOCK_DQ_TOKENS
-#define FAST_SEL_BLOCK_DQ_TOKENS 4096 /* and of its dQ (bf16 partials too: the same bytes per pair) */
+#ifndef FAST_SEL_BLOCK_BYTES
+#define FAST_SEL_BLOCK_BYTES (1ll << 30) /* 4096 tokens at the paper shape */
+#endif
+#ifndef FAST_SEL_BLOCK_MAX_TOKENS
+#define FAST_SEL_BLOCK_MAX_TOKENS 16384
 #endif
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 

@@ -124,6 +124,17 @@ struct FastSelBlock {
     float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
     bf16 *part_dq;   /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
 };
+/* B x tokens per chunk of a block-centric pass whose partial rows hold d
+ * values (d_v in the forward, d_k in the dQ): FAST_SEL_BLOCK_TOKENS, or
+ * more where FAST_SEL_BLOCK_BYTES of bf16 partials hold more tokens, at
+ * most FAST_SEL_BLOCK_MAX_TOKENS. Fewer, longer chunks give each block more
+ * tokens per K/V load and each pass more work per launch. */
+static inline int fastSelBlockTokens(int G, int slots, int hpg, int d) {
+    const long long per_token = (long long)G * slots * hpg * d * 2;
+    long long t = FAST_SEL_BLOCK_BYTES / per_token;
+    if (t > FAST_SEL_BLOCK_MAX_TOKENS) t = FAST_SEL_BLOCK_MAX_TOKENS;
+    return t < FAST_SEL_BLOCK_TOKENS ? FAST_SEL_BLOCK_TOKENS : (int)t;
+}
 /* The chunking for a call of B x S with about budget_tokens tokens (B x
  * chunk) per chunk, at least FAST_REV_TOKENS per batch row (the buffers
  * left NULL); cannot fail. */
@@ -142,6 +153,7 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
  * fp32 (acc); within a chunk a block whose tokens span several work items
  * writes one partial per item, summed in item order. */
 struct FastSelFused {
+    int item_tokens; /* tokens of one work item (FAST_SEL_FUSED_STAGES) */
     int max_items;   /* work items per (chunk, b, g), at most */
     int max_parts;   /* item partials per (chunk, b, g), at most */
     int *item_start; /* [nchunks][B*G][Ns+1] */
@@ -149,15 +161,24 @@ struct FastSelFused {
     float *part_k, *part_v; /* [B*G][max_parts][64][dk|dv] */
     float *acc_k, *acc_v;   /* [B][S][G][dk|dv] */
 };
-/* 64-row stages per fused work item, and its tokens. */
+/* 64-row stages per fused work item: at most FAST_SEL_FUSED_STAGES, halved
+ * (down to FAST_SEL_FUSED_MIN_STAGES) while a chunk holds fewer than 4 x
+ * sm_count items' worth of stages. A CTA walks its item's stages one after
+ * the other, so the longest item - block 0, which every token chose - is a
+ * floor under the chunk's time; with little work per chunk (the proto
+ * shape: about 31 stages per CTA slot against 64-stage items) that floor
+ * is what the pass waits for. */
 #ifndef FAST_SEL_FUSED_STAGES
 #define FAST_SEL_FUSED_STAGES 64
 #endif
-static inline __host__ __device__ int fastSelFusedItemTokens(int hpg) {
-    return FAST_SEL_FUSED_STAGES * (FAST_DKDV_ROWS / hpg);
-}
-/* The fused pass's item and partial bounds for the chunking sb; cannot fail. */
-FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg);
+#ifndef FAST_SEL_FUSED_MIN_STAGES
+#define FAST_SEL_FUSED_MIN_STAGES 16
+#endif
+/* The fused pass's item size and its item and partial bounds for the
+ * chunking sb of B*G = BG rows of groups on a device of sm_count SMs;
+ * cannot fail. */
+FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg, int BG,
+                               int sm_count);
 /* dK/dV of the selected branch (dk_out, dv_out, bf16) and its dq per
  * io.dq_mode, fused (see FastSelFused): sb the dQ's chunking and partial
  * buffer, f its own buffers. */

@@ -805,8 +805,8 @@ constexpr int selFusedSmem() {
     return fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + FAST_DKDV_ROWS * 8;
 }
 
-/* One work item of a chunk: block j's keys (one 64-key tile) against up to
- * FAST_SEL_FUSED_STAGES stages of the rows of the chunk's tokens that
+/* One work item of a chunk: block j's keys (one 64-key tile) against the
+ * f.item_tokens tokens' stages (fastSelFusedShape) of the rows of the chunk's tokens that
  * chose j. dK/dV (dK times the scale) add to f.acc, or go to the item's
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
@@ -829,7 +829,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const int j = lo, k_item = item - is[j], items = is[j + 1] - is[j];
     int e_lo, e_hi;
     selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
-    const int hpg = c.hpg, tpr = R / hpg, per_item = fastSelFusedItemTokens(hpg);
+    const int hpg = c.hpg, tpr = R / hpg, per_item = f.item_tokens;
     const int e0 = e_lo + k_item * per_item, e1 = min(e_hi, e0 + per_item);
     const int ntiles = (e1 - e0 + tpr - 1) / tpr;
     const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
@@ -956,10 +956,17 @@ __global__ void selFusedFinishKernel(const float *acc_k, const float *acc_v, bf1
     }
 }
 
-FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg) {
+FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg, int BG,
+                               int sm_count) {
     FastSelFused f = {};
     const long long CT = (long long)sb.chunk_revs * FAST_REV_TOKENS;
-    const int per_item = fastSelFusedItemTokens(hpg);
+    /* the chunk's stages at most (every token with all its slots) */
+    const long long stages = (long long)BG * CT * slots * hpg / FAST_DKDV_ROWS;
+    int per_stages = FAST_SEL_FUSED_STAGES;
+    while (per_stages > FAST_SEL_FUSED_MIN_STAGES && (long long)per_stages * 4 * sm_count > stages)
+        per_stages /= 2;
+    f.item_tokens = per_stages * (FAST_DKDV_ROWS / hpg);
+    const int per_item = f.item_tokens;
     /* sum_j ceil(n_j / P) <= Ns + (entries of one (b, g) in a chunk) / P;
      * the blocks with n_j > P have at most 2 n_j / P items */
     const long long span = (CT * slots + per_item - 1) / per_item;
@@ -983,7 +990,7 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
     const int BG = c.B * c.G;
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
-        c, rev, sb, fastSelFusedItemTokens(c.hpg), f.item_start, f.part_start);
+        c, rev, sb, f.item_tokens, f.item_start, f.part_start);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
