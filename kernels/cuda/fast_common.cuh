@@ -28,6 +28,11 @@ __device__ __forceinline__ uint32_t fastSmemAddr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* Asks L2 to fetch the 128-byte line holding p (no register, no wait):
+ * for rows an epilogue will read long after the kernel starts. */
+__device__ __forceinline__ void fastPrefetchL2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+}
 /* 16-byte async copy; src == NULL zero-fills the destination (masked rows
  * must hold finite values: 0 * NaN would poison the P.V product). */
 __device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {

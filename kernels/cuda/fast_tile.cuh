@@ -194,6 +194,10 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
            2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4 + (wg ? 1024 : 0);
 }
 
+/* 1: the window forward prefetches its gate-combine inputs (see there). */
+#ifndef FAST_FWD_PREFETCH
+#define FAST_FWD_PREFETCH 1
+#endif
 /* Forward of one tile of FAST_QTILE_ROWS query rows: o = softmax(scale
  * q.K^T) V over the keys [kb, ke) of the policy, visible(t, u) masking per
  * row; o and lse out (and the gate combine when COMBINE).
@@ -221,6 +225,20 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
     fastLoadTileFor<WG, R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
+    if constexpr (COMBINE && FAST_FWD_PREFETCH) {
+        /* the gate combine's o_cmp, o_sel and gate rows toward L2 now, so
+         * the epilogue - which nothing else on the SM overlaps at one CTA
+         * per SM - reads them from L2 rather than DRAM */
+        constexpr int LINES = DV * 2 / 128; /* 128-byte lines per output row */
+        for (int i = threadIdx.x; i < R * LINES; i += THREADS) {
+            const int r = i / LINES, part = i % LINES;
+            if (rowToken(r) < 0) continue;
+            const size_t row = rowIndex(r);
+            fastPrefetchL2(io.o_cmp + row * DV + part * 64);
+            fastPrefetchL2(io.o_sel + row * DV + part * 64);
+            if (part == 0 && r % c.hpg == 0) fastPrefetchL2(io.gates + row * 3);
+        }
+    }
     int kb, ke;
     pol.keyRange(t0, t_last, kb, ke);
     const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
