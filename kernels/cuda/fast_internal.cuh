@@ -153,7 +153,7 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
  * fp32 (acc); within a chunk a block whose tokens span several work items
  * writes one partial per item, summed in item order. */
 struct FastSelFused {
-    int item_tokens; /* tokens of one work item (FAST_SEL_FUSED_STAGES) */
+    int item_tokens; /* tokens of one work item (fastSelFusedShape) */
     int max_items;   /* work items per (chunk, b, g), at most */
     int max_parts;   /* item partials per (chunk, b, g), at most */
     int *item_start; /* [nchunks][B*G][Ns+1] */

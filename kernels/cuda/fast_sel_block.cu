@@ -806,8 +806,8 @@ constexpr int selFusedSmem() {
 }
 
 /* One work item of a chunk: block j's keys (one 64-key tile) against the
- * f.item_tokens tokens' stages (fastSelFusedShape) of the rows of the chunk's tokens that
- * chose j. dK/dV (dK times the scale) add to f.acc, or go to the item's
+ * rows of up to f.item_tokens of the chunk's tokens that chose j
+ * (fastSelFusedShape). dK/dV (dK times the scale) add to f.acc, or go to the item's
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
  * Grid (f.max_items, B*G), FAST_THREADS threads. */
