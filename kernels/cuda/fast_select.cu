@@ -267,9 +267,12 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
 
     /* Offers the final scores of blocks [j_from, j_to) to the top-K of each
      * token: warp w serves tokens w, w + WARPS, ..., a lane per block - the
-     * same warp that folds them, so no barrier stands between. Every ring
-     * slot read is cleared for the block that will reuse it. */
-    auto offerRange = [&](int j_from, int j_to) {
+     * same warp that folds them, so no barrier stands between. Block j's
+     * score is in ring slot j % FAST_SCORE_RING, or with carry_from >= 0 (the
+     * periodic fold, whose ring holds only the carries) in slot j -
+     * carry_from for the first n_carry blocks and 0 past them. Every slot
+     * read is cleared for the block that will reuse it. */
+    auto offerRange = [&](int j_from, int j_to, int carry_from, int n_carry) {
         for (int tk = warp; tk < n_tok; tk += WARPS) {
             SelTokenState ts = sTok[tk];
             float *ring = sRing + tk * FAST_SCORE_RING;
@@ -277,8 +280,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 const int j = j0 + lane;
                 float s = 0.f;
                 if (j < j_to) {
-                    s = ring[j % FAST_SCORE_RING];
-                    ring[j % FAST_SCORE_RING] = 0.f;
+                    const int slot = carry_from < 0 ? j % FAST_SCORE_RING : j - carry_from;
+                    if (carry_from < 0 || slot < n_carry) {
+                        s = ring[slot];
+                        ring[slot] = 0.f;
+                    }
                 }
                 if (ts.K > 0)
                     selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, ts.K, s,
@@ -309,6 +315,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
      * blocks or SEL_FOLD_TAPS taps per tile, they are formed per tile.
      * Taps past the last visible block need no bound: their P is 0. */
     const int fold_nj = div_sel(63 * d + l - 1) + 1; /* blocks a tile touches */
+    const int fold_step = (64 * d) / l_sel;               /* blocks a tile completes (periodic) */
+    const int fold_carry = max(0, fold_nj - fold_step);    /* blocks it hands to the next */
     float fold_w[SEL_FOLD_TAPS];
     int fold_col[SEL_FOLD_TAPS];
     bool periodic;
@@ -406,15 +414,35 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         /* fold the tile into the open selection blocks of each token: a
          * lane per selection block, a warp per token */
         if (periodic) {
-            const int j = it * ((64 * d) / l_sel) + lane;
-            const bool live = lane < fold_nj && j < c.Ns;
+            /* Lane r folds block j = it * fold_step + r. Blocks below
+             * (it + 1) * fold_step are final once this tile is in (the next
+             * tile starts at that block), so lanes r < fold_step add the
+             * previous tile's carry and offer their score from registers;
+             * lanes fold_step .. fold_nj - 1 leave theirs in the ring's
+             * first slots as the next tile's carry. The ring is not walked
+             * and the offers need no second pass (ncu, proto shape: ring
+             * updates and offers had been a third of the kernel's
+             * instructions). */
+            const int j = it * fold_step + lane;
+            const bool final_lane = lane < fold_step && j < c.Ns;
             for (int tk = warp; tk < n_tok; tk += WARPS) {
                 const float *pt = sPt + tk * SEL_P_LD;
+                float *carry = sRing + tk * FAST_SCORE_RING;
                 float acc = 0.f;
 #pragma unroll
                 for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(fold_w[k], pt[fold_col[k]], acc);
-                if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
+                if (lane < fold_carry) acc += carry[lane];
+                __syncwarp();
+                if (lane >= fold_step && lane < fold_nj) carry[lane - fold_step] = acc;
+                SelTokenState ts = sTok[tk];
+                if (ts.K > 0) {
+                    selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, ts.K,
+                                 acc, j, final_lane && selEligible(ts, j), ts.worst_s, ts.worst_j);
+                    if (lane == 0) sTok[tk].worst_s = ts.worst_s, sTok[tk].worst_j = ts.worst_j;
+                }
+                __syncwarp();
             }
+            j_done = min(c.Ns, (it + 1) * fold_step);
         } else {
         /* the overlap weights formed once per tile and lane (the first
          * SEL_FOLD_TAPS in registers) */
@@ -449,18 +477,19 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
             }
         }
+            __syncwarp();
+            /* blocks no later tile touches are final */
+            const int j_end = min(c.Ns, div_sel((i0 + 64) * d));
+            if (j_end > j_done) offerRange(j_done, j_end, -1, 0);
+            j_done = max(j_done, j_end);
         } /* periodic */
-        __syncwarp();
-        /* blocks no later tile touches are final */
-        const int j_end = min(c.Ns, div_sel((i0 + 64) * d));
-        if (j_end > j_done) offerRange(j_done, j_end);
-        j_done = max(j_done, j_end);
     }
     fastCpWait<0>();
-    /* blocks past the last tile's reach hold what the tiles left (or 0) */
+    /* blocks past the last tile's reach hold what the tiles left (or 0):
+     * the periodic fold's carries sit in the ring's first fold_carry slots */
     int j_all = 0;
     for (int tk = 0; tk < n_tok; tk++) j_all = max(j_all, sTok[tk].n_complete);
-    if (j_all > j_done) offerRange(j_done, j_all);
+    if (j_all > j_done) offerRange(j_done, j_all, periodic ? j_done : -1, periodic ? fold_carry : 0);
 
     /* forced blocks + the kept top-K, ascending, -1 padded: a lane per
      * entry, placed by its rank (entries are distinct) */

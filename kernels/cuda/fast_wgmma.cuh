@@ -62,21 +62,35 @@ __device__ __forceinline__ void fastWgProxyFence() {
 #endif
 }
 
-__device__ __forceinline__ uint64_t fastWgDesc(const void *smem, uint32_t lbo, uint32_t sbo) {
-    const uint32_t a = fastSmemAddr(smem);
-    return (uint64_t)((a & 0x3FFFF) >> 4) | ((uint64_t)((lbo >> 4) & 0x3FFF) << 16) |
-           ((uint64_t)((sbo >> 4) & 0x3FFF) << 32) | (1ull << 62);
+/* A descriptor as two words. lo: the start address in 16-byte units (bits
+ * 0-13) and the leading byte offset (bits 16-29); hi: the stride byte
+ * offset (bits 32-45) and the 128-byte swizzle (bits 62-63). The issue
+ * loops below form lo once per tile and add each k-step's offset to it as
+ * a constant: a shared address is below 2^18 bytes, so the address field
+ * cannot carry into the offset field. Formed per product from a pointer
+ * (convert, mask, shift, or) the descriptors had cost about 16
+ * instructions per wgmma - a fifth of the score pass's instructions
+ * (ncu, paper shape). */
+__device__ __forceinline__ uint32_t fastWgLo(const void *smem, uint32_t lbo) {
+    return (fastSmemAddr(smem) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }
-/* K-major descriptor of rows [row0, row0 + 64 or N) at reduction column k0
- * (a multiple of 16) of a swizzled tile of `rows` rows. */
-__device__ __forceinline__ uint64_t fastWgDescK(const bf16 *tile, int rows, int row0, int k0) {
-    return fastWgDesc(tile + (k0 >> 6) * rows * 64 + row0 * 64 + (k0 & 63), 16, 1024);
+__device__ __forceinline__ uint64_t fastWgDescOf(uint32_t lo) {
+    return ((uint64_t)((1024 >> 4) | (1u << 30)) << 32) | lo; /* stride 1024 B, 128-byte swizzle */
 }
-/* MN-major descriptor of a swizzled tile of `rows` rows read as B[k][n]
- * with k = rows from k0 (a multiple of 8), n = its columns. */
-__device__ __forceinline__ uint64_t fastWgDescMN(const bf16 *tile, int rows, int k0) {
-    return fastWgDesc(tile + k0 * 64, (uint32_t)rows * 128, 1024);
+/* A K-major tile's lo word at row row0 (of `rows` rows), k = 0; column k0
+ * (a multiple of 16) adds fastWgKOff(rows, k0). */
+__device__ __forceinline__ uint32_t fastWgLoK(const bf16 *tile, int row0) {
+    return fastWgLo(tile + row0 * 64, 16);
 }
+__device__ __forceinline__ constexpr uint32_t fastWgKOff(int rows, int k0) {
+    return (uint32_t)((k0 >> 6) * rows * 8 + (k0 & 63) / 8);
+}
+/* An MN-major tile (`rows` rows read as B[k][n], k = rows): lo word at k =
+ * 0; row k0 (a multiple of 8) adds fastWgMNOff(k0). */
+__device__ __forceinline__ uint32_t fastWgLoMN(const bf16 *tile, int rows) {
+    return fastWgLo(tile, (uint32_t)rows * 128);
+}
+__device__ __forceinline__ constexpr uint32_t fastWgMNOff(int k0) { return (uint32_t)k0 * 8; }
 
 __device__ __forceinline__ void fastWgArrive() {
 #if FAST_HAVE_WGMMA
@@ -249,10 +263,11 @@ __device__ __forceinline__ void fastStoreAT(bf16 *, int, const uint32_t (&)[4], 
 template <int NT, int D>
 __device__ __forceinline__ void fastWgIssueAZt(float (&acc)[NT][4], const bf16 *a, int a_rows,
                                                int a_row0, const bf16 *z, int z_rows, int z_row0) {
+    const uint32_t a_lo = fastWgLoK(a, a_row0), z_lo = fastWgLoK(z, z_row0);
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        fastWgSS(acc, fastWgDescK(a, a_rows, a_row0, kk * 16), fastWgDescK(z, z_rows, z_row0, kk * 16),
-                 kk > 0);
+        fastWgSS(acc, fastWgDescOf(a_lo + fastWgKOff(a_rows, kk * 16)),
+                 fastWgDescOf(z_lo + fastWgKOff(z_rows, kk * 16)), kk > 0);
 }
 
 /* The register A operands of P . Z over NT * 8 keys: P the C fragments s
@@ -271,8 +286,9 @@ __device__ __forceinline__ void fastWgAFromC(uint32_t (&a)[NT / 2][4], const flo
 template <int NT, int D>
 __device__ __forceinline__ void fastWgIssuePZ(float (&acc)[D / 8][4], const uint32_t (&a)[NT / 2][4],
                                               const bf16 *z, int z_rows, int z_row0) {
+    const uint32_t z_lo = fastWgLoMN(z, z_rows) + fastWgMNOff(z_row0);
 #pragma unroll
-    for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescMN(z, z_rows, z_row0 + 16 * ks), 1);
+    for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescOf(z_lo + fastWgMNOff(16 * ks)), 1);
 }
 
 /* Issues acc (64 x 64) = A . Z[0, KD) x [0, 64): A a swizzled tile of 64
@@ -283,9 +299,11 @@ template <int KD>
 __device__ __forceinline__ void fastWgIssueSZ(float (&acc)[8][4], const bf16 *a, const bf16 *z,
                                               int z_rows) {
     static_assert(KD % 16 == 0 && KD <= 64, "one 64-column panel of A");
+    const uint32_t a_lo = fastWgLoK(a, 0), z_lo = fastWgLoMN(z, z_rows);
 #pragma unroll
     for (int kk = 0; kk < KD / 16; kk++)
-        fastWgSSt(acc, fastWgDescK(a, 64, 0, kk * 16), fastWgDescMN(z, z_rows, kk * 16), kk > 0);
+        fastWgSSt(acc, fastWgDescOf(a_lo + fastWgKOff(64, kk * 16)),
+                  fastWgDescOf(z_lo + fastWgMNOff(kk * 16)), kk > 0);
 }
 
 /* P . Z over a 64-row swizzled tile z of D columns, in 64-column parts: 32
