@@ -43,6 +43,12 @@ __device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {
         *(uint4 *)dst = make_uint4(0, 0, 0, 0);
     }
 }
+/* 16-byte async copy to shared address dst of which the first `bytes` (16
+ * or 0) come from src and the rest are zero: bytes == 0 zero-fills without
+ * reading src, so src may be NULL then. */
+__device__ __forceinline__ void fastCpAsync16Fill(uint32_t dst, const void *src, uint32_t bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
 /* 16-byte async copy through L1 (.ca): for rows that several warps of an SM
  * read (the selected branch's forced blocks); src == NULL zero-fills. */
 __device__ __forceinline__ void fastCpAsync16L1(void *dst, const void *src) {
@@ -69,6 +75,14 @@ __device__ __forceinline__ void fastCpWait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+/* The row of a ROWS-row tile this thread copies in fastLoadTile and
+ * fastLoadTileSw (THREADS / ROWS threads share a row): the same row in every
+ * tile, so a caller may form per-row values (token slot, head) once. */
+template <int ROWS, int THREADS>
+__device__ __forceinline__ int fastTileRowOf() {
+    return (int)threadIdx.x / (THREADS / ROWS);
+}
+
 /* Loads ROWS rows of D bf16 into dst[ROWS][D + 8]; rowPtr(r) gives the
  * global row or NULL for a masked row (zero-filled). All THREADS threads of
  * the CTA call it; THREADS / ROWS of them share a row, so each thread forms
@@ -78,7 +92,7 @@ template <int ROWS, int D, int THREADS = FAST_THREADS, class RowPtr>
 __device__ __forceinline__ void fastLoadTile(bf16 *dst, RowPtr rowPtr) {
     static_assert(THREADS % ROWS == 0, "rows must divide the CTA");
     constexpr int CHUNKS = D / 8, LD = D + 8, TPR = THREADS / ROWS;
-    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const int r = fastTileRowOf<ROWS, THREADS>(), part = threadIdx.x % TPR;
     const bf16 *src = rowPtr(r);
     bf16 *row = dst + r * LD;
 #pragma unroll

@@ -167,14 +167,24 @@ struct SelBlockItem {
         fastLoadKeyTile<WG, 64, DK, DV, THREADS>(sK, sV, k, v, c.S, c.G, b, g, u_lo + sub * 64, u_hi);
     }
 
-    /* Row r of row tile rt (token r / hpg of the tile, head r % hpg) as an
-     * index into [B][S][H]; false for a padding row. tok: init's tokens. */
+    /* Row r of a row tile: its token's place in the tile (r / hpg, -1 for
+     * a padding row) and head (r % hpg). A thread copies the same rows in
+     * every tile (fastTileRowOf), so it forms these once: two divisions by
+     * the runtime hpg per row and tile otherwise. */
+    struct Slot {
+        int k, head;
+    };
+    __device__ __forceinline__ static Slot slotOf(const FastCtx &c, int r) {
+        const int k = r / c.hpg;
+        return Slot{k < SELB_ROWS / c.hpg ? k : -1, r % c.hpg};
+    }
+    /* The row at slot s of row tile rt as an index into [B][S][H]; false
+     * for a padding row. tok: init's tokens. */
     __device__ __forceinline__ bool row(const FastCtx &c, const int *tok, int b, int g, int rt,
-                                        int r, size_t &at) const {
-        const int tpt = SELB_ROWS / c.hpg, k = r / c.hpg;
-        const int t = k < tpt ? tok[rt * tpt + k] : -1;
+                                        Slot s, size_t &at) const {
+        const int t = s.k >= 0 ? tok[rt * (SELB_ROWS / c.hpg) + s.k] : -1;
         if (t < 0) return false;
-        at = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + r % c.hpg;
+        at = ((size_t)b * c.S + t) * c.H + (size_t)g * c.hpg + s.head;
         return true;
     }
 };
@@ -187,15 +197,35 @@ struct SelBlockItem {
  * fragment store touches 32 distinct banks. The warp then stores whole
  * 16-byte chunks: a (token, slot)'s hpg rows lie together in the partial
  * buffer, so it writes whole 128-byte lines, where the fragments' 4-byte
- * stores wrote each 32-byte sector in two 16-byte halves. */
+ * stores wrote each 32-byte sector in two 16-byte halves.
+ *
+ * selStagePut64 stages a warp's 16 rows (row0 ..) x 64 columns (col0, a multiple of
+ * 64) of a C-fragment tile v, row half i scaled by scale_i, as bf16 -
+ * element (r, col) at panel col / 64, row r, chunk (col % 64 / 8) ^ (r % 8):
+ * four stmatrix, each two n-tiles of both row halves, in place of 16
+ * 4-byte stores and their address arithmetic (ncu: the staging had been
+ * a sixth of the block-centric kernels' instructions). */
 template <int ROWS = SELB_ROWS>
-__device__ __forceinline__ void selStagePut(bf16 *stage, int r, int col, float v0, float v1) {
-    const int chunk = ((col & 63) >> 3) ^ (r & 7);
-    *(uint32_t *)((char *)stage + (col >> 6) * (ROWS * 128) + r * 128 + chunk * 16 +
-                  (col & 7) * 2) = fastPack(v0, v1);
+__device__ __forceinline__ void selStagePut64(bf16 *stage, int row0, int col0, const float (&v)[8][4],
+                                              float scale0, float scale1) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    const int r = row0 + (m & 1) * 8 + (lane & 7); /* this lane's row of matrix m */
+    char *row = (char *)stage + (col0 >> 6) * (ROWS * 128) + r * 128;
+#pragma unroll
+    for (int n = 0; n < 8; n += 2)
+        fastStoreMatrix4(row + (((n + (m >> 1)) ^ (r & 7)) << 4),
+                         fastPack(v[n][0] * scale0, v[n][1] * scale0),
+                         fastPack(v[n][2] * scale1, v[n][3] * scale1),
+                         fastPack(v[n + 1][0] * scale0, v[n + 1][1] * scale0),
+                         fastPack(v[n + 1][2] * scale1, v[n + 1][3] * scale1));
+}
+/* The 64 columns from n-tile 8h of a C-fragment tile of more columns. */
+template <int NT>
+__device__ __forceinline__ const float (&selPanel(const float (&v)[NT][4], int h))[8][4] {
+    return *reinterpret_cast<const float(*)[8][4]>(&v[8 * h]);
 }
 /* Stores the warp's staged rows (after a __syncwarp that follows the last
- * selStagePut): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
+ * selStagePut64): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
  * at all. */
 template <int D, int ROWS = SELB_ROWS>
 __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long *row_at,
@@ -255,10 +285,11 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     if (HALVES && nsub > 1) __trap(); /* a launch the host must not make */
 
     auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
+    const SelBlockItem::Slot ld_slot = SelBlockItem::slotOf(c, fastTileRowOf<R, THREADS>());
     auto issueQ = [&](int rt, int st) {
-        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int) -> const bf16 * {
             size_t row;
-            return it.row(c, sTok, b, g, rt, r, row) ? io.q + row * DK : nullptr;
+            return it.row(c, sTok, b, g, rt, ld_slot, row) ? io.q + row * DK : nullptr;
         });
     };
 
@@ -338,12 +369,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
             }
             fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int n = 0; n < 8; n++)
-                        selStagePut(stage, i ? rB : rA, h * 64 + n * 8 + quad * 2,
-                                    oh[n][2 * i] * inv[i], oh[n][2 * i + 1] * inv[i]);
+                selStagePut64(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
             });
             __syncwarp();
             selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
@@ -370,17 +396,15 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                     fastMmaPZ<8, DV>(o, s, sV, LDV);
                 }
             }
+            float inv_rows[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 size_t idx = 0;
                 float inv = 0.f;
                 const bool has = finishRow(i, idx, inv);
+                inv_rows[i] = inv;
                 if constexpr (WG) {
                     if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
-#pragma unroll
-                    for (int n = 0; n < DV / 8; n++)
-                        selStagePut(stage, i ? rB : rA, n * 8 + quad * 2, o[n][2 * i] * inv,
-                                    o[n][2 * i + 1] * inv);
                 } else if (has) { /* mma.sync: the stage's rows are padded and shared */
 #pragma unroll
                     for (int n = 0; n < DV / 8; n++)
@@ -389,6 +413,9 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 }
             }
             if constexpr (WG) {
+#pragma unroll
+                for (int h = 0; h < DV / 64; h++)
+                    selStagePut64(stage, warp * 16, h * 64, selPanel(o, h), inv_rows[0], inv_rows[1]);
                 __syncwarp();
                 selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
             }
@@ -512,20 +539,25 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     if (PARTS && nsub > 1) __trap(); /* a launch the host must not make */
 
     auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
-    auto rowOf = [&](int rt, int r, size_t &row) { return it.row(c, sTok, b, g, rt, r, row); };
+    /* the row this thread copies and its metadata row (threadIdx.x) */
+    const SelBlockItem::Slot ld_slot = SelBlockItem::slotOf(c, fastTileRowOf<R, THREADS>()),
+                             md_slot = SelBlockItem::slotOf(c, (int)threadIdx.x);
+    auto rowOf = [&](int rt, SelBlockItem::Slot sl, size_t &row) {
+        return it.row(c, sTok, b, g, rt, sl, row);
+    };
     auto issueRows = [&](int rt, int st) {
-        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int) -> const bf16 * {
             size_t row;
-            return rowOf(rt, r, row) ? io.q + row * DK : nullptr;
+            return rowOf(rt, ld_slot, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int) -> const bf16 * {
             size_t row;
-            return rowOf(rt, r, row) ? io.dout + row * DV : nullptr;
+            return rowOf(rt, ld_slot, row) ? io.dout + row * DV : nullptr;
         });
         if ((int)threadIdx.x < R) {
             const int r = threadIdx.x;
             size_t row = 0;
-            const bool ok = rowOf(rt, r, row);
+            const bool ok = rowOf(rt, md_slot, row);
             fastCpAsync4(sL + st * R + r, ok ? io.lse + row : nullptr);
             fastCpAsync4(sD + st * R + r, ok ? io.dsum + row * 3 + io.branch : nullptr);
             fastCpAsync4(sG + st * R + r, ok ? io.gate_f + row * 3 + io.branch : nullptr);
@@ -618,12 +650,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
                 fastWgPZParts<DK>(a, sK, [&](int h, const float (&dqh)[8][4]) {
-#pragma unroll
-                    for (int i = 0; i < 2; i++)
-#pragma unroll
-                        for (int n = 0; n < 8; n++)
-                            selStagePut(stage, i ? rB : rA, h * 64 + n * 8 + quad * 2,
-                                        dqh[n][2 * i], dqh[n][2 * i + 1]);
+                    selStagePut64(stage, warp * 16, h * 64, dqh, 1.f, 1.f);
                 });
             } else if constexpr (WG) {
                 uint32_t a[4][4];
@@ -636,11 +663,8 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
         if constexpr (WG) {
             if constexpr (!PARTS)
 #pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int n = 0; n < DK / 8; n++)
-                        selStagePut(stage, i ? rB : rA, n * 8 + quad * 2, dq[n][2 * i],
-                                    dq[n][2 * i + 1]);
+                for (int h = 0; h < DK / 64; h++)
+                    selStagePut64(stage, warp * 16, h * 64, selPanel(dq, h), 1.f, 1.f);
             __syncwarp();
             selStageStore<DK>(stage, sAt, sb.part_dq, warp, lane);
         } else {
@@ -845,7 +869,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     float *acc_k = f.acc_k, *acc_v = f.acc_v;
     bf16 *part_dq = sb.part_dq;
     const int S = c.S, G = c.G, slots = c.slots;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     fastDkdvCore<DK, DV, true, 1>(
         c, io, b, g, u0, khi, ntiles,
         [=](int it, int s, int *dst) { /* the token and j's slot in its row, side by side */
@@ -899,12 +923,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             for (int h = 0; h < DK / 64; h++) {
                 float dq[8][4];
                 fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int n = 0; n < 8; n++)
-                        selStagePut<R>(q_stage, warp * 16 + grp + 8 * i, h * 64 + n * 8 + quad * 2,
-                                       dq[n][2 * i], dq[n][2 * i + 1]);
+                selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
             }
             __syncwarp();
             selStageStore<DK, R>(q_stage, sAt, part_dq, warp, lane);

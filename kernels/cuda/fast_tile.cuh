@@ -682,30 +682,40 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         if (k < ntiles && (int)threadIdx.x < tpr)
             fetchToken(k, (int)threadIdx.x, sTok + (k % 4) * R + threadIdx.x);
     };
-    auto rowOf = [&](const int *tok, int r, size_t &row) {
-        if (r >= tpr * hpg) return false;
-        int t = tok[r / hpg];
+    /* Row r of a row tile is token slot r / hpg, head r % hpg; a thread's
+     * rows - the one it copies (fastTileRowOf) and its metadata row r =
+     * threadIdx.x - are the same in every tile, so their slots and heads are
+     * formed here once (divisions by the runtime hpg, per row and tile, had
+     * been a tenth of this loop's instructions). Slot -1: a padding row. */
+    struct RowSlot {
+        int slot, head;
+    };
+    auto slotOf = [&](int r) { return RowSlot{r < tpr * hpg ? r / hpg : -1, r % hpg}; };
+    const RowSlot ld_rs = slotOf(fastTileRowOf<R, THREADS>()), md_rs = slotOf((int)threadIdx.x);
+    auto rowOf = [&](const int *tok, RowSlot rs, size_t &row) {
+        if (rs.slot < 0) return false;
+        int t = tok[rs.slot];
         if (t < 0) return false;
-        row = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg + r % hpg;
+        row = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg + rs.head;
         return true;
     };
     /* async copies of row tile k into stage k & 1 (its tokens are visible) */
     auto issueRows = [&](int k) {
         const int st = k & 1;
         const int *tok = sTok + (k % 4) * R;
-        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DK, THREADS>(sQ + st * R * LDK, [&](int) -> const bf16 * {
             size_t row;
-            return rowOf(tok, r, row) ? io.q + row * DK : nullptr;
+            return rowOf(tok, ld_rs, row) ? io.q + row * DK : nullptr;
         });
-        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int r) -> const bf16 * {
+        fastLoadTileFor<WG, R, DV, THREADS>(sdO + st * R * LDV, [&](int) -> const bf16 * {
             size_t row;
-            return rowOf(tok, r, row) ? io.dout + row * DV : nullptr;
+            return rowOf(tok, ld_rs, row) ? io.dout + row * DV : nullptr;
         });
         if ((int)threadIdx.x < R) {
             const int r = threadIdx.x;
             size_t row = 0;
-            const bool ok = rowOf(tok, r, row);
-            sT[st * R + r] = ok ? tok[r / hpg] : -1;
+            const bool ok = rowOf(tok, md_rs, row);
+            sT[st * R + r] = ok ? tok[md_rs.slot] : -1;
             fastCpAsync4(sL + st * R + r, ok ? io.lse + row : nullptr);
             fastCpAsync4(sD + st * R + r, ok ? io.dsum + row * 3 + io.branch : nullptr);
             fastCpAsync4(sG + st * R + r, ok ? io.gate_f + row * 3 + io.branch : nullptr);

@@ -40,18 +40,25 @@
 #define FAST_SW_BYTES(rows, d) ((rows) * (d) * 2)
 
 /* Loads ROWS rows of D bf16 into a swizzled tile; rowPtr(r) gives the
- * global row or NULL (zero-filled). All THREADS threads call it. */
+ * global row or NULL (zero-filled). All THREADS threads call it; a thread
+ * copies row fastTileRowOf<ROWS, THREADS>() only, the same row in every
+ * tile, so callers may form per-row values once. A row without a source is
+ * zero-filled by the copy unit (src-size 0; nothing is read), not by a
+ * branch and a store: the per-chunk branches and address arithmetic had
+ * been a sixth of the flash loops' instructions (ncu, paper shape). */
 template <int ROWS, int D, int THREADS, class RowPtr>
 __device__ __forceinline__ void fastLoadTileSw(bf16 *dst, RowPtr rowPtr) {
     static_assert(THREADS % ROWS == 0 && ROWS % 8 == 0 && D % 64 == 0, "tile shape");
     constexpr int CHUNKS = D / 8, TPR = THREADS / ROWS;
-    const int r = threadIdx.x / TPR, part = threadIdx.x % TPR;
+    const int r = fastTileRowOf<ROWS, THREADS>(), part = threadIdx.x % TPR;
     const bf16 *src = rowPtr(r);
-    char *row = (char *)dst + r * 128;
+    const uint32_t bytes = src ? 16u : 0u;
+    const char *from = (const char *)src;
+    const uint32_t row = fastSmemAddr(dst) + r * 128;
 #pragma unroll
     for (int k = part; k < CHUNKS; k += TPR)
-        fastCpAsync16(row + (k >> 3) * (ROWS * 128) + (((k & 7) ^ (r & 7)) << 4),
-                      src ? src + k * 8 : (const bf16 *)0);
+        fastCpAsync16Fill(row + (k >> 3) * (ROWS * 128) + (((k & 7) ^ (r & 7)) << 4), from + k * 16,
+                          bytes);
 }
 
 /* Makes this thread's generic-proxy shared stores (cp.async landed, zero
@@ -190,6 +197,17 @@ __device__ __forceinline__ void fastStoreAT(bf16 *tile, int rows, const uint32_t
                  "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3])
                  : "memory");
 }
+/* Stores four 8 x 8 bf16 matrices of a warp (stmatrix, not transposed):
+ * register j of lane l holds row l / 4, columns 2 (l % 4) and + 1 of
+ * matrix j - the C-fragment layout packed to bf16 - and lane l gives the
+ * shared address of row l % 8 of matrix l / 8 (16 bytes). */
+__device__ __forceinline__ void fastStoreMatrix4(void *row, uint32_t m0, uint32_t m1, uint32_t m2,
+                                                 uint32_t m3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(
+                     fastSmemAddr(row)),
+                 "r"(m0), "r"(m1), "r"(m2), "r"(m3)
+                 : "memory");
+}
 /* d (+)= A . B, A from registers, B from shared memory (MN-major), m64n64k16 */
 __device__ __forceinline__ void fastWgRS(float (&d)[8][4], const uint32_t (&a)[4],
                                            uint64_t desc_b, int accumulate) {
@@ -252,6 +270,9 @@ __device__ __forceinline__ void fastWgRS(float (&d)[NT][4], const uint32_t (&)[4
 }
 __device__ __forceinline__ void fastWgSSt(float (&)[8][4], uint64_t, uint64_t, int) { __trap(); }
 __device__ __forceinline__ void fastStoreAT(bf16 *, int, const uint32_t (&)[4], int, int) { __trap(); }
+__device__ __forceinline__ void fastStoreMatrix4(void *, uint32_t, uint32_t, uint32_t, uint32_t) {
+    __trap();
+}
 #endif
 #undef FAST_WG_ACC4
 
