@@ -299,6 +299,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     fastCpCommit();
 
     const int rA = warp * 16 + grp, rB = rA + 8;
+    const SelBlockItem::Slot slot_ab[2] = {SelBlockItem::slotOf(c, rA), SelBlockItem::slotOf(c, rB)};
     for (int rt = 0; rt < ntiles; rt++) {
         const int st = rt & 1;
         if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
@@ -307,10 +308,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         fastTileBarrier<WG>(); /* q of rt (and K/V) landed */
         int tok[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int k = (i ? rB : rA) / hpg;
-            tok[i] = k < tpt ? sTok[rt * tpt + k] : -1;
-        }
+        for (int i = 0; i < 2; i++) tok[i] = slot_ab[i].k >= 0 ? sTok[rt * tpt + slot_ab[i].k] : -1;
         float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
         /* s = the scores of key sub-tile sub, log2 domain, masked (-inf) */
         auto scores = [&](float (&s)[8][4], int sub, float mx[2]) {
@@ -325,14 +323,18 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
                 fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
             }
-            const int u0 = u_lo + sub * 64;
+            /* key u0 + x is visible to row half i iff x <= last[i] (keys u <= t
+             * and u < u_hi; -1: none): one compare per score */
+            const int u0 = u_lo + sub * 64 + quad * 2;
+            int last[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) last[i] = tok[i] >= 0 ? min(tok[i], u_hi - 1) - u0 : -1;
             mx[0] = mx[1] = -INFINITY;
 #pragma unroll
             for (int n = 0; n < 8; n++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int u = u0 + n * 8 + quad * 2 + (e & 1), t = tok[e >> 1];
-                    const float v = (t >= 0 && u < u_hi && u <= t) ? s[n][e] * c.scale_log2 : -INFINITY;
+                    const float v = n * 8 + (e & 1) <= last[e >> 1] ? s[n][e] * c.scale_log2 : -INFINITY;
                     s[n][e] = v;
                     mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
@@ -570,6 +572,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     fastCpCommit();
 
     const int rA = warp * 16 + grp, rB = rA + 8;
+    const SelBlockItem::Slot slot_ab[2] = {SelBlockItem::slotOf(c, rA), SelBlockItem::slotOf(c, rB)};
     for (int rt = 0; rt < ntiles; rt++) {
         const int st = ST == 1 ? 0 : rt & 1;
         if (ST == 2 && rt + 1 < ntiles) issueRows(rt + 1, st ^ 1);
@@ -582,9 +585,9 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
         float lse2[2], dsum[2], gate[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const int r = i ? rB : rA, k = r / hpg;
+            const int r = i ? rB : rA, k = slot_ab[i].k;
             const float lse = sL[st * R + r];
-            tok[i] = k < tpt ? sTok[rt * tpt + k] : -1;
+            tok[i] = k >= 0 ? sTok[rt * tpt + k] : -1;
             if (lse == -INFINITY) tok[i] = -1; /* sees nothing: no gradient, never NaN */
             lse2[i] = tok[i] >= 0 ? lse * FAST_LOG2E : 0.f;
             dsum[i] = sD[st * R + r];
@@ -593,12 +596,12 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
         /* the partial's destination of row half i (NULL: a padding row) */
         /* the partial row of row half i in part_dq (-1: a padding row) */
         auto partAt = [&](int i) -> long long {
-            const int r = i ? rB : rA, k = r / hpg;
-            const int t = k < tpt ? sTok[rt * tpt + k] : -1;
-            const int slot = k < tpt ? sSlot[rt * tpt + k] : -1;
+            const int k = slot_ab[i].k;
+            const int t = k >= 0 ? sTok[rt * tpt + k] : -1;
+            const int slot = k >= 0 ? sSlot[rt * tpt + k] : -1;
             if (t < 0 || slot < 0) return -1; /* rows that see nothing still write their zeros */
             const size_t pair = (((size_t)b * CT + (t - t_base)) * c.G + g) * c.slots + slot;
-            return (long long)(pair * hpg + r % hpg);
+            return (long long)(pair * hpg + slot_ab[i].head);
         };
         bf16 *stage = sQ + st * R * LDK; /* WG: the partials' way out (selStagePut) */
         if (WG && quad == 0) {
@@ -633,13 +636,17 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 fastMmaAZt<8, DK>(s, sQ + st * R * LDK, LDK, warp * 16, sK, LDK);
                 fastMmaAZt<8, DV>(dp, sdO + st * R * LDV, LDV, warp * 16, sV, LDV);
             }
-            const int u0 = u_lo + sub * 64;
+            /* key u0 + x is visible to row half i iff x <= last[i] */
+            const int u0 = u_lo + sub * 64 + quad * 2;
+            int last[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) last[i] = tok[i] >= 0 ? min(tok[i], u_hi - 1) - u0 : -1;
 #pragma unroll
             for (int n = 0; n < 8; n++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int u = u0 + n * 8 + quad * 2 + (e & 1), i = e >> 1, t = tok[i];
-                    const bool ok = t >= 0 && u < u_hi && u <= t;
+                    const int i = e >> 1;
+                    const bool ok = n * 8 + (e & 1) <= last[i];
                     const float p = ok ? fastExp2(s[n][e] * c.scale_log2 - lse2[i]) : 0.f;
                     s[n][e] = gate[i] * p * (dp[n][e] - dsum[i]);
                 }

@@ -24,6 +24,11 @@
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
 #define SEL_FOLD_TAPS 8 /* compressed blocks per selection block folded from registers */
+/* Row stride of the head-summed P (sPt): the periodic fold reads taps
+ * lo .. lo + SEL_FOLD_TAPS - 1 of a row at constant offsets from one
+ * address, past column 63 for the last blocks (weight 0), so the row has
+ * SEL_FOLD_TAPS zeroed columns behind its 64. */
+#define SEL_PT_LD (64 + SEL_FOLD_TAPS)
 
 /* Query rows per token in a CTA's tile: with more than 4 heads per group a
  * token's heads are padded to 8 or 16 rows (padding rows load zeros and
@@ -48,7 +53,7 @@ struct SelTokenState {
 static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
     const int rows = 16 * warps, tpc = rows / selRowsPerToken(c.hpg);
     const int p_rows = selHeadsInWarp(c.hpg) ? 0 : rows;
-    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + p_rows * SEL_P_LD * 4 + tpc * SEL_P_LD * 4 +
+    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + p_rows * SEL_P_LD * 4 + tpc * SEL_PT_LD * 4 +
            tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 +
            tpc * (int)sizeof(SelTokenState) + (wg ? 1024 : 0);
 }
@@ -208,8 +213,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const int t0 = blockIdx.x * tpc;
     const bool heads_in_warp = selHeadsInWarp(hpg);
     float *sP = (float *)(sK + 2 * 64 * LDK);
-    float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_P_LD]: P summed over heads */
-    float *sRing = sPt + tpc * SEL_P_LD;
+    float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_PT_LD]: P summed over heads */
+    float *sRing = sPt + tpc * SEL_PT_LD;
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
     int *sTopJ = (int *)(sTopS + tpc * FAST_MAX_SLOTS);
     SelTokenState *sTok = (SelTokenState *)(sTopJ + tpc * FAST_MAX_SLOTS);
@@ -253,6 +258,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     if (ntiles > 0) loadK(0, 0);
     fastCpCommit();
     for (int i = tid; i < tpc * FAST_SCORE_RING; i += SCORE_THREADS) sRing[i] = 0.f;
+    for (int i = tid; i < tpc * SEL_FOLD_TAPS; i += SCORE_THREADS) /* sPt's padding columns */
+        sPt[(i / SEL_FOLD_TAPS) * SEL_PT_LD + 64 + i % SEL_FOLD_TAPS] = 0.f;
     for (int i = tid; i < tpc * FAST_MAX_SLOTS; i += SCORE_THREADS) {
         sTopS[i] = -INFINITY;
         sTopJ[i] = SEL_EMPTY_J + i % FAST_MAX_SLOTS;
@@ -318,7 +325,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const int fold_step = (64 * d) / l_sel;               /* blocks a tile completes (periodic) */
     const int fold_carry = max(0, fold_nj - fold_step);    /* blocks it hands to the next */
     float fold_w[SEL_FOLD_TAPS];
-    int fold_col[SEL_FOLD_TAPS];
+    int fold_lo; /* the lane's first tap column: taps fold_lo + k, k < SEL_FOLD_TAPS */
     bool periodic;
     {
         const int lo_rel = max(0, (lane * l_sel - l) / d + 1); /* multiples of d: exact */
@@ -331,8 +338,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             const int i = lo_rel + k;
             const int lo = max(i * d, lane * l_sel), hi = min(i * d + l, (lane + 1) * l_sel);
             fold_w[k] = lane_live && i <= hi_rel ? (float)(hi - lo) * inv_l : 0.f;
-            fold_col[k] = min(i, 63);
         }
+        fold_lo = min(lo_rel, 64); /* idle lanes: zero weights, reads stay in the row's padding */
     }
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
@@ -391,8 +398,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         if (heads_in_warp) {
             /* the warp's 16 rows are its own tokens' heads (rpt 16: token
              * `warp`; rpt 8: tokens warp and warp + WARPS): no barrier */
-            if (rpt == 16) selSumHeads16(s, sPt + warp * SEL_P_LD);
-            else selSumHeads8(s, sPt + warp * SEL_P_LD, WARPS * SEL_P_LD);
+            if (rpt == 16) selSumHeads16(s, sPt + warp * SEL_PT_LD);
+            else selSumHeads8(s, sPt + warp * SEL_PT_LD, WARPS * SEL_PT_LD);
             __syncwarp();
         } else {
 #pragma unroll
@@ -407,7 +414,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 const float *p = sP + tk * hpg * SEL_P_LD + col;
                 float acc = 0.f;
                 for (int h = 0; h < hpg; h++) acc += p[h * SEL_P_LD];
-                sPt[tk * SEL_P_LD + col] = acc;
+                sPt[tk * SEL_PT_LD + col] = acc;
             }
             __syncthreads();
         }
@@ -426,11 +433,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             const int j = it * fold_step + lane;
             const bool final_lane = lane < fold_step && j < c.Ns;
             for (int tk = warp; tk < n_tok; tk += WARPS) {
-                const float *pt = sPt + tk * SEL_P_LD;
+                const float *pt = sPt + tk * SEL_PT_LD + fold_lo;
                 float *carry = sRing + tk * FAST_SCORE_RING;
                 float acc = 0.f;
 #pragma unroll
-                for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(fold_w[k], pt[fold_col[k]], acc);
+                for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(fold_w[k], pt[k], acc);
                 if (lane < fold_carry) acc += carry[lane];
                 __syncwarp();
                 if (lane >= fold_step && lane < fold_nj) carry[lane - fold_step] = acc;
@@ -466,13 +473,13 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
 #pragma unroll
             for (int k = 0; k < SEL_FOLD_TAPS; k++) col[k] = min(ilo - i0 + k, 63);
             for (int tk = warp; tk < n_tok; tk += WARPS) {
-                const float *pt = sPt + tk * SEL_P_LD;
+                const float *pt = sPt + tk * SEL_PT_LD;
                 float acc = 0.f;
 #pragma unroll
                 for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(w[k], pt[col[k]], acc);
                 for (int i = ilo + SEL_FOLD_TAPS; live && i <= ihi; i++) {
                     const int lo = max(i * d, ju), hi = min(i * d + l, ju_end);
-                    acc += (float)(hi - lo) * inv_l * sPt[tk * SEL_P_LD + i - i0];
+                    acc += (float)(hi - lo) * inv_l * sPt[tk * SEL_PT_LD + i - i0];
                 }
                 if (live) sRing[tk * FAST_SCORE_RING + j % FAST_SCORE_RING] += acc;
             }
