@@ -20,6 +20,7 @@ struct NsaAttnCudaPlan {
     int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block, 4 dense */
     int sel_fused; /* NSA_FAST_SEL_FUSED at create: 1 (default) the fused selected backward where it applies */
     int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
+    void *tma_encode; /* wgmma: the driver's cuTensorMapEncodeTiled (fast_tma.cuh) */
     int device, sm_count;
     int smem_max; /* opt-in shared memory per CTA */
     size_t bytes;         /* device bytes this plan allocated */
@@ -139,6 +140,7 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
                            int wgmma = 0, int sel_fused = 1) {
     FastCtx c;
+    c.tma_encode = NULL; /* the caller's plan sets it */
     c.smem_max = smem_max;
     c.wgmma = wgmma;
     const FastSelDesign sd =
@@ -411,6 +413,12 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
     else
         return fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d "
                              "device; allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+    /* the wgmma tile loops read their key tiles by TMA: without the
+     * driver's encoder they cannot run, and we say so rather than fall back */
+    if (p->wgmma && (e = fastTmaEncoder(&p->tma_encode)) != cudaSuccess)
+        return fastFail(err, "nsa fast attention: the driver offers no cuTensorMapEncodeTiled (%s); "
+                             "the wgmma path needs it; NSA_FAST_MMA=sync runs without",
+                        cudaGetErrorString(e));
     return 0;
 }
 
@@ -588,7 +596,8 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    c.tma_encode = p->tma_encode;
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -731,7 +740,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    const FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    c.tma_encode = p->tma_encode;
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 

@@ -7,7 +7,8 @@
  * list of branches on the same query tiles (the window and compressed
  * ones together). Each loop has two forms: mma.sync with ldmatrix (any
  * sm_80+), and wgmma (WG, sm_90a; fast_wgmma.cuh), where the forward and
- * dQ are software-pipelined. Warps own 16 mma rows (an m-tile) or two; the
+ * dQ are software-pipelined and read their key tiles through a TMA ring
+ * (fast_tma.cuh; the mma.sync loops and dK/dV's row stages use cp.async). Warps own 16 mma rows (an m-tile) or two; the
  * query-tile kernels (forward, dQ) split FAST_QTILE_ROWS rows as FastQTile
  * says, the dK/dV core one warpgroup (4 warps) per 64 keys (FastDkdvShape).
  *
@@ -22,7 +23,7 @@
 #include <type_traits>
 #include "fast_attn.h"
 #include "fast_common.cuh"
-#include "fast_wgmma.cuh"
+#include "fast_tma.cuh"
 
 /* A policy (see the file comment) may also mask whole key tiles per row:
  * rowState(b, g, t) is loaded once per query row (t < 0: a padding row),
@@ -48,6 +49,9 @@ struct FastCtx {
     int sel_fused_bwd; /* 1: dK/dV and the block-centric dQ in one pass (fast_sel_block.cu) */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
     int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
+    /* host only: the driver's cuTensorMapEncodeTiled where wgmma (the
+     * wgmma tile loops read their key tiles by TMA, fast_tma.cuh), else NULL */
+    void *tma_encode;
 };
 
 struct FastFwdIo {
@@ -100,9 +104,9 @@ struct FastQTile {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int KEYS = 64 / MT; /* keys per tile */
     static constexpr int PAD = WG ? 0 : 8; /* row padding of the shared tiles, bf16 */
-    /* K/V stages: the wgmma loops keep tile it's V (P.V in flight) and tile
-     * it+1's K (its scores in flight) while tile it+2 lands */
-    static constexpr int STAGES = WG ? 3 : 2;
+    /* K/V stages of the mma.sync loops (the wgmma loops' TMA ring:
+     * fastFwdStages, fastDqStages) */
+    static constexpr int STAGES = 2;
     /* forward (D = DV) and dQ (D = DK); the pipelined wgmma loops hold a
      * score tile, its P fragments and the accumulator (plus dP in dQ):
      * more than the 128 registers two CTAs of 8 warps leave, except the
@@ -111,21 +115,36 @@ struct FastQTile {
     static constexpr bool DQ_PIPE = WG && D > 64;
     static constexpr int DQ_CTAS = D == 192 || (WG && D > 64) ? 1 : 2;
 };
+/* Key/value stages of the wgmma query-tile kernels: a TMA ring
+ * (fast_tma.cuh) beside the query-side tiles (q; dQ also dout). */
+template <int DK, int DV>
+constexpr int fastFwdStages() {
+    using Q = FastQTile<DV, true>;
+    return fastRingStages<Q::KEYS, DK, DV>(FAST_QTILE_ROWS * DK * 2, Q::FWD_CTAS);
+}
+template <int DK, int DV>
+constexpr int fastDqStages() {
+    using Q = FastQTile<DK, true>;
+    return fastRingStages<Q::KEYS, DK, DV>(FAST_QTILE_ROWS * (DK + DV) * 2, Q::DQ_CTAS);
+}
 /* Dynamic shared memory of the tile kernels; WG tiles are swizzled and
  * start 1024-byte aligned (fastTileBase), hence the slack. */
 template <int DK, int DV, bool WG = false>
 constexpr int fastFwdSmem() {
     using Q = FastQTile<DV, WG>;
     constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
-    return (FAST_QTILE_ROWS * (DK + P) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2 +
-           (WG ? 1024 : 0);
+    if constexpr (WG)
+        return FAST_QTILE_ROWS * DK * 2 + FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>::BYTES + 1024;
+    return (FAST_QTILE_ROWS * (DK + P) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2;
 }
 template <int DK, int DV, bool WG = false>
 constexpr int fastDqSmem() {
     using Q = FastQTile<DK, WG>;
     constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
-    return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2 +
-           (WG ? 1024 : 0);
+    if constexpr (WG)
+        return FAST_QTILE_ROWS * (DK + DV) * 2 + FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>::BYTES +
+               1024;
+    return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2;
 }
 
 /* The tile kernels' dynamic shared memory, 1024-byte aligned for WG. */
@@ -207,11 +226,13 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
 template <int DK, int DV, class Policy, bool COMBINE, bool WG>
 __global__ void __launch_bounds__(FastQTile<DV, WG>::THREADS, FastQTile<DV, WG>::FWD_CTAS)
-fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
+fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastKvMaps maps) {
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
+    using Ring = FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>;
+    const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -246,8 +267,17 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
         fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, io.k, io.v,
                                                  io.nkeys, c.G, b, g, kb + it * KT, ke);
     };
-    if (ntiles > 0) loadKV(0, 0);
-    fastCpCommit();
+    if constexpr (WG) {
+        fastCpCommit(); /* q */
+        if (threadIdx.x == 0) ring.init(Q::WARPS);
+        __syncthreads(); /* the ring's barriers are initialised */
+        if (threadIdx.x == 0)
+            for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
+                ring.produce(maps, j, b, g, kb + j * KT);
+    } else {
+        if (ntiles > 0) loadKV(0, 0);
+        fastCpCommit();
+    }
 
     /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
      * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
@@ -290,12 +320,13 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
         }
     };
     if constexpr (WG) {
-        /* Software pipeline, one barrier per tile (FlashAttention-3's
-         * intra-warpgroup overlap): tile it issues its scores, then P.V of
-         * tile it-1, and computes its exponentials while that P.V runs on
-         * the tensor cores. Nothing is in flight across iterations (the
-         * compiler would serialise the products otherwise, C7515); K/V go
-         * three stages deep: tile it's K, tile it-1's V, tile it+1 landing. */
+        /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
+         * tile it issues its scores, then P.V of tile it-1, and computes its
+         * exponentials while that P.V runs on the tensor cores. Nothing is
+         * in flight across iterations (the compiler would serialise the
+         * products otherwise, C7515). Tiles come through the TMA ring: a
+         * warp waits for tile it and releases tile it-1 (its V was the last
+         * read) - no barrier across the CTA in the loop. */
         if (ntiles > 0) {
             float s[NT][4], corr[2];
             uint32_t a[NT / 2][4];
@@ -304,39 +335,34 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol) {
                 maskTile(s, 0, it, mx);
                 fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
             };
-            if (ntiles > 1) loadKV(1, 1);
-            fastCpCommit();
-            fastCpWait<1>();
-            fastTileBarrier<WG>();
-            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0); }, s);
+            fastCpWait<0>();
+            fastTileBarrier<WG>(); /* q landed */
+            ring.wait(0);
+            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(0), KT, 0); }, s);
             scoresToP(0); /* o is 0: no rescale */
             fastWgAFromC<NT>(a, s);
             for (int it = 1; it < ntiles; it++) {
-                fastCpWait<0>(); /* tile it landed; every warp is past P.V of it-2 */
-                fastTileBarrier<WG>();
-                if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
-                fastCpCommit();
+                if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
+                    ring.produce(maps, it + Ring::AHEAD, b, g, kb + (it + Ring::AHEAD) * KT);
+                ring.wait(it);
                 fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + (it % 3) * KT * LDK, KT, 0);
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(it), KT, 0);
                 fastWgCommit();
                 fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
                 fastWgFenceAcc(o[0]);
                 fastWgArrive();
-                fastWgIssuePZ<NT, DV>(o[0], a, sV + ((it - 1) % 3) * KT * LDV, KT, 0);
+                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(it - 1), KT, 0);
                 fastWgCommit();
                 fastWgWait<1>(); /* scores of tile it */
                 fastWgFenceAcc(s);
                 scoresToP(it);
                 fastWgWait<0>(); /* P.V of tile it-1 */
                 fastWgFenceAcc(o[0]);
+                ring.release(it - 1);
                 fastWgAFromC<NT>(a, s);
             }
             fastRescaleRows<DV>(o[0], corr);
-            fastWgRun(
-                [&] {
-                    fastWgIssuePZ<NT, DV>(o[0], a, sV + ((ntiles - 1) % 3) * KT * LDV, KT, 0);
-                },
-                o[0]);
+            fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(ntiles - 1), KT, 0); }, o[0]);
         }
     } else {
         for (int it = 0; it < ntiles; it++) {
@@ -442,14 +468,25 @@ struct FastDqBranch {
     FastBwdIo io; /* the branch's k, v, nkeys, lse and index into dsum / gates */
     Policy pol;
 };
+/* wgmma: each branch's io.k, io.v as TMA maps, in the branches' order
+ * (fastLaunchDq fills them) */
+#define FAST_DQ_MAX_BRANCHES 2
+struct FastDqMaps {
+    FastKvMaps br[FAST_DQ_MAX_BRANCHES];
+};
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
-fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
+fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
+    static_assert(sizeof...(Branches) <= FAST_DQ_MAX_BRANCHES, "FastDqMaps holds the branches");
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
          *sV = sK + Q::STAGES * KT * LDK;
+    using Ring = FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>;
+    const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
+    int ring_base = 0; /* WG: the ring's index of the branch's first tile */
+    int branch_no = 0; /* the branch's place in br (its maps) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
@@ -466,6 +503,11 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
     fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
+    if constexpr (WG) {
+        fastCpCommit(); /* q, dout */
+        if (threadIdx.x == 0) ring.init(Q::WARPS);
+        __syncthreads(); /* the ring's barriers are initialised */
+    }
     const int row0 = warp * 16 * MT, wg_row0 = (warp >> 2) * 64;
     float dq[MT][DK / 8][4];
 #pragma unroll
@@ -478,7 +520,6 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
         const FastBwdIo &bio = branch.io;
         const auto &pol = branch.pol;
         using Row = typename std::decay_t<decltype(branch)>::Row;
-        __syncthreads(); /* the last branch's stages are free */
         int kb, ke;
         pol.keyRange(t0, t_last, kb, ke);
         const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
@@ -486,8 +527,18 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
                                                      bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
         };
-        if (ntiles > 0) loadKV(0, 0);
-        fastCpCommit();
+        /* WG: tile it of this branch is the ring's tile ring_base + it */
+        auto produce = [&](int it) {
+            if (threadIdx.x == 0 && it < ntiles)
+                ring.produce(maps.br[branch_no], ring_base + it, b, g, kb + it * KT);
+        };
+        if constexpr (WG) {
+            for (int j = 0; j <= Ring::AHEAD; j++) produce(j);
+        } else {
+            __syncthreads(); /* the last branch's stages are free */
+            if (ntiles > 0) loadKV(0, 0);
+            fastCpCommit();
+        }
 
         int tok[MT][2];
         float lse2[MT][2], dsum[MT][2], gate[MT][2];
@@ -536,31 +587,29 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
             if (ntiles > 0) {
                 float s[NT][4], dp[NT][4];
                 uint32_t a[NT / 2][4];
-                if (ntiles > 1) loadKV(1, 1);
-                fastCpCommit();
-                fastCpWait<1>();
-                fastTileBarrier<WG>();
+                const int j0 = ring_base;
+                fastCpWait<0>();
+                fastTileBarrier<WG>(); /* q and dout landed */
+                ring.wait(j0);
                 fastWgRun(
                     [&] {
-                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK, KT, 0);
-                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV, KT, 0);
+                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
+                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
                     },
                     s, dp);
                 dsTile(s, dp, 0, 0);
                 fastWgAFromC<NT>(a, s);
                 for (int it = 1; it < ntiles; it++) {
-                    fastCpWait<0>(); /* tile it landed; every warp is past dS.K of it-2 */
-                    fastTileBarrier<WG>();
-                    if (it + 1 < ntiles) loadKV(it + 1, (it + 1) % 3);
-                    fastCpCommit();
-                    const int st = it % 3;
+                    produce(it + Ring::AHEAD);
+                    const int j = j0 + it;
+                    ring.wait(j);
                     fastWgArrive();
-                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, sK + st * KT * LDK, KT, 0);
-                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, sV + st * KT * LDV, KT, 0);
+                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
+                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
                     fastWgCommit();
                     fastWgFenceAcc(dq[0]);
                     fastWgArrive();
-                    fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((it - 1) % 3) * KT * LDK, KT, 0);
+                    fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
                     fastWgCommit();
                     fastWgWait<1>(); /* scores and dP of tile it */
                     fastWgFenceAcc(s);
@@ -568,56 +617,66 @@ fastDqKernel(FastCtx c, FastBwdIo io, Branches... br) {
                     dsTile(s, dp, 0, it);
                     fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
                     fastWgFenceAcc(dq[0]);
+                    ring.release(j - 1);
                     fastWgAFromC<NT>(a, s);
                 }
+                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0); },
+                          dq[0]);
+                ring.release(j0 + ntiles - 1); /* the next branch reuses its stage */
+            }
+        } else if constexpr (WG) {
+            /* one tile at a time where the pipeline's registers would cost
+             * the second CTA per SM (d_k = 64: proto dQ 2.4 ms this way
+             * against 3.2 pipelined at one CTA, H200); tiles through the
+             * TMA ring, released as soon as dS.K is done */
+            if (ntiles > 0) {
+                fastCpWait<0>();
+                fastTileBarrier<WG>(); /* q and dout landed */
+            }
+            for (int it = 0; it < ntiles; it++) {
+                if (it > 0) produce(it + Ring::AHEAD);
+                const int j = ring_base + it;
+                ring.wait(j);
+                float s[NT][4], dp[NT][4];
                 fastWgRun(
                     [&] {
-                        fastWgIssuePZ<NT, DK>(dq[0], a, sK + ((ntiles - 1) % 3) * KT * LDK, KT, 0);
+                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
+                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
                     },
-                    dq[0]);
+                    s, dp);
+                dsTile(s, dp, 0, it);
+                uint32_t a[NT / 2][4];
+                fastWgAFromC<NT>(a, s);
+                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j), KT, 0); }, dq[0]);
+                ring.release(j);
             }
         } else {
-            /* one tile at a time: mma.sync, or wgmma where the pipeline's
-             * registers would cost the second CTA per SM (d_k = 64: proto dQ
-             * 2.4 ms this way against 3.2 pipelined at one CTA, H200) */
+            /* mma.sync, one tile at a time */
             for (int it = 0; it < ntiles; it++) {
                 const int st = it & 1;
                 if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
                 fastCpCommit();
                 fastCpWait<1>();
-                fastTileBarrier<WG>();
+                __syncthreads();
                 const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
                 float s[MT][NT][4], dp[MT][NT][4];
-                if constexpr (WG) {
-                    fastWgRun(
-                        [&] {
-                            fastWgIssueAZt<NT, DK>(s[0], sQ, R, wg_row0, k_t, KT, 0);
-                            fastWgIssueAZt<NT, DV>(dp[0], sdO, R, wg_row0, v_t, KT, 0);
-                        },
-                        s[0], dp[0]);
-                } else {
     #pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
+                for (int mt = 0; mt < MT; mt++)
     #pragma unroll
-                        for (int n = 0; n < NT; n++)
+                    for (int n = 0; n < NT; n++)
     #pragma unroll
-                            for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
-                    fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-                    fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
-                }
+                        for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+                fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
     #pragma unroll
                 for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
-                if constexpr (WG) {
-                    uint32_t a[NT / 2][4];
-                    fastWgAFromC<NT>(a, s[0]);
-                    fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, k_t, KT, 0); }, dq[0]);
-                } else {
-                    fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
-                }
+                fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
                 __syncthreads();
             }
         }
         fastCpWait<0>();
+        if constexpr (WG) ring_base += ntiles;
+        branch_no++;
     };
     (runBranch(br), ...);
     fastCpWait<0>();
@@ -900,25 +959,43 @@ static inline cudaError_t fastLaunchQTiles(Kernel kernel, int threads, int smem,
 
 /* The forward / dQ tile kernel of a policy on this context's tensor-core
  * path (c.wgmma); returns the launch status, never synchronises. */
+/* The tile kernel of a policy on this context's tensor-core path (c.wgmma:
+ * the key tiles by TMA, their maps encoded here on the host); returns the
+ * encode, attribute or launch status, never synchronises. */
 template <int DK, int DV, class Policy, bool COMBINE>
 static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &io, Policy pol,
                                             cudaStream_t stream) {
-    if (c.wgmma)
+    FastKvMaps maps = {};
+    if (c.wgmma) {
+        cudaError_t e = fastTmaEncodeKv(c.tma_encode, &maps, io.k, io.v, c.B, io.nkeys, c.G, DK,
+                                        DV, FastQTile<DV, true>::KEYS);
+        if (e != cudaSuccess) return e;
         return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, true>,
                                 FastQTile<DV, true>::THREADS, fastFwdSmem<DK, DV, true>(), c,
-                                stream, io, pol);
+                                stream, io, pol, maps);
+    }
     return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, FastQTile<DV>::THREADS,
-                            fastFwdSmem<DK, DV>(), c, stream, io, pol);
+                            fastFwdSmem<DK, DV>(), c, stream, io, pol, maps);
 }
 template <int DK, int DV, class... Branches>
 static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cudaStream_t stream,
                                        Branches... br) {
-    if (c.wgmma)
+    FastDqMaps maps = {};
+    if (c.wgmma) {
+        cudaError_t e = cudaSuccess;
+        int n = 0;
+        ((e = e != cudaSuccess ? e
+                               : fastTmaEncodeKv(c.tma_encode, &maps.br[n++], br.io.k, br.io.v,
+                                                 c.B, br.io.nkeys, c.G, DK, DV,
+                                                 FastQTile<DK, true>::KEYS)),
+         ...);
+        if (e != cudaSuccess) return e;
         return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>,
                                 FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(), c, stream,
-                                io, br...);
+                                io, maps, br...);
+    }
     return fastLaunchQTiles(fastDqKernel<DK, DV, false, Branches...>, FastQTile<DK>::THREADS,
-                            fastDqSmem<DK, DV>(), c, stream, io, br...);
+                            fastDqSmem<DK, DV>(), c, stream, io, maps, br...);
 }
 template <class Policy>
 static inline FastDqBranch<Policy> fastDqBranch(const FastBwdIo &io, Policy pol) {

@@ -4,7 +4,9 @@
  * them: the swizzled tile load, the K-major and MN-major descriptors (with
  * row offsets inside a tile), the shared x shared products (scores), the
  * register x shared products (P.V), and dS.K through a transposed
- * shared-memory store (the fused selected backward). Inputs are fresh
+ * shared-memory store (the fused selected backward), and the TMA ring of
+ * fast_tma.cuh (a key/value tile by TMA must equal, byte for byte, the
+ * same tile by cp.async, rows past the tensor's end zero). Inputs are fresh
  * random bf16 values, outputs are poisoned with NaN first; a case passes
  * when its largest error is within 1e-5 of the largest |reference| (fp32
  * accumulation of exact bf16 products) and nothing is NaN. On a mismatch
@@ -16,7 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cuda/fast_wgmma.cuh"
+#include "cuda/fast_tma.cuh"
 
 #define CHECK(call)                                                                     \
     do {                                                                                \
@@ -286,6 +288,110 @@ static void caseDsK(void) {
     free(ht), free(hz), free(bz), free(want), free(got);
 }
 
+/* Loads the key tile at u0 of group g, batch b of k, v [B][nkeys][G][D]
+ * twice: by the TMA ring (tile 0, then tile 1 into the next stage - so the
+ * second stage's address arithmetic is checked too) and by cp.async
+ * (fastLoadTileSw, rows from nkeys zero-filled); copies all to out: ring
+ * stages 0..1 of K then of V, then the cp.async K and V tiles. */
+template <int D>
+__global__ void ringKernel(bf16 *out, const __grid_constant__ FastKvMaps maps, const bf16 *k,
+                           const bf16 *v, int nkeys, int G, int b, int g, int u0) {
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t pad = (1024u - (fastSmemAddr(smem_raw) & 1023u)) & 1023u;
+    bf16 *base = (bf16 *)(smem_raw + pad);
+    using Ring = FastKvRing<64, D, D, 2>;
+    const Ring ring = Ring::at(base);
+    /* the cp.async tiles after the ring, 1024-byte aligned */
+    bf16 *ck = (bf16 *)(((uintptr_t)base + Ring::BYTES + 1023) & ~(uintptr_t)1023), *cv = ck + 64 * D;
+    if (threadIdx.x == 0) ring.init(4);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        ring.produce(maps, 0, b, g, u0);
+        ring.produce(maps, 1, b, g, u0);
+    }
+    auto rowOf = [&](const bf16 *t, int r) -> const bf16 * {
+        return u0 + r < nkeys ? t + (((size_t)b * nkeys + u0 + r) * G + g) * D : nullptr;
+    };
+    fastLoadTileSw<64, D, 128>(ck, [&](int r) { return rowOf(k, r); });
+    fastLoadTileSw<64, D, 128>(cv, [&](int r) { return rowOf(v, r); });
+    fastCpCommit();
+    fastCpWait<0>();
+    ring.wait(0);
+    ring.wait(1);
+    __syncthreads();
+    const bf16 *parts[6] = {ring.k(0), ring.k(1), ring.v(0), ring.v(1), ck, cv};
+    for (int p = 0; p < 6; p++)
+        for (int i = threadIdx.x; i < 64 * D; i += blockDim.x) out[p * 64 * D + i] = parts[p][i];
+}
+
+/* The ring's tiles against cp.async's at a tile inside the tensor and one
+ * that runs past its end (rows from nkeys zero in both). */
+template <int D>
+static void caseRing(int nkeys, int u0) {
+    const int B = 2, G = 3, b = 1, g = 2;
+    const size_t n = (size_t)B * nkeys * G * D;
+    bf16 *hk = (bf16 *)malloc(n * 2), *hv = (bf16 *)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) {
+        hk[i] = __float2bfloat16(uniform());
+        hv[i] = __float2bfloat16(uniform());
+    }
+    bf16 *dk, *dv, *dout;
+    const size_t out_n = (size_t)6 * 64 * D;
+    CHECK(cudaMalloc(&dk, n * 2));
+    CHECK(cudaMalloc(&dv, n * 2));
+    CHECK(cudaMalloc(&dout, out_n * 2));
+    CHECK(cudaMemcpy(dk, hk, n * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dv, hv, n * 2, cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(dout, 0xFF, out_n * 2)); /* NaN */
+    void *encode = NULL;
+    CHECK(fastTmaEncoder(&encode));
+    FastKvMaps maps;
+    CHECK(fastTmaEncodeKv(encode, &maps, dk, dv, B, nkeys, G, D, D, 64));
+    const int smem = FastKvRing<64, D, D, 2>::BYTES + 2 * 64 * D * 2 + 3 * 1024;
+    CHECK(cudaFuncSetAttribute(ringKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    ringKernel<D><<<1, 128, smem>>>(dout, maps, dk, dv, nkeys, G, b, g, u0);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    uint16_t *got = (uint16_t *)malloc(out_n * 2);
+    CHECK(cudaMemcpy(got, dout, out_n * 2, cudaMemcpyDeviceToHost));
+    const size_t tile = (size_t)64 * D;
+    int bad = 0, zeros_ok = 1;
+    for (int p = 0; p < 4 && !bad; p++) {
+        const uint16_t *ref = got + (p < 2 ? 4 : 5) * tile;
+        for (size_t i = 0; i < tile; i++)
+            if (got[p * tile + i] != ref[i]) {
+                printf("# ring tile %d differs from cp.async at element %zu: %04x vs %04x\n", p, i,
+                       got[p * tile + i], ref[i]);
+                bad = 1;
+                break;
+            }
+    }
+    /* the cp.async tile itself holds the right rows: row r of panel p,
+     * swizzled chunk, against the host copy (zero past nkeys) */
+    for (int r = 0; r < 64 && !bad; r++)
+        for (int c = 0; c < D; c++) {
+            const int u = u0 + r, panel = c / 64, chunk = (c % 64) / 8;
+            const size_t at = (size_t)panel * 64 * 64 + r * 64 + ((chunk ^ (r & 7)) * 8) + c % 8;
+            uint16_t want = 0;
+            if (u < nkeys) memcpy(&want, &hk[(((size_t)b * nkeys + u) * G + g) * D + c], 2);
+            else zeros_ok &= got[4 * tile + at] == 0;
+            if (got[4 * tile + at] != want) {
+                printf("# cp.async K tile row %d col %d: %04x, want %04x\n", r, c,
+                       got[4 * tile + at], want);
+                bad = 1;
+                break;
+            }
+        }
+    const int ok = !bad && zeros_ok;
+    printf("%s %d - TMA ring tile D=%d nkeys=%d u0=%d equals cp.async's\n", ok ? "ok" : "not ok",
+           passed + failed + 1, D, nkeys, u0);
+    ok ? passed++ : failed++;
+    CHECK(cudaFree(dk));
+    CHECK(cudaFree(dv));
+    CHECK(cudaFree(dout));
+    free(hk), free(hv), free(got);
+}
+
 int main(void) {
     int dev = 0, major = 0, minor = 0;
     CHECK(cudaGetDevice(&dev));
@@ -316,6 +422,10 @@ int main(void) {
     caseDsK<4, 64>();
     caseDsK<4, 128>();
     caseDsK<2, 192>();
+    /* key tiles by TMA: inside the tensor, and past its end */
+    caseRing<64>(200, 64);
+    caseRing<128>(200, 160);
+    caseRing<192>(130, 100);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

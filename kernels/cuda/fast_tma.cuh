@@ -1,0 +1,229 @@
+/* fast_tma.cuh - key/value tiles by the Tensor Memory Accelerator (TMA,
+ * sm_90a) for the wgmma tile loops of fast_tile.cuh, and the ring of
+ * mbarriers that hands each tile from the one thread that issues its copies
+ * to the warps that read it.
+ *
+ * Why: with cp.async every thread of the CTA formed addresses and issued
+ * 16-byte copies for each key tile, and a CTA-wide barrier per tile made the
+ * tile visible (ncu, paper shape: the loads were 13-31% of the tile loops'
+ * instructions, and the barrier the forward's top stall, holding its two
+ * warpgroups in lockstep). A TMA copy is one instruction per 64-row panel,
+ * lands in exactly the 128-byte swizzle wgmma reads (fast_wgmma.cuh: panel
+ * p of a tile at p * ROWS * 128 bytes, chunk c of row r at c ^ (r & 7)),
+ * zero-fills rows past the tensor's end, and completes an mbarrier when its
+ * bytes have landed. Warps wait for the tile they need and release it when
+ * their products are done; nothing waits for the whole CTA.
+ *
+ * Keys and values are [B][nkeys][G][D] bf16; a tensor map views one as
+ * dims (D, G, nkeys, B) with a box of (64, 1, ROWS, 1): one panel of ROWS
+ * keys of one group. Rows from nkeys on come back zero, like the zero-filled
+ * rows of the cp.async loads; rows of the key range's last tile that lie
+ * past the range but inside the tensor hold real (finite) keys, which the
+ * tile loops mask as they always have.
+ *
+ * Internal to the fast kernels; the host helpers never synchronise. */
+#ifndef NSA_FAST_TMA_CUH
+#define NSA_FAST_TMA_CUH
+
+#include <string.h>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include "fast_wgmma.cuh"
+
+/* A pair of tensor maps (keys, values) for one branch. Kernels take it as a
+ * __grid_constant__ parameter: TMA reads the map from the parameter space. */
+struct FastKvMaps {
+    CUtensorMap k, v;
+};
+
+/* Looks up the driver's cuTensorMapEncodeTiled through the runtime (no
+ * link against libcuda) and stores it in *encode. Returns cudaSuccess, or
+ * the runtime's error / cudaErrorSymbolNotFound when the driver lacks it;
+ * *encode is then NULL. Called once per plan, never in a step. */
+static inline cudaError_t fastTmaEncoder(void **encode) {
+    *encode = NULL;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", encode, 12000,
+                                                     cudaEnableDefault, &found);
+    if (e != cudaSuccess) return e;
+    if (found != cudaDriverEntryPointSuccess || !*encode) {
+        *encode = NULL;
+        return cudaErrorSymbolNotFound;
+    }
+    return cudaSuccess;
+}
+
+/* Encodes the map of one [B][nkeys][G][d] bf16 tensor for boxes of `rows`
+ * keys x 64 channels, 128-byte swizzle. Returns cudaErrorInvalidValue when
+ * the driver refuses the map (misaligned base, d not a multiple of 64) or
+ * encode is NULL. Host only; no device work. */
+static inline cudaError_t fastTmaEncodeKeys(void *encode, CUtensorMap *map, const bf16 *base,
+                                            int B, int nkeys, int G, int d, int rows) {
+    if (!encode || d % 64 != 0 || nkeys < 1) return cudaErrorInvalidValue;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)G, (cuuint64_t)nkeys, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)d * 2, (cuuint64_t)G * d * 2,
+                                   (cuuint64_t)nkeys * G * d * 2};
+    const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
+    const cuuint32_t step[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* Both maps of a branch whose keys k [B][nkeys][G][dk] and values v
+ * [B][nkeys][G][dv] are read in tiles of `rows` keys; errors as above.
+ * With no keys (nkeys 0: the compressed branch below one block) no tile is
+ * ever read: the maps are zeroed and cudaSuccess returned. */
+static inline cudaError_t fastTmaEncodeKv(void *encode, FastKvMaps *maps, const bf16 *k,
+                                          const bf16 *v, int B, int nkeys, int G, int dk, int dv,
+                                          int rows) {
+    if (nkeys == 0) {
+        memset(maps, 0, sizeof(*maps));
+        return cudaSuccess;
+    }
+    cudaError_t e = fastTmaEncodeKeys(encode, &maps->k, k, B, nkeys, G, dk, rows);
+    return e != cudaSuccess ? e : fastTmaEncodeKeys(encode, &maps->v, v, B, nkeys, G, dv, rows);
+}
+
+/* ---- mbarriers and the bulk tensor copy (PTX; sm_90) ---- */
+#if FAST_HAVE_WGMMA
+__device__ __forceinline__ void fastMbarInit(uint64_t *bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(fastSmemAddr(bar)), "r"(count)
+                 : "memory");
+}
+/* Makes barrier initialisation visible to the async proxy (the TMA unit
+ * completes transactions on them); the initialising thread calls it once,
+ * before the CTA barrier that publishes the barriers to the other threads. */
+__device__ __forceinline__ void fastMbarInitFence() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void fastMbarArrive(uint64_t *bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(fastSmemAddr(bar)) : "memory");
+}
+/* One arrival that also announces `bytes` of transactions still to land. */
+__device__ __forceinline__ void fastMbarArriveTx(uint64_t *bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(
+                     fastSmemAddr(bar)),
+                 "r"(bytes)
+                 : "memory");
+}
+/* Spins until the barrier's phase with this parity has completed. */
+__device__ __forceinline__ void fastMbarWait(uint64_t *bar, uint32_t parity) {
+    const uint32_t addr = fastSmemAddr(bar);
+    uint32_t done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+            "selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(addr), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+/* The box of map at (c0, c1, c2, c3) into shared dst (1024-byte aligned),
+ * its bytes completing on bar. */
+__device__ __forceinline__ void fastTmaLoad4(void *dst, const CUtensorMap *map, int c0, int c1,
+                                             int c2, int c3, uint64_t *bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(fastSmemAddr(dst)),
+        "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fastSmemAddr(bar))
+        : "memory");
+}
+#else
+__device__ __forceinline__ void fastMbarInit(uint64_t *, int) { __trap(); }
+__device__ __forceinline__ void fastMbarInitFence() { __trap(); }
+__device__ __forceinline__ void fastMbarArrive(uint64_t *) { __trap(); }
+__device__ __forceinline__ void fastMbarArriveTx(uint64_t *, uint32_t) { __trap(); }
+__device__ __forceinline__ void fastMbarWait(uint64_t *, uint32_t) { __trap(); }
+__device__ __forceinline__ void fastTmaLoad4(void *, const CUtensorMap *, int, int, int, int,
+                                             uint64_t *) {
+    __trap();
+}
+#endif
+
+/* Tiles the producing thread of a ring issues ahead of the one its warps
+ * compute: tile it + AHEAD is issued at iteration it (the prologue issues
+ * tiles 0 .. AHEAD). Its stage must have been released, so the producer
+ * waits for every warp to have released tile it + AHEAD - STAGES. The
+ * pipelined loops release tile it-1 at the end of iteration it, so AHEAD
+ * is at most STAGES - 2 there (else the producer would wait for itself).
+ * Two ahead at four stages (H200, paper 64k: compressed forward 10.92 ->
+ * 10.41 ms against one ahead, window+compressed dQ 15.07 -> 14.68). */
+#ifndef FAST_RING_AHEAD
+#define FAST_RING_AHEAD 2
+#endif
+
+/* The ring of STAGES key/value stages of KT keys. Tile j of a kernel's
+ * loop (counted across all its branches) lives in stage j % STAGES; its
+ * use n = j / STAGES of the stage completes full[s] with parity n & 1 when
+ * its bytes land, and empty[s] with parity n & 1 when all `consumers`
+ * warps have released it. One thread produces (issues the copies, after
+ * the stage's previous tile was released); every warp of the CTA waits for
+ * and releases every tile. Shared layout: K stages, V stages, then 2 *
+ * STAGES barriers (fastKvRingBytes). */
+template <int KT, int DK, int DV, int STAGES>
+struct FastKvRing {
+    bf16 *sK, *sV;
+    uint64_t *full, *empty;
+
+    static constexpr uint32_t TILE_BYTES = (uint32_t)KT * (DK + DV) * 2;
+    static constexpr int AHEAD = FAST_RING_AHEAD < STAGES - 1 ? FAST_RING_AHEAD : STAGES - 2;
+    static constexpr int BYTES = STAGES * KT * (DK + DV) * 2 + 2 * STAGES * 8;
+
+    /* The ring at sK (1024-byte aligned). */
+    __device__ static FastKvRing at(bf16 *sK) {
+        FastKvRing r;
+        r.sK = sK;
+        r.sV = sK + STAGES * KT * DK;
+        r.full = (uint64_t *)(r.sV + STAGES * KT * DV);
+        r.empty = r.full + STAGES;
+        return r;
+    }
+    /* One thread, before the CTA barrier that publishes the ring. */
+    __device__ void init(int consumers) const {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            fastMbarInit(&full[s], 1);
+            fastMbarInit(&empty[s], consumers);
+        }
+        fastMbarInitFence();
+    }
+    __device__ const bf16 *k(int j) const { return sK + (j % STAGES) * KT * DK; }
+    __device__ const bf16 *v(int j) const { return sV + (j % STAGES) * KT * DV; }
+    /* The producing thread: keys [u0, u0 + KT) of (b, g) as tile j. */
+    __device__ void produce(const FastKvMaps &maps, int j, int b, int g, int u0) const {
+        const int s = j % STAGES;
+        if (j >= STAGES) fastMbarWait(&empty[s], (uint32_t)(j / STAGES + 1) & 1u);
+        fastMbarArriveTx(&full[s], TILE_BYTES);
+        bf16 *dk = sK + s * KT * DK, *dv = sV + s * KT * DV;
+#pragma unroll
+        for (int p = 0; p < DK / 64; p++) fastTmaLoad4(dk + p * KT * 64, &maps.k, p * 64, g, u0, b, &full[s]);
+#pragma unroll
+        for (int p = 0; p < DV / 64; p++) fastTmaLoad4(dv + p * KT * 64, &maps.v, p * 64, g, u0, b, &full[s]);
+    }
+    /* Every thread that reads tile j, before its first product on it; the
+     * warp leaves converged (the next wgmma is .sync.aligned). */
+    __device__ void wait(int j) const {
+        fastMbarWait(&full[j % STAGES], (uint32_t)(j / STAGES) & 1u);
+        __syncwarp();
+    }
+    /* Every warp, once, after its last product on tile j has completed. */
+    __device__ void release(int j) const {
+        __syncwarp();
+        if ((threadIdx.x & 31) == 0) fastMbarArrive(&empty[j % STAGES]);
+    }
+};
+
+/* Stages of a query-tile kernel's ring: four where CTAS CTAs of
+ * `fixed_bytes` (the query-side tiles) plus the ring fit an SM's 228 KB
+ * (each CTA also costs 1 KB of reserve and 1 KB of alignment slack), else
+ * three. Four stages let a warp run a tile ahead of the producer's wait. */
+template <int KT, int DK, int DV>
+constexpr int fastRingStages(int fixed_bytes, int ctas) {
+    return ctas * (fixed_bytes + FastKvRing<KT, DK, DV, 4>::BYTES + 2048) <= 233472 ? 4 : 3;
+}
+
+#endif
