@@ -93,6 +93,9 @@ struct FastBwdIo {
  *    proto dQ 2.97 ms this way, 3.31 with two m-tiles).
  *  - D = 192 (dQ with d_k = 192): one m-tile too; two would spill. */
 #define FAST_QTILE_ROWS 128
+#ifndef FAST_FWD_WG_ROWS
+#define FAST_FWD_WG_ROWS 192
+#endif
 /* With wgmma (WG) the tile is two warpgroups of 64 rows (8 warps, one
  * m-tile each) against 64-key tiles: the tensor cores read both operands
  * of the scores from shared memory, so the ldmatrix bound above is gone.
@@ -112,6 +115,13 @@ struct FastQTile {
      * more than the 128 registers two CTAs of 8 warps leave, except the
      * forward at D = 64 */
     static constexpr int FWD_CTAS = WG && D > 64 ? 1 : 2;
+    /* the forward's rows per CTA: at one CTA per SM (D > 64 on wgmma)
+     * FAST_FWD_WG_ROWS, as 64-row warpgroups - three share each K/V tile
+     * and a CTA's start and epilogue (its q load, the gate combine) are
+     * spread over more rows; the 138 registers of the loop allow 384
+     * threads. Elsewhere FAST_QTILE_ROWS. */
+    static constexpr int FWD_ROWS = WG && D > 64 ? FAST_FWD_WG_ROWS : FAST_QTILE_ROWS;
+    static constexpr int FWD_THREADS = 32 * FWD_ROWS / (16 * MT);
     static constexpr bool DQ_PIPE = WG && D > 64;
     static constexpr int DQ_CTAS = D == 192 || (WG && D > 64) ? 1 : 2;
 };
@@ -120,7 +130,7 @@ struct FastQTile {
 template <int DK, int DV>
 constexpr int fastFwdStages() {
     using Q = FastQTile<DV, true>;
-    return fastRingStages<Q::KEYS, DK, DV>(FAST_QTILE_ROWS * DK * 2, Q::FWD_CTAS);
+    return fastRingStages<Q::KEYS, DK, DV>(Q::FWD_ROWS * DK * 2, Q::FWD_CTAS);
 }
 template <int DK, int DV>
 constexpr int fastDqStages() {
@@ -134,7 +144,7 @@ constexpr int fastFwdSmem() {
     using Q = FastQTile<DV, WG>;
     constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
     if constexpr (WG)
-        return FAST_QTILE_ROWS * DK * 2 + FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>::BYTES + 1024;
+        return Q::FWD_ROWS * DK * 2 + FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>::BYTES + 1024;
     return (FAST_QTILE_ROWS * (DK + P) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2;
 }
 template <int DK, int DV, bool WG = false>
@@ -217,7 +227,7 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
 #ifndef FAST_FWD_PREFETCH
 #define FAST_FWD_PREFETCH 1
 #endif
-/* Forward of one tile of FAST_QTILE_ROWS query rows: o = softmax(scale
+/* Forward of one tile of FWD_ROWS query rows (FastQTile): o = softmax(scale
  * q.K^T) V over the keys [kb, ke) of the policy, visible(t, u) masking per
  * row; o and lse out (and the gate combine when COMBINE).
  * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::THREADS threads. */
@@ -225,11 +235,11 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
 template <int DK, int DV, class Policy, bool COMBINE, bool WG>
-__global__ void __launch_bounds__(FastQTile<DV, WG>::THREADS, FastQTile<DV, WG>::FWD_CTAS)
+__global__ void __launch_bounds__(FastQTile<DV, WG>::FWD_THREADS, FastQTile<DV, WG>::FWD_CTAS)
 fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastKvMaps maps) {
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
-    constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
+    constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
     using Ring = FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>;
     const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
@@ -269,7 +279,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
     };
     if constexpr (WG) {
         fastCpCommit(); /* q */
-        if (threadIdx.x == 0) ring.init(Q::WARPS);
+        if (threadIdx.x == 0) ring.init(THREADS / 32);
         __syncthreads(); /* the ring's barriers are initialised */
         if (threadIdx.x == 0)
             for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
@@ -944,14 +954,14 @@ static inline cudaError_t fastSetSmem(Kernel kernel, int bytes) {
 
 /* Enqueues a query-tile kernel (an instance of fastFwdKernel or
  * fastDqKernel, threads per CTA from its FastQTile) over every token: one
- * CTA per FAST_QTILE_ROWS / hpg whole tokens of each (b, g). Returns the
- * attribute or launch status; never synchronises. */
+ * CTA per rows / hpg whole tokens of each (b, g). Returns the attribute or
+ * launch status; never synchronises. */
 template <class Kernel, class... Args>
-static inline cudaError_t fastLaunchQTiles(Kernel kernel, int threads, int smem,
+static inline cudaError_t fastLaunchQTiles(Kernel kernel, int rows, int threads, int smem,
                                            const FastCtx &c, cudaStream_t stream, Args... args) {
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
-    const int tpc = FAST_QTILE_ROWS / c.hpg;
+    const int tpc = rows / c.hpg;
     kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), threads, smem, stream>>>(
         c, args...);
     return cudaGetLastError();
@@ -970,12 +980,14 @@ static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &i
         cudaError_t e = fastTmaEncodeKv(c.tma_encode, &maps, io.k, io.v, c.B, io.nkeys, c.G, DK,
                                         DV, FastQTile<DV, true>::KEYS);
         if (e != cudaSuccess) return e;
-        return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, true>,
-                                FastQTile<DV, true>::THREADS, fastFwdSmem<DK, DV, true>(), c,
-                                stream, io, pol, maps);
+        using Q = FastQTile<DV, true>;
+        return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, true>, Q::FWD_ROWS,
+                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c, stream, io, pol,
+                                maps);
     }
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, FastQTile<DV>::THREADS,
-                            fastFwdSmem<DK, DV>(), c, stream, io, pol, maps);
+    using Q = FastQTile<DV>;
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, Q::FWD_ROWS,
+                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c, stream, io, pol, maps);
 }
 template <int DK, int DV, class... Branches>
 static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cudaStream_t stream,
@@ -990,12 +1002,13 @@ static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cu
                                                  FastQTile<DK, true>::KEYS)),
          ...);
         if (e != cudaSuccess) return e;
-        return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>,
+        return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>, FAST_QTILE_ROWS,
                                 FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(), c, stream,
                                 io, maps, br...);
     }
-    return fastLaunchQTiles(fastDqKernel<DK, DV, false, Branches...>, FastQTile<DK>::THREADS,
-                            fastDqSmem<DK, DV>(), c, stream, io, maps, br...);
+    return fastLaunchQTiles(fastDqKernel<DK, DV, false, Branches...>, FAST_QTILE_ROWS,
+                            FastQTile<DK>::THREADS, fastDqSmem<DK, DV>(), c, stream, io, maps,
+                            br...);
 }
 template <class Policy>
 static inline FastDqBranch<Policy> fastDqBranch(const FastBwdIo &io, Policy pol) {
