@@ -29,6 +29,11 @@
  * address, past column 63 for the last blocks (weight 0), so the row has
  * SEL_FOLD_TAPS zeroed columns behind its 64. */
 #define SEL_PT_LD (64 + SEL_FOLD_TAPS)
+/* Stages of pooled-key tiles. On wgmma they come through a TMA ring
+ * (fast_tma.cuh): a warp releases its tile as soon as its scores are in
+ * registers, so two stages let the next tile land while this one is folded,
+ * and no CTA barrier per tile holds the warps together. */
+#define SEL_STAGES 2
 
 /* Query rows per token in a CTA's tile: with more than 4 heads per group a
  * token's heads are padded to 8 or 16 rows (padding rows load zeros and
@@ -53,7 +58,8 @@ struct SelTokenState {
 static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
     const int rows = 16 * warps, tpc = rows / selRowsPerToken(c.hpg);
     const int p_rows = selHeadsInWarp(c.hpg) ? 0 : rows;
-    return (rows + 2 * 64) * (dk + (wg ? 0 : 8)) * 2 + p_rows * SEL_P_LD * 4 + tpc * SEL_PT_LD * 4 +
+    return (rows + SEL_STAGES * 64) * (dk + (wg ? 0 : 8)) * 2 + (wg ? 2 * SEL_STAGES * 8 : 0) +
+           p_rows * SEL_P_LD * 4 + tpc * SEL_PT_LD * 4 +
            tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 +
            tpc * (int)sizeof(SelTokenState) + (wg ? 1024 : 0);
 }
@@ -206,13 +212,17 @@ __device__ __forceinline__ void selSumHeads8(const float (&s)[8][4], float *pt0,
 /* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
 template <int DK, int WARPS, bool WG>
 __global__ void __launch_bounds__(32 * WARPS)
-fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx) {
+fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx,
+                 const __grid_constant__ FastKvMaps maps) {
     constexpr int LDK = DK + (WG ? 0 : 8), SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + SCORE_ROWS * LDK;
+    /* WG: the pooled-key tiles (maps.k), released right after their scores */
+    using Ring = FastKvRing<64, DK, 0, SEL_STAGES, 1>;
+    const Ring ring = Ring::at(sK);
     const int hpg = c.hpg, rpt = selRowsPerToken(hpg), tpc = SCORE_ROWS / rpt;
     const int t0 = blockIdx.x * tpc;
     const bool heads_in_warp = selHeadsInWarp(hpg);
-    float *sP = (float *)(sK + 2 * 64 * LDK);
+    float *sP = (float *)((char *)sK + SEL_STAGES * 64 * LDK * 2 + (WG ? 2 * SEL_STAGES * 8 : 0));
     float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_PT_LD]: P summed over heads */
     float *sRing = sPt + tpc * SEL_PT_LD;
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
@@ -255,7 +265,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             return i < nvis ? kc + (((size_t)b * c.Nc + i) * c.G + g) * DK : nullptr;
         });
     };
-    if (ntiles > 0) loadK(0, 0);
+    if constexpr (WG) {
+        if (tid == 0) ring.init(WARPS);
+    } else if (ntiles > 0) {
+        loadK(0, 0);
+    }
     fastCpCommit();
     for (int i = tid; i < tpc * FAST_SCORE_RING; i += SCORE_THREADS) sRing[i] = 0.f;
     for (int i = tid; i < tpc * SEL_FOLD_TAPS; i += SCORE_THREADS) /* sPt's padding columns */
@@ -271,6 +285,9 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                                  SEL_EMPTY_J + max(tok.K, 1) - 1};
     }
     __syncthreads(); /* rings, top-K slots and token states are read even when no tile runs */
+    if constexpr (WG)
+        if (tid == 0)
+            for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++) ring.produce(maps, j, b, g, j * 64);
 
     /* Offers the final scores of blocks [j_from, j_to) to the top-K of each
      * token: warp w serves tokens w, w + WARPS, ..., a lane per block - the
@@ -344,21 +361,29 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     int j_done = 0;
     for (int it = 0; it < ntiles; it++) {
         const int st = it & 1, i0 = it * 64;
-        /* tile it has landed and every warp is past tile it - 1, whose
-         * stage the next load reuses */
-        fastCpWait<0>();
-        fastTileBarrier<WG>();
-        if (it + 1 < ntiles) loadK(it + 1, st ^ 1);
-        fastCpCommit();
         const bf16 *k_t = sK + st * 64 * LDK;
         float s[8][4];
         if constexpr (WG) {
+            if (it == 0) { /* q landed */
+                fastCpWait<0>();
+                fastTileBarrier<WG>();
+            } else if (tid == 0 && it + Ring::AHEAD < ntiles) {
+                ring.produce(maps, it + Ring::AHEAD, b, g, (it + Ring::AHEAD) * 64);
+            }
+            ring.wait(it);
             fastWgRun(
                 [&] {
-                    fastWgIssueAZt<8, DK>(s, sQ, SCORE_ROWS, (warp >> 2) * 64, k_t, 64, 0);
+                    fastWgIssueAZt<8, DK>(s, sQ, SCORE_ROWS, (warp >> 2) * 64, ring.k(it), 64, 0);
                 },
                 s);
+            ring.release(it);
         } else {
+            /* tile it has landed and every warp is past tile it - 1, whose
+             * stage the next load reuses */
+            fastCpWait<0>();
+            __syncthreads();
+            if (it + 1 < ntiles) loadK(it + 1, st ^ 1);
+            fastCpCommit();
             if (it == 0) {
 #pragma unroll
                 for (int kk = 0; kk < DK / 16; kk++) fastLoadA(qf[kk], sQ, LDK, warp * 16, kk * 16);
@@ -526,9 +551,12 @@ static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16
     const int smem = selectSmem(c, DK, WARPS, c.wgmma);
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
+    FastKvMaps maps = {};
+    if (c.wgmma && (e = fastTmaEncodeK(c.tma_encode, &maps, kc, c.B, c.Nc, c.G, DK, 64)) != cudaSuccess)
+        return e;
     const int tpc = 16 * WARPS / selRowsPerToken(c.hpg);
     kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * WARPS, smem, stream>>>(c, q, kc, lse_cmp,
-                                                                                sel_idx);
+                                                                                sel_idx, maps);
     return cudaGetLastError();
 }
 

@@ -72,6 +72,14 @@ static inline cudaError_t fastTmaEncodeKeys(void *encode, CUtensorMap *map, cons
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+/* The keys-only map of a pass that reads no values (the selection's
+ * scores): maps->v is zeroed and must not be read. Errors as above. */
+static inline cudaError_t fastTmaEncodeK(void *encode, FastKvMaps *maps, const bf16 *k, int B,
+                                         int nkeys, int G, int dk, int rows) {
+    memset(maps, 0, sizeof(*maps));
+    return nkeys == 0 ? cudaSuccess : fastTmaEncodeKeys(encode, &maps->k, k, B, nkeys, G, dk, rows);
+}
+
 /* Both maps of a branch whose keys k [B][nkeys][G][dk] and values v
  * [B][nkeys][G][dv] are read in tiles of `rows` keys; errors as above.
  * With no keys (nkeys 0: the compressed branch below one block) no tile is
@@ -147,16 +155,17 @@ __device__ __forceinline__ void fastTmaLoad4(void *, const CUtensorMap *, int, i
 /* Tiles the producing thread of a ring issues ahead of the one its warps
  * compute: tile it + AHEAD is issued at iteration it (the prologue issues
  * tiles 0 .. AHEAD). Its stage must have been released, so the producer
- * waits for every warp to have released tile it + AHEAD - STAGES. The
- * pipelined loops release tile it-1 at the end of iteration it, so AHEAD
- * is at most STAGES - 2 there (else the producer would wait for itself).
+ * waits for every warp to have released tile it + AHEAD - STAGES. A loop
+ * whose warps hold HOLD tiles at once (the pipelined loops release tile
+ * it-1 at the end of iteration it: two) takes AHEAD <= STAGES - HOLD, else
+ * the producer would wait for itself.
  * Two ahead at four stages (H200, paper 64k: compressed forward 10.92 ->
  * 10.41 ms against one ahead, window+compressed dQ 15.07 -> 14.68). */
 #ifndef FAST_RING_AHEAD
 #define FAST_RING_AHEAD 2
 #endif
 
-/* The ring of STAGES key/value stages of KT keys. Tile j of a kernel's
+/* The ring of STAGES key/value stages of KT keys (DV = 0: keys only). Tile j of a kernel's
  * loop (counted across all its branches) lives in stage j % STAGES; its
  * use n = j / STAGES of the stage completes full[s] with parity n & 1 when
  * its bytes land, and empty[s] with parity n & 1 when all `consumers`
@@ -164,13 +173,15 @@ __device__ __forceinline__ void fastTmaLoad4(void *, const CUtensorMap *, int, i
  * the stage's previous tile was released); every warp of the CTA waits for
  * and releases every tile. Shared layout: K stages, V stages, then 2 *
  * STAGES barriers (fastKvRingBytes). */
-template <int KT, int DK, int DV, int STAGES>
+template <int KT, int DK, int DV, int STAGES, int HOLD = 2>
 struct FastKvRing {
     bf16 *sK, *sV;
     uint64_t *full, *empty;
 
     static constexpr uint32_t TILE_BYTES = (uint32_t)KT * (DK + DV) * 2;
-    static constexpr int AHEAD = FAST_RING_AHEAD < STAGES - 1 ? FAST_RING_AHEAD : STAGES - 2;
+    static constexpr int AHEAD =
+        FAST_RING_AHEAD < STAGES - HOLD + 1 ? FAST_RING_AHEAD : STAGES - HOLD;
+    static_assert(AHEAD >= 1, "a ring needs a stage to load into while its warps compute");
     static constexpr int BYTES = STAGES * KT * (DK + DV) * 2 + 2 * STAGES * 8;
 
     /* The ring at sK (1024-byte aligned). */

@@ -299,7 +299,7 @@ __global__ void ringKernel(bf16 *out, const __grid_constant__ FastKvMaps maps, c
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t pad = (1024u - (fastSmemAddr(smem_raw) & 1023u)) & 1023u;
     bf16 *base = (bf16 *)(smem_raw + pad);
-    using Ring = FastKvRing<64, D, D, 2>;
+    using Ring = FastKvRing<64, D, D, 2, 1>;
     const Ring ring = Ring::at(base);
     /* the cp.async tiles after the ring, 1024-byte aligned */
     bf16 *ck = (bf16 *)(((uintptr_t)base + Ring::BYTES + 1023) & ~(uintptr_t)1023), *cv = ck + 64 * D;
@@ -347,7 +347,7 @@ static void caseRing(int nkeys, int u0) {
     CHECK(fastTmaEncoder(&encode));
     FastKvMaps maps;
     CHECK(fastTmaEncodeKv(encode, &maps, dk, dv, B, nkeys, G, D, D, 64));
-    const int smem = FastKvRing<64, D, D, 2>::BYTES + 2 * 64 * D * 2 + 3 * 1024;
+    const int smem = FastKvRing<64, D, D, 2, 1>::BYTES + 2 * 64 * D * 2 + 3 * 1024;
     CHECK(cudaFuncSetAttribute(ringKernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     ringKernel<D><<<1, 128, smem>>>(dout, maps, dk, dv, nkeys, G, b, g, u0);
     CHECK(cudaGetLastError());
