@@ -416,8 +416,9 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
     /* the wgmma tile loops read their key tiles by TMA: without the
      * driver's encoder they cannot run, and we say so rather than fall back */
     if (p->wgmma && (e = fastTmaEncoder(&p->tma_encode)) != cudaSuccess)
-        return fastFail(err, "nsa fast attention: the driver offers no cuTensorMapEncodeTiled (%s); "
-                             "the wgmma path needs it; NSA_FAST_MMA=sync runs without",
+        return fastFail(err, "nsa fast attention: the driver offers no "
+                             "cuTensorMapEncodeTiled (%s); the wgmma path needs it; "
+                             "NSA_FAST_MMA=sync runs without",
                         cudaGetErrorString(e));
     return 0;
 }

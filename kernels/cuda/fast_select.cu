@@ -287,7 +287,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     __syncthreads(); /* rings, top-K slots and token states are read even when no tile runs */
     if constexpr (WG)
         if (tid == 0)
-            for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++) ring.produce(maps, j, b, g, j * 64);
+            for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
+                ring.produce(maps, j, b, g, j * 64);
 
     /* Offers the final scores of blocks [j_from, j_to) to the top-K of each
      * token: warp w serves tokens w, w + WARPS, ..., a lane per block - the
@@ -552,8 +553,10 @@ static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     FastKvMaps maps = {};
-    if (c.wgmma && (e = fastTmaEncodeK(c.tma_encode, &maps, kc, c.B, c.Nc, c.G, DK, 64)) != cudaSuccess)
-        return e;
+    if (c.wgmma) {
+        e = fastTmaEncodeK(c.tma_encode, &maps, kc, c.B, c.Nc, c.G, DK, 64);
+        if (e != cudaSuccess) return e;
+    }
     const int tpc = 16 * WARPS / selRowsPerToken(c.hpg);
     kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), 32 * WARPS, smem, stream>>>(c, q, kc, lse_cmp,
                                                                                 sel_idx, maps);

@@ -8,9 +8,11 @@
  * ones together). Each loop has two forms: mma.sync with ldmatrix (any
  * sm_80+), and wgmma (WG, sm_90a; fast_wgmma.cuh), where the forward and
  * dQ are software-pipelined and read their key tiles through a TMA ring
- * (fast_tma.cuh; the mma.sync loops and dK/dV's row stages use cp.async). Warps own 16 mma rows (an m-tile) or two; the
- * query-tile kernels (forward, dQ) split FAST_QTILE_ROWS rows as FastQTile
- * says, the dK/dV core one warpgroup (4 warps) per 64 keys (FastDkdvShape).
+ * (fast_tma.cuh; the mma.sync loops and dK/dV's row stages use cp.async).
+ * Warps own 16 mma rows (an m-tile) or two; the query-tile kernels
+ * (forward, dQ) split their rows (FAST_QTILE_ROWS, the wgmma forward at
+ * d_v > 64 FAST_FWD_WG_ROWS) as FastQTile says, the dK/dV core one
+ * warpgroup (4 warps) per 64 keys (FastDkdvShape).
  *
  * Rows of a query tile are the heads of one KV group of consecutive tokens
  * (GQA packing: the K/V tile is loaded once for every head of the group).
@@ -97,7 +99,8 @@ struct FastBwdIo {
 #define FAST_FWD_WG_ROWS 192
 #endif
 /* With wgmma (WG) the tile is two warpgroups of 64 rows (8 warps, one
- * m-tile each) against 64-key tiles: the tensor cores read both operands
+ * m-tile each; the forward at d_v > 64 three, FWD_ROWS) against 64-key
+ * tiles: the tensor cores read both operands
  * of the scores from shared memory, so the ldmatrix bound above is gone.
  * CTAS: the CTAs per SM the registers are sized for. */
 template <int D, bool WG = false>
@@ -152,8 +155,8 @@ constexpr int fastDqSmem() {
     using Q = FastQTile<DK, WG>;
     constexpr int KT = Q::KEYS, P = Q::PAD, ST = Q::STAGES;
     if constexpr (WG)
-        return FAST_QTILE_ROWS * (DK + DV) * 2 + FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>::BYTES +
-               1024;
+        return FAST_QTILE_ROWS * (DK + DV) * 2 +
+               FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>::BYTES + 1024;
     return (FAST_QTILE_ROWS * ((DK + P) + (DV + P)) + ST * KT * (DK + P) + ST * KT * (DV + P)) * 2;
 }
 
@@ -230,7 +233,7 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
 /* Forward of one tile of FWD_ROWS query rows (FastQTile): o = softmax(scale
  * q.K^T) V over the keys [kb, ke) of the policy, visible(t, u) masking per
  * row; o and lse out (and the gate combine when COMBINE).
- * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::THREADS threads. */
+ * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::FWD_THREADS threads. */
 /* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */

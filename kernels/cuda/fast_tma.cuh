@@ -211,9 +211,11 @@ struct FastKvRing {
         fastMbarArriveTx(&full[s], TILE_BYTES);
         bf16 *dk = sK + s * KT * DK, *dv = sV + s * KT * DV;
 #pragma unroll
-        for (int p = 0; p < DK / 64; p++) fastTmaLoad4(dk + p * KT * 64, &maps.k, p * 64, g, u0, b, &full[s]);
+        for (int p = 0; p < DK / 64; p++)
+            fastTmaLoad4(dk + p * KT * 64, &maps.k, p * 64, g, u0, b, &full[s]);
 #pragma unroll
-        for (int p = 0; p < DV / 64; p++) fastTmaLoad4(dv + p * KT * 64, &maps.v, p * 64, g, u0, b, &full[s]);
+        for (int p = 0; p < DV / 64; p++)
+            fastTmaLoad4(dv + p * KT * 64, &maps.v, p * 64, g, u0, b, &full[s]);
     }
     /* Every thread that reads tile j, before its first product on it; the
      * warp leaves converged (the next wgmma is .sync.aligned). */

@@ -302,7 +302,8 @@ __global__ void ringKernel(bf16 *out, const __grid_constant__ FastKvMaps maps, c
     using Ring = FastKvRing<64, D, D, 2, 1>;
     const Ring ring = Ring::at(base);
     /* the cp.async tiles after the ring, 1024-byte aligned */
-    bf16 *ck = (bf16 *)(((uintptr_t)base + Ring::BYTES + 1023) & ~(uintptr_t)1023), *cv = ck + 64 * D;
+    bf16 *ck = (bf16 *)(((uintptr_t)base + Ring::BYTES + 1023) & ~(uintptr_t)1023);
+    bf16 *cv = ck + 64 * D;
     if (threadIdx.x == 0) ring.init(4);
     __syncthreads();
     if (threadIdx.x == 0) {
