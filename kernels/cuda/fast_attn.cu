@@ -140,7 +140,7 @@ static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel
 static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
                            int wgmma = 0, int sel_fused = 1) {
     FastCtx c;
-    c.tma_encode = NULL; /* the caller's plan sets it */
+    c.tma_encode = NULL; /* a plan's calls set it (fastPlanCtx) */
     c.smem_max = smem_max;
     c.wgmma = wgmma;
     const FastSelDesign sd =
@@ -167,6 +167,14 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
     c.slots = nsaNumSelSlots(d->n_sel);
     c.scale = 1.0f / sqrtf((float)d->d_k);
     c.scale_log2 = c.scale * FAST_LOG2E;
+    return c;
+}
+
+/* The context of one call of plan p: fastMakeCtx with the plan's design
+ * choices and its TMA encoder. Cannot fail. */
+static FastCtx fastPlanCtx(const NsaAttnCudaPlan *p, const NsaAttnDims *dims) {
+    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    c.tma_encode = p->tma_encode;
     return c;
 }
 
@@ -597,8 +605,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 8, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
-    c.tma_encode = p->tma_encode;
+    const FastCtx c = fastPlanCtx(p, dims);
     const int dk = dims->d_k, dv = dims->d_v;
     const bf16 *q = (const bf16 *)in->q;
     const FastMarks *marks = fastPassMarks(p, 0, stream);
@@ -741,8 +748,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         if (fastCheckAligned(names, ptrs, 15, err)) return -1;
     }
     cudaStream_t stream = (cudaStream_t)stream_ptr;
-    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
-    c.tma_encode = p->tma_encode;
+    const FastCtx c = fastPlanCtx(p, dims);
     const int dk = dims->d_k, dv = dims->d_v;
     const size_t rows = (size_t)dims->B * dims->S * dims->H;
 

@@ -222,7 +222,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const int hpg = c.hpg, rpt = selRowsPerToken(hpg), tpc = SCORE_ROWS / rpt;
     const int t0 = blockIdx.x * tpc;
     const bool heads_in_warp = selHeadsInWarp(hpg);
-    float *sP = (float *)((char *)sK + SEL_STAGES * 64 * LDK * 2 + (WG ? 2 * SEL_STAGES * 8 : 0));
+    float *sP = (float *)((char *)sK + (WG ? Ring::BYTES : SEL_STAGES * 64 * LDK * 2));
     float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_PT_LD]: P summed over heads */
     float *sRing = sPt + tpc * SEL_PT_LD;
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
