@@ -65,7 +65,8 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
 
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
-cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
+cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
+              const __grid_constant__ FastRowMaps maps) {
     constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
     /* Longest first: CTAs start in linear-index order, and key tile x has
      * work ~ S - x*64*d, so the index runs over key tiles outermost (every
@@ -89,27 +90,39 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v) {
      * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
      * 48% busy beside L2 77%). */
     auto tileStart = [=](int it) { return tb + (part + (ntiles - 1 - it) * parts) * tpr; };
-    fastDkdvCore<DK, DV, WG, FastDkdvShape<WG, DK, DV>::KWG>(
-        c, io, b, g, i0, khi, ntiles,
-        [=](int it, int slot, int *dst) {
-            int t = tileStart(it) + slot;
-            *dst = t < S ? t : -1;
-        },
-        [=](int t, int i) { return i * d + l - 1 <= t; },
-        [=](int it, int ia, int) { /* the tile's last token sees block ia */
-            return ia * d + l - 1 <= min(S, tileStart(it) + tpr) - 1;
-        },
-        [=](int it, int, int ia) { /* tokens of row tile it: [t, t + tpr) */
-            int t = tileStart(it);
-            return t + tpr <= S && (ia + 63) * d + l - 1 <= t;
-        },
-        [=](int i, bool is_k, int col, float v0, float v1) {
-            size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
-            if (is_k)
-                *(float2 *)(part_k + blk * DK + col) = make_float2(v0, v1);
-            else
-                *(float2 *)(part_v + blk * DV + col) = make_float2(v0, v1);
-        });
+    auto visible = [=](int t, int i) { return i * d + l - 1 <= t; };
+    auto seesAny = [=](int it, int ia, int) { /* the tile's last token sees block ia */
+        return ia * d + l - 1 <= min(S, tileStart(it) + tpr) - 1;
+    };
+    auto tileFull = [=](int it, int, int ia) { /* tokens of row tile it: [t, t + tpr) */
+        int t = tileStart(it);
+        return t + tpr <= S && (ia + 63) * d + l - 1 <= t;
+    };
+    auto store = [=](int i, bool is_k, int col, float v0, float v1) {
+        size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
+        if (is_k)
+            *(float2 *)(part_k + blk * DK + col) = make_float2(v0, v1);
+        else
+            *(float2 *)(part_v + blk * DV + col) = make_float2(v0, v1);
+    };
+    constexpr int KWG = FastDkdvShape<WG, DK, DV>::KWG;
+    if constexpr (WG) {
+        fastDkdvRingCore<DK, DV, KWG, false>(
+            c, io, maps, b, g, i0, khi, ntiles,
+            [=](int it, int slot) {
+                int t = tileStart(it) + slot;
+                return t < S ? t : -1;
+            },
+            visible, seesAny, tileFull, store);
+    } else {
+        fastDkdvCore<DK, DV, WG, KWG>(
+            c, io, b, g, i0, khi, ntiles,
+            [=](int it, int slot, int *dst) {
+                int t = tileStart(it) + slot;
+                *dst = t < S ? t : -1;
+            },
+            visible, seesAny, tileFull, store);
+    }
 }
 
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
@@ -134,15 +147,18 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.cmp.dkdv")) != cudaSuccess) return e;
     if (c.Nc > 0) {
+        FastRowMaps maps = {};
+        if ((e = fastDkdvRowMaps(c, io, DK, DV, false, &maps)) != cudaSuccess) return e;
         auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
         const int kt = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS
                                : FastDkdvShape<false, DK, DV>::KEYS;
         const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
                                     : FastDkdvShape<false, DK, DV>::THREADS;
-        const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma, kt / 64);
+        const int smem_kv = c.wgmma ? FastDkdvRing<DK, DV, FastDkdvShape<true, DK, DV>::KWG, false>::SMEM
+                                    : fastDkdvSmem(DK, DV, false, kt / 64);
         if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
         dkdv<<<dim3((c.Nc + kt - 1) / kt, parts, c.B * c.G), threads, smem_kv, stream>>>(
-            c, io, part_k, part_v);
+            c, io, part_k, part_v, maps);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if ((e = fastMark(marks, "bwd.cmp.pool")) != cudaSuccess) return e;

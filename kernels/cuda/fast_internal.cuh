@@ -97,6 +97,19 @@ cudaError_t fastSelUnionDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
 /* The reverse index of the selection, per (b, g): for selection block j the
  * tokens that chose it, ascending (a stable counting sort), and the work
  * items (chunks of FAST_SEL_CHUNK entries) of the dK/dV pass. */
+/* Whether the selected dK/dV passes (selDkdvKernel, the fused backward),
+ * on wgmma, take their gathered rows through the TMA row ring
+ * (fastDkdvRingCore: a box per token) rather than fastDkdvCore's cp.async
+ * stages: where a token's rows make a box of 2 KB or more (hpg 16: H200,
+ * paper 2k selected dK/dV 9.42 -> 8.59 ms; at hpg 6 the 768-byte boxes
+ * were slower, proto 2k 1.24 -> 1.59). */
+#ifndef FAST_SEL_RING_BOX_BYTES
+#define FAST_SEL_RING_BOX_BYTES 2048
+#endif
+static inline __host__ __device__ bool fastSelRowRing(int hpg) {
+    return hpg * 128 >= FAST_SEL_RING_BOX_BYTES;
+}
+
 struct FastRevIndex {
     int chunks;       /* ceil(S / FAST_REV_TOKENS) */
     int max_items;    /* per (b, g): Ns + ceil(S * slots / FAST_SEL_CHUNK) */

@@ -368,9 +368,10 @@ __global__ void selFillKernel(FastCtx c, const int32_t *sel_idx, FastRevIndex re
     }
 }
 
-template <int DK, int DV, bool WG>
+template <int DK, int DV, bool WG, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS)
-selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out) {
+selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out,
+              const __grid_constant__ FastRowMaps maps) {
     const int bg = blockIdx.z, b = bg / c.G, g = bg % c.G, sub = blockIdx.y;
     const int *is = rev.item_start + (size_t)bg * (c.Ns + 1);
     const int item = blockIdx.x;
@@ -396,31 +397,42 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
     float *pk = rev.part_k + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DK;
     float *pv = rev.part_v + (((size_t)bg * rev.max_parts + slot) * subtiles + sub) * 64 * DV;
     const int S = c.S, G = c.G;
-    fastDkdvCore<DK, DV, WG, 1>(
-        c, io, b, g, u0, khi, ntiles,
-        [=](int it, int s, int *dst) {
-            int e = e0 + it * tpr + s;
-            if (e < e1) fastCpAsync4(dst, entries + e);
-            else *dst = -1;
-        },
-        [=](int t, int u) { return u <= t; },
-        [=](int, int, int) { return true; }, /* every listed token chose the block */
-        [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
-            return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
-        },
-        [=](int u, bool is_k, int col, float v0, float v1) {
-            if (items == 1) {
-                size_t key = ((size_t)b * S + u) * G + g;
-                if (is_k)
-                    *(uint32_t *)(dk_out + key * DK + col) = fastPack(v0, v1);
-                else
-                    *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
-            } else if (is_k) {
-                *(float2 *)(pk + (size_t)(u - u0) * DK + col) = make_float2(v0, v1);
-            } else {
-                *(float2 *)(pv + (size_t)(u - u0) * DV + col) = make_float2(v0, v1);
-            }
-        });
+    auto visible = [=](int t, int u) { return u <= t; };
+    auto seesAny = [=](int, int, int) { return true; }; /* every listed token chose the block */
+    auto tileFull = [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
+        return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
+    };
+    auto store = [=](int u, bool is_k, int col, float v0, float v1) {
+        if (items == 1) {
+            size_t key = ((size_t)b * S + u) * G + g;
+            if (is_k)
+                *(uint32_t *)(dk_out + key * DK + col) = fastPack(v0, v1);
+            else
+                *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
+        } else if (is_k) {
+            *(float2 *)(pk + (size_t)(u - u0) * DK + col) = make_float2(v0, v1);
+        } else {
+            *(float2 *)(pv + (size_t)(u - u0) * DV + col) = make_float2(v0, v1);
+        }
+    };
+    if constexpr (WG && RING) {
+        fastDkdvRingCore<DK, DV, 1, true>(
+            c, io, maps, b, g, u0, khi, ntiles,
+            [=](int it, int s) -> const int * {
+                const int e = e0 + it * tpr + s;
+                return e < e1 ? entries + e : nullptr;
+            },
+            visible, seesAny, tileFull, store);
+    } else {
+        fastDkdvCore<DK, DV, WG, 1>(
+            c, io, b, g, u0, khi, ntiles,
+            [=](int it, int s, int *dst) {
+                int e = e0 + it * tpr + s;
+                if (e < e1) fastCpAsync4(dst, entries + e);
+                else *dst = -1;
+            },
+            visible, seesAny, tileFull, store);
+    }
 }
 
 /* Sums the item partials of blocks with several items, in item order. */
@@ -467,11 +479,15 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.sel.dkdv")) != cudaSuccess) return e;
     const int subtiles = (c.sel_len + 63) / 64;
-    auto dkdv = c.wgmma ? selDkdvKernel<DK, DV, true> : selDkdvKernel<DK, DV, false>;
-    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma);
+    const bool ring = c.wgmma && fastSelRowRing(c.hpg);
+    FastRowMaps maps = {};
+    if (ring && (e = fastDkdvRowMaps(c, io, DK, DV, true, &maps)) != cudaSuccess) return e;
+    auto dkdv = ring ? selDkdvKernel<DK, DV, true, true>
+                     : c.wgmma ? selDkdvKernel<DK, DV, true, false> : selDkdvKernel<DK, DV, false, false>;
+    const int smem_kv = ring ? FastDkdvRing<DK, DV, 1, true>::SMEM : fastDkdvSmem(DK, DV, c.wgmma);
     if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
     dkdv<<<dim3(rev.max_items, subtiles, c.B * c.G), FAST_THREADS, smem_kv, stream>>>(
-        c, io, rev, dk_out, dv_out);
+        c, io, rev, dk_out, dv_out, maps);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.sel.reduce")) != cudaSuccess) return e;
     selReduceKernel<DK, DV><<<dim3(c.Ns, subtiles, c.B * c.G), 256, 0, stream>>>(c, rev, dk_out,

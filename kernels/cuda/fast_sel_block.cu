@@ -829,11 +829,14 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
  * partial per item, which a second kernel adds in item order. No atomics:
  * bit-reproducible like the passes it replaces. */
 
-/* Shared memory: the dK/dV core's, then a ring of the slots of the ring of
- * tokens ([4][rows]) and each stage row's partial row ([rows], -1: none). */
-template <int DK, int DV>
+/* Shared memory: the dK/dV core's (cp.async: then a ring of the slots of
+ * the ring of tokens, [4][rows]), then the stage rows' partial rows
+ * ([2][rows] by tile parity, -1: none). */
+#define SEL_FUSED_EXTRA (2 * FAST_DKDV_ROWS * 8)
+template <int DK, int DV, bool RING>
 constexpr int selFusedSmem() {
-    return fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + FAST_DKDV_ROWS * 8;
+    return RING ? FastDkdvRing<DK, DV, 1, true, true, SEL_FUSED_EXTRA>::SMEM
+                : fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + SEL_FUSED_EXTRA;
 }
 
 /* One work item of a chunk: block j's keys (one 64-key tile) against the
@@ -842,10 +845,10 @@ constexpr int selFusedSmem() {
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
  * Grid (f.max_items, B*G), FAST_THREADS threads. */
-template <int DK, int DV>
+template <int DK, int DV, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
-                  int chunk) {
+                  int chunk, const __grid_constant__ FastRowMaps maps) {
     constexpr int R = FAST_DKDV_ROWS;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
     const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
@@ -866,9 +869,11 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
     const size_t ent0 = (size_t)bg * c.S * c.slots;
     const int *entries = rev.entries + ent0, *entry_slot = rev.entry_slot + ent0;
-    bf16 *sK = fastTileBase<true>(); /* the core's layout starts with K */
-    int *sSlot = (int *)((char *)sK + fastDkdvSmem(DK, DV, true, 1) - 1024); /* [4][R] */
-    long long *sAt = (long long *)(sSlot + 4 * R);                        /* [R] */
+    bf16 *sK = fastTileBase<true>(); /* both cores' layouts start with K */
+    constexpr int EXTRA_AT = RING ? FastDkdvRing<DK, DV, 1, true, true, SEL_FUSED_EXTRA>::EXTRA_AT
+                                  : fastDkdvSmem(DK, DV, true, 1) - 1024;
+    int *sSlot = (int *)((char *)sK + EXTRA_AT); /* cp.async core: [4][R] */
+    long long *sAt = (long long *)((char *)sK + EXTRA_AT + (RING ? 0 : 4 * R * 4)); /* [2][R] */
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int part = items > 1 ? f.part_start[plan + j] + k_item : -1;
     float *pk = f.part_k + ((size_t)bg * f.max_parts + (part < 0 ? 0 : part)) * 64 * DK;
@@ -877,64 +882,90 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     bf16 *part_dq = sb.part_dq;
     const int S = c.S, G = c.G, slots = c.slots;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    fastDkdvCore<DK, DV, true, 1>(
-        c, io, b, g, u0, khi, ntiles,
-        [=](int it, int s, int *dst) { /* the token and j's slot in its row, side by side */
-            const int e = e0 + it * tpr + s;
-            int *slot_dst = sSlot + (it % 4) * R + s;
-            if (e < e1) {
-                fastCpAsync4(dst, entries + e);
-                fastCpAsync4(slot_dst, entry_slot + e);
-            } else {
-                *dst = -1;
-                *slot_dst = -1;
-            }
-        },
-        [=](int t, int u) { return u <= t; },
-        [=](int, int, int) { return true; }, /* every listed token chose the block */
-        [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
-            return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
-        },
-        [=](int u, bool is_k, int col, float v0, float v1) {
-            const int D = is_k ? DK : DV;
-            float2 *to = part >= 0 ? (float2 *)((is_k ? pk : pv) + (size_t)(u - u0) * D + col)
-                                   : (float2 *)((is_k ? acc_k : acc_v) +
-                                                (((size_t)b * S + u) * G + g) * D + col);
-            if (part >= 0) {
-                *to = make_float2(v0, v1);
-            } else {
-                const float2 was = *to;
-                *to = make_float2(was.x + v0, was.y + v1);
-            }
-        },
-        [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, const int *tok) {
-            constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
-            if (half == 0 && (int)threadIdx.x < R) { /* where each row's partial goes */
-                const int r = threadIdx.x, k = r / hpg;
-                const int t = r < tpr * hpg ? tok[k] : -1;
-                const int slot = r < tpr * hpg ? sSlot[(it % 4) * R + k] : -1;
-                sAt[r] = t >= 0 && slot >= 0
-                             ? (long long)(((((size_t)b * CT + (t - t_base)) * G + g) * slots + slot) *
-                                               hpg +
-                                           r % hpg)
-                             : -1;
-            }
-            /* dS (rows x keys) into the dout stage's first panel: this
-             * pass's products were the last to read those rows */
+    auto visible = [=](int t, int u) { return u <= t; };
+    auto seesAny = [=](int, int, int) { return true; }; /* every listed token chose the block */
+    auto tileFull = [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
+        return e0 + (it + 1) * tpr <= e1 && ka + 63 <= t_first;
+    };
+    auto store = [=](int u, bool is_k, int col, float v0, float v1) {
+        const int D = is_k ? DK : DV;
+        float2 *to = part >= 0 ? (float2 *)((is_k ? pk : pv) + (size_t)(u - u0) * D + col)
+                               : (float2 *)((is_k ? acc_k : acc_v) +
+                                            (((size_t)b * S + u) * G + g) * D + col);
+        if (part >= 0) {
+            *to = make_float2(v0, v1);
+        } else {
+            const float2 was = *to;
+            *to = make_float2(was.x + v0, was.y + v1);
+        }
+    };
+    /* after a pass's dK/dV products: dS to the dout stage, then (last pass
+     * of the stage) dq = dS.K staged in the q stage and stored per row;
+     * row(r) = (token, j's slot in its sel_idx row) of stage row r, -1: none */
+    auto dqOut = [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, auto row) {
+        constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
+        long long *at = sAt + (it & 1) * R; /* a warp may start the next tile's before all read this */
+        if (half == 0 && (int)threadIdx.x < R) { /* where each row's partial goes */
+            const int r = threadIdx.x;
+            const int2 ts = row(r);
+            at[r] = ts.x >= 0 && ts.y >= 0
+                        ? (long long)(((((size_t)b * CT + (ts.x - t_base)) * G + g) * slots + ts.y) *
+                                          hpg +
+                                      r % hpg)
+                        : -1;
+        }
+        /* dS (rows x keys) into the dout stage's first panel: this
+         * pass's products were the last to read those rows */
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], warp * 16, half * RH + 16 * ks);
-            if (half + 1 < R / RH) return;
-            fastWgProxyFence();
-            __syncthreads(); /* dS whole, sAt written; every warp is past the stage's products */
+        for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], warp * 16, half * RH + 16 * ks);
+        if (half + 1 < R / RH) return;
+        fastWgProxyFence();
+        __syncthreads(); /* dS whole, at[] written; every warp is past the stage's products */
 #pragma unroll 1
-            for (int h = 0; h < DK / 64; h++) {
-                float dq[8][4];
-                fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
-                selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
-            }
-            __syncwarp();
-            selStageStore<DK, R>(q_stage, sAt, part_dq, warp, lane);
-        });
+        for (int h = 0; h < DK / 64; h++) {
+            float dq[8][4];
+            fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
+            selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
+        }
+        __syncwarp();
+        selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);
+    };
+    if constexpr (RING) {
+        fastDkdvRingCore<DK, DV, 1, true, SEL_FUSED_EXTRA>(
+            c, io, maps, b, g, u0, khi, ntiles,
+            [=](int it, int s) -> const int * { /* the token, and j's slot in its row beside it */
+                const int e = e0 + it * tpr + s;
+                return e < e1 ? entries + e : nullptr;
+            },
+            visible, seesAny, tileFull, store,
+            [=](int it, int s) -> const int * {
+                const int e = e0 + it * tpr + s;
+                return e < e1 ? entry_slot + e : nullptr;
+            },
+            dqOut);
+    } else {
+        fastDkdvCore<DK, DV, true, 1>(
+            c, io, b, g, u0, khi, ntiles,
+            [=](int it, int s, int *dst) { /* the token and j's slot in its row, side by side */
+                const int e = e0 + it * tpr + s;
+                int *slot_dst = sSlot + (it % 4) * R + s;
+                if (e < e1) {
+                    fastCpAsync4(dst, entries + e);
+                    fastCpAsync4(slot_dst, entry_slot + e);
+                } else {
+                    *dst = -1;
+                    *slot_dst = -1;
+                }
+            },
+            visible, seesAny, tileFull, store,
+            [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, const int *tok) {
+                dqOut(it, half, ads, q_stage, do_stage, [&](int r) {
+                    const int k = r / hpg;
+                    return r < tpr * hpg ? make_int2(tok[k], sSlot[(it % 4) * R + k])
+                                         : make_int2(-1, -1);
+                });
+            });
+    }
 }
 
 /* Adds the item partials of the blocks with several items in this chunk to
@@ -1011,8 +1042,11 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     cudaError_t e;
     if ((e = cudaMemsetAsync(f.acc_k, 0, keys * DK * sizeof(float), stream)) != cudaSuccess) return e;
     if ((e = cudaMemsetAsync(f.acc_v, 0, keys * DV * sizeof(float), stream)) != cudaSuccess) return e;
-    auto kernel = selFusedBwdKernel<DK, DV>;
-    constexpr int smem = selFusedSmem<DK, DV>();
+    const bool ring = fastSelRowRing(c.hpg); /* the fused kernel's row stages */
+    auto kernel = ring ? selFusedBwdKernel<DK, DV, true> : selFusedBwdKernel<DK, DV, false>;
+    const int smem = ring ? selFusedSmem<DK, DV, true>() : selFusedSmem<DK, DV, false>();
+    FastRowMaps maps = {};
+    if (ring && (e = fastDkdvRowMaps(c, io, DK, DV, true, &maps)) != cudaSuccess) return e;
     if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
     const int BG = c.B * c.G;
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
@@ -1020,7 +1054,8 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk);
+        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk,
+                                                                        maps);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG), 256, 0, stream>>>(c, f, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;

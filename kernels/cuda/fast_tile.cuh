@@ -705,6 +705,82 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     }
 }
 
+/* One query row of a dK/dV row stage as the score gradients read it: its
+ * token (-1: none), lse in the log2 domain, delta and gate (a row that
+ * adds nothing has gate 0). */
+struct FastDkdvRow {
+    int t;
+    float lse2, delta, gate;
+};
+
+/* s (scores S^T of keys x NTH*8 rows) becomes g P^T, dp (dP^T) becomes
+ * dS^T: p = exp2(s scale2 - lse2) where key ukey (+8 for the fragment's
+ * second row half) is visible to the row, else 0. rowOf(col) is the
+ * FastDkdvRow of score column col. FULL: every row sees every key - no
+ * token read, no mask tested. Two instances, chosen once per tile by the
+ * caller: as one loop with a per-element test the compiler kept the test
+ * and the token loads in every tile in some builds, which cost the dK/dV
+ * passes a third of their time (H200, paper 64k selected dK/dV 13.0 ->
+ * 17.8 ms). */
+template <bool FULL, int NTH, class RowOf, class Visible>
+__device__ __forceinline__ void fastDkdvGradOfScores(const FastCtx &c, float (&s)[NTH][4],
+                                                     float (&dp)[NTH][4], int ukey, int khi,
+                                                     RowOf rowOf, Visible visible) {
+    const int quad = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NTH; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int col = n * 8 + quad * 2 + (e & 1);
+            const FastDkdvRow row = rowOf(col);
+            bool ok = true;
+            if constexpr (!FULL) {
+                const int u = ukey + (e >> 1) * 8;
+                ok = row.t >= 0 && u < khi && visible(row.t, u);
+            }
+            const float p = ok ? fastExp2(s[n][e] * c.scale_log2 - row.lse2) : 0.f;
+            const float gp = row.gate * p;
+            s[n][e] = gp;
+            dp[n][e] = gp * (dp[n][e] - row.delta);
+        }
+    }
+}
+
+/* One wgmma pass of the dK/dV core: rows half * RH .. + RH - 1 of a row
+ * stage (q_st, do_st: swizzled tiles of R rows) against this warpgroup's
+ * 64 keys (rows wg * 64 .. of the KT-row tiles sK, sV, the CTA's first key
+ * u0):  S^T = K.Q^T, dP^T = V.dout^T, then (fastDkdvGradOfScores)
+ * dv += g P^T.dout, dk += dS^T.q. rowOf(col) is the FastDkdvRow of stage
+ * row half * RH + col; ads returns dS^T's A fragments. */
+template <int DK, int DV, int KT, int R, int RH, class RowOf, class Visible>
+__device__ __forceinline__ void fastDkdvWgPass(const FastCtx &c, const bf16 *sK, const bf16 *sV,
+                                               int wg, const bf16 *q_st, const bf16 *do_st,
+                                               int half, int u0, int khi, bool full, RowOf rowOf,
+                                               Visible visible, float (&dk)[DK / 8][4],
+                                               float (&dv)[DV / 8][4],
+                                               uint32_t (&ads)[RH / 16][4]) {
+    constexpr int NTH = RH / 8;
+    const int ukey = u0 + (int)(threadIdx.x >> 5) * 16 + (int)((threadIdx.x & 31) >> 2);
+    float s[NTH][4], dp[NTH][4];
+    fastWgRun(
+        [&] {
+            fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, q_st, R, half * RH);
+            fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, do_st, R, half * RH);
+        },
+        s, dp);
+    if (full) fastDkdvGradOfScores<true>(c, s, dp, ukey, khi, rowOf, visible);
+    else fastDkdvGradOfScores<false>(c, s, dp, ukey, khi, rowOf, visible);
+    uint32_t ap[NTH / 2][4];
+    fastWgAFromC<NTH>(ap, s);
+    fastWgAFromC<NTH>(ads, dp);
+    fastWgRun(
+        [&] {
+            fastWgIssuePZ<NTH, DV>(dv, ap, do_st, R, half * RH);
+            fastWgIssuePZ<NTH, DK>(dk, ads, q_st, R, half * RH);
+        },
+        dv, dk);
+}
+
 /* dK, dV of one tile of 64 * KWG keys [u0, khi), walking the row tiles of
  * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them:
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
@@ -848,90 +924,54 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
          * warp; wgmma takes the whole 64-row stage in one m64n64 pass where
          * the dK/dV accumulators leave room (d_k, d_v <= 128) */
         constexpr int RH = (WG && DK <= 128 && DV <= 128) ? FAST_DKDV_WG_ROWS : 32, NTH = RH / 8;
+        const float *l_t = sL + st * R, *d_t = sD + st * R, *g_t = sG + st * R;
+        const int *t_t = sT + st * R;
 #pragma unroll 1
         for (int half = 0; half < R / RH; half++) {
-        const bf16 *q_t = sQ + (st * R + half * RH) * LDK, *do_t = sdO + (st * R + half * RH) * LDV;
-        const float *l_t = sL + st * R + half * RH, *d_t = sD + st * R + half * RH,
-                    *g_t = sG + st * R + half * RH;
-        const int *t_t = sT + st * R + half * RH;
-        float s[NTH][4], dp[NTH][4];
-        if constexpr (WG) {
-            /* the stage's swizzled tiles of R rows; this pass is rows half * RH .. +RH-1 */
-            fastWgRun(
-                [&] {
-                    fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, sQ + st * R * LDK, R, half * RH);
-                    fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, sdO + st * R * LDV, R, half * RH);
-                },
-                s, dp);
-        } else {
+            const int h0 = half * RH; /* the pass's first row of the stage */
+            auto rowOf = [&](int col) {
+                return FastDkdvRow{t_t[h0 + col], l_t[h0 + col], d_t[h0 + col], g_t[h0 + col]};
+            };
+            if constexpr (WG) {
+                uint32_t ads[NTH / 2][4];
+                fastDkdvWgPass<DK, DV, KT, R, RH>(c, sK, sV, wg, sQ + st * R * LDK,
+                                                  sdO + st * R * LDV, half, u0, khi, full, rowOf,
+                                                  visible, dk, dv, ads);
+                if constexpr (!std::is_same<StageOut, FastNoStageOut>::value)
+                    stageOut(it, half, ads, sQ + st * R * LDK, sdO + st * R * LDV,
+                             sTok + (it % 4) * R);
+            } else {
+                const bf16 *q_t = sQ + (st * R + h0) * LDK, *do_t = sdO + (st * R + h0) * LDV;
+                float s[NTH][4], dp[NTH][4];
 #pragma unroll
-            for (int n = 0; n < NTH; n++)
+                for (int n = 0; n < NTH; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
-            fastMmaAZt<NTH, DK>(s, sK, LDK, warp * 16, q_t, LDK);
-            fastMmaAZt<NTH, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
-        }
-        /* s becomes g P^T, dp becomes dS^T; a full tile reads no token and
-         * tests no mask. Two copies of the loop, chosen once per tile: as
-         * one loop with a per-element test the compiler kept the test and
-         * the token loads in every tile in some builds, which cost the
-         * dK/dV passes a third of their time (H200, paper 64k selected
-         * dK/dV 13.0 -> 17.8 ms). */
-        auto gradOfScores = [&](auto full_tile) {
-            constexpr bool FULL = decltype(full_tile)::value;
+                    for (int e = 0; e < 4; e++) s[n][e] = dp[n][e] = 0.f;
+                fastMmaAZt<NTH, DK>(s, sK, LDK, warp * 16, q_t, LDK);
+                fastMmaAZt<NTH, DV>(dp, sV, LDV, warp * 16, do_t, LDV);
+                if (full) fastDkdvGradOfScores<true>(c, s, dp, u0 + keyA, khi, rowOf, visible);
+                else fastDkdvGradOfScores<false>(c, s, dp, u0 + keyA, khi, rowOf, visible);
 #pragma unroll
-            for (int n = 0; n < NTH; n++) {
+                for (int ks = 0; ks < NTH / 2; ks++) {
+                    uint32_t a[4];
+                    fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int col = n * 8 + quad * 2 + (e & 1);
-                    bool ok = true;
-                    if constexpr (!FULL) {
-                        const int u = u0 + keyA + (e >> 1) * 8, t = t_t[col];
-                        ok = t >= 0 && u < khi && visible(t, u);
+                    for (int dd = 0; dd < DV / 16; dd++) {
+                        uint32_t bb[4];
+                        fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
+                        fastMma(dv[2 * dd], a, bb[0], bb[1]);
+                        fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
                     }
-                    const float p = ok ? fastExp2(s[n][e] * c.scale_log2 - l_t[col]) : 0.f;
-                    const float gp = g_t[col] * p;
-                    s[n][e] = gp;
-                    dp[n][e] = gp * (dp[n][e] - d_t[col]);
+                    fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
+#pragma unroll
+                    for (int dd = 0; dd < DK / 16; dd++) {
+                        uint32_t bb[4];
+                        fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
+                        fastMma(dk[2 * dd], a, bb[0], bb[1]);
+                        fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
+                    }
                 }
             }
-        };
-        if (full) gradOfScores(std::true_type{});
-        else gradOfScores(std::false_type{});
-        if constexpr (WG) {
-            uint32_t ap[NTH / 2][4], ads[NTH / 2][4];
-            fastWgAFromC<NTH>(ap, s);
-            fastWgAFromC<NTH>(ads, dp);
-            fastWgRun(
-                [&] {
-                    fastWgIssuePZ<NTH, DV>(dv, ap, sdO + st * R * LDV, R, half * RH);
-                    fastWgIssuePZ<NTH, DK>(dk, ads, sQ + st * R * LDK, R, half * RH);
-                },
-                dv, dk);
-            if constexpr (!std::is_same<StageOut, FastNoStageOut>::value)
-                stageOut(it, half, ads, sQ + st * R * LDK, sdO + st * R * LDV, sTok + (it % 4) * R);
-        } else {
-#pragma unroll
-            for (int ks = 0; ks < NTH / 2; ks++) {
-                uint32_t a[4];
-                fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-                for (int dd = 0; dd < DV / 16; dd++) {
-                    uint32_t bb[4];
-                    fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
-                    fastMma(dv[2 * dd], a, bb[0], bb[1]);
-                    fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
-                }
-                fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
-#pragma unroll
-                for (int dd = 0; dd < DK / 16; dd++) {
-                    uint32_t bb[4];
-                    fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
-                    fastMma(dk[2 * dd], a, bb[0], bb[1]);
-                    fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
-                }
-            }
-        }
         } /* half */
     }
     fastCpWait<0>();
@@ -947,6 +987,275 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         for (int n = 0; n < DV / 8; n++)
             store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
     }
+}
+
+/* No per-row payload beside the token (fastDkdvRingCore). */
+struct FastNoAux {
+    __device__ const int *operator()(int, int) const { return nullptr; }
+};
+/* The value a listed row's token and payload take where there is none:
+ * copied like the real ones, so that every row's copy is asynchronous. */
+static __device__ const int fastMinusOne = -1;
+
+/* ---- The dK/dV core on a TMA row ring (wgmma) ----
+ *
+ * fastDkdvCore above copies each row stage with 16-byte cp.async from every
+ * thread and makes it visible with a CTA barrier per row tile - the
+ * structure the forward and dQ loops had before their key tiles came by
+ * TMA (fast_tma.cuh). Here the stages form a ring: a lane of warp 0 issues
+ * a stage's q and dout panels as TMA boxes of whole tokens (FastRowMaps)
+ * AHEAD tiles early, the first R threads issue its per-row lse, delta and
+ * gate (and, gathering, the row's token) as 4-byte cp.async tracked by the
+ * stage's full mbarrier, and every warp waits for the stage it needs and
+ * releases it after its products: no barrier across the CTA in the loop.
+ *
+ * Tokens: consecutive (GATHER false: the window and compressed passes,
+ * tokens(it, slot) = the token of slot `slot` of row tile it, -1 past the
+ * rows that carry a gradient, slot 0 always a real position, one box per
+ * panel) or listed (GATHER true: tokens(it, slot) = the address of the
+ * token in the caller's list, NULL past its end; a box per token and
+ * panel, the token read a tile before it is needed).
+ *
+ * GATHER may carry a second int per row, aux(it, slot) (the address of the
+ * payload beside the token in the caller's list), and a stageOut that runs
+ * after each pass as fastDkdvCore's does - stageOut(it, half, ads, q_stage,
+ * do_stage, row) with row(r) = (token, payload) of stage row r, -1 where
+ * none; its plain stores to the stage are fenced from the TMA's before
+ * the stage is released.
+ *
+ * Shared layout (FastDkdvRing): K, V, the q and dout stages, full and empty
+ * barriers, then per slot of a ring of MS row-data slots the raw lse, delta,
+ * gate (and token, payload) of each row, each row's token slot (-1: a
+ * padding row, which no box writes: zeroed once), and EXTRA bytes of the
+ * caller's at EXTRA_AT. */
+/* Row tiles the ring's producer issues ahead (at most STAGES - 1). One
+ * measured best (H200, paper 64k compressed dK/dV: 15.69 ms at one ahead,
+ * 15.95 at two, 15.83 at three; proto 64k 2.04, 2.17, 2.17): with rows
+ * from L2 a tile's compute covers the copies, and one ahead leaves a
+ * four-stage ring three tiles of slack between the fastest and slowest
+ * warps. */
+#ifndef FAST_DKDV_AHEAD
+#define FAST_DKDV_AHEAD 1
+#endif
+template <int DK, int DV, int KWG, bool GATHER, bool AUX = false, int EXTRA = 0>
+struct FastDkdvRing {
+    static constexpr int R = FAST_DKDV_ROWS, KT = 64 * KWG, MS = 8;
+    /* CTAs per SM the registers allow (two key warpgroups: one; d_k = d_v
+     * = 64: three; else two) */
+    static constexpr int CTAS = KWG > 1 ? 1 : (DK + DV <= 128 ? 3 : 2);
+    static constexpr int bytes(int stages) {
+        return KT * (DK + DV) * 2 + stages * R * (DK + DV) * 2 + 2 * stages * 8 +
+               MS * R * 4 * (3 + GATHER + AUX) + R * 4 + 1024 + EXTRA;
+    }
+    static constexpr bool fits(int stages) { return CTAS * (bytes(stages) + 1024) <= 233472; }
+    static constexpr int STAGES = fits(4) ? 4 : fits(3) ? 3 : 2;
+    /* warps hold one stage at a time: the producer may run STAGES - 1 ahead */
+    static constexpr int AHEAD = FAST_DKDV_AHEAD < STAGES ? FAST_DKDV_AHEAD : STAGES - 1;
+    static constexpr int SMEM = bytes(STAGES); /* EXTRA bytes for the caller at the end */
+    static constexpr int EXTRA_AT = SMEM - EXTRA - 1024;  /* their offset from the 1024-aligned base */
+    /* a warp at tile it writes the row data of tile it + AHEAD; every warp
+     * is past tile it - 1 - STAGES then (its stage was refilled for tile
+     * it - 1, which this warp waited for) */
+    static_assert(MS >= STAGES + AHEAD + 1, "a row-data slot is rewritten only once no warp reads it");
+};
+
+template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, class Tokens, class Visible,
+          class SeesAny, class TileFull, class Store, class Aux = FastNoAux,
+          class StageOut = FastNoStageOut>
+__device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwdIo &io,
+                                                 const FastRowMaps &maps, int b, int g, int u0,
+                                                 int khi, int ntiles, Tokens tokens,
+                                                 Visible visible, SeesAny seesAny,
+                                                 TileFull tileFull, Store store, Aux aux = Aux{},
+                                                 StageOut stageOut = StageOut{}) {
+    constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
+    constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
+    static_assert(GATHER || (!HAS_AUX && !HAS_OUT), "payloads and stageOut need listed tokens");
+    using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA>;
+    constexpr int R = Ring::R, KT = Ring::KT, MS = Ring::MS, STAGES = Ring::STAGES;
+    constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG;
+    constexpr int RH = (DK <= 128 && DV <= 128) ? FAST_DKDV_WG_ROWS : 32, NTH = RH / 8;
+    bf16 *sK = fastTileBase<true>(), *sV = sK + KT * DK, *sQ = sV + KT * DV;
+    bf16 *sdO = sQ + STAGES * R * DK;
+    uint64_t *full = (uint64_t *)(sdO + STAGES * R * DV), *empty = full + STAGES;
+    float *mL = (float *)(empty + STAGES), *mD = mL + MS * R, *mG = mD + MS * R;
+    int *mT = (int *)(mG + MS * R);               /* GATHER: [MS][R] row tokens */
+    int *mA = mT + (GATHER ? MS * R : 0);         /* HAS_AUX: [MS][R] row payloads */
+    int *rowSlot = mA + (HAS_AUX ? MS * R : 0);   /* [R] */
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+    const int hpg = c.hpg, tpr = R / hpg, rows = tpr * hpg;
+    const uint32_t tx_bytes = (uint32_t)rows * 128 * ((DK + DV) / 64);
+
+    fastLoadKeyTile<true, KT, DK, DV, THREADS>(sK, sV, io.k, io.v, io.nkeys, c.G, b, g, u0, khi);
+    fastCpCommit();
+    if (rows < R) { /* padding rows: never written by a box, read by the products */
+        constexpr int CH = (DK + DV) / 8; /* 16-byte chunks per row of q and dout */
+        for (int i = tid; i < STAGES * (R - rows) * CH; i += THREADS) {
+            const int st = i / ((R - rows) * CH), rest = i % ((R - rows) * CH);
+            const int r = rows + rest / CH, ch = rest % CH;
+            bf16 *at = ch < DK / 8 ? sQ + st * R * DK + (ch / 8) * R * 64 + r * 64 + (ch % 8) * 8
+                                   : sdO + st * R * DV + ((ch - DK / 8) / 8) * R * 64 + r * 64 +
+                                         ((ch - DK / 8) % 8) * 8;
+            *(uint4 *)at = make_uint4(0, 0, 0, 0);
+        }
+    }
+    for (int r = tid; r < R; r += THREADS) rowSlot[r] = r < rows ? r / hpg : -1;
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < STAGES; s++) {
+            fastMbarInit(&full[s], 1 + R); /* the producer's, and each row's row data */
+            fastMbarInit(&empty[s], THREADS / 32);
+        }
+        fastMbarInitFence();
+    }
+    fastCpWait<0>();
+    fastWgProxyFence();
+    __syncthreads(); /* K/V, zeroed rows, rowSlot and barriers visible */
+
+    /* row data thread r < R: row r of every tile - token slot, head */
+    const int my_slot = tid < R ? rowSlot[tid] : -1, my_head = tid % hpg;
+    auto tokenAt = [&](int it, int slot) -> int { /* GATHER: a global read */
+        if constexpr (GATHER) {
+            const int *p = slot >= 0 && it < ntiles ? tokens(it, slot) : nullptr;
+            return p ? *p : -1;
+        } else {
+            return slot >= 0 ? tokens(it, slot) : -1;
+        }
+    };
+    /* tokens of the next tile to issue: this row's, and (warp 0) lane's slot */
+    int next_row_tok = tid < R ? tokenAt(0, my_slot) : -1;
+    int next_box_tok[2] = {-1, -1}; /* slots lane and lane + 32 (tpr <= 64) */
+    if (GATHER && warp == 0)
+#pragma unroll
+        for (int k = 0; k < 2; k++) next_box_tok[k] = tokenAt(0, lane + 32 * k < tpr ? lane + 32 * k : -1);
+    auto issue = [&](int j) { /* tile j into stage j % STAGES, row data slot j % MS */
+        const int s = j % STAGES;
+        if (warp == 0) {
+            if (lane == 0) {
+                if (j >= STAGES) fastMbarWait(&empty[s], (uint32_t)(j / STAGES + 1) & 1u);
+                fastMbarArriveTx(&full[s], tx_bytes);
+            }
+            __syncwarp();
+            bf16 *q_st = sQ + s * R * DK, *do_st = sdO + s * R * DV;
+            if constexpr (GATHER) {
+#pragma unroll
+                for (int k = 0; k < 2; k++) {
+                    const int slot = lane + 32 * k;
+                    if (slot < tpr) { /* past the list: a box past S, zeros */
+                        const int t = next_box_tok[k] >= 0 ? next_box_tok[k] : c.S;
+#pragma unroll
+                        for (int p = 0; p < DK / 64; p++)
+                            fastTmaLoad4(q_st + p * R * 64 + slot * hpg * 64, &maps.q, p * 64,
+                                         g * hpg, t, b, &full[s]);
+#pragma unroll
+                        for (int p = 0; p < DV / 64; p++)
+                            fastTmaLoad4(do_st + p * R * 64 + slot * hpg * 64, &maps.dout, p * 64,
+                                         g * hpg, t, b, &full[s]);
+                    }
+                    next_box_tok[k] = tokenAt(j + 1, slot < tpr ? slot : -1);
+                }
+            } else if (lane == 0) {
+                const int t0 = tokens(j, 0);
+#pragma unroll
+                for (int p = 0; p < DK / 64; p++)
+                    fastTmaLoad4(q_st + p * R * 64, &maps.q, p * 64, g * hpg, t0, b, &full[s]);
+#pragma unroll
+                for (int p = 0; p < DV / 64; p++)
+                    fastTmaLoad4(do_st + p * R * 64, &maps.dout, p * 64, g * hpg, t0, b, &full[s]);
+            }
+        }
+        if (tid < R) {
+            const int t = next_row_tok, ms = j % MS;
+            const size_t row = ((size_t)b * c.S + (t < 0 ? 0 : t)) * c.H + (size_t)g * hpg + my_head;
+            fastCpAsync4Or0(mL + ms * R + tid, t >= 0 ? io.lse + row : nullptr, io.lse);
+            fastCpAsync4Or0(mD + ms * R + tid, t >= 0 ? io.dsum + row * 3 + io.branch : nullptr,
+                            io.lse);
+            fastCpAsync4Or0(mG + ms * R + tid, t >= 0 ? io.gate_f + row * 3 + io.branch : nullptr,
+                            io.lse);
+            if constexpr (GATHER) /* -1 where the row has no token */
+                fastCpAsync4(mT + ms * R + tid, t >= 0 ? tokens(j, my_slot) : &fastMinusOne);
+            if constexpr (HAS_AUX)
+                fastCpAsync4(mA + ms * R + tid, t >= 0 ? aux(j, my_slot) : &fastMinusOne);
+            fastMbarArriveCpAsync(&full[s]);
+            next_row_tok = tokenAt(j + 1, my_slot);
+        }
+    };
+    for (int j = 0; j < AHEAD && j < ntiles; j++) issue(j);
+
+    float dk[DK / 8][4], dv[DV / 8][4];
+#pragma unroll
+    for (int n = 0; n < DK / 8; n++) dk[n][0] = dk[n][1] = dk[n][2] = dk[n][3] = 0.f;
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++) dv[n][0] = dv[n][1] = dv[n][2] = dv[n][3] = 0.f;
+    /* this warpgroup's keys [ka, kb] */
+    const int wg = KWG > 1 ? warp >> 2 : 0, ka = u0 + wg * 64, kb = min(khi, ka + 64) - 1;
+
+    for (int it = 0; it < ntiles; it++) {
+        if (it + AHEAD < ntiles) issue(it + AHEAD);
+        const int s = it % STAGES, ms = it % MS;
+        fastMbarWait(&full[s], (uint32_t)(it / STAGES) & 1u);
+        __syncwarp();
+        /* a warpgroup whose keys no row of the tile sees adds nothing; it
+         * still waits for the tile first, so that its release counts
+         * toward this use of the stage */
+        if (KWG == 1 || (ka <= kb && seesAny(it, ka, kb))) {
+            const float *l_t = mL + ms * R, *d_t = mD + ms * R, *g_t = mG + ms * R;
+            const int *t_t = mT + ms * R;
+            int t_first;
+            if constexpr (GATHER) t_first = t_t[0];
+            else t_first = tokens(it, 0);
+            const bool full_tile = kb - ka == 63 && tileFull(it, t_first, ka);
+#pragma unroll 1
+            for (int half = 0; half < R / RH; half++) {
+                const int h0 = half * RH;
+                auto rowOf = [&](int col) {
+                    const int r = h0 + col;
+                    int t;
+                    if constexpr (GATHER) t = t_t[r];
+                    else t = tokens(it, rowSlot[r]);
+                    return FastDkdvRow{rowSlot[r] >= 0 ? t : -1, l_t[r] * FAST_LOG2E, d_t[r], g_t[r]};
+                };
+                uint32_t ads[NTH / 2][4];
+                fastDkdvWgPass<DK, DV, KT, R, RH>(c, sK, sV, wg, sQ + s * R * DK,
+                                                  sdO + s * R * DV, half, u0, khi, full_tile,
+                                                  rowOf, visible, dk, dv, ads);
+                if constexpr (HAS_OUT)
+                    stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV, [&](int r) {
+                        return make_int2(t_t[r], HAS_AUX ? mA[ms * R + r] : -1);
+                    });
+            }
+        }
+        /* stageOut wrote the stage by plain stores; the next writes to it
+         * are the TMA's */
+        if constexpr (HAS_OUT) fastWgProxyFence();
+        __syncwarp();
+        if (lane == 0) fastMbarArrive(&empty[s]);
+    }
+
+    const int keyA = warp * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int u = u0 + keyA + i * 8;
+        if (u >= khi) continue;
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++)
+            store(u, true, n * 8 + quad * 2, dk[n][2 * i] * c.scale, dk[n][2 * i + 1] * c.scale);
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++)
+            store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
+    }
+}
+
+/* The row maps of a dK/dV pass on the ring core (c.wgmma; zeroed maps
+ * otherwise): boxes of a row tile's FAST_DKDV_ROWS / hpg tokens, or of one
+ * token where the pass gathers its rows. Returns the encode status; host
+ * only, no device work. */
+static inline cudaError_t fastDkdvRowMaps(const FastCtx &c, const FastBwdIo &io, int dk, int dv,
+                                          bool gather, FastRowMaps *maps) {
+    memset(maps, 0, sizeof(*maps));
+    if (!c.wgmma) return cudaSuccess;
+    return fastTmaEncodeRowMaps(c.tma_encode, maps, io.q, io.dout, c.B, c.S, c.H, dk, dv, c.hpg,
+                                gather ? 1 : FAST_DKDV_ROWS / c.hpg);
 }
 
 /* Sets a kernel's dynamic shared memory limit (above 48 KB needs opt-in). */

@@ -95,6 +95,44 @@ static inline cudaError_t fastTmaEncodeKv(void *encode, FastKvMaps *maps, const 
     return e != cudaSuccess ? e : fastTmaEncodeKeys(encode, &maps->v, v, B, nkeys, G, dv, rows);
 }
 
+/* The query-side rows of a dK/dV pass - q [B][S][H][dk] and dout
+ * [B][S][H][dv] - as tensor maps viewing each as dims (d, H, S, B) with a
+ * box of (64, hpg, tokens, 1): one 64-channel panel of `tokens` whole
+ * tokens' hpg heads of one group, landing token-major (row = token slot *
+ * hpg + head), the row order of the dK/dV stages. Tokens from S on come
+ * back zero. */
+struct FastRowMaps {
+    CUtensorMap q, dout;
+};
+
+/* Encodes one such map; errors as fastTmaEncodeKeys (d a multiple of 64,
+ * 1 <= hpg * tokens <= 256). Host only. */
+static inline cudaError_t fastTmaEncodeRows(void *encode, CUtensorMap *map, const bf16 *base,
+                                            int B, int S, int H, int d, int hpg, int tokens) {
+    if (!encode || d % 64 != 0 || S < 1 || hpg < 1 || tokens < 1 || hpg * tokens > 256)
+        return cudaErrorInvalidValue;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)H, (cuuint64_t)S, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)d * 2, (cuuint64_t)H * d * 2,
+                                   (cuuint64_t)S * H * d * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)hpg, (cuuint32_t)tokens, 1};
+    const cuuint32_t step[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+/* Both row maps of a dK/dV pass whose stages take `tokens` tokens per box
+ * (all of a stage's tokens when they are consecutive, 1 when each token
+ * comes by its own copy). Errors as above. */
+static inline cudaError_t fastTmaEncodeRowMaps(void *encode, FastRowMaps *maps, const bf16 *q,
+                                               const bf16 *dout, int B, int S, int H, int dk,
+                                               int dv, int hpg, int tokens) {
+    cudaError_t e = fastTmaEncodeRows(encode, &maps->q, q, B, S, H, dk, hpg, tokens);
+    return e != cudaSuccess ? e : fastTmaEncodeRows(encode, &maps->dout, dout, B, S, H, dv, hpg, tokens);
+}
+
 /* ---- mbarriers and the bulk tensor copy (PTX; sm_90) ---- */
 #if FAST_HAVE_WGMMA
 __device__ __forceinline__ void fastMbarInit(uint64_t *bar, int count) {
@@ -130,6 +168,19 @@ __device__ __forceinline__ void fastMbarWait(uint64_t *bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+/* An arrival on bar once every cp.async this thread issued so far has
+ * landed; the barrier's count must include it (.noinc). */
+__device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(fastSmemAddr(bar))
+                 : "memory");
+}
+/* A 4-byte cp.async of src, or of zeros when src is NULL - always an async
+ * copy, so that fastMbarArriveCpAsync covers the zeros too (a plain store
+ * is not ordered with that arrival). */
+__device__ __forceinline__ void fastCpAsync4Or0(void *dst, const void *src, const void *any) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(fastSmemAddr(dst)),
+                 "l"(src ? src : any), "r"(src ? 4 : 0));
+}
 /* The box of map at (c0, c1, c2, c3) into shared dst (1024-byte aligned),
  * its bytes completing on bar. */
 __device__ __forceinline__ void fastTmaLoad4(void *dst, const CUtensorMap *map, int c0, int c1,
@@ -141,6 +192,8 @@ __device__ __forceinline__ void fastTmaLoad4(void *dst, const CUtensorMap *map, 
         : "memory");
 }
 #else
+__device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *) { __trap(); }
+__device__ __forceinline__ void fastCpAsync4Or0(void *, const void *, const void *) { __trap(); }
 __device__ __forceinline__ void fastMbarInit(uint64_t *, int) { __trap(); }
 __device__ __forceinline__ void fastMbarInitFence() { __trap(); }
 __device__ __forceinline__ void fastMbarArrive(uint64_t *) { __trap(); }

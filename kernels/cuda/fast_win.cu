@@ -12,8 +12,9 @@
 
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
-winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
-    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
+winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,
+              const __grid_constant__ FastRowMaps maps) {
+    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS, KWG = FastDkdvShape<WG, DK, DV>::KWG;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
     const int u0 = blockIdx.x * KT, khi = min(c.S, u0 + KT);
     /* the last token that sees key khi-1 is khi-1+w-1 */
@@ -21,28 +22,39 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out) {
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int ntiles = (te - u0 + tpr - 1) / tpr;
     const int window = c.window;
-    fastDkdvCore<DK, DV, WG, FastDkdvShape<WG, DK, DV>::KWG>(
-        c, io, b, g, u0, khi, ntiles,
-        [=](int it, int slot, int *dst) {
-            int t = u0 + it * tpr + slot;
-            *dst = t < te ? t : -1;
-        },
-        [=](int t, int u) { return u <= t && u > t - window; },
-        [=](int it, int ua, int ub) { /* tokens [t, t_last] see keys [t - w + 1, t_last] */
-            int t = u0 + it * tpr, t_last = min(te, t + tpr) - 1;
-            return ua <= t_last && ub > t - window;
-        },
-        [=](int it, int, int ua) { /* tokens of row tile it: [t, t + tpr) */
-            int t = u0 + it * tpr;
-            return t + tpr <= te && ua + 63 <= t && ua > t + tpr - 1 - window;
-        },
-        [=](int u, bool is_k, int col, float v0, float v1) {
-            size_t key = ((size_t)b * c.S + u) * c.G + g;
-            if (is_k)
-                *(uint32_t *)(dk_out + key * DK + col) = fastPack(v0, v1);
-            else
-                *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
-        });
+    auto visible = [=](int t, int u) { return u <= t && u > t - window; };
+    auto seesAny = [=](int it, int ua, int ub) { /* tokens [t, t_last] see keys [t - w + 1, t_last] */
+        int t = u0 + it * tpr, t_last = min(te, t + tpr) - 1;
+        return ua <= t_last && ub > t - window;
+    };
+    auto tileFull = [=](int it, int, int ua) { /* tokens of row tile it: [t, t + tpr) */
+        int t = u0 + it * tpr;
+        return t + tpr <= te && ua + 63 <= t && ua > t + tpr - 1 - window;
+    };
+    auto store = [=](int u, bool is_k, int col, float v0, float v1) {
+        size_t key = ((size_t)b * c.S + u) * c.G + g;
+        if (is_k)
+            *(uint32_t *)(dk_out + key * DK + col) = fastPack(v0, v1);
+        else
+            *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
+    };
+    if constexpr (WG) {
+        fastDkdvRingCore<DK, DV, KWG, false>(
+            c, io, maps, b, g, u0, khi, ntiles,
+            [=](int it, int slot) {
+                int t = u0 + it * tpr + slot;
+                return t < te ? t : -1;
+            },
+            visible, seesAny, tileFull, store);
+    } else {
+        fastDkdvCore<DK, DV, WG, KWG>(
+            c, io, b, g, u0, khi, ntiles,
+            [=](int it, int slot, int *dst) {
+                int t = u0 + it * tpr + slot;
+                *dst = t < te ? t : -1;
+            },
+            visible, seesAny, tileFull, store);
+    }
 }
 
 template <int DK, int DV>
@@ -53,16 +65,19 @@ static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_
 template <int DK, int DV>
 static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, bf16 *dv,
                                cudaStream_t stream, const FastMarks *marks) {
+    FastRowMaps maps = {};
+    cudaError_t e = fastDkdvRowMaps(c, io, DK, DV, false, &maps);
+    if (e != cudaSuccess) return e;
     auto dkdv = c.wgmma ? winDkdvKernel<DK, DV, true> : winDkdvKernel<DK, DV, false>;
     const int kt = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS
                            : FastDkdvShape<false, DK, DV>::KEYS;
     const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
                                 : FastDkdvShape<false, DK, DV>::THREADS;
-    const int smem_kv = fastDkdvSmem(DK, DV, c.wgmma, kt / 64);
-    cudaError_t e = fastSetSmem(dkdv, smem_kv);
-    if (e != cudaSuccess) return e;
+    const int smem_kv = c.wgmma ? FastDkdvRing<DK, DV, FastDkdvShape<true, DK, DV>::KWG, false>::SMEM
+                                : fastDkdvSmem(DK, DV, false, kt / 64);
+    if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
     if ((e = fastMark(marks, "bwd.win.dkdv")) != cudaSuccess) return e;
-    dkdv<<<dim3((c.S + kt - 1) / kt, c.B * c.G), threads, smem_kv, stream>>>(c, io, dk, dv);
+    dkdv<<<dim3((c.S + kt - 1) / kt, c.B * c.G), threads, smem_kv, stream>>>(c, io, dk, dv, maps);
     return cudaGetLastError();
 }
 
