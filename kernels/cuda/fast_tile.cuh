@@ -8,7 +8,9 @@
  * ones together). Each loop has two forms: mma.sync with ldmatrix (any
  * sm_80+), and wgmma (WG, sm_90a; fast_wgmma.cuh), where the forward and
  * dQ are software-pipelined and read their key tiles through a TMA ring
- * (fast_tma.cuh; the mma.sync loops and dK/dV's row stages use cp.async).
+ * (fast_tma.cuh), and dK/dV reads its query-side row stages through one
+ * (fastDkdvRingCore; the mma.sync loops, and the selected passes at fewer
+ * than 16 heads per group, use cp.async: fastDkdvCore).
  * Warps own 16 mma rows (an m-tile) or two; the query-tile kernels
  * (forward, dQ) split their rows (FAST_QTILE_ROWS, the wgmma forward at
  * d_v > 64 FAST_FWD_WG_ROWS) as FastQTile says, the dK/dV core one
