@@ -253,8 +253,20 @@ constexpr int selBlockSmem() {
     return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
             (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
            (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 +
-           (WG ? SELB_ROWS * 8 + 1024 : 0);
+           (WG ? SELB_ROWS * 8 + 1024 : 0) + (WG && !DQ ? 4 * 8 : 0) /* the q ring's barriers */;
 }
+
+/* The block-centric forward's TMA maps where it runs on the q ring (16
+ * heads per group, l' <= 64): q as one box of a token's 16 heads per
+ * panel, and the chunk's partials part_o as rows of d_v, boxes of 16 rows
+ * x 64 columns - a warp's staged rows are one (token, slot) pair's 16
+ * heads, stored by one bulk tensor copy per panel. */
+#ifndef FAST_SELB_TMA_STORE
+#define FAST_SELB_TMA_STORE 1
+#endif
+struct SelBlockFwdMaps {
+    CUtensorMap q, part_o;
+};
 
 /* One work item: block j's K/V (its first 64 keys per key sub-tile) against
  * up to SELB_TILES row tiles of the tokens that chose j in this chunk:
@@ -266,9 +278,11 @@ constexpr int selBlockSmem() {
  * measured slower than mma.sync: paper 64k 32.5 against 28.8 ms) - which
  * needs one key sub-tile per block (l' <= 64; the host checks).
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
-template <int DK, int DV, bool WG>
+template <int DK, int DV, bool WG, bool RING>
 __global__ void __launch_bounds__(32 * SELB_WARPS, 2)
-selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk) {
+selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, int chunk,
+                  const __grid_constant__ SelBlockFwdMaps maps) {
+    static_assert(!RING || WG, "the q ring feeds wgmma");
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
                   THREADS = 32 * SELB_WARPS;
     constexpr bool HALVES = WG && DV > 64;
@@ -276,13 +290,22 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
     long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
+    uint64_t *full = (uint64_t *)(sAt + R), *empty = full + 2; /* RING: the q stages' barriers */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it;
     if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    if (RING && threadIdx.x == 0) {
+        for (int st = 0; st < 2; st++) {
+            fastMbarInit(&full[st], 1);
+            fastMbarInit(&empty[st], SELB_WARPS);
+        }
+        fastMbarInitFence();
+    }
     const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
-    if (HALVES && nsub > 1) __trap(); /* a launch the host must not make */
+    if ((HALVES || RING) && nsub > 1) __trap(); /* launches the host must not make */
+    if (RING && hpg != 16) __trap();
 
     auto loadKV = [&](int sub) { it.loadKV<DK, DV, THREADS, WG>(c, io.k, io.v, b, g, sub, sK, sV); };
     const SelBlockItem::Slot ld_slot = SelBlockItem::slotOf(c, fastTileRowOf<R, THREADS>());
@@ -293,19 +316,75 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         });
     };
 
+    /* RING: warp 0 issues row tile rt into stage rt & 1 as one TMA box per
+     * token (hpg rows; a token past the list reads past S: zeros) once
+     * every warp has released the stage's previous tile */
+    auto produceQ = [&](int rt) {
+        const int st = rt & 1;
+        if (lane == 0) {
+            if (rt >= 2) fastMbarWait(&empty[st], (uint32_t)(rt / 2 + 1) & 1u);
+            fastMbarArriveTx(&full[st], (uint32_t)tpt * hpg * 128 * (DK / 64));
+        }
+        __syncwarp();
+        if (lane < tpt) {
+            const int t = sTok[rt * tpt + lane];
+#pragma unroll
+            for (int p = 0; p < DK / 64; p++)
+                fastTmaLoad4(sQ + st * R * LDK + p * R * 64 + lane * hpg * 64, &maps.q, p * 64,
+                             g * hpg, t >= 0 ? t : c.S, b, &full[st]);
+        }
+    };
+
+    /* the warp's staged partial rows (selStagePut64) out to part_o: RING
+     * one bulk tensor store per panel - the rows are one pair's 16 heads,
+     * or none (sAt -1) - whose reads of the stage complete before the
+     * stage is released; else 16-byte stores per row */
+    auto storeOut = [&](const bf16 *stage) {
+        if constexpr (RING && FAST_SELB_TMA_STORE) {
+            fastWgProxyFence();
+            __syncwarp();
+            const long long at = sAt[warp * 16];
+            if (lane == 0 && at >= 0) {
+#pragma unroll
+                for (int p = 0; p < DV / 64; p++)
+                    fastTmaStore2(&maps.part_o, stage + p * R * 64 + warp * 16 * 64, p * 64, (int)at);
+                fastBulkCommit();
+                fastBulkWaitRead();
+            }
+            __syncwarp();
+        } else {
+            __syncwarp();
+            selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
+        }
+    };
+
     if (nsub == 1) loadKV(0);
-    __syncthreads();
-    issueQ(0, 0);
-    fastCpCommit();
+    __syncthreads(); /* the item's tokens (and RING: the barriers) */
+    if constexpr (RING) {
+        if (warp == 0) produceQ(0);
+        fastCpCommit();
+        fastCpWait<0>();
+        fastWgProxyFence();
+        __syncthreads(); /* K/V landed */
+    } else {
+        issueQ(0, 0);
+        fastCpCommit();
+    }
 
     const int rA = warp * 16 + grp, rB = rA + 8;
     const SelBlockItem::Slot slot_ab[2] = {SelBlockItem::slotOf(c, rA), SelBlockItem::slotOf(c, rB)};
     for (int rt = 0; rt < ntiles; rt++) {
         const int st = rt & 1;
-        if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
-        fastCpCommit();
-        fastCpWait<1>();
-        fastTileBarrier<WG>(); /* q of rt (and K/V) landed */
+        if constexpr (RING) {
+            if (warp == 0 && rt + 1 < ntiles) produceQ(rt + 1);
+            fastMbarWait(&full[st], (uint32_t)(rt / 2) & 1u);
+            __syncwarp();
+        } else {
+            if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
+            fastCpCommit();
+            fastCpWait<1>();
+            fastTileBarrier<WG>(); /* q of rt (and K/V) landed */
+        }
         int tok[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) tok[i] = slot_ab[i].k >= 0 ? sTok[rt * tpt + slot_ab[i].k] : -1;
@@ -373,8 +452,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
                 selStagePut64(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
             });
-            __syncwarp();
-            selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
+            storeOut(stage);
         } else {
             float o[DV / 8][4];
 #pragma unroll
@@ -418,11 +496,16 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
 #pragma unroll
                 for (int h = 0; h < DV / 64; h++)
                     selStagePut64(stage, warp * 16, h * 64, selPanel(o, h), inv_rows[0], inv_rows[1]);
-                __syncwarp();
-                selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
+                storeOut(stage);
             }
         }
-        __syncthreads(); /* stage st is refilled by the next iteration */
+        if constexpr (RING) { /* this warp's rows of stage st are free; the TMA writes them next */
+            fastWgProxyFence();
+            __syncwarp();
+            if (lane == 0) fastMbarArrive(&empty[st]);
+        } else {
+            __syncthreads(); /* stage st is refilled by the next iteration */
+        }
     }
     fastCpWait<0>();
 }
@@ -742,10 +825,10 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
  * plan of every chunk, then per chunk the pass kernel and the combine that
  * merges its partials. Returns the first attribute or launch error; never
  * synchronises. */
-template <class Kernel, class Combine, class Io>
+template <class Kernel, class Combine, class Io, class... Extra>
 static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combine combine,
                                const Io &io, const int32_t *sel_idx, const FastRevIndex &rev,
-                               const FastSelBlock &sb, cudaStream_t stream) {
+                               const FastSelBlock &sb, cudaStream_t stream, Extra... extra) {
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
@@ -754,7 +837,8 @@ static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combin
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk);
+        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk,
+                                                                         extra...);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         combine<<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -769,9 +853,21 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     /* the wgmma kernel forms a d_v = 128 output in halves, one key
      * sub-tile per block only */
     const bool wg = c.wgmma && (DV <= 64 || c.sel_len <= 64);
-    auto kernel = wg ? selBlockFwdKernel<DK, DV, true> : selBlockFwdKernel<DK, DV, false>;
+    /* q rows in and partials out by TMA where a warp's rows are one token's
+     * 16 heads (2 KB boxes, fastSelRowRing) and a block is one key sub-tile */
+    const bool ring = wg && c.sel_len <= 64 && c.hpg == 16 && fastSelRowRing(c.hpg);
+    SelBlockFwdMaps maps = {};
+    if (ring) {
+        const size_t rows = (size_t)c.B * sb.chunk_revs * FAST_REV_TOKENS * c.G * c.slots * c.hpg;
+        cudaError_t e = fastTmaEncodeRows(c.tma_encode, &maps.q, io.q, c.B, c.S, c.H, DK, c.hpg, 1);
+        if (e == cudaSuccess) e = fastTmaEncodeMatrix(c.tma_encode, &maps.part_o, sb.part_o, rows, DV, 16);
+        if (e != cudaSuccess) return e;
+    }
+    auto kernel = ring ? selBlockFwdKernel<DK, DV, true, true>
+                       : wg ? selBlockFwdKernel<DK, DV, true, false> : selBlockFwdKernel<DK, DV, false, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
-    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, io, sel_idx, rev, sb, stream);
+    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, io, sel_idx, rev, sb, stream,
+                       maps);
 }
 
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {

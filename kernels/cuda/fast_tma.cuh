@@ -133,6 +133,25 @@ static inline cudaError_t fastTmaEncodeRowMaps(void *encode, FastRowMaps *maps, 
     return e != cudaSuccess ? e : fastTmaEncodeRows(encode, &maps->dout, dout, B, S, H, dv, hpg, tokens);
 }
 
+/* Encodes the map of a row-major [rows][d] bf16 matrix (d a multiple of
+ * 64) for boxes of box_rows rows x 64 columns, 128-byte swizzle: the way
+ * out of shared memory for rows staged as wgmma tiles. Errors as
+ * fastTmaEncodeKeys. Host only. */
+static inline cudaError_t fastTmaEncodeMatrix(void *encode, CUtensorMap *map, const bf16 *base,
+                                              size_t rows, int d, int box_rows) {
+    if (!encode || d % 64 != 0 || rows < 1 || box_rows < 1 || box_rows > 256)
+        return cudaErrorInvalidValue;
+    const cuuint64_t dims[2] = {(cuuint64_t)d, (cuuint64_t)rows};
+    const cuuint64_t strides[1] = {(cuuint64_t)d * 2};
+    const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
+    const cuuint32_t step[2] = {1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 /* ---- mbarriers and the bulk tensor copy (PTX; sm_90) ---- */
 #if FAST_HAVE_WGMMA
 __device__ __forceinline__ void fastMbarInit(uint64_t *bar, int count) {
@@ -168,6 +187,29 @@ __device__ __forceinline__ void fastMbarWait(uint64_t *bar, uint32_t parity) {
             : "memory");
     } while (!done);
 }
+/* Stores the box of map at (c0, c1) from shared src (swizzled as the map
+ * says) to global memory, marked evict-first in L2: rows written once and
+ * read once, much later, by another kernel. Completes in this thread's
+ * bulk group (fastBulkCommit, fastBulkWaitRead). */
+__device__ __forceinline__ void fastTmaStore2(const CUtensorMap *map, const void *src, int c0,
+                                              int c1) {
+    uint64_t policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint"
+        " [%0, {%1, %2}], [%3], %4;\n" ::"l"((uint64_t)map),
+        "r"(c0), "r"(c1), "r"(fastSmemAddr(src)), "l"(policy)
+        : "memory");
+}
+__device__ __forceinline__ void fastBulkCommit() {
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+/* Waits until this thread's committed bulk stores have read their shared
+ * memory (the source may be overwritten then; the global writes may still
+ * be in flight - the next kernel sees them). */
+__device__ __forceinline__ void fastBulkWaitRead() {
+    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 /* An arrival on bar once every cp.async this thread issued so far has
  * landed; the barrier's count must include it (.noinc). */
 __device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *bar) {
@@ -192,6 +234,9 @@ __device__ __forceinline__ void fastTmaLoad4(void *dst, const CUtensorMap *map, 
         : "memory");
 }
 #else
+__device__ __forceinline__ void fastTmaStore2(const CUtensorMap *, const void *, int, int) { __trap(); }
+__device__ __forceinline__ void fastBulkCommit() { __trap(); }
+__device__ __forceinline__ void fastBulkWaitRead() { __trap(); }
 __device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *) { __trap(); }
 __device__ __forceinline__ void fastCpAsync4Or0(void *, const void *, const void *) { __trap(); }
 __device__ __forceinline__ void fastMbarInit(uint64_t *, int) { __trap(); }
