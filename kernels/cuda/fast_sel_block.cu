@@ -18,7 +18,8 @@
  * the tokens go in chunks (FastSelBlock) through one buffer.
  *
  * The partials (about 1 GB per chunk) are stored and read back with the
- * streaming cache hint (st.global.cs / ld.global.cs), so that they pass
+ * streaming cache hint (st.global.cs / ld.global.cs; the forward at 16
+ * heads per group stores them by TMA, marked evict-first), so that they pass
  * through L2 ahead of the chunk's query and dout rows, which each of a
  * token's blocks reads again (H200, call 48: paper 64k selected dQ 31.5 ->
  * 30.7 ms, proto 64k 5.2 -> 4.8; B x 2048 / 1024-token chunks instead of
