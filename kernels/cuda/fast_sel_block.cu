@@ -929,6 +929,14 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
 /* Shared memory: the dK/dV core's (cp.async: then a ring of the slots of
  * the ring of tokens, [4][rows]), then the stage rows' partial rows
  * ([2][rows] by tile parity, -1: none). */
+/* The fused kernel's TMA maps on the row ring: q and dout (a box per
+ * token), and at 16 heads per group the chunk's dq partials part_dq as
+ * rows of d_k in 16 x 64 boxes (one (token, slot) pair's heads per warp,
+ * as the forward's SelBlockFwdMaps.part_o). */
+struct SelFusedMaps {
+    FastRowMaps rows;
+    CUtensorMap part_dq;
+};
 #define SEL_FUSED_EXTRA (2 * FAST_DKDV_ROWS * 8)
 template <int DK, int DV, bool RING>
 constexpr int selFusedSmem() {
@@ -945,7 +953,7 @@ constexpr int selFusedSmem() {
 template <int DK, int DV, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
-                  int chunk, const __grid_constant__ FastRowMaps maps) {
+                  int chunk, const __grid_constant__ SelFusedMaps maps) {
     constexpr int R = FAST_DKDV_ROWS;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
     const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
@@ -1024,12 +1032,30 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
             selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
         }
-        __syncwarp();
-        selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);
+        if (RING && FAST_SELB_TMA_STORE && hpg == 16) {
+            /* a warp's rows are one (token, slot) pair's 16 heads: one bulk
+             * tensor store per panel, its reads of the stage done before
+             * the ring releases the stage */
+            fastWgProxyFence();
+            __syncwarp();
+            const long long at0 = at[warp * 16];
+            if (lane == 0 && at0 >= 0) {
+#pragma unroll
+                for (int p = 0; p < DK / 64; p++)
+                    fastTmaStore2(&maps.part_dq, q_stage + p * R * 64 + warp * 16 * 64, p * 64,
+                                  (int)at0);
+                fastBulkCommit();
+                fastBulkWaitRead();
+            }
+            __syncwarp();
+        } else {
+            __syncwarp();
+            selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);
+        }
     };
     if constexpr (RING) {
         fastDkdvRingCore<DK, DV, 1, true, SEL_FUSED_EXTRA>(
-            c, io, maps, b, g, u0, khi, ntiles,
+            c, io, maps.rows, b, g, u0, khi, ntiles,
             [=](int it, int s) -> const int * { /* the token, and j's slot in its row beside it */
                 const int e = e0 + it * tpr + s;
                 return e < e1 ? entries + e : nullptr;
@@ -1142,8 +1168,14 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     const bool ring = fastSelRowRing(c.hpg); /* the fused kernel's row stages */
     auto kernel = ring ? selFusedBwdKernel<DK, DV, true> : selFusedBwdKernel<DK, DV, false>;
     const int smem = ring ? selFusedSmem<DK, DV, true>() : selFusedSmem<DK, DV, false>();
-    FastRowMaps maps = {};
-    if (ring && (e = fastDkdvRowMaps(c, io, DK, DV, true, &maps)) != cudaSuccess) return e;
+    SelFusedMaps maps = {};
+    if (ring && (e = fastDkdvRowMaps(c, io, DK, DV, true, &maps.rows)) != cudaSuccess) return e;
+    if (ring && c.hpg == 16) { /* the dq partials' way out (the kernel stores by TMA at hpg 16) */
+        const size_t rows = (size_t)c.B * sb.chunk_revs * FAST_REV_TOKENS * c.G * c.slots * c.hpg;
+        if ((e = fastTmaEncodeMatrix(c.tma_encode, &maps.part_dq, sb.part_dq, rows, DK, 16)) !=
+            cudaSuccess)
+            return e;
+    }
     if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
     const int BG = c.B * c.G;
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
