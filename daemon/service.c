@@ -94,12 +94,23 @@ static void hookSample(void *ctx, const TrainSample *s) {
     pthread_mutex_unlock(&svc->lock);
 }
 
-static void hookEval(void *ctx, int64_t step, double val_loss, double bits_per_byte) {
+/* The step's sample (when the trainer held it back) and its evaluation go
+ * into the series under one lock: a metrics poll sees both or neither, so
+ * its cursor never passes a step whose validation point is still to come. */
+static void hookEval(void *ctx, const TrainSample *sample, int64_t step, double val_loss,
+                     double bits_per_byte) {
     Service *svc = ctx;
     pthread_mutex_lock(&svc->lock);
     Run *run = activeRun(svc);
-    if (run && runsAddEval(run, step, runsNow(), val_loss, bits_per_byte) != 0)
-        logWarn("run %s: out of memory for the metric series", run->id);
+    if (run) {
+        if (sample) {
+            if (runsAddSample(run, sample) != 0)
+                logWarn("run %s: out of memory for the metric series", run->id);
+            markRunning(svc, run);
+        }
+        if (runsAddEval(run, step, runsNow(), val_loss, bits_per_byte) != 0)
+            logWarn("run %s: out of memory for the metric series", run->id);
+    }
     pthread_mutex_unlock(&svc->lock);
 }
 

@@ -130,6 +130,9 @@ typedef struct Trainer {
     TrainMonitor *mon;
     const TrainHooks *hooks;
     int quiet;
+    /* the logged sample of a step that is evaluated next, for on_eval */
+    TrainSample held_sample;
+    int has_held_sample;
 
     NsaModel *model;
     DataLoader *train_data, *val_data;
@@ -413,7 +416,9 @@ static int evaluate(Trainer *t, NsaError *err) {
     if (isnan(t->best_val) || val < t->best_val) t->best_val = val;
     t->last_eval_step = step;
     if (artifactsLogEval(t->art, step, val, bpb, err) != 0) return -1;
-    if (t->hooks && t->hooks->on_eval) t->hooks->on_eval(t->hooks->ctx, step, val, bpb);
+    const TrainSample *held = t->has_held_sample && t->held_sample.step == step ? &t->held_sample : NULL;
+    if (t->hooks && t->hooks->on_eval) t->hooks->on_eval(t->hooks->ctx, held, step, val, bpb);
+    t->has_held_sample = 0;
     logInfo("eval: step %" PRId64 " val_loss %.4f (%.4f bits/byte)", step, val, bpb);
     if (!t->quiet) {
         printf("eval  %6" PRId64 " | val_loss %.4f | %.4f bits/byte\n", step, val, bpb);
@@ -454,7 +459,17 @@ static void formatEta(double seconds, char *out, size_t cap) {
 
 /* toks_per_s counts the steps' own time: evaluations and checkpoints in
  * between would otherwise show up as a throughput drop. */
-static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step_seconds,
+/* Hands a held sample to on_sample after all (its evaluation failed). */
+static void releaseHeldSample(Trainer *t) {
+    if (t->has_held_sample && t->hooks && t->hooks->on_sample)
+        t->hooks->on_sample(t->hooks->ctx, &t->held_sample);
+    t->has_held_sample = 0;
+}
+
+/* Logs the step to training.csv and the console; its sample goes to
+ * on_sample now, or - hold: the step is evaluated next - to on_eval with
+ * the evaluation. Returns -1 with err set when the CSV write fails. */
+static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step_seconds, int hold,
                    NsaError *err) {
     double now = monotonicSeconds();
     double span = t->log_step_seconds;
@@ -477,7 +492,12 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
     t->log_tokens0 = t->state.tokens_seen;
     const char *phase = t->state.step <= t->job.train.warmup_steps ? "warmup" : "train";
     if (artifactsLogStep(t->art, &s, phase, err) != 0) return -1;
-    if (t->hooks && t->hooks->on_sample) t->hooks->on_sample(t->hooks->ctx, &s);
+    if (hold) {
+        t->held_sample = s;
+        t->has_held_sample = 1;
+    } else if (t->hooks && t->hooks->on_sample) {
+        t->hooks->on_sample(t->hooks->ctx, &s);
+    }
     if (!t->quiet) {
         double per_step = (now - t->started) / (double)t->steps_this_process;
         char eta[32];
@@ -640,10 +660,13 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
             t->last_loss = stats.loss;
             t->last_grad_norm = stats.grad_norm;
             atomic_store(&t->mon->step, step);
+            const int eval_now = evalEnabled(t) && (step % tc->eval_every == 0 || step == tc->steps);
             if ((tc->log_every > 0 && step % tc->log_every == 0) || step == tc->steps)
-                if (logStep(t, &stats, lr, monotonicSeconds() - t0, err) != 0) return -1;
-            if (evalEnabled(t) && (step % tc->eval_every == 0 || step == tc->steps))
-                if (evaluate(t, err) != 0) return -1;
+                if (logStep(t, &stats, lr, monotonicSeconds() - t0, eval_now, err) != 0) return -1;
+            if (eval_now && evaluate(t, err) != 0) {
+                releaseHeldSample(t);
+                return -1;
+            }
             if (tc->save_every > 0 && step % tc->save_every == 0 && step != tc->steps)
                 if (saveCheckpoint(t, err) != 0) return -1;
         }

@@ -80,10 +80,16 @@ typedef struct TrainSample {
 
 typedef struct TrainHooks {
     void *ctx;
-    /* a step was logged (every log_every steps and the last) */
+    /* a step was logged (every log_every steps and the last), except a
+     * step that is also evaluated: its sample comes with the evaluation */
     void (*on_sample)(void *ctx, const TrainSample *s);
-    /* an evaluation finished */
-    void (*on_eval)(void *ctx, int64_t step, double val_loss, double bits_per_byte);
+    /* an evaluation of `step` finished; sample is that step's logged sample
+     * when it was held back to arrive here, else NULL. A consumer that
+     * lists both series by step (the metrics API's `since` cursor) takes
+     * the two together, so no reader sees the step's loss without its
+     * validation point and moves past it. */
+    void (*on_eval)(void *ctx, const TrainSample *sample, int64_t step, double val_loss,
+                    double bits_per_byte);
     /* an event: type is "start", "resume", "checkpoint", "anomaly", "rollback",
      * "halt", "complete", "fail"; detail is a one-line JSON object */
     void (*on_event)(void *ctx, const char *type, const char *detail_json);

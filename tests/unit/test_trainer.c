@@ -165,6 +165,7 @@ typedef struct HookCtx {
     int64_t at_step;
     HookAction action;
     int samples, evals, events;
+    int held; /* samples that came with their step's evaluation */
     char device[640]; /* the monitor's device lines when the job returned */
 } HookCtx;
 
@@ -179,11 +180,15 @@ static void onSample(void *ctx, const TrainSample *s) {
     if (h->action == HOOK_HALT_FILE) writeText(h->out_dir, ARTIFACT_HALT, "test\n");
 }
 
-static void onEval(void *ctx, int64_t step, double val_loss, double bpb) {
-    (void)step;
+static void onEval(void *ctx, const TrainSample *sample, int64_t step, double val_loss, double bpb) {
     HookCtx *h = ctx;
     h->evals++;
     assert_true(isfinite(val_loss) && isfinite(bpb));
+    if (sample) { /* a held sample is the evaluated step's */
+        assert_int_equal(sample->step, step);
+        h->held++;
+        onSample(ctx, sample);
+    }
 }
 
 static void onEvent(void *ctx, const char *type, const char *detail) {
@@ -584,6 +589,10 @@ static void test_train_real_text_loss_falls(void **state) {
     assert_int_equal(train.n, (int)(cfg->train.steps / cfg->train.log_every));
     for (int i = 0; i < train.n; i++) assert_true(isfinite(train.value[i]));
     assert_true(h.samples == train.n && h.evals == val.n);
+    /* every evaluation after step 0 is of a logged step (log_every divides
+     * eval_every here): each brought that step's sample along */
+    assert_true(cfg->train.eval_every % cfg->train.log_every == 0);
+    assert_int_equal(h.held, val.n - 1);
     checkRunArtifacts(dir, "completed", cfg->train.steps);
     char latest[1024];
     assert_int_equal(checkpointResolve(dir, "latest", latest, sizeof latest, &err), 1);
