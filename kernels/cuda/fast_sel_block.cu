@@ -244,6 +244,28 @@ __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long
     }
 }
 
+/* selStageStore by TMA where a warp's 16 staged rows are one (token, slot)
+ * pair's 16 heads (hpg 16): rows row_at[warp * 16] .. + 15 of the matrix
+ * `map` describes (none when that is -1), one bulk tensor store per
+ * 64-column panel of the stage (ROWS rows, selStagePut64's swizzle - the
+ * map's), issued by lane 0 after the warp's staging stores are fenced
+ * for the async proxy; returns once the stores have read the stage. */
+template <int D, int ROWS>
+__device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const bf16 *stage,
+                                                 const long long *row_at, int warp, int lane) {
+    fastWgProxyFence();
+    __syncwarp();
+    const long long at = row_at[warp * 16];
+    if (lane == 0 && at >= 0) {
+#pragma unroll
+        for (int p = 0; p < D / 64; p++)
+            fastTmaStore2(map, stage + p * ROWS * 64 + warp * 16 * 64, p * 64, (int)at);
+        fastBulkCommit();
+        fastBulkWaitRead();
+    }
+    __syncwarp();
+}
+
 /* Shared memory of the block-centric kernels: K, V, two stages of q (and
  * of dout for dQ) rows, their metadata (dQ: lse, delta, gate), the
  * item's tokens and slots and (WG) the partial rows' destinations. WG
@@ -342,17 +364,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
      * stage is released; else 16-byte stores per row */
     auto storeOut = [&](const bf16 *stage) {
         if constexpr (RING && FAST_SELB_TMA_STORE) {
-            fastWgProxyFence();
-            __syncwarp();
-            const long long at = sAt[warp * 16];
-            if (lane == 0 && at >= 0) {
-#pragma unroll
-                for (int p = 0; p < DV / 64; p++)
-                    fastTmaStore2(&maps.part_o, stage + p * R * 64 + warp * 16 * 64, p * 64, (int)at);
-                fastBulkCommit();
-                fastBulkWaitRead();
-            }
-            __syncwarp();
+            selStageStoreTma<DV, R>(&maps.part_o, stage, sAt, warp, lane);
         } else {
             __syncwarp();
             selStageStore<DV>(stage, sAt, sb.part_o, warp, lane);
@@ -1032,22 +1044,8 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
             selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
         }
-        if (RING && FAST_SELB_TMA_STORE && hpg == 16) {
-            /* a warp's rows are one (token, slot) pair's 16 heads: one bulk
-             * tensor store per panel, its reads of the stage done before
-             * the ring releases the stage */
-            fastWgProxyFence();
-            __syncwarp();
-            const long long at0 = at[warp * 16];
-            if (lane == 0 && at0 >= 0) {
-#pragma unroll
-                for (int p = 0; p < DK / 64; p++)
-                    fastTmaStore2(&maps.part_dq, q_stage + p * R * 64 + warp * 16 * 64, p * 64,
-                                  (int)at0);
-                fastBulkCommit();
-                fastBulkWaitRead();
-            }
-            __syncwarp();
+        if (RING && FAST_SELB_TMA_STORE && hpg == 16) { /* its reads done before the ring releases the stage */
+            selStageStoreTma<DK, R>(&maps.part_dq, q_stage, at, warp, lane);
         } else {
             __syncwarp();
             selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);

@@ -783,6 +783,28 @@ __device__ __forceinline__ void fastDkdvWgPass(const FastCtx &c, const bf16 *sK,
         dv, dk);
 }
 
+/* Hands a warp's dK (times the scale) and dV rows - keys u0 + warp * 16 +
+ * grp (+ 8) of the CTA's, in C-fragment layout - to store(u, is_k, col,
+ * v0, v1), two adjacent columns at a time; keys from khi on are skipped. */
+template <int DK, int DV, class Store>
+__device__ __forceinline__ void fastDkdvStore(const FastCtx &c, int u0, int khi,
+                                              const float (&dk)[DK / 8][4],
+                                              const float (&dv)[DV / 8][4], Store store) {
+    const int lane = threadIdx.x & 31, quad = lane & 3;
+    const int keyA = (int)(threadIdx.x >> 5) * 16 + (lane >> 2);
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int u = u0 + keyA + i * 8;
+        if (u >= khi) continue;
+#pragma unroll
+        for (int n = 0; n < DK / 8; n++)
+            store(u, true, n * 8 + quad * 2, dk[n][2 * i] * c.scale, dk[n][2 * i + 1] * c.scale);
+#pragma unroll
+        for (int n = 0; n < DV / 8; n++)
+            store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
+    }
+}
+
 /* dK, dV of one tile of 64 * KWG keys [u0, khi), walking the row tiles of
  * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them:
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
@@ -824,7 +846,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     float *sL = (float *)(sdO + 2 * R * LDV), *sD = sL + 2 * R, *sG = sD + 2 * R;
     int *sT = (int *)(sG + 2 * R);
     int *sTok = sT + 2 * R; /* [4][R]: tokens of row tile k in ring slot k % 4 */
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2;
     const int hpg = c.hpg, tpr = R / hpg;
 
     fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK, sV, io.k, io.v, io.nkeys, c.G, b, g, u0, khi);
@@ -977,18 +999,7 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
         } /* half */
     }
     fastCpWait<0>();
-
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int u = u0 + keyA + i * 8;
-        if (u >= khi) continue;
-#pragma unroll
-        for (int n = 0; n < DK / 8; n++)
-            store(u, true, n * 8 + quad * 2, dk[n][2 * i] * c.scale, dk[n][2 * i + 1] * c.scale);
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++)
-            store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
-    }
+    fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 
 /* No per-row payload beside the token (fastDkdvRingCore). */
@@ -1084,7 +1095,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     int *mT = (int *)(mG + MS * R);               /* GATHER: [MS][R] row tokens */
     int *mA = mT + (GATHER ? MS * R : 0);         /* HAS_AUX: [MS][R] row payloads */
     int *rowSlot = mA + (HAS_AUX ? MS * R : 0);   /* [R] */
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, quad = lane & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hpg = c.hpg, tpr = R / hpg, rows = tpr * hpg;
     const uint32_t tx_bytes = (uint32_t)rows * 128 * ((DK + DV) / 64);
 
@@ -1233,19 +1244,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         __syncwarp();
         if (lane == 0) fastMbarArrive(&empty[s]);
     }
-
-    const int keyA = warp * 16 + (lane >> 2);
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        int u = u0 + keyA + i * 8;
-        if (u >= khi) continue;
-#pragma unroll
-        for (int n = 0; n < DK / 8; n++)
-            store(u, true, n * 8 + quad * 2, dk[n][2 * i] * c.scale, dk[n][2 * i + 1] * c.scale);
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++)
-            store(u, false, n * 8 + quad * 2, dv[n][2 * i], dv[n][2 * i + 1]);
-    }
+    fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 
 /* The row maps of a dK/dV pass on the ring core (c.wgmma; zeroed maps

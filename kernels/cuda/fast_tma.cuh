@@ -53,6 +53,23 @@ static inline cudaError_t fastTmaEncoder(void **encode) {
     return cudaSuccess;
 }
 
+/* The driver call every map below makes: a bf16 tensor of `rank` dims
+ * (dims[0] innermost; strides in bytes of dims 1..), boxes of box[],
+ * 128-byte swizzle, no interleave, zeros out of bounds. Returns
+ * cudaErrorInvalidValue when the driver refuses it or encode is NULL. */
+static inline cudaError_t fastTmaEncodeBf16(void *encode, CUtensorMap *map, const bf16 *base,
+                                            int rank, const cuuint64_t *dims,
+                                            const cuuint64_t *strides, const cuuint32_t *box,
+                                            CUtensorMapL2promotion promotion) {
+    if (!encode) return cudaErrorInvalidValue;
+    const cuuint32_t step[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box,
+        step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 /* Encodes the map of one [B][nkeys][G][d] bf16 tensor for boxes of `rows`
  * keys x 64 channels, 128-byte swizzle. Returns cudaErrorInvalidValue when
  * the driver refuses the map (misaligned base, d not a multiple of 64) or
@@ -64,12 +81,8 @@ static inline cudaError_t fastTmaEncodeKeys(void *encode, CUtensorMap *map, cons
     const cuuint64_t strides[3] = {(cuuint64_t)d * 2, (cuuint64_t)G * d * 2,
                                    (cuuint64_t)nkeys * G * d * 2};
     const cuuint32_t box[4] = {64, 1, (cuuint32_t)rows, 1};
-    const cuuint32_t step[4] = {1, 1, 1, 1};
-    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, step,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fastTmaEncodeBf16(encode, map, base, 4, dims, strides, box,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 /* The keys-only map of a pass that reads no values (the selection's
@@ -115,12 +128,8 @@ static inline cudaError_t fastTmaEncodeRows(void *encode, CUtensorMap *map, cons
     const cuuint64_t strides[3] = {(cuuint64_t)d * 2, (cuuint64_t)H * d * 2,
                                    (cuuint64_t)S * H * d * 2};
     const cuuint32_t box[4] = {64, (cuuint32_t)hpg, (cuuint32_t)tokens, 1};
-    const cuuint32_t step[4] = {1, 1, 1, 1};
-    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)base, dims, strides, box, step,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fastTmaEncodeBf16(encode, map, base, 4, dims, strides, box,
+                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 }
 
 /* Both row maps of a dK/dV pass whose stages take `tokens` tokens per box
@@ -144,12 +153,8 @@ static inline cudaError_t fastTmaEncodeMatrix(void *encode, CUtensorMap *map, co
     const cuuint64_t dims[2] = {(cuuint64_t)d, (cuuint64_t)rows};
     const cuuint64_t strides[1] = {(cuuint64_t)d * 2};
     const cuuint32_t box[2] = {64, (cuuint32_t)box_rows};
-    const cuuint32_t step[2] = {1, 1};
-    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)base, dims, strides, box, step,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fastTmaEncodeBf16(encode, map, base, 2, dims, strides, box,
+                             CU_TENSOR_MAP_L2_PROMOTION_NONE);
 }
 
 /* ---- mbarriers and the bulk tensor copy (PTX; sm_90) ---- */
