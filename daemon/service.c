@@ -83,14 +83,18 @@ static void markRunning(Service *svc, Run *run) {
     }
 }
 
+/* Adds a logged sample to the run's series; a run still starting (or hung)
+ * is running again. Caller holds the lock. */
+static void addSample(Service *svc, Run *run, const TrainSample *s) {
+    if (runsAddSample(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
+    markRunning(svc, run);
+}
+
 static void hookSample(void *ctx, const TrainSample *s) {
     Service *svc = ctx;
     pthread_mutex_lock(&svc->lock);
     Run *run = activeRun(svc);
-    if (run) {
-        if (runsAddSample(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
-        markRunning(svc, run);
-    }
+    if (run) addSample(svc, run, s);
     pthread_mutex_unlock(&svc->lock);
 }
 
@@ -103,11 +107,7 @@ static void hookEval(void *ctx, const TrainSample *sample, int64_t step, double 
     pthread_mutex_lock(&svc->lock);
     Run *run = activeRun(svc);
     if (run) {
-        if (sample) {
-            if (runsAddSample(run, sample) != 0)
-                logWarn("run %s: out of memory for the metric series", run->id);
-            markRunning(svc, run);
-        }
+        if (sample) addSample(svc, run, sample);
         if (runsAddEval(run, step, runsNow(), val_loss, bits_per_byte) != 0)
             logWarn("run %s: out of memory for the metric series", run->id);
     }
