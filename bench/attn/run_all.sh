@@ -32,6 +32,8 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # the wgmma building blocks first (a layout error shows there plainly)
     build/bench/test_wgmma >"$out/test_wgmma.log" 2>&1 || status=1
     echo "test_wgmma: $(tail -1 "$out/test_wgmma.log")"
+    build/bench/test_sel_index >"$out/test_sel_index.log" 2>&1 || status=1
+    echo "test_sel_index: $(tail -1 "$out/test_sel_index.log")"
     # one process per case and design (the fp32 CPU reference is the slow
     # part): auto picks the selected kernels by S, union / warp / block /
     # dense force one at every shape (dense where it applies; NSA_FAST_SEL);

@@ -114,8 +114,8 @@ struct FastRevIndex {
     int chunks;       /* ceil(S / FAST_REV_TOKENS) */
     int max_items;    /* per (b, g): Ns + ceil(S * slots / FAST_SEL_CHUNK) */
     int max_parts;    /* per (b, g): 2 * ceil(S * slots / FAST_SEL_CHUNK) + 1 */
-    int *offsets;     /* [B*G][Ns][chunks] counts, then exclusive offsets */
-    int *block_start; /* [B*G][Ns+1] */
+    int *offsets;     /* [B*G][Ns][chunks] counts, then the entries of j from earlier chunks */
+    int *block_start; /* [B*G][Ns+1] where j's list starts (exclusive scan; [Ns] the total) */
     int *item_start;  /* [B*G][Ns+1] */
     int *part_start;  /* [B*G][Ns+1] */
     int *entries;     /* [B*G][S*slots] tokens, grouped by block */

@@ -21,7 +21,8 @@
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
- * tokens, exclusive scan, fill by one warp per chunk in token order). The
+ * tokens, exclusive scans along each block's chunks and over the blocks,
+ * fill in token order per chunk). The
  * list is cut into work items of FAST_SEL_CHUNK entries; one CTA per item
  * runs the key-tile loop of fast_tile.cuh over the item's rows (all heads of
  * the group), writing the block's dK/dV directly when the list is one item
@@ -299,72 +300,130 @@ __global__ void selCountKernel(FastCtx c, const int32_t *sel_idx, int *offsets, 
         offsets[((size_t)bg * c.Ns + j) * chunks + chunk] = hist[j];
 }
 
-/* Exclusive scan of offsets[bg] (j-major), then per block j: list start,
- * work items (ceil(len / FAST_SEL_CHUNK), at least 1) and partial slots
- * (the items of blocks with more than one). One CTA of 1024 per (b, g). */
-__global__ void __launch_bounds__(1024) selScanKernel(FastCtx c, FastRevIndex rev) {
-    __shared__ int sums[1024];
-    const int bg = blockIdx.x, n = c.Ns * rev.chunks;
-    int *a = rev.offsets + (size_t)bg * n;
-    const int per = (n + 1023) / 1024, lo = min(n, threadIdx.x * per), hi = min(n, lo + per);
-    int local = 0;
-    for (int i = lo; i < hi; i++) local += a[i];
-    sums[threadIdx.x] = local;
-    __syncthreads();
-    for (int off = 1; off < 1024; off <<= 1) { /* Hillis-Steele inclusive scan */
-        int v = threadIdx.x >= off ? sums[threadIdx.x - off] : 0;
-        __syncthreads();
-        sums[threadIdx.x] += v;
-        __syncthreads();
+/* Warp-wide inclusive scan of v (lanes in order). */
+__device__ __forceinline__ int selWarpScan(int v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, v, off);
+        if (lane >= off) v += u;
     }
-    int run = sums[threadIdx.x] - local;
-    for (int i = lo; i < hi; i++) {
-        int v = a[i];
-        a[i] = run;
-        run += v;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int *bs = rev.block_start + (size_t)bg * (c.Ns + 1);
-        int *is = rev.item_start + (size_t)bg * (c.Ns + 1);
-        int *ps = rev.part_start + (size_t)bg * (c.Ns + 1);
-        int total = sums[1023];
-        is[0] = ps[0] = 0;
-        for (int j = 0; j < c.Ns; j++) {
-            int start = a[(size_t)j * rev.chunks];
-            int end = j + 1 < c.Ns ? a[(size_t)(j + 1) * rev.chunks] : total;
-            int items = max(1, (end - start + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
-            bs[j] = start;
-            is[j + 1] = is[j] + items;
-            ps[j + 1] = ps[j] + (items > 1 ? items : 0);
-        }
-        bs[c.Ns] = total;
-    }
+    return v;
 }
 
-/* One warp per chunk of tokens, in token order: entry of (t, j) goes to
- * offsets[j][chunk] + (earlier tokens of the chunk that chose j), with the
- * slot of j in t's row beside it. A row's blocks are distinct, so the
- * lanes never share a counter. */
-__global__ void selFillKernel(FastCtx c, const int32_t *sel_idx, FastRevIndex rev) {
-    extern __shared__ int seen[];
-    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, chunk = blockIdx.x;
-    const int lane = threadIdx.x;
-    for (int j = lane; j < c.Ns; j += 32) seen[j] = 0;
-    __syncwarp();
-    const int *off = rev.offsets + (size_t)bg * c.Ns * rev.chunks;
-    int *entries = rev.entries + (size_t)bg * c.S * c.slots;
-    int *entry_slot = rev.entry_slot + (size_t)bg * c.S * c.slots;
-    const int t_end = min(c.S, (chunk + 1) * FAST_REV_TOKENS);
-    for (int t = chunk * FAST_REV_TOKENS; t < t_end; t++) {
-        int j = lane < c.slots ? sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + lane] : -1;
-        if (j >= 0) {
-            const int at = off[(size_t)j * rev.chunks + chunk] + seen[j];
-            entries[at] = t;
-            entry_slot[at] = lane;
-            seen[j]++;
+/* Per (b, g) and block j, a warp each: offsets[bg][j][chunk] becomes the
+ * entries of j from the chunks before `chunk` (an exclusive scan along the
+ * row), and block_start[bg][j] j's whole count, which selBlockScanKernel
+ * turns into the list start. Rows are independent, so this runs on every
+ * SM: the one CTA per (b, g) that scanned all Ns x chunks counts in order
+ * and then walked the blocks on one thread took 0.85 ms at 64k (ncu, H100,
+ * B x G = 2 and 4 CTAs) - most of the index's time.
+ * Grid (ceil(Ns / 8), B*G), 256 threads. */
+__global__ void __launch_bounds__(256) selRowScanKernel(FastCtx c, FastRevIndex rev) {
+    constexpr int V = 4; /* 32-entry pieces per round: their loads in flight together */
+    const int bg = blockIdx.y, j = blockIdx.x * 8 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (j >= c.Ns) return;
+    int *row = rev.offsets + ((size_t)bg * c.Ns + j) * rev.chunks;
+    int carry = 0;
+    for (int base = 0; base < rev.chunks; base += 32 * V) {
+        int v[V];
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int i = base + k * 32 + lane;
+            v[k] = i < rev.chunks ? row[i] : 0;
         }
-        __syncwarp();
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+            const int i = base + k * 32 + lane, incl = selWarpScan(v[k]);
+            if (i < rev.chunks) row[i] = carry + incl - v[k];
+            carry += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    if (lane == 0) rev.block_start[(size_t)bg * (c.Ns + 1) + j] = carry;
+}
+
+/* Per (b, g), over its blocks j in order: from j's count (block_start[j],
+ * selRowScanKernel), the list start block_start[j], the first work item
+ * item_start[j] (ceil(count / FAST_SEL_CHUNK) items, at least 1) and the
+ * first partial slot part_start[j] (the items of blocks with more than
+ * one) - exclusive scans, each array's entry Ns the total. A tile of 1024
+ * blocks at a time, a thread each. One CTA of 1024 per (b, g). */
+__global__ void __launch_bounds__(1024) selBlockScanKernel(FastCtx c, FastRevIndex rev) {
+    __shared__ int warp_sums[3][32];
+    const int bg = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int *bs = rev.block_start + (size_t)bg * (c.Ns + 1);
+    int *is = rev.item_start + (size_t)bg * (c.Ns + 1);
+    int *ps = rev.part_start + (size_t)bg * (c.Ns + 1);
+    int run[3] = {0, 0, 0}; /* entries, items, partial slots before this tile */
+    for (int j0 = 0; j0 < c.Ns; j0 += 1024) {
+        const int j = j0 + tid;
+        const int count = j < c.Ns ? bs[j] : 0;
+        const int items = j < c.Ns ? max(1, (count + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK) : 0;
+        const int v[3] = {count, items, items > 1 ? items : 0};
+        int incl[3];
+#pragma unroll
+        for (int a = 0; a < 3; a++) {
+            incl[a] = selWarpScan(v[a]);
+            if (lane == 31) warp_sums[a][warp] = incl[a];
+        }
+        __syncthreads();
+        if (warp == 0)
+#pragma unroll
+            for (int a = 0; a < 3; a++) warp_sums[a][lane] = selWarpScan(warp_sums[a][lane]);
+        __syncthreads();
+        int excl[3];
+#pragma unroll
+        for (int a = 0; a < 3; a++)
+            excl[a] = run[a] + (warp ? warp_sums[a][warp - 1] : 0) + incl[a] - v[a];
+        if (j < c.Ns) bs[j] = excl[0], is[j] = excl[1], ps[j] = excl[2];
+#pragma unroll
+        for (int a = 0; a < 3; a++) run[a] += warp_sums[a][31];
+        __syncthreads(); /* warp_sums is rewritten by the next tile */
+    }
+    if (tid == 0) bs[c.Ns] = run[0], is[c.Ns] = run[1], ps[c.Ns] = run[2];
+}
+
+/* Tokens of a chunk whose sel_idx rows selFillKernel stages at a time. */
+#define SEL_FILL_TOKENS 64
+
+/* One CTA per chunk of tokens: the entry of (t, j) goes to j's list start
+ * + the entries of earlier chunks + those of earlier tokens of this chunk,
+ * with the slot of j in t's row beside it. The CTA forms every block's next
+ * position once (pos[j]) and stages the chunk's sel_idx rows in shared
+ * memory; warp 0 then walks the tokens in order, a lane per slot - a row's
+ * blocks are distinct, so the lanes never share a counter, and each
+ * block's entries stay in token order (the sort is stable). The one warp
+ * per chunk that read each row and its blocks' offsets from global memory
+ * token by token was latency-bound (ncu, H100: 0.2 ms at 64k and at 2k). */
+__global__ void __launch_bounds__(256) selFillKernel(FastCtx c, const int32_t *sel_idx,
+                                                     FastRevIndex rev) {
+    extern __shared__ int fill_smem[];
+    int *pos = fill_smem, *rows = fill_smem + c.Ns; /* [Ns], [SEL_FILL_TOKENS][slots] */
+    const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, chunk = blockIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, slots = c.slots;
+    const int *off = rev.offsets + (size_t)bg * c.Ns * rev.chunks;
+    const int *bs = rev.block_start + (size_t)bg * (c.Ns + 1);
+    int *entries = rev.entries + (size_t)bg * c.S * slots;
+    int *entry_slot = rev.entry_slot + (size_t)bg * c.S * slots;
+    for (int j = tid; j < c.Ns; j += blockDim.x) pos[j] = bs[j] + off[(size_t)j * rev.chunks + chunk];
+    const int t_begin = chunk * FAST_REV_TOKENS, t_end = min(c.S, t_begin + FAST_REV_TOKENS);
+    for (int t0 = t_begin; t0 < t_end; t0 += SEL_FILL_TOKENS) {
+        const int nt = min(SEL_FILL_TOKENS, t_end - t0);
+        __syncthreads(); /* pos is set; warp 0 is done with the previous rows */
+        for (int i = tid; i < nt * slots; i += blockDim.x)
+            rows[i] = sel_idx[(((size_t)b * c.S + t0 + i / slots) * c.G + g) * slots + i % slots];
+        __syncthreads();
+        if (tid >= 32) continue;
+        for (int k = 0; k < nt; k++) {
+            const int j = lane < slots ? rows[k * slots + lane] : -1;
+            if (j >= 0) {
+                const int at = pos[j];
+                pos[j] = at + 1;
+                entries[at] = t0 + k;
+                entry_slot[at] = lane;
+            }
+            __syncwarp();
+        }
     }
 }
 
@@ -520,21 +579,24 @@ cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
 cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const FastRevIndex &rev,
                               cudaStream_t stream) {
     const size_t hist = (size_t)c.Ns * sizeof(int);
+    const size_t fill = hist + (size_t)SEL_FILL_TOKENS * c.slots * sizeof(int);
     cudaError_t e;
-    if (hist > 48 * 1024) {
-        if ((e = cudaFuncSetAttribute(selCountKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)hist)) != cudaSuccess)
-            return e;
-        if ((e = cudaFuncSetAttribute(selFillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      (int)hist)) != cudaSuccess)
-            return e;
-    }
-    selCountKernel<<<dim3(rev.chunks, c.B * c.G), 256, hist, stream>>>(c, sel_idx, rev.offsets,
-                                                                      rev.chunks);
+    if (hist > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(selCountKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)hist)) != cudaSuccess)
+        return e;
+    if (fill > 48 * 1024 &&
+        (e = cudaFuncSetAttribute(selFillKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  (int)fill)) != cudaSuccess)
+        return e;
+    const int BG = c.B * c.G;
+    selCountKernel<<<dim3(rev.chunks, BG), 256, hist, stream>>>(c, sel_idx, rev.offsets, rev.chunks);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    selScanKernel<<<c.B * c.G, 1024, 0, stream>>>(c, rev);
+    selRowScanKernel<<<dim3((c.Ns + 7) / 8, BG), 256, 0, stream>>>(c, rev);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    selFillKernel<<<dim3(rev.chunks, c.B * c.G), 32, hist, stream>>>(c, sel_idx, rev);
+    selBlockScanKernel<<<BG, 1024, 0, stream>>>(c, rev);
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    selFillKernel<<<dim3(rev.chunks, BG), 256, fill, stream>>>(c, sel_idx, rev);
     return cudaGetLastError();
 }
 

@@ -58,13 +58,11 @@ static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES *
 static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
                                      const FastSelBlock &sb, int bg, int j, int chunk, int &e_lo,
                                      int &e_hi) {
-    const int *off = rev.offsets + (size_t)bg * c.Ns * rev.chunks;
-    const size_t n = (size_t)c.Ns * rev.chunks;
+    const int *off = rev.offsets + ((size_t)bg * c.Ns + j) * rev.chunks;
+    const int *bs = rev.block_start + (size_t)bg * (c.Ns + 1);
     const int ch0 = chunk * sb.chunk_revs, ch1 = min(rev.chunks, ch0 + sb.chunk_revs);
-    const int total = rev.block_start[(size_t)bg * (c.Ns + 1) + c.Ns];
-    const size_t a = (size_t)j * rev.chunks + ch0, z = (size_t)j * rev.chunks + ch1;
-    e_lo = off[a];
-    e_hi = z < n ? off[z] : total;
+    e_lo = bs[j] + off[ch0];
+    e_hi = ch1 < rev.chunks ? bs[j] + off[ch1] : bs[j + 1];
 }
 
 /* Work items of every token chunk: for each (chunk, b, g) and block j,
