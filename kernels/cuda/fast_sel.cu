@@ -427,8 +427,14 @@ __global__ void __launch_bounds__(256) selFillKernel(FastCtx c, const int32_t *s
     }
 }
 
+/* At d_k = 64, three CTAs per SM, as the fused backward's (fast_sel_block.cu):
+ * 168 registers instead of 200, 20 bytes spilled on wgmma (H100: proto 2k
+ * selected backward 2.25 -> 2.12 ms, total 5.25 -> 5.16). */
+#ifndef SEL_DKDV_MIN_CTAS_D64
+#define SEL_DKDV_MIN_CTAS_D64 3
+#endif
 template <int DK, int DV, bool WG, bool RING>
-__global__ void __launch_bounds__(FAST_THREADS)
+__global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_DKDV_MIN_CTAS_D64 : 1)
 selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out,
               const __grid_constant__ FastRowMaps maps) {
     const int bg = blockIdx.z, b = bg / c.G, g = bg % c.G, sub = blockIdx.y;

@@ -960,8 +960,15 @@ constexpr int selFusedSmem() {
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
  * Grid (f.max_items, B*G), FAST_THREADS threads. */
+/* At d_k = 64, three CTAs per SM: the registers capped at 168 (201
+ * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
+ * small products per stage, which a third CTA overlaps (H100: proto 64k
+ * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
+#ifndef SEL_FUSED_MIN_CTAS_D64
+#define SEL_FUSED_MIN_CTAS_D64 3
+#endif
 template <int DK, int DV, bool RING>
-__global__ void __launch_bounds__(FAST_THREADS)
+__global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_FUSED_MIN_CTAS_D64 : 1)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
                   int chunk, const __grid_constant__ SelFusedMaps maps) {
     constexpr int R = FAST_DKDV_ROWS;
