@@ -22,6 +22,7 @@ struct NsaAttnCudaPlan {
     int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
     void *tma_encode; /* wgmma: the driver's cuTensorMapEncodeTiled (fast_tma.cuh) */
     int device, sm_count;
+    int l2_bytes; /* the device's L2 (fastSelItemEntries) */
     int smem_max; /* opt-in shared memory per CTA */
     size_t bytes;         /* device bytes this plan allocated */
     void *base;           /* its state, then (an owner's) its scratch */
@@ -207,6 +208,27 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
     return 0;
 }
 
+/* Entries per work item of the unfused selected dK/dV (selDkdvKernel;
+ * FastRevIndex.item_entries). Its CTAs run item after item through each
+ * (b, g)'s block lists, and each token's q and dout rows are read once per
+ * block it chose, by CTAs of the same (b, g). Where one group's rows fit
+ * L2 (short S), items are cut small enough that the groups in flight -
+ * the CTAs the SMs hold, over the items of one group - fit three quarters
+ * of it, so those re-reads hit L2: with FAST_SEL_CHUNK items paper 2k had
+ * about eight groups (134 MB) in flight, and the pass read 27.5 GB from
+ * DRAM, 80% busy (ncu, H100). Elsewhere the rows stream through anyway
+ * and items stay FAST_SEL_CHUNK long (fewer partials). Cannot fail. */
+static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_count,
+                              int l2_bytes) {
+    const double rows = (double)d->S * hpg * (d->d_k + d->d_v) * 2; /* q, dout of a group */
+    const double budget = 0.75 * l2_bytes;
+    if (l2_bytes <= 0 || sm_count <= 0 || rows > budget) return FAST_SEL_CHUNK;
+    const double in_flight = (d->d_k == 64 ? 3.0 : 2.0) * sm_count; /* CTAs per SM: fast_sel.cu */
+    const double items = in_flight / (budget / rows);               /* per group */
+    long long e = (long long)((double)d->S * slots / items) / 64 * 64;
+    return (int)(e < 256 ? 256 : e > FAST_SEL_CHUNK ? FAST_SEL_CHUNK : e);
+}
+
 /* 64-key CTAs per SM the compressed dK/dV's parts aim at: 16 measured a
  * little faster than 8 since its CTAs hold 128 keys (H200, call 69: paper
  * 64k 22.05 -> 21.82 and 22.45 -> 21.74 ms, paper192 29.3 -> 28.6). */
@@ -319,8 +341,12 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     FastRevIndex &r = p->rev;
     size_t entries = (size_t)d->S * c.slots;
     r.chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
-    r.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
-    r.max_parts = 2 * (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK) + 1;
+    r.item_entries = fastSelItemEntries(d, c.hpg, c.slots, p->sm_count, p->l2_bytes);
+    const int n_items = (int)((entries + r.item_entries - 1) / r.item_entries);
+    r.max_items = c.Ns + n_items;
+    /* items of blocks with more than one: at most count / item_entries + 1
+     * each, and such a block holds more than item_entries entries */
+    r.max_parts = n_items + (n_items < c.Ns ? n_items : c.Ns) + 1;
     int subtiles = (d->sel_len + 63) / 64;
     r.offsets = (int *)take(BG * c.Ns * r.chunks * 4);
     r.block_start = (int *)take(BG * (c.Ns + 1) * 4);
@@ -402,6 +428,7 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->l2_bytes, cudaDevAttrL2CacheSize, dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&p->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
     /* NSA_FAST_MMA=sync|wgmma picks the tile loops' tensor-core path (the
@@ -586,7 +613,7 @@ static FastRevIndex fastCallRev(const NsaAttnCudaPlan *p, const NsaAttnDims *dim
     FastRevIndex rev = p->rev;
     rev.chunks = (dims->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
     size_t entries = (size_t)dims->S * c.slots;
-    rev.max_items = c.Ns + (int)((entries + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
+    rev.max_items = c.Ns + (int)((entries + rev.item_entries - 1) / rev.item_entries);
     return rev;
 }
 

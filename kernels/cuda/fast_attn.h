@@ -44,7 +44,7 @@
 
 #define FAST_MAX_SLOTS 32      /* sel_idx entries per row the kernels handle */
 #define FAST_MAX_HPG 16        /* heads per KV group */
-#define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces */
+#define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces, at most */
 #define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
 /* Chunk sizes of the block-centric selected passes (overridable at build
  * time for sweeps; halving both was slower on an H200, call 48): at least

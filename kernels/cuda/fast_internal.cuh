@@ -96,7 +96,7 @@ cudaError_t fastSelUnionDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
 
 /* The reverse index of the selection, per (b, g): for selection block j the
  * tokens that chose it, ascending (a stable counting sort), and the work
- * items (chunks of FAST_SEL_CHUNK entries) of the dK/dV pass. */
+ * items (chunks of item_entries entries) of the dK/dV pass. */
 /* Whether the selected dK/dV passes (selDkdvKernel, the fused backward),
  * on wgmma, take their gathered rows through the TMA row ring
  * (fastDkdvRingCore: a box per token) rather than fastDkdvCore's cp.async
@@ -112,8 +112,9 @@ static inline __host__ __device__ bool fastSelRowRing(int hpg) {
 
 struct FastRevIndex {
     int chunks;       /* ceil(S / FAST_REV_TOKENS) */
-    int max_items;    /* per (b, g): Ns + ceil(S * slots / FAST_SEL_CHUNK) */
-    int max_parts;    /* per (b, g): 2 * ceil(S * slots / FAST_SEL_CHUNK) + 1 */
+    int item_entries; /* entries per dK/dV work item (fastSelItemEntries), <= FAST_SEL_CHUNK */
+    int max_items;    /* per (b, g): Ns + ceil(S * slots / item_entries) */
+    int max_parts;    /* per (b, g): n + min(Ns, n) + 1, n = ceil(S * slots / item_entries) */
     int *offsets;     /* [B*G][Ns][chunks] counts, then the entries of j from earlier chunks */
     int *block_start; /* [B*G][Ns+1] where j's list starts (exclusive scan; [Ns] the total) */
     int *item_start;  /* [B*G][Ns+1] */

@@ -23,7 +23,9 @@
  * block j, the ascending list of tokens that chose it (count per chunk of
  * tokens, exclusive scans along each block's chunks and over the blocks,
  * fill in token order per chunk). The
- * list is cut into work items of FAST_SEL_CHUNK entries; one CTA per item
+ * list is cut into work items of rev.item_entries entries (at most
+ * FAST_SEL_CHUNK; fewer at short S, where fast_attn.cu keeps the groups
+ * whose rows the CTAs in flight read within L2); one CTA per item
  * runs the key-tile loop of fast_tile.cuh over the item's rows (all heads of
  * the group), writing the block's dK/dV directly when the list is one item
  * long, else an fp32 partial that a second kernel sums in item order. */
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(256) selRowScanKernel(FastCtx c, FastRevIndex 
 
 /* Per (b, g), over its blocks j in order: from j's count (block_start[j],
  * selRowScanKernel), the list start block_start[j], the first work item
- * item_start[j] (ceil(count / FAST_SEL_CHUNK) items, at least 1) and the
+ * item_start[j] (ceil(count / rev.item_entries) items, at least 1) and the
  * first partial slot part_start[j] (the items of blocks with more than
  * one) - exclusive scans, each array's entry Ns the total. A tile of 1024
  * blocks at a time, a thread each. One CTA of 1024 per (b, g). */
@@ -358,7 +360,8 @@ __global__ void __launch_bounds__(1024) selBlockScanKernel(FastCtx c, FastRevInd
     for (int j0 = 0; j0 < c.Ns; j0 += 1024) {
         const int j = j0 + tid;
         const int count = j < c.Ns ? bs[j] : 0;
-        const int items = j < c.Ns ? max(1, (count + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK) : 0;
+        const int items =
+            j < c.Ns ? max(1, (count + rev.item_entries - 1) / rev.item_entries) : 0;
         const int v[3] = {count, items, items > 1 ? items : 0};
         int incl[3];
 #pragma unroll
@@ -453,7 +456,7 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
     const int khi = min(min(c.S, (j + 1) * l_sel), u0 + 64);
     if (u0 >= khi) return;
     const int *bs = rev.block_start + (size_t)bg * (c.Ns + 1);
-    const int e0 = bs[j] + chunk * FAST_SEL_CHUNK, e1 = min(bs[j + 1], e0 + FAST_SEL_CHUNK);
+    const int e0 = bs[j] + chunk * rev.item_entries, e1 = min(bs[j + 1], e0 + rev.item_entries);
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int ntiles = e1 > e0 ? (e1 - e0 + tpr - 1) / tpr : 0;
     const int *entries = rev.entries + (size_t)bg * c.S * c.slots;

@@ -11,8 +11,9 @@
  * block count fits one scan tile; here it is compared entry by entry at
  * shapes that cross every tile and chunk edge: more than 1024 blocks (the
  * block scan's tile), more than 128 counting chunks (the row scan's
- * round), S no multiple of the chunk, lists longer than FAST_SEL_CHUNK
- * (several work items), empty rows and rows of one block. Outputs are
+ * round), S no multiple of the chunk, lists longer than a work item
+ * (FAST_SEL_CHUNK entries, or the shorter items fast_attn.cu picks at
+ * short S), empty rows and rows of one block. Outputs are
  * poisoned first. Fresh random selections each run (the seed is printed).
  *
  *   test_sel_index        one TAP line per case, then `N passed, N failed` */
@@ -66,11 +67,12 @@ static bool same(const char *what, const std::vector<int> &got, const std::vecto
 }
 
 /* One case: B x S tokens, G groups, `slots` entries per sel_idx row, blocks
- * of sel_len tokens. Each row holds block 0 (as NSA's forced block, so its
+ * of sel_len tokens, work items of item_entries entries. Each row holds block 0 (as NSA's forced block, so its
  * list is every token: several work items) with probability `p_zero`, then
  * up to slots - 1 further distinct random blocks, ascending, -1 padded; one
  * row in 16 is empty. */
-static void runCase(const char *name, int B, int S, int G, int slots, int sel_len, double p_zero) {
+static void runCase(const char *name, int B, int S, int G, int slots, int sel_len, double p_zero,
+                    int item_entries = FAST_SEL_CHUNK) {
     FastCtx c;
     memset(&c, 0, sizeof(c));
     c.B = B, c.S = S, c.G = G, c.slots = slots, c.sel_len = sel_len;
@@ -120,7 +122,8 @@ static void runCase(const char *name, int B, int S, int G, int slots, int sel_le
                 w_slot[bg * per_bg + run] = e.second;
                 run++;
             }
-            const int n_items = std::max(1, ((int)lists[j].size() + FAST_SEL_CHUNK - 1) / FAST_SEL_CHUNK);
+            const int n_items =
+                std::max(1, ((int)lists[j].size() + item_entries - 1) / item_entries);
             items += n_items;
             parts += n_items > 1 ? n_items : 0;
         }
@@ -133,6 +136,7 @@ static void runCase(const char *name, int B, int S, int G, int slots, int sel_le
     FastRevIndex rev;
     memset(&rev, 0, sizeof(rev));
     rev.chunks = chunks;
+    rev.item_entries = item_entries;
     rev.offsets = devPoisoned(w_off.size());
     rev.block_start = devPoisoned(w_bs.size());
     rev.item_start = devPoisoned(w_is.size());
@@ -151,8 +155,9 @@ static void runCase(const char *name, int B, int S, int G, int slots, int sel_le
                     same("offsets", toHost(rev.offsets, w_off.size()), w_off) &&
                     same("entries", toHost(rev.entries, w_ent.size()), w_ent) &&
                     same("entry_slot", toHost(rev.entry_slot, w_slot.size()), w_slot);
-    printf("%s %d - %s: B=%d S=%d G=%d slots=%d Ns=%d chunks=%d, %d entries\n", ok ? "ok" : "not ok",
-           passed + failed + 1, name, B, S, G, slots, Ns, chunks, w_bs[Ns]);
+    printf("%s %d - %s: B=%d S=%d G=%d slots=%d Ns=%d chunks=%d, %d entries, items of %d: %d\n",
+           ok ? "ok" : "not ok", passed + failed + 1, name, B, S, G, slots, Ns, chunks, w_bs[Ns],
+           item_entries, w_is[Ns]);
     (ok ? passed : failed)++;
     CK(cudaFree(d_sel));
     CK(cudaFree(rev.offsets));
@@ -169,6 +174,8 @@ int main(void) {
     runCase("one token", 1, 1, 1, 16, 64, 1.0);
     runCase("S300, l'16, 4 slots", 2, 300, 3, 4, 16, 0.5);
     runCase("2k, paper batch-like", 8, 2048, 4, 16, 64, 1.0);
+    runCase("2k, short items", 8, 2048, 4, 16, 64, 1.0, 256);
+    runCase("S3001, items of 100", 2, 3001, 2, 16, 64, 0.7, 100);
     runCase("S33000: 129 chunks, 516 blocks", 1, 33000, 2, 16, 64, 1.0);
     runCase("S70001: 2 block tiles, 274 chunks", 1, 70001, 2, 16, 64, 1.0);
     runCase("S5000 l'1: 5000 blocks, 32 slots", 1, 5000, 1, 32, 1, 0.3);
