@@ -218,10 +218,16 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
  * about eight groups (134 MB) in flight, and the pass read 27.5 GB from
  * DRAM, 80% busy (ncu, H100). Elsewhere the rows stream through anyway
  * and items stay FAST_SEL_CHUNK long (fewer partials). Cannot fail. */
+/* The share of L2 the groups in flight may fill: 0.4 and 1.5 (items of
+ * 128 and 512 entries at paper 2k, against 256) were no faster (H100:
+ * selected dK/dV + partial sums 8.32 ms against 8.46 and 8.47). */
+#ifndef FAST_SEL_ITEM_L2_SHARE
+#define FAST_SEL_ITEM_L2_SHARE 0.75
+#endif
 static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_count,
                               int l2_bytes) {
     const double rows = (double)d->S * hpg * (d->d_k + d->d_v) * 2; /* q, dout of a group */
-    const double budget = 0.75 * l2_bytes;
+    const double budget = FAST_SEL_ITEM_L2_SHARE * l2_bytes;
     if (l2_bytes <= 0 || sm_count <= 0 || rows > budget) return FAST_SEL_CHUNK;
     const double in_flight = (d->d_k == 64 ? 3.0 : 2.0) * sm_count; /* CTAs per SM: fast_sel.cu */
     const double items = in_flight / (budget / rows);               /* per group */
