@@ -23,6 +23,8 @@
 #include <string.h>
 #include <vector>
 
+#include "tap_bail.h"
+
 extern "C" {
 #include "nsa.h"
 #include "cpu/cpu_ops.h"
@@ -42,15 +44,6 @@ static void tap(bool ok, const char *fmt, ...) {
     if (!ok) g_failed++;
 }
 
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            printf("Bail out! %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__,   \
-                   __LINE__);                                                              \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 /* splitmix64 + Box-Muller: deterministic from the seed, fresh per case */
 struct Rng {

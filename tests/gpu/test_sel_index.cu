@@ -25,16 +25,8 @@
 #include <vector>
 
 #include "cuda/fast_internal.cuh"
+#include "tap_bail.h"
 
-#define CK(call)                                                                           \
-    do {                                                                                   \
-        cudaError_t e_ = (call);                                                           \
-        if (e_ != cudaSuccess) {                                                           \
-            printf("Bail out! %s: %s (%s:%d)\n", #call, cudaGetErrorString(e_), __FILE__,   \
-                   __LINE__);                                                              \
-            exit(1);                                                                       \
-        }                                                                                  \
-    } while (0)
 
 static int passed = 0, failed = 0;
 static unsigned long long rng_state;
