@@ -106,23 +106,12 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
             *(float2 *)(part_v + blk * DV + col) = make_float2(v0, v1);
     };
     constexpr int KWG = FastDkdvShape<WG, DK, DV>::KWG;
-    if constexpr (WG) {
-        fastDkdvRingCore<DK, DV, KWG, false>(
-            c, io, maps, b, g, i0, khi, ntiles,
-            [=](int it, int slot) {
-                int t = tileStart(it) + slot;
-                return t < S ? t : -1;
-            },
-            visible, seesAny, tileFull, store);
-    } else {
-        fastDkdvCore<DK, DV, WG, KWG>(
-            c, io, b, g, i0, khi, ntiles,
-            [=](int it, int slot, int *dst) {
-                int t = tileStart(it) + slot;
-                *dst = t < S ? t : -1;
-            },
-            visible, seesAny, tileFull, store);
-    }
+    auto tokenOf = [=](int it, int slot) { /* row tile it: tokens tileStart(it) .., none from S */
+        int t = tileStart(it) + slot;
+        return t < S ? t : -1;
+    };
+    fastDkdvConsecutive<DK, DV, WG, KWG>(c, io, maps, b, g, i0, khi, ntiles, tokenOf, visible,
+                                         seesAny, tileFull, store);
 }
 
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,

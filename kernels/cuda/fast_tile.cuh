@@ -805,6 +805,21 @@ __device__ __forceinline__ void fastDkdvStore(const FastCtx &c, int u0, int khi,
     }
 }
 
+/* acc[0 .. D/8) += A . tile[k0, k0 + 16)[0, D) on mma.sync: A one 16 x 16
+ * fragment (rows of keys), tile row-major with row stride ld - dV += P^T dO
+ * and dK += dS^T Q of the mma.sync dK/dV loop, 16 query rows at a time. */
+template <int D>
+__device__ __forceinline__ void fastMmaRowsOfTile(float (&acc)[D / 8][4], const uint32_t (&a)[4],
+                                                  const bf16 *tile, int ld, int k0) {
+#pragma unroll
+    for (int dd = 0; dd < D / 16; dd++) {
+        uint32_t bb[4];
+        fastLoadBCols(bb, tile, ld, k0, dd * 16);
+        fastMma(acc[2 * dd], a, bb[0], bb[1]);
+        fastMma(acc[2 * dd + 1], a, bb[2], bb[3]);
+    }
+}
+
 /* dK, dV of one tile of 64 * KWG keys [u0, khi), walking the row tiles of
  * FAST_DKDV_ROWS query rows (64 / hpg whole tokens) that may see them:
  *   P^T = exp2(K.Q^T s2 - lse2);  dP^T = V.dout^T;  dS^T = g P^T (dP^T - delta)
@@ -979,21 +994,9 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
                 for (int ks = 0; ks < NTH / 2; ks++) {
                     uint32_t a[4];
                     fastAFromC(a, s[2 * ks], s[2 * ks + 1]);
-#pragma unroll
-                    for (int dd = 0; dd < DV / 16; dd++) {
-                        uint32_t bb[4];
-                        fastLoadBCols(bb, do_t, LDV, ks * 16, dd * 16);
-                        fastMma(dv[2 * dd], a, bb[0], bb[1]);
-                        fastMma(dv[2 * dd + 1], a, bb[2], bb[3]);
-                    }
+                    fastMmaRowsOfTile<DV>(dv, a, do_t, LDV, ks * 16);
                     fastAFromC(a, dp[2 * ks], dp[2 * ks + 1]);
-#pragma unroll
-                    for (int dd = 0; dd < DK / 16; dd++) {
-                        uint32_t bb[4];
-                        fastLoadBCols(bb, q_t, LDK, ks * 16, dd * 16);
-                        fastMma(dk[2 * dd], a, bb[0], bb[1]);
-                        fastMma(dk[2 * dd + 1], a, bb[2], bb[3]);
-                    }
+                    fastMmaRowsOfTile<DK>(dk, a, q_t, LDK, ks * 16);
                 }
             }
         } /* half */
@@ -1245,6 +1248,28 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         if (lane == 0) fastMbarArrive(&empty[s]);
     }
     fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
+}
+
+/* The dK/dV pass of a branch whose row tiles are runs of consecutive
+ * tokens (window, compressed): tokenOf(it, slot) gives the token of row
+ * tile it's slot, -1 for none. On wgmma through the TMA row ring
+ * (fastDkdvRingCore, one box per tile), else through fastDkdvCore's
+ * cp.async stages - one rule for both. */
+template <int DK, int DV, bool WG, int KWG, class TokenOf, class Visible, class SeesAny,
+          class TileFull, class Store>
+__device__ __forceinline__ void fastDkdvConsecutive(const FastCtx &c, const FastBwdIo &io,
+                                                    const FastRowMaps &maps, int b, int g, int u0,
+                                                    int khi, int ntiles, TokenOf tokenOf,
+                                                    Visible visible, SeesAny seesAny,
+                                                    TileFull tileFull, Store store) {
+    if constexpr (WG)
+        fastDkdvRingCore<DK, DV, KWG, false>(c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible,
+                                             seesAny, tileFull, store);
+    else
+        fastDkdvCore<DK, DV, WG, KWG>(
+            c, io, b, g, u0, khi, ntiles,
+            [=](int it, int slot, int *dst) { *dst = tokenOf(it, slot); }, visible, seesAny,
+            tileFull, store);
 }
 
 /* The row maps of a dK/dV pass on the ring core (c.wgmma; zeroed maps

@@ -38,23 +38,12 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,
         else
             *(uint32_t *)(dv_out + key * DV + col) = fastPack(v0, v1);
     };
-    if constexpr (WG) {
-        fastDkdvRingCore<DK, DV, KWG, false>(
-            c, io, maps, b, g, u0, khi, ntiles,
-            [=](int it, int slot) {
-                int t = u0 + it * tpr + slot;
-                return t < te ? t : -1;
-            },
-            visible, seesAny, tileFull, store);
-    } else {
-        fastDkdvCore<DK, DV, WG, KWG>(
-            c, io, b, g, u0, khi, ntiles,
-            [=](int it, int slot, int *dst) {
-                int t = u0 + it * tpr + slot;
-                *dst = t < te ? t : -1;
-            },
-            visible, seesAny, tileFull, store);
-    }
+    auto tokenOf = [=](int it, int slot) { /* row tile it: tokens u0 + it tpr .., none from te */
+        int t = u0 + it * tpr + slot;
+        return t < te ? t : -1;
+    };
+    fastDkdvConsecutive<DK, DV, WG, KWG>(c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible,
+                                         seesAny, tileFull, store);
 }
 
 template <int DK, int DV>
