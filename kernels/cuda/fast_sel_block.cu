@@ -198,33 +198,11 @@ struct SelBlockItem {
  * buffer, so it writes whole 128-byte lines, where the fragments' 4-byte
  * stores wrote each 32-byte sector in two 16-byte halves.
  *
- * selStagePut64 stages a warp's 16 rows (row0 ..) x 64 columns (col0, a multiple of
- * 64) of a C-fragment tile v, row half i scaled by scale_i, as bf16 -
- * element (r, col) at panel col / 64, row r, chunk (col % 64 / 8) ^ (r % 8):
- * four stmatrix, each two n-tiles of both row halves, in place of 16
- * 4-byte stores and their address arithmetic (ncu: the staging had been
- * a sixth of the block-centric kernels' instructions). */
-template <int ROWS = SELB_ROWS>
-__device__ __forceinline__ void selStagePut64(bf16 *stage, int row0, int col0, const float (&v)[8][4],
-                                              float scale0, float scale1) {
-    const int lane = threadIdx.x & 31, m = lane >> 3;
-    const int r = row0 + (m & 1) * 8 + (lane & 7); /* this lane's row of matrix m */
-    char *row = (char *)stage + (col0 >> 6) * (ROWS * 128) + r * 128;
-#pragma unroll
-    for (int n = 0; n < 8; n += 2)
-        fastStoreMatrix4(row + (((n + (m >> 1)) ^ (r & 7)) << 4),
-                         fastPack(v[n][0] * scale0, v[n][1] * scale0),
-                         fastPack(v[n][2] * scale1, v[n][3] * scale1),
-                         fastPack(v[n + 1][0] * scale0, v[n + 1][1] * scale0),
-                         fastPack(v[n + 1][2] * scale1, v[n + 1][3] * scale1));
-}
-/* The 64 columns from n-tile 8h of a C-fragment tile of more columns. */
-template <int NT>
-__device__ __forceinline__ const float (&selPanel(const float (&v)[NT][4], int h))[8][4] {
-    return *reinterpret_cast<const float(*)[8][4]>(&v[8 * h]);
-}
+ * fastStagePut64 (fast_wgmma.cuh) stages them: four stmatrix per 64 columns
+ * in place of 16 4-byte stores and their address arithmetic (ncu: the
+ * staging had been a sixth of the block-centric kernels' instructions). */
 /* Stores the warp's staged rows (after a __syncwarp that follows the last
- * selStagePut64): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
+ * fastStagePut64): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
  * at all. */
 template <int D, int ROWS = SELB_ROWS>
 __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long *row_at,
@@ -235,9 +213,7 @@ __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long
         const int r = warp * 16 + i / CH, k = i % CH;
         const long long at = row_at[r];
         if (at < 0) continue;
-        const int chunk = (k & 7) ^ (r & 7);
-        const uint4 v = *(const uint4 *)((const char *)stage + (k >> 3) * (ROWS * 128) +
-                                         r * 128 + chunk * 16);
+        const uint4 v = fastStageChunk<ROWS>(stage, r, k);
         __stcs((uint4 *)(dst + (size_t)at * D + k * 8), v);
     }
 }
@@ -245,7 +221,7 @@ __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long
 /* selStageStore by TMA where a warp's 16 staged rows are one (token, slot)
  * pair's 16 heads (hpg 16): rows row_at[warp * 16] .. + 15 of the matrix
  * `map` describes (none when that is -1), one bulk tensor store per
- * 64-column panel of the stage (ROWS rows, selStagePut64's swizzle - the
+ * 64-column panel of the stage (ROWS rows, fastStagePut64's swizzle - the
  * map's), issued by lane 0 after the warp's staging stores are fenced
  * for the async proxy; returns once the stores have read the stage. */
 template <int D, int ROWS>
@@ -356,7 +332,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         }
     };
 
-    /* the warp's staged partial rows (selStagePut64) out to part_o: RING
+    /* the warp's staged partial rows (fastStagePut64) out to part_o: RING
      * one bulk tensor store per panel - the rows are one pair's 16 heads,
      * or none (sAt -1) - whose reads of the stage complete before the
      * stage is released; else 16-byte stores per row */
@@ -461,7 +437,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
             }
             fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
-                selStagePut64(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
+                fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
             });
             storeOut(stage);
         } else {
@@ -506,7 +482,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             if constexpr (WG) {
 #pragma unroll
                 for (int h = 0; h < DV / 64; h++)
-                    selStagePut64(stage, warp * 16, h * 64, selPanel(o, h), inv_rows[0], inv_rows[1]);
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(o, h), inv_rows[0], inv_rows[1]);
                 storeOut(stage);
             }
         }
@@ -751,7 +727,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
                 uint32_t a[4][4];
                 fastWgAFromC<8>(a, s);
                 fastWgPZParts<DK>(a, sK, [&](int h, const float (&dqh)[8][4]) {
-                    selStagePut64(stage, warp * 16, h * 64, dqh, 1.f, 1.f);
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, dqh, 1.f, 1.f);
                 });
             } else if constexpr (WG) {
                 uint32_t a[4][4];
@@ -765,7 +741,7 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             if constexpr (!PARTS)
 #pragma unroll
                 for (int h = 0; h < DK / 64; h++)
-                    selStagePut64(stage, warp * 16, h * 64, selPanel(dq, h), 1.f, 1.f);
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(dq, h), 1.f, 1.f);
             __syncwarp();
             selStageStore<DK>(stage, sAt, sb.part_dq, warp, lane);
         } else {
@@ -1047,7 +1023,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
         for (int h = 0; h < DK / 64; h++) {
             float dq[8][4];
             fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
-            selStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
+            fastStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
         }
         if (RING && FAST_SELB_TMA_STORE && hpg == 16) { /* its reads done before the ring releases the stage */
             selStageStoreTma<DK, R>(&maps.part_dq, q_stage, at, warp, lane);

@@ -274,6 +274,43 @@ __device__ __forceinline__ void fastStoreMatrix4(void *, uint32_t, uint32_t, uin
     __trap();
 }
 #endif
+
+/* Stages a warp's 16 rows (row0 ..) x 64 columns (col0, a multiple of 64)
+ * of a C-fragment tile v, row half i scaled by scale_i, as bf16 into a tile
+ * of ROWS rows laid out as the swizzled q tiles (64-column panels of ROWS
+ * rows of 128 bytes): element (r, col) at panel col / 64, row r, 16-byte
+ * chunk (col % 64 / 8) ^ (r % 8), so that each stmatrix touches 32
+ * distinct banks - four stmatrix, each two n-tiles of both row halves, in
+ * place of 16 4-byte stores and their address arithmetic. The warp then
+ * moves whole 16-byte chunks (after a __syncwarp): rows written as 128-byte
+ * lines where the fragments' 4-byte stores wrote each 32-byte sector in
+ * two halves. */
+template <int ROWS>
+__device__ __forceinline__ void fastStagePut64(bf16 *stage, int row0, int col0,
+                                               const float (&v)[8][4], float scale0, float scale1) {
+    const int lane = threadIdx.x & 31, m = lane >> 3;
+    const int r = row0 + (m & 1) * 8 + (lane & 7); /* this lane's row of matrix m */
+    char *row = (char *)stage + (col0 >> 6) * (ROWS * 128) + r * 128;
+#pragma unroll
+    for (int n = 0; n < 8; n += 2)
+        fastStoreMatrix4(row + (((n + (m >> 1)) ^ (r & 7)) << 4),
+                         fastPack(v[n][0] * scale0, v[n][1] * scale0),
+                         fastPack(v[n][2] * scale1, v[n][3] * scale1),
+                         fastPack(v[n + 1][0] * scale0, v[n + 1][1] * scale0),
+                         fastPack(v[n + 1][2] * scale1, v[n + 1][3] * scale1));
+}
+/* 16-byte chunk k (columns 8k .. 8k + 7) of row r of a tile staged by
+ * fastStagePut64. */
+template <int ROWS>
+__device__ __forceinline__ uint4 fastStageChunk(const bf16 *stage, int r, int k) {
+    const int chunk = (k & 7) ^ (r & 7);
+    return *(const uint4 *)((const char *)stage + (k >> 3) * (ROWS * 128) + r * 128 + chunk * 16);
+}
+/* The 64 columns from n-tile 8h of a C-fragment tile of more columns. */
+template <int NT>
+__device__ __forceinline__ const float (&fastPanel64(const float (&v)[NT][4], int h))[8][4] {
+    return *reinterpret_cast<const float(*)[8][4]>(&v[8 * h]);
+}
 #undef FAST_WG_ACC4
 
 /* Issues acc (64 x NT*8) = A[a_row0, +64) . Z[z_row0, +NT*8)^T over D
