@@ -589,6 +589,18 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
+    if (io.dq_mode != 0) {
+        /* the epilogue adds to this tile's running dq (dq_acc, fp32): its
+         * rows toward L2 now, so that the epilogue - at one CTA per SM
+         * nothing overlaps it - reads them from L2 rather than DRAM (H100:
+         * paper 2k masked dense selected dQ 9.50 -> 9.26 ms, total 41.51 ->
+         * 40.85) */
+        constexpr int LINES = DK * 4 / 128; /* 128-byte lines per row */
+        for (int i = threadIdx.x; i < R * LINES; i += THREADS) {
+            const int r = i / LINES;
+            if (rowToken(r) >= 0) fastPrefetchL2(io.dq_acc + rowIndex(r) * DK + (i % LINES) * 32);
+        }
+    }
     if constexpr (WG) {
         fastCpCommit(); /* q, dout */
         if (threadIdx.x == 0) ring.init(Q::WARPS);
