@@ -482,7 +482,8 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             if constexpr (WG) {
 #pragma unroll
                 for (int h = 0; h < DV / 64; h++)
-                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(o, h), inv_rows[0], inv_rows[1]);
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(o, h),
+                                              inv_rows[0], inv_rows[1]);
                 storeOut(stage);
             }
         }
@@ -741,7 +742,8 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
             if constexpr (!PARTS)
 #pragma unroll
                 for (int h = 0; h < DK / 64; h++)
-                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(dq, h), 1.f, 1.f);
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, fastPanel64(dq, h), 1.f,
+                                              1.f);
             __syncwarp();
             selStageStore<DK>(stage, sAt, sb.part_dq, warp, lane);
         } else {

@@ -470,7 +470,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
                 for (int e = 0; e < 4; e++) {
                     const float2 a = __bfloat1622float2(c2[e]), bs = __bfloat1622float2(s2[e]),
                                  w = __bfloat1622float2(o2[e]);
-                    y32[e] = fastPack(gc * a.x + gs * bs.x + gw * w.x, gc * a.y + gs * bs.y + gw * w.y);
+                    y32[e] = fastPack(gc * a.x + gs * bs.x + gw * w.x,
+                                      gc * a.y + gs * bs.y + gw * w.y);
                 }
                 *(uint4 *)(io.out + off) = y;
             }
