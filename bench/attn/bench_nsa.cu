@@ -227,6 +227,15 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
         t_cmp += t_wc * f.cmp / (f.cmp + f.win);
         t_win += t_wc * f.win / (f.cmp + f.win);
     }
+    /* ... and with the selected dQ too where that is masked dense (short S):
+     * shared out by the three branches' FLOPs */
+    const double t_wcs = phases({"bwd.win+cmp+sel.dq"});
+    if (f.cmp + f.win + f.sel > 0) {
+        const double all = f.cmp + f.win + f.sel;
+        t_cmp += t_wcs * f.cmp / all;
+        t_win += t_wcs * f.win / all;
+        t_sel += t_wcs * f.sel / all;
+    }
     double t_score = phases({"fwd.select"});
     double useful = 3.5 * (f.cmp + f.sel + f.win);
     printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"B\": %d, \"fwd_ms\": %.4f, "

@@ -820,7 +820,16 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                                stream, marks),
                "window backward");
 
-    io = fastBranchIo(io, p->kc, p->vc, c.Nc, p->lse[0], 0);
+    FastBwdIo cmp = fastBranchIo(io, p->kc, p->vc, c.Nc, p->lse[0], 0);
+    FastBwdIo sel = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
+    /* Where the selected dQ is masked dense flash attention (short S) it
+     * joins the window and compressed dQ pass as a third branch: the
+     * q / dout tiles are loaded once, and dq goes out once in bf16 (mode 3)
+     * instead of through an fp32 running sum written by one pass and read
+     * by the next. */
+    const bool joint_dq = c.sel_dense_dq && !c.sel_fused_bwd;
+    if (joint_dq) win.dq_mode = 3;
+    io = cmp;
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
     if (per_part > 0 && (size_t)parts * per_part > p->cmp_part_capacity)
@@ -829,16 +838,24 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, parts, p->cmp_part_k, p->cmp_part_v,
                                (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
-    /* dq = window + compressed terms in one pass (written, mode 0); the
-     * selected branch adds its own and writes the bf16 result */
-    FAST_MARK("bwd.win+cmp.dq");
-    FAST_CHECK(fastWinCmpDq(c, dk, dv, win, io, stream), "window and compressed dq");
+    /* dq = window + compressed terms in one pass (written, mode 0) and the
+     * selected branch adds its own and writes the bf16 result, or all
+     * three in the one pass (joint_dq) */
+    if (joint_dq) {
+        FAST_MARK("bwd.win+cmp+sel.dq");
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, &sel, p->sel_mask, stream),
+                   "window, compressed and selected dq");
+    } else {
+        FAST_MARK("bwd.win+cmp.dq");
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, NULL, NULL, stream),
+                   "window and compressed dq");
+    }
     FAST_MARK("bwd.sel.index");
 
     const FastRevIndex rev = fastCallRev(p, dims, c);
     if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
-    io = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
+    io = sel;
     io.dq_mode = 2;
     FastSelBlock sbq = {};
     if (c.sel_block_dq) {
@@ -865,7 +882,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         return 0;
     }
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
-                               c.sel_dense_dq ? p->sel_mask : NULL,
+                               c.sel_dense_dq ? p->sel_mask : NULL, !joint_dq,
                                (bf16 *)grads->dk_sel, (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
     FAST_MARK("end");

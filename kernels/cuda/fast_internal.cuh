@@ -48,9 +48,14 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 /* dq of the window and compressed branches in one pass (win: rows, window
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
- * = Nc, lse_cmp). */
+ * = Nc, lse_cmp), and of the selected branch as masked dense attention in
+ * the same pass where sel is not NULL (its keys and lse; sel_mask from
+ * fastSelDenseMask: c.sel_dense_dq). Returns cudaErrorInvalidValue for a
+ * sel without a mask, else the encode or launch status; never
+ * synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
-                         const FastBwdIo &cmp, cudaStream_t stream);
+                         const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
+                         cudaStream_t stream);
 
 /* fast_cmp.cu */
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
@@ -200,12 +205,14 @@ cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwd
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
                                  bf16 *dv_out, cudaStream_t stream);
-/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
- * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), masked
+/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode (none where
+ * with_dq is false: the caller's dQ pass held this branch), block-centric
+ * when c.sel_block_dq (sb_dq its chunking and buffers, else NULL), masked
  * dense when c.sel_dense_dq (dense_mask from fastSelDenseMask, else NULL). */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
-                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bf16 *dk_out,
-                            bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
+                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bool with_dq,
+                            bf16 *dk_out, bf16 *dv_out, cudaStream_t stream,
+                            const FastMarks *marks);
 
 #endif

@@ -1,7 +1,8 @@
 /* fast_policy.cuh - which keys a query sees in the compressed and window
- * branches: the policies of the flash tile loops (fast_tile.cuh says what
- * a policy provides). In one header so that one dQ kernel can run both
- * branches (fast_win.cu, fastWinCmpDq). Internal to the fast kernels. */
+ * branches and in the masked dense selected one: the policies of the flash
+ * tile loops (fast_tile.cuh says what a policy provides). In one header so
+ * that one dQ kernel can run them together (fast_win.cu, fastWinCmpDq).
+ * Internal to the fast kernels. */
 #ifndef NSA_FAST_POLICY_CUH
 #define NSA_FAST_POLICY_CUH
 
@@ -38,5 +39,32 @@ static inline CmpPolicy fastCmpPolicy(const FastCtx &c) {
     return CmpPolicy{{}, c.cmp_len, c.cmp_stride, c.Nc};
 }
 static inline WinPolicy fastWinPolicy(const FastCtx &c) { return WinPolicy{{}, c.window}; }
+
+/* The tile policy: query t sees key u <= t when u's block is in t's mask. */
+struct SelDensePolicy {
+    const uint64_t *mask;
+    int S, G, sel_len;
+    struct Row {
+        uint64_t bits;
+    };
+    __device__ Row rowState(int b, int g, int t) const {
+        return Row{t >= 0 ? mask[((size_t)b * S + t) * G + g] : 0ull};
+    }
+    /* the key tile at u0 lies in block u0 / l' (l' a multiple of the tile) */
+    __device__ bool rowSees(Row r, int u0) const { return (r.bits >> (u0 / sel_len)) & 1ull; }
+    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
+        kb = 0;
+        ke = t_last + 1;
+    }
+    __device__ bool visible(int t, int u) const { return u <= t; }
+    /* every row of the tile past every key: the causal mask is off, the
+     * row mask (rowSees) still applies */
+    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
+        return u_last <= t_first;
+    }
+};
+static inline SelDensePolicy fastSelDensePolicy(const FastCtx &c, const uint64_t *mask) {
+    return SelDensePolicy{mask, c.S, c.G, c.sel_len};
+}
 
 #endif

@@ -29,30 +29,6 @@ __global__ void selDenseMaskKernel(const int32_t *sel_idx, uint64_t *mask, size_
     }
 }
 
-/* The tile policy: query t sees key u <= t when u's block is in t's mask. */
-struct SelDensePolicy {
-    const uint64_t *mask;
-    int S, G, sel_len;
-    struct Row {
-        uint64_t bits;
-    };
-    __device__ Row rowState(int b, int g, int t) const {
-        return Row{t >= 0 ? mask[((size_t)b * S + t) * G + g] : 0ull};
-    }
-    /* the key tile at u0 lies in block u0 / l' (l' a multiple of the tile) */
-    __device__ bool rowSees(Row r, int u0) const { return (r.bits >> (u0 / sel_len)) & 1ull; }
-    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
-        kb = 0;
-        ke = t_last + 1;
-    }
-    __device__ bool visible(int t, int u) const { return u <= t; }
-    /* every row of the tile past every key: the causal mask is off, the
-     * row mask (rowSees) still applies */
-    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
-        return u_last <= t_first;
-    }
-};
-
 bool fastSelDenseApplies(int S, int sel_len) {
     const int Ns = (S + sel_len - 1) / sel_len;
     return sel_len % 64 == 0 && Ns <= 64;
@@ -71,14 +47,14 @@ template <int DK, int DV>
 static cudaError_t selDenseForward(const FastCtx &c, const FastFwdIo &io, const uint64_t *mask,
                                    cudaStream_t stream) {
     return fastLaunchForward<DK, DV, SelDensePolicy, false>(
-        c, io, SelDensePolicy{mask, c.S, c.G, c.sel_len}, stream);
+        c, io, fastSelDensePolicy(c, mask), stream);
 }
 
 template <int DK, int DV>
 static cudaError_t selDenseDq(const FastCtx &c, const FastBwdIo &io, const uint64_t *mask,
                               cudaStream_t stream) {
     return fastLaunchDq<DK, DV>(c, io, stream,
-                                fastDqBranch(io, SelDensePolicy{mask, c.S, c.G, c.sel_len}));
+                                fastDqBranch(io, fastSelDensePolicy(c, mask)));
 }
 
 cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,

@@ -77,8 +77,9 @@ struct FastBwdIo {
     const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
     int branch;         /* 0 cmp, 1 sel, 2 win */
     float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
-    bf16 *dq_out;       /* bf16 dq, written by the last branch (mode 2) */
-    int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq */
+    bf16 *dq_out;       /* bf16 dq, written by the last branch (modes 2, 3) */
+    int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq
+                         * (a dQ pass of all three branches writes dq_out = dq) */
 };
 
 /* The query-tile kernels (forward, dQ) hold FAST_QTILE_ROWS query rows per
@@ -514,8 +515,11 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
 
 /* Writes row half i (0: mma row grp, 1: grp + 8) of a warp's dq fragments,
  * times the softmax scale, as io.dq_mode says: 0 dq_acc = dq, 1 dq_acc +=
- * dq, 2 dq_out (bf16) = dq_acc + dq - the branches' fixed summation order. */
-template <int DK>
+ * dq, 2 dq_out (bf16) = dq_acc + dq - the branches' fixed summation order -
+ * or, where the pass ran every branch (ALL), dq_out = dq. ALL is a template
+ * argument so that the passes of fewer branches keep their code (at d_k =
+ * 64 a fourth runtime case made the mma.sync dQ kernel spill). */
+template <int DK, bool ALL = false>
 __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo &io, size_t row, int i,
                                                const float (&dq)[DK / 8][4]) {
     const int quad = threadIdx.x & 3;
@@ -524,7 +528,9 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
         int col = n * 8 + quad * 2;
         float v0 = dq[n][2 * i] * c.scale, v1 = dq[n][2 * i + 1] * c.scale;
         float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
-        if (io.dq_mode == 0) {
+        if constexpr (ALL) {
+            *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(v0, v1);
+        } else if (io.dq_mode == 0) {
             *acc = make_float2(v0, v1);
         } else {
             float2 prev = *acc;
@@ -556,8 +562,9 @@ struct FastDqBranch {
     Policy pol;
 };
 /* wgmma: each branch's io.k, io.v as TMA maps, in the branches' order
- * (fastLaunchDq fills them) */
-#define FAST_DQ_MAX_BRANCHES 2
+ * (fastLaunchDq fills them); three where the masked dense selected dQ
+ * joins the window and compressed ones (fastWinCmpDq) */
+#define FAST_DQ_MAX_BRANCHES 3
 struct FastDqMaps {
     FastKvMaps br[FAST_DQ_MAX_BRANCHES];
 };
@@ -565,6 +572,8 @@ template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
     static_assert(sizeof...(Branches) <= FAST_DQ_MAX_BRANCHES, "FastDqMaps holds the branches");
+    /* every branch in this pass: dq goes out as it is (fastStoreDqRow) */
+    constexpr bool ALL = sizeof...(Branches) == 3;
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
@@ -590,7 +599,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
-    if (io.dq_mode != 0) {
+    if (!ALL && io.dq_mode != 0) {
         /* the epilogue adds to this tile's running dq (dq_acc, fp32): its
          * rows toward L2 now, so that the epilogue - at one CTA per SM
          * nothing overlaps it - reads them from L2 rather than DRAM (H100:
@@ -786,7 +795,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         for (int i = 0; i < 2; i++) {
             int r = row0 + 16 * mt + grp + 8 * i;
             if (rowToken(r) < 0) continue;
-            fastStoreDqRow<DK>(c, io, rowIndex(r), i, dq[mt]);
+            fastStoreDqRow<DK, ALL>(c, io, rowIndex(r), i, dq[mt]);
         }
     }
 }

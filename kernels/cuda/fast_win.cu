@@ -7,7 +7,8 @@
  * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory.
  * Backward: dK/dV per key tile of 64 over the query rows [u0, u1+w-1]
  * (deterministic, written once), and one dQ pass per query tile for this
- * branch and the compressed one together (fastWinCmpDq). */
+ * branch and the compressed one together, and the masked dense selected
+ * one with them where that design runs (fastWinCmpDq). */
 #include "fast_internal.cuh"
 
 template <int DK, int DV, bool WG>
@@ -72,7 +73,11 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
 
 template <int DK, int DV>
 static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo &cmp,
-                            cudaStream_t stream) {
+                            const FastBwdIo *sel, const uint64_t *sel_mask, cudaStream_t stream) {
+    if (sel)
+        return fastLaunchDq<DK, DV>(c, win, stream, fastDqBranch(win, fastWinPolicy(c)),
+                                    fastDqBranch(cmp, fastCmpPolicy(c)),
+                                    fastDqBranch(*sel, fastSelDensePolicy(c, sel_mask)));
     return fastLaunchDq<DK, DV>(c, win, stream, fastDqBranch(win, fastWinPolicy(c)),
                                 fastDqBranch(cmp, fastCmpPolicy(c)));
 }
@@ -88,6 +93,8 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
 }
 
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
-                         const FastBwdIo &cmp, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, stream);
+                         const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
+                         cudaStream_t stream) {
+    if (sel && !sel_mask) return cudaErrorInvalidValue;
+    FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, sel, sel_mask, stream);
 }
