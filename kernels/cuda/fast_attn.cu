@@ -200,6 +200,11 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
                         "nsa fast attention: a tile of 64 compressed blocks spans %lld selection "
                         "blocks (cmp_stride %d, cmp_len %d, sel_len %d); allowed: fewer than %d",
                         span, d->cmp_stride, d->cmp_len, d->sel_len, FAST_SCORE_RING);
+    if (d->cmp_len / d->cmp_stride > FAST_CMP_MAX_OVERLAP)
+        return fastFail(err,
+                        "nsa fast attention: cmp_len / cmp_stride = %d compressed blocks hold a "
+                        "token; allowed: up to %d",
+                        d->cmp_len / d->cmp_stride, FAST_CMP_MAX_OVERLAP);
     size_t hist = (size_t)nsaNumSelBlocks(d->S, d->sel_len) * sizeof(int);
     if (hist > 200 * 1024)
         return fastFail(err,

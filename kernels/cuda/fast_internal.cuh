@@ -58,6 +58,10 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          cudaStream_t stream);
 
 /* fast_cmp.cu */
+/* Compressed blocks that may hold one token (cmp_len / cmp_stride): the
+ * pooling backward keeps the sums of a run of blocks and of the blocks
+ * before it that reach into it in 48 KB of shared memory (fastCheckDims). */
+#define FAST_CMP_MAX_OVERLAP 64
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
                             cudaStream_t stream);
 /* io.k, io.v are the pooled kc, vc; io.nkeys = Nc. */

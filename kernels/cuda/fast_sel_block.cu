@@ -535,21 +535,32 @@ __device__ __forceinline__ void selSumPartials(float (&a)[8], const bf16 *src, s
  * slots with 16-byte loads, four slots' loads in flight at a time. This
  * pass only streams the partials, so what it needs is bytes in flight:
  * the earlier thread-per-head weights and 4-byte loads kept the DRAM
- * 44% busy (ncu, paper 64k).
- * Grid (chunk tokens, B*G), 128 threads. */
+ * 44% busy (ncu, paper 64k). A CTA takes `tpc` consecutive tokens of the
+ * chunk (selCombineTokens): one where a token's heads x 16-byte columns
+ * fill its threads, more where they would leave most of them idle.
+ * Grid (chunk tokens / tpc, B*G), 128 threads. */
+#define SEL_COMBINE_MAX_TPC 4
+static int selCombineTokens(int hpg, int d) {
+    const int per_token = hpg * (d / 8);
+    const int tpc = per_token >= 128 ? 1 : 128 / per_token;
+    return tpc < SEL_COMBINE_MAX_TPC ? tpc : SEL_COMBINE_MAX_TPC;
+}
 template <int DV>
 __global__ void __launch_bounds__(128)
-selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk) {
-    __shared__ float w[FAST_MAX_HPG][FAST_MAX_SLOTS];
-    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t = chunk * CT + blockIdx.x;
-    if (t >= c.S) return;
+selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk,
+                      int tpc) {
+    __shared__ float w[SEL_COMBINE_MAX_TPC][FAST_MAX_HPG][FAST_MAX_SLOTS];
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, lt0 = blockIdx.x * tpc;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
-    const int32_t *row = sel_idx + (((size_t)b * c.S + t) * c.G + g) * c.slots;
-    const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
-    const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
-    const bool used = lane < c.slots && row[lane] >= 0; /* slots <= FAST_MAX_SLOTS = 32 */
-    for (int h = warp; h < hpg; h += 4) {
+    /* the CTA's tokens: chunk-local lt0 + i, none past the chunk or S */
+    const int ntok = min(tpc, min(CT - lt0, c.S - chunk * CT - lt0));
+    for (int p = warp; p < ntok * hpg; p += 4) {
+        const int i = p / hpg, h = p % hpg, t = chunk * CT + lt0 + i;
+        const int32_t *row = sel_idx + (((size_t)b * c.S + t) * c.G + g) * c.slots;
+        const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
+        const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
+        const bool used = lane < c.slots && row[lane] >= 0; /* slots <= FAST_MAX_SLOTS = 32 */
         const float lse_k = used ? __ldcs(sb.part_lse + (pair0 + lane) * hpg + h) : -INFINITY;
         float mx = lse_k;
 #pragma unroll
@@ -558,16 +569,20 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         float sum = e;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        w[h][lane] = sum > 0.f ? e / sum : 0.f;
+        w[i][h][lane] = sum > 0.f ? e / sum : 0.f;
         if (lane == 0) io.lse[out0 + h] = sum > 0.f ? mx + logf(sum) : -INFINITY;
     }
     __syncthreads();
     constexpr int VEC = 8; /* bf16 per load */
-    for (int idx = tid; idx < hpg * (DV / VEC); idx += blockDim.x) {
-        const int h = idx / (DV / VEC), col = (idx % (DV / VEC)) * VEC;
+    const int per_token = hpg * (DV / VEC);
+    for (int idx = tid; idx < ntok * per_token; idx += blockDim.x) {
+        const int i = idx / per_token, h = (idx % per_token) / (DV / VEC);
+        const int col = (idx % (DV / VEC)) * VEC, t = chunk * CT + lt0 + i;
+        const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
+        const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
         float a[VEC] = {};
         selSumPartials(a, sb.part_o + (pair0 * hpg + h) * DV + col, (size_t)hpg * DV, c.slots,
-                       [&](int k) { return w[h][k]; });
+                       [&](int k) { return w[i][h][k]; });
         uint4 out;
         uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
@@ -766,25 +781,31 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
  * the softmax scale, into the branches' running dq as io.dq_mode says
  * (fastStoreDqRow's rule). Each thread sums eight columns of one head over
  * the slots with 16-byte loads, four slots' loads in flight at a time (the
- * pass only streams the partials). Grid (chunk tokens, B*G), 128 threads. */
+ * pass only streams the partials); `tpc` tokens a CTA as in the forward's
+ * combine. Grid (chunk tokens / tpc, B*G), 128 threads. */
 template <int DK>
 __global__ void __launch_bounds__(128)
 selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSelBlock sb,
-                        int chunk) {
-    __shared__ int slot_used[FAST_MAX_SLOTS];
-    const int CT = sb.chunk_revs * FAST_REV_TOKENS, t = chunk * CT + blockIdx.x;
-    if (t >= c.S) return;
+                        int chunk, int tpc) {
+    __shared__ int slot_used[SEL_COMBINE_MAX_TPC][FAST_MAX_SLOTS];
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, lt0 = blockIdx.x * tpc;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tid = threadIdx.x;
-    if (tid < c.slots) slot_used[tid] = sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + tid] >= 0;
+    const int ntok = min(tpc, min(CT - lt0, c.S - chunk * CT - lt0));
+    for (int p = tid; p < ntok * c.slots; p += blockDim.x) {
+        const int i = p / c.slots, k = p % c.slots, t = chunk * CT + lt0 + i;
+        slot_used[i][k] = sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + k] >= 0;
+    }
     __syncthreads();
-    const size_t pair0 = (((size_t)b * CT + blockIdx.x) * c.G + g) * c.slots;
-    const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
     constexpr int VEC = 8; /* bf16 per load */
-    for (int idx = tid; idx < hpg * (DK / VEC); idx += blockDim.x) {
-        const int h = idx / (DK / VEC), col = (idx % (DK / VEC)) * VEC;
+    const int per_token = hpg * (DK / VEC);
+    for (int idx = tid; idx < ntok * per_token; idx += blockDim.x) {
+        const int i = idx / per_token, h = (idx % per_token) / (DK / VEC);
+        const int col = (idx % (DK / VEC)) * VEC, t = chunk * CT + lt0 + i;
+        const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
+        const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
         float a[VEC] = {}; /* weight 1: fmaf(1, v, a) is a + v exactly */
         selSumPartials(a, sb.part_dq + (pair0 * hpg + h) * DK + col, (size_t)hpg * DK, c.slots,
-                       [&](int k) { return slot_used[k] ? 1.f : 0.f; });
+                       [&](int k) { return slot_used[i][k] ? 1.f : 0.f; });
 #pragma unroll
         for (int e = 0; e < VEC; e++) a[e] *= c.scale;
         const size_t at = (row0 + h) * DK + col;
@@ -815,7 +836,7 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
  * merges its partials. Returns the first attribute or launch error; never
  * synchronises. */
 template <class Kernel, class Combine, class Io, class... Extra>
-static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combine combine,
+static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combine combine, int tpc,
                                const Io &io, const int32_t *sel_idx, const FastRevIndex &rev,
                                const FastSelBlock &sb, cudaStream_t stream, Extra... extra) {
     cudaError_t e = fastSetSmem(kernel, smem);
@@ -829,7 +850,8 @@ static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combin
         kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk,
                                                                          extra...);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        combine<<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        combine<<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk,
+                                                                     tpc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     return cudaSuccess;
@@ -855,8 +877,8 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     auto kernel = ring ? selBlockFwdKernel<DK, DV, true, true>
                        : wg ? selBlockFwdKernel<DK, DV, true, false> : selBlockFwdKernel<DK, DV, false, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
-    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, io, sel_idx, rev, sb, stream,
-                       maps);
+    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, selCombineTokens(c.hpg, DV), io,
+                       sel_idx, rev, sb, stream, maps);
 }
 
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {
@@ -887,7 +909,8 @@ static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32
     const bool wg = c.wgmma && (DK != 128 || c.sel_len <= 64);
     auto kernel = wg ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
-    return selBlockRun(c, kernel, smem, selBlockDqCombineKernel<DK>, io, sel_idx, rev, sb, stream);
+    return selBlockRun(c, kernel, smem, selBlockDqCombineKernel<DK>, selCombineTokens(c.hpg, DK),
+                       io, sel_idx, rev, sb, stream);
 }
 
 cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
@@ -1162,14 +1185,15 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
         c, rev, sb, f.item_tokens, f.item_start, f.part_start);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    const int CT = sb.chunk_revs * FAST_REV_TOKENS;
+    const int CT = sb.chunk_revs * FAST_REV_TOKENS, tpc = selCombineTokens(c.hpg, DK);
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
         kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk,
                                                                         maps);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG), 256, 0, stream>>>(c, f, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        selBlockDqCombineKernel<DK><<<dim3(CT, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk);
+        selBlockDqCombineKernel<DK><<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, stream>>>(
+            c, io, sel_idx, sb, chunk, tpc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     const size_t n_k8 = keys * DK / 8, n_v8 = keys * DV / 8;

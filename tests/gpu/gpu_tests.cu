@@ -312,6 +312,26 @@ static void testAttnMmaSwitch(Results *res) {
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
 
+/* The fast op's pooling backward holds the sums of the compressed blocks
+ * that reach a run of blocks (cmp_len / cmp_stride of them per token) in
+ * shared memory: up to FAST_CMP_MAX_OVERLAP (64) is accepted, more is
+ * refused at plan creation with a message naming the ratio. */
+static void testAttnCmpOverlap(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "fast attn cmp_len / cmp_stride: 64 accepted, 65 refused";
+    NsaAttnDims d = {1, 256, 4, 2, 64, 64, 64, 1, 64, 4, 64};
+    NsaError err = {{0}};
+    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
+    int ok = p != NULL;
+    nsaAttnCudaPlanFree(p);
+    d.cmp_len = 65;
+    d.sel_len = 65;
+    NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
+    ok = ok && bad == NULL && strstr(err.message, "cmp_len / cmp_stride = 65") != NULL;
+    nsaAttnCudaPlanFree(bad);
+    report(res, ok, nowSeconds() - t0, name, "%s", err.message);
+}
+
 static void testLinear(Results *res, int N, int in, int out, NsaPrecision prec, double tol) {
     double t0 = nowSeconds();
     char name[96];
@@ -1240,6 +1260,7 @@ int main(int argc, char **argv) {
             testAttention(res, labels[i], shapes[i], 1000 + i);
         testAttnPlanSharing(res);
         testAttnMmaSwitch(res);
+        testAttnCmpOverlap(res);
     }
     if (all || !strcmp(only, "model")) {
         testModelGradients(res, NSA_MLP_SILU, NSA_PHI_AVG, 2, 50);
