@@ -220,6 +220,13 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
     double t_cmp = phases({"fwd.pool", "fwd.cmp", "bwd.cmp."});
     double t_sel = phases({"fwd.sel", "bwd.sel."});
     double t_win = phases({"fwd.win+gate", "bwd.win.", "bwd.gate"});
+    /* the masked dense selected forward runs in the window forward's pass
+     * at short S: that pass's time shared out by the two branches' FLOPs */
+    const double t_sw = phases({"fwd.sel+win+gate"});
+    if (f.sel + f.win > 0) {
+        t_sel += t_sw * f.sel / (f.sel + f.win);
+        t_win += t_sw * f.win / (f.sel + f.win);
+    }
     /* the window and compressed dQ run as one pass: its time is shared out
      * by the two branches' FLOPs (their dQ is the same share of each) */
     const double t_wc = phases({"bwd.win+cmp.dq"});

@@ -672,18 +672,21 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FAST_CHECK(fastCmpForward(c, dk, dv, io, stream), "compressed forward");
     FAST_MARK("fwd.select");
     FAST_CHECK(fastSelect(c, dk, q, p->kc, p->lse[0], p->sel, stream), "selection");
-    FAST_MARK("fwd.sel");
+    /* Where the selected forward is masked dense (short S) it runs in the
+     * window forward's pass, on the same q tiles (one load of the rows and
+     * one launch less); its phase is then that pass's. */
+    FAST_MARK(c.sel_dense_fwd ? "fwd.sel+win+gate" : "fwd.sel");
     io.k = (const bf16 *)in->k_sel;
     io.v = (const bf16 *)in->v_sel;
     io.nkeys = c.S;
     io.o = p->o[1];
     io.lse = p->lse[1];
+    const FastFwdIo sel_io = io;
     p->rev_B = p->rev_S = 0;
     if (c.sel_dense_fwd || c.sel_dense_dq)
         FAST_CHECK(fastSelDenseMask(c, p->sel, p->sel_mask, stream), "selection mask");
     if (c.sel_dense_fwd) {
-        FAST_CHECK(fastSelDenseForward(c, dk, dv, io, p->sel_mask, stream),
-                   "selected forward (masked dense)");
+        /* in the window forward below */
     } else if (c.sel_block_fwd) {
         const FastRevIndex rev = fastCallRev(p, dims, c);
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
@@ -700,7 +703,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     } else {
         FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
     }
-    FAST_MARK("fwd.win+gate");
+    if (!c.sel_dense_fwd) FAST_MARK("fwd.win+gate");
     io.k = (const bf16 *)in->k_win;
     io.v = (const bf16 *)in->v_win;
     io.o = p->o[2];
@@ -709,7 +712,9 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.o_sel = p->o[1];
     io.gates = (const bf16 *)in->gates;
     io.out = (bf16 *)out;
-    FAST_CHECK(fastWinForward(c, dk, dv, io, stream), "window forward");
+    FAST_CHECK(fastWinForward(c, dk, dv, io, c.sel_dense_fwd ? &sel_io : NULL,
+                              c.sel_dense_fwd ? p->sel_mask : NULL, stream),
+               c.sel_dense_fwd ? "selected (masked dense) and window forward" : "window forward");
     FAST_MARK("end");
     const size_t T = (size_t)dims->B * dims->S;
     if (sel_idx)

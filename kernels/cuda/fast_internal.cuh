@@ -40,9 +40,13 @@ static inline cudaError_t fastMark(const FastMarks *m, const char *name) {
     return e;
 }
 
-/* fast_win.cu: o_win, lse_win and (fused) out. */
+/* fast_win.cu: o_win, lse_win and (fused) out; with sel (its keys, o and
+ * lse; sel_mask from fastSelDenseMask), the masked dense selected forward
+ * first in the same pass, its o read back by the combine. Returns
+ * cudaErrorInvalidValue for a sel without a mask, else the encode or
+ * launch status; never synchronises. */
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                           cudaStream_t stream);
+                           const FastFwdIo *sel, const uint64_t *sel_mask, cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16). */
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
@@ -90,9 +94,6 @@ bool fastSelDenseApplies(int S, int sel_len);
 /* mask [B][S][G]: bit j set where block j is in the token's sel_idx row. */
 cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t *mask,
                              cudaStream_t stream);
-/* o_sel, lse_sel (io.o, io.lse). */
-cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                                const uint64_t *mask, cudaStream_t stream);
 /* dq of the selected branch per io.dq_mode. */
 cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                            const uint64_t *mask, cudaStream_t stream);

@@ -12,7 +12,9 @@
  * at most 64 blocks: Ns <= 64) and l' a multiple of 64, so that every key
  * tile (64 keys, or 32 on mma.sync at d = 128) lies in one block and a row
  * tests one bit per tile. The work is that of dense causal attention, paid
- * back by tensor-core tiles instead of per-token gathers or partials. dK/dV
+ * back by tensor-core tiles instead of per-token gathers or partials. The
+ * forward runs in the window forward's pass and the dQ in the window and
+ * compressed dQ pass (fast_win.cu: the policy in fast_policy.cuh); dK/dV
  * stay with the reverse index (fast_sel.cu), which touches chosen pairs
  * only. */
 #include "fast_internal.cuh"
@@ -44,22 +46,10 @@ cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t 
 }
 
 template <int DK, int DV>
-static cudaError_t selDenseForward(const FastCtx &c, const FastFwdIo &io, const uint64_t *mask,
-                                   cudaStream_t stream) {
-    return fastLaunchForward<DK, DV, SelDensePolicy, false>(
-        c, io, fastSelDensePolicy(c, mask), stream);
-}
-
-template <int DK, int DV>
 static cudaError_t selDenseDq(const FastCtx &c, const FastBwdIo &io, const uint64_t *mask,
                               cudaStream_t stream) {
     return fastLaunchDq<DK, DV>(c, io, stream,
                                 fastDqBranch(io, fastSelDensePolicy(c, mask)));
-}
-
-cudaError_t fastSelDenseForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                                const uint64_t *mask, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, selDenseForward, c, io, mask, stream);
 }
 
 cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,

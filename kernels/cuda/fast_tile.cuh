@@ -238,16 +238,43 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
 #ifndef FAST_FWD_PREFETCH
 #define FAST_FWD_PREFETCH 1
 #endif
-/* Forward of one tile of FWD_ROWS query rows (FastQTile): o = softmax(scale
- * q.K^T) V over the keys [kb, ke) of the policy, visible(t, u) masking per
- * row; o and lse out (and the gate combine when COMBINE).
+/* One branch of a forward pass: its keys, values, o and lse (io.k, io.v,
+ * io.nkeys, io.o, io.lse) and which keys a row sees (the policy). */
+template <class Policy>
+struct FastFwdBranch {
+    FastFwdIo io;
+    Policy pol;
+};
+/* wgmma: each branch's io.k, io.v as TMA maps, in the branches' order */
+#define FAST_FWD_MAX_BRANCHES 2
+struct FastFwdMaps {
+    FastKvMaps br[FAST_FWD_MAX_BRANCHES];
+};
+/* Calls f(branch, is_last) for each branch in order, is_last a
+ * std::bool_constant (the last branch's epilogue may use the q tile). */
+template <class F, class First, class... Rest>
+__device__ __forceinline__ void fastEachBranch(F &f, const First &first, const Rest &...rest) {
+    f(first, std::bool_constant<sizeof...(Rest) == 0>{});
+    if constexpr (sizeof...(Rest) > 0) fastEachBranch(f, rest...);
+}
+
+/* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
+ * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
+ * [kb, ke) of the branch's policy, visible(t, u) masking per row; the
+ * branch's o and lse out, and after the last branch the gate combine when
+ * COMBINE (io: q, and o_cmp, o_sel, gates, out; an o_sel that an earlier
+ * branch of this pass wrote is read back from L2). Two branches: the
+ * masked dense selected forward and the window forward at short S share
+ * the q tile and the launch.
  * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::FWD_THREADS threads. */
 /* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
-template <int DK, int DV, class Policy, bool COMBINE, bool WG>
+template <int DK, int DV, bool COMBINE, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DV, WG>::FWD_THREADS, FastQTile<DV, WG>::FWD_CTAS)
-fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastKvMaps maps) {
+fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps, Branches... br) {
+    static_assert(sizeof...(Branches) >= 1 && sizeof...(Branches) <= FAST_FWD_MAX_BRANCHES,
+                  "FastFwdMaps holds the branches");
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
@@ -277,32 +304,43 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
             if (rowToken(r) < 0) continue;
             const size_t row = rowIndex(r);
             fastPrefetchL2(io.o_cmp + row * DV + part * 64);
-            fastPrefetchL2(io.o_sel + row * DV + part * 64);
+            /* (an o_sel of this pass is written later, and read from L2) */
+            if (sizeof...(Branches) == 1) fastPrefetchL2(io.o_sel + row * DV + part * 64);
             if (part == 0 && r % c.hpg == 0) fastPrefetchL2(io.gates + row * 3);
         }
     }
-    int kb, ke;
-    pol.keyRange(t0, t_last, kb, ke);
-    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
-    auto loadKV = [&](int it, int st) {
-        fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, io.k, io.v,
-                                                 io.nkeys, c.G, b, g, kb + it * KT, ke);
-    };
     if constexpr (WG) {
         fastCpCommit(); /* q */
         if (threadIdx.x == 0) ring.init(THREADS / 32);
         __syncthreads(); /* the ring's barriers are initialised */
+    }
+    int ring_base = 0; /* WG: the ring's index of the branch's first tile */
+    int branch_no = 0; /* the branch's place in br (its maps) */
+    auto runBranch = [&](const auto &branch, auto is_last) {
+    constexpr bool LAST = decltype(is_last)::value;
+    const FastFwdIo &bio = branch.io;
+    const auto &pol = branch.pol;
+    using Policy = std::decay_t<decltype(pol)>;
+    int kb, ke;
+    pol.keyRange(t0, t_last, kb, ke);
+    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+    auto loadKV = [&](int it, int st) {
+        fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
+                                                 bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
+    };
+    if constexpr (WG) {
         if (threadIdx.x == 0)
             for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
-                ring.produce(maps, j, b, g, kb + j * KT);
+                ring.produce(maps.br[branch_no], ring_base + j, b, g, kb + j * KT);
     } else {
+        if (branch_no > 0) __syncthreads(); /* the last branch's stages are free */
         if (ntiles > 0) loadKV(0, 0);
         fastCpCommit();
     }
 
     /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
      * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
-    const int wg_row0 = (warp >> 2) * 64;
+    [[maybe_unused]] const int wg_row0 = (warp >> 2) * 64;
     const int row0 = warp * 16 * MT;
     int tok[MT][2];
     float m[MT][2], l[MT][2];
@@ -356,34 +394,38 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
                 maskTile(s, 0, it, mx);
                 fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
             };
+            const int j0 = ring_base;
             fastCpWait<0>();
             fastTileBarrier<WG>(); /* q landed */
-            ring.wait(0);
-            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(0), KT, 0); }, s);
+            ring.wait(j0);
+            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
             scoresToP(0); /* o is 0: no rescale */
             fastWgAFromC<NT>(a, s);
             for (int it = 1; it < ntiles; it++) {
                 if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
-                    ring.produce(maps, it + Ring::AHEAD, b, g, kb + (it + Ring::AHEAD) * KT);
-                ring.wait(it);
+                    ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
+                                 kb + (it + Ring::AHEAD) * KT);
+                ring.wait(j0 + it);
                 fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(it), KT, 0);
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
                 fastWgCommit();
                 fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
                 fastWgFenceAcc(o[0]);
                 fastWgArrive();
-                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(it - 1), KT, 0);
+                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
                 fastWgCommit();
                 fastWgWait<1>(); /* scores of tile it */
                 fastWgFenceAcc(s);
                 scoresToP(it);
                 fastWgWait<0>(); /* P.V of tile it-1 */
                 fastWgFenceAcc(o[0]);
-                ring.release(it - 1);
+                ring.release(j0 + it - 1);
                 fastWgAFromC<NT>(a, s);
             }
             fastRescaleRows<DV>(o[0], corr);
-            fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(ntiles - 1), KT, 0); }, o[0]);
+            fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); },
+                      o[0]);
+            if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
         }
     } else {
         for (int it = 0; it < ntiles; it++) {
@@ -413,7 +455,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
     }
     fastCpWait<0>();
 
-    if constexpr (WG && FAST_FWD_STAGED_OUT && (COMBINE || DV > 64)) {
+    if constexpr (LAST && WG && FAST_FWD_STAGED_OUT && (COMBINE || DV > 64)) {
         /* The epilogue through shared memory: the warp stages its 16 rows of
          * o (normalised, bf16) in its own rows of the q tile - its
          * warpgroup's products, the only readers of those rows, are done -
@@ -433,7 +475,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
             const float lsum = fastQuadSum(l[0][i]);
             inv[i] = lsum > 0.f ? 1.f / lsum : 0.f;
             if (tok[0][i] >= 0 && quad == 0)
-                io.lse[rowIndex(row0 + grp + 8 * i)] =
+                bio.lse[rowIndex(row0 + grp + 8 * i)] =
                     lsum > 0.f ? (m[0][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
         }
 #pragma unroll
@@ -458,7 +500,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
             if (at < 0) continue;
             const uint4 ov = fastStageChunk<R>(sQ, row0 + r, k);
             const size_t off = (size_t)at * DV + k * 8;
-            *(uint4 *)(io.o + off) = ov;
+            *(uint4 *)(bio.o + off) = ov;
             if constexpr (COMBINE) {
                 const uint4 cv = *(const uint4 *)(io.o_cmp + off);
                 const uint4 sv = *(const uint4 *)(io.o_sel + off);
@@ -488,7 +530,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
                 size_t row = rowIndex(row0 + 16 * mt + grp + 8 * i);
                 float inv = lsum > 0.f ? 1.f / lsum : 0.f;
                 float gc = 0.f, gs = 0.f, gw = 0.f;
-                if (COMBINE) {
+                if (LAST && COMBINE) {
                     gc = __bfloat162float(io.gates[row * 3 + 0]);
                     gs = __bfloat162float(io.gates[row * 3 + 1]);
                     gw = __bfloat162float(io.gates[row * 3 + 2]);
@@ -497,8 +539,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
                 for (int n = 0; n < DV / 8; n++) {
                     int col = n * 8 + quad * 2;
                     float o0 = o[mt][n][2 * i] * inv, o1 = o[mt][n][2 * i + 1] * inv;
-                    *(uint32_t *)(io.o + row * DV + col) = fastPack(o0, o1);
-                    if (COMBINE) {
+                    *(uint32_t *)(bio.o + row * DV + col) = fastPack(o0, o1);
+                    if (LAST && COMBINE) {
                         __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + row * DV + col);
                         __nv_bfloat162 os = *(const __nv_bfloat162 *)(io.o_sel + row * DV + col);
                         float y0 = gc * __low2float(oc) + gs * __low2float(os) + gw * o0;
@@ -507,10 +549,14 @@ fastFwdKernel(FastCtx c, FastFwdIo io, Policy pol, const __grid_constant__ FastK
                     }
                 }
                 if (quad == 0)
-                    io.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+                    bio.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
             }
         }
     }
+    if constexpr (WG) ring_base += ntiles;
+    branch_no++;
+    }; /* runBranch */
+    fastEachBranch(runBranch, br...);
 }
 
 /* Writes row half i (0: mma row grp, 1: grp + 8) of a warp's dq fragments,
@@ -1398,27 +1444,39 @@ static inline cudaError_t fastLaunchQTiles(Kernel kernel, int rows, int threads,
     return cudaGetLastError();
 }
 
-/* The forward / dQ tile kernel of a policy on this context's tensor-core
- * path (c.wgmma); returns the launch status, never synchronises. */
-/* The tile kernel of a policy on this context's tensor-core path (c.wgmma:
- * the key tiles by TMA, their maps encoded here on the host); returns the
- * encode, attribute or launch status, never synchronises. */
+/* The forward tile kernel over one or more branches (FastFwdBranch, run in
+ * turn on each q tile; io: q and the gate combine's inputs when COMBINE) on
+ * this context's tensor-core path (c.wgmma: the key tiles by TMA, their
+ * maps encoded here on the host); returns the encode, attribute or launch
+ * status, never synchronises. */
+template <int DK, int DV, bool COMBINE, class... Branches>
+static inline cudaError_t fastLaunchForwardBranches(const FastCtx &c, const FastFwdIo &io,
+                                                    cudaStream_t stream, Branches... br) {
+    FastFwdMaps maps = {};
+    if (c.wgmma) {
+        cudaError_t e = cudaSuccess;
+        int n = 0;
+        ((e = e != cudaSuccess ? e
+                               : fastTmaEncodeKv(c.tma_encode, &maps.br[n++], br.io.k, br.io.v,
+                                                 c.B, br.io.nkeys, c.G, DK, DV,
+                                                 FastQTile<DV, true>::KEYS)),
+         ...);
+        if (e != cudaSuccess) return e;
+        using Q = FastQTile<DV, true>;
+        return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, true, Branches...>, Q::FWD_ROWS,
+                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c, stream, io, maps,
+                                br...);
+    }
+    using Q = FastQTile<DV>;
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, false, Branches...>, Q::FWD_ROWS,
+                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c, stream, io, maps, br...);
+}
+/* The forward of one policy's branch (io: its keys, o, lse, and the
+ * combine's inputs when COMBINE). */
 template <int DK, int DV, class Policy, bool COMBINE>
 static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &io, Policy pol,
                                             cudaStream_t stream) {
-    FastKvMaps maps = {};
-    if (c.wgmma) {
-        cudaError_t e = fastTmaEncodeKv(c.tma_encode, &maps, io.k, io.v, c.B, io.nkeys, c.G, DK,
-                                        DV, FastQTile<DV, true>::KEYS);
-        if (e != cudaSuccess) return e;
-        using Q = FastQTile<DV, true>;
-        return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, true>, Q::FWD_ROWS,
-                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c, stream, io, pol,
-                                maps);
-    }
-    using Q = FastQTile<DV>;
-    return fastLaunchQTiles(fastFwdKernel<DK, DV, Policy, COMBINE, false>, Q::FWD_ROWS,
-                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c, stream, io, pol, maps);
+    return fastLaunchForwardBranches<DK, DV, COMBINE>(c, io, stream, FastFwdBranch<Policy>{io, pol});
 }
 template <int DK, int DV, class... Branches>
 static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cudaStream_t stream,

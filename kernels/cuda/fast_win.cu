@@ -4,7 +4,9 @@
  * CTA per tile of 64 packed (token, head) rows of a group streams the key
  * tiles of [t0-w+1, t_last] (left and causal masks per row) and, as the
  * last branch of the forward, fuses the gate combine into its epilogue:
- * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory.
+ * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory;
+ * where the selected branch is masked dense (short S) the same CTA runs it
+ * first on the same q tile.
  * Backward: dK/dV per key tile of 64 over the query rows [u0, u1+w-1]
  * (deterministic, written once), and one dQ pass per query tile for this
  * branch and the compressed one together, and the masked dense selected
@@ -65,7 +67,12 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,
 }
 
 template <int DK, int DV>
-static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, cudaStream_t stream) {
+static cudaError_t winForward(const FastCtx &c, const FastFwdIo &io, const FastFwdIo *sel,
+                              const uint64_t *sel_mask, cudaStream_t stream) {
+    if (sel)
+        return fastLaunchForwardBranches<DK, DV, true>(
+            c, io, stream, FastFwdBranch<SelDensePolicy>{*sel, fastSelDensePolicy(c, sel_mask)},
+            FastFwdBranch<WinPolicy>{io, fastWinPolicy(c)});
     return fastLaunchForward<DK, DV, WinPolicy, true>(c, io, fastWinPolicy(c), stream);
 }
 
@@ -100,8 +107,9 @@ static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBw
 }
 
 cudaError_t fastWinForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                           cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, winForward, c, io, stream);
+                           const FastFwdIo *sel, const uint64_t *sel_mask, cudaStream_t stream) {
+    if (sel && !sel_mask) return cudaErrorInvalidValue;
+    FAST_DISPATCH(dk, dv, winForward, c, io, sel, sel_mask, stream);
 }
 
 cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, bf16 *dk_out,
