@@ -540,6 +540,26 @@ __device__ __forceinline__ void selSumPartials(float (&a)[8], const bf16 *src, s
  * fill its threads, more where they would leave most of them idle.
  * Grid (chunk tokens / tpc, B*G), 128 threads. */
 #define SEL_COMBINE_MAX_TPC 4
+/* Work item idx of a combine CTA whose tokens start at chunk-local lt0,
+ * with d values a partial row: token i of the CTA (t in the sequence),
+ * head h, columns col .. col + 7, the token's first partial pair in the
+ * chunk buffer and its first output row. */
+struct SelCombineItem {
+    int i, h, col, t;
+    size_t pair0, row0;
+};
+__device__ __forceinline__ SelCombineItem selCombineItem(const FastCtx &c, int idx, int d, int b,
+                                                         int g, int chunk, int CT, int lt0) {
+    SelCombineItem it;
+    const int per_token = c.hpg * (d / 8);
+    it.i = idx / per_token;
+    it.h = (idx % per_token) / (d / 8);
+    it.col = (idx % (d / 8)) * 8;
+    it.t = chunk * CT + lt0 + it.i;
+    it.pair0 = (((size_t)b * CT + lt0 + it.i) * c.G + g) * c.slots;
+    it.row0 = ((size_t)b * c.S + it.t) * c.H + (size_t)g * c.hpg;
+    return it;
+}
 static int selCombineTokens(int hpg, int d) {
     const int per_token = hpg * (d / 8);
     const int tpc = per_token >= 128 ? 1 : 128 / per_token;
@@ -574,20 +594,17 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
     }
     __syncthreads();
     constexpr int VEC = 8; /* bf16 per load */
-    const int per_token = hpg * (DV / VEC);
-    for (int idx = tid; idx < ntok * per_token; idx += blockDim.x) {
-        const int i = idx / per_token, h = (idx % per_token) / (DV / VEC);
-        const int col = (idx % (DV / VEC)) * VEC, t = chunk * CT + lt0 + i;
-        const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
-        const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
+    for (int idx = tid; idx < ntok * hpg * (DV / VEC); idx += blockDim.x) {
+        const SelCombineItem it = selCombineItem(c, idx, DV, b, g, chunk, CT, lt0);
+        const int h = it.h, col = it.col;
         float a[VEC] = {};
-        selSumPartials(a, sb.part_o + (pair0 * hpg + h) * DV + col, (size_t)hpg * DV, c.slots,
-                       [&](int k) { return w[i][h][k]; });
+        selSumPartials(a, sb.part_o + (it.pair0 * hpg + h) * DV + col, (size_t)hpg * DV, c.slots,
+                       [&](int k) { return w[it.i][h][k]; });
         uint4 out;
         uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
         for (int e = 0; e < VEC / 2; e++) o32[e] = fastPack(a[2 * e], a[2 * e + 1]);
-        *(uint4 *)(io.o + (out0 + h) * DV + col) = out;
+        *(uint4 *)(io.o + (it.row0 + h) * DV + col) = out;
     }
 }
 
@@ -797,18 +814,15 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     }
     __syncthreads();
     constexpr int VEC = 8; /* bf16 per load */
-    const int per_token = hpg * (DK / VEC);
-    for (int idx = tid; idx < ntok * per_token; idx += blockDim.x) {
-        const int i = idx / per_token, h = (idx % per_token) / (DK / VEC);
-        const int col = (idx % (DK / VEC)) * VEC, t = chunk * CT + lt0 + i;
-        const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
-        const size_t row0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
+    for (int idx = tid; idx < ntok * hpg * (DK / VEC); idx += blockDim.x) {
+        const SelCombineItem it = selCombineItem(c, idx, DK, b, g, chunk, CT, lt0);
+        const int h = it.h, col = it.col;
         float a[VEC] = {}; /* weight 1: fmaf(1, v, a) is a + v exactly */
-        selSumPartials(a, sb.part_dq + (pair0 * hpg + h) * DK + col, (size_t)hpg * DK, c.slots,
-                       [&](int k) { return slot_used[i][k] ? 1.f : 0.f; });
+        selSumPartials(a, sb.part_dq + (it.pair0 * hpg + h) * DK + col, (size_t)hpg * DK, c.slots,
+                       [&](int k) { return slot_used[it.i][k] ? 1.f : 0.f; });
 #pragma unroll
         for (int e = 0; e < VEC; e++) a[e] *= c.scale;
-        const size_t at = (row0 + h) * DK + col;
+        const size_t at = (it.row0 + h) * DK + col;
         float4 *acc = (float4 *)(io.dq_acc + at);
 #pragma unroll
         for (int v4 = 0; v4 < VEC / 4; v4++) {

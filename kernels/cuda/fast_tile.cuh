@@ -1444,6 +1444,21 @@ static inline cudaError_t fastLaunchQTiles(Kernel kernel, int rows, int threads,
     return cudaGetLastError();
 }
 
+/* maps[i] = the TMA maps of branch i's keys and values (br.io.k, io.v, in
+ * tiles of KEYS), in the branches' order. Host only; returns the first
+ * encode error. */
+template <int DK, int DV, int KEYS, class... Branches>
+static inline cudaError_t fastTmaEncodeBranches(const FastCtx &c, FastKvMaps *maps,
+                                                const Branches &...br) {
+    cudaError_t e = cudaSuccess;
+    int n = 0;
+    ((e = e != cudaSuccess ? e
+                           : fastTmaEncodeKv(c.tma_encode, &maps[n++], br.io.k, br.io.v, c.B,
+                                             br.io.nkeys, c.G, DK, DV, KEYS)),
+     ...);
+    return e;
+}
+
 /* The forward tile kernel over one or more branches (FastFwdBranch, run in
  * turn on each q tile; io: q and the gate combine's inputs when COMBINE) on
  * this context's tensor-core path (c.wgmma: the key tiles by TMA, their
@@ -1454,13 +1469,8 @@ static inline cudaError_t fastLaunchForwardBranches(const FastCtx &c, const Fast
                                                     cudaStream_t stream, Branches... br) {
     FastFwdMaps maps = {};
     if (c.wgmma) {
-        cudaError_t e = cudaSuccess;
-        int n = 0;
-        ((e = e != cudaSuccess ? e
-                               : fastTmaEncodeKv(c.tma_encode, &maps.br[n++], br.io.k, br.io.v,
-                                                 c.B, br.io.nkeys, c.G, DK, DV,
-                                                 FastQTile<DV, true>::KEYS)),
-         ...);
+        cudaError_t e =
+            fastTmaEncodeBranches<DK, DV, FastQTile<DV, true>::KEYS>(c, maps.br, br...);
         if (e != cudaSuccess) return e;
         using Q = FastQTile<DV, true>;
         return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, true, Branches...>, Q::FWD_ROWS,
@@ -1483,13 +1493,8 @@ static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cu
                                        Branches... br) {
     FastDqMaps maps = {};
     if (c.wgmma) {
-        cudaError_t e = cudaSuccess;
-        int n = 0;
-        ((e = e != cudaSuccess ? e
-                               : fastTmaEncodeKv(c.tma_encode, &maps.br[n++], br.io.k, br.io.v,
-                                                 c.B, br.io.nkeys, c.G, DK, DV,
-                                                 FastQTile<DK, true>::KEYS)),
-         ...);
+        cudaError_t e =
+            fastTmaEncodeBranches<DK, DV, FastQTile<DK, true>::KEYS>(c, maps.br, br...);
         if (e != cudaSuccess) return e;
         return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>, FAST_QTILE_ROWS,
                                 FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(), c, stream,
