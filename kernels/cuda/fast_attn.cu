@@ -834,11 +834,10 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FastBwdIo sel = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
     /* Where the selected dQ is masked dense flash attention (short S) it
      * joins the window and compressed dQ pass as a third branch: the
-     * q / dout tiles are loaded once, and dq goes out once in bf16 (mode 3)
-     * instead of through an fp32 running sum written by one pass and read
-     * by the next. */
-    const bool joint_dq = c.sel_dense_dq && !c.sel_fused_bwd;
-    if (joint_dq) win.dq_mode = 3;
+     * q / dout tiles are loaded once, and dq goes out once in bf16 instead
+     * of through an fp32 running sum written by one pass and read by the
+     * next (fastSelBackward then forms only dK/dV). */
+    const bool joint_dq = c.sel_dense_dq;
     io = cmp;
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
@@ -892,7 +891,6 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         return 0;
     }
     FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
-                               c.sel_dense_dq ? p->sel_mask : NULL, !joint_dq,
                                (bf16 *)grads->dk_sel, (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
     FAST_MARK("end");

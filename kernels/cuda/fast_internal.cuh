@@ -94,9 +94,6 @@ bool fastSelDenseApplies(int S, int sel_len);
 /* mask [B][S][G]: bit j set where block j is in the token's sel_idx row. */
 cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t *mask,
                              cudaStream_t stream);
-/* dq of the selected branch per io.dq_mode. */
-cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
-                           const uint64_t *mask, cudaStream_t stream);
 
 /* fast_sel_union.cu: the short-sequence selected forward and dQ. */
 cudaError_t fastSelUnionForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
@@ -210,14 +207,12 @@ cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwd
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
                                  bf16 *dv_out, cudaStream_t stream);
-/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode (none where
- * with_dq is false: the caller's dQ pass held this branch), block-centric
- * when c.sel_block_dq (sb_dq its chunking and buffers, else NULL), masked
- * dense when c.sel_dense_dq (dense_mask from fastSelDenseMask, else NULL). */
+/* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
+ * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), and none
+ * when c.sel_dense_dq (the masked dense dQ runs in fastWinCmpDq's pass). */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
-                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bool with_dq,
-                            bf16 *dk_out, bf16 *dv_out, cudaStream_t stream,
-                            const FastMarks *marks);
+                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream, const FastMarks *marks);
 
 #endif

@@ -558,8 +558,7 @@ static cudaError_t selForward(const FastCtx &c, const FastFwdIo &io, const int32
 
 template <int DK, int DV>
 static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
-                               const FastRevIndex &rev, const FastSelBlock *sb_dq,
-                               const uint64_t *dense_mask, bool with_dq, bf16 *dk_out,
+                               const FastRevIndex &rev, const FastSelBlock *sb_dq, bf16 *dk_out,
                                bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
     cudaError_t e;
     if ((e = fastMark(marks, "bwd.sel.dkdv")) != cudaSuccess) return e;
@@ -578,12 +577,9 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     selReduceKernel<DK, DV><<<dim3(c.Ns, subtiles, c.B * c.G), 256, 0, stream>>>(c, rev, dk_out,
                                                                                  dv_out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
-    if (!with_dq) return cudaSuccess;
+    /* masked dense: its dQ ran in the window and compressed dQ pass */
+    if (c.sel_dense_dq) return cudaSuccess;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
-    if (c.sel_dense_dq) {
-        if (!dense_mask) return cudaErrorInvalidValue;
-        return fastSelDenseDq(c, DK, DV, io, dense_mask, stream);
-    }
     if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
     if (c.sel_block_dq) {
         if (!sb_dq) return cudaErrorInvalidValue;
@@ -629,9 +625,8 @@ cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const Fa
 
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
-                            const FastSelBlock *sb_dq, const uint64_t *dense_mask, bool with_dq,
-                            bf16 *dk_out, bf16 *dv_out, cudaStream_t stream,
-                            const FastMarks *marks) {
-    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, sb_dq, dense_mask, with_dq, dk_out,
-                  dv_out, stream, marks);
+                            const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,
+                            cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, selBackward, c, io, sel_idx, rev, sb_dq, dk_out, dv_out, stream,
+                  marks);
 }

@@ -44,15 +44,3 @@ cudaError_t fastSelDenseMask(const FastCtx &c, const int32_t *sel_idx, uint64_t 
     selDenseMaskKernel<<<blocks, 256, 0, stream>>>(sel_idx, mask, rows, c.slots);
     return cudaGetLastError();
 }
-
-template <int DK, int DV>
-static cudaError_t selDenseDq(const FastCtx &c, const FastBwdIo &io, const uint64_t *mask,
-                              cudaStream_t stream) {
-    return fastLaunchDq<DK, DV>(c, io, stream,
-                                fastDqBranch(io, fastSelDensePolicy(c, mask)));
-}
-
-cudaError_t fastSelDenseDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
-                           const uint64_t *mask, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, selDenseDq, c, io, mask, stream);
-}
