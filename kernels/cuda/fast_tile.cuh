@@ -77,7 +77,7 @@ struct FastBwdIo {
     const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
     int branch;         /* 0 cmp, 1 sel, 2 win */
     float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
-    bf16 *dq_out;       /* bf16 dq, written by the last branch (modes 2, 3) */
+    bf16 *dq_out;       /* bf16 dq, written by the last branch (mode 2) */
     int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq
                          * (a dQ pass of all three branches writes dq_out = dq) */
 };
@@ -317,244 +317,247 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
     int ring_base = 0; /* WG: the ring's index of the branch's first tile */
     int branch_no = 0; /* the branch's place in br (its maps) */
     auto runBranch = [&](const auto &branch, auto is_last) {
-    constexpr bool LAST = decltype(is_last)::value;
-    const FastFwdIo &bio = branch.io;
-    const auto &pol = branch.pol;
-    using Policy = std::decay_t<decltype(pol)>;
-    int kb, ke;
-    pol.keyRange(t0, t_last, kb, ke);
-    const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
-    auto loadKV = [&](int it, int st) {
-        fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
-                                                 bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
-    };
-    if constexpr (WG) {
-        if (threadIdx.x == 0)
-            for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
-                ring.produce(maps.br[branch_no], ring_base + j, b, g, kb + j * KT);
-    } else {
-        if (branch_no > 0) __syncthreads(); /* the last branch's stages are free */
-        if (ntiles > 0) loadKV(0, 0);
-        fastCpCommit();
-    }
-
-    /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
-     * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
-    [[maybe_unused]] const int wg_row0 = (warp >> 2) * 64;
-    const int row0 = warp * 16 * MT;
-    int tok[MT][2];
-    float m[MT][2], l[MT][2];
-    float o[MT][DV / 8][4];
-    typename Policy::Row rows[MT][2];
-#pragma unroll
-    for (int i = 0; i < MT; i++) {
-        tok[i][0] = rowToken(row0 + 16 * i + grp);
-        tok[i][1] = rowToken(row0 + 16 * i + grp + 8);
-        rows[i][0] = pol.rowState(b, g, tok[i][0]);
-        rows[i][1] = pol.rowState(b, g, tok[i][1]);
-        m[i][0] = m[i][1] = -INFINITY;
-        l[i][0] = l[i][1] = 0.f;
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++) o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
-    }
-    /* scores of m-tile i of tile it to the log2 domain, masked entries
-     * -inf, and their row-half maxima; interior tiles (every row sees every
-     * key) skip the mask */
-    auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
-        const int u0 = kb + it * KT;
-        const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
-        const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
-        mx[0] = mx[1] = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < NT; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int u = u0 + n * 8 + quad * 2 + (e & 1);
-                int t = tok[i][e >> 1];
-                bool ok = (full || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
-                float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
-                si[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
-    };
-    if constexpr (WG) {
-        /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
-         * tile it issues its scores, then P.V of tile it-1, and computes its
-         * exponentials while that P.V runs on the tensor cores. Nothing is
-         * in flight across iterations (the compiler would serialise the
-         * products otherwise, C7515). Tiles come through the TMA ring: a
-         * warp waits for tile it and releases tile it-1 (its V was the last
-         * read) - no barrier across the CTA in the loop. */
-        if (ntiles > 0) {
-            float s[NT][4], corr[2];
-            uint32_t a[NT / 2][4];
-            auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
-                float mx[2];
-                maskTile(s, 0, it, mx);
-                fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
-            };
-            const int j0 = ring_base;
-            fastCpWait<0>();
-            fastTileBarrier<WG>(); /* q landed */
-            ring.wait(j0);
-            fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
-            scoresToP(0); /* o is 0: no rescale */
-            fastWgAFromC<NT>(a, s);
-            for (int it = 1; it < ntiles; it++) {
-                if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
-                    ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
-                                 kb + (it + Ring::AHEAD) * KT);
-                ring.wait(j0 + it);
-                fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
-                fastWgCommit();
-                fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
-                fastWgFenceAcc(o[0]);
-                fastWgArrive();
-                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
-                fastWgCommit();
-                fastWgWait<1>(); /* scores of tile it */
-                fastWgFenceAcc(s);
-                scoresToP(it);
-                fastWgWait<0>(); /* P.V of tile it-1 */
-                fastWgFenceAcc(o[0]);
-                ring.release(j0 + it - 1);
-                fastWgAFromC<NT>(a, s);
-            }
-            fastRescaleRows<DV>(o[0], corr);
-            fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); },
-                      o[0]);
-            if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
-        }
-    } else {
-        for (int it = 0; it < ntiles; it++) {
-            const int st = it & 1;
-            if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+        constexpr bool LAST = decltype(is_last)::value;
+        const FastFwdIo &bio = branch.io;
+        const auto &pol = branch.pol;
+        using Policy = std::decay_t<decltype(pol)>;
+        int kb, ke;
+        pol.keyRange(t0, t_last, kb, ke);
+        const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+        auto loadKV = [&](int it, int st) {
+            fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
+                                                     bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
+        };
+        if constexpr (WG) {
+            if (threadIdx.x == 0)
+                for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
+                    ring.produce(maps.br[branch_no], ring_base + j, b, g, kb + j * KT);
+        } else {
+            if (branch_no > 0) __syncthreads(); /* the last branch's stages are free */
+            if (ntiles > 0) loadKV(0, 0);
             fastCpCommit();
-            fastCpWait<1>();
-            __syncthreads();
-            const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-            float s[MT][NT][4];
-#pragma unroll
-            for (int i = 0; i < MT; i++)
-#pragma unroll
-                for (int n = 0; n < NT; n++) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
-            /* q fragments are re-read from shared memory per tile: holding
-             * them (MT * DK / 4 registers) would spill */
-            fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-#pragma unroll
-            for (int i = 0; i < MT; i++) {
-                float mx[2];
-                maskTile(s[i], i, it, mx);
-                fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
-            }
-            fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
-            __syncthreads();
         }
-    }
-    fastCpWait<0>();
 
-    if constexpr (LAST && WG && FAST_FWD_STAGED_OUT && (COMBINE || DV > 64)) {
-        /* The epilogue through shared memory: the warp stages its 16 rows of
-         * o (normalised, bf16) in its own rows of the q tile - its
-         * warpgroup's products, the only readers of those rows, are done -
-         * and then moves whole 16-byte chunks: o out, and with COMBINE
-         *   out = g_cmp o_cmp + g_sel o_sel + g_win o
-         * from 16-byte loads of o_cmp and o_sel. o enters the combine in
-         * bf16, as it is stored (and as o_cmp, o_sel are). The fragments'
-         * 4-byte loads and stores had been most of the window forward's
-         * epilogue, which at one CTA per SM nothing overlaps (H100: paper
-         * fwd.win+gate 4.61 -> 3.72 ms at 2k, 4.68 -> 3.95 at 64k; the 2k
-         * compressed forward 1.44 -> 1.27). Not at d_v = 64 without the
-         * combine: there two CTAs per SM overlap their epilogues, and the
-         * proto 64k compressed forward measured 1.07 -> 1.10. */
-        float inv[2];
+        /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
+         * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
+        [[maybe_unused]] const int wg_row0 = (warp >> 2) * 64;
+        const int row0 = warp * 16 * MT;
+        int tok[MT][2];
+        float m[MT][2], l[MT][2];
+        float o[MT][DV / 8][4];
+        typename Policy::Row rows[MT][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const float lsum = fastQuadSum(l[0][i]);
-            inv[i] = lsum > 0.f ? 1.f / lsum : 0.f;
-            if (tok[0][i] >= 0 && quad == 0)
-                bio.lse[rowIndex(row0 + grp + 8 * i)] =
-                    lsum > 0.f ? (m[0][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+        for (int i = 0; i < MT; i++) {
+            tok[i][0] = rowToken(row0 + 16 * i + grp);
+            tok[i][1] = rowToken(row0 + 16 * i + grp + 8);
+            rows[i][0] = pol.rowState(b, g, tok[i][0]);
+            rows[i][1] = pol.rowState(b, g, tok[i][1]);
+            m[i][0] = m[i][1] = -INFINITY;
+            l[i][0] = l[i][1] = 0.f;
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+                o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
         }
+        /* scores of m-tile i of tile it to the log2 domain, masked entries
+         * -inf, and their row-half maxima; interior tiles (every row sees every
+         * key) skip the mask */
+        auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
+            const int u0 = kb + it * KT;
+            const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+            const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
+            mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-        for (int h = 0; h < DV / 64; h++)
-            fastStagePut64<R>(sQ, row0, h * 64, fastPanel64(o[0], h), inv[0], inv[1]);
-        __syncwarp();
-        /* lane l < 16 knows row row0 + l: its index (-1: none) and gates */
-        const int my_r = row0 + (lane & 15);
-        const long long my_at = rowToken(my_r) >= 0 ? (long long)rowIndex(my_r) : -1;
-        float my_g[3] = {0.f, 0.f, 0.f};
-        if (COMBINE && my_at >= 0)
-#pragma unroll
-            for (int k = 0; k < 3; k++) my_g[k] = __bfloat162float(io.gates[my_at * 3 + k]);
-        constexpr int CH = DV / 8; /* 16-byte chunks per row */
-#pragma unroll 2
-        for (int idx = lane; idx < 16 * CH; idx += 32) {
-            const int r = idx / CH, k = idx % CH;
-            const long long at = __shfl_sync(0xffffffffu, my_at, r);
-            const float gc = __shfl_sync(0xffffffffu, my_g[0], r);
-            const float gs = __shfl_sync(0xffffffffu, my_g[1], r);
-            const float gw = __shfl_sync(0xffffffffu, my_g[2], r);
-            if (at < 0) continue;
-            const uint4 ov = fastStageChunk<R>(sQ, row0 + r, k);
-            const size_t off = (size_t)at * DV + k * 8;
-            *(uint4 *)(bio.o + off) = ov;
-            if constexpr (COMBINE) {
-                const uint4 cv = *(const uint4 *)(io.o_cmp + off);
-                const uint4 sv = *(const uint4 *)(io.o_sel + off);
-                const __nv_bfloat162 *o2 = (const __nv_bfloat162 *)&ov;
-                const __nv_bfloat162 *c2 = (const __nv_bfloat162 *)&cv;
-                const __nv_bfloat162 *s2 = (const __nv_bfloat162 *)&sv;
-                uint4 y;
-                uint32_t *y32 = (uint32_t *)&y;
+            for (int n = 0; n < NT; n++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const float2 a = __bfloat1622float2(c2[e]), bs = __bfloat1622float2(s2[e]),
-                                 w = __bfloat1622float2(o2[e]);
-                    y32[e] = fastPack(gc * a.x + gs * bs.x + gw * w.x,
-                                      gc * a.y + gs * bs.y + gw * w.y);
+                    int u = u0 + n * 8 + quad * 2 + (e & 1);
+                    int t = tok[i][e >> 1];
+                    bool ok = (full || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
+                    float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
+                    si[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
                 }
-                *(uint4 *)(io.out + off) = y;
+            }
+        };
+        if constexpr (WG) {
+            /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
+             * tile it issues its scores, then P.V of tile it-1, and computes its
+             * exponentials while that P.V runs on the tensor cores. Nothing is
+             * in flight across iterations (the compiler would serialise the
+             * products otherwise, C7515). Tiles come through the TMA ring: a
+             * warp waits for tile it and releases tile it-1 (its V was the last
+             * read) - no barrier across the CTA in the loop. */
+            if (ntiles > 0) {
+                float s[NT][4], corr[2];
+                uint32_t a[NT / 2][4];
+                auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
+                    float mx[2];
+                    maskTile(s, 0, it, mx);
+                    fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
+                };
+                const int j0 = ring_base;
+                fastCpWait<0>();
+                fastTileBarrier<WG>(); /* q landed */
+                ring.wait(j0);
+                fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
+                scoresToP(0); /* o is 0: no rescale */
+                fastWgAFromC<NT>(a, s);
+                for (int it = 1; it < ntiles; it++) {
+                    if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
+                        ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
+                                     kb + (it + Ring::AHEAD) * KT);
+                    ring.wait(j0 + it);
+                    fastWgArrive();
+                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
+                    fastWgCommit();
+                    fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
+                    fastWgFenceAcc(o[0]);
+                    fastWgArrive();
+                    fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
+                    fastWgCommit();
+                    fastWgWait<1>(); /* scores of tile it */
+                    fastWgFenceAcc(s);
+                    scoresToP(it);
+                    fastWgWait<0>(); /* P.V of tile it-1 */
+                    fastWgFenceAcc(o[0]);
+                    ring.release(j0 + it - 1);
+                    fastWgAFromC<NT>(a, s);
+                }
+                fastRescaleRows<DV>(o[0], corr);
+                fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); },
+                          o[0]);
+                if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
+            }
+        } else {
+            for (int it = 0; it < ntiles; it++) {
+                const int st = it & 1;
+                if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+                fastCpCommit();
+                fastCpWait<1>();
+                __syncthreads();
+                const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+                float s[MT][NT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+                        s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
+                /* q fragments are re-read from shared memory per tile: holding
+                 * them (MT * DK / 4 registers) would spill */
+                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    float mx[2];
+                    maskTile(s[i], i, it, mx);
+                    fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
+                }
+                fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+                __syncthreads();
             }
         }
-    } else {
-        /* from the fragments: 4-byte stores (and loads for the combine) */
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
+        fastCpWait<0>();
+
+        if constexpr (LAST && WG && FAST_FWD_STAGED_OUT && (COMBINE || DV > 64)) {
+            /* The epilogue through shared memory: the warp stages its 16 rows of
+             * o (normalised, bf16) in its own rows of the q tile - its
+             * warpgroup's products, the only readers of those rows, are done -
+             * and then moves whole 16-byte chunks: o out, and with COMBINE
+             *   out = g_cmp o_cmp + g_sel o_sel + g_win o
+             * from 16-byte loads of o_cmp and o_sel. o enters the combine in
+             * bf16, as it is stored (and as o_cmp, o_sel are). The fragments'
+             * 4-byte loads and stores had been most of the window forward's
+             * epilogue, which at one CTA per SM nothing overlaps (H100: paper
+             * fwd.win+gate 4.61 -> 3.72 ms at 2k, 4.68 -> 3.95 at 64k; the 2k
+             * compressed forward 1.44 -> 1.27). Not at d_v = 64 without the
+             * combine: there two CTAs per SM overlap their epilogues, and the
+             * proto 64k compressed forward measured 1.07 -> 1.10. */
+            float inv[2];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                float lsum = fastQuadSum(l[mt][i]);
-                if (tok[mt][i] < 0) continue;
-                size_t row = rowIndex(row0 + 16 * mt + grp + 8 * i);
-                float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-                float gc = 0.f, gs = 0.f, gw = 0.f;
-                if (LAST && COMBINE) {
-                    gc = __bfloat162float(io.gates[row * 3 + 0]);
-                    gs = __bfloat162float(io.gates[row * 3 + 1]);
-                    gw = __bfloat162float(io.gates[row * 3 + 2]);
-                }
+                const float lsum = fastQuadSum(l[0][i]);
+                inv[i] = lsum > 0.f ? 1.f / lsum : 0.f;
+                if (tok[0][i] >= 0 && quad == 0)
+                    bio.lse[rowIndex(row0 + grp + 8 * i)] =
+                        lsum > 0.f ? (m[0][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+            }
 #pragma unroll
-                for (int n = 0; n < DV / 8; n++) {
-                    int col = n * 8 + quad * 2;
-                    float o0 = o[mt][n][2 * i] * inv, o1 = o[mt][n][2 * i + 1] * inv;
-                    *(uint32_t *)(bio.o + row * DV + col) = fastPack(o0, o1);
-                    if (LAST && COMBINE) {
-                        __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + row * DV + col);
-                        __nv_bfloat162 os = *(const __nv_bfloat162 *)(io.o_sel + row * DV + col);
-                        float y0 = gc * __low2float(oc) + gs * __low2float(os) + gw * o0;
-                        float y1 = gc * __high2float(oc) + gs * __high2float(os) + gw * o1;
-                        *(uint32_t *)(io.out + row * DV + col) = fastPack(y0, y1);
+            for (int h = 0; h < DV / 64; h++)
+                fastStagePut64<R>(sQ, row0, h * 64, fastPanel64(o[0], h), inv[0], inv[1]);
+            __syncwarp();
+            /* lane l < 16 knows row row0 + l: its index (-1: none) and gates */
+            const int my_r = row0 + (lane & 15);
+            const long long my_at = rowToken(my_r) >= 0 ? (long long)rowIndex(my_r) : -1;
+            float my_g[3] = {0.f, 0.f, 0.f};
+            if (COMBINE && my_at >= 0)
+#pragma unroll
+                for (int k = 0; k < 3; k++) my_g[k] = __bfloat162float(io.gates[my_at * 3 + k]);
+            constexpr int CH = DV / 8; /* 16-byte chunks per row */
+#pragma unroll 2
+            for (int idx = lane; idx < 16 * CH; idx += 32) {
+                const int r = idx / CH, k = idx % CH;
+                const long long at = __shfl_sync(0xffffffffu, my_at, r);
+                const float gc = __shfl_sync(0xffffffffu, my_g[0], r);
+                const float gs = __shfl_sync(0xffffffffu, my_g[1], r);
+                const float gw = __shfl_sync(0xffffffffu, my_g[2], r);
+                if (at < 0) continue;
+                const uint4 ov = fastStageChunk<R>(sQ, row0 + r, k);
+                const size_t off = (size_t)at * DV + k * 8;
+                *(uint4 *)(bio.o + off) = ov;
+                if constexpr (COMBINE) {
+                    const uint4 cv = *(const uint4 *)(io.o_cmp + off);
+                    const uint4 sv = *(const uint4 *)(io.o_sel + off);
+                    const __nv_bfloat162 *o2 = (const __nv_bfloat162 *)&ov;
+                    const __nv_bfloat162 *c2 = (const __nv_bfloat162 *)&cv;
+                    const __nv_bfloat162 *s2 = (const __nv_bfloat162 *)&sv;
+                    uint4 y;
+                    uint32_t *y32 = (uint32_t *)&y;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 a = __bfloat1622float2(c2[e]), bs = __bfloat1622float2(s2[e]),
+                                     w = __bfloat1622float2(o2[e]);
+                        y32[e] = fastPack(gc * a.x + gs * bs.x + gw * w.x,
+                                          gc * a.y + gs * bs.y + gw * w.y);
                     }
+                    *(uint4 *)(io.out + off) = y;
                 }
-                if (quad == 0)
-                    bio.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+            }
+        } else {
+            /* from the fragments: 4-byte stores (and loads for the combine) */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float lsum = fastQuadSum(l[mt][i]);
+                    if (tok[mt][i] < 0) continue;
+                    size_t row = rowIndex(row0 + 16 * mt + grp + 8 * i);
+                    float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+                    float gc = 0.f, gs = 0.f, gw = 0.f;
+                    if (LAST && COMBINE) {
+                        gc = __bfloat162float(io.gates[row * 3 + 0]);
+                        gs = __bfloat162float(io.gates[row * 3 + 1]);
+                        gw = __bfloat162float(io.gates[row * 3 + 2]);
+                    }
+#pragma unroll
+                    for (int n = 0; n < DV / 8; n++) {
+                        int col = n * 8 + quad * 2;
+                        float o0 = o[mt][n][2 * i] * inv, o1 = o[mt][n][2 * i + 1] * inv;
+                        *(uint32_t *)(bio.o + row * DV + col) = fastPack(o0, o1);
+                        if (LAST && COMBINE) {
+                            const size_t at = row * DV + col;
+                            __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + at);
+                            __nv_bfloat162 os = *(const __nv_bfloat162 *)(io.o_sel + at);
+                            float y0 = gc * __low2float(oc) + gs * __low2float(os) + gw * o0;
+                            float y1 = gc * __high2float(oc) + gs * __high2float(os) + gw * o1;
+                            *(uint32_t *)(io.out + row * DV + col) = fastPack(y0, y1);
+                        }
+                    }
+                    if (quad == 0)
+                        bio.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+                }
             }
         }
-    }
-    if constexpr (WG) ring_base += ntiles;
-    branch_no++;
+        if constexpr (WG) ring_base += ntiles;
+        branch_no++;
     }; /* runBranch */
     fastEachBranch(runBranch, br...);
 }
