@@ -250,6 +250,26 @@ struct FastFwdBranch {
 struct FastFwdMaps {
     FastKvMaps br[FAST_FWD_MAX_BRANCHES];
 };
+/* A branch's keys for the query tokens [t0, t_last]: [kb, ke) by its
+ * policy; returns the KT-key tiles that cover them (0 for none). */
+template <int KT, class Policy>
+__device__ __forceinline__ int fastKeyTiles(const Policy &pol, int t0, int t_last, int &kb,
+                                            int &ke) {
+    pol.keyRange(t0, t_last, kb, ke);
+    return ke > kb ? (ke - kb + KT - 1) / KT : 0;
+}
+/* The mma.sync query-tile loops' two key/value stages: issues tile it + 1
+ * into the other stage, waits for tile it's copies and makes them visible
+ * to the CTA; returns tile it's stage. */
+template <class LoadKV>
+__device__ __forceinline__ int fastSyncStage(int it, int ntiles, LoadKV &loadKV) {
+    const int st = it & 1;
+    if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
+    fastCpCommit();
+    fastCpWait<1>();
+    __syncthreads();
+    return st;
+}
 /* Calls f(branch, is_last) for each branch in order, is_last a
  * std::bool_constant (the last branch's epilogue may use the q tile). */
 template <class F, class First, class... Rest>
@@ -322,8 +342,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
         const auto &pol = branch.pol;
         using Policy = std::decay_t<decltype(pol)>;
         int kb, ke;
-        pol.keyRange(t0, t_last, kb, ke);
-        const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
                                                      bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
@@ -430,11 +449,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
             }
         } else {
             for (int it = 0; it < ntiles; it++) {
-                const int st = it & 1;
-                if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
-                fastCpCommit();
-                fastCpWait<1>();
-                __syncthreads();
+                const int st = fastSyncStage(it, ntiles, loadKV);
                 const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
                 float s[MT][NT][4];
 #pragma unroll
@@ -678,8 +693,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         const auto &pol = branch.pol;
         using Row = typename std::decay_t<decltype(branch)>::Row;
         int kb, ke;
-        pol.keyRange(t0, t_last, kb, ke);
-        const int ntiles = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
                                                      bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
@@ -810,11 +824,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         } else {
             /* mma.sync, one tile at a time */
             for (int it = 0; it < ntiles; it++) {
-                const int st = it & 1;
-                if (it + 1 < ntiles) loadKV(it + 1, st ^ 1);
-                fastCpCommit();
-                fastCpWait<1>();
-                __syncthreads();
+                const int st = fastSyncStage(it, ntiles, loadKV);
                 const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
                 float s[MT][NT][4], dp[MT][NT][4];
     #pragma unroll
