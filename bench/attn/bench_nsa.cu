@@ -243,6 +243,19 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
         t_win += t_wcs * f.win / all;
         t_sel += t_wcs * f.sel / all;
     }
+    /* ... and beside the fused selected backward at long S, on a second
+     * stream chunk by chunk (the phase spans both): shared out by FLOPs,
+     * the selected branch's whole backward (2.5 forwards) against the
+     * window's and compressed dQ (1.5 each). At short S the selected dK/dV
+     * runs beside the other passes; its phase (bwd.sel.wait) is only the
+     * time the caller's stream waits for it. */
+    const double t_swc = phases({"bwd.sel+win+cmp.dq"});
+    if (f.cmp + f.win + f.sel > 0) {
+        const double all = 2.5 * f.sel + 1.5 * (f.cmp + f.win);
+        t_cmp += t_swc * 1.5 * f.cmp / all;
+        t_win += t_swc * 1.5 * f.win / all;
+        t_sel += t_swc * 2.5 * f.sel / all;
+    }
     double t_score = phases({"fwd.select"});
     double useful = 3.5 * (f.cmp + f.sel + f.win);
     printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"B\": %d, \"fwd_ms\": %.4f, "

@@ -46,6 +46,12 @@ struct NsaAttnCudaPlan {
     /* B and S of the forward that built the reverse index for this sel
      * (0: none - the backward builds it) */
     int rev_B, rev_S;
+    /* the backward's second stream: the window + compressed dQ runs there
+     * chunk by chunk beside the fused selected backward at long S
+     * (fastBwdSideDq), the selected dK/dV beside the other passes at short
+     * S (side_sel); to_side and to_main order the work handed over */
+    cudaStream_t side;
+    cudaEvent_t to_side, to_main;
     int profile;
     /* profiling: [0] forward, [1] backward marks of the last call */
     cudaEvent_t ev[2][FAST_MAX_MARKS];
@@ -538,6 +544,16 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
             return NULL;
         }
     }
+    /* (at the greatest stream priority the second stream measured no
+     * better: H100, paper 64k 106.12 -> 106.76 ms) */
+    if ((e = cudaStreamCreateWithFlags(&p->side, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&p->to_side, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&p->to_main, cudaEventDisableTiming)) != cudaSuccess) {
+        fastFail(err, "nsa fast attention: creating the second stream failed: %s",
+                 cudaGetErrorString(e));
+        nsaAttnCudaPlanFree(p);
+        return NULL;
+    }
     return p;
 }
 
@@ -577,6 +593,9 @@ extern "C" void nsaAttnCudaPlanFree(NsaAttnCudaPlan *p) {
         if (p->ev[0][i]) cudaEventDestroy(p->ev[0][i]);
         if (p->ev[1][i]) cudaEventDestroy(p->ev[1][i]);
     }
+    if (p->to_side) cudaEventDestroy(p->to_side);
+    if (p->to_main) cudaEventDestroy(p->to_main);
+    if (p->side) cudaStreamDestroy(p->side);
     cudaFree(p->base);
     free(p);
 }
@@ -768,6 +787,27 @@ __global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, float *gate_f,
     }
 }
 
+/* The window + compressed dQ beside the fused selected backward (a
+ * FastChunkHook, run before each chunk's dq combine): that pass, compute
+ * bound, goes on the plan's second stream one token chunk at a time (dq_acc
+ * = its dq, mode 0), while the main stream runs the selected passes, which
+ * wait on DRAM; the chunk's combine (dq_out = dq_acc + the selected
+ * partials) then waits for the chunk's dq. */
+struct FastBwdSideDq {
+    const NsaAttnCudaPlan *p;
+    FastCtx c;
+    int dk, dv;
+    FastBwdIo win, cmp;
+};
+static cudaError_t fastBwdSideDq(const void *ctx, int t_begin, int t_end, cudaStream_t stream) {
+    const FastBwdSideDq *w = (const FastBwdSideDq *)ctx;
+    cudaError_t e = fastWinCmpDq(w->c, w->dk, w->dv, w->win, w->cmp, NULL, NULL, t_begin, t_end,
+                                 w->p->side);
+    if (e == cudaSuccess) e = cudaEventRecord(w->p->to_main, w->p->side);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, w->p->to_main, 0);
+    return e;
+}
+
 /* io aimed at one branch: its keys and values (nkeys of them per (b, g)),
  * its lse, and its index in the per-row (cmp, sel, win) triples. */
 static FastBwdIo fastBranchIo(FastBwdIo io, const void *k, const void *v, int nkeys,
@@ -826,10 +866,6 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
 
     FastBwdIo win = fastBranchIo(io, in->k_win, in->v_win, c.S, p->lse[2], 2);
     win.dq_mode = 0;
-    FAST_CHECK(fastWinBackward(c, dk, dv, win, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win,
-                               stream, marks),
-               "window backward");
-
     FastBwdIo cmp = fastBranchIo(io, p->kc, p->vc, c.Nc, p->lse[0], 0);
     FastBwdIo sel = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
     /* Where the selected dQ is masked dense flash attention (short S) it
@@ -838,6 +874,27 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
      * of through an fp32 running sum written by one pass and read by the
      * next (fastSelBackward then forms only dK/dV). */
     const bool joint_dq = c.sel_dense_dq;
+    const FastRevIndex rev = fastCallRev(p, dims, c);
+    /* That leaves the selected dK/dV (its index and reverse-index pass)
+     * needing nothing of the other passes but the gate backward's: it runs
+     * on the second stream beside them. */
+    const bool side_sel = FAST_BWD_SIDE_SEL && joint_dq;
+    if (side_sel) {
+        FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
+        FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
+        if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
+            FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, p->side), "selection reverse index");
+        FAST_CHECK(fastSelBackward(c, dk, dv, sel, p->sel, rev, NULL, (bf16 *)grads->dk_sel,
+                                   (bf16 *)grads->dv_sel, p->side, NULL),
+                   "selected backward (beside the others)");
+        FAST_CHECK(cudaEventRecord(p->to_main, p->side), "cudaEventRecord");
+    }
+    FAST_CHECK(fastWinBackward(c, dk, dv, win, (bf16 *)grads->dk_win, (bf16 *)grads->dv_win,
+                               stream, marks),
+               "window backward");
+    /* where the fused selected backward runs, the window + compressed dQ
+     * runs beside it on the second stream (fastBwdSideDq) */
+    const bool side_dq = FAST_BWD_SIDE_DQ && c.sel_fused_bwd;
     io = cmp;
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
@@ -852,16 +909,21 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
      * three in the one pass (joint_dq) */
     if (joint_dq) {
         FAST_MARK("bwd.win+cmp+sel.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, &sel, p->sel_mask, stream),
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, &sel, p->sel_mask, 0, c.S, stream),
                    "window, compressed and selected dq");
-    } else {
+    } else if (!side_dq) {
         FAST_MARK("bwd.win+cmp.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, NULL, NULL, stream),
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, NULL, NULL, 0, c.S, stream),
                    "window and compressed dq");
+    }
+    if (side_sel) { /* the caller's stream goes on once the selected dK/dV is done */
+        FAST_MARK("bwd.sel.wait");
+        FAST_CHECK(cudaStreamWaitEvent(stream, p->to_main, 0), "cudaStreamWaitEvent");
+        FAST_MARK("end");
+        return 0;
     }
     FAST_MARK("bwd.sel.index");
 
-    const FastRevIndex rev = fastCallRev(p, dims, c);
     if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
     io = sel;
@@ -883,10 +945,21 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         f.item_tokens = shape.item_tokens;
         f.max_items = shape.max_items;
         f.max_parts = shape.max_parts;
-        FAST_MARK("bwd.sel.fused");
+        const FastBwdSideDq side = {p, c, dk, dv, win, cmp};
+        const FastChunkHook hook = {fastBwdSideDq, &side};
+        FAST_MARK(side_dq ? "bwd.sel+win+cmp.dq" : "bwd.sel.fused");
+        /* the second stream starts behind everything so far (forked right
+         * after the gate backward instead, so that the dQ chunks could also
+         * run beside the window and compressed dK/dV, it measured slower:
+         * H100, paper 64k 107.23 -> 108.15 ms) */
+        if (side_dq) {
+            FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
+            FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
+        }
         FAST_CHECK(fastSelFusedBackward(c, dk, dv, io, p->sel, rev, sbq, f, (bf16 *)grads->dk_sel,
-                                        (bf16 *)grads->dv_sel, stream),
-                   "fused selected backward");
+                                        (bf16 *)grads->dv_sel, side_dq ? &hook : NULL, stream),
+                   side_dq ? "fused selected backward beside the window and compressed dq"
+                           : "fused selected backward");
         FAST_MARK("end");
         return 0;
     }

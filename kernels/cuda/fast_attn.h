@@ -63,6 +63,18 @@
 #ifndef FAST_SEL_BLOCK_MAX_TOKENS
 #define FAST_SEL_BLOCK_MAX_TOKENS 32768
 #endif
+/* 1: where the fused selected backward runs, the window + compressed dQ
+ * runs beside it on a second stream, chunk by chunk (fast_attn.cu,
+ * fastBwdSideDq); 0: before it, on the caller's stream (A/B builds). */
+#ifndef FAST_BWD_SIDE_DQ
+#define FAST_BWD_SIDE_DQ 1
+#endif
+/* 1: where the selected dQ joins the window + compressed dQ pass (masked
+ * dense, short S), the selected dK/dV runs beside the other passes on the
+ * second stream (fast_attn.cu, side_sel); 0: after them (A/B builds). */
+#ifndef FAST_BWD_SIDE_SEL
+#define FAST_BWD_SIDE_SEL 1
+#endif
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 
 #endif

@@ -54,12 +54,13 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
  * = Nc, lse_cmp), and of the selected branch as masked dense attention in
  * the same pass where sel is not NULL (its keys and lse; sel_mask from
- * fastSelDenseMask: c.sel_dense_dq). Returns cudaErrorInvalidValue for a
- * sel without a mask, else the encode or launch status; never
+ * fastSelDenseMask: c.sel_dense_dq), for the tokens [t_begin, t_end) of
+ * every batch row. Returns cudaErrorInvalidValue for a sel without a mask
+ * or a bad token range, else the encode or launch status; never
  * synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
-                         cudaStream_t stream);
+                         int t_begin, int t_end, cudaStream_t stream);
 
 /* fast_cmp.cu */
 /* Compressed blocks that may hold one token (cmp_len / cmp_stride): the
@@ -200,13 +201,24 @@ struct FastSelFused {
  * cannot fail. */
 FastSelFused fastSelFusedShape(const FastSelBlock &sb, int Ns, int slots, int hpg, int BG,
                                int sm_count);
+/* Work enqueued before each token chunk's dq combine of the fused selected
+ * backward: run(ctx, t_begin, t_end, stream) for the chunk's tokens
+ * [t_begin, t_end) of every batch row, returning a CUDA status (an error
+ * ends the pass). */
+struct FastChunkHook {
+    cudaError_t (*run)(const void *ctx, int t_begin, int t_end, cudaStream_t stream);
+    const void *ctx;
+};
 /* dK/dV of the selected branch (dk_out, dv_out, bf16) and its dq per
  * io.dq_mode, fused (see FastSelFused): sb the dQ's chunking and partial
- * buffer, f its own buffers. */
+ * buffer, f its own buffers; before_combine (NULL: none) runs before each
+ * chunk's dq combine (fast_attn.cu: the window + compressed dQ of the
+ * chunk, on a second stream, that the combine adds to). */
 cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
-                                 bf16 *dv_out, cudaStream_t stream);
+                                 bf16 *dv_out, const FastChunkHook *before_combine,
+                                 cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
  * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), and none
  * when c.sel_dense_dq (the masked dense dQ runs in fastWinCmpDq's pass). */

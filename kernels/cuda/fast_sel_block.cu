@@ -1177,7 +1177,7 @@ template <int DK, int DV>
 static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                                     const FastRevIndex &rev, const FastSelBlock &sb,
                                     const FastSelFused &f, bf16 *dk_out, bf16 *dv_out,
-                                    cudaStream_t stream) {
+                                    const FastChunkHook *before_combine, cudaStream_t stream) {
     if (!c.wgmma || c.sel_len > 64) return cudaErrorInvalidValue; /* fastSelDesign's rule */
     const size_t keys = (size_t)c.B * c.S * c.G;
     cudaError_t e;
@@ -1206,6 +1206,10 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG), 256, 0, stream>>>(c, f, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if (before_combine &&
+            (e = before_combine->run(before_combine->ctx, chunk * CT, min(c.S, (chunk + 1) * CT),
+                                     stream)) != cudaSuccess)
+            return e;
         selBlockDqCombineKernel<DK><<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, stream>>>(
             c, io, sel_idx, sb, chunk, tpc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
@@ -1220,6 +1224,8 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
 cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
-                                 bf16 *dv_out, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, selFusedBackward, c, io, sel_idx, rev, sb, f, dk_out, dv_out, stream);
+                                 bf16 *dv_out, const FastChunkHook *before_combine,
+                                 cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selFusedBackward, c, io, sel_idx, rev, sb, f, dk_out, dv_out,
+                  before_combine, stream);
 }

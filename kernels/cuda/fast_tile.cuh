@@ -631,6 +631,12 @@ struct FastDqBranch {
 #define FAST_DQ_MAX_BRANCHES 3
 struct FastDqMaps {
     FastKvMaps br[FAST_DQ_MAX_BRANCHES];
+    /* the pass's tokens [t_begin, t_end) of every batch row: all, or one
+     * chunk of the fused selected backward's (fastWinCmpDq). Here rather
+     * than in FastBwdIo, which every backward kernel takes by value: grown,
+     * it changed the others' register allocation (spills at d = 64 on
+     * mma.sync). */
+    int t_begin, t_end;
 };
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
@@ -649,10 +655,13 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     int branch_no = 0; /* the branch's place in br (its maps) */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
     const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
-    const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    /* the pass's tokens (a pass of all three branches runs every token:
+     * there a runtime range cost the short-S kernels registers and time) */
+    const int t_begin = ALL ? 0 : maps.t_begin, t_end = ALL ? c.S : maps.t_end;
+    const int tpc = R / c.hpg, t0 = t_begin + blockIdx.x * tpc, t_last = min(t_end, t0 + tpc) - 1;
     auto rowToken = [&](int r) {
         int tok = t0 + r / c.hpg;
-        return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
+        return (r < tpc * c.hpg && tok < t_end) ? tok : -1;
     };
     auto rowIndex = [&](int r) -> size_t {
         return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
@@ -734,22 +743,32 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         }
 
         /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta) */
+        /* Two instances, chosen once per tile: interior tiles (every row
+         * sees every key) test no key. Left to the compiler, one loop with a
+         * per-element `full ||` test was split in two in some builds and
+         * not in others (the paper 64k window + compressed dQ 15.7 -> 22.7
+         * ms when a token range was added to the pass, H100). */
         auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
             const int u0 = kb + it * KT;
             const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
             const bool sees[2] = {pol.rowSees(rows[mt][0], u0), pol.rowSees(rows[mt][1], u0)};
+            auto run = [&](auto is_full) {
+                constexpr bool FULL = decltype(is_full)::value;
     #pragma unroll
-            for (int n = 0; n < NT; n++) {
+                for (int n = 0; n < NT; n++) {
     #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = u0 + n * 8 + quad * 2 + (e & 1);
-                    int i = e >> 1, t = tok[mt][i];
-                    /* a row that sees nothing (t < 0) stays masked even in a full tile */
-                    bool ok = t >= 0 && (full || (u < ke && pol.visible(t, u))) && sees[i];
-                    float p = ok ? fastExp2(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
-                    si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
+                    for (int e = 0; e < 4; e++) {
+                        int u = u0 + n * 8 + quad * 2 + (e & 1);
+                        int i = e >> 1, t = tok[mt][i];
+                        /* a row that sees nothing (t < 0) stays masked even in a full tile */
+                        bool ok = t >= 0 && (FULL || (u < ke && pol.visible(t, u))) && sees[i];
+                        float p = ok ? fastExp2(si[n][e] * c.scale_log2 - lse2[mt][i]) : 0.f;
+                        si[n][e] = gate[mt][i] * p * (dpi[n][e] - dsum[mt][i]);
+                    }
                 }
-            }
+            };
+            if (full) run(std::true_type{});
+            else run(std::false_type{});
         };
         if constexpr (Q::DQ_PIPE) {
             /* Software pipeline as in fastFwdKernel: tile it issues its scores
@@ -1443,16 +1462,18 @@ static inline cudaError_t fastSetSmem(Kernel kernel, int bytes) {
 }
 
 /* Enqueues a query-tile kernel (an instance of fastFwdKernel or
- * fastDqKernel, threads per CTA from its FastQTile) over every token: one
- * CTA per rows / hpg whole tokens of each (b, g). Returns the attribute or
+ * fastDqKernel, threads per CTA from its FastQTile) over `tokens` tokens of
+ * every batch row (the forward's all, a dQ pass's t_end - t_begin): one CTA
+ * per rows / hpg whole tokens of each (b, g). Returns the attribute or
  * launch status; never synchronises. */
 template <class Kernel, class... Args>
 static inline cudaError_t fastLaunchQTiles(Kernel kernel, int rows, int threads, int smem,
-                                           const FastCtx &c, cudaStream_t stream, Args... args) {
+                                           int tokens, const FastCtx &c, cudaStream_t stream,
+                                           Args... args) {
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int tpc = rows / c.hpg;
-    kernel<<<dim3((c.S + tpc - 1) / tpc, c.B * c.G), threads, smem, stream>>>(
+    kernel<<<dim3((tokens + tpc - 1) / tpc, c.B * c.G), threads, smem, stream>>>(
         c, args...);
     return cudaGetLastError();
 }
@@ -1487,12 +1508,12 @@ static inline cudaError_t fastLaunchForwardBranches(const FastCtx &c, const Fast
         if (e != cudaSuccess) return e;
         using Q = FastQTile<DV, true>;
         return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, true, Branches...>, Q::FWD_ROWS,
-                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c, stream, io, maps,
-                                br...);
+                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c.S, c, stream, io,
+                                maps, br...);
     }
     using Q = FastQTile<DV>;
     return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, false, Branches...>, Q::FWD_ROWS,
-                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c, stream, io, maps, br...);
+                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c.S, c, stream, io, maps, br...);
 }
 /* The forward of one policy's branch (io: its keys, o, lse, and the
  * combine's inputs when COMBINE). */
@@ -1501,21 +1522,28 @@ static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &i
                                             cudaStream_t stream) {
     return fastLaunchForwardBranches<DK, DV, COMBINE>(c, io, stream, FastFwdBranch<Policy>{io, pol});
 }
+/* The dQ tile kernel over one or more branches (FastDqBranch, run in
+ * order) for the tokens [t_begin, t_end) of every batch row. Returns
+ * cudaErrorInvalidValue for an empty or out-of-range token range, else the
+ * encode, attribute or launch status; never synchronises. */
 template <int DK, int DV, class... Branches>
-static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, cudaStream_t stream,
-                                       Branches... br) {
+static inline cudaError_t fastLaunchDq(const FastCtx &c, const FastBwdIo &io, int t_begin,
+                                       int t_end, cudaStream_t stream, Branches... br) {
+    if (t_begin < 0 || t_end <= t_begin || t_end > c.S) return cudaErrorInvalidValue;
     FastDqMaps maps = {};
+    maps.t_begin = t_begin;
+    maps.t_end = t_end;
     if (c.wgmma) {
         cudaError_t e =
             fastTmaEncodeBranches<DK, DV, FastQTile<DK, true>::KEYS>(c, maps.br, br...);
         if (e != cudaSuccess) return e;
         return fastLaunchQTiles(fastDqKernel<DK, DV, true, Branches...>, FAST_QTILE_ROWS,
-                                FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(), c, stream,
-                                io, maps, br...);
+                                FastQTile<DK, true>::THREADS, fastDqSmem<DK, DV, true>(),
+                                t_end - t_begin, c, stream, io, maps, br...);
     }
     return fastLaunchQTiles(fastDqKernel<DK, DV, false, Branches...>, FAST_QTILE_ROWS,
-                            FastQTile<DK>::THREADS, fastDqSmem<DK, DV>(), c, stream, io, maps,
-                            br...);
+                            FastQTile<DK>::THREADS, fastDqSmem<DK, DV>(), t_end - t_begin, c,
+                            stream, io, maps, br...);
 }
 template <class Policy>
 static inline FastDqBranch<Policy> fastDqBranch(const FastBwdIo &io, Policy pol) {

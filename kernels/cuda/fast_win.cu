@@ -97,12 +97,15 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
 
 template <int DK, int DV>
 static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo &cmp,
-                            const FastBwdIo *sel, const uint64_t *sel_mask, cudaStream_t stream) {
+                            const FastBwdIo *sel, const uint64_t *sel_mask, int t_begin,
+                            int t_end, cudaStream_t stream) {
     if (sel)
-        return fastLaunchDq<DK, DV>(c, win, stream, fastDqBranch(win, fastWinPolicy(c)),
+        return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
+                                    fastDqBranch(win, fastWinPolicy(c)),
                                     fastDqBranch(cmp, fastCmpPolicy(c)),
                                     fastDqBranch(*sel, fastSelDensePolicy(c, sel_mask)));
-    return fastLaunchDq<DK, DV>(c, win, stream, fastDqBranch(win, fastWinPolicy(c)),
+    return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
+                                fastDqBranch(win, fastWinPolicy(c)),
                                 fastDqBranch(cmp, fastCmpPolicy(c)));
 }
 
@@ -119,7 +122,7 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
 
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
-                         cudaStream_t stream) {
+                         int t_begin, int t_end, cudaStream_t stream) {
     if (sel && !sel_mask) return cudaErrorInvalidValue;
-    FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, sel, sel_mask, stream);
+    FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, sel, sel_mask, t_begin, t_end, stream);
 }
