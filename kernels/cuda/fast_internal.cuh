@@ -55,9 +55,9 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
  * = Nc, lse_cmp), and of the selected branch as masked dense attention in
  * the same pass where sel is not NULL (its keys and lse; sel_mask from
  * fastSelDenseMask: c.sel_dense_dq), for the tokens [t_begin, t_end) of
- * every batch row. Returns cudaErrorInvalidValue for a sel without a mask
- * or a bad token range, else the encode or launch status; never
- * synchronises. */
+ * every batch row (all of them where sel is given). Returns
+ * cudaErrorInvalidValue for a sel without a mask or a bad token range,
+ * else the encode or launch status; never synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream);

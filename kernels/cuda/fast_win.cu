@@ -124,5 +124,7 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream) {
     if (sel && !sel_mask) return cudaErrorInvalidValue;
+    /* the pass of all three branches runs every token (fastDqKernel's ALL) */
+    if (sel && (t_begin != 0 || t_end != c.S)) return cudaErrorInvalidValue;
     FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, sel, sel_mask, t_begin, t_end, stream);
 }
