@@ -742,8 +742,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
             }
         }
 
-        /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta) */
-        /* Two instances, chosen once per tile: interior tiles (every row
+        /* m-tile mt of tile it: s (scores) becomes dS = g P (dP - delta),
+         * in two instances chosen once per tile - interior tiles (every row
          * sees every key) test no key. Left to the compiler, one loop with a
          * per-element `full ||` test was split in two in some builds and
          * not in others (the paper 64k window + compressed dQ 15.7 -> 22.7
