@@ -378,25 +378,32 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
         }
         /* scores of m-tile i of tile it to the log2 domain, masked entries
-         * -inf, and their row-half maxima; interior tiles (every row sees every
-         * key) skip the mask */
+         * -inf, and their row-half maxima, in two instances chosen once per
+         * tile - interior tiles (every row sees every key) test no key - as
+         * the dQ pass's dsTile, where leaving the split to the compiler
+         * once cost 7 ms */
         auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
             const int u0 = kb + it * KT;
             const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
             const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
-            mx[0] = mx[1] = -INFINITY;
+            auto run = [&](auto is_full) {
+                constexpr bool FULL = decltype(is_full)::value;
+                mx[0] = mx[1] = -INFINITY;
 #pragma unroll
-            for (int n = 0; n < NT; n++) {
+                for (int n = 0; n < NT; n++) {
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int u = u0 + n * 8 + quad * 2 + (e & 1);
-                    int t = tok[i][e >> 1];
-                    bool ok = (full || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
-                    float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
-                    si[n][e] = v;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    for (int e = 0; e < 4; e++) {
+                        int u = u0 + n * 8 + quad * 2 + (e & 1);
+                        int t = tok[i][e >> 1];
+                        bool ok = (FULL || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
+                        float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
+                        si[n][e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
                 }
-            }
+            };
+            if (full) run(std::true_type{});
+            else run(std::false_type{});
         };
         if constexpr (WG) {
             /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
