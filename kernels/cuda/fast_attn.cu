@@ -36,7 +36,7 @@ struct NsaAttnCudaPlan {
     FastRevIndex rev;
     /* the block-centric selected forward's and dQ's chunk buffers (NULL:
      * not planned); sb_part holds the forward's o partials, later the dQ's */
-    int *sb_item_start;
+    int *sb_item_start, *sb_item_block;
     void *sb_part;
     float *sb_part_lse;
     /* the fused selected backward's buffers (item_start NULL: not planned);
@@ -327,7 +327,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
      * and S makes (more, smaller chunks at larger B; its item size follows
      * the chunk's tokens, which stop growing with S at the budget, so S
      * runs over every chunk length up to the plan's) */
-    size_t fused_plan = 0, fused_part_k = 0, fused_part_v = 0;
+    size_t fused_plan = 0, fused_blocks = 0, fused_part_k = 0, fused_part_v = 0;
     if (need_pass[2]) {
         const int rev_chunks = (d->S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
         for (int bb = 1; bb <= d->B; bb++) {
@@ -342,9 +342,11 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                 const FastSelFused f =
                     fastSelFusedShape(sb, c.Ns, c.slots, c.hpg, bb * d->G, p->sm_count);
                 const size_t plan = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1) * 4;
+                const size_t blocks = (size_t)sb.nchunks * bb * d->G * f.max_items * 4;
                 const size_t pk = (size_t)bb * d->G * f.max_parts * 64 * d->d_k * 4;
                 const size_t pv = (size_t)bb * d->G * f.max_parts * 64 * d->d_v * 4;
                 fused_plan = plan > fused_plan ? plan : fused_plan;
+                fused_blocks = blocks > fused_blocks ? blocks : fused_blocks;
                 fused_part_k = pk > fused_part_k ? pk : fused_part_k;
                 fused_part_v = pv > fused_part_v ? pv : fused_part_v;
             }
@@ -389,6 +391,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     r.part_v = (float *)scratch(rev_pv > fused_part_v ? rev_pv : fused_part_v);
     if (need_pass[2]) {
         p->fused.item_start = (int *)scratch(fused_plan);
+        p->fused.item_block = (int *)scratch(fused_blocks);
         p->fused.part_start = (int *)scratch(fused_plan);
         p->fused.part_k = r.part_k;
         p->fused.part_v = r.part_v;
@@ -397,10 +400,11 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
      * any call within the plan's B and S makes (more, smaller chunks at
      * larger B; the sizes grow with S). */
     p->sb_item_start = NULL;
+    p->sb_item_block = NULL;
     p->sb_part = NULL;
     p->sb_part_lse = NULL;
     if (need_pass[0] || need_pass[1]) {
-        size_t items = 0, part = 0, lse = 0;
+        size_t items = 0, blocks = 0, part = 0, lse = 0;
         for (int bb = 1; bb <= d->B; bb++) {
             for (int pass = 0; pass < 2; pass++) { /* 0 forward, 1 dQ */
                 if (!need_pass[pass]) continue;
@@ -408,15 +412,18 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                     bb, d->S, c.Ns, c.slots, c.hpg,
                     fastSelBlockTokens(d->G, c.slots, c.hpg, pass ? d->d_k : d->d_v));
                 const size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
+                const size_t blk = (size_t)sb.nchunks * bb * d->G * sb.max_items;
                 const size_t pairs =
                     (size_t)bb * sb.chunk_revs * FAST_REV_TOKENS * d->G * c.slots * c.hpg;
                 const size_t bytes = pairs * (pass ? d->d_k : d->d_v) * sizeof(bf16);
                 items = it > items ? it : items;
+                blocks = blk > blocks ? blk : blocks;
                 part = bytes > part ? bytes : part;
                 if (!pass) lse = pairs * 4 > lse ? pairs * 4 : lse;
             }
         }
         p->sb_item_start = (int *)scratch(items * 4);
+        p->sb_item_block = (int *)scratch(blocks * 4);
         p->sb_part = scratch(part);
         p->sb_part_lse = (float *)scratch(lse);
     }
@@ -713,6 +720,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
             fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
                               fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_v));
         sb.item_start = p->sb_item_start;
+        sb.item_block = p->sb_item_block;
         sb.part_o = (bf16 *)p->sb_part;
         sb.part_lse = p->sb_part_lse;
         FAST_CHECK(fastSelBlockForward(c, dk, dv, io, p->sel, rev, sb, stream),
@@ -933,6 +941,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
                                 fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_k));
         sbq.item_start = p->sb_item_start;
+        sbq.item_block = p->sb_item_block;
         sbq.part_dq = (bf16 *)p->sb_part;
     }
     if (c.sel_fused_bwd) {

@@ -142,6 +142,7 @@ struct FastSelBlock {
     int nchunks;     /* token chunks of the call */
     int max_items;   /* work items per (chunk, b, g), at most */
     int *item_start; /* [nchunks][B*G][Ns+1] */
+    int *item_block; /* [nchunks][B*G][max_items]: each work item's block (selBlockPlanKernel) */
     bf16 *part_o;    /* forward: [B][chunk tokens][G][slots][hpg][dv], normalised per block */
     float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
     bf16 *part_dq;   /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
@@ -179,6 +180,7 @@ struct FastSelFused {
     int max_items;   /* work items per (chunk, b, g), at most */
     int max_parts;   /* item partials per (chunk, b, g), at most */
     int *item_start; /* [nchunks][B*G][Ns+1] */
+    int *item_block; /* [nchunks][B*G][max_items]: each work item's block */
     int *part_start; /* [nchunks][B*G][Ns+1]: first partial of each block */
     float *part_k, *part_v; /* [B*G][max_parts][64][dk|dv] */
     float *acc_k, *acc_v;   /* [B][S][G][dk|dv] */

@@ -66,13 +66,17 @@ static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
 }
 
 /* Work items of every token chunk: for each (chunk, b, g) and block j,
- * ceil(entries / per_item) items, exclusive-scanned into item_start; with
- * part_start (the fused backward), also the first item partial of each
- * block, counting the items of blocks that have more than one. One CTA of
- * 1024 per (chunk, bg). */
+ * ceil(entries / per_item) items, exclusive-scanned into item_start, and
+ * each item's block in item_block (max_items per (chunk, bg)) - a CTA reads
+ * its block with one load, where a binary search over item_start was ten
+ * dependent ones (ncu: about 7% of the block-centric forward's stall
+ * samples); with part_start (the fused backward), also the first item
+ * partial of each block, counting the items of blocks that have more than
+ * one. One CTA of 1024 per (chunk, bg). */
 __global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevIndex rev,
                                                            FastSelBlock sb, int per_item,
-                                                           int *item_start, int *part_start) {
+                                                           int *item_start, int *item_block,
+                                                           int max_items, int *part_start) {
     __shared__ int sums[2][1024];
     const int chunk = blockIdx.x, bg = blockIdx.y, tid = threadIdx.x;
     auto items = [&](int j) {
@@ -101,10 +105,12 @@ __global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevInd
     }
     const size_t at = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
     int *is = item_start + at, *ps = part_start ? part_start + at : NULL;
+    int *blk = item_block + ((size_t)chunk * gridDim.y + bg) * max_items;
     int run = sums[0][tid] - local, run_parts = sums[1][tid] - local_parts;
     for (int j = lo; j < hi; j++) {
         const int n = items(j);
         is[j] = run;
+        for (int k = 0; k < n; k++) blk[run + k] = j;
         run += n;
         if (ps) ps[j] = run_parts;
         run_parts += parts(n);
@@ -129,15 +135,10 @@ struct SelBlockItem {
     __device__ bool init(const FastCtx &c, const FastRevIndex &rev, const FastSelBlock &sb,
                          int chunk, int *tok, int *slot, int threads) {
         const int bg = blockIdx.y, item = blockIdx.x;
-        const int *is = sb.item_start + ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
+        const size_t plan = (size_t)chunk * gridDim.y + bg;
+        const int *is = sb.item_start + plan * (c.Ns + 1);
         if (item >= is[c.Ns]) return false;
-        int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
-        while (lo < hi) {
-            int mid = (lo + hi + 1) / 2;
-            if (is[mid] <= item) lo = mid;
-            else hi = mid - 1;
-        }
-        j = lo;
+        j = sb.item_block[plan * sb.max_items + item];
         const int tpt = SELB_ROWS / c.hpg, per_item = SELB_TILES * tpt;
         int e_lo, e_hi;
         selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
@@ -857,7 +858,7 @@ static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combin
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
-        c, rev, sb, selBlockItemTokens(c.hpg), sb.item_start, NULL);
+        c, rev, sb, selBlockItemTokens(c.hpg), sb.item_start, sb.item_block, sb.max_items, NULL);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
@@ -991,13 +992,8 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
     const int *is = f.item_start + plan;
     if (item >= is[c.Ns]) return;
-    int lo = 0, hi = c.Ns - 1; /* the last j with is[j] <= item (empty blocks repeat is[j]) */
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (is[mid] <= item) lo = mid;
-        else hi = mid - 1;
-    }
-    const int j = lo, k_item = item - is[j], items = is[j + 1] - is[j];
+    const int j = f.item_block[((size_t)chunk * gridDim.y + bg) * f.max_items + item];
+    const int k_item = item - is[j], items = is[j + 1] - is[j];
     int e_lo, e_hi;
     selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
     const int hpg = c.hpg, tpr = R / hpg, per_item = f.item_tokens;
@@ -1197,7 +1193,7 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
     const int BG = c.B * c.G;
     selBlockPlanKernel<<<dim3(sb.nchunks, BG), 1024, 0, stream>>>(
-        c, rev, sb, f.item_tokens, f.item_start, f.part_start);
+        c, rev, sb, f.item_tokens, f.item_start, f.item_block, f.max_items, f.part_start);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, tpc = selCombineTokens(c.hpg, DK);
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
