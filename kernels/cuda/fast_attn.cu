@@ -806,11 +806,12 @@ struct FastBwdSideDq {
     FastCtx c;
     int dk, dv;
     FastBwdIo win, cmp;
+    const FastBwdIo *sel_forced; /* the forced selected blocks' dq in the pass too, or NULL */
 };
 static cudaError_t fastBwdSideDq(const void *ctx, int t_begin, int t_end, cudaStream_t stream) {
     const FastBwdSideDq *w = (const FastBwdSideDq *)ctx;
-    cudaError_t e = fastWinCmpDq(w->c, w->dk, w->dv, w->win, w->cmp, NULL, NULL, t_begin, t_end,
-                                 w->p->side);
+    cudaError_t e = fastWinCmpDq(w->c, w->dk, w->dv, w->win, w->cmp, w->sel_forced, NULL, t_begin,
+                                 t_end, w->p->side);
     if (e == cudaSuccess) e = cudaEventRecord(w->p->to_main, w->p->side);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, w->p->to_main, 0);
     return e;
@@ -903,6 +904,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* where the fused selected backward runs, the window + compressed dQ
      * runs beside it on the second stream (fastBwdSideDq) */
     const bool side_dq = FAST_BWD_SIDE_DQ && c.sel_fused_bwd;
+    /* and with it the forced selected blocks' dq (FastSelBlock.forced_dq_apart) */
+    const bool forced_dq = c.sel_fused_bwd && !joint_dq && fastSelForcedDqApplies(c, dk);
     io = cmp;
     int parts = cmpPartsWanted(c, p->sm_count);
     size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
@@ -921,7 +924,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                    "window, compressed and selected dq");
     } else if (!side_dq) {
         FAST_MARK("bwd.win+cmp.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, NULL, NULL, 0, c.S, stream),
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, forced_dq ? &sel : NULL, NULL, 0, c.S, stream),
                    "window and compressed dq");
     }
     if (side_sel) { /* the caller's stream goes on once the selected dK/dV is done */
@@ -943,6 +946,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sbq.item_start = p->sb_item_start;
         sbq.item_block = p->sb_item_block;
         sbq.part_dq = (bf16 *)p->sb_part;
+        sbq.forced_dq_apart = forced_dq;
     }
     if (c.sel_fused_bwd) {
         if (!p->fused.item_start || !sbq.part_dq)
@@ -954,7 +958,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         f.item_tokens = shape.item_tokens;
         f.max_items = shape.max_items;
         f.max_parts = shape.max_parts;
-        const FastBwdSideDq side = {p, c, dk, dv, win, cmp};
+        const FastBwdSideDq side = {p, c, dk, dv, win, cmp, forced_dq ? &sel : NULL};
         const FastChunkHook hook = {fastBwdSideDq, &side};
         FAST_MARK(side_dq ? "bwd.sel+win+cmp.dq" : "bwd.sel.fused");
         /* the second stream starts behind everything so far (forked right

@@ -52,12 +52,15 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 /* dq of the window and compressed branches in one pass (win: rows, window
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
- * = Nc, lse_cmp), and of the selected branch as masked dense attention in
- * the same pass where sel is not NULL (its keys and lse; sel_mask from
- * fastSelDenseMask: c.sel_dense_dq), for the tokens [t_begin, t_end) of
- * every batch row (all of them where sel is given). Returns
- * cudaErrorInvalidValue for a sel without a mask or a bad token range,
- * else the encode or launch status; never synchronises. */
+ * = Nc, lse_cmp), for the tokens [t_begin, t_end) of every batch row. With
+ * sel (its keys and lse) the selected branch joins the pass: with sel_mask
+ * (fastSelDenseMask: c.sel_dense_dq) all of it, as masked dense attention,
+ * over every token, dq written whole; without, its forced blocks only
+ * (SelForcedPolicy, where fastSelForcedDqApplies), the fused selected
+ * backward adding the chosen blocks' dq (FastSelBlock.forced_dq_apart).
+ * Returns cudaErrorInvalidValue for a forced sel where that does not
+ * apply or a masked one over part of the tokens, else the encode or launch
+ * status; never synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream);
@@ -146,7 +149,34 @@ struct FastSelBlock {
     bf16 *part_o;    /* forward: [B][chunk tokens][G][slots][hpg][dv], normalised per block */
     float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
     bf16 *part_dq;   /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
+    /* forward (set by fastSelBlockForward, not the caller): 1 where the
+     * forced blocks (0, the token's and the one before) went through their
+     * own pass into o and lse: the items hold the other entries, and the
+     * combine merges o, lse with them */
+    int skip_forced;
+    /* fused backward: 1 where the forced blocks' dq is formed in the window
+     * + compressed dQ pass (fastWinCmpDq): their entries still give dK/dV,
+     * but no dq partial, and the dq combine skips their slots */
+    int forced_dq_apart;
 };
+/* 1: the block-centric forward takes the forced blocks of every token
+ * (block 0, its own and the one before: 3 of the paper's 16) in a flash
+ * pass of their own where l' is a multiple of 64 (SelForcedPolicy); 0:
+ * as work items like the chosen blocks. */
+#ifndef FAST_SEL_FORCED_PASS
+#define FAST_SEL_FORCED_PASS 1
+#endif
+static inline bool fastSelForcedApplies(const FastCtx &c) {
+    return FAST_SEL_FORCED_PASS && c.sel_len % 64 == 0;
+}
+/* The fused selected backward leaves the forced blocks' dq to the window +
+ * compressed dQ pass (FastSelBlock.forced_dq_apart) where that applies and
+ * d_k >= 128, where it then skips those stages' dS.K products too; at d_k
+ * = 64 (three CTAs per SM, no registers for the skip) the move measured
+ * slower (H100, proto 16k: that phase 3.36 -> 3.45 ms). */
+static inline bool fastSelForcedDqApplies(const FastCtx &c, int dk) {
+    return fastSelForcedApplies(c) && dk >= 128;
+}
 /* B x tokens per chunk of a block-centric pass whose partial rows hold d
  * values (d_v in the forward, d_k in the dQ): FAST_SEL_BLOCK_TOKENS, or
  * more where FAST_SEL_BLOCK_BYTES of bf16 partials hold more tokens, at

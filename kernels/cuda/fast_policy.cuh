@@ -6,6 +6,8 @@
 #ifndef NSA_FAST_POLICY_CUH
 #define NSA_FAST_POLICY_CUH
 
+#include <limits.h>
+
 #include "fast_tile.cuh"
 
 /* Window: query t sees keys [max(0, t - w + 1), t]. */
@@ -56,6 +58,9 @@ struct SelDensePolicy {
         kb = 0;
         ke = t_last + 1;
     }
+    template <int KT>
+    __device__ int leadTiles(int) const { return 0; }
+    static constexpr bool WHOLE_SELECTION = true; /* FastNoRowMask says */
     __device__ bool visible(int t, int u) const { return u <= t; }
     /* every row of the tile past every key: the causal mask is off, the
      * row mask (rowSees) still applies */
@@ -65,6 +70,39 @@ struct SelDensePolicy {
 };
 static inline SelDensePolicy fastSelDensePolicy(const FastCtx &c, const uint64_t *mask) {
     return SelDensePolicy{mask, c.S, c.G, c.sel_len};
+}
+
+/* The forced blocks of the selected branch: query t sees key u <= t when
+ * u's block is block 0, t's own or the one before (DESIGN.md: every
+ * token's selected set holds them). Their keys are block 0 and the run
+ * from the block before the tile's first token's to its last token, so
+ * block 0 comes as lead tiles ahead of that range. Rows are masked per
+ * key tile (rowSees, from the row's first forced block past 0), which
+ * needs l' a multiple of the tile (fastSelForcedApplies: of 64). */
+struct SelForcedPolicy {
+    int sel_len;
+    struct Row {
+        int lo; /* t's previous block's first key; INT_MAX: a padding row */
+    };
+    __device__ Row rowState(int, int, int t) const {
+        return Row{t >= 0 ? (t / sel_len - 1) * sel_len : INT_MAX};
+    }
+    __device__ bool rowSees(Row r, int u0) const { return u0 < sel_len || u0 >= r.lo; }
+    __device__ void keyRange(int t0, int t_last, int &kb, int &ke) const {
+        const int first = t0 / sel_len;
+        kb = first >= 2 ? (first - 1) * sel_len : 0; /* from block 0 on: no lead tiles */
+        ke = t_last + 1;
+    }
+    template <int KT>
+    __device__ int leadTiles(int kb) const { return kb > 0 ? sel_len / KT : 0; }
+    static constexpr bool WHOLE_SELECTION = false; /* the forced blocks only */
+    __device__ bool visible(int t, int u) const { return u <= t; }
+    __device__ bool allVisible(int t_first, int t_last, int u_first, int u_last) const {
+        return u_last <= t_first;
+    }
+};
+static inline SelForcedPolicy fastSelForcedPolicy(const FastCtx &c) {
+    return SelForcedPolicy{c.sel_len};
 }
 
 #endif

@@ -17,6 +17,20 @@
  * pair would be S * G * slots * hpg * dv values (17 GB at paper 64k), so
  * the tokens go in chunks (FastSelBlock) through one buffer.
  *
+ * Three of a token's blocks are forced (block 0, its own and the previous
+ * one: DESIGN.md), the same for every token of a block. Where l' is a
+ * multiple of 64 (fastSelForcedApplies) the forward's work items skip
+ * them: a flash pass over the query tiles (the forward tile kernel,
+ * SelForcedPolicy: block 0 as lead tiles, then the tile's own blocks)
+ * writes their merged partial straight into o_sel, lse_sel, and the
+ * combine merges that one in place of three - a sixteenth of the
+ * partials' bytes instead of three sixteenths at the paper's n = 16. The
+ * fused backward (below) at d_k >= 128 likewise leaves their dq to the
+ * window + compressed dQ pass (FastSelBlock.forced_dq_apart): it still
+ * forms their dK/dV, but no dq partial. H100, paper 64k: 105.66 -> 104.61
+ * ms fwd+bwd (fwd.sel 16.85 -> 16.33), 16k 70.26 -> 69.27; the prototype
+ * shape unchanged (13.06 -> 13.03 at 64k).
+ *
  * The partials (about 1 GB per chunk) are stored and read back with the
  * streaming cache hint (st.global.cs / ld.global.cs; the forward at 16
  * heads per group stores them by TMA, marked evict-first), so that they pass
@@ -54,7 +68,12 @@
 static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES * (SELB_ROWS / hpg); }
 
 /* The entries [e_lo, e_hi) of block j's token list (reverse index of (b, g)
- * = bg) that fall in token chunk `chunk`. */
+ * = bg) that fall in token chunk `chunk` - with sb.skip_forced, only those
+ * that chose j beyond the forced blocks. Block j is forced for exactly the
+ * tokens [j l', (j + 2) l') (its own and the next block's; block 0 for
+ * every token) and no earlier token lists it, so those are the first
+ * entries of its ascending list. */
+template <bool SKIP = true> /* false: a kernel that never skips (no code for it) */
 static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
                                      const FastSelBlock &sb, int bg, int j, int chunk, int &e_lo,
                                      int &e_hi) {
@@ -63,6 +82,8 @@ static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
     const int ch0 = chunk * sb.chunk_revs, ch1 = min(rev.chunks, ch0 + sb.chunk_revs);
     e_lo = bs[j] + off[ch0];
     e_hi = ch1 < rev.chunks ? bs[j] + off[ch1] : bs[j + 1];
+    if (SKIP && sb.skip_forced)
+        e_lo = j == 0 ? e_hi : min(e_hi, max(e_lo, bs[j] + min(c.S - j * c.sel_len, 2 * c.sel_len)));
 }
 
 /* Work items of every token chunk: for each (chunk, b, g) and block j,
@@ -132,6 +153,7 @@ struct SelBlockItem {
      * sel_idx row into tok[], slot[] (SELB_TILES * SELB_ROWS entries, -1
      * past the end) - one round trip for the whole item. Every thread of
      * the CTA calls it; the caller's next barrier publishes tok and slot. */
+    template <bool SKIP>
     __device__ bool init(const FastCtx &c, const FastRevIndex &rev, const FastSelBlock &sb,
                          int chunk, int *tok, int *slot, int threads) {
         const int bg = blockIdx.y, item = blockIdx.x;
@@ -141,7 +163,7 @@ struct SelBlockItem {
         j = sb.item_block[plan * sb.max_items + item];
         const int tpt = SELB_ROWS / c.hpg, per_item = SELB_TILES * tpt;
         int e_lo, e_hi;
-        selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
+        selBlockRange<SKIP>(c, rev, sb, bg, j, chunk, e_lo, e_hi);
         e0 = e_lo + (item - is[j]) * per_item;
         e1 = min(e_hi, e0 + per_item);
         ntiles = (e1 - e0 + tpt - 1) / tpt;
@@ -290,8 +312,8 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
     uint64_t *full = (uint64_t *)(sAt + R), *empty = full + 2; /* RING: the q stages' barriers */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
-    SelBlockItem it;
-    if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    SelBlockItem it{};
+    if (!it.init<WG>(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
     if (RING && threadIdx.x == 0) {
         for (int st = 0; st < 2; st++) {
             fastMbarInit(&full[st], 1);
@@ -499,13 +521,12 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     fastCpWait<0>();
 }
 
-/* a[0..7] += weight(k) * the eight bf16 partial values at src + k *
- * slot_stride, over the slots k in order (fp32; weight 0: an unused slot,
- * never read). Four slots' 16-byte loads are in flight at a time: the
- * combines only stream the partials, so what they need is bytes in flight. */
-template <class Weight>
-__device__ __forceinline__ void selSumPartials(float (&a)[8], const bf16 *src, size_t slot_stride,
-                                               int slots, Weight weight) {
+/* a[0..7] += weight(k) * the eight bf16 values at src(k), over the slots k
+ * in order (fp32; weight 0: an unused slot, never read). Four slots'
+ * 16-byte loads are in flight at a time: the combines only stream the
+ * partials, so what they need is bytes in flight. */
+template <class Weight, class Src>
+__device__ __forceinline__ void selSumPartials(float (&a)[8], Src src, int slots, Weight weight) {
     constexpr int GROUP = 4;
     for (int s0 = 0; s0 < slots; s0 += GROUP) {
         uint4 raw[GROUP];
@@ -513,8 +534,7 @@ __device__ __forceinline__ void selSumPartials(float (&a)[8], const bf16 *src, s
 #pragma unroll
         for (int k = 0; k < GROUP; k++) {
             ws[k] = s0 + k < slots ? weight(s0 + k) : 0.f;
-            raw[k] = ws[k] != 0.f ? __ldcs((const uint4 *)(src + (s0 + k) * slot_stride))
-                                  : make_uint4(0, 0, 0, 0);
+            raw[k] = ws[k] != 0.f ? __ldcs((const uint4 *)src(s0 + k)) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int k = 0; k < GROUP; k++) {
@@ -566,7 +586,7 @@ static int selCombineTokens(int hpg, int d) {
     const int tpc = per_token >= 128 ? 1 : 128 / per_token;
     return tpc < SEL_COMBINE_MAX_TPC ? tpc : SEL_COMBINE_MAX_TPC;
 }
-template <int DV>
+template <int DV, bool SKIP> /* SKIP: sb.skip_forced */
 __global__ void __launch_bounds__(128)
 selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk,
                       int tpc) {
@@ -581,8 +601,20 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         const int32_t *row = sel_idx + (((size_t)b * c.S + t) * c.G + g) * c.slots;
         const size_t pair0 = (((size_t)b * CT + lt0 + i) * c.G + g) * c.slots;
         const size_t out0 = ((size_t)b * c.S + t) * c.H + (size_t)g * hpg;
-        const bool used = lane < c.slots && row[lane] >= 0; /* slots <= FAST_MAX_SLOTS = 32 */
-        const float lse_k = used ? __ldcs(sb.part_lse + (pair0 + lane) * hpg + h) : -INFINITY;
+        bool used = lane < c.slots && row[lane] >= 0; /* slots <= FAST_MAX_SLOTS = 32 */
+        float lse_k;
+        if constexpr (SKIP) {
+            /* slot 0 (block 0: rows ascend) stands for the forced blocks'
+             * partial in o, lse; the token's and the previous block have
+             * no partial of their own */
+            const int j = used ? row[lane] : -1, cur = t / c.sel_len;
+            if (lane > 0 && (j == cur || j == cur - 1)) used = false;
+            lse_k = !used      ? -INFINITY
+                    : lane == 0 ? io.lse[out0 + h]
+                                : __ldcs(sb.part_lse + (pair0 + lane) * hpg + h);
+        } else {
+            lse_k = used ? __ldcs(sb.part_lse + (pair0 + lane) * hpg + h) : -INFINITY;
+        }
         float mx = lse_k;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
@@ -599,8 +631,12 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         const SelCombineItem it = selCombineItem(c, idx, DV, b, g, chunk, CT, lt0);
         const int h = it.h, col = it.col;
         float a[VEC] = {};
-        selSumPartials(a, sb.part_o + (it.pair0 * hpg + h) * DV + col, (size_t)hpg * DV, c.slots,
-                       [&](int k) { return w[it.i][h][k]; });
+        const bf16 *part = sb.part_o + (it.pair0 * hpg + h) * DV + col;
+        const bf16 *o_row = io.o + (it.row0 + h) * DV + col; /* SKIP: the forced blocks' partial */
+        const size_t stride = (size_t)hpg * DV;
+        selSumPartials(
+            a, [&](int k) { return SKIP && k == 0 ? o_row : part + k * stride; }, c.slots,
+            [&](int k) { return w[it.i][h][k]; });
         uint4 out;
         uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
@@ -637,8 +673,8 @@ selBlockDqKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, int
     int *sTok = (int *)(sG + ST * R), *sSlot = sTok + SELB_TILES * R;
     long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
-    SelBlockItem it;
-    if (!it.init(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    SelBlockItem it{};
+    if (!it.init<false>(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
     const int ntiles = it.ntiles, u_lo = it.u_lo, u_hi = it.u_hi, nsub = it.nsub;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
@@ -811,7 +847,9 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     const int ntok = min(tpc, min(CT - lt0, c.S - chunk * CT - lt0));
     for (int p = tid; p < ntok * c.slots; p += blockDim.x) {
         const int i = p / c.slots, k = p % c.slots, t = chunk * CT + lt0 + i;
-        slot_used[i][k] = sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + k] >= 0;
+        const int j = sel_idx[(((size_t)b * c.S + t) * c.G + g) * c.slots + k];
+        const int cur = t / c.sel_len; /* forced: 0, cur - 1, cur (their dq came with the window's) */
+        slot_used[i][k] = j >= 0 && !(sb.forced_dq_apart && (j == 0 || j >= cur - 1));
     }
     __syncthreads();
     constexpr int VEC = 8; /* bf16 per load */
@@ -819,8 +857,10 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
         const SelCombineItem it = selCombineItem(c, idx, DK, b, g, chunk, CT, lt0);
         const int h = it.h, col = it.col;
         float a[VEC] = {}; /* weight 1: fmaf(1, v, a) is a + v exactly */
-        selSumPartials(a, sb.part_dq + (it.pair0 * hpg + h) * DK + col, (size_t)hpg * DK, c.slots,
-                       [&](int k) { return slot_used[it.i][k] ? 1.f : 0.f; });
+        const bf16 *part = sb.part_dq + (it.pair0 * hpg + h) * DK + col;
+        selSumPartials(
+            a, [&](int k) { return part + (size_t)k * hpg * DK; }, c.slots,
+            [&](int k) { return slot_used[it.i][k] ? 1.f : 0.f; });
 #pragma unroll
         for (int e = 0; e < VEC; e++) a[e] *= c.scale;
         const size_t at = (it.row0 + h) * DK + col;
@@ -892,8 +932,19 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     auto kernel = ring ? selBlockFwdKernel<DK, DV, true, true>
                        : wg ? selBlockFwdKernel<DK, DV, true, false> : selBlockFwdKernel<DK, DV, false, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
-    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV>, selCombineTokens(c.hpg, DV), io,
-                       sel_idx, rev, sb, stream, maps);
+    /* the forced blocks' partial straight into o, lse where it applies
+     * and the block kernel runs on wgmma (the mma.sync one has no
+     * registers for the skip); the combine merges it with the others */
+    FastSelBlock run = sb;
+    run.skip_forced = fastSelForcedApplies(c) && wg;
+    if (run.skip_forced) {
+        cudaError_t e = fastLaunchForward<DK, DV, SelForcedPolicy, false>(c, io, fastSelForcedPolicy(c), stream);
+        if (e != cudaSuccess) return e;
+        return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV, true>,
+                           selCombineTokens(c.hpg, DV), io, sel_idx, rev, run, stream, maps);
+    }
+    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV, false>, selCombineTokens(c.hpg, DV),
+                       io, sel_idx, rev, run, stream, maps);
 }
 
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {
@@ -995,7 +1046,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const int j = f.item_block[((size_t)chunk * gridDim.y + bg) * f.max_items + item];
     const int k_item = item - is[j], items = is[j + 1] - is[j];
     int e_lo, e_hi;
-    selBlockRange(c, rev, sb, bg, j, chunk, e_lo, e_hi);
+    selBlockRange<false>(c, rev, sb, bg, j, chunk, e_lo, e_hi);
     const int hpg = c.hpg, tpr = R / hpg, per_item = f.item_tokens;
     const int e0 = e_lo + k_item * per_item, e1 = min(e_hi, e0 + per_item);
     const int ntiles = (e1 - e0 + tpr - 1) / tpr;
@@ -1041,7 +1092,11 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
         if (half == 0 && (int)threadIdx.x < R) { /* where each row's partial goes */
             const int r = threadIdx.x;
             const int2 ts = row(r);
-            at[r] = ts.x >= 0 && ts.y >= 0
+            /* j (keys from u0) is forced for exactly its own and the next
+             * block's tokens, block 0 for all */
+            const bool apart = DK >= 128 && sb.forced_dq_apart && /* fastSelForcedDqApplies */
+                               (u0 == 0 || ts.x < u0 + 2 * c.sel_len);
+            at[r] = ts.x >= 0 && ts.y >= 0 && !apart
                         ? (long long)(((((size_t)b * CT + (ts.x - t_base)) * G + g) * slots + ts.y) *
                                           hpg +
                                       r % hpg)
@@ -1053,7 +1108,14 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
         for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], warp * 16, half * RH + 16 * ks);
         if (half + 1 < R / RH) return;
         fastWgProxyFence();
-        __syncthreads(); /* dS whole, at[] written; every warp is past the stage's products */
+        /* dS whole, at[] written; every warp is past the stage's products.
+         * A stage whose rows all leave their dq to the forced pass (block
+         * 0's, and the first 2 l' tokens of every block) forms none. */
+        if constexpr (DK >= 128) {
+            if (!__syncthreads_or((int)threadIdx.x < R && at[threadIdx.x] >= 0)) return;
+        } else { /* the skip's branch cost the three-CTA kernel spills */
+            __syncthreads();
+        }
 #pragma unroll 1
         for (int h = 0; h < DK / 64; h++) {
             float dq[8][4];

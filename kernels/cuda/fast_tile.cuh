@@ -38,6 +38,14 @@ struct FastNoRowMask {
     struct Row {};
     __device__ Row rowState(int, int, int) const { return Row{}; }
     __device__ bool rowSees(Row, int) const { return true; }
+    /* Key tiles the forward and dQ loops take ahead of [kb, ke): tile i <
+     * leadTiles covers keys [i KT, (i + 1) KT) (the forced selected blocks'
+     * block 0, fast_policy.cuh); plain policies have none. */
+    template <int KT>
+    __device__ int leadTiles(int) const { return 0; }
+    /* true only for a branch that is the whole selected branch (the masked
+     * dense one): a dQ pass holding it forms every term of dq */
+    static constexpr bool WHOLE_SELECTION = false;
 };
 
 /* Dims every fast kernel needs, resolved once per call on the host. */
@@ -342,15 +350,19 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
         const auto &pol = branch.pol;
         using Policy = std::decay_t<decltype(pol)>;
         int kb, ke;
-        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
+        const int in_range = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
+        /* the policy's lead tiles (none but for the forced selected blocks) first */
+        const int lead = in_range > 0 ? pol.template leadTiles<KT>(kb) : 0;
+        const int ntiles = lead + in_range;
+        auto keyAt = [&](int it) { return it < lead ? it * KT : kb + (it - lead) * KT; };
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
-                                                     bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
+                                                     bio.v, bio.nkeys, c.G, b, g, keyAt(it), ke);
         };
         if constexpr (WG) {
             if (threadIdx.x == 0)
                 for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
-                    ring.produce(maps.br[branch_no], ring_base + j, b, g, kb + j * KT);
+                    ring.produce(maps.br[branch_no], ring_base + j, b, g, keyAt(j));
         } else {
             if (branch_no > 0) __syncthreads(); /* the last branch's stages are free */
             if (ntiles > 0) loadKV(0, 0);
@@ -383,7 +395,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
          * the dQ pass's dsTile, where leaving the split to the compiler
          * once cost 7 ms */
         auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
-            const int u0 = kb + it * KT;
+            const int u0 = keyAt(it);
             const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
             const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
             auto run = [&](auto is_full) {
@@ -431,7 +443,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 for (int it = 1; it < ntiles; it++) {
                     if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
                         ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
-                                     kb + (it + Ring::AHEAD) * KT);
+                                     keyAt(it + Ring::AHEAD));
                     ring.wait(j0 + it);
                     fastWgArrive();
                     fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
@@ -626,8 +638,9 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
  * 255 registers, 2 CTAs of 4 warps; DK = 64 fits 2 CTAs of 8 warps in
  * 128 (measured: proto dQ 3.0 ms so, 4.2 ms at 208 registers and one
  * CTA); DK = 192 needs 1 CTA of 8 warps at up to 255. */
-template <class Policy>
+template <class P>
 struct FastDqBranch {
+    using Policy = P;
     using Row = typename Policy::Row;
     FastBwdIo io; /* the branch's k, v, nkeys, lse and index into dsum / gates */
     Policy pol;
@@ -649,8 +662,11 @@ template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
     static_assert(sizeof...(Branches) <= FAST_DQ_MAX_BRANCHES, "FastDqMaps holds the branches");
-    /* every branch in this pass: dq goes out as it is (fastStoreDqRow) */
-    constexpr bool ALL = sizeof...(Branches) == 3;
+    /* every branch in this pass (the masked dense selected dQ joins the
+     * window and compressed ones): dq goes out as it is (fastStoreDqRow).
+     * A third branch of the forced selected blocks leaves the rest of the
+     * selected dq to the fused backward's combine. */
+    constexpr bool ALL = (Branches::Policy::WHOLE_SELECTION || ...);
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
@@ -709,15 +725,19 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         const auto &pol = branch.pol;
         using Row = typename std::decay_t<decltype(branch)>::Row;
         int kb, ke;
-        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
+        const int in_range = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
+        /* the policy's lead tiles first, as in fastFwdKernel */
+        const int lead = in_range > 0 ? pol.template leadTiles<KT>(kb) : 0;
+        const int ntiles = lead + in_range;
+        auto keyAt = [&](int it) { return it < lead ? it * KT : kb + (it - lead) * KT; };
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
-                                                     bio.v, bio.nkeys, c.G, b, g, kb + it * KT, ke);
+                                                     bio.v, bio.nkeys, c.G, b, g, keyAt(it), ke);
         };
         /* WG: tile it of this branch is the ring's tile ring_base + it */
         auto produce = [&](int it) {
             if (threadIdx.x == 0 && it < ntiles)
-                ring.produce(maps.br[branch_no], ring_base + it, b, g, kb + it * KT);
+                ring.produce(maps.br[branch_no], ring_base + it, b, g, keyAt(it));
         };
         if constexpr (WG) {
             for (int j = 0; j <= Ring::AHEAD; j++) produce(j);
@@ -756,7 +776,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
          * not in others (the paper 64k window + compressed dQ 15.7 -> 22.7
          * ms when a token range was added to the pass, H100). */
         auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
-            const int u0 = kb + it * KT;
+            const int u0 = keyAt(it);
             const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
             const bool sees[2] = {pol.rowSees(rows[mt][0], u0), pol.rowSees(rows[mt][1], u0)};
             auto run = [&](auto is_full) {

@@ -99,11 +99,19 @@ template <int DK, int DV>
 static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo &cmp,
                             const FastBwdIo *sel, const uint64_t *sel_mask, int t_begin,
                             int t_end, cudaStream_t stream) {
-    if (sel)
+    if (sel && sel_mask)
         return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
                                     fastDqBranch(win, fastWinPolicy(c)),
                                     fastDqBranch(cmp, fastCmpPolicy(c)),
                                     fastDqBranch(*sel, fastSelDensePolicy(c, sel_mask)));
+    if (sel) { /* the forced blocks only (fastSelForcedDqApplies: d_k >= 128) */
+        if constexpr (DK >= 128)
+            return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
+                                        fastDqBranch(win, fastWinPolicy(c)),
+                                        fastDqBranch(cmp, fastCmpPolicy(c)),
+                                        fastDqBranch(*sel, fastSelForcedPolicy(c)));
+        return cudaErrorInvalidValue;
+    }
     return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
                                 fastDqBranch(win, fastWinPolicy(c)),
                                 fastDqBranch(cmp, fastCmpPolicy(c)));
@@ -123,8 +131,8 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream) {
-    if (sel && !sel_mask) return cudaErrorInvalidValue;
-    /* the pass of all three branches runs every token (fastDqKernel's ALL) */
-    if (sel && (t_begin != 0 || t_end != c.S)) return cudaErrorInvalidValue;
+    if (sel && !sel_mask && !fastSelForcedDqApplies(c, dk)) return cudaErrorInvalidValue;
+    /* a pass with the masked dense branch runs every token (fastDqKernel's ALL) */
+    if (sel && sel_mask && (t_begin != 0 || t_end != c.S)) return cudaErrorInvalidValue;
     FAST_DISPATCH(dk, dv, winCmpDq, c, win, cmp, sel, sel_mask, t_begin, t_end, stream);
 }
