@@ -259,12 +259,20 @@ struct FastFwdMaps {
     FastKvMaps br[FAST_FWD_MAX_BRANCHES];
 };
 /* A branch's keys for the query tokens [t0, t_last]: [kb, ke) by its
- * policy; returns the KT-key tiles that cover them (0 for none). */
+ * policy, after the policy's lead tiles (leadTiles: none but for the forced
+ * selected blocks' block 0); returns the KT-key tiles of both (0 for none),
+ * tile it starting at key fastKeyTileAt<KT>(it, lead, kb). */
 template <int KT, class Policy>
 __device__ __forceinline__ int fastKeyTiles(const Policy &pol, int t0, int t_last, int &kb,
-                                            int &ke) {
+                                            int &ke, int &lead) {
     pol.keyRange(t0, t_last, kb, ke);
-    return ke > kb ? (ke - kb + KT - 1) / KT : 0;
+    const int in_range = ke > kb ? (ke - kb + KT - 1) / KT : 0;
+    lead = in_range > 0 ? pol.template leadTiles<KT>(kb) : 0;
+    return lead + in_range;
+}
+template <int KT>
+__device__ __forceinline__ int fastKeyTileAt(int it, int lead, int kb) {
+    return it < lead ? it * KT : kb + (it - lead) * KT;
 }
 /* The mma.sync query-tile loops' two key/value stages: issues tile it + 1
  * into the other stage, waits for tile it's copies and makes them visible
@@ -349,12 +357,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
         const FastFwdIo &bio = branch.io;
         const auto &pol = branch.pol;
         using Policy = std::decay_t<decltype(pol)>;
-        int kb, ke;
-        const int in_range = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
-        /* the policy's lead tiles (none but for the forced selected blocks) first */
-        const int lead = in_range > 0 ? pol.template leadTiles<KT>(kb) : 0;
-        const int ntiles = lead + in_range;
-        auto keyAt = [&](int it) { return it < lead ? it * KT : kb + (it - lead) * KT; };
+        int kb, ke, lead;
+        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke, lead);
+        auto keyAt = [&](int it) { return fastKeyTileAt<KT>(it, lead, kb); };
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
                                                      bio.v, bio.nkeys, c.G, b, g, keyAt(it), ke);
@@ -724,12 +729,9 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         const FastBwdIo &bio = branch.io;
         const auto &pol = branch.pol;
         using Row = typename std::decay_t<decltype(branch)>::Row;
-        int kb, ke;
-        const int in_range = fastKeyTiles<KT>(pol, t0, t_last, kb, ke);
-        /* the policy's lead tiles first, as in fastFwdKernel */
-        const int lead = in_range > 0 ? pol.template leadTiles<KT>(kb) : 0;
-        const int ntiles = lead + in_range;
-        auto keyAt = [&](int it) { return it < lead ? it * KT : kb + (it - lead) * KT; };
+        int kb, ke, lead;
+        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke, lead);
+        auto keyAt = [&](int it) { return fastKeyTileAt<KT>(it, lead, kb); };
         auto loadKV = [&](int it, int st) {
             fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
                                                      bio.v, bio.nkeys, c.G, b, g, keyAt(it), ke);
