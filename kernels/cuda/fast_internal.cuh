@@ -169,6 +169,23 @@ struct FastSelBlock {
 static inline bool fastSelForcedApplies(const FastCtx &c) {
     return FAST_SEL_FORCED_PASS && c.sel_len % 64 == 0;
 }
+/* 1: where l' = 64 (a block is one key tile) and the tile loops run on
+ * wgmma, that pass is fast_sel_forced.cu's, one token block per CTA; 0:
+ * the forward tile kernel with SelForcedPolicy, as for the other multiples
+ * of 64. */
+#ifndef FAST_SEL_FORCED_OWN
+#define FAST_SEL_FORCED_OWN 1
+#endif
+static inline bool fastSelForcedOwnPass(const FastCtx &c) {
+    return FAST_SEL_FORCED_OWN && fastSelForcedApplies(c) && c.sel_len == 64 && c.wgmma &&
+           c.hpg <= 64;
+}
+/* The forced blocks' merged partial into io.o, io.lse (fast_sel_forced.cu)
+ * where fastSelForcedOwnPass(c); cudaErrorInvalidValue elsewhere, else the
+ * encode, attribute or launch status. Never synchronises. */
+cudaError_t fastSelForcedForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
+                                 cudaStream_t stream);
+
 /* The fused selected backward leaves the forced blocks' dq to the window +
  * compressed dQ pass (FastSelBlock.forced_dq_apart) where that applies and
  * d_k >= 128, where it then skips those stages' dS.K products too; at d_k

@@ -20,11 +20,13 @@
  * Three of a token's blocks are forced (block 0, its own and the previous
  * one: DESIGN.md), the same for every token of a block. Where l' is a
  * multiple of 64 (fastSelForcedApplies) the forward's work items skip
- * them: a flash pass over the query tiles (the forward tile kernel,
- * SelForcedPolicy: block 0 as lead tiles, then the tile's own blocks)
- * writes their merged partial straight into o_sel, lse_sel, and the
- * combine merges that one in place of three - a sixteenth of the
- * partials' bytes instead of three sixteenths at the paper's n = 16. The
+ * them: a pass of their own writes their merged partial straight into
+ * o_sel, lse_sel - at l' = 64 one CTA per token block holding the three
+ * key tiles (fast_sel_forced.cu), at other multiples of 64 the forward
+ * tile kernel over the query tiles (SelForcedPolicy: block 0 as lead
+ * tiles, then the tile's own blocks) - and the combine merges that one in
+ * place of three: a sixteenth of the partials' bytes instead of three
+ * sixteenths at the paper's n = 16. The
  * fused backward (below) at d_k >= 128 likewise leaves their dq to the
  * window + compressed dQ pass (FastSelBlock.forced_dq_apart): it still
  * forms their dK/dV, but no dq partial. H100, paper 64k: 105.66 -> 104.61
@@ -938,7 +940,10 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     FastSelBlock run = sb;
     run.skip_forced = fastSelForcedApplies(c) && wg;
     if (run.skip_forced) {
-        cudaError_t e = fastLaunchForward<DK, DV, SelForcedPolicy, false>(c, io, fastSelForcedPolicy(c), stream);
+        cudaError_t e = fastSelForcedOwnPass(c)
+                            ? fastSelForcedForward(c, DK, DV, io, stream)
+                            : fastLaunchForward<DK, DV, SelForcedPolicy, false>(
+                                  c, io, fastSelForcedPolicy(c), stream);
         if (e != cudaSuccess) return e;
         return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV, true>,
                            selCombineTokens(c.hpg, DV), io, sel_idx, rev, run, stream, maps);
