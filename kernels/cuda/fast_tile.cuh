@@ -953,23 +953,35 @@ __device__ __forceinline__ void fastDkdvGradOfScores(const FastCtx &c, float (&s
  * 64 keys (rows wg * 64 .. of the KT-row tiles sK, sV, the CTA's first key
  * u0):  S^T = K.Q^T, dP^T = V.dout^T, then (fastDkdvGradOfScores)
  * dv += g P^T.dout, dk += dS^T.q. rowOf(col) is the FastDkdvRow of stage
- * row half * RH + col; ads returns dS^T's A fragments. */
-template <int DK, int DV, int KT, int R, int RH, class RowOf, class Visible>
+ * row half * RH + col; ads returns dS^T's A fragments. during() runs while
+ * the first two products are on the tensor cores (it must not touch their
+ * accumulators): the ring core's producer work, which at the top of the
+ * stage held the other warps at the products' warpgroup-wide issue. */
+struct FastNoop {
+    __device__ void operator()() const {}
+};
+template <int DK, int DV, int KT, int R, int RH, class RowOf, class Visible,
+          class During = FastNoop>
 __device__ __forceinline__ void fastDkdvWgPass(const FastCtx &c, const bf16 *sK, const bf16 *sV,
                                                int wg, const bf16 *q_st, const bf16 *do_st,
                                                int half, int u0, int khi, bool full, RowOf rowOf,
                                                Visible visible, float (&dk)[DK / 8][4],
                                                float (&dv)[DV / 8][4],
-                                               uint32_t (&ads)[RH / 16][4]) {
+                                               uint32_t (&ads)[RH / 16][4],
+                                               During during = During{}) {
     constexpr int NTH = RH / 8;
     const int ukey = u0 + (int)(threadIdx.x >> 5) * 16 + (int)((threadIdx.x & 31) >> 2);
     float s[NTH][4], dp[NTH][4];
-    fastWgRun(
-        [&] {
-            fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, q_st, R, half * RH);
-            fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, do_st, R, half * RH);
-        },
-        s, dp);
+    fastWgFenceAcc(s);
+    fastWgFenceAcc(dp);
+    fastWgArrive();
+    fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, q_st, R, half * RH);
+    fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, do_st, R, half * RH);
+    fastWgCommit();
+    during();
+    fastWgWait<0>();
+    fastWgFenceAcc(s);
+    fastWgFenceAcc(dp);
     if (full) fastDkdvGradOfScores<true>(c, s, dp, ukey, khi, rowOf, visible);
     else fastDkdvGradOfScores<false>(c, s, dp, ukey, khi, rowOf, visible);
     uint32_t ap[NTH / 2][4];
@@ -1253,6 +1265,16 @@ static __device__ const int fastMinusOne = -1;
 #ifndef FAST_DKDV_AHEAD
 #define FAST_DKDV_AHEAD 1
 #endif
+/* 1: the producer's work for the next tile runs while the stage's first
+ * two products are on the tensor cores (fastDkdvWgPass's during); 0: at
+ * the top of the stage, where warps 0 and 1 (the boxes, the row data) came
+ * late to those products' warpgroup-wide issue: 21% of the fused selected
+ * backward's stall samples sat on its first wgmma (ncu, paper 64k). H100,
+ * paper 64k: fwd+bwd 106.06 -> 103.93 ms (compressed dK/dV 16.53 -> 15.50,
+ * window 5.10 -> 4.88), 16k 69.58 -> 68.86; the prototype shape unchanged. */
+#ifndef FAST_DKDV_ISSUE_UNDER
+#define FAST_DKDV_ISSUE_UNDER 1
+#endif
 template <int DK, int DV, int KWG, bool GATHER, bool AUX = false, int EXTRA = 0>
 struct FastDkdvRing {
     static constexpr int R = FAST_DKDV_ROWS, KT = 64 * KWG, MS = 8;
@@ -1407,7 +1429,15 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     const int wg = KWG > 1 ? warp >> 2 : 0, ka = u0 + wg * 64, kb = min(khi, ka + 64) - 1;
 
     for (int it = 0; it < ntiles; it++) {
-        if (it + AHEAD < ntiles) issue(it + AHEAD);
+        /* the producer's part of tile it + AHEAD (warp 0's boxes, the row
+         * data of the first R threads): under this tile's first products
+         * where the pass runs, else here */
+        bool issued = it + AHEAD >= ntiles;
+        auto produce = [&] {
+            if (!issued) issue(it + AHEAD);
+            issued = true;
+        };
+        if (!FAST_DKDV_ISSUE_UNDER) produce();
         const int s = it % STAGES, ms = it % MS;
         fastMbarWait(&full[s], (uint32_t)(it / STAGES) & 1u);
         __syncwarp();
@@ -1434,13 +1464,14 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                 uint32_t ads[NTH / 2][4];
                 fastDkdvWgPass<DK, DV, KT, R, RH>(c, sK, sV, wg, sQ + s * R * DK,
                                                   sdO + s * R * DV, half, u0, khi, full_tile,
-                                                  rowOf, visible, dk, dv, ads);
+                                                  rowOf, visible, dk, dv, ads, produce);
                 if constexpr (HAS_OUT)
                     stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV, [&](int r) {
                         return make_int2(t_t[r], HAS_AUX ? mA[ms * R + r] : -1);
                     });
             }
         }
+        produce(); /* where no pass ran */
         /* stageOut wrote the stage by plain stores; the next writes to it
          * are the TMA's */
         if constexpr (HAS_OUT) fastWgProxyFence();
