@@ -294,6 +294,17 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
     if constexpr (sizeof...(Rest) > 0) fastEachBranch(f, rest...);
 }
 
+/* 1: in the pipelined wgmma tile loops (forward, dQ) thread 0 issues the
+ * ring's next tile once its warpgroup's products are issued, not ahead of
+ * them, where its warp came late to their warpgroup-wide issue; 0: at the
+ * top of the iteration. H100, fwd+bwd: paper 64k 104.50 -> 103.45 ms (the
+ * dQ phase 43.88 -> 42.16), paper 2k 38.06 -> 37.52, proto 16k 8.69 ->
+ * 8.59. (The score pass the same way measured no better: paper 64k 7.48 ->
+ * 7.66 ms.) */
+#ifndef FAST_RING_PRODUCE_UNDER
+#define FAST_RING_PRODUCE_UNDER 1
+#endif
+
 /* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
  * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
  * [kb, ke) of the branch's policy, visible(t, u) masking per row; the
@@ -445,10 +456,13 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
                 scoresToP(0); /* o is 0: no rescale */
                 fastWgAFromC<NT>(a, s);
-                for (int it = 1; it < ntiles; it++) {
+                auto produce = [&](int it) {
                     if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
                         ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
                                      keyAt(it + Ring::AHEAD));
+                };
+                for (int it = 1; it < ntiles; it++) {
+                    if (!FAST_RING_PRODUCE_UNDER) produce(it);
                     ring.wait(j0 + it);
                     fastWgArrive();
                     fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
@@ -458,6 +472,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                     fastWgArrive();
                     fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
                     fastWgCommit();
+                    if (FAST_RING_PRODUCE_UNDER) produce(it);
                     fastWgWait<1>(); /* scores of tile it */
                     fastWgFenceAcc(s);
                     scoresToP(it);
@@ -819,7 +834,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                 dsTile(s, dp, 0, 0);
                 fastWgAFromC<NT>(a, s);
                 for (int it = 1; it < ntiles; it++) {
-                    produce(it + Ring::AHEAD);
+                    if (!FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
                     const int j = j0 + it;
                     ring.wait(j);
                     fastWgArrive();
@@ -830,6 +845,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                     fastWgArrive();
                     fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
                     fastWgCommit();
+                    if (FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
                     fastWgWait<1>(); /* scores and dP of tile it */
                     fastWgFenceAcc(s);
                     fastWgFenceAcc(dp);
