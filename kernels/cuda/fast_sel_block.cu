@@ -248,8 +248,10 @@ __device__ __forceinline__ void selStageStore(const bf16 *stage, const long long
  * `map` describes (none when that is -1), one bulk tensor store per
  * 64-column panel of the stage (ROWS rows, fastStagePut64's swizzle - the
  * map's), issued by lane 0 after the warp's staging stores are fenced
- * for the async proxy; returns once the stores have read the stage. */
-template <int D, int ROWS>
+ * for the async proxy; returns once the stores have read the stage, or
+ * (DEFER) at once - the caller waits for their reads before the stage is
+ * reused (fastDkdvRingCore's defer_release). */
+template <int D, int ROWS, bool DEFER = false>
 __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const bf16 *stage,
                                                  const long long *row_at, int warp, int lane) {
     fastWgProxyFence();
@@ -260,7 +262,7 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
         for (int p = 0; p < D / 64; p++)
             fastTmaStore2(map, stage + p * ROWS * 64 + warp * 16 * 64, p * 64, (int)at);
         fastBulkCommit();
-        fastBulkWaitRead();
+        if (!DEFER) fastBulkWaitRead();
     }
     __syncwarp();
 }
@@ -1036,6 +1038,18 @@ constexpr int selFusedSmem() {
  * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
  * small products per stage, which a third CTA overlaps (H100: proto 64k
  * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
+/* 1: lane 0 of each warp waits for its stage's dq bulk stores to have
+ * read the stage only in the next stage, under its first products, before
+ * the ring's producer refills it (the wait right after the stores had been
+ * 5% of the kernel's stall samples, ncu, paper 64k). H100, with the split
+ * reduce below: paper 64k fwd+bwd 101.33 -> 100.78 ms (the dQ phase 42.57
+ * -> 41.83; the split reduce alone 101.11), proto 64k 13.02 -> 12.90. */
+#ifndef SEL_FUSED_DEFER_READ
+#define SEL_FUSED_DEFER_READ 1
+#endif
+#if SEL_FUSED_DEFER_READ && !FAST_DKDV_ISSUE_UNDER
+#error "SEL_FUSED_DEFER_READ releases a stage under the next stage's products: FAST_DKDV_ISSUE_UNDER"
+#endif
 #ifndef SEL_FUSED_MIN_CTAS_D64
 #define SEL_FUSED_MIN_CTAS_D64 3
 #endif
@@ -1128,7 +1142,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             fastStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
         }
         if (RING && FAST_SELB_TMA_STORE && hpg == 16) { /* its reads done before the ring releases the stage */
-            selStageStoreTma<DK, R>(&maps.part_dq, q_stage, at, warp, lane);
+            selStageStoreTma<DK, R, SEL_FUSED_DEFER_READ>(&maps.part_dq, q_stage, at, warp, lane);
         } else {
             __syncwarp();
             selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);
@@ -1146,7 +1160,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
                 const int e = e0 + it * tpr + s;
                 return e < e1 ? entry_slot + e : nullptr;
             },
-            dqOut);
+            dqOut, SEL_FUSED_DEFER_READ && FAST_SELB_TMA_STORE && hpg == 16);
     } else {
         fastDkdvCore<DK, DV, true, 1>(
             c, io, b, g, u0, khi, ntiles,
@@ -1173,7 +1187,12 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
 }
 
 /* Adds the item partials of the blocks with several items in this chunk to
- * acc, in item order. Grid (Ns, B*G), 256 threads. */
+ * acc, in item order. Grid (Ns, B*G, SEL_FUSED_REDUCE_SPLIT): a block's
+ * 64 x (d_k + d_v) sums in that many slices. Block 0, every token's, has a
+ * chunk's tokens in items of up to 256 (16 at the paper shape: a MB of
+ * partials), which one CTA had streamed alone after each chunk's pass (ncu,
+ * paper 64k: 0.82 ms a backward over the 16 chunks). 256 threads. */
+#define SEL_FUSED_REDUCE_SPLIT 8
 template <int DK, int DV>
 __global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFused f, int chunk) {
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, j = blockIdx.x;
@@ -1182,7 +1201,9 @@ __global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFu
     if (items <= 1) return;
     const int first = f.part_start[plan + j];
     const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
-    for (int idx = threadIdx.x; idx < 64 * (DK + DV) / 4; idx += blockDim.x) {
+    constexpr int N4 = 64 * (DK + DV) / 4, SLICE = (N4 + SEL_FUSED_REDUCE_SPLIT - 1) / SEL_FUSED_REDUCE_SPLIT;
+    const int idx_end = min(N4, ((int)blockIdx.z + 1) * SLICE);
+    for (int idx = blockIdx.z * SLICE + threadIdx.x; idx < idx_end; idx += blockDim.x) {
         const bool is_k = idx < 64 * DK / 4;
         const int D = is_k ? DK : DV, rel = (is_k ? idx : idx - 64 * DK / 4) * 4;
         const int r = rel / D, col = rel % D;
@@ -1191,6 +1212,7 @@ __global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFu
                             ((size_t)bg * f.max_parts + first) * 64 * D + (size_t)r * D + col;
         float4 *to = (float4 *)((is_k ? f.acc_k : f.acc_v) + (((size_t)b * c.S + u0 + r) * c.G + g) * D + col);
         float4 a = *to;
+#pragma unroll 4
         for (int p = 0; p < items; p++) {
             const float4 x = *(const float4 *)(part + (size_t)p * 64 * D);
             a.x += x.x, a.y += x.y, a.z += x.z, a.w += x.w;
@@ -1267,7 +1289,8 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
         kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk,
                                                                         maps);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG), 256, 0, stream>>>(c, f, chunk);
+        selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG, SEL_FUSED_REDUCE_SPLIT), 256, 0, stream>>>(
+            c, f, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         if (before_combine &&
             (e = before_combine->run(before_combine->ctx, chunk * CT, min(c.S, (chunk + 1) * CT),

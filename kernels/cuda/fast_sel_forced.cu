@@ -19,7 +19,9 @@
  * is another multiple of 64). */
 #include "fast_internal.cuh"
 
+#ifndef SEL_FORCED_WGS
 #define SEL_FORCED_WGS 3 /* consumer warpgroups per CTA (the forward's 384 threads) */
+#endif
 #define SEL_FORCED_THREADS (128 * SEL_FORCED_WGS)
 
 /* Shared layout: K tiles [3][64][DK], V tiles [3][64][DV] (swizzled 64-row

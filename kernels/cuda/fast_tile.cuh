@@ -1321,7 +1321,8 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                                                  int khi, int ntiles, Tokens tokens,
                                                  Visible visible, SeesAny seesAny,
                                                  TileFull tileFull, Store store, Aux aux = Aux{},
-                                                 StageOut stageOut = StageOut{}) {
+                                                 StageOut stageOut = StageOut{},
+                                                 bool defer_release = false) {
     constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
     constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
     static_assert(GATHER || (!HAS_AUX && !HAS_OUT), "payloads and stageOut need listed tokens");
@@ -1339,6 +1340,11 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int hpg = c.hpg, tpr = R / hpg, rows = tpr * hpg;
     const uint32_t tx_bytes = (uint32_t)rows * 128 * ((DK + DV) / 64);
+    /* defer_release: stageOut's bulk stores of tile it may still read its
+     * stage when it returns; the stage is released in tile it + 1, under
+     * its first products and before the producer (there, FAST_DKDV_ISSUE_UNDER)
+     * waits for it */
+    const bool defer = HAS_OUT && FAST_DKDV_ISSUE_UNDER && defer_release;
 
     fastLoadKeyTile<true, KT, DK, DV, THREADS>(sK, sV, io.k, io.v, io.nkeys, c.G, b, g, u0, khi);
     fastCpCommit();
@@ -1448,8 +1454,16 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         /* the producer's part of tile it + AHEAD (warp 0's boxes, the row
          * data of the first R threads): under this tile's first products
          * where the pass runs, else here */
-        bool issued = it + AHEAD >= ntiles;
+        bool issued = it + AHEAD >= ntiles, released = !(defer && it > 0);
         auto produce = [&] {
+            if (!released) { /* tile it - 1's stage, once its bulk stores have read it */
+                __syncwarp();
+                if (lane == 0) {
+                    fastBulkWaitRead();
+                    fastMbarArrive(&empty[(it - 1) % STAGES]);
+                }
+                released = true;
+            }
             if (!issued) issue(it + AHEAD);
             issued = true;
         };
@@ -1492,8 +1506,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
          * are the TMA's */
         if constexpr (HAS_OUT) fastWgProxyFence();
         __syncwarp();
-        if (lane == 0) fastMbarArrive(&empty[s]);
+        if (lane == 0 && !defer) fastMbarArrive(&empty[s]);
     }
+    if (defer && lane == 0) fastBulkWaitRead(); /* the last stage's stores, before the CTA ends */
     fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 
