@@ -1246,7 +1246,7 @@ static __device__ const int fastMinusOne = -1;
  * fastDkdvCore above copies each row stage with 16-byte cp.async from every
  * thread and makes it visible with a CTA barrier per row tile - the
  * structure the forward and dQ loops had before their key tiles came by
- * TMA (fast_tma.cuh). Here the stages form a ring: a lane of warp 0 issues
+ * TMA (fast_tma.cuh). Here the stages form a ring: one warp's lanes issue
  * a stage's q and dout panels as TMA boxes of whole tokens (FastRowMaps)
  * AHEAD tiles early, the first R threads issue its per-row lse, delta and
  * gate (and, gathering, the row's token) as 4-byte cp.async tracked by the
@@ -1290,6 +1290,11 @@ static __device__ const int fastMinusOne = -1;
  * window 5.10 -> 4.88), 16k 69.58 -> 68.86; the prototype shape unchanged. */
 #ifndef FAST_DKDV_ISSUE_UNDER
 #define FAST_DKDV_ISSUE_UNDER 1
+#endif
+/* The warp that issues the row boxes of the dK/dV ring (0-3; the row data
+ * are warps 0 and 1's). */
+#ifndef FAST_DKDV_BOX_WARP
+#define FAST_DKDV_BOX_WARP 2
 #endif
 template <int DK, int DV, int KWG, bool GATHER, bool AUX = false, int EXTRA = 0>
 struct FastDkdvRing {
@@ -1382,15 +1387,22 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
             return slot >= 0 ? tokens(it, slot) : -1;
         }
     };
-    /* tokens of the next tile to issue: this row's, and (warp 0) lane's slot */
+    /* The producer's work is split over three warps: the row data of rows
+     * 0-63 (threads tid < R: warps 0 and 1) and the boxes (BOX_WARP), each
+     * of about the same length; with the boxes on warp 0 too, that warp
+     * came to the next warpgroup-wide product last (ncu, paper 64k fused
+     * selected backward: 21% of the stall samples on that issue). */
+    constexpr int BOX_WARP = FAST_DKDV_BOX_WARP;
+    static_assert(BOX_WARP < 4, "the boxes' warp is in warpgroup 0");
+    /* tokens of the next tile to issue: this row's, and (BOX_WARP) lane's slot */
     int next_row_tok = tid < R ? tokenAt(0, my_slot) : -1;
     int next_box_tok[2] = {-1, -1}; /* slots lane and lane + 32 (tpr <= 64) */
-    if (GATHER && warp == 0)
+    if (GATHER && warp == BOX_WARP)
 #pragma unroll
         for (int k = 0; k < 2; k++) next_box_tok[k] = tokenAt(0, lane + 32 * k < tpr ? lane + 32 * k : -1);
     auto issue = [&](int j) { /* tile j into stage j % STAGES, row data slot j % MS */
         const int s = j % STAGES;
-        if (warp == 0) {
+        if (warp == BOX_WARP) {
             if (lane == 0) {
                 if (j >= STAGES) fastMbarWait(&empty[s], (uint32_t)(j / STAGES + 1) & 1u);
                 fastMbarArriveTx(&full[s], tx_bytes);
@@ -1451,7 +1463,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     const int wg = KWG > 1 ? warp >> 2 : 0, ka = u0 + wg * 64, kb = min(khi, ka + 64) - 1;
 
     for (int it = 0; it < ntiles; it++) {
-        /* the producer's part of tile it + AHEAD (warp 0's boxes, the row
+        /* the producer's part of tile it + AHEAD (BOX_WARP's boxes, the row
          * data of the first R threads): under this tile's first products
          * where the pass runs, else here */
         bool issued = it + AHEAD >= ntiles, released = !(defer && it > 0);
