@@ -1034,10 +1034,6 @@ constexpr int selFusedSmem() {
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
  * Grid (f.max_items, B*G), FAST_THREADS threads. */
-/* At d_k = 64, three CTAs per SM: the registers capped at 168 (201
- * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
- * small products per stage, which a third CTA overlaps (H100: proto 64k
- * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
 /* 1: lane 0 of each warp waits for its stage's dq bulk stores to have
  * read the stage only in the next stage, under its first products, before
  * the ring's producer refills it (the wait right after the stores had been
@@ -1050,6 +1046,10 @@ constexpr int selFusedSmem() {
 #if SEL_FUSED_DEFER_READ && !FAST_DKDV_ISSUE_UNDER
 #error "SEL_FUSED_DEFER_READ releases a stage under the next stage's products: FAST_DKDV_ISSUE_UNDER"
 #endif
+/* At d_k = 64, three CTAs per SM: the registers capped at 168 (201
+ * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
+ * small products per stage, which a third CTA overlaps (H100: proto 64k
+ * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
 #ifndef SEL_FUSED_MIN_CTAS_D64
 #define SEL_FUSED_MIN_CTAS_D64 3
 #endif
@@ -1105,6 +1105,9 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     /* after a pass's dK/dV products: dS to the dout stage, then (last pass
      * of the stage) dq = dS.K staged in the q stage and stored per row;
      * row(r) = (token, j's slot in its sel_idx row) of stage row r, -1: none */
+    /* at 16 heads per group a warp's 16 staged dq rows are one (token,
+     * slot) pair's: they leave by bulk tensor stores */
+    const bool tma_out = RING && FAST_SELB_TMA_STORE && hpg == 16;
     auto dqOut = [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, auto row) {
         constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
         long long *at = sAt + (it & 1) * R; /* a warp may start the next tile's before all read this */
@@ -1141,7 +1144,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
             fastStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
         }
-        if (RING && FAST_SELB_TMA_STORE && hpg == 16) { /* its reads done before the ring releases the stage */
+        if (tma_out) { /* its reads done before the ring releases the stage */
             selStageStoreTma<DK, R, SEL_FUSED_DEFER_READ>(&maps.part_dq, q_stage, at, warp, lane);
         } else {
             __syncwarp();
@@ -1160,7 +1163,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
                 const int e = e0 + it * tpr + s;
                 return e < e1 ? entry_slot + e : nullptr;
             },
-            dqOut, SEL_FUSED_DEFER_READ && FAST_SELB_TMA_STORE && hpg == 16);
+            dqOut, SEL_FUSED_DEFER_READ && tma_out);
     } else {
         fastDkdvCore<DK, DV, true, 1>(
             c, io, b, g, u0, khi, ntiles,
@@ -1201,7 +1204,8 @@ __global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFu
     if (items <= 1) return;
     const int first = f.part_start[plan + j];
     const int u0 = j * c.sel_len, khi = min(c.S, u0 + c.sel_len);
-    constexpr int N4 = 64 * (DK + DV) / 4, SLICE = (N4 + SEL_FUSED_REDUCE_SPLIT - 1) / SEL_FUSED_REDUCE_SPLIT;
+    constexpr int N4 = 64 * (DK + DV) / 4; /* float4 sums of a block */
+    constexpr int SLICE = (N4 + SEL_FUSED_REDUCE_SPLIT - 1) / SEL_FUSED_REDUCE_SPLIT;
     const int idx_end = min(N4, ((int)blockIdx.z + 1) * SLICE);
     for (int idx = blockIdx.z * SLICE + threadIdx.x; idx < idx_end; idx += blockDim.x) {
         const bool is_k = idx < 64 * DK / 4;
