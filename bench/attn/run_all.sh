@@ -40,13 +40,15 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # each runs on the device's default tensor-core path (wgmma on sm_90),
     # auto once more on mma.sync (NSA_FAST_MMA=sync), and block once more
     # with the selected dK/dV and dQ as two passes (NSA_FAST_SEL_FUSED=0;
-    # kernels/cuda/fast_attn.cu). A design reads sel[/mma[/fused]].
+    # kernels/cuda/fast_attn.cu), and auto once more with the compressed
+    # dK/dV in 3 parts (NSA_FAST_CMP_PARTS; the model picks per shape
+    # otherwise). A design reads sel[/mma[/fused[/parts]]].
     # At most one process per CPU at a time: each holds a CUDA context,
     # and a hundred at once ran the GPU out of memory (a case then bails
     # out at its first cudaMalloc - a false failure).
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    designs="auto union warp block dense auto/sync block/auto/0"
+    designs="auto union warp block dense auto/sync block/auto/0 auto/auto/1/3"
     for design in $designs; do
         i=0
         while [ "$i" -lt "$n" ]; do
@@ -54,23 +56,24 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
             i=$((i + 1))
         done
     done | xargs -P "$(nproc)" -L 1 sh -c '
-        IFS=/ read -r sel mma fused <<DESIGN
+        IFS=/ read -r sel mma fused parts <<DESIGN
 $0
 DESIGN
         NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} \
-            build/bench/test_fast_attn "$1" >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}.$1.log" 2>&1'
+            NSA_FAST_CMP_PARTS=${parts:-auto} build/bench/test_fast_attn "$1" \
+            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}.$1.log" 2>&1'
     for design in $designs; do
-        IFS=/ read -r sel mma fused <<DESIGN
+        IFS=/ read -r sel mma fused parts <<DESIGN
 $design
 DESIGN
-        tag="${sel}_${mma:-auto}_${fused:-1}"
-        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1}" >>"$out/test.log"
+        tag="${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}"
+        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} NSA_FAST_CMP_PARTS=${parts:-auto}" >>"$out/test.log"
         i=0
         while [ "$i" -lt "$n" ]; do
             cat "$tmp/$tag.$i.log" >>"$out/test.log"
             i=$((i + 1))
         done
-        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
+        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}, parts ${parts:-auto}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
     rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"

@@ -30,7 +30,11 @@ struct NsaAttnCudaPlan {
     NsaAttnCudaPlan *scratch_owner; /* NULL: owns its scratch */
     bf16 *kc, *vc, *o[3];
     float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
-    size_t cmp_part_capacity; /* elements of cmp_part_k */
+    size_t cmp_part_capacity; /* elements of cmp_part_k: CMP_MAX_PARTS parts */
+    /* the compressed backward's parts for the last call's B and S
+     * (fastCmpBackwardParts; cmp_parts_B 0: none yet) */
+    int cmp_parts, cmp_parts_B, cmp_parts_S;
+    int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
     FastRevIndex rev;
@@ -246,36 +250,6 @@ static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_c
     return (int)(e < 256 ? 256 : e > FAST_SEL_CHUNK ? FAST_SEL_CHUNK : e);
 }
 
-/* 64-key CTAs per SM the compressed dK/dV's parts aim at: 16 measured a
- * little faster than 8 since its CTAs hold 128 keys (H200, call 69: paper
- * 64k 22.05 -> 21.82 and 22.45 -> 21.74 ms, paper192 29.3 -> 28.6). */
-#ifndef FAST_CMP_BALANCE_CTAS
-#define FAST_CMP_BALANCE_CTAS 16
-#endif
-/* Parts past 8 only as a doubling, where the balance target asks for 16
- * or more and a part still holds 1024 tokens (S >= 16384): the pooling
- * backward reads every part. H100: proto 64k (asks 17) compressed dK/dV
- * 2.08 -> 1.94 and 2.10 -> 1.89 ms, pooling backward 0.11 -> 0.16; paper
- * 64k (asks 9) dK/dV unchanged, pooling backward 0.39 -> 0.47; proto 2k
- * (16 parts of 128 tokens) 5.11 -> 5.19 ms in all. */
-static int cmpPartsCap(int S, long long asked) {
-    if (asked <= 8) return 8;
-    return S >= 16384 && asked >= 16 ? 16 : 8;
-}
-static int cmpPartsWanted(const FastCtx &c, int sm_count) {
-    if (c.Nc == 0) return 1;
-    /* The longest CTA (key tile 0, S/parts rows) should not outlast the
-     * balanced pass: with the triangle of work, 2 CTAs of 64 keys per SM
-     * (or, on wgmma, one of 128: the same count in 64-key units) and the
-     * CTAs started longest first, 4 waves' worth of CTAs keep the greedy
-     * schedule within about 1% of balanced (a model); 8 waves measured a
-     * little faster (FAST_CMP_BALANCE_CTAS). */
-    long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
-    long long p = ((long long)FAST_CMP_BALANCE_CTAS * sm_count + ctas - 1) / ctas;
-    const int cap = cmpPartsCap(c.S, p);
-    return (int)(p < 1 ? 1 : (p > cap ? cap : p));
-}
-
 /* Carves the workspace in two parts: the plan's state - what its forward
  * leaves for its backward (pooled keys, branch outputs, lse, the selection
  * and its reverse index) - from state_base, and the scratch a call uses
@@ -354,7 +328,13 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     }
     /* the compressed backward's partials, and in the same bytes the fused
      * selected backward's fp32 dK/dV (its pass runs after that one) */
-    int parts = cmpPartsWanted(c, p->sm_count);
+    /* room for the parts a call at these dims takes (a call of smaller B
+     * or S has room for more); where the model cannot run, for any count */
+    int parts = CMP_MAX_PARTS;
+    if (fastCmpBackwardParts(fastPlanCtx(p, d), d->d_k, d->d_v, p->sm_count, CMP_MAX_PARTS,
+                             &parts) != cudaSuccess)
+        parts = CMP_MAX_PARTS;
+    if (p->cmp_parts_forced > parts) parts = p->cmp_parts_forced;
     p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
     const size_t cmp_k_bytes = (p->cmp_part_capacity * 4 + 255) / 256 * 256;
     const size_t cmp_bytes = cmp_k_bytes + (size_t)parts * d->B * c.Nc * d->G * d->d_v * 4;
@@ -459,6 +439,19 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
         else if (strcmp(fused_env, "1") != 0)
             return fastFail(err, "nsa fast attention: NSA_FAST_SEL_FUSED=%s; allowed: 0, 1",
                             fused_env);
+    }
+    /* NSA_FAST_CMP_PARTS=1..CMP_MAX_PARTS fixes the compressed dK/dV's
+     * parts (fastCmpBackwardParts picks them otherwise): for measuring the
+     * model's pick, and for the tests at several */
+    const char *parts_env = getenv("NSA_FAST_CMP_PARTS");
+    p->cmp_parts_forced = 0;
+    if (parts_env && *parts_env && strcmp(parts_env, "auto") != 0) {
+        char *end = NULL;
+        const long v = strtol(parts_env, &end, 10);
+        if (*end || v < 1 || v > CMP_MAX_PARTS)
+            return fastFail(err, "nsa fast attention: NSA_FAST_CMP_PARTS=%s; allowed: auto, 1 to %d",
+                            parts_env, CMP_MAX_PARTS);
+        p->cmp_parts_forced = (int)v;
     }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -907,12 +900,18 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* and with it the forced selected blocks' dq (FastSelBlock.forced_dq_apart) */
     const bool forced_dq = c.sel_fused_bwd && !joint_dq && fastSelForcedDqApplies(c, dk);
     io = cmp;
-    int parts = cmpPartsWanted(c, p->sm_count);
-    size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
-    if (per_part > 0 && (size_t)parts * per_part > p->cmp_part_capacity)
-        parts = (int)(p->cmp_part_capacity / per_part);
-    if (parts < 1) parts = 1;
-    FAST_CHECK(fastCmpBackward(c, dk, dv, io, parts, p->cmp_part_k, p->cmp_part_v,
+    if (p->cmp_parts_B != dims->B || p->cmp_parts_S != dims->S) { /* a few ms of host work */
+        const size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
+        const size_t room = per_part > 0 ? p->cmp_part_capacity / per_part : CMP_MAX_PARTS;
+        FAST_CHECK(fastCmpBackwardParts(c, dk, dv, p->sm_count,
+                                        room < CMP_MAX_PARTS ? (int)room : CMP_MAX_PARTS,
+                                        &p->cmp_parts),
+                   "compressed backward's parts");
+        if (p->cmp_parts_forced)
+            p->cmp_parts = room < (size_t)p->cmp_parts_forced ? (int)room : p->cmp_parts_forced;
+        p->cmp_parts_B = dims->B, p->cmp_parts_S = dims->S;
+    }
+    FAST_CHECK(fastCmpBackward(c, dk, dv, io, p->cmp_parts, p->cmp_part_k, p->cmp_part_v,
                                (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
     /* dq = window + compressed terms in one pass (written, mode 0) and the

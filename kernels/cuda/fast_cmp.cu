@@ -4,12 +4,18 @@
  * Block i covers tokens [i*d, i*d+l) and is visible at t when i*d+l-1 <= t.
  * The forward saves only o_cmp and lse_cmp (no S x Nc matrix): the
  * selection pass and the backward recompute P = exp(s - lse) tile by tile.
- * dK/dV: key tile i0 is seen by every token from i0*d+l-1 on, so its row
- * tiles are dealt round-robin to `parts` CTAs (balance: the first key tile
- * has the longest list) and the CTAs start longest first; each writes an
- * fp32 partial and the pooling backward sums the parts in a fixed order -
- * no atomics, reproducible. */
+ * dK/dV: key tile i0 is seen by every token from i0*d+l-1 on, so its rows
+ * are split among `parts` CTAs - equal token ranges that every key tile's
+ * CTA of that part walks in step (CmpRanges: at two key warpgroups per
+ * CTA; the count from a model of the CTA schedule, fastCmpBackwardParts),
+ * or row tiles dealt round-robin with the CTAs started longest first; each writes an fp32
+ * partial and the pooling backward sums the parts in a fixed order - no
+ * atomics, reproducible. */
 #include "fast_internal.cuh"
+
+#include <functional>
+#include <queue>
+#include <vector>
 
 /* pooled[b][i][g][c] = (1/l) sum_{j<l} x[b][i*d+j][g][c], fp32 sum. */
 __global__ void cmpPoolKernel(bf16 *pooled, const bf16 *x, int B, int S, int G, int dim, int l,
@@ -79,40 +85,36 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
     }
 }
 
-template <int DK, int DV, bool WG>
-__global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
-cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
-              const __grid_constant__ FastRowMaps maps) {
-    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
-    /* Longest first: CTAs start in linear-index order, and key tile x has
-     * work ~ S - x*64*d, so the index runs over key tiles outermost (every
-     * part and (b, g) of tile 0 first). Without it the long CTAs of late
-     * (b, g) started last and the pass ran about 1.36x its balanced time
-     * (a greedy-schedule model of the paper shape at 64k). */
-    const int parts = gridDim.y, BG = gridDim.z;
-    const int linear = blockIdx.x + gridDim.x * (blockIdx.y + parts * blockIdx.z);
-    const int key_tile = linear / (parts * BG), rest = linear % (parts * BG);
-    const int bg = rest / parts, b = bg / c.G, g = bg % c.G;
-    const int part = rest % parts;
-    const int i0 = key_tile * KT, khi = min(c.Nc, i0 + KT);
-    const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
+/* Whether the compressed dK/dV at these dims splits its rows into token
+ * ranges (else interleaved row tiles): where it runs two key warpgroups
+ * per CTA, one CTA per SM (d_k + d_v >= 256 on wgmma). There the
+ * interleaved parts read their q / dout rows from DRAM about 8 times over
+ * (L2 hit 33%: the CTAs of later waves walk other rows); ranges at the
+ * model's count cut the pass 7.5% (H100, paper 64k: 14.85 -> 13.74 ms,
+ * 30 -> 12 GB read). With one key warpgroup (three CTAs per SM, the
+ * prototype's shape) the interleaved parts hit L2 75% already and the
+ * ranges' equal CTAs balance worse: 1.77 -> 1.91 ms. */
+template <bool WG, int DK, int DV> struct CmpRanges {
+    static constexpr bool value = FAST_CMP_RANGE_PARTS && FastDkdvShape<WG, DK, DV>::KWG > 1;
+};
+
+/* The dK/dV of keys [i0, khi) over `ntiles` row tiles of tpr tokens from
+ * tileStart(it) (tokens from hi on are none), into part `part`'s fp32
+ * partial. */
+template <int DK, int DV, bool WG, class TileStart>
+__device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &io,
+                                            const FastRowMaps &maps, float *part_k,
+                                            float *part_v, int b, int g, int part, int i0,
+                                            int khi, int ntiles, int hi, TileStart tileStart) {
     const int tpr = FAST_DKDV_ROWS / c.hpg;
-    const int total = (c.S - tb + tpr - 1) / tpr;
-    const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
-    const int S = c.S, l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
-    /* Row tiles go last token first: every key tile's rows end at S - 1,
-     * so the CTAs running together walk the same rows and share them in
-     * L2; first token first, each started at its own key tile's first
-     * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
-     * 48% busy beside L2 77%). */
-    auto tileStart = [=](int it) { return tb + (part + (ntiles - 1 - it) * parts) * tpr; };
+    const int l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
     auto visible = [=](int t, int i) { return i * d + l - 1 <= t; };
     auto seesAny = [=](int it, int ia, int) { /* the tile's last token sees block ia */
-        return ia * d + l - 1 <= min(S, tileStart(it) + tpr) - 1;
+        return ia * d + l - 1 <= min(hi, tileStart(it) + tpr) - 1;
     };
     auto tileFull = [=](int it, int, int ia) { /* tokens of row tile it: [t, t + tpr) */
         int t = tileStart(it);
-        return t + tpr <= S && (ia + 63) * d + l - 1 <= t;
+        return t + tpr <= hi && (ia + 63) * d + l - 1 <= t;
     };
     auto store = [=](int i, bool is_k, int col, float v0, float v1) {
         size_t blk = (((size_t)part * B + b) * Nc + i) * G + g;
@@ -122,12 +124,65 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
             *(float2 *)(part_v + blk * DV + col) = make_float2(v0, v1);
     };
     constexpr int KWG = FastDkdvShape<WG, DK, DV>::KWG;
-    auto tokenOf = [=](int it, int slot) { /* row tile it: tokens tileStart(it) .., none from S */
+    auto tokenOf = [=](int it, int slot) { /* row tile it: tokens tileStart(it) .., none from hi */
         int t = tileStart(it) + slot;
-        return t < S ? t : -1;
+        return t < hi ? t : -1;
     };
     fastDkdvConsecutive<DK, DV, WG, KWG>(c, io, maps, b, g, i0, khi, ntiles, tokenOf, visible,
                                          seesAny, tileFull, store);
+}
+
+template <int DK, int DV, bool WG>
+__global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
+cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
+              const __grid_constant__ FastRowMaps maps) {
+    constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
+    const int parts = gridDim.y, BG = gridDim.z, ktiles = gridDim.x;
+    const int linear = blockIdx.x + ktiles * (blockIdx.y + parts * blockIdx.z);
+    int key_tile, bg, part;
+    if constexpr (CmpRanges<WG, DK, DV>::value) {
+        /* Part p walks the p-th of `parts` equal token ranges (whole row
+         * tiles), and the index runs over parts outermost, last range
+         * first, then key tiles in order: the CTAs running together walk
+         * one range in step and share its q / dout rows in L2. */
+        part = parts - 1 - linear / (ktiles * BG);
+        const int rest = linear % (ktiles * BG);
+        key_tile = rest / BG, bg = rest % BG;
+    } else {
+        /* Part p takes every parts-th row tile. Longest first: CTAs start
+         * in linear-index order, and key tile x has work ~ S - x*64*d, so
+         * the index runs over key tiles outermost (every part and (b, g) of
+         * tile 0 first). Without it the long CTAs of late (b, g) started
+         * last and the pass ran about 1.36x its balanced time (a
+         * greedy-schedule model of the paper shape at 64k). */
+        key_tile = linear / (parts * BG);
+        const int rest = linear % (parts * BG);
+        bg = rest / parts, part = rest % parts;
+    }
+    const int b = bg / c.G, g = bg % c.G;
+    const int i0 = key_tile * KT, khi = min(c.Nc, i0 + KT);
+    const int tb = i0 * c.cmp_stride + c.cmp_len - 1; /* first token seeing block i0 */
+    const int tpr = FAST_DKDV_ROWS / c.hpg, S = c.S;
+    /* Row tiles go last token first: every key tile's rows end at the same
+     * token, so the CTAs running together walk the same rows and share them
+     * in L2; first token first, each started at its own key tile's first
+     * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
+     * 48% busy beside L2 77%). Each mode passes its own tileStart (one
+     * formula for both cost the prototype's instance 15 registers: two CTAs
+     * a SM instead of three). */
+    if constexpr (CmpRanges<WG, DK, DV>::value) {
+        const int span = (S + parts * tpr - 1) / (parts * tpr) * tpr;
+        const int lo = max(tb, part * span), hi = min(S, (part + 1) * span);
+        const int ntiles = hi > lo ? (hi - lo + tpr - 1) / tpr : 0;
+        cmpDkdvWalk<DK, DV, WG>(c, io, maps, part_k, part_v, b, g, part, i0, khi, ntiles, hi,
+                                [=](int it) { return lo + (ntiles - 1 - it) * tpr; });
+    } else {
+        const int total = (S - tb + tpr - 1) / tpr;
+        const int ntiles = total > part ? (total - part + parts - 1) / parts : 0;
+        cmpDkdvWalk<DK, DV, WG>(
+            c, io, maps, part_k, part_v, b, g, part, i0, khi, ntiles, S,
+            [=](int it) { return tb + (part + (ntiles - 1 - it) * parts) * tpr; });
+    }
 }
 
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
@@ -138,6 +193,107 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
     cmpPoolKernel<<<blocks, 256, 0, stream>>>(pooled, x, c.B, c.S, c.G, dim, c.cmp_len,
                                               c.cmp_stride, c.Nc);
     return cudaGetLastError();
+}
+
+/* 64-key CTAs per SM the interleaved parts aim at: 16 measured a little
+ * faster than 8 since its CTAs hold 128 keys (H200, call 69: paper 64k
+ * 22.05 -> 21.82 and 22.45 -> 21.74 ms, paper192 29.3 -> 28.6). */
+#ifndef FAST_CMP_BALANCE_CTAS
+#define FAST_CMP_BALANCE_CTAS 16
+#endif
+/* Interleaved parts past 8 only as a doubling, where the balance target
+ * asks for 16 or more and a part still holds 1024 tokens (S >= 16384): the
+ * pooling backward reads every part. H100: proto 64k (asks 17) compressed
+ * dK/dV 2.08 -> 1.94 and 2.10 -> 1.89 ms, pooling backward 0.11 -> 0.16;
+ * paper 64k (asks 9) dK/dV unchanged, pooling backward 0.39 -> 0.47; proto
+ * 2k (16 parts of 128 tokens) 5.11 -> 5.19 ms in all. */
+static int cmpInterleavedParts(const FastCtx &c, int sm_count) {
+    /* The longest CTA (key tile 0, S/parts rows) should not outlast the
+     * balanced pass: with the triangle of work, 2 CTAs of 64 keys per SM
+     * (or, on wgmma, one of 128: the same count in 64-key units) and the
+     * CTAs started longest first, 4 waves' worth of CTAs keep the greedy
+     * schedule within about 1% of balanced (a model); 8 waves measured a
+     * little faster (FAST_CMP_BALANCE_CTAS). */
+    long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
+    long long p = ((long long)FAST_CMP_BALANCE_CTAS * sm_count + ctas - 1) / ctas;
+    const int cap = p <= 8 ? 8 : c.S >= 16384 && p >= 16 ? 16 : 8;
+    return (int)(p < 1 ? 1 : (p > cap ? cap : p));
+}
+
+/* The modelled length, in row tiles, of the range-parts pass with `parts`
+ * parts: the CTAs in launch order (fast_cmp's index: last range first, key
+ * tiles in order), each taken by the first of `slots` CTA slots to come
+ * free - the block scheduler's greedy order - each costing its row tiles
+ * plus `overhead` (its K/V load and partial store). */
+static double cmpRangeSchedule(const FastCtx &c, int keys, int parts, int slots, double overhead,
+                               std::vector<double> &heap) {
+    const int tpr = FAST_DKDV_ROWS / c.hpg, ktiles = (c.Nc + keys - 1) / keys;
+    const int span = (c.S + parts * tpr - 1) / (parts * tpr) * tpr;
+    heap.assign((size_t)slots, 0.0);
+    double end = 0.0;
+    for (int part = parts - 1; part >= 0; part--)
+        for (int kt = 0; kt < ktiles; kt++) {
+            const int tb = kt * keys * c.cmp_stride + c.cmp_len - 1;
+            const int lo = tb > part * span ? tb : part * span;
+            const int hi = c.S < (part + 1) * span ? c.S : (part + 1) * span;
+            const double cost = (hi > lo ? (hi - lo + tpr - 1) / tpr : 0) + overhead;
+            for (int bg = 0; bg < c.B * c.G; bg++) {
+                std::pop_heap(heap.begin(), heap.end(), std::greater<double>());
+                heap.back() += cost;
+                if (heap.back() > end) end = heap.back();
+                std::push_heap(heap.begin(), heap.end(), std::greater<double>());
+            }
+        }
+    return end;
+}
+
+/* CTA cost beside its row tiles in the model above, in row tiles: the
+ * K/V load and the fp32 partial store of its keys, a few microseconds
+ * each, against about 2 us per row tile at the paper shape. */
+#define CMP_RANGE_OVERHEAD_TILES 4.0
+
+template <int DK, int DV>
+static cudaError_t cmpBackwardParts(const FastCtx &c, int sm_count, int max_parts, int *parts) {
+    const bool ranges = c.wgmma ? CmpRanges<true, DK, DV>::value : CmpRanges<false, DK, DV>::value;
+    if (!ranges || c.Nc == 0) {
+        const int p = c.Nc == 0 ? 1 : cmpInterleavedParts(c, sm_count);
+        *parts = p < max_parts ? p : max_parts;
+        return cudaSuccess;
+    }
+    auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
+    const int keys = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS : FastDkdvShape<false, DK, DV>::KEYS;
+    const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
+                                : FastDkdvShape<false, DK, DV>::THREADS;
+    const int smem = c.wgmma ? FastDkdvRing<DK, DV, FastDkdvShape<true, DK, DV>::KWG, false>::SMEM
+                             : fastDkdvSmem(DK, DV, false, keys / 64);
+    cudaError_t e = fastSetSmem(dkdv, smem);
+    int per_sm = 0;
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv, threads, smem);
+    if (e != cudaSuccess) return e;
+    if (per_sm < 1) return cudaErrorInvalidConfiguration;
+    /* Equal ranges make CTAs of equal length, which the greedy schedule
+     * runs in waves: the count decides how full the last wave is (16 parts
+     * at the prototype's 64k filled 2.6 of 3 waves and ran 11% slower than
+     * the interleaved parts). The fewest parts within 1% of the best
+     * modelled length: each part costs the pooling backward a read. */
+    std::vector<double> heap;
+    double best = 0.0;
+    double len[CMP_MAX_PARTS + 1];
+    const int top = max_parts < CMP_MAX_PARTS ? max_parts : CMP_MAX_PARTS;
+    for (int p = 1; p <= top; p++) {
+        len[p] = cmpRangeSchedule(c, keys, p, per_sm * sm_count, CMP_RANGE_OVERHEAD_TILES, heap);
+        if (p == 1 || len[p] < best) best = len[p];
+    }
+    *parts = 1;
+    while (*parts < top && len[*parts] > 1.01 * best) ++*parts;
+    return cudaSuccess;
+}
+
+cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count, int max_parts,
+                                 int *parts) {
+    if (max_parts < 1 || sm_count < 1) return cudaErrorInvalidValue;
+    FAST_DISPATCH(dk, dv, cmpBackwardParts, c, sm_count, max_parts, parts);
 }
 
 template <int DK, int DV>

@@ -70,11 +70,29 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
  * pooling backward keeps the sums of a run of blocks and of the blocks
  * before it that reach into it in 48 KB of shared memory (fastCheckDims). */
 #define FAST_CMP_MAX_OVERLAP 64
+/* 1: the compressed dK/dV's parts are equal token ranges walked in step
+ * by every key tile where it runs two key warpgroups a CTA (CmpRanges in
+ * fast_cmp.cu); 0: interleaved row tiles everywhere. */
+#ifndef FAST_CMP_RANGE_PARTS
+#define FAST_CMP_RANGE_PARTS 1
+#endif
+/* The most parts fastCmpBackwardParts picks (at 16 their fp32 sums take
+ * no more than the fused selected backward's fp32 dK/dV, which share the
+ * bytes, at the paper and prototype shapes); the plan keeps room for the
+ * count at its max dims. */
+#define CMP_MAX_PARTS 16
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
                             cudaStream_t stream);
 /* io.k, io.v are the pooled kc, vc; io.nkeys = Nc. */
 cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                            cudaStream_t stream);
+/* The parts fastCmpBackward should split its dK/dV into for this shape
+ * on a device of sm_count SMs, at most max_parts: written to *parts.
+ * Returns an invalid-value error for max_parts or sm_count < 1, else the
+ * status of the kernel attribute and occupancy queries it makes (host
+ * only, never synchronises; a few ms of host work - callers keep it). */
+cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count, int max_parts,
+                                 int *parts);
 /* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
  * [parts][B][Nc][G][dk], part_v likewise), then the pooling backward sums
  * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]); its dq

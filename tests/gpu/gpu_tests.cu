@@ -293,7 +293,7 @@ static void testAttnMmaSwitch(Results *res) {
     NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
     int ok = bad == NULL && strstr(err.message, "NSA_FAST_MMA=tensor") != NULL;
     char first[160];
-    snprintf(first, sizeof(first), "%s", err.message);
+    snprintf(first, sizeof(first), "%.150s", err.message);
     nsaAttnCudaPlanFree(bad);
     const char *accepted[2] = {"sync", "auto"};
     for (int i = 0; i < 2; i++) {
@@ -308,6 +308,41 @@ static void testAttnMmaSwitch(Results *res) {
     nsaAttnCudaPlanFree(wg);
     if (saved) setenv("NSA_FAST_MMA", saved, 1);
     else unsetenv("NSA_FAST_MMA");
+    free(saved);
+    report(res, ok, nowSeconds() - t0, name, "%s", first);
+}
+
+/* The compressed dK/dV's parts switch of the fast op: NSA_FAST_CMP_PARTS
+ * outside 1..16 (or not a number) is refused with a message naming the
+ * variable; auto and 3 are accepted. The environment is restored. */
+static void testAttnCmpPartsSwitch(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "fast attn NSA_FAST_CMP_PARTS: 0, 17, 3x refused, auto/3 accepted";
+    NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
+    const char *prev = getenv("NSA_FAST_CMP_PARTS");
+    char *saved = prev ? strdup(prev) : NULL;
+    NsaError err = {{0}};
+    const char *refused[3] = {"0", "17", "3x"};
+    int ok = 1;
+    char first[160] = "";
+    for (int i = 0; i < 3; i++) {
+        setenv("NSA_FAST_CMP_PARTS", refused[i], 1);
+        NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
+        char want[48];
+        snprintf(want, sizeof(want), "NSA_FAST_CMP_PARTS=%s;", refused[i]);
+        ok = ok && bad == NULL && strstr(err.message, want) != NULL;
+        if (i == 0) snprintf(first, sizeof(first), "%.150s", err.message);
+        nsaAttnCudaPlanFree(bad);
+    }
+    const char *accepted[2] = {"auto", "3"};
+    for (int i = 0; i < 2; i++) {
+        setenv("NSA_FAST_CMP_PARTS", accepted[i], 1);
+        NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
+        ok = ok && p != NULL;
+        nsaAttnCudaPlanFree(p);
+    }
+    if (saved) setenv("NSA_FAST_CMP_PARTS", saved, 1);
+    else unsetenv("NSA_FAST_CMP_PARTS");
     free(saved);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
@@ -1260,6 +1295,7 @@ int main(int argc, char **argv) {
             testAttention(res, labels[i], shapes[i], 1000 + i);
         testAttnPlanSharing(res);
         testAttnMmaSwitch(res);
+        testAttnCmpPartsSwitch(res);
         testAttnCmpOverlap(res);
     }
     if (all || !strcmp(only, "model")) {
