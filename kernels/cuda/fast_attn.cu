@@ -449,7 +449,8 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
         char *end = NULL;
         const long v = strtol(parts_env, &end, 10);
         if (*end || v < 1 || v > CMP_MAX_PARTS)
-            return fastFail(err, "nsa fast attention: NSA_FAST_CMP_PARTS=%s; allowed: auto, 1 to %d",
+            return fastFail(err,
+                            "nsa fast attention: NSA_FAST_CMP_PARTS=%s; allowed: auto, 1 to %d",
                             parts_env, CMP_MAX_PARTS);
         p->cmp_parts_forced = (int)v;
     }

@@ -8,13 +8,13 @@
  * are split among `parts` CTAs - equal token ranges that every key tile's
  * CTA of that part walks in step (CmpRanges: at two key warpgroups per
  * CTA; the count from a model of the CTA schedule, fastCmpBackwardParts),
- * or row tiles dealt round-robin with the CTAs started longest first; each writes an fp32
- * partial and the pooling backward sums the parts in a fixed order - no
- * atomics, reproducible. */
+ * or row tiles dealt round-robin with the CTAs started longest first; each
+ * writes an fp32 partial and the pooling backward sums the parts in a
+ * fixed order - no atomics, reproducible. */
 #include "fast_internal.cuh"
 
+#include <algorithm>
 #include <functional>
-#include <queue>
 #include <vector>
 
 /* pooled[b][i][g][c] = (1/l) sum_{j<l} x[b][i*d+j][g][c], fp32 sum. */
@@ -185,6 +185,22 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
     }
 }
 
+/* The compressed dK/dV kernel of c's tensor-core path: its instance, keys
+ * per CTA, threads and dynamic shared memory. Cannot fail. */
+template <int DK, int DV> struct CmpDkdvLaunch {
+    decltype(&cmpDkdvKernel<DK, DV, true>) kernel;
+    int keys, threads, smem;
+};
+template <int DK, int DV> static CmpDkdvLaunch<DK, DV> cmpDkdvLaunch(const FastCtx &c) {
+    using Wg = FastDkdvShape<true, DK, DV>;
+    using Sync = FastDkdvShape<false, DK, DV>;
+    if (c.wgmma)
+        return {cmpDkdvKernel<DK, DV, true>, Wg::KEYS, Wg::THREADS,
+                FastDkdvRing<DK, DV, Wg::KWG, false>::SMEM};
+    return {cmpDkdvKernel<DK, DV, false>, Sync::KEYS, Sync::THREADS,
+            fastDkdvSmem(DK, DV, false, Sync::KEYS / 64)};
+}
+
 cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int dim,
                             cudaStream_t stream) {
     size_t n = (size_t)c.B * c.Nc * c.G * dim;
@@ -260,16 +276,11 @@ static cudaError_t cmpBackwardParts(const FastCtx &c, int sm_count, int max_part
         *parts = p < max_parts ? p : max_parts;
         return cudaSuccess;
     }
-    auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
-    const int keys = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS : FastDkdvShape<false, DK, DV>::KEYS;
-    const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
-                                : FastDkdvShape<false, DK, DV>::THREADS;
-    const int smem = c.wgmma ? FastDkdvRing<DK, DV, FastDkdvShape<true, DK, DV>::KWG, false>::SMEM
-                             : fastDkdvSmem(DK, DV, false, keys / 64);
-    cudaError_t e = fastSetSmem(dkdv, smem);
+    const CmpDkdvLaunch<DK, DV> k = cmpDkdvLaunch<DK, DV>(c);
+    cudaError_t e = fastSetSmem(k.kernel, k.smem);
     int per_sm = 0;
     if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dkdv, threads, smem);
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.kernel, k.threads, k.smem);
     if (e != cudaSuccess) return e;
     if (per_sm < 1) return cudaErrorInvalidConfiguration;
     /* Equal ranges make CTAs of equal length, which the greedy schedule
@@ -282,7 +293,7 @@ static cudaError_t cmpBackwardParts(const FastCtx &c, int sm_count, int max_part
     double len[CMP_MAX_PARTS + 1];
     const int top = max_parts < CMP_MAX_PARTS ? max_parts : CMP_MAX_PARTS;
     for (int p = 1; p <= top; p++) {
-        len[p] = cmpRangeSchedule(c, keys, p, per_sm * sm_count, CMP_RANGE_OVERHEAD_TILES, heap);
+        len[p] = cmpRangeSchedule(c, k.keys, p, per_sm * sm_count, CMP_RANGE_OVERHEAD_TILES, heap);
         if (p == 1 || len[p] < best) best = len[p];
     }
     *parts = 1;
@@ -310,16 +321,10 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
     if (c.Nc > 0) {
         FastRowMaps maps = {};
         if ((e = fastDkdvRowMaps(c, io, DK, DV, false, &maps)) != cudaSuccess) return e;
-        auto dkdv = c.wgmma ? cmpDkdvKernel<DK, DV, true> : cmpDkdvKernel<DK, DV, false>;
-        const int kt = c.wgmma ? FastDkdvShape<true, DK, DV>::KEYS
-                               : FastDkdvShape<false, DK, DV>::KEYS;
-        const int threads = c.wgmma ? FastDkdvShape<true, DK, DV>::THREADS
-                                    : FastDkdvShape<false, DK, DV>::THREADS;
-        const int smem_kv = c.wgmma ? FastDkdvRing<DK, DV, FastDkdvShape<true, DK, DV>::KWG, false>::SMEM
-                                    : fastDkdvSmem(DK, DV, false, kt / 64);
-        if ((e = fastSetSmem(dkdv, smem_kv)) != cudaSuccess) return e;
-        dkdv<<<dim3((c.Nc + kt - 1) / kt, parts, c.B * c.G), threads, smem_kv, stream>>>(
-            c, io, part_k, part_v, maps);
+        const CmpDkdvLaunch<DK, DV> k = cmpDkdvLaunch<DK, DV>(c);
+        if ((e = fastSetSmem(k.kernel, k.smem)) != cudaSuccess) return e;
+        k.kernel<<<dim3((c.Nc + k.keys - 1) / k.keys, parts, c.B * c.G), k.threads, k.smem,
+                   stream>>>(c, io, part_k, part_v, maps);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
     }
     if ((e = fastMark(marks, "bwd.cmp.pool")) != cudaSuccess) return e;
