@@ -277,6 +277,26 @@ static void testAttnPlanSharing(Results *res) {
 
 /* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
 
+/* Whether a fast-op plan of dims d is created with the environment
+ * variable var set to value (the plan is freed; err holds the refusal). */
+static int attnPlanWith(const NsaAttnDims *d, const char *var, const char *value, NsaError *err) {
+    setenv(var, value, 1);
+    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(d, err);
+    nsaAttnCudaPlanFree(p);
+    return p != NULL;
+}
+
+/* An environment variable's value, copied (NULL: unset), and its restore. */
+static char *envSave(const char *var) {
+    const char *prev = getenv(var);
+    return prev ? strdup(prev) : NULL;
+}
+static void envRestore(const char *var, char *saved) {
+    if (saved) setenv(var, saved, 1);
+    else unsetenv(var);
+    free(saved);
+}
+
 /* The tensor-core path switch of the fast op: unknown NSA_FAST_MMA values,
  * and wgmma off compute capability 9.0, are refused with a message naming
  * the variable; sync and auto are accepted. The environment is restored. */
@@ -284,31 +304,18 @@ static void testAttnMmaSwitch(Results *res) {
     double t0 = nowSeconds();
     const char *name = "fast attn NSA_FAST_MMA: bad values refused, sync/auto accepted";
     NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
-    const char *prev = getenv("NSA_FAST_MMA");
-    char *saved = prev ? strdup(prev) : NULL;
+    char *saved = envSave("NSA_FAST_MMA");
     int major = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     NsaError err = {{0}};
-    setenv("NSA_FAST_MMA", "tensor", 1);
-    NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
-    int ok = bad == NULL && strstr(err.message, "NSA_FAST_MMA=tensor") != NULL;
+    int ok = !attnPlanWith(&d, "NSA_FAST_MMA", "tensor", &err) &&
+             strstr(err.message, "NSA_FAST_MMA=tensor") != NULL;
     char first[160];
     snprintf(first, sizeof(first), "%.150s", err.message);
-    nsaAttnCudaPlanFree(bad);
-    const char *accepted[2] = {"sync", "auto"};
-    for (int i = 0; i < 2; i++) {
-        setenv("NSA_FAST_MMA", accepted[i], 1);
-        NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
-        ok = ok && p != NULL;
-        nsaAttnCudaPlanFree(p);
-    }
-    setenv("NSA_FAST_MMA", "wgmma", 1);
-    NsaAttnCudaPlan *wg = nsaAttnCudaPlanCreate(&d, &err);
-    ok = ok && ((major == 9) == (wg != NULL));
-    nsaAttnCudaPlanFree(wg);
-    if (saved) setenv("NSA_FAST_MMA", saved, 1);
-    else unsetenv("NSA_FAST_MMA");
-    free(saved);
+    ok = ok && attnPlanWith(&d, "NSA_FAST_MMA", "sync", &err) &&
+         attnPlanWith(&d, "NSA_FAST_MMA", "auto", &err);
+    ok = ok && (major == 9) == attnPlanWith(&d, "NSA_FAST_MMA", "wgmma", &err);
+    envRestore("NSA_FAST_MMA", saved);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
 
@@ -319,31 +326,21 @@ static void testAttnCmpPartsSwitch(Results *res) {
     double t0 = nowSeconds();
     const char *name = "fast attn NSA_FAST_CMP_PARTS: 0, 17, 3x refused, auto/3 accepted";
     NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
-    const char *prev = getenv("NSA_FAST_CMP_PARTS");
-    char *saved = prev ? strdup(prev) : NULL;
+    char *saved = envSave("NSA_FAST_CMP_PARTS");
     NsaError err = {{0}};
     const char *refused[3] = {"0", "17", "3x"};
     int ok = 1;
     char first[160] = "";
     for (int i = 0; i < 3; i++) {
-        setenv("NSA_FAST_CMP_PARTS", refused[i], 1);
-        NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
         char want[48];
         snprintf(want, sizeof(want), "NSA_FAST_CMP_PARTS=%s;", refused[i]);
-        ok = ok && bad == NULL && strstr(err.message, want) != NULL;
+        ok = ok && !attnPlanWith(&d, "NSA_FAST_CMP_PARTS", refused[i], &err) &&
+             strstr(err.message, want) != NULL;
         if (i == 0) snprintf(first, sizeof(first), "%.150s", err.message);
-        nsaAttnCudaPlanFree(bad);
     }
-    const char *accepted[2] = {"auto", "3"};
-    for (int i = 0; i < 2; i++) {
-        setenv("NSA_FAST_CMP_PARTS", accepted[i], 1);
-        NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
-        ok = ok && p != NULL;
-        nsaAttnCudaPlanFree(p);
-    }
-    if (saved) setenv("NSA_FAST_CMP_PARTS", saved, 1);
-    else unsetenv("NSA_FAST_CMP_PARTS");
-    free(saved);
+    ok = ok && attnPlanWith(&d, "NSA_FAST_CMP_PARTS", "auto", &err) &&
+         attnPlanWith(&d, "NSA_FAST_CMP_PARTS", "3", &err);
+    envRestore("NSA_FAST_CMP_PARTS", saved);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
 
