@@ -32,8 +32,8 @@ struct NsaAttnCudaPlan {
     float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
     size_t cmp_part_capacity; /* elements of cmp_part_k: CMP_MAX_PARTS parts */
     /* the compressed backward's parts for the last call's B and S
-     * (fastCmpBackwardParts; cmp_parts_B 0: none yet) */
-    int cmp_parts, cmp_parts_B, cmp_parts_S;
+     * (fastCmpBackwardParts) */
+    int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
     int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
@@ -328,13 +328,9 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     }
     /* the compressed backward's partials, and in the same bytes the fused
      * selected backward's fp32 dK/dV (its pass runs after that one) */
-    /* room for the parts a call at these dims takes (a call of smaller B
-     * or S has room for more); where the model cannot run, for any count */
-    int parts = CMP_MAX_PARTS;
-    if (fastCmpBackwardParts(fastPlanCtx(p, d), d->d_k, d->d_v, p->sm_count, CMP_MAX_PARTS,
-                             &parts) != cudaSuccess)
-        parts = CMP_MAX_PARTS;
-    if (p->cmp_parts_forced > parts) parts = p->cmp_parts_forced;
+    /* room for the parts a call at the max dims takes (fastPlanConfigure;
+     * a call of smaller B or S has room for more) */
+    const int parts = p->cmp_parts;
     p->cmp_part_capacity = (size_t)parts * d->B * c.Nc * d->G * d->d_k;
     const size_t cmp_k_bytes = (p->cmp_part_capacity * 4 + 255) / 256 * 256;
     const size_t cmp_bytes = cmp_k_bytes + (size_t)parts * d->B * c.Nc * d->G * d->d_v * 4;
@@ -484,6 +480,15 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
                              "cuTensorMapEncodeTiled (%s); the wgmma path needs it; "
                              "NSA_FAST_MMA=sync runs without",
                         cudaGetErrorString(e));
+    /* the compressed backward's parts at the max dims: fastCarve keeps
+     * room for them, and calls at these dims take them as they are */
+    e = fastCmpBackwardParts(fastPlanCtx(p, max_dims), max_dims->d_k, max_dims->d_v,
+                             p->sm_count, CMP_MAX_PARTS, &p->cmp_parts);
+    if (e != cudaSuccess)
+        return fastFail(err, "nsa fast attention: the compressed backward's parts: %s",
+                        cudaGetErrorString(e));
+    if (p->cmp_parts_forced) p->cmp_parts = p->cmp_parts_forced;
+    p->cmp_parts_B = max_dims->B, p->cmp_parts_S = max_dims->S;
     return 0;
 }
 
@@ -901,7 +906,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* and with it the forced selected blocks' dq (FastSelBlock.forced_dq_apart) */
     const bool forced_dq = c.sel_fused_bwd && !joint_dq && fastSelForcedDqApplies(c, dk);
     io = cmp;
-    if (p->cmp_parts_B != dims->B || p->cmp_parts_S != dims->S) { /* a few ms of host work */
+    if (p->cmp_parts_B != dims->B || p->cmp_parts_S != dims->S) { /* host work, once per B, S */
         const size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
         const size_t room = per_part > 0 ? p->cmp_part_capacity / per_part : CMP_MAX_PARTS;
         FAST_CHECK(fastCmpBackwardParts(c, dk, dv, p->sm_count,

@@ -90,7 +90,8 @@ cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
  * on a device of sm_count SMs, at most max_parts: written to *parts.
  * Returns an invalid-value error for max_parts or sm_count < 1, else the
  * status of the kernel attribute and occupancy queries it makes (host
- * only, never synchronises; a few ms of host work - callers keep it). */
+ * only, never synchronises; a schedule model replaying up to 16 times the
+ * pass's CTAs - callers keep the result: the plan per B and S). */
 cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count, int max_parts,
                                  int *parts);
 /* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
