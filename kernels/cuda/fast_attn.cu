@@ -30,7 +30,7 @@ struct NsaAttnCudaPlan {
     NsaAttnCudaPlan *scratch_owner; /* NULL: owns its scratch */
     bf16 *kc, *vc, *o[3];
     float *lse[3], *dsum, *gate_f, *dq_acc, *cmp_part_k, *cmp_part_v;
-    size_t cmp_part_capacity; /* elements of cmp_part_k: CMP_MAX_PARTS parts */
+    size_t cmp_part_capacity; /* elements of cmp_part_k: the max dims' cmp_parts parts */
     /* the compressed backward's parts for the last call's B and S
      * (fastCmpBackwardParts) */
     int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
