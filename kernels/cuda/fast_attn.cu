@@ -35,6 +35,8 @@ struct NsaAttnCudaPlan {
      * (fastCmpBackwardParts) */
     int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
     int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
+    int cmp_dq;           /* NSA_FAST_CMP_DQ at create: 1 the compressed dq in its dK/dV pass where it can (default 0) */
+    int *cmp_dq_sem;      /* that pass's turn counters, [B][G][S] at most */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
     FastRevIndex rev;
@@ -283,6 +285,8 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     p->dsum = (float *)scratch(rows * 3 * 4);
     p->gate_f = (float *)scratch(rows * 3 * 4);
     p->dq_acc = (float *)scratch(rows * d->d_k * 4);
+    /* [B][G][blocks of row tiles] (fewer than S each) */
+    p->cmp_dq_sem = (int *)scratch(BG * d->S * sizeof(int));
     /* which selected-branch passes a call of any S up to the plan's may
      * run: fastSelDesign is constant in S between the edges below, so
      * asking at each edge tells (0 block forward, 1 block dQ, 2 fused) */
@@ -449,6 +453,17 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
                             "nsa fast attention: NSA_FAST_CMP_PARTS=%s; allowed: auto, 1 to %d",
                             parts_env, CMP_MAX_PARTS);
         p->cmp_parts_forced = (int)v;
+    }
+    /* NSA_FAST_CMP_DQ=1 forms the compressed dq in its dK/dV pass where it
+     * can (fastCmpDqInPass) instead of in the dQ pass: measured slower so
+     * far (docs/PERF.md, 2026-11-27), so off by default; the tests check
+     * both */
+    const char *cmp_dq_env = getenv("NSA_FAST_CMP_DQ");
+    p->cmp_dq = 0;
+    if (cmp_dq_env && *cmp_dq_env) {
+        if (!strcmp(cmp_dq_env, "1")) p->cmp_dq = 1;
+        else if (strcmp(cmp_dq_env, "0") != 0)
+            return fastFail(err, "nsa fast attention: NSA_FAST_CMP_DQ=%s; allowed: 0, 1", cmp_dq_env);
     }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -804,7 +819,8 @@ struct FastBwdSideDq {
     const NsaAttnCudaPlan *p;
     FastCtx c;
     int dk, dv;
-    FastBwdIo win, cmp;
+    FastBwdIo win;
+    const FastBwdIo *cmp;        /* NULL: the compressed dq came with its dK/dV */
     const FastBwdIo *sel_forced; /* the forced selected blocks' dq in the pass too, or NULL */
 };
 static cudaError_t fastBwdSideDq(const void *ctx, int t_begin, int t_end, cudaStream_t stream) {
@@ -882,6 +898,11 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
      * of through an fp32 running sum written by one pass and read by the
      * next (fastSelBackward then forms only dK/dV). */
     const bool joint_dq = c.sel_dense_dq;
+    /* The compressed dq formed in its dK/dV pass (fastCmpDqInPass): it
+     * writes dq_acc, and the window (+ forced) dQ pass adds to it - not in
+     * the joint pass of short S, which writes dq whole in bf16. */
+    const bool cmp_dq = p->cmp_dq && !joint_dq && fastCmpDqInPass(c, dk, dv);
+    if (cmp_dq) win.dq_mode = 1;
     const FastRevIndex rev = fastCallRev(p, dims, c);
     /* That leaves the selected dK/dV (its index and reverse-index pass)
      * needing nothing of the other passes but the gate backward's: it runs
@@ -918,19 +939,21 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         p->cmp_parts_B = dims->B, p->cmp_parts_S = dims->S;
     }
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, p->cmp_parts, p->cmp_part_k, p->cmp_part_v,
-                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
+                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp,
+                               cmp_dq ? p->cmp_dq_sem : NULL, stream, marks),
                "compressed backward");
     /* dq = window + compressed terms in one pass (written, mode 0) and the
      * selected branch adds its own and writes the bf16 result, or all
      * three in the one pass (joint_dq) */
     if (joint_dq) {
         FAST_MARK("bwd.win+cmp+sel.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, &sel, p->sel_mask, 0, c.S, stream),
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, &sel, p->sel_mask, 0, c.S, stream),
                    "window, compressed and selected dq");
     } else if (!side_dq) {
-        FAST_MARK("bwd.win+cmp.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp, forced_dq ? &sel : NULL, NULL, 0, c.S, stream),
-                   "window and compressed dq");
+        FAST_MARK(cmp_dq ? "bwd.win.dq" : "bwd.win+cmp.dq");
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp_dq ? NULL : &cmp, forced_dq ? &sel : NULL, NULL,
+                                0, c.S, stream),
+                   cmp_dq ? "window dq (beside the compressed dK/dV's)" : "window and compressed dq");
     }
     if (side_sel) { /* the caller's stream goes on once the selected dK/dV is done */
         FAST_MARK("bwd.sel.wait");
@@ -963,7 +986,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         f.item_tokens = shape.item_tokens;
         f.max_items = shape.max_items;
         f.max_parts = shape.max_parts;
-        const FastBwdSideDq side = {p, c, dk, dv, win, cmp, forced_dq ? &sel : NULL};
+        const FastBwdSideDq side = {p, c, dk, dv, win, cmp_dq ? NULL : &cmp,
+                                    forced_dq ? &sel : NULL};
         const FastChunkHook hook = {fastBwdSideDq, &side};
         FAST_MARK(side_dq ? "bwd.sel+win+cmp.dq" : "bwd.sel.fused");
         /* the second stream starts behind everything so far (forked right

@@ -52,7 +52,8 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 /* dq of the window and compressed branches in one pass (win: rows, window
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
- * = Nc, lse_cmp), for the tokens [t_begin, t_end) of every batch row. With
+ * = Nc, lse_cmp; NULL where the compressed dK/dV formed that dq - then
+ * win.dq_mode 1 adds to it), for the tokens [t_begin, t_end) of every batch row. With
  * sel (its keys and lse) the selected branch joins the pass: with sel_mask
  * (fastSelDenseMask: c.sel_dense_dq) all of it, as masked dense attention,
  * over every token, dq written whole; without, its forced blocks only
@@ -62,7 +63,7 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
  * apply or a masked one over part of the tokens, else the encode or launch
  * status; never synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
-                         const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
+                         const FastBwdIo *cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream);
 
 /* fast_cmp.cu */
@@ -75,6 +76,11 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
  * fast_cmp.cu); 0: interleaved row tiles everywhere. */
 #ifndef FAST_CMP_RANGE_PARTS
 #define FAST_CMP_RANGE_PARTS 1
+#endif
+/* 1: where fastCmpDqInPass holds and NSA_FAST_CMP_DQ=1 the compressed
+ * dK/dV pass forms that branch's dq too; 0: never (the code is not built). */
+#ifndef FAST_CMP_DQ_IN_PASS
+#define FAST_CMP_DQ_IN_PASS 1
 #endif
 /* The most parts fastCmpBackwardParts picks (at 16 their fp32 sums take
  * no more than the fused selected backward's fp32 dK/dV, which share the
@@ -96,11 +102,17 @@ cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count,
                                  int *parts);
 /* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
  * [parts][B][Nc][G][dk], part_v likewise), then the pooling backward sums
- * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]); its dq
- * comes with the window's (fastWinCmpDq). */
+ * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]). Its dq
+ * comes with the window's (fastWinCmpDq), or - dq_sem non-NULL, where
+ * fastCmpDqInPass says it can - from this pass: io.dq_acc = that dq (fp32,
+ * every row written), with dq_sem the pass's turn counters (B*G*S ints,
+ * zeroed here). Returns the first launch or memset error. */
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
-                            cudaStream_t stream, const FastMarks *marks);
+                            int *dq_sem, cudaStream_t stream, const FastMarks *marks);
+/* Whether the compressed dK/dV can form the branch's dq in its pass at
+ * these dims (two key warpgroups on wgmma, ranges, some pooled block). */
+bool fastCmpDqInPass(const FastCtx &c, int dk, int dv);
 
 /* fast_select.cu: sel_idx [B][S][G][slots] from q, kc and lse_cmp. */
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,

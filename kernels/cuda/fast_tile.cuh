@@ -1331,7 +1331,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                                                  bool defer_release = false) {
     constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
     constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
-    static_assert(GATHER || (!HAS_AUX && !HAS_OUT), "payloads and stageOut need listed tokens");
+    static_assert(GATHER || !HAS_AUX, "payloads need listed tokens");
     using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA>;
     constexpr int R = Ring::R, KT = Ring::KT, MS = Ring::MS, STAGES = Ring::STAGES;
     constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG;
@@ -1487,7 +1487,26 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         /* a warpgroup whose keys no row of the tile sees adds nothing; it
          * still waits for the tile first, so that its release counts
          * toward this use of the stage */
-        if (KWG == 1 || (ka <= kb && seesAny(it, ka, kb))) {
+        /* with stageOut and two key warpgroups both reach it every tile
+         * (it may span the CTA's keys): a warpgroup that skips hands it
+         * zero dS */
+        const bool runs = KWG == 1 || (ka <= kb && seesAny(it, ka, kb));
+        /* stageOut's row r of tile it: (token or -1, payload or -1) */
+        auto stageRow = [&](int it, int ms, int r) {
+            int t;
+            if constexpr (GATHER) t = mT[ms * R + r];
+            else t = rowSlot[r] >= 0 ? tokens(it, rowSlot[r]) : -1;
+            return make_int2(t, HAS_AUX ? mA[ms * R + r] : -1);
+        };
+        if (HAS_OUT && KWG > 1 && !runs) {
+#pragma unroll 1
+            for (int half = 0; half < R / RH; half++) {
+                uint32_t ads[NTH / 2][4] = {};
+                stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV,
+                         [&](int r) { return stageRow(it, ms, r); });
+            }
+        }
+        if (runs) {
             const float *l_t = mL + ms * R, *d_t = mD + ms * R, *g_t = mG + ms * R;
             const int *t_t = mT + ms * R;
             int t_first;
@@ -1509,9 +1528,8 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                                                   sdO + s * R * DV, half, u0, khi, full_tile,
                                                   rowOf, visible, dk, dv, ads, produce);
                 if constexpr (HAS_OUT)
-                    stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV, [&](int r) {
-                        return make_int2(t_t[r], HAS_AUX ? mA[ms * R + r] : -1);
-                    });
+                    stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV,
+                             [&](int r) { return stageRow(it, ms, r); });
             }
         }
         produce(); /* where no pass ran */
@@ -1530,16 +1548,19 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
  * tile it's slot, -1 for none. On wgmma through the TMA row ring
  * (fastDkdvRingCore, one box per tile), else through fastDkdvCore's
  * cp.async stages - one rule for both. */
-template <int DK, int DV, bool WG, int KWG, class TokenOf, class Visible, class SeesAny,
-          class TileFull, class Store>
+template <int DK, int DV, bool WG, int KWG, int EXTRA = 0, class TokenOf, class Visible,
+          class SeesAny, class TileFull, class Store, class StageOut = FastNoStageOut>
 __device__ __forceinline__ void fastDkdvConsecutive(const FastCtx &c, const FastBwdIo &io,
                                                     const FastRowMaps &maps, int b, int g, int u0,
                                                     int khi, int ntiles, TokenOf tokenOf,
                                                     Visible visible, SeesAny seesAny,
-                                                    TileFull tileFull, Store store) {
+                                                    TileFull tileFull, Store store,
+                                                    StageOut stageOut = StageOut{}) {
+    static_assert(WG || std::is_same<StageOut, FastNoStageOut>::value, "stageOut is wgmma's");
     if constexpr (WG)
-        fastDkdvRingCore<DK, DV, KWG, false>(c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible,
-                                             seesAny, tileFull, store);
+        fastDkdvRingCore<DK, DV, KWG, false, EXTRA>(c, io, maps, b, g, u0, khi, ntiles, tokenOf,
+                                                    visible, seesAny, tileFull, store, FastNoAux{},
+                                                    stageOut);
     else
         fastDkdvCore<DK, DV, WG, KWG>(
             c, io, b, g, u0, khi, ntiles,

@@ -349,18 +349,20 @@ __device__ __forceinline__ void fastWgIssuePZ(float (&acc)[D / 8][4], const uint
     for (int ks = 0; ks < NT / 2; ks++) fastWgRS(acc, a[ks], fastWgDescOf(z_lo + fastWgMNOff(16 * ks)), 1);
 }
 
-/* Issues acc (64 x 64) = A . Z[0, KD) x [0, 64): A a swizzled tile of 64
- * rows read K-major over KD (<= 64) columns, Z a swizzled tile of z_rows
- * rows read MN-major (its first 64 columns; pass z + h * z_rows * 64 for
- * panel h) - dq = dS.K in the fused selected backward. */
-template <int KD>
+/* Issues acc (64 x 64) = A . Z[0, KD) x [0, 64): A a swizzled tile of
+ * A_ROWS rows (its first 64) read K-major over KD columns (64-column
+ * panels of A_ROWS rows), Z a swizzled tile of z_rows rows read MN-major
+ * (its first 64 columns; pass z + h * z_rows * 64 for panel h) - dq =
+ * dS.K in the fused selected backward (64 keys) and the compressed dK/dV
+ * (128). */
+template <int KD, int A_ROWS = 64>
 __device__ __forceinline__ void fastWgIssueSZ(float (&acc)[8][4], const bf16 *a, const bf16 *z,
                                               int z_rows) {
-    static_assert(KD % 16 == 0 && KD <= 64, "one 64-column panel of A");
+    static_assert(KD % 16 == 0, "whole k-steps");
     const uint32_t a_lo = fastWgLoK(a, 0), z_lo = fastWgLoMN(z, z_rows);
 #pragma unroll
     for (int kk = 0; kk < KD / 16; kk++)
-        fastWgSSt(acc, fastWgDescOf(a_lo + fastWgKOff(64, kk * 16)),
+        fastWgSSt(acc, fastWgDescOf(a_lo + fastWgKOff(A_ROWS, kk * 16)),
                   fastWgDescOf(z_lo + fastWgMNOff(kk * 16)), kk > 0);
 }
 

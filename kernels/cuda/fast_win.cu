@@ -96,9 +96,22 @@ static cudaError_t winBackward(const FastCtx &c, const FastBwdIo &io, bf16 *dk, 
 }
 
 template <int DK, int DV>
-static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo &cmp,
+static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo *cmp_io,
                             const FastBwdIo *sel, const uint64_t *sel_mask, int t_begin,
                             int t_end, cudaStream_t stream) {
+    if (!cmp_io) { /* the compressed dq is in dq_acc already (fastCmpDqInPass) */
+        if (sel_mask || win.dq_mode != 1) return cudaErrorInvalidValue;
+        if constexpr (FAST_CMP_DQ_IN_PASS && DK >= 128 && DK + DV >= 256) {
+            if (sel)
+                return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
+                                            fastDqBranch(win, fastWinPolicy(c)),
+                                            fastDqBranch(*sel, fastSelForcedPolicy(c)));
+            return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
+                                        fastDqBranch(win, fastWinPolicy(c)));
+        }
+        return cudaErrorInvalidValue;
+    }
+    const FastBwdIo &cmp = *cmp_io;
     if (sel && sel_mask)
         return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
                                     fastDqBranch(win, fastWinPolicy(c)),
@@ -129,7 +142,7 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
 }
 
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
-                         const FastBwdIo &cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
+                         const FastBwdIo *cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream) {
     if (sel && !sel_mask && !fastSelForcedDqApplies(c, dk)) return cudaErrorInvalidValue;
     /* a pass with the masked dense branch runs every token (fastDqKernel's ALL) */

@@ -319,29 +319,44 @@ static void testAttnMmaSwitch(Results *res) {
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
 
-/* The compressed dK/dV's parts switch of the fast op: NSA_FAST_CMP_PARTS
- * outside 1..16 (or not a number) is refused with a message naming the
- * variable; auto and 3 are accepted. The environment is restored. */
-static void testAttnCmpPartsSwitch(Results *res) {
+/* A switch of the fast op read at plan creation: each refused value of var
+ * fails the plan with a message naming "var=value;", each accepted one
+ * makes a plan. The environment is restored. */
+static void testAttnEnvSwitch(Results *res, const char *name, const NsaAttnDims *d,
+                              const char *var, const char *const *refused, int n_refused,
+                              const char *const *accepted, int n_accepted) {
     double t0 = nowSeconds();
-    const char *name = "fast attn NSA_FAST_CMP_PARTS: 0, 17, 3x refused, auto/3 accepted";
-    NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
-    char *saved = envSave("NSA_FAST_CMP_PARTS");
+    char *saved = envSave(var);
     NsaError err = {{0}};
-    const char *refused[3] = {"0", "17", "3x"};
     int ok = 1;
     char first[160] = "";
-    for (int i = 0; i < 3; i++) {
-        char want[48];
-        snprintf(want, sizeof(want), "NSA_FAST_CMP_PARTS=%s;", refused[i]);
-        ok = ok && !attnPlanWith(&d, "NSA_FAST_CMP_PARTS", refused[i], &err) &&
-             strstr(err.message, want) != NULL;
+    for (int i = 0; i < n_refused; i++) {
+        char want[64];
+        snprintf(want, sizeof(want), "%s=%s;", var, refused[i]);
+        ok = ok && !attnPlanWith(d, var, refused[i], &err) && strstr(err.message, want) != NULL;
         if (i == 0) snprintf(first, sizeof(first), "%.150s", err.message);
     }
-    ok = ok && attnPlanWith(&d, "NSA_FAST_CMP_PARTS", "auto", &err) &&
-         attnPlanWith(&d, "NSA_FAST_CMP_PARTS", "3", &err);
-    envRestore("NSA_FAST_CMP_PARTS", saved);
+    for (int i = 0; i < n_accepted; i++) ok = ok && attnPlanWith(d, var, accepted[i], &err);
+    envRestore(var, saved);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
+}
+
+/* NSA_FAST_CMP_PARTS (the compressed dK/dV's parts): outside 1..16 or not
+ * a number refused; auto and 3 accepted. */
+static void testAttnCmpPartsSwitch(Results *res) {
+    const NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
+    const char *const refused[] = {"0", "17", "3x"}, *const accepted[] = {"auto", "3"};
+    testAttnEnvSwitch(res, "fast attn NSA_FAST_CMP_PARTS: 0, 17, 3x refused, auto/3 accepted", &d,
+                      "NSA_FAST_CMP_PARTS", refused, 3, accepted, 2);
+}
+
+/* NSA_FAST_CMP_DQ (the compressed dq in its dK/dV pass where it can): 0
+ * or 1, anything else refused. */
+static void testAttnCmpDqSwitch(Results *res) {
+    const NsaAttnDims d = {1, 256, 16, 1, 128, 128, 32, 16, 64, 4, 64};
+    const char *const refused[] = {"2", "yes"}, *const accepted[] = {"0", "1"};
+    testAttnEnvSwitch(res, "fast attn NSA_FAST_CMP_DQ: 2, yes refused, 0/1 accepted", &d,
+                      "NSA_FAST_CMP_DQ", refused, 2, accepted, 2);
 }
 
 /* The fast op's pooling backward holds the sums of the compressed blocks
@@ -1293,6 +1308,7 @@ int main(int argc, char **argv) {
         testAttnPlanSharing(res);
         testAttnMmaSwitch(res);
         testAttnCmpPartsSwitch(res);
+        testAttnCmpDqSwitch(res);
         testAttnCmpOverlap(res);
     }
     if (all || !strcmp(only, "model")) {
