@@ -53,21 +53,29 @@ static inline cudaError_t fastTmaEncoder(void **encode) {
     return cudaSuccess;
 }
 
-/* The driver call every map below makes: a bf16 tensor of `rank` dims
- * (dims[0] innermost; strides in bytes of dims 1..), boxes of box[],
+/* The driver call every map below makes: a tensor of `type` and `rank`
+ * dims (dims[0] innermost; strides in bytes of dims 1..), boxes of box[],
  * 128-byte swizzle, no interleave, zeros out of bounds. Returns
- * cudaErrorInvalidValue when the driver refuses it or encode is NULL. */
+ * cudaErrorInvalidValue when the driver refuses it or encode is NULL.
+ * fastTmaEncodeBf16: the same for bf16, which all but the running dq are. */
+static inline cudaError_t fastTmaEncodeOf(void *encode, CUtensorMap *map, CUtensorMapDataType type,
+                                          const void *base, int rank, const cuuint64_t *dims,
+                                          const cuuint64_t *strides, const cuuint32_t *box,
+                                          CUtensorMapL2promotion promotion) {
+    if (!encode) return cudaErrorInvalidValue;
+    const cuuint32_t step[4] = {1, 1, 1, 1};
+    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
+        map, type, (cuuint32_t)rank, (void *)base, dims, strides, box, step,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 static inline cudaError_t fastTmaEncodeBf16(void *encode, CUtensorMap *map, const bf16 *base,
                                             int rank, const cuuint64_t *dims,
                                             const cuuint64_t *strides, const cuuint32_t *box,
                                             CUtensorMapL2promotion promotion) {
-    if (!encode) return cudaErrorInvalidValue;
-    const cuuint32_t step[4] = {1, 1, 1, 1};
-    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-        map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, (void *)base, dims, strides, box,
-        step, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fastTmaEncodeOf(encode, map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, base, rank, dims,
+                           strides, box, promotion);
 }
 
 /* Encodes the map of one [B][nkeys][G][d] bf16 tensor for boxes of `rows`
@@ -118,38 +126,36 @@ struct FastRowMaps {
     CUtensorMap q, dout;
 };
 
-/* Encodes one such map; errors as fastTmaEncodeKeys (d a multiple of 64,
- * 1 <= hpg * tokens <= 256). Host only. */
+/* Encodes one such map over elements of `esize` bytes (type): boxes of a
+ * 128-byte panel of channels (128 / esize), hpg heads and `tokens` tokens;
+ * errors as fastTmaEncodeKeys (d a multiple of the panel, 1 <= hpg *
+ * tokens <= 256). Host only. */
+static inline cudaError_t fastTmaEncodeRowsOf(void *encode, CUtensorMap *map,
+                                              CUtensorMapDataType type, int esize,
+                                              const void *base, int B, int S, int H, int d,
+                                              int hpg, int tokens) {
+    const int panel = 128 / esize;
+    if (!encode || d % panel != 0 || S < 1 || hpg < 1 || tokens < 1 || hpg * tokens > 256)
+        return cudaErrorInvalidValue;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)H, (cuuint64_t)S, (cuuint64_t)B};
+    const cuuint64_t strides[3] = {(cuuint64_t)d * esize, (cuuint64_t)H * d * esize,
+                                   (cuuint64_t)S * H * d * esize};
+    const cuuint32_t box[4] = {(cuuint32_t)panel, (cuuint32_t)hpg, (cuuint32_t)tokens, 1};
+    return fastTmaEncodeOf(encode, map, type, base, 4, dims, strides, box,
+                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+}
+/* bf16 rows (q, dout): 64-channel panels */
 static inline cudaError_t fastTmaEncodeRows(void *encode, CUtensorMap *map, const bf16 *base,
                                             int B, int S, int H, int d, int hpg, int tokens) {
-    if (!encode || d % 64 != 0 || S < 1 || hpg < 1 || tokens < 1 || hpg * tokens > 256)
-        return cudaErrorInvalidValue;
-    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)H, (cuuint64_t)S, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)d * 2, (cuuint64_t)H * d * 2,
-                                   (cuuint64_t)S * H * d * 2};
-    const cuuint32_t box[4] = {64, (cuuint32_t)hpg, (cuuint32_t)tokens, 1};
-    return fastTmaEncodeBf16(encode, map, base, 4, dims, strides, box,
-                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
+    return fastTmaEncodeRowsOf(encode, map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, B, S, H, d,
+                               hpg, tokens);
 }
-
-/* The fp32 [B][S][H][d] rows of a running dq as a map of dims (d, H, S, B)
- * and boxes of (32, hpg, tokens, 1): a 32-channel panel of `tokens` whole
- * tokens' hpg heads of one group, 128-byte swizzled (the compressed dK/dV
- * sends its dq this way). Errors as fastTmaEncodeRows. Host only. */
+/* fp32 rows of a running dq: 32-channel panels (the compressed dK/dV sends
+ * its dq this way) */
 static inline cudaError_t fastTmaEncodeRowsF32(void *encode, CUtensorMap *map, const float *base,
                                                int B, int S, int H, int d, int hpg, int tokens) {
-    if (!encode || d % 32 != 0 || S < 1 || hpg < 1 || tokens < 1 || hpg * tokens > 256)
-        return cudaErrorInvalidValue;
-    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)H, (cuuint64_t)S, (cuuint64_t)B};
-    const cuuint64_t strides[3] = {(cuuint64_t)d * 4, (cuuint64_t)H * d * 4,
-                                   (cuuint64_t)S * H * d * 4};
-    const cuuint32_t box[4] = {32, (cuuint32_t)hpg, (cuuint32_t)tokens, 1};
-    const cuuint32_t step[4] = {1, 1, 1, 1};
-    CUresult r = ((PFN_cuTensorMapEncodeTiled_v12000)encode)(
-        map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, (void *)base, dims, strides, box, step,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+    return fastTmaEncodeRowsOf(encode, map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, B, S, H, d,
+                               hpg, tokens);
 }
 
 /* Both row maps of a dK/dV pass whose stages take `tokens` tokens per box
