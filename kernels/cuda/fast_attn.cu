@@ -36,7 +36,7 @@ struct NsaAttnCudaPlan {
     int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
     int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
     int cmp_dq;           /* NSA_FAST_CMP_DQ at create: 1 the compressed dq in its dK/dV pass where it can (default 0) */
-    int *cmp_dq_sem;      /* that pass's turn counters, [B][G][S] at most */
+    int *cmp_dq_sem;      /* that pass's turn counters (fastCmpDqCounters at the max dims) */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
     FastRevIndex rev;
@@ -285,8 +285,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     p->dsum = (float *)scratch(rows * 3 * 4);
     p->gate_f = (float *)scratch(rows * 3 * 4);
     p->dq_acc = (float *)scratch(rows * d->d_k * 4);
-    /* [B][G][blocks of row tiles] (fewer than S each) */
-    p->cmp_dq_sem = (int *)scratch(BG * d->S * sizeof(int));
+    p->cmp_dq_sem = (int *)scratch(fastCmpDqCounters(d->B, d->G, d->S, c.hpg) * sizeof(int));
     /* which selected-branch passes a call of any S up to the plan's may
      * run: fastSelDesign is constant in S between the edges below, so
      * asking at each edge tells (0 block forward, 1 block dQ, 2 fused) */

@@ -173,6 +173,15 @@ __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &i
 #ifndef CMP_DQ_TURN_TILES
 #define CMP_DQ_TURN_TILES 4
 #endif
+/* Turn counters per (b, g): one per block of CMP_DQ_TURN_TILES row tiles
+ * of FAST_DKDV_ROWS / hpg tokens. */
+__host__ __device__ static inline int cmpDqBlocks(int S, int hpg) {
+    const int tpr = FAST_DKDV_ROWS / hpg;
+    return ((S + tpr - 1) / tpr + CMP_DQ_TURN_TILES - 1) / CMP_DQ_TURN_TILES;
+}
+size_t fastCmpDqCounters(int B, int G, int S, int hpg) {
+    return (size_t)B * G * cmpDqBlocks(S, hpg);
+}
 /* the staged dq: four 32-column panels of FAST_DKDV_ROWS rows of 128
  * bytes, 1024-byte aligned (the slack) */
 template <int DK>
@@ -317,8 +326,8 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
         bf16 *sK = fastTileBase<true>();
         constexpr int AT = FastDkdvRing<DK, DV, KWG, false, false, EXTRA>::EXTRA_AT;
         char *staged = (char *)sK + (AT + 1023) / 1024 * 1024;
-        const int blocks = ((S + tpr - 1) / tpr + CMP_DQ_TURN_TILES - 1) / CMP_DQ_TURN_TILES;
-        const CmpDqTurns<DK, KT> turns{&dq_map.dq, dq_sem + (size_t)bg * blocks, &block, staged,
+        const CmpDqTurns<DK, KT> turns{&dq_map.dq, dq_sem + (size_t)bg * cmpDqBlocks(S, c.hpg),
+                                       &block, staged,
                                        key_tile, b, g};
         cmpDkdvWalk<DK, DV, WG, EXTRA>(
             c, io, maps, part_k, part_v, b, g, part, i0, khi, ntiles, hi, tileStart,
@@ -488,14 +497,13 @@ static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts,
         if ((e = fastSetSmem(k.kernel, k.smem)) != cudaSuccess) return e;
         const int tpr = FAST_DKDV_ROWS / c.hpg;
         const int ktiles = (c.Nc + k.keys - 1) / k.keys;
-        const int blocks = ((c.S + tpr - 1) / tpr + CMP_DQ_TURN_TILES - 1) / CMP_DQ_TURN_TILES;
         CmpDqMap dq_map = {};
         if (dq_sem) {
             if ((e = fastTmaEncodeRowsF32(c.tma_encode, &dq_map.dq, io.dq_acc, c.B, c.S, c.H, DK,
                                           c.hpg, tpr)) != cudaSuccess)
                 return e;
-            if ((e = cudaMemsetAsync(dq_sem, 0, (size_t)c.B * c.G * blocks * sizeof(int), stream)) !=
-                cudaSuccess)
+            if ((e = cudaMemsetAsync(dq_sem, 0, fastCmpDqCounters(c.B, c.G, c.S, c.hpg) * sizeof(int),
+                                     stream)) != cudaSuccess)
                 return e;
         }
         k.kernel<<<dim3(ktiles, parts, c.B * c.G), k.threads, k.smem, stream>>>(

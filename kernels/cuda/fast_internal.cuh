@@ -105,11 +105,13 @@ cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count,
  * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]). Its dq
  * comes with the window's (fastWinCmpDq), or - dq_sem non-NULL, where
  * fastCmpDqInPass says it can - from this pass: io.dq_acc = that dq (fp32,
- * every row written), with dq_sem the pass's turn counters (B*G*S ints,
- * zeroed here). Returns the first launch or memset error. */
+ * every row written), with dq_sem the pass's turn counters
+ * (fastCmpDqCounters of them, zeroed here). Returns the first launch or memset error. */
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
                             int *dq_sem, cudaStream_t stream, const FastMarks *marks);
+/* The turn counters (ints) that pass takes at these dims: dq_sem's size. */
+size_t fastCmpDqCounters(int B, int G, int S, int hpg);
 /* Whether the compressed dK/dV can form the branch's dq in its pass at
  * these dims (two key warpgroups on wgmma, ranges, some pooled block). */
 bool fastCmpDqInPass(const FastCtx &c, int dk, int dv);

@@ -1261,11 +1261,13 @@ static __device__ const int fastMinusOne = -1;
  * panel, the token read a tile before it is needed).
  *
  * GATHER may carry a second int per row, aux(it, slot) (the address of the
- * payload beside the token in the caller's list), and a stageOut that runs
- * after each pass as fastDkdvCore's does - stageOut(it, half, ads, q_stage,
- * do_stage, row) with row(r) = (token, payload) of stage row r, -1 where
- * none; its plain stores to the stage are fenced from the TMA's before
- * the stage is released.
+ * payload beside the token in the caller's list). Either mode may take a
+ * stageOut that runs after each pass as fastDkdvCore's does -
+ * stageOut(it, half, ads, q_stage, do_stage, row) with row(r) = (token,
+ * payload) of stage row r, -1 where none; with two key warpgroups both
+ * call it every tile, one whose keys the tile does not see with zero dS^T
+ * (so that stageOut may hold barriers between them). Its plain stores to
+ * the stage are fenced from the TMA's before the stage is released.
  *
  * Shared layout (FastDkdvRing): K, V, the q and dout stages, full and empty
  * barriers, then per slot of a ring of MS row-data slots the raw lse, delta,
