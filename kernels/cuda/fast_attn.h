@@ -63,6 +63,18 @@
 #ifndef FAST_SEL_BLOCK_MAX_TOKENS
 #define FAST_SEL_BLOCK_MAX_TOKENS 32768
 #endif
+/* Partial buffers of the block-centric passes, each of up to
+ * FAST_SEL_BLOCK_BYTES, where a chunk is bound by those bytes (the paper
+ * shape; fastSelBlockBuffers): with 2, a chunk's combine reads one buffer
+ * on the plan's drain stream while the next chunk's pass fills the other
+ * (FastDrain); 1 runs them in turn. H100, four calls: paper 64k 0.3-3%
+ * faster (median 1.6%), 16k 0.6-1.4%; the paper shape's peak 11664 ->
+ * 12704 MiB. The prototype shape, whose chunks are bound by
+ * FAST_SEL_BLOCK_MAX_TOKENS, keeps one: two of half the tokens (its memory)
+ * were 0.5-1.5% slower at 64k, two full ones (+800 MB) no faster. */
+#ifndef FAST_SEL_BLOCK_BUFFERS
+#define FAST_SEL_BLOCK_BUFFERS 2
+#endif
 /* 1: where the fused selected backward runs, the window + compressed dQ
  * runs beside it on a second stream, chunk by chunk (fast_attn.cu,
  * fastBwdSideDq); 0: before it, on the caller's stream (A/B builds). */

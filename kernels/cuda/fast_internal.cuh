@@ -182,6 +182,10 @@ struct FastSelBlock {
     bf16 *part_o;    /* forward: [B][chunk tokens][G][slots][hpg][dv], normalised per block */
     float *part_lse; /* forward: [B][chunk tokens][G][slots][hpg] */
     bf16 *part_dq;   /* dQ: [B][chunk tokens][G][slots][hpg][dk] (the forward's memory) */
+    /* chunk c's partials are in buffer c % buffers (fastSelBlockBuffer),
+     * part_bytes and part_lse_floats apart */
+    int buffers;
+    size_t part_bytes, part_lse_floats;
     /* forward (set by fastSelBlockForward, not the caller): 1 where the
      * forced blocks (0, the token's and the one before) went through their
      * own pass into o and lse: the items hold the other entries, and the
@@ -238,18 +242,62 @@ static inline int fastSelBlockTokens(int G, int slots, int hpg, int d) {
     if (t > FAST_SEL_BLOCK_MAX_TOKENS) t = FAST_SEL_BLOCK_MAX_TOKENS;
     return t < FAST_SEL_BLOCK_TOKENS ? FAST_SEL_BLOCK_TOKENS : (int)t;
 }
+/* Partial buffers for such a pass: FAST_SEL_BLOCK_BUFFERS where its chunk
+ * is bound by FAST_SEL_BLOCK_BYTES (the paper shape: a second buffer lets
+ * the combines run beside the next chunk, FastDrain), 1 where by the token
+ * cap (the prototype's: it measured no faster with two, and two would
+ * either double its memory or halve its chunks). */
+static inline int fastSelBlockBuffers(int G, int slots, int hpg, int d) {
+    const long long per_token = (long long)G * slots * hpg * d * 2;
+    return FAST_SEL_BLOCK_BYTES / per_token < FAST_SEL_BLOCK_MAX_TOKENS ? FAST_SEL_BLOCK_BUFFERS : 1;
+}
+/* Token chunk `chunk`'s view of sb: its partials in buffer chunk %
+ * sb.buffers (cannot fail). */
+static inline FastSelBlock fastSelBlockBuffer(FastSelBlock sb, int chunk) {
+    const size_t at = sb.buffers > 1 ? (size_t)(chunk % sb.buffers) : 0;
+    if (sb.part_o) sb.part_o = (bf16 *)((char *)sb.part_o + at * sb.part_bytes);
+    if (sb.part_dq) sb.part_dq = (bf16 *)((char *)sb.part_dq + at * sb.part_bytes);
+    if (sb.part_lse) sb.part_lse += at * sb.part_lse_floats;
+    return sb;
+}
+/* Where a chunked pass's combines run, with FAST_SEL_BLOCK_BUFFERS
+ * buffers (sb.buffers): on `stream` (the plan's drain), each after its
+ * chunk's pass (made[buffer] recorded behind it), while the pass goes on to
+ * the next chunks; a pass that would refill a buffer first waits for
+ * drained[buffer], recorded behind that buffer's last combine. NULL in
+ * place of a FastDrain (and with one buffer): the combines run on the
+ * pass's stream. */
+struct FastDrain {
+    cudaStream_t stream;
+    cudaEvent_t made[FAST_SEL_BLOCK_BUFFERS], drained[FAST_SEL_BLOCK_BUFFERS];
+};
+/* The drain's steps around chunk `chunk` of a pass on `stream`: before
+ * its pass (wait for the buffer to be drained), after it (the stream its
+ * combine goes on, which waits for the pass), after the combine (mark the
+ * buffer drained), and at the end (the pass's stream waits for the last
+ * combine). Each returns the CUDA status; with drain NULL they do nothing
+ * and the combine's stream is `stream`. Never synchronise. */
+cudaError_t fastDrainBeforePass(const FastDrain *drain, int chunk, cudaStream_t stream);
+cudaError_t fastDrainAfterPass(const FastDrain *drain, int chunk, cudaStream_t stream,
+                               cudaStream_t *combine_stream);
+cudaError_t fastDrainAfterCombine(const FastDrain *drain, int chunk);
+cudaError_t fastDrainEnd(const FastDrain *drain, int nchunks, cudaStream_t stream);
 /* The chunking for a call of B x S with about budget_tokens tokens (B x
  * chunk) per chunk, at least FAST_REV_TOKENS per batch row (the buffers
- * left NULL); cannot fail. */
+ * left NULL, one of them); cannot fail. */
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens);
-/* o_sel, lse_sel (io.o, io.lse) from the reverse index rev of sel_idx. */
+/* o_sel, lse_sel (io.o, io.lse) from the reverse index rev of sel_idx;
+ * the combines on drain's stream where drain is not NULL (the caller's
+ * stream waits for the last before this returns). */
 cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                                 const int32_t *sel_idx, const FastRevIndex &rev,
-                                const FastSelBlock &sb, cudaStream_t stream);
-/* dq of the selected branch per io.dq_mode (block-centric, same index). */
+                                const FastSelBlock &sb, const FastDrain *drain,
+                                cudaStream_t stream);
+/* dq of the selected branch per io.dq_mode (block-centric, same index;
+ * drain as above). */
 cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                            const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
-                           cudaStream_t stream);
+                           const FastDrain *drain, cudaStream_t stream);
 /* The fused selected backward (wgmma, l' <= 64): per token chunk of the
  * dQ's chunking (FastSelBlock), one pass over each chosen block's tokens
  * forms dK/dV and the dq partials together. dK/dV add up across chunks in
@@ -293,14 +341,16 @@ struct FastChunkHook {
 };
 /* dK/dV of the selected branch (dk_out, dv_out, bf16) and its dq per
  * io.dq_mode, fused (see FastSelFused): sb the dQ's chunking and partial
- * buffer, f its own buffers; before_combine (NULL: none) runs before each
- * chunk's dq combine (fast_attn.cu: the window + compressed dQ of the
- * chunk, on a second stream, that the combine adds to). */
+ * buffers, f its own buffers; before_combine (NULL: none) runs before each
+ * chunk's dq combine, given the stream that combine goes on (fast_attn.cu:
+ * the window + compressed dQ of the chunk, on a second stream, that the
+ * combine adds to); the combines on drain's stream where drain is not NULL
+ * (the caller's stream waits for the last before this returns). */
 cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
                                  bf16 *dv_out, const FastChunkHook *before_combine,
-                                 cudaStream_t stream);
+                                 const FastDrain *drain, cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
  * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), and none
  * when c.sel_dense_dq (the masked dense dQ runs in fastWinCmpDq's pass). */

@@ -583,7 +583,7 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
     if (c.sel_block_dq) {
         if (!sb_dq) return cudaErrorInvalidValue;
-        return fastSelBlockDq(c, DK, DV, io, sel_idx, rev, *sb_dq, stream);
+        return fastSelBlockDq(c, DK, DV, io, sel_idx, rev, *sb_dq, NULL, stream);
     }
     auto dq = selDqKernel<DK, DV>;
     constexpr int smem_q = SEL_WARPS * selWarpSmem<DK, DV, true>();

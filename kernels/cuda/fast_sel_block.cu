@@ -590,11 +590,17 @@ static int selCombineTokens(int hpg, int d) {
     const int tpc = per_token >= 128 ? 1 : 128 / per_token;
     return tpc < SEL_COMBINE_MAX_TPC ? tpc : SEL_COMBINE_MAX_TPC;
 }
+/* Dynamic shared memory of the forward combine: its weights per (token,
+ * head, slot). */
+static int selCombineSmem(int tpc, int hpg) { return tpc * hpg * FAST_MAX_SLOTS * 4; }
 template <int DV, bool SKIP> /* SKIP: sb.skip_forced */
 __global__ void __launch_bounds__(128)
 selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk,
                       int tpc) {
-    __shared__ float w[SEL_COMBINE_MAX_TPC][FAST_MAX_HPG][FAST_MAX_SLOTS];
+    /* [tpc][hpg][FAST_MAX_SLOTS] (selCombineSmem): 2 KB at the paper shape,
+     * which leaves this CTA room beside two of the next chunk's forward
+     * CTAs (2 x 109 KB) where the 8 KB of the largest shape did not */
+    extern __shared__ float w[];
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, lt0 = blockIdx.x * tpc;
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
@@ -626,7 +632,7 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         float sum = e;
 #pragma unroll
         for (int off = 16; off > 0; off >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-        w[i][h][lane] = sum > 0.f ? e / sum : 0.f;
+        w[(i * hpg + h) * FAST_MAX_SLOTS + lane] = sum > 0.f ? e / sum : 0.f;
         if (lane == 0) io.lse[out0 + h] = sum > 0.f ? mx + logf(sum) : -INFINITY;
     }
     __syncthreads();
@@ -640,7 +646,7 @@ selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBl
         const size_t stride = (size_t)hpg * DV;
         selSumPartials(
             a, [&](int k) { return SKIP && k == 0 ? o_row : part + k * stride; }, c.slots,
-            [&](int k) { return w[it.i][h][k]; });
+            [&](int k) { return w[(it.i * hpg + h) * FAST_MAX_SLOTS + k]; });
         uint4 out;
         uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
@@ -890,14 +896,50 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
     }
 }
 
+cudaError_t fastDrainBeforePass(const FastDrain *drain, int chunk, cudaStream_t stream) {
+    if (!drain || chunk < FAST_SEL_BLOCK_BUFFERS) return cudaSuccess;
+    return cudaStreamWaitEvent(stream, drain->drained[chunk % FAST_SEL_BLOCK_BUFFERS], 0);
+}
+
+cudaError_t fastDrainAfterPass(const FastDrain *drain, int chunk, cudaStream_t stream,
+                               cudaStream_t *combine_stream) {
+    *combine_stream = drain ? drain->stream : stream;
+    if (!drain) return cudaSuccess;
+    cudaEvent_t made = drain->made[chunk % FAST_SEL_BLOCK_BUFFERS];
+    cudaError_t e = cudaEventRecord(made, stream);
+    return e == cudaSuccess ? cudaStreamWaitEvent(drain->stream, made, 0) : e;
+}
+
+cudaError_t fastDrainAfterCombine(const FastDrain *drain, int chunk) {
+    if (!drain) return cudaSuccess;
+    return cudaEventRecord(drain->drained[chunk % FAST_SEL_BLOCK_BUFFERS], drain->stream);
+}
+
+cudaError_t fastDrainEnd(const FastDrain *drain, int nchunks, cudaStream_t stream) {
+    if (!drain || nchunks < 1) return cudaSuccess;
+    /* the drain runs its combines in order: the last one's event covers all */
+    return cudaStreamWaitEvent(stream, drain->drained[(nchunks - 1) % FAST_SEL_BLOCK_BUFFERS], 0);
+}
+
+/* sb.buffers within what the maps and events are sized for, and a drain
+ * only with a second buffer to fill while one drains. */
+static bool selBuffersValid(const FastSelBlock &sb, const FastDrain *drain) {
+    return sb.buffers >= 1 && sb.buffers <= FAST_SEL_BLOCK_BUFFERS && (!drain || sb.buffers > 1);
+}
+
 /* Enqueues one block-centric pass (the forward or the dQ): the work-item
- * plan of every chunk, then per chunk the pass kernel and the combine that
- * merges its partials. Returns the first attribute or launch error; never
- * synchronises. */
-template <class Kernel, class Combine, class Io, class... Extra>
-static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combine combine, int tpc,
-                               const Io &io, const int32_t *sel_idx, const FastRevIndex &rev,
-                               const FastSelBlock &sb, cudaStream_t stream, Extra... extra) {
+ * plan of every chunk, then per chunk the pass kernel (pass(sb of the
+ * chunk's buffer, chunk) launches it on `stream`) and the combine that
+ * merges its partials - on the drain's stream where drain is not NULL, so
+ * that it reads one buffer while the next chunk's pass fills the other.
+ * Returns the first attribute, event or launch error; never synchronises. */
+template <class Kernel, class Pass, class Combine, class Io>
+static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Pass pass,
+                               Combine combine, int tpc, int combine_smem, const Io &io,
+                               const int32_t *sel_idx,
+                               const FastRevIndex &rev, const FastSelBlock &sb,
+                               const FastDrain *drain, cudaStream_t stream) {
+    if (!selBuffersValid(sb, drain)) return cudaErrorInvalidValue;
     cudaError_t e = fastSetSmem(kernel, smem);
     if (e != cudaSuccess) return e;
     const int BG = c.B * c.G;
@@ -906,32 +948,42 @@ static cudaError_t selBlockRun(const FastCtx &c, Kernel kernel, int smem, Combin
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS;
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, sb, chunk,
-                                                                         extra...);
+        const FastSelBlock at = fastSelBlockBuffer(sb, chunk);
+        if ((e = fastDrainBeforePass(drain, chunk, stream)) != cudaSuccess) return e;
+        pass(at, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
-        combine<<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, stream>>>(c, io, sel_idx, sb, chunk,
-                                                                     tpc);
+        cudaStream_t combine_stream;
+        if ((e = fastDrainAfterPass(drain, chunk, stream, &combine_stream)) != cudaSuccess) return e;
+        combine<<<dim3((CT + tpc - 1) / tpc, BG), 128, combine_smem, combine_stream>>>(
+            c, io, sel_idx, at, chunk, tpc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = fastDrainAfterCombine(drain, chunk)) != cudaSuccess) return e;
     }
-    return cudaSuccess;
+    return fastDrainEnd(drain, sb.nchunks, stream);
 }
 
 template <int DK, int DV>
 static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
                                    const FastRevIndex &rev, const FastSelBlock &sb,
-                                   cudaStream_t stream) {
+                                   const FastDrain *drain, cudaStream_t stream) {
     /* the wgmma kernel forms a d_v = 128 output in halves, one key
      * sub-tile per block only */
     const bool wg = c.wgmma && (DV <= 64 || c.sel_len <= 64);
     /* q rows in and partials out by TMA where a warp's rows are one token's
      * 16 heads (2 KB boxes, fastSelRowRing) and a block is one key sub-tile */
     const bool ring = wg && c.sel_len <= 64 && c.hpg == 16 && fastSelRowRing(c.hpg);
-    SelBlockFwdMaps maps = {};
+    if (!selBuffersValid(sb, drain)) return cudaErrorInvalidValue;
+    SelBlockFwdMaps maps[FAST_SEL_BLOCK_BUFFERS] = {};
     if (ring) {
         const size_t rows = (size_t)c.B * sb.chunk_revs * FAST_REV_TOKENS * c.G * c.slots * c.hpg;
-        cudaError_t e = fastTmaEncodeRows(c.tma_encode, &maps.q, io.q, c.B, c.S, c.H, DK, c.hpg, 1);
-        if (e == cudaSuccess) e = fastTmaEncodeMatrix(c.tma_encode, &maps.part_o, sb.part_o, rows, DV, 16);
-        if (e != cudaSuccess) return e;
+        for (int i = 0; i < sb.buffers; i++) {
+            const FastSelBlock at = fastSelBlockBuffer(sb, i);
+            cudaError_t e =
+                fastTmaEncodeRows(c.tma_encode, &maps[i].q, io.q, c.B, c.S, c.H, DK, c.hpg, 1);
+            if (e == cudaSuccess)
+                e = fastTmaEncodeMatrix(c.tma_encode, &maps[i].part_o, at.part_o, rows, DV, 16);
+            if (e != cudaSuccess) return e;
+        }
     }
     auto kernel = ring ? selBlockFwdKernel<DK, DV, true, true>
                        : wg ? selBlockFwdKernel<DK, DV, true, false> : selBlockFwdKernel<DK, DV, false, false>;
@@ -942,20 +994,30 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     FastSelBlock run = sb;
     run.skip_forced = fastSelForcedApplies(c) && wg;
     if (run.skip_forced) {
+        /* (on the drain's stream, beside the first chunk's pass - only the
+         * combines read its o, lse - it measured no faster: H100, paper 64k
+         * 96.80 -> 96.27 ms, 16k 65.07 -> 65.18, proto 16k 8.46 -> 8.57) */
         cudaError_t e = fastSelForcedOwnPass(c)
                             ? fastSelForcedForward(c, DK, DV, io, stream)
                             : fastLaunchForward<DK, DV, SelForcedPolicy, false>(
                                   c, io, fastSelForcedPolicy(c), stream);
         if (e != cudaSuccess) return e;
-        return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV, true>,
-                           selCombineTokens(c.hpg, DV), io, sel_idx, rev, run, stream, maps);
     }
-    return selBlockRun(c, kernel, smem, selBlockCombineKernel<DV, false>, selCombineTokens(c.hpg, DV),
-                       io, sel_idx, rev, run, stream, maps);
+    const int BG = c.B * c.G, tpc = selCombineTokens(c.hpg, DV);
+    auto pass = [&](const FastSelBlock &at, int chunk) {
+        kernel<<<dim3(run.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(
+            c, io, rev, at, chunk, maps[chunk % sb.buffers]);
+    };
+    return run.skip_forced
+               ? selBlockRun(c, kernel, smem, pass, selBlockCombineKernel<DV, true>, tpc,
+                             selCombineSmem(tpc, c.hpg), io, sel_idx, rev, run, drain, stream)
+               : selBlockRun(c, kernel, smem, pass, selBlockCombineKernel<DV, false>, tpc,
+                             selCombineSmem(tpc, c.hpg), io, sel_idx, rev, run, drain, stream);
 }
 
 FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int budget_tokens) {
     FastSelBlock sb = {};
+    sb.buffers = 1;
     const int rev_chunks = (S + FAST_REV_TOKENS - 1) / FAST_REV_TOKENS;
     const int per = budget_tokens / (B * FAST_REV_TOKENS);
     sb.chunk_revs = per < 1 ? 1 : (per > rev_chunks ? rev_chunks : per);
@@ -969,27 +1031,32 @@ FastSelBlock fastSelBlockShape(int B, int S, int Ns, int slots, int hpg, int bud
 
 cudaError_t fastSelBlockForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
                                 const int32_t *sel_idx, const FastRevIndex &rev,
-                                const FastSelBlock &sb, cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, selBlockForward, c, io, sel_idx, rev, sb, stream);
+                                const FastSelBlock &sb, const FastDrain *drain,
+                                cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selBlockForward, c, io, sel_idx, rev, sb, drain, stream);
 }
 
 template <int DK, int DV>
 static cudaError_t selBlockDq(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                               const FastRevIndex &rev, const FastSelBlock &sb,
-                              cudaStream_t stream) {
+                              const FastDrain *drain, cudaStream_t stream) {
     /* the wgmma kernel forms a d_k = 128 dq in parts, one key sub-tile per
      * block only */
     const bool wg = c.wgmma && (DK != 128 || c.sel_len <= 64);
     auto kernel = wg ? selBlockDqKernel<DK, DV, true> : selBlockDqKernel<DK, DV, false>;
     const int smem = wg ? selBlockSmem<DK, DV, true, true>() : selBlockSmem<DK, DV, false, true>();
-    return selBlockRun(c, kernel, smem, selBlockDqCombineKernel<DK>, selCombineTokens(c.hpg, DK),
-                       io, sel_idx, rev, sb, stream);
+    const int BG = c.B * c.G;
+    auto pass = [&](const FastSelBlock &at, int chunk) {
+        kernel<<<dim3(sb.max_items, BG), 32 * SELB_WARPS, smem, stream>>>(c, io, rev, at, chunk);
+    };
+    return selBlockRun(c, kernel, smem, pass, selBlockDqCombineKernel<DK>,
+                       selCombineTokens(c.hpg, DK), 0, io, sel_idx, rev, sb, drain, stream);
 }
 
 cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                            const int32_t *sel_idx, const FastRevIndex &rev, const FastSelBlock &sb,
-                           cudaStream_t stream) {
-    FAST_DISPATCH(dk, dv, selBlockDq, c, io, sel_idx, rev, sb, stream);
+                           const FastDrain *drain, cudaStream_t stream) {
+    FAST_DISPATCH(dk, dv, selBlockDq, c, io, sel_idx, rev, sb, drain, stream);
 }
 
 /* ---- The fused selected backward (wgmma, l' <= 64) ----
@@ -1053,6 +1120,10 @@ constexpr int selFusedSmem() {
 #ifndef SEL_FUSED_MIN_CTAS_D64
 #define SEL_FUSED_MIN_CTAS_D64 3
 #endif
+/* (At d_k >= 128 the kernel's 255 registers leave two CTAs no room for a
+ * CTA of the previous chunk's dq combine beside them on the drain; capped
+ * at 232 so that one fits, it spilled 32 bytes and measured slower: H100,
+ * paper 64k 96.84 -> 100.29 ms.) */
 template <int DK, int DV, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_FUSED_MIN_CTAS_D64 : 1)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
@@ -1266,7 +1337,8 @@ template <int DK, int DV>
 static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                                     const FastRevIndex &rev, const FastSelBlock &sb,
                                     const FastSelFused &f, bf16 *dk_out, bf16 *dv_out,
-                                    const FastChunkHook *before_combine, cudaStream_t stream) {
+                                    const FastChunkHook *before_combine, const FastDrain *drain,
+                                    cudaStream_t stream) {
     if (!c.wgmma || c.sel_len > 64) return cudaErrorInvalidValue; /* fastSelDesign's rule */
     const size_t keys = (size_t)c.B * c.S * c.G;
     cudaError_t e;
@@ -1275,13 +1347,18 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     const bool ring = fastSelRowRing(c.hpg); /* the fused kernel's row stages */
     auto kernel = ring ? selFusedBwdKernel<DK, DV, true> : selFusedBwdKernel<DK, DV, false>;
     const int smem = ring ? selFusedSmem<DK, DV, true>() : selFusedSmem<DK, DV, false>();
-    SelFusedMaps maps = {};
-    if (ring && (e = fastDkdvRowMaps(c, io, DK, DV, true, &maps.rows)) != cudaSuccess) return e;
-    if (ring && c.hpg == 16) { /* the dq partials' way out (the kernel stores by TMA at hpg 16) */
-        const size_t rows = (size_t)c.B * sb.chunk_revs * FAST_REV_TOKENS * c.G * c.slots * c.hpg;
-        if ((e = fastTmaEncodeMatrix(c.tma_encode, &maps.part_dq, sb.part_dq, rows, DK, 16)) !=
-            cudaSuccess)
-            return e;
+    if (!selBuffersValid(sb, drain)) return cudaErrorInvalidValue;
+    SelFusedMaps maps[FAST_SEL_BLOCK_BUFFERS] = {};
+    for (int i = 0; ring && i < sb.buffers; i++) {
+        if ((e = fastDkdvRowMaps(c, io, DK, DV, true, &maps[i].rows)) != cudaSuccess) return e;
+        if (c.hpg == 16) { /* the dq partials' way out (the kernel stores by TMA at hpg 16) */
+            const size_t rows =
+                (size_t)c.B * sb.chunk_revs * FAST_REV_TOKENS * c.G * c.slots * c.hpg;
+            if ((e = fastTmaEncodeMatrix(c.tma_encode, &maps[i].part_dq,
+                                         fastSelBlockBuffer(sb, i).part_dq, rows, DK, 16)) !=
+                cudaSuccess)
+                return e;
+        }
     }
     if ((e = fastSetSmem(kernel, smem)) != cudaSuccess) return e;
     const int BG = c.B * c.G;
@@ -1290,32 +1367,38 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, tpc = selCombineTokens(c.hpg, DK);
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
-        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(c, io, rev, sb, f, chunk,
-                                                                        maps);
+        const FastSelBlock at = fastSelBlockBuffer(sb, chunk);
+        if ((e = fastDrainBeforePass(drain, chunk, stream)) != cudaSuccess) return e;
+        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(
+            c, io, rev, at, f, chunk, maps[chunk % sb.buffers]);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG, SEL_FUSED_REDUCE_SPLIT), 256, 0, stream>>>(
             c, f, chunk);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        cudaStream_t combine_stream;
+        if ((e = fastDrainAfterPass(drain, chunk, stream, &combine_stream)) != cudaSuccess) return e;
         if (before_combine &&
             (e = before_combine->run(before_combine->ctx, chunk * CT, min(c.S, (chunk + 1) * CT),
-                                     stream)) != cudaSuccess)
+                                     combine_stream)) != cudaSuccess)
             return e;
-        selBlockDqCombineKernel<DK><<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, stream>>>(
-            c, io, sel_idx, sb, chunk, tpc);
+        selBlockDqCombineKernel<DK><<<dim3((CT + tpc - 1) / tpc, BG), 128, 0, combine_stream>>>(
+            c, io, sel_idx, at, chunk, tpc);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
+        if ((e = fastDrainAfterCombine(drain, chunk)) != cudaSuccess) return e;
     }
     const size_t n_k8 = keys * DK / 8, n_v8 = keys * DV / 8;
     const size_t want = (n_k8 + n_v8 + 255) / 256;
     selFusedFinishKernel<<<(unsigned)(want < 65535u * 8u ? want : 65535u * 8u), 256, 0, stream>>>(
         f.acc_k, f.acc_v, dk_out, dv_out, n_k8, n_v8);
-    return cudaGetLastError();
+    if ((e = cudaGetLastError()) != cudaSuccess) return e;
+    return fastDrainEnd(drain, sb.nchunks, stream);
 }
 
 cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                                  const int32_t *sel_idx, const FastRevIndex &rev,
                                  const FastSelBlock &sb, const FastSelFused &f, bf16 *dk_out,
                                  bf16 *dv_out, const FastChunkHook *before_combine,
-                                 cudaStream_t stream) {
+                                 const FastDrain *drain, cudaStream_t stream) {
     FAST_DISPATCH(dk, dv, selFusedBackward, c, io, sel_idx, rev, sb, f, dk_out, dv_out,
-                  before_combine, stream);
+                  before_combine, drain, stream);
 }
