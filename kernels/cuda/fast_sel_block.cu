@@ -921,10 +921,12 @@ cudaError_t fastDrainEnd(const FastDrain *drain, int nchunks, cudaStream_t strea
     return cudaStreamWaitEvent(stream, drain->drained[(nchunks - 1) % FAST_SEL_BLOCK_BUFFERS], 0);
 }
 
-/* sb.buffers within what the maps and events are sized for, and a drain
- * only with a second buffer to fill while one drains. */
+/* sb.buffers within what the maps are sized for, and a drain only with
+ * the FAST_SEL_BLOCK_BUFFERS (> 1) buffers its events count in: a buffer
+ * to fill while another drains. */
 static bool selBuffersValid(const FastSelBlock &sb, const FastDrain *drain) {
-    return sb.buffers >= 1 && sb.buffers <= FAST_SEL_BLOCK_BUFFERS && (!drain || sb.buffers > 1);
+    return sb.buffers >= 1 && sb.buffers <= FAST_SEL_BLOCK_BUFFERS &&
+           (!drain || (sb.buffers == FAST_SEL_BLOCK_BUFFERS && sb.buffers > 1));
 }
 
 /* Enqueues one block-centric pass (the forward or the dQ): the work-item
