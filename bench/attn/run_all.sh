@@ -44,13 +44,16 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # dK/dV in 3 parts (NSA_FAST_CMP_PARTS; the model picks per shape
     # otherwise) and block in 3 parts, and auto and block once more with
     # the compressed dq formed in its dK/dV pass rather than the dQ pass
-    # (NSA_FAST_CMP_DQ=1, off by default). A design reads sel[/mma[/fused[/parts[/cmpdq]]]].
+    # (NSA_FAST_CMP_DQ=1, off by default), and block once more in chunks of
+    # 256 tokens (NSA_FAST_SEL_CHUNK_TOKENS: many chunks at every S, so that
+    # the combines' drain refills its two buffers). A design reads
+    # sel[/mma[/fused[/parts[/cmpdq[/chunk]]]]].
     # At most one process per CPU at a time: each holds a CUDA context,
     # and a hundred at once ran the GPU out of memory (a case then bails
     # out at its first cudaMalloc - a false failure).
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    designs="auto union warp block dense auto/sync block/auto/0 auto/auto/1/3 block/auto/1/3 auto/auto/1/auto/1 block/auto/1/3/1"
+    designs="auto union warp block dense auto/sync block/auto/0 auto/auto/1/3 block/auto/1/3 auto/auto/1/auto/1 block/auto/1/3/1 block/auto/1/auto/0/256"
     for design in $designs; do
         i=0
         while [ "$i" -lt "$n" ]; do
@@ -58,24 +61,25 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
             i=$((i + 1))
         done
     done | xargs -P "$(nproc)" -L 1 sh -c '
-        IFS=/ read -r sel mma fused parts cmpdq <<DESIGN
+        IFS=/ read -r sel mma fused parts cmpdq chunk <<DESIGN
 $0
 DESIGN
         NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} \
-            NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} build/bench/test_fast_attn "$1" \
-            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}.$1.log" 2>&1'
+            NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} \
+            NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto} build/bench/test_fast_attn "$1" \
+            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log" 2>&1'
     for design in $designs; do
-        IFS=/ read -r sel mma fused parts cmpdq <<DESIGN
+        IFS=/ read -r sel mma fused parts cmpdq chunk <<DESIGN
 $design
 DESIGN
-        tag="${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}"
-        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0}" >>"$out/test.log"
+        tag="${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}"
+        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto}" >>"$out/test.log"
         i=0
         while [ "$i" -lt "$n" ]; do
             cat "$tmp/$tag.$i.log" >>"$out/test.log"
             i=$((i + 1))
         done
-        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}, parts ${parts:-auto}, cmp dq ${cmpdq:-0}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
+        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}, parts ${parts:-auto}, cmp dq ${cmpdq:-0}, chunk ${chunk:-auto}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
     rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"

@@ -36,6 +36,7 @@ struct NsaAttnCudaPlan {
     int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
     int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
     int cmp_dq;           /* NSA_FAST_CMP_DQ at create: 1 the compressed dq in its dK/dV pass where it can (default 0) */
+    int sel_chunk_tokens; /* NSA_FAST_SEL_CHUNK_TOKENS at create (0: auto, fastSelBlockTokens) */
     int *cmp_dq_sem;      /* that pass's turn counters (fastCmpDqCounters at the max dims) */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
@@ -256,6 +257,13 @@ static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_c
     return (int)(e < 256 ? 256 : e > FAST_SEL_CHUNK ? FAST_SEL_CHUNK : e);
 }
 
+/* B x tokens per chunk of the plan's block-centric passes whose partial
+ * rows hold d values: NSA_FAST_SEL_CHUNK_TOKENS where set, else
+ * fastSelBlockTokens. Cannot fail. */
+static int fastPlanSelTokens(const NsaAttnCudaPlan *p, int G, int slots, int hpg, int d) {
+    return p->sel_chunk_tokens > 0 ? p->sel_chunk_tokens : fastSelBlockTokens(G, slots, hpg, d);
+}
+
 /* Carves the workspace in two parts: the plan's state - what its forward
  * leaves for its backward (pooled keys, branch outputs, lse, the selection
  * and its reverse index) - from state_base, and the scratch a call uses
@@ -318,7 +326,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                 const int s = rc == 0 ? d->S : rc * FAST_REV_TOKENS;
                 const FastSelBlock sb =
                     fastSelBlockShape(bb, s, c.Ns, c.slots, c.hpg,
-                                      fastSelBlockTokens(d->G, c.slots, c.hpg, d->d_k));
+                                      fastPlanSelTokens(p, d->G, c.slots, c.hpg, d->d_k));
                 if (rc > 0 && sb.chunk_revs < rc) break; /* chunks stopped growing: sizes too */
                 const FastSelFused f =
                     fastSelFusedShape(sb, c.Ns, c.slots, c.hpg, bb * d->G, p->sm_count);
@@ -399,7 +407,7 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                 if (!need_pass[pass]) continue;
                 FastSelBlock sb = fastSelBlockShape(
                     bb, d->S, c.Ns, c.slots, c.hpg,
-                    fastSelBlockTokens(d->G, c.slots, c.hpg, pass ? d->d_k : d->d_v));
+                    fastPlanSelTokens(p, d->G, c.slots, c.hpg, pass ? d->d_k : d->d_v));
                 const size_t it = (size_t)sb.nchunks * bb * d->G * (c.Ns + 1);
                 const size_t blk = (size_t)sb.nchunks * bb * d->G * sb.max_items;
                 const size_t pairs =
@@ -475,6 +483,23 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
         if (!strcmp(cmp_dq_env, "1")) p->cmp_dq = 1;
         else if (strcmp(cmp_dq_env, "0") != 0)
             return fastFail(err, "nsa fast attention: NSA_FAST_CMP_DQ=%s; allowed: 0, 1", cmp_dq_env);
+    }
+    /* NSA_FAST_SEL_CHUNK_TOKENS=N: B x tokens per chunk of the block-
+     * centric selected passes (a multiple of FAST_REV_TOKENS; their partial
+     * buffers shrink or grow with it) instead of as many as
+     * FAST_SEL_BLOCK_BYTES of partials hold: less memory for some speed, and
+     * for the tests many chunks at small S (the drain's buffer reuse) */
+    const char *chunk_env = getenv("NSA_FAST_SEL_CHUNK_TOKENS");
+    p->sel_chunk_tokens = 0;
+    if (chunk_env && *chunk_env && strcmp(chunk_env, "auto") != 0) {
+        char *end = NULL;
+        const long v = strtol(chunk_env, &end, 10);
+        if (*end || v < FAST_REV_TOKENS || v > FAST_SEL_CHUNK_TOKENS_MAX || v % FAST_REV_TOKENS)
+            return fastFail(err,
+                            "nsa fast attention: NSA_FAST_SEL_CHUNK_TOKENS=%s; allowed: auto, or "
+                            "a multiple of %d from %d to %d",
+                            chunk_env, FAST_REV_TOKENS, FAST_REV_TOKENS, FAST_SEL_CHUNK_TOKENS_MAX);
+        p->sel_chunk_tokens = (int)v;
     }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -763,7 +788,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
         FastSelBlock sb =
             fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
-                              fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_v));
+                              fastPlanSelTokens(p, dims->G, c.slots, c.hpg, dims->d_v));
         sb.item_start = p->sb_item_start;
         sb.item_block = p->sb_item_block;
         sb.part_o = (bf16 *)p->sb_part;
@@ -1005,7 +1030,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FastSelBlock sbq = {};
     if (c.sel_block_dq) {
         sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
-                                fastSelBlockTokens(dims->G, c.slots, c.hpg, dims->d_k));
+                                fastPlanSelTokens(p, dims->G, c.slots, c.hpg, dims->d_k));
         sbq.item_start = p->sb_item_start;
         sbq.item_block = p->sb_item_block;
         sbq.part_dq = (bf16 *)p->sb_part;

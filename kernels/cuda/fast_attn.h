@@ -63,6 +63,8 @@
 #ifndef FAST_SEL_BLOCK_MAX_TOKENS
 #define FAST_SEL_BLOCK_MAX_TOKENS 32768
 #endif
+/* The most B x tokens a chunk NSA_FAST_SEL_CHUNK_TOKENS may ask for. */
+#define FAST_SEL_CHUNK_TOKENS_MAX 1048576
 /* Partial buffers of the block-centric passes, each of up to
  * FAST_SEL_BLOCK_BYTES, where a chunk is bound by those bytes (the paper
  * shape; fastSelBlockBuffers): with 2, a chunk's combine reads one buffer

@@ -359,6 +359,17 @@ static void testAttnCmpDqSwitch(Results *res) {
                       "NSA_FAST_CMP_DQ", refused, 2, accepted, 2);
 }
 
+/* NSA_FAST_SEL_CHUNK_TOKENS (B x tokens per chunk of the block-centric
+ * selected passes): a multiple of 256 from 256 to 1048576, or auto. */
+static void testAttnSelChunkSwitch(Results *res) {
+    const NsaAttnDims d = {1, 256, 16, 1, 128, 128, 32, 16, 64, 4, 64};
+    const char *const refused[] = {"0", "100", "512x", "2097152"}, *const accepted[] = {"auto", "512"};
+    testAttnEnvSwitch(res,
+                      "fast attn NSA_FAST_SEL_CHUNK_TOKENS: 0, 100, 512x, 2097152 refused, auto/512 "
+                      "accepted",
+                      &d, "NSA_FAST_SEL_CHUNK_TOKENS", refused, 4, accepted, 2);
+}
+
 /* The fast op's pooling backward holds the sums of the compressed blocks
  * that reach a run of blocks (cmp_len / cmp_stride of them per token) in
  * shared memory: up to FAST_CMP_MAX_OVERLAP (64) is accepted, more is
@@ -1309,6 +1320,7 @@ int main(int argc, char **argv) {
         testAttnMmaSwitch(res);
         testAttnCmpPartsSwitch(res);
         testAttnCmpDqSwitch(res);
+        testAttnSelChunkSwitch(res);
         testAttnCmpOverlap(res);
     }
     if (all || !strcmp(only, "model")) {
