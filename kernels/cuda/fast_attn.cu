@@ -257,6 +257,12 @@ static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_c
     return (int)(e < 256 ? 256 : e > FAST_SEL_CHUNK ? FAST_SEL_CHUNK : e);
 }
 
+/* The plan's drain for its block-centric passes: NULL where it keeps one
+ * partial buffer (the combines then run in turn with the passes). */
+static const FastDrain *fastPlanDrain(const NsaAttnCudaPlan *p) {
+    return p->sb_buffers > 1 ? &p->drain : NULL;
+}
+
 /* B x tokens per chunk of the plan's block-centric passes whose partial
  * rows hold d values: NSA_FAST_SEL_CHUNK_TOKENS where set, else
  * fastSelBlockTokens. Cannot fail. */
@@ -796,8 +802,7 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sb.part_bytes = p->sb_part_bytes;
         sb.part_lse_floats = p->sb_part_lse_floats;
         sb.buffers = p->sb_buffers;
-        FAST_CHECK(fastSelBlockForward(c, dk, dv, io, p->sel, rev, sb,
-                                       p->sb_buffers > 1 ? &p->drain : NULL, stream),
+        FAST_CHECK(fastSelBlockForward(c, dk, dv, io, p->sel, rev, sb, fastPlanDrain(p), stream),
                    "selected forward (block-centric)");
         p->rev_B = dims->B; /* the backward reuses this index */
         p->rev_S = dims->S;
@@ -1062,7 +1067,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         }
         FAST_CHECK(fastSelFusedBackward(c, dk, dv, io, p->sel, rev, sbq, f, (bf16 *)grads->dk_sel,
                                         (bf16 *)grads->dv_sel, side_dq ? &hook : NULL,
-                                        p->sb_buffers > 1 ? &p->drain : NULL, stream),
+                                        fastPlanDrain(p), stream),
                    side_dq ? "fused selected backward beside the window and compressed dq"
                            : "fused selected backward");
         FAST_MARK("end");
