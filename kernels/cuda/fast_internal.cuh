@@ -266,7 +266,10 @@ static inline FastSelBlock fastSelBlockBuffer(FastSelBlock sb, int chunk) {
  * the next chunks; a pass that would refill a buffer first waits for
  * drained[buffer], recorded behind that buffer's last combine. NULL in
  * place of a FastDrain (and with one buffer): the combines run on the
- * pass's stream. */
+ * pass's stream. What this buys is the kernels' tails: per-CTA timelines
+ * (docs/PERF.md, 2026-11-27) showed the block scheduler starting no CTA of
+ * a combine while a pass still had CTAs waiting, though one would fit, so
+ * the passes and combines otherwise run one after another. */
 struct FastDrain {
     cudaStream_t stream;
     cudaEvent_t made[FAST_SEL_BLOCK_BUFFERS], drained[FAST_SEL_BLOCK_BUFFERS];
