@@ -59,15 +59,13 @@ __global__ void cmpForwardKernel(float *o, float *lse, const float *q, const flo
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
-    const float *K = kc + ((size_t)b * Nc * d.G + g) * d.d_k;
-    const float *V = vc + ((size_t)b * Nc * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(kc, b, g, Nc, d.G, d.d_k);
+    const float *V = attnGroupKeys(vc, b, g, Nc, d.G, d.d_v);
     auto keyOf = [](int n) { return n; };
     warpAttnRowForward(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
                        cmpVisible(t, d.cmp_len, d.cmp_stride, Nc), keyOf, scale,
@@ -80,16 +78,14 @@ __global__ void cmpBackwardDqKernel(float *dq, int accumulate, const float *dout
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
     warpStage(w.b, dout + row * d.d_v, d.d_v);
-    const float *K = kc + ((size_t)b * Nc * d.G + g) * d.d_k;
-    const float *V = vc + ((size_t)b * Nc * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(kc, b, g, Nc, d.G, d.d_k);
+    const float *V = attnGroupKeys(vc, b, g, Nc, d.G, d.d_v);
     auto keyOf = [](int n) { return n; };
     warpAttnRowBackwardDq(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
                           (size_t)d.G * d.d_v, cmpVisible(t, d.cmp_len, d.cmp_stride, Nc), keyOf,
@@ -102,7 +98,7 @@ __global__ void cmpBackwardDkvKernel(float *dkc, float *dvc, const float *dout, 
                                      const float *kc, const float *vc, const float *lse,
                                      const float *delta, NsaAttnDims d, int Nc, float scale) {
     extern __shared__ float smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t key_row = (size_t)blockIdx.x * ATTN_WARPS + warp;  /* (b*Nc + i)*G + g */
     if (key_row >= (size_t)d.B * Nc * d.G) return;
@@ -122,12 +118,7 @@ __global__ void cmpBackwardDkvKernel(float *dkc, float *dvc, const float *dout, 
     for (int r = 0; r < ATTN_DIM_REGS; r++) acc_dk[r] = acc_dv[r] = 0.0f;
     warpAttnKeyBackward(w, d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
                         scale, acc_dk, acc_dv);
-#pragma unroll
-    for (int r = 0; r < ATTN_DIM_REGS; r++) {
-        int c = lane + 32 * r;
-        if (c < d.d_k) dkc[key_row * d.d_k + c] = scale * acc_dk[r];
-        if (c < d.d_v) dvc[key_row * d.d_v + c] = acc_dv[r];
-    }
+    attnStoreKeyGrads(dkc, dvc, key_row, d.d_k, d.d_v, scale, acc_dk, acc_dv);
 }
 
 int attnPoolAvgForward(float *pooled, const float *x, int B, int S, int G, int dim, int cmp_len,

@@ -60,6 +60,49 @@ __device__ __forceinline__ AttnWarpSmem attnWarpSmem(float *smem, int warp, int 
     return w;
 }
 
+/* The query row of a warp in the one-warp-per-row kernels (grids of
+ * ATTN_WARPS rows a block): row = (b S + t) H + h, bt = b S + t, and g the
+ * KV group of head h. Returns false for a warp past the last row, which
+ * then has nothing to do. */
+typedef struct AttnQueryRow {
+    size_t row, bt;
+    int b, t, h, g;
+} AttnQueryRow;
+
+__device__ __forceinline__ bool attnQueryRowOf(const NsaAttnDims &d, int warp, AttnQueryRow &r) {
+    r.row = (size_t)blockIdx.x * ATTN_WARPS + warp;
+    if (r.row >= (size_t)d.B * d.S * d.H) return false;
+    r.h = (int)(r.row % d.H);
+    r.bt = r.row / d.H;
+    r.t = (int)(r.bt % d.S);
+    r.b = (int)(r.bt / d.S);
+    r.g = r.h / (d.H / d.G);
+    return true;
+}
+
+/* Key row 0 of group g, batch row b, in x [B][nkeys][G][dim]; key r is
+ * r * G * dim further (the key stride the row walks take). */
+__device__ __forceinline__ const float *attnGroupKeys(const float *x, int b, int g, int nkeys,
+                                                      int G, int dim) {
+    return x + ((size_t)b * nkeys * G + g) * dim;
+}
+
+/* Writes one key row's gradients from a warp's lane-strided accumulators
+ * (lane owns dims lane, lane + 32, ...): dk = scale acc_dk, dv = acc_dv.
+ * key_row indexes [B][keys][G] rows. */
+__device__ __forceinline__ void attnStoreKeyGrads(float *dk, float *dv, size_t key_row, int d_k,
+                                                  int d_v, float scale,
+                                                  const float (&acc_dk)[ATTN_DIM_REGS],
+                                                  const float (&acc_dv)[ATTN_DIM_REGS]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < ATTN_DIM_REGS; i++) {
+        const int c = lane + 32 * i;
+        if (c < d_k) dk[key_row * d_k + c] = scale * acc_dk[i];
+        if (c < d_v) dv[key_row * d_v + c] = acc_dv[i];
+    }
+}
+
 /* Stages row `idx` of lane r (r = 0..31; idx < 0: skipped) of src
  * (rows of row_stride floats, dim used) into tile row r. */
 __device__ __forceinline__ void warpStageRows(float *tile, int dim, const float *__restrict__ src,

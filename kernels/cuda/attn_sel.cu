@@ -12,17 +12,15 @@ __global__ void selForwardKernel(float *o, float *lse, const float *q, const flo
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row, bt = qr.bt;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
     const int32_t *sel = sel_idx + (bt * d.G + g) * slots;
     const int lsel = d.sel_len;
-    const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
-    const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(k, b, g, d.S, d.G, d.d_k);
+    const float *V = attnGroupKeys(v, b, g, d.S, d.G, d.d_v);
     auto keyOf = [sel, lsel, t](int n) {
         int blk = sel[n / lsel];
         int tok = blk * lsel + n % lsel;
@@ -39,18 +37,16 @@ __global__ void selBackwardDqKernel(float *dq, int accumulate, const float *dout
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row, bt = qr.bt;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
     warpStage(w.b, dout + row * d.d_v, d.d_v);
     const int32_t *sel = sel_idx + (bt * d.G + g) * slots;
     const int lsel = d.sel_len;
-    const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
-    const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(k, b, g, d.S, d.G, d.d_k);
+    const float *V = attnGroupKeys(v, b, g, d.S, d.G, d.d_v);
     auto keyOf = [sel, lsel, t](int n) {
         int blk = sel[n / lsel];
         int tok = blk * lsel + n % lsel;
@@ -190,12 +186,7 @@ __global__ void selBackwardDkvKernel(float *dk, float *dv, const float *dout, co
         const int kk = my_first + u;
         if (kk >= nkeys) continue;
         const size_t key_row = ((size_t)b * d.S + key0 + kk) * d.G + g;
-#pragma unroll
-        for (int i = 0; i < ATTN_DIM_REGS; i++) {
-            int c = lane + 32 * i;
-            if (c < dk_) dk[key_row * dk_ + c] = scale * acc_dk[u][i];
-            if (c < dv_) dv[key_row * dv_ + c] = acc_dv[u][i];
-        }
+        attnStoreKeyGrads(dk, dv, key_row, dk_, dv_, scale, acc_dk[u], acc_dv[u]);
     }
 }
 

@@ -9,16 +9,14 @@ __global__ void winForwardKernel(float *o, float *lse, const float *q, const flo
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
     const int start = t - d.window + 1 > 0 ? t - d.window + 1 : 0;
-    const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
-    const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(k, b, g, d.S, d.G, d.d_k);
+    const float *V = attnGroupKeys(v, b, g, d.S, d.G, d.d_v);
     auto keyOf = [start](int n) { return start + n; };
     warpAttnRowForward(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V, (size_t)d.G * d.d_v,
                        t - start + 1, keyOf, scale, o + row * d.d_v, lse + row);
@@ -31,17 +29,15 @@ __global__ void winBackwardDqKernel(float *dq, int accumulate, const float *dout
     extern __shared__ float smem[];
     const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
-    const size_t row = (size_t)blockIdx.x * ATTN_WARPS + warp;
-    if (row >= (size_t)d.B * d.S * d.H) return;
-    const int h = (int)(row % d.H);
-    const size_t bt = row / d.H;
-    const int t = (int)(bt % d.S), b = (int)(bt / d.S);
-    const int g = h / (d.H / d.G);
+    AttnQueryRow qr;
+    if (!attnQueryRowOf(d, warp, qr)) return;
+    const size_t row = qr.row;
+    const int t = qr.t, b = qr.b, g = qr.g;
     warpStage(w.a, q + row * d.d_k, d.d_k);
     warpStage(w.b, dout + row * d.d_v, d.d_v);
     const int start = t - d.window + 1 > 0 ? t - d.window + 1 : 0;
-    const float *K = k + ((size_t)b * d.S * d.G + g) * d.d_k;
-    const float *V = v + ((size_t)b * d.S * d.G + g) * d.d_v;
+    const float *K = attnGroupKeys(k, b, g, d.S, d.G, d.d_k);
+    const float *V = attnGroupKeys(v, b, g, d.S, d.G, d.d_v);
     auto keyOf = [start](int n) { return start + n; };
     warpAttnRowBackwardDq(w, d.d_k, d.d_v, K, (size_t)d.G * d.d_k, V,
                           (size_t)d.G * d.d_v, t - start + 1, keyOf, scale, lse[row], delta[row],
@@ -54,7 +50,7 @@ __global__ void winBackwardDkvKernel(float *dk, float *dv, const float *dout, co
                                      const float *k, const float *v, const float *lse,
                                      const float *delta, NsaAttnDims d, float scale) {
     extern __shared__ float smem[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int warp = threadIdx.x >> 5;
     const AttnWarpSmem w = attnWarpSmem(smem, warp, d.d_k, d.d_v);
     const size_t key_row = (size_t)blockIdx.x * ATTN_WARPS + warp;  /* (b*S + j)*G + g */
     if (key_row >= (size_t)d.B * d.S * d.G) return;
@@ -74,12 +70,7 @@ __global__ void winBackwardDkvKernel(float *dk, float *dv, const float *dout, co
     for (int i = 0; i < ATTN_DIM_REGS; i++) acc_dk[i] = acc_dv[i] = 0.0f;
     warpAttnKeyBackward(w, d.d_k, d.d_v, q, dout, lse, delta, n_cand, rowOf,
                         scale, acc_dk, acc_dv);
-#pragma unroll
-    for (int i = 0; i < ATTN_DIM_REGS; i++) {
-        int c = lane + 32 * i;
-        if (c < d.d_k) dk[key_row * d.d_k + c] = scale * acc_dk[i];
-        if (c < d.d_v) dv[key_row * d.d_v + c] = acc_dv[i];
-    }
+    attnStoreKeyGrads(dk, dv, key_row, d.d_k, d.d_v, scale, acc_dk, acc_dv);
 }
 
 int attnWinForward(float *o, float *lse, const float *q, const float *k, const float *v,
