@@ -306,8 +306,14 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
     if constexpr (DQ) {
         /* row tiles at multiples of tpr, the same for every key tile (the
          * turns are per block of them); key tile 0 walks the whole range, so
-         * that it writes every row of it (rows that see no block: dq = 0) */
-        const int span = (S + parts * tpr - 1) / (parts * tpr) * tpr;
+         * that it writes every row of it (rows that see no block: dq = 0).
+         * Ranges are whole blocks of turns: a block that straddled two
+         * ranges had one counter for two chains of turns, so a key tile
+         * could add before its range's tile 0 had stored, or wait for a
+         * count the other chain had passed (test_fast_attn case 18, S = 8500
+         * at 4 tokens a row tile: hung on an H100, 2026-11-27). */
+        const int unit = tpr * CMP_DQ_TURN_TILES;
+        const int span = (S + parts * unit - 1) / (parts * unit) * unit;
         const int base = part * span, hi = min(S, base + span);
         const int lo = key_tile == 0 ? base : base + (max(tb, base) - base) / tpr * tpr;
         const int ntiles = hi > lo ? (hi - lo + tpr - 1) / tpr : 0;
