@@ -48,6 +48,8 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # 256 tokens (NSA_FAST_SEL_CHUNK_TOKENS: many chunks at every S, so that
     # the combines' drain refills its two buffers). A design reads
     # sel[/mma[/fused[/parts[/cmpdq[/chunk]]]]].
+    # A run that outlasts 900 s (the longest case takes about 140 s alone)
+    # counts as a failure: a pass that hangs must not stall the command.
     # At most one process per CPU at a time: each holds a CUDA context,
     # and a hundred at once ran the GPU out of memory (a case then bails
     # out at its first cudaMalloc - a false failure).
@@ -66,8 +68,10 @@ $0
 DESIGN
         NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} \
             NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} \
-            NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto} build/bench/test_fast_attn "$1" \
-            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log" 2>&1'
+            NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto} timeout 900 build/bench/test_fast_attn "$1" \
+            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log" 2>&1
+        [ $? -ne 124 ] || echo "Bail out! case $1 ran past 900 s (a hung pass?)" \
+            >>"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log"'
     for design in $designs; do
         IFS=/ read -r sel mma fused parts cmpdq chunk <<DESIGN
 $design
