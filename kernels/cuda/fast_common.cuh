@@ -173,6 +173,13 @@ __device__ __forceinline__ void fastAFromC(uint32_t a[4], const float c0[4], con
     a[3] = fastPack(c1[2], c1[3]);
 }
 
+/* The lse a forward saves, in natural-log units, from its running max m
+ * (log2 units, scores scaled by log2 e) and the row's sum l of
+ * exp2(s - m); -inf where no key was seen (l = 0). */
+__device__ __forceinline__ float fastLse(float m, float lsum) {
+    return lsum > 0.f ? (m + log2f(lsum)) * FAST_LN2 : -INFINITY;
+}
+
 /* 2^x as one SFU instruction (ex2.approx.ftz: relative error about 2^-22;
  * results below 2^-126 flush to 0, which a bf16 softmax term is anyway).
  * fastExp2() without fast-math wraps MUFU.EX2 in a range test and two
@@ -277,6 +284,23 @@ __device__ __forceinline__ void fastMmaAZt(float (&acc)[NT][4], const bf16 *a, i
     fastMmaAZtM<1, NT, D>(*reinterpret_cast<float(*)[1][NT][4]>(&acc), a, lda, a_row, z, ldz);
 }
 
+/* acc += A.Z^T as fastMmaAZt, with the warp's 16 rows of A already in
+ * registers (af: the q fragments a loop keeps across its key tiles). */
+template <int NT, int D>
+__device__ __forceinline__ void fastMmaFragZt(float (&acc)[NT][4], const uint32_t (&af)[D / 16][4],
+                                              const bf16 *z, int ldz) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            uint32_t bb[4];
+            fastLoadBRows(bb, z, ldz, np * 16, kk * 16);
+            fastMma(acc[2 * np], af[kk], bb[0], bb[1]);
+            fastMma(acc[2 * np + 1], af[kk], bb[2], bb[3]);
+        }
+    }
+}
+
 /* acc[i] += s[i] . Z[0, NT*8) x [0, D) for each of MT m-tiles: s the C
  * fragments of NT n-tiles over the tile's NT * 8 keys (rounded to bf16 as
  * the A operand), Z a row-major shared tile of those keys with row stride
@@ -306,6 +330,22 @@ __device__ __forceinline__ void fastMmaPZ(float (&acc)[D / 8][4], const float (&
                                           const bf16 *z, int ldz) {
     fastMmaPZM<1, NT, D>(*reinterpret_cast<float(*)[1][D / 8][4]>(&acc),
                          *reinterpret_cast<const float(*)[1][NT][4]>(&s), z, ldz);
+}
+
+
+/* The end of a flash forward for row i (grp + 8 i) of a warp's m-tile:
+ * o / l to o_row in bf16 (this lane's columns) and, from lane quad 0, the
+ * lse m + log l in natural-log units, -inf where no key was seen (o = 0
+ * there). lsum is l summed over the quad (fastQuadSum, which every lane
+ * must call, so before any per-row exit); m is in log2 units. */
+template <int DV>
+__device__ __forceinline__ void fastStoreOutRow(bf16 *o_row, float *lse, const float (&o)[DV / 8][4],
+                                                int i, float m, float lsum, int quad) {
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+    for (int n = 0; n < DV / 8; n++)
+        *(uint32_t *)(o_row + n * 8 + quad * 2) = fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+    if (quad == 0) *lse = fastLse(m, lsum);
 }
 
 #endif

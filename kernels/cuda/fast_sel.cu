@@ -195,12 +195,7 @@ selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
         int h = grp + i * 8;
         if (h >= c.hpg) continue;
         size_t row = w.rowIndex(c, h);
-        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++)
-            *(uint32_t *)(io.o + row * DV + n * 8 + quad * 2) =
-                fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-        if (quad == 0) io.lse[row] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+        fastStoreOutRow<DV>(io.o + row * DV, io.lse + row, o, i, m[i], lsum, quad);
     }
 }
 

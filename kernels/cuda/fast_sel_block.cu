@@ -444,7 +444,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
             idx = pair * hpg + r % hpg;
             inv = lsum > 0.f ? 1.f / lsum : 0.f;
             if (quad == 0)
-                __stcs(sb.part_lse + idx, lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY);
+                __stcs(sb.part_lse + idx, fastLse(m[i], lsum));
             return true;
         };
         bf16 *stage = sQ + st * R * LDK; /* WG: the partials' way out (selStagePut) */

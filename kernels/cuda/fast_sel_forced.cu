@@ -186,7 +186,7 @@ selForcedFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ CUtensorMap 
             const int head = (row0 + grp + 8 * h) % hpg;
             if (tok[h] >= 0 && quad == 0)
                 io.lse[((size_t)b * c.S + tok[h]) * c.H + (size_t)g * hpg + head] =
-                    lsum > 0.f ? (m[h] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+                    fastLse(m[h], lsum);
         }
 #pragma unroll
         for (int h = 0; h < DV / 64; h++)

@@ -159,16 +159,7 @@ selFwdUnionKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
             float s[8][4];
 #pragma unroll
             for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) {
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                    fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
-                    fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-                }
-            }
+            fastMmaFragZt<8, DK>(s, qf, k_t, LDK);
             float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int n = 0; n < 8; n++) {
@@ -191,12 +182,7 @@ selFwdUnionKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
         int r = warp * 16 + grp + i * 8;
         if (!rowLive(r)) continue;
         size_t row = rowIndex(r);
-        float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-#pragma unroll
-        for (int n = 0; n < DV / 8; n++)
-            *(uint32_t *)(io.o + row * DV + n * 8 + quad * 2) =
-                fastPack(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
-        if (quad == 0) io.lse[row] = lsum > 0.f ? (m[i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+        fastStoreOutRow<DV>(io.o + row * DV, io.lse + row, o, i, m[i], lsum, quad);
     }
 }
 

@@ -391,16 +391,7 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
             }
 #pragma unroll
             for (int n = 0; n < 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < DK / 16; kk++) {
-#pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    uint32_t bb[4];
-                    fastLoadBRows(bb, k_t, LDK, np * 16, kk * 16);
-                    fastMma(s[2 * np], qf[kk], bb[0], bb[1]);
-                    fastMma(s[2 * np + 1], qf[kk], bb[2], bb[3]);
-                }
-            }
+            fastMmaFragZt<8, DK>(s, qf, k_t, LDK);
         }
         /* p = exp2(s2 - lse2); rows without a token carry lse2 = +inf (p = 0).
          * Interior tiles (every token sees all 64 blocks) skip the mask. */

@@ -531,8 +531,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 const float lsum = fastQuadSum(l[0][i]);
                 inv[i] = lsum > 0.f ? 1.f / lsum : 0.f;
                 if (tok[0][i] >= 0 && quad == 0)
-                    bio.lse[rowIndex(row0 + grp + 8 * i)] =
-                        lsum > 0.f ? (m[0][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+                    bio.lse[rowIndex(row0 + grp + 8 * i)] = fastLse(m[0][i], lsum);
             }
 #pragma unroll
             for (int h = 0; h < DV / 64; h++)
@@ -606,7 +605,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                         }
                     }
                     if (quad == 0)
-                        bio.lse[row] = lsum > 0.f ? (m[mt][i] + log2f(lsum)) * FAST_LN2 : -INFINITY;
+                        bio.lse[row] = fastLse(m[mt][i], lsum);
                 }
             }
         }
