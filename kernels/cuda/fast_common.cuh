@@ -332,7 +332,6 @@ __device__ __forceinline__ void fastMmaPZ(float (&acc)[D / 8][4], const float (&
                          *reinterpret_cast<const float(*)[1][NT][4]>(&s), z, ldz);
 }
 
-
 /* The end of a flash forward for row i (grp + 8 i) of a warp's m-tile:
  * o / l to o_row in bf16 (this lane's columns) and, from lane quad 0, the
  * lse m + log l in natural-log units, -inf where no key was seen (o = 0

@@ -120,7 +120,8 @@ static double relErr(const std::vector<float> &got, const std::vector<float> &re
  * write disjoint outputs. The CPU reference at the long cases (S = 8500 at
  * 16 heads, S = 65536) took longer single-threaded than a device call
  * allows. */
-template <class Fn> static void parallelFor(int n, Fn fn) {
+template <class Fn>
+static void parallelFor(int n, Fn fn) {
     const unsigned cpus = std::thread::hardware_concurrency();
     const int threads = std::max(1, std::min(n, (int)(cpus ? cpus : 1)));
     std::atomic<int> next{0};
@@ -147,7 +148,8 @@ struct RefShape {
     }
     /* [t][count][dim] from x[b][t][n0 .. n0 + count)[dim] of `len` tokens a row and N a token */
     template <class T>
-    static std::vector<T> slice(const std::vector<T> &x, int len, int N, int dim, int b, int n0, int count) {
+    static std::vector<T> slice(const std::vector<T> &x, int len, int N, int dim, int b, int n0,
+                                int count) {
         std::vector<T> out((size_t)len * count * dim + 1);
         for (int t = 0; t < len; t++)
             memcpy(&out[(size_t)t * count * dim], &x[(((size_t)b * len + t) * N + n0) * dim],
@@ -155,8 +157,8 @@ struct RefShape {
         return out;
     }
     template <class T>
-    static void put(std::vector<T> &x, const std::vector<T> &part, int len, int N, int dim, int b, int n0,
-                    int count, bool add) {
+    static void put(std::vector<T> &x, const std::vector<T> &part, int len, int N, int dim, int b,
+                    int n0, int count, bool add) {
         for (int t = 0; t < len; t++)
             for (size_t c = 0; c < (size_t)count * dim; c++) {
                 T &at = x[(((size_t)b * len + t) * N + n0) * dim + c];
@@ -164,25 +166,31 @@ struct RefShape {
                 at = add ? at + v : v;
             }
     }
-    std::vector<float> rowsOf(const std::vector<float> &x, int dim, int b, int h0, int count) const {
+    std::vector<float> rowsOf(const std::vector<float> &x, int dim, int b, int h0,
+                              int count) const {
         return slice(x, S, H, dim, b, h0, count);
     }
-    void putRows(std::vector<float> &x, const std::vector<float> &part, int dim, int b, int h0, int count) const {
+    void putRows(std::vector<float> &x, const std::vector<float> &part, int dim, int b, int h0,
+                 int count) const {
         put(x, part, S, H, dim, b, h0, count, false);
     }
-    template <class T> std::vector<T> keysOf(const std::vector<T> &x, int dim, int b, int g) const {
+    template <class T>
+    std::vector<T> keysOf(const std::vector<T> &x, int dim, int b, int g) const {
         return slice(x, S, G, dim, b, g, 1);
     }
-    template <class T> void putKeys(std::vector<T> &x, const std::vector<T> &part, int dim, int b, int g) const {
+    template <class T>
+    void putKeys(std::vector<T> &x, const std::vector<T> &part, int dim, int b, int g) const {
         put(x, part, S, G, dim, b, g, 1, false);
     }
-    void addKeys(std::vector<float> &x, const std::vector<float> &part, int dim, int b, int g) const {
+    void addKeys(std::vector<float> &x, const std::vector<float> &part, int dim, int b,
+                 int g) const {
         put(x, part, S, G, dim, b, g, 1, true);
     }
     std::vector<float> blocksOf(const std::vector<float> &x, int dim, int b, int g) const {
         return slice(x, Nc, G, dim, b, g, 1);
     }
-    void addBlocks(std::vector<float> &x, const std::vector<float> &part, int dim, int b, int g) const {
+    void addBlocks(std::vector<float> &x, const std::vector<float> &part, int dim, int b,
+                   int g) const {
         put(x, part, Nc, G, dim, b, g, 1, true);
     }
 };
@@ -267,11 +275,13 @@ static void runCase(const Case &k, unsigned long long seed) {
                                 sh.blocksOf(vc, k.dv, b, g).data(), &d1);
         sh.putRows(o_cmp, o1, k.dv, b, h, 1);
         sh.putRows(l_cmp, l1, 1, b, h, 1);
-        nsaCpuSelAttnForwardF32(o1.data(), l1.data(), q1.data(), sh.keysOf(ks.host, k.dk, b, g).data(),
+        nsaCpuSelAttnForwardF32(o1.data(), l1.data(), q1.data(),
+                                sh.keysOf(ks.host, k.dk, b, g).data(),
                                 sh.keysOf(vs.host, k.dv, b, g).data(), sel1.data(), &d1);
         sh.putRows(o_sel, o1, k.dv, b, h, 1);
         sh.putRows(l_sel, l1, 1, b, h, 1);
-        nsaCpuWinAttnForwardF32(o1.data(), l1.data(), q1.data(), sh.keysOf(kw.host, k.dk, b, g).data(),
+        nsaCpuWinAttnForwardF32(o1.data(), l1.data(), q1.data(),
+                                sh.keysOf(kw.host, k.dk, b, g).data(),
                                 sh.keysOf(vw.host, k.dv, b, g).data(), &d1);
         sh.putRows(o_win, o1, k.dv, b, h, 1);
         sh.putRows(l_win, l1, 1, b, h, 1);
@@ -285,7 +295,8 @@ static void runCase(const Case &k, unsigned long long seed) {
         const NsaAttnDims dg = sh.one(hpg);
         std::vector<int32_t> sel1((size_t)k.S * slots);
         std::vector<float> scores1((size_t)k.S * Ns + 1);
-        if (nsaCpuSelectBlocksF32(sel1.data(), scores1.data(), sh.rowsOf(q.host, k.dk, b, g * hpg, hpg).data(),
+        if (nsaCpuSelectBlocksF32(sel1.data(), scores1.data(),
+                                  sh.rowsOf(q.host, k.dk, b, g * hpg, hpg).data(),
                                   sh.blocksOf(kc, k.dk, b, g).data(),
                                   sh.rowsOf(l_cmp, 1, b, g * hpg, hpg).data(), &dg))
             select_failed++;
@@ -294,6 +305,9 @@ static void runCase(const Case &k, unsigned long long seed) {
     });
     if (select_failed) {
         tap(false, "%s: reference selection refused the shape (Ns = %d)", k.name, Ns);
+        nsaAttnCudaPlanFree(plan);
+        cudaFree(sel_dev);
+        cudaFree(lse_dev);
         return;
     }
     nsaCpuGateCombineForwardF32(ref_out.data(), gates.host.data(), o_cmp.data(), o_sel.data(),
@@ -369,23 +383,19 @@ static void runCase(const Case &k, unsigned long long seed) {
         hg.dkc.assign((size_t)Nc * k.dk + 1, 0.f);
         hg.dvc.assign((size_t)Nc * k.dv + 1, 0.f);
         const auto q1 = sh.rowsOf(q.host, k.dk, b, h, 1);
-        nsaCpuWinAttnBackwardF32(hg.dq.data(), hg.dkw.data(), hg.dvw.data(),
-                                 sh.rowsOf(do_w, k.dv, b, h, 1).data(), q1.data(),
-                                 sh.keysOf(kw.host, k.dk, b, g).data(),
-                                 sh.keysOf(vw.host, k.dv, b, g).data(),
-                                 sh.rowsOf(o_win, k.dv, b, h, 1).data(),
-                                 sh.rowsOf(l_win, 1, b, h, 1).data(), &d1);
-        nsaCpuSelAttnBackwardF32(hg.dq.data(), hg.dks.data(), hg.dvs.data(),
-                                 sh.rowsOf(do_s, k.dv, b, h, 1).data(), q1.data(),
-                                 sh.keysOf(ks.host, k.dk, b, g).data(),
-                                 sh.keysOf(vs.host, k.dv, b, g).data(), sh.keysOf(sel, slots, b, g).data(),
-                                 sh.rowsOf(o_sel, k.dv, b, h, 1).data(),
-                                 sh.rowsOf(l_sel, 1, b, h, 1).data(), &d1);
-        nsaCpuCmpAttnBackwardF32(hg.dq.data(), hg.dkc.data(), hg.dvc.data(),
-                                 sh.rowsOf(do_c, k.dv, b, h, 1).data(), q1.data(),
-                                 sh.blocksOf(kc, k.dk, b, g).data(), sh.blocksOf(vc, k.dv, b, g).data(),
-                                 sh.rowsOf(o_cmp, k.dv, b, h, 1).data(),
-                                 sh.rowsOf(l_cmp, 1, b, h, 1).data(), &d1);
+        nsaCpuWinAttnBackwardF32(
+            hg.dq.data(), hg.dkw.data(), hg.dvw.data(), sh.rowsOf(do_w, k.dv, b, h, 1).data(),
+            q1.data(), sh.keysOf(kw.host, k.dk, b, g).data(), sh.keysOf(vw.host, k.dv, b, g).data(),
+            sh.rowsOf(o_win, k.dv, b, h, 1).data(), sh.rowsOf(l_win, 1, b, h, 1).data(), &d1);
+        nsaCpuSelAttnBackwardF32(
+            hg.dq.data(), hg.dks.data(), hg.dvs.data(), sh.rowsOf(do_s, k.dv, b, h, 1).data(),
+            q1.data(), sh.keysOf(ks.host, k.dk, b, g).data(), sh.keysOf(vs.host, k.dv, b, g).data(),
+            sh.keysOf(sel, slots, b, g).data(), sh.rowsOf(o_sel, k.dv, b, h, 1).data(),
+            sh.rowsOf(l_sel, 1, b, h, 1).data(), &d1);
+        nsaCpuCmpAttnBackwardF32(
+            hg.dq.data(), hg.dkc.data(), hg.dvc.data(), sh.rowsOf(do_c, k.dv, b, h, 1).data(),
+            q1.data(), sh.blocksOf(kc, k.dk, b, g).data(), sh.blocksOf(vc, k.dv, b, g).data(),
+            sh.rowsOf(o_cmp, k.dv, b, h, 1).data(), sh.rowsOf(l_cmp, 1, b, h, 1).data(), &d1);
     });
     for (int task = 0; task < k.B * k.H; task++) {
         const int b = task / k.H, h = task % k.H, g = h / hpg;
