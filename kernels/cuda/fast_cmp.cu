@@ -159,7 +159,9 @@ __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &i
  * row (39-44 ms: the copy unit so busy that the ring's row tiles waited on
  * it) were slower still, and so was a first try of clusters summing 4 or 8
  * key tiles through distributed shared memory (93 and 133 ms, a cluster-
- * wide barrier every tile; that build also failed a check).
+ * wide barrier every tile; that build also failed a check). Adds in any
+ * order after key tile 0's store (FlashAttention-3's non-deterministic
+ * form) still took 28.6 ms: the reductions' bytes, not the turns, cost.
  *
  * Every key tile of a token range adds to the same rows of dq_acc, so they
  * take turns, in key-tile order, over blocks of CMP_DQ_TURN_TILES row
