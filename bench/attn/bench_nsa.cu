@@ -11,12 +11,18 @@
  * forward + backward, the convention of dense_sdpa.py); "branches" gives
  * each branch's FLOPs and achieved TFLOP/s over its phases' time; "phases"
  * is the per-phase time breakdown of one profiled forward + backward.
+ * "host_ms" is the host's time to enqueue one forward + backward.
+ * With --graph 1 the forward and the forward + backward are also captured
+ * once each into a CUDA graph and the replays timed the same way
+ * ("graph_fwd_ms", "graph_total_ms"): the difference to the stream-launched
+ * times is what the host's launches and the gaps between kernels cost.
  *
  * usage: bench_nsa [--seq 2048,8192,...] [--shapes proto,paper,paper192]
- *                  [--tokens 65536] [--reps 10] */
+ *                  [--tokens 65536] [--reps 10] [--graph 0|1] */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <algorithm>
+#include <chrono>
 #include <initializer_list>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,7 +111,7 @@ static Flops countFlops(const NsaAttnDims &d) {
     return f;
 }
 
-static void benchOne(const Shape &sh, int S, long tokens, int reps) {
+static void benchOne(const Shape &sh, int S, long tokens, int reps, bool graph) {
     NsaAttnDims d = {(int)std::max(1L, tokens / S), S, sh.H, sh.G, sh.dk, sh.dv, 32, 16, 64, 16, 512};
     const size_t T = (size_t)d.B * S, rows = T * d.H, kvk = T * d.G * d.d_k, kvv = T * d.G * d.d_v;
     size_t free0, total;
@@ -179,6 +185,50 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
     };
     float fwd_ms = timeIt(fwd);
     float total_ms = timeIt(fwdBwd);
+    /* the host's own time to enqueue one forward + backward (the GPU idle
+     * before each, so nothing waits on a full launch queue): where it
+     * comes near the GPU's time, short sequences wait on the host */
+    float host_ms;
+    {
+        std::vector<float> ms;
+        for (int i = 0; i < reps; i++) {
+            CK(cudaStreamSynchronize(stream));
+            const auto t0 = std::chrono::steady_clock::now();
+            fwdBwd();
+            const auto t1 = std::chrono::steady_clock::now();
+            ms.push_back(std::chrono::duration<float, std::milli>(t1 - t0).count());
+        }
+        CK(cudaStreamSynchronize(stream));
+        host_ms = median(ms);
+    }
+    /* the same work as one graph launch each (after the warm-up above, so
+     * the plan's once-per-shape host work is done before the capture) */
+    float graph_fwd_ms = -1.f, graph_total_ms = -1.f;
+    if (graph) {
+        /* a capture the op refuses is reported (-1 ms and a line on
+         * stderr), not fatal: the stream-launched times still stand */
+        auto timeGraph = [&](auto fn) {
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t exec;
+            CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+            fn();
+            cudaError_t e = cudaStreamEndCapture(stream, &g);
+            if (e == cudaSuccess) e = cudaGraphInstantiate(&exec, g, 0);
+            if (e != cudaSuccess) {
+                fprintf(stderr, "bench_nsa: graph capture at %s S=%d: %s\n", sh.name, S,
+                        cudaGetErrorString(e));
+                if (g) CK(cudaGraphDestroy(g));
+                (void)cudaGetLastError();
+                return -1.f;
+            }
+            float ms = timeIt([&]() { CK(cudaGraphLaunch(exec, stream)); });
+            CK(cudaGraphExecDestroy(exec));
+            CK(cudaGraphDestroy(g));
+            return ms;
+        };
+        graph_fwd_ms = timeGraph(fwd);
+        graph_total_ms = timeGraph(fwdBwd);
+    }
 
     /* one profiled pass for the phase breakdown */
     nsaAttnCudaProfile(plan, 1, &err);
@@ -260,10 +310,14 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
     double useful = 3.5 * (f.cmp + f.sel + f.win);
     printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"B\": %d, \"fwd_ms\": %.4f, "
            "\"bwd_ms\": %.4f, \"total_ms\": %.4f, \"peak_mib\": %.1f, \"workspace_mib\": %.1f, "
-           "\"tflops\": %.1f, \"finite\": %s, \"branches\": {",
+           "\"tflops\": %.1f, \"finite\": %s, ",
            sh.name, S, d.B, fwd_ms, total_ms - fwd_ms, total_ms, (free0 - free1) / 1048576.0,
            nsaAttnCudaPlanBytes(plan) / 1048576.0, useful / (total_ms * 1e-3) / 1e12,
            nbad == 0 ? "true" : "false");
+    printf("\"host_ms\": %.4f, ", host_ms);
+    if (graph)
+        printf("\"graph_fwd_ms\": %.4f, \"graph_total_ms\": %.4f, ", graph_fwd_ms, graph_total_ms);
+    printf("\"branches\": {");
     printf("\"cmp\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}, ", 3.5 * f.cmp / 1e9, t_cmp,
            t_cmp > 0 ? 3.5 * f.cmp / (t_cmp * 1e-3) / 1e12 : 0);
     printf("\"score\": {\"gflop\": %.1f, \"ms\": %.3f, \"tflops\": %.1f}, ", f.score / 1e9, t_score,
@@ -289,14 +343,16 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps) {
 int main(int argc, char **argv) {
     const char *seq = "2048,8192,16384,32768,65536", *shapes = "proto,paper";
     long tokens = 65536;
-    int reps = 10;
+    int reps = 10, graph = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--seq")) seq = argv[i + 1];
         else if (!strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
         else if (!strcmp(argv[i], "--tokens")) tokens = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--graph")) graph = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "bench_nsa: unknown option %s; allowed: --seq --shapes --tokens --reps\n",
+            fprintf(stderr, "bench_nsa: unknown option %s; allowed: --seq --shapes --tokens --reps "
+                            "--graph\n",
                     argv[i]);
             return 2;
         }
@@ -318,7 +374,7 @@ int main(int argc, char **argv) {
         snprintf(seq_list, sizeof(seq_list), "%s", seq);
         char *save = NULL;
         for (char *s = strtok_r(seq_list, ",", &save); s; s = strtok_r(NULL, ",", &save))
-            benchOne(*sh, atoi(s), tokens, reps);
+            benchOne(*sh, atoi(s), tokens, reps, graph != 0);
     }
     return 0;
 }

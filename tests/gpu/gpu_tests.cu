@@ -9,7 +9,10 @@
  *              selection, gates) forward and backward against
  *              nsaAttnForwardCpu/BackwardCpu at several shapes, odd sizes
  *              and S not a multiple of any block size; fast-op plans that
- *              share one scratch keep their own state; the phi = mlp
+ *              share one scratch keep their own state; the fast op's
+ *              forward + backward captured into a CUDA graph (no host
+ *              sync or allocation inside) replays bit-identical to stream
+ *              launches; the phi = mlp
  *              pooling (pooled, hidden, dx, dP, dW1, dW2) against the f64
  *              CPU op, S % d != 0, S < l, l = d, fp32 and bf16/fp16;
  *   model      loss and every gradient tensor of a small model, GPU fp32 vs
@@ -159,6 +162,74 @@ static void *devBf16(const float *h, size_t n) {
     return d;
 }
 
+/* One set of fast-op tensors on the device, bf16: the eight inputs and dout
+ * drawn from a seed (gates in [0.05, 0.95], the rest in [-1, 1]), the output
+ * and the eight gradients. attnIoSnapshot copies the output and gradients
+ * to the host as raw bf16 (`total` elements); attnIoPoison fills them with
+ * NaN. Test code: aborts on a CUDA failure. */
+struct AttnIo {
+    size_t sizes[8], no, total;
+    void *in[8], *dout, *out, *grad[8];
+};
+static void attnIoInit(AttnIo *io, const NsaAttnDims *d, uint64_t seed) {
+    const size_t N = (size_t)d->B * d->S;
+    const size_t sizes[8] = {N * d->H * d->d_k, N * d->G * d->d_k, N * d->G * d->d_v,
+                             N * d->G * d->d_k, N * d->G * d->d_v, N * d->G * d->d_k,
+                             N * d->G * d->d_v, N * d->H * 3};
+    io->no = N * d->H * d->d_v;
+    io->total = io->no;
+    for (int i = 0; i < 8; i++) {
+        io->sizes[i] = sizes[i];
+        io->total += sizes[i];
+        float *h = hostAlloc(sizes[i]);
+        fillUniform(h, sizes[i], seed, (uint64_t)i, i == 7 ? 0.05f : -1.0f, i == 7 ? 0.95f : 1.0f);
+        io->in[i] = devBf16(h, sizes[i]);
+        free(h);
+        io->grad[i] = devAlloc(sizes[i] * 2);
+    }
+    float *h = hostAlloc(io->no);
+    fillUniform(h, io->no, seed, 100, -1.0f, 1.0f);
+    io->dout = devBf16(h, io->no);
+    free(h);
+    io->out = devAlloc(io->no * 2);
+}
+static NsaAttnDeviceInputs attnIoInputs(const AttnIo *io) {
+    NsaAttnDeviceInputs in = {io->in[0], io->in[1], io->in[2], io->in[3],
+                              io->in[4], io->in[5], io->in[6], io->in[7]};
+    return in;
+}
+static NsaAttnDeviceGrads attnIoGrads(const AttnIo *io) {
+    NsaAttnDeviceGrads gr = {io->grad[0], io->grad[1], io->grad[2], io->grad[3],
+                             io->grad[4], io->grad[5], io->grad[6], io->grad[7]};
+    return gr;
+}
+static void attnIoPoison(AttnIo *io) {
+    GPU_OK(cudaMemset(io->out, 0xff, io->no * 2));
+    for (int i = 0; i < 8; i++) GPU_OK(cudaMemset(io->grad[i], 0xff, io->sizes[i] * 2));
+}
+static void attnIoSnapshot(const AttnIo *io, uint16_t *dst) {
+    toHost(dst, io->out, io->no * 2);
+    size_t at = io->no;
+    for (int i = 0; i < 8; i++) {
+        toHost(dst + at, io->grad[i], io->sizes[i] * 2);
+        at += io->sizes[i];
+    }
+}
+static void attnIoFree(AttnIo *io) {
+    for (int i = 0; i < 8; i++) {
+        cudaFree(io->in[i]);
+        cudaFree(io->grad[i]);
+    }
+    cudaFree(io->dout);
+    cudaFree(io->out);
+}
+/* Elements of raw bf16 that are NaN or infinite (exponent all ones). */
+static size_t bf16NonFinite(const uint16_t *x, size_t n) {
+    size_t bad = 0;
+    for (size_t i = 0; i < n; i++) bad += (x[i] & 0x7f80u) == 0x7f80u;
+    return bad;
+}
+
 /* Plans sharing one scratch (as the engine's layers do) keep their own
  * state: a sharer's forward and backward run between an owner's forward
  * and backward leave the owner's output and gradients bit-identical, the
@@ -171,43 +242,9 @@ static void testAttnPlanSharing(Results *res) {
     const char *name = "fast attn plans sharing scratch keep their own state";
     NsaAttnDims d = {1, 8192, 12, 2, 64, 64, 32, 16, 64, 16, 512};
     NsaError err = {{0}};
-    const size_t N = (size_t)d.B * d.S;
-    const size_t sizes[8] = {N * d.H * d.d_k, N * d.G * d.d_k, N * d.G * d.d_v, N * d.G * d.d_k,
-                             N * d.G * d.d_v, N * d.G * d.d_k, N * d.G * d.d_v, N * d.H * 3};
-    const size_t no = N * d.H * d.d_v;
-    void *in_dev[2][8], *dout_dev[2], *out_dev = devAlloc(no * 2), *grad_dev[8];
-    for (int set = 0; set < 2; set++) {
-        for (int i = 0; i < 8; i++) {
-            float *h = hostAlloc(sizes[i]);
-            fillUniform(h, sizes[i], 4242 + set, (uint64_t)i, i == 7 ? 0.05f : -1.0f, i == 7 ? 0.95f : 1.0f);
-            in_dev[set][i] = devBf16(h, sizes[i]);
-            free(h);
-        }
-        float *h = hostAlloc(no);
-        fillUniform(h, no, 4242 + set, 100, -1.0f, 1.0f);
-        dout_dev[set] = devBf16(h, no);
-        free(h);
-    }
-    for (int i = 0; i < 8; i++) grad_dev[i] = devAlloc(sizes[i] * 2);
-    size_t total = no;
-    for (int i = 0; i < 8; i++) total += sizes[i];
-    /* outputs and gradients of one call sequence, as raw bf16 */
-    auto snapshot = [&](uint16_t *dst) {
-        size_t at = 0;
-        toHost(dst, out_dev, no * 2);
-        at += no;
-        for (int i = 0; i < 8; i++) {
-            toHost(dst + at, grad_dev[i], sizes[i] * 2);
-            at += sizes[i];
-        }
-    };
-    auto inputs = [&](int set) {
-        NsaAttnDeviceInputs in = {in_dev[set][0], in_dev[set][1], in_dev[set][2], in_dev[set][3],
-                                  in_dev[set][4], in_dev[set][5], in_dev[set][6], in_dev[set][7]};
-        return in;
-    };
-    NsaAttnDeviceGrads gr = {grad_dev[0], grad_dev[1], grad_dev[2], grad_dev[3],
-                             grad_dev[4], grad_dev[5], grad_dev[6], grad_dev[7]};
+    AttnIo io[2];
+    for (int set = 0; set < 2; set++) attnIoInit(&io[set], &d, 4242 + set);
+    const size_t total = io[0].total;
     uint16_t *clean_a = (uint16_t *)malloc(total * 2), *clean_b = (uint16_t *)malloc(total * 2);
     uint16_t *mixed_a = (uint16_t *)malloc(total * 2), *mixed_b = (uint16_t *)malloc(total * 2);
     NsaAttnCudaPlan *owner = nsaAttnCudaPlanCreate(&d, &err);
@@ -215,29 +252,23 @@ static void testAttnPlanSharing(Results *res) {
     int ok = owner && sharer;
     char detail[1024] = "";
     if (ok) {
-        NsaAttnDeviceInputs a = inputs(0), b = inputs(1);
+        const NsaAttnDeviceInputs a = attnIoInputs(&io[0]), b = attnIoInputs(&io[1]);
+        const NsaAttnDeviceGrads ga = attnIoGrads(&io[0]), gb = attnIoGrads(&io[1]);
         /* clean: owner alone, A then B */
-        ok &= nsaAttnForwardCuda(owner, &d, &a, out_dev, NULL, NULL, NULL, &err) == 0;
-        ok &= nsaAttnBackwardCuda(owner, &d, &a, dout_dev[0], &gr, NULL, &err) == 0;
-        GPU_OK(cudaDeviceSynchronize());
-        snapshot(clean_a);
-        ok &= nsaAttnForwardCuda(owner, &d, &b, out_dev, NULL, NULL, NULL, &err) == 0;
-        ok &= nsaAttnBackwardCuda(owner, &d, &b, dout_dev[1], &gr, NULL, &err) == 0;
-        GPU_OK(cudaDeviceSynchronize());
-        snapshot(clean_b);
+        ok &= nsaAttnForwardCuda(owner, &d, &a, io[0].out, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(owner, &d, &a, io[0].dout, &ga, NULL, &err) == 0;
+        attnIoSnapshot(&io[0], clean_a);
+        ok &= nsaAttnForwardCuda(owner, &d, &b, io[1].out, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(owner, &d, &b, io[1].dout, &gb, NULL, &err) == 0;
+        attnIoSnapshot(&io[1], clean_b);
         /* mixed: owner forward A, sharer forward + backward B, owner backward A */
-        ok &= nsaAttnForwardCuda(owner, &d, &a, out_dev, NULL, NULL, NULL, &err) == 0;
-        void *out_a = devAlloc(no * 2);
-        GPU_OK(cudaMemcpy(out_a, out_dev, no * 2, cudaMemcpyDeviceToDevice));
-        ok &= nsaAttnForwardCuda(sharer, &d, &b, out_dev, NULL, NULL, NULL, &err) == 0;
-        ok &= nsaAttnBackwardCuda(sharer, &d, &b, dout_dev[1], &gr, NULL, &err) == 0;
-        GPU_OK(cudaDeviceSynchronize());
-        snapshot(mixed_b);
-        ok &= nsaAttnBackwardCuda(owner, &d, &a, dout_dev[0], &gr, NULL, &err) == 0;
-        GPU_OK(cudaMemcpy(out_dev, out_a, no * 2, cudaMemcpyDeviceToDevice));
-        GPU_OK(cudaDeviceSynchronize());
-        snapshot(mixed_a);
-        cudaFree(out_a);
+        for (int set = 0; set < 2; set++) attnIoPoison(&io[set]);
+        ok &= nsaAttnForwardCuda(owner, &d, &a, io[0].out, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnForwardCuda(sharer, &d, &b, io[1].out, NULL, NULL, NULL, &err) == 0;
+        ok &= nsaAttnBackwardCuda(sharer, &d, &b, io[1].dout, &gb, NULL, &err) == 0;
+        attnIoSnapshot(&io[1], mixed_b);
+        ok &= nsaAttnBackwardCuda(owner, &d, &a, io[0].dout, &ga, NULL, &err) == 0;
+        attnIoSnapshot(&io[0], mixed_a);
         const int same_a = memcmp(clean_a, mixed_a, total * 2) == 0;
         const int same_b = memcmp(clean_b, mixed_b, total * 2) == 0;
         const size_t owner_bytes = nsaAttnCudaPlanBytes(owner), sharer_bytes = nsaAttnCudaPlanBytes(sharer);
@@ -266,13 +297,77 @@ static void testAttnPlanSharing(Results *res) {
     report(res, ok, nowSeconds() - t0, name, "%s", detail);
     nsaAttnCudaPlanFree(sharer);
     nsaAttnCudaPlanFree(owner);
-    for (int set = 0; set < 2; set++) {
-        for (int i = 0; i < 8; i++) cudaFree(in_dev[set][i]);
-        cudaFree(dout_dev[set]);
-    }
-    for (int i = 0; i < 8; i++) cudaFree(grad_dev[i]);
-    cudaFree(out_dev);
+    for (int set = 0; set < 2; set++) attnIoFree(&io[set]);
     free(clean_a); free(clean_b); free(mixed_a); free(mixed_b);
+}
+
+/* A training step may neither synchronise with the host nor allocate, so
+ * the fast op's forward + backward must be capturable: its first call after
+ * plan creation is captured into a CUDA graph in global capture mode (where
+ * a synchronising or allocating call, from any thread, fails the capture),
+ * and two replays of the graph give an output and gradients bit-identical
+ * to stream launches of the same calls, each run on poisoned buffers. */
+static void testAttnGraphCapture(Results *res, const char *label, NsaAttnDims d, uint64_t seed) {
+    double t0 = nowSeconds();
+    char name[128];
+    snprintf(name, sizeof(name), "fast attn fwd+bwd captured in a CUDA graph = stream (%s)", label);
+    NsaError err = {{0}};
+    AttnIo io;
+    attnIoInit(&io, &d, seed);
+    const NsaAttnDeviceInputs in = attnIoInputs(&io);
+    const NsaAttnDeviceGrads gr = attnIoGrads(&io);
+    uint16_t *graph1 = (uint16_t *)malloc(io.total * 2), *graph2 = (uint16_t *)malloc(io.total * 2);
+    uint16_t *stream_run = (uint16_t *)malloc(io.total * 2);
+    cudaStream_t s;
+    GPU_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    char detail[1024] = "";
+    int ok = plan != NULL;
+    if (!ok) snprintf(detail, sizeof(detail), "plan: %s", err.message);
+    if (ok) {
+        cudaError_t e = cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal);
+        int calls = e == cudaSuccess &&
+                    nsaAttnForwardCuda(plan, &d, &in, io.out, NULL, NULL, s, &err) == 0 &&
+                    nsaAttnBackwardCuda(plan, &d, &in, io.dout, &gr, s, &err) == 0;
+        /* the capture is always ended, also after a refused call */
+        const cudaError_t end = e == cudaSuccess ? cudaStreamEndCapture(s, &graph) : e;
+        if (calls && end == cudaSuccess) e = cudaGraphInstantiate(&exec, graph, 0);
+        else e = end;
+        (void)cudaGetLastError();
+        ok = calls && e == cudaSuccess;
+        if (!ok)
+            snprintf(detail, sizeof(detail), "capture refused: %s",
+                     !calls && err.message[0] ? err.message : cudaGetErrorString(e));
+    }
+    if (ok) {
+        attnIoPoison(&io);
+        GPU_OK(cudaGraphLaunch(exec, s));
+        attnIoSnapshot(&io, graph1);
+        attnIoPoison(&io);
+        ok &= nsaAttnForwardCuda(plan, &d, &in, io.out, NULL, NULL, s, &err) == 0;
+        ok &= nsaAttnBackwardCuda(plan, &d, &in, io.dout, &gr, s, &err) == 0;
+        attnIoSnapshot(&io, stream_run);
+        attnIoPoison(&io);
+        GPU_OK(cudaGraphLaunch(exec, s));
+        attnIoSnapshot(&io, graph2);
+        const size_t bad = bf16NonFinite(graph1, io.total);
+        const int same1 = memcmp(graph1, stream_run, io.total * 2) == 0;
+        const int same2 = memcmp(graph2, stream_run, io.total * 2) == 0;
+        ok &= bad == 0 && same1 && same2;
+        snprintf(detail, sizeof(detail),
+                 "%zu elements: replay 1 = stream %s, replay 2 = stream %s, non-finite %zu%s%s",
+                 io.total, same1 ? "yes" : "NO", same2 ? "yes" : "NO", bad,
+                 err.message[0] ? "; " : "", err.message);
+    }
+    report(res, ok, nowSeconds() - t0, name, "%s", detail);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    nsaAttnCudaPlanFree(plan);
+    cudaStreamDestroy(s);
+    attnIoFree(&io);
+    free(graph1); free(graph2); free(stream_run);
 }
 
 /* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
@@ -1317,6 +1412,15 @@ int main(int argc, char **argv) {
         for (int i = 0; i < (int)(sizeof(shapes) / sizeof(shapes[0])); i++)
             testAttention(res, labels[i], shapes[i], 1000 + i);
         testAttnPlanSharing(res);
+        /* the short-S paths (masked dense selected branch, the selected
+         * dK/dV on the second stream) and the chunked block-centric ones
+         * (their second stream too), at both head dims */
+        NsaAttnDims cap_short = {2, 1100, 12, 2, 64, 64, 32, 16, 64, 16, 512};
+        NsaAttnDims cap_long = {1, 8192, 12, 2, 64, 64, 32, 16, 64, 16, 512};
+        NsaAttnDims cap_paper = {1, 8192, 64, 4, 128, 128, 32, 16, 64, 16, 512};
+        testAttnGraphCapture(res, "B2 S1100 d64", cap_short, 5100);
+        testAttnGraphCapture(res, "S8192 d64", cap_long, 5101);
+        testAttnGraphCapture(res, "S8192 H64 G4 d128", cap_paper, 5102);
         testAttnMmaSwitch(res);
         testAttnCmpPartsSwitch(res);
         testAttnCmpDqSwitch(res);
