@@ -205,8 +205,9 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps, bool graph) 
      * the plan's once-per-shape host work is done before the capture) */
     float graph_fwd_ms = -1.f, graph_total_ms = -1.f;
     if (graph) {
-        /* a capture the op refuses is reported (-1 ms and a line on
-         * stderr), not fatal: the stream-launched times still stand */
+        /* a capture that fails at its end or at instantiation is reported
+         * (-1 ms and a line on stderr), not fatal: the stream-launched
+         * times still stand (a call the op refuses exits, as above) */
         auto timeGraph = [&](auto fn) {
             cudaGraph_t g = NULL;
             cudaGraphExec_t exec;
