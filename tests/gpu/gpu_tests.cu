@@ -206,6 +206,9 @@ static NsaAttnDeviceGrads attnIoGrads(const AttnIo *io) {
 static void attnIoPoison(AttnIo *io) {
     GPU_OK(cudaMemset(io->out, 0xff, io->no * 2));
     for (int i = 0; i < 8; i++) GPU_OK(cudaMemset(io->grad[i], 0xff, io->sizes[i] * 2));
+    /* the memsets go on the legacy stream, which a non-blocking stream's
+     * next launch does not wait for */
+    GPU_OK(cudaDeviceSynchronize());
 }
 static void attnIoSnapshot(const AttnIo *io, uint16_t *dst) {
     toHost(dst, io->out, io->no * 2);
