@@ -8,6 +8,11 @@ object per line: {"impl", "shape", "S", "B", "fwd_ms", "bwd_ms", "total_ms",
 "peak_mib", "tflops"}. Timing: CUDA events, warm-up, median of repeats.
 GQA: K/V carry G heads; SDPA's enable_gqa is used where the backend takes
 it, else K/V are expanded to H heads (noted in the "gqa" field).
+d_k != d_v (paper192, the NSA paper's d_k 192 / d_v 128): a backend that
+refuses unequal head dims (SDPA's FA2 requires d_k = d_v) gets V zero-padded
+to d_k and its output sliced back to d_v - what a user of that backend must
+do - and the row says so ("v_padded": true). Nothing else changes: the
+useful FLOPs stay those of d_k / d_v.
 """
 import argparse
 import json
@@ -23,6 +28,7 @@ SHAPES = {
     # name: (H, G, d_k, d_v)
     "proto": (12, 2, 64, 64),
     "paper": (64, 4, 128, 128),
+    "paper192": (64, 4, 192, 128),
 }
 BACKENDS = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 
@@ -52,18 +58,41 @@ def bench_one(impl, shape, S, tokens, reps):
     k = torch.randn(B, G, S, dk, device=dev, dtype=torch.bfloat16, generator=gen).requires_grad_()
     v = torch.randn(B, G, S, dv, device=dev, dtype=torch.bfloat16, generator=gen).requires_grad_()
     dout = torch.randn(B, H, S, dv, device=dev, dtype=torch.bfloat16, generator=gen)
-    gqa = "native"
+    # the first of these forms the backend takes is used for every call:
+    # GQA native or K/V expanded to H heads, V as it is or zero-padded to d_k
+    forms = [(g, p) for p in (False, True) for g in ("native", "expanded") if dk != dv or not p]
+    chosen = []
+
+    def call(form):
+        g, padded = form
+        kk, vv = k, v
+        if g == "expanded":
+            rep = H // G
+            kk, vv = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        if padded:
+            vv = F.pad(vv, (0, dk - dv))
+        out = F.scaled_dot_product_attention(q, kk, vv, is_causal=True, enable_gqa=(g == "native"))
+        return out[..., :dv] if padded else out
+
+    # pick the form by a forward + backward: a backend may run a form's
+    # forward and refuse its backward
+    errors = []
+    with sdpa_kernel([BACKENDS[impl]]):
+        for form in forms:
+            try:
+                call(form).backward(dout)
+            except RuntimeError as e:
+                errors.append(str(e).splitlines()[0][:120])
+                continue
+            chosen.append(form)
+            break
+    if not chosen:
+        raise RuntimeError("no form runs: " + " | ".join(errors))
+    q.grad = k.grad = v.grad = None
 
     def attn():
-        nonlocal gqa
         with sdpa_kernel([BACKENDS[impl]]):
-            try:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            except RuntimeError:
-                gqa = "expanded"
-                rep = H // G
-                return F.scaled_dot_product_attention(
-                    q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1), is_causal=True)
+            return call(chosen[0])
 
     def fwd():
         with torch.no_grad():
@@ -83,7 +112,7 @@ def bench_one(impl, shape, S, tokens, reps):
     flops_fwd = 2.0 * B * H * (S * (S + 1) / 2) * (dk + dv)
     flops = flops_fwd * 3.5
     return {
-        "impl": impl, "shape": shape, "S": S, "B": B, "gqa": gqa,
+        "impl": impl, "shape": shape, "S": S, "B": B, "gqa": chosen[0][0], "v_padded": chosen[0][1],
         "fwd_ms": fwd_ms, "bwd_ms": total_ms - fwd_ms, "total_ms": total_ms,
         "peak_mib": peak / 2**20, "inputs_mib": base / 2**20,
         "tflops": flops / (total_ms * 1e-3) / 1e12,

@@ -22,11 +22,17 @@ NSA = [
      "phases": {"fwd.cmp": 1.25, "bwd.cmp.dq": 2.5}},
     {"impl": "nsa", "shape": "proto", "S": 65536, "B": 1, "fwd_ms": 4.0, "bwd_ms": 6.0,
      "total_ms": 10.0, "peak_mib": 100.0, "tflops": 50.0, "finite": True},
+    {"impl": "nsa", "shape": "paper192", "S": 65536, "B": 1, "fwd_ms": 50.0, "bwd_ms": 70.0,
+     "total_ms": 120.0, "peak_mib": 1100.0, "tflops": 130.0, "finite": True},
 ]
 DENSE = [
     {"impl": "fa2", "shape": "paper", "S": 65536, "B": 1, "total_ms": 950.0, "peak_mib": 2000.0},
     {"impl": "cudnn", "shape": "paper", "S": 65536, "B": 1, "total_ms": 400.0, "peak_mib": 1500.0},
     {"impl": "fa2", "shape": "proto", "S": 65536, "B": 1, "total_ms": 50.0, "peak_mib": 200.0},
+    {"impl": "fa2", "shape": "paper192", "S": 65536, "B": 1, "total_ms": 1200.0, "peak_mib": 2500.0,
+     "v_padded": True},
+    {"impl": "cudnn", "shape": "paper192", "S": 65536, "B": 1, "total_ms": 540.0, "peak_mib": 1800.0,
+     "v_padded": False},
 ]
 
 results = []
@@ -78,6 +84,12 @@ with tempfile.TemporaryDirectory() as tmp:
           "| paper | 65536 | cudnn | 5.00x | 4.00x | no |" in out, out)
     check("targets: proto vs FA2 (5.00x < 6x) not met",
           "| proto | 65536 | fa2 | 6.00x | 5.00x | no |" in out, out)
+    check("targets: paper192 vs FA2 says V was padded (10.00x >= 9x) met",
+          "| paper192 | 65536 | fa2 (V zero-padded to d_k) | 9.00x | 10.00x | yes |" in out, out)
+    check("targets: paper192 vs cuDNN, native, (4.50x < 5x) not met",
+          "| paper192 | 65536 | cudnn | 5.00x | 4.50x | no |" in out, out)
+    check("the padded backend is named under the table",
+          "V zero-padded to d_k (the backend refuses d_k != d_v): fa2 at paper192." in out, out)
     check("no target row without its measurement", "| paper | 2048 |" not in out, out)
 
     rc, out = run(nsa, os.path.join(tmp, "absent.jsonl"))
