@@ -28,6 +28,37 @@ __device__ __forceinline__ uint32_t fastSmemAddr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
 
+/* The barrier of one group of FAST_THREADS threads (threads 128 g .. 128 g
+ * + 127) where a CTA's GROUPS warpgroups each walk their own work (named
+ * barrier 1 + g; 0 is __syncthreads'); with one group, __syncthreads.
+ * Every thread of the group must call it. */
+template <int GROUPS>
+__device__ __forceinline__ void fastGroupSync() {
+    if constexpr (GROUPS == 1) {
+        __syncthreads();
+    } else {
+        static_assert(FAST_THREADS == 128, "a group is one warpgroup");
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + (int)(threadIdx.x >> 7)) : "memory");
+    }
+}
+/* fastGroupSync that also returns whether pred is non-zero in any thread
+ * of the group (__syncthreads_or with one group). */
+template <int GROUPS>
+__device__ __forceinline__ int fastGroupSyncOr(int pred) {
+    if constexpr (GROUPS == 1) {
+        return __syncthreads_or(pred);
+    } else {
+        int any;
+        asm volatile(
+            "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n"
+            " bar.red.or.pred q, %2, 128, p;\n selp.s32 %0, 1, 0, q;\n}\n"
+            : "=r"(any)
+            : "r"(pred), "r"(1 + (int)(threadIdx.x >> 7))
+            : "memory");
+        return any;
+    }
+}
+
 /* Asks L2 to fetch the 128-byte line holding p (no register, no wait):
  * for rows an epilogue will read long after the kernel starts. */
 __device__ __forceinline__ void fastPrefetchL2(const void *p) {

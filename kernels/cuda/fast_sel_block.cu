@@ -271,9 +271,21 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
  * of dout for dQ) rows, their metadata (dQ: lse, delta, gate), the
  * item's tokens and slots and (WG) the partial rows' destinations. WG
  * tiles are swizzled, 1024-byte aligned. */
-template <int DK, int DV, bool WG, bool DQ>
+/* q row stages of the block-centric forward on the q ring: at d_k = 192 two
+ * stages (48 KB each) left one CTA of 8 warps per SM (150 KB; ncu, paper192
+ * 64k: 12.5% occupancy, DRAM 50% busy, 12.5 ms a forward against 8.0 at d_k
+ * = 128, which fits two); one stage fits two CTAs, each waiting for its
+ * next tile while the other computes: 11.4 ms, paper192 64k fwd+bwd 131.96
+ * -> 129.79 ms, 16k 86.83 -> 84.63 (H100, ab.py, 3 rounds). */
+#ifndef SELB_RING_STAGES_WIDE
+#define SELB_RING_STAGES_WIDE 1
+#endif
+template <int DK>
+constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : 2; }
+template <int DK, int DV, bool WG, bool DQ, bool RING = false>
 constexpr int selBlockSmem() {
-    constexpr int P = WG ? 0 : 8, ST = DQ && WG && DK == 128 ? 1 : 2; /* SelBlockDqShape */
+    constexpr int P = WG ? 0 : 8;
+    constexpr int ST = DQ && WG && DK == 128 ? 1 : RING && !DQ ? selBlockQStages<DK>() : 2; /* SelBlockDqShape */
     return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
             (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
            (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 +
@@ -310,16 +322,17 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     constexpr int LDK = DK + (WG ? 0 : 8), LDV = DV + (WG ? 0 : 8), R = SELB_ROWS,
                   THREADS = 32 * SELB_WARPS;
     constexpr bool HALVES = WG && DV > 64;
-    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [2][R] */
-    int *sTok = (int *)(sQ + 2 * R * LDK);                /* [SELB_TILES * R]: the item's tokens */
+    constexpr int QS = RING ? selBlockQStages<DK>() : 2; /* q row stages */
+    bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [QS][R] */
+    int *sTok = (int *)(sQ + QS * R * LDK);               /* [SELB_TILES * R]: the item's tokens */
     int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
     long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
-    uint64_t *full = (uint64_t *)(sAt + R), *empty = full + 2; /* RING: the q stages' barriers */
+    uint64_t *full = (uint64_t *)(sAt + R), *empty = full + QS; /* RING: the q stages' barriers */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it{};
     if (!it.init<WG>(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
     if (RING && threadIdx.x == 0) {
-        for (int st = 0; st < 2; st++) {
+        for (int st = 0; st < QS; st++) {
             fastMbarInit(&full[st], 1);
             fastMbarInit(&empty[st], SELB_WARPS);
         }
@@ -340,13 +353,13 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         });
     };
 
-    /* RING: warp 0 issues row tile rt into stage rt & 1 as one TMA box per
+    /* RING: warp 0 issues row tile rt into stage rt % QS as one TMA box per
      * token (hpg rows; a token past the list reads past S: zeros) once
      * every warp has released the stage's previous tile */
     auto produceQ = [&](int rt) {
-        const int st = rt & 1;
+        const int st = rt % QS;
         if (lane == 0) {
-            if (rt >= 2) fastMbarWait(&empty[st], (uint32_t)(rt / 2 + 1) & 1u);
+            if (rt >= QS) fastMbarWait(&empty[st], (uint32_t)(rt / QS + 1) & 1u);
             fastMbarArriveTx(&full[st], (uint32_t)tpt * hpg * 128 * (DK / 64));
         }
         __syncwarp();
@@ -388,10 +401,13 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
     const int rA = warp * 16 + grp, rB = rA + 8;
     const SelBlockItem::Slot slot_ab[2] = {SelBlockItem::slotOf(c, rA), SelBlockItem::slotOf(c, rB)};
     for (int rt = 0; rt < ntiles; rt++) {
-        const int st = rt & 1;
+        const int st = rt % QS;
         if constexpr (RING) {
-            if (warp == 0 && rt + 1 < ntiles) produceQ(rt + 1);
-            fastMbarWait(&full[st], (uint32_t)(rt / 2) & 1u);
+            /* QS - 1 tiles ahead (one stage: this tile, once every warp
+             * released the last) */
+            const int next = rt + QS - 1;
+            if (warp == 0 && next > 0 && next < ntiles) produceQ(next);
+            fastMbarWait(&full[st], (uint32_t)(rt / QS) & 1u);
             __syncwarp();
         } else {
             if (rt + 1 < ntiles) issueQ(rt + 1, st ^ 1);
@@ -989,7 +1005,9 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     }
     auto kernel = ring ? selBlockFwdKernel<DK, DV, true, true>
                        : wg ? selBlockFwdKernel<DK, DV, true, false> : selBlockFwdKernel<DK, DV, false, false>;
-    const int smem = wg ? selBlockSmem<DK, DV, true, false>() : selBlockSmem<DK, DV, false, false>();
+    const int smem = ring ? selBlockSmem<DK, DV, true, false, true>()
+                     : wg ? selBlockSmem<DK, DV, true, false>()
+                          : selBlockSmem<DK, DV, false, false>();
     /* the forced blocks' partial straight into o, lse where it applies
      * and the block kernel runs on wgmma (the mma.sync one has no
      * registers for the skip); the combine merges it with the others */
@@ -1090,11 +1108,30 @@ struct SelFusedMaps {
     FastRowMaps rows;
     CUtensorMap part_dq;
 };
-#define SEL_FUSED_EXTRA (2 * FAST_DKDV_ROWS * 8)
-template <int DK, int DV, bool RING>
+/* Row warpgroups of the fused kernel on the row ring (FastDkdvRing's RWG):
+ * at d_k = 192 one CTA's shared memory (K/V 40 KB, 40 KB a row stage)
+ * leaves room for one CTA of 4 warps per SM, and the kernel waited on its
+ * chain of products (paper192 64k: 31.8 ms a backward against 16.7 at d_k
+ * = 128, ncu, H100); two warpgroups that share the K/V tile and take its
+ * row tiles in turn run 8 warps: 23.9 ms, paper192 64k fwd+bwd 138.15 ->
+ * 132.00 ms (H100, ab.py, 2 rounds). SEL_FUSED_ROW_WGS: the same at d_k =
+ * 128, where two CTAs fit: no faster (paper 64k 96.11 -> 96.68 ms), off. */
+#ifndef SEL_FUSED_ROW_WGS_WIDE
+#define SEL_FUSED_ROW_WGS_WIDE 2
+#endif
+#ifndef SEL_FUSED_ROW_WGS
+#define SEL_FUSED_ROW_WGS 1
+#endif
+template <int DK, int DV>
+constexpr int selFusedRowWgs() {
+    return DK + DV > 256 ? SEL_FUSED_ROW_WGS_WIDE : DK >= 128 ? SEL_FUSED_ROW_WGS : 1;
+}
+/* the dq rows' destinations, [2][rows] per row warpgroup by tile parity */
+constexpr int selFusedExtra(int rwg) { return 2 * rwg * FAST_DKDV_ROWS * 8; }
+template <int DK, int DV, bool RING, int RWG>
 constexpr int selFusedSmem() {
-    return RING ? FastDkdvRing<DK, DV, 1, true, true, SEL_FUSED_EXTRA>::SMEM
-                : fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + SEL_FUSED_EXTRA;
+    return RING ? FastDkdvRing<DK, DV, 1, true, true, selFusedExtra(RWG), RWG>::SMEM
+                : fastDkdvSmem(DK, DV, true, 1) + 4 * FAST_DKDV_ROWS * 4 + selFusedExtra(1);
 }
 
 /* One work item of a chunk: block j's keys (one 64-key tile) against the
@@ -1102,7 +1139,8 @@ constexpr int selFusedSmem() {
  * (fastSelFusedShape). dK/dV (dK times the scale) add to f.acc, or go to the item's
  * partial when j has several items in this chunk; per pair the unscaled dq
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
- * Grid (f.max_items, B*G), FAST_THREADS threads. */
+ * Grid (f.max_items, B*G), FAST_THREADS * RWG threads (RWG row warpgroups
+ * on the ring: selFusedRowWgs). */
 /* 1: lane 0 of each warp waits for its stage's dq bulk stores to have
  * read the stage only in the next stage, under its first products, before
  * the ring's producer refills it (the wait right after the stores had been
@@ -1126,11 +1164,12 @@ constexpr int selFusedSmem() {
  * CTA of the previous chunk's dq combine beside them on the drain; capped
  * at 232 so that one fits, it spilled 32 bytes and measured slower: H100,
  * paper 64k 96.84 -> 100.29 ms.) */
-template <int DK, int DV, bool RING>
-__global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_FUSED_MIN_CTAS_D64 : 1)
+template <int DK, int DV, bool RING, int RWG>
+__global__ void __launch_bounds__(FAST_THREADS * RWG, DK == 64 ? SEL_FUSED_MIN_CTAS_D64 : 1)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
                   int chunk, const __grid_constant__ SelFusedMaps maps) {
-    constexpr int R = FAST_DKDV_ROWS;
+    static_assert(RING || RWG == 1, "row warpgroups take their tiles from the row ring");
+    constexpr int R = FAST_DKDV_ROWS, EXTRA = selFusedExtra(RWG);
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, item = blockIdx.x;
     const size_t plan = ((size_t)chunk * gridDim.y + bg) * (c.Ns + 1);
     const int *is = f.item_start + plan;
@@ -1146,10 +1185,10 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const size_t ent0 = (size_t)bg * c.S * c.slots;
     const int *entries = rev.entries + ent0, *entry_slot = rev.entry_slot + ent0;
     bf16 *sK = fastTileBase<true>(); /* both cores' layouts start with K */
-    constexpr int EXTRA_AT = RING ? FastDkdvRing<DK, DV, 1, true, true, SEL_FUSED_EXTRA>::EXTRA_AT
+    constexpr int EXTRA_AT = RING ? FastDkdvRing<DK, DV, 1, true, true, EXTRA, RWG>::EXTRA_AT
                                   : fastDkdvSmem(DK, DV, true, 1) - 1024;
     int *sSlot = (int *)((char *)sK + EXTRA_AT); /* cp.async core: [4][R] */
-    long long *sAt = (long long *)((char *)sK + EXTRA_AT + (RING ? 0 : 4 * R * 4)); /* [2][R] */
+    long long *sAt = (long long *)((char *)sK + EXTRA_AT + (RING ? 0 : 4 * R * 4)); /* [RWG][2][R] */
     const int CT = sb.chunk_revs * FAST_REV_TOKENS, t_base = chunk * CT;
     const int part = items > 1 ? f.part_start[plan + j] + k_item : -1;
     float *pk = f.part_k + ((size_t)bg * f.max_parts + (part < 0 ? 0 : part)) * 64 * DK;
@@ -1158,6 +1197,8 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     bf16 *part_dq = sb.part_dq;
     const int S = c.S, G = c.G, slots = c.slots;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    /* this thread's row warpgroup, and its warp and thread in it */
+    const int rwg = warp / 4, gwarp = warp % 4, gtid = threadIdx.x % FAST_THREADS;
     auto visible = [=](int t, int u) { return u <= t; };
     auto seesAny = [=](int, int, int) { return true; }; /* every listed token chose the block */
     auto tileFull = [=](int it, int t_first, int ka) { /* entries ascend: the first token is the smallest */
@@ -1183,9 +1224,10 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
     const bool tma_out = RING && FAST_SELB_TMA_STORE && hpg == 16;
     auto dqOut = [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, auto row) {
         constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
-        long long *at = sAt + (it & 1) * R; /* a warp may start the next tile's before all read this */
-        if (half == 0 && (int)threadIdx.x < R) { /* where each row's partial goes */
-            const int r = threadIdx.x;
+        /* a warp may start its warpgroup's next tile's before all read this */
+        long long *at = sAt + (rwg * 2 + ((it / RWG) & 1)) * R;
+        if (half == 0 && gtid < R) { /* where each row's partial goes */
+            const int r = gtid;
             const int2 ts = row(r);
             /* j (keys from u0) is forced for exactly its own and the next
              * block's tokens, block 0 for all */
@@ -1200,32 +1242,33 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
         /* dS (rows x keys) into the dout stage's first panel: this
          * pass's products were the last to read those rows */
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], warp * 16, half * RH + 16 * ks);
+        for (int ks = 0; ks < KS; ks++) fastStoreAT(do_stage, R, ads[ks], gwarp * 16, half * RH + 16 * ks);
         if (half + 1 < R / RH) return;
         fastWgProxyFence();
-        /* dS whole, at[] written; every warp is past the stage's products.
-         * A stage whose rows all leave their dq to the forced pass (block
-         * 0's, and the first 2 l' tokens of every block) forms none. */
+        /* dS whole, at[] written; every warp of the warpgroup is past the
+         * stage's products. A stage whose rows all leave their dq to the
+         * forced pass (block 0's, and the first 2 l' tokens of every block)
+         * forms none. */
         if constexpr (DK >= 128) {
-            if (!__syncthreads_or((int)threadIdx.x < R && at[threadIdx.x] >= 0)) return;
+            if (!fastGroupSyncOr<RWG>(gtid < R && at[gtid] >= 0)) return;
         } else { /* the skip's branch cost the three-CTA kernel spills */
-            __syncthreads();
+            fastGroupSync<RWG>();
         }
 #pragma unroll 1
         for (int h = 0; h < DK / 64; h++) {
             float dq[8][4];
             fastWgRun([&] { fastWgIssueSZ<64>(dq, do_stage, sK + h * 64 * 64, 64); }, dq);
-            fastStagePut64<R>(q_stage, warp * 16, h * 64, dq, 1.f, 1.f);
+            fastStagePut64<R>(q_stage, gwarp * 16, h * 64, dq, 1.f, 1.f);
         }
         if (tma_out) { /* its reads done before the ring releases the stage */
-            selStageStoreTma<DK, R, SEL_FUSED_DEFER_READ>(&maps.part_dq, q_stage, at, warp, lane);
+            selStageStoreTma<DK, R, SEL_FUSED_DEFER_READ>(&maps.part_dq, q_stage, at, gwarp, lane);
         } else {
             __syncwarp();
-            selStageStore<DK, R>(q_stage, at, part_dq, warp, lane);
+            selStageStore<DK, R>(q_stage, at, part_dq, gwarp, lane);
         }
     };
     if constexpr (RING) {
-        fastDkdvRingCore<DK, DV, 1, true, SEL_FUSED_EXTRA>(
+        fastDkdvRingCore<DK, DV, 1, true, EXTRA, RWG>(
             c, io, maps.rows, b, g, u0, khi, ntiles,
             [=](int it, int s) -> const int * { /* the token, and j's slot in its row beside it */
                 const int e = e0 + it * tpr + s;
@@ -1347,8 +1390,10 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     if ((e = cudaMemsetAsync(f.acc_k, 0, keys * DK * sizeof(float), stream)) != cudaSuccess) return e;
     if ((e = cudaMemsetAsync(f.acc_v, 0, keys * DV * sizeof(float), stream)) != cudaSuccess) return e;
     const bool ring = fastSelRowRing(c.hpg); /* the fused kernel's row stages */
-    auto kernel = ring ? selFusedBwdKernel<DK, DV, true> : selFusedBwdKernel<DK, DV, false>;
-    const int smem = ring ? selFusedSmem<DK, DV, true>() : selFusedSmem<DK, DV, false>();
+    constexpr int RWG = selFusedRowWgs<DK, DV>();
+    auto kernel = ring ? selFusedBwdKernel<DK, DV, true, RWG> : selFusedBwdKernel<DK, DV, false, 1>;
+    const int smem = ring ? selFusedSmem<DK, DV, true, RWG>() : selFusedSmem<DK, DV, false, 1>();
+    const int threads = FAST_THREADS * (ring ? RWG : 1);
     if (!selBuffersValid(sb, drain)) return cudaErrorInvalidValue;
     SelFusedMaps maps[FAST_SEL_BLOCK_BUFFERS] = {};
     for (int i = 0; ring && i < sb.buffers; i++) {
@@ -1371,7 +1416,7 @@ static cudaError_t selFusedBackward(const FastCtx &c, const FastBwdIo &io, const
     for (int chunk = 0; chunk < sb.nchunks; chunk++) {
         const FastSelBlock at = fastSelBlockBuffer(sb, chunk);
         if ((e = fastDrainBeforePass(drain, chunk, stream)) != cudaSuccess) return e;
-        kernel<<<dim3(f.max_items, BG), FAST_THREADS, smem, stream>>>(
+        kernel<<<dim3(f.max_items, BG), threads, smem, stream>>>(
             c, io, rev, at, f, chunk, maps[chunk % sb.buffers]);
         if ((e = cudaGetLastError()) != cudaSuccess) return e;
         selFusedReduceKernel<DK, DV><<<dim3(c.Ns, BG, SEL_FUSED_REDUCE_SPLIT), 256, 0, stream>>>(

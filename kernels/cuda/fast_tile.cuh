@@ -985,7 +985,8 @@ __device__ __forceinline__ void fastDkdvWgPass(const FastCtx &c, const bf16 *sK,
                                                uint32_t (&ads)[RH / 16][4],
                                                During during = During{}) {
     constexpr int NTH = RH / 8;
-    const int ukey = u0 + (int)(threadIdx.x >> 5) * 16 + (int)((threadIdx.x & 31) >> 2);
+    /* (warps past the key warpgroups': row warpgroups, the same keys) */
+    const int ukey = u0 + (int)((threadIdx.x >> 5) & (KT / 16 - 1)) * 16 + (int)((threadIdx.x & 31) >> 2);
     float s[NTH][4], dp[NTH][4];
     fastWgFenceAcc(s);
     fastWgFenceAcc(dp);
@@ -1298,30 +1299,47 @@ static __device__ const int fastMinusOne = -1;
 #ifndef FAST_DKDV_BOX_WARP
 #define FAST_DKDV_BOX_WARP 2
 #endif
-template <int DK, int DV, int KWG, bool GATHER, bool AUX = false, int EXTRA = 0>
+/* RWG > 1 (row warpgroups): the CTA's RWG warpgroups share one K/V tile
+ * and take its row tiles in turn - warpgroup w the tiles it = w (mod RWG),
+ * each with its own producer, stages (it % STAGES) and row-data slots (it %
+ * MS), so that each runs a ring of STAGES / RWG stages of its own, one
+ * ahead - and add their dK/dV sums in warpgroup order at the end. It keeps
+ * 8 warps on an SM where one CTA's shared memory leaves room for one only
+ * (d_k = 192: K/V 40 KB, 40 KB a stage), at the cost of one K/V copy. */
+template <int DK, int DV, int KWG, bool GATHER, bool AUX = false, int EXTRA = 0, int RWG = 1>
 struct FastDkdvRing {
+    static_assert(KWG == 1 || RWG == 1, "key and row warpgroups do not mix");
     static constexpr int R = FAST_DKDV_ROWS, KT = 64 * KWG, MS = 8;
-    /* CTAs per SM the registers allow (two key warpgroups: one; d_k = d_v
-     * = 64: three; else two) */
-    static constexpr int CTAS = KWG > 1 ? 1 : (DK + DV <= 128 ? 3 : 2);
+    /* CTAs per SM the registers allow (two key or row warpgroups: one; d_k
+     * = d_v = 64: three; else two) */
+    static constexpr int CTAS = KWG > 1 || RWG > 1 ? 1 : (DK + DV <= 128 ? 3 : 2);
     static constexpr int bytes(int stages) {
         return KT * (DK + DV) * 2 + stages * R * (DK + DV) * 2 + 2 * stages * 8 +
                MS * R * 4 * (3 + GATHER + AUX) + R * 4 + 1024 + EXTRA;
     }
     static constexpr bool fits(int stages) { return CTAS * (bytes(stages) + 1024) <= 233472; }
-    static constexpr int STAGES = fits(4) ? 4 : fits(3) ? 3 : 2;
-    /* warps hold one stage at a time: the producer may run STAGES - 1 ahead */
-    static constexpr int AHEAD = FAST_DKDV_AHEAD < STAGES ? FAST_DKDV_AHEAD : STAGES - 1;
+    static constexpr int STAGES = fits(4) ? 4 : fits(3) && RWG == 1 ? 3 : 2;
+    /* warps hold one stage at a time: the producer may run STAGES - 1 ahead
+     * (RWG > 1: FAST_DKDV_AHEAD of the warpgroup's own tiles) */
+    static constexpr int AHEAD =
+        RWG > 1 ? FAST_DKDV_AHEAD * RWG
+                : (FAST_DKDV_AHEAD < STAGES ? FAST_DKDV_AHEAD : STAGES - 1);
+    static_assert(RWG == 1 || (STAGES % RWG == 0 && AHEAD < STAGES && MS % RWG == 0),
+                  "each row warpgroup owns the stages and slots of its own tiles");
     static constexpr int SMEM = bytes(STAGES); /* EXTRA bytes for the caller at the end */
     static constexpr int EXTRA_AT = SMEM - EXTRA - 1024;  /* their offset from the 1024-aligned base */
     /* a warp at tile it writes the row data of tile it + AHEAD; every warp
      * is past tile it - 1 - STAGES then (its stage was refilled for tile
-     * it - 1, which this warp waited for) */
+     * it - 1, which this warp waited for). RWG > 1: the slots of a
+     * warpgroup's tiles are its own, and it is past its tile it - STAGES. */
     static_assert(MS >= STAGES + AHEAD + 1, "a row-data slot is rewritten only once no warp reads it");
+    /* the dK/dV sums of warpgroups 1 .. RWG - 1, in the stages at the end */
+    static_assert(RWG == 1 || (RWG - 1) * FAST_THREADS * (DK + DV) / 2 * 4 <= STAGES * R * (DK + DV) * 2,
+                  "the row warpgroups' sums fit the stages");
 };
 
-template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, class Tokens, class Visible,
-          class SeesAny, class TileFull, class Store, class Aux = FastNoAux,
+template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, class Tokens,
+          class Visible, class SeesAny, class TileFull, class Store, class Aux = FastNoAux,
           class StageOut = FastNoStageOut>
 __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwdIo &io,
                                                  const FastRowMaps &maps, int b, int g, int u0,
@@ -1333,9 +1351,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
     constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
     static_assert(GATHER || !HAS_AUX, "payloads need listed tokens");
-    using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA>;
+    using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA, RWG>;
     constexpr int R = Ring::R, KT = Ring::KT, MS = Ring::MS, STAGES = Ring::STAGES;
-    constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG;
+    constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG * RWG;
     constexpr int RH = (DK <= 128 && DV <= 128) ? FAST_DKDV_WG_ROWS : 32, NTH = RH / 8;
     bf16 *sK = fastTileBase<true>(), *sV = sK + KT * DK, *sQ = sV + KT * DV;
     bf16 *sdO = sQ + STAGES * R * DK;
@@ -1345,6 +1363,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     int *mA = mT + (GATHER ? MS * R : 0);         /* HAS_AUX: [MS][R] row payloads */
     int *rowSlot = mA + (HAS_AUX ? MS * R : 0);   /* [R] */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    /* RWG > 1: this thread's row warpgroup, and its thread and warp in it */
+    const int rwg = RWG > 1 ? warp >> 2 : 0, gtid = RWG > 1 ? tid & 127 : tid,
+              gwarp = RWG > 1 ? warp & 3 : warp;
     const int hpg = c.hpg, tpr = R / hpg, rows = tpr * hpg;
     const uint32_t tx_bytes = (uint32_t)rows * 128 * ((DK + DV) / 64);
     /* defer_release: stageOut's bulk stores of tile it may still read its
@@ -1371,7 +1392,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
 #pragma unroll
         for (int s = 0; s < STAGES; s++) {
             fastMbarInit(&full[s], 1 + R); /* the producer's, and each row's row data */
-            fastMbarInit(&empty[s], THREADS / 32);
+            fastMbarInit(&empty[s], THREADS / 32 / RWG); /* its warpgroup's warps */
         }
         fastMbarInitFence();
     }
@@ -1379,8 +1400,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     fastWgProxyFence();
     __syncthreads(); /* K/V, zeroed rows, rowSlot and barriers visible */
 
-    /* row data thread r < R: row r of every tile - token slot, head */
-    const int my_slot = tid < R ? rowSlot[tid] : -1, my_head = tid % hpg;
+    /* row data thread r < R (of each row warpgroup): row r of every tile
+     * (of the warpgroup's) - token slot, head */
+    const int my_slot = gtid < R ? rowSlot[gtid] : -1, my_head = gtid % hpg;
     auto tokenAt = [&](int it, int slot) -> int { /* GATHER: a global read */
         if constexpr (GATHER) {
             const int *p = slot >= 0 && it < ntiles ? tokens(it, slot) : nullptr;
@@ -1396,15 +1418,16 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
      * selected backward: 21% of the stall samples on that issue). */
     constexpr int BOX_WARP = FAST_DKDV_BOX_WARP;
     static_assert(BOX_WARP < 4 * KWG, "the boxes' warp is one of the CTA's");
-    /* tokens of the next tile to issue: this row's, and (BOX_WARP) lane's slot */
-    int next_row_tok = tid < R ? tokenAt(0, my_slot) : -1;
+    /* tokens of the next tile to issue (this warpgroup's first, then j +
+     * RWG after tile j): this row's, and (BOX_WARP) lane's slot */
+    int next_row_tok = gtid < R ? tokenAt(rwg, my_slot) : -1;
     int next_box_tok[2] = {-1, -1}; /* slots lane and lane + 32 (tpr <= 64) */
-    if (GATHER && warp == BOX_WARP)
+    if (GATHER && gwarp == BOX_WARP)
 #pragma unroll
-        for (int k = 0; k < 2; k++) next_box_tok[k] = tokenAt(0, lane + 32 * k < tpr ? lane + 32 * k : -1);
+        for (int k = 0; k < 2; k++) next_box_tok[k] = tokenAt(rwg, lane + 32 * k < tpr ? lane + 32 * k : -1);
     auto issue = [&](int j) { /* tile j into stage j % STAGES, row data slot j % MS */
         const int s = j % STAGES;
-        if (warp == BOX_WARP) {
+        if (gwarp == BOX_WARP) {
             if (lane == 0) {
                 if (j >= STAGES) fastMbarWait(&empty[s], (uint32_t)(j / STAGES + 1) & 1u);
                 fastMbarArriveTx(&full[s], tx_bytes);
@@ -1426,7 +1449,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                             fastTmaLoad4(do_st + p * R * 64 + slot * hpg * 64, &maps.dout, p * 64,
                                          g * hpg, t, b, &full[s]);
                     }
-                    next_box_tok[k] = tokenAt(j + 1, slot < tpr ? slot : -1);
+                    next_box_tok[k] = tokenAt(j + RWG, slot < tpr ? slot : -1);
                 }
             } else if (lane == 0) {
                 const int t0 = tokens(j, 0);
@@ -1438,23 +1461,24 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                     fastTmaLoad4(do_st + p * R * 64, &maps.dout, p * 64, g * hpg, t0, b, &full[s]);
             }
         }
-        if (tid < R) {
-            const int t = next_row_tok, ms = j % MS;
+        if (gtid < R) {
+            const int t = next_row_tok, ms = j % MS, r = gtid;
             const size_t row = ((size_t)b * c.S + (t < 0 ? 0 : t)) * c.H + (size_t)g * hpg + my_head;
-            fastCpAsync4Or0(mL + ms * R + tid, t >= 0 ? io.lse + row : nullptr, io.lse);
-            fastCpAsync4Or0(mD + ms * R + tid, t >= 0 ? io.dsum + row * 3 + io.branch : nullptr,
+            fastCpAsync4Or0(mL + ms * R + r, t >= 0 ? io.lse + row : nullptr, io.lse);
+            fastCpAsync4Or0(mD + ms * R + r, t >= 0 ? io.dsum + row * 3 + io.branch : nullptr,
                             io.lse);
-            fastCpAsync4Or0(mG + ms * R + tid, t >= 0 ? io.gate_f + row * 3 + io.branch : nullptr,
+            fastCpAsync4Or0(mG + ms * R + r, t >= 0 ? io.gate_f + row * 3 + io.branch : nullptr,
                             io.lse);
             if constexpr (GATHER) /* -1 where the row has no token */
-                fastCpAsync4(mT + ms * R + tid, t >= 0 ? tokens(j, my_slot) : &fastMinusOne);
+                fastCpAsync4(mT + ms * R + r, t >= 0 ? tokens(j, my_slot) : &fastMinusOne);
             if constexpr (HAS_AUX)
-                fastCpAsync4(mA + ms * R + tid, t >= 0 ? aux(j, my_slot) : &fastMinusOne);
+                fastCpAsync4(mA + ms * R + r, t >= 0 ? aux(j, my_slot) : &fastMinusOne);
             fastMbarArriveCpAsync(&full[s]);
-            next_row_tok = tokenAt(j + 1, my_slot);
+            next_row_tok = tokenAt(j + RWG, my_slot);
         }
     };
-    for (int j = 0; j < AHEAD && j < ntiles; j++) issue(j);
+    /* each warpgroup its own first tiles (RWG = 1: tiles 0 .. AHEAD - 1) */
+    for (int j = rwg; j < AHEAD && j < ntiles; j += RWG) issue(j);
 
     float dk[DK / 8][4], dv[DV / 8][4];
 #pragma unroll
@@ -1464,17 +1488,17 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     /* this warpgroup's keys [ka, kb] */
     const int wg = KWG > 1 ? warp >> 2 : 0, ka = u0 + wg * 64, kb = min(khi, ka + 64) - 1;
 
-    for (int it = 0; it < ntiles; it++) {
+    for (int it = rwg; it < ntiles; it += RWG) {
         /* the producer's part of tile it + AHEAD (BOX_WARP's boxes, the row
          * data of the first R threads): under this tile's first products
          * where the pass runs, else here */
-        bool issued = it + AHEAD >= ntiles, released = !(defer && it > 0);
+        bool issued = it + AHEAD >= ntiles, released = !(defer && it >= RWG);
         auto produce = [&] {
-            if (!released) { /* tile it - 1's stage, once its bulk stores have read it */
+            if (!released) { /* this warpgroup's last tile's stage, once its bulk stores have read it */
                 __syncwarp();
                 if (lane == 0) {
                     fastBulkWaitRead();
-                    fastMbarArrive(&empty[(it - 1) % STAGES]);
+                    fastMbarArrive(&empty[(it - RWG) % STAGES]);
                 }
                 released = true;
             }
@@ -1541,6 +1565,40 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         if (lane == 0 && !defer) fastMbarArrive(&empty[s]);
     }
     if (defer && lane == 0) fastBulkWaitRead(); /* the last stage's stores, before the CTA ends */
+    if constexpr (RWG > 1) {
+        /* warpgroups 1 .. RWG - 1 leave their sums in the stages (drained:
+         * every issued tile was waited for), warpgroup 0 adds them in order
+         * and stores; per thread, its fragments' 4 (DK + DV) / 8 floats,
+         * [float][thread] so that a warp's stores meet no bank twice */
+        constexpr int NF = (DK + DV) / 2;
+        float *sums = (float *)sQ;
+        __syncthreads(); /* every warp is past its last stage */
+        if (rwg > 0) {
+            float *mine = sums + (size_t)(rwg - 1) * NF * FAST_THREADS + gtid;
+#pragma unroll
+            for (int n = 0; n < DK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) mine[(n * 4 + e) * FAST_THREADS] = dk[n][e];
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) mine[(DK / 2 + n * 4 + e) * FAST_THREADS] = dv[n][e];
+        }
+        __syncthreads();
+        if (rwg > 0) return;
+#pragma unroll 1
+        for (int w = 1; w < RWG; w++) {
+            const float *theirs = sums + (size_t)(w - 1) * NF * FAST_THREADS + gtid;
+#pragma unroll
+            for (int n = 0; n < DK / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dk[n][e] += theirs[(n * 4 + e) * FAST_THREADS];
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) dv[n][e] += theirs[(DK / 2 + n * 4 + e) * FAST_THREADS];
+        }
+    }
     fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 

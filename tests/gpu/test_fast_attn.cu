@@ -478,6 +478,10 @@ int main(int argc, char **argv) {
          * on 16 CPUs; single-threaded it had not finished in 330 s) */
         {"S20000 B2 hpg2", 2, 20000, 4, 2, 64, 64, 32, 16, 64, 16, 512},
         {"S8500 B2 hpg16 d128", 2, 8500, 16, 1, 128, 128, 32, 16, 64, 16, 512},
+        /* the paper's own d_k 192 / d_v 128 at 16 heads a group past the
+         * masked dense range: the fused selected backward's two row
+         * warpgroups (fast_sel_block.cu, selFusedRowWgs), B = 2 */
+        {"S6000 B2 hpg16 dk192 dv128", 2, 6000, 16, 1, 192, 128, 32, 16, 64, 16, 512},
     };
     const int n = sizeof(cases) / sizeof(cases[0]);
     if (argc > 1 && !strcmp(argv[1], "--count")) {
