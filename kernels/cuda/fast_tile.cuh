@@ -226,7 +226,12 @@ template <bool WG, int DK, int DV>
 struct FastDkdvShape {
     /* warpgroups of 64 keys: at d_k = d_v = 64 one warpgroup's registers
      * leave three CTAs per SM, two warpgroups one (H200, proto 64k: compressed
-     * dK/dV 2.81 -> 3.19 ms, window 0.85 -> 1.03) */
+     * dK/dV 2.81 -> 3.19 ms, window 0.85 -> 1.03). (At d_k = 192, 64-key
+     * CTAs in two row warpgroups - FastDkdvRing's RWG, four stages, as the
+     * fused selected backward runs there - measured slower than these
+     * 128-key CTAs on three shared stages: H100, paper192 64k compressed
+     * dK/dV 20.69 -> 21.49 ms, window 6.54 -> 8.23, fwd+bwd 129.71 ->
+     * 133.06.) */
     static constexpr int KWG = WG && DK + DV >= 256 ? FAST_DKDV_KEY_WGS : 1;
     static constexpr int KEYS = 64 * KWG, THREADS = FAST_THREADS * KWG;
 };
