@@ -342,7 +342,7 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps, bool graph) 
 }
 
 int main(int argc, char **argv) {
-    const char *seq = "2048,8192,16384,32768,65536", *shapes = "proto,paper";
+    const char *seq = "2048,8192,16384,32768,65536", *shapes = "proto,paper,paper192";
     long tokens = 65536;
     int reps = 10, graph = 0;
     for (int i = 1; i + 1 < argc; i += 2) {

@@ -122,7 +122,7 @@ def bench_one(impl, shape, S, tokens, reps):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--seq", default="2048,8192,16384,32768,65536")
-    ap.add_argument("--shapes", default="proto,paper")
+    ap.add_argument("--shapes", default="proto,paper,paper192")
     ap.add_argument("--impls", default="fa2,cudnn")
     ap.add_argument("--tokens", type=int, default=65536)
     ap.add_argument("--reps", type=int, default=10)
