@@ -267,10 +267,6 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
     __syncwarp();
 }
 
-/* Shared memory of the block-centric kernels: K, V, two stages of q (and
- * of dout for dQ) rows, their metadata (dQ: lse, delta, gate), the
- * item's tokens and slots and (WG) the partial rows' destinations. WG
- * tiles are swizzled, 1024-byte aligned. */
 /* q row stages of the block-centric forward on the q ring: at d_k = 192 two
  * stages (48 KB each) left one CTA of 8 warps per SM (150 KB; ncu, paper192
  * 64k: 12.5% occupancy, DRAM 50% busy, 12.5 ms a forward against 8.0 at d_k
@@ -282,10 +278,15 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
 #endif
 template <int DK>
 constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : 2; }
+/* Shared memory of the block-centric kernels: K, V, two stages of q (and
+ * of dout for dQ) rows - RING (the forward's q ring): selBlockQStages;
+ * the wgmma dQ at d_k = 128: one (SelBlockDqShape) - their metadata (dQ:
+ * lse, delta, gate), the item's tokens and slots and (WG) the partial
+ * rows' destinations. WG tiles are swizzled, 1024-byte aligned. */
 template <int DK, int DV, bool WG, bool DQ, bool RING = false>
 constexpr int selBlockSmem() {
     constexpr int P = WG ? 0 : 8;
-    constexpr int ST = DQ && WG && DK == 128 ? 1 : RING && !DQ ? selBlockQStages<DK>() : 2; /* SelBlockDqShape */
+    constexpr int ST = DQ && WG && DK == 128 ? 1 : RING && !DQ ? selBlockQStages<DK>() : 2;
     return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
             (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
            (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 +
