@@ -1343,9 +1343,19 @@ struct FastDkdvRing {
                   "the row warpgroups' sums fit the stages");
 };
 
-template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, class Tokens,
-          class Visible, class SeesAny, class TileFull, class Store, class Aux = FastNoAux,
-          class StageOut = FastNoStageOut>
+/* Rows per wgmma pass of the ring core: FAST_DKDV_WG_ROWS where d_k, d_v
+ * <= 128, else 32 - at d_k = 192 a 64-row pass's scores beside the 64 x
+ * 192 dK accumulator leave no registers: the compressed dK/dV spilled 220
+ * bytes and ran 20.84 -> 28.93 ms (H100, paper192 64k). A caller may ask
+ * for 64 there (PASS_ROWS): the window dK/dV spills 36 bytes and still
+ * runs faster (6.55 -> 5.73, 6.68 -> 5.81 ms, two calls; fwd+bwd 130.44 ->
+ * 130.15, within the rounds' spread); the fused selected backward, 44
+ * bytes, gained nothing (its phase 56.22 -> 56.33 ms) and keeps 32. */
+template <int DK, int DV>
+constexpr int fastDkdvPassRows() { return DK <= 128 && DV <= 128 ? FAST_DKDV_WG_ROWS : 32; }
+template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, int PASS_ROWS = 0,
+          class Tokens, class Visible, class SeesAny, class TileFull, class Store,
+          class Aux = FastNoAux, class StageOut = FastNoStageOut>
 __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwdIo &io,
                                                  const FastRowMaps &maps, int b, int g, int u0,
                                                  int khi, int ntiles, Tokens tokens,
@@ -1359,7 +1369,7 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA, RWG>;
     constexpr int R = Ring::R, KT = Ring::KT, MS = Ring::MS, STAGES = Ring::STAGES;
     constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG * RWG;
-    constexpr int RH = (DK <= 128 && DV <= 128) ? FAST_DKDV_WG_ROWS : 32, NTH = RH / 8;
+    constexpr int RH = PASS_ROWS ? PASS_ROWS : fastDkdvPassRows<DK, DV>(), NTH = RH / 8;
     bf16 *sK = fastTileBase<true>(), *sV = sK + KT * DK, *sQ = sV + KT * DV;
     bf16 *sdO = sQ + STAGES * R * DK;
     uint64_t *full = (uint64_t *)(sdO + STAGES * R * DV), *empty = full + STAGES;
@@ -1612,8 +1622,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
  * tile it's slot, -1 for none. On wgmma through the TMA row ring
  * (fastDkdvRingCore, one box per tile), else through fastDkdvCore's
  * cp.async stages - one rule for both. */
-template <int DK, int DV, bool WG, int KWG, int EXTRA = 0, class TokenOf, class Visible,
-          class SeesAny, class TileFull, class Store, class StageOut = FastNoStageOut>
+template <int DK, int DV, bool WG, int KWG, int EXTRA = 0, int PASS_ROWS = 0, class TokenOf,
+          class Visible, class SeesAny, class TileFull, class Store,
+          class StageOut = FastNoStageOut>
 __device__ __forceinline__ void fastDkdvConsecutive(const FastCtx &c, const FastBwdIo &io,
                                                     const FastRowMaps &maps, int b, int g, int u0,
                                                     int khi, int ntiles, TokenOf tokenOf,
@@ -1622,9 +1633,9 @@ __device__ __forceinline__ void fastDkdvConsecutive(const FastCtx &c, const Fast
                                                     StageOut stageOut = StageOut{}) {
     static_assert(WG || std::is_same<StageOut, FastNoStageOut>::value, "stageOut is wgmma's");
     if constexpr (WG)
-        fastDkdvRingCore<DK, DV, KWG, false, EXTRA>(c, io, maps, b, g, u0, khi, ntiles, tokenOf,
-                                                    visible, seesAny, tileFull, store, FastNoAux{},
-                                                    stageOut);
+        fastDkdvRingCore<DK, DV, KWG, false, EXTRA, 1, PASS_ROWS>(
+            c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible, seesAny, tileFull, store,
+            FastNoAux{}, stageOut);
     else
         fastDkdvCore<DK, DV, WG, KWG>(
             c, io, b, g, u0, khi, ntiles,
