@@ -1127,6 +1127,19 @@ template <int DK, int DV>
 constexpr int selFusedRowWgs() {
     return DK + DV > 256 ? SEL_FUSED_ROW_WGS_WIDE : DK >= 128 ? SEL_FUSED_ROW_WGS : 1;
 }
+/* Rows per wgmma pass of the fused kernel's ring core where d_k or d_v is
+ * above 128 (fastDkdvPassRows elsewhere): its dq stage keeps registers of
+ * its own beside the pass's, and 64-row passes spill: 44 bytes with the
+ * scores and dP^T side by side (no faster: its phase 56.22 -> 56.33 ms),
+ * 84 probabilities first (fwd+bwd 127.44 -> 127.52 ms; H100, paper192
+ * 64k). */
+#ifndef SEL_FUSED_WIDE_PASS_ROWS
+#define SEL_FUSED_WIDE_PASS_ROWS 32
+#endif
+template <int DK, int DV>
+constexpr int selFusedPassRows() {
+    return DK > 128 || DV > 128 ? SEL_FUSED_WIDE_PASS_ROWS : fastDkdvPassRows<DK, DV>();
+}
 /* the dq rows' destinations, [2][rows] per row warpgroup by tile parity */
 constexpr int selFusedExtra(int rwg) { return 2 * rwg * FAST_DKDV_ROWS * 8; }
 template <int DK, int DV, bool RING, int RWG>
@@ -1269,7 +1282,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
         }
     };
     if constexpr (RING) {
-        fastDkdvRingCore<DK, DV, 1, true, EXTRA, RWG>(
+        fastDkdvRingCore<DK, DV, 1, true, EXTRA, RWG, selFusedPassRows<DK, DV>()>(
             c, io, maps.rows, b, g, u0, khi, ntiles,
             [=](int it, int s) -> const int * { /* the token, and j's slot in its row beside it */
                 const int e = e0 + it * tpr + s;

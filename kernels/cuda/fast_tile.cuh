@@ -968,6 +968,62 @@ __device__ __forceinline__ void fastDkdvGradOfScores(const FastCtx &c, float (&s
     }
 }
 
+/* The probs-first pass's two halves of fastDkdvGradOfScores: s = g P^T
+ * (zero where masked) in place, then, from those probabilities as the
+ * bf16 A fragments ap of dV's product, dp = g P^T (dP^T - delta). */
+template <bool FULL, int NTH, class RowOf, class Visible>
+__device__ __forceinline__ void fastDkdvGatedProbs(const FastCtx &c, float (&s)[NTH][4], int ukey,
+                                                   int khi, RowOf rowOf, Visible visible) {
+    const int quad = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NTH; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const FastDkdvRow row = rowOf(n * 8 + quad * 2 + (e & 1));
+            bool ok = true;
+            if constexpr (!FULL) {
+                const int u = ukey + (e >> 1) * 8;
+                ok = row.t >= 0 && u < khi && visible(row.t, u);
+            }
+            s[n][e] = ok ? row.gate * fastExp2(s[n][e] * c.scale_log2 - row.lse2) : 0.f;
+        }
+    }
+}
+template <int NTH, class RowOf>
+__device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
+                                                    const uint32_t (&ap)[NTH / 2][4],
+                                                    RowOf rowOf) {
+    const int quad = threadIdx.x & 3;
+#pragma unroll
+    for (int n = 0; n < NTH; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            /* fastAFromC's packing: s[n][e] is ap[n / 2][(n & 1) * 2 + e / 2], low half for even e */
+            const uint32_t pair = ap[n / 2][(n & 1) * 2 + (e >> 1)];
+            const float gp = __uint_as_float(e & 1 ? pair & 0xffff0000u : pair << 16);
+            dp[n][e] = gp * (dp[n][e] - rowOf(n * 8 + quad * 2 + (e & 1)).delta);
+        }
+    }
+}
+
+/* Probabilities first (FAST_DKDV_PROBS_FIRST): where both the scores and
+ * dP^T of a 64-row pass would not fit in registers beside dK's and dV's
+ * accumulators (d_k or d_v above 128: 96 + 64 + 32 + 32 of 255), the pass
+ * forms S^T alone, turns it into g P^T in bf16 (the A fragments dV's
+ * product needs anyway), runs dP^T beside dV += g P^T.dout, and forms dS^T
+ * from the bf16 probabilities: 208 live accumulator registers at the
+ * peak, not 224. Three waits on the tensor cores per pass (two 32-row
+ * passes had four), and P^T rounded to bf16 before dS^T is formed from it
+ * (dS^T is rounded to bf16 after, as before; test_fast_attn's d_k = 192
+ * gradients within 3.5e-3 of the reference, budget 1e-2). */
+#ifndef FAST_DKDV_PROBS_FIRST
+#define FAST_DKDV_PROBS_FIRST 1
+#endif
+template <int DK, int DV, int RH>
+constexpr bool fastDkdvProbsFirst() {
+    return FAST_DKDV_PROBS_FIRST && RH == 64 && (DK > 128 || DV > 128);
+}
+
 /* One wgmma pass of the dK/dV core: rows half * RH .. + RH - 1 of a row
  * stage (q_st, do_st: swizzled tiles of R rows) against this warpgroup's
  * 64 keys (rows wg * 64 .. of the KT-row tiles sK, sV, the CTA's first key
@@ -992,6 +1048,34 @@ __device__ __forceinline__ void fastDkdvWgPass(const FastCtx &c, const bf16 *sK,
     constexpr int NTH = RH / 8;
     /* (warps past the key warpgroups': row warpgroups, the same keys) */
     const int ukey = u0 + (int)((threadIdx.x >> 5) & (KT / 16 - 1)) * 16 + (int)((threadIdx.x & 31) >> 2);
+    if constexpr (fastDkdvProbsFirst<DK, DV, RH>()) {
+        float s[NTH][4];
+        fastWgFenceAcc(s);
+        fastWgArrive();
+        fastWgIssueAZt<NTH, DK>(s, sK, KT, wg * 64, q_st, R, half * RH);
+        fastWgCommit();
+        during();
+        fastWgWait<0>();
+        fastWgFenceAcc(s);
+        if (full) fastDkdvGatedProbs<true>(c, s, ukey, khi, rowOf, visible);
+        else fastDkdvGatedProbs<false>(c, s, ukey, khi, rowOf, visible);
+        uint32_t ap[NTH / 2][4];
+        fastWgAFromC<NTH>(ap, s);
+        float dp[NTH][4];
+        fastWgFenceAcc(dp);
+        fastWgFenceAcc(dv);
+        fastWgArrive();
+        fastWgIssueAZt<NTH, DV>(dp, sV, KT, wg * 64, do_st, R, half * RH);
+        fastWgIssuePZ<NTH, DV>(dv, ap, do_st, R, half * RH);
+        fastWgCommit();
+        fastWgWait<0>();
+        fastWgFenceAcc(dp);
+        fastWgFenceAcc(dv);
+        fastDkdvGradOfProbs(dp, ap, rowOf);
+        fastWgAFromC<NTH>(ads, dp);
+        fastWgRun([&] { fastWgIssuePZ<NTH, DK>(dk, ads, q_st, R, half * RH); }, dk);
+        return;
+    }
     float s[NTH][4], dp[NTH][4];
     fastWgFenceAcc(s);
     fastWgFenceAcc(dp);
@@ -1343,16 +1427,20 @@ struct FastDkdvRing {
                   "the row warpgroups' sums fit the stages");
 };
 
-/* Rows per wgmma pass of the ring core: FAST_DKDV_WG_ROWS where d_k, d_v
- * <= 128, else 32 - at d_k = 192 a 64-row pass's scores beside the 64 x
- * 192 dK accumulator leave no registers: the compressed dK/dV spilled 220
- * bytes and ran 20.84 -> 28.93 ms (H100, paper192 64k). A caller may ask
- * for 64 there (PASS_ROWS): the window dK/dV spills 36 bytes and still
- * runs faster (6.55 -> 5.73, 6.68 -> 5.81 ms, two calls; fwd+bwd 130.44 ->
- * 130.15, within the rounds' spread); the fused selected backward, 44
- * bytes, gained nothing (its phase 56.22 -> 56.33 ms) and keeps 32. */
+/* Rows per wgmma pass of the ring core: FAST_DKDV_WG_ROWS, where d_k or
+ * d_v is above 128 as probabilities first (fastDkdvProbsFirst). Before
+ * that those passes took 32 rows: a 64-row pass's scores and dP^T beside
+ * the 64 x 192 dK accumulator spilled 220 bytes in the compressed dK/dV
+ * (20.84 -> 28.93 ms, H100, paper192 64k). Probabilities first, none
+ * spill: H100, paper192 64k, 3 rounds, compressed dK/dV phase 21.31 ->
+ * 18.30 ms, fwd+bwd 129.78 -> 127.44 (16k 84.56 -> 83.34); the window's
+ * (64 rows already, with 36 bytes of spills) unchanged at 5.8 ms. A
+ * caller may ask for other rows (PASS_ROWS: the fused selected backward,
+ * selFusedPassRows). */
 template <int DK, int DV>
-constexpr int fastDkdvPassRows() { return DK <= 128 && DV <= 128 ? FAST_DKDV_WG_ROWS : 32; }
+constexpr int fastDkdvPassRows() {
+    return (DK <= 128 && DV <= 128) || FAST_DKDV_PROBS_FIRST ? FAST_DKDV_WG_ROWS : 32;
+}
 template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, int PASS_ROWS = 0,
           class Tokens, class Visible, class SeesAny, class TileFull, class Store,
           class Aux = FastNoAux, class StageOut = FastNoStageOut>

@@ -62,10 +62,8 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,
         int t = tileAt(it) + slot;
         return t < te ? t : -1;
     };
-    /* 64-row passes at d_k = 192 too (fastDkdvPassRows) */
-    fastDkdvConsecutive<DK, DV, WG, KWG, 0, FAST_DKDV_WG_ROWS>(c, io, maps, b, g, u0, khi, ntiles,
-                                                               tokenOf, visible, seesAny, tileFull,
-                                                               store);
+    fastDkdvConsecutive<DK, DV, WG, KWG>(c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible,
+                                         seesAny, tileFull, store);
 }
 
 template <int DK, int DV>
