@@ -152,12 +152,14 @@ struct SelBlockItem {
 
     /* Finds the item of this CTA (false: past the chunk's last item; the
      * whole CTA returns) and copies its tokens and j's slot in each one's
-     * sel_idx row into tok[], slot[] (SELB_TILES * SELB_ROWS entries, -1
-     * past the end) - one round trip for the whole item. Every thread of
+     * sel_idx row into tok[], slot[] (`entries` of each, SELB_TILES *
+     * SELB_ROWS unless the caller knows hpg: SELB_TILES * SELB_ROWS / hpg;
+     * -1 past the end) - one round trip for the whole item. Every thread of
      * the CTA calls it; the caller's next barrier publishes tok and slot. */
     template <bool SKIP>
     __device__ bool init(const FastCtx &c, const FastRevIndex &rev, const FastSelBlock &sb,
-                         int chunk, int *tok, int *slot, int threads) {
+                         int chunk, int *tok, int *slot, int threads,
+                         int entries = SELB_TILES * SELB_ROWS) {
         const int bg = blockIdx.y, item = blockIdx.x;
         const size_t plan = (size_t)chunk * gridDim.y + bg;
         const int *is = sb.item_start + plan * (c.Ns + 1);
@@ -173,7 +175,7 @@ struct SelBlockItem {
         u_hi = min(c.S, u_lo + c.sel_len);
         nsub = (u_hi - u_lo + 63) / 64;
         const size_t ent0 = (size_t)bg * c.S * c.slots;
-        for (int i = threadIdx.x; i < SELB_TILES * SELB_ROWS; i += threads) {
+        for (int i = threadIdx.x; i < entries; i += threads) {
             const int e = e0 + i;
             const bool ok = i < per_item && e < e1;
             tok[i] = ok ? rev.entries[ent0 + e] : -1;
@@ -267,6 +269,24 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
     __syncwarp();
 }
 
+/* One 64-column panel of partial rows, staged by fastStagePut64 at column
+ * 0 of `stage`, out to columns col0 .. col0 + 63 of the matrix `map`
+ * describes, as selStageStoreTma does; returns once the store has read the
+ * stage. */
+__device__ __forceinline__ void selStageStoreTmaCols(const CUtensorMap *map, const bf16 *stage,
+                                                     int col0, const long long *row_at, int warp,
+                                                     int lane) {
+    fastWgProxyFence();
+    __syncwarp();
+    const long long at = row_at[warp * 16];
+    if (lane == 0 && at >= 0) {
+        fastTmaStore2(map, stage + warp * 16 * 64, col0, (int)at);
+        fastBulkCommit();
+        fastBulkWaitRead();
+    }
+    __syncwarp();
+}
+
 /* q row stages of the block-centric forward on the q ring: at d_k = 192 two
  * stages (48 KB each) left one CTA of 8 warps per SM (150 KB; ncu, paper192
  * 64k: 12.5% occupancy, DRAM 50% busy, 12.5 ms a forward against 8.0 at d_k
@@ -276,8 +296,31 @@ __device__ __forceinline__ void selStageStoreTma(const CUtensorMap *map, const b
 #ifndef SELB_RING_STAGES_WIDE
 #define SELB_RING_STAGES_WIDE 1
 #endif
+#ifndef SELB_RING_STAGES
+#define SELB_RING_STAGES 2
+#endif
 template <int DK>
-constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : 2; }
+constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB_RING_STAGES; }
+/* With one q stage the forward's tile loop was serial per CTA: the next
+ * tile's q could only be fetched once the partials staged in the stage had
+ * been read out by their bulk stores. Here (SELB_OUT_STAGE) a stage is
+ * released as soon as the tile's scores are formed - warp 0 then fetches the
+ * next tile under this one's softmax, P.V and stores - and the partials go
+ * out through a 64-column buffer of their own (16 KB), one half of d_v at
+ * a time; the q ring's token lists shrink to the 64 entries of 16 heads a
+ * group to make room for it at two CTAs per SM. H100, 3 rounds: paper192
+ * 64k fwd.sel 19.82 -> 17.56 ms, fwd+bwd 128.41 -> 125.67 (16k 84.37 ->
+ * 83.20). At d_k = 128 it would need the one q stage (SELB_RING_STAGES=1),
+ * which measured slower there: paper 64k fwd.sel 15.86 -> 16.38 ms. */
+#ifndef SELB_OUT_STAGE
+#define SELB_OUT_STAGE 1
+#endif
+template <int DK, int DV>
+constexpr bool selBlockOutStage() { return SELB_OUT_STAGE && DV > 64 && selBlockQStages<DK>() == 1; }
+/* Entries of the item's token and slot lists: the q ring runs at 16 heads
+ * a group only (8 tokens a row tile). */
+template <bool RING>
+constexpr int selBlockListEntries() { return SELB_TILES * SELB_ROWS / (RING ? 16 : 1); }
 /* Shared memory of the block-centric kernels: K, V, two stages of q (and
  * of dout for dQ) rows - RING (the forward's q ring): selBlockQStages;
  * the wgmma dQ at d_k = 128: one (SelBlockDqShape) - their metadata (dQ:
@@ -287,9 +330,10 @@ template <int DK, int DV, bool WG, bool DQ, bool RING = false>
 constexpr int selBlockSmem() {
     constexpr int P = WG ? 0 : 8;
     constexpr int ST = DQ && WG && DK == 128 ? 1 : RING && !DQ ? selBlockQStages<DK>() : 2;
+    constexpr bool OUT = RING && !DQ && selBlockOutStage<DK, DV>();
     return (64 * (DK + P) + 64 * (DV + P) + ST * SELB_ROWS * (DK + P) +
-            (DQ ? ST * SELB_ROWS * (DV + P) : 0)) * 2 +
-           (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * SELB_TILES * SELB_ROWS * 4 +
+            (DQ ? ST * SELB_ROWS * (DV + P) : 0) + (OUT ? SELB_ROWS * 64 : 0)) * 2 +
+           (DQ ? 3 * ST * SELB_ROWS * 4 : 0) + 2 * selBlockListEntries<RING && !DQ>() * 4 +
            (WG ? SELB_ROWS * 8 + 1024 : 0) + (WG && !DQ ? 4 * 8 : 0) /* the q ring's barriers */;
 }
 
@@ -324,14 +368,18 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                   THREADS = 32 * SELB_WARPS;
     constexpr bool HALVES = WG && DV > 64;
     constexpr int QS = RING ? selBlockQStages<DK>() : 2; /* q row stages */
+    /* RING: partials staged apart, the q stage released after the scores */
+    constexpr bool OUT = RING && HALVES && selBlockOutStage<DK, DV>();
+    constexpr int NLIST = selBlockListEntries<RING>();
     bf16 *sK = fastTileBase<WG>(), *sV = sK + 64 * LDK, *sQ = sV + 64 * LDV; /* sQ [QS][R] */
-    int *sTok = (int *)(sQ + QS * R * LDK);               /* [SELB_TILES * R]: the item's tokens */
-    int *sSlot = sTok + SELB_TILES * R;                   /* and j's slot in each one's row */
-    long long *sAt = (long long *)(sSlot + SELB_TILES * R); /* WG: [R] partial row, -1 none */
+    bf16 *sOut = sQ + QS * R * LDK;                       /* OUT: [R][64], 1024-aligned */
+    int *sTok = (int *)(sOut + (OUT ? R * 64 : 0));       /* [NLIST]: the item's tokens */
+    int *sSlot = sTok + NLIST;                            /* and j's slot in each one's row */
+    long long *sAt = (long long *)(sSlot + NLIST);        /* WG: [R] partial row, -1 none */
     uint64_t *full = (uint64_t *)(sAt + R), *empty = full + QS; /* RING: the q stages' barriers */
     const int bg = blockIdx.y, b = bg / c.G, g = bg % c.G, hpg = c.hpg, tpt = R / hpg;
     SelBlockItem it{};
-    if (!it.init<WG>(c, rev, sb, chunk, sTok, sSlot, THREADS)) return;
+    if (!it.init<WG>(c, rev, sb, chunk, sTok, sSlot, THREADS, NLIST)) return;
     if (RING && threadIdx.x == 0) {
         for (int st = 0; st < QS; st++) {
             fastMbarInit(&full[st], 1);
@@ -406,8 +454,8 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
         if constexpr (RING) {
             /* QS - 1 tiles ahead (one stage: this tile, once every warp
              * released the last) */
-            const int next = rt + QS - 1;
-            if (warp == 0 && next > 0 && next < ntiles) produceQ(next);
+            const int next = rt + QS - 1; /* (OUT: fetched under the last tile) */
+            if (!OUT && warp == 0 && next > 0 && next < ntiles) produceQ(next);
             fastMbarWait(&full[st], (uint32_t)(rt / QS) & 1u);
             __syncwarp();
         } else {
@@ -470,6 +518,11 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
              * o in two 64-column halves, each staged as soon as it is done */
             float s[8][4], mx[2], corr[2];
             scores(s, 0, mx);
+            if constexpr (OUT) { /* the stage is read: the next tile may come */
+                __syncwarp();
+                if (lane == 0) fastMbarArrive(&empty[st]);
+                if (warp == 0 && rt + QS < ntiles) produceQ(rt + QS);
+            }
             fastSoftmaxScores<8>(s, mx, m, l, corr);
             uint32_t a[4][4];
             fastWgAFromC<8>(a, s);
@@ -481,9 +534,14 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 if (quad == 0) sAt[i ? rB : rA] = has ? (long long)idx : -1;
             }
             fastWgPZParts<DV>(a, sV, [&](int h, const float (&oh)[8][4]) {
-                fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
+                if constexpr (OUT) { /* each half out before the next is staged */
+                    fastStagePut64<SELB_ROWS>(sOut, warp * 16, 0, oh, inv[0], inv[1]);
+                    selStageStoreTmaCols(&maps.part_o, sOut, h * 64, sAt, warp, lane);
+                } else {
+                    fastStagePut64<SELB_ROWS>(stage, warp * 16, h * 64, oh, inv[0], inv[1]);
+                }
             });
-            storeOut(stage);
+            if constexpr (!OUT) storeOut(stage);
         } else {
             float o[DV / 8][4];
 #pragma unroll
@@ -531,7 +589,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
                 storeOut(stage);
             }
         }
-        if constexpr (RING) { /* this warp's rows of stage st are free; the TMA writes them next */
+        if constexpr (RING && !OUT) { /* this warp's rows of stage st are free; the TMA writes them next */
             fastWgProxyFence();
             __syncwarp();
             if (lane == 0) fastMbarArrive(&empty[st]);

@@ -1016,12 +1016,13 @@ __device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
  * passes had four), and P^T rounded to bf16 before dS^T is formed from it
  * (dS^T is rounded to bf16 after, as before; test_fast_attn's d_k = 192
  * gradients within 3.5e-3 of the reference, budget 1e-2). */
+/* (1: where d_k or d_v is above 128; 2: at every shape, for measuring) */
 #ifndef FAST_DKDV_PROBS_FIRST
 #define FAST_DKDV_PROBS_FIRST 1
 #endif
 template <int DK, int DV, int RH>
 constexpr bool fastDkdvProbsFirst() {
-    return FAST_DKDV_PROBS_FIRST && RH == 64 && (DK > 128 || DV > 128);
+    return RH == 64 && (FAST_DKDV_PROBS_FIRST > 1 || (FAST_DKDV_PROBS_FIRST && (DK > 128 || DV > 128)));
 }
 
 /* One wgmma pass of the dK/dV core: rows half * RH .. + RH - 1 of a row
