@@ -12,6 +12,9 @@
  * each branch's FLOPs and achieved TFLOP/s over its phases' time; "phases"
  * is the per-phase time breakdown of one profiled forward + backward.
  * "host_ms" is the host's time to enqueue one forward + backward.
+ * One more forward + backward runs between cudaProfilerStart and
+ * cudaProfilerStop (no-ops without a profiler): what bench/attn/kernels.py
+ * has Nsight Compute break down per kernel.
  * With --graph 1 the forward and the forward + backward are also captured
  * once each into a CUDA graph and the replays timed the same way
  * ("graph_fwd_ms", "graph_total_ms"): the difference to the stream-launched
@@ -20,6 +23,7 @@
  * usage: bench_nsa [--seq 2048,8192,...] [--shapes proto,paper,paper192]
  *                  [--tokens 65536] [--reps 10] [--graph 0|1] */
 #include <cuda_bf16.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <algorithm>
 #include <chrono>
@@ -230,6 +234,13 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps, bool graph) 
         graph_fwd_ms = timeGraph(fwd);
         graph_total_ms = timeGraph(fwdBwd);
     }
+
+    /* the per-kernel breakdown's forward + backward (kernels.py) */
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaProfilerStart());
+    fwdBwd();
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaProfilerStop());
 
     /* one profiled pass for the phase breakdown */
     nsaAttnCudaProfile(plan, 1, &err);

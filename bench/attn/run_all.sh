@@ -1,12 +1,14 @@
 #!/bin/sh
 # run_all.sh - issue 7 in one command on the GPU machine: build the fast NSA
 # attention, check it against the CPU reference, time it against dense
-# PyTorch attention (FA2, cuDNN) and print the merged table last.
+# PyTorch attention (FA2, cuDNN), print the merged table, then the time of
+# each kernel (Nsight Compute).
 #   bench/attn/run_all.sh [all|test|bench|nsa]
 # Writes env.txt (device, SASS summary), build.log, test.log, nsa.jsonl,
-# dense.jsonl, errors.log, report.md to $OUT (the lent machine's return
-# folder) or build/bench/results. BENCH_ARGS / DENSE_ARGS pass options
-# through (e.g. BENCH_ARGS="--reps 5 --seq 2048,65536").
+# dense.jsonl, errors.log, report.md and kernels.md (per kernel, by ncu) to
+# $OUT (the lent machine's return folder) or build/bench/results.
+# BENCH_ARGS / DENSE_ARGS pass options through (e.g. BENCH_ARGS="--reps 5
+# --seq 2048,65536").
 set -u
 cd "$(dirname "$0")/../.." || exit 1
 out="${OUT:-build/bench/results}"
@@ -101,5 +103,14 @@ if [ "$mode" = all ] || [ "$mode" = bench ] || [ "$mode" = nsa ]; then
     tail -5 "$out/errors.log"
     python3 bench/attn/report.py "$out/nsa.jsonl" "$out/dense.jsonl" >"$out/report.md" 2>&1 || status=1
     cat "$out/report.md"
+    # per kernel of one forward + backward at the longest S (Nsight
+    # Compute; KERNEL_SHAPES / KERNEL_SEQ choose others)
+    if command -v ncu >/dev/null 2>&1; then
+        python3 bench/attn/kernels.py build/bench/bench_nsa --shapes "${KERNEL_SHAPES:-paper,paper192,proto}" \
+            --seq "${KERNEL_SEQ:-65536}" >"$out/kernels.md" 2>&1 || status=1
+        cat "$out/kernels.md"
+    else
+        echo "per-kernel breakdown: skipped - ncu (Nsight Compute) is not on PATH"
+    fi
 fi
 exit $status
