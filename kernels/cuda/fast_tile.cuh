@@ -1016,7 +1016,8 @@ __device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
  * passes had four), and P^T rounded to bf16 before dS^T is formed from it
  * (dS^T is rounded to bf16 after, as before; test_fast_attn's d_k = 192
  * gradients within 3.5e-3 of the reference, budget 1e-2). */
-/* (1: where d_k or d_v is above 128; 2: at every shape, for measuring) */
+/* (1: where d_k or d_v is above 128; 2: at every shape, for measuring -
+ * slower where the registers fit: H100, paper 64k 97.25 -> 98.31 ms) */
 #ifndef FAST_DKDV_PROBS_FIRST
 #define FAST_DKDV_PROBS_FIRST 1
 #endif
