@@ -1324,6 +1324,11 @@ __device__ __forceinline__ void fastDkdvCore(const FastCtx &c, const FastBwdIo &
     fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 
+/* No sums hook (fastDkdvRingCore): the sums go out through the store functor. */
+struct FastNoSums {
+    template <class K, class V>
+    __device__ void operator()(const K &, const V &) const {}
+};
 /* No per-row payload beside the token (fastDkdvRingCore). */
 struct FastNoAux {
     __device__ const int *operator()(int, int) const { return nullptr; }
@@ -1445,14 +1450,14 @@ constexpr int fastDkdvPassRows() {
 }
 template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, int PASS_ROWS = 0,
           class Tokens, class Visible, class SeesAny, class TileFull, class Store,
-          class Aux = FastNoAux, class StageOut = FastNoStageOut>
+          class Aux = FastNoAux, class StageOut = FastNoStageOut, class Sums = FastNoSums>
 __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwdIo &io,
                                                  const FastRowMaps &maps, int b, int g, int u0,
                                                  int khi, int ntiles, Tokens tokens,
                                                  Visible visible, SeesAny seesAny,
                                                  TileFull tileFull, Store store, Aux aux = Aux{},
                                                  StageOut stageOut = StageOut{},
-                                                 bool defer_release = false) {
+                                                 bool defer_release = false, Sums sums = Sums{}) {
     constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
     constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
     static_assert(GATHER || !HAS_AUX, "payloads need listed tokens");
@@ -1704,7 +1709,13 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
                 for (int e = 0; e < 4; e++) dv[n][e] += theirs[(DK / 2 + n * 4 + e) * FAST_THREADS];
         }
     }
-    fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
+    /* sums(dk, dv), where given, takes the sums (dK unscaled) instead of
+     * store. The threads of warpgroup 0 call it (RWG > 1: with the other
+     * warpgroups' sums added); other warps of that warpgroup may still be
+     * reading the ring's shared memory, so it syncs the warpgroup before
+     * it writes there. */
+    if constexpr (!std::is_same<Sums, FastNoSums>::value) sums(dk, dv);
+    else fastDkdvStore<DK, DV>(c, u0, khi, dk, dv, store);
 }
 
 /* The dK/dV pass of a branch whose row tiles are runs of consecutive

@@ -291,7 +291,22 @@ __device__ __forceinline__ void fastTmaLoad4(void *dst, const CUtensorMap *map, 
         "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fastSmemAddr(bar))
         : "memory");
 }
+/* bytes (a multiple of 16, both addresses 16-byte aligned) of shared src
+ * added element-wise as fp32 to global dst in L2 (add) or copied there.
+ * Completes in this thread's bulk group (fastBulkCommit, then
+ * fastBulkWaitRead before src is reused or the CTA ends). */
+__device__ __forceinline__ void fastBulkPutF32(float *dst, const float *src, int bytes, bool add) {
+    if (add)
+        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                     ::"l"(dst), "r"(fastSmemAddr(src)), "r"(bytes)
+                     : "memory");
+    else
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+                     "r"(fastSmemAddr(src)), "r"(bytes)
+                     : "memory");
+}
 #else
+__device__ __forceinline__ void fastBulkPutF32(float *, const float *, int, bool) { __trap(); }
 __device__ __forceinline__ void fastTmaStore2(const CUtensorMap *, const void *, int, int) { __trap(); }
 __device__ __forceinline__ void fastBulkCommit() { __trap(); }
 __device__ __forceinline__ void fastBulkWaitRead() { __trap(); }
