@@ -1506,9 +1506,10 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
         }
         fastMbarInitFence();
     }
-    fastCpWait<0>();
-    fastWgProxyFence();
-    __syncthreads(); /* K/V, zeroed rows, rowSlot and barriers visible */
+    /* The first tiles' rows are issued before K/V is waited for, so that
+     * their token reads and boxes overlap its load rather than follow it:
+     * at one CTA per SM (d_k = 192) nothing else hides a work item's start. */
+    __syncthreads(); /* rowSlot and barriers visible */
 
     /* row data thread r < R (of each row warpgroup): row r of every tile
      * (of the warpgroup's) - token slot, head */
@@ -1589,6 +1590,9 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     };
     /* each warpgroup its own first tiles (RWG = 1: tiles 0 .. AHEAD - 1) */
     for (int j = rwg; j < AHEAD && j < ntiles; j += RWG) issue(j);
+    fastCpWait<0>(); /* K/V (the rows' cp.async are not in a group: their barrier tracks them) */
+    fastWgProxyFence();
+    __syncthreads(); /* K/V and the zeroed rows visible to the products */
 
     float dk[DK / 8][4], dv[DV / 8][4];
 #pragma unroll
