@@ -41,6 +41,35 @@ __device__ __forceinline__ void fastGroupSync() {
         asm volatile("bar.sync %0, 128;\n" ::"r"(1 + (int)(threadIdx.x >> 7)) : "memory");
     }
 }
+/* Turns of a CTA's WGS warpgroups at the tensor cores (FlashAttention-3's
+ * ping-pong): warpgroup w waits for its turn before it issues a tile's
+ * products and hands the turn to warpgroup w + 1 (mod WGS) once they are
+ * issued, so that one warpgroup's exponentials run under the others'
+ * products rather than beside the same step of theirs. Named barrier
+ * FAST_TURN_BAR + w is synced by warpgroup w and arrived at by the one
+ * before it. Every warpgroup must take the same number of turns; begin()
+ * before the first (the last warpgroup hands the first turn to warpgroup
+ * 0), end() after the last (warpgroup 0 takes the last hand-over, so that
+ * no arrival is left at a barrier). */
+#define FAST_TURN_BAR 8
+template <int WGS>
+struct FastTurns {
+    static_assert(WGS >= 2 && FAST_TURN_BAR + WGS <= 16, "named barriers 8 .. 15");
+    __device__ static int wg() { return (int)(threadIdx.x >> 7); }
+    __device__ static void begin() {
+        if (wg() == WGS - 1) asm volatile("bar.arrive %0, %1;\n" ::"r"(FAST_TURN_BAR), "n"(256) : "memory");
+    }
+    __device__ static void wait() {
+        asm volatile("bar.sync %0, %1;\n" ::"r"(FAST_TURN_BAR + wg()), "n"(256) : "memory");
+    }
+    __device__ static void pass() {
+        asm volatile("bar.arrive %0, %1;\n" ::"r"(FAST_TURN_BAR + (wg() + 1) % WGS), "n"(256)
+                     : "memory");
+    }
+    __device__ static void end() {
+        if (wg() == 0) asm volatile("bar.sync %0, %1;\n" ::"r"(FAST_TURN_BAR), "n"(256) : "memory");
+    }
+};
 /* fastGroupSync that also returns whether pred is non-zero in any thread
  * of the group (__syncthreads_or with one group). */
 template <int GROUPS>

@@ -322,6 +322,15 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
 /* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
+/* The forward's warpgroups take turns at the tensor cores (FastTurns)
+ * where d_k > 128 (1; 2: wherever several warpgroups run, d_v > 64, for
+ * measuring; 0: never). H100, ncu, 64k: the compressed forward 9.59 ->
+ * 8.98 ms at paper192 (window + gates 4.38 -> 4.24), but at paper (d_k
+ * 128, shorter score products against the same exponentials) 8.09 -> 8.31
+ * and its phase 9.12 -> 9.63 ms (ab.py, 3 rounds). */
+#ifndef FAST_FWD_TURNS
+#define FAST_FWD_TURNS 1
+#endif
 template <int DK, int DV, bool COMBINE, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DV, WG>::FWD_THREADS, FastQTile<DV, WG>::FWD_CTAS)
 fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps, Branches... br) {
@@ -330,6 +339,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
+    /* the warpgroups take turns at issuing their products (FastTurns) */
+    constexpr bool TURNS = WG && DV > 64 && (FAST_FWD_TURNS > 1 || (FAST_FWD_TURNS == 1 && DK > 128));
+    using Turns = FastTurns<(THREADS >= 256 ? THREADS / 128 : 2)>;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
     using Ring = FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>;
     const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
@@ -458,7 +470,14 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 fastCpWait<0>();
                 fastTileBarrier<WG>(); /* q landed */
                 ring.wait(j0);
-                fastWgRun([&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
+                fastWgFenceAcc(s);
+                if constexpr (TURNS) Turns::wait();
+                fastWgArrive();
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
+                fastWgCommit();
+                if constexpr (TURNS) Turns::pass();
+                fastWgWait<0>();
+                fastWgFenceAcc(s);
                 scoresToP(0); /* o is 0: no rescale */
                 fastWgAFromC<NT>(a, s);
                 auto produce = [&](int it) {
@@ -469,6 +488,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 for (int it = 1; it < ntiles; it++) {
                     if (!FAST_RING_PRODUCE_UNDER) produce(it);
                     ring.wait(j0 + it);
+                    if constexpr (TURNS) Turns::wait();
                     fastWgArrive();
                     fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
                     fastWgCommit();
@@ -477,6 +497,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                     fastWgArrive();
                     fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
                     fastWgCommit();
+                    if constexpr (TURNS) Turns::pass();
                     if (FAST_RING_PRODUCE_UNDER) produce(it);
                     fastWgWait<1>(); /* scores of tile it */
                     fastWgFenceAcc(s);
@@ -487,8 +508,14 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                     fastWgAFromC<NT>(a, s);
                 }
                 fastRescaleRows<DV>(o[0], corr);
-                fastWgRun([&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); },
-                          o[0]);
+                fastWgFenceAcc(o[0]);
+                if constexpr (TURNS) Turns::wait();
+                fastWgArrive();
+                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0);
+                fastWgCommit();
+                if constexpr (TURNS) Turns::pass();
+                fastWgWait<0>();
+                fastWgFenceAcc(o[0]);
                 if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
             }
         } else {
@@ -617,7 +644,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
         if constexpr (WG) ring_base += ntiles;
         branch_no++;
     }; /* runBranch */
+    if constexpr (TURNS) Turns::begin();
     fastEachBranch(runBranch, br...);
+    if constexpr (TURNS) Turns::end();
 }
 
 /* Writes row half i (0: mma row grp, 1: grp + 8) of a warp's dq fragments,
@@ -682,6 +711,14 @@ struct FastDqMaps {
      * mma.sync). */
     int t_begin, t_end;
 };
+/* The dQ pass's two warpgroups take turns at the tensor cores
+ * (FastTurns): H100, ncu, 64k: the window + compressed + forced dQ 20.78
+ * -> 17.64 ms at paper192, 15.29 -> 14.77 at paper; fwd+bwd (ab.py, 3
+ * rounds) 123.62 -> 121.48 and 97.12 -> 96.61 ms. 0: each issues when
+ * ready. */
+#ifndef FAST_DQ_TURNS
+#define FAST_DQ_TURNS 1
+#endif
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
@@ -694,6 +731,9 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
+    /* the warpgroups take turns at issuing their products (FastTurns) */
+    constexpr bool TURNS = Q::DQ_PIPE && FAST_DQ_TURNS;
+    using Turns = FastTurns<THREADS / 128>;
     bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
          *sV = sK + Q::STAGES * KT * LDK;
     using Ring = FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>;
@@ -829,18 +869,24 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                 fastCpWait<0>();
                 fastTileBarrier<WG>(); /* q and dout landed */
                 ring.wait(j0);
-                fastWgRun(
-                    [&] {
-                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
-                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
-                    },
-                    s, dp);
+                fastWgFenceAcc(s);
+                fastWgFenceAcc(dp);
+                if constexpr (TURNS) Turns::wait();
+                fastWgArrive();
+                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
+                fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
+                fastWgCommit();
+                if constexpr (TURNS) Turns::pass();
+                fastWgWait<0>();
+                fastWgFenceAcc(s);
+                fastWgFenceAcc(dp);
                 dsTile(s, dp, 0, 0);
                 fastWgAFromC<NT>(a, s);
                 for (int it = 1; it < ntiles; it++) {
                     if (!FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
                     const int j = j0 + it;
                     ring.wait(j);
+                    if constexpr (TURNS) Turns::wait();
                     fastWgArrive();
                     fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
                     fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
@@ -849,6 +895,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                     fastWgArrive();
                     fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
                     fastWgCommit();
+                    if constexpr (TURNS) Turns::pass();
                     if (FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
                     fastWgWait<1>(); /* scores and dP of tile it */
                     fastWgFenceAcc(s);
@@ -859,8 +906,14 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                     ring.release(j - 1);
                     fastWgAFromC<NT>(a, s);
                 }
-                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0); },
-                          dq[0]);
+                fastWgFenceAcc(dq[0]);
+                if constexpr (TURNS) Turns::wait();
+                fastWgArrive();
+                fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0);
+                fastWgCommit();
+                if constexpr (TURNS) Turns::pass();
+                fastWgWait<0>();
+                fastWgFenceAcc(dq[0]);
                 ring.release(j0 + ntiles - 1); /* the next branch reuses its stage */
             }
         } else if constexpr (WG) {
@@ -913,7 +966,9 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
         if constexpr (WG) ring_base += ntiles;
         branch_no++;
     };
+    if constexpr (TURNS) Turns::begin();
     (runBranch(br), ...);
+    if constexpr (TURNS) Turns::end();
     fastCpWait<0>();
 
 #pragma unroll
