@@ -322,6 +322,20 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
 /* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
  * registers (the latency-bound loop gains more from a second CTA than from
  * registers); two m-tiles need all 255 and get 2 x 4 warps. */
+/* fastWgRun taking a turn (TURNS: FastTurns<WGS>): the warpgroup waits for
+ * its turn before it issues, and hands the turn on before it waits for the
+ * products. */
+template <bool TURNS, int WGS, class Issue, class... Acc>
+__device__ __forceinline__ void fastWgRunTurn(Issue issue, Acc &...accs) {
+    (fastWgFenceAcc(accs), ...);
+    if constexpr (TURNS) FastTurns<WGS>::wait();
+    fastWgArrive();
+    issue();
+    fastWgCommit();
+    if constexpr (TURNS) FastTurns<WGS>::pass();
+    fastWgWait<0>();
+    (fastWgFenceAcc(accs), ...);
+}
 /* The forward's warpgroups take turns at the tensor cores (FastTurns)
  * where d_k > 128 (1; 2: wherever several warpgroups run, d_v > 64, for
  * measuring; 0: never). H100, ncu, 64k: the compressed forward 9.59 ->
@@ -341,7 +355,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
     /* the warpgroups take turns at issuing their products (FastTurns) */
     constexpr bool TURNS = WG && DV > 64 && (FAST_FWD_TURNS > 1 || (FAST_FWD_TURNS == 1 && DK > 128));
-    using Turns = FastTurns<(THREADS >= 256 ? THREADS / 128 : 2)>;
+    constexpr int WGS = THREADS >= 256 ? THREADS / 128 : 2;
+    using Turns = FastTurns<WGS>;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
     using Ring = FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>;
     const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
@@ -470,14 +485,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                 fastCpWait<0>();
                 fastTileBarrier<WG>(); /* q landed */
                 ring.wait(j0);
-                fastWgFenceAcc(s);
-                if constexpr (TURNS) Turns::wait();
-                fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
-                fastWgCommit();
-                if constexpr (TURNS) Turns::pass();
-                fastWgWait<0>();
-                fastWgFenceAcc(s);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
                 scoresToP(0); /* o is 0: no rescale */
                 fastWgAFromC<NT>(a, s);
                 auto produce = [&](int it) {
@@ -508,14 +517,8 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                     fastWgAFromC<NT>(a, s);
                 }
                 fastRescaleRows<DV>(o[0], corr);
-                fastWgFenceAcc(o[0]);
-                if constexpr (TURNS) Turns::wait();
-                fastWgArrive();
-                fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0);
-                fastWgCommit();
-                if constexpr (TURNS) Turns::pass();
-                fastWgWait<0>();
-                fastWgFenceAcc(o[0]);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); }, o[0]);
                 if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
             }
         } else {
@@ -733,7 +736,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
     /* the warpgroups take turns at issuing their products (FastTurns) */
     constexpr bool TURNS = Q::DQ_PIPE && FAST_DQ_TURNS;
-    using Turns = FastTurns<THREADS / 128>;
+    constexpr int WGS = THREADS >= 256 ? THREADS / 128 : 2;
+    using Turns = FastTurns<WGS>;
     bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
          *sV = sK + Q::STAGES * KT * LDK;
     using Ring = FastKvRing<KT, DK, DV, fastDqStages<DK, DV>()>;
@@ -869,17 +873,12 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                 fastCpWait<0>();
                 fastTileBarrier<WG>(); /* q and dout landed */
                 ring.wait(j0);
-                fastWgFenceAcc(s);
-                fastWgFenceAcc(dp);
-                if constexpr (TURNS) Turns::wait();
-                fastWgArrive();
-                fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
-                fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
-                fastWgCommit();
-                if constexpr (TURNS) Turns::pass();
-                fastWgWait<0>();
-                fastWgFenceAcc(s);
-                fastWgFenceAcc(dp);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] {
+                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
+                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
+                    },
+                    s, dp);
                 dsTile(s, dp, 0, 0);
                 fastWgAFromC<NT>(a, s);
                 for (int it = 1; it < ntiles; it++) {
@@ -906,14 +905,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                     ring.release(j - 1);
                     fastWgAFromC<NT>(a, s);
                 }
-                fastWgFenceAcc(dq[0]);
-                if constexpr (TURNS) Turns::wait();
-                fastWgArrive();
-                fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0);
-                fastWgCommit();
-                if constexpr (TURNS) Turns::pass();
-                fastWgWait<0>();
-                fastWgFenceAcc(dq[0]);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0); }, dq[0]);
                 ring.release(j0 + ntiles - 1); /* the next branch reuses its stage */
             }
         } else if constexpr (WG) {
