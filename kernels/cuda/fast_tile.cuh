@@ -310,18 +310,6 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
 #define FAST_RING_PRODUCE_UNDER 1
 #endif
 
-/* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
- * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
- * [kb, ke) of the branch's policy, visible(t, u) masking per row; the
- * branch's o and lse out, and after the last branch the gate combine when
- * COMBINE (io: q, and o_cmp, o_sel, gates, out; an o_sel that an earlier
- * branch of this pass wrote is read back from L2). Two branches: the
- * masked dense selected forward and the window forward at short S share
- * the q tile and the launch.
- * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::FWD_THREADS threads. */
-/* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
- * registers (the latency-bound loop gains more from a second CTA than from
- * registers); two m-tiles need all 255 and get 2 x 4 warps. */
 /* fastWgRun taking a turn (TURNS: FastTurns<WGS>): the warpgroup waits for
  * its turn before it issues, and hands the turn on before it waits for the
  * products. */
@@ -345,6 +333,19 @@ __device__ __forceinline__ void fastWgRunTurn(Issue issue, Acc &...accs) {
 #ifndef FAST_FWD_TURNS
 #define FAST_FWD_TURNS 1
 #endif
+
+/* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
+ * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
+ * [kb, ke) of the branch's policy, visible(t, u) masking per row; the
+ * branch's o and lse out, and after the last branch the gate combine when
+ * COMBINE (io: q, and o_cmp, o_sel, gates, out; an o_sel that an earlier
+ * branch of this pass wrote is read back from L2). Two branches: the
+ * masked dense selected forward and the window forward at short S share
+ * the q tile and the launch.
+ * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::FWD_THREADS threads. */
+/* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
+ * registers (the latency-bound loop gains more from a second CTA than from
+ * registers); two m-tiles need all 255 and get 2 x 4 warps. */
 template <int DK, int DV, bool COMBINE, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DV, WG>::FWD_THREADS, FastQTile<DV, WG>::FWD_CTAS)
 fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps, Branches... br) {
