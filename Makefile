@@ -4,7 +4,7 @@
 #   make test    install what is missing, build, run every CPU test
 #
 # Other targets: all (default build), deps, check-deps, gpu-test (GPU machine),
-# bench-attn (GPU machine), clean. `make V=1` shows the commands.
+# bench-attn and bench-train (GPU machine), clean. `make V=1` shows the commands.
 #
 # The engine (kernels/ -> build/libnsa.{a,so}) needs libc and, when nvcc is
 # found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
@@ -70,7 +70,7 @@ $(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
 $(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 CTL_LIBS    := -lcurl -lcjson
 
-.PHONY: all deps check-deps run test unit-test gpu-test bench-attn clean corpus
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train clean corpus
 all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
 
 # ---- the two set-up commands ------------------------------------------------
@@ -150,6 +150,9 @@ gpu-test:
 
 bench-attn:
 	$(Q)$(MAKE) --no-print-directory -C bench attn
+
+bench-train:
+	$(Q)$(MAKE) --no-print-directory -C bench train
 
 clean:
 	rm -rf $(BUILD)

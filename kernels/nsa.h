@@ -91,6 +91,22 @@ void nsaModelConfigDefaults(NsaModelConfig *cfg);
  * with err naming the field, its value and what is allowed. */
 int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err);
 
+/* Model FLOPs of one training step per token (forward + backward), the
+ * count behind MFU (proto/model.md, "FLOPs"): matmul = 6 x the matrix
+ * parameters a token passes through (every projection, the MLP, the LM head,
+ * phi = mlp's per block share), attention = 3 x the forward's useful
+ * products (2 (d_k + d_v) per query-key pair each branch visits, averaged
+ * over the positions 0..S-1 of a causal sequence of length S), dense_attention
+ * what full causal attention of the same heads would count. Returns 0, or -1
+ * with err when cfg does not validate or S < 1. */
+typedef struct NsaFlops {
+    double matmul;          /* per token */
+    double attention;       /* per token, NSA's three branches */
+    double dense_attention; /* per token, full causal attention instead */
+    double total;           /* matmul + attention */
+} NsaFlops;
+int nsaModelFlopsPerToken(const NsaModelConfig *cfg, int S, NsaFlops *out, NsaError *err);
+
 /* ---- devices ------------------------------------------------------------ */
 
 typedef struct NsaDeviceInfo {
@@ -115,6 +131,10 @@ typedef struct NsaEngineOptions {
     int max_batch;          /* B: largest micro-batch forward/backward sees */
     int max_seq_len;        /* S: largest sequence length */
     int threads;            /* CPU engine worker threads; 0 = 1 */
+    int recompute;          /* CUDA: 1 keeps only each layer's input and runs the layer's
+                               forward again in the backward (activation recompute: about
+                               one more forward, a layer's activations instead of L);
+                               0 keeps every activation. The CPU engine takes 0 only. */
 } NsaEngineOptions;
 
 /* Builds a model: plans and allocates every arena (parameters, gradients,

@@ -92,3 +92,49 @@ int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err) {
                           (double)cfg->norm_eps);
     return 0;
 }
+
+/* Keys the three branches visit for the query at position t (0-based):
+ * the compressed blocks that have ended by t, the selected blocks' tokens
+ * up to t (all visible ones while there are no more than n of them, else
+ * n - 1 whole blocks and the current one's prefix) and the window. */
+static double keysVisited(const NsaModelConfig *c, long t) {
+    const long l = c->cmp_len, d = c->cmp_stride, ls = c->sel_len, n = c->n_sel;
+    const long seen = t + 1;
+    double cmp = seen >= l ? (double)((seen - l) / d + 1) : 0.0;
+    long sel_blocks = (seen + ls - 1) / ls;
+    double sel = sel_blocks <= n ? (double)seen : (double)((n - 1) * ls + (t % ls) + 1);
+    double win = (double)(seen < c->window ? seen : c->window);
+    return cmp + sel + win;
+}
+
+int nsaModelFlopsPerToken(const NsaModelConfig *cfg, int S, NsaFlops *out, NsaError *err) {
+    if (!out) return nsaErrorf(err, "nsa flops: no output given");
+    if (nsaModelConfigValidate(cfg, err)) return -1;
+    if (S < 1) return nsaErrorf(err, "nsa flops: S = %d; allowed: 1 or more", S);
+    const double C = cfg->dim, H = cfg->n_heads, G = cfg->n_kv_groups;
+    const double dk = cfg->d_k, dv = cfg->d_v, V = cfg->vocab_size, L = cfg->n_layers;
+    const double F = cfg->mlp_hidden > 0 ? cfg->mlp_hidden : 4.0 * C;
+    double layer = C * H * dk            /* wq */
+                   + 3.0 * C * G * dk    /* wk_cmp, wk_sel, wk_win */
+                   + 3.0 * C * G * dv    /* wv_* */
+                   + C * 3.0 * H         /* w_gate */
+                   + H * dv * C          /* wo */
+                   + C * F * (cfg->mlp == NSA_MLP_SWIGLU ? 2.0 : 1.0) + F * C;
+    if (cfg->phi == NSA_PHI_MLP) {
+        /* phi_k and phi_v: one (l d -> d) and one (d -> d) product per block,
+         * a block every d tokens */
+        double per_block = cfg->cmp_len * dk * dk + dk * dk + cfg->cmp_len * dv * dv + dv * dv;
+        layer += per_block / cfg->cmp_stride * G;
+    }
+    out->matmul = 6.0 * (L * layer + V * C);
+    double keys = 0.0, dense_keys = 0.0;
+    for (long t = 0; t < S; t++) {
+        keys += keysVisited(cfg, t);
+        dense_keys += (double)(t + 1);
+    }
+    const double per_pair = 2.0 * (dk + dv) * H * L;
+    out->attention = 3.0 * per_pair * keys / S;
+    out->dense_attention = 3.0 * per_pair * dense_keys / S;
+    out->total = out->matmul + out->attention;
+    return 0;
+}

@@ -78,6 +78,15 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         nsaErrorf(err, "nsa: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
         return NULL;
     }
+    if (opt->recompute != 0 && opt->recompute != 1) {
+        nsaErrorf(err, "nsa: recompute = %d; allowed: 0 or 1", opt->recompute);
+        return NULL;
+    }
+    if (opt->device == NSA_DEVICE_CPU && opt->recompute) {
+        nsaErrorf(err, "nsa: recompute = 1 is a CUDA engine option; the CPU engine keeps every "
+                       "activation (allowed: 0)");
+        return NULL;
+    }
     if (opt->device == NSA_DEVICE_CPU && opt->precision != NSA_PREC_F32 &&
         opt->precision != NSA_PREC_F64) {
         nsaErrorf(err,

@@ -142,7 +142,7 @@ int poolMlpForward(GemmContext *gemm, cudaStream_t stream, float *pooled, float 
     LAUNCH_CHECK("poolMlpGatherKernel", err);
     if (linearForward(gemm, stream, hidden, s->u, w->w1, (int)NB, in_len, dim, 0.0f, NULL, err))
         return -1;
-    if (siluForwardTo(s->act, op, hidden, NB * dim, stream, err)) return -1;
+    if (siluForwardTo(s->act, op, hidden, DTYPE_F32, NB * dim, stream, err)) return -1;
     if (attnPoolAvgForward(pooled, x, B, S, G, dim, cmp_len, cmp_stride, stream, err)) return -1;
     /* the residual mean rides in the GEMM's beta: pooled = mean + silu(H) W2^T */
     return linearForward(gemm, stream, pooled, s->act, w->w2, (int)NB, dim, dim, 1.0f, pooled,
@@ -168,7 +168,7 @@ int poolMlpBackward(GemmContext *gemm, cudaStream_t stream, float *dx, int accum
         poolMlpGatherKernel<<<gridFor(n_u, 256), 256, 0, stream>>>(
             s->u, (int)op, x, w->pos, S, G, dim, cmp_len, cmp_stride, Nc, n_u);
         LAUNCH_CHECK("poolMlpGatherKernel", err);
-        if (siluForwardTo(s->act, op, hidden, n_h, stream, err)) return -1;
+        if (siluForwardTo(s->act, op, hidden, DTYPE_F32, n_h, stream, err)) return -1;
         const void *dp = dpooled;
         if (op != DTYPE_F32) {
             if (convertTensor(s->dp, op, dpooled, DTYPE_F32, n_h, stream, err)) return -1;

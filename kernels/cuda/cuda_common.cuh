@@ -104,4 +104,49 @@ __device__ __forceinline__ void storeAs(void *p, size_t i, int type, float v) {
     else ((float *)p)[i] = v;
 }
 
+/* Typed element conversions and 8-element (16- or 32-byte) vector access
+ * for kernels templated on their storage types. load8/store8 need p aligned
+ * to 8 elements' width (16 bytes for the 16-bit types, 32 for fp32). */
+__device__ __forceinline__ float toFloat(float x) { return x; }
+__device__ __forceinline__ float toFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float toFloat(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T fromFloat(float v);
+template <> __device__ __forceinline__ float fromFloat<float>(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
+    return __float2bfloat16_rn(v);
+}
+template <> __device__ __forceinline__ __half fromFloat<__half>(float v) { return __float2half_rn(v); }
+
+template <typename T> __device__ __forceinline__ void load8(const T *p, float v[8]) {
+    if constexpr (sizeof(T) == 4) {
+        const float4 a = ((const float4 *)p)[0], b = ((const float4 *)p)[1];
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else {
+        const uint4 u = *(const uint4 *)p;
+        const T *e = (const T *)&u;
+#pragma unroll
+        for (int k = 0; k < 8; k++) v[k] = toFloat(e[k]);
+    }
+}
+
+template <typename T> __device__ __forceinline__ void store8(T *p, const float v[8]) {
+    if constexpr (sizeof(T) == 4) {
+        ((float4 *)p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+        ((float4 *)p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+    } else {
+        uint4 u;
+        T *e = (T *)&u;
+#pragma unroll
+        for (int k = 0; k < 8; k++) e[k] = fromFloat<T>(v[k]);
+        *(uint4 *)p = u;
+    }
+}
+
+/* 1 when p is aligned for load8/store8 of elements of `bytes` bytes. */
+static inline int aligned8(const void *p, size_t bytes) {
+    return ((uintptr_t)p % (8 * bytes)) == 0;
+}
+
 #endif

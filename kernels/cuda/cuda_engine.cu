@@ -14,12 +14,20 @@
  *
  * Precision. Every tensor a GEMM reads is stored in the operand type
  * (m->op: fp32 in f32 mode, bf16 / fp16 otherwise): the producers write it
- * directly where they are ours (RMSNorm, the MLP activation and its
- * backward, RoPE of the attention gradients), and the fp32 gradients that
- * come out of GEMMs (the residual stream's, the logits') are converted once
- * into shared scratch. Residual stream, norms statistics, the loss and the
- * optimizer stay fp32. In f32 mode the operand buffers are the fp32
- * activations themselves and nothing is converted. */
+ * directly - RMSNorm, the MLP activation and its backward, the attention
+ * inputs' gradients, the residual gradient's copy made by the RMSNorm
+ * backward that updates it - and only the logits' gradient is converted.
+ * Activations that only a 16-bit consumer reads leave their GEMM in the
+ * operand type too: the MLP's pre-activation and its gradient, the fused
+ * attention projection, the attention output's gradient (bf16 mode).
+ * Residual stream, norms statistics, the loss and the optimizer stay fp32.
+ * In f32 mode every buffer is fp32 and nothing is converted.
+ *
+ * On the fast attention path a layer's eight attention projections (q, the
+ * three k, the three v, the gate logits) are one GEMM: their weights are
+ * consecutive in the layout, so they form one [width][C] matrix, and one
+ * kernel (attn_inputs.cu) turns the [N][width] product into the op's
+ * inputs; the backward mirrors it (one kernel, one dX and one dW GEMM). */
 #include "cuda_engine.h"
 
 #include <stdlib.h>
@@ -57,20 +65,23 @@ typedef struct LayerActs {
     float *mid;            /* [N][C] residual after attention */
     void *mxn;             /* op [N][C] MLP RMSNorm output */
     float *mrstd;
-    float *fc, *up;        /* [N][F]; up only for SwiGLU */
+    void *fc, *up;         /* op [N][F] pre-activations; up only for SwiGLU */
     void *act;             /* op [N][F] */
 } LayerActs;
 
 typedef struct Scratch {
     float *dres, *dxn;
-    float *dq, *dk[3], *dv[3];   /* fp32; in the fast path the forward's q/k/v before RoPE */
+    float *dq, *dk[3], *dv[3];   /* fp32, reference path only */
     float *dkc, *dvc, *dgates, *d_o[3], *delta[3];   /* reference path only */
     PoolMlpScratch pool;         /* phi = mlp only (zeroed otherwise); forward and backward */
     float *dy;                   /* [N][H][dv] fp32 */
     void *dfc, *dup;             /* op [N][F] */
-    float *dact;                 /* [N][F] fp32 */
+    void *dact;                  /* op [N][F] */
     void *op_a;                  /* op [N][max(C, V)]: residual / logits gradient (bf16/fp16) */
-    void *op_b;                  /* op [N][max(H dk, G dk, G dv, 3H)]: attention input gradients */
+    void *op_b;                  /* op [N][max(H dk, G dk, G dv, 3H)]: attention input gradients
+                                    (reference path) */
+    void *proj;                  /* op [N][attnInputsStride]: the fused attention projection,
+                                    then its gradient (fast path) */
     void *dyb, *dqb, *dkb[3], *dvb[3], *dgb;   /* bf16, fast path */
     float *row_loss;       /* [N] */
     float *rms_partial;    /* [ceil(N/RMS_CHUNK)][C] */
@@ -88,6 +99,8 @@ typedef struct EngineMode {
     int low;       /* 1 in bf16/fp16 mode: GEMM operands are 16-bit */
     int fast;      /* 1 when attention runs on the fast bf16 op */
     DType op;      /* GEMM operand type */
+    int recompute; /* 1: only each layer's input is kept; the backward runs the
+                      layer's forward again into one shared set of buffers */
 } EngineMode;
 
 struct NsaCudaModel {
@@ -103,7 +116,8 @@ struct NsaCudaModel {
     GemmContext gemm;
     float *arena[4];                 /* params, grads, adam m, adam v */
     void *weights_low;               /* bf16/fp16 copy of the params arena (low modes) */
-    NsaAttnCudaPlan **attn_plans;    /* host array [L] (fast path) */
+    NsaAttnCudaPlan **attn_plans;    /* host array [n_attn_plans] (fast path) */
+    int n_attn_plans;                /* L, or 1 with recompute (layers take turns) */
     float *acts;                     /* activation arena */
     size_t acts_floats;
     float *scratch_mem;              /* scratch arena */
@@ -221,9 +235,16 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
     const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, C = c->dim;
     const size_t Nc = (size_t)cmpBlocks(c, S);
     const int slots = nsaNumSelSlots(c->n_sel);
+    LayerActs shared;
     for (int i = 0; i < c->n_layers; i++) {
         LayerActs a;
         memset(&a, 0, sizeof(a));
+        if (e.recompute && i > 0) { /* layer 0's buffers, a residual of its own */
+            a = shared;
+            a.res = carve(&cv, N * C);
+            if (layers) layers[i] = a;
+            continue;
+        }
         a.res = carve(&cv, N * C);
         a.xn = carveTyped(&cv, N * C, e.op);
         a.rstd = carve(&cv, N);
@@ -258,10 +279,11 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
         a.mid = carve(&cv, N * C);
         a.mxn = carveTyped(&cv, N * C, e.op);
         a.mrstd = carve(&cv, N);
-        a.fc = carve(&cv, N * F);
-        a.up = c->mlp == NSA_MLP_SWIGLU ? carve(&cv, N * F) : NULL;
+        a.fc = carveTyped(&cv, N * F, e.op);
+        a.up = c->mlp == NSA_MLP_SWIGLU ? carveTyped(&cv, N * F, e.op) : NULL;
         a.act = carveTyped(&cv, N * F, e.op);
         if (layers) layers[i] = a;
+        shared = a;
     }
     float *fr = carve(&cv, N * C), *fs = carve(&cv, N);
     void *fx = carveTyped(&cv, N * C, e.op);
@@ -283,12 +305,12 @@ static size_t planScratch(const NsaModelConfig *c, EngineMode e, int F, int B, i
     const size_t Nc = (size_t)cmpBlocks(c, S);
     s.dres = carve(&cv, N * C);
     s.dxn = carve(&cv, N * C);
-    s.dq = carve(&cv, N * H * dk);
-    for (int b = 0; b < 3; b++) {
-        s.dk[b] = carve(&cv, N * G * dk);
-        s.dv[b] = carve(&cv, N * G * dv);
-    }
     if (!e.fast) {
+        s.dq = carve(&cv, N * H * dk);
+        for (int b = 0; b < 3; b++) {
+            s.dk[b] = carve(&cv, N * G * dk);
+            s.dv[b] = carve(&cv, N * G * dv);
+        }
         for (int b = 0; b < 3; b++) {
             s.d_o[b] = carve(&cv, N * H * dv);
             s.delta[b] = carve(&cv, N * H);
@@ -313,14 +335,15 @@ static size_t planScratch(const NsaModelConfig *c, EngineMode e, int F, int B, i
     s.dy = carve(&cv, N * H * dv);
     s.dfc = carveTyped(&cv, N * F, e.op);
     s.dup = c->mlp == NSA_MLP_SWIGLU ? carveTyped(&cv, N * F, e.op) : NULL;
-    s.dact = carve(&cv, N * F);
+    s.dact = carveTyped(&cv, N * F, e.op);
     if (e.low) {
         s.op_a = carveTyped(&cv, N * maxOf((size_t)C, (size_t)c->vocab_size), e.op);
         size_t widest = maxOf(maxOf((size_t)H * dk, (size_t)G * dk),
                               maxOf((size_t)G * dv, (size_t)3 * H));
-        s.op_b = carveTyped(&cv, N * widest, e.op);
+        if (!e.fast) s.op_b = carveTyped(&cv, N * widest, e.op);
     }
     if (e.fast) {
+        s.proj = carveTyped(&cv, N * (size_t)attnInputsStride(H, G, dk, dv), e.op);
         s.dyb = carveTyped(&cv, N * H * dv, DTYPE_BF16);
         s.dqb = carveTyped(&cv, N * H * dk, DTYPE_BF16);
         for (int b = 0; b < 3; b++) {
@@ -419,8 +442,9 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
     if (checkOptions(cfg, opt, err)) return -1;
     memset(plan, 0, sizeof(*plan));
-    const EngineMode e = engineMode(cfg, opt->precision, plan->attention_path,
-                                    sizeof(plan->attention_path));
+    EngineMode e = engineMode(cfg, opt->precision, plan->attention_path,
+                              sizeof(plan->attention_path));
+    e.recompute = opt->recompute;
     NsaLayout lay;
     if (nsaLayoutBuild(&lay, cfg, err)) return -1;
     const size_t arena_bytes = lay.total * sizeof(float);
@@ -452,7 +476,7 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
             if (nsaAttnCudaPlanMeasure(&d, &state, &scratch, &aerr))
                 return cudaFail(err, "cuda: the fast attention op refused the plan (%s)",
                                 aerr.message);
-            *(pass ? &attn1 : &attn) = state * (size_t)cfg->n_layers + scratch;
+            *(pass ? &attn1 : &attn) = state * (size_t)(e.recompute ? 1 : cfg->n_layers) + scratch;
         }
     }
     plan->workspace = planScratch(cfg, e, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
@@ -480,7 +504,7 @@ void nsaCudaModelFree(NsaCudaModel *m) {
     if (m->have_stream) cudaStreamSynchronize(m->stream);
     gemmContextDestroy(&m->gemm);
     if (m->attn_plans)
-        for (int i = m->cfg.n_layers - 1; i >= 0; i--) /* plan 0, the scratch owner, last */
+        for (int i = m->n_attn_plans - 1; i >= 0; i--) /* plan 0, the scratch owner, last */
             nsaAttnCudaPlanFree(m->attn_plans[i]);
     free(m->attn_plans);
     cudaFree(m->weights_low);
@@ -533,12 +557,35 @@ static void trackPeak(NsaCudaModel *m) {
         m->peak_used = total_b - free_b;
 }
 
+/* The fast path reads each layer's eight attention projections as one
+ * [width][C] matrix from wq on (and adds their gradients as one): they must
+ * follow each other in the layout with no padding between them, which the
+ * layout gives whenever the fast op takes the dims (phi = avg, d_k a
+ * multiple of 64). Returns 0, or -1 with err naming the gap. */
+static int checkFusedProjections(const NsaLayout *lay, NsaError *err) {
+    for (int i = 0; i < lay->n_layers; i++) {
+        const NsaLayerIndex *li = &lay->layers[i];
+        const int order[8] = {li->wq,     li->wk_cmp, li->wv_cmp, li->wk_sel,
+                              li->wv_sel, li->wk_win, li->wv_win, li->w_gate};
+        for (int j = 1; j < 8; j++) {
+            const NsaTensorInfo *prev = &lay->entries[order[j - 1]].info;
+            const NsaTensorInfo *next = &lay->entries[order[j]].info;
+            if (next->offset != prev->offset + prev->numel)
+                return cudaFail(err, "cuda: %s does not follow %s in the parameter layout; the "
+                                     "fused attention projection needs them adjacent",
+                                next->name, prev->name);
+        }
+    }
+    return 0;
+}
+
 static int createInner(NsaCudaModel *m, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const int B = m->opt.max_batch, S = m->opt.max_seq_len;
     const size_t N = (size_t)B * S;
     CUDA_CHECK(cudaSetDevice(m->opt.device_ordinal), err);
     if (nsaLayoutBuild(&m->lay, c, err)) return -1;
+    if (m->mode.fast && checkFusedProjections(&m->lay, err)) return -1;
     m->F = nsaLayoutMlpHidden(c);
     m->max_tokens = (int)N;
     m->max_cmp = cmpBlocks(c, S);
@@ -580,13 +627,16 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
      * forward saves for the backward (pooled keys, branch outputs, lse,
      * the selection), so all L backward calls find their own. The layers
      * run one after another on one stream, so plans 1..L-1 borrow plan 0's
-     * per-call scratch instead of holding L copies; they are freed first. */
+     * per-call scratch instead of holding L copies; they are freed first.
+     * With recompute a layer's forward state is made again right before its
+     * backward, so one plan serves every layer. */
     size_t plan_bytes = 0;
     if (m->mode.fast) {
-        m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)c->n_layers, sizeof(*m->attn_plans));
+        m->n_attn_plans = m->mode.recompute ? 1 : c->n_layers;
+        m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)m->n_attn_plans, sizeof(*m->attn_plans));
         if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
         const NsaAttnDims max_dims = attnDimsFor(c, B, S);
-        for (int i = 0; i < c->n_layers; i++) {
+        for (int i = 0; i < m->n_attn_plans; i++) {
             NsaError perr = {{0}};
             m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, &perr)
                                       : nsaAttnCudaPlanCreateSharing(&max_dims, m->attn_plans[0],
@@ -666,6 +716,7 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
     m->cfg = *cfg;
     m->opt = *opt;
     m->mode = engineMode(cfg, opt->precision, m->attention_path, sizeof(m->attention_path));
+    m->mode.recompute = opt->recompute;
     if (createInner(m, err)) {
         nsaCudaModelFree(m);
         return NULL;
@@ -867,6 +918,11 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
 #define GR(idx) (m->arena[NSA_ARENA_GRADS] + m->lay.entries[(idx)].info.offset)
 #define TRY(call) do { if ((call) != 0) return -1; } while (0)
 
+/* The fast attention plan that holds layer's forward state. */
+static NsaAttnCudaPlan *attnPlan(const NsaCudaModel *m, int layer) {
+    return m->attn_plans[m->mode.recompute ? 0 : layer];
+}
+
 /* Weight idx as a GEMM operand: the fp32 master in f32 mode, else its
  * bf16/fp16 copy (kept current by AdamW and copyIn). */
 static const void *weightOperand(const NsaCudaModel *m, int idx) {
@@ -937,38 +993,68 @@ static int attentionForwardReference(NsaCudaModel *m, const LayerActs *a, const 
     return 0;
 }
 
-/* Attention of one layer on the fast bf16 op: the projections land in fp32
- * scratch and are rotated / rounded straight into the layer's saved bf16
- * inputs; the op writes y in bf16 (the Wo operand itself in bf16 mode). */
+/* Attention of one layer on the fast bf16 op: one GEMM for the eight
+ * projections into sc->proj, one pass into the layer's saved bf16 inputs
+ * (RoPE, sigmoid), then the op, which writes y in bf16 (the Wo operand
+ * itself in bf16 mode). */
 static int attentionForwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
                                 const NsaLayerIndex *li, const NsaAttnDims *dims, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const int B = dims->B, S = dims->S, N = B * S, C = c->dim;
     const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
-    const int wk[3] = {li->wk_cmp, li->wk_sel, li->wk_win};
-    const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    GemmContext *gm = &m->gemm;
-    TRY(linearForward(gm, st, sc->dq, a->xn, W(li->wq), N, C, H * dk, 0.0f, NULL, err));
-    TRY(ropeApplyTo(a->qb, DTYPE_BF16, sc->dq, DTYPE_F32, m->rope, B, S, H, dk, 0, st, err));
-    for (int b = 0; b < 3; b++) {
-        TRY(linearForward(gm, st, sc->dk[b], a->xn, W(wk[b]), N, C, G * dk, 0.0f, NULL, err));
-        TRY(ropeApplyTo(a->kb[b], DTYPE_BF16, sc->dk[b], DTYPE_F32, m->rope, B, S, G, dk, 0, st,
-                        err));
-        TRY(linearForward(gm, st, sc->dv[b], a->xn, W(wv[b]), N, C, G * dv, 0.0f, NULL, err));
-        TRY(convertTensor(a->vb[b], DTYPE_BF16, sc->dv[b], DTYPE_F32, (size_t)N * G * dv, st,
+    const int width = attnInputsWidth(H, G, dk, dv), stride = attnInputsStride(H, G, dk, dv);
+    TRY(gemmRowMajorTo(&m->gemm, st, 0, 1, N, width, C, 1.0f, a->xn, C, W(li->wq), C, 0.0f, NULL,
+                       stride, sc->proj, m->mode.op, stride, err));
+    const AttnInputTensors ins = {a->qb, {a->kb[0], a->kb[1], a->kb[2]},
+                                  {a->vb[0], a->vb[1], a->vb[2]}, a->gb};
+    TRY(attnInputsForward(ins, a->gates, sc->proj, m->mode.op, m->rope, B, S, H, G, dk, dv, st,
                           err));
-    }
-    TRY(linearForward(gm, st, a->gates, a->xn, W(li->w_gate), N, C, 3 * H, 0.0f, NULL, err));
-    TRY(sigmoidForward(a->gates, a->gates, (size_t)N * 3 * H, st, err));
-    TRY(convertTensor(a->gb, DTYPE_BF16, a->gates, DTYPE_F32, (size_t)N * 3 * H, st, err));
     const NsaAttnDeviceInputs in = {a->qb, a->kb[0], a->vb[0], a->kb[1],
                                     a->vb[1], a->kb[2], a->vb[2], a->gb};
     void *out = m->mode.op == DTYPE_BF16 ? a->y_op : sc->dyb;
-    TRY(nsaAttnForwardCuda(m->attn_plans[layer], dims, &in, out, NULL, NULL, st, err));
+    TRY(nsaAttnForwardCuda(attnPlan(m, layer), dims, &in, out, NULL, NULL, st, err));
     if (m->mode.op != DTYPE_BF16)
         TRY(convertTensor(a->y_op, m->mode.op, sc->dyb, DTYPE_BF16, (size_t)N * H * dv, st, err));
+    return 0;
+}
+
+/* Layer i's forward from its input a->res into the layer's activations;
+ * with write_out its output (the next layer's input, or final_res), else
+ * everything the backward needs and not the output (the recompute of a
+ * layer whose output is already kept). */
+static int layerForward(NsaCudaModel *m, int i, const NsaAttnDims *dims, int write_out,
+                        NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const int C = c->dim, H = c->n_heads, dv = c->d_v, F = m->F, L = c->n_layers;
+    const int N = dims->B * dims->S;
+    const DType op = m->mode.op;
+    cudaStream_t st = m->stream;
+    GemmContext *gm = &m->gemm;
+    const LayerActs *a = &m->layers[i];
+    const NsaLayerIndex *li = &m->lay.layers[i];
+
+    TRY(rmsnormForwardTo(a->xn, op, a->rstd, a->res, P(li->attn_norm), (size_t)N, C, c->norm_eps,
+                         st, err));
+    if (m->mode.fast) TRY(attentionForwardFast(m, i, a, li, dims, err));
+    else TRY(attentionForwardReference(m, a, li, dims, err));
+    /* the residual add rides in the GEMM epilogue: mid = res + y Wo^T */
+    TRY(linearForward(gm, st, a->mid, a->y_op, W(li->wo), N, H * dv, C, 1.0f, a->res, err));
+
+    TRY(rmsnormForwardTo(a->mxn, op, a->mrstd, a->mid, P(li->mlp_norm), (size_t)N, C, c->norm_eps,
+                         st, err));
+    TRY(linearForwardTo(gm, st, a->fc, op, a->mxn, W(li->w_fc), N, C, F, err));
+    if (c->mlp == NSA_MLP_SWIGLU) {
+        TRY(linearForwardTo(gm, st, a->up, op, a->mxn, W(li->w_up), N, C, F, err));
+        TRY(swigluForwardTo(a->act, op, a->fc, a->up, op, (size_t)N * F, st, err));
+    } else {
+        TRY(siluForwardTo(a->act, op, a->fc, op, (size_t)N * F, st, err));
+    }
+    if (write_out) {
+        float *out = i + 1 < L ? m->layers[i + 1].res : m->final_res;
+        TRY(linearForward(gm, st, out, a->act, W(li->w_proj), N, F, C, 1.0f, a->mid, err));
+    }
     return 0;
 }
 
@@ -977,43 +1063,19 @@ static int attentionForwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
 static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_factor,
                        NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
-    const int C = c->dim, V = c->vocab_size, H = c->n_heads;
-    const int dv = c->d_v, F = m->F, L = c->n_layers;
+    const int C = c->dim, V = c->vocab_size, L = c->n_layers;
     const int N = B * S;
     const DType op = m->mode.op;
     const NsaAttnDims dims = attnDimsFor(&m->cfg, B, S);
     cudaStream_t st = m->stream;
-    GemmContext *gm = &m->gemm;
 
     TRY(embeddingForward(m->layers[0].res, P(m->lay.tok_emb), m->ids.tokens, (size_t)N, C, st,
                          err));
-    for (int i = 0; i < L; i++) {
-        const LayerActs *a = &m->layers[i];
-        const NsaLayerIndex *li = &m->lay.layers[i];
-        float *out = i + 1 < L ? m->layers[i + 1].res : m->final_res;
-
-        TRY(rmsnormForwardTo(a->xn, op, a->rstd, a->res, P(li->attn_norm), (size_t)N, C,
-                             c->norm_eps, st, err));
-        if (m->mode.fast) TRY(attentionForwardFast(m, i, a, li, &dims, err));
-        else TRY(attentionForwardReference(m, a, li, &dims, err));
-        /* the residual add rides in the GEMM epilogue: mid = res + y Wo^T */
-        TRY(linearForward(gm, st, a->mid, a->y_op, W(li->wo), N, H * dv, C, 1.0f, a->res, err));
-
-        TRY(rmsnormForwardTo(a->mxn, op, a->mrstd, a->mid, P(li->mlp_norm), (size_t)N, C,
-                             c->norm_eps, st, err));
-        TRY(linearForward(gm, st, a->fc, a->mxn, W(li->w_fc), N, C, F, 0.0f, NULL, err));
-        if (c->mlp == NSA_MLP_SWIGLU) {
-            TRY(linearForward(gm, st, a->up, a->mxn, W(li->w_up), N, C, F, 0.0f, NULL, err));
-            TRY(swigluForwardTo(a->act, op, a->fc, a->up, (size_t)N * F, st, err));
-        } else {
-            TRY(siluForwardTo(a->act, op, a->fc, (size_t)N * F, st, err));
-        }
-        TRY(linearForward(gm, st, out, a->act, W(li->w_proj), N, F, C, 1.0f, a->mid, err));
-    }
+    for (int i = 0; i < L; i++) TRY(layerForward(m, i, &dims, 1, err));
     TRY(rmsnormForwardTo(m->final_xn, op, m->final_rstd, m->final_res, P(m->lay.final_norm),
                          (size_t)N, C, c->norm_eps, st, err));
-    TRY(linearForward(gm, st, m->logits, m->final_xn, W(m->lay.lm_head), N, C, V, 0.0f, NULL,
-                      err));
+    TRY(linearForward(&m->gemm, st, m->logits, m->final_xn, W(m->lay.lm_head), N, C, V, 0.0f,
+                      NULL, err));
     TRY(crossEntropyForward(m->logits, m->sc.row_loss, m->ids.targets, (size_t)N, V, want_grad,
                             grad_factor, &m->state->loss_scale, st, err));
     return 0;
@@ -1092,40 +1154,34 @@ static int attentionBackwardReference(NsaCudaModel *m, const LayerActs *a, const
     return 0;
 }
 
-/* Fast-path attention backward: sc->dy rounded to bf16, the op's bf16
- * gradients rotated back (q, k), unrounded (v in bf16 mode) or passed
- * through the sigmoid (gates) straight into the GEMM operand buffer. */
+/* Fast-path attention backward from d loss / d y (sc->dyb in bf16 mode,
+ * else sc->dy, rounded to bf16 here): the op's bf16 gradients become one
+ * row of the fused projection's gradient (RoPE back, sigmoid'), then one
+ * GEMM sets dxn and one adds the eight weights' gradients. */
 static int attentionBackwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
                                  const NsaLayerIndex *li, const NsaAttnDims *dims, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
-    const int B = dims->B, S = dims->S, N = B * S;
+    const int B = dims->B, S = dims->S, N = B * S, C = c->dim;
     const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
-    const DType op = m->mode.op;
+    const int width = attnInputsWidth(H, G, dk, dv), stride = attnInputsStride(H, G, dk, dv);
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    TRY(convertTensor(sc->dyb, DTYPE_BF16, sc->dy, DTYPE_F32, (size_t)N * H * dv, st, err));
+    if (m->mode.op != DTYPE_BF16)
+        TRY(convertTensor(sc->dyb, DTYPE_BF16, sc->dy, DTYPE_F32, (size_t)N * H * dv, st, err));
     const NsaAttnDeviceInputs in = {a->qb, a->kb[0], a->vb[0], a->kb[1],
                                     a->vb[1], a->kb[2], a->vb[2], a->gb};
     const NsaAttnDeviceGrads gr = {sc->dqb,    sc->dkb[0], sc->dvb[0], sc->dkb[1],
                                    sc->dvb[1], sc->dkb[2], sc->dvb[2], sc->dgb};
-    TRY(nsaAttnBackwardCuda(m->attn_plans[layer], dims, &in, sc->dyb, &gr, st, err));
-    const void *bf[8] = {sc->dqb,    sc->dkb[0], sc->dvb[0], sc->dkb[1],
-                         sc->dvb[1], sc->dkb[2], sc->dvb[2], sc->dgb};
-    for (int j = 0; j < 8; j++) {
-        const void *d = sc->op_b;
-        if (j == 0)
-            TRY(ropeApplyTo(sc->op_b, op, bf[j], DTYPE_BF16, m->rope, B, S, H, dk, 1, st, err));
-        else if (j == 7)
-            TRY(sigmoidBackwardTo(sc->op_b, op, bf[j], DTYPE_BF16, a->gates, (size_t)N * H * 3, st,
-                                  err));
-        else if (j % 2)
-            TRY(ropeApplyTo(sc->op_b, op, bf[j], DTYPE_BF16, m->rope, B, S, G, dk, 1, st, err));
-        else if (op == DTYPE_BF16)
-            d = bf[j];
-        else
-            TRY(convertTensor(sc->op_b, op, bf[j], DTYPE_BF16, (size_t)N * G * dv, st, err));
-        TRY(attentionInputGemms(m, a, li, N, j, d, err));
-    }
+    TRY(nsaAttnBackwardCuda(attnPlan(m, layer), dims, &in, sc->dyb, &gr, st, err));
+    const AttnInputTensors grads = {sc->dqb, {sc->dkb[0], sc->dkb[1], sc->dkb[2]},
+                                    {sc->dvb[0], sc->dvb[1], sc->dvb[2]}, sc->dgb};
+    TRY(attnInputsBackward(sc->proj, m->mode.op, grads, a->gates, m->rope, B, S, H, G, dk, dv, st,
+                           err));
+    /* dxn = d W_all, dW_all += d^T xn, d's rows stride apart */
+    TRY(gemmRowMajor(&m->gemm, st, 0, 0, N, C, width, 1.0f, sc->proj, stride, W(li->wq), C, 0.0f,
+                     sc->dxn, C, sc->dxn, C, err));
+    TRY(gemmRowMajor(&m->gemm, st, 1, 0, width, C, N, 1.0f, sc->proj, stride, a->xn, C, 1.0f,
+                     GR(li->wq), C, GR(li->wq), C, err));
     return 0;
 }
 
@@ -1141,6 +1197,10 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
     cudaStream_t st = m->stream;
     GemmContext *gm = &m->gemm;
     const NsaLayout *lay = &m->lay;
+    /* d loss / d residual as a GEMM operand: in 16-bit modes a copy each
+     * RMSNorm backward writes beside its fp32 update (op_a), else itself */
+    void *dres_copy = m->mode.low ? sc->op_a : NULL;
+    const void *dres_op = m->mode.low ? sc->op_a : (const void *)sc->dres;
     const void *d;
 
     /* head: logits hold d loss / d logits already */
@@ -1148,39 +1208,47 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
     TRY(linearBackwardX(gm, st, sc->dxn, d, W(lay->lm_head), N, C, V, 0.0f, err));
     TRY(linearBackwardW(gm, st, GR(lay->lm_head), d, m->final_xn, N, C, V, err));
     CUDA_CHECK(cudaMemsetAsync(sc->dres, 0, (size_t)N * C * sizeof(float), st), err);
-    TRY(rmsnormBackward(sc->dres, GR(lay->final_norm), sc->rms_partial, sc->dxn, m->final_res,
-                        P(lay->final_norm), m->final_rstd, (size_t)N, C, st, err));
+    TRY(rmsnormBackwardTo(sc->dres, dres_copy, op, GR(lay->final_norm), sc->rms_partial, sc->dxn,
+                          m->final_res, P(lay->final_norm), m->final_rstd, (size_t)N, C, st,
+                          err));
 
     for (int i = L - 1; i >= 0; i--) {
         const LayerActs *a = &m->layers[i];
         const NsaLayerIndex *li = &lay->layers[i];
+        /* with recompute the shared buffers hold the last layer's forward;
+         * every other layer's is made again from its kept input */
+        if (m->mode.recompute && i < L - 1) TRY(layerForward(m, i, &dims, 0, err));
 
         /* MLP; dres = d loss / d(layer output) */
-        TRY(operandOf(m, &d, sc->dres, (size_t)N * C, sc->op_a, err));
-        TRY(linearBackwardX(gm, st, sc->dact, d, W(li->w_proj), N, F, C, 0.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->w_proj), d, a->act, N, F, C, err));
+        TRY(linearBackwardXTo(gm, st, sc->dact, op, dres_op, W(li->w_proj), N, F, C, err));
+        TRY(linearBackwardW(gm, st, GR(li->w_proj), dres_op, a->act, N, F, C, err));
         if (c->mlp == NSA_MLP_SWIGLU) {
-            TRY(swigluBackwardTo(sc->dfc, sc->dup, op, sc->dact, a->fc, a->up, (size_t)N * F, st,
-                                 err));
+            TRY(swigluBackwardTo(sc->dfc, sc->dup, op, sc->dact, a->fc, a->up, op, (size_t)N * F,
+                                 st, err));
             TRY(linearBackwardX(gm, st, sc->dxn, sc->dup, W(li->w_up), N, C, F, 0.0f, err));
             TRY(linearBackwardW(gm, st, GR(li->w_up), sc->dup, a->mxn, N, C, F, err));
             TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, W(li->w_fc), N, C, F, 1.0f, err));
         } else {
-            TRY(siluBackwardTo(sc->dfc, op, sc->dact, a->fc, (size_t)N * F, st, err));
+            TRY(siluBackwardTo(sc->dfc, op, sc->dact, a->fc, op, (size_t)N * F, st, err));
             TRY(linearBackwardX(gm, st, sc->dxn, sc->dfc, W(li->w_fc), N, C, F, 0.0f, err));
         }
         TRY(linearBackwardW(gm, st, GR(li->w_fc), sc->dfc, a->mxn, N, C, F, err));
-        TRY(rmsnormBackward(sc->dres, GR(li->mlp_norm), sc->rms_partial, sc->dxn, a->mid,
-                            P(li->mlp_norm), a->mrstd, (size_t)N, C, st, err));
+        TRY(rmsnormBackwardTo(sc->dres, dres_copy, op, GR(li->mlp_norm), sc->rms_partial, sc->dxn,
+                              a->mid, P(li->mlp_norm), a->mrstd, (size_t)N, C, st, err));
 
         /* attention; dres = d loss / d mid */
-        TRY(operandOf(m, &d, sc->dres, (size_t)N * C, sc->op_a, err));
-        TRY(linearBackwardX(gm, st, sc->dy, d, W(li->wo), N, H * dv, C, 0.0f, err));
-        TRY(linearBackwardW(gm, st, GR(li->wo), d, a->y_op, N, H * dv, C, err));
+        if (m->mode.fast && op == DTYPE_BF16)
+            TRY(linearBackwardXTo(gm, st, sc->dyb, DTYPE_BF16, dres_op, W(li->wo), N, H * dv, C,
+                                  err));
+        else
+            TRY(linearBackwardX(gm, st, sc->dy, dres_op, W(li->wo), N, H * dv, C, 0.0f, err));
+        TRY(linearBackwardW(gm, st, GR(li->wo), dres_op, a->y_op, N, H * dv, C, err));
         if (m->mode.fast) TRY(attentionBackwardFast(m, i, a, li, &dims, err));
         else TRY(attentionBackwardReference(m, a, li, &dims, err));
-        TRY(rmsnormBackward(sc->dres, GR(li->attn_norm), sc->rms_partial, sc->dxn, a->res,
-                            P(li->attn_norm), a->rstd, (size_t)N, C, st, err));
+        /* the embedding's backward reads the fp32 sum only */
+        TRY(rmsnormBackwardTo(sc->dres, i > 0 ? dres_copy : NULL, op, GR(li->attn_norm),
+                              sc->rms_partial, sc->dxn, a->res, P(li->attn_norm), a->rstd,
+                              (size_t)N, C, st, err));
     }
     EmbedPlan plan = {m->ids.order, m->ids.chunk_start, m->ids.chunk_token, m->ids.token_chunk,
                       m->plan_chunks};
@@ -1312,6 +1380,8 @@ int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out) {
 }
 
 size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m) { return m ? m->peak_used : 0; }
+
+void *nsaCudaModelStream(const NsaCudaModel *m) { return m ? (void *)m->stream : NULL; }
 
 int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
     if (!m || !scale) return cudaFail(err, "cuda: LossScale needs a model and an output");

@@ -171,6 +171,10 @@ int nsaCudaModelUsesFastAttention(const NsaCudaModel *m);
 /* Peak device memory in use since create (cudaMemGetInfo based), bytes. */
 size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m);
 
+/* The stream every step enqueues on (a cudaStream_t), for benchmarks that
+ * record events between the step's calls. NULL for NULL m. */
+void *nsaCudaModelStream(const NsaCudaModel *m);
+
 /* Current fp16 dynamic loss scale (1 in the other modes). Synchronous. */
 int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err);
 

@@ -13,6 +13,7 @@
 struct GemmPlan {
     /* key */
     int trans_a, trans_b, M, N, K, lda, ldb, ldc, ldd, has_beta;
+    DType d_type;
     /* value */
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc, ld;
@@ -89,10 +90,12 @@ static int planBuild(GemmContext *ctx, GemmPlan *p, NsaError *err) {
              err);
     LT_CHECK(cublasLtMatrixLayoutCreate(&p->lb, ctx->operand_cuda, lt_b_rows, lt_b_cols, p->lda),
              err);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
-                                        p->ldc), err);
-    LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_32F, (uint64_t)p->N, (uint64_t)p->M,
-                                        p->ldd), err);
+    /* C has D's type: fp32, or the operand type when beta is 0 */
+    const cudaDataType_t d_cuda = p->d_type == DTYPE_F32 ? CUDA_R_32F : ctx->operand_cuda;
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->lc, d_cuda, (uint64_t)p->N, (uint64_t)p->M, p->ldc),
+             err);
+    LT_CHECK(cublasLtMatrixLayoutCreate(&p->ld, d_cuda, (uint64_t)p->N, (uint64_t)p->M, p->ldd),
+             err);
     cublasLtMatmulPreference_t pref;
     LT_CHECK(cublasLtMatmulPreferenceCreate(&pref), err);
     cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
@@ -126,7 +129,8 @@ static GemmPlan *planFind(GemmContext *ctx, const GemmPlan *key, NsaError *err) 
         GemmPlan *p = &ctx->plans[i];
         if (p->trans_a == key->trans_a && p->trans_b == key->trans_b && p->M == key->M &&
             p->N == key->N && p->K == key->K && p->lda == key->lda && p->ldb == key->ldb &&
-            p->ldc == key->ldc && p->ldd == key->ldd && p->has_beta == key->has_beta)
+            p->ldc == key->ldc && p->ldd == key->ldd && p->has_beta == key->has_beta &&
+            p->d_type == key->d_type)
             return p;
     }
     if (ctx->n_plans == ctx->cap_plans) {
@@ -145,6 +149,7 @@ static GemmPlan *planFind(GemmContext *ctx, const GemmPlan *key, NsaError *err) 
     p->M = key->M; p->N = key->N; p->K = key->K;
     p->lda = key->lda; p->ldb = key->ldb; p->ldc = key->ldc; p->ldd = key->ldd;
     p->has_beta = key->has_beta;
+    p->d_type = key->d_type;
     if (planBuild(ctx, p, err) != 0) {
         planRelease(p);
         return NULL;
@@ -153,13 +158,17 @@ static GemmPlan *planFind(GemmContext *ctx, const GemmPlan *key, NsaError *err) 
     return p;
 }
 
-int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
-                 int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
-                 const float *C, int ldc, float *D, int ldd, NsaError *err) {
+int gemmRowMajorTo(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
+                   int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                   const float *C, int ldc, void *D, DType d_type, int ldd, NsaError *err) {
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0) {
         return cudaFail(err, "cuda: GEMM with K = %d (M %d, N %d); allowed: K >= 1", K, M, N);
     }
+    if (d_type != DTYPE_F32 && (d_type != ctx->operand || beta != 0.0f))
+        return cudaFail(err, "cuda: GEMM output type %d with beta %g; allowed: fp32, or the "
+                             "operand type (%d) with beta 0", (int)d_type, (double)beta,
+                        (int)ctx->operand);
     GemmPlan key;
     memset(&key, 0, sizeof(key));
     key.trans_a = trans_a; key.trans_b = trans_b;
@@ -168,13 +177,21 @@ int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b
     key.ldc = beta != 0.0f ? ldc : ldd;
     key.ldd = ldd;
     key.has_beta = beta != 0.0f;
+    key.d_type = d_type;
     GemmPlan *p = planFind(ctx, &key, err);
     if (!p) return -1;
-    const float *c_ptr = beta != 0.0f ? C : D;
+    const void *c_ptr = beta != 0.0f ? (const void *)C : (const void *)D;
     LT_CHECK(cublasLtMatmul(ctx->handle, p->desc, &alpha, B, p->la, A, p->lb, &beta, c_ptr, p->lc,
                             D, p->ld, &p->algo, ctx->workspace, ctx->workspace_bytes, stream),
              err);
     return 0;
+}
+
+int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
+                 int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                 const float *C, int ldc, float *D, int ldd, NsaError *err) {
+    return gemmRowMajorTo(ctx, stream, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                          ldc, D, DTYPE_F32, ldd, err);
 }
 
 int linearForward(GemmContext *ctx, cudaStream_t stream, float *y, const void *x,
@@ -194,4 +211,16 @@ int linearBackwardW(GemmContext *ctx, cudaStream_t stream, float *dw, const void
                     const void *x, int N, int in, int out, NsaError *err) {
     return gemmRowMajor(ctx, stream, 1, 0, out, in, N, 1.0f, dy, out, x, in, 1.0f, dw, in, dw,
                         in, err);
+}
+
+int linearForwardTo(GemmContext *ctx, cudaStream_t stream, void *y, DType yt, const void *x,
+                    const void *w, int N, int in, int out, NsaError *err) {
+    return gemmRowMajorTo(ctx, stream, 0, 1, N, out, in, 1.0f, x, in, w, in, 0.0f, NULL, out, y,
+                          yt, out, err);
+}
+
+int linearBackwardXTo(GemmContext *ctx, cudaStream_t stream, void *dx, DType dt, const void *dy,
+                      const void *w, int N, int in, int out, NsaError *err) {
+    return gemmRowMajorTo(ctx, stream, 0, 0, N, in, out, 1.0f, dy, out, w, in, 0.0f, NULL, in, dx,
+                          dt, in, err);
 }

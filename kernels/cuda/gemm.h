@@ -1,8 +1,9 @@
 /* gemm.h - row-major GEMMs through cuBLASLt with cached plans.
  *
  * D[M][N] = alpha * op(A) op(B) + beta * C, every matrix row-major in
- * memory, op(X) = X or X^T. C and D are always fp32 (outputs, residual
- * adds and weight gradients accumulate in fp32); the precision mode picks
+ * memory, op(X) = X or X^T. C and D are fp32 (residual adds and weight
+ * gradients accumulate in fp32), or D is in the operand type with beta 0
+ * (an activation that only a 16-bit consumer reads); the precision mode picks
  * the storage type of the operands A and B, and the compute type is always
  * CUBLAS_COMPUTE_32F (fp32 accumulate):
  *   F32  -> fp32 operands, exact fp32 (no TF32): the mode for checks;
@@ -55,6 +56,11 @@ void gemmContextDestroy(GemmContext *ctx);
 int gemmRowMajor(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
                  int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
                  const float *C, int ldc, float *D, int ldd, NsaError *err);
+/* The same with D stored as d_type: DTYPE_F32, or the operand type when
+ * beta is 0 (anything else is refused with err). */
+int gemmRowMajorTo(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans_b, int M, int N,
+                   int K, float alpha, const void *A, int lda, const void *B, int ldb, float beta,
+                   const float *C, int ldc, void *D, DType d_type, int ldd, NsaError *err);
 
 /* The three products of a linear layer y = x W^T, W [out][in] (nn.Linear):
  *   linearForward:     y[N][out] = x W^T (+ beta * c, into y; c may be y)
@@ -68,5 +74,11 @@ int linearBackwardX(GemmContext *ctx, cudaStream_t stream, float *dx, const void
                     const void *w, int N, int in, int out, float beta, NsaError *err);
 int linearBackwardW(GemmContext *ctx, cudaStream_t stream, float *dw, const void *dy,
                     const void *x, int N, int in, int out, NsaError *err);
+/* y = x W^T and dx = dy W (no accumulation) stored as yt / dt: fp32 or the
+ * operand type. */
+int linearForwardTo(GemmContext *ctx, cudaStream_t stream, void *y, DType yt, const void *x,
+                    const void *w, int N, int in, int out, NsaError *err);
+int linearBackwardXTo(GemmContext *ctx, cudaStream_t stream, void *dx, DType dt, const void *dy,
+                      const void *w, int N, int in, int out, NsaError *err);
 
 #endif

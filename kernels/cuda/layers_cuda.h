@@ -71,6 +71,11 @@ int rmsnormForwardTo(void *y, DType yt, float *rstd, const float *x, const float
 int rmsnormBackward(float *dx, float *dw, float *partial, const float *dy, const float *x,
                     const float *w, const float *rstd, size_t N, int C, cudaStream_t stream,
                     NsaError *err);
+/* The same, and the updated dx is also stored as dx_ot into dx_op (the
+ * residual gradient's GEMM operand copy, made in the same pass). */
+int rmsnormBackwardTo(float *dx, void *dx_op, DType dx_ot, float *dw, float *partial,
+                      const float *dy, const float *x, const float *w, const float *rstd,
+                      size_t N, int C, cudaStream_t stream, NsaError *err);
 
 /* ---- rope.cu ----
  * In place on x[B*S][heads][dim] (dim even), split-halves pairs (i, i+dim/2)
@@ -82,14 +87,6 @@ int ropeForward(float *x, const float *cos_sin, int B, int S, int heads, int dim
                 cudaStream_t stream, NsaError *err);
 int ropeBackward(float *dx, const float *cos_sin, int B, int S, int heads, int dim,
                  cudaStream_t stream, NsaError *err);
-/* Out of place and typed: dst (dt) = rotation of src (st) by +angle
- * (inverse = 0, the forward) or -angle (inverse = 1, the backward). Used to
- * rotate a GEMM's fp32 output straight into the bf16 attention input, and
- * the attention's bf16 gradient straight into a GEMM operand. Each thread
- * reads its pair before writing it, so same-type in-place use is safe. */
-int ropeApplyTo(void *dst, DType dt, const void *src, DType st, const float *cos_sin, int B,
-                int S, int heads, int dim, int inverse, cudaStream_t stream, NsaError *err);
-
 /* ---- activation.cu ---- elementwise over n.
  * silu(a) = a sigmoid(a); swiglu: out = silu(a) b; sigmoid in place allowed.
  * Backwards overwrite (da = dout * silu'(a), etc.). */
@@ -104,19 +101,50 @@ int sigmoidForward(float *out, const float *a, size_t n, cudaStream_t stream, Ns
 /* da = dout * g (1 - g), g the saved sigmoid output; da may alias dout. */
 int sigmoidBackward(float *da, const float *dout, const float *g, size_t n, cudaStream_t stream,
                     NsaError *err);
-/* Typed variants for the low-precision modes: the activation output (a GEMM
- * operand only) and the gradients handed to GEMMs are stored as ot; dout of
- * sigmoidBackwardTo is read as dt (bf16 from the fast attention op). */
-int siluForwardTo(void *out, DType ot, const float *a, size_t n, cudaStream_t stream,
+/* Typed variants, the engine's: outputs stored as ot, every input read as
+ * it (the MLP's pre-activations and their gradients come out of GEMMs in
+ * the operand type). 16-byte accesses where the pointers are aligned. */
+int siluForwardTo(void *out, DType ot, const void *a, DType it, size_t n, cudaStream_t stream,
                   NsaError *err);
-int swigluForwardTo(void *out, DType ot, const float *a, const float *b, size_t n,
+int swigluForwardTo(void *out, DType ot, const void *a, const void *b, DType it, size_t n,
                     cudaStream_t stream, NsaError *err);
-int siluBackwardTo(void *da, DType ot, const float *dout, const float *a, size_t n,
+int siluBackwardTo(void *da, DType ot, const void *dout, const void *a, DType it, size_t n,
                    cudaStream_t stream, NsaError *err);
-int swigluBackwardTo(void *da, void *db, DType ot, const float *dout, const float *a,
-                     const float *b, size_t n, cudaStream_t stream, NsaError *err);
-int sigmoidBackwardTo(void *da, DType ot, const void *dout, DType dt, const float *g, size_t n,
+int swigluBackwardTo(void *da, void *db, DType ot, const void *dout, const void *a, const void *b,
+                     DType it, size_t n, cudaStream_t stream, NsaError *err);
+
+/* ---- attn_inputs.cu ----
+ * The fast attention op's inputs from one fused projection of a layer, and
+ * its gradients back into one. A projection row (token n, position t = n %
+ * S) is [q (H dk) | k_cmp (G dk) | v_cmp (G dv) | k_sel | v_sel | k_win |
+ * v_win | gate logits (3H)] - the layout order of wq .. w_gate, whose
+ * weights are one contiguous [width][C] matrix - of type pt (fp32 or the
+ * GEMM operand type), rows attnInputsStride apart.
+ *   Forward:  q, k_b <- RoPE(q, k_b) (by +angle), v_b <- v_b, g <-
+ *             sigmoid(logits), each stored bf16 in its own tensor
+ *             (NsaAttnDeviceInputs' layouts); gates (fp32 [N][3H]) keeps g
+ *             for the backward.
+ *   Backward: the row of d (type dt) from the op's bf16 gradients: RoPE by
+ *             -angle of dq and dk_b, dv_b as they are, dg g (1 - g).
+ * A block per token; cos_sin is ropeTableHost's table. */
+typedef struct AttnInputTensors {
+    void *q, *k[3], *v[3], *g;   /* bf16, branch order cmp, sel, win */
+} AttnInputTensors;
+/* Elements of one projection row, and the row's stride in memory: the
+ * width rounded up to 8 elements, so every row starts 16-byte aligned (the
+ * GEMMs' fast kernels need it; 3H alone often breaks it). */
+static inline int attnInputsWidth(int H, int G, int dk, int dv) {
+    return H * dk + 3 * G * (dk + dv) + 3 * H;
+}
+static inline int attnInputsStride(int H, int G, int dk, int dv) {
+    return (attnInputsWidth(H, G, dk, dv) + 7) / 8 * 8;
+}
+int attnInputsForward(AttnInputTensors out, float *gates, const void *proj, DType pt,
+                      const float *cos_sin, int B, int S, int H, int G, int dk, int dv,
                       cudaStream_t stream, NsaError *err);
+int attnInputsBackward(void *dproj, DType dt, AttnInputTensors grads, const float *gates,
+                       const float *cos_sin, int B, int S, int H, int G, int dk, int dv,
+                       cudaStream_t stream, NsaError *err);
 
 /* ---- crossentropy.cu ----
  * One block per row of logits [N][V] (fp32): row_loss[n] = lse - logit[target]

@@ -47,37 +47,6 @@ static int ropeLaunch(float *x, const float *cos_sin, int B, int S, int heads, i
     return 0;
 }
 
-/* Out of place, typed: a thread per pair, reading both halves before
- * writing, so same-type in-place use is also safe. */
-__global__ void ropeToKernel(void *dst, int dt, const void *src, int st, const float *cos_sin,
-                             size_t rows, int S, int heads, int dim, float sign) {
-    const int half = dim / 2;
-    const size_t total = rows * heads * half;
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < total;
-         e += (size_t)gridDim.x * blockDim.x) {
-        int i = (int)(e % half);
-        size_t rh = e / half;
-        size_t row = rh / heads;
-        const float *cs = cos_sin + ((row % S) * half + i) * 2;
-        float c = cs[0], s = sign * cs[1];
-        size_t at = rh * dim + i;
-        float x0 = loadAs(src, at, st), x1 = loadAs(src, at + half, st);
-        storeAs(dst, at, dt, x0 * c - x1 * s);
-        storeAs(dst, at + half, dt, x0 * s + x1 * c);
-    }
-}
-
-int ropeApplyTo(void *dst, DType dt, const void *src, DType st, const float *cos_sin, int B,
-                int S, int heads, int dim, int inverse, cudaStream_t stream, NsaError *err) {
-    size_t total = (size_t)B * S * heads * (dim / 2);
-    if (total == 0) return 0;
-    ropeToKernel<<<gridFor(total, 256), 256, 0, stream>>>(dst, (int)dt, src, (int)st, cos_sin,
-                                                          (size_t)B * S, S, heads, dim,
-                                                          inverse ? -1.0f : 1.0f);
-    LAUNCH_CHECK("ropeToKernel", err);
-    return 0;
-}
-
 int ropeForward(float *x, const float *cos_sin, int B, int S, int heads, int dim,
                 cudaStream_t stream, NsaError *err) {
     return ropeLaunch(x, cos_sin, B, S, heads, dim, 1.0f, stream, err);

@@ -641,6 +641,172 @@ static void testActivations(Results *res, size_t n) {
     cudaFree(o4); cudaFree(o5);
 }
 
+/* A host fp32 array as a device tensor of type t (poisoned first). */
+static void *devTyped(const float *h, size_t n, DType t) {
+    float *f = devFrom(h, n);
+    void *d = devAlloc(n * dtypeBytes(t));
+    NsaError err = {{0}};
+    if (convertTensor(d, t, f, DTYPE_F32, n, 0, &err)) {
+        fprintf(stderr, "FATAL: convert: %s\n", err.message);
+        exit(2);
+    }
+    GPU_OK(cudaDeviceSynchronize());
+    cudaFree(f);
+    return d;
+}
+
+/* A device tensor of type t back as host fp32. */
+static float *hostFromTyped(const void *d, size_t n, DType t) {
+    float *f = (float *)devAlloc(n * 4), *h = hostAlloc(n);
+    NsaError err = {{0}};
+    if (convertTensor(f, DTYPE_F32, d, t, n, 0, &err)) {
+        fprintf(stderr, "FATAL: convert: %s\n", err.message);
+        exit(2);
+    }
+    toHost(h, f, n * 4);
+    cudaFree(f);
+    return h;
+}
+
+/* The MLP activations as the engine runs them: 16-bit inputs and outputs
+ * (the 8-wide vector path; at `offset` elements from an aligned start, the
+ * element-by-element one), against the f64 CPU ops on the same rounded
+ * inputs. */
+static void testActivationsTyped(Results *res, size_t n, DType t, size_t offset) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "silu/swiglu %s n %zu offset %zu", t == DTYPE_BF16 ? "bf16" : "fp16",
+             n, offset);
+    NsaError err = {{0}};
+    const size_t m = n + offset;
+    float *a = hostAlloc(m), *b = hostAlloc(m), *d = hostAlloc(m);
+    fillUniform(a, m, 19, 1, -6, 6);
+    fillUniform(b, m, 19, 2, -2, 2);
+    fillUniform(d, m, 19, 3, -1, 1);
+    char *ga = (char *)devTyped(a, m, t), *gb = (char *)devTyped(b, m, t);
+    char *gd = (char *)devTyped(d, m, t);
+    /* the rounded inputs are the reference's inputs */
+    float *ra = hostFromTyped(ga, m, t), *rb = hostFromTyped(gb, m, t), *rd = hostFromTyped(gd, m, t);
+    double *ad = toDouble(ra + offset, n), *bd = toDouble(rb + offset, n), *dd = toDouble(rd + offset, n);
+    double *ref[5];
+    for (int i = 0; i < 5; i++) ref[i] = (double *)calloc(n, 8);
+    nsaCpuSiluForwardF64(ref[0], ad, n);
+    nsaCpuSiluBackwardF64(ref[1], dd, ad, n);
+    nsaCpuSwigluForwardF64(ref[2], ad, bd, n);
+    nsaCpuSwigluBackwardF64(ref[3], ref[4], dd, ad, bd, n);
+    const size_t eb = dtypeBytes(t), off = offset * eb;
+    char *o[5];
+    for (int i = 0; i < 5; i++) o[i] = (char *)devAlloc(m * eb);
+    int rc = siluForwardTo(o[0] + off, t, ga + off, t, n, 0, &err) ||
+             siluBackwardTo(o[1] + off, t, gd + off, ga + off, t, n, 0, &err) ||
+             swigluForwardTo(o[2] + off, t, ga + off, gb + off, t, n, 0, &err) ||
+             swigluBackwardTo(o[3] + off, o[4] + off, t, gd + off, ga + off, gb + off, t, n, 0, &err);
+    double worst = 0;
+    for (int i = 0; i < 5 && !rc; i++) {
+        float *h = hostFromTyped(o[i] + off, n, t);
+        double e = relErrD(h, ref[i], n);
+        if (!(e <= worst)) worst = e;
+        free(h);
+    }
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, worst < 1e-2, nowSeconds() - t0, name, "worst %.2e", worst);
+    free(a); free(b); free(d); free(ra); free(rb); free(rd); free(ad); free(bd); free(dd);
+    for (int i = 0; i < 5; i++) { free(ref[i]); cudaFree(o[i]); }
+    cudaFree(ga); cudaFree(gb); cudaFree(gd);
+}
+
+/* attn_inputs.cu against the CPU ops: a random fused projection (type pt)
+ * into the attention op's bf16 inputs (RoPE, copies, sigmoid) and random
+ * bf16 gradients back into one row of the projection's gradient. */
+static void testAttnInputs(Results *res, int B, int S, int H, int G, int dk, int dv, DType pt) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "attn inputs B%d S%d H%d G%d dk%d dv%d %s", B, S, H, G, dk, dv,
+             pt == DTYPE_F32 ? "f32" : "bf16");
+    NsaError err = {{0}};
+    const size_t N = (size_t)B * S;
+    const int width = attnInputsStride(H, G, dk, dv);
+    const int part[8] = {H * dk, G * dk, G * dv, G * dk, G * dv, G * dk, G * dv, 3 * H};
+    float *proj = hostAlloc(N * width);
+    fillUniform(proj, N * width, 23, 1, -2, 2);
+    void *gproj = devTyped(proj, N * width, pt);
+    float *rproj = hostFromTyped(gproj, N * width, pt);
+    size_t nt = (size_t)S * dk;
+    double *tab = (double *)calloc(nt, 8);
+    nsaCpuRopeTableF64(tab, S, dk, 10000.0);
+    float *table = hostAlloc(nt);
+    ropeTableHost(table, S, dk, 10000.0);
+    float *gtab = devFrom(table, nt);
+    /* forward reference: split the rounded rows, rotate q and the k's */
+    double *ref[8];
+    void *out[8];
+    float *grad_h[8];
+    void *grad_d[8];
+    int col = 0;
+    for (int j = 0; j < 8; j++) {
+        const size_t n = N * part[j];
+        ref[j] = (double *)calloc(n, 8);
+        for (size_t r = 0; r < N; r++)
+            for (int c = 0; c < part[j]; c++) ref[j][r * part[j] + c] = rproj[r * width + col + c];
+        col += part[j];
+        if (j == 0) nsaCpuRopeForwardF64(ref[j], tab, B, S, H, dk);
+        else if (j < 7 && j % 2) nsaCpuRopeForwardF64(ref[j], tab, B, S, G, dk);
+        else if (j == 7)
+            for (size_t i = 0; i < n; i++) ref[j][i] = 1.0 / (1.0 + exp(-ref[j][i]));
+        out[j] = devAlloc(n * 2);
+        grad_h[j] = hostAlloc(n);
+        fillUniform(grad_h[j], n, 29, (uint64_t)j, -1, 1);
+        grad_d[j] = devTyped(grad_h[j], n, DTYPE_BF16);
+    }
+    float *ggates = (float *)devAlloc(N * 3 * H * 4);
+    const AttnInputTensors ins = {out[0], {out[1], out[3], out[5]}, {out[2], out[4], out[6]}, out[7]};
+    const AttnInputTensors grads = {grad_d[0], {grad_d[1], grad_d[3], grad_d[5]},
+                                    {grad_d[2], grad_d[4], grad_d[6]}, grad_d[7]};
+    void *gdproj = devAlloc(N * width * dtypeBytes(pt));
+    int rc = attnInputsForward(ins, ggates, gproj, pt, gtab, B, S, H, G, dk, dv, 0, &err) ||
+             attnInputsBackward(gdproj, pt, grads, ggates, gtab, B, S, H, G, dk, dv, 0, &err);
+    double worst_f = 0, worst_b = 0, worst_g = 0;
+    if (!rc) {
+        for (int j = 0; j < 8; j++) {
+            float *h = hostFromTyped(out[j], N * part[j], DTYPE_BF16);
+            double e = relErrD(h, ref[j], N * part[j]);
+            if (!(e <= worst_f)) worst_f = e;
+            free(h);
+        }
+        float *hg = hostAlloc(N * 3 * H);
+        toHost(hg, ggates, N * 3 * H * 4);
+        worst_g = relErrD(hg, ref[7], N * 3 * H);
+        /* backward reference from the rounded bf16 gradients and the
+         * gates the forward kept */
+        float *dp = hostFromTyped(gdproj, N * width, pt);
+        col = 0;
+        for (int j = 0; j < 8; j++) {
+            const size_t n = N * part[j];
+            float *rg = hostFromTyped(grad_d[j], n, DTYPE_BF16);
+            double *want = toDouble(rg, n);
+            if (j == 0) nsaCpuRopeBackwardF64(want, tab, B, S, H, dk);
+            else if (j < 7 && j % 2) nsaCpuRopeBackwardF64(want, tab, B, S, G, dk);
+            else if (j == 7)
+                for (size_t i = 0; i < n; i++) want[i] *= (double)hg[i] * (1.0 - (double)hg[i]);
+            float *got = hostAlloc(n);
+            for (size_t r = 0; r < N; r++)
+                for (int c = 0; c < part[j]; c++) got[r * part[j] + c] = dp[r * width + col + c];
+            col += part[j];
+            double e = relErrD(got, want, n);
+            if (!(e <= worst_b)) worst_b = e;
+            free(rg); free(want); free(got);
+        }
+        free(dp); free(hg);
+    }
+    const double budget = pt == DTYPE_F32 ? 8e-3 : 1e-2;
+    if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    else report(res, worst_f < budget && worst_b < budget && worst_g < 1e-6,
+                nowSeconds() - t0, name, "fwd %.2e gates %.2e bwd %.2e", worst_f, worst_g, worst_b);
+    for (int j = 0; j < 8; j++) { free(ref[j]); free(grad_h[j]); cudaFree(out[j]); cudaFree(grad_d[j]); }
+    free(proj); free(rproj); free(tab); free(table);
+    cudaFree(gproj); cudaFree(gtab); cudaFree(ggates); cudaFree(gdproj);
+}
+
 static void testCrossEntropy(Results *res, int N, int V) {
     double t0 = nowSeconds();
     char name[96];
@@ -1153,6 +1319,54 @@ static void testDeterminism(Results *res, NsaPrecision p) {
     nsaModelFree(b);
 }
 
+/* Activation recompute (NsaEngineOptions.recompute) changes where the
+ * activations live, not what is computed: training with it is bit-identical
+ * to training without it (losses, weights, moments), on the fast path and
+ * on the reference path (f32), and its memory plan needs less. */
+static void testRecompute(Results *res, NsaPrecision p) {
+    double t0 = nowSeconds();
+    char name[96];
+    snprintf(name, sizeof(name), "recompute bit-identical (%s)",
+             p == NSA_PREC_BF16 ? "bf16, fast attention" : "f32, reference attention");
+    NsaError err = {{0}};
+    NsaModelConfig c = p == NSA_PREC_F32 ? midConfig() : fastConfig(NSA_MLP_SILU);
+    const int B = 2, S = 300;
+    double la[6], lb[6];
+    NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 78, &err);
+    NsaEngineOptions o;
+    memset(&o, 0, sizeof(o));
+    o.device = NSA_DEVICE_CUDA;
+    o.precision = p;
+    o.max_batch = B;
+    o.max_seq_len = S;
+    o.recompute = 1;
+    NsaModel *b = a ? nsaModelCreate(&c, &o, &err) : NULL;
+    if (b && nsaModelInit(b, 78, &err)) {
+        nsaModelFree(b);
+        b = NULL;
+    }
+    NsaCudaMemoryPlan keep, again;
+    o.recompute = 0;
+    int plan_rc = nsaCudaMemoryPlanFor(&c, &o, &keep, &err);
+    o.recompute = 1;
+    plan_rc = plan_rc || nsaCudaMemoryPlanFor(&c, &o, &again, &err);
+    if (!a || !b || plan_rc || trainSteps(a, 1, 6, B, S, c.vocab_size, la, &err) ||
+        trainSteps(b, 1, 6, B, S, c.vocab_size, lb, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+    } else {
+        int same_loss = memcmp(la, lb, sizeof(la)) == 0;
+        int same_p = arenaEqual(a, b, NSA_ARENA_PARAMS, &err);
+        int same_m = arenaEqual(a, b, NSA_ARENA_ADAM_M, &err);
+        int smaller = again.activations < keep.activations;
+        report(res, same_loss && same_p && same_m && smaller, nowSeconds() - t0, name,
+               "losses %s, params %s, moments %s; activations %.1f -> %.1f MB",
+               same_loss ? "equal" : "DIFFER", same_p ? "equal" : "DIFFER",
+               same_m ? "equal" : "DIFFER", keep.activations / 1e6, again.activations / 1e6);
+    }
+    nsaModelFree(a);
+    nsaModelFree(b);
+}
+
 /* bf16 GEMMs with the reference attention (dims the fast op refuses, or
  * phi = mlp, whose pooling must be as reproducible: no float atomics). */
 static void testDeterminismBf16Reference(Results *res, NsaPhi phi) {
@@ -1398,6 +1612,11 @@ int main(int argc, char **argv) {
         testRope(res, 2, 33, 3, 10);
         testRope(res, 1, 2050, 2, 64);
         testActivations(res, 10007);
+        testActivationsTyped(res, 10007, DTYPE_BF16, 0);
+        testActivationsTyped(res, 10007, DTYPE_F16, 3);
+        testAttnInputs(res, 2, 37, 4, 2, 64, 64, DTYPE_F32);
+        testAttnInputs(res, 1, 300, 12, 2, 64, 64, DTYPE_BF16);
+        testAttnInputs(res, 1, 70, 8, 2, 192, 128, DTYPE_BF16);
         testCrossEntropy(res, 37, 67);
         testCrossEntropy(res, 500, 256);
         testEmbedding(res, 1000, 13, 50);
@@ -1449,6 +1668,8 @@ int main(int argc, char **argv) {
         testTrajectory(res, NSA_PHI_MLP);
         testDeterminism(res, NSA_PREC_F32);
         testDeterminism(res, NSA_PREC_BF16);
+        testRecompute(res, NSA_PREC_BF16);
+        testRecompute(res, NSA_PREC_F32);
         testDeterminismBf16Reference(res, NSA_PHI_AVG);
         testDeterminismBf16Reference(res, NSA_PHI_MLP);
         testResume(res);

@@ -277,7 +277,8 @@ static NsaModel *tinyModel(int dim, uint64_t seed) {
     mc.sel_len = 4;
     mc.n_sel = 2;
     mc.window = 8;
-    NsaEngineOptions eo = {NSA_DEVICE_CPU, 0, NSA_PREC_F32, 2, 16, 1};
+    NsaEngineOptions eo = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F32, .max_batch = 2,
+                           .max_seq_len = 16, .threads = 1};
     NsaError err = {{0}};
     NsaModel *m = nsaModelCreate(&mc, &eo, &err);
     if (!m) fail_msg("nsaModelCreate: %s", err.message);

@@ -1062,6 +1062,70 @@ static void test_config_validate(void **state) {
 #undef BAD
 }
 
+/* nsaModelFlopsPerToken against an independent count: the matmul term
+ * against the layout's projection matrices, the attention term against
+ * the keys each query of the CPU reference op visits (its compressed
+ * blocks enumerated, its selected blocks read from sel_idx, its window). */
+static void test_flops_per_token(void **state) {
+    (void)state;
+    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SWIGLU);
+    NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 1);
+    double matrix = 0;
+    static const char *const products[] = {".wq", ".wk_", ".wv_", ".w_gate", ".wo", ".w_fc",
+                                           ".w_up", ".w_proj", "lm_head"};
+    for (int i = 0; i < nsaModelNumTensors(m); i++) {
+        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
+        for (size_t k = 0; k < sizeof(products) / sizeof(products[0]); k++)
+            if (strstr(ti->name, products[k])) { matrix += (double)ti->numel; break; }
+    }
+    nsaModelFree(m);
+
+    enum { S = 23 };
+    NsaAttnDims dims = {.B = 1, .S = S, .H = 1, .G = 1, .d_k = cfg.d_k, .d_v = cfg.d_v,
+                        .cmp_len = cfg.cmp_len, .cmp_stride = cfg.cmp_stride,
+                        .sel_len = cfg.sel_len, .n_sel = cfg.n_sel, .window = cfg.window};
+    const size_t nk = (size_t)S * cfg.d_k, nv = (size_t)S * cfg.d_v;
+    float *q = testAlloc(nk, sizeof(float)), *k = testAlloc(nk, sizeof(float));
+    float *v = testAlloc(nv, sizeof(float)), *gates = testAlloc((size_t)S * 3, sizeof(float));
+    float *out = testAlloc(nv, sizeof(float));
+    const int slots = nsaNumSelSlots(cfg.n_sel);
+    int32_t *sel = testAlloc((size_t)S * slots, sizeof(int32_t));
+    NsaRng rng;
+    nsaRngSeed(&rng, 5, 5);
+    testFillF32(&rng, q, nk, -1, 1);
+    testFillF32(&rng, k, nk, -1, 1);
+    testFillF32(&rng, v, nv, -1, 1);
+    testFillF32(&rng, gates, (size_t)S * 3, 0, 1);
+    NsaAttnInputs in = {q, k, v, k, v, k, v, gates};
+    NsaError err = {{0}};
+    if (nsaAttnForwardCpu(&dims, &in, out, sel, NULL, &err)) fail_msg("attn: %s", err.message);
+    double keys = 0, dense = 0;
+    const int n_cmp = nsaNumCmpBlocks(S, cfg.cmp_len, cfg.cmp_stride);
+    for (int t = 0; t < S; t++) {
+        for (int i = 0; i < n_cmp; i++)
+            if (i * cfg.cmp_stride + cfg.cmp_len - 1 <= t) keys += 1;
+        for (int s = 0; s < slots; s++) {
+            int j = sel[(size_t)t * slots + s];
+            if (j < 0) continue;
+            int last = j * cfg.sel_len + cfg.sel_len - 1 < t ? j * cfg.sel_len + cfg.sel_len - 1 : t;
+            keys += last - j * cfg.sel_len + 1;
+        }
+        keys += t + 1 < cfg.window ? t + 1 : cfg.window;
+        dense += t + 1;
+    }
+    free(q); free(k); free(v); free(gates); free(out); free(sel);
+
+    NsaFlops f;
+    assert_int_equal(nsaModelFlopsPerToken(&cfg, S, &f, &err), 0);
+    const double pair = 2.0 * (cfg.d_k + cfg.d_v) * cfg.n_heads * cfg.n_layers;
+    assert_true(fabs(f.matmul - 6.0 * matrix) <= 1e-9 * f.matmul);
+    assert_true(fabs(f.attention - 3.0 * pair * keys / S) <= 1e-9 * f.attention);
+    assert_true(fabs(f.dense_attention - 3.0 * pair * dense / S) <= 1e-9 * f.dense_attention);
+    assert_true(f.total == f.matmul + f.attention);
+    assert_int_equal(nsaModelFlopsPerToken(&cfg, 0, &f, &err), -1);
+    assert_non_null(strstr(err.message, "S = 0"));
+}
+
 /* Without a CUDA engine in this build, a CUDA model is an error. */
 static void test_cuda_device_without_engine(void **state) {
     (void)state;
@@ -1108,6 +1172,7 @@ int main(void) {
         cmocka_unit_test(test_memory_report),
         cmocka_unit_test(test_rng),
         cmocka_unit_test(test_config_validate),
+        cmocka_unit_test(test_flops_per_token),
         cmocka_unit_test(test_cuda_device_without_engine),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
