@@ -44,6 +44,16 @@ static int addNorm(NsaLayout *lay, const char *name, int64_t n) {
     return layoutAdd(lay, name, 1, n, 0, 0, NSA_INIT_ONES, 0.0);
 }
 
+/* The CUDA engine reads a layer's wq .. w_gate as one [rows][C] matrix
+ * with rows rounded up to a multiple of 8 (16-byte aligned GEMM operands):
+ * zero padding after w_gate (index gate) makes that matrix whole. */
+static void padFusedProjection(NsaLayout *lay, int gate, int64_t rows, int64_t C) {
+    const NsaTensorInfo *g = &lay->entries[gate].info;
+    const size_t end = g->offset + g->numel + (size_t)((rows + 7) / 8 * 8 - rows) * (size_t)C;
+    if (lay->total < end)
+        lay->total = (end + NSA_LAYOUT_ALIGN - 1) / NSA_LAYOUT_ALIGN * NSA_LAYOUT_ALIGN;
+}
+
 int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
     memset(lay, 0, sizeof(*lay));
     if (nsaModelConfigValidate(cfg, err) != 0) return -1;
@@ -91,6 +101,8 @@ int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
             li->phi_v_w2 = addMatrix(lay, LNAME("phi_v.w2"), dv, dv, std);
         }
         li->w_gate = addMatrix(lay, LNAME("w_gate"), 3 * (int64_t)H, C, std);
+        padFusedProjection(lay, li->w_gate, (int64_t)H * dk + 3 * (int64_t)G * (dk + dv) + 3 * H,
+                           C);
         li->wo = addMatrix(lay, LNAME("wo"), C, (int64_t)H * dv, std_out);
         li->mlp_norm = addNorm(lay, LNAME("mlp_norm"), C);
         li->w_fc = addMatrix(lay, LNAME("w_fc"), F, C, std);

@@ -14,8 +14,10 @@
  *     phi_k.pos, phi_k.w1, phi_k.w2, phi_v.pos, phi_v.w1, phi_v.w2,
  *     w_gate, wo, mlp_norm, w_fc, w_up, w_proj
  *   final_norm, lm_head
- * Offsets are rounded up to NSA_LAYOUT_ALIGN elements (the padding is zero in
- * every arena and takes part in nothing). proto/model.md is the contract. */
+ * Offsets are rounded up to NSA_LAYOUT_ALIGN elements, and w_gate is followed
+ * by zero rows up to a multiple of 8 rows of the block wq .. w_gate (the CUDA
+ * engine's fused projection); the padding is zero in every arena and takes
+ * part in nothing. proto/model.md is the contract. */
 #ifndef NSA_LAYOUT_H
 #define NSA_LAYOUT_H
 

@@ -558,11 +558,14 @@ static void trackPeak(NsaCudaModel *m) {
 }
 
 /* The fast path reads each layer's eight attention projections as one
- * [width][C] matrix from wq on (and adds their gradients as one): they must
+ * [stride][C] matrix from wq on (and adds their gradients as one): they must
  * follow each other in the layout with no padding between them, which the
  * layout gives whenever the fast op takes the dims (phi = avg, d_k a
- * multiple of 64). Returns 0, or -1 with err naming the gap. */
-static int checkFusedProjections(const NsaLayout *lay, NsaError *err) {
+ * multiple of 64), and w_gate must be followed by the layout's zero rows up
+ * to attnInputsStride rows. Returns 0, or -1 with err naming the gap. */
+static int checkFusedProjections(const NsaLayout *lay, const NsaModelConfig *c, NsaError *err) {
+    const int width = attnInputsWidth(c->n_heads, c->n_kv_groups, c->d_k, c->d_v);
+    const int stride = attnInputsStride(c->n_heads, c->n_kv_groups, c->d_k, c->d_v);
     for (int i = 0; i < lay->n_layers; i++) {
         const NsaLayerIndex *li = &lay->layers[i];
         const int order[8] = {li->wq,     li->wk_cmp, li->wv_cmp, li->wk_sel,
@@ -575,6 +578,14 @@ static int checkFusedProjections(const NsaLayout *lay, NsaError *err) {
                                      "fused attention projection needs them adjacent",
                                 next->name, prev->name);
         }
+        const NsaTensorInfo *gate = &lay->entries[li->w_gate].info;
+        const size_t end = gate->offset + gate->numel + (size_t)(stride - width) * c->dim;
+        const size_t next = li->w_gate + 1 < lay->n_tensors
+                                ? lay->entries[li->w_gate + 1].info.offset : lay->total;
+        if (end > next)
+            return cudaFail(err, "cuda: %s is not followed by %d zero rows in the parameter "
+                                 "layout; the fused attention projection reads them",
+                            gate->name, stride - width);
     }
     return 0;
 }
@@ -585,7 +596,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     const size_t N = (size_t)B * S;
     CUDA_CHECK(cudaSetDevice(m->opt.device_ordinal), err);
     if (nsaLayoutBuild(&m->lay, c, err)) return -1;
-    if (m->mode.fast && checkFusedProjections(&m->lay, err)) return -1;
+    if (m->mode.fast && checkFusedProjections(&m->lay, c, err)) return -1;
     m->F = nsaLayoutMlpHidden(c);
     m->max_tokens = (int)N;
     m->max_cmp = cmpBlocks(c, S);
@@ -597,12 +608,17 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
 
     const size_t arena_bytes = m->lay.total * sizeof(float);
     const char *arena_names[4] = {"parameters", "gradients", "Adam m", "Adam v"};
-    for (int a = 0; a < 4; a++)
+    /* zeroed once: the layout's padding stays zero in every arena and in the
+     * weight copy (the fused projection's GEMMs read the padding rows) */
+    for (int a = 0; a < 4; a++) {
         if (allocDevice((void **)&m->arena[a], arena_bytes, arena_names[a], err)) return -1;
+        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, arena_bytes, m->stream), err);
+    }
     m->bytes_params = arena_bytes;
     if (m->mode.low) {
         const size_t low_bytes = m->lay.total * dtypeBytes(m->mode.op);
         if (allocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
+        CUDA_CHECK(cudaMemsetAsync(m->weights_low, 0, low_bytes, m->stream), err);
         m->bytes_params += low_bytes;
     }
     m->bytes_grads = arena_bytes;
@@ -1004,8 +1020,10 @@ static int attentionForwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
     const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
-    const int width = attnInputsWidth(H, G, dk, dv), stride = attnInputsStride(H, G, dk, dv);
-    TRY(gemmRowMajorTo(&m->gemm, st, 0, 1, N, width, C, 1.0f, a->xn, C, W(li->wq), C, 0.0f, NULL,
+    /* all stride rows of the weight block: the padding rows are zero, so
+     * the padding columns come out zero */
+    const int stride = attnInputsStride(H, G, dk, dv);
+    TRY(gemmRowMajorTo(&m->gemm, st, 0, 1, N, stride, C, 1.0f, a->xn, C, W(li->wq), C, 0.0f, NULL,
                        stride, sc->proj, m->mode.op, stride, err));
     const AttnInputTensors ins = {a->qb, {a->kb[0], a->kb[1], a->kb[2]},
                                   {a->vb[0], a->vb[1], a->vb[2]}, a->gb};
@@ -1163,7 +1181,7 @@ static int attentionBackwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
     const NsaModelConfig *c = &m->cfg;
     const int B = dims->B, S = dims->S, N = B * S, C = c->dim;
     const int H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
-    const int width = attnInputsWidth(H, G, dk, dv), stride = attnInputsStride(H, G, dk, dv);
+    const int stride = attnInputsStride(H, G, dk, dv);
     const Scratch *sc = &m->sc;
     cudaStream_t st = m->stream;
     if (m->mode.op != DTYPE_BF16)
@@ -1177,10 +1195,11 @@ static int attentionBackwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
                                     {sc->dvb[0], sc->dvb[1], sc->dvb[2]}, sc->dgb};
     TRY(attnInputsBackward(sc->proj, m->mode.op, grads, a->gates, m->rope, B, S, H, G, dk, dv, st,
                            err));
-    /* dxn = d W_all, dW_all += d^T xn, d's rows stride apart */
-    TRY(gemmRowMajor(&m->gemm, st, 0, 0, N, C, width, 1.0f, sc->proj, stride, W(li->wq), C, 0.0f,
+    /* dxn = d W_all, dW_all += d^T xn over all stride rows: d's padding
+     * columns are zero, so they add nothing and the padding stays zero */
+    TRY(gemmRowMajor(&m->gemm, st, 0, 0, N, C, stride, 1.0f, sc->proj, stride, W(li->wq), C, 0.0f,
                      sc->dxn, C, sc->dxn, C, err));
-    TRY(gemmRowMajor(&m->gemm, st, 1, 0, width, C, N, 1.0f, sc->proj, stride, a->xn, C, 1.0f,
+    TRY(gemmRowMajor(&m->gemm, st, 1, 0, stride, C, N, 1.0f, sc->proj, stride, a->xn, C, 1.0f,
                      GR(li->wq), C, GR(li->wq), C, err));
     return 0;
 }

@@ -766,6 +766,7 @@ static void testAttnInputs(Results *res, int B, int S, int H, int G, int dk, int
     int rc = attnInputsForward(ins, ggates, gproj, pt, gtab, B, S, H, G, dk, dv, 0, &err) ||
              attnInputsBackward(gdproj, pt, grads, ggates, gtab, B, S, H, G, dk, dv, 0, &err);
     double worst_f = 0, worst_b = 0, worst_g = 0;
+    size_t pad_nonzero = 0;   /* the gradient row's padding must come out zero */
     if (!rc) {
         for (int j = 0; j < 8; j++) {
             float *h = hostFromTyped(out[j], N * part[j], DTYPE_BF16);
@@ -779,6 +780,10 @@ static void testAttnInputs(Results *res, int B, int S, int H, int G, int dk, int
         /* backward reference from the rounded bf16 gradients and the
          * gates the forward kept */
         float *dp = hostFromTyped(gdproj, N * width, pt);
+        const int used = attnInputsWidth(H, G, dk, dv);
+        for (size_t r = 0; r < N; r++)
+            for (int c = used; c < width; c++)
+                if (dp[r * width + c] != 0.0f) pad_nonzero++;
         col = 0;
         for (int j = 0; j < 8; j++) {
             const size_t n = N * part[j];
@@ -800,8 +805,9 @@ static void testAttnInputs(Results *res, int B, int S, int H, int G, int dk, int
     }
     const double budget = pt == DTYPE_F32 ? 8e-3 : 1e-2;
     if (rc) report(res, 0, nowSeconds() - t0, name, "%s", err.message);
-    else report(res, worst_f < budget && worst_b < budget && worst_g < 1e-6,
-                nowSeconds() - t0, name, "fwd %.2e gates %.2e bwd %.2e", worst_f, worst_g, worst_b);
+    else report(res, worst_f < budget && worst_b < budget && worst_g < 1e-6 && pad_nonzero == 0,
+                nowSeconds() - t0, name, "fwd %.2e gates %.2e bwd %.2e, %zu padding not zero",
+                worst_f, worst_g, worst_b, pad_nonzero);
     for (int j = 0; j < 8; j++) { free(ref[j]); free(grad_h[j]); cudaFree(out[j]); cudaFree(grad_d[j]); }
     free(proj); free(rproj); free(tab); free(table);
     cudaFree(gproj); cudaFree(gtab); cudaFree(ggates); cudaFree(gdproj);
