@@ -188,3 +188,17 @@ int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err) {
 int weightsToModel(const Weights *w, NsaModel *m, NsaError *err) {
     return copyAll(w, m, setModel, err);
 }
+
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+                              NsaError *err) {
+    NsaDecoderOptions o = {.device = device,
+                           .precision = device == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
+                           .max_batch = slots,
+                           .max_context = context};
+    NsaDecoder *d = nsaDecoderCreate(&w->job.model, &o, err);
+    if (d && weightsToDecoder(w, d, err)) {
+        nsaDecoderFree(d);
+        return NULL;
+    }
+    return d;
+}

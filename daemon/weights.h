@@ -50,6 +50,12 @@ const char *weightsTokenizer(const Weights *w);
 int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err);
 int weightsToModel(const Weights *w, NsaModel *m, NsaError *err);
 
+/* A decoder on device (CPU: fp32; CUDA: bf16) for `slots` sequences of up
+ * to `context` tokens, holding w's weights. NULL with err on failure. The
+ * caller frees with nsaDecoderFree. */
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+                              NsaError *err);
+
 /* Tensor i of the layout of w->job.model as fp32 into dst (numel floats);
  * for export. Returns 0, or -1 with err for a bad index. */
 int weightsTensor(const Weights *w, int i, const NsaTensorInfo **info, float *dst, NsaError *err);
