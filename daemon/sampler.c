@@ -110,6 +110,44 @@ size_t sampleUtf8Complete(const char *buf, size_t len) {
     return len;
 }
 
+/* Bytes of the valid sequence at s[0..len), or 0 when none starts there. */
+static size_t utf8Valid(const unsigned char *s, size_t len) {
+    const unsigned char c = s[0];
+    if (c >= 0x01 && c < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;   /* the second byte's range */
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) n = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEF) n = 3, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c == 0xF0) n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF4) n = 4, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return 0;
+    if (len < n || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    return n;
+}
+
+char *sampleUtf8Clean(const char *buf, size_t len) {
+    char *out = malloc(3 * len + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8Valid((const unsigned char *)buf + i, len - i);
+        if (n) {
+            memcpy(out + o, buf + i, n);
+            o += n;
+            i += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
 /* ---- generation ------------------------------------------------------------------- */
 
 static double nowSeconds(void) {

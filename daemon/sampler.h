@@ -76,4 +76,9 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
  * Invalid bytes count as whole (the JSON writer replaces them). */
 size_t sampleUtf8Complete(const char *buf, size_t len);
 
+/* A malloc'd NUL-terminated copy of buf[0..len) that is valid UTF-8: each
+ * byte that does not start a whole, valid sequence (and each NUL) becomes
+ * U+FFFD. NULL when out of memory. The caller frees. */
+char *sampleUtf8Clean(const char *buf, size_t len);
+
 #endif
