@@ -246,8 +246,9 @@ static void *inferMain(void *arg) {
             const double t0 = nowSeconds();
             if (q->job.kind == INFER_SAMPLE) runSample(&q->job, q->stream);
             else runEval(&q->job, q->stream);
-            logInfo("%s on %s: %.2f s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
-                    q->job.checkpoint, nowSeconds() - t0);
+            logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
+                    q->job.checkpoint, nowSeconds() - t0,
+                    streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");
         }
         streamClose(q->stream);
         free(q->job.prompt);
