@@ -216,7 +216,7 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaS
 
 /* ---- selection -------------------------------------------------------------- */
 
-#define SEL_THREADS 1024
+#define SEL_THREADS 256
 #define SEL_PER_THREAD (DEC_MAX_SEL_BLOCKS / SEL_THREADS)
 
 /* Sum of v over the block (every thread gets it). scratch: 32 ints. */
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     int valid[SEL_PER_THREAD], chosen[SEL_PER_THREAD];
     int n_cand = 0;
 #pragma unroll
-    for (int r = 0; r < SEL_PER_THREAD; r++) {
+    for (int r = 0; r < SEL_PER_THREAD; r++) {   /* every slot set: later loops read them */
         const int j = r * SEL_THREADS + threadIdx.x;
         const int forced = j == 0 || j == current || j == current - 1;
         valid[r] = j < n_complete && !forced;
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
             const unsigned cand = tau | (1u << bit);
             int cnt = 0;
 #pragma unroll
-            for (int r = 0; r < SEL_PER_THREAD; r++) cnt += valid[r] && key[r] >= cand;
+            for (int r = 0; r < SEL_PER_THREAD; r++) cnt += valid[r] && key[r] >= cand;   /* 0 past Ns */
             if (blockSumInt(cnt, scratch) >= want) tau = cand;
         }
         int gt = 0;
@@ -340,6 +340,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         int eq_before = 0;
 #pragma unroll
         for (int r = 0; r < SEL_PER_THREAD; r++) {
+            if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing valid past Ns */
             const int eq = valid[r] && key[r] == tau;
             int total;
             const int rank = eq_before + blockPrefix(eq, scratch, &total);
@@ -352,6 +353,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     int written = 0;
 #pragma unroll
     for (int r = 0; r < SEL_PER_THREAD; r++) {
+        if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing chosen past Ns */
         int total;
         const int at = written + blockPrefix(chosen[r], scratch, &total);
         if (chosen[r] && at < dm.slots) out[at] = r * SEL_THREADS + threadIdx.x;
