@@ -4,7 +4,7 @@
 #   make test    install what is missing, build, run every CPU test
 #
 # Other targets: all (default build), deps, check-deps, gpu-test (GPU machine),
-# bench-attn and bench-train (GPU machine), clean. `make V=1` shows the commands.
+# bench-attn, bench-train and bench-decode (GPU machine), clean. `make V=1` shows the commands.
 #
 # The engine (kernels/ -> build/libnsa.{a,so}) needs libc and, when nvcc is
 # found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
@@ -70,7 +70,7 @@ $(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
 $(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 CTL_LIBS    := -lcurl -lcjson
 
-.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train clean corpus
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode clean corpus
 all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
 
 # ---- the two set-up commands ------------------------------------------------
@@ -153,6 +153,9 @@ bench-attn:
 
 bench-train:
 	$(Q)$(MAKE) --no-print-directory -C bench train
+
+bench-decode:
+	$(Q)$(MAKE) --no-print-directory -C bench decode
 
 clean:
 	rm -rf $(BUILD)

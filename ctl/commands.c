@@ -805,6 +805,23 @@ const CtlCommand ctlCommands[] = {
      "The URL is --url (default http://127.0.0.1:8470) plus /#token=TOKEN; the\n"
      "token comes from --token, --token-file or the state dir (see nsactl --help).\n",
      cmdDashboard},
+    {"sample", "sample ID|CHECKPOINT_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
+               "       [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
+     "generate text from a run's latest checkpoint (or a checkpoint directory), streamed",
+     "nsad continues the prompt with NSA's decode caches and the text is printed as it\n"
+     "is generated; a summary (tokens, why it stopped, tokens/s) goes to stderr.\n"
+     "Defaults: 200 tokens, temperature 0.8 (0 is greedy), top-k off, top-p 0.95,\n"
+     "seed 1; the daemon's GPU when it has one. --stop ends the text at that string.\n"
+     "--json prints the daemon's JSON lines as they come. Not bounded by --timeout.\n",
+     ctlCmdSample},
+    {"eval", "eval ID|CHECKPOINT_DIR --data PATH [--seq-len N] [--batch N] [--max-tokens N] [--device D]",
+     "held-out loss and bits per byte of a checkpoint on a data file",
+     "PATH (.txt, .jsonl, a directory of them, or .bin token shards; as the daemon\n"
+     "sees it) is cut into consecutive windows of seq_len + 1 tokens, every\n"
+     "prediction scored. Progress on stderr, the result on stdout. Defaults: the\n"
+     "run's seq_len, batch min(batch_size, 4), the whole file. Not bounded by\n"
+     "--timeout.\n",
+     ctlCmdEval},
     {"version", "version", "nsactl's and nsad's versions", "", cmdVersion},
     {NULL, NULL, NULL, NULL, NULL},
 };

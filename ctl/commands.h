@@ -19,6 +19,10 @@ extern const CtlCommand ctlCommands[];
 /* Returns the command of that name, or NULL. */
 const CtlCommand *ctlFindCommand(const char *name);
 
+/* The commands that use a trained checkpoint (use.c). */
+int ctlCmdSample(Ctl *ctl, int argc, char **argv);
+int ctlCmdEval(Ctl *ctl, int argc, char **argv);
+
 /* Follows a run until it ends (watch.c): a live line on a terminal, a line
  * per change otherwise, a run object per change with --json. Returns 0 when
  * the run completed or halted, CTL_EXIT_ERROR when it failed or was stopped

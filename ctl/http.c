@@ -147,40 +147,38 @@ static void describeCurlError(const HttpTarget *t, CURLcode rc, long os_errno, c
     }
 }
 
-int httpRequest(const HttpTarget *t, const char *method, const char *path,
-                const char *body, size_t body_len, const char *content_type,
-                HttpResponse *res, char *err, size_t errcap) {
-    memset(res, 0, sizeof *res);
+/* A curl handle for METHOD base_url+path with the headers nsad wants and
+ * body (may be NULL); *headers and *url are for the caller to free. NULL
+ * when out of memory. */
+static CURL *newRequest(const HttpTarget *t, const char *method, const char *path,
+                        const char *body, size_t body_len, const char *content_type,
+                        struct curl_slist **headers, char **url, char *detail) {
     size_t url_len = strlen(t->base_url) + strlen(path) + 1;
-    char *url = malloc(url_len);
+    *url = malloc(url_len);
+    *headers = NULL;
     CURL *curl = curl_easy_init();
-    if (!url || !curl) {
-        free(url);
+    if (!*url || !curl) {
+        free(*url);
+        *url = NULL;
         if (curl) curl_easy_cleanup(curl);
-        snprintf(err, errcap, "out of memory preparing the request");
-        return -1;
+        return NULL;
     }
-    snprintf(url, url_len, "%s%s", t->base_url, path);
-
-    struct curl_slist *headers = NULL;
+    snprintf(*url, url_len, "%s%s", t->base_url, path);
     char auth[HTTP_TOKEN_MAX + 32];
     char ctype[128];
-    headers = curl_slist_append(headers, "Accept: application/json");
+    *headers = curl_slist_append(*headers, "Accept: application/json");
     if (t->token[0]) {
         snprintf(auth, sizeof auth, "Authorization: Bearer %s", t->token);
-        headers = curl_slist_append(headers, auth);
+        *headers = curl_slist_append(*headers, auth);
     }
     if (body) {
         snprintf(ctype, sizeof ctype, "Content-Type: %s", content_type ? content_type : "application/json");
-        headers = curl_slist_append(headers, ctype);
+        *headers = curl_slist_append(*headers, ctype);
     }
     /* curl adds "Expect: 100-continue" to large POSTs; the daemon answers
      * straight away, so the extra round trip only costs a second's wait. */
-    headers = curl_slist_append(headers, "Expect:");
-
-    BodyBuffer buf = {0};
-    char detail[CURL_ERROR_SIZE] = "";
-    curl_easy_setopt(curl, CURLOPT_URL, url);
+    *headers = curl_slist_append(*headers, "Expect:");
+    curl_easy_setopt(curl, CURLOPT_URL, *url);
     if (t->socket_path[0]) curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, t->socket_path);
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
     if (body) {
@@ -190,22 +188,22 @@ int httpRequest(const HttpTarget *t, const char *method, const char *path,
         curl_easy_setopt(curl, CURLOPT_POSTFIELDS, "");
         curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)0);
     }
-    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collectBody);
-    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &buf);
+    curl_easy_setopt(curl, CURLOPT_HTTPHEADER, *headers);
     curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, detail);
     curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT_MS, 5000L);
-    if (t->timeout_ms > 0) curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, t->timeout_ms);
     curl_easy_setopt(curl, CURLOPT_USERAGENT, "nsactl");
     /* A proxy from the environment would see the bearer token and cannot
      * reach a loopback daemon anyway. */
     curl_easy_setopt(curl, CURLOPT_NOPROXY, "*");
+    return curl;
+}
 
-    CURLcode rc = curl_easy_perform(curl);
-    int ret = 0;
+/* After curl_easy_perform: the status and body into res (0), or err (-1). */
+static int finishRequest(const HttpTarget *t, CURL *curl, CURLcode rc, BodyBuffer *buf,
+                         const char *detail, HttpResponse *res, char *err, size_t errcap) {
     if (rc != CURLE_OK) {
-        if (buf.overflow)
+        if (buf->overflow)
             snprintf(err, errcap, "answer from nsad larger than %zu bytes; is --url pointing at nsad?",
                      HTTP_BODY_LIMIT);
         else {
@@ -213,22 +211,101 @@ int httpRequest(const HttpTarget *t, const char *method, const char *path,
             curl_easy_getinfo(curl, CURLINFO_OS_ERRNO, &os_errno);
             describeCurlError(t, rc, os_errno, detail, err, errcap);
         }
-        free(buf.data);
-        ret = -1;
-    } else {
-        curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &res->status);
-        if (!buf.data) {
-            buf.data = calloc(1, 1);
-            if (!buf.data) {
-                snprintf(err, errcap, "out of memory reading the answer");
-                ret = -1;
-            }
-        }
-        res->body = buf.data;
-        res->len = buf.len;
+        free(buf->data);
+        return -1;
     }
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &res->status);
+    if (!buf->data) {
+        buf->data = calloc(1, 1);
+        if (!buf->data) {
+            snprintf(err, errcap, "out of memory reading the answer");
+            return -1;
+        }
+    }
+    res->body = buf->data;
+    res->len = buf->len;
+    return 0;
+}
+
+int httpRequest(const HttpTarget *t, const char *method, const char *path,
+                const char *body, size_t body_len, const char *content_type,
+                HttpResponse *res, char *err, size_t errcap) {
+    memset(res, 0, sizeof *res);
+    struct curl_slist *headers;
+    char *url;
+    char detail[CURL_ERROR_SIZE] = "";
+    CURL *curl = newRequest(t, method, path, body, body_len, content_type, &headers, &url, detail);
+    if (!curl) {
+        snprintf(err, errcap, "out of memory preparing the request");
+        return -1;
+    }
+    BodyBuffer buf = {0};
+    curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collectBody);
+    curl_easy_setopt(curl, CURLOPT_WRITEDATA, &buf);
+    if (t->timeout_ms > 0) curl_easy_setopt(curl, CURLOPT_TIMEOUT_MS, t->timeout_ms);
+    CURLcode rc = curl_easy_perform(curl);
+    int ret = finishRequest(t, curl, rc, &buf, detail, res, err, errcap);
     curl_slist_free_all(headers);
     curl_easy_cleanup(curl);
+    free(url);
+    return ret;
+}
+
+/* ---- streamed answers ---------------------------------------------------- */
+
+typedef struct LineStream {
+    CURL *curl;
+    BodyBuffer buf;     /* a 2xx answer: the partial last line; else the whole body */
+    HttpLineFn on_line;
+    void *ctx;
+    int stopped;        /* on_line asked to stop */
+} LineStream;
+
+static size_t collectLines(char *chunk, size_t size, size_t nmemb, void *userdata) {
+    LineStream *ls = userdata;
+    const size_t n = size * nmemb;
+    long status = 0;
+    curl_easy_getinfo(ls->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (collectBody(chunk, size, nmemb, &ls->buf) != n) return 0;
+    if (status < 200 || status >= 300) return n;
+    size_t start = 0;
+    for (size_t i = 0; i < ls->buf.len; i++) {
+        if (ls->buf.data[i] != '\n') continue;
+        if (i > start && ls->on_line(ls->ctx, ls->buf.data + start, i - start)) {
+            ls->stopped = 1;
+            return 0;
+        }
+        start = i + 1;
+    }
+    memmove(ls->buf.data, ls->buf.data + start, ls->buf.len - start);
+    ls->buf.len -= start;
+    ls->buf.data[ls->buf.len] = '\0';
+    return n;
+}
+
+int httpStream(const HttpTarget *t, const char *method, const char *path, const char *body,
+               size_t body_len, HttpLineFn on_line, void *ctx, HttpResponse *res, char *err,
+               size_t errcap) {
+    memset(res, 0, sizeof *res);
+    struct curl_slist *headers;
+    char *url;
+    char detail[CURL_ERROR_SIZE] = "";
+    LineStream ls = {.on_line = on_line, .ctx = ctx};
+    ls.curl = newRequest(t, method, path, body, body_len, "application/json", &headers, &url, detail);
+    if (!ls.curl) {
+        snprintf(err, errcap, "out of memory preparing the request");
+        return -1;
+    }
+    curl_easy_setopt(ls.curl, CURLOPT_WRITEFUNCTION, collectLines);
+    curl_easy_setopt(ls.curl, CURLOPT_WRITEDATA, &ls);
+    CURLcode rc = curl_easy_perform(ls.curl);
+    if (ls.stopped) rc = CURLE_OK;   /* stopping is the caller's choice, not a failure */
+    int ret = finishRequest(t, ls.curl, rc, &ls.buf, detail, res, err, errcap);
+    /* a last line without its newline */
+    if (ret == 0 && !ls.stopped && res->status >= 200 && res->status < 300 && res->len)
+        on_line(ctx, res->body, res->len);
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(ls.curl);
     free(url);
     return ret;
 }

@@ -65,6 +65,17 @@ int httpRequest(const HttpTarget *t, const char *method, const char *path,
                 const char *body, size_t body_len, const char *content_type,
                 HttpResponse *res, char *err, size_t errcap);
 
+/* Like httpRequest (body JSON), but the answer is read as it comes: while
+ * the status is 2xx each line of the body (without its newline; empty lines
+ * skipped) goes to on_line as soon as it is complete, and on_line returns
+ * non-zero to stop reading (a success). A non-2xx answer's body is collected
+ * into res as httpRequest does; a 2xx one leaves res->body empty. There is
+ * no whole-request timeout: a stream lasts as long as the daemon's job. */
+typedef int (*HttpLineFn)(void *ctx, const char *line, size_t len);
+int httpStream(const HttpTarget *t, const char *method, const char *path, const char *body,
+               size_t body_len, HttpLineFn on_line, void *ctx, HttpResponse *res, char *err,
+               size_t errcap);
+
 /* Frees the body; res may be reused. NULL-safe. */
 void httpResponseFree(HttpResponse *res);
 

@@ -10,9 +10,11 @@
 #include <string.h>
 #include <strings.h>
 
+#include "api_use.h"
 #include "log.h"
 #include "prom.h"
 #include "stackdump.h"
+#include "stream.h"
 
 #define API_PREFIX "/api/v1"
 #define SERIES_LIMIT 10000
@@ -22,6 +24,8 @@ static const char oom_body[] = "{\"error\":{\"code\":\"internal\",\"message\":\"
 void apiResponseFree(ApiResponse *res) {
     free(res->body);
     res->body = NULL;
+    if (res->stream) streamRelease(res->stream);
+    res->stream = NULL;
 }
 
 static void outOfMemory(ApiResponse *res) {
@@ -577,6 +581,10 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
             listRuns(svc, res);
     } else if (!strncmp(rest, "runs/", 5)) {
         routeRun(svc, req, res, rest + 5);
+    } else if (!strcmp(rest, "sample")) {
+        if (methodIs(req, res, "POST")) apiUseSample(svc, req, res);
+    } else if (!strcmp(rest, "eval")) {
+        if (methodIs(req, res, "POST")) apiUseEval(svc, req, res);
     } else if (!strcmp(rest, "debug/stacks")) {
         if (methodIs(req, res, "POST")) postStacks(svc, req, res);
     } else {

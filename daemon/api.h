@@ -34,6 +34,8 @@ typedef struct ApiResponse {
     char location[128];       /* "" or the Location header */
     int retry_after;          /* seconds, 0 = no header */
     int no_store;             /* Cache-Control: no-store */
+    struct Stream *stream;    /* not NULL: the body is this stream (daemon/stream.h), read until
+                                 its end; owned by the response (apiResponseFree releases it) */
 } ApiResponse;
 
 /* 1 when path belongs to the API (/api/... or /metrics), 0 for the
@@ -52,7 +54,7 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res);
 void apiError(ApiResponse *res, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
-/* Frees res->body; res can be reused. */
+/* Frees res->body and releases res->stream; res can be reused. */
 void apiResponseFree(ApiResponse *res);
 
 #endif

@@ -19,6 +19,7 @@
 
 #include "auth.h"
 #include "commands.h"
+#include "infer.h"
 #include "log.h"
 #include "sdnotify.h"
 #include "server.h"
@@ -501,6 +502,11 @@ int cmdServe(int argc, char **argv) {
         logError("state dir %s: %s", o.state_dir, err.message);
         return EXIT_CONFIG;
     }
+    if (!(svc->infer = inferStart(&err))) {
+        logError("%s", err.message);
+        serviceClose(svc);
+        return 1;
+    }
     ServerOptions so = {
         .listen_host = tcp ? host : NULL,
         .port = port,
@@ -516,6 +522,7 @@ int cmdServe(int argc, char **argv) {
     Server *srv = serverStart(&so, svc, &err);
     if (!srv) {
         logError("%s", err.message);
+        inferStop(svc->infer);
         serviceClose(svc);
         return 1;
     }
@@ -523,6 +530,7 @@ int cmdServe(int argc, char **argv) {
     if (serviceStartTrainer(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
         logError("%s", err.message);
         serverStop(srv);
+        inferStop(svc->infer);
         serviceShutdown(svc, (double)o.stop_timeout_s);
         serviceClose(svc);
         return 1;
@@ -565,7 +573,9 @@ int cmdServe(int argc, char **argv) {
         }
     }
     sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
-    serverStop(srv);
+    serverStop(srv);      /* first: it ends the streams the inference jobs write */
+    inferStop(svc->infer);
+    svc->infer = NULL;
     if (serviceShutdown(svc, (double)o.stop_timeout_s) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
                  (double)o.stop_timeout_s);

@@ -10,5 +10,8 @@ int cmdCheck(int argc, char **argv);   /* nsad check CONFIG.yaml      (daemon/cm
 int cmdTrain(int argc, char **argv);   /* nsad train CONFIG.yaml ...  (daemon/cmd_train.c) */
 int cmdServe(int argc, char **argv);   /* nsad serve ...              (daemon/cmd_serve.c) */
 int cmdDemo(int argc, char **argv);    /* nsad demo: one forward/backward (daemon/cmd_demo.c) */
+int cmdExport(int argc, char **argv);  /* nsad export CHECKPOINT --out DIR (daemon/cmd_export.c) */
+int cmdEval(int argc, char **argv);    /* nsad eval CHECKPOINT --data PATH (daemon/cmd_eval.c) */
+int cmdSample(int argc, char **argv);  /* nsad sample CHECKPOINT --prompt TEXT (daemon/cmd_sample.c) */
 
 #endif

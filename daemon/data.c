@@ -302,6 +302,10 @@ static int appendTextFile(const char *path, Bytes *text, Offsets *docs, NsaError
     return appendTxt(path, text, docs, err);
 }
 
+static const char *splitName(DataSplit split) {
+    return split == SPLIT_TRAIN ? "train" : split == SPLIT_VAL ? "val" : "whole";
+}
+
 /* Picks the document boundary nearest to the target that leaves both
  * splits at least `need` bytes. Returns 0 and *cut, or -1. */
 static int chooseCut(const Offsets *docs, size_t n, double val_fraction, size_t need, size_t *cut) {
@@ -357,7 +361,7 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         if (vf <= 0 && dl->split == SPLIT_VAL) {
             rc = nsaErrorf(err, "data.val_fraction: 0 leaves no validation split; allowed: above 0 to "
                           "evaluate");
-        } else if (vf > 0) {
+        } else if (vf > 0 && dl->split != SPLIT_ALL) {
             size_t cut = 0;
             if (chooseCut(&docs, text.len, vf, need, &cut) != 0)
                 rc = nsaErrorf(err, "data.val_fraction: %g: %s (%zu bytes, %zu documents) has no document "
@@ -372,7 +376,7 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     }
     if (rc == 0 && end - begin < need)
         rc = nsaErrorf(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
-                      path, dl->split == SPLIT_TRAIN ? "train" : "val", end - begin, need);
+                      path, splitName(dl->split), end - begin, need);
     free(docs.data);
     if (rc != 0) {
         free(text.data);
@@ -498,12 +502,13 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     for (size_t i = 0; rc == 0 && i < files.len; i++) {
         rc = mapShard(files.data[i], &dl->maps[i], &tok[i], &count[i], err);
         dl->n_maps = (int)i + 1;
-        if (rc == 0 && (!by_name || isValShard(files.data[i]) == (dl->split == SPLIT_VAL))) total += count[i];
+        if (rc == 0 && (!by_name || dl->split == SPLIT_ALL || isValShard(files.data[i]) == (dl->split == SPLIT_VAL)))
+            total += count[i];
     }
 
     /* [lo, hi) of the concatenation of this split's files */
     uint64_t lo = 0, hi = total;
-    if (rc == 0 && !by_name) {
+    if (rc == 0 && !by_name && dl->split != SPLIT_ALL) {
         double vf = cfg->data.val_fraction;
         uint64_t n_val = (uint64_t)((double)total * vf);
         if (dl->split == SPLIT_VAL && vf <= 0)
@@ -516,13 +521,13 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     uint64_t need = (uint64_t)cfg->train.seq_len + 1;
     if (rc == 0 && hi - lo < need)
         rc = nsaErrorf(err, "data.path: %s: the %s split has %llu tokens, fewer than train.seq_len + 1 (%llu)",
-                      path, dl->split == SPLIT_TRAIN ? "train" : "val", (unsigned long long)(hi - lo),
+                      path, splitName(dl->split), (unsigned long long)(hi - lo),
                       (unsigned long long)need);
 
     /* segments for [lo, hi), each token checked against the vocabulary */
     uint64_t offset = 0;
     for (size_t i = 0; rc == 0 && i < files.len; i++) {
-        if (by_name && isValShard(files.data[i]) != (dl->split == SPLIT_VAL)) continue;
+        if (by_name && dl->split != SPLIT_ALL && isValShard(files.data[i]) != (dl->split == SPLIT_VAL)) continue;
         uint64_t a = offset > lo ? offset : lo, b = offset + count[i] < hi ? offset + count[i] : hi;
         if (a < b) {
             const uint16_t *t = tok[i] + (a - offset);
@@ -709,8 +714,8 @@ DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
                  cfg->train.seq_len, cfg->train.batch_size);
         return NULL;
     }
-    if (split != SPLIT_TRAIN && split != SPLIT_VAL) {
-        nsaErrorf(err, "data: split %d; allowed: train (0) or val (1)", (int)split);
+    if (split != SPLIT_TRAIN && split != SPLIT_VAL && split != SPLIT_ALL) {
+        nsaErrorf(err, "data: split %d; allowed: train (0), val (1) or all (2)", (int)split);
         return NULL;
     }
     DataLoader *dl = calloc(1, sizeof *dl);

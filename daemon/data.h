@@ -18,7 +18,9 @@
 
 typedef struct DataLoader DataLoader;
 
-typedef enum DataSplit { SPLIT_TRAIN = 0, SPLIT_VAL = 1 } DataSplit;
+/* SPLIT_ALL: the whole source, val_fraction and shard names ignored, read
+ * like the val split (consecutive windows) - for evaluating a file. */
+typedef enum DataSplit { SPLIT_TRAIN = 0, SPLIT_VAL = 1, SPLIT_ALL = 2 } DataSplit;
 
 /* Opens the source named by cfg->data for one split, producing batches of
  * batch x (seq_len + 1) tokens. Reads and validates every file up front:

@@ -15,6 +15,12 @@ static void usage(FILE *out) {
             "                          run one training job in the foreground\n"
             "  check CONFIG            validate a job config and print it resolved\n"
             "  demo [CONFIG]           one forward/backward on the CPU engine, loss printed\n"
+            "  export CHECKPOINT --out DIR [--dtype f32|bf16]\n"
+            "                          write the weights as safetensors + config.json + model card\n"
+            "  eval CHECKPOINT --data PATH [--seq-len N] [--batch N] [--device cpu|cuda]\n"
+            "                          held-out loss and bits per byte on a file\n"
+            "  sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T] [--seed S]\n"
+            "                          generate text from a checkpoint, printed as it comes\n"
             "  version                 print the version\n"
             "\n"
             "Each command takes --help.\n");
@@ -30,6 +36,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return cmdTrain(argc - 1, argv + 1);
     if (!strcmp(cmd, "check")) return cmdCheck(argc - 1, argv + 1);
     if (!strcmp(cmd, "demo")) return cmdDemo(argc - 1, argv + 1);
+    if (!strcmp(cmd, "export")) return cmdExport(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval")) return cmdEval(argc - 1, argv + 1);
+    if (!strcmp(cmd, "sample")) return cmdSample(argc - 1, argv + 1);
     if (!strcmp(cmd, "version") || !strcmp(cmd, "--version")) {
         printf("nsad %s\n", NSA_VERSION);
         return 0;

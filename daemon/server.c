@@ -23,6 +23,7 @@
 #include "auth.h"
 #include "log.h"
 #include "stackdump.h"
+#include "stream.h"
 
 #define CSP                                                                                                  \
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "                        \
@@ -49,6 +50,8 @@ struct Server {
     _Atomic unsigned open_connections;
     _Atomic int stop;
     int wake[2]; /* a byte here ends the HTTP thread's select */
+    pthread_mutex_t streams_lock;   /* the streamed responses alive (streamResponse) */
+    struct StreamResponse *streams;
     pthread_t thread;
     int thread_started;
 };
@@ -146,10 +149,82 @@ static int bindUnix(Server *srv, NsaError *err) {
     return 0;
 }
 
+/* ---- streamed responses -----------------------------------------------------------
+ * A response whose body is a Stream (daemon/stream.h: the JSON lines of the
+ * sample and eval routes) is read by MHD through a content reader on the
+ * HTTP thread. With nothing buffered the reader suspends the connection
+ * (from inside the callback, where MHD allows it) and the producer's next
+ * write resumes it (MHD_resume_connection may be called from any thread).
+ * The server lists its live streams: at stop, before MHD_stop_daemon (which
+ * must not find a suspended connection), each is aborted, which resumes it
+ * to its end. */
+typedef struct StreamResponse {
+    Server *srv;
+    Stream *stream;
+    struct MHD_Connection *conn;
+    struct StreamResponse *prev, *next;
+} StreamResponse;
+
+static void streamSuspend(void *ctx) {
+    StreamResponse *sr = ctx;
+    MHD_suspend_connection(sr->conn);
+}
+
+static void streamResume(void *ctx) {
+    StreamResponse *sr = ctx;
+    MHD_resume_connection(sr->conn);
+}
+
+static ssize_t streamReader(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    StreamResponse *sr = cls;
+    ssize_t n = streamRead(sr->stream, buf, max, streamSuspend, sr);
+    return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : n;
+}
+
+/* MHD is done with the response: the HTTP thread, or MHD_stop_daemon. */
+static void streamFree(void *cls) {
+    StreamResponse *sr = cls;
+    pthread_mutex_lock(&sr->srv->streams_lock);
+    if (sr->prev) sr->prev->next = sr->next;
+    else sr->srv->streams = sr->next;
+    if (sr->next) sr->next->prev = sr->prev;
+    pthread_mutex_unlock(&sr->srv->streams_lock);
+    streamRelease(sr->stream);
+    free(sr);
+}
+
+/* The response for res->stream, which it takes over; NULL on failure
+ * (res->stream released). */
+static struct MHD_Response *streamResponse(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
+    StreamResponse *sr = calloc(1, sizeof *sr);
+    struct MHD_Response *r = sr ? MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, streamReader,
+                                                                    sr, streamFree)
+                                : NULL;
+    if (!r) {
+        free(sr);
+        apiResponseFree(res);
+        return NULL;
+    }
+    sr->srv = srv;
+    sr->stream = res->stream;
+    sr->conn = conn;
+    res->stream = NULL;
+    streamSetWake(sr->stream, streamResume, sr);
+    pthread_mutex_lock(&srv->streams_lock);
+    sr->next = srv->streams;
+    if (sr->next) sr->next->prev = sr;
+    srv->streams = sr;
+    pthread_mutex_unlock(&srv->streams_lock);
+    return r;
+}
+
 /* ---- responses ------------------------------------------------------------------ */
 
 static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
+    struct MHD_Response *r =
+        res->stream ? streamResponse(srv, conn, res)
+                    : MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         apiResponseFree(res);
         return MHD_NO;
@@ -471,7 +546,8 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
     /* a hard cap above max_connections: up to it, requests get a 429 answer */
     unsigned hard_limit = srv->opt.max_connections + 16;
     l->mhd =
-        MHD_start_daemon(MHD_USE_ERROR_LOG, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+        MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, handleRequest, l,
+                         MHD_OPTION_LISTEN_SOCKET, l->fd,
                          MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT,
                          srv->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
                          MHD_OPTION_NOTIFY_COMPLETED, requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION,
@@ -533,6 +609,7 @@ Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
     }
     srv->opt = *opt;
     srv->svc = svc;
+    pthread_mutex_init(&srv->streams_lock, NULL);
     srv->tcp.fd = srv->unix_sock.fd = -1;
     srv->unix_sock.is_unix = 1;
     srv->wake[0] = srv->wake[1] = -1;
@@ -576,6 +653,10 @@ void serverStop(Server *srv) {
         (void)w;
         pthread_join(srv->thread, NULL);
     }
+    /* no connection may stay suspended into MHD_stop_daemon: end every stream */
+    pthread_mutex_lock(&srv->streams_lock);
+    for (StreamResponse *sr = srv->streams; sr; sr = sr->next) streamAbort(sr->stream);
+    pthread_mutex_unlock(&srv->streams_lock);
     Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
     for (int i = 0; i < 2; i++) {
         if (ls[i]->mhd) MHD_stop_daemon(ls[i]->mhd);
@@ -584,5 +665,6 @@ void serverStop(Server *srv) {
     if (srv->socket_path[0]) unlink(srv->socket_path);
     if (srv->wake[0] >= 0) close(srv->wake[0]);
     if (srv->wake[1] >= 0) close(srv->wake[1]);
+    pthread_mutex_destroy(&srv->streams_lock);
     free(srv);
 }

@@ -58,6 +58,7 @@ typedef struct Service {
     int64_t started_ns;
     pthread_t trainer;
     int trainer_started;
+    struct Infer *infer; /* sample and eval jobs (daemon/infer.c); set by cmd_serve, or NULL */
 } Service;
 
 /* CLOCK_MONOTONIC in nanoseconds. */

@@ -24,6 +24,7 @@
 #include "data.h"
 #include "log.h"
 #include "schedule.h"
+#include "trainsamples.h"
 
 /* ---- monitor ------------------------------------------------------------ */
 
@@ -135,6 +136,7 @@ typedef struct Trainer {
     int has_held_sample;
 
     NsaModel *model;
+    TrainSamples *samples;        /* the prompts continued at each evaluation, or NULL */
     DataLoader *train_data, *val_data;
     Artifacts *art;
     int32_t *tokens, *targets;
@@ -389,6 +391,24 @@ static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, Nsa
 
 /* ---- evaluation, logging, checkpoints ------------------------------------ */
 
+/* The evaluation's samples (daemon/trainsamples.c): samples.jsonl and a
+ * `samples` event. A sampling failure is logged and the run goes on: the
+ * samples are a view of the model, not part of its training. */
+static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
+    if (!t->samples) return 0;
+    char *detail = NULL;
+    NsaError e;
+    if (trainSamplesRun(t->samples, t->model, step, &detail, &e) != 0 ||
+        trainSamplesAppend(t->out_dir, detail, unixSeconds(), &e) != 0) {
+        logWarn("samples at step %" PRId64 ": %s", step, e.message);
+        free(detail);
+        return 0;
+    }
+    int rc = emitEvent(t, "samples", detail, err);
+    free(detail);
+    return rc;
+}
+
 static int evaluate(Trainer *t, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
     int64_t step = t->state.step;
@@ -424,7 +444,7 @@ static int evaluate(Trainer *t, NsaError *err) {
         printf("eval  %6" PRId64 " | val_loss %.4f | %.4f bits/byte\n", step, val, bpb);
         fflush(stdout);
     }
-    return 0;
+    return sampleAtEval(t, step, err);
 }
 
 static int saveCheckpoint(Trainer *t, NsaError *err) {
@@ -610,6 +630,7 @@ static void freeTrainer(Trainer *t) {
     artifactsClose(t->art);
     dataClose(t->train_data);
     dataClose(t->val_data);
+    trainSamplesFree(t->samples);
     nsaModelFree(t->model);
     free(t->tokens);
     free(t->targets);
@@ -753,6 +774,10 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     t->art = artifactsOpen(t->out_dir, resumed ? t->state.step : -1, err);
     if (!t->art) return -1;
     if (resumed) loadValHistory(t);
+    const char *no_samples = NULL;
+    t->samples = trainSamplesCreate(&t->job, &no_samples, &e);
+    if (!t->samples && no_samples) logInfo("samples: none (%s)", no_samples);
+    else if (!t->samples) logWarn("samples: none: %s", e.message);
     NsaMemoryReport mem;
     int have_mem = nsaModelMemoryReport(t->model, &mem) == 0;
     if (artifactsWriteEnv(t->out_dir, &t->job, have_mem ? &mem : NULL,

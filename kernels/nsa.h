@@ -271,6 +271,78 @@ typedef struct NsaMemoryReport {
 } NsaMemoryReport;
 int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out);
 
+/* ---- decoding (kernels/nsa_decode.c, kernels/cpu/decode.c, cuda/decode.cu)
+ * Token-by-token generation with NSA's caches, per slot (one sequence each)
+ * and layer: the selection branch's keys and values of every position (its
+ * blocks may come from anywhere in the past), the window branch's last w
+ * keys and values (a ring), the last l raw compressed-branch keys and values
+ * (a ring) and the pooled compressed blocks, a new one every d tokens once l
+ * tokens are there. A step embeds one new token per slot, appends its keys
+ * and values, scores the selection blocks from the new token's compressed
+ * attention and runs the three branches over the caches; logits at a
+ * position are those of nsaModelForward at that position (the CPU decoder
+ * reuses the reference ops and their summation orders; tests/unit/
+ * test_decode.c checks it against the full forward).
+ * A decoder holds its own copy of the weights (set from a model or tensor by
+ * tensor, in the layout of nsaModelTensorInfo) and allocates everything at
+ * create: nothing later. CPU: F32 or F64, the reference's arithmetic. CUDA:
+ * BF16 weights and caches, fp32 accumulation and residual stream, each step
+ * one CUDA graph (no host synchronisation inside it but the logits copy). */
+typedef struct NsaDecoder NsaDecoder;
+
+typedef struct NsaDecoderOptions {
+    NsaDevice device;
+    int device_ordinal;     /* CUDA device index */
+    NsaPrecision precision; /* CPU: F32 or F64; CUDA: BF16 */
+    int max_batch;          /* slots: sequences decoded together */
+    int max_context;        /* tokens a slot holds: prompt + generated */
+} NsaDecoderOptions;
+
+/* Plans and allocates weights, caches and scratch. Returns NULL with err on
+ * a bad config or options or a failed allocation. Weights are zero until
+ * nsaDecoderLoadModel or nsaDecoderSetTensor; every slot starts empty.
+ * Free with nsaDecoderFree (NULL is a no-op). */
+NsaDecoder *nsaDecoderCreate(const NsaModelConfig *cfg, const NsaDecoderOptions *opt,
+                             NsaError *err);
+void nsaDecoderFree(NsaDecoder *d);
+const NsaModelConfig *nsaDecoderGetConfig(const NsaDecoder *d);
+const NsaDecoderOptions *nsaDecoderGetOptions(const NsaDecoder *d);
+
+/* The decoder's tensor table is the model's (nsaModelTensorInfo): the same
+ * names, shapes and indices. SetTensor copies host fp32 values of tensor i
+ * (numel floats) in. LoadModel copies every weight of m, whose config must
+ * equal the decoder's (a CPU model's arena is read at full precision, so an
+ * F64 decoder gets F64 weights; a CUDA model is read with
+ * nsaModelGetTensor: call it between steps). Both leave the caches alone.
+ * Return 0, or -1 with err (bad index, NULL, config mismatch). */
+int nsaDecoderNumTensors(const NsaDecoder *d);
+const NsaTensorInfo *nsaDecoderTensorInfo(const NsaDecoder *d, int i);
+int nsaDecoderFindTensor(const NsaDecoder *d, const char *name);
+int nsaDecoderSetTensor(NsaDecoder *d, int i, const float *src, NsaError *err);
+int nsaDecoderLoadModel(NsaDecoder *d, NsaModel *m, NsaError *err);
+
+/* Empties slot (its position goes back to 0); slot -1 empties every slot.
+ * Returns 0, or -1 with err for a slot out of range. */
+int nsaDecoderReset(NsaDecoder *d, int slot, NsaError *err);
+/* Tokens slot holds (its next position), or -1 for a bad slot. */
+int nsaDecoderPosition(const NsaDecoder *d, int slot);
+
+/* Appends n tokens (ids in [0, V)) to slot, in order, and writes the logits
+ * of the last one into logits [V] (may be NULL). Fails, changing nothing,
+ * when a token is out of range or the slot would hold more than
+ * max_context tokens. Synchronous. Returns 0 or -1 with err. */
+int nsaDecoderPrefill(NsaDecoder *d, int slot, const int32_t *tokens, int n, float *logits,
+                      NsaError *err);
+/* One decode step for slots 0..B-1: appends tokens[b] to slot b (each slot
+ * at its own position) and writes logits [B][V] (may be NULL). Same checks
+ * as Prefill. Synchronous (the logits are copied back). Returns 0 or -1. */
+int nsaDecoderStep(NsaDecoder *d, int B, const int32_t *tokens, float *logits, NsaError *err);
+
+/* Bytes the caches of one slot at context T read per decoded token, all
+ * layers (compressed blocks visible at T, the selected blocks, the window),
+ * at the decoder's cache precision; for benchmarks. 0 for NULL. */
+size_t nsaDecoderKvBytesPerToken(const NsaDecoder *d, int T);
+
 /* ---- the NSA attention op alone ----------------------------------------
  * Inputs after the projections and RoPE, phi = avg:
  *   q [B][S][H][d_k]; k_cmp, k_sel, k_win [B][S][G][d_k];

@@ -528,6 +528,7 @@
     $('events').textContent = '';
     $('config').textContent = '';
     $('anomaly').hidden = true;
+    resetSamples();
   }
 
   function selectRun(id, pushUrl) {
@@ -545,7 +546,7 @@
   }
 
   function showRunSections(show) {
-    ['run-card', 'charts-card', 'events-card', 'config-card'].forEach(function (id) { $(id).hidden = !show; });
+    ['run-card', 'charts-card', 'samples-card', 'events-card', 'config-card'].forEach(function (id) { $(id).hidden = !show; });
   }
 
   /* The run to show when the user has not picked one: a live run first,
@@ -820,6 +821,10 @@
       shownDetail = Object.assign({}, shownDetail);
       delete shownDetail.step;
     }
+    if (ev.type === 'samples' && shownDetail && Array.isArray(shownDetail.samples)) {
+      /* the texts are in the Samples card */
+      shownDetail = { samples: shownDetail.samples.length };
+    }
     var text = eventDetailText(shownDetail);
     detail.textContent = (isNum(ev.step) ? 'step ' + ev.step + (text ? '  ' : '') : '') + text;
     if (ev.detail && typeof ev.detail === 'object' && Object.keys(ev.detail).length) li.title = JSON.stringify(ev.detail);
@@ -845,10 +850,115 @@
       fresh.forEach(function (ev) {
         S.events.push(ev);
         list.insertBefore(eventItem(ev), list.firstChild);
+        if (ev.type === 'samples') renderSamples(ev);
       });
       while (list.children.length > MAX_EVENTS_SHOWN) list.removeChild(list.lastChild);
       if (S.events.length > MAX_EVENTS_SHOWN) S.events.splice(0, S.events.length - MAX_EVENTS_SHOWN);
       $('events-empty').hidden = true;
+    });
+  }
+
+  /* ---- samples ------------------------------------------------------------------ */
+
+  /* The latest `samples` event: each fixed prompt (dimmed) and what the
+   * model made of it at that evaluation. */
+  function renderSamples(ev) {
+    var d = ev.detail || {};
+    if (!Array.isArray(d.samples)) return;
+    var list = $('samples');
+    list.textContent = '';
+    d.samples.forEach(function (x) {
+      var li = document.createElement('li');
+      var prompt = document.createElement('span');
+      prompt.className = 'sample-prompt';
+      prompt.textContent = String(x.prompt || '');
+      var text = document.createElement('span');
+      text.className = 'sample-text';
+      text.textContent = String(x.text || '');
+      li.appendChild(prompt);
+      li.appendChild(text);
+      list.appendChild(li);
+    });
+    $('samples-step').textContent = isNum(d.step) ? 'at step ' + d.step : '';
+    $('samples-empty').hidden = d.samples.length > 0;
+  }
+
+  function resetSamples() {
+    $('samples').textContent = '';
+    $('samples-step').textContent = '';
+    $('samples-empty').hidden = false;
+    if (S.sampleAbort) S.sampleAbort.abort();
+    S.sampleAbort = null;
+    $('sample-out').hidden = true;
+    $('sample-out').textContent = '';
+    $('sample-note').hidden = true;
+    $('sample-btn').disabled = false;
+  }
+
+  /* POST /sample for the shown run and appends the text as its JSON lines
+   * arrive (proto/api.md); the note says how it ended. */
+  function generateSample() {
+    var id = S.runId;
+    var prompt = $('sample-prompt').value;
+    if (!id || !prompt || S.sampleAbort) return;
+    var tokens = parseInt($('sample-tokens').value, 10);
+    var temp = parseFloat($('sample-temp').value);
+    var body = { run: id, prompt: prompt };
+    if (isNum(tokens)) body.max_tokens = tokens;
+    if (isNum(temp)) body.temperature = temp;
+    var out = $('sample-out'), note = $('sample-note'), btn = $('sample-btn');
+    out.textContent = prompt;
+    out.hidden = false;
+    note.hidden = true;
+    btn.disabled = true;
+    var ctrl = window.AbortController ? new AbortController() : null;
+    S.sampleAbort = ctrl || { abort: function () {} };
+    var headers = { 'Accept': 'application/x-ndjson', 'Content-Type': 'application/json' };
+    var token = getToken();
+    if (token) headers['Authorization'] = 'Bearer ' + token;
+    function finish(text) {
+      if (S.sampleAbort !== (ctrl || S.sampleAbort)) return;
+      S.sampleAbort = null;
+      btn.disabled = false;
+      note.textContent = text;
+      note.hidden = !text;
+    }
+    function onLine(line) {
+      var msg;
+      try { msg = JSON.parse(line); } catch (e) { return; }
+      if (typeof msg.text === 'string') out.textContent += msg.text;
+      else if (msg.event === 'done') finish(msg.tokens + ' tokens, ' + msg.stop + ', ' + fmtFixed(msg.tokens_per_s, 1) + ' tokens/s');
+      else if (msg.event === 'error') finish('error: ' + msg.message);
+      else if (msg.event === 'start') note.textContent = 'step ' + msg.step + ' on ' + msg.device;
+    }
+    fetch(API + '/sample', { method: 'POST', headers: headers, body: JSON.stringify(body), cache: 'no-store',
+                             credentials: 'same-origin', signal: ctrl ? ctrl.signal : undefined }).then(function (res) {
+      if (!res.ok || !res.body) {
+        return res.text().then(function (text) {
+          var err = null;
+          try { err = JSON.parse(text).error; } catch (e) { err = null; }
+          finish('error: ' + (err && err.message ? err.message : 'HTTP ' + res.status));
+        });
+      }
+      var reader = res.body.getReader(), decoder = new TextDecoder(), pending = '';
+      function pump() {
+        return reader.read().then(function (r) {
+          if (r.done) {
+            if (pending) onLine(pending);
+            if (S.sampleAbort) finish('the stream ended early');
+            return;
+          }
+          pending += decoder.decode(r.value, { stream: true });
+          var lines = pending.split('\n');
+          pending = lines.pop();
+          lines.forEach(function (l) { if (l) onLine(l); });
+          return pump();
+        });
+      }
+      return pump();
+    }).catch(function (e) {
+      if (e && e.name === 'AbortError') return;
+      finish('error: ' + (e && e.message ? e.message : String(e)));
     });
   }
 
@@ -976,6 +1086,10 @@
       selectRun(e.target.value, true);
     });
     $('theme-btn').addEventListener('click', cycleTheme);
+    $('sample-form').addEventListener('submit', function (e) {
+      e.preventDefault();
+      generateSample();
+    });
 
     var smooth = $('smooth');
     smooth.value = String(S.smoothing);

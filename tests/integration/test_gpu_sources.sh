@@ -1,7 +1,8 @@
 #!/bin/sh
 # test_gpu_sources.sh - the programs that only run on the GPU machine
 # (tests/gpu/*.cu: the engine's checks, benchmark and training driver, the
-# fast attention op's checks; bench/attn/bench_nsa.cu) still compile here,
+# fast attention op's checks; bench/attn/bench_nsa.cu, bench/decode/bench_decode.cu)
+# still compile here,
 # so that a change to a header they share with the engine cannot break them
 # unnoticed between GPU sessions. Each is compiled to an object by the rule
 # its own Makefile uses, for sm_90a only (the kernels they link against are
@@ -26,6 +27,7 @@ programs=$(for f in tests/gpu/*.cu; do basename "$f" .cu; done)
 if [ -z "$NVCC" ]; then
     for p in $programs; do skip "tests/gpu/$p.cu compiles" "no nvcc"; done
     skip "bench/attn/bench_nsa.cu compiles" "no nvcc"
+    skip "bench/decode/bench_decode.cu compiles" "no nvcc"
     echo "1..$n"
     exit 0
 fi
@@ -44,6 +46,13 @@ if "$NVCC" -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-c
     ok "bench/attn/bench_nsa.cu compiles"
 else
     not_ok "bench/attn/bench_nsa.cu compiles" "$TMP/bench_nsa.log"
+fi
+# bench/decode builds through tests/gpu/Makefile (bench-decode-build)
+if make --no-print-directory -C tests/gpu NVCC="$NVCC" OUTDIR="$TMP/gpu" "$TMP/gpu/bench_decode.o" \
+    >"$TMP/bench_decode.log" 2>&1 && [ -s "$TMP/gpu/bench_decode.o" ]; then
+    ok "bench/decode/bench_decode.cu compiles"
+else
+    not_ok "bench/decode/bench_decode.cu compiles" "$TMP/bench_decode.log"
 fi
 echo "1..$n"
 [ "$failed" -eq 0 ]

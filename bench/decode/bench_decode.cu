@@ -1,0 +1,106 @@
+/* bench_decode.cu - NSA decode speed of the CUDA decoder (nsaDecoder*, the
+ * prototype-125m model shape: dim 768, 12 layers, 12 heads, 2 KV groups,
+ * d_k = d_v = 64, MLP 3072, V 256, l/d/l'/n/w = 32/16/64/16/512, phi avg) at
+ * one batch size and context length.
+ *
+ *   bench_decode CONTEXT BATCH [STEPS]
+ *
+ * Random bf16-valued weights (N(0, 0.02)); every slot is filled with CONTEXT
+ * random tokens through batched decode steps (each one CUDA graph), then
+ * STEPS (default 64) more steps are timed one by one, wall clock, each
+ * including the copy of the logits to the host (what sampling needs).
+ * Prints one JSON object:
+ *   {"impl": "nsa", "batch", "context", "steps", "ms_per_step",
+ *    "ms_per_step_p50", "tok_per_s", "kv_bytes_per_token", "fill_seconds"}
+ * kv_bytes_per_token: the cache bytes one token's attention reads, all
+ * layers (nsaDecoderKvBytesPerToken at the timed context). Runs on the GPU
+ * machine: make bench-decode. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+extern "C" {
+#include "nsa.h"
+#include "nsa_rng.h"
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void die(const char *what, const NsaError *err) {
+    fprintf(stderr, "bench_decode: %s: %s\n", what, err->message);
+    exit(1);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_decode CONTEXT BATCH [STEPS]\n");
+        return 2;
+    }
+    const int context = atoi(argv[1]), B = atoi(argv[2]), steps = argc > 3 ? atoi(argv[3]) : 64;
+    if (context < 1 || B < 1 || steps < 1) {
+        fprintf(stderr, "bench_decode: CONTEXT, BATCH and STEPS must be >= 1\n");
+        return 2;
+    }
+    NsaModelConfig cfg;
+    nsaModelConfigDefaults(&cfg);   /* the prototype's shape */
+    NsaDecoderOptions o = {};
+    o.device = NSA_DEVICE_CUDA;
+    o.precision = NSA_PREC_BF16;
+    o.max_batch = B;
+    o.max_context = context + steps;
+    NsaError err = {{0}};
+    NsaDecoder *d = nsaDecoderCreate(&cfg, &o, &err);
+    if (!d) die("create", &err);
+    for (int i = 0; i < nsaDecoderNumTensors(d); i++) {
+        const NsaTensorInfo *ti = nsaDecoderTensorInfo(d, i);
+        std::vector<float> w(ti->numel);
+        NsaRng rng;
+        nsaRngSeed(&rng, 42, (uint64_t)i);
+        for (float &v : w) v = ti->ndim == 1 ? 1.0f : (float)(0.02 * nsaRngNormal(&rng));
+        if (nsaDecoderSetTensor(d, i, w.data(), &err)) die("weights", &err);
+    }
+    NsaRng rng;
+    nsaRngSeed(&rng, 7, 0);
+    std::vector<int32_t> tok(B);
+    std::vector<float> logits((size_t)B * cfg.vocab_size);
+    const double f0 = now();
+    for (int t = 0; t < context; t++) {
+        for (int b = 0; b < B; b++) tok[b] = (int32_t)nsaRngBelow(&rng, cfg.vocab_size);
+        if (nsaDecoderStep(d, B, tok.data(), NULL, &err)) die("fill", &err);
+    }
+    const double fill = now() - f0;
+    std::vector<double> ms(steps);
+    for (int s = 0; s < steps; s++) {
+        for (int b = 0; b < B; b++) tok[b] = (int32_t)nsaRngBelow(&rng, cfg.vocab_size);
+        const double t0 = now();
+        if (nsaDecoderStep(d, B, tok.data(), logits.data(), &err)) die("step", &err);
+        ms[s] = (now() - t0) * 1e3;
+        for (float v : logits)
+            if (!isfinite(v)) {
+                fprintf(stderr, "bench_decode: non-finite logit at step %d\n", s);
+                return 1;
+            }
+    }
+    double sum = 0.0;
+    for (double v : ms) sum += v;
+    const double mean = sum / steps;
+    std::vector<double> sorted(ms);
+    std::sort(sorted.begin(), sorted.end());
+    printf("{\"impl\": \"nsa\", \"batch\": %d, \"context\": %d, \"steps\": %d, "
+           "\"ms_per_step\": %.4f, \"ms_per_step_p50\": %.4f, \"tok_per_s\": %.1f, "
+           "\"kv_bytes_per_token\": %zu, \"fill_seconds\": %.1f}\n",
+           B, context, steps, mean, sorted[steps / 2], B * 1e3 / mean,
+           nsaDecoderKvBytesPerToken(d, context + steps / 2), fill);
+    nsaDecoderFree(d);
+    return 0;
+}

@@ -1,0 +1,277 @@
+/* use.c - nsactl's commands that use a trained checkpoint through the
+ * daemon: `sample` (text streamed as it is generated) and `eval` (held-out
+ * loss with progress). Both name a run (its latest checkpoint) or a
+ * checkpoint directory, and read the JSON lines of POST /api/v1/sample and
+ * /api/v1/eval (proto/api.md) as they come. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "commands.h"
+
+typedef struct UseOption {
+    const char *name;
+    const char *value;
+} UseOption;
+
+/* argv into one positional argument and values of the named options (each
+ * takes a value; "--x V" or "--x=V"). Returns 0, or prints and returns -1. */
+static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int n_opts,
+                    const char **pos) {
+    *pos = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *arg = argv[i];
+        if (arg[0] == '-' && arg[1] == '-' && arg[2]) {
+            const char *eq = strchr(arg, '=');
+            const size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
+            UseOption *o = NULL;
+            for (int k = 0; k < n_opts; k++)
+                if (strlen(opts[k].name) == len && !strncmp(opts[k].name, arg, len)) o = &opts[k];
+            if (!o) {
+                fprintf(stderr, "nsactl %s: unknown option '%.*s' (see nsactl %s --help)\n", cmd,
+                        (int)len, arg, cmd);
+                return -1;
+            }
+            if (!eq && i + 1 >= argc) {
+                fprintf(stderr, "nsactl %s: %s needs a value\n", cmd, o->name);
+                return -1;
+            }
+            o->value = eq ? eq + 1 : argv[++i];
+        } else if (*pos) {
+            fprintf(stderr, "nsactl %s: unexpected argument '%s'\n", cmd, arg);
+            return -1;
+        } else {
+            *pos = arg;
+        }
+    }
+    if (!*pos) {
+        fprintf(stderr, "nsactl %s: missing argument; usage: nsactl %s\n", cmd,
+                ctlFindCommand(cmd)->synopsis);
+        return -1;
+    }
+    return 0;
+}
+
+/* {"run": ID} for a run id, {"checkpoint": /absolute/dir} for a path (the
+ * daemon does not share our working directory). Returns 0, or prints and
+ * returns -1. */
+static int addTarget(const char *cmd, cJSON *body, const char *what) {
+    if (!strchr(what, '/') && strcmp(what, ".") && strcmp(what, "..")) {
+        if (ctlCheckRunId(what)) return -1;
+        cJSON_AddStringToObject(body, "run", what);
+        return 0;
+    }
+    char abs[PATH_MAX];
+    if (!realpath(what, abs)) {
+        fprintf(stderr, "nsactl %s: checkpoint %s: %s\n", cmd, what, strerror(errno));
+        return -1;
+    }
+    cJSON_AddStringToObject(body, "checkpoint", abs);
+    return 0;
+}
+
+/* A number option into body as key; absent: nothing. Returns 0, or prints
+ * and returns -1. */
+static int addNumber(const char *cmd, cJSON *body, const char *key, const UseOption *o) {
+    if (!o->value) return 0;
+    char *end = NULL;
+    errno = 0;
+    const double v = strtod(o->value, &end);
+    if (errno || end == o->value || *end || !isfinite(v)) {
+        fprintf(stderr, "nsactl %s: %s '%s' is not a number\n", cmd, o->name, o->value);
+        return -1;
+    }
+    cJSON_AddNumberToObject(body, key, v);
+    return 0;
+}
+
+/* The exchange: prints the daemon's refusal like ctlCall does. */
+typedef struct UseRun {
+    Ctl *ctl;
+    const char *cmd;
+    int failed;         /* an {"event":"error"} line came */
+    int done;           /* the final line came */
+    int progress_shown; /* a \r progress line is on the terminal */
+} UseRun;
+
+static int streamCall(UseRun *u, const char *path, cJSON *body, HttpLineFn on_line) {
+    char *text = cJSON_PrintUnformatted(body);
+    cJSON_Delete(body);
+    if (!text) {
+        fprintf(stderr, "nsactl %s: out of memory\n", u->cmd);
+        return CTL_EXIT_ERROR;
+    }
+    HttpResponse res;
+    char err[HTTP_ERR_MAX];
+    const int rc = httpStream(&u->ctl->target, "POST", path, text, strlen(text), on_line, u, &res,
+                              err, sizeof err);
+    free(text);
+    if (rc != 0) {
+        fprintf(stderr, "nsactl: %s\n", err);
+        return CTL_EXIT_UNREACHABLE;
+    }
+    int exit_code = CTL_OK;
+    if (res.status < 200 || res.status >= 300) {
+        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
+        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
+                ctlString(e, "code", "?"), res.status);
+        cJSON_Delete(doc);
+        exit_code = res.status == 404 ? CTL_EXIT_NOT_FOUND
+                    : res.status == 409 ? CTL_EXIT_CONFLICT
+                    : res.status == 400 ? CTL_EXIT_USAGE
+                                        : CTL_EXIT_ERROR;
+    } else if (u->failed) {
+        exit_code = CTL_EXIT_ERROR;
+    } else if (!u->done) {
+        fprintf(stderr, "nsactl %s: the stream ended early (nsad stopped?)\n", u->cmd);
+        exit_code = CTL_EXIT_ERROR;
+    }
+    httpResponseFree(&res);
+    return exit_code;
+}
+
+/* An {"event":"error"} line: printed; 1 when it was one. */
+static int errorLine(UseRun *u, const cJSON *o) {
+    const char *ev = ctlString(o, "event", "");
+    if (strcmp(ev, "error")) return 0;
+    if (u->progress_shown) fputc('\n', stderr);
+    fprintf(stderr, "nsactl %s: %s\n", u->cmd, ctlString(o, "message", "(no message)"));
+    u->failed = 1;
+    return 1;
+}
+
+/* ---- sample ------------------------------------------------------------------ */
+
+static int sampleLine(void *ctx, const char *line, size_t len) {
+    UseRun *u = ctx;
+    cJSON *o = cJSON_ParseWithLength(line, len);
+    if (!o) return 0;
+    const char *ev = ctlString(o, "event", "");
+    if (u->ctl->json) {
+        fwrite(line, 1, len, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        if (!strcmp(ev, "done")) u->done = 1;
+        if (!strcmp(ev, "error")) u->failed = 1;
+    } else if (errorLine(u, o)) {
+    } else if (!strcmp(ev, "start")) {
+        fputs(ctlString(o, "prompt", ""), stdout);
+        fflush(stdout);
+    } else if (!strcmp(ev, "done")) {
+        double tokens = 0, tps = 0, step = 0;
+        ctlNumber(o, "tokens", &tokens);
+        ctlNumber(o, "tokens_per_s", &tps);
+        u->done = 1;
+        fprintf(stdout, "\n");
+        fflush(stdout);
+        (void)step;
+        fprintf(stderr, "[%.0f tokens, %s, %.1f tokens/s]\n", tokens, ctlString(o, "stop", "?"), tps);
+    } else {
+        fputs(ctlString(o, "text", ""), stdout);
+        fflush(stdout);
+    }
+    cJSON_Delete(o);
+    return 0;
+}
+
+int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
+    UseOption opts[] = {{"--prompt", NULL},      {"--max-tokens", NULL}, {"--temperature", NULL},
+                        {"--top-k", NULL},       {"--top-p", NULL},      {"--seed", NULL},
+                        {"--stop", NULL},        {"--device", NULL}};
+    const char *what;
+    if (parseUse("sample", argc, argv, opts, 8, &what)) return CTL_EXIT_USAGE;
+    if (!opts[0].value || !opts[0].value[0]) {
+        fprintf(stderr, "nsactl sample: --prompt TEXT is required\n");
+        return CTL_EXIT_USAGE;
+    }
+    cJSON *body = cJSON_CreateObject();
+    if (!body || addTarget("sample", body, what) ||
+        addNumber("sample", body, "max_tokens", &opts[1]) ||
+        addNumber("sample", body, "temperature", &opts[2]) ||
+        addNumber("sample", body, "top_k", &opts[3]) || addNumber("sample", body, "top_p", &opts[4]) ||
+        addNumber("sample", body, "seed", &opts[5])) {
+        cJSON_Delete(body);
+        return CTL_EXIT_USAGE;
+    }
+    cJSON_AddStringToObject(body, "prompt", opts[0].value);
+    if (opts[6].value) {
+        cJSON *stops = cJSON_AddArrayToObject(body, "stop");
+        cJSON_AddItemToArray(stops, cJSON_CreateString(opts[6].value));
+    }
+    if (opts[7].value) cJSON_AddStringToObject(body, "device", opts[7].value);
+    UseRun u = {.ctl = ctl, .cmd = "sample"};
+    return streamCall(&u, "/api/v1/sample", body, sampleLine);
+}
+
+/* ---- eval -------------------------------------------------------------------- */
+
+static int evalLine(void *ctx, const char *line, size_t len) {
+    UseRun *u = ctx;
+    cJSON *o = cJSON_ParseWithLength(line, len);
+    if (!o) return 0;
+    const char *ev = ctlString(o, "event", "");
+    double done = 0, total = 0, loss = NAN, v;
+    if (u->ctl->json) {
+        fwrite(line, 1, len, stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        if (!strcmp(ev, "result")) u->done = 1;
+        if (!strcmp(ev, "error")) u->failed = 1;
+    } else if (errorLine(u, o)) {
+    } else if (!strcmp(ev, "progress")) {
+        ctlNumber(o, "done", &done);
+        ctlNumber(o, "total", &total);
+        ctlNumber(o, "loss", &loss);
+        const int tty = isatty(STDERR_FILENO);
+        fprintf(stderr, "%seval: %5.1f%% (%.0f of %.0f tokens), loss %.4f%s", tty ? "\r" : "",
+                total > 0 ? 100.0 * done / total : 0.0, done, total, loss, tty ? "" : "\n");
+        u->progress_shown = tty;
+    } else if (!strcmp(ev, "result")) {
+        if (u->progress_shown) fputc('\n', stderr);
+        u->progress_shown = 0;
+        u->done = 1;
+        ctlNumber(o, "loss", &loss);
+        printf("%s (step %.0f) on %s: loss %.4f nats/token", ctlString(o, "checkpoint", "?"),
+               ctlNumber(o, "step", &v) ? v : 0.0, ctlString(o, "data", "?"), loss);
+        if (ctlNumber(o, "bits_per_byte", &v)) printf(", %.4f bits/byte", v);
+        double tokens = 0, windows = 0, seq = 0;
+        ctlNumber(o, "tokens", &tokens);
+        ctlNumber(o, "windows", &windows);
+        ctlNumber(o, "seq_len", &seq);
+        printf(" over %.0f tokens (%.0f windows of %.0f)\n", tokens, windows, seq);
+    }
+    cJSON_Delete(o);
+    return 0;
+}
+
+int ctlCmdEval(Ctl *ctl, int argc, char **argv) {
+    UseOption opts[] = {{"--data", NULL},       {"--seq-len", NULL}, {"--batch", NULL},
+                        {"--max-tokens", NULL}, {"--device", NULL}};
+    const char *what;
+    if (parseUse("eval", argc, argv, opts, 5, &what)) return CTL_EXIT_USAGE;
+    if (!opts[0].value || !opts[0].value[0]) {
+        fprintf(stderr, "nsactl eval: --data PATH is required\n");
+        return CTL_EXIT_USAGE;
+    }
+    char data[PATH_MAX];
+    if (!realpath(opts[0].value, data)) {
+        fprintf(stderr, "nsactl eval: --data %s: %s\n", opts[0].value, strerror(errno));
+        return CTL_EXIT_USAGE;
+    }
+    cJSON *body = cJSON_CreateObject();
+    if (!body || addTarget("eval", body, what) || addNumber("eval", body, "seq_len", &opts[1]) ||
+        addNumber("eval", body, "batch", &opts[2]) ||
+        addNumber("eval", body, "max_tokens", &opts[3])) {
+        cJSON_Delete(body);
+        return CTL_EXIT_USAGE;
+    }
+    cJSON_AddStringToObject(body, "data", data);
+    if (opts[4].value) cJSON_AddStringToObject(body, "device", opts[4].value);
+    UseRun u = {.ctl = ctl, .cmd = "eval"};
+    return streamCall(&u, "/api/v1/eval", body, evalLine);
+}

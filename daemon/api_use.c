@@ -1,0 +1,208 @@
+/* api_use.c - the routes that use a trained checkpoint (proto/api.md):
+ *   POST /api/v1/sample   text generated from a prompt, streamed
+ *   POST /api/v1/eval     held-out loss on a data file, with progress
+ * Both take {"run": ID} (its latest checkpoint) or {"checkpoint": DIR}, check
+ * every field here (400 naming it), queue a job on the inference worker
+ * (daemon/infer.c; 503 busy when INFER_QUEUE_MAX wait) and answer 200 with
+ * a stream of JSON lines (application/x-ndjson) that the worker writes. */
+#include "api.h"
+#include "api_use.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "checkpoint.h"
+#include "infer.h"
+
+/* The body as a JSON object whose fields are all in `allowed` (a
+ * comma-separated list); NULL after answering 400 otherwise. */
+static cJSON *parseBody(const ApiRequest *req, ApiResponse *res, const char *allowed) {
+    if (!req->body_len) {
+        apiError(res, 400, "invalid_argument", "the body is empty; send a JSON object");
+        return NULL;
+    }
+    cJSON *o = cJSON_ParseWithLength(req->body, req->body_len);
+    if (!cJSON_IsObject(o)) {
+        cJSON_Delete(o);
+        apiError(res, 400, "invalid_json", "the body must be a JSON object");
+        return NULL;
+    }
+    for (const cJSON *f = o->child; f; f = f->next) {
+        const size_t n = strlen(f->string);
+        int known = 0;
+        for (const char *p = allowed; *p && !known;) {
+            const char *end = strchr(p, ',');
+            const size_t len = end ? (size_t)(end - p) : strlen(p);
+            known = len == n && !strncmp(p, f->string, n);
+            p += len + (end ? 1 : 0);
+        }
+        if (!known) {
+            apiError(res, 400, "invalid_argument", "unknown field '%.60s'; allowed: %s", f->string,
+                     allowed);
+            cJSON_Delete(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
+/* An optional number field in [lo, hi] (whole when integral); 0 after a
+ * 400 answer, 1 when absent or set into *out. */
+static int numberField(const cJSON *o, const char *key, double lo, double hi, int integral,
+                       double *out, ApiResponse *res) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) return 1;
+    const double x = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!cJSON_IsNumber(v) || !(x >= lo && x <= hi) || (integral && x != floor(x))) {
+        apiError(res, 400, "invalid_argument", "%s: %s; allowed: a%s number from %g to %g", key,
+                 cJSON_IsNumber(v) ? "out of range" : "not a number", integral ? " whole" : "", lo,
+                 hi);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* "run" or "checkpoint" into a checkpoint spec weightsOpen takes; 0 after
+ * answering (400 both or neither, 404 unknown run or no checkpoint). */
+static int checkpointField(Service *svc, const cJSON *o, char *spec, size_t cap, ApiResponse *res) {
+    const cJSON *run = cJSON_GetObjectItemCaseSensitive(o, "run");
+    const cJSON *dir = cJSON_GetObjectItemCaseSensitive(o, "checkpoint");
+    if (!!run == !!dir || (run && !cJSON_IsString(run)) || (dir && !cJSON_IsString(dir))) {
+        apiError(res, 400, "invalid_argument",
+                 "give one of run (a run id) or checkpoint (a checkpoint directory), as a string");
+        return 0;
+    }
+    if (run) {
+        pthread_mutex_lock(&svc->lock);
+        const Run *r = runIdValid(run->valuestring) ? runsFind(svc->runs, run->valuestring) : NULL;
+        if (r) snprintf(spec, cap, "%s", r->out_dir);
+        pthread_mutex_unlock(&svc->lock);
+        if (!r) {
+            apiError(res, 404, "not_found", "no run '%.80s'", run->valuestring);
+            return 0;
+        }
+    } else if (snprintf(spec, cap, "%s", dir->valuestring) >= (int)cap) {
+        apiError(res, 400, "invalid_argument", "checkpoint: longer than %zu bytes", cap - 1);
+        return 0;
+    }
+    char found[WEIGHTS_PATH_MAX];
+    NsaError err = {{0}};
+    const int rc = checkpointResolve(NULL, spec, found, sizeof found, &err);
+    if (rc <= 0) {
+        if (rc == 0) apiError(res, 404, "not_found", "%s has no checkpoint yet", spec);
+        else apiError(res, 404, "not_found", "%s", err.message);
+        return 0;
+    }
+    return 1;
+}
+
+static int deviceField(const cJSON *o, int *device, ApiResponse *res) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "device");
+    *device = -1;
+    if (!v) return 1;
+    if (cJSON_IsString(v) && !strcmp(v->valuestring, "cpu")) *device = NSA_DEVICE_CPU;
+    else if (cJSON_IsString(v) && !strcmp(v->valuestring, "cuda")) *device = NSA_DEVICE_CUDA;
+    else {
+        apiError(res, 400, "invalid_argument", "device: allowed: \"cpu\" or \"cuda\"");
+        return 0;
+    }
+    return 1;
+}
+
+/* Queues job and answers with its stream. */
+static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
+    if (!svc->infer) {
+        free(job->prompt);
+        apiError(res, 503, "unavailable", "this nsad has no inference worker");
+        return;
+    }
+    NsaError err = {{0}};
+    Stream *s = inferSubmit(svc->infer, job, &err);
+    if (!s) {
+        apiError(res, 503, "busy", "%s", err.message);
+        res->retry_after = 5;
+        return;
+    }
+    res->status = 200;
+    res->body_len = 0;
+    res->content_type = "application/x-ndjson";
+    res->no_store = 1;
+    res->stream = s;
+}
+
+void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    cJSON *o = parseBody(req, res, "run,checkpoint,prompt,max_tokens,temperature,top_k,top_p,seed,"
+                                   "stop,device");
+    if (!o) return;
+    InferJob job = {.kind = INFER_SAMPLE};
+    sampleDefaults(&job.sample);
+    const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop");
+    double max_tokens = job.sample.max_tokens, top_k = 0, seed = (double)job.sample.seed;
+    int ok = checkpointField(svc, o, job.checkpoint, sizeof job.checkpoint, res) &&
+             deviceField(o, &job.device, res);
+    if (ok && (!cJSON_IsString(prompt) || !prompt->valuestring[0] ||
+               strlen(prompt->valuestring) > 65536)) {
+        apiError(res, 400, "invalid_argument", "prompt: a string of 1 to 65536 bytes is required");
+        ok = 0;
+    }
+    ok = ok && numberField(o, "max_tokens", 1, 100000, 1, &max_tokens, res) &&
+         numberField(o, "temperature", 0, 1e6, 0, &job.sample.temperature, res) &&
+         numberField(o, "top_k", 0, 1 << 24, 1, &top_k, res) &&
+         numberField(o, "top_p", 1e-9, 1, 0, &job.sample.top_p, res) &&
+         numberField(o, "seed", 0, 9007199254740992.0, 1, &seed, res);
+    if (ok && stop) {
+        const int n = cJSON_IsArray(stop) ? cJSON_GetArraySize(stop) : -1;
+        ok = n >= 0 && n <= SAMPLE_MAX_STOPS;
+        for (int i = 0; ok && i < n; i++) {
+            const cJSON *s = cJSON_GetArrayItem(stop, i);
+            ok = cJSON_IsString(s) && s->valuestring[0] && strlen(s->valuestring) <= SAMPLE_STOP_MAX;
+            if (ok) snprintf(job.sample.stops[i], sizeof job.sample.stops[i], "%s", s->valuestring);
+        }
+        if (!ok) {
+            apiError(res, 400, "invalid_argument",
+                     "stop: an array of at most %d strings of 1 to %d bytes", SAMPLE_MAX_STOPS,
+                     SAMPLE_STOP_MAX);
+            ok = 0;
+        }
+        job.sample.n_stops = n;
+    }
+    job.sample.max_tokens = (int)max_tokens;
+    job.sample.top_k = (int)top_k;
+    job.sample.seed = (uint64_t)seed;
+    if (ok) {
+        job.prompt = strdup(prompt->valuestring);
+        if (!job.prompt) apiError(res, 500, "internal", "out of memory");
+        else answerStream(svc, &job, res);
+    }
+    cJSON_Delete(o);
+}
+
+void apiUseEval(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    cJSON *o = parseBody(req, res, "run,checkpoint,data,seq_len,batch,max_tokens,device");
+    if (!o) return;
+    InferJob job = {.kind = INFER_EVAL};
+    const cJSON *data = cJSON_GetObjectItemCaseSensitive(o, "data");
+    double seq_len = 0, batch = 0, max_tokens = 0;
+    int ok = checkpointField(svc, o, job.checkpoint, sizeof job.checkpoint, res) &&
+             deviceField(o, &job.device, res);
+    if (ok && (!cJSON_IsString(data) || !data->valuestring[0] ||
+               snprintf(job.data, sizeof job.data, "%s", data->valuestring) >= (int)sizeof job.data)) {
+        apiError(res, 400, "invalid_argument",
+                 "data: a path (a .txt, .jsonl or .bin file, or a directory) is required");
+        ok = 0;
+    }
+    ok = ok && numberField(o, "seq_len", 1, 1 << 24, 1, &seq_len, res) &&
+         numberField(o, "batch", 1, 4096, 1, &batch, res) &&
+         numberField(o, "max_tokens", 1, 1e15, 1, &max_tokens, res);
+    job.seq_len = (int)seq_len;
+    job.batch = (int)batch;
+    job.max_tokens = (int64_t)max_tokens;
+    if (ok) answerStream(svc, &job, res);
+    cJSON_Delete(o);
+}

@@ -1,0 +1,146 @@
+/* cmd_sample.c - `nsad sample CHECKPOINT --prompt TEXT [...]`: generates
+ * text from a checkpoint in the foreground (daemon/sampler.c over an
+ * nsaDecoder), writing the prompt and then each new token's bytes to stdout
+ * as it comes; a summary line (tokens, why it stopped, tokens/s) goes to
+ * stderr. Exit 0 on success, 1 on a failure, 2 on a usage error. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "weights.h"
+
+static void sampleUsage(FILE *out) {
+    fprintf(out,
+            "usage: nsad sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T]\n"
+            "                   [--top-k K] [--top-p P] [--seed S] [--stop TEXT]...\n"
+            "                   [--device cpu|cuda]\n"
+            "\n"
+            "Generates text from a checkpoint (a checkpoint directory or a run's out_dir) with\n"
+            "NSA's decode caches, printing it as it is generated. Defaults: 200 tokens,\n"
+            "temperature 0.8 (0 is greedy), top-k off, top-p 0.95, seed 1, the run's device.\n"
+            "--stop (up to 4) ends the text when it ends with that string.\n");
+}
+
+static int parseNumber(const char *flag, const char *s, double lo, double hi, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (!*s || *end || errno || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "nsad sample: %s '%s'; allowed: a number from %g to %g\n", flag, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
+    (void)ctx;
+    (void)prompt;
+    if (fwrite(bytes, 1, len, stdout) != len) return 1;   /* stdout closed: stop */
+    fflush(stdout);
+    return 0;
+}
+
+int cmdSample(int argc, char **argv) {
+    const char *spec = NULL, *prompt = NULL, *device = NULL;
+    SampleOptions so;
+    sampleDefaults(&so);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            sampleUsage(stdout);
+            return 0;
+        } else if (v && !strcmp(a, "--prompt")) {
+            prompt = argv[++i];
+        } else if (v && !strcmp(a, "--device")) {
+            device = argv[++i];
+        } else if (v && !strcmp(a, "--stop")) {
+            if (so.n_stops == SAMPLE_MAX_STOPS || strlen(v) < 1 || strlen(v) > SAMPLE_STOP_MAX) {
+                fprintf(stderr, "nsad sample: --stop: at most %d strings of 1 to %d bytes\n",
+                        SAMPLE_MAX_STOPS, SAMPLE_STOP_MAX);
+                return EXIT_USAGE;
+            }
+            snprintf(so.stops[so.n_stops++], sizeof so.stops[0], "%s", argv[++i]);
+        } else if (v && !strcmp(a, "--max-tokens")) {
+            if (parseNumber(a, argv[++i], 1, 1000000, &x) || x != floor(x)) return EXIT_USAGE;
+            so.max_tokens = (int)x;
+        } else if (v && !strcmp(a, "--temperature")) {
+            if (parseNumber(a, argv[++i], 0, 1e6, &x)) return EXIT_USAGE;
+            so.temperature = x;
+        } else if (v && !strcmp(a, "--top-k")) {
+            if (parseNumber(a, argv[++i], 0, 1 << 24, &x) || x != floor(x)) return EXIT_USAGE;
+            so.top_k = (int)x;
+        } else if (v && !strcmp(a, "--top-p")) {
+            if (parseNumber(a, argv[++i], 1e-9, 1, &x)) return EXIT_USAGE;
+            so.top_p = x;
+        } else if (v && !strcmp(a, "--seed")) {
+            if (parseNumber(a, argv[++i], 0, 9007199254740992.0, &x) || x != floor(x))
+                return EXIT_USAGE;
+            so.seed = (uint64_t)x;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "nsad sample: unknown option or missing value: '%s'\n", a);
+            sampleUsage(stderr);
+            return EXIT_USAGE;
+        } else if (spec) {
+            fprintf(stderr, "nsad sample: one CHECKPOINT only (got '%s' and '%s')\n", spec, a);
+            return EXIT_USAGE;
+        } else {
+            spec = a;
+        }
+    }
+    if (!spec || !prompt) {
+        fprintf(stderr, "nsad sample: %s is required\n", spec ? "--prompt TEXT" : "CHECKPOINT");
+        sampleUsage(stderr);
+        return EXIT_USAGE;
+    }
+    if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fprintf(stderr, "nsad sample: --device '%s'; allowed: cpu or cuda\n", device);
+        return EXIT_USAGE;
+    }
+    NsaError err = {{0}};
+    Weights w;
+    if (weightsOpen(spec, &w, &err)) {
+        fprintf(stderr, "nsad sample: %s\n", err.message);
+        return 1;
+    }
+    const Tokenizer *tok = tokenizerFind(weightsTokenizer(&w));
+    const NsaDevice dev = device ? (!strcmp(device, "cuda") ? NSA_DEVICE_CUDA : NSA_DEVICE_CPU)
+                                 : w.job.runtime.device;
+    NsaDecoder *d = NULL;
+    int rc = 0;
+    if (!tok) {
+        fprintf(stderr, "nsad sample: the run's tokenizer '%s' cannot encode a prompt; allowed: %s\n",
+                weightsTokenizer(&w), tokenizerNames());
+        rc = 1;
+    } else if (!(d = weightsNewDecoder(&w, dev, 1,
+                                       (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
+                                       &err))) {
+        fprintf(stderr, "nsad sample: %s\n", err.message);
+        rc = 1;
+    }
+    if (rc == 0) {
+        fputs(prompt, stdout);
+        fflush(stdout);
+        SampleResult res;
+        const char *prompts[1] = {prompt};
+        if (sampleGenerate(d, tok, prompts, 1, &so, writeOut, NULL, &res, &err)) {
+            fprintf(stderr, "\nnsad sample: %s\n", err.message);
+            rc = 1;
+        } else {
+            const double gen = res.seconds - res.prefill_seconds;
+            fprintf(stderr, "\n[%d tokens, %s; %.1f tokens/s on %s; step %lld of %s]\n",
+                    res.tokens[0], sampleStopName(res.stop[0]),
+                    gen > 0 ? res.tokens[0] / gen : 0.0, dev == NSA_DEVICE_CUDA ? "cuda" : "cpu",
+                    (long long)w.state.step, w.dir);
+        }
+    }
+    nsaDecoderFree(d);
+    weightsClose(&w);
+    return rc;
+}

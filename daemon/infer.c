@@ -1,0 +1,339 @@
+/* infer.c - see infer.h. Lines a job writes (proto/api.md):
+ *   sample: {"event":"start",...} then {"text":"..."} as tokens come (whole
+ *           UTF-8 characters; a byte that is not becomes U+FFFD), then
+ *           {"event":"done","tokens","stop","seconds","tokens_per_s"}
+ *   eval:   {"event":"start",...}, {"event":"progress","done","total","loss"}
+ *           at most twice a second, then {"event":"result",...}
+ *   either: {"event":"error","message"} ends a job that failed. */
+#include "infer.h"
+#include "log.h"
+#include "stackdump.h"
+#include "tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct Queued {
+    InferJob job;
+    Stream *stream;
+    struct Queued *next;
+} Queued;
+
+struct Infer {
+    pthread_mutex_t lock;
+    pthread_cond_t cv;
+    Queued *head, *tail;
+    int waiting, stop;
+    pthread_t thread;
+};
+
+static double nowSeconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Writes o as one line and frees it. Returns -1 when the reader is gone. */
+static int writeLine(Stream *s, cJSON *o) {
+    char *text = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (!text) return -1;
+    size_t n = strlen(text);
+    text[n] = '\n';   /* over the NUL: written by length */
+    int rc = streamWrite(s, text, n + 1);
+    free(text);
+    return rc;
+}
+
+static void writeError(Stream *s, const char *message) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "event", "error");
+    cJSON_AddStringToObject(o, "message", message);
+    writeLine(s, o);
+}
+
+static NsaDevice pickDevice(int asked) {
+    if (asked >= 0) return (NsaDevice)asked;
+    NsaDeviceInfo info;
+    NsaError err;
+    return nsaDeviceProbe(&info, &err) == 0 && info.cuda_built && info.cuda_devices > 0
+               ? NSA_DEVICE_CUDA
+               : NSA_DEVICE_CPU;
+}
+
+static int cpuThreads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 8 ? 8 : (int)n;
+}
+
+static cJSON *startLine(const Weights *w, NsaDevice dev) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "event", "start");
+    cJSON_AddStringToObject(o, "checkpoint", w->dir);
+    cJSON_AddNumberToObject(o, "step", (double)w->state.step);
+    cJSON_AddStringToObject(o, "device", dev == NSA_DEVICE_CUDA ? "cuda" : "cpu");
+    return o;
+}
+
+/* ---- sample ------------------------------------------------------------------------ */
+
+typedef struct TextOut {
+    Stream *s;
+    char pending[16];   /* an incomplete UTF-8 sequence held back */
+    size_t n_pending;
+} TextOut;
+
+/* Writes pending + bytes as a {"text"} line, holding back an incomplete
+ * trailing sequence unless final. Returns -1 when the reader is gone. */
+static int flushText(TextOut *t, const char *bytes, size_t len, int final) {
+    char buf[sizeof t->pending + 64];
+    if (len > sizeof buf - t->n_pending) len = sizeof buf - t->n_pending;
+    memcpy(buf, t->pending, t->n_pending);
+    memcpy(buf + t->n_pending, bytes, len);
+    size_t total = t->n_pending + len;
+    size_t whole = final ? total : sampleUtf8Complete(buf, total);
+    t->n_pending = total - whole;
+    if (t->n_pending > sizeof t->pending) {   /* cannot be incomplete for that long */
+        whole = total;
+        t->n_pending = 0;
+    }
+    memcpy(t->pending, buf + whole, t->n_pending);
+    if (whole == 0) return streamCancelled(t->s) ? -1 : 0;
+    char *clean = sampleUtf8Clean(buf, whole);
+    cJSON *o = cJSON_CreateObject();
+    if (clean) cJSON_AddStringToObject(o, "text", clean);
+    free(clean);
+    return clean ? writeLine(t->s, o) : (cJSON_Delete(o), -1);
+}
+
+static int emitText(void *ctx, int prompt, const char *bytes, size_t len) {
+    (void)prompt;
+    return flushText(ctx, bytes, len, 0) ? 1 : 0;
+}
+
+static void runSample(InferJob *job, Stream *s) {
+    NsaError err = {{0}};
+    Weights w;
+    if (weightsOpen(job->checkpoint, &w, &err)) {
+        writeError(s, err.message);
+        return;
+    }
+    const Tokenizer *tok = tokenizerFind(weightsTokenizer(&w));
+    const NsaDevice dev = pickDevice(job->device);
+    NsaDecoder *d = NULL;
+    if (!tok) {
+        snprintf(err.message, sizeof err.message,
+                 "the run's tokenizer '%s' cannot encode a prompt; allowed: %s",
+                 weightsTokenizer(&w), tokenizerNames());
+    } else {
+        const size_t ctx = tokenizerMaxTokens(tok, strlen(job->prompt)) + (size_t)job->sample.max_tokens;
+        if (ctx > (1u << 24))
+            snprintf(err.message, sizeof err.message, "prompt + max_tokens: %zu tokens; allowed: at "
+                     "most %u", ctx, 1u << 24);
+        else
+            d = weightsNewDecoder(&w, dev, 1, (int)ctx, &err);
+    }
+    if (!d) {
+        writeError(s, err.message);
+        weightsClose(&w);
+        return;
+    }
+    cJSON *start = startLine(&w, dev);
+    cJSON_AddStringToObject(start, "prompt", job->prompt);
+    TextOut out = {.s = s};
+    SampleResult res;
+    const char *prompts[1] = {job->prompt};
+    if (writeLine(s, start) == 0) {
+        if (sampleGenerate(d, tok, prompts, 1, &job->sample, emitText, &out, &res, &err)) {
+            writeError(s, err.message);
+        } else if (res.stop[0] != SAMPLE_STOP_CANCEL && flushText(&out, "", 0, 1) == 0) {
+            const double gen = res.seconds - res.prefill_seconds;
+            cJSON *o = cJSON_CreateObject();
+            cJSON_AddStringToObject(o, "event", "done");
+            cJSON_AddNumberToObject(o, "tokens", res.tokens[0]);
+            cJSON_AddStringToObject(o, "stop", sampleStopName(res.stop[0]));
+            cJSON_AddNumberToObject(o, "seconds", res.seconds);
+            cJSON_AddNumberToObject(o, "prefill_seconds", res.prefill_seconds);
+            cJSON_AddNumberToObject(o, "tokens_per_s", gen > 0 ? res.tokens[0] / gen : 0.0);
+            writeLine(s, o);
+        }
+    }
+    nsaDecoderFree(d);
+    weightsClose(&w);
+}
+
+/* ---- eval -------------------------------------------------------------------------- */
+
+typedef struct Progress {
+    Stream *s;
+    double last;
+} Progress;
+
+static int evalProgress(void *ctx, int64_t done, int64_t total, double loss) {
+    Progress *p = ctx;
+    const double now = nowSeconds();
+    if (streamCancelled(p->s)) return 1;
+    if (done < total && now - p->last < 0.5) return 0;
+    p->last = now;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "event", "progress");
+    cJSON_AddNumberToObject(o, "done", (double)done);
+    cJSON_AddNumberToObject(o, "total", (double)total);
+    cJSON_AddNumberToObject(o, "loss", loss);
+    return writeLine(p->s, o) ? 1 : 0;
+}
+
+static void runEval(InferJob *job, Stream *s) {
+    NsaError err = {{0}};
+    Weights w;
+    if (weightsOpen(job->checkpoint, &w, &err)) {
+        writeError(s, err.message);
+        return;
+    }
+    const NsaDevice dev = pickDevice(job->device);
+    EvalOptions o = {.seq_len = job->seq_len, .batch = job->batch, .max_tokens = job->max_tokens,
+                     .device = dev, .precision = dev == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
+                     .threads = cpuThreads()};
+    evalOptionsFromPath(&o, job->data);
+    cJSON *start = startLine(&w, dev);
+    cJSON_AddStringToObject(start, "data", job->data);
+    Progress p = {.s = s, .last = nowSeconds()};
+    EvalResult r;
+    if (writeLine(s, start) == 0) {
+        if (evalRun(&w, &o, evalProgress, &p, &r, &err)) {
+            writeError(s, err.message);
+        } else {
+            cJSON *res = cJSON_CreateObject();
+            cJSON_AddStringToObject(res, "event", "result");
+            cJSON_AddStringToObject(res, "checkpoint", w.dir);
+            cJSON_AddNumberToObject(res, "step", (double)w.state.step);
+            cJSON_AddStringToObject(res, "data", job->data);
+            cJSON_AddNumberToObject(res, "loss", r.loss);
+            if (isfinite(r.bits_per_byte)) cJSON_AddNumberToObject(res, "bits_per_byte", r.bits_per_byte);
+            else cJSON_AddNullToObject(res, "bits_per_byte");
+            cJSON_AddNumberToObject(res, "tokens", (double)r.tokens);
+            cJSON_AddNumberToObject(res, "windows", (double)r.windows);
+            cJSON_AddNumberToObject(res, "seq_len", r.seq_len);
+            cJSON_AddNumberToObject(res, "batch", r.batch);
+            cJSON_AddNumberToObject(res, "seconds", r.seconds);
+            writeLine(s, res);
+        }
+    }
+    weightsClose(&w);
+}
+
+/* ---- the worker --------------------------------------------------------------------- */
+
+static void *inferMain(void *arg) {
+    Infer *inf = arg;
+    if (stackdumpRegisterThread("infer") != 0) logWarn("the infer thread is not in stack dumps");
+    pthread_mutex_lock(&inf->lock);
+    for (;;) {
+        while (!inf->stop && !inf->head) pthread_cond_wait(&inf->cv, &inf->lock);
+        if (inf->stop) break;
+        Queued *q = inf->head;
+        inf->head = q->next;
+        if (!inf->head) inf->tail = NULL;
+        inf->waiting--;
+        pthread_mutex_unlock(&inf->lock);
+        if (!streamCancelled(q->stream)) {
+            const double t0 = nowSeconds();
+            if (q->job.kind == INFER_SAMPLE) runSample(&q->job, q->stream);
+            else runEval(&q->job, q->stream);
+            logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
+                    q->job.checkpoint, nowSeconds() - t0,
+                    streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");
+        }
+        streamClose(q->stream);
+        free(q->job.prompt);
+        free(q);
+        pthread_mutex_lock(&inf->lock);
+    }
+    pthread_mutex_unlock(&inf->lock);
+    stackdumpUnregisterThread();
+    return NULL;
+}
+
+Infer *inferStart(NsaError *err) {
+    Infer *inf = calloc(1, sizeof *inf);
+    if (!inf) {
+        nsaErrorf(err, "inference: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&inf->lock, NULL);
+    pthread_cond_init(&inf->cv, NULL);
+    int rc = pthread_create(&inf->thread, NULL, inferMain, inf);
+    if (rc != 0) {
+        nsaErrorf(err, "inference: cannot start its thread: %s", strerror(rc));
+        pthread_mutex_destroy(&inf->lock);
+        pthread_cond_destroy(&inf->cv);
+        free(inf);
+        return NULL;
+    }
+    return inf;
+}
+
+void inferStop(Infer *inf) {
+    if (!inf) return;
+    pthread_mutex_lock(&inf->lock);
+    inf->stop = 1;
+    Queued *q = inf->head;
+    inf->head = inf->tail = NULL;
+    pthread_cond_broadcast(&inf->cv);
+    pthread_mutex_unlock(&inf->lock);
+    pthread_join(inf->thread, NULL);
+    while (q) {
+        Queued *next = q->next;
+        writeError(q->stream, "nsad is stopping");
+        streamClose(q->stream);
+        free(q->job.prompt);
+        free(q);
+        q = next;
+    }
+    pthread_mutex_destroy(&inf->lock);
+    pthread_cond_destroy(&inf->cv);
+    free(inf);
+}
+
+Stream *inferSubmit(Infer *inf, InferJob *job, NsaError *err) {
+    Queued *q = calloc(1, sizeof *q);
+    Stream *s = q ? streamCreate() : NULL;
+    if (!q || !s) {
+        free(q);
+        free(job->prompt);
+        job->prompt = NULL;
+        nsaErrorf(err, "inference: out of memory");
+        return NULL;
+    }
+    q->job = *job;
+    job->prompt = NULL;
+    q->stream = s;
+    pthread_mutex_lock(&inf->lock);
+    if (inf->waiting >= INFER_QUEUE_MAX || inf->stop) {
+        const int stopping = inf->stop;
+        pthread_mutex_unlock(&inf->lock);
+        free(q->job.prompt);
+        free(q);
+        streamClose(s);
+        streamRelease(s);
+        if (stopping)
+            nsaErrorf(err, "inference: nsad is stopping");
+        else
+            nsaErrorf(err, "inference: %d jobs wait already; allowed: at most %d", INFER_QUEUE_MAX,
+                      INFER_QUEUE_MAX);
+        return NULL;
+    }
+    if (inf->tail) inf->tail->next = q;
+    else inf->head = q;
+    inf->tail = q;
+    inf->waiting++;
+    pthread_cond_signal(&inf->cv);
+    pthread_mutex_unlock(&inf->lock);
+    return s;
+}

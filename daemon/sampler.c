@@ -1,0 +1,261 @@
+/* sampler.c - see sampler.h. */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nsa_rng.h"
+
+void sampleDefaults(SampleOptions *o) {
+    memset(o, 0, sizeof *o);
+    o->temperature = 0.8;
+    o->top_k = 0;
+    o->top_p = 0.95;
+    o->seed = 1;
+    o->max_tokens = 200;
+}
+
+int sampleValidate(const SampleOptions *o, NsaError *err) {
+    if (!isfinite(o->temperature) || o->temperature < 0)
+        return nsaErrorf(err, "temperature: %g; allowed: a finite number >= 0 (0 is greedy)",
+                         o->temperature);
+    if (o->top_k < 0) return nsaErrorf(err, "top_k: %d; allowed: 0 (off) or more", o->top_k);
+    if (!(o->top_p > 0 && o->top_p <= 1))
+        return nsaErrorf(err, "top_p: %g; allowed: above 0 up to 1 (1 is off)", o->top_p);
+    if (o->max_tokens < 1 || o->max_tokens > 1000000)
+        return nsaErrorf(err, "max_tokens: %d; allowed: 1 to 1000000", o->max_tokens);
+    if (o->n_stops < 0 || o->n_stops > SAMPLE_MAX_STOPS)
+        return nsaErrorf(err, "stop: %d strings; allowed: at most %d", o->n_stops, SAMPLE_MAX_STOPS);
+    for (int i = 0; i < o->n_stops; i++) {
+        size_t n = strlen(o->stops[i]);
+        if (n < 1 || n > SAMPLE_STOP_MAX)
+            return nsaErrorf(err, "stop[%d]: %zu bytes; allowed: 1 to %d", i, n, SAMPLE_STOP_MAX);
+    }
+    return 0;
+}
+
+const char *sampleStopName(SampleStop s) {
+    return s == SAMPLE_STOP_STRING ? "stop" : s == SAMPLE_STOP_CANCEL ? "cancelled" : "max_tokens";
+}
+
+/* ---- one token ------------------------------------------------------------------ */
+
+size_t sampleScratchBytes(int V) { return (size_t)V * (sizeof(double) + sizeof(int)); }
+
+/* Best first: logit descending, ties by id ascending. */
+static int byLogit(const void *a, const void *b, void *ctx) {
+    const float *z = ctx;
+    const int i = *(const int *)a, j = *(const int *)b;
+    if (z[i] != z[j]) return z[i] > z[j] ? -1 : 1;
+    return (i > j) - (i < j);
+}
+
+int samplePick(const float *logits, int V, const SampleOptions *o, double u, void *scratch) {
+    if (o->temperature == 0) {
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        return best;
+    }
+    double *p = scratch;
+    int *ids = (int *)(p + V);
+    for (int v = 0; v < V; v++) ids[v] = v;
+    qsort_r(ids, (size_t)V, sizeof *ids, byLogit, (void *)logits);
+    int n = o->top_k > 0 && o->top_k < V ? o->top_k : V;
+    const double zmax = logits[ids[0]];
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += p[i] = exp(((double)logits[ids[i]] - zmax) / o->temperature);
+    if (o->top_p < 1) {
+        double cum = 0;
+        int keep = 0;
+        while (keep < n && (keep == 0 || cum < o->top_p * sum)) cum += p[keep++];
+        n = keep;
+        sum = cum;
+    }
+    double target = u * sum, cum = 0;
+    for (int i = 0; i < n; i++) {
+        cum += p[i];
+        if (target < cum) return ids[i];
+    }
+    return ids[n - 1];
+}
+
+/* ---- UTF-8 ------------------------------------------------------------------------ */
+
+/* Length of the sequence a lead byte starts (1 for an invalid lead). */
+static size_t utf8Len(unsigned char c) {
+    if (c < 0x80) return 1;
+    if (c >= 0xC2 && c <= 0xDF) return 2;
+    if (c >= 0xE0 && c <= 0xEF) return 3;
+    if (c >= 0xF0 && c <= 0xF4) return 4;
+    return 1;
+}
+
+size_t sampleUtf8Complete(const char *buf, size_t len) {
+    size_t i = 0;
+    while (i < len) {
+        size_t n = utf8Len((unsigned char)buf[i]);
+        if (n == 1) {
+            i++;
+            continue;
+        }
+        size_t k = 1;
+        while (k < n && i + k < len && ((unsigned char)buf[i + k] & 0xC0) == 0x80) k++;
+        if (k < n && i + k == len) return i;   /* incomplete at the end: hold it back */
+        i += k;                                 /* whole, or invalid (ends early) */
+    }
+    return len;
+}
+
+/* Bytes of the valid sequence at s[0..len), or 0 when none starts there. */
+static size_t utf8Valid(const unsigned char *s, size_t len) {
+    const unsigned char c = s[0];
+    if (c >= 0x01 && c < 0x80) return 1;
+    size_t n;
+    unsigned char lo = 0x80, hi = 0xBF;   /* the second byte's range */
+    if (c >= 0xC2 && c <= 0xDF) n = 2;
+    else if (c == 0xE0) n = 3, lo = 0xA0;
+    else if (c >= 0xE1 && c <= 0xEF) n = 3, hi = c == 0xED ? 0x9F : 0xBF;
+    else if (c == 0xF0) n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF4) n = 4, hi = c == 0xF4 ? 0x8F : 0xBF;
+    else return 0;
+    if (len < n || s[1] < lo || s[1] > hi) return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((s[k] & 0xC0) != 0x80) return 0;
+    return n;
+}
+
+char *sampleUtf8Clean(const char *buf, size_t len) {
+    char *out = malloc(3 * len + 1);
+    if (!out) return NULL;
+    size_t o = 0;
+    for (size_t i = 0; i < len;) {
+        size_t n = utf8Valid((const unsigned char *)buf + i, len - i);
+        if (n) {
+            memcpy(out + o, buf + i, n);
+            o += n;
+            i += n;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* ---- generation ------------------------------------------------------------------- */
+
+static double nowSeconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Per prompt: its RNG, the tail of its text (for the stop strings), state. */
+typedef struct Gen {
+    NsaRng rng;
+    char tail[SAMPLE_STOP_MAX];
+    size_t tail_len;
+    int done;
+} Gen;
+
+static int endsWithStop(Gen *g, const SampleOptions *o, const char *bytes, size_t len) {
+    for (size_t i = 0; i < len; i++) {
+        if (g->tail_len == sizeof g->tail) {
+            memmove(g->tail, g->tail + 1, sizeof g->tail - 1);
+            g->tail_len--;
+        }
+        g->tail[g->tail_len++] = bytes[i];
+    }
+    for (int s = 0; s < o->n_stops; s++) {
+        size_t n = strlen(o->stops[s]);
+        if (n <= g->tail_len && !memcmp(g->tail + g->tail_len - n, o->stops[s], n)) return 1;
+    }
+    return 0;
+}
+
+int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *prompts, int n,
+                   const SampleOptions *o, SampleEmit emit, void *ctx, SampleResult *res,
+                   NsaError *err) {
+    memset(res, 0, sizeof *res);
+    const NsaDecoderOptions *dopt = nsaDecoderGetOptions(d);
+    const int V = nsaDecoderGetConfig(d)->vocab_size;
+    if (sampleValidate(o, err)) return -1;
+    if (n < 1 || n > SAMPLE_MAX_PROMPTS || n > dopt->max_batch)
+        return nsaErrorf(err, "sample: %d prompts; allowed: 1 to %d", n,
+                         dopt->max_batch < SAMPLE_MAX_PROMPTS ? dopt->max_batch : SAMPLE_MAX_PROMPTS);
+    if (tok->vocab_size > V)
+        return nsaErrorf(err, "sample: the %s tokenizer's %d ids do not fit the model's vocabulary (%d)",
+                         tok->name, tok->vocab_size, V);
+    const double t0 = nowSeconds();
+    float *logits = malloc((size_t)n * V * sizeof(float));
+    void *scratch = malloc(sampleScratchBytes(V));
+    Gen *gen = calloc((size_t)n, sizeof *gen);
+    int32_t *next = calloc((size_t)n, sizeof *next);
+    int rc = 0;
+    if (!logits || !scratch || !gen || !next) rc = nsaErrorf(err, "sample: out of memory");
+    /* prefill every prompt into its slot */
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const size_t len = strlen(prompts[i]);
+        uint16_t *ids16 = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(uint16_t));
+        int32_t *ids = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(int32_t));
+        size_t m = ids16 && ids ? tokenizerEncode(tok, (const uint8_t *)prompts[i], len, ids16) : 0;
+        for (size_t j = 0; j < m; j++) ids[j] = ids16[j];
+        if (!ids16 || !ids)
+            rc = nsaErrorf(err, "sample: out of memory for a prompt of %zu bytes", len);
+        else if (m == 0)
+            rc = nsaErrorf(err, "sample: prompt %d is empty; allowed: at least one token", i);
+        else if ((int64_t)m + o->max_tokens > dopt->max_context)
+            rc = nsaErrorf(err, "sample: prompt %d (%zu tokens) + max_tokens (%d) exceeds the "
+                                "context (%d)", i, m, o->max_tokens, dopt->max_context);
+        else if (nsaDecoderReset(d, i, err) ||
+                 nsaDecoderPrefill(d, i, ids, (int)m, logits + (size_t)i * V, err))
+            rc = -1;
+        free(ids16);
+        free(ids);
+        nsaRngSeed(&gen[i].rng, o->seed, (uint64_t)i);
+    }
+    res->prefill_seconds = nowSeconds() - t0;
+    /* then all together: pick, emit, step */
+    int live = n;
+    for (int step = 0; rc == 0 && live > 0; step++) {
+        for (int i = 0; i < n; i++) {
+            if (gen[i].done) continue;
+            const double u = nsaRngUniform(&gen[i].rng);
+            next[i] = samplePick(logits + (size_t)i * V, V, o, u, scratch);
+            char bytes[8];
+            int32_t id = next[i];
+            size_t len = tokenizerDecode(tok, &id, 1, bytes, sizeof bytes);
+            if (len >= sizeof bytes) len = sizeof bytes - 1;
+            res->tokens[i]++;
+            if (emit && emit(ctx, i, bytes, len)) {
+                for (int k = 0; k < n; k++)
+                    if (!gen[k].done) res->stop[k] = SAMPLE_STOP_CANCEL, gen[k].done = 1;
+                live = 0;
+                break;
+            }
+            if (endsWithStop(&gen[i], o, bytes, len)) {
+                gen[i].done = 1;
+                res->stop[i] = SAMPLE_STOP_STRING;
+                live--;
+            } else if (res->tokens[i] >= o->max_tokens) {
+                gen[i].done = 1;
+                res->stop[i] = SAMPLE_STOP_TOKENS;
+                live--;
+            }
+        }
+        /* a finished slot steps along with its last token; its logits are unused */
+        if (live > 0 && nsaDecoderStep(d, n, next, logits, err)) rc = -1;
+    }
+    res->seconds = nowSeconds() - t0;
+    free(logits);
+    free(scratch);
+    free(gen);
+    free(next);
+    return rc;
+}

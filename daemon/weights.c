@@ -1,0 +1,204 @@
+/* weights.c - a checkpoint opened for use; see weights.h. */
+#include "weights.h"
+#include "fsutil.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* dir's grandparent when dir is OUT/checkpoints/step_N, else "". */
+static void runDirOf(const char *dir, char *out, size_t cap) {
+    out[0] = '\0';
+    char real[PATH_MAX];
+    if (!realpath(dir, real)) return;
+    char *last = strrchr(real, '/');
+    if (!last || last == real) return;
+    *last = '\0';
+    char *parent = strrchr(real, '/');
+    if (!parent || strcmp(parent + 1, "checkpoints") != 0) return;
+    *parent = '\0';
+    snprintf(out, cap, "%s", parent == real ? "/" : real);
+}
+
+/* env.json's config_yaml, loaded over the defaults; 0 when there is none
+ * (or it does not load: the checkpoint's own model config still holds). */
+static int loadRunConfig(Weights *w) {
+    char path[WEIGHTS_PATH_MAX + 16];
+    if (!w->out_dir[0] || snprintf(path, sizeof path, "%s/env.json", w->out_dir) >= (int)sizeof path)
+        return 0;
+    char *text = fsReadFile(path, NULL);
+    if (!text) return 0;
+    cJSON *env = cJSON_Parse(text);
+    free(text);
+    const cJSON *yaml = env ? cJSON_GetObjectItemCaseSensitive(env, "config_yaml") : NULL;
+    int ok = 0;
+    if (cJSON_IsString(yaml)) {
+        NsaError ignored;
+        JobConfig job;
+        configDefaults(&job);
+        if (configLoadString(&job, yaml->valuestring, strlen(yaml->valuestring), &ignored) == 0) {
+            w->job = job;
+            w->config_yaml = strdup(yaml->valuestring);
+            ok = w->config_yaml != NULL;
+        }
+    }
+    cJSON_Delete(env);
+    return ok;
+}
+
+/* The last val.csv row at or before the checkpoint's step. */
+static void loadLastEval(Weights *w) {
+    w->val_step = -1;
+    w->val_loss = w->bits_per_byte = NAN;
+    char path[WEIGHTS_PATH_MAX + 16];
+    if (!w->out_dir[0] || snprintf(path, sizeof path, "%s/val.csv", w->out_dir) >= (int)sizeof path)
+        return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        long long step;
+        double loss, bpb;
+        if (sscanf(line, "%lld,%lf,%lf", &step, &loss, &bpb) == 3 && step <= w->state.step &&
+            step >= w->val_step) {
+            w->val_step = step;
+            w->val_loss = loss;
+            w->bits_per_byte = bpb;
+        }
+    }
+    fclose(f);
+}
+
+/* Every tensor of the layout in the file with its shape, and nothing else. */
+static int checkTensors(const Weights *w, const char *path, NsaError *err) {
+    const NsaLayout *lay = &w->layout;
+    for (int i = 0; i < lay->n_tensors; i++) {
+        const NsaTensorInfo *ti = &lay->entries[i].info;
+        const SafetensorsTensor *t = safetensorsFind(w->st, ti->name);
+        if (!t)
+            return nsaErrorf(err, "%s: tensor '%s' is missing (the model config names it)", path,
+                             ti->name);
+        int same = t->ndim == ti->ndim;
+        for (int k = 0; same && k < ti->ndim; k++) same = t->shape[k] == ti->shape[k];
+        if (!same)
+            return nsaErrorf(err, "%s: tensor '%s' has another shape than the model config gives",
+                             path, ti->name);
+    }
+    if (safetensorsCount(w->st) != lay->n_tensors)
+        return nsaErrorf(err, "%s: %d tensors where the model config has %d", path,
+                         safetensorsCount(w->st), lay->n_tensors);
+    return 0;
+}
+
+int weightsOpen(const char *spec, Weights *w, NsaError *err) {
+    memset(w, 0, sizeof *w);
+    if (!spec || !*spec || !strcmp(spec, "latest"))
+        return nsaErrorf(err, "checkpoint: '%s'; allowed: a checkpoint directory or a run's out_dir",
+                         spec ? spec : "");
+    int found = checkpointResolve(NULL, spec, w->dir, sizeof w->dir, err);
+    if (found < 0) return -1;
+    if (found == 0) return nsaErrorf(err, "checkpoint: %s holds no checkpoint yet", spec);
+    runDirOf(w->dir, w->out_dir, sizeof w->out_dir);
+    configDefaults(&w->job);
+    w->have_run_config = loadRunConfig(w);
+
+    char path[WEIGHTS_PATH_MAX + 32];
+    if (fsPathf(err, path, sizeof path, "%s/model.safetensors", w->dir)) goto fail;
+    if (!(w->st = safetensorsRead(path, err))) goto fail;
+    const char *mc = safetensorsMeta(w->st, "model_config");
+    if (!mc) {
+        nsaErrorf(err, "%s: __metadata__ has no 'model_config'", path);
+        goto fail;
+    }
+    /* the checkpoint's model config is the truth; the run's other sections stay */
+    JobConfig model;
+    configDefaults(&model);
+    NsaError cerr;
+    if (configLoadString(&model, mc, strlen(mc), &cerr)) {
+        nsaErrorf(err, "%s: model_config does not load: %s", path, cerr.message);
+        goto fail;
+    }
+    w->job.model = model.model;
+    if (nsaLayoutBuild(&w->layout, &w->job.model, err)) goto fail;
+    if (checkTensors(w, path, err)) goto fail;
+    if (checkpointReadState(w->dir, &w->state, err)) goto fail;
+    loadLastEval(w);
+    return 0;
+fail:
+    weightsClose(w);
+    return -1;
+}
+
+void weightsClose(Weights *w) {
+    if (!w) return;
+    safetensorsFree(w->st);
+    nsaLayoutFree(&w->layout);
+    free(w->config_yaml);
+    memset(w, 0, sizeof *w);
+}
+
+const char *weightsTokenizer(const Weights *w) {
+    return w->have_run_config && w->job.data.tokenizer[0] ? w->job.data.tokenizer : "byte";
+}
+
+int weightsNumTensors(const Weights *w) { return w->layout.n_tensors; }
+
+int weightsTensor(const Weights *w, int i, const NsaTensorInfo **info, float *dst, NsaError *err) {
+    if (i < 0 || i >= w->layout.n_tensors)
+        return nsaErrorf(err, "checkpoint: tensor %d out of range", i);
+    const NsaTensorInfo *ti = &w->layout.entries[i].info;
+    if (info) *info = ti;
+    if (dst) safetensorsCopy(w->st, safetensorsFind(w->st, ti->name), dst);
+    return 0;
+}
+
+/* Copies every tensor through one buffer of the largest size into set(). */
+typedef int (*SetFn)(void *target, int i, const float *src, NsaError *err);
+
+static int copyAll(const Weights *w, void *target, SetFn set, NsaError *err) {
+    size_t largest = 1;
+    for (int i = 0; i < w->layout.n_tensors; i++)
+        if (w->layout.entries[i].info.numel > largest) largest = w->layout.entries[i].info.numel;
+    float *buf = malloc(largest * sizeof(float));
+    if (!buf) return nsaErrorf(err, "checkpoint: out of memory for a %zu-float tensor", largest);
+    int rc = 0;
+    for (int i = 0; i < w->layout.n_tensors && rc == 0; i++)
+        rc = weightsTensor(w, i, NULL, buf, err) || set(target, i, buf, err) ? -1 : 0;
+    free(buf);
+    return rc;
+}
+
+static int setDecoder(void *d, int i, const float *src, NsaError *err) {
+    return nsaDecoderSetTensor(d, i, src, err);
+}
+
+static int setModel(void *m, int i, const float *src, NsaError *err) {
+    return nsaModelSetTensor(m, NSA_ARENA_PARAMS, i, src, err);
+}
+
+int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err) {
+    return copyAll(w, d, setDecoder, err);
+}
+
+int weightsToModel(const Weights *w, NsaModel *m, NsaError *err) {
+    return copyAll(w, m, setModel, err);
+}
+
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+                              NsaError *err) {
+    NsaDecoderOptions o = {.device = device,
+                           .precision = device == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
+                           .max_batch = slots,
+                           .max_context = context};
+    NsaDecoder *d = nsaDecoderCreate(&w->job.model, &o, err);
+    if (d && weightsToDecoder(w, d, err)) {
+        nsaDecoderFree(d);
+        return NULL;
+    }
+    return d;
+}

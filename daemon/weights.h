@@ -1,0 +1,64 @@
+/* weights.h - a trained checkpoint opened for use (sampling, evaluation,
+ * export) rather than for resuming: its model config, its training figures
+ * and its master weights.
+ *
+ * A checkpoint directory (OUT/checkpoints/step_N, proto/files.md) carries
+ * the model config in model.safetensors' metadata and the step and tokens in
+ * state.safetensors'; the run around it (OUT = the directory two levels up)
+ * may add env.json (the whole job config) and val.csv (the evaluations).
+ * weightsOpen reads all of it; weightsTo* copy the weights into a decoder or
+ * a model after checking every tensor's name and shape against the layout. */
+#ifndef NSAD_WEIGHTS_H
+#define NSAD_WEIGHTS_H
+
+#include <stdint.h>
+#include "../kernels/nsa.h"
+#include "../kernels/nsa_layout.h"
+#include "checkpoint.h"
+#include "config.h"
+
+#define WEIGHTS_PATH_MAX 4096
+
+typedef struct Weights {
+    char dir[WEIGHTS_PATH_MAX];     /* the checkpoint directory */
+    char out_dir[WEIGHTS_PATH_MAX]; /* the run's out_dir ("" when dir is not inside one) */
+    JobConfig job;       /* model from the checkpoint; the rest from env.json, else defaults */
+    int have_run_config; /* env.json was found and loaded */
+    char *config_yaml;   /* env.json's config_yaml, or NULL */
+    ResumeState state;   /* step, tokens_seen, seed, config_hash (state.safetensors) */
+    /* the run's last evaluation at or before this step (val.csv); NAN when none */
+    int64_t val_step;
+    double val_loss, bits_per_byte;
+    Safetensors *st;     /* model.safetensors */
+    NsaLayout layout;    /* of job.model: the tensor table */
+} Weights;
+
+/* Opens what spec names - a checkpoint directory, or a run's out_dir (its
+ * checkpoints/latest) - and reads the model config, the state and, when
+ * present, the run's env.json and val.csv. Checks every tensor the layout
+ * of that config names is in model.safetensors with its shape, and nothing
+ * else is. Returns 0, or -1 with err naming the file and the problem (then
+ * w holds nothing to close). The caller closes with weightsClose. */
+int weightsOpen(const char *spec, Weights *w, NsaError *err);
+void weightsClose(Weights *w);
+
+/* The config's tokenizer name ("byte" when the run's config is unknown). */
+const char *weightsTokenizer(const Weights *w);
+
+/* Copies every weight into d / m (built from w->job.model). Synchronous.
+ * Returns 0, or -1 with err (out of memory, an engine error). */
+int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err);
+int weightsToModel(const Weights *w, NsaModel *m, NsaError *err);
+
+/* A decoder on device (CPU: fp32; CUDA: bf16) for `slots` sequences of up
+ * to `context` tokens, holding w's weights. NULL with err on failure. The
+ * caller frees with nsaDecoderFree. */
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+                              NsaError *err);
+
+/* Tensor i of the layout of w->job.model as fp32 into dst (numel floats);
+ * for export. Returns 0, or -1 with err for a bad index. */
+int weightsTensor(const Weights *w, int i, const NsaTensorInfo **info, float *dst, NsaError *err);
+int weightsNumTensors(const Weights *w);
+
+#endif

@@ -1,0 +1,451 @@
+/* decode.cu - the CUDA decoder (decode.h): buffers planned and allocated
+ * once, weights uploaded as bf16, and a step as one CUDA graph per batch
+ * size. The kernels are decode_gemv.cu and decode_attn.cu; the order of one
+ * step is
+ *   tokens in (memcpy node), embed
+ *   per layer: RMSNorm + [Wq; Wk/Wv of the three branches; Wgate] (one
+ *              product), append (RoPE, caches, block pooling), compressed
+ *              partials, selection, selected + window partials, combine,
+ *              x += y Wo^T, act = silu(RMSNorm(x) Wfc^T) (or SwiGLU),
+ *              x += act Wproj^T
+ *   logits = RMSNorm(x) lm_head^T, positions advanced, logits out (memcpy node).
+ * The host synchronises once per step, after the graph, to hand out the
+ * logits. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_common.cuh"
+#include "decode.h"
+#include "decode_ops.h"
+#include "layers_cuda.h"
+
+typedef struct DecLayerWeights {
+    bf16 *w_attn;   /* [P][C]: wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win, w_gate */
+    bf16 *wo;       /* [C][H*dv] */
+    bf16 *w_fc;     /* [F][C], or [2F][C] for SwiGLU (W_fc rows, then W_up rows) */
+    bf16 *w_proj;   /* [C][F] */
+    float *attn_norm, *mlp_norm;
+    float *phi[6];  /* phi = mlp: k pos, w1, w2, v pos, w1, w2 */
+} DecLayerWeights;
+
+struct NsaCudaDecoder {
+    NsaModelConfig cfg;
+    const NsaLayout *layout;
+    NsaDecoderOptions opt;
+    int F, P;                  /* MLP width, projection row */
+    DecDims dims;
+    cudaStream_t stream;
+    void *arena;               /* one device allocation for everything */
+    size_t arena_bytes;
+    float *tok_emb, *final_norm;
+    bf16 *lm_head;
+    DecLayerWeights *lw;       /* [L] */
+    DecLayerCache *cache;      /* [L] */
+    DecScratch scratch;
+    float *x, *logits;         /* [Bmax][C], [Bmax][V] */
+    bf16 *act;                 /* [Bmax][F] */
+    int *stage, *pos;          /* device: [1 + Bmax] slot base then tokens; [Bmax] */
+    int *stage_host;           /* pinned, like stage */
+    float *logits_host;        /* pinned [Bmax][V] */
+    int *pos_host;             /* [Bmax] what the device holds */
+    cudaGraphExec_t *graphs;   /* [Bmax + 1], by batch size */
+};
+
+/* ---- plan ------------------------------------------------------------------- */
+
+static size_t take(size_t *cursor, size_t bytes) {
+    const size_t at = *cursor;
+    *cursor += (bytes + 255) / 256 * 256;
+    return at;
+}
+
+static int checkLimits(const NsaModelConfig *c, const NsaDecoderOptions *o, NsaError *err) {
+    const int F = nsaLayoutMlpHidden(c), hpg = c->n_heads / c->n_kv_groups;
+    if (c->dim % 8 || (c->n_heads * c->d_v) % 8 || F % 8)
+        return cudaFail(err,
+                        "nsa decoder (cuda): dim = %d, n_heads*d_v = %d, mlp width = %d; "
+                        "allowed: multiples of 8",
+                        c->dim, c->n_heads * c->d_v, F);
+    if (c->d_k % 8 || c->d_v % 8 || c->d_k > DEC_MAX_HEAD_DIM || c->d_v > DEC_MAX_HEAD_DIM)
+        return cudaFail(err, "nsa decoder (cuda): d_k = %d, d_v = %d; allowed: multiples of 8 up "
+                             "to %d",
+                        c->d_k, c->d_v, DEC_MAX_HEAD_DIM);
+    if (hpg > DEC_MAX_HEADS_PER_GROUP)
+        return cudaFail(err, "nsa decoder (cuda): %d heads per group; allowed: at most %d", hpg,
+                        DEC_MAX_HEADS_PER_GROUP);
+    if (o->max_batch > DEC_MAX_BATCH)
+        return cudaFail(err, "nsa decoder (cuda): max_batch = %d; allowed: 1 to %d",
+                        o->max_batch, DEC_MAX_BATCH);
+    if (nsaNumSelBlocks(o->max_context, c->sel_len) > DEC_MAX_SEL_BLOCKS)
+        return cudaFail(err,
+                        "nsa decoder (cuda): max_context = %d makes %d selection blocks; "
+                        "allowed: at most %d (max_context <= %d at sel_len %d)",
+                        o->max_context, nsaNumSelBlocks(o->max_context, c->sel_len),
+                        DEC_MAX_SEL_BLOCKS, DEC_MAX_SEL_BLOCKS * c->sel_len, c->sel_len);
+    const int dmax = c->d_k > c->d_v ? c->d_k : c->d_v;
+    if (c->phi == NSA_PHI_MLP && c->cmp_len * dmax > DEC_MLP_POOL_MAX)
+        return cudaFail(err,
+                        "nsa decoder (cuda): phi = mlp with cmp_len * max(d_k, d_v) = %d; "
+                        "allowed: at most %d",
+                        c->cmp_len * dmax, DEC_MLP_POOL_MAX);
+    return 0;
+}
+
+/* Offsets of everything in the arena for the config; fills d's pointers
+ * when base is not NULL. Returns the bytes. */
+static size_t plan(NsaCudaDecoder *d, char *base) {
+    const NsaModelConfig *c = &d->cfg;
+    const size_t Bm = d->opt.max_batch, C = c->dim, V = c->vocab_size, H = c->n_heads;
+    const size_t G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, F = d->F, P = d->P;
+    const DecDims *dm = &d->dims;
+    const size_t units = (size_t)dm->sel_units + dm->win_units, L = c->n_layers;
+    size_t cur = 0;
+#define TAKE(ptr, type, count)                                    \
+    do {                                                          \
+        const size_t at_ = take(&cur, (size_t)(count) * sizeof(type)); \
+        if (base) (ptr) = (type *)(base + at_);                   \
+    } while (0)
+    TAKE(d->tok_emb, float, V * C);
+    TAKE(d->final_norm, float, C);
+    TAKE(d->lm_head, bf16, V * C);
+    for (size_t i = 0; i < L; i++) {
+        DecLayerWeights *w = &d->lw[i];
+        DecLayerCache *k = &d->cache[i];
+        TAKE(w->w_attn, bf16, P * C);
+        TAKE(w->wo, bf16, C * H * dv);
+        TAKE(w->w_fc, bf16, (c->mlp == NSA_MLP_SWIGLU ? 2 : 1) * F * C);
+        TAKE(w->w_proj, bf16, C * F);
+        TAKE(w->attn_norm, float, C);
+        TAKE(w->mlp_norm, float, C);
+        if (c->phi == NSA_PHI_MLP) {
+            const size_t l = c->cmp_len;
+            TAKE(w->phi[0], float, l * dk);
+            TAKE(w->phi[1], float, dk * l * dk);
+            TAKE(w->phi[2], float, dk * dk);
+            TAKE(w->phi[3], float, l * dv);
+            TAKE(w->phi[4], float, dv * l * dv);
+            TAKE(w->phi[5], float, dv * dv);
+        }
+        TAKE(k->k_sel, bf16, Bm * G * dm->T * dk);
+        TAKE(k->v_sel, bf16, Bm * G * dm->T * dv);
+        TAKE(k->k_win, bf16, Bm * G * dm->W * dk);
+        TAKE(k->v_win, bf16, Bm * G * dm->W * dv);
+        TAKE(k->kc, bf16, Bm * G * dm->Nc * dk);
+        TAKE(k->vc, bf16, Bm * G * dm->Nc * dv);
+        TAKE(k->k_raw, float, Bm * G * dm->l * dk);
+        TAKE(k->v_raw, float, Bm * G * dm->l * dv);
+        if (base) {
+            k->phi_k_pos = w->phi[0];
+            k->phi_k_w1 = w->phi[1];
+            k->phi_k_w2 = w->phi[2];
+            k->phi_v_pos = w->phi[3];
+            k->phi_v_w1 = w->phi[4];
+            k->phi_v_w2 = w->phi[5];
+        }
+    }
+    DecScratch *s = &d->scratch;
+    float *rope = NULL;
+    TAKE(rope, float, (size_t)dm->T * dk);
+    TAKE(s->proj, float, Bm * P);
+    TAKE(s->q, float, Bm * H * dk);
+    TAKE(s->cmp_scores, float, Bm * H * dm->Nc);
+    TAKE(s->cmp_m, float, Bm * H * dm->n_chunks);
+    TAKE(s->cmp_l, float, Bm * H * dm->n_chunks);
+    TAKE(s->cmp_o, float, Bm * H * dm->n_chunks * dv);
+    TAKE(s->o_cmp, float, Bm * H * dv);
+    TAKE(s->sel, int, Bm * G * dm->slots);
+    TAKE(s->sw_m, float, Bm * H * units);
+    TAKE(s->sw_l, float, Bm * H * units);
+    TAKE(s->sw_o, float, Bm * H * units * dv);
+    TAKE(s->y, bf16, Bm * H * dv);
+    TAKE(d->x, float, Bm * C);
+    TAKE(d->act, bf16, Bm * F);
+    TAKE(d->logits, float, Bm * V);
+    TAKE(d->stage, int, 1 + Bm);
+    TAKE(d->pos, int, Bm);
+#undef TAKE
+    if (base) {
+        s->rope = rope;
+        s->slot_base = d->stage;
+        s->pos = d->pos;
+    }
+    return cur;
+}
+
+static void releaseAll(NsaCudaDecoder *d) {
+    if (d->graphs)
+        for (int b = 0; b <= d->opt.max_batch; b++)
+            if (d->graphs[b]) cudaGraphExecDestroy(d->graphs[b]);
+    if (d->arena) cudaFree(d->arena);
+    if (d->stage_host) cudaFreeHost(d->stage_host);
+    if (d->logits_host) cudaFreeHost(d->logits_host);
+    if (d->stream) cudaStreamDestroy(d->stream);
+    free(d->graphs);
+    free(d->pos_host);
+    free(d->lw);
+    free(d->cache);
+    free(d);
+}
+
+static int createInto(NsaCudaDecoder *d, NsaError *err) {
+    const NsaModelConfig *c = &d->cfg;
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    CUDA_CHECK(cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking), err);
+    const size_t L = c->n_layers, Bm = d->opt.max_batch;
+    d->lw = (DecLayerWeights *)calloc(L, sizeof *d->lw);
+    d->cache = (DecLayerCache *)calloc(L, sizeof *d->cache);
+    d->pos_host = (int *)calloc(Bm, sizeof(int));
+    d->graphs = (cudaGraphExec_t *)calloc(Bm + 1, sizeof(cudaGraphExec_t));
+    if (!d->lw || !d->cache || !d->pos_host || !d->graphs)
+        return cudaFail(err, "nsa decoder (cuda): out of host memory");
+    d->arena_bytes = plan(d, NULL);
+    CUDA_CHECK(cudaMalloc(&d->arena, d->arena_bytes), err);
+    CUDA_CHECK(cudaMemset(d->arena, 0, d->arena_bytes), err);
+    plan(d, (char *)d->arena);
+    CUDA_CHECK(cudaMallocHost((void **)&d->stage_host, (1 + Bm) * sizeof(int)), err);
+    CUDA_CHECK(cudaMallocHost((void **)&d->logits_host, Bm * c->vocab_size * sizeof(float)), err);
+    /* RoPE table: cos, sin in double, as the CPU engine's */
+    const size_t rope_n = (size_t)d->dims.T * c->d_k;
+    float *rope = (float *)malloc(rope_n * sizeof(float));
+    if (!rope) return cudaFail(err, "nsa decoder (cuda): out of host memory for the RoPE table");
+    ropeTableHost(rope, d->dims.T, c->d_k, c->rope_base);
+    cudaError_t e = cudaMemcpy((void *)d->scratch.rope, rope, rope_n * sizeof(float),
+                               cudaMemcpyHostToDevice);
+    free(rope);
+    if (e != cudaSuccess)
+        return cudaFail(err, "nsa decoder (cuda): uploading the RoPE table: %s",
+                        cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const NsaLayout *layout,
+                                                const NsaDecoderOptions *opt, NsaError *err) {
+    if (checkLimits(cfg, opt, err)) return NULL;
+    NsaCudaDecoder *d = (NsaCudaDecoder *)calloc(1, sizeof *d);
+    if (!d) {
+        cudaFail(err, "nsa decoder (cuda): out of host memory");
+        return NULL;
+    }
+    d->cfg = *cfg;
+    d->layout = layout;
+    d->opt = *opt;
+    d->F = nsaLayoutMlpHidden(cfg);
+    const int H = cfg->n_heads, G = cfg->n_kv_groups;
+    d->P = H * cfg->d_k + 3 * G * (cfg->d_k + cfg->d_v) + 3 * H;
+    DecDims *dm = &d->dims;
+    dm->B = 0;
+    dm->H = H;
+    dm->G = G;
+    dm->dk = cfg->d_k;
+    dm->dv = cfg->d_v;
+    dm->T = opt->max_context;
+    dm->W = cfg->window < opt->max_context ? cfg->window : opt->max_context;
+    const int nc = nsaNumCmpBlocks(opt->max_context, cfg->cmp_len, cfg->cmp_stride);
+    dm->Nc = nc > 0 ? nc : 1;
+    dm->n_chunks = (dm->Nc + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+    dm->l = cfg->cmp_len;
+    dm->d = cfg->cmp_stride;
+    dm->l_sel = cfg->sel_len;
+    dm->n_sel = cfg->n_sel;
+    dm->slots = nsaNumSelSlots(cfg->n_sel);
+    dm->window = cfg->window;
+    dm->sel_units = dm->slots * ((cfg->sel_len + DEC_UNIT - 1) / DEC_UNIT);
+    dm->win_units = (dm->W + DEC_UNIT - 1) / DEC_UNIT;
+    dm->proj_stride = d->P;
+    dm->phi_mlp = cfg->phi == NSA_PHI_MLP;
+    if (createInto(d, err)) {
+        releaseAll(d);
+        return NULL;
+    }
+    return d;
+}
+
+extern "C" void nsaCudaDecoderFree(NsaCudaDecoder *d) {
+    if (!d) return;
+    cudaSetDevice(d->opt.device_ordinal);
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    releaseAll(d);
+}
+
+/* ---- weights ----------------------------------------------------------------- */
+
+/* Round to nearest even; NaN stays NaN. */
+static uint16_t toBf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static int uploadBf16(void *dst, const float *src, size_t n, NsaError *err) {
+    uint16_t *h = (uint16_t *)malloc(n * sizeof(uint16_t));
+    if (!h) return cudaFail(err, "nsa decoder (cuda): out of host memory for %zu values", n);
+    for (size_t i = 0; i < n; i++) h[i] = toBf16(src[i]);
+    cudaError_t e = cudaMemcpy(dst, h, n * sizeof(uint16_t), cudaMemcpyHostToDevice);
+    free(h);
+    if (e != cudaSuccess)
+        return cudaFail(err, "nsa decoder (cuda): cudaMemcpy of a weight: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+static int uploadF32(float *dst, const float *src, size_t n, NsaError *err) {
+    CUDA_CHECK(cudaMemcpy(dst, src, n * sizeof(float), cudaMemcpyHostToDevice), err);
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderSetTensor(NsaCudaDecoder *d, int i, const float *src, NsaError *err) {
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    const NsaLayout *lay = d->layout;
+    const NsaModelConfig *c = &d->cfg;
+    const size_t n = lay->entries[i].info.numel, C = c->dim;
+    if (i == lay->tok_emb) return uploadF32(d->tok_emb, src, n, err);
+    if (i == lay->final_norm) return uploadF32(d->final_norm, src, n, err);
+    if (i == lay->lm_head) return uploadBf16(d->lm_head, src, n, err);
+    const size_t qn = (size_t)c->n_heads * c->d_k, kn = (size_t)c->n_kv_groups * c->d_k;
+    const size_t vn = (size_t)c->n_kv_groups * c->d_v;
+    for (int l = 0; l < c->n_layers; l++) {
+        const NsaLayerIndex *li = &lay->layers[l];
+        DecLayerWeights *w = &d->lw[l];
+        /* rows of the concatenated attention projection */
+        const int parts[8] = {li->wq, li->wk_cmp, li->wv_cmp, li->wk_sel,
+                              li->wv_sel, li->wk_win, li->wv_win, li->w_gate};
+        const size_t rows0[8] = {0, qn, qn + kn, qn + kn + vn, qn + 2 * kn + vn,
+                                 qn + 2 * kn + 2 * vn, qn + 3 * kn + 2 * vn, qn + 3 * kn + 3 * vn};
+        for (int p = 0; p < 8; p++)
+            if (i == parts[p]) return uploadBf16(w->w_attn + rows0[p] * C, src, n, err);
+        if (i == li->wo) return uploadBf16(w->wo, src, n, err);
+        if (i == li->w_fc) return uploadBf16(w->w_fc, src, n, err);
+        if (i == li->w_up) return uploadBf16(w->w_fc + (size_t)d->F * C, src, n, err);
+        if (i == li->w_proj) return uploadBf16(w->w_proj, src, n, err);
+        if (i == li->attn_norm) return uploadF32(w->attn_norm, src, n, err);
+        if (i == li->mlp_norm) return uploadF32(w->mlp_norm, src, n, err);
+        const int phi[6] = {li->phi_k_pos, li->phi_k_w1, li->phi_k_w2,
+                            li->phi_v_pos, li->phi_v_w1, li->phi_v_w2};
+        for (int p = 0; p < 6; p++)
+            if (phi[p] >= 0 && i == phi[p]) return uploadF32(w->phi[p], src, n, err);
+    }
+    return cudaFail(err, "nsa decoder (cuda): tensor %d (%s) has no place", i, lay->entries[i].name);
+}
+
+/* ---- steps -------------------------------------------------------------------- */
+
+/* Enqueues one step of B rows (slots stage[0] .. stage[0]+B-1). */
+static int enqueueStep(NsaCudaDecoder *d, int B, NsaError *err) {
+    const NsaModelConfig *c = &d->cfg;
+    cudaStream_t st = d->stream;
+    const int C = c->dim, V = c->vocab_size, H = c->n_heads, dv = c->d_v, F = d->F;
+    DecDims dm = d->dims;
+    dm.B = B;
+    CUDA_CHECK(cudaMemcpyAsync(d->stage, d->stage_host, (size_t)(1 + B) * sizeof(int),
+                               cudaMemcpyHostToDevice, st),
+               err);
+    if (decEmbed(d->x, d->tok_emb, d->stage + 1, B, C, st, err)) return -1;
+    for (int i = 0; i < c->n_layers; i++) {
+        const DecLayerWeights *w = &d->lw[i];
+        const DecLayerCache *k = &d->cache[i];
+        DecGemv g = {};
+        g.w = w->w_attn; g.N = d->P; g.K = C; g.B = B;
+        g.x = d->x; g.norm_w = w->attn_norm; g.eps = c->norm_eps; g.out = d->scratch.proj;
+        if (decGemv(&g, DEC_STORE, st, err)) return -1;
+        if (decAppend(&dm, k, &d->scratch, st, err) || decCmp(&dm, k, &d->scratch, st, err) ||
+            decSelect(&dm, &d->scratch, st, err) || decSelWin(&dm, k, &d->scratch, st, err) ||
+            decCombine(&dm, &d->scratch, st, err))
+            return -1;
+        g = DecGemv{};
+        g.w = w->wo; g.N = C; g.K = H * dv; g.B = B; g.xb = d->scratch.y; g.out = d->x;
+        if (decGemv(&g, DEC_ADD, st, err)) return -1;
+        g = DecGemv{};
+        g.w = w->w_fc; g.N = F; g.K = C; g.B = B;
+        g.x = d->x; g.norm_w = w->mlp_norm; g.eps = c->norm_eps; g.outb = d->act;
+        if (decGemv(&g, c->mlp == NSA_MLP_SWIGLU ? DEC_SWIGLU : DEC_SILU, st, err)) return -1;
+        g = DecGemv{};
+        g.w = w->w_proj; g.N = C; g.K = F; g.B = B; g.xb = d->act; g.out = d->x;
+        if (decGemv(&g, DEC_ADD, st, err)) return -1;
+    }
+    DecGemv g = {};
+    g.w = d->lm_head; g.N = V; g.K = C; g.B = B;
+    g.x = d->x; g.norm_w = d->final_norm; g.eps = c->norm_eps; g.out = d->logits;
+    if (decGemv(&g, DEC_STORE, st, err)) return -1;
+    if (decAdvance(d->pos, d->stage, B, st, err)) return -1;
+    CUDA_CHECK(cudaMemcpyAsync(d->logits_host, d->logits, (size_t)B * V * sizeof(float),
+                               cudaMemcpyDeviceToHost, st),
+               err);
+    return 0;
+}
+
+/* The graph of a B-row step, captured on first use. */
+static int graphFor(NsaCudaDecoder *d, int B, cudaGraphExec_t *out, NsaError *err) {
+    if (d->graphs[B]) {
+        *out = d->graphs[B];
+        return 0;
+    }
+    CUDA_CHECK(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal), err);
+    const int rc = enqueueStep(d, B, err);
+    cudaGraph_t graph = NULL;
+    const cudaError_t e = cudaStreamEndCapture(d->stream, &graph);
+    if (rc) {
+        if (graph) cudaGraphDestroy(graph);
+        return -1;
+    }
+    if (e != cudaSuccess)
+        return cudaFail(err, "nsa decoder (cuda): capturing the %d-row step: %s", B,
+                        cudaGetErrorString(e));
+    const cudaError_t ie = cudaGraphInstantiate(&d->graphs[B], graph, 0);
+    cudaGraphDestroy(graph);
+    if (ie != cudaSuccess) {
+        d->graphs[B] = NULL;
+        return cudaFail(err, "nsa decoder (cuda): instantiating the %d-row step: %s", B,
+                        cudaGetErrorString(ie));
+    }
+    *out = d->graphs[B];
+    return 0;
+}
+
+/* Runs one step of B rows from slot base, tokens in stage_host already. */
+static int runStep(NsaCudaDecoder *d, int B, NsaError *err) {
+    cudaGraphExec_t exec = NULL;
+    if (graphFor(d, B, &exec, err)) return -1;
+    CUDA_CHECK(cudaGraphLaunch(exec, d->stream), err);
+    CUDA_CHECK(cudaStreamSynchronize(d->stream), err);
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderStep(NsaCudaDecoder *d, int B, const int32_t *tokens, float *logits,
+                                  NsaError *err) {
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    d->stage_host[0] = 0;
+    for (int b = 0; b < B; b++) d->stage_host[1 + b] = tokens[b];
+    if (runStep(d, B, err)) return -1;
+    for (int b = 0; b < B; b++) d->pos_host[b]++;
+    if (logits)
+        memcpy(logits, d->logits_host, (size_t)B * d->cfg.vocab_size * sizeof(float));
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
+                                     float *logits, NsaError *err) {
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    for (int i = 0; i < n; i++) {
+        d->stage_host[0] = slot;
+        d->stage_host[1] = tokens[i];
+        if (runStep(d, 1, err)) return -1;
+        d->pos_host[slot]++;
+    }
+    if (logits) memcpy(logits, d->logits_host, (size_t)d->cfg.vocab_size * sizeof(float));
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderReset(NsaCudaDecoder *d, int slot, NsaError *err) {
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    for (int s = 0; s < d->opt.max_batch; s++)
+        if (slot < 0 || s == slot) d->pos_host[s] = 0;
+    CUDA_CHECK(cudaMemcpy(d->pos, d->pos_host, (size_t)d->opt.max_batch * sizeof(int),
+                          cudaMemcpyHostToDevice),
+               err);
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderPosition(const NsaCudaDecoder *d, int slot) {
+    return d->pos_host[slot];
+}

@@ -1,0 +1,114 @@
+/* decode_ops.h - the kernels of one CUDA decode step (internal to
+ * kernels/cuda/decode*.cu; C++ linkage). Every launcher enqueues on stream
+ * (it may be capturing a graph), never synchronises or allocates, and
+ * returns 0, or -1 with err on a launch failure.
+ *
+ * Rows: a step handles B rows; row b is slot *slot_base + b, at position
+ * pos[slot] (device memory, advanced by decAdvance at the end of a step).
+ * Caches of one layer, slot s, group g (bf16 unless said):
+ *   k_sel/v_sel [s][g][T][d]      position u at row u
+ *   k_win/v_win [s][g][W][d]      ring, u at row u % W
+ *   kc/vc       [s][g][Nc][d]     pooled block i
+ *   k_raw/v_raw [s][g][l][d] fp32 ring of raw compressed-branch rows, u at u % l
+ * Projections of a row (fp32, proj [B][P]): q [H][dk], then k_cmp, v_cmp,
+ * k_sel, v_sel, k_win, v_win ([G][dk] or [G][dv] each), then the gate
+ * logits [H][3] - the row order of the concatenated projection weight. */
+#ifndef NSA_CUDA_DECODE_OPS_H
+#define NSA_CUDA_DECODE_OPS_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include "../nsa.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define DEC_MAX_BATCH 64
+#define DEC_MAX_HEADS_PER_GROUP 16
+#define DEC_MAX_HEAD_DIM 256
+#define DEC_MAX_SEL_BLOCKS 4096
+#define DEC_CMP_CHUNK 256     /* compressed blocks per CTA of decCmp */
+#define DEC_UNIT 64           /* keys per CTA of decSelWin */
+#define DEC_MLP_POOL_MAX 8192 /* l * max(dk, dv) for phi = mlp (shared memory) */
+
+/* ---- decode_gemv.cu ----
+ * out[b][n] = sum_k in[b][k] W[n][k] for b < B, W bf16 [N][K] (K % 8 == 0,
+ * 16-byte aligned rows). The input is either the fp32 residual x with
+ * RMSNorm applied on the fly (norm_w given: x * rstd * norm_w, rstd from the
+ * row in fp32) or a bf16 activation xb. Modes: STORE writes fp32 out, ADD
+ * adds into fp32 out (the residual stream), SILU writes bf16
+ * silu(out) to outb, SWIGLU reads W as [2N][K] and writes bf16
+ * silu(row n) * (row N + n). A warp per output row; each CTA handles 8. */
+typedef enum DecGemvMode { DEC_STORE = 0, DEC_ADD = 1, DEC_SILU = 2, DEC_SWIGLU = 3 } DecGemvMode;
+typedef struct DecGemv {
+    const bf16 *w;
+    int N, K, B;
+    const float *x, *norm_w;
+    float eps;
+    const bf16 *xb;
+    float *out;
+    bf16 *outb;
+} DecGemv;
+int decGemv(const DecGemv *g, DecGemvMode mode, cudaStream_t stream, NsaError *err);
+
+/* ---- decode_attn.cu ---- */
+typedef struct DecDims {
+    int B, H, G, dk, dv;
+    int T;            /* max_context: rows of k_sel/v_sel */
+    int W;            /* window ring rows, min(w, T) */
+    int Nc;           /* pooled rows per slot: nsaNumCmpBlocks(T) (>= 1) */
+    int n_chunks;     /* ceil(Nc / DEC_CMP_CHUNK) */
+    int l, d, l_sel, n_sel, slots, window;
+    int sel_units;    /* slots * ceil(l_sel / DEC_UNIT) */
+    int win_units;    /* ceil(W / DEC_UNIT) */
+    int proj_stride;  /* P: projection row length */
+    int phi_mlp;
+} DecDims;
+
+typedef struct DecLayerCache {
+    bf16 *k_sel, *v_sel, *k_win, *v_win, *kc, *vc;
+    float *k_raw, *v_raw;
+    const float *phi_k_pos, *phi_k_w1, *phi_k_w2;   /* phi = mlp, fp32 */
+    const float *phi_v_pos, *phi_v_w1, *phi_v_w2;
+} DecLayerCache;
+
+typedef struct DecScratch {
+    const int *slot_base, *pos;
+    const float *rope;     /* [T][dk/2][2] cos, sin */
+    float *proj;           /* [B][P] */
+    float *q;              /* [B][H][dk] rotated */
+    float *cmp_scores;     /* [B][H][Nc] scale q.kc_i */
+    float *cmp_m, *cmp_l;  /* [B][H][n_chunks] */
+    float *cmp_o;          /* [B][H][n_chunks][dv] */
+    float *o_cmp;          /* [B][H][dv] */
+    int *sel;              /* [B][G][slots] */
+    float *sw_m, *sw_l;    /* [B][H][sel_units + win_units] */
+    float *sw_o;           /* [B][H][units][dv] */
+    bf16 *y;               /* [B][H*dv] gate-combined attention output */
+} DecScratch;
+
+/* RoPE on q and the three branch keys of every row, cache appends, and the
+ * pooled block when the row's position completes one. Grid (B, G). */
+int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+              NsaError *err);
+/* Compressed attention partials over chunks of visible blocks, and the raw
+ * scores for the selection. Grid (B*G, n_chunks). */
+int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+           NsaError *err);
+/* Merges the compressed partials (o_cmp), scores the selection blocks and
+ * picks the forced and top blocks (sel). Grid (B*G). */
+int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
+/* Selected and window attention partials, DEC_UNIT keys per CTA, every
+ * head of the group at once. Grid (B*G, sel_units + win_units). */
+int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+              NsaError *err);
+/* Merges the partials and combines the branches with the gates into y.
+ * Grid (B, H). */
+int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
+
+/* x[b] = tok_emb[tokens[b]] (fp32). */
+int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cudaStream_t stream,
+             NsaError *err);
+/* pos[*slot_base + b] += 1 for b < B. */
+int decAdvance(int *pos, const int *slot_base, int B, cudaStream_t stream, NsaError *err);
+
+#endif /* NSA_CUDA_DECODE_OPS_H */

@@ -1,0 +1,275 @@
+#!/usr/bin/env python3
+"""test_use.py - using what was trained, through the daemon and in the
+foreground: a tiny CPU run trains under `nsad serve`, then
+  - nsactl sample streams JSON lines (start, text pieces, done) over a
+    chunked response; greedy output is reproducible and the same as
+    `nsad sample` in the foreground; a stop string ends it;
+  - nsactl eval reports the loss `nsad eval` computes in the foreground;
+  - the training run wrote samples.jsonl and `samples` events;
+  - refusals (unknown run, bad numbers, no prompt, a run without a
+    checkpoint) are 4xx answers naming the field, and the daemon stays up;
+  - a client that goes away mid-stream cancels its job (the next one runs);
+  - SIGTERM during a stream ends it and nsad exits 0.
+Prints TAP; exits non-zero on failure. Standard library only; every wait
+bounded; the nsad it starts is killed on the way out.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
+NSACTL = os.path.join(ROOT, "build", "nsactl")
+CORPUS = os.path.join(ROOT, "build", "data", "fortunes.txt")
+
+_count = 0
+_failed = 0
+
+
+def check(name, ok, detail=""):
+    global _count, _failed
+    _count += 1
+    print(f"{'ok' if ok else 'not ok'} {_count} - {name}", flush=True)
+    if not ok:
+        _failed += 1
+        for line in str(detail).splitlines()[:20]:
+            print(f"#   {line}", flush=True)
+    return ok
+
+
+def wait_for(fn, timeout, interval=0.05):
+    end = time.monotonic() + timeout
+    value = fn()
+    while not value and time.monotonic() < end:
+        time.sleep(interval)
+        value = fn()
+    return value
+
+
+def http(sock, method, path, body=None, read_lines=None):
+    """One HTTP/1.1 request over the Unix socket. Returns (status, headers,
+    body bytes); read_lines=N returns after N body lines (leaving the
+    connection to be closed by the caller: the socket is returned too)."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(sock)
+    data = json.dumps(body).encode() if body is not None else b""
+    s.sendall(f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+              f"Content-Length: {len(data)}\r\n\r\n".encode() + data)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:])}
+    if read_lines is not None:
+        while rest.count(b"\n") < read_lines + 1:   # chunk size lines count too
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            rest += chunk
+        return status, headers, rest, s
+    while True:
+        if headers.get("transfer-encoding") == "chunked" and rest.endswith(b"0\r\n\r\n"):
+            break
+        if "content-length" in headers and len(rest) >= int(headers["content-length"]):
+            break
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    s.close()
+    if headers.get("transfer-encoding") == "chunked":
+        out, pos = b"", 0
+        while True:
+            eol = rest.index(b"\r\n", pos)
+            n = int(rest[pos:eol], 16)
+            if n == 0:
+                break
+            out += rest[eol + 2:eol + 2 + n]
+            pos = eol + 2 + n + 2
+        rest = out
+    return status, headers, rest
+
+
+def run(cmd, timeout=120):
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def clean_utf8(data):
+    """proto/api.md's rule for streamed text: a byte that does not start a
+    whole, valid UTF-8 sequence (or a NUL) becomes U+FFFD."""
+    out, i = [], 0
+    while i < len(data):
+        for n in (1, 2, 3, 4):
+            try:
+                ch = data[i:i + n].decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(ch) == 1 and ch != "\0":
+                out.append(ch)
+                i += n
+                break
+        else:
+            out.append("\ufffd")
+            i += 1
+    return "".join(out)
+
+
+def main():
+    if not os.path.exists(CORPUS):
+        subprocess.run([os.path.join(ROOT, "scripts", "make-corpus.sh")], check=True, capture_output=True)
+    tmp = tempfile.mkdtemp(prefix="nsad-test-use-")
+    sock = os.path.join(tmp, "nsad.sock")
+    log = open(os.path.join(tmp, "nsad.log"), "w")
+    proc = subprocess.Popen([NSAD, "serve", "--listen", "none", "--socket", sock, "--state-dir",
+                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
+    ctl = [NSACTL, "--socket", sock]
+    try:
+        if not check("nsad serve starts", wait_for(lambda: os.path.exists(sock), 20),
+                     open(os.path.join(tmp, "nsad.log")).read()):
+            return
+        held = os.path.join(tmp, "held.txt")
+        with open(CORPUS, "rb") as f:
+            f.seek(100000)
+            text = f.read(20000)
+        with open(held, "wb") as f:
+            f.write(text)
+        job = os.path.join(tmp, "job.yaml")
+        with open(job, "w") as f:
+            f.write(f"""model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_groups: 2, d_k: 8, d_v: 8}}
+nsa: {{l: 8, d: 4, l_sel: 16, n_sel: 4, w: 16}}
+train: {{steps: 12, seq_len: 64, batch_size: 2, lr: 3.0e-3, seed: 9, log_every: 4, eval_every: 6,
+        eval_batches: 1, save_every: 12}}
+runtime: {{device: cpu, precision: fp32, threads: 1}}
+data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
+""")
+        r = run(ctl + ["--json", "start", job])
+        run_id = json.loads(r.stdout)["id"] if r.returncode == 0 else None
+        if not check("a run starts", run_id is not None, r.stderr):
+            return
+        done = wait_for(lambda: json.loads(run(ctl + ["--json", "status", run_id]).stdout)["state"]
+                        in ("completed", "failed"), 60, 0.2)
+        check("the run completes", done)
+        out_dir = json.loads(run(ctl + ["--json", "status", run_id]).stdout)["out_dir"]
+
+        # samples written during training
+        with open(os.path.join(out_dir, "samples.jsonl")) as f:
+            rows = [json.loads(l) for l in f]
+        check("samples.jsonl: one line per evaluation (steps 0, 6, 12), three prompts each",
+              [r["step"] for r in rows] == [0, 6, 12] and all(len(r["samples"]) == 3 for r in rows)
+              and all(len(s["text"].encode()) >= 96 for r in rows for s in r["samples"]), rows[:1])
+        ev = json.loads(run(ctl + ["--json", "events", run_id]).stdout)["events"]
+        se = [e for e in ev if e["type"] == "samples"]
+        check("samples events carry the samples", len(se) == 3 and se[-1]["detail"]["samples"][0]["prompt"]
+              == rows[-1]["samples"][0]["prompt"], [e["type"] for e in ev])
+
+        # sample: streamed JSON lines
+        st, hd, body = http(sock, "POST", "/api/v1/sample",
+                            {"run": run_id, "prompt": "Hello", "max_tokens": 30, "temperature": 0})
+        lines = [json.loads(l) for l in body.decode().splitlines() if l]
+        check("POST /api/v1/sample: 200, chunked, application/x-ndjson",
+              st == 200 and hd.get("transfer-encoding") == "chunked"
+              and hd.get("content-type", "").startswith("application/x-ndjson"), (st, hd))
+        check("the lines: start, text pieces, done", lines and lines[0].get("event") == "start"
+              and lines[-1].get("event") == "done" and lines[-1]["tokens"] == 30
+              and lines[-1]["stop"] == "max_tokens" and all("text" in l for l in lines[1:-1]), lines[:3])
+        streamed = "".join(l.get("text", "") for l in lines[1:-1])
+        r1 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "30", "--temperature", "0"])
+        r2 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "30", "--temperature", "0"])
+        check("nsactl sample: greedy is reproducible", r1.returncode == 0 and r1.stdout == r2.stdout
+              and r1.stdout.startswith("Hello"), r1.stderr)
+        fg = subprocess.run([NSAD, "sample", out_dir, "--prompt", "Hello", "--max-tokens", "30",
+                             "--temperature", "0", "--device", "cpu"], capture_output=True, timeout=60)
+        check("the daemon's text is the foreground's (nsad sample, raw bytes there)", fg.returncode == 0
+              and clean_utf8(fg.stdout) == r1.stdout.rstrip("\n") and r1.stdout.rstrip("\n") == "Hello" + streamed,
+              (fg.stdout, r1.stdout))
+        r3 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "200", "--seed", "4"])
+        gen = r3.stdout[len("Hello"):]
+        at = next(i for i in range(len(gen) - 1) if gen[i:i + 2].isascii() and gen[i:i + 2].isprintable())
+        stop = gen[at:at + 2]   # two printable ASCII bytes: the same in the raw bytes
+        r4 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "200", "--seed", "4",
+                        "--stop", stop])
+        check("a stop string ends the text at its first occurrence", r4.returncode == 0
+              and r4.stdout.rstrip("\n") == "Hello" + r3.stdout[len("Hello"):].split(stop)[0] + stop
+              and "stop," in r4.stderr, (stop, r3.stdout[:40], r4.stdout[:40], r4.stderr))
+
+        # eval
+        fe = run([NSAD, "eval", out_dir, "--data", held, "--json", "--device", "cpu"])
+        de = run(ctl + ["--json", "eval", run_id, "--data", held])
+        result = [json.loads(l) for l in de.stdout.splitlines() if '"result"' in l]
+        ok = fe.returncode == 0 and de.returncode == 0 and result
+        if ok:
+            a, b = json.loads(fe.stdout), result[0]
+            ok = a["tokens"] == b["tokens"] and abs(a["loss"] - b["loss"]) <= 1e-9 * a["loss"] \
+                and abs(a["bits_per_byte"] - b["bits_per_byte"]) <= 1e-9 * a["bits_per_byte"]
+        check("nsactl eval reports what nsad eval computes", ok, (fe.stdout, fe.stderr, de.stdout, de.stderr))
+        check("nsactl eval --json streams progress lines before the result",
+              '"progress"' in de.stdout.split('"result"')[0], de.stdout[:300])
+
+        # refusals
+        r = run(ctl + ["sample", "no-such-run", "--prompt", "x"])
+        check("an unknown run: exit 4", r.returncode == 4 and "no run" in r.stderr, r.stderr)
+        r = run(ctl + ["sample", run_id, "--prompt", "x", "--temperature", "-1"])
+        check("a bad temperature: exit 2 naming it", r.returncode == 2 and "temperature" in r.stderr, r.stderr)
+        st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id})
+        check("no prompt: 400 naming it", st == 400 and b"prompt" in body, body)
+        st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt": "x", "tokens": 3})
+        check("an unknown field: 400 naming it", st == 400 and b"tokens" in body, body)
+        st, _, body = http(sock, "POST", "/api/v1/eval", {"checkpoint": tmp, "data": held})
+        check("a directory without a checkpoint: 404", st == 404, body)
+        st, _, body = http(sock, "GET", "/api/v1/sample")
+        check("GET /api/v1/sample: 405", st == 405, body)
+
+        # a client that leaves mid-stream cancels its job
+        st, _, first, s = http(sock, "POST", "/api/v1/eval",
+                               {"run": run_id, "data": CORPUS, "seq_len": 32, "batch": 1}, read_lines=1)
+        s.close()
+        r = run(ctl + ["sample", run_id, "--prompt", "Hi", "--max-tokens", "5"], timeout=60)
+        check("after a client left mid-eval, the next job runs", st == 200 and r.returncode == 0, r.stderr)
+        logtext = open(os.path.join(tmp, "nsad.log")).read()
+        check("... and the left job was cancelled, not run to its end",
+              "(cancelled: its reader left)" in logtext, logtext[-500:])
+
+        # SIGTERM while a stream is open
+        st, _, first, s = http(sock, "POST", "/api/v1/eval",
+                               {"run": run_id, "data": CORPUS, "seq_len": 32, "batch": 1}, read_lines=1)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            rc = None
+        rest = b""
+        try:
+            while True:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                rest += chunk
+        except OSError:
+            pass
+        s.close()
+        check("SIGTERM during a stream: nsad exits 0 and the stream ends", st == 200 and rc == 0,
+              (rc, open(os.path.join(tmp, "nsad.log")).read()[-800:]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
+    print(f"1..{_count}")
+    sys.exit(1 if _failed else 0)
