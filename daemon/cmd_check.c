@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "yamllimit.h"
 
 static void checkUsage(FILE *out) {
     fprintf(out,
@@ -20,20 +21,15 @@ static void checkUsage(FILE *out) {
             "Exit status: 0 valid, 78 invalid, 2 usage error.\n");
 }
 
-/* Reads all of stdin into a malloc'd buffer. Returns NULL on failure. */
-static char *readStdin(size_t *len) {
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + n, 1, cap - n, stdin);
+/* Reads stdin into a malloc'd buffer, at most max bytes: one more is read
+ * so that a longer input is seen (*len > max) without reading all of it.
+ * Returns NULL on failure. */
+static char *readStdin(size_t max, size_t *len) {
+    char *buf = malloc(max + 1);
+    size_t n = 0, got = 1;
+    while (buf && n < max + 1 && got > 0) {
+        got = fread(buf + n, 1, max + 1 - n, stdin);
         n += got;
-        if (got == 0) break;
-        if (n == cap) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) break;
-            buf = p;
-            cap *= 2;
-        }
     }
     if (buf && ferror(stdin)) {
         free(buf);
@@ -76,12 +72,13 @@ int cmdCheck(int argc, char **argv) {
     int rc;
     if (!strcmp(path, "-")) {
         size_t len = 0;
-        char *text = readStdin(&len);
+        char *text = readStdin(YAML_LIMIT_BYTES, &len);
         if (!text) {
             fprintf(stderr, "nsad check: cannot read stdin: %s\n", strerror(errno));
             free(cfg);
             return 1;
         }
+        /* over the limit: configLoadString names it */
         rc = configLoadString(cfg, text, len, &err);
         free(text);
     } else {

@@ -19,6 +19,7 @@
 
 #include "auth.h"
 #include "commands.h"
+#include "fsutil.h"
 #include "infer.h"
 #include "log.h"
 #include "sdnotify.h"
@@ -27,6 +28,7 @@
 #include "signals.h"
 #include "stackdump.h"
 #include "watchdog.h"
+#include "yamllimit.h"
 
 #define DEFAULT_CONFIG "/etc/nsad/nsad.yaml"
 #define DEFAULT_LISTEN "127.0.0.1:8470"
@@ -187,21 +189,27 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
 /* Reads the daemon config: a YAML mapping of the keys applySetting knows
  * (allow_hosts may be a list). Returns 0 or -1 with err. */
 static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        snprintf(err->message, sizeof err->message, "%.300s: cannot open: %s", path, strerror(errno));
+    size_t len = 0;
+    char *text = fsReadRegular(path, YAML_LIMIT_BYTES, &len, err);
+    if (!text) return -1;
+    if (yamlLimitCheck(text, len, &yamlConfigLimits, path, err) != 0) {
+        free(text);
         return -1;
     }
     yaml_parser_t parser;
     yaml_document_t doc;
-    yaml_parser_initialize(&parser);
-    yaml_parser_set_input_file(&parser, f);
+    if (!yaml_parser_initialize(&parser)) {
+        free(text);
+        snprintf(err->message, sizeof err->message, "%.300s: out of memory", path);
+        return -1;
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     int rc = 0;
     if (!yaml_parser_load(&parser, &doc)) {
         snprintf(err->message, sizeof err->message, "%.300s line %zu: %s", path, parser.problem_mark.line + 1,
                  parser.problem ? parser.problem : "YAML syntax error");
         yaml_parser_delete(&parser);
-        fclose(f);
+        free(text);
         return -1;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
@@ -241,7 +249,7 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
     }
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
-    fclose(f);
+    free(text);
     return rc;
 }
 

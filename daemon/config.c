@@ -12,7 +12,9 @@
  * their text (an int key takes 64 but not "64", 6.4 or 1e3); quoted scalars
  * are strings. */
 #include "config.h"
+#include "fsutil.h"
 #include "strbuf.h"
+#include "yamllimit.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -668,8 +670,8 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
         "model, nsa, train, runtime, data, nan, fault, watchdog";
     yaml_node_t *root = yaml_document_get_root_node(doc);
     if (!root || (root->type == YAML_SCALAR_NODE && isNull(root)))
-        return nsaErrorf(err, "%sconfig is empty; allowed: a mapping of sections (%s)",
-                        src->path ? src->path : "", section_list);
+        return nsaErrorf(err, "%s%sconfig is empty; allowed: a mapping of sections (%s)",
+                        src->path ? src->path : "", src->path ? ": " : "", section_list);
     where(src, root, at, sizeof at);
     if (root->type != YAML_MAPPING_NODE) {
         showValue(root, shown, sizeof shown);
@@ -776,35 +778,38 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
     return 0;
 }
 
-int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err) {
+/* Loads len bytes of text: the limits first (yamllimit.h), then the document. */
+static int loadText(JobConfig *cfg, const char *text, size_t len, const Source *src, NsaError *err) {
+    if (yamlLimitCheck(text, len, &yamlConfigLimits, src->path, err) != 0) return -1;
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) return nsaErrorf(err, "config: out of memory");
-    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
-    Source src = {NULL};
-    int rc = loadParser(cfg, &parser, &src, err);
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    int rc = loadParser(cfg, &parser, src, err);
     yaml_parser_delete(&parser);
     return rc;
 }
 
+int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err) {
+    Source src = {NULL};
+    return loadText(cfg, yaml, len, &src, err);
+}
+
 int configLoadFile(JobConfig *cfg, const char *path, NsaError *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return nsaErrorf(err, "%s: cannot open config: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISDIR(st.st_mode)) {
-        fclose(f);
-        return nsaErrorf(err, "%s: is a directory; allowed: a YAML or JSON config file", path);
+    size_t len = 0;
+    NsaError ferr;
+    char *text = fsReadRegular(path, YAML_LIMIT_BYTES, &len, &ferr);
+    if (!text) {
+        if (errno == EFBIG)
+            return nsaErrorf(err, "%s: over %zu bytes; allowed: a config of at most %zu bytes", path,
+                             YAML_LIMIT_BYTES, YAML_LIMIT_BYTES);
+        struct stat st;
+        if ((errno == EISDIR || errno == EINVAL) && stat(path, &st) == 0)
+            return nsaErrorf(err, "%s: is %s; allowed: a YAML or JSON config file", path, fsKindName(st.st_mode));
+        return nsaErrorf(err, "%s: cannot open config: %s", path, strerror(errno));
     }
-    yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) {
-        fclose(f);
-        return nsaErrorf(err, "%s: out of memory", path);
-    }
-    yaml_parser_set_input_file(&parser, f);
     Source src = {path};
-    int rc = loadParser(cfg, &parser, &src, err);
-    if (rc == 0 && ferror(f)) rc = nsaErrorf(err, "%s: read error", path);
-    yaml_parser_delete(&parser);
-    fclose(f);
+    int rc = loadText(cfg, text, len, &src, err);
+    free(text);
     return rc;
 }
 

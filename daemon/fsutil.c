@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,40 +98,97 @@ int fsWriteFileAtomic(const char *path, const void *data, size_t len, mode_t mod
     return fsFsyncDir(dir, err);
 }
 
-char *fsReadFile(const char *path, size_t *len_out) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-        if (cap - len - 1 == 0) {
-            char *bigger = realloc(buf, cap * 2);
-            if (!bigger) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = bigger;
-            cap *= 2;
-        }
+const char *fsKindName(mode_t mode) {
+    if (S_ISREG(mode)) return "a regular file";
+    if (S_ISDIR(mode)) return "a directory";
+    if (S_ISFIFO(mode)) return "a FIFO";
+    if (S_ISCHR(mode)) return "a character device";
+    if (S_ISBLK(mode)) return "a block device";
+    if (S_ISSOCK(mode)) return "a socket";
+    if (S_ISLNK(mode)) return "a symbolic link";
+    return "not a file";
+}
+
+int fsOpenRegular(const char *path, struct stat *st, NsaError *err) {
+    /* O_NONBLOCK: opening a FIFO for reading must not wait for a writer */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        int saved = errno;
+        nsaErrorf(err, "%s: cannot open: %s", path, strerror(saved));
+        errno = saved;
+        return -1;
     }
-    int failed = ferror(f);
-    fclose(f);
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int saved = errno;
+        close(fd);
+        nsaErrorf(err, "%s: cannot stat: %s", path, strerror(saved));
+        errno = saved;
+        return -1;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        nsaErrorf(err, "%s: is %s; allowed: a regular file", path, fsKindName(sb.st_mode));
+        errno = S_ISDIR(sb.st_mode) ? EISDIR : EINVAL;
+        return -1;
+    }
+    /* back to blocking reads (a regular file never blocks, but mmap and
+     * read callers should not see a surprising flag) */
+    int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+    if (st) *st = sb;
+    return fd;
+}
+
+char *fsReadRegular(const char *path, size_t max_bytes, size_t *len_out, NsaError *err) {
+    struct stat st;
+    int fd = fsOpenRegular(path, &st, err);
+    if (fd < 0) return NULL;
+    if ((uint64_t)st.st_size > (uint64_t)max_bytes) {
+        close(fd);
+        nsaErrorf(err, "%s: %lld bytes; allowed: at most %zu bytes", path, (long long)st.st_size, max_bytes);
+        errno = EFBIG;
+        return NULL;
+    }
+    /* one byte more than stat said: a file that grew since is caught */
+    size_t cap = (size_t)st.st_size + 1, len = 0;
+    char *buf = malloc(cap + 1);
     if (!buf) {
+        close(fd);
+        nsaErrorf(err, "%s: out of memory for %zu bytes", path, cap);
         errno = ENOMEM;
         return NULL;
     }
-    if (failed) {
+    while (len < cap) {
+        ssize_t got = read(fd, buf + len, cap - len);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            int saved = errno;
+            close(fd);
+            free(buf);
+            nsaErrorf(err, "%s: read error: %s", path, strerror(saved));
+            errno = saved;
+            return NULL;
+        }
+        if (got == 0) break;
+        len += (size_t)got;
+    }
+    close(fd);
+    if (len > max_bytes || len == cap) {
         free(buf);
-        errno = EIO;
+        nsaErrorf(err, "%s: grew while nsad read it (over %zu bytes); allowed: a file nobody is writing",
+                  path, len > max_bytes ? max_bytes : (size_t)st.st_size);
+        errno = EFBIG;
         return NULL;
     }
     buf[len] = 0;
     if (len_out) *len_out = len;
     return buf;
+}
+
+char *fsReadFile(const char *path, size_t *len_out) {
+    NsaError err;
+    return fsReadRegular(path, FS_READ_FILE_MAX, len_out, &err);
 }
 
 /* The first failure of a tree removal: the entry's name and errno. */
