@@ -5,7 +5,8 @@
  * options and daemon config (exit 78 when bad), state dir, token, run
  * registry (picking up an interrupted run), listeners, trainer, watchdog,
  * then READY=1 to systemd. SIGTERM/SIGINT stop it: the active run
- * checkpoints and stays active on disk, so the next start resumes it. */
+ * checkpoints and stays active on disk, so the next start resumes it;
+ * signals.h says what every other signal does. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -44,7 +45,9 @@ typedef struct ServeOptions {
     int no_auth;
     long long max_body;
     long max_connections;
+    long max_connections_per_client;
     long idle_timeout_s;
+    long request_timeout_s;
     long stop_timeout_s;
     char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
     int n_allow_hosts;
@@ -69,8 +72,13 @@ static void usage(FILE *out) {
             "  --no-auth              no token on TCP (refused unless --listen is loopback)\n"
             "  --allow-host NAME      accept this Host header too (repeatable)\n"
             "  --max-body BYTES       request body limit (default 1048576)\n"
-            "  --max-connections N    open connections before 429 (default 64)\n"
+            "  --max-connections N    open connections per listener before 429 (default 64)\n"
+            "  --max-connections-per-client N\n"
+            "                         open TCP connections from one address; more are refused (default 16)\n"
             "  --idle-timeout SECONDS close idle connections after it (default 30)\n"
+            "  --request-timeout SECONDS\n"
+            "                         close a connection whose request (headers, body, answer) is not\n"
+            "                         done this long after it began, trickling or not (default 30)\n"
             "  --stop-timeout SECONDS on SIGTERM, wait this long for the run to stop; after half of\n"
             "                         it, abandon the step without a checkpoint (default 80)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
@@ -85,7 +93,9 @@ static void setDefaults(ServeOptions *o) {
     snprintf(o->listen, sizeof o->listen, "%s", DEFAULT_LISTEN);
     o->max_body = 1 << 20;
     o->max_connections = 64;
+    o->max_connections_per_client = 16;
     o->idle_timeout_s = 30;
+    o->request_timeout_s = 30;
     o->stop_timeout_s = 80; /* inside systemd's default TimeoutStopSec of 90 s */
     o->log_level = LOG_LVL_INFO;
 }
@@ -153,6 +163,14 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         bad = parseInteger(v, 1, 1000, &n);
         if (!bad) o->max_connections = (long)n;
         allowed = "an integer from 1 to 1000";
+    } else if (!strcmp(key, "max_connections_per_client")) {
+        bad = parseInteger(v, 1, 1000, &n);
+        if (!bad) o->max_connections_per_client = (long)n;
+        allowed = "an integer from 1 to 1000";
+    } else if (!strcmp(key, "request_timeout_s")) {
+        bad = parseInteger(v, 1, 3600, &n);
+        if (!bad) o->request_timeout_s = (long)n;
+        allowed = "an integer from 1 to 3600";
     } else if (!strcmp(key, "idle_timeout_s")) {
         bad = parseInteger(v, 1, 3600, &n);
         if (!bad) o->idle_timeout_s = (long)n;
@@ -174,7 +192,8 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
     } else {
         snprintf(err->message, sizeof err->message,
                  "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
-                 "max_body_bytes, max_connections, idle_timeout_s, stop_timeout_s, allow_hosts, log_level",
+                 "max_body_bytes, max_connections, max_connections_per_client, idle_timeout_s, "
+                 "request_timeout_s, stop_timeout_s, allow_hosts, log_level",
                  flag);
         return -1;
     }
@@ -267,7 +286,9 @@ static int parseArgs(ServeOptions *o, int argc, char **argv) {
                   {"--allow-host", "allow_hosts"},
                   {"--max-body", "max_body_bytes"},
                   {"--max-connections", "max_connections"},
+                  {"--max-connections-per-client", "max_connections_per_client"},
                   {"--idle-timeout", "idle_timeout_s"},
+                  {"--request-timeout", "request_timeout_s"},
                   {"--stop-timeout", "stop_timeout_s"},
                   {"--log-level", "log_level"}};
     /* the config file first, so that flags override it */
@@ -523,7 +544,9 @@ int cmdServe(int argc, char **argv) {
         .token = tcp && !o.no_auth ? token : NULL,
         .max_body = (size_t)o.max_body,
         .max_connections = (unsigned)o.max_connections,
+        .max_connections_per_client = (unsigned)o.max_connections_per_client,
         .idle_timeout_s = (unsigned)o.idle_timeout_s,
+        .request_timeout_s = (unsigned)o.request_timeout_s,
         .n_allow_hosts = o.n_allow_hosts,
     };
     for (int i = 0; i < o.n_allow_hosts; i++) so.allow_hosts[i] = o.allow_hosts[i];
@@ -568,15 +591,21 @@ int cmdServe(int argc, char **argv) {
         logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
 
     int exit_code = 0;
-    for (;;) {
+    for (int stopping = 0; !stopping;) {
         int sig = signalsWait(1000);
-        if (sig == SIGQUIT) {
-            logStacks("SIGQUIT");
-        } else if (sig == SIGHUP) {
-            logNotice("SIGHUP: nsad has nothing to reload; restart it to apply a new daemon config");
-        } else if (sig == SIGTERM || sig == SIGINT) {
-            logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)",
-                      sig == SIGTERM ? "SIGTERM" : "SIGINT");
+        if (!sig) continue;
+        char buf[32];
+        const char *name = signalsName(sig, buf, sizeof buf);
+        switch (signalsAction(sig)) {
+        case SIGNAL_DUMP_STACKS: logStacks(name); break;
+        case SIGNAL_RELOAD:
+            logNotice("%s: nsad serve has nothing it can reload while running; restart it to apply a new "
+                      "daemon config (ignored)", name);
+            break;
+        case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
+        case SIGNAL_STOP:
+            logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)", name);
+            stopping = 1;
             break;
         }
     }

@@ -3,8 +3,9 @@
  *
  * Signals are taken by a dedicated thread (sigwait), never by handlers that
  * run in the middle of a step: SIGTERM/SIGINT ask the trainer to halt after
- * the current step (it checkpoints and exits 0); SIGUSR1 writes every
- * registered thread's stack to OUT/stacks-<time>.txt and training goes on. */
+ * the current step (it checkpoints and exits 0); SIGUSR1 and SIGQUIT write
+ * every registered thread's stack to OUT/stacks-<time>.txt and training
+ * goes on; SIGHUP and the rest are logged and ignored (signals.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -21,6 +22,7 @@
 #include "commands.h"
 #include "config.h"
 #include "log.h"
+#include "signals.h"
 #include "stackdump.h"
 #include "trainer.h"
 
@@ -41,7 +43,8 @@ static void usage(FILE *out) {
             "  --quiet          no progress line per log step on stdout\n"
             "\n"
             "Signals: SIGTERM/SIGINT finish the current step, checkpoint and exit 0;\n"
-            "SIGUSR1 writes all threads' stacks to OUT/stacks-<time>.txt. Creating\n"
+            "SIGUSR1/SIGQUIT write all threads' stacks to OUT/stacks-<time>.txt and the\n"
+            "run goes on; SIGHUP and others are logged and ignored. Creating\n"
             "OUT/.HALT stops the run the same way as SIGTERM.\n"
             "Exit status: 0 completed or halted, 1 failure or NaN halt, 2 usage, 78 bad config.\n");
 }
@@ -54,7 +57,7 @@ typedef struct SignalCtx {
     _Atomic int done;
 } SignalCtx;
 
-static void writeStackFile(const char *out_dir) {
+static void writeStackFile(const char *out_dir, const char *reason) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     struct tm tm;
@@ -64,17 +67,17 @@ static void writeStackFile(const char *out_dir) {
     int n = snprintf(path, sizeof path, "%s/stacks-%s.%03ldZ.txt", out_dir, stamp,
                      ts.tv_nsec / 1000000);
     if (n < 0 || (size_t)n >= sizeof path) {
-        logError("SIGUSR1: out_dir path too long for a stack file");
+        logError("%s: out_dir path too long for a stack file", reason);
         return;
     }
     mkdir(out_dir, 0755);  /* the run may not have created it yet */
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
-        logError("SIGUSR1: create %s: %s", path, strerror(errno));
+        logError("%s: create %s: %s", reason, path, strerror(errno));
         return;
     }
-    if (stackdumpWrite(fd, "SIGUSR1") != 0) logError("SIGUSR1: write %s: %s", path, strerror(errno));
-    else logNotice("SIGUSR1: stacks written to %s", path);
+    if (stackdumpWrite(fd, reason) != 0) logError("%s: write %s: %s", reason, path, strerror(errno));
+    else logNotice("%s: stacks written to %s", reason, path);
     close(fd);
 }
 
@@ -86,16 +89,26 @@ static void *signalThread(void *arg) {
         int sig;
         if (sigwait(&ctx->set, &sig) != 0) continue;
         if (atomic_load(&ctx->done)) break;
-        if (sig == SIGUSR1) {
-            writeStackFile(ctx->out_dir);
-        } else if (!halting) {
-            halting = 1;
-            logNotice("%s: finishing step %" PRId64 ", then checkpoint and exit",
-                      sig == SIGINT ? "SIGINT" : "SIGTERM", atomic_load(&ctx->mon->step) + 1);
-            atomic_store(&ctx->mon->halt_requested, 1);
-        } else {
-            logNotice("%s: already halting after the current step",
-                      sig == SIGINT ? "SIGINT" : "SIGTERM");
+        char buf[32];
+        const char *name = signalsName(sig, buf, sizeof buf);
+        switch (signalsAction(sig)) {
+        case SIGNAL_DUMP_STACKS: writeStackFile(ctx->out_dir, name); break;
+        case SIGNAL_RELOAD:
+            logNotice("%s: nsad train has nothing to reload (ignored; SIGTERM stops the run)", name);
+            break;
+        case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
+        case SIGNAL_STOP:
+            if (!halting) {
+                halting = 1;
+                /* the step in progress (if any) finishes first; the trainer
+                 * logs the step it stopped at */
+                logNotice("%s: stopping after the step in progress (%" PRId64 " done), then checkpoint and "
+                          "exit", name, atomic_load(&ctx->mon->step));
+                atomic_store(&ctx->mon->halt_requested, 1);
+            } else {
+                logNotice("%s: already stopping after the step in progress", name);
+            }
+            break;
         }
     }
     stackdumpUnregisterThread();
@@ -186,17 +199,17 @@ int cmdTrain(int argc, char **argv) {
     TrainMonitor mon;
     trainMonitorInit(&mon);
     SignalCtx sctx = {.mon = &mon, .out_dir = out_dir};
-    sigemptyset(&sctx.set);
-    sigaddset(&sctx.set, SIGTERM);
-    sigaddset(&sctx.set, SIGINT);
-    sigaddset(&sctx.set, SIGUSR1);
+    signalsTakenSet(&sctx.set);
     sigset_t old_mask;
     pthread_sigmask(SIG_BLOCK, &sctx.set, &old_mask);
+    struct sigaction ign = {.sa_handler = SIG_IGN}, old_pipe;
+    sigaction(SIGPIPE, &ign, &old_pipe); /* a closed stdout is an EPIPE, not a death */
     pthread_t sig_thread;
     int rc = pthread_create(&sig_thread, NULL, signalThread, &sctx);
     if (rc != 0) {
         fprintf(stderr, "nsad train: cannot start the signal thread: %s\n", strerror(rc));
         pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+        sigaction(SIGPIPE, &old_pipe, NULL);
         free(cfg);
         return 1;
     }
@@ -211,6 +224,7 @@ int cmdTrain(int argc, char **argv) {
     pthread_kill(sig_thread, SIGTERM);
     pthread_join(sig_thread, NULL);
     pthread_sigmask(SIG_SETMASK, &old_mask, NULL);
+    sigaction(SIGPIPE, &old_pipe, NULL);
     free(cfg);
 
     switch (res.outcome) {

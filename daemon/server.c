@@ -9,6 +9,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +32,30 @@
     "connect-src 'self'; frame-ancestors 'none'"
 #define LOOP_WAKE_MS 500
 
+/* One open connection, for the request deadline: when its current request
+ * began (the connection's start, or the end of the previous request on a
+ * kept-alive connection). Owned by its listener's thread. */
+typedef struct ConnState {
+    struct ConnState *prev, *next;
+    int64_t request_since_ns;
+    int fd;
+    int cut; /* shut down for passing the deadline */
+} ConnState;
+
+/* A listener: its socket, its libmicrohttpd daemon and the thread that
+ * serves it. Each listener has its own thread, connection count and
+ * connection list, so that clients of one (TCP) can never use up what the
+ * other (the Unix socket, the local operator's way in) needs. */
 typedef struct Listener {
     struct Server *srv;
     struct MHD_Daemon *mhd;
     int fd;
     int is_unix;
+    _Atomic unsigned open_connections;
+    ConnState *conns; /* the listener thread's, see ConnState */
+    _Atomic int64_t tick_ns;
+    pthread_t thread;
+    int thread_started;
 } Listener;
 
 struct Server {
@@ -47,21 +68,21 @@ struct Server {
     char token[AUTH_TOKEN_MAX];
     int have_token;
     char bound_host[256];
-    _Atomic unsigned open_connections;
     _Atomic int stop;
-    int wake[2]; /* a byte here ends the HTTP thread's select */
+    int wake[2]; /* a byte here ends the HTTP threads' select (never read: it wakes both) */
     pthread_mutex_t streams_lock;   /* the streamed responses alive (streamResponse) */
     struct StreamResponse *streams;
-    pthread_t thread;
-    int thread_started;
 };
 
-/* Per request: the body collected so far and whether it was refused. */
+/* Per request: made by the URI callback (uriSeen) before the headers are
+ * parsed; the body collected so far and whether it was refused. */
 typedef struct RequestState {
     char *body;
     size_t len, cap;
-    int answered;  /* a response was queued on the first call */
+    int checked;   /* the first call of the access handler has run */
+    int answered;  /* a response was queued */
     int too_large; /* a chunked body outgrew the limit */
+    int raw_bad;   /* SERVER_RAW_*: what the undecoded URL held */
 } RequestState;
 
 /* ---- addresses ------------------------------------------------------------------ */
@@ -289,9 +310,7 @@ static int hostAllowed(const Server *srv, const char *host_header) {
     return 0;
 }
 
-/* A request path nsad refuses outright: a ".." segment, a backslash, or
- * anything but printable ASCII. */
-static int pathIsBad(const char *path) {
+int serverPathIsBad(const char *path) {
     if (!path || path[0] != '/') return 1;
     for (const char *p = path; *p; p++) {
         unsigned char c = (unsigned char)*p;
@@ -304,12 +323,26 @@ static int pathIsBad(const char *path) {
     return 0;
 }
 
+int serverRawUrlProblem(const char *raw) {
+    if (!raw) return SERVER_RAW_BAD_PATH;
+    int in_query = 0;
+    for (const char *p = raw; *p; p++) {
+        unsigned char c = (unsigned char)*p;
+        if (c == '?') in_query = 1;
+        /* decoding "%00" gives a NUL, which would cut the C string short:
+         * the path or value nsad checks would not be the one sent */
+        int nul = c == '%' && p[1] == '0' && p[2] == '0';
+        if (nul || c < 0x21 || c > 0x7e) return in_query ? SERVER_RAW_BAD_QUERY : SERVER_RAW_BAD_PATH;
+    }
+    return SERVER_RAW_OK;
+}
+
 /* First-call checks, before any body is read. Returns 1 when it queued a
  * refusal. */
 static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, const char *url,
-                       const char *method, enum MHD_Result *result) {
+                       const char *method, int raw_bad, enum MHD_Result *result) {
     char msg[512];
-    if (atomic_load(&srv->open_connections) > srv->opt.max_connections) {
+    if (atomic_load(&l->open_connections) > srv->opt.max_connections) {
         ApiResponse res;
         apiError(&res, 429, "too_many_requests", "more than %u open connections; retry in a moment",
                  srv->opt.max_connections);
@@ -338,9 +371,16 @@ static int refuseEarly(Server *srv, Listener *l, struct MHD_Connection *conn, co
             return 1;
         }
     }
-    if (pathIsBad(url)) {
+    if (raw_bad == SERVER_RAW_BAD_PATH || serverPathIsBad(url)) {
         *result = queueError(srv, conn, 400, "bad_path",
-                             "the path has a '..' segment, a backslash or a non-printable character");
+                             raw_bad == SERVER_RAW_BAD_PATH
+                                 ? "the path holds %00 or a byte outside printable ASCII"
+                                 : "the path has a '..' segment, a backslash or a non-printable character");
+        return 1;
+    }
+    if (raw_bad == SERVER_RAW_BAD_QUERY) {
+        *result = queueError(srv, conn, 400, "invalid_argument",
+                             "the query string holds %00 or a byte outside printable ASCII");
         return 1;
     }
     if (!l->is_unix && srv->have_token && apiOwnsPath(url) && !apiIsPublic(method, url)) {
@@ -456,12 +496,15 @@ static enum MHD_Result handleRequest(void *cls, struct MHD_Connection *conn, con
     Listener *l = cls;
     Server *srv = l->srv;
     RequestState *rs = *con_cls;
-    if (!rs) {
+    if (!rs) { /* uriSeen ran out of memory */
         rs = calloc(1, sizeof *rs);
         if (!rs) return MHD_NO;
         *con_cls = rs;
+    }
+    if (!rs->checked) {
+        rs->checked = 1;
         enum MHD_Result result;
-        if (refuseEarly(srv, l, conn, url, method, &result)) {
+        if (refuseEarly(srv, l, conn, url, method, rs->raw_bad, &result)) {
             rs->answered = 1;
             return result;
         }
@@ -508,10 +551,15 @@ static enum MHD_Result handleRequest(void *cls, struct MHD_Connection *conn, con
     return queue(srv, conn, &res);
 }
 
+/* The connection's ConnState (NULL before NOTIFY_STARTED ran). */
+static ConnState *connState(struct MHD_Connection *conn) {
+    const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
 static void requestCompleted(void *cls, struct MHD_Connection *conn, void **con_cls,
                              enum MHD_RequestTerminationCode toe) {
     (void)cls;
-    (void)conn;
     (void)toe;
     RequestState *rs = *con_cls;
     if (rs) {
@@ -519,17 +567,69 @@ static void requestCompleted(void *cls, struct MHD_Connection *conn, void **con_
         free(rs);
         *con_cls = NULL;
     }
+    /* a kept-alive connection's next request gets a deadline of its own */
+    ConnState *cs = conn ? connState(conn) : NULL;
+    if (cs) cs->request_since_ns = serviceNowNs();
+}
+
+/* Called with the request line, before the headers are parsed: the raw URL
+ * is still undecoded here. Returns the request's RequestState (*con_cls). */
+static void *uriSeen(void *cls, const char *uri, struct MHD_Connection *conn) {
+    (void)cls;
+    (void)conn;
+    RequestState *rs = calloc(1, sizeof *rs);
+    if (rs) rs->raw_bad = serverRawUrlProblem(uri);
+    return rs;
 }
 
 static void connectionNotify(void *cls, struct MHD_Connection *conn, void **socket_ctx,
                              enum MHD_ConnectionNotificationCode code) {
-    (void)conn;
-    (void)socket_ctx;
-    Server *srv = cls;
-    if (code == MHD_CONNECTION_NOTIFY_STARTED)
-        atomic_fetch_add(&srv->open_connections, 1);
-    else if (code == MHD_CONNECTION_NOTIFY_CLOSED)
-        atomic_fetch_sub(&srv->open_connections, 1);
+    Listener *l = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        atomic_fetch_add(&l->open_connections, 1);
+        ConnState *cs = calloc(1, sizeof *cs);
+        if (!cs) return; /* no deadline for this one: the idle timeout still applies */
+        const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        cs->fd = info ? info->connect_fd : -1;
+        cs->request_since_ns = serviceNowNs();
+        cs->next = l->conns;
+        if (l->conns) l->conns->prev = cs;
+        l->conns = cs;
+        *socket_ctx = cs;
+    } else if (code == MHD_CONNECTION_NOTIFY_CLOSED) {
+        atomic_fetch_sub(&l->open_connections, 1);
+        ConnState *cs = *socket_ctx;
+        if (!cs) return;
+        if (cs->prev) cs->prev->next = cs->next;
+        else l->conns = cs->next;
+        if (cs->next) cs->next->prev = cs->prev;
+        free(cs);
+        *socket_ctx = NULL;
+    }
+}
+
+/* Cuts every connection whose request has run past the deadline: its
+ * socket is shut down (not closed: libmicrohttpd owns the descriptor and
+ * sees an end of file, then closes and forgets the connection). Trickling
+ * bytes resets the idle timeout but never this clock. Returns the time
+ * until the next deadline, in ms (at most cap_ms). */
+static uint64_t cutLateConnections(Listener *l, int64_t now, uint64_t cap_ms) {
+    int64_t limit = (int64_t)l->srv->opt.request_timeout_s * 1000000000LL;
+    uint64_t next_ms = cap_ms;
+    for (ConnState *cs = l->conns; cs; cs = cs->next) {
+        if (cs->cut || cs->fd < 0) continue;
+        int64_t age = now - cs->request_since_ns;
+        if (age >= limit) {
+            shutdown(cs->fd, SHUT_RDWR);
+            cs->cut = 1;
+            logInfo("http: closed a %s connection whose request took over %u s (--request-timeout)",
+                    l->is_unix ? "Unix socket" : "TCP", l->srv->opt.request_timeout_s);
+        } else {
+            uint64_t left_ms = (uint64_t)((limit - age) / 1000000) + 1;
+            if (left_ms < next_ms) next_ms = left_ms;
+        }
+    }
+    return next_ms;
 }
 
 static void mhdLog(void *cls, const char *fmt, va_list ap) {
@@ -545,13 +645,15 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
     l->srv = srv;
     /* a hard cap above max_connections: up to it, requests get a 429 answer */
     unsigned hard_limit = srv->opt.max_connections + 16;
-    l->mhd =
-        MHD_start_daemon(MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, handleRequest, l,
-                         MHD_OPTION_LISTEN_SOCKET, l->fd,
-                         MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_CONNECTION_TIMEOUT,
-                         srv->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)128 * 1024,
-                         MHD_OPTION_NOTIFY_COMPLETED, requestCompleted, srv, MHD_OPTION_NOTIFY_CONNECTION,
-                         connectionNotify, srv, MHD_OPTION_EXTERNAL_LOGGER, mhdLog, srv, MHD_OPTION_END);
+    /* libmicrohttpd counts per IP address only: the Unix socket has none */
+    unsigned per_client = l->is_unix ? 0 : srv->opt.max_connections_per_client;
+    l->mhd = MHD_start_daemon(
+        MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
+        MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
+        MHD_OPTION_CONNECTION_TIMEOUT, srv->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK, uriSeen, l, MHD_OPTION_NOTIFY_COMPLETED,
+        requestCompleted, l, MHD_OPTION_NOTIFY_CONNECTION, connectionNotify, l, MHD_OPTION_EXTERNAL_LOGGER,
+        mhdLog, srv, MHD_OPTION_END);
     if (!l->mhd)
         return nsaErrorf(err, "cannot start libmicrohttpd on the %s listener", l->is_unix ? "Unix" : "TCP");
     l->fd = -1; /* MHD_stop_daemon closes it */
@@ -560,29 +662,40 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
 
 /* ---- the HTTP thread ---------------------------------------------------------------- */
 
-static void addFds(struct MHD_Daemon *d, fd_set *r, fd_set *w, fd_set *e, MHD_socket *max,
-                   uint64_t *timeout_ms) {
-    if (!d) return;
-    MHD_get_fdset2(d, r, w, e, max, FD_SETSIZE);
-    MHD_UNSIGNED_LONG_LONG t;
-    if (MHD_get_timeout(d, &t) == MHD_YES && t < *timeout_ms) *timeout_ms = t;
+/* The HTTP threads' liveness for the watchdog: the older of the two
+ * listeners' last loops, so that one stuck thread is not hidden by the
+ * other's ticks. */
+static void publishTick(Server *srv) {
+    int64_t oldest = INT64_MAX;
+    const Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
+    for (int i = 0; i < 2; i++)
+        if (ls[i]->thread_started) {
+            int64_t t = atomic_load(&ls[i]->tick_ns);
+            if (t < oldest) oldest = t;
+        }
+    if (oldest != INT64_MAX) atomic_store(&srv->svc->http_tick_ns, oldest);
 }
 
 static void *httpThread(void *arg) {
-    Server *srv = arg;
-    if (stackdumpRegisterThread("http") != 0)
-        logWarn("the http thread is not in stack dumps: %s", strerror(errno));
+    Listener *l = arg;
+    Server *srv = l->srv;
+    if (stackdumpRegisterThread(l->is_unix ? "http-unix" : "http-tcp") != 0)
+        logWarn("the %s HTTP thread is not in stack dumps: %s", l->is_unix ? "Unix socket" : "TCP",
+                strerror(errno));
     while (!atomic_load(&srv->stop)) {
-        atomic_store(&srv->svc->http_tick_ns, serviceNowNs());
+        int64_t now = serviceNowNs();
+        atomic_store(&l->tick_ns, now);
+        publishTick(srv);
         fd_set r, w, e;
         FD_ZERO(&r);
         FD_ZERO(&w);
         FD_ZERO(&e);
         MHD_socket max = srv->wake[0];
         FD_SET(srv->wake[0], &r);
-        uint64_t timeout_ms = LOOP_WAKE_MS;
-        addFds(srv->tcp.mhd, &r, &w, &e, &max, &timeout_ms);
-        addFds(srv->unix_sock.mhd, &r, &w, &e, &max, &timeout_ms);
+        uint64_t timeout_ms = cutLateConnections(l, now, LOOP_WAKE_MS);
+        MHD_get_fdset2(l->mhd, &r, &w, &e, &max, FD_SETSIZE);
+        MHD_UNSIGNED_LONG_LONG t;
+        if (MHD_get_timeout(l->mhd, &t) == MHD_YES && t < timeout_ms) timeout_ms = t;
         struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
         int n = select(max + 1, &r, &w, &e, &tv);
         if (n < 0 && errno != EINTR) {
@@ -592,11 +705,18 @@ static void *httpThread(void *arg) {
             continue;
         }
         if (n < 0) continue;
-        if (srv->tcp.mhd) MHD_run_from_select(srv->tcp.mhd, &r, &w, &e);
-        if (srv->unix_sock.mhd) MHD_run_from_select(srv->unix_sock.mhd, &r, &w, &e);
+        MHD_run_from_select(l->mhd, &r, &w, &e);
     }
     stackdumpUnregisterThread();
     return NULL;
+}
+
+static int startThread(Listener *l, NsaError *err) {
+    atomic_store(&l->tick_ns, serviceNowNs());
+    int rc = pthread_create(&l->thread, NULL, httpThread, l);
+    if (rc != 0) return nsaErrorf(err, "cannot start the HTTP thread: %s", strerror(rc));
+    l->thread_started = 1;
+    return 0;
 }
 
 /* ---- life cycle ---------------------------------------------------------------------- */
@@ -631,12 +751,9 @@ Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
         nsaErrorf(err, "no listener: give --listen or --socket");
         goto fail;
     }
-    int rc = pthread_create(&srv->thread, NULL, httpThread, srv);
-    if (rc != 0) {
-        nsaErrorf(err, "cannot start the HTTP thread: %s", strerror(rc));
+    if ((srv->tcp.mhd && startThread(&srv->tcp, err) != 0) ||
+        (srv->unix_sock.mhd && startThread(&srv->unix_sock, err) != 0))
         goto fail;
-    }
-    srv->thread_started = 1;
     return srv;
 fail:
     serverStop(srv);
@@ -647,18 +764,20 @@ int serverPort(const Server *srv) { return srv && srv->tcp.mhd ? srv->port : 0; 
 
 void serverStop(Server *srv) {
     if (!srv) return;
-    if (srv->thread_started) {
-        atomic_store(&srv->stop, 1);
+    Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
+    atomic_store(&srv->stop, 1);
+    if (srv->wake[1] >= 0) {
         ssize_t w = write(srv->wake[1], "x", 1);
         (void)w;
-        pthread_join(srv->thread, NULL);
     }
+    for (int i = 0; i < 2; i++)
+        if (ls[i]->thread_started) pthread_join(ls[i]->thread, NULL);
     /* no connection may stay suspended into MHD_stop_daemon: end every stream */
     pthread_mutex_lock(&srv->streams_lock);
     for (StreamResponse *sr = srv->streams; sr; sr = sr->next) streamAbort(sr->stream);
     pthread_mutex_unlock(&srv->streams_lock);
-    Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
     for (int i = 0; i < 2; i++) {
+        /* closes the listener's connections (connectionNotify frees their state) */
         if (ls[i]->mhd) MHD_stop_daemon(ls[i]->mhd);
         if (ls[i]->fd >= 0) close(ls[i]->fd);
     }

@@ -1,10 +1,12 @@
 /* server.h - nsad's HTTP server: libmicrohttpd on a TCP socket and a Unix
  * socket (both bound here and handed over with MHD_OPTION_LISTEN_SOCKET),
- * served by one HTTP thread. It enforces what proto/api.md promises about
- * transport: the bearer token on TCP, Host and Origin checks, body and
- * connection limits, path traversal refusal, security headers, and serves
- * the dashboard's static files; everything under /api and /metrics goes to
- * apiHandle. */
+ * each served by a thread of its own with its own connection limits, so
+ * TCP clients can never starve the Unix socket. It enforces what
+ * proto/api.md promises about transport: the bearer token on TCP, Host and
+ * Origin checks, body and connection limits (per listener and per client
+ * address), a deadline per request that trickling bytes cannot extend,
+ * path traversal refusal, security headers, and serves the dashboard's
+ * static files; everything under /api and /metrics goes to apiHandle. */
 #ifndef NSAD_SERVER_H
 #define NSAD_SERVER_H
 
@@ -20,8 +22,10 @@ typedef struct ServerOptions {
     const char *web_root;                            /* dashboard directory; NULL: none */
     const char *token;                               /* required on TCP; NULL: no auth (loopback only) */
     size_t max_body;                                 /* bytes; larger bodies get 413 */
-    unsigned max_connections;                        /* open connections beyond it get 429 */
+    unsigned max_connections;                        /* per listener: open connections beyond it get 429 */
+    unsigned max_connections_per_client;             /* TCP: per client address; more are refused */
     unsigned idle_timeout_s;                         /* an idle connection closes after it */
+    unsigned request_timeout_s;                      /* a request (headers, body, answer) must be done by then */
     const char *allow_hosts[SERVER_MAX_ALLOW_HOSTS]; /* extra Host names */
     int n_allow_hosts;
 } ServerOptions;
@@ -42,5 +46,17 @@ void serverStop(Server *srv);
 
 /* 1 when host (a numeric address or "localhost") is a loopback address. */
 int serverIsLoopback(const char *host);
+
+/* 1 when nsad refuses a decoded request path outright (400 bad_path): not
+ * starting with '/', a ".." segment, a backslash, or a byte outside
+ * printable ASCII. */
+int serverPathIsBad(const char *path);
+
+/* What the raw (undecoded) request URL holds that decoding would hide:
+ * SERVER_RAW_OK, SERVER_RAW_BAD_PATH (%00 or a byte outside printable
+ * ASCII before any '?': 400 bad_path) or SERVER_RAW_BAD_QUERY (the same in
+ * the query string: 400 invalid_argument). */
+int serverRawUrlProblem(const char *raw);
+enum { SERVER_RAW_OK = 0, SERVER_RAW_BAD_PATH = 1, SERVER_RAW_BAD_QUERY = 2 };
 
 #endif

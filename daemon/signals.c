@@ -1,29 +1,76 @@
 /* signals.c - see signals.h. */
 #include "signals.h"
+#include "stackdump.h"
 
 #include <errno.h>
 #include <execinfo.h>
 #include <fcntl.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-static const int daemon_signals[] = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
 /* SIGBUS has its own handler (onBus), which guarded reads return through. */
 static const int fatal_signals[] = {SIGSEGV, SIGILL, SIGFPE, SIGABRT};
 
-static void daemonSet(sigset_t *set) {
+/* Signals nsad leaves alone: the crash signals (their handlers below, or
+ * the kernel's action: a core dump), the two no process can catch, job
+ * control and the ones whose default is to be ignored, and the stack
+ * dumper's own real-time signal. Every other signal is taken. */
+static int leftAlone(int sig) {
+    switch (sig) {
+    case SIGSEGV: case SIGBUS: case SIGILL: case SIGFPE: case SIGABRT: case SIGTRAP: case SIGSYS:
+    case SIGKILL: case SIGSTOP:
+    case SIGTSTP: case SIGTTIN: case SIGTTOU: case SIGCONT:
+    case SIGCHLD: case SIGURG: case SIGWINCH:
+    case SIGPIPE: /* ignored: a closed peer is an EPIPE, never a death */
+        return 1;
+    default:
+        return sig == STACKDUMP_SIGNAL;
+    }
+}
+
+void signalsTakenSet(sigset_t *set) {
     sigemptyset(set);
-    for (size_t i = 0; i < sizeof daemon_signals / sizeof daemon_signals[0]; i++)
-        sigaddset(set, daemon_signals[i]);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (!leftAlone(sig)) sigaddset(set, sig); /* glibc keeps its internal ones out itself */
+}
+
+SignalAction signalsAction(int sig) {
+    switch (sig) {
+    case SIGTERM: case SIGINT:
+    case SIGXCPU: /* the CPU time limit: the kernel kills at the hard one */
+    case SIGPWR:  /* the power is failing */
+        return SIGNAL_STOP;
+    case SIGUSR1: case SIGQUIT: return SIGNAL_DUMP_STACKS;
+    case SIGHUP: return SIGNAL_RELOAD;
+    default: return SIGNAL_IGNORE;
+    }
+}
+
+const char *signalsName(int sig, char *buf, size_t cap) {
+    static const struct {
+        int sig;
+        const char *name;
+    } names[] = {{SIGHUP, "SIGHUP"},     {SIGINT, "SIGINT"},       {SIGQUIT, "SIGQUIT"}, {SIGUSR1, "SIGUSR1"},
+                 {SIGUSR2, "SIGUSR2"},   {SIGALRM, "SIGALRM"},     {SIGTERM, "SIGTERM"}, {SIGSTKFLT, "SIGSTKFLT"},
+                 {SIGXCPU, "SIGXCPU"},   {SIGXFSZ, "SIGXFSZ"},     {SIGVTALRM, "SIGVTALRM"},
+                 {SIGPROF, "SIGPROF"},   {SIGIO, "SIGIO"},         {SIGPWR, "SIGPWR"},   {SIGPIPE, "SIGPIPE"}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (names[i].sig == sig) return names[i].name;
+    if (sig >= SIGRTMIN && sig <= SIGRTMAX)
+        snprintf(buf, cap, "SIGRTMIN+%d", sig - SIGRTMIN);
+    else
+        snprintf(buf, cap, "signal %d", sig);
+    return buf;
 }
 
 int signalsBlockDaemonSignals(void) {
     sigset_t set;
-    daemonSet(&set);
+    signalsTakenSet(&set);
     int rc = pthread_sigmask(SIG_BLOCK, &set, NULL);
     if (rc != 0) {
         errno = rc;
@@ -140,7 +187,7 @@ int signalsGuardBus(void (*fn)(void *), void *arg) {
 
 int signalsWait(int timeout_ms) {
     sigset_t set;
-    daemonSet(&set);
+    signalsTakenSet(&set);
     struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000L};
     for (;;) {
         int sig = sigtimedwait(&set, NULL, &ts);
