@@ -1,6 +1,7 @@
 /* checkpoint.c - safetensors read/write and training checkpoints; see
  * checkpoint.h for the formats and contracts. */
 #include "checkpoint.h"
+#include "crc32c.h"
 #include "fsutil.h"
 
 #include <cjson/cJSON.h>
@@ -19,8 +20,12 @@
 #error "checkpoint.c writes host floats as safetensors' little-endian data"
 #endif
 
-/* safetensors' own loader refuses headers above 100 MB */
-#define SAFETENSORS_MAX_HEADER (100u * 1024u * 1024u)
+/* An nsad header is a few hundred bytes per tensor (a 1024-layer model's
+ * state file: ~5 MB); safetensors' own loader stops at 100 MB. */
+#define SAFETENSORS_MAX_HEADER (16u * 1024u * 1024u)
+/* manifest.json: two file entries and a few fields */
+#define MANIFEST_MAX_BYTES 65536
+#define MANIFEST_NAME "manifest.json"
 
 /* ---- small file-system helpers ------------------------------------------ */
 
@@ -134,7 +139,7 @@ static const float *fromArrays(void *ctx, int i, float *scratch, NsaError *err) 
  * model needs one tensor of memory, not the whole arena. */
 static int writeStreaming(const char *path, const SafetensorsTensor *tensors, int n,
                           const SafetensorsMeta *meta, int n_meta, TensorSource source,
-                          void *ctx, NsaError *err) {
+                          void *ctx, uint32_t *crc_out, uint64_t *bytes_out, NsaError *err) {
     char *json = buildHeader(tensors, n, meta, n_meta, err);
     if (!json) return -1;
     size_t json_len = strlen(json);
@@ -166,12 +171,20 @@ static int writeStreaming(const char *path, const SafetensorsTensor *tensors, in
         goto fail_early;
     }
     if (fsWriteAll(fd, header, 8 + header_len) != 0) goto fail_write;
+    /* the checksum of exactly the bytes written, as they go out */
+    uint32_t crc = crc32cUpdate(0, header, 8 + header_len);
+    uint64_t bytes = 8 + header_len;
     for (int i = 0; i < n; i++) {
         if (!tensors[i].numel) continue;
         const float *data = source(ctx, i, scratch, err);
         if (!data) goto fail_file;
-        if (fsWriteAll(fd, data, tensors[i].numel * sizeof(float)) != 0) goto fail_write;
+        size_t len = tensors[i].numel * sizeof(float);
+        if (fsWriteAll(fd, data, len) != 0) goto fail_write;
+        crc = crc32cUpdate(crc, data, len);
+        bytes += len;
     }
+    if (crc_out) *crc_out = crc;
+    if (bytes_out) *bytes_out = bytes;
     if (fsync(fd) != 0) {
         nsaErrorf(err, "fsync %s: %s", tmp, strerror(errno));
         goto fail_file;
@@ -203,7 +216,7 @@ fail_early:
 
 int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
                      const SafetensorsMeta *meta, int n_meta, NsaError *err) {
-    return writeStreaming(path, tensors, n, meta, n_meta, fromArrays, (void *)tensors, err);
+    return writeStreaming(path, tensors, n, meta, n_meta, fromArrays, (void *)tensors, NULL, NULL, err);
 }
 
 /* ---- safetensors reader ------------------------------------------------------ */
@@ -254,6 +267,7 @@ static int jsonSize(const cJSON *item, size_t *out) {
 }
 
 static int parseMetadata(Safetensors *st, const cJSON *md, const char *path, NsaError *err) {
+    if (st->meta_keys) return nsaErrorf(err, "%s: __metadata__ appears twice; allowed: once", path);
     if (!cJSON_IsObject(md))
         return nsaErrorf(err, "%s: __metadata__ is not an object; allowed: {string: string}", path);
     int count = cJSON_GetArraySize(md);
@@ -347,14 +361,9 @@ static int parseHeader(Safetensors *st, const char *json, size_t len, const char
 }
 
 Safetensors *safetensorsRead(const char *path, NsaError *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nsaErrorf(err, "open %s: %s", path, strerror(errno)), NULL;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int saved = errno;
-        close(fd);
-        return nsaErrorf(err, "stat %s: %s", path, strerror(saved)), NULL;
-    }
+    int fd = fsOpenRegular(path, &sb, err);
+    if (fd < 0) return NULL;
     size_t size = (size_t)sb.st_size;
     if (size < 8) {
         close(fd);
@@ -378,8 +387,8 @@ Safetensors *safetensorsRead(const char *path, NsaError *err) {
     uint64_t header_len = 0;
     for (int b = 7; b >= 0; b--) header_len = (header_len << 8) | st->map[b];
     if (header_len > SAFETENSORS_MAX_HEADER || header_len > size - 8) {
-        nsaErrorf(err, "%s: header length %" PRIu64 " exceeds the file (%zu bytes) or 100 MB", path,
-             header_len, size);
+        nsaErrorf(err, "%s: header length %" PRIu64 " exceeds the file (%zu bytes) or %u bytes; allowed: at most "
+             "%u bytes within the file", path, header_len, size, SAFETENSORS_MAX_HEADER, SAFETENSORS_MAX_HEADER);
         safetensorsFree(st);
         return NULL;
     }
@@ -457,7 +466,7 @@ static const float *fromModel(void *ctx, int i, float *scratch, NsaError *err) {
  * one tensor at a time with nsaModelGetTensor. */
 static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
                        const char *const *prefixes, int n_arenas, const SafetensorsMeta *meta,
-                       int n_meta, NsaError *err) {
+                       int n_meta, uint32_t *crc, uint64_t *bytes, NsaError *err) {
     int n = nsaModelNumTensors(m);
     size_t total = (size_t)n * (size_t)n_arenas;
     SafetensorsTensor *tensors = calloc(total + 1, sizeof *tensors);
@@ -485,7 +494,7 @@ static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
         }
     }
     ArenaFile file = {m, arenas, n};
-    rc = writeStreaming(path, tensors, (int)total, meta, n_meta, fromModel, &file, err);
+    rc = writeStreaming(path, tensors, (int)total, meta, n_meta, fromModel, &file, crc, bytes, err);
 out:
     if (names)
         for (size_t k = 0; k < total; k++) free(names[k]);
@@ -495,26 +504,10 @@ out:
 }
 
 static int writeLatest(const char *ck_dir, const char *name, NsaError *err) {
-    char path[4096], tmp[4096], line[64];
-    if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0 ||
-        fsPathf(err, tmp, sizeof tmp, "%s/latest.tmp", ck_dir) != 0)
-        return -1;
+    char path[4096], line[64];
+    if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0) return -1;
     int len = snprintf(line, sizeof line, "%s\n", name);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return nsaErrorf(err, "create %s: %s", tmp, strerror(errno));
-    if (fsWriteAll(fd, line, (size_t)len) != 0 || fsync(fd) != 0) {
-        int saved = errno;
-        close(fd);
-        unlink(tmp);
-        return nsaErrorf(err, "write %s: %s", tmp, strerror(saved));
-    }
-    close(fd);
-    if (rename(tmp, path) != 0) {
-        int saved = errno;
-        unlink(tmp);
-        return nsaErrorf(err, "rename %s: %s", tmp, strerror(saved));
-    }
-    return fsFsyncDir(ck_dir, err);
+    return fsWriteFileAtomic(path, line, (size_t)len, 0644, err);
 }
 
 /* Parses "step_" followed by digits only; returns the step or -1. */
@@ -533,42 +526,394 @@ static int cmpInt64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Deletes step_* directories beyond keep_last, never the one just saved. */
-static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_last, NsaError *err) {
-    if (keep_last <= 0) return 0;
+/* The steps of ck_dir's step_* directories, ascending, into a malloc'd
+ * array (the caller frees; NULL with *n = 0 when there are none). Returns
+ * 0, or -1 with err. */
+static int listSteps(const char *ck_dir, int64_t **steps_out, size_t *n_out, NsaError *err) {
+    *steps_out = NULL;
+    *n_out = 0;
     DIR *d = opendir(ck_dir);
-    if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
-    size_t cap = 16, n = 0;
-    int64_t *steps = malloc(cap * sizeof *steps);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
+    }
+    size_t cap = 0, n = 0;
+    int64_t *steps = NULL;
     struct dirent *e;
-    while (steps && (e = readdir(d)) != NULL) {
+    int rc = 0;
+    while ((e = readdir(d)) != NULL) {
         int64_t s = parseStepDir(e->d_name);
-        if (s < 0 || s == saved_step) continue;
+        if (s < 0) continue;
         if (n == cap) {
-            int64_t *grown = realloc(steps, 2 * cap * sizeof *steps);
+            size_t grown_cap = cap ? 2 * cap : 16;
+            int64_t *grown = realloc(steps, grown_cap * sizeof *steps);
             if (!grown) {
-                free(steps);
-                steps = NULL;
+                rc = nsaErrorf(err, "out of memory listing %s", ck_dir);
                 break;
             }
             steps = grown;
-            cap *= 2;
+            cap = grown_cap;
         }
         steps[n++] = s;
     }
     closedir(d);
-    if (!steps) return nsaErrorf(err, "out of memory listing %s", ck_dir);
-    qsort(steps, n, sizeof *steps, cmpInt64);
+    if (rc != 0) {
+        free(steps);
+        return -1;
+    }
+    if (n > 1) qsort(steps, n, sizeof *steps, cmpInt64);
+    *steps_out = steps;
+    *n_out = n;
+    return 0;
+}
+
+/* Moves a step directory out of the way (one rename: a kill never leaves
+ * it half deleted under its own name), then removes it. A leftover
+ * .step_N.del is removed by the next save. */
+static int retireStepDir(const char *ck_dir, const char *name, NsaError *err) {
+    char path[4096], gone[4096];
+    if (fsPathf(err, path, sizeof path, "%s/%s", ck_dir, name) != 0 ||
+        fsPathf(err, gone, sizeof gone, "%s/.%s.del", ck_dir, name) != 0)
+        return -1;
+    if (removeCheckpointDir(gone, err) != 0) return -1;
+    if (rename(path, gone) != 0) {
+        if (errno == ENOENT) return 0;
+        return nsaErrorf(err, "rename %s: %s", path, strerror(errno));
+    }
+    if (fsFsyncDir(ck_dir, err) != 0) return -1;
+    return removeCheckpointDir(gone, err);
+}
+
+/* Removes what crashed saves and prunes left: .step_*.tmp, .old, .del. */
+static int sweepLeftovers(const char *ck_dir, NsaError *err) {
+    DIR *d = opendir(ck_dir);
+    if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
+    struct dirent *e;
+    char path[4096];
+    int rc = 0;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        const char *dot = strrchr(e->d_name, '.');
+        if (strncmp(e->d_name, ".step_", 6) != 0 || !dot || dot == e->d_name) continue;
+        if (strcmp(dot, ".tmp") && strcmp(dot, ".old") && strcmp(dot, ".del")) continue;
+        rc = fsPathf(err, path, sizeof path, "%s/%s", ck_dir, e->d_name);
+        if (rc == 0) rc = removeCheckpointDir(path, err);
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Deletes step_* directories beyond keep_last, never the one just saved. */
+static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_last, NsaError *err) {
+    if (keep_last <= 0) return 0;
+    int64_t *all;
+    size_t n_all;
+    if (listSteps(ck_dir, &all, &n_all, err) != 0) return -1;
+    size_t n = 0;
+    for (size_t i = 0; i < n_all; i++)
+        if (all[i] != saved_step) all[n++] = all[i];
     size_t keep_others = (size_t)keep_last - 1;
     int rc = 0;
     for (size_t i = 0; rc == 0 && i + keep_others < n; i++) {
-        char name[64], path[4096];
-        stepDirName(steps[i], name, sizeof name);
-        rc = fsPathf(err, path, sizeof path, "%s/%s", ck_dir, name);
-        if (rc == 0) rc = removeCheckpointDir(path, err);
+        char name[64];
+        stepDirName(all[i], name, sizeof name);
+        rc = retireStepDir(ck_dir, name, err);
     }
-    free(steps);
+    free(all);
     return rc;
+}
+
+/* ---- manifests ------------------------------------------------------------------------ */
+
+/* What a checkpoint's manifest.json says, and what the files' metadata must
+ * repeat. */
+typedef struct Manifest {
+    int64_t step;
+    uint64_t config_hash;
+    char version[64];
+} Manifest;
+
+typedef struct ManifestFile {
+    const char *name;
+    uint64_t bytes;
+    uint32_t crc;
+} ManifestFile;
+
+static const char *const checkpoint_files[] = {"model.safetensors", "state.safetensors"};
+#define N_CHECKPOINT_FILES 2
+
+/* Writes DIR/manifest.json (atomically) for the files just written. */
+static int writeManifest(const char *dir, const ResumeState *st, const ManifestFile *files, NsaError *err) {
+    char path[4096], hash[32], crc[16];
+    if (fsPathf(err, path, sizeof path, "%s/" MANIFEST_NAME, dir) != 0) return -1;
+    cJSON *o = cJSON_CreateObject();
+    cJSON *list = o ? cJSON_CreateObject() : NULL;
+    if (!list) {
+        cJSON_Delete(o);
+        return nsaErrorf(err, "out of memory writing %s", path);
+    }
+    snprintf(hash, sizeof hash, "%016" PRIx64, st->config_hash);
+    cJSON_AddStringToObject(o, "nsad_format", CHECKPOINT_FORMAT);
+    cJSON_AddStringToObject(o, "nsad_version", NSA_VERSION);
+    cJSON_AddNumberToObject(o, "step", (double)st->step);
+    cJSON_AddStringToObject(o, "config_hash", hash);
+    cJSON_AddItemToObject(o, "files", list);
+    for (int i = 0; i < N_CHECKPOINT_FILES; i++) {
+        cJSON *f = cJSON_AddObjectToObject(list, files[i].name);
+        snprintf(crc, sizeof crc, "%08" PRIx32, files[i].crc);
+        cJSON_AddNumberToObject(f, "bytes", (double)files[i].bytes);
+        cJSON_AddStringToObject(f, "crc32c", crc);
+    }
+    char *text = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!text) return nsaErrorf(err, "out of memory writing %s", path);
+    int rc = fsWriteFileAtomic(path, text, strlen(text), 0644, err);
+    free(text);
+    return rc;
+}
+
+/* Parses exactly 2*n lowercase or uppercase hex digits into *out. */
+static int parseHex(const char *s, int digits, uint64_t *out) {
+    if (!s || (int)strlen(s) != digits) return -1;
+    uint64_t v = 0;
+    for (int i = 0; i < digits; i++) {
+        char c = s[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+              : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The CRC-32C and size of a regular file, read in bounded chunks. */
+static int checksumFile(const char *path, uint32_t *crc_out, uint64_t *bytes_out, NsaError *err) {
+    struct stat sb;
+    int fd = fsOpenRegular(path, &sb, err);
+    if (fd < 0) return -1;
+    enum { CHUNK = 1 << 20 };
+    unsigned char *buf = malloc(CHUNK);
+    if (!buf) {
+        close(fd);
+        return nsaErrorf(err, "%s: out of memory", path);
+    }
+    uint32_t crc = 0;
+    uint64_t total = 0;
+    int rc = 0;
+    for (;;) {
+        ssize_t got = read(fd, buf, CHUNK);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            rc = nsaErrorf(err, "%s: read error: %s", path, strerror(errno));
+            break;
+        }
+        if (got == 0) break;
+        crc = crc32cUpdate(crc, buf, (size_t)got);
+        total += (uint64_t)got;
+    }
+    free(buf);
+    close(fd);
+    *crc_out = crc;
+    *bytes_out = total;
+    return rc;
+}
+
+/* The step a directory's own name gives (step_N), or -1 when it has
+ * another name (a checkpoint copied elsewhere). */
+static int64_t stepOfDir(const char *dir) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    char name[64];
+    if (len - start >= sizeof name) return -1;
+    memcpy(name, dir + start, len - start);
+    name[len - start] = '\0';
+    return parseStepDir(name);
+}
+
+/* Reads DIR/manifest.json, checks its fields, that the directory's name
+ * (step_N) agrees with its step, and that every file it lists has its
+ * size and CRC-32C. Fills man. Returns 0 or -1 with err naming the file
+ * and what does not match. */
+static int verifyManifest(const char *dir, Manifest *man, NsaError *err) {
+    char path[4096];
+    if (fsPathf(err, path, sizeof path, "%s/" MANIFEST_NAME, dir) != 0) return -1;
+    size_t len;
+    NsaError rerr;
+    char *text = fsReadRegular(path, MANIFEST_MAX_BYTES, &len, &rerr);
+    if (!text) {
+        if (errno == ENOENT)
+            return nsaErrorf(err, "%s: no " MANIFEST_NAME ": the checkpoint is incomplete (the manifest is "
+                             "written last) or older than format %s", dir, CHECKPOINT_FORMAT);
+        return nsaErrorf(err, "%s", rerr.message);
+    }
+    cJSON *o = cJSON_ParseWithLength(text, len);
+    free(text);
+    const cJSON *format = cJSON_GetObjectItemCaseSensitive(o, "nsad_format");
+    const cJSON *version = cJSON_GetObjectItemCaseSensitive(o, "nsad_version");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(o, "step");
+    const cJSON *hash = cJSON_GetObjectItemCaseSensitive(o, "config_hash");
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+    size_t step_v = 0;
+    int rc = 0;
+    if (!cJSON_IsObject(o)) {
+        rc = nsaErrorf(err, "%s: not a JSON object (the manifest is damaged)", path);
+    } else if (!cJSON_IsString(format) || strcmp(format->valuestring, CHECKPOINT_FORMAT) != 0) {
+        rc = nsaErrorf(err, "%s: nsad_format is %s; allowed: %s", path,
+                       cJSON_IsString(format) ? format->valuestring : "missing", CHECKPOINT_FORMAT);
+    } else if (!cJSON_IsString(version) || strlen(version->valuestring) >= sizeof man->version ||
+               !cJSON_IsObject(files) || jsonSize(step, &step_v) != 0 || !cJSON_IsString(hash) ||
+               parseHex(hash->valuestring, 16, &man->config_hash) != 0 ||
+               cJSON_GetArraySize(files) != N_CHECKPOINT_FILES) {
+        rc = nsaErrorf(err, "%s: malformed; allowed: nsad_version, step, config_hash (16 hex digits) and "
+                       "files {model.safetensors, state.safetensors: {bytes, crc32c}} (the manifest is damaged)",
+                       path);
+    } else {
+        man->step = (int64_t)step_v;
+        snprintf(man->version, sizeof man->version, "%s", version->valuestring);
+        int64_t named = stepOfDir(dir);
+        if (named >= 0 && named != man->step)
+            rc = nsaErrorf(err, "%s: says step %" PRId64 " but the directory is step %" PRId64
+                           " (a manifest from another checkpoint)", path, man->step, named);
+    }
+    for (int i = 0; rc == 0 && i < N_CHECKPOINT_FILES; i++) {
+        const cJSON *f = cJSON_GetObjectItemCaseSensitive(files, checkpoint_files[i]);
+        const cJSON *crc_item = cJSON_GetObjectItemCaseSensitive(f, "crc32c");
+        size_t want_bytes;
+        uint64_t want_crc;
+        if (!cJSON_IsObject(f) || jsonSize(cJSON_GetObjectItemCaseSensitive(f, "bytes"), &want_bytes) != 0 ||
+            !cJSON_IsString(crc_item) || parseHex(crc_item->valuestring, 8, &want_crc) != 0) {
+            rc = nsaErrorf(err, "%s: no valid entry {bytes, crc32c} for %s (the manifest is damaged)", path,
+                           checkpoint_files[i]);
+            break;
+        }
+        char file[4096];
+        uint32_t crc = 0;
+        uint64_t bytes = 0;
+        if (fsPathf(err, file, sizeof file, "%s/%s", dir, checkpoint_files[i]) != 0 ||
+            checksumFile(file, &crc, &bytes, err) != 0) {
+            rc = -1;
+        } else if (bytes != (uint64_t)want_bytes) {
+            rc = nsaErrorf(err, "%s: %" PRIu64 " bytes, the manifest says %zu (the file is truncated or "
+                           "replaced)", file, bytes, want_bytes);
+        } else if (crc != (uint32_t)want_crc) {
+            rc = nsaErrorf(err, "%s: CRC-32C %08" PRIx32 ", the manifest says %08" PRIx32
+                           " (the file is damaged)", file, crc, (uint32_t)want_crc);
+        }
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* Checks that a file's __metadata__ repeats the manifest: format, version,
+ * step and config hash. */
+static int checkMetaAgrees(const Safetensors *st, const char *path, const Manifest *man, NsaError *err) {
+    char step[32], hash[32];
+    snprintf(step, sizeof step, "%" PRId64, man->step);
+    snprintf(hash, sizeof hash, "%016" PRIx64, man->config_hash);
+    const char *const keys[] = {"nsad_format", "nsad_version", "step", "config_hash"};
+    const char *const want[] = {CHECKPOINT_FORMAT, man->version, step, hash};
+    for (int i = 0; i < 4; i++) {
+        const char *v = safetensorsMeta(st, keys[i]);
+        if (!v || strcmp(v, want[i]) != 0)
+            return nsaErrorf(err, "%s: __metadata__.%s is '%.40s' but the manifest says '%s'", path, keys[i],
+                             v ? v : "(none)", want[i]);
+    }
+    return 0;
+}
+
+int checkpointVerify(const char *dir, NsaError *err) {
+    Manifest man;
+    return verifyManifest(dir, &man, err);
+}
+
+/* A checkpoint directory whose manifest is there (it may still be
+ * damaged): complete as far as the save went. */
+static int hasManifest(const char *ck_dir, const char *name) {
+    char path[4096];
+    NsaError ignored;
+    if (fsPathf(&ignored, path, sizeof path, "%s/%s/" MANIFEST_NAME, ck_dir, name) != 0) return 0;
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* ---- saving ------------------------------------------------------------------------------ */
+
+/* Reads OUT/checkpoints/latest's name into name (cap bytes). 1 read, 0 no
+ * pointer, -1 with err (not a regular file, unreadable, not a step name:
+ * the message shows its bytes escaped, never raw). */
+static int readLatestName(const char *ck_dir, char *name, size_t cap, NsaError *err) {
+    char path[4096];
+    if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0) return -1;
+    size_t len;
+    NsaError rerr;
+    char *text = fsReadRegular(path, 256, &len, &rerr);
+    if (!text) {
+        if (errno == ENOENT) return 0;
+        if (errno == EFBIG) return nsaErrorf(err, "%s: over 256 bytes; expected a line like step_00000100", path);
+        return nsaErrorf(err, "%s", rerr.message);
+    }
+    size_t line = strcspn(text, "\r\n");
+    text[line] = '\0';
+    int ok = line < cap && parseStepDir(text) >= 0 && strlen(text) == line;
+    if (ok) snprintf(name, cap, "%s", text);
+    if (!ok) {
+        char shown[160];
+        size_t n = 0;
+        for (size_t i = 0; i < len && n + 5 < sizeof shown; i++) {
+            unsigned char c = (unsigned char)text[i];
+            if (c >= 0x20 && c < 0x7f)
+                shown[n++] = (char)c;
+            else
+                n += (size_t)snprintf(shown + n, sizeof shown - n, "\\x%02x", c);
+        }
+        shown[n] = '\0';
+        nsaErrorf(err, "%s holds '%s'; expected a line like step_00000100", path, shown);
+    }
+    free(text);
+    return ok ? 1 : -1;
+}
+
+/* Replaces ck_dir/name by tmp_dir (both complete checkpoints) so that
+ * `latest` never names a missing directory: one atomic exchange of the two
+ * directories where the file system has it; elsewhere (NFS) `latest` is
+ * first moved to the newest other complete checkpoint (or removed when
+ * there is none), then the old directory goes and the new one comes. */
+static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_dir, const char *final_dir,
+                          const char *old_dir, NsaError *err) {
+    if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
+        if (fsFsyncDir(ck_dir, err) != 0) return -1;
+        return removeCheckpointDir(tmp_dir, err); /* the old contents, now under the tmp name */
+    }
+    if (errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP)
+        return nsaErrorf(err, "exchange %s and %s: %s", tmp_dir, final_dir, strerror(errno));
+    char latest[64];
+    NsaError ignored;
+    if (readLatestName(ck_dir, latest, sizeof latest, &ignored) == 1 && !strcmp(latest, name)) {
+        int64_t *steps;
+        size_t n;
+        if (listSteps(ck_dir, &steps, &n, err) != 0) return -1;
+        char other[64] = "";
+        for (size_t i = n; i-- > 0 && !other[0];) {
+            char candidate[64];
+            stepDirName(steps[i], candidate, sizeof candidate);
+            if (strcmp(candidate, name) && hasManifest(ck_dir, candidate)) snprintf(other, sizeof other, "%s", candidate);
+        }
+        free(steps);
+        char path[4096];
+        if (other[0]) {
+            if (writeLatest(ck_dir, other, err) != 0) return -1;
+        } else if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0 ||
+                   (unlink(path) != 0 && errno != ENOENT) || fsFsyncDir(ck_dir, err) != 0) {
+            return nsaErrorf(err, "remove %s/latest: %s", ck_dir, strerror(errno));
+        }
+    }
+    if (rename(final_dir, old_dir) != 0) return nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
+    if (rename(tmp_dir, final_dir) != 0)
+        return nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+    if (fsFsyncDir(ck_dir, err) != 0) return -1;
+    return removeCheckpointDir(old_dir, err);
 }
 
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
@@ -582,9 +927,8 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
         fsPathf(err, path, sizeof path, "%s/model.safetensors", tmp_dir) != 0)
         return -1;
     if (fsMkdirs(ck_dir, 0755, err) != 0) return -1;
-    /* leftovers of a crash in the middle of an earlier save */
-    if (removeCheckpointDir(tmp_dir, err) != 0 || removeCheckpointDir(old_dir, err) != 0)
-        return -1;
+    /* leftovers of a crash in the middle of an earlier save or prune */
+    if (sweepLeftovers(ck_dir, err) != 0) return -1;
     if (mkdir(tmp_dir, 0755) != 0) return nsaErrorf(err, "mkdir %s: %s", tmp_dir, strerror(errno));
 
     char step_s[32], pos_s[32], seed_s[32], hash_s[32], tokens_s[32], anomalies_s[32];
@@ -617,26 +961,27 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
     const char *const no_prefix[] = {""};
     const NsaArena moments[] = {NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
     const char *const moment_prefixes[] = {"adam_m.", "adam_v."};
+    ManifestFile files[N_CHECKPOINT_FILES] = {{checkpoint_files[0], 0, 0}, {checkpoint_files[1], 0, 0}};
 
     if (writeArenas(m, path, params, no_prefix, 1, model_meta,
-                    (int)(sizeof model_meta / sizeof *model_meta), err) != 0)
+                    (int)(sizeof model_meta / sizeof *model_meta), &files[0].crc, &files[0].bytes, err) != 0)
         goto fail_tmp;
     if (fsPathf(err, path, sizeof path, "%s/state.safetensors", tmp_dir) != 0) goto fail_tmp;
     if (writeArenas(m, path, moments, moment_prefixes, 2, state_meta,
-                    (int)(sizeof state_meta / sizeof *state_meta), err) != 0)
+                    (int)(sizeof state_meta / sizeof *state_meta), &files[1].crc, &files[1].bytes, err) != 0)
         goto fail_tmp;
+    /* last: a directory with a manifest is complete */
+    if (writeManifest(tmp_dir, st, files, err) != 0) goto fail_tmp;
 
-    int replacing = fileExists(final_dir);
-    if (replacing && rename(final_dir, old_dir) != 0) {
-        nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
-        goto fail_tmp;
+    if (fileExists(final_dir)) {
+        if (replaceStepDir(ck_dir, name, tmp_dir, final_dir, old_dir, err) != 0) goto fail_tmp;
+    } else {
+        if (rename(tmp_dir, final_dir) != 0) {
+            nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+            goto fail_tmp;
+        }
+        if (fsFsyncDir(ck_dir, err) != 0) return -1;
     }
-    if (rename(tmp_dir, final_dir) != 0) {
-        nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
-        goto fail_tmp;
-    }
-    if (fsFsyncDir(ck_dir, err) != 0) return -1;
-    if (replacing && removeCheckpointDir(old_dir, err) != 0) return -1;
     if (writeLatest(ck_dir, name, err) != 0) return -1;
     if (pruneCheckpoints(ck_dir, st->step, keep_last, err) != 0) return -1;
     if (saved_dir && fsPathf(err, saved_dir, cap, "%s", final_dir) != 0) return -1;
@@ -648,33 +993,81 @@ fail_tmp: {
     return -1;
 }
 
-/* Reads OUT/checkpoints/latest into dir. 1 found, 0 no pointer, -1 error. */
+/* ---- finding checkpoints ------------------------------------------------------------------ */
+
+/* OUT/checkpoints/latest as a directory. 1 found, 0 no pointer and no
+ * step directory, -1 error (including a pointer at a missing directory, and
+ * step directories without a pointer: only latest-valid picks one then). */
 static int readLatest(const char *run_dir, char *dir, size_t cap, NsaError *err) {
-    char path[4096], name[256];
-    if (fsPathf(err, path, sizeof path, "%s/checkpoints/latest", run_dir) != 0) return -1;
-    FILE *f = fopen(path, "r");
-    if (!f) {
-        if (errno == ENOENT) return 0;
-        return nsaErrorf(err, "open %s: %s", path, strerror(errno));
+    char ck_dir[4096], name[64];
+    if (fsPathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", run_dir) != 0) return -1;
+    int rc = readLatestName(ck_dir, name, sizeof name, err);
+    if (rc < 0) return -1;
+    if (rc == 0) {
+        int64_t *steps;
+        size_t n;
+        if (listSteps(ck_dir, &steps, &n, err) != 0) return -1;
+        free(steps);
+        if (n == 0) return 0;
+        return nsaErrorf(err, "%s/latest is missing but %zu step_* director%s exist (a save was interrupted); "
+                         "resume with latest-valid or name a checkpoint directory", ck_dir, n, n == 1 ? "y" : "ies");
     }
-    char *line = fgets(name, sizeof name, f);
-    fclose(f);
-    if (!line) return nsaErrorf(err, "%s is empty; expected a line like step_00000100", path);
-    name[strcspn(name, "\r\n")] = 0;
-    if (parseStepDir(name) < 0)
-        return nsaErrorf(err, "%s holds '%s'; expected a line like step_00000100", path, name);
-    char model[4096];
-    if (fsPathf(err, dir, cap, "%s/checkpoints/%s", run_dir, name) != 0 ||
-        fsPathf(err, model, sizeof model, "%s/model.safetensors", dir) != 0)
-        return -1;
-    if (!fileExists(model))
-        return nsaErrorf(err, "%s points at %s, which has no model.safetensors", path, dir);
+    if (fsPathf(err, dir, cap, "%s/%s", ck_dir, name) != 0) return -1;
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return nsaErrorf(err, "%s/latest points at %s, which is not a directory", ck_dir, dir);
     return 1;
+}
+
+int checkpointResolveValid(const char *out_dir, char *dir, size_t cap, char *skipped, size_t skipped_cap,
+                           NsaError *err) {
+    char ck_dir[4096], latest[64];
+    if (skipped && skipped_cap) skipped[0] = '\0';
+    if (fsPathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", out_dir) != 0) return -1;
+    NsaError latest_err;
+    int have_latest = readLatestName(ck_dir, latest, sizeof latest, &latest_err) == 1;
+    int64_t latest_step = have_latest ? parseStepDir(latest) : INT64_MAX;
+    int64_t *steps;
+    size_t n;
+    if (listSteps(ck_dir, &steps, &n, err) != 0) return -1;
+    /* newest first, from the one latest names down; newer ones than that
+     * belong to a timeline a resume from an older checkpoint abandoned */
+    size_t tried = 0, used = 0;
+    char why[1024] = "";
+    int found = 0;
+    for (size_t i = n; i-- > 0 && !found;) {
+        if (steps[i] > latest_step) continue;
+        char name[64], path[4096];
+        stepDirName(steps[i], name, sizeof name);
+        NsaError verr;
+        Manifest man;
+        if (fsPathf(err, path, sizeof path, "%s/%s", ck_dir, name) != 0) {
+            free(steps);
+            return -1;
+        }
+        tried++;
+        if (verifyManifest(path, &man, &verr) == 0) {
+            if (fsPathf(err, dir, cap, "%s", path) != 0) {
+                free(steps);
+                return -1;
+            }
+            found = 1;
+        } else {
+            if (used < sizeof why)
+                used += (size_t)snprintf(why + used, sizeof why - used, "%s%s", used ? "; " : "", verr.message);
+            if (skipped && skipped_cap) snprintf(skipped, skipped_cap, "%s", why);
+        }
+    }
+    free(steps);
+    if (found) return 1;
+    if (tried == 0) return 0;
+    return nsaErrorf(err, "no valid checkpoint in %s: %s", ck_dir, why);
 }
 
 int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t cap,
                       NsaError *err) {
     if (!spec || !strcmp(spec, "latest")) return readLatest(out_dir, dir, cap, err);
+    if (!strcmp(spec, "latest-valid")) return checkpointResolveValid(out_dir, dir, cap, NULL, 0, err);
     char path[4096];
     if (fsPathf(err, path, sizeof path, "%s/model.safetensors", spec) != 0) return -1;
     if (fileExists(path)) {
@@ -688,6 +1081,8 @@ int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t c
     return rc;
 }
 
+/* ---- loading --------------------------------------------------------------------------------- */
+
 static int metaInt(const Safetensors *st, const char *key, const char *path, int base,
                    uint64_t *out, NsaError *err) {
     const char *v = safetensorsMeta(st, key);
@@ -696,7 +1091,7 @@ static int metaInt(const Safetensors *st, const char *key, const char *path, int
     errno = 0;
     unsigned long long x = strtoull(v, &end, base);
     if (!*v || *end || errno || *v == '-')
-        return nsaErrorf(err, "%s: __metadata__.%s is '%s'; allowed: a non-negative integer", path,
+        return nsaErrorf(err, "%s: __metadata__.%s is '%.40s'; allowed: a non-negative integer", path,
                     key, v);
     *out = (uint64_t)x;
     return 0;
@@ -705,7 +1100,7 @@ static int metaInt(const Safetensors *st, const char *key, const char *path, int
 static int parseState(const Safetensors *st, const char *path, ResumeState *out, NsaError *err) {
     const char *format = safetensorsMeta(st, "nsad_format");
     if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
-        return nsaErrorf(err, "%s: nsad_format is '%s'; allowed: %s", path, format ? format : "(none)",
+        return nsaErrorf(err, "%s: nsad_format is '%.40s'; allowed: %s", path, format ? format : "(none)",
                     CHECKPOINT_FORMAT);
     uint64_t step, pos, seed, hash, tokens, anomalies;
     if (metaInt(st, "step", path, 10, &step, err) || metaInt(st, "data_position", path, 10, &pos, err) ||
@@ -713,6 +1108,8 @@ static int parseState(const Safetensors *st, const char *path, ResumeState *out,
         metaInt(st, "tokens_seen", path, 10, &tokens, err) ||
         metaInt(st, "anomalies", path, 10, &anomalies, err))
         return -1;
+    if (step > INT64_MAX || tokens > INT64_MAX || anomalies > INT32_MAX)
+        return nsaErrorf(err, "%s: __metadata__ step, tokens_seen or anomalies out of range", path);
     out->step = (int64_t)step;
     out->data_position = pos;
     out->seed = seed;
@@ -762,12 +1159,14 @@ static int loadArena(NsaModel *m, const Safetensors *st, const char *path, NsaAr
 }
 
 static int loadFile(NsaModel *m, const char *path, const NsaArena *arenas,
-                    const char *const *prefixes, int n_arenas, ResumeState *state, NsaError *err) {
+                    const char *const *prefixes, int n_arenas, const Manifest *man, ResumeState *state,
+                    NsaError *err) {
     Safetensors *st = safetensorsRead(path, err);
     if (!st) return -1;
     int n = nsaModelNumTensors(m);
     int rc = -1;
     float *scratch = NULL;
+    if (checkMetaAgrees(st, path, man, err) != 0) goto out;
     if (safetensorsCount(st) != n * n_arenas) {
         nsaErrorf(err, "%s holds %d tensors; this model has %d (a checkpoint of another model?)", path,
              safetensorsCount(st), n * n_arenas);
@@ -796,9 +1195,11 @@ int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err)
     const char *const no_prefix[] = {""};
     const NsaArena moments[] = {NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
     const char *const moment_prefixes[] = {"adam_m.", "adam_v."};
+    Manifest man;
+    if (verifyManifest(dir, &man, err) != 0) return -1;
     if (fsPathf(err, path, sizeof path, "%s/model.safetensors", dir) != 0 ||
-        loadFile(m, path, params, no_prefix, 1, NULL, err) != 0 ||
+        loadFile(m, path, params, no_prefix, 1, &man, NULL, err) != 0 ||
         fsPathf(err, path, sizeof path, "%s/state.safetensors", dir) != 0)
         return -1;
-    return loadFile(m, path, moments, moment_prefixes, 2, st, err);
+    return loadFile(m, path, moments, moment_prefixes, 2, &man, st, err);
 }

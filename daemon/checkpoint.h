@@ -10,13 +10,18 @@
  *                 nsad writes and reads dtype "F32" only.
  *   checkpoint*   a training checkpoint of an NsaModel: a directory
  *                 OUT/checkpoints/step_00000100/ holding model.safetensors
- *                 (master weights, the engine's tensor names) and
+ *                 (master weights, the engine's tensor names),
  *                 state.safetensors (adam_m.<name>, adam_v.<name>, and the
- *                 resume state in __metadata__), plus OUT/checkpoints/latest,
- *                 a one-line text file naming the newest complete directory.
+ *                 resume state in __metadata__) and manifest.json (each
+ *                 file's size and CRC-32C, the step, config hash and nsad
+ *                 version; written last, so a directory without one is
+ *                 incomplete), plus OUT/checkpoints/latest, a one-line text
+ *                 file naming the newest complete directory.
  * Every file is written to a temporary name, fsynced and renamed, and the
- * directory is fsynced, so a crash leaves either the old or the new state.
- * proto/files.md documents the names and metadata keys. */
+ * directory is fsynced, so a crash leaves either the old or the new state;
+ * `latest` never names a missing directory. Loading verifies the manifest
+ * first: a damaged checkpoint is refused, never trained on. Only regular
+ * files are opened. proto/files.md documents the names and metadata keys. */
 #ifndef NSAD_CHECKPOINT_H
 #define NSAD_CHECKPOINT_H
 
@@ -50,11 +55,12 @@ int safetensorsWrite(const char *path, const SafetensorsTensor *tensors, int n,
 
 typedef struct Safetensors Safetensors;
 
-/* Reads and validates a whole safetensors file: header length within the
- * file, a JSON object header, dtype F32, non-negative shapes whose element
- * count matches data_offsets, offsets contiguous from 0 to the end of the
- * file. Returns NULL with err naming the file and the first problem. The
- * caller frees with safetensorsFree. */
+/* Reads and validates a whole safetensors file: a regular file, header
+ * length within the file and at most 16 MiB, a JSON object header (one
+ * __metadata__), dtype F32, non-negative shapes whose element count matches
+ * data_offsets, offsets contiguous from 0 to the end of the file. Returns
+ * NULL with err naming the file and the first problem. The caller frees
+ * with safetensorsFree. */
 Safetensors *safetensorsRead(const char *path, NsaError *err);
 void safetensorsFree(Safetensors *st);
 
@@ -71,7 +77,7 @@ const char *safetensorsMeta(const Safetensors *st, const char *key);
 
 /* ---- training checkpoints ------------------------------------------------ */
 
-#define CHECKPOINT_FORMAT "nsad-checkpoint-1"
+#define CHECKPOINT_FORMAT "nsad-checkpoint-2"
 
 /* What a resumed run needs besides weights and moments. The data order is
  * a pure function of (seed, data_position) (daemon/data.h), so those two
@@ -87,31 +93,57 @@ typedef struct ResumeState {
 
 /* Writes OUT/checkpoints/step_<8 digits>/ for st->step: model weights and
  * optimizer moments of m (read one tensor at a time with nsaModelGetTensor:
- * memory for the largest tensor only; on CUDA this synchronises), then points OUT/checkpoints/latest at it and deletes the
- * oldest step_* directories beyond keep_last (<= 0 keeps all). An existing
- * directory for the same step is replaced. model_config_json (may be NULL)
- * goes into model.safetensors' metadata. On success copies the directory
- * path into saved_dir (if not NULL, cap bytes). Returns 0 or -1 with err. */
+ * memory for the largest tensor only; on CUDA this synchronises), their
+ * manifest last, then points OUT/checkpoints/latest at it and deletes the
+ * oldest step_* directories beyond keep_last (<= 0 keeps all; each is
+ * renamed away first, so a kill never leaves one half deleted). An
+ * existing directory for the same step is replaced without `latest` ever
+ * naming a missing directory. model_config_json (may be NULL) goes into
+ * model.safetensors' metadata. On success copies the directory path into
+ * saved_dir (if not NULL, cap bytes). Returns 0 or -1 with err. */
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
                    const char *model_config_json, char *saved_dir, size_t cap, NsaError *err);
 
 /* Resolves what `--resume` names into a checkpoint directory:
  *   "latest" or NULL   the directory OUT/checkpoints/latest points at;
+ *   "latest-valid"     checkpointResolveValid's choice;
  *   a checkpoint dir   (holds model.safetensors) itself;
  *   a run's out_dir    (holds checkpoints/latest) its latest.
- * Returns 1 and fills dir when found, 0 when spec is NULL/"latest" and
- * out_dir has no checkpoint yet, -1 with err otherwise (a named directory
- * that holds no checkpoint is an error). */
+ * Returns 1 and fills dir when found, 0 when spec is NULL/"latest"/
+ * "latest-valid" and out_dir has no checkpoint yet, -1 with err otherwise
+ * (a named directory that holds no checkpoint is an error; so is a latest
+ * pointer that is not a regular file holding a step_N name, with its bytes
+ * shown escaped, and step directories without a latest pointer). Only
+ * latest-valid verifies: checkpointLoad does for the others. */
 int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t cap,
                       NsaError *err);
 
+/* The newest checkpoint of out_dir that verifies (checkpointVerify): the
+ * one checkpoints/latest names, else the newest step_* directory older
+ * than it (all of them, newest first, when latest is unreadable). Returns
+ * 1 and fills dir; 0 when out_dir has no checkpoint at all; -1 with err
+ * listing why each one was refused. skipped (may be NULL) gets the reasons
+ * for the newer ones refused before the one returned ("" when none), for
+ * the caller's log. */
+int checkpointResolveValid(const char *out_dir, char *dir, size_t cap, char *skipped, size_t skipped_cap,
+                           NsaError *err);
+
+/* Checks a checkpoint directory without loading it: its manifest.json
+ * (format, step matching the directory's step_N name, config hash,
+ * version) and the size and CRC-32C of every file it lists. Returns 0, or
+ * -1 with err naming the file and what does not match. Reads every byte. */
+int checkpointVerify(const char *dir, NsaError *err);
+
 /* Loads weights and moments from a checkpoint directory into m and fills
- * st. Every tensor of m must be present with the same shape, and nothing
- * else may be: a mismatch fails naming the tensor. On failure m's contents
- * are unspecified (the caller must not train on them). Returns 0 or -1. */
+ * st, after checkpointVerify and with each file's __metadata__ (format,
+ * version, step, config hash) checked against the manifest. Every tensor
+ * of m must be present with the same shape, and nothing else may be: a
+ * mismatch fails naming the tensor. On failure m's contents are
+ * unspecified (the caller must not train on them). Returns 0 or -1. */
 int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err);
 
-/* Reads only the resume state of a checkpoint directory. Returns 0 or -1. */
+/* Reads only the resume state of a checkpoint directory (state.safetensors'
+ * metadata; no checksum is verified). Returns 0 or -1. */
 int checkpointReadState(const char *dir, ResumeState *st, NsaError *err);
 
 #endif

@@ -28,7 +28,7 @@
 
 static void usage(FILE *out) {
     fprintf(out,
-            "usage: nsad train CONFIG.yaml [--steps N] [--out DIR] [--resume DIR|latest]\n"
+            "usage: nsad train CONFIG.yaml [--steps N] [--out DIR] [--resume DIR|latest|latest-valid]\n"
             "                  [--device cpu|cuda] [--quiet]\n"
             "\n"
             "Runs one training job in the foreground and writes its artifacts (env.json,\n"
@@ -38,7 +38,10 @@ static void usage(FILE *out) {
             "  --steps N        train N optimizer steps (overrides train.steps)\n"
             "  --out DIR        write into DIR (overrides train.out_dir)\n"
             "  --resume SPEC    continue from a checkpoint: 'latest' (the out_dir's newest),\n"
-            "                   a checkpoint directory, or another run's out_dir\n"
+            "                   'latest-valid' (the newest one whose checksums verify: a damaged\n"
+            "                   newest one is skipped, and the log says so), a checkpoint\n"
+            "                   directory, or another run's out_dir. A damaged checkpoint is\n"
+            "                   refused, never trained on\n"
             "  --device D       cpu or cuda (overrides runtime.device)\n"
             "  --quiet          no progress line per log step on stdout\n"
             "\n"

@@ -11,7 +11,7 @@ static void usage(FILE *out) {
             "commands:\n"
             "  serve [--config FILE] [--listen ADDR:PORT] [--state-dir DIR]\n"
             "                          run the daemon (JSON/HTTP API, dashboard)\n"
-            "  train CONFIG [--steps N] [--out DIR] [--resume DIR|latest] [--device cpu|cuda]\n"
+            "  train CONFIG [--steps N] [--out DIR] [--resume DIR|latest|latest-valid] [--device cpu|cuda]\n"
             "                          run one training job in the foreground\n"
             "  check CONFIG            validate a job config and print it resolved\n"
             "  demo [CONFIG]           one forward/backward on the CPU engine, loss printed\n"

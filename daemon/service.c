@@ -236,7 +236,8 @@ static void runJob(Service *svc, const char *id, int resume) {
             svc->hang_flagged_since = 0;
             pthread_mutex_unlock(&svc->lock);
             TrainOptions opt = {.out_dir = out_dir,
-                                .resume = resume ? "latest" : NULL,
+                                /* a damaged newest checkpoint: the previous one (logged) */
+                                .resume = resume ? "latest-valid" : NULL,
                                 .steps = 0,
                                 .device_override = -1,
                                 .quiet = 1};

@@ -325,8 +325,13 @@ static int restoreOrInit(Trainer *t, const char *spec, char *resumed_from, size_
     t->state.seed = t->job.train.seed;
     t->state.config_hash = t->config_hash;
     if (spec) {
-        int found = checkpointResolve(t->out_dir, spec, resumed_from, cap, err);
+        char skipped[1024] = "";
+        int found = !strcmp(spec, "latest-valid")
+                        ? checkpointResolveValid(t->out_dir, resumed_from, cap, skipped, sizeof skipped, err)
+                        : checkpointResolve(t->out_dir, spec, resumed_from, cap, err);
         if (found < 0) return -1;
+        if (found > 0 && skipped[0])
+            logWarn("resume: skipping damaged checkpoints (%s); resuming from %s", skipped, resumed_from);
         if (found == 0) {
             logNotice("resume: %s/checkpoints has no checkpoint yet; starting at step 0",
                       t->out_dir);
@@ -543,9 +548,10 @@ static const char *policyName(NanPolicy p) {
  * about to be replayed. Returns 0, 1 when there is nothing to roll back
  * to, or -1 with err. */
 static int rollBack(Trainer *t, NsaError *err) {
-    char dir[4096];
-    int found = checkpointResolve(t->out_dir, "latest", dir, sizeof dir, err);
+    char dir[4096], skipped[1024] = "";
+    int found = checkpointResolveValid(t->out_dir, dir, sizeof dir, skipped, sizeof skipped, err);
     if (found <= 0) return found < 0 ? -1 : 1;
+    if (skipped[0]) logWarn("rollback: skipping damaged checkpoints (%s); rolling back to %s", skipped, dir);
     int anomalies = t->state.anomalies;
     int64_t from = t->state.step;
     ResumeState st;

@@ -104,7 +104,7 @@ typedef enum TrainOutcome {
 
 typedef struct TrainOptions {
     const char *out_dir;     /* overrides train.out_dir when not NULL */
-    const char *resume;      /* NULL, a checkpoint dir, or "latest" */
+    const char *resume;      /* NULL, a checkpoint dir, "latest" or "latest-valid" (checkpoint.h) */
     int64_t steps;           /* overrides train.steps when > 0 */
     int device_override;     /* -1 none, else NsaDevice */
     int quiet;               /* no progress line on stdout */

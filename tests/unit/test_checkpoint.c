@@ -1,5 +1,6 @@
 /* test_checkpoint.c - safetensors writer/reader and training checkpoints
  * (daemon/checkpoint.c). */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -11,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -18,6 +21,45 @@
 #include "checkpoint.h"
 #include "nsa.h"
 #include "testutil.h"
+
+/* ---- simulated kills ---------------------------------------------------- */
+
+/* Every rename, unlink and rmdir of this program goes through these (the
+ * test binary's definitions win over libc's at link time), so a forked
+ * child can be "killed" right before its k-th change to the file system:
+ * a crash at every point a real kill could land between two of them. */
+static long crash_budget = -1;   /* changes left before the kill; -1: never */
+static int exchange_missing = 0; /* renameat2 RENAME_EXCHANGE answers EINVAL, as on NFS */
+#define CRASHED 99
+
+static void fsChange(void) {
+    if (crash_budget == 0) _exit(CRASHED);
+    if (crash_budget > 0) crash_budget--;
+}
+
+int rename(const char *from, const char *to) {
+    fsChange();
+    return (int)syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, 0);
+}
+
+int renameat2(int from_dir, const char *from, int to_dir, const char *to, unsigned flags) {
+    fsChange();
+    if (exchange_missing && (flags & RENAME_EXCHANGE)) {
+        errno = EINVAL;
+        return -1;
+    }
+    return (int)syscall(SYS_renameat2, from_dir, from, to_dir, to, flags);
+}
+
+int unlink(const char *path) {
+    fsChange();
+    return (int)syscall(SYS_unlinkat, AT_FDCWD, path, 0);
+}
+
+int rmdir(const char *path) {
+    fsChange();
+    return (int)syscall(SYS_unlinkat, AT_FDCWD, path, AT_REMOVEDIR);
+}
 
 /* ---- helpers ----------------------------------------------------------- */
 
@@ -482,6 +524,336 @@ static void test_checkpoint_rejects_other_model(void **state) {
     free(dir);
 }
 
+/* Flips one bit of a file at offset (from the end when negative). */
+static void flipBit(const char *path, long offset) {
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, offset, offset < 0 ? SEEK_END : SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_true(c != EOF);
+    assert_int_equal(fseek(f, -1, SEEK_CUR), 0);
+    fputc(c ^ 0x04, f);
+    fclose(f);
+}
+
+/* Replaces the first occurrence of from by to (same length) in a file. */
+static void editFile(const char *path, const char *from, const char *to) {
+    size_t len;
+    unsigned char *buf = readFile(path, &len);
+    assert_int_equal(strlen(from), strlen(to));
+    unsigned char *at = memmem(buf, len, from, strlen(from));
+    if (!at) fail_msg("%s holds no '%s'", path, from);
+    memcpy(at, to, strlen(to));
+    writeBytes(path, buf, len);
+    free(buf);
+}
+
+static void expectLoadError(NsaModel *m, const char *dir, const char *needle) {
+    NsaError err = {{0}};
+    ResumeState rs;
+    if (checkpointLoad(m, dir, &rs, &err) == 0) fail_msg("%s loaded; expected \"%s\"", dir, needle);
+    if (!strstr(err.message, needle)) fail_msg("message \"%s\" lacks \"%s\"", err.message, needle);
+    assert_null(strchr(err.message, '\n'));
+}
+
+/* Issue 39, item 5: single flipped bytes in the weights or the moments
+ * loaded, and a state file edited to step 999 "resumed" there. */
+static void test_checkpoint_damage_is_refused(void **state) {
+    (void)state;
+    char *dir = testTempDir("ckpt");
+    NsaModel *m = tinyModel(16, 1);
+    trainOneStep(m);
+    ResumeState rs = {.step = 7, .seed = 1, .config_hash = 0x1234};
+    NsaError err = {{0}};
+    char saved[1024], model[1200], stfile[1200], manifest[1200];
+    assert_int_equal(checkpointSave(m, dir, &rs, 0, NULL, saved, sizeof saved, &err), 0);
+    assert_int_equal(checkpointVerify(saved, &err), 0);
+    snprintf(model, sizeof model, "%s/model.safetensors", saved);
+    snprintf(stfile, sizeof stfile, "%s/state.safetensors", saved);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", saved);
+    size_t model_len, state_len, manifest_len;
+    unsigned char *model_bytes = readFile(model, &model_len);
+    unsigned char *state_bytes = readFile(stfile, &state_len);
+    unsigned char *manifest_bytes = readFile(manifest, &manifest_len);
+
+    /* a flipped bit in a weight, in a moment, in a header */
+    flipBit(model, -5);
+    expectLoadError(m, saved, "model.safetensors: CRC-32C");
+    assert_int_equal(checkpointVerify(saved, &err), -1);
+    assert_non_null(strstr(err.message, "the file is damaged"));
+    writeBytes(model, model_bytes, model_len);
+    flipBit(stfile, -1000);
+    expectLoadError(m, saved, "state.safetensors: CRC-32C");
+    writeBytes(stfile, state_bytes, state_len);
+    flipBit(stfile, 20);
+    expectLoadError(m, saved, "state.safetensors: CRC-32C");
+    writeBytes(stfile, state_bytes, state_len);
+
+    /* the step edited in the metadata: the checksum no longer matches ... */
+    editFile(stfile, "\"step\":\"7\"", "\"step\":\"9\"");
+    expectLoadError(m, saved, "state.safetensors: CRC-32C");
+    /* ... and with the manifest's checksum forged to match, the metadata
+     * still disagrees with the manifest */
+    uint32_t crc = 0;
+    {
+        size_t len;
+        unsigned char *edited = readFile(stfile, &len);
+        /* the CRC-32C the edited file has, from the verifier's own message */
+        free(edited);
+        assert_int_equal(checkpointVerify(saved, &err), -1);
+        const char *at = strstr(err.message, "CRC-32C ");
+        assert_non_null(at);
+        crc = (uint32_t)strtoul(at + 8, NULL, 16);
+    }
+    char old_crc[16], new_crc[16];
+    {
+        const char *at = strstr((const char *)manifest_bytes, "state.safetensors");
+        assert_non_null(at);
+        at = strstr(at, "\"crc32c\":");
+        assert_non_null(at);
+        at = strchr(at + 9, '"');
+        snprintf(old_crc, sizeof old_crc, "%.8s", at + 1);
+    }
+    snprintf(new_crc, sizeof new_crc, "%08x", crc);
+    editFile(manifest, old_crc, new_crc);
+    assert_int_equal(checkpointVerify(saved, &err), 0);
+    expectLoadError(m, saved, "__metadata__.step is '9' but the manifest says '7'");
+    writeBytes(stfile, state_bytes, state_len);
+    writeBytes(manifest, manifest_bytes, manifest_len);
+
+    /* a manifest that claims another step than the directory's name */
+    editFile(manifest, "\"step\":\t7", "\"step\":\t9");
+    expectLoadError(m, saved, "says step 9 but the directory is step 7");
+    writeBytes(manifest, manifest_bytes, manifest_len);
+    /* a truncated file, a missing manifest (the save never finished) */
+    writeBytes(model, model_bytes, model_len - 4);
+    expectLoadError(m, saved, "the manifest says");
+    writeBytes(model, model_bytes, model_len);
+    assert_int_equal(unlink(manifest), 0);
+    expectLoadError(m, saved, "no manifest.json: the checkpoint is incomplete");
+    writeBytes(manifest, manifest_bytes, manifest_len);
+
+    /* restored byte for byte, it loads again */
+    ResumeState got;
+    if (checkpointLoad(m, saved, &got, &err) != 0) fail_msg("checkpointLoad: %s", err.message);
+    assert_int_equal(got.step, 7);
+    free(model_bytes);
+    free(state_bytes);
+    free(manifest_bytes);
+    nsaModelFree(m);
+    testRemoveTree(dir);
+    free(dir);
+}
+
+/* latest-valid: the newest checkpoint that verifies, naming the others. */
+static void test_checkpoint_latest_valid_falls_back(void **state) {
+    (void)state;
+    char *dir = testTempDir("ckpt");
+    NsaModel *m = tinyModel(16, 2);
+    NsaError err = {{0}};
+    ResumeState rs = {.seed = 1, .config_hash = 5};
+    char found[1024], path[1200], skipped[1024];
+    assert_int_equal(checkpointResolve(dir, "latest-valid", found, sizeof found, &err), 0);
+    for (int64_t s = 10; s <= 30; s += 10) {
+        rs.step = s;
+        assert_int_equal(checkpointSave(m, dir, &rs, 0, NULL, NULL, 0, &err), 0);
+    }
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000030/model.safetensors", dir);
+    flipBit(path, -1);
+    /* latest names the damaged one; loading it is refused */
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_non_null(strstr(found, "step_00000030"));
+    assert_int_equal(checkpointResolveValid(dir, found, sizeof found, skipped, sizeof skipped, &err), 1);
+    assert_non_null(strstr(found, "step_00000020"));
+    assert_non_null(strstr(skipped, "step_00000030/model.safetensors: CRC-32C"));
+    /* a newer directory from an abandoned timeline (latest names 20) is
+     * not a candidate */
+    snprintf(path, sizeof path, "%s/checkpoints/latest", dir);
+    writeBytes(path, "step_00000020\n", 14);
+    assert_int_equal(checkpointResolveValid(dir, found, sizeof found, skipped, sizeof skipped, &err), 1);
+    assert_non_null(strstr(found, "step_00000020"));
+    assert_string_equal(skipped, "");
+    /* all damaged: an error naming each */
+    writeBytes(path, "step_00000030\n", 14);
+    for (int s = 10; s <= 20; s += 10) {
+        snprintf(path, sizeof path, "%s/checkpoints/step_%08d/state.safetensors", dir, s);
+        flipBit(path, -1);
+    }
+    assert_int_equal(checkpointResolve(dir, "latest-valid", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "no valid checkpoint"));
+    assert_non_null(strstr(err.message, "step_00000030"));
+    assert_non_null(strstr(err.message, "step_00000010"));
+    nsaModelFree(m);
+    testRemoveTree(dir);
+    free(dir);
+}
+
+/* Issue 39, items 6 and 7: a FIFO at checkpoints/latest hung resume
+ * forever, and a binary latest was echoed raw. */
+static void test_checkpoint_odd_files(void **state) {
+    (void)state;
+    char *dir = testTempDir("ckpt");
+    NsaModel *m = tinyModel(16, 2);
+    NsaError err = {{0}};
+    ResumeState rs = {.step = 3, .seed = 1, .config_hash = 5};
+    char found[1024], path[1200], saved[1024];
+    assert_int_equal(checkpointSave(m, dir, &rs, 0, NULL, saved, sizeof saved, &err), 0);
+    snprintf(path, sizeof path, "%s/checkpoints/latest", dir);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "is a FIFO; allowed: a regular file"));
+    /* latest-valid reads the directories themselves */
+    assert_int_equal(checkpointResolve(dir, "latest-valid", found, sizeof found, &err), 1);
+    assert_string_equal(found, saved);
+    assert_int_equal(unlink(path), 0);
+    writeBytes(path, "\x01\xff\x1b[2Jstep\n", 11);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "'\\x01\\xff\\x1b[2Jstep"));
+    for (const char *c = err.message; *c; c++) assert_true((unsigned char)*c >= 0x20 && (unsigned char)*c < 0x7f);
+    /* latest removed but a step directory there: not "no checkpoint" */
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), -1);
+    assert_non_null(strstr(err.message, "latest is missing but 1 step_* directory exist"));
+    /* a FIFO or a device as a checkpoint file is refused, not read */
+    snprintf(path, sizeof path, "%s/model.safetensors", saved);
+    assert_int_equal(unlink(path), 0);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_null(safetensorsRead(path, &err));
+    assert_non_null(strstr(err.message, "is a FIFO"));
+    expectLoadError(m, saved, "is a FIFO");
+    assert_null(safetensorsRead("/dev/zero", &err));
+    assert_non_null(strstr(err.message, "is a character device"));
+    /* two __metadata__ objects: refused (the second overflowed a buffer) */
+    snprintf(path, sizeof path, "%s/meta2.safetensors", dir);
+    writeRaw(path, "{\"__metadata__\":{\"a\":\"1\"},\"__metadata__\":{\"b\":\"2\",\"c\":\"3\"}}", NULL, 0);
+    assert_null(safetensorsRead(path, &err));
+    assert_non_null(strstr(err.message, "__metadata__ appears twice"));
+    nsaModelFree(m);
+    testRemoveTree(dir);
+    free(dir);
+}
+
+/* ---- kills at every point of a save --------------------------------------- */
+
+/* The out dir before the save under test. */
+typedef void (*Fixture)(NsaModel *m, const char *dir);
+
+static void saveSteps(NsaModel *m, const char *dir, const int64_t *steps, int n) {
+    NsaError err = {{0}};
+    for (int i = 0; i < n; i++) {
+        ResumeState rs = {.step = steps[i], .seed = 1, .config_hash = 5};
+        if (checkpointSave(m, dir, &rs, 0, NULL, NULL, 0, &err) != 0) fail_msg("fixture: %s", err.message);
+    }
+}
+static void fixtureTenTwenty(NsaModel *m, const char *dir) { saveSteps(m, dir, (const int64_t[]){10, 20}, 2); }
+static void fixtureTwenty(NsaModel *m, const char *dir) { saveSteps(m, dir, (const int64_t[]){20}, 1); }
+static void fixtureEmpty(NsaModel *m, const char *dir) { (void)m; (void)dir; }
+
+typedef struct CrashCase {
+    const char *what;
+    Fixture fixture;
+    int64_t step;       /* the save under test */
+    int keep_last;
+    int no_exchange;    /* the file system has no RENAME_EXCHANGE */
+    int latest_may_vanish; /* no other complete checkpoint exists to point at meanwhile */
+} CrashCase;
+
+/* Checks what must hold after any kill: latest, when present, names a
+ * directory that verifies; every step_* directory holds both files and
+ * verifies; some checkpoint is found unless none existed. */
+static void checkAfterKill(const CrashCase *c, const char *dir, long k) {
+    char ck[1100], path[1400], found[1024];
+    NsaError err = {{0}};
+    snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+    snprintf(path, sizeof path, "%s/latest", ck);
+    int have_latest = fileExists(path);
+    if (have_latest) {
+        if (checkpointResolve(dir, "latest", found, sizeof found, &err) != 1)
+            fail_msg("%s, kill %ld: latest: %s", c->what, k, err.message);
+        if (checkpointVerify(found, &err) != 0) fail_msg("%s, kill %ld: latest: %s", c->what, k, err.message);
+    } else if (c->fixture != fixtureEmpty && !c->latest_may_vanish) {
+        fail_msg("%s, kill %ld: latest is gone", c->what, k);
+    }
+    DIR *d = opendir(ck);
+    struct dirent *e;
+    int steps = 0;
+    while (d && (e = readdir(d))) {
+        if (strncmp(e->d_name, "step_", 5) != 0) continue;
+        steps++;
+        for (int f = 0; f < 2; f++) {
+            snprintf(path, sizeof path, "%s/%s/%s", ck, e->d_name, f ? "state.safetensors" : "model.safetensors");
+            if (!fileExists(path)) fail_msg("%s, kill %ld: %s is missing", c->what, k, path);
+        }
+        snprintf(path, sizeof path, "%s/%s", ck, e->d_name);
+        if (checkpointVerify(path, &err) != 0) fail_msg("%s, kill %ld: %s", c->what, k, err.message);
+    }
+    if (d) closedir(d);
+    if (c->fixture != fixtureEmpty && !c->latest_may_vanish && steps == 0)
+        fail_msg("%s, kill %ld: no checkpoint left", c->what, k);
+}
+
+/* Issue 39, items 4 and 7: a kill between the two renames that replace
+ * the step directory `latest` names left latest pointing at nothing, and
+ * a kill during pruning left an old directory missing a file. Kills the
+ * save at each of its file-system changes in turn, until it completes. */
+static void test_checkpoint_survives_a_kill_anywhere(void **state) {
+    (void)state;
+    const CrashCase cases[] = {
+        {"replacing the step latest names", fixtureTenTwenty, 20, 0, 0, 0},
+        {"replacing it without RENAME_EXCHANGE", fixtureTenTwenty, 20, 0, 1, 0},
+        {"replacing the only one without RENAME_EXCHANGE", fixtureTwenty, 20, 0, 1, 1},
+        {"saving and pruning (keep_last 2)", fixtureTenTwenty, 30, 2, 0, 0},
+        {"the first save", fixtureEmpty, 5, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const CrashCase *c = &cases[i];
+        int completed = 0;
+        long kills = 0;
+        for (long k = 0; !completed && k < 200; k++) {
+            char *dir = testTempDir("crash");
+            NsaModel *m = tinyModel(16, 4);
+            c->fixture(m, dir);
+            nsaModelFree(m);
+            pid_t pid = fork();
+            assert_true(pid >= 0);
+            if (pid == 0) {
+                NsaModel *child = tinyModel(16, 5); /* other weights than the fixture's */
+                ResumeState rs = {.step = c->step, .seed = 1, .config_hash = 5, .anomalies = 7};
+                NsaError cerr;
+                crash_budget = k;
+                exchange_missing = c->no_exchange;
+                int rc = checkpointSave(child, dir, &rs, c->keep_last, NULL, NULL, 0, &cerr);
+                if (rc != 0) fprintf(stderr, "save: %s\n", cerr.message);
+                _exit(rc == 0 ? 0 : 1);
+            }
+            int status;
+            assert_int_equal(waitpid(pid, &status, 0), pid);
+            assert_true(WIFEXITED(status));
+            int code = WEXITSTATUS(status);
+            if (code != 0 && code != CRASHED) fail_msg("%s: the save failed (kill %ld)", c->what, k);
+            checkAfterKill(c, dir, k);
+            if (code == 0) {
+                completed = 1;
+                char found[1024], want[64];
+                NsaError err;
+                ResumeState got;
+                assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+                snprintf(want, sizeof want, "step_%08lld", (long long)c->step);
+                assert_non_null(strstr(found, want));
+                assert_int_equal(checkpointReadState(found, &got, &err), 0);
+                assert_int_equal(got.anomalies, 7);
+            } else {
+                kills++;
+            }
+            testRemoveTree(dir);
+            free(dir);
+        }
+        if (!completed) fail_msg("%s: the save never completed", c->what);
+        print_message("# %s: killed at each of %ld points, then completed\n", c->what, kills);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_safetensors_round_trip),
@@ -490,6 +862,10 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_model_round_trip),
         cmocka_unit_test(test_checkpoint_latest_and_keep_last),
         cmocka_unit_test(test_checkpoint_rejects_other_model),
+        cmocka_unit_test(test_checkpoint_damage_is_refused),
+        cmocka_unit_test(test_checkpoint_latest_valid_falls_back),
+        cmocka_unit_test(test_checkpoint_odd_files),
+        cmocka_unit_test(test_checkpoint_survives_a_kill_anywhere),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -687,6 +687,62 @@ static void test_resume_is_bit_identical(void **state) {
     free(dir);
 }
 
+/* Replaces the first occurrence of from by to (same length) in dir/name. */
+static void editBytes(const char *dir, const char *name, const char *from, const char *to) {
+    char path[1300];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)n);
+    assert_int_equal(fread(buf, 1, (size_t)n, f), (size_t)n);
+    char *at = memmem(buf, (size_t)n, from, strlen(from));
+    if (!at) fail_msg("%s holds no '%s'", path, from);
+    assert_int_equal(strlen(from), strlen(to));
+    fseek(f, at - buf, SEEK_SET);
+    fwrite(to, 1, strlen(to), f);
+    fclose(f);
+    free(buf);
+}
+
+/* Issue 39, item 5: a state file edited to another step "resumed" there
+ * and the run completed without training. Now resume refuses a damaged
+ * checkpoint, and latest-valid (what nsad serve uses) goes back to the
+ * previous one, says so, and trains the steps again. */
+static void test_damaged_checkpoint_is_refused_or_skipped(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    char *dir = testTempDir("train");
+    TrainResult res;
+    NsaError err;
+    /* checkpoints at 4 and 8 (keep_last 2), halted at 8 */
+    HookCtx h = {.at_step = 8, .action = HOOK_HALT_REQUEST};
+    assert_int_equal(runJob(&cfg, dir, NULL, &h, &res, &err), 0);
+    assert_int_equal(res.step, 8);
+    char ck[1100];
+    snprintf(ck, sizeof ck, "%s/checkpoints/step_00000008", dir);
+    editBytes(ck, "state.safetensors", "\"step\":\"8\"", "\"step\":\"9\"");
+
+    assert_int_equal(runJob(&cfg, dir, "latest", NULL, &res, &err), -1);
+    assert_int_equal(res.outcome, TRAIN_FAILED);
+    if (!strstr(err.message, "state.safetensors: CRC-32C") || !strstr(err.message, "damaged"))
+        fail_msg("resume from the edited checkpoint: %s", err.message);
+
+    HookCtx h2 = {0};
+    if (runJob(&cfg, dir, "latest-valid", &h2, &res, &err) != 0) fail_msg("latest-valid: %s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, 12);
+    assert_int_equal(h2.samples, 8); /* steps 5..12: trained again from step 4 */
+    char found[1024];
+    assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
+    assert_int_equal(checkpointVerify(found, &err), 0);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 static void test_halt_file_stops_with_checkpoint(void **state) {
     (void)state;
     JobConfig cfg;
@@ -1049,6 +1105,7 @@ int main(void) {
         cmocka_unit_test(test_stackdump_all_threads),
         cmocka_unit_test(test_train_real_text_loss_falls),
         cmocka_unit_test(test_resume_is_bit_identical),
+        cmocka_unit_test(test_damaged_checkpoint_is_refused_or_skipped),
         cmocka_unit_test(test_halt_file_stops_with_checkpoint),
         cmocka_unit_test(test_stop_now_skips_checkpoint),
         cmocka_unit_test(test_nan_policy_halt_loss),
