@@ -20,6 +20,7 @@
  * leave the train range and val windows never leave the val range, so the
  * two never share a token. */
 #include "data.h"
+#include "fsutil.h"
 #include "signals.h"
 
 #include <cjson/cJSON.h>
@@ -202,29 +203,83 @@ static int listDir(const char *dir, const char *const *suffixes, Names *out, Nsa
     return 0;
 }
 
-static int readWhole(const char *path, Bytes *out, NsaError *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return nsaErrorf(err, "data.path: %s: cannot open: %s", path, strerror(errno));
-    uint8_t chunk[1 << 16];
-    size_t n;
-    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        if (bytesAppend(out, chunk, n) != 0) {
-            fclose(f);
-            return nsaErrorf(err, "data.path: %s: out of memory", path);
-        }
+/* The most text nsad loads: text is read whole and encoded into 2-byte
+ * tokens (3 bytes of memory per byte of text), so it is also held to an
+ * eighth of the machine's memory. Larger corpora belong in llm.c shards,
+ * which are mapped, not loaded. */
+#define DATA_TEXT_MAX_BYTES ((uint64_t)4 << 30)
+
+static uint64_t textLimit(void) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    uint64_t eighth = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page / 8 : DATA_TEXT_MAX_BYTES;
+    return eighth < DATA_TEXT_MAX_BYTES ? eighth : DATA_TEXT_MAX_BYTES;
+}
+
+/* Appends a whole regular file to out: exactly the size it has when
+ * opened, which must fit in *budget (reduced by it). */
+static int readWhole(const char *path, Bytes *out, uint64_t *budget, NsaError *err) {
+    struct stat st;
+    NsaError oerr;
+    int fd = fsOpenRegular(path, &st, &oerr);
+    if (fd < 0) return nsaErrorf(err, "data.path: %s", oerr.message);
+    uint64_t size = (uint64_t)st.st_size;
+    if (size > *budget) {
+        close(fd);
+        return nsaErrorf(err, "data.path: %s: %llu bytes is over what is left of the %llu-byte limit on text; "
+                        "allowed: text that fits (pre-tokenize larger corpora into shards)", path,
+                        (unsigned long long)size, (unsigned long long)textLimit());
     }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) return nsaErrorf(err, "data.path: %s: read error", path);
+    if (out->len + size > out->cap) {
+        uint8_t *p = realloc(out->data, out->len + size + 1);
+        if (!p) {
+            close(fd);
+            return nsaErrorf(err, "data.path: %s: out of memory for %llu bytes", path, (unsigned long long)size);
+        }
+        out->data = p;
+        out->cap = out->len + size + 1;
+    }
+    uint64_t got = 0;
+    while (got < size) {
+        ssize_t n = read(fd, out->data + out->len + got, (size_t)(size - got));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            int saved = errno;
+            close(fd);
+            return nsaErrorf(err, "data.path: %s: read error: %s", path, strerror(saved));
+        }
+        if (n == 0) break; /* shrank while read: what is there is what is read */
+        got += (uint64_t)n;
+    }
+    close(fd);
+    out->len += (size_t)got;
+    *budget -= got;
     return 0;
 }
 
 /* ---- text: files, directories, jsonl ------------------------------------------ */
 
+/* The text stream being built: bytes, document starts, and how many of
+ * the bytes are separators nsad put between documents (messages count the
+ * data's own bytes only). */
+typedef struct TextStream {
+    Bytes text;
+    Offsets docs;
+    size_t separator_bytes;
+    uint64_t budget; /* bytes of files still allowed (textLimit) */
+} TextStream;
+
+static int appendSeparator(TextStream *ts) {
+    if (bytesAppend(&ts->text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) != 0) return -1;
+    ts->separator_bytes += strlen(DOC_SEPARATOR);
+    return 0;
+}
+
 /* Appends a .txt file; each paragraph (after a blank line) starts a document. */
-static int appendTxt(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
+static int appendTxt(const char *path, TextStream *ts, NsaError *err) {
+    Bytes *text = &ts->text;
+    Offsets *docs = &ts->docs;
     size_t base = text->len;
-    if (readWhole(path, text, err) != 0) return -1;
+    if (readWhole(path, text, &ts->budget, err) != 0) return -1;
     if (text->len == base) return 0;  /* empty file: no document */
     if (offsetsPush(docs, base) != 0) return nsaErrorf(err, "data.path: %s: out of memory", path);
     const uint8_t *t = text->data;
@@ -234,17 +289,20 @@ static int appendTxt(const char *path, Bytes *text, Offsets *docs, NsaError *err
         int blank = t[i - 2] == '\n' || (i >= base + 3 && t[i - 2] == '\r' && t[i - 3] == '\n');
         if (blank && offsetsPush(docs, i) != 0) return nsaErrorf(err, "data.path: %s: out of memory", path);
     }
-    return bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) == 0
-               ? 0
-               : nsaErrorf(err, "data.path: %s: out of memory", path);
+    return appendSeparator(ts) == 0 ? 0 : nsaErrorf(err, "data.path: %s: out of memory", path);
 }
 
 /* Appends the "text" field of every record of a .jsonl file, one document
  * each. Fails on the first line that is not a JSON object with a string
  * "text", naming the line and the byte offset. */
-static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
+static int appendJsonl(const char *path, TextStream *ts, NsaError *err) {
+    Bytes *text = &ts->text;
+    Offsets *docs = &ts->docs;
     Bytes raw = {0};
-    if (readWhole(path, &raw, err) != 0) return -1;
+    if (readWhole(path, &raw, &ts->budget, err) != 0) {
+        free(raw.data);
+        return -1;
+    }
     int rc = 0;
     size_t line_no = 0;
     for (size_t pos = 0; pos < raw.len && rc == 0;) {
@@ -285,8 +343,7 @@ static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *e
             const char *s = field->valuestring;
             size_t n = strlen(s);
             if (n > 0) {
-                if (offsetsPush(docs, text->len) != 0 || bytesAppend(text, s, n) != 0 ||
-                    bytesAppend(text, DOC_SEPARATOR, strlen(DOC_SEPARATOR)) != 0)
+                if (offsetsPush(docs, text->len) != 0 || bytesAppend(text, s, n) != 0 || appendSeparator(ts) != 0)
                     rc = nsaErrorf(err, "data.path: %s: out of memory", path);
             }
         }
@@ -297,9 +354,9 @@ static int appendJsonl(const char *path, Bytes *text, Offsets *docs, NsaError *e
     return rc;
 }
 
-static int appendTextFile(const char *path, Bytes *text, Offsets *docs, NsaError *err) {
-    if (hasSuffix(path, ".jsonl")) return appendJsonl(path, text, docs, err);
-    return appendTxt(path, text, docs, err);
+static int appendTextFile(const char *path, TextStream *ts, NsaError *err) {
+    if (hasSuffix(path, ".jsonl")) return appendJsonl(path, ts, err);
+    return appendTxt(path, ts, err);
 }
 
 static const char *splitName(DataSplit split) {
@@ -336,21 +393,46 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
         return nsaErrorf(err, "data.path: %s: %s; allowed: a .txt or .jsonl file, or a directory of them",
                         path, strerror(errno));
 
-    Bytes text = {0};
-    Offsets docs = {0};
+    TextStream ts = {.budget = textLimit()};
+    Names files = {0};
     int rc = 0;
     if (S_ISDIR(st.st_mode)) {
         static const char *const suffixes[] = {".txt", ".jsonl", NULL};
-        Names files = {0};
         rc = listDir(path, suffixes, &files, err);
         if (rc == 0 && files.len == 0)
             rc = nsaErrorf(err, "data.path: %s: no .txt or .jsonl files in the directory", path);
-        for (size_t i = 0; rc == 0 && i < files.len; i++)
-            rc = appendTextFile(files.data[i], &text, &docs, err);
-        namesFree(&files);
-    } else {
-        rc = appendTextFile(path, &text, &docs, err);
+    } else if (namesPush(&files, path) != 0) {
+        rc = nsaErrorf(err, "data.path: %s: out of memory", path);
     }
+    /* the size check before any byte is read: every file regular, the
+     * total within the limit */
+    uint64_t total = 0;
+    for (size_t i = 0; rc == 0 && i < files.len; i++) {
+        struct stat fst;
+        if (stat(files.data[i], &fst) != 0)
+            rc = nsaErrorf(err, "data.path: %s: %s", files.data[i], strerror(errno));
+        else if (!S_ISREG(fst.st_mode))
+            rc = nsaErrorf(err, "data.path: %s: is %s; allowed: a .txt or .jsonl file, or a directory of them",
+                           files.data[i], fsKindName(fst.st_mode));
+        else
+            total += (uint64_t)fst.st_size;
+    }
+    if (rc == 0 && total > ts.budget)
+        rc = nsaErrorf(err, "data.path: %s: %llu bytes of text; allowed: at most %llu (text is loaded into "
+                       "memory, 3 bytes per byte: pre-tokenize larger corpora into llm.c shards, data.source "
+                       "shards, which are mapped)", path, (unsigned long long)total,
+                       (unsigned long long)ts.budget);
+    /* one allocation for the stream (jsonl records only shrink into it) */
+    size_t stream_cap = (size_t)total + files.len * strlen(DOC_SEPARATOR) + 1;
+    if (rc == 0 && !(ts.text.data = malloc(stream_cap)))
+        rc = nsaErrorf(err, "data.path: %s: out of memory for %llu bytes of text", path, (unsigned long long)total);
+    ts.text.cap = ts.text.data ? stream_cap : 0;
+    for (size_t i = 0; rc == 0 && i < files.len; i++) rc = appendTextFile(files.data[i], &ts, err);
+    namesFree(&files);
+    Bytes text = ts.text;
+    Offsets docs = ts.docs;
+    /* what messages report: the data's bytes, not nsad's separators */
+    size_t data_bytes = text.len - ts.separator_bytes;
     if (rc == 0 && docs.len == 0) rc = nsaErrorf(err, "data.path: %s: no text in the data", path);
 
     /* the split, in bytes of the stream; +1: a window holds seq_len + 1 */
@@ -367,16 +449,21 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
                 rc = nsaErrorf(err, "data.val_fraction: %g: %s (%zu bytes, %zu documents) has no document "
                               "boundary leaving both splits %zu tokens (train.seq_len + 1); allowed: more "
                               "data, a shorter seq_len or another val_fraction",
-                              vf, path, text.len, docs.len, need);
+                              vf, path, data_bytes, docs.len, need);
             else if (dl->split == SPLIT_TRAIN)
                 end = cut;
             else
                 begin = cut;
         }
     }
-    if (rc == 0 && end - begin < need)
-        rc = nsaErrorf(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
-                      path, splitName(dl->split), end - begin, need);
+    if (rc == 0 && end - begin < need) {
+        if (begin == 0 && end == text.len)
+            rc = nsaErrorf(err, "data.path: %s: %zu bytes of text, fewer than train.seq_len + 1 (%zu)", path,
+                           data_bytes, need);
+        else
+            rc = nsaErrorf(err, "data.path: %s: the %s split has %zu bytes, fewer than train.seq_len + 1 (%zu)",
+                           path, splitName(dl->split), end - begin, need);
+    }
     free(docs.data);
     if (rc != 0) {
         free(text.data);
@@ -405,13 +492,10 @@ static int openText(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
 /* Maps one shard and checks its header against its size. */
 static int mapShard(const char *path, Mapping *map, const uint16_t **tokens, uint64_t *n_tokens,
                     NsaError *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return nsaErrorf(err, "data.path: %s: cannot open: %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        close(fd);
-        return nsaErrorf(err, "data.path: %s: cannot stat: %s", path, strerror(errno));
-    }
+    NsaError oerr;
+    int fd = fsOpenRegular(path, &st, &oerr);
+    if (fd < 0) return nsaErrorf(err, "data.path: %s", oerr.message);
     size_t size = (size_t)st.st_size;
     if (size < SHARD_HEADER_BYTES) {
         close(fd);

@@ -19,6 +19,8 @@
 #include <cmocka.h>
 
 #include "checkpoint.h"
+#include "crc32c.h"
+#include "nsa_rng.h"
 #include "nsa.h"
 #include "testutil.h"
 
@@ -524,6 +526,32 @@ static void test_checkpoint_rejects_other_model(void **state) {
     free(dir);
 }
 
+/* CRC-32C: the published check values (RFC 3720 B.4), chaining, and the
+ * hardware path against the portable one on every length and alignment. */
+static void test_crc32c(void **state) {
+    (void)state;
+    unsigned char buf[600];
+    assert_int_equal(crc32cUpdate(0, "123456789", 9), 0xe3069283u);
+    memset(buf, 0, 32);
+    assert_int_equal(crc32cUpdate(0, buf, 32), 0x8a9136aau);
+    memset(buf, 0xff, 32);
+    assert_int_equal(crc32cUpdate(0, buf, 32), 0x62a8ab43u);
+    for (int i = 0; i < 32; i++) buf[i] = (unsigned char)i;
+    assert_int_equal(crc32cUpdate(0, buf, 32), 0x46dd794eu);
+    assert_int_equal(crc32cPortable(0, buf, 32), 0x46dd794eu);
+    NsaRng rng;
+    nsaRngSeed(&rng, 39, 0);
+    for (size_t i = 0; i < sizeof buf; i++) buf[i] = (unsigned char)(nsaRngNext(&rng) >> 24);
+    for (size_t off = 0; off < 9; off++)
+        for (size_t len = 0; len + off <= sizeof buf; len += 7) {
+            uint32_t whole = crc32cUpdate(0, buf + off, len);
+            assert_int_equal(whole, crc32cPortable(0, buf + off, len));
+            size_t cut = len / 3;
+            assert_int_equal(crc32cUpdate(crc32cUpdate(0, buf + off, cut), buf + off + cut, len - cut), whole);
+        }
+    assert_int_equal(crc32cUpdate(0, NULL, 0), 0);
+}
+
 /* Flips one bit of a file at offset (from the end when negative). */
 static void flipBit(const char *path, long offset) {
     FILE *f = fopen(path, "r+b");
@@ -862,6 +890,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_model_round_trip),
         cmocka_unit_test(test_checkpoint_latest_and_keep_last),
         cmocka_unit_test(test_checkpoint_rejects_other_model),
+        cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_checkpoint_damage_is_refused),
         cmocka_unit_test(test_checkpoint_latest_valid_falls_back),
         cmocka_unit_test(test_checkpoint_odd_files),

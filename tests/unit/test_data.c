@@ -384,6 +384,58 @@ static void test_text_too_small_for_the_split(void **state) {
     expectOpenError(&cfg, SPLIT_TRAIN, "/nonexistent/corpus.txt", "No such file");
 }
 
+/* Issue 39, items 6 and 7: data.path /dev/zero (or /dev/urandom) read until
+ * memory ran out, a FIFO hung the loader, and a 4-byte file was reported
+ * as "6 bytes" (nsad's own document separator counted). */
+static void test_odd_data_files_are_refused(void **state) {
+    Fixture *fx = *state;
+    JobConfig cfg;
+    char path[320], fifo[256], sub[256];
+    baseConfig(&cfg, DATA_TEXT, "/dev/zero", 16, 1);
+    expectOpenError(&cfg, SPLIT_TRAIN, "data.path: /dev/zero: is a character device", "allowed:");
+    baseConfig(&cfg, DATA_TEXT, "/dev/urandom", 16, 1);
+    expectOpenError(&cfg, SPLIT_TRAIN, "/dev/urandom: is a character device", NULL);
+    baseConfig(&cfg, DATA_SHARDS, "/dev/zero", 16, 1);
+    cfg.model.vocab_size = 256;
+    expectOpenError(&cfg, SPLIT_TRAIN, "data.path: /dev/zero: is a character device", NULL);
+
+    /* a FIFO named like data, alone and inside a directory */
+    pathIn(fx, "pipe.txt", fifo, sizeof fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    baseConfig(&cfg, DATA_TEXT, fifo, 16, 1);
+    expectOpenError(&cfg, SPLIT_TRAIN, "pipe.txt: is a FIFO", NULL);
+    baseConfig(&cfg, DATA_TEXT, fx->dir, 16, 1);
+    expectOpenError(&cfg, SPLIT_TRAIN, "pipe.txt: is a FIFO", NULL);
+    pathIn(fx, "pipe.bin", path, sizeof path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    baseConfig(&cfg, DATA_SHARDS, path, 16, 1);
+    cfg.model.vocab_size = 256;
+    expectOpenError(&cfg, SPLIT_TRAIN, "pipe.bin: is a FIFO", NULL);
+    unlink(fifo);
+    unlink(path);
+
+    /* a (sparse) 5 GiB text file is refused by its size, before a byte is read */
+    pathIn(fx, "huge.txt", path, sizeof path);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(ftruncate(fileno(f), (off_t)5 << 30), 0);
+    fclose(f);
+    baseConfig(&cfg, DATA_TEXT, path, 16, 1);
+    expectOpenError(&cfg, SPLIT_TRAIN, "5368709120 bytes of text; allowed: at most", "shards");
+    unlink(path);
+
+    /* the data's own size in messages */
+    snprintf(sub, sizeof sub, "%s/tiny", fx->dir);
+    assert_int_equal(mkdir(sub, 0755), 0);
+    snprintf(path, sizeof path, "%s/four.txt", sub);
+    writeFile(path, "abcd", 4);
+    baseConfig(&cfg, DATA_TEXT, path, 64, 1);
+    cfg.data.val_fraction = 0;
+    expectOpenError(&cfg, SPLIT_TRAIN, "four.txt: 4 bytes of text, fewer than train.seq_len + 1 (65)", NULL);
+    cfg.data.val_fraction = 0.1;
+    expectOpenError(&cfg, SPLIT_TRAIN, "(4 bytes, 1 documents)", NULL);
+}
+
 /* The validation split walks its windows in order, wrapping at the end. */
 static void test_val_walks_sequentially(void **state) {
     Fixture *fx = *state;
@@ -706,6 +758,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_malformed_jsonl_names_file_and_line, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_crlf_paragraphs_are_documents, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_text_too_small_for_the_split, setupDir, teardownDir),
+        cmocka_unit_test_setup_teardown(test_odd_data_files_are_refused, setupDir, teardownDir),
         cmocka_unit_test_setup_teardown(test_val_walks_sequentially, setupDir, teardownDir),
         cmocka_unit_test(test_fortunes_corpus),
         cmocka_unit_test_setup_teardown(test_shards_split_and_load, setupDir, teardownDir),
