@@ -4,7 +4,8 @@
 #   make test    install what is missing, build, run every CPU test
 #
 # Other targets: all (default build), deps, check-deps, gpu-test (GPU machine),
-# bench-attn, bench-train and bench-decode (GPU machine), clean. `make V=1` shows the commands.
+# bench-attn, bench-train and bench-decode (GPU machine), fuzz (FUZZ_SECONDS per
+# harness), clean. `make V=1` shows the commands.
 #
 # The engine (kernels/ -> build/libnsa.{a,so}) needs libc and, when nvcc is
 # found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
@@ -70,7 +71,7 @@ $(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
 $(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 CTL_LIBS    := -lcurl -lcjson
 
-.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode clean corpus
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode clean corpus fuzz
 all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
 
 # ---- the two set-up commands ------------------------------------------------
@@ -140,6 +141,40 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_HELPER_OBJ) $(DAEMON_OBJ) $(BUILD)/libns
 	@echo "  CC/LD   $@"
 	$(Q)$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TEST_HELPER_OBJ) $(DAEMON_OBJ) \
 	    $(BUILD)/libnsa.a -lcmocka $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
+
+# ---- fuzzing (clang's libFuzzer) ---------------------------------------------
+# Each harness in tests/fuzz links the daemon's modules compiled again by
+# clang with ASan, UBSan and libFuzzer's coverage (build/fuzz/obj) and the
+# ordinary engine (build/libnsa.a). `make test` builds them when clang is
+# installed (`make deps` installs it) and runs the seed corpus through them
+# (tests/integration/test_fuzz_corpus.sh); `make fuzz` fuzzes each harness
+# for FUZZ_SECONDS, keeping what it finds in build/fuzz/corpus/NAME.
+FUZZ_CC      ?= $(shell command -v clang 2>/dev/null)
+FUZZ_SECONDS ?= 60
+FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_BIN     := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_CFLAGS  := -std=c11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
+                -fno-sanitize-recover=undefined -D_GNU_SOURCE -pthread -Ikernels -Idaemon -Iproto \
+                $(if $(HAVE_CUDA),-DNSA_HAVE_CUDA -I$(CUDA_HOME)/include)
+
+.SECONDARY: $(FUZZ_OBJ)
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  FUZZCC  $<"
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ) $(BUILD)/libnsa.a
+	@echo "  FUZZLD  $@"
+	$(Q)$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_OBJ) $(BUILD)/libnsa.a \
+	    $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
+
+# the harnesses are tests too (their seed corpus runs in `make test`)
+tests: $(if $(FUZZ_CC),$(FUZZ_BIN))
+
+fuzz: $(FUZZ_BIN)
+	$(Q)test -n "$(FUZZ_CC)" || { echo "make fuzz: clang is not installed (make deps)"; exit 1; }
+	$(Q)./tests/fuzz/run.sh $(FUZZ_SECONDS) $(FUZZ_NAMES)
 
 unit-test: tests
 	$(Q)./tests/run.sh unit

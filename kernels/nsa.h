@@ -37,7 +37,8 @@ typedef struct NsaError {
 } NsaError;
 
 /* Formats a one-line message into err (when not NULL) and returns -1, so an
- * error path reads `return nsaErrorf(err, "field: %d ...", v);`. */
+ * error path reads `return nsaErrorf(err, "field: %d ...", v);`. Control
+ * characters the arguments bring (newlines, escapes) become '?'. */
 int nsaErrorf(NsaError *err, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))

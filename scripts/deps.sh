@@ -17,8 +17,12 @@ libcurl4-openssl-dev
 fortunes
 fortunes-min
 systemd
+clang
+libclang-rt-14-dev
 "
 
+# clang and its runtimes (libFuzzer, ASan, UBSan) build the fuzz harnesses
+# (tests/fuzz): `make test` replays their seed corpus, `make fuzz` fuzzes.
 # The browser test (tests/browser) drives Debian's Chromium with playwright-core
 # from npm; the font gives its screenshots legible text.
 PACKAGES="$PACKAGES chromium fonts-dejavu-core"
