@@ -83,6 +83,8 @@ static void usage(FILE *out) {
             "                         it, abandon the step without a checkpoint (default 80)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
             "\n"
+            "Signals: SIGTERM/SIGINT checkpoint the active run and exit; SIGUSR1/SIGQUIT log\n"
+            "every thread's stack; SIGHUP and other signals are logged and ignored.\n"
             "Exit status: 0 after SIGTERM/SIGINT, 1 on a runtime failure, 2 on a usage error,\n"
             "70 when the watchdog policy 'exit' stops a hung run, 78 on a bad config.\n");
 }
