@@ -81,7 +81,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     mc.dim = 16, mc.n_layers = 1, mc.n_heads = 2, mc.n_kv_groups = 1, mc.d_k = 8, mc.d_v = 8;
     mc.vocab_size = 16;
     mc.cmp_len = 4, mc.cmp_stride = 2, mc.sel_len = 4, mc.n_sel = 2, mc.window = 8;
-    NsaEngineOptions eo = {NSA_DEVICE_CPU, 0, NSA_PREC_F32, 2, 16, 1};
+    NsaEngineOptions eo = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F32, .max_batch = 2, .max_seq_len = 16,
+                           .threads = 1};
     NsaError err = {{0}};
     model = nsaModelCreate(&mc, &eo, &err);
     if (!model || nsaModelInit(model, 1, &err) != 0) die("model", err.message);
