@@ -49,7 +49,7 @@ class NsaModelConfig(C.Structure):
 
 class NsaEngineOptions(C.Structure):
     _fields_ = [(n, C.c_int) for n in ("device", "device_ordinal", "precision", "max_batch",
-                                       "max_seq_len", "threads")]
+                                       "max_seq_len", "threads", "recompute")]
 
 
 class NsaOptimConfig(C.Structure):
