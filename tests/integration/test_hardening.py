@@ -38,6 +38,18 @@ check, wait_for, Nsad, NSAD = t.check, t.wait_for, t.Nsad, t.NSAD
 ALIVE_SIGNALS = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM]
 
 
+def safe(fn, *args, **kw):
+    """fn's result, or the OSError it raised (a timeout is an answer too)."""
+    try:
+        return fn(*args, **kw)
+    except OSError as e:
+        return e
+
+
+def ok_status(r, status=200):
+    return isinstance(r, t.Response) and r.status == status
+
+
 def raw_connect(d):
     return socket.create_connection(("127.0.0.1", d.port), timeout=5)
 
@@ -74,7 +86,7 @@ def test_hostile_configs(d):
                 result["r"] = e
         poster = threading.Thread(target=post)
         poster.start()
-        health = [d.api("GET", "/api/v1/health"), d.request("GET", "/api/v1/health", token=False)]
+        health = [safe(d.api, "GET", "/api/v1/health"), safe(d.request, "GET", "/api/v1/health", token=False)]
         poster.join(t.HTTP_TIMEOUT + 5)
         r = result.get("r")
         msg = r.json["error"]["message"] if isinstance(r, t.Response) and r.json else ""
@@ -82,20 +94,21 @@ def test_hostile_configs(d):
               isinstance(r, t.Response) and r.status == 400 and r.error_code() == "invalid_config"
               and needle in msg, r)
         check(f"  health answers on the Unix socket and TCP meanwhile ({name})",
-              all(h.status == 200 for h in health), health)
-    r = d.request("POST", "/api/v1/runs", "[" * 5000, content_type="application/json")
-    check("a JSON body nested 5000 deep: 400 invalid_json", r.status == 400 and r.error_code() == "invalid_json", r)
+              all(ok_status(h) for h in health), health)
+    r = safe(d.request, "POST", "/api/v1/runs", "[" * 5000, content_type="application/json")
+    check("a JSON body nested 5000 deep: 400 invalid_json",
+          ok_status(r, 400) and r.error_code() == "invalid_json", r)
 
 
 def test_url_nul(d):
     """Item 7: %00 cut the path short instead of failing."""
-    r = d.request("GET", "/api/v1/health%00/../../etc/passwd", token=False)
-    check("%00 in the path: 400 bad_path", r.status == 400 and r.error_code() == "bad_path", r)
-    r = d.api("GET", "/api/v1/health%00x")
-    check("%00 in the path over the Unix socket: 400 bad_path", r.status == 400 and r.error_code() == "bad_path", r)
-    r = d.api("GET", "/api/v1/runs?x=ok%00evil")
+    r = safe(d.request, "GET", "/api/v1/health%00/../../etc/passwd", token=False)
+    check("%00 in the path: 400 bad_path", ok_status(r, 400) and r.error_code() == "bad_path", r)
+    r = safe(d.api, "GET", "/api/v1/health%00x")
+    check("%00 in the path over the Unix socket: 400 bad_path", ok_status(r, 400) and r.error_code() == "bad_path", r)
+    r = safe(d.api, "GET", "/api/v1/runs?x=ok%00evil")
     check("%00 in a query value: 400 invalid_argument",
-          r.status == 400 and r.error_code() == "invalid_argument", r)
+          ok_status(r, 400) and r.error_code() == "invalid_argument", r)
 
 
 def test_unix_never_starved(workdir, web_root):
@@ -111,9 +124,9 @@ def test_unix_never_starved(workdir, web_root):
             except OSError:
                 break
         time.sleep(0.3)
-        r = d.api("GET", "/api/v1/health")
+        r = safe(d.api, "GET", "/api/v1/health")
         check("8 idle TCP connections (--max-connections 4): the Unix socket still answers 200",
-              r.status == 200, r)
+              ok_status(r), r)
     finally:
         for s in idle:
             s.close()
@@ -152,14 +165,14 @@ def test_slowloris(workdir, web_root):
         refused = closed_by_server(extra, 10)
         extra.close()
         check("a 4th connection from the same address (--max-connections-per-client 3) is refused", refused, "")
-        r = d.api("GET", "/api/v1/health")
-        check("  while they are held, the Unix socket answers 200", r.status == 200, r)
+        r = safe(d.api, "GET", "/api/v1/health")
+        check("  while they are held, the Unix socket answers 200", ok_status(r), r)
         check("  the held connections are cut at the deadline too",
               all(closed_by_server(s, 15) for s in held), "")
     finally:
         for s in held:
             s.close()
-    ok = wait_for(lambda: d.request("GET", "/api/v1/health", token=False).status == 200, 10)
+    ok = wait_for(lambda: ok_status(safe(d.request, "GET", "/api/v1/health", token=False)), 10)
     check("  afterwards TCP answers again", ok, "")
     rc = d.stop(30)
     check("  SIGTERM: exit 0", rc == 0, rc)
@@ -175,7 +188,7 @@ def test_serve_signals(workdir, web_root):
         d.proc.send_signal(sig)
         ok = wait_for(lambda: f"{sig.name}:" in d.log_text() or f"stack dump ({sig.name})" in d.log_text(), 10)
         check(f"nsad serve: {sig.name} is logged and nsad keeps answering",
-              ok and d.alive() and d.api("GET", "/api/v1/health").status == 200, d.log_text()[-1500:])
+              ok and d.alive() and ok_status(safe(d.api, "GET", "/api/v1/health")), d.log_text()[-1500:])
     check("nsad serve: SIGUSR1 dumps every thread's stack",
           "stack dump (SIGUSR1)" in d.log_text() and 'thread "http-unix"' in d.log_text(), d.log_text()[-1500:])
     rc = d.stop(30)
@@ -236,8 +249,8 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
     if not check("fallback: nsad starts", d.start(), d.log_text()[-2000:] if d.proc else ""):
         return d
     body = t.json_config(100000, train={"save_every": 5, "keep_last": 3})
-    r = d.api("POST", "/api/v1/runs", body, content_type="application/json")
-    if not check("fallback: a run starts", r.status == 201, r):
+    r = safe(d.api, "POST", "/api/v1/runs", body, content_type="application/json")
+    if not check("fallback: a run starts", ok_status(r, 201), r):
         return d
     run_id = r.json["id"]
     ck = os.path.join(d.state_dir, "runs", run_id, "out", "checkpoints")
@@ -267,11 +280,12 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
         return newest in line and line.endswith(f"resuming from {ck}/{previous}")
     check(f"fallback: the log says {newest} is damaged and the run resumes from {previous}",
           wait_for(logged, 30), d.log_text()[-2500:])
-    events = d.api("GET", f"/api/v1/runs/{run_id}/events").json or {}
+    r = safe(d.api, "GET", f"/api/v1/runs/{run_id}/events")
+    events = (r.json if isinstance(r, t.Response) else None) or {}
     resumes = [e for e in events.get("events", []) if e["type"] == "resume"]
     check("fallback: the resume event names the previous checkpoint",
           resumes and resumes[-1]["detail"].get("checkpoint", "").endswith(previous), resumes[-1:])
-    d.api("POST", f"/api/v1/runs/{run_id}/halt")
+    safe(d.api, "POST", f"/api/v1/runs/{run_id}/halt")
     rc = d.stop(60)
     check("fallback: SIGTERM exits 0", rc == 0, rc)
     return d
