@@ -70,11 +70,11 @@ static int createTokenFile(const char *path, NsaError *err) {
 int authLoadOrCreateToken(const char *path, char *token, size_t cap, int *created, NsaError *err) {
     if (created) *created = 0;
     if (!path || !*path) return fail(err, "token file%s: %s", "", "the path is empty");
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO must not block */
     if (fd < 0 && errno == ENOENT) {
         if (createTokenFile(path, err) != 0) return -1;
         if (created) *created = 1;
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK); /* a FIFO must not block */
     }
     if (fd < 0) return fail(err, "token file %s: cannot open: %s", path, strerror(errno));
     struct stat st;

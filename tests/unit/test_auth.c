@@ -88,6 +88,12 @@ static void tokenFileRefusals(void **state) {
     snprintf(missing_dir, sizeof missing_dir, "%s/no/such/dir/token", dir);
     assert_int_equal(authLoadOrCreateToken(missing_dir, token, sizeof token, NULL, &err), -1);
     assert_non_null(strstr(err.message, missing_dir));
+
+    /* a FIFO as the token file is refused at once, not waited on */
+    unlink(path);
+    assert_int_equal(mkfifo(path, 0600), 0);
+    assert_int_equal(authLoadOrCreateToken(path, token, sizeof token, NULL, &err), -1);
+    assert_non_null(strstr(err.message, "not a regular file"));
     testRemoveTree(dir);
     free(dir);
 }
