@@ -142,9 +142,9 @@ def test_unix_never_starved(workdir, web_root):
     return d
 
 
-def test_slowloris(workdir, web_root):
+def test_request_deadline(workdir, web_root):
     """Item 2: a header line now and then kept a connection open forever."""
-    d = Nsad(workdir, web_root, args=["--request-timeout", "2", "--max-connections-per-client", "3"])
+    d = Nsad(workdir, web_root, args=["--request-timeout", "2"])
     if not check("slowloris: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
         return d
     trickler = raw_connect(d)
@@ -162,7 +162,30 @@ def test_slowloris(workdir, web_root):
     check("a connection trickling a header line every 0.5 s is closed (--request-timeout 2)", cut,
           d.log_text()[-1500:])
     check("  the cut is logged", "--request-timeout" in d.log_text(), d.log_text()[-1500:])
+    held = []
+    try:
+        for _ in range(3):
+            s = raw_connect(d)
+            s.sendall(b"GET /api/v1/health HTTP/1.1\r\n")
+            held.append(s)
+        r = safe(d.api, "GET", "/api/v1/health")
+        check("  while requests hang unfinished on TCP, the Unix socket answers 200", ok_status(r), r)
+        check("  each unfinished request is cut at the deadline", all(closed_by_server(s, 15) for s in held), "")
+    finally:
+        for s in held:
+            s.close()
+    ok = wait_for(lambda: ok_status(safe(d.request, "GET", "/api/v1/health", token=False)), 10)
+    check("  afterwards TCP answers again", ok, "")
+    rc = d.stop(30)
+    check("  SIGTERM: exit 0", rc == 0, rc)
+    return d
 
+
+def test_per_client_limit(workdir, web_root):
+    """Item 2: one address could hold every connection there was."""
+    d = Nsad(workdir, web_root, args=["--max-connections-per-client", "3"])
+    if not check("per client: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+        return d
     held = []
     try:
         for _ in range(3):
@@ -171,18 +194,18 @@ def test_slowloris(workdir, web_root):
             held.append(s)
         time.sleep(0.3)
         extra = raw_connect(d)
+        # the request deadline (30 s) is far off: a close now is the limit's
         refused = closed_by_server(extra, 10)
         extra.close()
-        check("a 4th connection from the same address (--max-connections-per-client 3) is refused", refused, "")
+        check("a 4th connection from one address (--max-connections-per-client 3) is closed unanswered",
+              refused, "")
         r = safe(d.api, "GET", "/api/v1/health")
-        check("  while they are held, the Unix socket answers 200", ok_status(r), r)
-        check("  the held connections are cut at the deadline too",
-              all(closed_by_server(s, 15) for s in held), "")
+        check("  meanwhile the Unix socket answers 200", ok_status(r), r)
+        held[0].sendall(b"Host: 127.0.0.1\r\n\r\n")
+        check("  the 3 connections it holds are still served", held[0].recv(12).startswith(b"HTTP/1.1 200"), "")
     finally:
         for s in held:
             s.close()
-    ok = wait_for(lambda: ok_status(safe(d.request, "GET", "/api/v1/health", token=False)), 10)
-    check("  afterwards TCP answers again", ok, "")
     rc = d.stop(30)
     check("  SIGTERM: exit 0", rc == 0, rc)
     return d
@@ -253,28 +276,33 @@ def test_train_signals(workdir):
 
 def test_damaged_checkpoint_fallback(workdir, web_root):
     """Item 5: the daemon resumes from the previous complete checkpoint when
-    the newest is damaged, and logs it."""
+    the newest is damaged, and logs it. SIGTERM leaves the run active on disk
+    with a fresh checkpoint and no save in progress; the next start resumes
+    it by itself."""
     d = Nsad(workdir, web_root)
     if not check("fallback: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
         return d
-    body = t.json_config(100000, train={"save_every": 5, "keep_last": 3})
+    body = t.json_config(10 ** 7, train={"save_every": 5, "keep_last": 3})
     r = safe(d.api, "POST", "/api/v1/runs", body, content_type="application/json")
     if not check("fallback: a run starts", ok_status(r, 201), r):
         return d
     run_id = r.json["id"]
     ck = os.path.join(d.state_dir, "runs", run_id, "out", "checkpoints")
 
-    def two_checkpoints():
+    def step_dirs():
         try:
-            return len([n for n in os.listdir(ck) if n.startswith("step_")]) >= 2
+            return sorted(n for n in os.listdir(ck) if n.startswith("step_"))
         except OSError:
-            return False
-    check("fallback: the run has written two checkpoints", wait_for(two_checkpoints, 60), "")
-    d.kill9()
+            return []
+    check("fallback: the run has written two checkpoints", wait_for(lambda: len(step_dirs()) >= 2, 60), "")
+    rc = d.stop(60)
+    check("fallback: SIGTERM checkpoints the run and exits 0", rc == 0, rc)
     with open(os.path.join(ck, "latest")) as f:
         newest = f.read().strip()
-    steps = sorted(n for n in os.listdir(ck) if n.startswith("step_"))
-    previous = steps[steps.index(newest) - 1]
+    older = [n for n in step_dirs() if n < newest]
+    if not check("fallback: an older checkpoint is there to fall back to", older, step_dirs()):
+        return d
+    previous = older[-1]
     model = os.path.join(ck, newest, "model.safetensors")
     with open(model, "r+b") as f:
         f.seek(os.path.getsize(model) - 3)
@@ -283,9 +311,9 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
         f.write(bytes([b[0] ^ 0x10]))
     if not check("fallback: nsad restarts", start(d), d.log_text()[-2000:]):
         return d
+
     def logged():
-        log = d.log_text()
-        line = next((ln for ln in log.splitlines() if "skipping damaged checkpoints" in ln), "")
+        line = next((ln for ln in d.log_text().splitlines() if "skipping damaged checkpoints" in ln), "")
         return newest in line and line.endswith(f"resuming from {ck}/{previous}")
     check(f"fallback: the log says {newest} is damaged and the run resumes from {previous}",
           wait_for(logged, 30), d.log_text()[-2500:])
@@ -323,7 +351,8 @@ def main():
             rc = d.stop(30)
             check("SIGTERM after the hostile bodies: exit 0 at once", rc == 0, rc)
         daemons.append(test_unix_never_starved(sub("starve"), web))
-        daemons.append(test_slowloris(sub("slow"), web))
+        daemons.append(test_request_deadline(sub("slow"), web))
+        daemons.append(test_per_client_limit(sub("per-client"), web))
         daemons.append(test_serve_signals(sub("signals"), web))
         test_train_signals(sub("train"))
         daemons.append(test_damaged_checkpoint_fallback(sub("fallback"), web))
