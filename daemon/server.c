@@ -34,12 +34,16 @@
 
 /* One open connection, for the request deadline: when its current request
  * began (the connection's start, or the end of the previous request on a
- * kept-alive connection). Owned by its listener's thread. */
+ * kept-alive connection). The deadline covers receiving the request (its
+ * headers and body); once an answer is queued the clock stops (a streamed
+ * answer may run for minutes; a reader that stops reading meets the idle
+ * timeout). Owned by its listener's thread. */
 typedef struct ConnState {
     struct ConnState *prev, *next;
     int64_t request_since_ns;
     int fd;
-    int cut; /* shut down for passing the deadline */
+    int answering; /* the request is in and answered: no deadline until the next one */
+    int cut;       /* shut down for passing the deadline */
 } ConnState;
 
 /* A listener: its socket, its libmicrohttpd daemon and the thread that
@@ -242,6 +246,14 @@ static struct MHD_Response *streamResponse(Server *srv, struct MHD_Connection *c
 
 /* ---- responses ------------------------------------------------------------------ */
 
+static ConnState *connState(struct MHD_Connection *conn);
+
+/* The request on conn is answered: its deadline no longer runs. */
+static void requestAnswered(struct MHD_Connection *conn) {
+    ConnState *cs = connState(conn);
+    if (cs) cs->answering = 1;
+}
+
 static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
     struct MHD_Response *r =
         res->stream ? streamResponse(srv, conn, res)
@@ -266,6 +278,7 @@ static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiRespon
     }
     if (res->status == 401) MHD_add_response_header(r, "WWW-Authenticate", "Bearer realm=\"nsad\"");
     serviceCountRequest(srv->svc, res->status);
+    requestAnswered(conn);
     enum MHD_Result ok = MHD_queue_response(conn, (unsigned)res->status, r);
     MHD_destroy_response(r);
     return ok;
@@ -469,6 +482,7 @@ static enum MHD_Result serveStatic(Server *srv, struct MHD_Connection *conn, con
     MHD_add_response_header(r, "Referrer-Policy", "no-referrer");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
     serviceCountRequest(srv->svc, 200);
+    requestAnswered(conn);
     enum MHD_Result ok = MHD_queue_response(conn, MHD_HTTP_OK, r);
     MHD_destroy_response(r);
     return ok;
@@ -569,7 +583,10 @@ static void requestCompleted(void *cls, struct MHD_Connection *conn, void **con_
     }
     /* a kept-alive connection's next request gets a deadline of its own */
     ConnState *cs = conn ? connState(conn) : NULL;
-    if (cs) cs->request_since_ns = serviceNowNs();
+    if (cs) {
+        cs->request_since_ns = serviceNowNs();
+        cs->answering = 0;
+    }
 }
 
 /* Called with the request line, before the headers are parsed: the raw URL
@@ -611,13 +628,14 @@ static void connectionNotify(void *cls, struct MHD_Connection *conn, void **sock
 /* Cuts every connection whose request has run past the deadline: its
  * socket is shut down (not closed: libmicrohttpd owns the descriptor and
  * sees an end of file, then closes and forgets the connection). Trickling
- * bytes resets the idle timeout but never this clock. Returns the time
- * until the next deadline, in ms (at most cap_ms). */
+ * bytes resets the idle timeout but never this clock; an answered request
+ * has none. Returns the time until the next deadline, in ms (at most
+ * cap_ms). */
 static uint64_t cutLateConnections(Listener *l, int64_t now, uint64_t cap_ms) {
     int64_t limit = (int64_t)l->srv->opt.request_timeout_s * 1000000000LL;
     uint64_t next_ms = cap_ms;
     for (ConnState *cs = l->conns; cs; cs = cs->next) {
-        if (cs->cut || cs->fd < 0) continue;
+        if (cs->cut || cs->answering || cs->fd < 0) continue;
         int64_t age = now - cs->request_since_ns;
         if (age >= limit) {
             shutdown(cs->fd, SHUT_RDWR);

@@ -25,7 +25,7 @@ typedef struct ServerOptions {
     unsigned max_connections;                        /* per listener: open connections beyond it get 429 */
     unsigned max_connections_per_client;             /* TCP: per client address; more are refused */
     unsigned idle_timeout_s;                         /* an idle connection closes after it */
-    unsigned request_timeout_s;                      /* a request (headers, body, answer) must be done by then */
+    unsigned request_timeout_s;                      /* a request's headers and body must be in by then */
     const char *allow_hosts[SERVER_MAX_ALLOW_HOSTS]; /* extra Host names */
     int n_allow_hosts;
 } ServerOptions;

@@ -103,6 +103,8 @@ int weightsOpen(const char *spec, Weights *w, NsaError *err) {
     int found = checkpointResolve(NULL, spec, w->dir, sizeof w->dir, err);
     if (found < 0) return -1;
     if (found == 0) return nsaErrorf(err, "checkpoint: %s holds no checkpoint yet", spec);
+    /* a damaged or incomplete checkpoint is refused here too, not used */
+    if (checkpointVerify(w->dir, err) != 0) return -1;
     runDirOf(w->dir, w->out_dir, sizeof w->out_dir);
     configDefaults(&w->job);
     w->have_run_config = loadRunConfig(w);

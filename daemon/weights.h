@@ -35,7 +35,8 @@ typedef struct Weights {
 
 /* Opens what spec names - a checkpoint directory, or a run's out_dir (its
  * checkpoints/latest) - and reads the model config, the state and, when
- * present, the run's env.json and val.csv. Checks every tensor the layout
+ * present, the run's env.json and val.csv. Verifies the checkpoint's
+ * manifest (checkpointVerify: sizes, checksums) first. Checks every tensor the layout
  * of that config names is in model.safetensors with its shape, and nothing
  * else is. Returns 0, or -1 with err naming the file and the problem (then
  * w holds nothing to close). The caller closes with weightsClose. */

@@ -317,11 +317,14 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
         return newest in line and line.endswith(f"resuming from {ck}/{previous}")
     check(f"fallback: the log says {newest} is damaged and the run resumes from {previous}",
           wait_for(logged, 30), d.log_text()[-2500:])
-    r = safe(d.api, "GET", f"/api/v1/runs/{run_id}/events")
-    events = (r.json if isinstance(r, t.Response) else None) or {}
-    resumes = [e for e in events.get("events", []) if e["type"] == "resume"]
+    def resumes():
+        r = safe(d.api, "GET", f"/api/v1/runs/{run_id}/events")
+        events = (r.json if isinstance(r, t.Response) else None) or {}
+        return [e for e in events.get("events", []) if e["type"] == "resume"]
+    # the log line comes before the model is loaded, the event after: wait for it
+    got = wait_for(resumes, 30)
     check("fallback: the resume event names the previous checkpoint",
-          resumes and resumes[-1]["detail"].get("checkpoint", "").endswith(previous), resumes[-1:])
+          got and got[-1]["detail"].get("checkpoint", "").endswith(previous), got)
     safe(d.api, "POST", f"/api/v1/runs/{run_id}/halt")
     rc = d.stop(60)
     check("fallback: SIGTERM exits 0", rc == 0, rc)
