@@ -125,6 +125,9 @@ int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err);
 
 typedef struct NsaModel NsaModel;
 
+/* A data-parallel transport (see "data parallelism" below). */
+typedef struct NsaComm NsaComm;
+
 typedef struct NsaEngineOptions {
     NsaDevice device;
     int device_ordinal;     /* CUDA device index */
@@ -136,6 +139,11 @@ typedef struct NsaEngineOptions {
                                forward again in the backward (activation recompute: about
                                one more forward, a layer's activations instead of L);
                                0 keeps every activation. The CPU engine takes 0 only. */
+    /* Data parallelism: the transport joining this model to the other
+     * ranks of its job (rank and world come from it), or NULL for a model
+     * alone. Not owned: free it after the model. A CPU model takes a local
+     * or TCP transport, a CUDA model an NCCL one on its own device. */
+    NsaComm *comm;
 } NsaEngineOptions;
 
 /* Builds a model: plans and allocates every arena (parameters, gradients,
@@ -254,6 +262,123 @@ int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err);
  * token) of this batch. Synchronous. Leaves gradients untouched. */
 int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets,
                      int B, int S, double *loss, NsaError *err);
+
+/* ---- data parallelism ----------------------------------------------------
+ * A data-parallel job runs `world` ranks of one model, each an NsaModel
+ * with its own part of every batch, driven by a thread of its own (the
+ * collectives below wait for every rank). They start from the same
+ * weights (the same seed or checkpoint) and stay identical:
+ *   - nsaModelForward scales by grad_scale / world, so that the ranks' sum
+ *     is the mean over the whole batch (every rank's micro-batch must count
+ *     the same number of targets for it to be that mean exactly);
+ *   - the gradients are reduce-scattered (summed in rank order) once per
+ *     optimizer step, bucket by bucket: a bucket is a contiguous range of
+ *     the parameter arena (the embedding, one per layer, the final norm
+ *     with the head); nsaModelBackwardReduce reduces each bucket as soon as
+ *     its gradients are complete, overlapped with the rest of the backward
+ *     on CUDA; after a plain nsaModelBackward the optimizer step reduces
+ *     them first;
+ *   - ZeRO-1: rank r owns slice r of every bucket (1/world of it) and holds
+ *     the Adam moments of its slices only. The optimizer step takes the
+ *     global loss and gradient norm from every rank's partial sums (added
+ *     in rank order, so every rank sees the same bits), makes the same
+ *     NaN-guard and clip decision everywhere, updates its slices (a
+ *     tensor's weight-decay flag applies to its part of a slice) and
+ *     all-gathers the fp32 weights, from which each rank rounds its own
+ *     bf16/fp16 copy: every rank ends the step with the same weights.
+ * Every collective has a deadline (the transport's timeout): a peer that
+ * does not arrive in time aborts the transport, and the call - and every
+ * later one - fails with an error naming the collective and the ranks that
+ * were missing. A model whose transport was aborted must be freed. */
+
+/* The transport's rank and world size; 0 and 1 for NULL. */
+int nsaCommRank(const NsaComm *comm);
+int nsaCommWorld(const NsaComm *comm);
+/* "local", "tcp" or "nccl" ("" for NULL). */
+const char *nsaCommKind(const NsaComm *comm);
+
+/* In-process transport for the CPU engine: creates world handles that
+ * share one exchange (ranks are threads of this process; collectives copy
+ * and add host buffers directly, summing in rank order). comms[r] is rank
+ * r's handle, each freed with nsaCommFree. timeout_seconds (> 0) bounds
+ * every wait for the other ranks. Returns 0, or -1 with err. */
+int nsaCommLocalCreate(int world, double timeout_seconds, NsaComm **comms, NsaError *err);
+
+/* NCCL transport for the CUDA engine. The unique id (made once, by rank 0,
+ * with nsaCommNcclUniqueId) must reach every rank before it creates its
+ * handle; every rank of the job calls nsaCommNcclCreate (each from its own
+ * thread or process) within timeout_seconds of the others. The
+ * communicator is non-blocking: init and every collective are polled
+ * against the deadline and aborted (ncclCommAbort) past it, so no call
+ * waits for a dead peer forever. Sets NCCL_NVLS_ENABLE=0 (NVLink
+ * multicast off) unless the environment already sets it. Returns NULL with
+ * err, also when this libnsa was built without NCCL (nccl.h absent at
+ * build time) or without CUDA. */
+#define NSA_COMM_ID_BYTES 128
+typedef struct NsaCommId {
+    unsigned char bytes[NSA_COMM_ID_BYTES];
+} NsaCommId;
+int nsaCommNcclUniqueId(NsaCommId *id, NsaError *err);
+NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_ordinal,
+                           double timeout_seconds, NsaError *err);
+/* 1 when this libnsa has the NCCL transport, else 0. */
+int nsaCommHaveNccl(void);
+
+/* Aborts the transport from any thread: waiting and later collectives of
+ * every rank that shares it (local) or of this rank (NCCL: its peers then
+ * fail by their own deadline) fail with reason. Idempotent. */
+void nsaCommAbort(NsaComm *comm, const char *reason);
+/* 1 after an abort (reason copied into out when not NULL), else 0. */
+int nsaCommAborted(NsaComm *comm, char *out, size_t cap);
+/* Frees the handle (the local exchange goes with its last handle). NULL is
+ * a no-op. Free the models that use it first. */
+void nsaCommFree(NsaComm *comm);
+
+/* Fault injection (tests of the deadlines): the next collective this rank
+ * issues first sleeps `seconds` (interrupted by an abort), as a rank that
+ * stalls in a collective would. */
+void nsaCommInjectStall(NsaComm *comm, double seconds);
+
+/* Collectives, also usable on their own (every rank calls the same ones in
+ * the same order; what names the call in errors). buf is host memory for
+ * the local transport and device memory (stream a cudaStream_t) for NCCL.
+ *   ReduceScatter: buf holds world * shard elements; on return slice r
+ *     (elements [r*shard, (r+1)*shard)) of rank r holds the sum over ranks,
+ *     the rest is unspecified. f64 selects double elements, else float.
+ *   AllGather: slice r of every rank's buf (shard_bytes bytes) is copied
+ *     into slice r of every other rank's buf.
+ *   Broadcast: root's buf (bytes) is copied into every rank's buf.
+ * Return 0, or -1 with err (deadline, abort, mismatched calls). */
+int nsaCommReduceScatter(NsaComm *comm, void *buf, size_t shard, int f64, void *stream,
+                         const char *what, NsaError *err);
+int nsaCommAllGather(NsaComm *comm, void *buf, size_t shard_bytes, void *stream, const char *what,
+                     NsaError *err);
+int nsaCommBroadcast(NsaComm *comm, void *buf, size_t bytes, int root, void *stream,
+                     const char *what, NsaError *err);
+
+/* The last micro-batch's backward of a data-parallel step: nsaModelBackward,
+ * and each gradient bucket is reduced (reduce-scattered) as soon as it is
+ * complete. A model alone: the same as nsaModelBackward. */
+int nsaModelBackwardReduce(NsaModel *m, NsaError *err);
+
+/* Which elements of tensor i's Adam moments this rank holds: [*begin,
+ * *end) (element indices within the tensor; begin == end: none). A model
+ * alone holds all of them. nsaModelGetTensor/SetTensor of NSA_ARENA_ADAM_M
+ * or ADAM_V read/write that range only (the rest of dst is left as it is,
+ * the rest of src ignored). Returns 0, or -1 with err for a bad index. */
+int nsaModelTensorShard(const NsaModel *m, int i, size_t *begin, size_t *end, NsaError *err);
+
+/* Collective (every rank calls it with the same arguments, in the same
+ * order): fills dst with the whole tensor i of arena on every rank - for the
+ * moments, each holder's range is broadcast by its holder. Params and grads
+ * are copied locally (params are the same on every rank between steps;
+ * grads are this rank's). A model alone: nsaModelGetTensor. Synchronous. */
+int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err);
+/* Collective: rank root's buf (the whole tensor i) reaches every rank's buf
+ * and is set there (nsaModelSetTensor: each rank keeps its range of the
+ * moments). A model alone: nsaModelSetTensor. Synchronous. */
+int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int root,
+                            NsaError *err);
 
 /* Fault injection for tests of the NaN guard: poisons the next
  * Forward's loss (NSA_FAULT_NAN_LOSS) or one gradient element

@@ -19,7 +19,8 @@ static size_t planTake(size_t *cursor, size_t elems) {
 static int cmpBlocks(int S, int l, int d) { return S < l ? 0 : (S - l) / d + 1; }
 
 int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout *layout,
-                     int f64, int max_batch, int max_seq, int threads, NsaError *err) {
+                     int f64, int max_batch, int max_seq, int threads, size_t state_elems,
+                     NsaError *err) {
     memset(cm, 0, sizeof(*cm));
     if (max_batch < 1 || max_seq < 1)
         return nsaErrorf(err, "nsa: max_batch = %d, max_seq_len = %d; allowed: both >= 1",
@@ -120,8 +121,9 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
     const size_t P = layout->total, rs = cm->real_size;
     cm->params = calloc(P, rs);
     cm->grads = calloc(P, rs);
-    cm->adam_m = calloc(P, rs);
-    cm->adam_v = calloc(P, rs);
+    cm->state_elems = state_elems;
+    cm->adam_m = calloc(state_elems ? state_elems : 1, rs);
+    cm->adam_v = calloc(state_elems ? state_elems : 1, rs);
     cm->acts = calloc(cm->acts_elems, rs);
     cm->scratch = calloc(cm->scratch_elems, rs);
     cm->sel_idx = calloc(L * N * G * (size_t)nsaNumSelSlots(cfg->n_sel), sizeof(int32_t));
@@ -129,7 +131,7 @@ int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout
     cm->targets = calloc(N, sizeof(int32_t));
     if (!cm->params || !cm->grads || !cm->adam_m || !cm->adam_v || !cm->acts || !cm->scratch ||
         !cm->sel_idx || !cm->tokens || !cm->targets) {
-        size_t total = (4 * P + cm->acts_elems + cm->scratch_elems) * rs;
+        size_t total = (2 * P + 2 * state_elems + cm->acts_elems + cm->scratch_elems) * rs;
         nsaCpuModelRelease(cm);
         return nsaErrorf(err,
                          "nsa: out of memory allocating the CPU engine (%.1f MiB for "

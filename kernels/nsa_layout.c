@@ -54,9 +54,33 @@ static void padFusedProjection(NsaLayout *lay, int gate, int64_t rows, int64_t C
         lay->total = (end + NSA_LAYOUT_ALIGN - 1) / NSA_LAYOUT_ALIGN * NSA_LAYOUT_ALIGN;
 }
 
+/* Opens a bucket at the current end of the arena. */
+static void bucketBegin(NsaLayout *lay, int b) {
+    lay->buckets[b].offset = lay->total;
+    lay->buckets[b].first = lay->n_tensors;
+}
+
+/* Closes bucket b: pads the arena so the bucket splits into lay->ranks
+ * aligned slices (no padding beyond the tensors' own with one rank). */
+static void bucketEnd(NsaLayout *lay, int b) {
+    NsaLayoutBucket *bk = &lay->buckets[b];
+    const size_t quantum = (size_t)lay->ranks * NSA_LAYOUT_ALIGN;
+    size_t count = lay->total - bk->offset;
+    count = (count + quantum - 1) / quantum * quantum;
+    bk->count = count;
+    bk->end = lay->n_tensors;
+    lay->total = bk->offset + count;
+}
+
 int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
+    return nsaLayoutBuildRanks(lay, cfg, 1, err);
+}
+
+int nsaLayoutBuildRanks(NsaLayout *lay, const NsaModelConfig *cfg, int ranks, NsaError *err) {
     memset(lay, 0, sizeof(*lay));
     if (nsaModelConfigValidate(cfg, err) != 0) return -1;
+    if (ranks < 1 || ranks > 4096)
+        return nsaErrorf(err, "nsa: data-parallel ranks = %d; allowed: 1 to 4096", ranks);
 
     const int L = cfg->n_layers, C = cfg->dim, V = cfg->vocab_size;
     const int H = cfg->n_heads, G = cfg->n_kv_groups, dk = cfg->d_k, dv = cfg->d_v;
@@ -69,18 +93,24 @@ int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
     const int per_layer_max = 20;
     lay->entries = calloc((size_t)L * per_layer_max + 3, sizeof(*lay->entries));
     lay->layers = calloc((size_t)L, sizeof(*lay->layers));
-    if (!lay->entries || !lay->layers) {
+    lay->buckets = calloc((size_t)L + 2, sizeof(*lay->buckets));
+    if (!lay->entries || !lay->layers || !lay->buckets) {
         nsaLayoutFree(lay);
         nsaErrorf(err, "nsa: out of memory building the parameter table (%d layers)", L);
         return -1;
     }
     lay->n_layers = L;
+    lay->ranks = ranks;
+    lay->n_buckets = L + 2;
 
     char name[NSA_LAYOUT_NAME_MAX];
 #define LNAME(suffix) (snprintf(name, sizeof(name), "layers.%d." suffix, i), name)
+    bucketBegin(lay, NSA_BUCKET_EMBED);
     lay->tok_emb = addMatrix(lay, "tok_emb", V, C, std);
+    bucketEnd(lay, NSA_BUCKET_EMBED);
     for (int i = 0; i < L; i++) {
         NsaLayerIndex *li = &lay->layers[i];
+        bucketBegin(lay, NSA_BUCKET_LAYER(i));
         li->attn_norm = addNorm(lay, LNAME("attn_norm"), C);
         li->wq = addMatrix(lay, LNAME("wq"), (int64_t)H * dk, C, std);
         li->wk_cmp = addMatrix(lay, LNAME("wk_cmp"), (int64_t)G * dk, C, std);
@@ -108,10 +138,13 @@ int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err) {
         li->w_fc = addMatrix(lay, LNAME("w_fc"), F, C, std);
         li->w_up = cfg->mlp == NSA_MLP_SWIGLU ? addMatrix(lay, LNAME("w_up"), F, C, std) : -1;
         li->w_proj = addMatrix(lay, LNAME("w_proj"), C, F, std_out);
+        bucketEnd(lay, NSA_BUCKET_LAYER(i));
     }
 #undef LNAME
+    bucketBegin(lay, NSA_BUCKET_HEAD(L));
     lay->final_norm = addNorm(lay, "final_norm", C);
     lay->lm_head = addMatrix(lay, "lm_head", V, C, std);
+    bucketEnd(lay, NSA_BUCKET_HEAD(L));
     return 0;
 }
 
@@ -119,7 +152,57 @@ void nsaLayoutFree(NsaLayout *lay) {
     if (!lay) return;
     free(lay->entries);
     free(lay->layers);
+    free(lay->buckets);
     memset(lay, 0, sizeof(*lay));
+}
+
+int nsaShardBuild(NsaShard *sh, const NsaLayout *lay, int rank, NsaError *err) {
+    memset(sh, 0, sizeof(*sh));
+    if (rank < 0 || rank >= lay->ranks)
+        return nsaErrorf(err, "nsa: rank = %d; allowed: 0 to %d", rank, lay->ranks - 1);
+    sh->rank = rank;
+    sh->ranks = lay->ranks;
+    sh->n_slices = lay->n_buckets;
+    sh->slices = calloc((size_t)lay->n_buckets, sizeof(*sh->slices));
+    sh->pieces = calloc((size_t)lay->n_tensors + 1, sizeof(*sh->pieces));
+    sh->tensor_piece = calloc((size_t)lay->n_tensors + 1, sizeof(*sh->tensor_piece));
+    if (!sh->slices || !sh->pieces || !sh->tensor_piece) {
+        nsaShardFree(sh);
+        return nsaErrorf(err, "nsa: out of memory for rank %d's shard table", rank);
+    }
+    for (int b = 0; b < lay->n_buckets; b++) {
+        const NsaLayoutBucket *bk = &lay->buckets[b];
+        NsaShardSlice *sl = &sh->slices[b];
+        sl->count = bk->count / (size_t)lay->ranks;
+        sl->offset = bk->offset + (size_t)rank * sl->count;
+        sl->local = sh->total;
+        sh->total += sl->count;
+        for (int i = bk->first; i < bk->end; i++) {
+            const NsaTensorInfo *ti = &lay->entries[i].info;
+            const size_t t_end = ti->offset + ti->numel, s_end = sl->offset + sl->count;
+            const size_t lo = ti->offset > sl->offset ? ti->offset : sl->offset;
+            const size_t hi = t_end < s_end ? t_end : s_end;
+            sh->tensor_piece[i] = -1;
+            if (lo >= hi) continue;
+            NsaShardPiece *p = &sh->pieces[sh->n_pieces];
+            p->tensor = i;
+            p->offset = lo;
+            p->begin = lo - ti->offset;
+            p->numel = hi - lo;
+            p->local = sl->local + (lo - sl->offset);
+            p->weight_decay = ti->weight_decay;
+            sh->tensor_piece[i] = sh->n_pieces++;
+        }
+    }
+    return 0;
+}
+
+void nsaShardFree(NsaShard *sh) {
+    if (!sh) return;
+    free(sh->slices);
+    free(sh->pieces);
+    free(sh->tensor_piece);
+    memset(sh, 0, sizeof(*sh));
 }
 
 int nsaLayoutFind(const NsaLayout *lay, const char *name) {

@@ -17,7 +17,15 @@
  * Offsets are rounded up to NSA_LAYOUT_ALIGN elements, and w_gate is followed
  * by zero rows up to a multiple of 8 rows of the block wq .. w_gate (the CUDA
  * engine's fused projection); the padding is zero in every arena and takes
- * part in nothing. proto/model.md is the contract. */
+ * part in nothing. proto/model.md is the contract.
+ *
+ * Buckets (data parallelism): the arena splits into contiguous ranges that
+ * the backward completes one after another - bucket 0 the embedding,
+ * bucket 1 + i layer i, bucket L + 1 the final norm and the head. For a
+ * job of `ranks` ranks each bucket is padded (at its end) to a multiple of
+ * ranks x NSA_LAYOUT_ALIGN elements, so that it splits into `ranks` equal,
+ * aligned slices; with one rank there is no extra padding and the offsets
+ * are those above. */
 #ifndef NSA_LAYOUT_H
 #define NSA_LAYOUT_H
 
@@ -54,6 +62,12 @@ typedef struct NsaLayerIndex {
     int w_gate, wo, mlp_norm, w_fc, w_up, w_proj;
 } NsaLayerIndex;
 
+/* One bucket: arena elements [offset, offset + count), tensors [first, end). */
+typedef struct NsaLayoutBucket {
+    size_t offset, count;
+    int first, end;
+} NsaLayoutBucket;
+
 typedef struct NsaLayout {
     int n_tensors;
     NsaLayoutEntry *entries;     /* n_tensors, in layout order */
@@ -62,12 +76,59 @@ typedef struct NsaLayout {
     NsaLayerIndex *layers;       /* n_layers */
     size_t total;                /* elements per arena, padding included */
     size_t n_params;             /* elements of real parameters, padding excluded */
+    int ranks;                   /* the bucket padding is for this many ranks */
+    int n_buckets;               /* L + 2 */
+    NsaLayoutBucket *buckets;    /* n_buckets, in arena order */
 } NsaLayout;
+
+/* Bucket indices: the embedding, layer i, the final norm with the head. */
+#define NSA_BUCKET_EMBED 0
+#define NSA_BUCKET_LAYER(i) (1 + (i))
+#define NSA_BUCKET_HEAD(L) ((L) + 1)
 
 /* Builds the table for cfg (validated first with nsaModelConfigValidate).
  * Returns 0, or -1 with err filled (bad config, out of memory); on error lay
  * holds nothing to free. The caller frees with nsaLayoutFree. */
 int nsaLayoutBuild(NsaLayout *lay, const NsaModelConfig *cfg, NsaError *err);
+/* The same with the buckets padded for `ranks` data-parallel ranks (1 to
+ * 4096; 1 is nsaLayoutBuild). */
+int nsaLayoutBuildRanks(NsaLayout *lay, const NsaModelConfig *cfg, int ranks, NsaError *err);
+
+/* This rank's part of a layout for data parallelism (ZeRO-1): slice `rank`
+ * of every bucket, and for each tensor the piece of it that lies in this
+ * rank's slices (at most one contiguous range per tensor, as a tensor lies
+ * in one bucket). The rank keeps the Adam moments of its slices only, in a
+ * shard arena of `total` elements: slice b at `local` onwards. With one
+ * rank the slices are the buckets, the pieces the whole tensors and every
+ * local offset equals the arena offset. */
+typedef struct NsaShardPiece {
+    int tensor;
+    size_t offset;    /* arena offset of the piece's first element */
+    size_t begin;     /* its index within the tensor */
+    size_t numel;
+    size_t local;     /* its offset in the shard arena */
+    int weight_decay;
+} NsaShardPiece;
+
+typedef struct NsaShardSlice {
+    size_t offset, count;  /* arena elements of this rank's slice of the bucket */
+    size_t local;          /* where the slice lives in the shard arena */
+} NsaShardSlice;
+
+typedef struct NsaShard {
+    int rank, ranks;
+    size_t total;            /* shard arena elements: the sum of the slices */
+    int n_slices;            /* one per bucket */
+    NsaShardSlice *slices;
+    int n_pieces;
+    NsaShardPiece *pieces;   /* in arena order */
+    int *tensor_piece;       /* [n_tensors]: index into pieces, or -1 */
+} NsaShard;
+
+/* Builds rank's shard of lay (built for lay->ranks ranks). Returns 0, or -1
+ * with err (bad rank, out of memory). Free with nsaShardFree. */
+int nsaShardBuild(NsaShard *sh, const NsaLayout *lay, int rank, NsaError *err);
+void nsaShardFree(NsaShard *sh);
 
 /* Frees what nsaLayoutBuild allocated and zeroes lay. Safe on a zeroed or
  * already freed layout. */

@@ -5,8 +5,17 @@
  * engine behind them - the CPU reference (kernels/cpu, F32 or F64 arenas) or,
  * when built with nvcc, the CUDA engine (kernels/cuda/cuda_engine.h), to
  * which every call of a CUDA model is forwarded unchanged. A CUDA model in a
- * build without the CUDA engine is an error, never a silent CPU run. */
+ * build without the CUDA engine is an error, never a silent CPU run.
+ *
+ * Data parallelism on the CPU engine (nsa.h): the layout's buckets are
+ * padded for the transport's world; the backward's bucket hook reduces
+ * each bucket (nsaModelBackwardReduce) or the optimizer step reduces them
+ * all first; the optimizer step sums every rank's loss and squared
+ * gradient norm in rank order, updates this rank's pieces (NsaShard) and
+ * all-gathers the weights bucket by bucket. A model alone is the same code
+ * with one rank and no transport. */
 #include "nsa.h"
+#include "nsa_comm.h"
 #include "nsa_layout.h"
 #include "cpu/cpu_model.h"
 #include "cpu/cpu_ops.h"
@@ -27,8 +36,16 @@
 struct NsaModel {
     NsaModelConfig cfg;
     NsaEngineOptions opt;
-    NsaLayout layout;
+    NsaLayout layout;    /* buckets padded for world ranks */
     NsaCpuModel cpu; /* device CPU */
+    /* data parallelism: comm NULL, rank 0, world 1 for a model alone */
+    NsaComm *comm;
+    int rank, world;
+    NsaShard shard;      /* this rank's slices and pieces */
+    int reduced;         /* this step's gradients are reduced (until ZeroGrad) */
+    int reduce_failed;   /* a bucket's reduction failed inside the backward */
+    NsaError reduce_err;
+    double *scalars;     /* [world][2]: every rank's loss and squared norm */
 #ifdef NSA_MODEL_CUDA
     NsaCudaModel *cuda; /* device CUDA */
 #endif
@@ -100,6 +117,18 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         return NULL;
     }
 #endif
+    if (opt->comm) {
+        const int nccl = nsaCommIsNccl(opt->comm);
+        if (opt->device == NSA_DEVICE_CUDA && !nccl) {
+            nsaErrorf(err, "nsa: a CUDA model needs an NCCL transport; got %s",
+                      nsaCommKind(opt->comm));
+            return NULL;
+        }
+        if (opt->device == NSA_DEVICE_CPU && nccl) {
+            nsaErrorf(err, "nsa: a CPU model needs a local or TCP transport; got nccl");
+            return NULL;
+        }
+    }
 
     NsaModel *m = calloc(1, sizeof(*m));
     if (!m) {
@@ -108,25 +137,33 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     }
     m->cfg = *cfg;
     m->opt = *opt;
-    if (nsaLayoutBuild(&m->layout, cfg, err)) {
-        free(m);
+    m->comm = opt->comm;
+    m->rank = nsaCommRank(opt->comm);
+    m->world = nsaCommWorld(opt->comm);
+    if (nsaLayoutBuildRanks(&m->layout, cfg, m->world, err) ||
+        nsaShardBuild(&m->shard, &m->layout, m->rank, err)) {
+        nsaModelFree(m);
         return NULL;
     }
 #ifdef NSA_MODEL_CUDA
     if (opt->device == NSA_DEVICE_CUDA) {
         m->cuda = nsaCudaModelCreate(cfg, opt, err);
         if (!m->cuda) {
-            nsaLayoutFree(&m->layout);
-            free(m);
+            nsaModelFree(m);
             return NULL;
         }
         return m;
     }
 #endif
+    m->scalars = calloc((size_t)m->world * 2, sizeof(double));
+    if (!m->scalars) {
+        nsaErrorf(err, "nsa: out of memory for the step's scalars (%d ranks)", m->world);
+        nsaModelFree(m);
+        return NULL;
+    }
     if (nsaCpuModelAlloc(&m->cpu, cfg, &m->layout, opt->precision == NSA_PREC_F64, opt->max_batch,
-                         opt->max_seq_len, opt->threads, err)) {
-        nsaLayoutFree(&m->layout);
-        free(m);
+                         opt->max_seq_len, opt->threads, m->shard.total, err)) {
+        nsaModelFree(m);
         return NULL;
     }
     return m;
@@ -138,7 +175,9 @@ void nsaModelFree(NsaModel *m) {
     if (m->cuda) nsaCudaModelFree(m->cuda);
 #endif
     nsaCpuModelRelease(&m->cpu);
+    nsaShardFree(&m->shard);
     nsaLayoutFree(&m->layout);
+    free(m->scalars);
     free(m);
 }
 
@@ -187,18 +226,36 @@ static int checkTensorArgs(NsaModel *m, NsaArena arena, int i, const void *buf, 
     return 0;
 }
 
+/* Where tensor i of an arena lives on the CPU engine: elements
+ * [*begin, *begin + *n) of the tensor at element `at` of the arena's host
+ * buffer. The moments hold this rank's piece only (n 0: none). */
+static void cpuTensorSpan(const NsaModel *m, NsaArena arena, int i, size_t *begin, size_t *n,
+                          size_t *at) {
+    const NsaTensorInfo *ti = &m->layout.entries[i].info;
+    *begin = 0;
+    *n = ti->numel;
+    *at = ti->offset;
+    if (arena == NSA_ARENA_ADAM_M || arena == NSA_ARENA_ADAM_V) {
+        const int p = m->shard.tensor_piece[i];
+        *n = p < 0 ? 0 : m->shard.pieces[p].numel;
+        *begin = p < 0 ? 0 : m->shard.pieces[p].begin;
+        *at = p < 0 ? 0 : m->shard.pieces[p].local;
+    }
+}
+
 int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
     if (checkTensorArgs(m, arena, i, dst, err)) return -1;
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelGetTensor(m->cuda, arena, i, dst, err);
 #endif
-    const NsaTensorInfo *ti = &m->layout.entries[i].info;
+    size_t begin, n, at;
+    cpuTensorSpan(m, arena, i, &begin, &n, &at);
     if (m->cpu.f64) {
-        const double *src = (const double *)cpuArena(m, arena) + ti->offset;
-        for (size_t j = 0; j < ti->numel; j++)
-            dst[j] = (float)src[j];
+        const double *src = (const double *)cpuArena(m, arena) + at;
+        for (size_t j = 0; j < n; j++)
+            dst[begin + j] = (float)src[j];
     } else {
-        memcpy(dst, (const float *)cpuArena(m, arena) + ti->offset, ti->numel * sizeof(float));
+        memcpy(dst + begin, (const float *)cpuArena(m, arena) + at, n * sizeof(float));
     }
     return 0;
 }
@@ -208,15 +265,88 @@ int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaE
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelSetTensor(m->cuda, arena, i, src, err);
 #endif
-    const NsaTensorInfo *ti = &m->layout.entries[i].info;
+    size_t begin, n, at;
+    cpuTensorSpan(m, arena, i, &begin, &n, &at);
     if (m->cpu.f64) {
-        double *dst = (double *)cpuArena(m, arena) + ti->offset;
-        for (size_t j = 0; j < ti->numel; j++)
-            dst[j] = src[j];
+        double *dst = (double *)cpuArena(m, arena) + at;
+        for (size_t j = 0; j < n; j++)
+            dst[j] = src[begin + j];
     } else {
-        memcpy((float *)cpuArena(m, arena) + ti->offset, src, ti->numel * sizeof(float));
+        memcpy((float *)cpuArena(m, arena) + at, src + begin, n * sizeof(float));
     }
     return 0;
+}
+
+int nsaModelTensorShard(const NsaModel *m, int i, size_t *begin, size_t *end, NsaError *err) {
+    if (!m || !begin || !end) return nsaErrorf(err, "nsa: nsaModelTensorShard needs a model and outputs");
+    if (i < 0 || i >= m->layout.n_tensors)
+        return nsaErrorf(err, "nsa: tensor index %d out of range; allowed: 0 to %d", i,
+                         m->layout.n_tensors - 1);
+    const int p = m->shard.tensor_piece[i];
+    *begin = p < 0 ? 0 : m->shard.pieces[p].begin;
+    *end = p < 0 ? 0 : m->shard.pieces[p].begin + m->shard.pieces[p].numel;
+    return 0;
+}
+
+/* Elements [*begin, *end) of tensor i that rank r holds moments for: the
+ * tensor's part of slice r of its bucket. */
+static void rankRange(const NsaModel *m, int i, int r, size_t *begin, size_t *end) {
+    const NsaLayout *lay = &m->layout;
+    const NsaTensorInfo *ti = &lay->entries[i].info;
+    *begin = *end = 0;
+    for (int b = 0; b < lay->n_buckets; b++) {
+        const NsaLayoutBucket *bk = &lay->buckets[b];
+        if (i < bk->first || i >= bk->end) continue;
+        const size_t count = bk->count / (size_t)m->world;
+        const size_t s_lo = bk->offset + (size_t)r * count, s_hi = s_lo + count;
+        const size_t t_lo = ti->offset, t_hi = ti->offset + ti->numel;
+        const size_t lo = t_lo > s_lo ? t_lo : s_lo, hi = t_hi < s_hi ? t_hi : s_hi;
+        if (lo < hi) {
+            *begin = lo - t_lo;
+            *end = hi - t_lo;
+        }
+        return;
+    }
+}
+
+int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    if (nsaModelGetTensor(m, arena, i, dst, err)) return -1;
+    if (!m->comm || (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)) return 0;
+    char what[96];
+    snprintf(what, sizeof what, "gather of %s.%s", arena == NSA_ARENA_ADAM_M ? "adam_m" : "adam_v",
+             m->layout.entries[i].name);
+    /* dst is host memory; NCCL needs device buffers, so the CUDA engine
+     * stages the pieces itself */
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelGatherPieces(m->cuda, i, dst, what, err);
+#endif
+    for (int r = 0; r < m->world; r++) {
+        size_t begin, end;
+        rankRange(m, i, r, &begin, &end);
+        if (end > begin &&
+            nsaCommBroadcast(m->comm, dst + begin, (end - begin) * sizeof(float), r, NULL, what, err))
+            return -1;
+    }
+    return 0;
+}
+
+int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int root,
+                            NsaError *err) {
+    if (checkTensorArgs(m, arena, i, buf, err)) return -1;
+    if (m->comm) {
+        char what[96];
+        snprintf(what, sizeof what, "broadcast of tensor %s (arena %d)", m->layout.entries[i].name,
+                 (int)arena);
+        const size_t bytes = m->layout.entries[i].info.numel * sizeof(float);
+#ifdef NSA_MODEL_CUDA
+        if (isCuda(m)) {
+            if (nsaCudaModelBroadcastHost(m->cuda, buf, bytes, root, what, err)) return -1;
+        } else
+#endif
+        if (nsaCommBroadcast(m->comm, buf, bytes, root, NULL, what, err))
+            return -1;
+    }
+    return nsaModelSetTensor(m, arena, i, buf, err);
 }
 
 NsaCpuModel *nsaModelCpuEngine(NsaModel *m) { return m && !isCuda(m) ? &m->cpu : NULL; }
@@ -230,10 +360,10 @@ void *nsaModelHostArena(NsaModel *m, NsaArena arena) {
 
 /* Zeroes gradients, moments and the step state of the CPU engine. */
 static void cpuResetState(NsaModel *m) {
-    const size_t bytes = m->layout.total * m->cpu.real_size;
-    memset(m->cpu.grads, 0, bytes);
-    memset(m->cpu.adam_m, 0, bytes);
-    memset(m->cpu.adam_v, 0, bytes);
+    memset(m->cpu.grads, 0, m->layout.total * m->cpu.real_size);
+    memset(m->cpu.adam_m, 0, m->cpu.state_elems * m->cpu.real_size);
+    memset(m->cpu.adam_v, 0, m->cpu.state_elems * m->cpu.real_size);
+    m->reduced = 0;
     m->loss_accum = 0.0;
     m->have_forward = 0;
     memset(&m->stats, 0, sizeof(m->stats));
@@ -268,6 +398,7 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
 
 int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
     if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    m->reduced = 0;
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelZeroGrad(m->cuda, err);
 #endif
@@ -333,26 +464,46 @@ int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, 
         mean = NAN;
         m->fault_nan_loss = 0;
     }
-    m->loss_accum += (double)grad_scale * mean;
-    m->backward_scale = (double)grad_scale / (double)count;
+    /* each rank's share of the mean over the whole batch (nsa.h) */
+    const double scale = (double)grad_scale / (double)m->world;
+    m->loss_accum += scale * mean;
+    m->backward_scale = scale / (double)count;
     m->have_forward = 1;
     return 0;
 }
 
-int nsaModelBackward(NsaModel *m, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelBackward(m->cuda, err);
-#endif
-    if (!m->have_forward)
-        return nsaErrorf(err, "nsa: Backward needs the activations of a Forward (each Forward "
-                               "serves one Backward; EvalLoss discards them)");
-    if (m->cpu.f64)
-        nsaCpuModelBackwardF64(&m->cpu, m->backward_scale);
-    else
-        nsaCpuModelBackwardF32(&m->cpu, m->backward_scale);
-    m->have_forward = 0;
-    if (m->fault_nan_grad) {
+/* What the CPU backward's bucket hook works with. */
+typedef struct BucketHookCtx {
+    NsaModel *m;
+    int reduce;
+} BucketHookCtx;
+
+static const char *bucketName(const NsaModel *m, int b, char *buf, size_t cap) {
+    if (b == NSA_BUCKET_EMBED) snprintf(buf, cap, "bucket %d (embedding)", b);
+    else if (b == NSA_BUCKET_HEAD(m->cfg.n_layers)) snprintf(buf, cap, "bucket %d (head)", b);
+    else snprintf(buf, cap, "bucket %d (layer %d)", b, b - NSA_BUCKET_LAYER(0));
+    return buf;
+}
+
+/* Reduce-scatters bucket b of the CPU gradient arena: slice `rank` then
+ * holds the sum over ranks. */
+static int cpuReduceBucket(NsaModel *m, int b, NsaError *err) {
+    const NsaLayoutBucket *bk = &m->layout.buckets[b];
+    char name[64], what[96];
+    snprintf(what, sizeof what, "reduce-scatter of %s", bucketName(m, b, name, sizeof name));
+    return nsaCommReduceScatter(m->comm, (char *)m->cpu.grads + bk->offset * m->cpu.real_size,
+                                bk->count / (size_t)m->world, m->cpu.f64, NULL, what, err);
+}
+
+/* A bucket's gradients are complete: the NaN fault lands in the head
+ * bucket before it can be reduced (so that it reaches whichever rank holds
+ * the element), then the bucket is reduced when this is the step's last
+ * backward. A failed reduction is kept for nsaModelBackwardReduce to
+ * return; the later buckets are not reduced. */
+static void cpuBucketReady(void *ctx, int b) {
+    BucketHookCtx *h = ctx;
+    NsaModel *m = h->m;
+    if (b == NSA_BUCKET_HEAD(m->cfg.n_layers) && m->fault_nan_grad) {
         /* the first element of the last tensor (lm_head): any one will do */
         size_t at = m->layout.entries[m->layout.n_tensors - 1].info.offset;
         if (m->cpu.f64)
@@ -361,8 +512,44 @@ int nsaModelBackward(NsaModel *m, NsaError *err) {
             ((float *)m->cpu.grads)[at] = NAN;
         m->fault_nan_grad = 0;
     }
+    if (!h->reduce || !m->comm || m->reduce_failed) return;
+    if (cpuReduceBucket(m, b, &m->reduce_err)) m->reduce_failed = 1;
+}
+
+static int backward(NsaModel *m, int reduce, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    if (m->reduced)
+        return nsaErrorf(err, "nsa: this step's gradients were already reduced by "
+                              "nsaModelBackwardReduce, which must be the step's last backward "
+                              "(nsaModelZeroGrad starts the next step)");
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) {
+        if (nsaCudaModelBackward(m->cuda, reduce, err)) return -1;
+        m->reduced = reduce;
+        return 0;
+    }
+#endif
+    if (!m->have_forward)
+        return nsaErrorf(err, "nsa: Backward needs the activations of a Forward (each Forward "
+                               "serves one Backward; EvalLoss discards them)");
+    BucketHookCtx hook = {m, reduce};
+    m->reduce_failed = 0;
+    if (m->cpu.f64)
+        nsaCpuModelBackwardF64(&m->cpu, m->backward_scale, cpuBucketReady, &hook);
+    else
+        nsaCpuModelBackwardF32(&m->cpu, m->backward_scale, cpuBucketReady, &hook);
+    m->have_forward = 0;
+    if (m->reduce_failed) {
+        if (err) *err = m->reduce_err;
+        return -1;
+    }
+    m->reduced = reduce;
     return 0;
 }
+
+int nsaModelBackward(NsaModel *m, NsaError *err) { return backward(m, 0, err); }
+
+int nsaModelBackwardReduce(NsaModel *m, NsaError *err) { return backward(m, 1, err); }
 
 int nsaModelForwardBackward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                             int S, float grad_scale, NsaError *err) {
@@ -399,19 +586,44 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
     if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
     if (checkOptim(oc, step, err)) return -1;
 #ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelOptimizerStep(m->cuda, oc, step, err);
+    if (isCuda(m)) {
+        /* the CUDA engine reduces what nsaModelBackwardReduce did not */
+        if (nsaCudaModelOptimizerStep(m->cuda, oc, step, err)) return -1;
+        m->reduced = 1;
+        return 0;
+    }
 #endif
     const NsaLayout *lay = &m->layout;
+    const NsaShard *sh = &m->shard;
     const int f64 = m->cpu.f64;
-    /* global norm in layout order: the same sum on every run */
+    if (m->comm && !m->reduced) /* in the backward's order */
+        for (int b = lay->n_buckets - 1; b >= 0; b--)
+            if (cpuReduceBucket(m, b, err)) return -1;
+    m->reduced = 1;
+    /* this rank's squared norm over its pieces in layout order (alone: every
+     * tensor), then every rank's figures added in rank order */
     double sum_sq = 0.0;
-    for (int i = 0; i < lay->n_tensors; i++) {
-        const NsaTensorInfo *ti = &lay->entries[i].info;
-        sum_sq += f64 ? nsaCpuSumSquaresF64((const double *)m->cpu.grads + ti->offset, ti->numel)
-                      : nsaCpuSumSquaresF32((const float *)m->cpu.grads + ti->offset, ti->numel);
+    for (int p = 0; p < sh->n_pieces; p++) {
+        const NsaShardPiece *pc = &sh->pieces[p];
+        sum_sq += f64 ? nsaCpuSumSquaresF64((const double *)m->cpu.grads + pc->offset, pc->numel)
+                      : nsaCpuSumSquaresF32((const float *)m->cpu.grads + pc->offset, pc->numel);
+    }
+    double loss = m->loss_accum;
+    if (m->comm) {
+        double *all = m->scalars;
+        all[2 * m->rank] = loss;
+        all[2 * m->rank + 1] = sum_sq;
+        if (nsaCommAllGather(m->comm, all, 2 * sizeof(double), NULL,
+                             "all-gather of the loss and gradient norm", err))
+            return -1;
+        loss = sum_sq = 0.0;
+        for (int r = 0; r < m->world; r++) {
+            loss += all[2 * r];
+            sum_sq += all[2 * r + 1];
+        }
     }
     NsaStepStats *st = &m->stats;
-    st->loss = m->loss_accum;
+    st->loss = loss;
     st->grad_norm = sqrt(sum_sq);
     st->nonfinite_loss = !isfinite(st->loss);
     st->nonfinite_grad = !isfinite(st->grad_norm);
@@ -422,19 +634,29 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
         oc->grad_clip > 0 && st->grad_norm > oc->grad_clip ? oc->grad_clip / st->grad_norm : 1.0;
     const double bc1 = 1.0 - pow(oc->beta1, (double)step);
     const double bc2 = 1.0 - pow(oc->beta2, (double)step);
-    for (int i = 0; i < lay->n_tensors; i++) {
-        const NsaTensorInfo *ti = &lay->entries[i].info;
-        const double wd = ti->weight_decay ? oc->weight_decay : 0.0;
+    for (int p = 0; p < sh->n_pieces; p++) {
+        const NsaShardPiece *pc = &sh->pieces[p];
+        const double wd = pc->weight_decay ? oc->weight_decay : 0.0;
         if (f64)
             nsaCpuAdamWF64(
-                (double *)m->cpu.params + ti->offset, (const double *)m->cpu.grads + ti->offset,
-                (double *)m->cpu.adam_m + ti->offset, (double *)m->cpu.adam_v + ti->offset,
-                ti->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
+                (double *)m->cpu.params + pc->offset, (const double *)m->cpu.grads + pc->offset,
+                (double *)m->cpu.adam_m + pc->local, (double *)m->cpu.adam_v + pc->local,
+                pc->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
         else
-            nsaCpuAdamWF32((float *)m->cpu.params + ti->offset,
-                           (const float *)m->cpu.grads + ti->offset,
-                           (float *)m->cpu.adam_m + ti->offset, (float *)m->cpu.adam_v + ti->offset,
-                           ti->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
+            nsaCpuAdamWF32((float *)m->cpu.params + pc->offset,
+                           (const float *)m->cpu.grads + pc->offset,
+                           (float *)m->cpu.adam_m + pc->local, (float *)m->cpu.adam_v + pc->local,
+                           pc->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
+    }
+    /* every rank's updated slices to every rank, in the forward's order */
+    for (int b = 0; m->comm && b < lay->n_buckets; b++) {
+        const NsaLayoutBucket *bk = &lay->buckets[b];
+        char name[64], what[96];
+        snprintf(what, sizeof what, "all-gather of the weights of %s",
+                 bucketName(m, b, name, sizeof name));
+        if (nsaCommAllGather(m->comm, (char *)m->cpu.params + bk->offset * m->cpu.real_size,
+                             bk->count / (size_t)m->world * m->cpu.real_size, NULL, what, err))
+            return -1;
     }
     st->applied = 1;
     return 0;
@@ -487,7 +709,7 @@ int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
     const size_t arena = m->layout.total * m->cpu.real_size;
     out->params = arena;
     out->grads = arena;
-    out->optimizer = 2 * arena;
+    out->optimizer = 2 * m->cpu.state_elems * m->cpu.real_size;
     out->activations = nsaCpuModelActivationBytes(&m->cpu);
     out->workspace = nsaCpuModelWorkspaceBytes(&m->cpu);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->workspace;

@@ -52,7 +52,9 @@ typedef struct NsaCpuModel {
     size_t real_size;           /* sizeof(real) */
     int max_batch, max_seq;
     int max_cmp_blocks;         /* nsaNumCmpBlocks at max_seq */
-    void *params, *grads, *adam_m, *adam_v;   /* layout->total elements each */
+    void *params, *grads;       /* layout->total elements each */
+    void *adam_m, *adam_v;      /* state_elems each: the rank's shard arena (nsa_layout.h) */
+    size_t state_elems;
     void *acts;                 /* saved activations (forward) */
     size_t acts_elems;
     void *scratch;              /* backward workspace + RoPE table */
@@ -73,11 +75,14 @@ typedef struct NsaCpuModel {
 
 /* Plans and allocates every buffer and starts threads-1 workers (threads
  * <= 1: none); linear layers split by rows/outputs and the attention ops by
- * sequence, so results are the same for any thread count. Returns 0, or -1 with err filled (out of
+ * sequence, so results are the same for any thread count. The Adam moments
+ * take state_elems elements each (layout->total alone; a data-parallel
+ * rank's shard arena otherwise). Returns 0, or -1 with err filled (out of
  * memory, sizes too large); on error nothing is left to free. Weights are
  * zero until someone writes them. */
 int nsaCpuModelAlloc(NsaCpuModel *cm, const NsaModelConfig *cfg, const NsaLayout *layout,
-                     int f64, int max_batch, int max_seq, int threads, NsaError *err);
+                     int f64, int max_batch, int max_seq, int threads, size_t state_elems,
+                     NsaError *err);
 /* Frees what nsaCpuModelAlloc allocated; safe to call twice. */
 void nsaCpuModelRelease(NsaCpuModel *cm);
 /* Bytes of the activation arena and of the backward workspace. */
@@ -93,10 +98,16 @@ int nsaCpuModelForwardF32(NsaCpuModel *cm, const int32_t *tokens, const int32_t 
 int nsaCpuModelForwardF64(NsaCpuModel *cm, const int32_t *tokens, const int32_t *targets, int B,
                           int S, double *loss_sum, size_t *count, NsaError *err);
 
+/* Called by the backward as soon as a gradient bucket (nsa_layout.h:
+ * NSA_BUCKET_HEAD, then each layer from the last, then NSA_BUCKET_EMBED)
+ * is complete: the data-parallel reduction starts there. */
+typedef void (*NsaCpuBucketHook)(void *ctx, int bucket);
+
 /* Backward of (scale * sum of per-token losses) from the activations of the
- * last forward; adds into the gradient arena. Cannot fail. */
-void nsaCpuModelBackwardF32(NsaCpuModel *cm, double scale);
-void nsaCpuModelBackwardF64(NsaCpuModel *cm, double scale);
+ * last forward; adds into the gradient arena and calls hook (when not NULL)
+ * for each bucket as it completes. Cannot fail. */
+void nsaCpuModelBackwardF32(NsaCpuModel *cm, double scale, NsaCpuBucketHook hook, void *ctx);
+void nsaCpuModelBackwardF64(NsaCpuModel *cm, double scale, NsaCpuBucketHook hook, void *ctx);
 
 /* The CPU engine behind a model (nsa_model.c), or NULL for a CUDA model.
  * For tests that look at saved activations (logits); not part of nsa.h. */

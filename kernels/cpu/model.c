@@ -265,7 +265,7 @@ int FN(nsaCpuModelForward)(NsaCpuModel *cm, const int32_t *tokens, const int32_t
 
 /* ---- backward --------------------------------------------------------------- */
 
-void FN(nsaCpuModelBackward)(NsaCpuModel *cm, double scale) {
+void FN(nsaCpuModelBackward)(NsaCpuModel *cm, double scale, NsaCpuBucketHook hook, void *ctx) {
     const NsaModelConfig *cfg = &cm->cfg;
     const NsaLayout *lay = cm->layout;
     real *params = (real *)cm->params, *grads = (real *)cm->grads;
@@ -290,6 +290,7 @@ void FN(nsaCpuModelBackward)(NsaCpuModel *cm, double scale) {
     zeroReal(dres, N * C);
     FN(nsaCpuRmsNormBackward)(dres, GRAD(lay->final_norm), dxn, ACT(cm->final_res),
                               PARAM(lay->final_norm), ACT(cm->final_rstd), N, C);
+    if (hook) hook(ctx, NSA_BUCKET_HEAD(L));
 
     for (int i = L - 1; i >= 0; i--) {
         const NsaCpuLayerActs *la = &cm->layer_acts[i];
@@ -369,8 +370,10 @@ void FN(nsaCpuModelBackward)(NsaCpuModel *cm, double scale) {
         linearBackward(cm, dxn, GRAD(li->w_gate), dgl, xn, PARAM(li->w_gate), N, C, 3 * H);
         FN(nsaCpuRmsNormBackward)(dres, GRAD(li->attn_norm), dxn, ACT(la->res),
                                   PARAM(li->attn_norm), ACT(la->attn_rstd), N, C);
+        if (hook) hook(ctx, NSA_BUCKET_LAYER(i));
     }
     FN(nsaCpuEmbedBackward)(GRAD(lay->tok_emb), dres, cm->tokens, N, C);
+    if (hook) hook(ctx, NSA_BUCKET_EMBED);
 #undef GRAD
 #undef SCR
 #undef PARAM

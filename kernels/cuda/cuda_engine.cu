@@ -381,6 +381,9 @@ static size_t planIds(size_t N, size_t max_chunks, int V, int32_t *base, BatchId
 
 static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
     if (!cfg || !opt) return cudaFail(err, "cuda: config and options are required (NULL given)");
+    if (opt->comm)
+        return cudaFail(err, "cuda: data-parallel training is not in this engine yet (opt->comm "
+                             "given); allowed: a model alone");
     if (nsaModelConfigValidate(cfg, err)) return -1;
     if (opt->precision != NSA_PREC_F32 && opt->precision != NSA_PREC_BF16 &&
         opt->precision != NSA_PREC_FP16)
@@ -1297,8 +1300,9 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
     return 0;
 }
 
-int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err) {
+int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    (void)reduce; /* a model alone has nothing to reduce */
     if (!m->have_forward)
         return cudaFail(err, "cuda: Backward needs the activations of a Forward (each Forward "
                              "serves one Backward; EvalLoss discards them)");
@@ -1412,3 +1416,14 @@ const char *nsaCudaModelAttentionPath(const NsaCudaModel *m) {
 }
 
 int nsaCudaModelUsesFastAttention(const NsaCudaModel *m) { return m ? m->mode.fast : 0; }
+
+int nsaCudaModelGatherPieces(NsaCudaModel *m, int i, float *dst, const char *what, NsaError *err) {
+    (void)m, (void)i, (void)dst;
+    return cudaFail(err, "cuda: %s: a model alone has no pieces to gather", what);
+}
+
+int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
+                              NsaError *err) {
+    (void)m, (void)buf, (void)bytes, (void)root;
+    return cudaFail(err, "cuda: %s: a model alone has no one to broadcast to", what);
+}

@@ -142,10 +142,20 @@ int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaE
 int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err);
 int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                         int S, float grad_scale, NsaError *err);
-int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err);
+int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err);
 int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
                               NsaError *err);
 int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err);
+
+/* Data parallelism (opt->comm, an NCCL transport): the pieces of tensor
+ * i's Adam moments that the other ranks hold, broadcast by each holder
+ * into dst (host, the whole tensor; this rank's own range is already in
+ * dst from GetTensor), and a broadcast of root's host buffer (bytes) into
+ * every rank's, through device staging. Collectives: every rank calls
+ * them alike. Synchronous, with the transport's deadline. */
+int nsaCudaModelGatherPieces(NsaCudaModel *m, int i, float *dst, const char *what, NsaError *err);
+int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
+                              NsaError *err);
 
 /* Forward only; synchronous; leaves gradients and the step's loss
  * accumulator untouched. */

@@ -49,7 +49,8 @@ class NsaModelConfig(C.Structure):
 
 class NsaEngineOptions(C.Structure):
     _fields_ = [(n, C.c_int) for n in ("device", "device_ordinal", "precision", "max_batch",
-                                       "max_seq_len", "threads", "recompute")]
+                                       "max_seq_len", "threads", "recompute")] + \
+               [("comm", C.c_void_p)]  # NULL: a model alone
 
 
 class NsaOptimConfig(C.Structure):
