@@ -4,8 +4,8 @@
 #   make test    install what is missing, build, run every CPU test
 #
 # Other targets: all (default build), deps, check-deps, gpu-test (GPU machine),
-# bench-attn, bench-train and bench-decode (GPU machine), fuzz (FUZZ_SECONDS per
-# harness), clean. `make V=1` shows the commands.
+# bench-attn, bench-train, bench-decode and bench-dp (GPU machine), fuzz
+# (FUZZ_SECONDS per harness), clean. `make V=1` shows the commands.
 #
 # The engine (kernels/ -> build/libnsa.{a,so}) needs libc and, when nvcc is
 # found, the CUDA toolkit only. The daemon and CLI add libyaml, libmicrohttpd,
@@ -81,7 +81,7 @@ $(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
 $(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
 CTL_LIBS    := -lcurl -lcjson
 
-.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode clean corpus fuzz
+.PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode bench-dp clean corpus fuzz
 all: $(BUILD)/libnsa.a $(BUILD)/libnsa.so $(BUILD)/nsad $(BUILD)/nsactl
 
 # ---- the two set-up commands ------------------------------------------------
@@ -201,6 +201,11 @@ bench-train:
 
 bench-decode:
 	$(Q)$(MAKE) --no-print-directory -C bench decode
+
+# Data-parallel tokens/s on 1 and N GPUs of this host (GPU machine, 2+ GPUs).
+bench-dp:
+	$(Q)$(MAKE) --no-print-directory -C tests/gpu all
+	$(Q)./tests/gpu/bench_dp.sh
 
 clean:
 	rm -rf $(BUILD)

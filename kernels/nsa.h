@@ -380,6 +380,20 @@ int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaErro
 int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int root,
                             NsaError *err);
 
+/* What the last optimizer step's communication cost this rank (after
+ * nsaModelStepStats). Times are device time on CUDA (events on the
+ * communication stream), wall time on the CPU transports (which do not
+ * overlap: exposed equals reduce there). A model alone: all zero. */
+typedef struct NsaCommStats {
+    double reduce_seconds;   /* the gradient reduce-scatters, summed */
+    double exposed_seconds;  /* what of them ran after the backward's compute had ended */
+    double gather_seconds;   /* the weights' all-gather (CUDA: the previous step's, the last one
+                                known to be complete) */
+    double overlap;          /* share of the reductions the backward hid: 1 - exposed/reduce */
+    double bytes_sent;       /* bytes this rank sends per step (reductions and all-gather) */
+} NsaCommStats;
+int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err);
+
 /* Fault injection for tests of the NaN guard: poisons the next
  * Forward's loss (NSA_FAULT_NAN_LOSS) or one gradient element
  * (NSA_FAULT_NAN_GRAD) with NaN. */

@@ -11,10 +11,28 @@
 #ifndef NSA_COMM_INTERNAL_H
 #define NSA_COMM_INTERNAL_H
 
-#include <pthread.h>
-#include <stdatomic.h>
 #include <stddef.h>
 #include "nsa.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* NCCL only (nsa_comm_nccl.c): waits for a CUDA event (cudaEvent_t) until
+ * it completes, polling the communicator's asynchronous error, the abort
+ * state and the deadline (c's timeout from now); past it the communicator
+ * is aborted and -1 returned with err naming what and the wait. comm NULL
+ * or not NCCL: a plain cudaEventSynchronize. */
+int nsaCommNcclWaitEvent(NsaComm *c, void *event, const char *what, NsaError *err);
+/* 1 when c is an NCCL handle. */
+int nsaCommIsNccl(const NsaComm *c);
+
+#ifdef __cplusplus
+}
+#else /* the transports' side, C only (C11 atomics) */
+
+#include <pthread.h>
+#include <stdatomic.h>
 
 typedef struct NsaCommOps {
     const char *kind;  /* "local", "tcp", "nccl" */
@@ -69,13 +87,5 @@ int nsaCommAbortedError(NsaComm *c, const char *what, NsaError *err);
 /* CLOCK_MONOTONIC seconds. */
 double nsaCommNow(void);
 
-/* NCCL only (nsa_comm_nccl.c): waits for a CUDA event (cudaEvent_t) until
- * it completes, polling the communicator's asynchronous error, the abort
- * state and the deadline (c's timeout from now); past it the communicator
- * is aborted and -1 returned with err naming what and the wait. comm NULL
- * or not NCCL: a plain cudaEventSynchronize. */
-int nsaCommNcclWaitEvent(NsaComm *c, void *event, const char *what, NsaError *err);
-/* 1 when c is an NCCL handle. */
-int nsaCommIsNccl(const NsaComm *c);
-
+#endif /* __cplusplus */
 #endif /* NSA_COMM_INTERNAL_H */

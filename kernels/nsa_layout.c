@@ -228,3 +228,21 @@ int nsaLayoutInitTensor(const NsaLayout *lay, int i, uint64_t seed, float *dst, 
     for (size_t j = 0; j < e->info.numel; j++) dst[j] = (float)(e->init_std * nsaRngNormal(&rng));
     return 0;
 }
+
+void nsaShardTensorRange(const NsaLayout *lay, int i, int rank, size_t *begin, size_t *end) {
+    *begin = *end = 0;
+    for (int b = 0; b < lay->n_buckets; b++) {
+        const NsaLayoutBucket *bk = &lay->buckets[b];
+        if (i < bk->first || i >= bk->end) continue;
+        const NsaTensorInfo *ti = &lay->entries[i].info;
+        const size_t count = bk->count / (size_t)lay->ranks;
+        const size_t s_lo = bk->offset + (size_t)rank * count, s_hi = s_lo + count;
+        const size_t t_lo = ti->offset, t_hi = ti->offset + ti->numel;
+        const size_t lo = t_lo > s_lo ? t_lo : s_lo, hi = t_hi < s_hi ? t_hi : s_hi;
+        if (lo < hi) {
+            *begin = lo - t_lo;
+            *end = hi - t_lo;
+        }
+        return;
+    }
+}

@@ -125,6 +125,10 @@ typedef struct NsaShard {
     int *tensor_piece;       /* [n_tensors]: index into pieces, or -1 */
 } NsaShard;
 
+/* Elements [*begin, *end) of tensor i whose moments rank r holds (within
+ * the tensor; begin == end: none), without building r's shard. */
+void nsaShardTensorRange(const NsaLayout *lay, int i, int rank, size_t *begin, size_t *end);
+
 /* Builds rank's shard of lay (built for lay->ranks ranks). Returns 0, or -1
  * with err (bad rank, out of memory). Free with nsaShardFree. */
 int nsaShardBuild(NsaShard *sh, const NsaLayout *lay, int rank, NsaError *err);

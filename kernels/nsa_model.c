@@ -46,6 +46,7 @@ struct NsaModel {
     int reduce_failed;   /* a bucket's reduction failed inside the backward */
     NsaError reduce_err;
     double *scalars;     /* [world][2]: every rank's loss and squared norm */
+    NsaCommStats comm_stats; /* this step's, CPU engine */
 #ifdef NSA_MODEL_CUDA
     NsaCudaModel *cuda; /* device CUDA */
 #endif
@@ -288,27 +289,6 @@ int nsaModelTensorShard(const NsaModel *m, int i, size_t *begin, size_t *end, Ns
     return 0;
 }
 
-/* Elements [*begin, *end) of tensor i that rank r holds moments for: the
- * tensor's part of slice r of its bucket. */
-static void rankRange(const NsaModel *m, int i, int r, size_t *begin, size_t *end) {
-    const NsaLayout *lay = &m->layout;
-    const NsaTensorInfo *ti = &lay->entries[i].info;
-    *begin = *end = 0;
-    for (int b = 0; b < lay->n_buckets; b++) {
-        const NsaLayoutBucket *bk = &lay->buckets[b];
-        if (i < bk->first || i >= bk->end) continue;
-        const size_t count = bk->count / (size_t)m->world;
-        const size_t s_lo = bk->offset + (size_t)r * count, s_hi = s_lo + count;
-        const size_t t_lo = ti->offset, t_hi = ti->offset + ti->numel;
-        const size_t lo = t_lo > s_lo ? t_lo : s_lo, hi = t_hi < s_hi ? t_hi : s_hi;
-        if (lo < hi) {
-            *begin = lo - t_lo;
-            *end = hi - t_lo;
-        }
-        return;
-    }
-}
-
 int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
     if (nsaModelGetTensor(m, arena, i, dst, err)) return -1;
     if (!m->comm || (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)) return 0;
@@ -318,11 +298,11 @@ int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaErro
     /* dst is host memory; NCCL needs device buffers, so the CUDA engine
      * stages the pieces itself */
 #ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelGatherPieces(m->cuda, i, dst, what, err);
+    if (isCuda(m)) return nsaCudaModelGatherPieces(m->cuda, arena, i, dst, what, err);
 #endif
     for (int r = 0; r < m->world; r++) {
         size_t begin, end;
-        rankRange(m, i, r, &begin, &end);
+        nsaShardTensorRange(&m->layout, i, r, &begin, &end);
         if (end > begin &&
             nsaCommBroadcast(m->comm, dst + begin, (end - begin) * sizeof(float), r, NULL, what, err))
             return -1;
@@ -399,6 +379,7 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
 int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
     if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
     m->reduced = 0;
+    m->comm_stats.reduce_seconds = m->comm_stats.gather_seconds = 0;
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) return nsaCudaModelZeroGrad(m->cuda, err);
 #endif
@@ -491,8 +472,11 @@ static int cpuReduceBucket(NsaModel *m, int b, NsaError *err) {
     const NsaLayoutBucket *bk = &m->layout.buckets[b];
     char name[64], what[96];
     snprintf(what, sizeof what, "reduce-scatter of %s", bucketName(m, b, name, sizeof name));
-    return nsaCommReduceScatter(m->comm, (char *)m->cpu.grads + bk->offset * m->cpu.real_size,
-                                bk->count / (size_t)m->world, m->cpu.f64, NULL, what, err);
+    const double t0 = nsaCommNow();
+    const int rc = nsaCommReduceScatter(m->comm, (char *)m->cpu.grads + bk->offset * m->cpu.real_size,
+                                        bk->count / (size_t)m->world, m->cpu.f64, NULL, what, err);
+    m->comm_stats.reduce_seconds += nsaCommNow() - t0;
+    return rc;
 }
 
 /* A bucket's gradients are complete: the NaN fault lands in the head
@@ -649,6 +633,7 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
                            pc->numel, oc->lr, oc->beta1, oc->beta2, oc->eps, wd, bc1, bc2, clip);
     }
     /* every rank's updated slices to every rank, in the forward's order */
+    const double t0 = nsaCommNow();
     for (int b = 0; m->comm && b < lay->n_buckets; b++) {
         const NsaLayoutBucket *bk = &lay->buckets[b];
         char name[64], what[96];
@@ -658,7 +643,24 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
                              bk->count / (size_t)m->world * m->cpu.real_size, NULL, what, err))
             return -1;
     }
+    m->comm_stats.gather_seconds = nsaCommNow() - t0;
     st->applied = 1;
+    return 0;
+}
+
+int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
+    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelCommStats needs a model and an output");
+    memset(out, 0, sizeof *out);
+    if (!m->comm) return 0;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelCommStats(m->cuda, out, err);
+#endif
+    *out = m->comm_stats;
+    /* the CPU transports do not overlap: every reduction is exposed */
+    out->exposed_seconds = out->reduce_seconds;
+    out->overlap = 0.0;
+    out->bytes_sent = 2.0 * (double)m->layout.total * (double)m->cpu.real_size *
+                      (double)(m->world - 1) / (double)m->world;
     return 0;
 }
 

@@ -7,7 +7,8 @@
  * 0 < clip < norm (else 1):
  *   m = b1 m + (1-b1) g';  v = b2 v + (1-b2) g'^2;
  *   p -= lr (m/bc1 / (sqrt(v/bc2) + eps) + wd p)   (decoupled decay, old p)
- * computed in double per element, stored fp32 (master weights, moments).
+ * computed in double per element, stored fp32 (master weights, moments;
+ * the moments at each range's state_offset, see OptimTensor).
  * In bf16/fp16 mode the same pass stores the new weight rounded to the
  * GEMMs' operand type into the weight copy, so it is always the rounding of
  * the current master (and stays untouched with it when the guard trips). */
@@ -40,6 +41,13 @@ __global__ void gradNormFinishKernel(OptimState *state, const double *partial, i
     }
 }
 
+int gradNormPartial(double *partial, const float *grads, size_t n, cudaStream_t stream,
+                    NsaError *err) {
+    gradNormPartialKernel<<<NORM_BLOCKS, 256, 0, stream>>>(partial, grads, n);
+    LAUNCH_CHECK("gradNormPartialKernel", err);
+    return 0;
+}
+
 int gradNorm(OptimState *state, double *partial, const float *grads, size_t n,
              cudaStream_t stream, NsaError *err) {
     gradNormPartialKernel<<<NORM_BLOCKS, 256, 0, stream>>>(partial, grads, n);
@@ -63,13 +71,13 @@ __global__ void adamwKernel(float *params, void *params_low, int low_type, const
     const double wd = ten.decay ? (double)weight_decay : 0.0;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < ten.numel;
          i += (size_t)gridDim.x * blockDim.x) {
-        const size_t at = ten.offset + i;
+        const size_t at = ten.offset + i, ms = ten.state_offset + i;
         const double g = (double)grads[at] * coef;
-        const double mi = (double)beta1 * m[at] + (1.0 - (double)beta1) * g;
-        const double vi = (double)beta2 * v[at] + (1.0 - (double)beta2) * g * g;
+        const double mi = (double)beta1 * m[ms] + (1.0 - (double)beta1) * g;
+        const double vi = (double)beta2 * v[ms] + (1.0 - (double)beta2) * g * g;
         const double update = (mi / bc1) / (sqrt(vi / bc2) + (double)eps);
-        m[at] = (float)mi;
-        v[at] = (float)vi;
+        m[ms] = (float)mi;
+        v[ms] = (float)vi;
         const float p = (float)((double)params[at] - (double)lr * (update + wd * (double)params[at]));
         params[at] = p;
         if (params_low) storeAs(params_low, at, low_type, p);

@@ -27,11 +27,28 @@
  * three k, the three v, the gate logits) are one GEMM: their weights are
  * consecutive in the layout, so they form one [width][C] matrix, and one
  * kernel (attn_inputs.cu) turns the [N][width] product into the op's
- * inputs; the backward mirrors it (one kernel, one dX and one dW GEMM). */
+ * inputs; the backward mirrors it (one kernel, one dX and one dW GEMM).
+ *
+ * Data parallelism (an NCCL transport in opt->comm; kernels/nsa.h says what
+ * it computes): a second, communication stream carries every NCCL call of
+ * the model. The backward records an event as each gradient bucket is
+ * complete and the communication stream, waiting on it, reduce-scatters
+ * the bucket while the compute stream goes on with the layers below
+ * (bucketReady). The optimizer step waits for the reductions, sums the
+ * norm over this rank's slices, all-gathers every rank's {loss, norm}
+ * (dp_optim.cu), runs AdamW over its pieces and hands the weights to the
+ * communication stream, which all-gathers them bucket by bucket (fp32,
+ * then rounds the other ranks' slices into the bf16/fp16 copy) and records
+ * an event per bucket; the next forward waits on a bucket's event only
+ * before the layer that reads it. Host waits of a data-parallel model go
+ * through nsaCommNcclWaitEvent (the transport's deadline; an overrun
+ * aborts the communicator), never a plain synchronise that a dead peer
+ * could block forever. */
 #include "cuda_engine.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include "../nsa_comm.h"
 #include "../nsa_layout.h"
 #include "attn_cuda.h"
 #include "cuda_common.cuh"
@@ -39,6 +56,7 @@
 #include "layers_cuda.h"
 
 #define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
+#define TRY(call) do { if ((call) != 0) return -1; } while (0)
 #define STAGING_SLOTS 2
 #define FP16_INITIAL_SCALE 65536.0f
 #define FP16_SCALE_WINDOW 1000
@@ -103,6 +121,35 @@ typedef struct EngineMode {
                       layer's forward again into one shared set of buffers */
 } EngineMode;
 
+/* The data-parallel part of a model (comm NULL: a model alone, world 1,
+ * and the shard is every tensor with the moments at their arena offsets). */
+typedef struct DpState {
+    NsaComm *comm;
+    int rank, world;
+    NsaShard shard;                  /* this rank's slices and pieces */
+    int n_ranges;                    /* its slices with neighbours merged (1 alone) */
+    size_t *range_offset, *range_count;
+    cudaStream_t stream;             /* communication stream */
+    int have_stream;
+    cudaEvent_t *bucket_ready;       /* [n_buckets] on the compute stream */
+    cudaEvent_t *weights_ready;      /* [n_buckets] on the communication stream */
+    cudaEvent_t to_comm, to_compute, sync; /* hand-overs between the streams, host waits */
+    double *partial;                 /* device [n_ranges][NORM_BLOCKS] */
+    double *scalars;                 /* device [world][2] */
+    float *staging;                  /* device, the largest tensor: gathers, broadcasts */
+    int reducing;                    /* the running backward reduces its buckets */
+    int reduced;                     /* this step's buckets are reduced (until ZeroGrad) */
+    /* timing (nsaCudaModelCommStats): each bucket's reduce-scatter on the
+     * communication stream, the backward's end on the compute stream, and
+     * the weights' all-gather in two sets used by turns (the set of the
+     * step before is complete when a step's figures are read) */
+    cudaEvent_t *t_begin, *t_end;    /* [n_buckets] */
+    cudaEvent_t t_backward_end;
+    cudaEvent_t t_gather[2][2];
+    int gather_turn, gather_recorded[2];
+    double last_gather_seconds;
+} DpState;
+
 struct NsaCudaModel {
     NsaModelConfig cfg;
     NsaEngineOptions opt;
@@ -127,8 +174,11 @@ struct NsaCudaModel {
     void *final_xn;                  /* op */
     Scratch sc;
     float *rope;                     /* [max_seq][dk/2][2] */
-    OptimTensor *tensors;            /* device [n_tensors] */
-    size_t max_numel;
+    OptimTensor *tensors;            /* device [n_optim]: the shard's pieces */
+    int n_optim;
+    size_t optim_max_numel;          /* the largest piece */
+    size_t max_numel;                /* the largest tensor */
+    DpState dp;
     OptimState *state;               /* device */
     OptimState *host_state;          /* pinned, filled after each step */
     double *eval_loss, *host_eval_loss;
@@ -381,9 +431,9 @@ static size_t planIds(size_t N, size_t max_chunks, int V, int32_t *base, BatchId
 
 static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
     if (!cfg || !opt) return cudaFail(err, "cuda: config and options are required (NULL given)");
-    if (opt->comm)
-        return cudaFail(err, "cuda: data-parallel training is not in this engine yet (opt->comm "
-                             "given); allowed: a model alone");
+    if (opt->comm && !nsaCommIsNccl(opt->comm))
+        return cudaFail(err, "cuda: the CUDA engine's data parallelism runs on NCCL; the "
+                             "transport given is %s", nsaCommKind(opt->comm));
     if (nsaModelConfigValidate(cfg, err)) return -1;
     if (opt->precision != NSA_PREC_F32 && opt->precision != NSA_PREC_BF16 &&
         opt->precision != NSA_PREC_FP16)
@@ -449,10 +499,13 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                               sizeof(plan->attention_path));
     e.recompute = opt->recompute;
     NsaLayout lay;
-    if (nsaLayoutBuild(&lay, cfg, err)) return -1;
+    const int world = nsaCommWorld(opt->comm);
+    if (nsaLayoutBuildRanks(&lay, cfg, world, err)) return -1;
     const size_t arena_bytes = lay.total * sizeof(float);
     const size_t low_bytes = e.low ? lay.total * dtypeBytes(e.op) : 0;
     const size_t optim_table = sizeof(OptimState) + (size_t)lay.n_tensors * sizeof(OptimTensor);
+    /* ZeRO-1: each rank holds the moments of 1/world of the arena */
+    const size_t state_bytes = lay.total / (size_t)world * sizeof(float);
     nsaLayoutFree(&lay);
     const int F = nsaLayoutMlpHidden(cfg);
     const int B = opt->max_batch, S = opt->max_seq_len;
@@ -460,7 +513,7 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     const size_t chunks = embeddingMaxChunks(N, cfg->vocab_size);
     plan->params = arena_bytes + low_bytes;
     plan->grads = arena_bytes;
-    plan->optimizer = 2 * arena_bytes;
+    plan->optimizer = 2 * state_bytes;
     plan->activations =
         planActivations(cfg, e, F, B, S, NULL, NULL, NULL, NULL, NULL, NULL) * sizeof(float);
     plan->activations_per_sequence =
@@ -500,10 +553,247 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     return 0;
 }
 
+/* ---- data parallelism ---------------------------------------------------- */
+
+static int allocDevice(void **p, size_t bytes, const char *what, NsaError *err);
+
+/* Elements of an arena: the moments hold this rank's shard only. */
+static size_t arenaElements(const NsaCudaModel *m, NsaArena arena) {
+    return arena == NSA_ARENA_ADAM_M || arena == NSA_ARENA_ADAM_V ? m->dp.shard.total
+                                                                  : m->lay.total;
+}
+
+/* Waits for an event on the host: plainly alone; with the transport's
+ * deadline (and abort) for a data-parallel model. */
+static int waitEvent(NsaCudaModel *m, cudaEvent_t ev, const char *what, NsaError *err) {
+    if (m->dp.comm) return nsaCommNcclWaitEvent(m->dp.comm, (void *)ev, what, err);
+    CUDA_CHECK(cudaEventSynchronize(ev), err);
+    return 0;
+}
+
+/* Waits for everything enqueued on the compute stream (see waitEvent).
+ * A data-parallel model also calls it before a copy between the device and
+ * pageable host memory: such a copy blocks the host until the stream's
+ * earlier work is done, and that work may wait for a dead peer. */
+static int syncStream(NsaCudaModel *m, const char *what, NsaError *err) {
+    if (!m->dp.comm) {
+        CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+        return 0;
+    }
+    CUDA_CHECK(cudaEventRecord(m->dp.sync, m->stream), err);
+    return waitEvent(m, m->dp.sync, what, err);
+}
+
+/* `to` waits (on the device) for what `from` has enqueued so far. */
+static int streamHop(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, NsaError *err) {
+    CUDA_CHECK(cudaEventRecord(ev, from), err);
+    CUDA_CHECK(cudaStreamWaitEvent(to, ev, 0), err);
+    return 0;
+}
+
+/* The compute stream waits for the all-gathered weights of bucket b (the
+ * last one: of every bucket, the communication stream being in order). */
+static int waitWeights(NsaCudaModel *m, int b, NsaError *err) {
+    if (m->dp.comm) CUDA_CHECK(cudaStreamWaitEvent(m->stream, m->dp.weights_ready[b], 0), err);
+    return 0;
+}
+
+static int waitAllWeights(NsaCudaModel *m, NsaError *err) {
+    return waitWeights(m, m->lay.n_buckets - 1, err);
+}
+
+static const char *bucketName(const NsaCudaModel *m, int b, char *buf, size_t cap) {
+    if (b == NSA_BUCKET_EMBED) snprintf(buf, cap, "bucket %d (embedding)", b);
+    else if (b == NSA_BUCKET_HEAD(m->cfg.n_layers)) snprintf(buf, cap, "bucket %d (head)", b);
+    else snprintf(buf, cap, "bucket %d (layer %d)", b, b - NSA_BUCKET_LAYER(0));
+    return buf;
+}
+
+/* Reduce-scatters bucket b of the gradients on the communication stream
+ * (which must already wait for the gradients). */
+static int dpReduceBucket(NsaCudaModel *m, int b, NsaError *err) {
+    const NsaLayoutBucket *bk = &m->lay.buckets[b];
+    char name[64], what[96];
+    snprintf(what, sizeof what, "reduce-scatter of %s", bucketName(m, b, name, sizeof name));
+    CUDA_CHECK(cudaEventRecord(m->dp.t_begin[b], m->dp.stream), err);
+    TRY(nsaCommReduceScatter(m->dp.comm, m->arena[NSA_ARENA_GRADS] + bk->offset,
+                             bk->count / (size_t)m->dp.world, 0, m->dp.stream, what, err));
+    CUDA_CHECK(cudaEventRecord(m->dp.t_end[b], m->dp.stream), err);
+    return 0;
+}
+
+/* Bucket b's gradients are complete on the compute stream. The NaN fault
+ * lands in the head's bucket first (so it reaches whichever rank holds the
+ * element); in a reducing backward the communication stream then
+ * reduce-scatters the bucket while the compute stream goes on. */
+static int bucketReady(NsaCudaModel *m, int b, NsaError *err) {
+    if (b == NSA_BUCKET_HEAD(m->cfg.n_layers) && m->fault_nan_grad) {
+        const NsaTensorInfo *last = &m->lay.entries[m->lay.n_tensors - 1].info;
+        TRY(poisonFloat(m->arena[NSA_ARENA_GRADS] + last->offset, m->stream, err));
+        m->fault_nan_grad = 0;
+    }
+    if (!m->dp.comm || !m->dp.reducing) return 0;
+    if (b == NSA_BUCKET_EMBED) CUDA_CHECK(cudaEventRecord(m->dp.t_backward_end, m->stream), err);
+    TRY(streamHop(m->stream, m->dp.stream, m->dp.bucket_ready[b], err));
+    return dpReduceBucket(m, b, err);
+}
+
+/* The step's global loss and gradient norm into m->state: this rank's sum
+ * of squares over its slices, every rank's pair all-gathered on the
+ * communication stream, then added in rank order (the same on all). */
+static int dpGlobalScalars(NsaCudaModel *m, NsaError *err) {
+    DpState *dp = &m->dp;
+    for (int k = 0; k < dp->n_ranges; k++)
+        TRY(gradNormPartial(dp->partial + (size_t)k * NORM_BLOCKS,
+                            m->arena[NSA_ARENA_GRADS] + dp->range_offset[k], dp->range_count[k],
+                            m->stream, err));
+    TRY(dpLocalScalars(dp->scalars, dp->rank, m->state, dp->partial, dp->n_ranges * NORM_BLOCKS,
+                       m->stream, err));
+    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+    TRY(nsaCommAllGather(dp->comm, dp->scalars, 2 * sizeof(double), dp->stream,
+                         "all-gather of the loss and gradient norm", err));
+    TRY(streamHop(dp->stream, m->stream, dp->to_compute, err));
+    return dpGlobalNorm(m->state, dp->scalars, dp->world, m->stream, err);
+}
+
+/* After AdamW (on the compute stream): every rank's slices of the fp32
+ * weights to every rank, bucket by bucket in the forward's order, the other
+ * ranks' slices rounded into the GEMMs' weight copy, and an event per
+ * bucket for the next forward to wait on. */
+static int dpGatherWeights(NsaCudaModel *m, NsaError *err) {
+    DpState *dp = &m->dp;
+    const int turn = dp->gather_turn;
+    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+    CUDA_CHECK(cudaEventRecord(dp->t_gather[turn][0], dp->stream), err);
+    for (int b = 0; b < m->lay.n_buckets; b++) {
+        const NsaLayoutBucket *bk = &m->lay.buckets[b];
+        const NsaShardSlice *own = &dp->shard.slices[b];
+        char name[64], what[96];
+        snprintf(what, sizeof what, "all-gather of the weights of %s",
+                 bucketName(m, b, name, sizeof name));
+        TRY(nsaCommAllGather(dp->comm, m->arena[NSA_ARENA_PARAMS] + bk->offset,
+                             own->count * sizeof(float), dp->stream, what, err));
+        if (m->weights_low) {
+            /* [bucket start, own slice) and [own slice end, bucket end) */
+            const size_t lo[2] = {bk->offset, own->offset + own->count};
+            const size_t hi[2] = {own->offset, bk->offset + bk->count};
+            for (int k = 0; k < 2; k++)
+                if (hi[k] > lo[k])
+                    TRY(convertTensor((char *)m->weights_low + lo[k] * dtypeBytes(m->mode.op),
+                                      m->mode.op, m->arena[NSA_ARENA_PARAMS] + lo[k], DTYPE_F32,
+                                      hi[k] - lo[k], dp->stream, err));
+        }
+        CUDA_CHECK(cudaEventRecord(dp->weights_ready[b], dp->stream), err);
+    }
+    CUDA_CHECK(cudaEventRecord(dp->t_gather[turn][1], dp->stream), err);
+    dp->gather_recorded[turn] = 1;
+    dp->gather_turn = turn ^ 1;
+    return 0;
+}
+
+/* Device bytes of the data-parallel buffers (0 alone). */
+static size_t dpBytes(const NsaCudaModel *m) {
+    if (!m->dp.comm) return 0;
+    return (size_t)m->dp.n_ranges * NORM_BLOCKS * sizeof(double) +
+           (size_t)m->dp.world * 2 * sizeof(double) + m->max_numel * sizeof(float);
+}
+
+/* The communication stream, events, slice ranges and buffers. Alone:
+ * nothing. */
+static int dpCreate(NsaCudaModel *m, NsaError *err) {
+    DpState *dp = &m->dp;
+    if (!dp->comm) return 0;
+    const NsaShard *sh = &dp->shard;
+    const int nb = m->lay.n_buckets;
+    dp->range_offset = (size_t *)calloc((size_t)sh->n_slices, sizeof(size_t));
+    dp->range_count = (size_t *)calloc((size_t)sh->n_slices, sizeof(size_t));
+    dp->bucket_ready = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
+    dp->weights_ready = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
+    dp->t_begin = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
+    dp->t_end = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
+    if (!dp->range_offset || !dp->range_count || !dp->bucket_ready || !dp->weights_ready ||
+        !dp->t_begin || !dp->t_end)
+        return cudaFail(err, "cuda: out of host memory for the data-parallel tables");
+    /* neighbouring slices merge (alone: one range, the whole arena, so the
+     * norm's partial sums are gradNorm's own) */
+    for (int b = 0; b < sh->n_slices; b++) {
+        const NsaShardSlice *sl = &sh->slices[b];
+        if (dp->n_ranges > 0 &&
+            dp->range_offset[dp->n_ranges - 1] + dp->range_count[dp->n_ranges - 1] == sl->offset)
+            dp->range_count[dp->n_ranges - 1] += sl->count;
+        else {
+            dp->range_offset[dp->n_ranges] = sl->offset;
+            dp->range_count[dp->n_ranges++] = sl->count;
+        }
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&dp->stream, cudaStreamNonBlocking), err);
+    dp->have_stream = 1;
+    for (int b = 0; b < nb; b++) {
+        CUDA_CHECK(cudaEventCreateWithFlags(&dp->bucket_ready[b], cudaEventDisableTiming), err);
+        CUDA_CHECK(cudaEventCreateWithFlags(&dp->weights_ready[b], cudaEventDisableTiming), err);
+        CUDA_CHECK(cudaEventCreate(&dp->t_begin[b]), err);
+        CUDA_CHECK(cudaEventCreate(&dp->t_end[b]), err);
+    }
+    CUDA_CHECK(cudaEventCreate(&dp->t_backward_end), err);
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 2; e++) CUDA_CHECK(cudaEventCreate(&dp->t_gather[k][e]), err);
+    CUDA_CHECK(cudaEventCreateWithFlags(&dp->to_comm, cudaEventDisableTiming), err);
+    CUDA_CHECK(cudaEventCreateWithFlags(&dp->to_compute, cudaEventDisableTiming), err);
+    CUDA_CHECK(cudaEventCreateWithFlags(&dp->sync, cudaEventDisableTiming), err);
+    if (allocDevice((void **)&dp->partial,
+                    (size_t)dp->n_ranges * NORM_BLOCKS * sizeof(double), "norm partials", err) ||
+        allocDevice((void **)&dp->scalars, (size_t)dp->world * 2 * sizeof(double),
+                    "the ranks' loss and norm", err) ||
+        allocDevice((void **)&dp->staging, m->max_numel * sizeof(float), "gather staging", err))
+        return -1;
+    return 0;
+}
+
+/* Waits for both streams (deadline-bound: a dead peer aborts the
+ * communicator, which releases its kernels), then frees. */
+static void dpFree(NsaCudaModel *m) {
+    DpState *dp = &m->dp;
+    if (dp->comm && dp->have_stream && dp->sync) {
+        NsaError ignored;
+        if (m->have_stream && cudaEventRecord(dp->sync, m->stream) == cudaSuccess)
+            waitEvent(m, dp->sync, "free (compute stream)", &ignored);
+        if (cudaEventRecord(dp->sync, dp->stream) == cudaSuccess)
+            waitEvent(m, dp->sync, "free (communication stream)", &ignored);
+    }
+    for (int b = 0; b < m->lay.n_buckets; b++) {
+        if (dp->bucket_ready && dp->bucket_ready[b]) cudaEventDestroy(dp->bucket_ready[b]);
+        if (dp->weights_ready && dp->weights_ready[b]) cudaEventDestroy(dp->weights_ready[b]);
+        if (dp->t_begin && dp->t_begin[b]) cudaEventDestroy(dp->t_begin[b]);
+        if (dp->t_end && dp->t_end[b]) cudaEventDestroy(dp->t_end[b]);
+    }
+    if (dp->t_backward_end) cudaEventDestroy(dp->t_backward_end);
+    for (int k = 0; k < 2; k++)
+        for (int e = 0; e < 2; e++)
+            if (dp->t_gather[k][e]) cudaEventDestroy(dp->t_gather[k][e]);
+    free(dp->t_begin);
+    free(dp->t_end);
+    if (dp->to_comm) cudaEventDestroy(dp->to_comm);
+    if (dp->to_compute) cudaEventDestroy(dp->to_compute);
+    if (dp->sync) cudaEventDestroy(dp->sync);
+    if (dp->have_stream) cudaStreamDestroy(dp->stream);
+    cudaFree(dp->partial);
+    cudaFree(dp->scalars);
+    cudaFree(dp->staging);
+    free(dp->bucket_ready);
+    free(dp->weights_ready);
+    free(dp->range_offset);
+    free(dp->range_count);
+    nsaShardFree(&dp->shard);
+    memset(dp, 0, sizeof(*dp));
+}
+
 /* ---- create / free ------------------------------------------------------ */
+
+static void dpFree(NsaCudaModel *m);
 
 void nsaCudaModelFree(NsaCudaModel *m) {
     if (!m) return;
+    dpFree(m); /* waits for both streams (within the deadline) first */
     if (m->have_stream) cudaStreamSynchronize(m->stream);
     gemmContextDestroy(&m->gemm);
     if (m->attn_plans)
@@ -598,7 +888,12 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     const int B = m->opt.max_batch, S = m->opt.max_seq_len;
     const size_t N = (size_t)B * S;
     CUDA_CHECK(cudaSetDevice(m->opt.device_ordinal), err);
-    if (nsaLayoutBuild(&m->lay, c, err)) return -1;
+    m->dp.comm = m->opt.comm;
+    m->dp.rank = nsaCommRank(m->dp.comm);
+    m->dp.world = nsaCommWorld(m->dp.comm);
+    if (nsaLayoutBuildRanks(&m->lay, c, m->dp.world, err) ||
+        nsaShardBuild(&m->dp.shard, &m->lay, m->dp.rank, err))
+        return -1;
     if (m->mode.fast && checkFusedProjections(&m->lay, c, err)) return -1;
     m->F = nsaLayoutMlpHidden(c);
     m->max_tokens = (int)N;
@@ -614,8 +909,9 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     /* zeroed once: the layout's padding stays zero in every arena and in the
      * weight copy (the fused projection's GEMMs read the padding rows) */
     for (int a = 0; a < 4; a++) {
-        if (allocDevice((void **)&m->arena[a], arena_bytes, arena_names[a], err)) return -1;
-        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, arena_bytes, m->stream), err);
+        const size_t bytes = arenaElements(m, (NsaArena)a) * sizeof(float);
+        if (allocDevice((void **)&m->arena[a], bytes, arena_names[a], err)) return -1;
+        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
     }
     m->bytes_params = arena_bytes;
     if (m->mode.low) {
@@ -625,7 +921,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
         m->bytes_params += low_bytes;
     }
     m->bytes_grads = arena_bytes;
-    m->bytes_optimizer = 2 * arena_bytes;
+    m->bytes_optimizer = 2 * m->dp.shard.total * sizeof(float);
 
     m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
     if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
@@ -678,25 +974,31 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     free(rope_host);
     CUDA_CHECK(ce, err);
 
-    /* optimizer tensor table */
-    OptimTensor *table = (OptimTensor *)calloc((size_t)m->lay.n_tensors, sizeof(OptimTensor));
+    /* optimizer table: the shard's pieces (alone: every tensor, its
+     * moments at its own offset) */
+    const NsaShard *sh = &m->dp.shard;
+    m->n_optim = sh->n_pieces;
+    OptimTensor *table = (OptimTensor *)calloc((size_t)sh->n_pieces + 1, sizeof(OptimTensor));
     if (!table) return cudaFail(err, "cuda: out of host memory for the tensor table");
-    for (int i = 0; i < m->lay.n_tensors; i++) {
-        const NsaTensorInfo *ti = &m->lay.entries[i].info;
-        table[i].offset = ti->offset;
-        table[i].numel = ti->numel;
-        table[i].decay = ti->weight_decay;
-        if (ti->numel > m->max_numel) m->max_numel = ti->numel;
+    for (int p = 0; p < sh->n_pieces; p++) {
+        table[p].offset = sh->pieces[p].offset;
+        table[p].numel = sh->pieces[p].numel;
+        table[p].state_offset = sh->pieces[p].local;
+        table[p].decay = sh->pieces[p].weight_decay;
+        if (sh->pieces[p].numel > m->optim_max_numel) m->optim_max_numel = sh->pieces[p].numel;
     }
-    if (allocDevice((void **)&m->tensors, (size_t)m->lay.n_tensors * sizeof(OptimTensor),
+    for (int i = 0; i < m->lay.n_tensors; i++)
+        if (m->lay.entries[i].info.numel > m->max_numel) m->max_numel = m->lay.entries[i].info.numel;
+    if (allocDevice((void **)&m->tensors, ((size_t)sh->n_pieces + 1) * sizeof(OptimTensor),
                     "the tensor table", err)) {
         free(table);
         return -1;
     }
-    ce = cudaMemcpy(m->tensors, table, (size_t)m->lay.n_tensors * sizeof(OptimTensor),
+    ce = cudaMemcpy(m->tensors, table, (size_t)sh->n_pieces * sizeof(OptimTensor),
                     cudaMemcpyHostToDevice);
     free(table);
     CUDA_CHECK(ce, err);
+    if (dpCreate(m, err)) return -1;
 
     if (allocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
         allocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
@@ -719,7 +1021,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
     m->bytes_workspace = m->scratch_floats * sizeof(float) + GEMM_WORKSPACE_BYTES + plan_bytes +
                          m->ids_ints * sizeof(int32_t) + sizeof(OptimState) +
-                         (size_t)m->lay.n_tensors * sizeof(OptimTensor);
+                         (size_t)m->n_optim * sizeof(OptimTensor) + dpBytes(m);
     trackPeak(m);
     return 0;
 }
@@ -751,17 +1053,18 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
 
 int nsaCudaModelResetState(NsaCudaModel *m, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
-    const size_t bytes = m->lay.total * sizeof(float);
     for (int a = NSA_ARENA_GRADS; a <= NSA_ARENA_ADAM_V; a++)
-        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
+        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, arenaElements(m, (NsaArena)a) * sizeof(float),
+                                   m->stream), err);
     OptimState st;
     memset(&st, 0, sizeof(st));
     st.loss_scale = m->opt.precision == NSA_PREC_FP16 ? FP16_INITIAL_SCALE : 1.0f;
     *m->host_state = st;
     CUDA_CHECK(cudaMemcpyAsync(m->state, m->host_state, sizeof(st), cudaMemcpyHostToDevice,
                                m->stream), err);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    if (syncStream(m, "reset", err)) return -1;
     memset(m->host_state, 0, sizeof(OptimState));
+    m->dp.reduced = 0;
     m->have_forward = 0;
     m->step_recorded = 0;
     m->fault_nan_loss = m->fault_nan_grad = 0;
@@ -806,19 +1109,21 @@ static int currentLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
         *scale = 1.0f;
         return 0;
     }
+    if (m->dp.comm && syncStream(m, "reading the loss scale", err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(scale, &m->state->loss_scale, sizeof(float), cudaMemcpyDeviceToHost,
                                m->stream), err);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
-    return 0;
+    return syncStream(m, "reading the loss scale", err);
 }
 
 static int copyOut(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, float *dst,
                    NsaError *err) {
     if (checkArena(arena, err)) return -1;
     if (!dst) return cudaFail(err, "cuda: destination is NULL");
+    if (waitAllWeights(m, err)) return -1;
+    if (m->dp.comm && syncStream(m, "reading a tensor", err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(dst, m->arena[arena] + offset, n * sizeof(float),
                                cudaMemcpyDeviceToHost, m->stream), err);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    if (syncStream(m, "reading a tensor", err)) return -1;
     if (arena == NSA_ARENA_GRADS) {
         float scale;
         if (currentLossScale(m, &scale, err)) return -1;
@@ -835,6 +1140,8 @@ static int copyIn(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, cons
     if (arena == NSA_ARENA_GRADS && m->opt.precision == NSA_PREC_FP16)
         return cudaFail(err, "cuda: setting gradients is not supported in fp16 mode (they carry "
                              "the loss scale); allowed arenas: params, adam_m, adam_v");
+    if (waitAllWeights(m, err)) return -1;
+    if (m->dp.comm && syncStream(m, "writing a tensor", err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(m->arena[arena] + offset, src, n * sizeof(float),
                                cudaMemcpyHostToDevice, m->stream), err);
     /* the GEMMs' weight copy follows every change of the master weights */
@@ -842,15 +1149,33 @@ static int copyIn(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, cons
         convertTensor((char *)m->weights_low + offset * dtypeBytes(m->mode.op), m->mode.op,
                       m->arena[arena] + offset, DTYPE_F32, n, m->stream, err))
         return -1;
-    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
-    return 0;
+    return syncStream(m, "writing a tensor", err);
+}
+
+/* Where tensor i of an arena lives: elements [*begin, *begin + *n) of the
+ * tensor at *at of the arena (the moments: this rank's piece; n 0 none). */
+static void tensorSpan(const NsaCudaModel *m, NsaArena arena, int i, size_t *begin, size_t *n,
+                       size_t *at) {
+    const NsaTensorInfo *ti = &m->lay.entries[i].info;
+    *begin = 0;
+    *n = ti->numel;
+    *at = ti->offset;
+    if (arena == NSA_ARENA_ADAM_M || arena == NSA_ARENA_ADAM_V) {
+        const int p = m->dp.shard.tensor_piece[i];
+        *begin = p < 0 ? 0 : m->dp.shard.pieces[p].begin;
+        *n = p < 0 ? 0 : m->dp.shard.pieces[p].numel;
+        *at = p < 0 ? 0 : m->dp.shard.pieces[p].local;
+    }
 }
 
 int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
     const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
     if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
                              nsaCudaModelNumTensors(m) - 1);
-    return copyOut(m, arena, ti->offset, ti->numel, dst, err);
+    if (checkArena(arena, err)) return -1;
+    size_t begin, n, at;
+    tensorSpan(m, arena, i, &begin, &n, &at);
+    return n ? copyOut(m, arena, at, n, dst ? dst + begin : NULL, err) : 0;
 }
 
 int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *src,
@@ -858,23 +1183,29 @@ int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *s
     const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
     if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
                              nsaCudaModelNumTensors(m) - 1);
-    return copyIn(m, arena, ti->offset, ti->numel, src, err);
+    if (checkArena(arena, err)) return -1;
+    size_t begin, n, at;
+    tensorSpan(m, arena, i, &begin, &n, &at);
+    return n ? copyIn(m, arena, at, n, src ? src + begin : NULL, err) : 0;
 }
 
 int nsaCudaModelGetArena(NsaCudaModel *m, NsaArena arena, float *dst, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
-    return copyOut(m, arena, 0, m->lay.total, dst, err);
+    if (checkArena(arena, err)) return -1;
+    return copyOut(m, arena, 0, arenaElements(m, arena), dst, err);
 }
 
 int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
-    return copyIn(m, arena, 0, m->lay.total, src, err);
+    if (checkArena(arena, err)) return -1;
+    return copyIn(m, arena, 0, arenaElements(m, arena), src, err);
 }
 
 /* ---- the step ------------------------------------------------------------ */
 
 int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    m->dp.reduced = 0;
     CUDA_CHECK(cudaMemsetAsync(m->arena[NSA_ARENA_GRADS], 0, m->lay.total * sizeof(float),
                                m->stream), err);
     CUDA_CHECK(cudaMemsetAsync(&m->state->loss, 0, sizeof(double), m->stream), err);
@@ -916,7 +1247,7 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
                        NsaError *err) {
     const int slot = m->next_slot;
     m->next_slot = (slot + 1) % STAGING_SLOTS;
-    if (m->staged_used[slot]) CUDA_CHECK(cudaEventSynchronize(m->staged[slot]), err);
+    if (m->staged_used[slot] && waitEvent(m, m->staged[slot], "token staging", err)) return -1;
     int32_t *host = m->staging[slot];
     BatchIds h;
     planIds((size_t)m->max_tokens, m->max_chunks, m->cfg.vocab_size, host, &h);
@@ -935,7 +1266,6 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
 
 #define P(idx) (m->arena[NSA_ARENA_PARAMS] + m->lay.entries[(idx)].info.offset)
 #define GR(idx) (m->arena[NSA_ARENA_GRADS] + m->lay.entries[(idx)].info.offset)
-#define TRY(call) do { if ((call) != 0) return -1; } while (0)
 
 /* The fast attention plan that holds layer's forward state. */
 static NsaAttnCudaPlan *attnPlan(const NsaCudaModel *m, int layer) {
@@ -1090,9 +1420,14 @@ static int forwardPass(NsaCudaModel *m, int B, int S, int want_grad, float grad_
     const NsaAttnDims dims = attnDimsFor(&m->cfg, B, S);
     cudaStream_t st = m->stream;
 
+    TRY(waitWeights(m, NSA_BUCKET_EMBED, err));
     TRY(embeddingForward(m->layers[0].res, P(m->lay.tok_emb), m->ids.tokens, (size_t)N, C, st,
                          err));
-    for (int i = 0; i < L; i++) TRY(layerForward(m, i, &dims, 1, err));
+    for (int i = 0; i < L; i++) {
+        TRY(waitWeights(m, NSA_BUCKET_LAYER(i), err));
+        TRY(layerForward(m, i, &dims, 1, err));
+    }
+    TRY(waitWeights(m, NSA_BUCKET_HEAD(L), err));
     TRY(rmsnormForwardTo(m->final_xn, op, m->final_rstd, m->final_res, P(m->lay.final_norm),
                          (size_t)N, C, c->norm_eps, st, err));
     TRY(linearForward(&m->gemm, st, m->logits, m->final_xn, W(m->lay.lm_head), N, C, V, 0.0f,
@@ -1233,6 +1568,7 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
     TRY(rmsnormBackwardTo(sc->dres, dres_copy, op, GR(lay->final_norm), sc->rms_partial, sc->dxn,
                           m->final_res, P(lay->final_norm), m->final_rstd, (size_t)N, C, st,
                           err));
+    TRY(bucketReady(m, NSA_BUCKET_HEAD(L), err));
 
     for (int i = L - 1; i >= 0; i--) {
         const LayerActs *a = &m->layers[i];
@@ -1271,10 +1607,12 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
         TRY(rmsnormBackwardTo(sc->dres, i > 0 ? dres_copy : NULL, op, GR(li->attn_norm),
                               sc->rms_partial, sc->dxn, a->res, P(li->attn_norm), a->rstd,
                               (size_t)N, C, st, err));
+        TRY(bucketReady(m, NSA_BUCKET_LAYER(i), err));
     }
     EmbedPlan plan = {m->ids.order, m->ids.chunk_start, m->ids.chunk_token, m->ids.token_chunk,
                       m->plan_chunks};
     TRY(embeddingBackward(GR(lay->tok_emb), sc->emb_partial, sc->dres, &plan, V, C, st, err));
+    TRY(bucketReady(m, NSA_BUCKET_EMBED, err));
     return 0;
 }
 
@@ -1288,10 +1626,12 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
     m->have_forward = 0;
     const size_t N = (size_t)B * S;
     if (uploadBatch(m, tokens, targets, N, err)) return -1;
-    const float factor = (float)((double)grad_scale / (double)count);
+    /* each rank's share of the mean over the whole batch (nsa.h) */
+    const double scale = (double)grad_scale / (double)m->dp.world;
+    const float factor = (float)(scale / (double)count);
     if (forwardPass(m, B, S, 1, factor, err)) return -1;
-    TRY(crossEntropyReduce(&m->state->loss, m->sc.row_loss, N,
-                           (double)grad_scale / (double)count, m->fault_nan_loss, m->stream, err));
+    TRY(crossEntropyReduce(&m->state->loss, m->sc.row_loss, N, scale / (double)count,
+                           m->fault_nan_loss, m->stream, err));
     m->fault_nan_loss = 0;
     m->B = B;
     m->S = S;
@@ -1302,18 +1642,18 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
 
 int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
-    (void)reduce; /* a model alone has nothing to reduce */
     if (!m->have_forward)
         return cudaFail(err, "cuda: Backward needs the activations of a Forward (each Forward "
                              "serves one Backward; EvalLoss discards them)");
+    if (m->dp.reduced)
+        return cudaFail(err, "cuda: this step's gradients were already reduced; the reducing "
+                             "backward must be the step's last");
     m->have_forward = 0;
-    if (backwardPass(m, err)) return -1;
-    if (m->fault_nan_grad) {
-        const NsaTensorInfo *last = &m->lay.entries[m->lay.n_tensors - 1].info;
-        TRY(poisonFloat(m->arena[NSA_ARENA_GRADS] + last->offset, m->stream, err));
-        m->fault_nan_grad = 0;
-    }
-    return 0;
+    m->dp.reducing = reduce && m->dp.comm;
+    const int rc = backwardPass(m, err);
+    m->dp.reduced = m->dp.reducing && rc == 0;
+    m->dp.reducing = 0;
+    return rc;
 }
 
 int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
@@ -1324,14 +1664,27 @@ int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t
                         (long long)step);
     const double bc1 = 1.0 - pow((double)oc->beta1, (double)step);
     const double bc2 = 1.0 - pow((double)oc->beta2, (double)step);
-    TRY(gradNorm(m->state, m->sc.norm_partial, m->arena[NSA_ARENA_GRADS], m->lay.total,
-                 m->stream, err));
+    if (m->dp.comm) {
+        DpState *dp = &m->dp;
+        if (!dp->reduced) { /* a plain backward: reduce every bucket now */
+            CUDA_CHECK(cudaEventRecord(dp->t_backward_end, m->stream), err);
+            TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+            for (int b = m->lay.n_buckets - 1; b >= 0; b--) TRY(dpReduceBucket(m, b, err));
+            dp->reduced = 1;
+        }
+        TRY(streamHop(dp->stream, m->stream, dp->to_compute, err));
+        TRY(dpGlobalScalars(m, err));
+    } else {
+        TRY(gradNorm(m->state, m->sc.norm_partial, m->arena[NSA_ARENA_GRADS], m->lay.total,
+                     m->stream, err));
+    }
     TRY(adamwStepWithCopy(m->arena[NSA_ARENA_PARAMS], m->weights_low, m->mode.op,
                           m->arena[NSA_ARENA_GRADS], m->arena[NSA_ARENA_ADAM_M],
-                          m->arena[NSA_ARENA_ADAM_V], m->tensors, m->lay.n_tensors, m->max_numel,
+                          m->arena[NSA_ARENA_ADAM_V], m->tensors, m->n_optim, m->optim_max_numel,
                           m->state, oc->lr, oc->beta1, oc->beta2, oc->eps, oc->weight_decay,
                           oc->grad_clip, bc1, bc2, m->opt.precision == NSA_PREC_FP16,
                           FP16_SCALE_WINDOW, m->stream, err));
+    if (m->dp.comm) TRY(dpGatherWeights(m, err));
     /* the figures travel back behind the step; StepStats waits for them */
     CUDA_CHECK(cudaMemcpyAsync(m->host_state, m->state, sizeof(OptimState),
                                cudaMemcpyDeviceToHost, m->stream), err);
@@ -1344,7 +1697,7 @@ int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err) {
     if (!m || !out) return cudaFail(err, "cuda: StepStats needs a model and an output");
     memset(out, 0, sizeof(*out));
     if (!m->step_recorded) return 0;   /* no step yet: zeros, like the CPU engine */
-    CUDA_CHECK(cudaEventSynchronize(m->step_done), err);
+    if (waitEvent(m, m->step_done, "the step", err)) return -1;
     const OptimState *s = m->host_state;
     out->loss = s->loss;
     out->grad_norm = s->grad_norm;
@@ -1369,7 +1722,7 @@ int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *
                            err));
     CUDA_CHECK(cudaMemcpyAsync(m->host_eval_loss, m->eval_loss, sizeof(double),
                                cudaMemcpyDeviceToHost, m->stream), err);
-    CUDA_CHECK(cudaStreamSynchronize(m->stream), err);
+    if (syncStream(m, "evaluation", err)) return -1;
     *loss = *m->host_eval_loss;
     return 0;
 }
@@ -1417,13 +1770,93 @@ const char *nsaCudaModelAttentionPath(const NsaCudaModel *m) {
 
 int nsaCudaModelUsesFastAttention(const NsaCudaModel *m) { return m ? m->mode.fast : 0; }
 
-int nsaCudaModelGatherPieces(NsaCudaModel *m, int i, float *dst, const char *what, NsaError *err) {
-    (void)m, (void)i, (void)dst;
-    return cudaFail(err, "cuda: %s: a model alone has no pieces to gather", what);
+int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
+                             const char *what, NsaError *err) {
+    if (!m || !dst) return cudaFail(err, "cuda: GatherPieces needs a model and a destination");
+    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no pieces to gather", what);
+    if (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)
+        return cudaFail(err, "cuda: %s: only the moments are sharded", what);
+    const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
+    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                             nsaCudaModelNumTensors(m) - 1);
+    DpState *dp = &m->dp;
+    /* everything on the communication stream, after the compute stream's work */
+    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+    const int p = dp->shard.tensor_piece[i];
+    if (p >= 0) {
+        const NsaShardPiece *pc = &dp->shard.pieces[p];
+        CUDA_CHECK(cudaMemcpyAsync(dp->staging + pc->begin, m->arena[arena] + pc->local,
+                                   pc->numel * sizeof(float), cudaMemcpyDeviceToDevice,
+                                   dp->stream), err);
+    }
+    for (int r = 0; r < dp->world; r++) {
+        size_t begin, end;
+        nsaShardTensorRange(&m->lay, i, r, &begin, &end);
+        if (end > begin)
+            TRY(nsaCommBroadcast(dp->comm, dp->staging + begin, (end - begin) * sizeof(float), r,
+                                 dp->stream, what, err));
+    }
+    /* the broadcasts first, by the deadline: the copy to pageable memory
+     * would block the host on them */
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    TRY(waitEvent(m, dp->sync, what, err));
+    CUDA_CHECK(cudaMemcpyAsync(dst, dp->staging, ti->numel * sizeof(float), cudaMemcpyDeviceToHost,
+                               dp->stream), err);
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    return waitEvent(m, dp->sync, what, err);
 }
 
 int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
                               NsaError *err) {
-    (void)m, (void)buf, (void)bytes, (void)root;
-    return cudaFail(err, "cuda: %s: a model alone has no one to broadcast to", what);
+    if (!m || !buf) return cudaFail(err, "cuda: BroadcastHost needs a model and a buffer");
+    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no one to broadcast to", what);
+    DpState *dp = &m->dp;
+    if (bytes > m->max_numel * sizeof(float))
+        return cudaFail(err, "cuda: %s: %zu bytes; allowed: up to the largest tensor (%zu bytes)",
+                        what, bytes, m->max_numel * sizeof(float));
+    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    TRY(waitEvent(m, dp->sync, what, err)); /* before copies from/to pageable memory */
+    if (dp->rank == root)
+        CUDA_CHECK(cudaMemcpyAsync(dp->staging, buf, bytes, cudaMemcpyHostToDevice, dp->stream), err);
+    TRY(nsaCommBroadcast(dp->comm, dp->staging, bytes, root, dp->stream, what, err));
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    TRY(waitEvent(m, dp->sync, what, err));
+    CUDA_CHECK(cudaMemcpyAsync(buf, dp->staging, bytes, cudaMemcpyDeviceToHost, dp->stream), err);
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    return waitEvent(m, dp->sync, what, err);
+}
+
+/* Milliseconds between two completed timing events (0 when either is not). */
+static double elapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
+    float ms = 0.0f;
+    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
+        cudaGetLastError();
+        return 0.0;
+    }
+    return (double)ms * 1e-3;
+}
+
+int nsaCudaModelCommStats(NsaCudaModel *m, NsaCommStats *out, NsaError *err) {
+    if (!m || !out) return cudaFail(err, "cuda: CommStats needs a model and an output");
+    memset(out, 0, sizeof(*out));
+    DpState *dp = &m->dp;
+    if (!dp->comm || !m->step_recorded) return 0;
+    /* after StepStats every reduction is complete: the step waited for them */
+    for (int b = 0; b < m->lay.n_buckets; b++)
+        out->reduce_seconds += elapsedSeconds(dp->t_begin[b], dp->t_end[b]);
+    double exposed = elapsedSeconds(dp->t_backward_end, dp->t_end[NSA_BUCKET_EMBED]);
+    out->exposed_seconds = exposed > 0 ? exposed : 0;
+    if (out->exposed_seconds > out->reduce_seconds) out->exposed_seconds = out->reduce_seconds;
+    out->overlap = out->reduce_seconds > 0 ? 1.0 - out->exposed_seconds / out->reduce_seconds : 0;
+    /* the all-gather of the step before: complete, the forward waited for it */
+    const int before = dp->gather_turn; /* the turn not written by the last step */
+    if (dp->gather_recorded[before] && cudaEventQuery(dp->t_gather[before][1]) == cudaSuccess)
+        dp->last_gather_seconds = elapsedSeconds(dp->t_gather[before][0], dp->t_gather[before][1]);
+    else
+        cudaGetLastError();
+    out->gather_seconds = dp->last_gather_seconds;
+    out->bytes_sent = 2.0 * (double)m->lay.total * sizeof(float) * (double)(dp->world - 1) /
+                      (double)dp->world;
+    return 0;
 }

@@ -153,9 +153,14 @@ int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err);
  * dst from GetTensor), and a broadcast of root's host buffer (bytes) into
  * every rank's, through device staging. Collectives: every rank calls
  * them alike. Synchronous, with the transport's deadline. */
-int nsaCudaModelGatherPieces(NsaCudaModel *m, int i, float *dst, const char *what, NsaError *err);
+int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
+                             const char *what, NsaError *err);
 int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
                               NsaError *err);
+
+/* The last step's communication figures (nsa.h, nsaModelCommStats);
+ * zeros for a model alone. Call after StepStats. */
+int nsaCudaModelCommStats(NsaCudaModel *m, NsaCommStats *out, NsaError *err);
 
 /* Forward only; synchronous; leaves gradients and the step's loss
  * accumulator untouched. */

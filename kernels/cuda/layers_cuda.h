@@ -171,8 +171,13 @@ typedef struct OptimState {
     int pad;
 } OptimState;
 
+/* One range the optimizer updates: numel elements from `offset` of the
+ * params/grads arenas, whose Adam moments start at `state_offset` of the
+ * moment arenas (== offset for a model alone; a data-parallel rank holds
+ * the moments of its shard only, packed). */
 typedef struct OptimTensor {
     size_t offset, numel;
+    size_t state_offset;
     int decay;
 } OptimTensor;
 
@@ -182,6 +187,23 @@ typedef struct OptimTensor {
 #define NORM_BLOCKS 512
 int gradNorm(OptimState *state, double *partial, const float *grads, size_t n,
              cudaStream_t stream, NsaError *err);
+/* The first pass of gradNorm alone: partial[NORM_BLOCKS] sums of squares
+ * of grads[0, n) (data parallelism runs it per range of its shard). */
+int gradNormPartial(double *partial, const float *grads, size_t n, cudaStream_t stream,
+                    NsaError *err);
+
+/* ---- dp_optim.cu ----
+ * The data-parallel step's scalars. dpLocalScalars: one block adds
+ * partial[n_partial] in gradNorm's fixed order and writes this rank's
+ * {loss, sum of squares} to scalars[2 rank], [2 rank + 1]. After the
+ * all-gather of scalars, dpGlobalNorm adds every rank's pair in rank order
+ * and finishes as gradNorm does: state->loss, the unscaled global norm and
+ * the NaN-guard flags, the same bits on every rank. With one rank and one
+ * range it gives gradNorm's result bit for bit. */
+int dpLocalScalars(double *scalars, int rank, const OptimState *state, const double *partial,
+                   int n_partial, cudaStream_t stream, NsaError *err);
+int dpGlobalNorm(OptimState *state, const double *scalars, int world, cudaStream_t stream,
+                 NsaError *err);
 
 /* AdamW over every tensor (tensors: device table of n_tensors) with the
  * NaN guard on the device: if state says the loss or norm is non-finite,

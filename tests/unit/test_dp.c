@@ -520,6 +520,20 @@ static void test_two_ranks_match_one_rank_accumulating(void **state) {
         assert_true(fabs(job.loss[0][s] - alone[s]) <= 1e-6 * fabs(alone[s]));
     }
     assertWeights(&job, ref, 0, 1e-5);
+    /* what the step's communication cost: the CPU transport hides nothing */
+    for (int r = 0; r < 2; r++) {
+        NsaCommStats cs;
+        NsaError err = {{0}};
+        assert_int_equal(nsaModelCommStats(job.models[r], &cs, &err), 0);
+        assert_true(cs.reduce_seconds >= 0 && cs.gather_seconds >= 0);
+        assert_true(cs.exposed_seconds == cs.reduce_seconds);
+        assert_true(cs.overlap == 0.0);
+        assert_true(cs.bytes_sent == (double)nsaModelNumParams(job.models[r]) * sizeof(float));
+    }
+    NsaCommStats none;
+    NsaError err = {{0}};
+    assert_int_equal(nsaModelCommStats(ref, &none, &err), 0);
+    assert_true(none.bytes_sent == 0 && none.reduce_seconds == 0);
     jobFree(&job, comms);
     nsaModelFree(ref);
 }
