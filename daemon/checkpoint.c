@@ -447,10 +447,23 @@ static void stepDirName(int64_t step, char *out, size_t cap) {
     snprintf(out, cap, "step_%08" PRId64, step);
 }
 
+/* A model alone as a CheckpointTensors. */
+static const NsaTensorInfo *modelInfo(void *ctx, int i) { return nsaModelTensorInfo(ctx, i); }
+static int modelGet(void *ctx, NsaArena arena, int i, float *dst, NsaError *err) {
+    return nsaModelGetTensor(ctx, arena, i, dst, err);
+}
+static int modelSet(void *ctx, NsaArena arena, int i, const float *src, NsaError *err) {
+    return nsaModelSetTensor(ctx, arena, i, src, err);
+}
+static CheckpointTensors modelTensors(NsaModel *m) {
+    CheckpointTensors t = {m, nsaModelNumTensors(m), modelInfo, modelGet, modelSet};
+    return t;
+}
+
 /* The tensors of one safetensors file: each arena's tensors in layout
  * order, names prefixed per arena ("adam_m." ...). */
 typedef struct ArenaFile {
-    NsaModel *m;
+    const CheckpointTensors *src;
     const NsaArena *arenas;
     int n_per_arena;
 } ArenaFile;
@@ -458,16 +471,16 @@ typedef struct ArenaFile {
 static const float *fromModel(void *ctx, int i, float *scratch, NsaError *err) {
     const ArenaFile *f = ctx;
     NsaArena arena = f->arenas[i / f->n_per_arena];
-    if (nsaModelGetTensor(f->m, arena, i % f->n_per_arena, scratch, err) != 0) return NULL;
+    if (f->src->get(f->src->ctx, arena, i % f->n_per_arena, scratch, err) != 0) return NULL;
     return scratch;
 }
 
-/* Writes one safetensors file of the given arenas (1 or 2) of m, reading
- * one tensor at a time with nsaModelGetTensor. */
-static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
+/* Writes one safetensors file of the given arenas (1 or 2), reading one
+ * tensor at a time through src. */
+static int writeArenas(const CheckpointTensors *src, const char *path, const NsaArena *arenas,
                        const char *const *prefixes, int n_arenas, const SafetensorsMeta *meta,
                        int n_meta, uint32_t *crc, uint64_t *bytes, NsaError *err) {
-    int n = nsaModelNumTensors(m);
+    int n = src->n;
     size_t total = (size_t)n * (size_t)n_arenas;
     SafetensorsTensor *tensors = calloc(total + 1, sizeof *tensors);
     char **names = calloc(total + 1, sizeof(char *));
@@ -478,7 +491,7 @@ static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
     }
     for (int a = 0; a < n_arenas; a++) {
         for (int i = 0; i < n; i++) {
-            const NsaTensorInfo *info = nsaModelTensorInfo(m, i);
+            const NsaTensorInfo *info = src->info(src->ctx, i);
             size_t k = (size_t)a * (size_t)n + (size_t)i;
             size_t len = strlen(prefixes[a]) + strlen(info->name) + 1;
             names[k] = malloc(len);
@@ -493,7 +506,7 @@ static int writeArenas(NsaModel *m, const char *path, const NsaArena *arenas,
             tensors[k].numel = info->numel;
         }
     }
-    ArenaFile file = {m, arenas, n};
+    ArenaFile file = {src, arenas, n};
     rc = writeStreaming(path, tensors, (int)total, meta, n_meta, fromModel, &file, crc, bytes, err);
 out:
     if (names)
@@ -918,6 +931,14 @@ static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_
 
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
                    const char *model_config_json, char *saved_dir, size_t cap, NsaError *err) {
+    const CheckpointTensors src = modelTensors(m);
+    return checkpointSaveTensors(&src, out_dir, st, keep_last, model_config_json, saved_dir, cap,
+                                 err);
+}
+
+int checkpointSaveTensors(const CheckpointTensors *m, const char *out_dir, const ResumeState *st,
+                          int keep_last, const char *model_config_json, char *saved_dir,
+                          size_t cap, NsaError *err) {
     char ck_dir[4096], name[64], tmp_dir[4096], final_dir[4096], old_dir[4096], path[4096];
     stepDirName(st->step, name, sizeof name);
     if (fsPathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", out_dir) != 0 ||
@@ -931,13 +952,14 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
     if (sweepLeftovers(ck_dir, err) != 0) return -1;
     if (mkdir(tmp_dir, 0755) != 0) return nsaErrorf(err, "mkdir %s: %s", tmp_dir, strerror(errno));
 
-    char step_s[32], pos_s[32], seed_s[32], hash_s[32], tokens_s[32], anomalies_s[32];
+    char step_s[32], pos_s[32], seed_s[32], hash_s[32], tokens_s[32], anomalies_s[32], ranks_s[32];
     snprintf(step_s, sizeof step_s, "%" PRId64, st->step);
     snprintf(pos_s, sizeof pos_s, "%" PRIu64, st->data_position);
     snprintf(seed_s, sizeof seed_s, "%" PRIu64, st->seed);
     snprintf(hash_s, sizeof hash_s, "%016" PRIx64, st->config_hash);
     snprintf(tokens_s, sizeof tokens_s, "%" PRId64, st->tokens_seen);
     snprintf(anomalies_s, sizeof anomalies_s, "%d", st->anomalies);
+    snprintf(ranks_s, sizeof ranks_s, "%d", st->ranks > 0 ? st->ranks : 1);
 
     SafetensorsMeta model_meta[] = {
         {"format", "pt"},  /* what torch-side loaders expect */
@@ -956,6 +978,7 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
         {"config_hash", hash_s},
         {"tokens_seen", tokens_s},
         {"anomalies", anomalies_s},
+        {"ranks", ranks_s},
     };
     const NsaArena params[] = {NSA_ARENA_PARAMS};
     const char *const no_prefix[] = {""};
@@ -1116,6 +1139,13 @@ static int parseState(const Safetensors *st, const char *path, ResumeState *out,
     out->config_hash = hash;
     out->tokens_seen = (int64_t)tokens;
     out->anomalies = (int)anomalies;
+    /* written since data parallelism; older checkpoints come from one rank */
+    uint64_t ranks = 1;
+    if (safetensorsMeta(st, "ranks") && metaInt(st, "ranks", path, 10, &ranks, err)) return -1;
+    if (ranks < 1 || ranks > 1u << 20)
+        return nsaErrorf(err, "%s: __metadata__.ranks is %llu; allowed: 1 to %u", path,
+                         (unsigned long long)ranks, 1u << 20);
+    out->ranks = (int)ranks;
     return 0;
 }
 
@@ -1129,13 +1159,13 @@ int checkpointReadState(const char *dir, ResumeState *st_out, NsaError *err) {
     return rc;
 }
 
-/* Sets arena `arena` of m from the file's tensors named prefix + name. */
-static int loadArena(NsaModel *m, const Safetensors *st, const char *path, NsaArena arena,
-                     const char *prefix, float *scratch, NsaError *err) {
-    int n = nsaModelNumTensors(m);
+/* Sets arena `arena` through m from the file's tensors named prefix + name. */
+static int loadArena(const CheckpointTensors *m, const Safetensors *st, const char *path,
+                     NsaArena arena, const char *prefix, float *scratch, NsaError *err) {
+    int n = m->n;
     char name[512];
     for (int i = 0; i < n; i++) {
-        const NsaTensorInfo *info = nsaModelTensorInfo(m, i);
+        const NsaTensorInfo *info = m->info(m->ctx, i);
         snprintf(name, sizeof name, "%s%s", prefix, info->name);
         const SafetensorsTensor *t = safetensorsFind(st, name);
         if (!t) return nsaErrorf(err, "%s: tensor %s is missing", path, name);
@@ -1153,17 +1183,17 @@ static int loadArena(NsaModel *m, const Safetensors *st, const char *path, NsaAr
                         got, want);
         }
         safetensorsCopy(st, t, scratch);
-        if (nsaModelSetTensor(m, arena, i, scratch, err) != 0) return -1;
+        if (m->set(m->ctx, arena, i, scratch, err) != 0) return -1;
     }
     return 0;
 }
 
-static int loadFile(NsaModel *m, const char *path, const NsaArena *arenas,
+static int loadFile(const CheckpointTensors *m, const char *path, const NsaArena *arenas,
                     const char *const *prefixes, int n_arenas, const Manifest *man, ResumeState *state,
                     NsaError *err) {
     Safetensors *st = safetensorsRead(path, err);
     if (!st) return -1;
-    int n = nsaModelNumTensors(m);
+    int n = m->n;
     int rc = -1;
     float *scratch = NULL;
     if (checkMetaAgrees(st, path, man, err) != 0) goto out;
@@ -1174,7 +1204,7 @@ static int loadFile(NsaModel *m, const char *path, const NsaArena *arenas,
     }
     size_t largest = 1;
     for (int i = 0; i < n; i++)
-        if (nsaModelTensorInfo(m, i)->numel > largest) largest = nsaModelTensorInfo(m, i)->numel;
+        if (m->info(m->ctx, i)->numel > largest) largest = m->info(m->ctx, i)->numel;
     scratch = malloc(largest * sizeof(float));
     if (!scratch) {
         nsaErrorf(err, "%s: out of memory", path);
@@ -1189,7 +1219,13 @@ out:
     return rc;
 }
 
-int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err) {
+int checkpointLoad(NsaModel *model, const char *dir, ResumeState *st, NsaError *err) {
+    const CheckpointTensors dst = modelTensors(model);
+    return checkpointLoadTensors(&dst, dir, st, err);
+}
+
+int checkpointLoadTensors(const CheckpointTensors *m, const char *dir, ResumeState *st,
+                          NsaError *err) {
     char path[4096];
     const NsaArena params[] = {NSA_ARENA_PARAMS};
     const char *const no_prefix[] = {""};

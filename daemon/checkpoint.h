@@ -89,7 +89,24 @@ typedef struct ResumeState {
     uint64_t config_hash;     /* configHash() of the run that wrote it */
     int64_t tokens_seen;      /* training tokens consumed so far */
     int anomalies;            /* NaN/Inf anomalies absorbed so far (skip/rollback) */
+    int ranks;                /* data-parallel ranks of the job that wrote it (1 for
+                                 checkpoints from before data parallelism) */
 } ResumeState;
+
+/* Where a checkpoint's tensors come from and go to: a model alone
+ * (checkpointSave/Load) or a data-parallel job's ranks (the trainer). get
+ * fills dst with the whole tensor i of an arena; set takes the whole
+ * tensor. Both are called for the params' tensors, then adam_m's, then
+ * adam_v's, each in layout order (a job's ranks rely on that order to run
+ * the matching collectives everywhere); save calls get only, load set only.
+ * Return 0, or -1 with err. */
+typedef struct CheckpointTensors {
+    void *ctx;
+    int n;                                       /* tensors per arena */
+    const NsaTensorInfo *(*info)(void *ctx, int i);
+    int (*get)(void *ctx, NsaArena arena, int i, float *dst, NsaError *err);
+    int (*set)(void *ctx, NsaArena arena, int i, const float *src, NsaError *err);
+} CheckpointTensors;
 
 /* Writes OUT/checkpoints/step_<8 digits>/ for st->step: model weights and
  * optimizer moments of m (read one tensor at a time with nsaModelGetTensor:
@@ -103,6 +120,10 @@ typedef struct ResumeState {
  * saved_dir (if not NULL, cap bytes). Returns 0 or -1 with err. */
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
                    const char *model_config_json, char *saved_dir, size_t cap, NsaError *err);
+/* The same with the tensors read through src. */
+int checkpointSaveTensors(const CheckpointTensors *src, const char *out_dir, const ResumeState *st,
+                          int keep_last, const char *model_config_json, char *saved_dir,
+                          size_t cap, NsaError *err);
 
 /* Resolves what `--resume` names into a checkpoint directory:
  *   "latest" or NULL   the directory OUT/checkpoints/latest points at;
@@ -141,6 +162,9 @@ int checkpointVerify(const char *dir, NsaError *err);
  * mismatch fails naming the tensor. On failure m's contents are
  * unspecified (the caller must not train on them). Returns 0 or -1. */
 int checkpointLoad(NsaModel *m, const char *dir, ResumeState *st, NsaError *err);
+/* The same with the tensors written through dst. */
+int checkpointLoadTensors(const CheckpointTensors *dst, const char *dir, ResumeState *st,
+                          NsaError *err);
 
 /* Reads only the resume state of a checkpoint directory (state.safetensors'
  * metadata; no checksum is verified). Returns 0 or -1. */

@@ -40,7 +40,8 @@ typedef enum KeyType {
     KEY_DOUBLE,  /* double */
     KEY_FLOAT,   /* float (model constants) */
     KEY_STRING,  /* char[size] */
-    KEY_ENUM     /* int-sized C enum, by name */
+    KEY_ENUM,    /* int-sized C enum, by name */
+    KEY_GPUS     /* runtime.gpus: "all", a count, or a list of ordinals */
 } KeyType;
 
 typedef struct EnumName {
@@ -136,6 +137,8 @@ static const ConfigKey configKeys[] = {
     {"runtime", "device", KEY_ENUM, F(runtime.device), 0, 0, 0, 0, device_names},
     {"runtime", "precision", KEY_ENUM, F(runtime.precision), 0, 0, 0, 0, precision_names},
     {"runtime", "threads", KEY_INT, F(runtime.threads), 0, 0, 4096, 0, NULL},
+    {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
+    {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -151,10 +154,13 @@ static const ConfigKey configKeys[] = {
     {"fault", "stall_at_step", KEY_INT64, F(fault.stall_at_step), 0, 0, BIG, 0, NULL},
     {"fault", "stall_phase", KEY_STRING, F(fault.stall_phase), SZ(fault.stall_phase), 0, 0, 0, NULL},
     {"fault", "stall_seconds", KEY_DOUBLE, F(fault.stall_seconds), 0, 0, 1e6, 0, NULL},
+    {"fault", "rank", KEY_INT, F(fault.rank), 0, 0, 4095, 0, NULL},
+    {"fault", "exit_at_step", KEY_INT64, F(fault.exit_at_step), 0, 0, BIG, 0, NULL},
 
     {"watchdog", "data", KEY_DOUBLE, F(watchdog.data), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
     {"watchdog", "forward", KEY_DOUBLE, F(watchdog.forward), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
     {"watchdog", "backward", KEY_DOUBLE, F(watchdog.backward), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
+    {"watchdog", "allreduce", KEY_DOUBLE, F(watchdog.allreduce), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
     {"watchdog", "optimizer", KEY_DOUBLE, F(watchdog.optimizer), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
     {"watchdog", "checkpoint", KEY_DOUBLE, F(watchdog.checkpoint), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
     {"watchdog", "eval", KEY_DOUBLE, F(watchdog.eval), 0, 0, 1e6, RANGE_MIN_OPEN, NULL},
@@ -313,6 +319,8 @@ void configDefaults(JobConfig *cfg) {
     cfg->runtime.precision_auto = 1;
     cfg->runtime.precision = configAutoPrecision(cfg->runtime.device);
     cfg->runtime.threads = onlineCores();
+    cfg->runtime.gpus = 0; /* all */
+    cfg->runtime.cpu_ranks = 1;
 
     cfg->data.source = DATA_SYNTHETIC;
     snprintf(cfg->data.tokenizer, sizeof cfg->data.tokenizer, "byte");
@@ -328,6 +336,7 @@ void configDefaults(JobConfig *cfg) {
     cfg->watchdog.data = 120;
     cfg->watchdog.forward = 300;
     cfg->watchdog.backward = 300;
+    cfg->watchdog.allreduce = 300;
     cfg->watchdog.optimizer = 120;
     cfg->watchdog.checkpoint = 900;
     cfg->watchdog.eval = 1800;
@@ -555,8 +564,72 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         if (is_precision) cfg->runtime.precision_auto = 0;
         return 0;
     }
+    case KEY_GPUS: break; /* applyGpus: it needs the document for lists */
     }
     return nsaErrorf(err, "%s%s.%s: internal error: unknown key type", at, k->section, k->key);
+}
+
+/* runtime.gpus: "all", a count, or distinct ordinals as a list ([0, 2])
+ * or a comma-separated string ("0,2"). Returns 0 or -1 with err. */
+static int applyGpus(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *node,
+                     const Source *src, NsaError *err) {
+    static const char *const allowed =
+        "all, a count from 1 to 64, or a list of distinct device ordinals 0 to 255 (e.g. [0, 1] or "
+        "\"0,1\")";
+    char at[CONFIG_PATH_MAX + 32], shown[128];
+    where(src, node, at, sizeof at);
+    showValue(node, shown, sizeof shown);
+    RuntimeConfig *r = &cfg->runtime;
+    int list[CONFIG_MAX_GPUS], n = 0;
+    if (node->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = node->data.sequence.items.start;
+             it < node->data.sequence.items.top; it++) {
+            yaml_node_t *item = yaml_document_get_node(doc, *it);
+            int64_t v = -1;
+            if (!item || !isPlain(item) || parseInteger((const char *)item->data.scalar.value, &v) ||
+                v < 0 || v > 255 || n == CONFIG_MAX_GPUS)
+                return nsaErrorf(err, "%sruntime.gpus: %s is not a list of device ordinals; allowed: %s",
+                                 at, shown, allowed);
+            list[n++] = (int)v;
+        }
+    } else if (node->type == YAML_SCALAR_NODE && !isNull(node)) {
+        const char *text = (const char *)node->data.scalar.value;
+        if (!strcasecmp(text, "all")) {
+            r->gpus = 0;
+            r->n_gpu_list = 0;
+            return 0;
+        }
+        if (!strchr(text, ',')) {
+            int64_t v = 0;
+            if (!isPlain(node) || parseInteger(text, &v) || v < 1 || v > CONFIG_MAX_GPUS)
+                return nsaErrorf(err, "%sruntime.gpus: %s is not a GPU count or list; allowed: %s", at,
+                                 shown, allowed);
+            r->gpus = (int)v;
+            r->n_gpu_list = 0;
+            return 0;
+        }
+        char buf[512];
+        snprintf(buf, sizeof buf, "%s", text);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            int64_t v = -1;
+            if (parseInteger(tok, &v) || v < 0 || v > 255 || n == CONFIG_MAX_GPUS)
+                return nsaErrorf(err, "%sruntime.gpus: %s is not a list of device ordinals; allowed: %s",
+                                 at, shown, allowed);
+            list[n++] = (int)v;
+        }
+    }
+    if (n == 0)
+        return nsaErrorf(err, "%sruntime.gpus: %s names no GPU; allowed: %s", at, shown, allowed);
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (list[i] == list[j])
+                return nsaErrorf(err, "%sruntime.gpus: %s names GPU %d twice; allowed: %s", at, shown,
+                                 list[i], allowed);
+    memcpy(r->gpu_list, list, (size_t)n * sizeof(int));
+    r->n_gpu_list = n;
+    r->gpus = n;
+    return 0;
 }
 
 /* ---- the document walk ------------------------------------------------------------ */
@@ -646,7 +719,9 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
         const char *key = (const char *)kn->data.scalar.value;
         const ConfigKey *k = findKey(section, key);
         if (k) {
-            if (applyKey(cfg, k, vn, src, err) != 0) return -1;
+            if ((k->type == KEY_GPUS ? applyGpus(cfg, doc, vn, src, err)
+                                     : applyKey(cfg, k, vn, src, err)) != 0)
+                return -1;
             continue;
         }
         const IgnoredKey *ig = findIgnored(section, key);
@@ -876,6 +951,15 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
     if (r->device == NSA_DEVICE_CUDA && r->precision == NSA_PREC_F64)
         return nsaErrorf(err, "runtime.precision: fp64 is not available on device cuda; allowed on cuda: "
                         "fp32, bf16, fp16, auto");
+    if (r->device == NSA_DEVICE_CPU && r->gpus > 0)
+        return nsaErrorf(err, "runtime.gpus: %d GPU%s on device cpu%s; allowed on cpu: all (the default; "
+                        "runtime.cpu_ranks sets the CPU engine's ranks)", r->gpus, r->gpus == 1 ? "" : "s",
+                        r->device_auto ? " (runtime.device auto found no GPU)" : "");
+    if (r->n_gpu_list < 0 || r->n_gpu_list > CONFIG_MAX_GPUS || r->gpus < 0 || r->gpus > CONFIG_MAX_GPUS)
+        return nsaErrorf(err, "runtime.gpus: %d; allowed: all, 1 to %d GPUs", r->gpus, CONFIG_MAX_GPUS);
+    if (r->device == NSA_DEVICE_CUDA && r->cpu_ranks > 1)
+        return nsaErrorf(err, "runtime.cpu_ranks: %d on device cuda; allowed on cuda: 1 (runtime.gpus "
+                        "sets the GPUs)", r->cpu_ranks);
 
     const DataConfig *d = &cfg->data;
     const Tokenizer *tok = tokenizerFind(d->tokenizer);
@@ -990,6 +1074,20 @@ char *configToYaml(const JobConfig *cfg) {
                 strbufPrintf(&b, "%s", enumName(k->names, value));
             break;
         }
+        case KEY_GPUS: {
+            const RuntimeConfig *r = &cfg->runtime;
+            if (r->n_gpu_list > 0) {
+                strbufPrintf(&b, "[");
+                for (int g = 0; g < r->n_gpu_list; g++)
+                    strbufPrintf(&b, "%s%d", g ? ", " : "", r->gpu_list[g]);
+                strbufPrintf(&b, "]");
+            } else if (r->gpus > 0) {
+                strbufPrintf(&b, "%d", r->gpus);
+            } else {
+                strbufPrintf(&b, "all");
+            }
+            break;
+        }
         }
         strbufPrintf(&b, "\n");
     }
@@ -1028,6 +1126,7 @@ uint64_t configHash(const JobConfig *cfg) {
         case KEY_DOUBLE: h = fnv(h, field, sizeof(double)); break;
         case KEY_FLOAT: h = fnv(h, field, sizeof(float)); break;
         case KEY_STRING: h = fnv(h, field, strlen((const char *)field)); break;
+        case KEY_GPUS: break; /* never part of the hash: resume on another GPU count */
         }
     }
     return h;

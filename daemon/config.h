@@ -9,11 +9,13 @@
  *   train:   steps seq_len batch_size lr min_lr seed log_every out_dir
  *            accumulate_grad_batches warmup_steps weight_decay grad_clip
  *            eval_every eval_batches save_every keep_last beta1 beta2 eps
- *   runtime: device precision threads
+ *   runtime: device precision threads gpus cpu_ranks
  *   data:    source path tokenizer val_fraction prefetch
  *   nan:     policy max_skips
- *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds
- *   watchdog: data forward backward optimizer checkpoint eval (seconds) on_hang
+ *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds rank
+ *            exit_at_step
+ *   watchdog: data forward backward allreduce optimizer checkpoint eval (seconds)
+ *            on_hang
  * Keys the prototype had but nsad cannot honour (flash-attn switches and the
  * like) load with a warning; unknown keys and bad values are errors. */
 #ifndef NSAD_CONFIG_H
@@ -25,6 +27,7 @@
 
 #define CONFIG_PATH_MAX 1024
 #define CONFIG_MAX_WARNINGS 16
+#define CONFIG_MAX_GPUS 64      /* GPUs one nsad drives (runtime.gpus) */
 
 typedef enum DataSource {
     DATA_SYNTHETIC = 0,  /* seeded random tokens */
@@ -59,8 +62,15 @@ typedef struct RuntimeConfig {
     NsaPrecision precision;  /* fp32 | fp64 | bf16 | fp16 */
     int precision_auto;      /* 1 when the file said auto (or nothing): bf16 on
                                 cuda, fp32 on cpu; see configAutoPrecision */
-    int threads;             /* CPU engine threads; a file's 0 means one per
-                                online core and is resolved at load */
+    int threads;             /* CPU engine threads (per rank); a file's 0 means
+                                one per online core and is resolved at load */
+    /* runtime.gpus: "all" (gpus 0, the default), a count (the first `gpus`
+     * devices) or a list of ordinals (gpu_list, n_gpu_list > 0). One rank
+     * per GPU; train.batch_size is per GPU. */
+    int gpus;
+    int gpu_list[CONFIG_MAX_GPUS];
+    int n_gpu_list;
+    int cpu_ranks;           /* CPU engine: data-parallel ranks in this process */
 } RuntimeConfig;
 
 typedef struct DataConfig {
@@ -82,10 +92,13 @@ typedef struct FaultConfig {
     int64_t stall_at_step;   /* 0 = never */
     char stall_phase[16];    /* phase name the stall happens in */
     double stall_seconds;
+    int rank;                /* the data-parallel rank the faults fire on */
+    int64_t exit_at_step;    /* that rank's worker stops answering (a dead rank); 0 = never */
 } FaultConfig;
 
 typedef struct WatchdogConfig {
     double data, forward, backward, optimizer, checkpoint, eval; /* seconds */
+    double allreduce;        /* every collective's deadline (data parallelism) */
     HangPolicy on_hang;
 } WatchdogConfig;
 

@@ -52,7 +52,7 @@ double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase) {
     case PHASE_DATA: return wd->data;
     case PHASE_FORWARD: return wd->forward;
     case PHASE_BACKWARD: return wd->backward;
-    case PHASE_ALLREDUCE: return wd->backward; /* overlapped with backward */
+    case PHASE_ALLREDUCE: return wd->allreduce;
     case PHASE_OPTIMIZER: return wd->optimizer;
     case PHASE_CHECKPOINT: return wd->checkpoint;
     case PHASE_EVAL: return wd->eval;

@@ -6,7 +6,18 @@
  *   NaN guard; log; evaluate; checkpoint; look for a halt request.
  * Everything a resumed run needs to continue the same curve (weights,
  * moments, step, data position) goes into the checkpoint, and nothing else
- * influences the math: batches are pure functions of (seed, position). */
+ * influences the math: batches are pure functions of (seed, position).
+ *
+ * Data parallelism: the job's ranks (runtime.gpus, or runtime.cpu_ranks on
+ * the CPU engine) are a RankGroup (ranks.c), one worker thread and model
+ * per rank; one rank is the same code with one worker and no transport.
+ * This thread reads every rank's batches (train.batch_size is per rank:
+ * micro-batch a of a step gives rank r the batch at position
+ * P + a * world + r, so the data position counts batches of batch_size
+ * samples, whatever the rank count) and hands the step to all ranks at
+ * once (stepOnRank); evaluation runs on rank 0; checkpoints gather the
+ * sharded moments (nsaModelGatherTensor) and load by broadcast from rank 0
+ * (nsaModelBroadcastTensor). */
 #include "trainer.h"
 
 #include <cjson/cJSON.h>
@@ -23,8 +34,11 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "log.h"
+#include "ranks.h"
 #include "schedule.h"
 #include "trainsamples.h"
+#include "stackdump.h"
+#include "watchdog.h"
 
 /* ---- monitor ------------------------------------------------------------ */
 
@@ -62,6 +76,33 @@ void trainMonitorInit(TrainMonitor *mon) {
     atomic_store(&mon->memory_step, 0);
     atomic_store(&mon->device_seq, 0);
     mon->device[0] = '\0';
+    atomic_store(&mon->n_ranks, 0);
+    atomic_store(&mon->rank_first, 0);
+    for (int r = 0; r < TRAIN_MAX_RANKS; r++) {
+        atomic_store(&mon->rank_phase[r], PHASE_IDLE);
+        atomic_store(&mon->rank_since_ns[r], 0);
+    }
+    atomic_store(&mon->abort_requested, 0);
+}
+
+void trainMonitorRankEnter(TrainMonitor *mon, int local, TrainPhase phase) {
+    if (!mon || local < 0 || local >= TRAIN_MAX_RANKS) return;
+    atomic_store(&mon->rank_phase[local], (int)phase);
+    atomic_store(&mon->rank_since_ns[local], monotonicNs());
+}
+
+void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap) {
+    out[0] = '\0';
+    const int n = atomic_load(&mon->n_ranks), first = atomic_load(&mon->rank_first);
+    if (n < 2) return;
+    size_t used = (size_t)snprintf(out, cap, "ranks:");
+    for (int r = 0; r < n && r < TRAIN_MAX_RANKS && used < cap; r++) {
+        const int64_t since = atomic_load(&mon->rank_since_ns[r]);
+        used += (size_t)snprintf(out + used, cap - used, "%s %d %s %.1f s", r ? "," : "", first + r,
+                                 trainPhaseName((TrainPhase)atomic_load(&mon->rank_phase[r])),
+                                 since > 0 && now_ns > since ? (double)(now_ns - since) * 1e-9 : 0.0);
+    }
+    if (used + 1 < cap) snprintf(out + used, cap - used, "\n");
 }
 
 /* A seqlock: one writer (the trainer), readers retry while it writes. The
@@ -135,11 +176,14 @@ typedef struct Trainer {
     TrainSample held_sample;
     int has_held_sample;
 
-    NsaModel *model;
+    RankGroup *ranks;             /* the job's ranks on this node */
+    NsaModel *model;              /* local rank 0's: its tensor table (no device calls) */
+    int local, world, first;      /* ranks here, in the job, and the first one's rank */
     TrainSamples *samples;        /* the prompts continued at each evaluation, or NULL */
     DataLoader *train_data, *val_data;
     Artifacts *art;
-    int32_t *tokens, *targets;
+    int32_t *tokens, *targets;    /* [local][accum][batch] each: a step's batches */
+    float **scratch;              /* [local] the largest tensor: checkpoint gathers */
     LrSchedule schedule;
     char *model_config_json;      /* for checkpoint metadata */
 
@@ -153,7 +197,10 @@ typedef struct Trainer {
     int64_t last_saved_step, last_eval_step;
     char last_checkpoint[4096];
     char anomaly[32];
-    int fault_fired, stall_fired;
+    int fault_fired, stall_fired, exit_fired; /* written by the fault rank's worker only */
+    /* the last step of each local rank: its wall time and communication */
+    double rank_seconds[TRAIN_MAX_RANKS];
+    NsaCommStats rank_comm[TRAIN_MAX_RANKS];
 
     /* throughput */
     double started;               /* monotonic seconds at the first step */
@@ -170,11 +217,21 @@ static double unixSeconds(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* Resident memory of the process (CPU engine) or memory in use on the GPU. */
-static size_t memoryInUse(const Trainer *t) {
+static int memoryReportOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    return nsaModelMemoryReport(rc->model, arg) == 0 ? 0 : nsaErrorf(err, "no memory report");
+}
+
+/* Local rank 0's memory report, asked on its thread (its device). */
+static int memoryReport(Trainer *t, NsaMemoryReport *out) {
+    NsaError err;
+    return rankGroupRunOne(t->ranks, 0, memoryReportOnRank, out, &err);
+}
+
+/* Resident memory of the process (CPU engine) or memory in use on rank 0's GPU. */
+static size_t memoryInUse(Trainer *t) {
     if (t->job.runtime.device == NSA_DEVICE_CUDA) {
         NsaMemoryReport r;
-        if (nsaModelMemoryReport(t->model, &r) == 0 && r.device_total >= r.device_free)
+        if (memoryReport(t, &r) == 0 && r.device_total >= r.device_free)
             return r.device_total - r.device_free;
         return 0;
     }
@@ -200,8 +257,9 @@ static int emitEvent(Trainer *t, const char *type, const char *detail_json, NsaE
 
 /* Sleeps inside `phase` when the config's fault section asks for a stall
  * there at this step (the watchdog's test); once per run, interruptible by
- * stop_now. */
-static void maybeStall(Trainer *t, TrainPhase phase, int64_t step) {
+ * stop_now and by an abort of comm (a rank's transport, may be NULL). The
+ * step's phases run on the ranks' threads: there only fault.rank stalls. */
+static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm) {
     const FaultConfig *f = &t->job.fault;
     if (t->stall_fired || f->stall_at_step <= 0 || f->stall_at_step != step) return;
     if (trainPhaseFromName(f->stall_phase) != (int)phase) return;
@@ -209,15 +267,26 @@ static void maybeStall(Trainer *t, TrainPhase phase, int64_t step) {
     logWarn("fault: stalling %.1f s in phase %s at step %" PRId64 " (fault.stall_at_step)",
             f->stall_seconds, f->stall_phase, step);
     double until = monotonicSeconds() + f->stall_seconds;
-    while (monotonicSeconds() < until && !atomic_load(&t->mon->stop_now)) {
+    while (monotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
+           !nsaCommAborted(comm, NULL, 0)) {
         struct timespec slice = {0, 20 * 1000 * 1000};
         nanosleep(&slice, NULL);
     }
 }
 
+/* A phase of this (the controller) thread: data, checkpoint, eval. */
 static void enter(Trainer *t, TrainPhase phase, int64_t step) {
     trainMonitorEnter(t->mon, phase);
-    maybeStall(t, phase, step);
+    maybeStall(t, phase, step, NULL);
+}
+
+/* A phase of a rank's step. Local rank 0 stands for the job in the
+ * monitor's main phase (the watchdog's deadlines); every rank has its own
+ * slot for the dumps. */
+static void enterOnRank(Trainer *t, const RankCtx *rc, TrainPhase phase, int64_t step) {
+    trainMonitorRankEnter(t->mon, rc->local, phase);
+    if (rc->local == 0) trainMonitorEnter(t->mon, phase);
+    if (rc->rank == t->job.fault.rank) maybeStall(t, phase, step, rc->comm);
 }
 
 /* ---- setup -------------------------------------------------------------- */
@@ -264,11 +333,17 @@ static int openData(Trainer *t, NsaError *err) {
         t->val_data = dataOpen(&t->job, SPLIT_VAL, err);
         if (!t->val_data) return -1;
     }
-    size_t n = (size_t)t->job.train.batch_size * (size_t)t->job.train.seq_len;
-    t->tokens = malloc(n * sizeof(int32_t));
-    t->targets = malloc(n * sizeof(int32_t));
-    if (!t->tokens || !t->targets) return nsaErrorf(err, "out of memory for a batch of %zu tokens", n);
     return 0;
+}
+
+/* Tokens of one batch (batch_size x seq_len). */
+static size_t batchTokens(const Trainer *t) {
+    return (size_t)t->job.train.batch_size * (size_t)t->job.train.seq_len;
+}
+
+/* Where local rank r's micro-batch a lives in t->tokens / t->targets. */
+static size_t batchAt(const Trainer *t, int r, int a) {
+    return ((size_t)r * (size_t)t->job.train.accumulate_grad_batches + (size_t)a) * batchTokens(t);
 }
 
 /* The device line of hang dumps: engine, precision, which device (the
@@ -289,20 +364,117 @@ static void publishDevice(Trainer *t, const NsaMemoryReport *mem) {
         snprintf(line, sizeof line, "%s, %s; %d threads", configDeviceName(rt->device),
                  configPrecisionName(rt->precision), rt->threads);
     }
+    if (t->world > 1) {
+        size_t used = strlen(line);
+        snprintf(line + used, sizeof line - used, "; %d ranks", t->world);
+    }
     trainMonitorSetDevice(t->mon, line);
 }
 
-static int createModel(Trainer *t, NsaError *err) {
-    NsaEngineOptions eo = {
-        .device = t->job.runtime.device,
-        .device_ordinal = 0,
-        .precision = t->job.runtime.precision,
+/* The GPUs runtime.gpus names, checked against the devices there are:
+ * fills ordinals and returns how many, or -1 with err. */
+static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
+    NsaDeviceInfo info;
+    if (nsaDeviceProbe(&info, err) != 0) return -1;
+    const int visible = info.cuda_devices;
+    if (visible < 1)
+        return nsaErrorf(err, "runtime.device: cuda, but there is no CUDA device (%s)", info.description);
+    if (rt->n_gpu_list > 0) {
+        for (int i = 0; i < rt->n_gpu_list; i++) {
+            if (rt->gpu_list[i] >= visible)
+                return nsaErrorf(err, "runtime.gpus: GPU %d is not here; allowed: ordinals 0 to %d "
+                                 "(%d CUDA device%s)", rt->gpu_list[i], visible - 1, visible,
+                                 visible == 1 ? "" : "s");
+            ordinals[i] = rt->gpu_list[i];
+        }
+        return rt->n_gpu_list;
+    }
+    const int n = rt->gpus > 0 ? rt->gpus : visible;
+    if (n > visible)
+        return nsaErrorf(err, "runtime.gpus: %d, but this machine has %d CUDA device%s; allowed: 1 to %d, "
+                         "a list of ordinals, or all", n, visible, visible == 1 ? "" : "s", visible);
+    if (n > TRAIN_MAX_RANKS)
+        return nsaErrorf(err, "runtime.gpus: %d GPUs; allowed: up to %d per nsad", n, TRAIN_MAX_RANKS);
+    for (int i = 0; i < n; i++) ordinals[i] = i;
+    return n;
+}
+
+/* A dispatch to the ranks failed (ranks.h): every thread's stack and each
+ * rank's phase into a dump file in the run's directory, as the watchdog
+ * writes for a hang. */
+static void dumpRankFailure(void *ctx, const char *why) {
+    Trainer *t = ctx;
+    char ranks[1400], header[2400], path[4200];
+    trainMonitorDescribeRanks(t->mon, monotonicNs(), ranks, sizeof ranks);
+    snprintf(header, sizeof header, "nsad rank failure dump\nstep: %" PRId64 "\nerror: %s\n%s\n",
+             atomic_load(&t->mon->step) + 1, why, ranks);
+    char *stacks = stackdumpString("a rank of the job failed");
+    NsaError e;
+    if (watchdogWriteDump(t->out_dir, "rankfail", header, stacks ? stacks : "(no stacks)\n", path,
+                          sizeof path, &e) == 0)
+        logError("a rank failed (%s); stacks in %s", why, path);
+    else
+        logError("a rank failed (%s); no stack dump: %s", why, e.message);
+    free(stacks);
+}
+
+/* The job's ranks on this node (each its model), the step's batch buffers
+ * and the checkpoint scratch. */
+static int createRanks(Trainer *t, NsaError *err) {
+    const RuntimeConfig *rt = &t->job.runtime;
+    RankGroupConfig rc;
+    memset(&rc, 0, sizeof rc);
+    rc.model = t->job.model;
+    rc.engine = (NsaEngineOptions){
+        .device = rt->device,
+        .precision = rt->precision,
         .max_batch = t->job.train.batch_size,
         .max_seq_len = t->job.train.seq_len,
-        .threads = t->job.runtime.threads,
+        .threads = rt->threads,
     };
-    t->model = nsaModelCreate(&t->job.model, &eo, err);
-    if (!t->model) return -1;
+    if (rt->device == NSA_DEVICE_CUDA) {
+        rc.local = resolveGpus(rt, rc.ordinals, err);
+        if (rc.local < 0) return -1;
+    } else {
+        rc.local = rt->cpu_ranks;
+    }
+    rc.first = 0;
+    rc.world = rc.local;
+    rc.timeout = t->job.watchdog.allreduce;
+    rc.mon = t->mon;
+    rc.on_failure = dumpRankFailure;
+    rc.failure_ctx = t;
+    const FaultConfig *f = &t->job.fault;
+    const int faults = f->nan_at_step > 0 || f->stall_at_step > 0 || f->exit_at_step > 0;
+    if (faults && f->rank >= rc.world)
+        return nsaErrorf(err, "fault.rank: %d, but the job has %d rank%s; allowed: 0 to %d", f->rank,
+                         rc.world, rc.world == 1 ? "" : "s", rc.world - 1);
+    if (f->exit_at_step > 0 && rc.world < 2)
+        return nsaErrorf(err, "fault.exit_at_step: %lld with one rank; allowed: 0, or a job of 2 or "
+                         "more ranks (runtime.gpus, runtime.cpu_ranks)", (long long)f->exit_at_step);
+    t->local = rc.local;
+    t->world = rc.world;
+    t->first = rc.first;
+    const size_t step_tokens = (size_t)t->local * (size_t)t->job.train.accumulate_grad_batches *
+                               batchTokens(t);
+    t->tokens = malloc(step_tokens * sizeof(int32_t));
+    t->targets = malloc(step_tokens * sizeof(int32_t));
+    t->scratch = calloc((size_t)t->local, sizeof(float *));
+    if (!t->tokens || !t->targets || !t->scratch)
+        return nsaErrorf(err, "out of memory for a step's batches (%zu tokens)", step_tokens);
+    if (t->world > 1)
+        logInfo("data parallel: %d ranks (%s), %d x %d x %d tokens per rank and step", t->world,
+                rt->device == NSA_DEVICE_CUDA ? "NCCL, one GPU each" : "CPU engine, in-process",
+                t->job.train.batch_size, t->job.train.seq_len, t->job.train.accumulate_grad_batches);
+    t->ranks = rankGroupCreate(&rc, err);
+    if (!t->ranks) return -1;
+    t->model = rankGroupModel(t->ranks, 0);
+    size_t largest = 1;
+    for (int i = 0; i < nsaModelNumTensors(t->model); i++)
+        if (nsaModelTensorInfo(t->model, i)->numel > largest) largest = nsaModelTensorInfo(t->model, i)->numel;
+    for (int r = 0; r < t->local; r++)
+        if (!(t->scratch[r] = malloc(largest * sizeof(float))))
+            return nsaErrorf(err, "out of memory for the checkpoint scratch (%zu floats)", largest);
     cJSON *all = artifactsConfigJson(&t->job);
     cJSON *mc = cJSON_CreateObject();
     if (all && mc) {
@@ -313,6 +485,90 @@ static int createModel(Trainer *t, NsaError *err) {
     cJSON_Delete(all);
     cJSON_Delete(mc);
     if (!t->model_config_json) return nsaErrorf(err, "out of memory describing the model config");
+    return 0;
+}
+
+/* ---- checkpoints through the ranks ------------------------------------------- */
+
+/* What a rank does for one tensor of a checkpoint. */
+typedef struct TensorWork {
+    Trainer *t;
+    NsaArena arena;
+    int i;
+    float *rank0;  /* local rank 0's buffer: the caller's dst / src */
+} TensorWork;
+
+static float *tensorBuffer(const TensorWork *w, const RankCtx *rc) {
+    return rc->local == 0 ? w->rank0 : w->t->scratch[rc->local];
+}
+
+static int gatherOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    TensorWork *w = arg;
+    trainMonitorRankEnter(w->t->mon, rc->local, PHASE_CHECKPOINT);
+    return nsaModelGatherTensor(rc->model, w->arena, w->i, tensorBuffer(w, rc), err);
+}
+
+static int broadcastOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    TensorWork *w = arg;
+    trainMonitorRankEnter(w->t->mon, rc->local, PHASE_CHECKPOINT);
+    return nsaModelBroadcastTensor(rc->model, w->arena, w->i, tensorBuffer(w, rc), 0, err);
+}
+
+static const NsaTensorInfo *ranksInfo(void *ctx, int i) {
+    return nsaModelTensorInfo(((Trainer *)ctx)->model, i);
+}
+
+/* The whole tensor: the weights from rank 0 (every rank has them), the
+ * moments gathered from their holders (a collective of every rank). */
+static int ranksGet(void *ctx, NsaArena arena, int i, float *dst, NsaError *err) {
+    Trainer *t = ctx;
+    TensorWork w = {t, arena, i, dst};
+    if (arena == NSA_ARENA_PARAMS) return rankGroupRunOne(t->ranks, 0, gatherOnRank, &w, err);
+    return rankGroupRun(t->ranks, gatherOnRank, &w, err);
+}
+
+/* Job-wide rank 0's copy goes to every rank (each keeps its moments' range). */
+static int ranksSet(void *ctx, NsaArena arena, int i, const float *src, NsaError *err) {
+    Trainer *t = ctx;
+    const size_t n = nsaModelTensorInfo(t->model, i)->numel;
+    memcpy(t->scratch[0], src, n * sizeof(float)); /* the broadcast writes into its buffer */
+    TensorWork w = {t, arena, i, t->scratch[0]};
+    return rankGroupRun(t->ranks, broadcastOnRank, &w, err);
+}
+
+static CheckpointTensors ranksTensors(Trainer *t) {
+    CheckpointTensors c = {t, nsaModelNumTensors(t->model), ranksInfo, ranksGet, ranksSet};
+    return c;
+}
+
+typedef struct InitWork {
+    Trainer *t;
+    uint64_t seed;
+} InitWork;
+
+static int initOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    const InitWork *w = arg;
+    return nsaModelInit(rc->model, w->seed, err);
+}
+
+/* Reads a checkpoint into every rank: its resume state first (a checkpoint
+ * of another run is refused before any tensor moves), then the tensors.
+ * Logs a change of rank count. */
+static int loadCheckpoint(Trainer *t, const char *dir, ResumeState *st, NsaError *err) {
+    if (checkpointReadState(dir, st, err) != 0) return -1;
+    if (st->config_hash != t->config_hash)
+        return nsaErrorf(err, "resume: %s was written by a run whose config hashes to %016" PRIx64
+                         "; this config hashes to %016" PRIx64
+                         " (model, nsa, data, seed or batch shape differ)",
+                         dir, st->config_hash, t->config_hash);
+    const CheckpointTensors dst = ranksTensors(t);
+    if (checkpointLoadTensors(&dst, dir, st, err) != 0) return -1;
+    if (st->ranks != t->world)
+        logNotice("resume: %s was written by a job of %d rank%s; this job has %d: the data goes on "
+                  "from batch %" PRIu64 " (batches of %d sequences), and a step now takes %d x %d of "
+                  "them instead of %d x %d", dir, st->ranks, st->ranks == 1 ? "" : "s", t->world,
+                  st->data_position, t->job.train.batch_size, t->world,
+                  t->job.train.accumulate_grad_batches, st->ranks, t->job.train.accumulate_grad_batches);
     return 0;
 }
 
@@ -337,61 +593,124 @@ static int restoreOrInit(Trainer *t, const char *spec, char *resumed_from, size_
                       t->out_dir);
         } else {
             ResumeState st;
-            if (checkpointLoad(t->model, resumed_from, &st, err) != 0) return -1;
-            if (st.config_hash != t->config_hash)
-                return nsaErrorf(err, "resume: %s was written by a run whose config hashes to %016" PRIx64
-                                 "; this config hashes to %016" PRIx64
-                                 " (model, nsa, data, seed or batch shape differ)",
-                            resumed_from, st.config_hash, t->config_hash);
+            if (loadCheckpoint(t, resumed_from, &st, err) != 0) return -1;
             t->state = st;
+            t->state.ranks = t->world;
             logNotice("resume: step %" PRId64 " from %s (data position %" PRIu64 ")", st.step,
                       resumed_from, st.data_position);
             return 0;
         }
     }
-    return nsaModelInit(t->model, t->job.train.seed, err);
+    t->state.ranks = t->world;
+    InitWork w = {t, t->job.train.seed};
+    return rankGroupRun(t->ranks, initOnRank, &w, err);
 }
 
 /* ---- the step ----------------------------------------------------------- */
 
-static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, NsaError *err) {
+/* One step on one rank: its micro-batches (read by the controller into
+ * t->tokens), the reducing last backward, the optimizer step, its figures. */
+typedef struct StepWork {
+    Trainer *t;
+    int64_t step;
+    double lr;
+    NsaStepStats stats[TRAIN_MAX_RANKS];
+} StepWork;
+
+static int stepOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    StepWork *w = arg;
+    Trainer *t = w->t;
     const TrainConfig *tc = &t->job.train;
-    int accum = tc->accumulate_grad_batches;
-    size_t batch_tokens = (size_t)tc->batch_size * (size_t)tc->seq_len;
-    if (nsaModelZeroGrad(t->model, err) != 0) return -1;
+    const FaultConfig *f = &t->job.fault;
+    const int accum = tc->accumulate_grad_batches, at_fault_rank = rc->rank == f->rank;
+    const double t0 = monotonicSeconds();
+    if (at_fault_rank && !t->exit_fired && f->exit_at_step == w->step) {
+        t->exit_fired = 1;
+        logWarn("fault: rank %d stops answering at step %" PRId64 " (fault.exit_at_step)", rc->rank,
+                w->step);
+        return RANK_STOPPED;
+    }
+    if (nsaModelZeroGrad(rc->model, err) != 0) return -1;
     for (int micro = 0; micro < accum; micro++) {
-        enter(t, PHASE_DATA, step);
-        if (dataBatch(t->train_data, t->state.data_position, t->tokens, t->targets, err) != 0)
-            return -1;
-        t->state.data_position++;
-        t->state.tokens_seen += (int64_t)batch_tokens;
-        if (micro == 0 && !t->fault_fired && t->job.fault.nan_at_step == step &&
-            t->job.fault.nan_kind != FAULT_NONE) {
-            NsaFault f = t->job.fault.nan_kind == FAULT_NAN_GRAD ? NSA_FAULT_NAN_GRAD
-                                                                  : NSA_FAULT_NAN_LOSS;
-            logWarn("fault: injecting NaN %s at step %" PRId64 " (fault.nan_at_step)",
-                    f == NSA_FAULT_NAN_GRAD ? "gradient" : "loss", step);
-            if (nsaModelInjectFault(t->model, f, err) != 0) return -1;
+        if (micro == 0 && at_fault_rank && !t->fault_fired && f->nan_at_step == w->step &&
+            f->nan_kind != FAULT_NONE) {
+            NsaFault kind = f->nan_kind == FAULT_NAN_GRAD ? NSA_FAULT_NAN_GRAD : NSA_FAULT_NAN_LOSS;
+            logWarn("fault: injecting NaN %s at step %" PRId64 " on rank %d (fault.nan_at_step)",
+                    kind == NSA_FAULT_NAN_GRAD ? "gradient" : "loss", w->step, rc->rank);
+            if (nsaModelInjectFault(rc->model, kind, err) != 0) return -1;
             t->fault_fired = 1;
         }
-        enter(t, PHASE_FORWARD, step);
-        if (nsaModelForward(t->model, t->tokens, t->targets, tc->batch_size, tc->seq_len,
+        const size_t at = batchAt(t, rc->local, micro);
+        enterOnRank(t, rc, PHASE_FORWARD, w->step);
+        if (nsaModelForward(rc->model, t->tokens + at, t->targets + at, tc->batch_size, tc->seq_len,
                             1.0f / (float)accum, err) != 0)
             return -1;
-        enter(t, PHASE_BACKWARD, step);
-        if (nsaModelBackward(t->model, err) != 0) return -1;
+        const int last = micro + 1 == accum;
+        enterOnRank(t, rc, PHASE_BACKWARD, w->step);
+        /* a rank that sleeps in a collective: its first one is the last
+         * backward's first reduce-scatter */
+        if (last && at_fault_rank && rc->comm && !t->stall_fired && f->stall_at_step == w->step &&
+            !strcmp(f->stall_phase, "allreduce")) {
+            t->stall_fired = 1;
+            logWarn("fault: rank %d sleeps %.1f s in its next collective at step %" PRId64
+                    " (fault.stall_phase allreduce)", rc->rank, f->stall_seconds, w->step);
+            nsaCommInjectStall(rc->comm, f->stall_seconds);
+        }
+        if ((last ? nsaModelBackwardReduce(rc->model, err) : nsaModelBackward(rc->model, err)) != 0)
+            return -1;
     }
-    enter(t, PHASE_OPTIMIZER, step);
+    enterOnRank(t, rc, rc->world > 1 ? PHASE_ALLREDUCE : PHASE_OPTIMIZER, w->step);
     NsaOptimConfig oc = {
-        .lr = (float)lr,
+        .lr = (float)w->lr,
         .beta1 = (float)tc->beta1,
         .beta2 = (float)tc->beta2,
         .eps = (float)tc->eps,
         .weight_decay = (float)tc->weight_decay,
         .grad_clip = (float)tc->grad_clip,
     };
-    if (nsaModelOptimizerStep(t->model, &oc, step, err) != 0) return -1;
-    return nsaModelStepStats(t->model, stats, err);
+    if (nsaModelOptimizerStep(rc->model, &oc, w->step, err) != 0 ||
+        nsaModelStepStats(rc->model, &w->stats[rc->local], err) != 0 ||
+        nsaModelCommStats(rc->model, &t->rank_comm[rc->local], err) != 0)
+        return -1;
+    t->rank_seconds[rc->local] = monotonicSeconds() - t0;
+    return 0;
+}
+
+static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, NsaError *err) {
+    const int accum = t->job.train.accumulate_grad_batches;
+    /* every local rank's micro-batches: rank r's a-th is batch
+     * P + a * world + r of the data (consecutive positions: the prefetch
+     * keeps up) */
+    enter(t, PHASE_DATA, step);
+    const uint64_t base = t->state.data_position;
+    for (int a = 0; a < accum; a++)
+        for (int r = 0; r < t->local; r++) {
+            const uint64_t position = base + (uint64_t)a * (uint64_t)t->world + (uint64_t)(t->first + r);
+            const size_t at = batchAt(t, r, a);
+            if (dataBatch(t->train_data, position, t->tokens + at, t->targets + at, err) != 0) return -1;
+        }
+    StepWork *w = calloc(1, sizeof *w);
+    if (!w) return nsaErrorf(err, "out of memory for a step");
+    *w = (StepWork){.t = t, .step = step, .lr = lr};
+    int rc = rankGroupRun(t->ranks, stepOnRank, w, err);
+    if (rc == 0) {
+        *stats = w->stats[0];
+        /* the ranks decide together: the same loss, norm and NaN-guard
+         * decision everywhere, or something is broken */
+        for (int r = 1; r < t->local && rc == 0; r++)
+            if (w->stats[r].applied != stats->applied ||
+                memcmp(&w->stats[r].loss, &stats->loss, sizeof stats->loss) ||
+                memcmp(&w->stats[r].grad_norm, &stats->grad_norm, sizeof stats->grad_norm))
+                rc = nsaErrorf(err, "step %" PRId64 ": rank %d disagrees with rank %d (loss %.17g vs "
+                               "%.17g, applied %d vs %d): the ranks' weights are no longer the same",
+                               step, t->first + r, t->first, w->stats[r].loss, stats->loss,
+                               w->stats[r].applied, stats->applied);
+    }
+    free(w);
+    if (rc != 0) return -1;
+    t->state.data_position += (uint64_t)accum * (uint64_t)t->world;
+    t->state.tokens_seen += (int64_t)(batchTokens(t) * (size_t)accum * (size_t)t->world);
+    return 0;
 }
 
 /* ---- evaluation, logging, checkpoints ------------------------------------ */
@@ -399,11 +718,35 @@ static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, Nsa
 /* The evaluation's samples (daemon/trainsamples.c): samples.jsonl and a
  * `samples` event. A sampling failure is logged and the run goes on: the
  * samples are a view of the model, not part of its training. */
+typedef struct SampleWork {
+    Trainer *t;
+    int64_t step;
+    char *detail;
+} SampleWork;
+
+/* On rank 0's thread: its device holds the decoder and the weights. */
+static int sampleOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    SampleWork *w = arg;
+    return trainSamplesRun(w->t->samples, rc->model, w->step, &w->detail, err);
+}
+
+static int createSamplesOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    Trainer *t = arg;
+    const char *no_samples = NULL;
+    t->samples = trainSamplesCreate(&t->job, &no_samples, err);
+    if (!t->samples && no_samples) logInfo("samples: none (%s)", no_samples);
+    else if (!t->samples) logWarn("samples: none: %s", err->message);
+    return 0;
+}
+
 static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
     if (!t->samples) return 0;
     char *detail = NULL;
     NsaError e;
-    if (trainSamplesRun(t->samples, t->model, step, &detail, &e) != 0 ||
+    SampleWork w = {t, step, NULL};
+    int rc_run = rankGroupRunOne(t->ranks, 0, sampleOnRank, &w, &e);
+    detail = w.detail;
+    if (rc_run != 0 ||
         trainSamplesAppend(t->out_dir, detail, unixSeconds(), &e) != 0) {
         logWarn("samples at step %" PRId64 ": %s", step, e.message);
         free(detail);
@@ -414,21 +757,36 @@ static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
     return rc;
 }
 
-static int evaluate(Trainer *t, NsaError *err) {
+/* The held-out batches on rank 0 (its weights are every rank's). */
+typedef struct EvalWork {
+    Trainer *t;
+    double sum;
+} EvalWork;
+
+static int evalOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    EvalWork *w = arg;
+    Trainer *t = w->t;
     const TrainConfig *tc = &t->job.train;
-    int64_t step = t->state.step;
-    enter(t, PHASE_EVAL, step);
-    double sum = 0;
+    trainMonitorRankEnter(t->mon, rc->local, PHASE_EVAL);
     for (int64_t i = 0; i < tc->eval_batches; i++) {
         /* the same held-out batches every time, so the curve compares */
         if (dataBatch(t->val_data, (uint64_t)i, t->tokens, t->targets, err) != 0) return -1;
         double loss;
-        if (nsaModelEvalLoss(t->model, t->tokens, t->targets, tc->batch_size, tc->seq_len, &loss,
+        if (nsaModelEvalLoss(rc->model, t->tokens, t->targets, tc->batch_size, tc->seq_len, &loss,
                              err) != 0)
             return -1;
-        sum += loss;
+        w->sum += loss;
     }
-    double val = sum / (double)tc->eval_batches;
+    return 0;
+}
+
+static int evaluate(Trainer *t, NsaError *err) {
+    const TrainConfig *tc = &t->job.train;
+    int64_t step = t->state.step;
+    enter(t, PHASE_EVAL, step);
+    EvalWork w = {t, 0.0};
+    if (rankGroupRunOne(t->ranks, 0, evalOnRank, &w, err) != 0) return -1;
+    double val = w.sum / (double)tc->eval_batches;
     /* token shards do not record the text they came from: no bits-per-byte
      * figure then (NaN is written as "nan" in val.csv and null in JSON) */
     double bpb = t->bytes_per_token > 0 ? val / log(2.0) / t->bytes_per_token : NAN;
@@ -455,9 +813,10 @@ static int evaluate(Trainer *t, NsaError *err) {
 static int saveCheckpoint(Trainer *t, NsaError *err) {
     enter(t, PHASE_CHECKPOINT, t->state.step);
     double t0 = monotonicSeconds();
-    if (checkpointSave(t->model, t->out_dir, &t->state, t->job.train.keep_last,
-                       t->model_config_json, t->last_checkpoint, sizeof t->last_checkpoint,
-                       err) != 0)
+    const CheckpointTensors src = ranksTensors(t);
+    if (checkpointSaveTensors(&src, t->out_dir, &t->state, t->job.train.keep_last,
+                              t->model_config_json, t->last_checkpoint, sizeof t->last_checkpoint,
+                              err) != 0)
         return -1;
     t->last_saved_step = t->state.step;
     double secs = monotonicSeconds() - t0;
@@ -555,11 +914,9 @@ static int rollBack(Trainer *t, NsaError *err) {
     int anomalies = t->state.anomalies;
     int64_t from = t->state.step;
     ResumeState st;
-    if (checkpointLoad(t->model, dir, &st, err) != 0) return -1;
-    if (st.config_hash != t->config_hash)
-        return nsaErrorf(err, "rollback: %s belongs to another config (hash %016" PRIx64 ")", dir,
-                    st.config_hash);
+    if (loadCheckpoint(t, dir, &st, err) != 0) return -1;
     t->state = st;
+    t->state.ranks = t->world;
     t->state.anomalies = anomalies;
     t->log_tokens0 = st.tokens_seen;  /* throughput restarts from the checkpoint */
     t->log_step_seconds = 0;
@@ -632,12 +989,25 @@ static int guardAnomaly(Trainer *t, int64_t step, const NsaStepStats *stats, Nsa
 
 /* ---- the run -------------------------------------------------------------- */
 
+static int freeSamplesOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    Trainer *t = arg;
+    trainSamplesFree(t->samples);
+    t->samples = NULL;
+    return 0;
+}
+
 static void freeTrainer(Trainer *t) {
     artifactsClose(t->art);
+    /* the decoder on the thread that made it, then the ranks (models,
+     * transports, worker threads) before the data their workers read */
+    NsaError e;
+    if (t->samples && rankGroupRunOne(t->ranks, 0, freeSamplesOnRank, t, &e) != 0)
+        logWarn("samples: %s", e.message); /* the ranks are broken: it stays (a leak, not a crash) */
+    rankGroupFree(t->ranks);
     dataClose(t->train_data);
     dataClose(t->val_data);
-    trainSamplesFree(t->samples);
-    nsaModelFree(t->model);
+    for (int r = 0; t->scratch && r < t->local; r++) free(t->scratch[r]);
+    free(t->scratch);
     free(t->tokens);
     free(t->targets);
     free(t->model_config_json);
@@ -710,7 +1080,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
 static void writeSummary(Trainer *t, TrainOutcome outcome, double wall, const char *error) {
     double run_secs = t->steps_this_process ? monotonicSeconds() - t->started : 0;
     int64_t tokens_per_step = (int64_t)t->job.train.batch_size * t->job.train.seq_len *
-                              t->job.train.accumulate_grad_batches;
+                              t->job.train.accumulate_grad_batches * (t->world > 0 ? t->world : 1);
     RunSummary s = {
         .outcome = outcomeName(outcome),
         .step = t->state.step,
@@ -771,7 +1141,7 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     NsaError e;
     int removed = artifactsClearStale(t->out_dir, &e);
     if (removed > 0) logNotice("removed a stale .HALT/.anomaly_type from %s", t->out_dir);
-    if (openData(t, err) != 0 || createModel(t, err) != 0 ||
+    if (openData(t, err) != 0 || createRanks(t, err) != 0 ||
         restoreOrInit(t, opt->resume, resumed_from, sizeof resumed_from, err) != 0)
         return -1;
     int resumed = resumed_from[0] != 0;
@@ -780,12 +1150,10 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     t->art = artifactsOpen(t->out_dir, resumed ? t->state.step : -1, err);
     if (!t->art) return -1;
     if (resumed) loadValHistory(t);
-    const char *no_samples = NULL;
-    t->samples = trainSamplesCreate(&t->job, &no_samples, &e);
-    if (!t->samples && no_samples) logInfo("samples: none (%s)", no_samples);
-    else if (!t->samples) logWarn("samples: none: %s", e.message);
+    /* samples come from the job's rank 0, on its thread and device */
+    if (t->first == 0) rankGroupRunOne(t->ranks, 0, createSamplesOnRank, t, &e);
     NsaMemoryReport mem;
-    int have_mem = nsaModelMemoryReport(t->model, &mem) == 0;
+    int have_mem = memoryReport(t, &mem) == 0;
     if (artifactsWriteEnv(t->out_dir, &t->job, have_mem ? &mem : NULL,
                           resumed ? resumed_from : NULL, err) != 0)
         return -1;
@@ -873,6 +1241,7 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     t->first_val = t->first_bpb = t->last_val = t->last_bpb = t->best_val = NAN;
     t->last_saved_step = t->last_eval_step = -1;
     double wall0 = monotonicSeconds();
+    atomic_store(&mon->abort_requested, 0);
     trainMonitorEnter(mon, PHASE_STARTING);
 
     TrainOutcome outcome = TRAIN_FAILED;

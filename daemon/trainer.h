@@ -27,6 +27,9 @@ typedef enum TrainPhase {
     PHASE_COUNT
 } TrainPhase;
 
+/* Local data-parallel ranks a monitor follows (GPUs one nsad drives). */
+#define TRAIN_MAX_RANKS 64
+
 /* Returns "idle", "data", "forward", ... Never NULL. */
 const char *trainPhaseName(TrainPhase phase);
 /* Returns the phase of that name, or -1. */
@@ -50,6 +53,15 @@ typedef struct TrainMonitor {
     _Atomic int64_t memory_step;     /* and that step */
     _Atomic unsigned device_seq;     /* odd while `device` is being written (a seqlock) */
     char device[384];                /* the engine's device line; trainMonitorDevice reads it */
+    /* Data parallelism: each local rank's phase (its worker writes it; idle
+     * when it has done its part of a dispatch), so a hang dump names the
+     * rank that holds the others up; and the watchdog's request to abort
+     * the job's transports. */
+    _Atomic int n_ranks;             /* local ranks of the job (0 before they exist) */
+    _Atomic int rank_first;          /* the job-wide rank of local rank 0 */
+    _Atomic int rank_phase[TRAIN_MAX_RANKS];
+    _Atomic int64_t rank_since_ns[TRAIN_MAX_RANKS];
+    _Atomic int abort_requested;     /* set by the watchdog; the trainer aborts the ranks */
 } TrainMonitor;
 
 void trainMonitorInit(TrainMonitor *mon);
@@ -68,6 +80,12 @@ void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap);
  * stuck points at the device or its driver, a short one at the host).
  * Truncates to cap (> 0). Cannot fail. */
 void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap);
+/* A local rank's phase (its worker calls it; async-signal-safe). */
+void trainMonitorRankEnter(TrainMonitor *mon, int local, TrainPhase phase);
+/* "ranks: 0 allreduce 31.0 s, 1 forward 40.2 s\n" (job-wide ranks, the
+ * phase each is in and for how long at now_ns; idle ranks say idle), or ""
+ * with fewer than two ranks. Truncates to cap (> 0). Cannot fail. */
+void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap);
 
 /* One logged step, as written to heartbeat_rank0.jsonl and training.csv. */
 typedef struct TrainSample {

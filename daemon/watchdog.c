@@ -115,13 +115,18 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
 
     /* the slow part runs unlocked: the HTTP thread keeps answering */
     const char *phase_name = trainPhaseName(phase);
-    char device[640], header[1024];
+    char device[640], ranks[1400], header[2200];
     trainMonitorDescribeDevice(mon, now_ns, device, sizeof device);
+    trainMonitorDescribeRanks(mon, now_ns, ranks, sizeof ranks);
     snprintf(header, sizeof header,
              "nsad hang dump\nrun: %s\nphase: %s\nphase_seconds: %.1f\ndeadline_seconds: %.1f\n"
-             "step: %lld\npolicy: %s\n%s\n",
+             "step: %lld\npolicy: %s\n%s%s\n",
              id, phase_name, age, deadline, (long long)step, policy == HANG_EXIT ? "exit" : "report",
-             device);
+             device, ranks);
+    /* several ranks: the others wait in collectives for the stuck one, so
+     * the hang cannot end by itself - the trainer aborts the transports and
+     * the run fails, resumable from its last checkpoint */
+    if (atomic_load(&mon->n_ranks) > 1) atomic_store(&mon->abort_requested, 1);
     char *stacks = stackdumpString("watchdog: phase overran its deadline");
     char path[RUN_PATH_MAX + 64] = "";
     NsaError err;
@@ -132,6 +137,7 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
     }
     logError("run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s", id,
              phase_name, age, deadline, (long long)step, path[0] ? path : "(not written)");
+    if (ranks[0]) logLines(LOG_LVL_ERR, "  ", ranks);
     logLines(LOG_LVL_ERR, "  ", stacks);
     free(stacks);
     if (dump_path) snprintf(dump_path, cap, "%s", path);

@@ -502,14 +502,14 @@ static void cpuBucketReady(void *ctx, int b) {
 
 static int backward(NsaModel *m, int reduce, NsaError *err) {
     if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-    if (m->reduced)
+    if (m->comm && m->reduced)
         return nsaErrorf(err, "nsa: this step's gradients were already reduced by "
                               "nsaModelBackwardReduce, which must be the step's last backward "
                               "(nsaModelZeroGrad starts the next step)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) {
         if (nsaCudaModelBackward(m->cuda, reduce, err)) return -1;
-        m->reduced = reduce;
+        m->reduced = reduce && m->comm;
         return 0;
     }
 #endif
@@ -527,7 +527,7 @@ static int backward(NsaModel *m, int reduce, NsaError *err) {
         if (err) *err = m->reduce_err;
         return -1;
     }
-    m->reduced = reduce;
+    m->reduced = reduce && m->comm;
     return 0;
 }
 
@@ -573,7 +573,7 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
     if (isCuda(m)) {
         /* the CUDA engine reduces what nsaModelBackwardReduce did not */
         if (nsaCudaModelOptimizerStep(m->cuda, oc, step, err)) return -1;
-        m->reduced = 1;
+        m->reduced = m->comm != NULL;
         return 0;
     }
 #endif
@@ -583,7 +583,7 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
     if (m->comm && !m->reduced) /* in the backward's order */
         for (int b = lay->n_buckets - 1; b >= 0; b--)
             if (cpuReduceBucket(m, b, err)) return -1;
-    m->reduced = 1;
+    m->reduced = m->comm != NULL;
     /* this rank's squared norm over its pieces in layout order (alone: every
      * tensor), then every rank's figures added in rank order */
     double sum_sq = 0.0;

@@ -1,0 +1,101 @@
+/* ranks.h - the data-parallel ranks of one job on this node.
+ *
+ * A RankGroup owns one worker thread per local rank. Each worker creates
+ * and owns its rank's transport handle (NCCL on CUDA, made on its own
+ * thread and device; the in-process local transport on the CPU engine) and
+ * its model, and runs whatever the trainer hands the group - all ranks at
+ * once, since their collectives wait for each other (kernels/nsa.h, "data
+ * parallelism"). One rank in all has no transport: a model alone.
+ *
+ * Never hang: a dispatch (rankGroupRun) waits for every rank; the first
+ * rank that fails - a collective past its deadline names the ranks it
+ * waited for - makes the group abort every local transport, so that ranks
+ * blocked in collectives fail at once, and the others get a grace period
+ * (the transport's timeout) to return. A rank that still has not returned
+ * is abandoned: the dispatch fails naming it and its phase, the group is
+ * broken (later dispatches fail at once), and the worker frees its own
+ * model whenever it returns. rankGroupAbort (any thread: the watchdog, a
+ * shutdown) does the same from outside.
+ *
+ * Threads: rankGroup* are called by one controller thread (the trainer),
+ * except rankGroupAbort. Workers register with the stack dumper as
+ * "rank N" and report their phase in the TrainMonitor's rank slots. */
+#ifndef NSAD_RANKS_H
+#define NSAD_RANKS_H
+
+#include "../kernels/nsa.h"
+#include "trainer.h"
+
+#define RANKS_MAX TRAIN_MAX_RANKS
+
+typedef struct RankGroup RankGroup;
+
+typedef struct RankGroupConfig {
+    NsaModelConfig model;
+    NsaEngineOptions engine;   /* device, precision, max_batch, max_seq_len, threads; each
+                                  rank's device_ordinal and comm are set by the group */
+    int local;                 /* ranks on this node, 1 to RANKS_MAX */
+    int first;                 /* the job-wide rank of local rank 0 */
+    int world;                 /* ranks in the whole job (>= first + local) */
+    int ordinals[RANKS_MAX];   /* CUDA: local rank r runs on device ordinals[r] */
+    double timeout;            /* seconds: every collective's deadline, and the grace
+                                  period of ranks after an abort */
+    int have_nccl_id;          /* CUDA, world > 1: nccl_id is the job's (else made here: one node) */
+    NsaCommId nccl_id;
+    TrainMonitor *mon;         /* ranks' phases (may be NULL) */
+    /* Called once per failed dispatch, on the controller's thread, before
+     * the transports are aborted (the stuck ranks are still where they
+     * stuck): the trainer dumps every thread's stack there. May be NULL. */
+    void (*on_failure)(void *ctx, const char *why);
+    void *failure_ctx;
+} RankGroupConfig;
+
+/* What a worker hands the function it runs. */
+typedef struct RankCtx {
+    int local;       /* index on this node */
+    int rank;        /* job-wide rank */
+    int world;
+    int ordinal;     /* CUDA device (CPU: -1) */
+    NsaModel *model;
+    NsaComm *comm;   /* NULL with one rank in all */
+    TrainMonitor *mon;
+} RankCtx;
+
+/* Runs on a rank's worker thread. Returns 0, or -1 with err (the group
+ * aborts the others), or RANK_STOPPED: the rank stops answering for good,
+ * as a rank whose process died would (fault injection: fault.exit_at_step). */
+#define RANK_STOPPED 2
+typedef int (*RankFn)(const RankCtx *rc, void *arg, NsaError *err);
+
+/* Starts the workers; each creates its transport handle and its model
+ * (weights uninitialised). Returns NULL with err naming the rank that
+ * failed (a failed NCCL init, a device out of memory, ...). Free with
+ * rankGroupFree. */
+RankGroup *rankGroupCreate(const RankGroupConfig *cfg, NsaError *err);
+
+/* Runs fn(rank, arg) on every local rank at once and waits for them all.
+ * Returns 0, or -1 with err: "rank R (PHASE): <what failed>", plus the
+ * ranks abandoned (see above). */
+int rankGroupRun(RankGroup *g, RankFn fn, void *arg, NsaError *err);
+
+/* Runs fn on local rank `local` alone (the others idle); same failure rules. */
+int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err);
+
+/* Aborts every local transport with reason and makes the running dispatch
+ * fail (its ranks then get the grace period). Any thread; idempotent. */
+void rankGroupAbort(RankGroup *g, const char *reason);
+
+int rankGroupLocal(const RankGroup *g);
+int rankGroupWorld(const RankGroup *g);
+int rankGroupFirst(const RankGroup *g);
+
+/* Local rank `local`'s model, for what touches no device (its tensor table,
+ * options); engine calls go through rankGroupRun*. NULL when out of range. */
+NsaModel *rankGroupModel(RankGroup *g, int local);
+
+/* Stops the workers (each frees its model, then its transport handle) and
+ * frees the group; an abandoned worker does that when it returns. NULL is
+ * a no-op. */
+void rankGroupFree(RankGroup *g);
+
+#endif
