@@ -508,7 +508,8 @@ static int backward(NsaModel *m, int reduce, NsaError *err) {
                               "(nsaModelZeroGrad starts the next step)");
 #ifdef NSA_MODEL_CUDA
     if (isCuda(m)) {
-        if (nsaCudaModelBackward(m->cuda, reduce, err)) return -1;
+        if ((reduce ? nsaCudaModelBackwardReduce(m->cuda, err) : nsaCudaModelBackward(m->cuda, err)))
+            return -1;
         m->reduced = reduce && m->comm;
         return 0;
     }

@@ -1640,7 +1640,7 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
     return 0;
 }
 
-int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err) {
+static int backward(NsaCudaModel *m, int reduce, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
     if (!m->have_forward)
         return cudaFail(err, "cuda: Backward needs the activations of a Forward (each Forward "
@@ -1655,6 +1655,10 @@ int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err) {
     m->dp.reducing = 0;
     return rc;
 }
+
+int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err) { return backward(m, 0, err); }
+
+int nsaCudaModelBackwardReduce(NsaCudaModel *m, NsaError *err) { return backward(m, 1, err); }
 
 int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
                               NsaError *err) {

@@ -142,7 +142,11 @@ int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaE
 int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err);
 int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                         int S, float grad_scale, NsaError *err);
-int nsaCudaModelBackward(NsaCudaModel *m, int reduce, NsaError *err);
+int nsaCudaModelBackward(NsaCudaModel *m, NsaError *err);
+/* Backward of the step's last micro-batch of a data-parallel model: each
+ * gradient bucket is reduce-scattered on the communication stream as soon
+ * as it is complete (nsa.h, nsaModelBackwardReduce). Alone: Backward. */
+int nsaCudaModelBackwardReduce(NsaCudaModel *m, NsaError *err);
 int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
                               NsaError *err);
 int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err);
