@@ -158,6 +158,38 @@ static void statusLine(const char *label, const char *value) {
     printf("  %-11s %s\n", label, value);
 }
 
+/* Data parallelism: the job's rank count and a line per rank of the node
+ * (its device, step time, communication and the share the backward hid,
+ * its phase while the run is active). Nothing for a run of one rank. */
+static void printRanks(const cJSON *run) {
+    double world = 0;
+    const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(run, "ranks");
+    if (!ctlNumber(run, "world", &world) || world < 2 || !cJSON_IsArray(ranks)) return;
+    char line[512], a[64], b[64], c[64];
+    snprintf(line, sizeof line, "%.0f (%d on this node)", world, cJSON_GetArraySize(ranks));
+    statusLine("ranks", line);
+    const cJSON *r;
+    cJSON_ArrayForEach(r, ranks) {
+        double rank = 0, device = -1, v = 0;
+        ctlNumber(r, "rank", &rank);
+        int have_device = ctlNumber(r, "device", &device);
+        snprintf(a, sizeof a, "-");
+        snprintf(b, sizeof b, "-");
+        snprintf(c, sizeof c, "-");
+        if (ctlNumber(r, "step_s", &v)) snprintf(a, sizeof a, "%.1f ms", v * 1e3);
+        if (ctlNumber(r, "comm_s", &v)) snprintf(b, sizeof b, "%.1f ms", v * 1e3);
+        if (ctlNumber(r, "overlap", &v)) snprintf(c, sizeof c, "%.0f%%", v * 100.0);
+        int used = snprintf(line, sizeof line, "%s%-3.0f step %s   comm %s (%s hidden)",
+                            have_device ? "gpu " : "cpu ", have_device ? device : rank, a, b, c);
+        const char *phase = ctlString(r, "phase", NULL);
+        if (phase && used > 0 && (size_t)used < sizeof line)
+            snprintf(line + used, sizeof line - (size_t)used, "   %s", phase);
+        char label[32];
+        snprintf(label, sizeof label, "  rank %.0f", rank);
+        statusLine(label, line);
+    }
+}
+
 static void printRunDetails(const cJSON *run) {
     char a[64], b[64], c[64], line[512];
     double v = 0, w = 0;
@@ -218,6 +250,7 @@ static void printRunDetails(const cJSON *run) {
     if (ctlNumber(run, "restarts", &v) && v > 0)
         snprintf(line + strlen(line), sizeof line - strlen(line), "   restarts %.0f", v);
     statusLine("device", line);
+    printRanks(run);
 
     double created = 0, started = 0, ended = 0;
     ctlNumber(run, "created_at", &created);

@@ -246,6 +246,32 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "started_at", run->started_at > 0 ? run->started_at : NAN);
     addNumberOrNull(o, "ended_at", run->ended_at > 0 ? run->ended_at : NAN);
     cJSON_AddStringToObject(o, "out_dir", run->out_dir);
+    /* data parallelism: every rank of this node at the last logged step */
+    if (run->n_ranks > 0) cJSON_AddNumberToObject(o, "world", run->world);
+    else cJSON_AddNullToObject(o, "world");
+    cJSON *ranks = cJSON_AddArrayToObject(o, "ranks");
+    for (int r = 0; ranks && r < run->n_ranks; r++) {
+        const TrainRankStatus *rs = &run->ranks[r];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "rank", rs->rank);
+        if (rs->device >= 0) cJSON_AddNumberToObject(e, "device", rs->device);
+        else cJSON_AddNullToObject(e, "device");
+        addNumberOrNull(e, "step_s", rs->step_seconds);
+        addNumberOrNull(e, "comm_s", rs->comm_seconds);
+        addNumberOrNull(e, "comm_exposed_s", rs->exposed_seconds);
+        addNumberOrNull(e, "overlap", rs->overlap);
+        addNumberOrNull(e, "gather_s", rs->gather_seconds);
+        if (active && !svc->pending && atomic_load(&svc->mon.n_ranks) > r) {
+            const int64_t since = atomic_load(&svc->mon.rank_since_ns[r]);
+            cJSON_AddStringToObject(e, "phase",
+                                    trainPhaseName((TrainPhase)atomic_load(&svc->mon.rank_phase[r])));
+            cJSON_AddNumberToObject(e, "phase_age_s", since > 0 ? (double)(now - since) * 1e-9 : 0.0);
+        } else {
+            cJSON_AddNullToObject(e, "phase");
+            cJSON_AddNullToObject(e, "phase_age_s");
+        }
+        cJSON_AddItemToArray(ranks, e);
+    }
     if (with_config) cJSON_AddStringToObject(o, "config", run->config_yaml ? run->config_yaml : "");
     return o;
 }

@@ -45,6 +45,26 @@ static const RunGauge run_gauges[] = {
     {"nsad_run_memory_bytes", "Device (or host) memory the run uses.", offsetof(Run, mem_bytes)},
 };
 
+/* A data-parallel rank's figures, per rank of the active run. */
+typedef struct RankGauge {
+    const char *name, *help;
+    size_t offset; /* of a double in TrainRankStatus */
+} RankGauge;
+
+static const RankGauge rank_gauges[] = {
+    {"nsad_rank_step_seconds", "Wall time of the rank's last logged step.",
+     offsetof(TrainRankStatus, step_seconds)},
+    {"nsad_rank_comm_seconds", "The rank's gradient reduce-scatters in its last logged step.",
+     offsetof(TrainRankStatus, comm_seconds)},
+    {"nsad_rank_comm_exposed_seconds",
+     "Of those, the time after the backward's compute had ended (not hidden).",
+     offsetof(TrainRankStatus, exposed_seconds)},
+    {"nsad_rank_overlap_ratio", "Share of the rank's reductions the backward hid.",
+     offsetof(TrainRankStatus, overlap)},
+    {"nsad_rank_gather_seconds", "The weights' all-gather of the rank's last logged step.",
+     offsetof(TrainRankStatus, gather_seconds)},
+};
+
 char *promRender(Service *svc, size_t *len) {
     StrBuf b;
     if (strbufInit(&b, 8192) != 0) return NULL;
@@ -109,6 +129,16 @@ char *promRender(Service *svc, size_t *len) {
         if (active && isfinite(active->step_seconds) && active->total_steps >= active->step)
             runSample(&b, "nsad_run_eta_seconds", active,
                       (double)(active->total_steps - active->step) * active->step_seconds);
+        /* data parallelism: the active run's ranks on this node */
+        if (active && active->n_ranks > 0)
+            for (size_t g = 0; g < sizeof rank_gauges / sizeof rank_gauges[0]; g++) {
+                family(&b, rank_gauges[g].name, "gauge", rank_gauges[g].help);
+                for (int r = 0; r < active->n_ranks; r++) {
+                    strbufPrintf(&b, "%s{run_id=\"%s\",rank=\"%d\"}", rank_gauges[g].name, active->id,
+                                 active->ranks[r].rank);
+                    value(&b, *(const double *)((const char *)&active->ranks[r] + rank_gauges[g].offset));
+                }
+            }
         family(&b, "nsad_run_state", "gauge", "1 for the run's state.");
         for (int i = 0; i < n_shown; i++)
             for (int s = 0; s < RUN_STATE_COUNT; s++)

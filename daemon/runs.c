@@ -458,6 +458,9 @@ int runsAddSample(Run *run, const TrainSample *s) {
     run->toks_per_s = s->toks_per_s;
     run->step_seconds = s->step_seconds;
     run->mem_bytes = (double)s->mem_bytes;
+    run->world = s->world;
+    run->n_ranks = s->n_ranks < 0 ? 0 : s->n_ranks > TRAIN_MAX_RANKS ? TRAIN_MAX_RANKS : s->n_ranks;
+    memcpy(run->ranks, s->ranks, (size_t)run->n_ranks * sizeof run->ranks[0]);
     return appendTrain(run, &p);
 }
 

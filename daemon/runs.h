@@ -98,6 +98,10 @@ typedef struct Run {
     /* bumped whenever stored points are replaced (a resume or a rollback
      * redid steps), so pollers know to refetch the series */
     int64_t series_generation;
+    /* data parallelism: the job's rank count and this node's ranks at the
+     * last logged step (n_ranks 0 until one is logged in this process) */
+    int world, n_ranks;
+    TrainRankStatus ranks[TRAIN_MAX_RANKS];
 } Run;
 
 typedef struct RunRegistry {

@@ -180,6 +180,7 @@ typedef struct Trainer {
     NsaModel *model;              /* local rank 0's: its tensor table (no device calls) */
     int local, world, first;      /* ranks here, in the job, and the first one's rank */
     TrainSamples *samples;        /* the prompts continued at each evaluation, or NULL */
+    int ordinals[TRAIN_MAX_RANKS];/* CUDA: each local rank's device */
     DataLoader *train_data, *val_data;
     Artifacts *art;
     int32_t *tokens, *targets;    /* [local][accum][batch] each: a step's batches */
@@ -455,6 +456,7 @@ static int createRanks(Trainer *t, NsaError *err) {
     t->local = rc.local;
     t->world = rc.world;
     t->first = rc.first;
+    memcpy(t->ordinals, rc.ordinals, sizeof t->ordinals);
     const size_t step_tokens = (size_t)t->local * (size_t)t->job.train.accumulate_grad_batches *
                                batchTokens(t);
     t->tokens = malloc(step_tokens * sizeof(int32_t));
@@ -869,7 +871,21 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
         .step_seconds = step_seconds,
         .tokens_seen = t->state.tokens_seen,
         .mem_bytes = memoryInUse(t),
+        .world = t->world,
+        .n_ranks = t->local,
     };
+    for (int r = 0; r < t->local; r++) {
+        const NsaCommStats *cs = &t->rank_comm[r];
+        s.ranks[r] = (TrainRankStatus){
+            .rank = t->first + r,
+            .device = t->job.runtime.device == NSA_DEVICE_CUDA ? t->ordinals[r] : -1,
+            .step_seconds = t->rank_seconds[r],
+            .comm_seconds = cs->reduce_seconds,
+            .exposed_seconds = cs->exposed_seconds,
+            .overlap = cs->overlap,
+            .gather_seconds = cs->gather_seconds,
+        };
+    }
     atomic_store(&t->mon->memory_bytes, (int64_t)s.mem_bytes);
     atomic_store(&t->mon->memory_step, s.step);
     t->log_step_seconds = 0;

@@ -609,6 +609,32 @@
     });
   }
 
+  /* Data parallelism: a row per rank of this node (step time, the gradient
+   * reductions and the share the backward hid, the weights' all-gather);
+   * hidden for a run of one rank. */
+  function renderRanks(st) {
+    var table = $('ranks');
+    var ranks = Array.isArray(st.ranks) ? st.ranks : [];
+    var show = isNum(st.world) && st.world > 1 && ranks.length > 0;
+    table.hidden = !show;
+    if (!show) return;
+    setText('ranks-caption', 'Ranks: ' + st.world + (ranks.length < st.world ? ' (' + ranks.length + ' on this node)' : ''));
+    var body = $('ranks-body');
+    while (body.firstChild) body.removeChild(body.firstChild);
+    ranks.forEach(function (r) {
+      var tr = document.createElement('tr');
+      var ms = function (v) { return isNum(v) ? (v * 1e3).toFixed(1) + ' ms' : '—'; };
+      [String(r.rank), isNum(r.device) ? 'GPU ' + r.device : 'CPU', r.phase || '—', ms(r.step_s),
+       ms(r.comm_s), isNum(r.overlap) ? Math.round(100 * r.overlap) + '%' : '—', ms(r.gather_s)]
+        .forEach(function (text) {
+          var td = document.createElement('td');
+          td.textContent = text;
+          tr.appendChild(td);
+        });
+      body.appendChild(tr);
+    });
+  }
+
   function setText(id, text) {
     var el = $(id);
     if (el.textContent !== text) el.textContent = text;
@@ -648,6 +674,8 @@
     hb.title = st.phase ? 'phase: ' + st.phase + (isNum(st.phase_age_s) ? ' for ' + fmtDuration(st.phase_age_s) : '') : '';
     hb.classList.toggle('stale', !!ACTIVE_STATES[state] && isNum(st.heartbeat_age_s) &&
                         st.heartbeat_age_s > HEARTBEAT_STALE_S);
+
+    renderRanks(st);
 
     var problems = [];
     if (st.anomaly) problems.push('Anomaly: ' + anomalyText(st.anomaly));
