@@ -324,6 +324,21 @@ NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_
 /* 1 when this libnsa has the NCCL transport, else 0. */
 int nsaCommHaveNccl(void);
 
+/* TCP transport for the CPU engine across processes (nsad daemons on
+ * several nodes): a star through rank 0, summing in rank order like the
+ * local transport (the same bits). nsaCommTcpUniqueId opens rank 0's
+ * listening socket on bind_host (an IPv4 address of this machine, "" for
+ * all) and an ephemeral port and describes it in id, with a random key the
+ * other ranks present; rank 0's handle must be made from it in the same
+ * process (it takes the socket over). nsaCommTcpIdSetHost sets the address
+ * the other ranks connect to. nsaCommTcpCreate joins (rank 0 waits for the
+ * others, the others connect) within timeout_seconds, which also bounds
+ * every collective. Return 0 / a handle, or -1 / NULL with err. */
+int nsaCommTcpUniqueId(const char *bind_host, NsaCommId *id, NsaError *err);
+int nsaCommTcpIdSetHost(NsaCommId *id, const char *host, NsaError *err);
+NsaComm *nsaCommTcpCreate(const NsaCommId *id, int rank, int world, double timeout_seconds,
+                          NsaError *err);
+
 /* Aborts the transport from any thread: waiting and later collectives of
  * every rank that shares it (local) or of this rank (NCCL: its peers then
  * fail by their own deadline) fail with reason. Idempotent. */
@@ -393,6 +408,14 @@ typedef struct NsaCommStats {
     double bytes_sent;       /* bytes this rank sends per step (reductions and all-gather) */
 } NsaCommStats;
 int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err);
+
+/* Collective: a small host exchange through the model's transport (an
+ * all-gather): buf holds world slots of `bytes`; this rank's slot (its
+ * rank) is read, every slot is filled on return. For what the ranks must
+ * agree on besides the math (a halt, evaluation sums, figures). A model
+ * alone: nothing to do. On CUDA through a device staging buffer of the
+ * largest tensor's size (world x bytes must fit). Synchronous. */
+int nsaModelExchange(NsaModel *m, void *buf, size_t bytes, NsaError *err);
 
 /* Fault injection for tests of the NaN guard: poisons the next
  * Forward's loss (NSA_FAULT_NAN_LOSS) or one gradient element

@@ -310,6 +310,15 @@ int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaErro
     return 0;
 }
 
+int nsaModelExchange(NsaModel *m, void *buf, size_t bytes, NsaError *err) {
+    if (!m || !buf) return nsaErrorf(err, "nsa: nsaModelExchange needs a model and a buffer");
+    if (!m->comm) return 0;
+#ifdef NSA_MODEL_CUDA
+    if (isCuda(m)) return nsaCudaModelExchange(m->cuda, buf, bytes, err);
+#endif
+    return nsaCommAllGather(m->comm, buf, bytes, NULL, "exchange", err);
+}
+
 int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int root,
                             NsaError *err) {
     if (checkTensorArgs(m, arena, i, buf, err)) return -1;

@@ -1831,6 +1831,28 @@ int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root
     return waitEvent(m, dp->sync, what, err);
 }
 
+int nsaCudaModelExchange(NsaCudaModel *m, void *buf, size_t bytes, NsaError *err) {
+    if (!m || !buf) return cudaFail(err, "cuda: Exchange needs a model and a buffer");
+    DpState *dp = &m->dp;
+    if (!dp->comm) return 0;
+    const size_t total = bytes * (size_t)dp->world;
+    if (total > m->max_numel * sizeof(float))
+        return cudaFail(err, "cuda: exchange of %zu bytes from %d ranks; allowed: up to %zu bytes in "
+                             "all", bytes, dp->world, m->max_numel * sizeof(float));
+    char *slot = (char *)dp->staging + (size_t)dp->rank * bytes;
+    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    TRY(waitEvent(m, dp->sync, "exchange", err)); /* before copies from/to pageable memory */
+    CUDA_CHECK(cudaMemcpyAsync(slot, (char *)buf + (size_t)dp->rank * bytes, bytes,
+                               cudaMemcpyHostToDevice, dp->stream), err);
+    TRY(nsaCommAllGather(dp->comm, dp->staging, bytes, dp->stream, "exchange", err));
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    TRY(waitEvent(m, dp->sync, "exchange", err));
+    CUDA_CHECK(cudaMemcpyAsync(buf, dp->staging, total, cudaMemcpyDeviceToHost, dp->stream), err);
+    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
+    return waitEvent(m, dp->sync, "exchange", err);
+}
+
 /* Milliseconds between two completed timing events (0 when either is not). */
 static double elapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
     float ms = 0.0f;

@@ -162,6 +162,9 @@ int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
 int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
                               NsaError *err);
 
+/* nsaModelExchange through device staging (every rank calls it alike). */
+int nsaCudaModelExchange(NsaCudaModel *m, void *buf, size_t bytes, NsaError *err);
+
 /* The last step's communication figures (nsa.h, nsaModelCommStats);
  * zeros for a model alone. Call after StepStats. */
 int nsaCudaModelCommStats(NsaCudaModel *m, NsaCommStats *out, NsaError *err);

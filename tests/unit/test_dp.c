@@ -678,6 +678,121 @@ static void test_transport_kind_must_fit_the_device(void **state) {
     assert_non_null(strstr(err.message, "timeout"));
 }
 
+/* ---- the TCP transport (ranks in threads here, over loopback) ----------------- */
+
+typedef struct TcpJoin {
+    NsaCommId id;
+    int world;
+    double timeout;
+    NsaComm *comms[MAX_RANKS];
+    NsaError err[MAX_RANKS];
+} TcpJoin;
+
+static void tcpJoinRank(void *ctx, int r) {
+    TcpJoin *j = ctx;
+    j->comms[r] = nsaCommTcpCreate(&j->id, r, j->world, j->timeout, &j->err[r]);
+}
+
+/* world TCP handles joined through a fresh id on 127.0.0.1. */
+static void tcpCreateAll(int world, double timeout, NsaComm **comms) {
+    TcpJoin j = {.world = world, .timeout = timeout};
+    NsaError err = {{0}};
+    if (nsaCommTcpUniqueId("127.0.0.1", &j.id, &err)) fail_msg("%s", err.message);
+    runRanks(world, tcpJoinRank, &j);
+    for (int r = 0; r < world; r++) {
+        if (!j.comms[r]) fail_msg("rank %d: %s", r, j.err[r].message);
+        comms[r] = j.comms[r];
+    }
+}
+
+static void test_tcp_collectives(void **state) {
+    (void)state;
+    Exchange x = {.world = 3, .shard = 300000}; /* several of rank 0's chunks */
+    tcpCreateAll(3, 60, x.comms);
+    for (int r = 0; r < x.world; r++) {
+        assert_string_equal(nsaCommKind(x.comms[r]), "tcp");
+        x.bufs[r] = testAlloc(x.shard * (size_t)x.world, sizeof(float));
+    }
+    runRanks(x.world, collectivesRank, &x);
+    for (int r = 0; r < x.world; r++) {
+        if (x.rc[r]) fail_msg("rank %d: %s", r, x.err[r].message);
+        for (size_t i = 0; i < x.shard * (size_t)x.world; i++) {
+            float want = valueOf(0, i); /* rank order, as the local transport */
+            for (int k = 1; k < x.world; k++) want += valueOf(k, i);
+            if (memcmp(&x.bufs[r][i], &want, sizeof want)) fail_msg("rank %d element %zu", r, i);
+        }
+    }
+    for (int r = 0; r < x.world; r++) {
+        free(x.bufs[r]);
+        nsaCommFree(x.comms[r]);
+    }
+}
+
+static void test_tcp_rank_that_never_joins(void **state) {
+    (void)state;
+    NsaCommId id;
+    NsaError err = {{0}};
+    assert_int_equal(nsaCommTcpUniqueId("127.0.0.1", &id, &err), 0);
+    assert_null(nsaCommTcpCreate(&id, 0, 2, 0.05, &err)); /* rank 1 never comes */
+    assert_non_null(strstr(err.message, "rank 1 did not join within 0.05 s"));
+    assert_null(nsaCommTcpCreate(&id, 0, 2, 1, &err)); /* the id's socket is spent */
+    assert_int_equal(nsaCommTcpUniqueId("not-an-address", &id, &err), -1);
+}
+
+static void test_tcp_deadline_and_lost_peer(void **state) {
+    (void)state;
+    /* rank 1 joined but never calls the collective: the deadline */
+    Exchange x = {.world = 2, .shard = 4};
+    tcpCreateAll(2, 0.05, x.comms);
+    for (int r = 0; r < 2; r++) x.bufs[r] = testAlloc(8, sizeof(float));
+    runRanks(1, lonelyRank, &x);
+    assert_int_equal(x.rc[0], -1);
+    assert_non_null(strstr(x.err[0].message, "rank 1 did not send its part within 0.05 s"));
+    for (int r = 0; r < 2; r++) nsaCommFree(x.comms[r]);
+    /* rank 1's process ends (its socket closes): rank 0 fails at once,
+     * long before its 3600 s deadline */
+    tcpCreateAll(2, 3600, x.comms);
+    nsaCommFree(x.comms[1]);
+    runRanks(1, lonelyRank, &x);
+    assert_int_equal(x.rc[0], -1);
+    assert_non_null(strstr(x.err[0].message, "the connection with rank 1 closed"));
+    nsaCommFree(x.comms[0]);
+    /* an abort from another thread ends rank 0's wait */
+    tcpCreateAll(2, 3600, x.comms);
+    pthread_t th;
+    RankArg arg = {lonelyRank, &x, 0};
+    assert_int_equal(pthread_create(&th, NULL, rankMain, &arg), 0);
+    nsaCommAbort(x.comms[0], "shut down by the test");
+    pthread_join(th, NULL);
+    assert_int_equal(x.rc[0], -1);
+    assert_non_null(strstr(x.err[0].message, "shut down by the test"));
+    for (int r = 0; r < 2; r++) {
+        nsaCommFree(x.comms[r]);
+        free(x.bufs[r]);
+    }
+}
+
+static void test_tcp_ranks_train_as_local_ones(void **state) {
+    (void)state;
+    NsaComm *local[2], *tcp[2];
+    Job a = {.world = 2, .reduce_in_backward = 1, .clip = 1.0f, .nan_rank = -1};
+    Job b = a;
+    jobStart(&a, local, 60);
+    tcpCreateAll(2, 60, tcp);
+    for (int r = 0; r < 2; r++) b.models[r] = makeModel(tcp[r]);
+    jobRun(&a);
+    jobRun(&b);
+    for (int s = 0; s < STEPS; s++) assert_memory_equal(&a.loss[0][s], &b.loss[0][s], sizeof(double));
+    for (int i = 0; i < nsaModelNumTensors(a.models[0]); i++) {
+        float *x = tensorCopy(a.models[0], NSA_ARENA_PARAMS, i), *y = tensorCopy(b.models[1], NSA_ARENA_PARAMS, i);
+        assert_memory_equal(x, y, nsaModelTensorInfo(a.models[0], i)->numel * sizeof(float));
+        free(x);
+        free(y);
+    }
+    jobFree(&a, local);
+    jobFree(&b, tcp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_buckets_tile_the_arena),
@@ -695,6 +810,10 @@ int main(void) {
         cmocka_unit_test(test_stalled_rank_fails_the_step_not_hangs),
         cmocka_unit_test(test_reduced_step_takes_no_more_backward),
         cmocka_unit_test(test_transport_kind_must_fit_the_device),
+        cmocka_unit_test(test_tcp_collectives),
+        cmocka_unit_test(test_tcp_rank_that_never_joins),
+        cmocka_unit_test(test_tcp_deadline_and_lost_peer),
+        cmocka_unit_test(test_tcp_ranks_train_as_local_ones),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
