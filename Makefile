@@ -72,7 +72,7 @@ CTL_OBJ    := $(CTL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
 
-DAEMON_LIBS := -lyaml -lmicrohttpd -lcjson
+DAEMON_LIBS := -lyaml -lmicrohttpd -lcjson -lcurl
 
 # env.json records the commit nsad was built from (daemon/artifacts.c);
 # artifacts.o is rebuilt when a commit moves the branch.

@@ -166,7 +166,10 @@ static void printRanks(const cJSON *run) {
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(run, "ranks");
     if (!ctlNumber(run, "world", &world) || world < 2 || !cJSON_IsArray(ranks)) return;
     char line[512], a[64], b[64], c[64];
-    snprintf(line, sizeof line, "%.0f (%d on this node)", world, cJSON_GetArraySize(ranks));
+    if (cJSON_GetArraySize(ranks) < (int)world)
+        snprintf(line, sizeof line, "%.0f (%d on this node)", world, cJSON_GetArraySize(ranks));
+    else
+        snprintf(line, sizeof line, "%.0f", world);
     statusLine("ranks", line);
     const cJSON *r;
     cJSON_ArrayForEach(r, ranks) {
@@ -302,13 +305,13 @@ static char *readConfigFile(const char *path, size_t *len) {
 }
 
 static int cmdStart(Ctl *ctl, int argc, char **argv) {
-    const char *name = NULL, *interval = NULL;
+    const char *name = NULL, *interval = NULL, *nodes = NULL;
     int watch = 0;
     const CmdOption opts[] = {{"--name", &name, NULL}, {"--watch", NULL, &watch},
-                              {"--interval", &interval, NULL}};
+                              {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, 3, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("start", argc, argv, opts, 4, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     char path[HTTP_ADDR_MAX] = "/api/v1/runs";
@@ -319,6 +322,16 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
             return CTL_EXIT_USAGE;
         }
         snprintf(path, sizeof path, "/api/v1/runs?name=%s", escaped);
+    }
+    if (nodes) { /* the other nodes of a multi-node job: the daemon checks the list */
+        char escaped[1024];
+        size_t used = strlen(path);
+        if (httpEscape(nodes, escaped, sizeof escaped) ||
+            snprintf(path + used, sizeof path - used, "%snodes=%s", name ? "&" : "?", escaped) >=
+                (int)(sizeof path - used)) {
+            fprintf(stderr, "nsactl start: --nodes is too long; allowed: HOST:PORT,... of up to 32 nodes\n");
+            return CTL_EXIT_USAGE;
+        }
     }
     size_t len = 0;
     char *body = readConfigFile(pos[0], &len);
@@ -777,7 +790,7 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
 /* ---- the table ------------------------------------------------------------------------ */
 
 const CtlCommand ctlCommands[] = {
-    {"start", "start CONFIG [--name NAME] [--watch] [--interval S]",
+    {"start", "start CONFIG [--name NAME] [--nodes HOST:PORT,...] [--watch] [--interval S]",
      "start a run from a job config (YAML or JSON; - is stdin)",
      "Sends CONFIG to nsad, which validates it and starts the run on its trainer.\n"
      "Prints the new run's id (with --json: the run object).\n"

@@ -1,5 +1,6 @@
 /* api.c - the routes of proto/api.md; see api.h. */
 #include "api.h"
+#include "peers.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -242,6 +243,7 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     cJSON_AddStringToObject(o, "device", run->device);
     cJSON_AddStringToObject(o, "precision", run->precision);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
+    addStringOrNull(o, "member_of", run->member_of);
     cJSON_AddNumberToObject(o, "created_at", run->created_at);
     addNumberOrNull(o, "started_at", run->started_at > 0 ? run->started_at : NAN);
     addNumberOrNull(o, "ended_at", run->ended_at > 0 ? run->ended_at : NAN);
@@ -331,7 +333,7 @@ static int isJsonType(const char *content_type) {
 }
 
 static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    if (refuseUnknownQuery(req, res, "name")) return;
+    if (refuseUnknownQuery(req, res, "name,nodes")) return;
     const char *name = queryValue(req, "name");
     if (name && !runNameValid(name)) {
         apiError(res, 400, "invalid_argument",
@@ -371,7 +373,8 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
         outOfMemory(res);
         return;
     }
-    ServiceStatus st = serviceCreateRun(svc, req->body, req->body_len, name, id, warnings, &err);
+    ServiceStatus st =
+        serviceCreateRunOn(svc, req->body, req->body_len, name, queryValue(req, "nodes"), id, warnings, &err);
     if (st != SVC_OK) {
         free(warnings);
         answerServiceError(res, st, &err);
@@ -386,6 +389,56 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
     free(warnings);
     respondJson(res, 201, o);
     snprintf(res->location, sizeof res->location, API_PREFIX "/runs/%s", id);
+}
+
+/* POST /api/v1/join: a coordinator asks this node to join its multi-node
+ * job (daemon/peers.c is the other side). */
+static void postJoin(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    cJSON *in = req->body_len ? cJSON_ParseWithLength(req->body, req->body_len) : NULL;
+    const cJSON *phase = cJSON_GetObjectItemCaseSensitive(in, "phase");
+    const cJSON *config = cJSON_GetObjectItemCaseSensitive(in, "config");
+    if (!cJSON_IsObject(in) || !cJSON_IsString(phase) || !cJSON_IsString(config) ||
+        (strcmp(phase->valuestring, "prepare") && strcmp(phase->valuestring, "start"))) {
+        cJSON_Delete(in);
+        apiError(res, 400, "invalid_argument", "a join is a JSON object with \"phase\" (prepare or "
+                                               "start) and \"config\" (the job's YAML)");
+        return;
+    }
+    ServiceJoin j = {.start = !strcmp(phase->valuestring, "start"), .config_yaml = config->valuestring};
+    if (j.start) {
+        const cJSON *run_id = cJSON_GetObjectItemCaseSensitive(in, "run_id");
+        const cJSON *first = cJSON_GetObjectItemCaseSensitive(in, "first");
+        const cJSON *world = cJSON_GetObjectItemCaseSensitive(in, "world");
+        const cJSON *comm_id = cJSON_GetObjectItemCaseSensitive(in, "comm_id");
+        const cJSON *resume = cJSON_GetObjectItemCaseSensitive(in, "resume");
+        if (!cJSON_IsString(run_id) || !cJSON_IsNumber(first) || !cJSON_IsNumber(world) ||
+            !cJSON_IsString(comm_id) || !cJSON_IsBool(resume) ||
+            peerIdFromHex(comm_id->valuestring, &j.join.comm_id) != 0 || first->valuedouble < 1 ||
+            world->valuedouble > 65536) {
+            cJSON_Delete(in);
+            apiError(res, 400, "invalid_argument", "a start needs run_id, first, world, comm_id (%d hex "
+                                                   "digits) and resume", 2 * NSA_COMM_ID_BYTES);
+            return;
+        }
+        j.run_id = run_id->valuestring;
+        j.join.first = (int)first->valuedouble;
+        j.join.world = (int)world->valuedouble;
+        j.join.resume = cJSON_IsTrue(resume);
+    }
+    char id[RUN_ID_MAX] = "";
+    int local = 0;
+    NsaError err = {""};
+    ServiceStatus st = serviceJoin(svc, &j, &local, id, &err);
+    cJSON_Delete(in);
+    if (st != SVC_OK) {
+        answerServiceError(res, st, &err);
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "local", local);
+    if (j.start) cJSON_AddStringToObject(o, "id", id);
+    respondJson(res, j.start ? 201 : 200, o);
 }
 
 static void haltOrResume(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id, int resume) {
@@ -611,6 +664,8 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
         if (methodIs(req, res, "POST")) apiUseSample(svc, req, res);
     } else if (!strcmp(rest, "eval")) {
         if (methodIs(req, res, "POST")) apiUseEval(svc, req, res);
+    } else if (!strcmp(rest, "join")) {
+        if (methodIs(req, res, "POST")) postJoin(svc, req, res);
     } else if (!strcmp(rest, "debug/stacks")) {
         if (methodIs(req, res, "POST")) postStacks(svc, req, res);
     } else {

@@ -538,6 +538,9 @@ int cmdServe(int argc, char **argv) {
         serviceClose(svc);
         return 1;
     }
+    /* the nodes of a multi-node job share one token: a coordinator shows
+     * the other nodes its own */
+    snprintf(svc->peer_token, sizeof svc->peer_token, "%s", tcp && !o.no_auth ? token : "");
     ServerOptions so = {
         .listen_host = tcp ? host : NULL,
         .port = port,

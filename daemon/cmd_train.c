@@ -129,7 +129,7 @@ static int parseSteps(const char *s, int64_t *out) {
 
 int cmdTrain(int argc, char **argv) {
     const char *config_path = NULL;
-    TrainOptions opt = {NULL, NULL, 0, -1, 0};
+    TrainOptions opt = {.device_override = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int has_value = i + 1 < argc;

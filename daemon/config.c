@@ -41,7 +41,8 @@ typedef enum KeyType {
     KEY_FLOAT,   /* float (model constants) */
     KEY_STRING,  /* char[size] */
     KEY_ENUM,    /* int-sized C enum, by name */
-    KEY_GPUS     /* runtime.gpus: "all", a count, or a list of ordinals */
+    KEY_GPUS,    /* runtime.gpus: "all", a count, or a list of ordinals */
+    KEY_NODES    /* runtime.nodes: a list of "HOST:PORT" */
 } KeyType;
 
 typedef struct EnumName {
@@ -139,6 +140,7 @@ static const ConfigKey configKeys[] = {
     {"runtime", "threads", KEY_INT, F(runtime.threads), 0, 0, 4096, 0, NULL},
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
+    {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -564,7 +566,8 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         if (is_precision) cfg->runtime.precision_auto = 0;
         return 0;
     }
-    case KEY_GPUS: break; /* applyGpus: it needs the document for lists */
+    case KEY_GPUS: /* applyGpus, applyNodes: they need the document for lists */
+    case KEY_NODES: break;
     }
     return nsaErrorf(err, "%s%s.%s: internal error: unknown key type", at, k->section, k->key);
 }
@@ -629,6 +632,70 @@ static int applyGpus(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *no
     memcpy(r->gpu_list, list, (size_t)n * sizeof(int));
     r->n_gpu_list = n;
     r->gpus = n;
+    return 0;
+}
+
+int configParseNode(const char *text, char *host, size_t host_cap, int *port) {
+    const char *colon = text ? strrchr(text, ':') : NULL;
+    if (!colon || colon == text || (size_t)(colon - text) >= host_cap) return -1;
+    int64_t p = 0;
+    if (parseInteger(colon + 1, &p) || p < 1 || p > 65535) return -1;
+    for (const char *c = text; c < colon; c++)
+        if (!isalnum((unsigned char)*c) && !strchr(".-_[]:", *c)) return -1;
+    snprintf(host, host_cap, "%.*s", (int)(colon - text), text);
+    *port = (int)p;
+    return 0;
+}
+
+/* runtime.nodes: "HOST:PORT" entries as a list or a comma-separated
+ * string. Returns 0 or -1 with err. */
+static int applyNodes(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *node,
+                      const Source *src, NsaError *err) {
+    static const char *const allowed =
+        "a list of the other nodes' nsad addresses, HOST:PORT each (e.g. [\"10.0.0.2:8470\"] or "
+        "\"10.0.0.2:8470,10.0.0.3:8470\"), up to 32";
+    char at[CONFIG_PATH_MAX + 32], shown[128], entry[512];
+    where(src, node, at, sizeof at);
+    showValue(node, shown, sizeof shown);
+    RuntimeConfig *r = &cfg->runtime;
+    r->n_nodes = 0;
+    const char *items[CONFIG_MAX_NODES + 1];
+    int n = 0;
+    char buf[CONFIG_MAX_NODES * CONFIG_NODE_MAX];
+    if (node->type == YAML_SEQUENCE_NODE) {
+        for (yaml_node_item_t *it = node->data.sequence.items.start;
+             it < node->data.sequence.items.top; it++) {
+            yaml_node_t *item = yaml_document_get_node(doc, *it);
+            if (!item || item->type != YAML_SCALAR_NODE || n == CONFIG_MAX_NODES)
+                return nsaErrorf(err, "%sruntime.nodes: %s is not a list of addresses; allowed: %s", at,
+                                 shown, allowed);
+            items[n++] = (const char *)item->data.scalar.value;
+        }
+    } else if (node->type == YAML_SCALAR_NODE) {
+        snprintf(buf, sizeof buf, "%s", isNull(node) ? "" : (const char *)node->data.scalar.value);
+        char *save = NULL;
+        for (char *tok = strtok_r(buf, ", ", &save); tok && n <= CONFIG_MAX_NODES;
+             tok = strtok_r(NULL, ", ", &save))
+            items[n++] = tok;
+        if (n > CONFIG_MAX_NODES)
+            return nsaErrorf(err, "%sruntime.nodes: more than %d nodes; allowed: %s", at,
+                             CONFIG_MAX_NODES, allowed);
+    } else {
+        return nsaErrorf(err, "%sruntime.nodes: %s is not a list of addresses; allowed: %s", at, shown,
+                         allowed);
+    }
+    for (int i = 0; i < n; i++) {
+        char host[CONFIG_NODE_MAX];
+        int port;
+        snprintf(entry, sizeof entry, "%s", items[i]);
+        if (strlen(entry) >= CONFIG_NODE_MAX || configParseNode(entry, host, sizeof host, &port))
+            return nsaErrorf(err, "%sruntime.nodes: \"%.80s\" is not HOST:PORT; allowed: %s", at, entry,
+                             allowed);
+        for (int j = 0; j < r->n_nodes; j++)
+            if (!strcmp(r->nodes[j], entry))
+                return nsaErrorf(err, "%sruntime.nodes: %s is named twice; allowed: %s", at, entry, allowed);
+        snprintf(r->nodes[r->n_nodes++], CONFIG_NODE_MAX, "%s", entry);
+    }
     return 0;
 }
 
@@ -719,8 +786,9 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
         const char *key = (const char *)kn->data.scalar.value;
         const ConfigKey *k = findKey(section, key);
         if (k) {
-            if ((k->type == KEY_GPUS ? applyGpus(cfg, doc, vn, src, err)
-                                     : applyKey(cfg, k, vn, src, err)) != 0)
+            if ((k->type == KEY_GPUS    ? applyGpus(cfg, doc, vn, src, err)
+                 : k->type == KEY_NODES ? applyNodes(cfg, doc, vn, src, err)
+                                        : applyKey(cfg, k, vn, src, err)) != 0)
                 return -1;
             continue;
         }
@@ -1088,6 +1156,16 @@ char *configToYaml(const JobConfig *cfg) {
             }
             break;
         }
+        case KEY_NODES: {
+            const RuntimeConfig *r = &cfg->runtime;
+            strbufPrintf(&b, "[");
+            for (int n = 0; n < r->n_nodes; n++) {
+                if (n) strbufPrintf(&b, ", ");
+                bufQuoted(&b, r->nodes[n]);
+            }
+            strbufPrintf(&b, "]");
+            break;
+        }
         }
         strbufPrintf(&b, "\n");
     }
@@ -1126,7 +1204,8 @@ uint64_t configHash(const JobConfig *cfg) {
         case KEY_DOUBLE: h = fnv(h, field, sizeof(double)); break;
         case KEY_FLOAT: h = fnv(h, field, sizeof(float)); break;
         case KEY_STRING: h = fnv(h, field, strlen((const char *)field)); break;
-        case KEY_GPUS: break; /* never part of the hash: resume on another GPU count */
+        case KEY_GPUS: /* never part of the hash: resume on another GPU count */
+        case KEY_NODES: break;
         }
     }
     return h;

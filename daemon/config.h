@@ -9,7 +9,7 @@
  *   train:   steps seq_len batch_size lr min_lr seed log_every out_dir
  *            accumulate_grad_batches warmup_steps weight_decay grad_clip
  *            eval_every eval_batches save_every keep_last beta1 beta2 eps
- *   runtime: device precision threads gpus cpu_ranks
+ *   runtime: device precision threads gpus cpu_ranks nodes
  *   data:    source path tokenizer val_fraction prefetch
  *   nan:     policy max_skips
  *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds rank
@@ -28,6 +28,8 @@
 #define CONFIG_PATH_MAX 1024
 #define CONFIG_MAX_WARNINGS 16
 #define CONFIG_MAX_GPUS 64      /* GPUs one nsad drives (runtime.gpus) */
+#define CONFIG_MAX_NODES 32     /* other nodes of a multi-node job (runtime.nodes) */
+#define CONFIG_NODE_MAX 128     /* one "HOST:PORT" */
 
 typedef enum DataSource {
     DATA_SYNTHETIC = 0,  /* seeded random tokens */
@@ -71,6 +73,10 @@ typedef struct RuntimeConfig {
     int gpu_list[CONFIG_MAX_GPUS];
     int n_gpu_list;
     int cpu_ranks;           /* CPU engine: data-parallel ranks in this process */
+    /* runtime.nodes: the other nodes' nsad APIs ("HOST:PORT") that join a
+     * multi-node job this nsad coordinates; none for one node */
+    char nodes[CONFIG_MAX_NODES][CONFIG_NODE_MAX];
+    int n_nodes;
 } RuntimeConfig;
 
 typedef struct DataConfig {
@@ -133,6 +139,10 @@ int configValidate(const JobConfig *cfg, NsaError *err);
  * configLoadString reads back to the same struct). Returns a malloc'd string
  * the caller frees, or NULL on allocation failure. */
 char *configToYaml(const JobConfig *cfg);
+
+/* Splits "HOST:PORT" (a runtime.nodes entry) into host (cap bytes) and
+ * port. Returns 0, or -1 when text is not of that form. */
+int configParseNode(const char *text, char *host, size_t host_cap, int *port);
 
 /* A stable 64-bit hash of the settings that change the math (model, data,
  * seed, batch shape); resume refuses a checkpoint whose hash differs. */

@@ -95,9 +95,11 @@ static int setupRank(const RankCtx *rc, void *arg, NsaError *err) {
     RankGroup *g = w->g;
     const RankGroupConfig *c = &g->cfg;
     if (c->world > 1) {
-        if (c->engine.device == NSA_DEVICE_CUDA) {
-            NsaComm *comm = nsaCommNcclCreate(&c->nccl_id, rc->rank, c->world, rc->ordinal,
-                                              c->timeout, err);
+        if (c->engine.device == NSA_DEVICE_CUDA || c->have_comm_id) {
+            NsaComm *comm = c->engine.device == NSA_DEVICE_CUDA
+                                ? nsaCommNcclCreate(&c->comm_id, rc->rank, c->world, rc->ordinal,
+                                                    c->timeout, err)
+                                : nsaCommTcpCreate(&c->comm_id, rc->rank, c->world, c->timeout, err);
             if (!comm) return -1;
             pthread_mutex_lock(&g->mu); /* rankGroupAbort reads it */
             w->comm = comm;
@@ -390,13 +392,15 @@ RankGroup *rankGroupCreate(const RankGroupConfig *cfg, NsaError *err) {
     g->refs = 1;
     if (cfg->world > 1) {
         if (cfg->engine.device == NSA_DEVICE_CUDA) {
-            if (!cfg->have_nccl_id && nsaCommNcclUniqueId(&g->cfg.nccl_id, err)) {
+            if (!cfg->have_comm_id && nsaCommNcclUniqueId(&g->cfg.comm_id, err)) {
                 rankGroupFree(g);
                 return NULL;
             }
+        } else if (cfg->have_comm_id) {
+            /* CPU ranks on several nodes: the TCP transport, made by each worker */
         } else if (cfg->first != 0 || cfg->world != cfg->local) {
-            nsaErrorf(err, "the CPU engine's ranks live in one process: %d of %d here; allowed: all of "
-                           "them (runtime.cpu_ranks)", cfg->local, cfg->world);
+            nsaErrorf(err, "%d of the job's %d CPU ranks here and no TCP transport id", cfg->local,
+                      cfg->world);
             rankGroupFree(g);
             return NULL;
         } else if (nsaCommLocalCreate(cfg->local, g->cfg.timeout, g->local_comms, err)) {

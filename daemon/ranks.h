@@ -40,8 +40,11 @@ typedef struct RankGroupConfig {
     int ordinals[RANKS_MAX];   /* CUDA: local rank r runs on device ordinals[r] */
     double timeout;            /* seconds: every collective's deadline, and the grace
                                   period of ranks after an abort */
-    int have_nccl_id;          /* CUDA, world > 1: nccl_id is the job's (else made here: one node) */
-    NsaCommId nccl_id;
+    /* the job's transport id when it spans nodes (CUDA: NCCL's; CPU: the
+     * TCP transport's); else 0: one node, the group makes an NCCL id
+     * (CUDA) or uses the in-process transport (CPU) */
+    int have_comm_id;
+    NsaCommId comm_id;
     TrainMonitor *mon;         /* ranks' phases (may be NULL) */
     /* Called once per failed dispatch, on the controller's thread, before
      * the transports are aborted (the stuck ranks are still where they

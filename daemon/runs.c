@@ -130,6 +130,7 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddStringToObject(o, "anomaly", run->anomaly);
     cJSON_AddStringToObject(o, "error", run->error);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
+    if (run->member_of[0]) cJSON_AddStringToObject(o, "member_of", run->member_of);
     cJSON_AddNumberToObject(o, "created_at", run->created_at);
     cJSON_AddNumberToObject(o, "started_at", run->started_at);
     cJSON_AddNumberToObject(o, "ended_at", run->ended_at);
@@ -186,6 +187,7 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     jsonString(o, "precision", run->precision, sizeof run->precision);
     jsonString(o, "anomaly", run->anomaly, sizeof run->anomaly);
     jsonString(o, "error", run->error, sizeof run->error);
+    jsonString(o, "member_of", run->member_of, sizeof run->member_of);
     run->step = (int64_t)jsonNumber(o, "step", 0);
     run->total_steps = (int64_t)jsonNumber(o, "total_steps", 0);
     run->last_checkpoint_step = (int64_t)jsonNumber(o, "last_checkpoint_step", 0);

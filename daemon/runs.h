@@ -102,6 +102,9 @@ typedef struct Run {
      * last logged step (n_ranks 0 until one is logged in this process) */
     int world, n_ranks;
     TrainRankStatus ranks[TRAIN_MAX_RANKS];
+    /* a member run (this node's part of a multi-node job another nsad
+     * coordinates): the coordinator's run id, else "" (run.json "member_of") */
+    char member_of[RUN_ID_MAX];
 } Run;
 
 typedef struct RunRegistry {

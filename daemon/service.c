@@ -217,6 +217,8 @@ static void runJob(Service *svc, const char *id, int resume) {
     char *yaml = run ? strdup(run->config_yaml) : NULL;
     char out_dir[RUN_PATH_MAX];
     snprintf(out_dir, sizeof out_dir, "%s", run ? run->out_dir : "");
+    const int member = run && run->member_of[0];
+    const TrainJoin join = svc->join;
     svc->job_events = 0;
     pthread_mutex_unlock(&svc->lock);
 
@@ -240,7 +242,10 @@ static void runJob(Service *svc, const char *id, int resume) {
                                 .resume = resume ? "latest-valid" : NULL,
                                 .steps = 0,
                                 .device_override = -1,
-                                .quiet = 1};
+                                .quiet = 1,
+                                .run_id = id,
+                                .peer_token = svc->peer_token[0] ? svc->peer_token : NULL,
+                                .join = member ? &join : NULL};
             TrainHooks hooks = {
                 .ctx = svc, .on_sample = hookSample, .on_eval = hookEval, .on_event = hookEvent};
             logInfo("run %s: %s", id, resume ? "resuming from its latest checkpoint" : "starting");
@@ -315,6 +320,13 @@ static void recoverRuns(Service *svc) {
         if (run->state == RUN_HALTING) {
             addEvent(run, "restart", run->step, "{\"note\":\"nsad restarted while the run was halting\"}");
             saveState(run, RUN_HALTED);
+        } else if (runStateIsActive(run->state) && run->member_of[0]) {
+            /* a member follows its coordinator, which resumes the job */
+            addEvent(run, "restart", run->step,
+                     "{\"note\":\"nsad restarted; the coordinator resumes a multi-node job\"}");
+            snprintf(run->error, sizeof run->error, "nsad restarted during the multi-node job %s; "
+                     "resume it on its coordinator", run->member_of);
+            saveState(run, RUN_FAILED);
         } else if (runStateIsActive(run->state)) {
             if (!resume) {
                 resume = run;
@@ -429,13 +441,44 @@ static ServiceStatus busy(Service *svc, NsaError *err) {
                 run ? runStateName(run->state) : "starting");
 }
 
+static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
+                                    const char *member_of, const TrainJoin *join, char *id_out,
+                                    NsaError *err);
+
+/* Sets runtime.nodes from "HOST:PORT,..." (the API's ?nodes=). */
+static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
+    char buf[CONFIG_MAX_NODES * CONFIG_NODE_MAX], yaml[sizeof buf + 64];
+    snprintf(buf, sizeof buf, "%s", nodes);
+    /* through the loader, so the list gets the config file's checks */
+    int n = snprintf(yaml, sizeof yaml, "runtime:\n  nodes: \"%s\"\n", buf);
+    JobConfig *probe = malloc(sizeof *probe);
+    if (!probe) return nsaErrorf(err, "out of memory");
+    *probe = *cfg;
+    int rc = strchr(buf, '"') || strchr(buf, '\\') || n >= (int)sizeof yaml
+                 ? nsaErrorf(err, "nodes: '%.80s' is not a list of HOST:PORT", nodes)
+                 : configLoadString(probe, yaml, (size_t)n, err);
+    if (rc == 0) {
+        memcpy(cfg->runtime.nodes, probe->runtime.nodes, sizeof cfg->runtime.nodes);
+        cfg->runtime.n_nodes = probe->runtime.n_nodes;
+    }
+    free(probe);
+    return rc;
+}
+
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
+    return serviceCreateRunOn(svc, config_text, len, name, NULL, id_out, warnings, err);
+}
+
+ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
+                                 const char *nodes, char *id_out, ServiceWarnings *warnings,
+                                 NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
     NsaError cerr;
-    if (configLoadString(cfg, config_text, len, &cerr) != 0) {
+    if (configLoadString(cfg, config_text, len, &cerr) != 0 ||
+        (nodes && setNodes(cfg, nodes, &cerr) != 0)) {
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
@@ -445,7 +488,17 @@ ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len
         if (warnings)
             snprintf(warnings->text[warnings->n++], sizeof warnings->text[0], "%s", cfg->warnings[i]);
     }
+    ServiceStatus st = createAndQueue(svc, cfg, name, NULL, NULL, id_out, err);
+    free(cfg);
+    return st;
+}
 
+/* Creates a run from cfg (its out_dir moved under the run's directory)
+ * and hands it to the trainer; member_of and join (NULL for a run of this
+ * node's own) make it a member run. Takes the lock. */
+static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
+                                    const char *member_of, const TrainJoin *join, char *id_out,
+                                    NsaError *err) {
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);
     if (svc->shutting_down) {
@@ -472,13 +525,55 @@ ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len
             if (!yaml || runsSetConfig(run, yaml, &werr) != 0)
                 logWarn("run %s: config.yaml keeps the submitted out_dir: %s", run->id, werr.message);
             free(yaml);
+            if (member_of) {
+                snprintf(run->member_of, sizeof run->member_of, "%s", member_of);
+                svc->join = *join;
+                NsaError serr;
+                if (runsSave(run, &serr) != 0) logWarn("run %s: %s", run->id, serr.message);
+            }
             queueRun(svc, run, 0);
             snprintf(id_out, RUN_ID_MAX, "%s", run->id);
-            logNotice("run %s created (%s, %lld steps, %s)", run->id, run->name, (long long)run->total_steps,
-                      run->device);
+            logNotice("run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
+                      (long long)run->total_steps, run->device, member_of ? ": ranks of the multi-node job " : "",
+                      member_of ? member_of : "");
         }
     }
     pthread_mutex_unlock(&svc->lock);
+    return st;
+}
+
+ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *id_out,
+                          NsaError *err) {
+    JobConfig *cfg = malloc(sizeof *cfg);
+    if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
+    configDefaults(cfg);
+    NsaError cerr;
+    if (!j->config_yaml ||
+        configLoadString(cfg, j->config_yaml, strlen(j->config_yaml), &cerr) != 0) {
+        free(cfg);
+        return fail(err, SVC_INVALID_CONFIG, "%s", j->config_yaml ? cerr.message : "no config");
+    }
+    cfg->runtime.n_nodes = 0; /* a member coordinates nothing */
+    int ordinals[TRAIN_MAX_RANKS];
+    const int n = trainerLocalRanks(cfg, ordinals, &cerr);
+    ServiceStatus st = SVC_OK;
+    if (n < 0) {
+        st = fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
+    } else if (!j->start) {
+        pthread_mutex_lock(&svc->lock);
+        if (svc->shutting_down) st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+        else if (svc->active_id[0]) st = busy(svc, err);
+        pthread_mutex_unlock(&svc->lock);
+    } else if (!j->run_id || !runNameValid(j->run_id)) {
+        st = fail(err, SVC_INVALID_CONFIG, "run_id: '%.80s' is not a run id", j->run_id ? j->run_id : "");
+    } else if (j->join.first < 1 || j->join.first + n > j->join.world) {
+        st = fail(err, SVC_INVALID_CONFIG, "first: %d, world %d: this node's %d rank%s do not fit; "
+                  "allowed: ranks after the coordinator's, within the job",
+                  j->join.first, j->join.world, n, n == 1 ? "" : "s");
+    } else {
+        st = createAndQueue(svc, cfg, j->run_id, j->run_id, &j->join, id_out, err);
+    }
+    if (local) *local = n;
     free(cfg);
     return st;
 }
@@ -567,6 +662,10 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
         st =
             fail(err, SVC_INVALID_STATE, "run %s is %s; resume applies to a halted, nan_halted or failed run",
                  id, runStateName(run->state));
+    } else if (run->member_of[0]) {
+        st = fail(err, SVC_INVALID_STATE, "run %s is this node's part of the multi-node job %s; resume "
+                                          "that run on its coordinator (it brings this node back in)",
+                  id, run->member_of);
     } else if (svc->active_id[0]) {
         st = busy(svc, err);
     } else {

@@ -14,6 +14,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "config.h"
+#include "auth.h"
 #include "runs.h"
 #include "trainer.h"
 
@@ -59,6 +60,11 @@ typedef struct Service {
     pthread_t trainer;
     int trainer_started;
     struct Infer *infer; /* sample and eval jobs (daemon/infer.c); set by cmd_serve, or NULL */
+    /* multi-node: the token this nsad presents to the other nodes of a job
+     * it coordinates ("" without auth; the nodes of a job share one), and
+     * the part a queued member run plays (under lock) */
+    char peer_token[AUTH_TOKEN_MAX];
+    TrainJoin join;
 } Service;
 
 /* CLOCK_MONOTONIC in nanoseconds. */
@@ -99,6 +105,28 @@ typedef struct ServiceWarnings {
  * Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err);
+/* The same with the other nodes of a multi-node job (runtime.nodes,
+ * "HOST:PORT,..." ) set over the config's; nodes NULL keeps the config's. */
+ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
+                                 const char *nodes, char *id_out, ServiceWarnings *warnings,
+                                 NsaError *err);
+
+/* A coordinator's request to join its multi-node job (POST /api/v1/join):
+ * prepare answers how many ranks this node brings (its GPUs for the
+ * config, or its CPU ranks) in *local, and checks the config and that no
+ * run is active; start creates and queues the member run (named after the
+ * coordinator's run, its runtime.nodes cleared) that plays the part
+ * `join` describes, and copies its id into id_out. Returns SVC_OK,
+ * SVC_INVALID_CONFIG, SVC_BUSY, SVC_UNAVAILABLE or SVC_INTERNAL with err.
+ * Takes the lock. */
+typedef struct ServiceJoin {
+    int start;                 /* 0: prepare, 1: start */
+    const char *config_yaml;
+    const char *run_id;        /* start: the coordinator's run id */
+    TrainJoin join;            /* start: the layout and the transport's id */
+} ServiceJoin;
+ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *id_out,
+                          NsaError *err);
 
 /* Asks the run to halt (finish the step, checkpoint, stop). Takes the lock. */
 ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);

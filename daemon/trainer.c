@@ -34,6 +34,7 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "log.h"
+#include "peers.h"
 #include "ranks.h"
 #include "schedule.h"
 #include "trainsamples.h"
@@ -181,6 +182,11 @@ typedef struct Trainer {
     int local, world, first;      /* ranks here, in the job, and the first one's rank */
     TrainSamples *samples;        /* the prompts continued at each evaluation, or NULL */
     int ordinals[TRAIN_MAX_RANKS];/* CUDA: each local rank's device */
+    const TrainJoin *join;        /* a member of another node's job, else NULL */
+    int multi_node;               /* the job has ranks on other nodes */
+    struct RankSlot **xbuf;       /* [local] each rank's exchange buffer, world slots */
+    TrainRankStatus *world_status;/* [world] every rank's last step (multi-node: exchanged) */
+    pthread_mutex_t data_lock;    /* evaluation: ranks share the validation loader */
     DataLoader *train_data, *val_data;
     Artifacts *art;
     int32_t *tokens, *targets;    /* [local][accum][batch] each: a step's batches */
@@ -209,6 +215,16 @@ typedef struct Trainer {
     double log_step_seconds;      /* time in steps (not eval/checkpoint) since the last log */
     int64_t log_tokens0;
 } Trainer;
+
+/* What the ranks tell each other besides the math (nsaModelExchange): a
+ * slot per rank, all exchanged at the same points of every node's loop. */
+typedef struct RankSlot {
+    int32_t stop;            /* this node wants the job to stop after this step */
+    int32_t found;           /* rollback: rank 0 found a checkpoint to go back to */
+    double eval_sum;         /* evaluation: the sum of this rank's share of the batches */
+    TrainRankStatus status;  /* its last step */
+    ResumeState state;       /* rank 0's resume state after it loaded a checkpoint */
+} RankSlot;
 
 static double monotonicSeconds(void) { return (double)monotonicNs() * 1e-9; }
 
@@ -419,9 +435,71 @@ static void dumpRankFailure(void *ctx, const char *why) {
     free(stacks);
 }
 
+int trainerLocalRanks(const JobConfig *cfg, int *ordinals, NsaError *err) {
+    if (cfg->runtime.device == NSA_DEVICE_CUDA) return resolveGpus(&cfg->runtime, ordinals, err);
+    return cfg->runtime.cpu_ranks;
+}
+
+/* Multi-node, on the coordinator: every node in runtime.nodes says how many
+ * ranks it brings, the job's ranks are laid out (this node's first, then
+ * each node's in the list's order), and each node is told its part and the
+ * transport's id (NCCL's unique id, or the TCP transport's address as that
+ * node reaches us and its key). The ranks then join in rankGroupCreate. */
+static int coordinate(Trainer *t, RankGroupConfig *rc, int resume, const TrainOptions *opt,
+                      NsaError *err) {
+    const RuntimeConfig *rt = &t->job.runtime;
+    if (!opt->run_id)
+        return nsaErrorf(err, "runtime.nodes: a multi-node job runs under nsad serve (the other nodes "
+                              "join through its API); `nsad train` takes one node");
+    int locals[CONFIG_MAX_NODES];
+    char ips[CONFIG_MAX_NODES][64];
+    char *yaml = configToYaml(&t->job);
+    if (!yaml) return nsaErrorf(err, "out of memory");
+    int world = rc->local;
+    for (int k = 0; k < rt->n_nodes; k++) {
+        ips[k][0] = '\0';
+        if (peerPrepare(rt->nodes[k], opt->peer_token, yaml, &locals[k], ips[k], sizeof ips[k], err)) {
+            free(yaml);
+            return -1;
+        }
+        world += locals[k];
+    }
+    NsaCommId id;
+    const int rc_id = rt->device == NSA_DEVICE_CUDA ? nsaCommNcclUniqueId(&id, err)
+                                                    : nsaCommTcpUniqueId("", &id, err);
+    if (rc_id) {
+        free(yaml);
+        return -1;
+    }
+    int first = rc->local;
+    for (int k = 0; k < rt->n_nodes; k++) {
+        PeerStart ps = {yaml, opt->run_id, first, world, id, resume};
+        if (rt->device != NSA_DEVICE_CUDA &&
+            nsaCommTcpIdSetHost(&ps.comm_id, ips[k][0] ? ips[k] : "127.0.0.1", err)) {
+            free(yaml);
+            return -1;
+        }
+        char member[96];
+        if (peerStart(rt->nodes[k], opt->peer_token, &ps, member, sizeof member, err)) {
+            free(yaml);
+            return -1;
+        }
+        logInfo("multi-node: %s takes ranks %d to %d (its run %s)", rt->nodes[k], first,
+                first + locals[k] - 1, member);
+        first += locals[k];
+    }
+    free(yaml);
+    rc->world = world;
+    rc->have_comm_id = 1;
+    rc->comm_id = id;
+    logInfo("multi-node: %d ranks on %d nodes; this node has ranks 0 to %d", world, rt->n_nodes + 1,
+            rc->local - 1);
+    return 0;
+}
+
 /* The job's ranks on this node (each its model), the step's batch buffers
  * and the checkpoint scratch. */
-static int createRanks(Trainer *t, NsaError *err) {
+static int createRanks(Trainer *t, const TrainOptions *opt, int resume, NsaError *err) {
     const RuntimeConfig *rt = &t->job.runtime;
     RankGroupConfig rc;
     memset(&rc, 0, sizeof rc);
@@ -433,14 +511,23 @@ static int createRanks(Trainer *t, NsaError *err) {
         .max_seq_len = t->job.train.seq_len,
         .threads = rt->threads,
     };
-    if (rt->device == NSA_DEVICE_CUDA) {
-        rc.local = resolveGpus(rt, rc.ordinals, err);
-        if (rc.local < 0) return -1;
-    } else {
-        rc.local = rt->cpu_ranks;
-    }
+    rc.local = trainerLocalRanks(&t->job, rc.ordinals, err);
+    if (rc.local < 0) return -1;
     rc.first = 0;
     rc.world = rc.local;
+    if (t->join) { /* a member: the coordinator laid the job out */
+        rc.first = t->join->first;
+        rc.world = t->join->world;
+        rc.have_comm_id = 1;
+        rc.comm_id = t->join->comm_id;
+        if (rc.first < 1 || rc.first + rc.local > rc.world)
+            return nsaErrorf(err, "join: ranks %d to %d of a job of %d do not fit; allowed: ranks "
+                                  "after the coordinator's, within the job",
+                             rc.first, rc.first + rc.local - 1, rc.world);
+    } else if (rt->n_nodes > 0 && coordinate(t, &rc, resume, opt, err)) {
+        return -1;
+    }
+    t->multi_node = rc.world > rc.local;
     rc.timeout = t->job.watchdog.allreduce;
     rc.mon = t->mon;
     rc.on_failure = dumpRankFailure;
@@ -462,8 +549,13 @@ static int createRanks(Trainer *t, NsaError *err) {
     t->tokens = malloc(step_tokens * sizeof(int32_t));
     t->targets = malloc(step_tokens * sizeof(int32_t));
     t->scratch = calloc((size_t)t->local, sizeof(float *));
-    if (!t->tokens || !t->targets || !t->scratch)
+    t->xbuf = calloc((size_t)t->local, sizeof(*t->xbuf));
+    t->world_status = calloc((size_t)t->world, sizeof(*t->world_status));
+    if (!t->tokens || !t->targets || !t->scratch || !t->xbuf || !t->world_status)
         return nsaErrorf(err, "out of memory for a step's batches (%zu tokens)", step_tokens);
+    for (int r = 0; r < t->local; r++)
+        if (!(t->xbuf[r] = calloc((size_t)t->world, sizeof(RankSlot))))
+            return nsaErrorf(err, "out of memory for the ranks' exchange (%d ranks)", t->world);
     if (t->world > 1)
         logInfo("data parallel: %d ranks (%s), %d x %d x %d tokens per rank and step", t->world,
                 rt->device == NSA_DEVICE_CUDA ? "NCCL, one GPU each" : "CPU engine, in-process",
@@ -488,6 +580,46 @@ static int createRanks(Trainer *t, NsaError *err) {
     cJSON_Delete(mc);
     if (!t->model_config_json) return nsaErrorf(err, "out of memory describing the model config");
     return 0;
+}
+
+/* ---- what the ranks exchange ---------------------------------------------------- */
+
+/* Each local rank's contribution to an exchange. */
+typedef struct ExchangeWork {
+    Trainer *t;
+    RankSlot mine[TRAIN_MAX_RANKS];
+} ExchangeWork;
+
+static int exchangeOnRank(const RankCtx *rc, void *arg, NsaError *err) {
+    ExchangeWork *w = arg;
+    RankSlot *buf = w->t->xbuf[rc->local];
+    buf[rc->rank] = w->mine[rc->local];
+    return nsaModelExchange(rc->model, buf, sizeof(RankSlot), err);
+}
+
+/* Every rank's slot of the job: w->mine filled per local rank in, the
+ * job's slots (world of them) back. A collective of every rank of every
+ * node: all call it at the same points. */
+static const RankSlot *exchangeSlots(Trainer *t, ExchangeWork *w, NsaError *err) {
+    w->t = t;
+    if (rankGroupRun(t->ranks, exchangeOnRank, w, err) != 0) return NULL;
+    return t->xbuf[0];
+}
+
+/* Rank 0's resume state to every node (after a checkpoint load: members
+ * have no files, only the broadcast tensors). */
+static int shareState(Trainer *t, NsaError *err) {
+    if (!t->multi_node) return 0;
+    ExchangeWork *w = calloc(1, sizeof *w);
+    if (!w) return nsaErrorf(err, "out of memory");
+    for (int r = 0; r < t->local; r++) w->mine[r].state = t->state;
+    const RankSlot *all = exchangeSlots(t, w, err);
+    if (all) {
+        t->state = all[0].state;
+        t->state.ranks = t->world;
+    }
+    free(w);
+    return all ? 0 : -1;
 }
 
 /* ---- checkpoints through the ranks ------------------------------------------- */
@@ -574,36 +706,53 @@ static int loadCheckpoint(Trainer *t, const char *dir, ResumeState *st, NsaError
     return 0;
 }
 
-/* Loads the checkpoint `spec` names, or initialises from the seed.
- * *resumed_from receives the directory, or "" for a fresh start. */
-static int restoreOrInit(Trainer *t, const char *spec, char *resumed_from, size_t cap,
-                         NsaError *err) {
-    resumed_from[0] = 0;
+/* A member's side of a checkpoint the coordinator writes: the same
+ * gathers of the moments (params need no collective), nothing written. */
+static int joinSave(Trainer *t, NsaError *err) {
+    for (NsaArena a = NSA_ARENA_ADAM_M; a <= NSA_ARENA_ADAM_V; a++)
+        for (int i = 0; i < nsaModelNumTensors(t->model); i++) {
+            TensorWork w = {t, a, i, t->scratch[0]};
+            if (rankGroupRun(t->ranks, gatherOnRank, &w, err) != 0) return -1;
+        }
+    return 0;
+}
+
+/* A member's side of a checkpoint load: the broadcasts of every tensor
+ * from rank 0 (params, adam_m, adam_v; checkpointLoadTensors's order),
+ * then rank 0's resume state. */
+static int joinLoad(Trainer *t, NsaError *err) {
+    const NsaArena arenas[3] = {NSA_ARENA_PARAMS, NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
+    for (int a = 0; a < 3; a++)
+        for (int i = 0; i < nsaModelNumTensors(t->model); i++) {
+            TensorWork w = {t, arenas[a], i, t->scratch[0]};
+            if (rankGroupRun(t->ranks, broadcastOnRank, &w, err) != 0) return -1;
+        }
+    return shareState(t, err);
+}
+
+/* Loads the checkpoint dir (from checkpointResolve; "" for a fresh start,
+ * NULL for a member of a job that resumes), or initialises from the seed. */
+static int restoreOrInit(Trainer *t, const char *dir, NsaError *err) {
     memset(&t->state, 0, sizeof t->state);
     t->state.seed = t->job.train.seed;
     t->state.config_hash = t->config_hash;
-    if (spec) {
-        char skipped[1024] = "";
-        int found = !strcmp(spec, "latest-valid")
-                        ? checkpointResolveValid(t->out_dir, resumed_from, cap, skipped, sizeof skipped, err)
-                        : checkpointResolve(t->out_dir, spec, resumed_from, cap, err);
-        if (found < 0) return -1;
-        if (found > 0 && skipped[0])
-            logWarn("resume: skipping damaged checkpoints (%s); resuming from %s", skipped, resumed_from);
-        if (found == 0) {
-            logNotice("resume: %s/checkpoints has no checkpoint yet; starting at step 0",
-                      t->out_dir);
-        } else {
-            ResumeState st;
-            if (loadCheckpoint(t, resumed_from, &st, err) != 0) return -1;
-            t->state = st;
-            t->state.ranks = t->world;
-            logNotice("resume: step %" PRId64 " from %s (data position %" PRIu64 ")", st.step,
-                      resumed_from, st.data_position);
-            return 0;
-        }
-    }
     t->state.ranks = t->world;
+    if (!dir) {
+        if (joinLoad(t, err) != 0) return -1;
+        logNotice("resume: step %" PRId64 " from the coordinator's checkpoint (data position %" PRIu64
+                  ")", t->state.step, t->state.data_position);
+        return 0;
+    }
+    if (dir[0]) {
+        ResumeState st;
+        if (loadCheckpoint(t, dir, &st, err) != 0) return -1;
+        t->state = st;
+        t->state.ranks = t->world;
+        if (shareState(t, err) != 0) return -1;
+        logNotice("resume: step %" PRId64 " from %s (data position %" PRIu64 ")", st.step, dir,
+                  st.data_position);
+        return 0;
+    }
     InitWork w = {t, t->job.train.seed};
     return rankGroupRun(t->ranks, initOnRank, &w, err);
 }
@@ -760,25 +909,33 @@ static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
 }
 
 /* The held-out batches on rank 0 (its weights are every rank's). */
+/* Evaluation shared by the ranks: rank r takes the held-out batches
+ * i = r, r + world, ... (the same batches every time, so the curve
+ * compares) and sums their losses; the sums are exchanged and added in
+ * rank order (one rank: the plain sum in batch order). */
 typedef struct EvalWork {
     Trainer *t;
-    double sum;
+    ExchangeWork x;  /* the sums, exchanged */
 } EvalWork;
 
 static int evalOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     EvalWork *w = arg;
     Trainer *t = w->t;
     const TrainConfig *tc = &t->job.train;
+    int32_t *tokens = t->tokens + batchAt(t, rc->local, 0), *targets = t->targets + batchAt(t, rc->local, 0);
     trainMonitorRankEnter(t->mon, rc->local, PHASE_EVAL);
-    for (int64_t i = 0; i < tc->eval_batches; i++) {
-        /* the same held-out batches every time, so the curve compares */
-        if (dataBatch(t->val_data, (uint64_t)i, t->tokens, t->targets, err) != 0) return -1;
+    double sum = 0.0;
+    for (int64_t i = rc->rank; i < tc->eval_batches; i += rc->world) {
+        pthread_mutex_lock(&t->data_lock); /* one loader for every rank here */
+        int rc_data = dataBatch(t->val_data, (uint64_t)i, tokens, targets, err);
+        pthread_mutex_unlock(&t->data_lock);
+        if (rc_data != 0) return -1;
         double loss;
-        if (nsaModelEvalLoss(rc->model, t->tokens, t->targets, tc->batch_size, tc->seq_len, &loss,
-                             err) != 0)
+        if (nsaModelEvalLoss(rc->model, tokens, targets, tc->batch_size, tc->seq_len, &loss, err) != 0)
             return -1;
-        w->sum += loss;
+        sum += loss;
     }
+    w->x.mine[rc->local].eval_sum = sum;
     return 0;
 }
 
@@ -786,9 +943,16 @@ static int evaluate(Trainer *t, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
     int64_t step = t->state.step;
     enter(t, PHASE_EVAL, step);
-    EvalWork w = {t, 0.0};
-    if (rankGroupRunOne(t->ranks, 0, evalOnRank, &w, err) != 0) return -1;
-    double val = w.sum / (double)tc->eval_batches;
+    EvalWork *w = calloc(1, sizeof *w);
+    if (!w) return nsaErrorf(err, "out of memory");
+    w->t = t;
+    const RankSlot *all = rankGroupRun(t->ranks, evalOnRank, w, err) == 0 ? exchangeSlots(t, &w->x, err)
+                                                                          : NULL;
+    double total = 0.0;
+    for (int r = 0; all && r < t->world; r++) total += all[r].eval_sum;
+    free(w);
+    if (!all) return -1;
+    double val = total / (double)tc->eval_batches;
     /* token shards do not record the text they came from: no bits-per-byte
      * figure then (NaN is written as "nan" in val.csv and null in JSON) */
     double bpb = t->bytes_per_token > 0 ? val / log(2.0) / t->bytes_per_token : NAN;
@@ -815,6 +979,13 @@ static int evaluate(Trainer *t, NsaError *err) {
 static int saveCheckpoint(Trainer *t, NsaError *err) {
     enter(t, PHASE_CHECKPOINT, t->state.step);
     double t0 = monotonicSeconds();
+    if (t->join) { /* the coordinator writes the job's checkpoint */
+        if (joinSave(t, err) != 0) return -1;
+        t->last_saved_step = t->state.step;
+        logInfo("checkpoint: step %" PRId64 " written by the coordinator (%.2f s)", t->state.step,
+                monotonicSeconds() - t0);
+        return 0;
+    }
     const CheckpointTensors src = ranksTensors(t);
     if (checkpointSaveTensors(&src, t->out_dir, &t->state, t->job.train.keep_last,
                               t->model_config_json, t->last_checkpoint, sizeof t->last_checkpoint,
@@ -841,6 +1012,21 @@ static void formatEta(double seconds, char *out, size_t cap) {
     long s = lround(seconds);
     if (s >= 3600) snprintf(out, cap, "%ld:%02ld:%02ld", s / 3600, s / 60 % 60, s % 60);
     else snprintf(out, cap, "%ld:%02ld", s / 60, s % 60);
+}
+
+/* Local rank r's last step, as the run object and the exchange show it. */
+static TrainRankStatus localStatus(const Trainer *t, int r) {
+    const NsaCommStats *cs = &t->rank_comm[r];
+    TrainRankStatus st = {
+        .rank = t->first + r,
+        .device = t->job.runtime.device == NSA_DEVICE_CUDA ? t->ordinals[r] : -1,
+        .step_seconds = t->rank_seconds[r],
+        .comm_seconds = cs->reduce_seconds,
+        .exposed_seconds = cs->exposed_seconds,
+        .overlap = cs->overlap,
+        .gather_seconds = cs->gather_seconds,
+    };
+    return st;
 }
 
 /* toks_per_s counts the steps' own time: evaluations and checkpoints in
@@ -874,17 +1060,10 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
         .world = t->world,
         .n_ranks = t->local,
     };
-    for (int r = 0; r < t->local; r++) {
-        const NsaCommStats *cs = &t->rank_comm[r];
-        s.ranks[r] = (TrainRankStatus){
-            .rank = t->first + r,
-            .device = t->job.runtime.device == NSA_DEVICE_CUDA ? t->ordinals[r] : -1,
-            .step_seconds = t->rank_seconds[r],
-            .comm_seconds = cs->reduce_seconds,
-            .exposed_seconds = cs->exposed_seconds,
-            .overlap = cs->overlap,
-            .gather_seconds = cs->gather_seconds,
-        };
+    for (int r = 0; r < t->local; r++) s.ranks[r] = localStatus(t, r);
+    if (t->multi_node) { /* every rank of the job, as the last exchange told */
+        s.n_ranks = t->world < TRAIN_MAX_RANKS ? t->world : TRAIN_MAX_RANKS;
+        memcpy(s.ranks, t->world_status, (size_t)s.n_ranks * sizeof s.ranks[0]);
     }
     atomic_store(&t->mon->memory_bytes, (int64_t)s.mem_bytes);
     atomic_store(&t->mon->memory_step, s.step);
@@ -923,14 +1102,33 @@ static const char *policyName(NanPolicy p) {
  * about to be replayed. Returns 0, 1 when there is nothing to roll back
  * to, or -1 with err. */
 static int rollBack(Trainer *t, NsaError *err) {
-    char dir[4096], skipped[1024] = "";
-    int found = checkpointResolveValid(t->out_dir, dir, sizeof dir, skipped, sizeof skipped, err);
-    if (found <= 0) return found < 0 ? -1 : 1;
-    if (skipped[0]) logWarn("rollback: skipping damaged checkpoints (%s); rolling back to %s", skipped, dir);
+    char dir[4096] = "", skipped[1024] = "";
+    int found = t->join ? 0 : checkpointResolveValid(t->out_dir, dir, sizeof dir, skipped, sizeof skipped, err);
+    if (found < 0 && !t->multi_node) return -1;
+    if (found > 0 && skipped[0]) logWarn("rollback: skipping damaged checkpoints (%s); rolling back to %s", skipped, dir);
+    if (t->multi_node) { /* the coordinator's checkpoints decide for every node */
+        ExchangeWork *w = calloc(1, sizeof *w);
+        if (!w) return nsaErrorf(err, "out of memory");
+        for (int r = 0; r < t->local; r++) w->mine[r].found = found;
+        const RankSlot *all = exchangeSlots(t, w, err);
+        found = all ? all[0].found : -1;
+        free(w);
+        if (!all) return -1;
+        if (found < 0) return nsaErrorf(err, "rollback: the coordinator could not read its checkpoints");
+    }
+    if (found <= 0) return 1;
     int anomalies = t->state.anomalies;
     int64_t from = t->state.step;
     ResumeState st;
-    if (loadCheckpoint(t, dir, &st, err) != 0) return -1;
+    if (t->join) {
+        if (joinLoad(t, err) != 0) return -1;
+        st = t->state;
+        snprintf(dir, sizeof dir, "the coordinator's checkpoint");
+    } else {
+        if (loadCheckpoint(t, dir, &st, err) != 0) return -1;
+        t->state = st;
+        if (shareState(t, err) != 0) return -1;
+    }
     t->state = st;
     t->state.ranks = t->world;
     t->state.anomalies = anomalies;
@@ -1024,6 +1222,10 @@ static void freeTrainer(Trainer *t) {
     dataClose(t->val_data);
     for (int r = 0; t->scratch && r < t->local; r++) free(t->scratch[r]);
     free(t->scratch);
+    for (int r = 0; t->xbuf && r < t->local; r++) free(t->xbuf[r]);
+    free(t->xbuf);
+    free(t->world_status);
+    pthread_mutex_destroy(&t->data_lock);
     free(t->tokens);
     free(t->targets);
     free(t->model_config_json);
@@ -1044,6 +1246,31 @@ static const char *haltReason(Trainer *t) {
     if (atomic_load(&t->mon->halt_requested)) return "halt request";
     if (artifactsHaltRequested(t->out_dir)) return ".HALT file";
     return NULL;
+}
+
+/* Why the job stops after this step, or NULL. On several nodes every node
+ * must stop at the same step: each says whether it wants to (a halt
+ * request, a .HALT file, a shutdown) and every rank's last figures ride
+ * along; any node's wish stops them all. */
+static int agreeHalt(Trainer *t, const char **halt_reason, NsaError *err) {
+    *halt_reason = haltReason(t);
+    if (!t->multi_node) return 0;
+    ExchangeWork *w = calloc(1, sizeof *w);
+    if (!w) return nsaErrorf(err, "out of memory");
+    for (int r = 0; r < t->local; r++) {
+        w->mine[r].stop = *halt_reason != NULL;
+        w->mine[r].status = localStatus(t, r);
+    }
+    const RankSlot *all = exchangeSlots(t, w, err);
+    int stop = 0;
+    for (int r = 0; all && r < t->world; r++) {
+        stop |= all[r].stop;
+        t->world_status[r] = all[r].status;
+    }
+    free(w);
+    if (!all) return -1;
+    if (stop && !*halt_reason) *halt_reason = "another node's halt";
+    return 0;
 }
 
 static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason, NsaError *err) {
@@ -1083,7 +1310,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
             if (tc->save_every > 0 && step % tc->save_every == 0 && step != tc->steps)
                 if (saveCheckpoint(t, err) != 0) return -1;
         }
-        *halt_reason = haltReason(t);
+        if (agreeHalt(t, halt_reason, err) != 0) return -1;
         if (*halt_reason && t->state.step < tc->steps) {
             *outcome = TRAIN_HALTED;
             return 0;
@@ -1157,10 +1384,28 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     NsaError e;
     int removed = artifactsClearStale(t->out_dir, &e);
     if (removed > 0) logNotice("removed a stale .HALT/.anomaly_type from %s", t->out_dir);
-    if (openData(t, err) != 0 || createRanks(t, err) != 0 ||
-        restoreOrInit(t, opt->resume, resumed_from, sizeof resumed_from, err) != 0)
+    /* what to resume from is known before the ranks: a coordinator tells
+     * the other nodes whether to take part in a load */
+    int resumed = 0;
+    if (t->join) {
+        resumed = t->join->resume;
+        if (resumed) snprintf(resumed_from, sizeof resumed_from, "the coordinator's checkpoint");
+    } else if (opt->resume) {
+        char skipped[1024] = "";
+        int found = !strcmp(opt->resume, "latest-valid")
+                        ? checkpointResolveValid(t->out_dir, resumed_from, sizeof resumed_from, skipped,
+                                                 sizeof skipped, err)
+                        : checkpointResolve(t->out_dir, opt->resume, resumed_from, sizeof resumed_from, err);
+        if (found < 0) return -1;
+        if (found > 0 && skipped[0])
+            logWarn("resume: skipping damaged checkpoints (%s); resuming from %s", skipped, resumed_from);
+        if (found == 0)
+            logNotice("resume: %s/checkpoints has no checkpoint yet; starting at step 0", t->out_dir);
+        resumed = found > 0;
+    }
+    if (openData(t, err) != 0 || createRanks(t, opt, resumed, err) != 0 ||
+        restoreOrInit(t, t->join && resumed ? NULL : resumed ? resumed_from : "", err) != 0)
         return -1;
-    int resumed = resumed_from[0] != 0;
     if (resumed) t->last_saved_step = t->last_eval_step = t->state.step;
     atomic_store(&t->mon->step, t->state.step);
     t->art = artifactsOpen(t->out_dir, resumed ? t->state.step : -1, err);
@@ -1233,7 +1478,7 @@ static void finishRun(Trainer *t, TrainOutcome outcome, const char *halt_reason,
 
 int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
                const TrainHooks *hooks, TrainResult *res, NsaError *err) {
-    static const TrainOptions no_options = {NULL, NULL, 0, -1, 0};
+    static const TrainOptions no_options = {.device_override = -1};
     TrainMonitor local_mon;
     TrainResult local_res;
     NsaError local_err;
@@ -1253,6 +1498,8 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     t->mon = mon;
     t->hooks = hooks;
     t->quiet = opt->quiet;
+    t->join = opt->join;
+    pthread_mutex_init(&t->data_lock, NULL);
     t->last_loss = t->last_grad_norm = NAN;
     t->first_val = t->first_bpb = t->last_val = t->last_bpb = t->best_val = NAN;
     t->last_saved_step = t->last_eval_step = -1;

@@ -134,12 +134,24 @@ typedef enum TrainOutcome {
     TRAIN_FAILED = 3      /* an error; err says which */
 } TrainOutcome;
 
+/* A node's part in a multi-node job another nsad coordinates (handed over
+ * by the coordinator's POST /api/v1/join). */
+typedef struct TrainJoin {
+    int first, world;        /* this node's first rank, the job's ranks */
+    NsaCommId comm_id;       /* the transport's id: NCCL's, or the TCP transport's */
+    int resume;              /* the coordinator loads a checkpoint: take part in its broadcasts */
+} TrainJoin;
+
 typedef struct TrainOptions {
     const char *out_dir;     /* overrides train.out_dir when not NULL */
     const char *resume;      /* NULL, a checkpoint dir, "latest" or "latest-valid" (checkpoint.h) */
     int64_t steps;           /* overrides train.steps when > 0 */
     int device_override;     /* -1 none, else NsaDevice */
     int quiet;               /* no progress line on stdout */
+    /* multi-node (runtime.nodes): */
+    const char *run_id;      /* names the job to the other nodes (coordinator) */
+    const char *peer_token;  /* the other nodes' bearer token (coordinator; NULL: none) */
+    const TrainJoin *join;   /* set: this node is a member of another's job */
 } TrainOptions;
 
 typedef struct TrainResult {
@@ -148,6 +160,12 @@ typedef struct TrainResult {
     double last_loss, last_val_loss;
     char anomaly[32];        /* "nan_loss", "nan_grad", ... or "" */
 } TrainResult;
+
+/* How many data-parallel ranks this node brings to job cfg: its GPUs as
+ * runtime.gpus names them (checked against the devices there are; their
+ * ordinals go to ordinals[TRAIN_MAX_RANKS]), or runtime.cpu_ranks on the
+ * CPU engine. Returns the count, or -1 with err. */
+int trainerLocalRanks(const JobConfig *cfg, int *ordinals, NsaError *err);
 
 /* Applies opt's overrides (out_dir, steps, device; precision follows the
  * device when the config said auto) to job and validates the result: the

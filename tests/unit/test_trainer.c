@@ -210,7 +210,7 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
     h->mon = &mon;
     h->out_dir = out_dir;
     TrainHooks hooks = {h, onSample, onEval, onEvent};
-    TrainOptions opt = {out_dir, resume, 0, -1, 1};
+    TrainOptions opt = {.out_dir = out_dir, .resume = resume, .device_override = -1, .quiet = 1};
     memset(err, 0, sizeof *err);
     int rc = trainerRun(cfg, &opt, &mon, &hooks, res, err);
     trainMonitorDescribeDevice(&mon, atomic_load(&mon.step_done_ns), h->device, sizeof h->device);
@@ -938,7 +938,7 @@ static void test_stall_fault_sleeps_in_phase(void **state) {
     Watcher w = {.mon = &mon};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, watchMain, &w), 0);
-    TrainOptions opt = {dir, NULL, 0, -1, 1};
+    TrainOptions opt = {.out_dir = dir, .device_override = -1, .quiet = 1};
     TrainResult res;
     NsaError err;
     int rc = trainerRun(&cfg, &opt, &mon, NULL, &res, &err);
