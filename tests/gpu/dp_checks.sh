@@ -6,6 +6,7 @@
 #   tests/gpu/dp_checks.sh agree [N] [STEPS] N GPUs vs 1 GPU accumulating (default all GPUs, 200 steps)
 #   tests/gpu/dp_checks.sh repeat [N]        two N-GPU runs are bit-identical
 #   tests/gpu/dp_checks.sh resume [N]        kill -9 mid-run, resume: bit-identical to uninterrupted
+#   tests/gpu/dp_checks.sh procs             2 processes of 1 GPU == 1 process of 2 GPUs, bit for bit
 #   tests/gpu/dp_checks.sh faults [N]        a rank that stalls, a rank that exits, kill -9 of a
 #                                            rank's process: the others fail by the deadline
 #   tests/gpu/dp_checks.sh all               every check above (multi-GPU ones skip on 1 GPU)
@@ -64,6 +65,25 @@ if [ "$what" = resume ] || [ "$what" = all ]; then
                 { echo "DP RESUME FAIL (see $OUT/dp-resume.diff)"; failed=$((failed + 1)); }
         else
             echo "DP RESUME FAIL (no resume: see $OUT/dp-resumed.log)"; failed=$((failed + 1))
+        fi
+    fi
+fi
+if [ "$what" = procs ] || [ "$what" = all ]; then
+    # the same job as 2 processes of one GPU each (NCCL across processes,
+    # as two nodes' nsad run it) and as one process driving 2 GPUs
+    if need2 PROCS; then
+        idf="$OUT/dp-procs.id"; rm -f "$idf"
+        CUDA_VISIBLE_DEVICES=0 timeout 900 $BIN proc 0 2 "$idf" 20 "$TEXT" >"$OUT/dp-procs0.log" 2>&1 &
+        p0=$!
+        CUDA_VISIBLE_DEVICES=1 timeout 900 $BIN proc 1 2 "$idf" 20 "$TEXT" >"$OUT/dp-procs1.log" 2>&1
+        wait $p0
+        timeout 900 $BIN train 2 20 "$OUT/dp-procs-none.state" 0 "$TEXT" >"$OUT/dp-procs-one.log" 2>&1
+        if grep -q "^DP PROC rank 0 DONE" "$OUT/dp-procs0.log" &&
+           diff <(awk '$1 == "loss" {print $2, $3}' "$OUT/dp-procs0.log") \
+                <(awk '$1 == "loss" {print $2, $3}' "$OUT/dp-procs-one.log") >"$OUT/dp-procs.diff"; then
+            echo "DP PROCS PASS: 2 processes x 1 GPU = 1 process x 2 GPUs, 20 steps bit for bit"
+        else
+            echo "DP PROCS FAIL (see $OUT/dp-procs.diff, dp-procs0.log)"; failed=$((failed + 1))
         fi
     fi
 fi

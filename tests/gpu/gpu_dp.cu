@@ -25,9 +25,11 @@
  *                                     its process had died ("DP EXIT PASS")
  *   gpu_dp proc RANK WORLD IDFILE STEPS
  *                                     one rank per process (rank 0 writes the
- *                                     NCCL id to IDFILE); dp_checks.sh kills
- *                                     one with -9 and expects the others to
- *                                     fail by the deadline
+ *                                     NCCL id to IDFILE), train's shape and
+ *                                     data: dp_checks.sh compares its losses
+ *                                     with a one-process run, and kills one
+ *                                     with -9 and expects the others to fail
+ *                                     by the deadline
  *   gpu_dp bench N S B STEPS          tokens/s on 1 and N GPUs, the scaling
  *                                     factor, communication time and the share
  *                                     the backward hides ("BENCH-DP ...")
@@ -474,7 +476,8 @@ static int modeFault(int N, int exit_not_stall, const Text *text) {
 
 /* One rank of a job of processes: rank 0 publishes the id in idfile. */
 static int modeProc(int rank, int world, const char *idfile, int steps, const Text *text) {
-    Run *run = newRun(world, 1, 2, 2048, steps, 1, text, timeoutSeconds(30));
+    /* the shape and data of `train`: its losses compare bit for bit */
+    Run *run = newRun(world, 1, 4, 2048, steps, 1, text, timeoutSeconds(30));
     if (rank == 0) {
         NsaError e = {{0}};
         if (nsaCommNcclUniqueId(&run->id, &e)) { fprintf(stderr, "%s\n", e.message); return 1; }
@@ -512,13 +515,14 @@ static int modeProc(int rank, int world, const char *idfile, int steps, const Te
     int32_t *tok = (int32_t *)malloc(N * 4), *tgt = (int32_t *)malloc(N * 4);
     const double t0 = nowSeconds();
     for (int s = 1; !rc && s <= steps; s++) {
-        samples(text, ((uint64_t)(s - 1) * world + rank) * run->B, run->B, run->S, tok, tgt);
+        samples(text, ((uint64_t)(s - 1) * world + rank) * (uint64_t)run->B, run->B, run->S, tok, tgt);
         NsaOptimConfig oc = {(float)lrAt(s), 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
         NsaStepStats st;
         rc = nsaModelZeroGrad(m, err) || nsaModelForward(m, tok, tgt, run->B, run->S, 1.0f, err) ||
              nsaModelBackwardReduce(m, err) || nsaModelOptimizerStep(m, &oc, s, err) ||
              nsaModelStepStats(m, &st, err);
         if (!rc) printf("rank %d step %d loss %.4f\n", rank, s, st.loss);
+        if (!rc && rank == 0) printf("loss %d %a (%.4f)\n", s, st.loss, st.loss);
         fflush(stdout);
     }
     printf("DP PROC rank %d %s after %.1f s: %s\n", rank, rc ? "FAILED" : "DONE", nowSeconds() - t0,
