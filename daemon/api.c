@@ -414,11 +414,11 @@ static void postJoin(Service *svc, const ApiRequest *req, ApiResponse *res) {
         const cJSON *resume = cJSON_GetObjectItemCaseSensitive(in, "resume");
         if (!cJSON_IsString(run_id) || !cJSON_IsNumber(first) || !cJSON_IsNumber(world) ||
             !cJSON_IsString(comm_id) || !cJSON_IsBool(resume) ||
-            peerIdFromHex(comm_id->valuestring, &j.join.comm_id) != 0 || first->valuedouble < 1 ||
-            world->valuedouble > 65536) {
+            peerIdFromHex(comm_id->valuestring, &j.join.comm_id) != 0 || !(first->valuedouble >= 1) ||
+            !(first->valuedouble <= 65536) || !(world->valuedouble >= 1) || !(world->valuedouble <= 65536)) {
             cJSON_Delete(in);
-            apiError(res, 400, "invalid_argument", "a start needs run_id, first, world, comm_id (%d hex "
-                                                   "digits) and resume", 2 * NSA_COMM_ID_BYTES);
+            apiError(res, 400, "invalid_argument", "a start needs run_id, first and world (1 to 65536), "
+                                                   "comm_id (%d hex digits) and resume", 2 * NSA_COMM_ID_BYTES);
             return;
         }
         j.run_id = run_id->valuestring;
