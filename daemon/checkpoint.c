@@ -643,6 +643,7 @@ typedef struct Manifest {
     int64_t step;
     uint64_t config_hash;
     char version[64];
+    int legacy;               /* CHECKPOINT_FORMAT_LEGACY: no manifest, read from the metadata */
 } Manifest;
 
 typedef struct ManifestFile {
@@ -745,20 +746,73 @@ static int64_t stepOfDir(const char *dir) {
     return parseStepDir(name);
 }
 
+static int metaInt(const Safetensors *st, const char *key, const char *path, int base,
+                   uint64_t *out, NsaError *err);
+
+/* A checkpoint without manifest.json whose state.safetensors says format
+ * CHECKPOINT_FORMAT_LEGACY: fills man from that file's metadata (what a
+ * manifest would have said) and checks its step against the directory's
+ * name and that model.safetensors is there. Returns 1 when it is such a
+ * checkpoint, 0 when it is not (err untouched), -1 with err when it says
+ * it is but does not hold together. */
+static int readLegacyManifest(const char *dir, Manifest *man, NsaError *err) {
+    char path[4096];
+    NsaError ignored;
+    if (fsPathf(&ignored, path, sizeof path, "%s/state.safetensors", dir) != 0) return 0;
+    Safetensors *st = safetensorsRead(path, &ignored);
+    if (!st) return 0;
+    const char *format = safetensorsMeta(st, "nsad_format");
+    const char *version = safetensorsMeta(st, "nsad_version");
+    int rc = 0;
+    uint64_t step = 0, hash = 0;
+    if (!format || strcmp(format, CHECKPOINT_FORMAT_LEGACY) != 0) goto out;
+    rc = -1;
+    if (metaInt(st, "step", path, 10, &step, err) || metaInt(st, "config_hash", path, 16, &hash, err)) goto out;
+    if (!version || strlen(version) >= sizeof man->version || step > INT64_MAX) {
+        nsaErrorf(err, "%s: format %s without nsad_version or with step out of range", path,
+                  CHECKPOINT_FORMAT_LEGACY);
+        goto out;
+    }
+    man->step = (int64_t)step;
+    man->config_hash = hash;
+    snprintf(man->version, sizeof man->version, "%s", version);
+    man->legacy = 1;
+    int64_t named = stepOfDir(dir);
+    char model[4096];
+    struct stat sb;
+    if (named >= 0 && named != man->step)
+        nsaErrorf(err, "%s: says step %" PRId64 " but the directory is step %" PRId64, path, man->step, named);
+    else if (fsPathf(err, model, sizeof model, "%s/model.safetensors", dir) != 0)
+        ;
+    else if (stat(model, &sb) != 0 || !S_ISREG(sb.st_mode))
+        nsaErrorf(err, "%s: missing or not a regular file (a %s checkpoint needs it)", model,
+                  CHECKPOINT_FORMAT_LEGACY);
+    else
+        rc = 1;
+out:
+    safetensorsFree(st);
+    return rc;
+}
+
 /* Reads DIR/manifest.json, checks its fields, that the directory's name
  * (step_N) agrees with its step, and that every file it lists has its
  * size and CRC-32C. Fills man. Returns 0 or -1 with err naming the file
- * and what does not match. */
+ * and what does not match. A legacy checkpoint (readLegacyManifest) fills
+ * man with legacy set and returns 0: nothing to verify it against. */
 static int verifyManifest(const char *dir, Manifest *man, NsaError *err) {
     char path[4096];
+    man->legacy = 0;
     if (fsPathf(err, path, sizeof path, "%s/" MANIFEST_NAME, dir) != 0) return -1;
     size_t len;
     NsaError rerr;
     char *text = fsReadRegular(path, MANIFEST_MAX_BYTES, &len, &rerr);
     if (!text) {
-        if (errno == ENOENT)
+        if (errno == ENOENT) {
+            int legacy = readLegacyManifest(dir, man, err);
+            if (legacy != 0) return legacy > 0 ? 0 : -1;
             return nsaErrorf(err, "%s: no " MANIFEST_NAME ": the checkpoint is incomplete (the manifest is "
-                             "written last) or older than format %s", dir, CHECKPOINT_FORMAT);
+                             "written last)", dir);
+        }
         return nsaErrorf(err, "%s", rerr.message);
     }
     cJSON *o = cJSON_ParseWithLength(text, len);
@@ -826,7 +880,8 @@ static int checkMetaAgrees(const Safetensors *st, const char *path, const Manife
     snprintf(step, sizeof step, "%" PRId64, man->step);
     snprintf(hash, sizeof hash, "%016" PRIx64, man->config_hash);
     const char *const keys[] = {"nsad_format", "nsad_version", "step", "config_hash"};
-    const char *const want[] = {CHECKPOINT_FORMAT, man->version, step, hash};
+    const char *const want[] = {man->legacy ? CHECKPOINT_FORMAT_LEGACY : CHECKPOINT_FORMAT, man->version,
+                                step, hash};
     for (int i = 0; i < 4; i++) {
         const char *v = safetensorsMeta(st, keys[i]);
         if (!v || strcmp(v, want[i]) != 0)
@@ -838,7 +893,8 @@ static int checkMetaAgrees(const Safetensors *st, const char *path, const Manife
 
 int checkpointVerify(const char *dir, NsaError *err) {
     Manifest man;
-    return verifyManifest(dir, &man, err);
+    if (verifyManifest(dir, &man, err) != 0) return -1;
+    return man.legacy;
 }
 
 /* A checkpoint directory whose manifest is there (it may still be
@@ -1122,9 +1178,10 @@ static int metaInt(const Safetensors *st, const char *key, const char *path, int
 
 static int parseState(const Safetensors *st, const char *path, ResumeState *out, NsaError *err) {
     const char *format = safetensorsMeta(st, "nsad_format");
-    if (!format || strcmp(format, CHECKPOINT_FORMAT) != 0)
-        return nsaErrorf(err, "%s: nsad_format is '%.40s'; allowed: %s", path, format ? format : "(none)",
-                    CHECKPOINT_FORMAT);
+    int legacy = format && !strcmp(format, CHECKPOINT_FORMAT_LEGACY);
+    if (!format || (strcmp(format, CHECKPOINT_FORMAT) != 0 && !legacy))
+        return nsaErrorf(err, "%s: nsad_format is '%.40s'; allowed: %s (or %s, unverified)", path,
+                         format ? format : "(none)", CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_LEGACY);
     uint64_t step, pos, seed, hash, tokens, anomalies;
     if (metaInt(st, "step", path, 10, &step, err) || metaInt(st, "data_position", path, 10, &pos, err) ||
         metaInt(st, "seed", path, 10, &seed, err) || metaInt(st, "config_hash", path, 16, &hash, err) ||
@@ -1146,6 +1203,7 @@ static int parseState(const Safetensors *st, const char *path, ResumeState *out,
         return nsaErrorf(err, "%s: __metadata__.ranks is %llu; allowed: 1 to %u", path,
                          (unsigned long long)ranks, 1u << 20);
     out->ranks = (int)ranks;
+    out->legacy = legacy;
     return 0;
 }
 

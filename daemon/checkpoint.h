@@ -78,6 +78,10 @@ const char *safetensorsMeta(const Safetensors *st, const char *key);
 /* ---- training checkpoints ------------------------------------------------ */
 
 #define CHECKPOINT_FORMAT "nsad-checkpoint-2"
+/* Checkpoints written before manifests: the same files and metadata, no
+ * manifest.json. They still load, unverified (no sizes or checksums to
+ * check them against), and every loader says so in its log. */
+#define CHECKPOINT_FORMAT_LEGACY "nsad-checkpoint-1"
 
 /* What a resumed run needs besides weights and moments. The data order is
  * a pure function of (seed, data_position) (daemon/data.h), so those two
@@ -91,6 +95,7 @@ typedef struct ResumeState {
     int anomalies;            /* NaN/Inf anomalies absorbed so far (skip/rollback) */
     int ranks;                /* data-parallel ranks of the job that wrote it (1 for
                                  checkpoints from before data parallelism) */
+    int legacy;               /* 1: format CHECKPOINT_FORMAT_LEGACY, loaded unverified */
 } ResumeState;
 
 /* Where a checkpoint's tensors come from and go to: a model alone
@@ -152,7 +157,10 @@ int checkpointResolveValid(const char *out_dir, char *dir, size_t cap, char *ski
 /* Checks a checkpoint directory without loading it: its manifest.json
  * (format, step matching the directory's step_N name, config hash,
  * version) and the size and CRC-32C of every file it lists. Returns 0, or
- * -1 with err naming the file and what does not match. Reads every byte. */
+ * -1 with err naming the file and what does not match. Reads every byte.
+ * A checkpoint of format CHECKPOINT_FORMAT_LEGACY (no manifest; its
+ * state.safetensors says so) returns 1: complete as far as can be told,
+ * but unverified; the caller logs that. */
 int checkpointVerify(const char *dir, NsaError *err);
 
 /* Loads weights and moments from a checkpoint directory into m and fills

@@ -697,6 +697,10 @@ static int loadCheckpoint(Trainer *t, const char *dir, ResumeState *st, NsaError
                          dir, st->config_hash, t->config_hash);
     const CheckpointTensors dst = ranksTensors(t);
     if (checkpointLoadTensors(&dst, dir, st, err) != 0) return -1;
+    if (st->legacy)
+        logWarn("resume: %s has format %s (before manifests): loaded unverified, no sizes or checksums "
+                "to check it against; the next checkpoint is written as %s", dir, CHECKPOINT_FORMAT_LEGACY,
+                CHECKPOINT_FORMAT);
     if (st->ranks != t->world)
         logNotice("resume: %s was written by a job of %d rank%s; this job has %d: the data goes on "
                   "from batch %" PRIu64 " (batches of %d sequences), and a step now takes %d x %d of "

@@ -1,6 +1,7 @@
 /* weights.c - a checkpoint opened for use; see weights.h. */
 #include "weights.h"
 #include "fsutil.h"
+#include "log.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -104,7 +105,11 @@ int weightsOpen(const char *spec, Weights *w, NsaError *err) {
     if (found < 0) return -1;
     if (found == 0) return nsaErrorf(err, "checkpoint: %s holds no checkpoint yet", spec);
     /* a damaged or incomplete checkpoint is refused here too, not used */
-    if (checkpointVerify(w->dir, err) != 0) return -1;
+    const int unverified = checkpointVerify(w->dir, err);
+    if (unverified < 0) return -1;
+    if (unverified)
+        logWarn("checkpoint %s: format %s (before manifests): loaded unverified, no sizes or checksums "
+                "to check it against", w->dir, CHECKPOINT_FORMAT_LEGACY);
     runDirOf(w->dir, w->out_dir, sizeof w->out_dir);
     configDefaults(&w->job);
     w->have_run_config = loadRunConfig(w);

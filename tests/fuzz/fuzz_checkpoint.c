@@ -129,7 +129,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (checkpointReadState(state_dir, &rs, &err) != 0) oneLine(&err);
     } else if (mode == 1) {
         writeAll(manifest, data, size);
-        if (checkpointVerify(ck_dir, &err) != 0) {
+        if (checkpointVerify(ck_dir, &err) < 0) {
             oneLine(&err);
         } else {
             ResumeState rs;

@@ -673,6 +673,58 @@ static void test_checkpoint_damage_is_refused(void **state) {
     free(dir);
 }
 
+/* A checkpoint from before manifests (format nsad-checkpoint-1: the same
+ * files and metadata, no manifest.json) still loads, marked unverified, and
+ * gives back exactly what was saved; one that claims that format but whose
+ * files disagree is refused naming the field. */
+static void test_checkpoint_legacy_format_loads_unverified(void **state) {
+    (void)state;
+    char *dir = testTempDir("ckpt");
+    NsaModel *m = tinyModel(16, 1);
+    trainOneStep(m);
+    ResumeState rs = {.step = 7, .seed = 1, .config_hash = 0x1234, .tokens_seen = 99};
+    NsaError err = {{0}};
+    char saved[1024], model[1200], stfile[1200], manifest[1200];
+    assert_int_equal(checkpointSave(m, dir, &rs, 0, NULL, saved, sizeof saved, &err), 0);
+    snprintf(model, sizeof model, "%s/model.safetensors", saved);
+    snprintf(stfile, sizeof stfile, "%s/state.safetensors", saved);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", saved);
+    /* what a format-1 save wrote */
+    editFile(model, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_LEGACY);
+    editFile(stfile, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_LEGACY);
+    assert_int_equal(unlink(manifest), 0);
+
+    assert_int_equal(checkpointVerify(saved, &err), 1);
+    NsaModel *back = tinyModel(16, 2);
+    ResumeState got = {0};
+    if (checkpointLoad(back, saved, &got, &err) != 0) fail_msg("checkpointLoad: %s", err.message);
+    assert_int_equal(got.legacy, 1);
+    assert_int_equal(got.step, 7);
+    assert_int_equal(got.tokens_seen, 99);
+    assert_int_equal(got.config_hash, 0x1234);
+    assertArenasEqual(m, back, NSA_ARENA_PARAMS);
+    assertArenasEqual(m, back, NSA_ARENA_ADAM_M);
+    assertArenasEqual(m, back, NSA_ARENA_ADAM_V);
+
+    /* the two files disagree on the format */
+    editFile(model, CHECKPOINT_FORMAT_LEGACY, CHECKPOINT_FORMAT);
+    expectLoadError(back, saved, "__metadata__.nsad_format is 'nsad-checkpoint-2' but the manifest says "
+                                 "'nsad-checkpoint-1'");
+    editFile(model, CHECKPOINT_FORMAT, CHECKPOINT_FORMAT_LEGACY);
+    /* the directory's name and the state's step disagree */
+    editFile(stfile, "\"step\":\"7\"", "\"step\":\"9\"");
+    expectLoadError(back, saved, "says step 9 but the directory is step 7");
+    assert_int_equal(checkpointVerify(saved, &err), -1);
+    editFile(stfile, "\"step\":\"9\"", "\"step\":\"7\"");
+    /* model.safetensors missing */
+    assert_int_equal(unlink(model), 0);
+    expectLoadError(back, saved, "model.safetensors: missing or not a regular file");
+    nsaModelFree(back);
+    nsaModelFree(m);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 /* latest-valid: the newest checkpoint that verifies, naming the others. */
 static void test_checkpoint_latest_valid_falls_back(void **state) {
     (void)state;
@@ -892,6 +944,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_rejects_other_model),
         cmocka_unit_test(test_crc32c),
         cmocka_unit_test(test_checkpoint_damage_is_refused),
+        cmocka_unit_test(test_checkpoint_legacy_format_loads_unverified),
         cmocka_unit_test(test_checkpoint_latest_valid_falls_back),
         cmocka_unit_test(test_checkpoint_odd_files),
         cmocka_unit_test(test_checkpoint_survives_a_kill_anywhere),
