@@ -1,5 +1,6 @@
 /* api.c - the routes of proto/api.md; see api.h. */
 #include "api.h"
+#include "clockutil.h"
 #include "peers.h"
 
 #include <cjson/cJSON.h>
@@ -206,7 +207,7 @@ static void answerServiceError(ApiResponse *res, ServiceStatus st, const NsaErro
 static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     cJSON *o = cJSON_CreateObject();
     int active = !strcmp(svc->active_id, run->id);
-    int64_t now = serviceNowNs();
+    int64_t now = clockMonotonicNs();
     cJSON_AddStringToObject(o, "id", run->id);
     cJSON_AddStringToObject(o, "name", run->name);
     cJSON_AddStringToObject(o, "state", runStateName(run->state));
@@ -296,7 +297,7 @@ static void getHealth(Service *svc, ApiResponse *res) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "version", NSA_VERSION);
-    cJSON_AddNumberToObject(o, "uptime_s", (double)(serviceNowNs() - svc->started_ns) * 1e-9);
+    cJSON_AddNumberToObject(o, "uptime_s", (double)(clockMonotonicNs() - svc->started_ns) * 1e-9);
     cJSON_AddStringToObject(o, "trainer", atomic_load(&svc->trainer_busy) ? "busy" : "idle");
     respondJson(res, 200, o);
 }
@@ -558,14 +559,14 @@ static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
     cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
     if (active)
         cJSON_AddNumberToObject(o, "phase_age_s",
-                                (double)(serviceNowNs() - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+                                (double)(clockMonotonicNs() - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
     else
         cJSON_AddNullToObject(o, "phase_age_s");
     cJSON_AddNumberToObject(o, "step", (double)atomic_load(&svc->mon.step));
     addStringOrNull(o, "run_id", svc->active_id);
     pthread_mutex_unlock(&svc->lock);
     char device[640];
-    trainMonitorDescribeDevice(&svc->mon, serviceNowNs(), device, sizeof device);
+    trainMonitorDescribeDevice(&svc->mon, clockMonotonicNs(), device, sizeof device);
     cJSON_AddStringToObject(o, "device", device);
     cJSON_AddStringToObject(o, "stacks", stacks);
     logNotice("stack dump requested over the API (trainer phase %s)", trainPhaseName(phase));

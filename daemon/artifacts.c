@@ -1,5 +1,6 @@
 /* artifacts.c - see artifacts.h; formats in proto/files.md. */
 #include "artifacts.h"
+#include "clockutil.h"
 #include "fsutil.h"
 
 #include <cjson/cJSON.h>
@@ -25,12 +26,6 @@ struct Artifacts {
     char out_dir[4096];
     int heartbeat_fd, training_fd, val_fd;
 };
-
-static double nowUnix(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* The shortest of %.15g..%.17g that reads back as the same double, so the
  * CSV stays readable and still compares exactly. */
@@ -109,6 +104,108 @@ static int trimCsv(const char *path, const char *header, int64_t keep_step, NsaE
     }
     int rc = fsWriteFileAtomic(path, out, len, 0644, err);
     free(out);
+    return rc;
+}
+
+/* CSV columns nsad reads, with the header names it accepts for each. */
+enum { COL_STEP, COL_TS, COL_LOSS, COL_LR, COL_GNORM, COL_TOKS, COL_MEM, COL_VAL, COL_BPB, COL_COUNT };
+static const char *const column_names[COL_COUNT][4] = {
+    [COL_STEP] = {"step", NULL},
+    [COL_TS] = {"ts", "time", "timestamp", "unix_time"},
+    [COL_LOSS] = {"loss", "train_loss", NULL},
+    [COL_LR] = {"lr", "learning_rate", NULL},
+    [COL_GNORM] = {"grad_norm", "gnorm", NULL},
+    [COL_TOKS] = {"toks_per_s", "tokens_per_s", "tok_per_s", "tok_s"},
+    [COL_MEM] = {"mem_bytes", "memory_bytes", NULL},
+    [COL_VAL] = {"val_loss", NULL},
+    [COL_BPB] = {"bits_per_byte", "bpb", "val_bpb", NULL},
+};
+
+static int columnOf(const char *name) {
+    for (int c = 0; c < COL_COUNT; c++)
+        for (int k = 0; k < 4 && column_names[c][k]; k++)
+            if (!strcmp(name, column_names[c][k])) return c;
+    return -1;
+}
+
+/* Splits a CSV line in place on commas (no quoting: nsad's CSVs hold
+ * numbers) and trims each field's spaces and line end. */
+static int splitCsv(char *line, char **fields, int max) {
+    int n = 0;
+    char *p = line;
+    while (n < max) {
+        fields[n++] = p;
+        char *comma = strchr(p, ',');
+        if (!comma) break;
+        *comma = '\0';
+        p = comma + 1;
+    }
+    for (int i = 0; i < n; i++) {
+        char *f = fields[i];
+        while (*f == ' ') f++;
+        size_t len = strlen(f);
+        while (len && (f[len - 1] == ' ' || f[len - 1] == '\r' || f[len - 1] == '\n')) f[--len] = '\0';
+        fields[i] = f;
+    }
+    return n;
+}
+
+/* The number in column idx, or NAN when the row has no such column or the
+ * cell is empty or not a number. */
+static double csvCell(char **fields, int n, int idx) {
+    if (idx < 0 || idx >= n || !*fields[idx]) return NAN;
+    char *end;
+    double v = strtod(fields[idx], &end);
+    return *end ? NAN : v;
+}
+
+int artifactsReadCsv(const char *out_dir, const char *name, ArtifactCsvRowFn fn, void *ctx,
+                     NsaError *err) {
+    char path[4096];
+    if (fsPathf(err, path, sizeof path, "%s/%s", out_dir, name) != 0) return -1;
+    FILE *f = fopen(path, "r");
+    if (!f) return errno == ENOENT ? 0 : nsaErrorf(err, "%s: %s", path, strerror(errno));
+    int col[COL_COUNT];
+    for (int c = 0; c < COL_COUNT; c++) col[c] = -1;
+    char *line = NULL, *fields[64];
+    size_t cap = 0;
+    long lineno = 0;
+    int rc = 0;
+    while (getline(&line, &cap, f) > 0) {
+        lineno++;
+        int n = splitCsv(line, fields, 64);
+        if (lineno == 1) {
+            for (int i = 0; i < n; i++) {
+                int c = columnOf(fields[i]);
+                if (c >= 0 && col[c] < 0) col[c] = i;
+            }
+            if (col[COL_STEP] < 0) {
+                rc = nsaErrorf(err, "%s line 1: no \"step\" column in the header", path);
+                break;
+            }
+            continue;
+        }
+        double step = csvCell(fields, n, col[COL_STEP]);
+        if (!isfinite(step)) continue; /* a torn last line after a kill */
+        ArtifactCsvRow row = {
+            .step = (int64_t)step,
+            .ts = csvCell(fields, n, col[COL_TS]),
+            .loss = csvCell(fields, n, col[COL_LOSS]),
+            .lr = csvCell(fields, n, col[COL_LR]),
+            .grad_norm = csvCell(fields, n, col[COL_GNORM]),
+            .toks_per_s = csvCell(fields, n, col[COL_TOKS]),
+            .mem_bytes = csvCell(fields, n, col[COL_MEM]),
+            .val_loss = csvCell(fields, n, col[COL_VAL] >= 0 ? col[COL_VAL] : col[COL_LOSS]),
+            .bits_per_byte = csvCell(fields, n, col[COL_BPB]),
+        };
+        if (fn(ctx, &row, err) != 0) {
+            rc = -1;
+            break;
+        }
+    }
+    if (rc == 0 && ferror(f)) rc = nsaErrorf(err, "%s: read error", path);
+    free(line);
+    fclose(f);
     return rc;
 }
 
@@ -231,7 +328,7 @@ int artifactsLogEvent(Artifacts *a, const char *type, int64_t step, const char *
         cJSON_Delete(detail);
         return nsaErrorf(err, "out of memory formatting a heartbeat event");
     }
-    cJSON_AddNumberToObject(o, "ts", nowUnix());
+    cJSON_AddNumberToObject(o, "ts", clockUnixSeconds());
     cJSON_AddStringToObject(o, "event", type);
     cJSON_AddNumberToObject(o, "step", (double)step);
     cJSON_AddStringToObject(o, "phase", phase ? phase : "");
@@ -350,7 +447,7 @@ int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemory
                       const char *resumed_from, NsaError *err) {
     cJSON *root = cJSON_CreateObject();
     if (!root) return nsaErrorf(err, "out of memory formatting env.json");
-    cJSON_AddNumberToObject(root, "ts", nowUnix());
+    cJSON_AddNumberToObject(root, "ts", clockUnixSeconds());
     cJSON *v = cJSON_AddObjectToObject(root, "versions");
     cJSON_AddStringToObject(v, "nsad", NSA_VERSION);
     cJSON_AddStringToObject(v, "libnsa", NSA_VERSION);
@@ -411,7 +508,7 @@ static void addNumberOrNull(cJSON *o, const char *key, double v) {
 int artifactsWriteMetrics(const char *out_dir, const RunSummary *s, NsaError *err) {
     cJSON *o = cJSON_CreateObject();
     if (!o) return nsaErrorf(err, "out of memory formatting metrics.json");
-    cJSON_AddNumberToObject(o, "ts", nowUnix());
+    cJSON_AddNumberToObject(o, "ts", clockUnixSeconds());
     cJSON_AddStringToObject(o, "outcome", s->outcome);
     cJSON_AddNumberToObject(o, "step", (double)s->step);
     cJSON_AddNumberToObject(o, "total_steps", (double)s->total_steps);

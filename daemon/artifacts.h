@@ -16,7 +16,7 @@
 
 #include <stdint.h>
 #include "config.h"
-#include "trainer.h"
+#include "trainstep.h"
 
 #define ARTIFACT_ENV "env.json"
 #define ARTIFACT_HEARTBEAT "heartbeat_rank0.jsonl"
@@ -62,6 +62,32 @@ int artifactsLogEval(Artifacts *a, int64_t step, double val_loss, double bits_pe
  * unparsable one is an error. Returns 0 or -1. */
 int artifactsLogEvent(Artifacts *a, const char *type, int64_t step, const char *phase,
                       const char *detail_json, NsaError *err);
+
+/* One row of training.csv or val.csv as read back. A column the file does
+ * not have is NAN (ts, grad_norm and mem_bytes are in no file nsad writes:
+ * they come from the heartbeat; files of the PyTorch prototype may carry
+ * them). */
+typedef struct ArtifactCsvRow {
+    int64_t step;
+    double ts, loss, lr, grad_norm, toks_per_s, mem_bytes;  /* training.csv */
+    double val_loss, bits_per_byte;                         /* val.csv */
+} ArtifactCsvRow;
+
+/* Called for each row in file order; returns 0 to go on, or -1 with err set
+ * to stop the read (artifactsReadCsv then returns -1). */
+typedef int (*ArtifactCsvRowFn)(void *ctx, const ArtifactCsvRow *row, NsaError *err);
+
+/* Reads out_dir/name (ARTIFACT_TRAINING_CSV or ARTIFACT_VAL_CSV) and calls
+ * fn for every row. Columns are found by their header names: those nsad
+ * writes and the prototype's alternatives (train_loss, bpb, tokens_per_s,
+ * ...); in val.csv a "loss" column stands for val_loss when there is no
+ * val_loss. A row whose step is not a number (a torn last line after a
+ * kill) is skipped. A file that does not exist has no rows: returns 0.
+ * Returns -1 with err when the file cannot be opened or read, when its
+ * header has no step column, or when fn stops the read. Cannot allocate
+ * beyond one line buffer, freed before it returns. */
+int artifactsReadCsv(const char *out_dir, const char *name, ArtifactCsvRowFn fn, void *ctx,
+                     NsaError *err);
 
 /* The run's summary for metrics.json. */
 typedef struct RunSummary {

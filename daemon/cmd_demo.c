@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clockutil.h"
 #include "commands.h"
 #include "config.h"
 #include "nsa.h"
@@ -182,12 +183,6 @@ static int loadConfig(DemoOptions *d, const char *path) {
     return 0;
 }
 
-static double secondsSince(const struct timespec *t0) {
-    struct timespec t1;
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    return (double)(t1.tv_sec - t0->tv_sec) + (double)(t1.tv_nsec - t0->tv_nsec) * 1e-9;
-}
-
 /* Builds, runs and reports; returns the exit status. */
 static int runDemo(const DemoOptions *d) {
     const NsaModelConfig *mc = &d->model;
@@ -197,8 +192,7 @@ static int runDemo(const DemoOptions *d) {
                             .max_seq_len = d->seq_len,
                             .threads = d->threads};
     NsaError err = {{0}};
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = clockMonotonicSeconds();
     NsaModel *m = nsaModelCreate(mc, &opt, &err);
     if (!m) {
         fprintf(stderr, "nsad demo: %s\n", err.message);
@@ -224,12 +218,12 @@ static int runDemo(const DemoOptions *d) {
             if (t + 1 < d->seq_len) tok[t + 1] = tgt[t];
         }
     }
-    double t_build = secondsSince(&t0);
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t_build = clockMonotonicSeconds() - t0;
+    t0 = clockMonotonicSeconds();
     if (nsaModelZeroGrad(m, &err) ||
         nsaModelForwardBackward(m, tokens, targets, d->batch, d->seq_len, 1.0f, &err))
         goto engine_error;
-    double t_step = secondsSince(&t0);
+    double t_step = clockMonotonicSeconds() - t0;
 
     /* the loss through a forward-only pass (the same batch, same weights) */
     double loss = 0;

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clockutil.h"
 #include "commands.h"
 #include "config.h"
 #include "evaluate.h"
@@ -46,15 +47,9 @@ typedef struct Ticker {
     double last;
 } Ticker;
 
-static double nowSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int printProgress(void *ctx, int64_t done, int64_t total, double loss) {
     Ticker *tk = ctx;
-    const double now = nowSeconds();
+    const double now = clockMonotonicSeconds();
     if (done == total || now - tk->last >= 1.0) {
         fprintf(stderr, "eval: %5.1f%% (%lld of %lld tokens), loss %.4f\n", 100.0 * done / total,
                 (long long)done, (long long)total, loss);
@@ -131,7 +126,7 @@ int cmdEval(int argc, char **argv) {
         }
     }
     if (rc == 0) {
-        Ticker tk = {nowSeconds()};
+        Ticker tk = {clockMonotonicSeconds()};
         EvalResult r;
         if (evalRun(&w, &o, printProgress, &tk, &r, &err)) {
             fprintf(stderr, "nsad eval: %s\n", err.message);

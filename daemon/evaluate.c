@@ -1,5 +1,6 @@
 /* evaluate.c - see evaluate.h. */
 #include "evaluate.h"
+#include "clockutil.h"
 #include "data.h"
 
 #include <dirent.h>
@@ -9,12 +10,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-
-static double nowSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int endsWith(const char *s, const char *suffix) {
     size_t n = strlen(s), k = strlen(suffix);
@@ -44,7 +39,7 @@ void evalOptionsFromPath(EvalOptions *o, const char *path) {
 
 int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void *ctx,
             EvalResult *out, NsaError *err) {
-    const double t0 = nowSeconds();
+    const double t0 = clockMonotonicSeconds();
     memset(out, 0, sizeof *out);
     if (!o->data_path || !*o->data_path) return nsaErrorf(err, "eval: no data file given");
     JobConfig job = w->job;
@@ -109,7 +104,7 @@ int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void 
         out->windows = windows;
         out->seq_len = S;
         out->batch = B;
-        out->seconds = nowSeconds() - t0;
+        out->seconds = clockMonotonicSeconds() - t0;
     }
     free(tokens);
     free(targets);

@@ -6,6 +6,7 @@
  *           at most twice a second, then {"event":"result",...}
  *   either: {"event":"error","message"} ends a job that failed. */
 #include "infer.h"
+#include "clockutil.h"
 #include "log.h"
 #include "stackdump.h"
 #include "tokenizer.h"
@@ -32,12 +33,6 @@ struct Infer {
     int waiting, stop;
     pthread_t thread;
 };
-
-static double nowSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* Writes o as one line and frees it. Returns -1 when the reader is gone. */
 static int writeLine(Stream *s, cJSON *o) {
@@ -177,7 +172,7 @@ typedef struct Progress {
 
 static int evalProgress(void *ctx, int64_t done, int64_t total, double loss) {
     Progress *p = ctx;
-    const double now = nowSeconds();
+    const double now = clockMonotonicSeconds();
     if (streamCancelled(p->s)) return 1;
     if (done < total && now - p->last < 0.5) return 0;
     p->last = now;
@@ -203,7 +198,7 @@ static void runEval(InferJob *job, Stream *s) {
     evalOptionsFromPath(&o, job->data);
     cJSON *start = startLine(&w, dev);
     cJSON_AddStringToObject(start, "data", job->data);
-    Progress p = {.s = s, .last = nowSeconds()};
+    Progress p = {.s = s, .last = clockMonotonicSeconds()};
     EvalResult r;
     if (writeLine(s, start) == 0) {
         if (evalRun(&w, &o, evalProgress, &p, &r, &err)) {
@@ -243,11 +238,11 @@ static void *inferMain(void *arg) {
         inf->waiting--;
         pthread_mutex_unlock(&inf->lock);
         if (!streamCancelled(q->stream)) {
-            const double t0 = nowSeconds();
+            const double t0 = clockMonotonicSeconds();
             if (q->job.kind == INFER_SAMPLE) runSample(&q->job, q->stream);
             else runEval(&q->job, q->stream);
             logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
-                    q->job.checkpoint, nowSeconds() - t0,
+                    q->job.checkpoint, clockMonotonicSeconds() - t0,
                     streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");
         }
         streamClose(q->stream);

@@ -1,5 +1,6 @@
 /* prom.c - Prometheus text exposition; see prom.h. */
 #include "prom.h"
+#include "clockutil.h"
 #include "strbuf.h"
 
 #include <math.h>
@@ -68,7 +69,7 @@ static const RankGauge rank_gauges[] = {
 char *promRender(Service *svc, size_t *len) {
     StrBuf b;
     if (strbufInit(&b, 8192) != 0) return NULL;
-    int64_t now = serviceNowNs();
+    int64_t now = clockMonotonicNs();
 
     family(&b, "nsad_up", "gauge", "1 while nsad answers.");
     strbufPrintf(&b, "nsad_up 1\n");

@@ -7,6 +7,7 @@
  * that did not return in time) can still report, free its model and
  * transport handle, and leave, long after rankGroupFree. */
 #include "ranks.h"
+#include "clockutil.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -54,12 +55,6 @@ struct RankGroup {
     NsaComm *local_comms[RANKS_MAX];  /* CPU: the in-process transport's handles */
     RankWorker workers[RANKS_MAX];
 };
-
-static double nowSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Drops one reference; the last frees the group. Called with g->mu held;
  * returns with it released (and g possibly gone). */
@@ -204,9 +199,7 @@ static void describeRank(const RankGroup *g, int r, char *out, size_t cap) {
         return;
     }
     const int64_t since = atomic_load(&mon->rank_since_ns[r]);
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    const int64_t now = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+    const int64_t now = clockMonotonicNs();
     snprintf(out, cap, "rank %d (in %s for %.1f s)", g->cfg.first + r,
              trainPhaseName((TrainPhase)atomic_load(&mon->rank_phase[r])),
              since > 0 && now > since ? (double)(now - since) * 1e-9 : 0.0);
@@ -263,21 +256,15 @@ static int dispatch(RankGroup *g, int target, RankFn fn, void *arg, NsaError *er
                 pthread_mutex_lock(&g->mu);
             }
             if (!g->aborted) abortLocked(g, why);
-            grace_until = nowSeconds() + g->cfg.timeout + 5.0;
+            grace_until = clockMonotonicSeconds() + g->cfg.timeout + 5.0;
         }
-        if (grace_until > 0 && nowSeconds() > grace_until) break;
+        if (grace_until > 0 && clockMonotonicSeconds() > grace_until) break;
         /* the ranks still owed are all stopped: nobody can report any more */
         int alive = 0;
         for (int r = 0; r < g->cfg.local; r++)
             alive += g->workers[r].targeted && !g->workers[r].reported && !g->workers[r].stopped;
         if (alive == 0) break;
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 100 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        const struct timespec until = clockRealtimeAfterMs(100);
         pthread_cond_timedwait(&g->finished, &g->mu, &until);
     }
 

@@ -1,5 +1,7 @@
 /* runs.c - the run registry; see runs.h. */
 #include "runs.h"
+#include "artifacts.h"
+#include "clockutil.h"
 #include "fsutil.h"
 
 #include <cjson/cJSON.h>
@@ -55,12 +57,6 @@ int runIdValid(const char *id) { return validChars(id, "_-"); }
 
 int runNameValid(const char *name) {
     return validChars(name, "._-") && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
-}
-
-double runsNow(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int joinPath(char *out, size_t cap, const char *a, const char *b) {
@@ -348,7 +344,7 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
     snprintf(run->precision, sizeof run->precision, "%s", precision ? precision : "");
     run->total_steps = total_steps;
     run->state = RUN_STARTING;
-    run->created_at = runsNow();
+    run->created_at = clockUnixSeconds();
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
     if (mkdir(run->dir, 0750) != 0) {
@@ -384,7 +380,7 @@ int runsSetConfig(Run *run, const char *config_yaml, NsaError *err) {
 }
 
 int runsSetState(Run *run, RunState state, NsaError *err) {
-    double now = runsNow();
+    double now = clockUnixSeconds();
     if (state == RUN_RUNNING && run->state == RUN_STARTING) run->started_at = now;
     if (runStateIsActive(state))
         run->ended_at = 0;
@@ -473,109 +469,28 @@ int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_
     return appendVal(run, &p);
 }
 
-/* CSV columns nsad reads, with the header names it accepts for each. */
-enum { COL_STEP, COL_TS, COL_LOSS, COL_LR, COL_GNORM, COL_TOKS, COL_MEM, COL_VAL, COL_BPB, COL_COUNT };
-static const char *const column_names[COL_COUNT][4] = {
-    [COL_STEP] = {"step", NULL},
-    [COL_TS] = {"ts", "time", "timestamp", "unix_time"},
-    [COL_LOSS] = {"loss", "train_loss", NULL},
-    [COL_LR] = {"lr", "learning_rate", NULL},
-    [COL_GNORM] = {"grad_norm", "gnorm", NULL},
-    [COL_TOKS] = {"toks_per_s", "tokens_per_s", "tok_per_s", "tok_s"},
-    [COL_MEM] = {"mem_bytes", "memory_bytes", NULL},
-    [COL_VAL] = {"val_loss", NULL},
-    [COL_BPB] = {"bits_per_byte", "bpb", "val_bpb", NULL},
-};
-
-static int columnOf(const char *name) {
-    for (int c = 0; c < COL_COUNT; c++)
-        for (int k = 0; k < 4 && column_names[c][k]; k++)
-            if (!strcmp(name, column_names[c][k])) return c;
-    return -1;
+/* artifactsReadCsv's callbacks: one row into the run's series. */
+static int addTrainRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
+    Run *run = ctx;
+    RunTrainPoint p = {.step = row->step,
+                       .ts = row->ts,
+                       .loss = row->loss,
+                       .lr = row->lr,
+                       .grad_norm = row->grad_norm,
+                       .toks_per_s = row->toks_per_s,
+                       .mem_bytes = row->mem_bytes};
+    return appendTrain(run, &p) == 0 ? 0 : nsaErrorf(err, "%s/%s: out of memory", run->out_dir,
+                                                     ARTIFACT_TRAINING_CSV);
 }
 
-/* Splits a CSV line in place on commas (no quoting: nsad's CSVs hold numbers). */
-static int splitCsv(char *line, char **fields, int max) {
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        fields[n++] = p;
-        char *comma = strchr(p, ',');
-        if (!comma) break;
-        *comma = '\0';
-        p = comma + 1;
-    }
-    for (int i = 0; i < n; i++) {
-        char *f = fields[i];
-        while (*f == ' ') f++;
-        size_t len = strlen(f);
-        while (len && (f[len - 1] == ' ' || f[len - 1] == '\r' || f[len - 1] == '\n')) f[--len] = '\0';
-        fields[i] = f;
-    }
-    return n;
-}
-
-static double parseCell(char **fields, int n, int idx) {
-    if (idx < 0 || idx >= n || !*fields[idx]) return NAN;
-    char *end;
-    double v = strtod(fields[idx], &end);
-    return *end ? NAN : v;
-}
-
-/* Reads one CSV into the run's series. is_val picks val.csv's columns. */
-static int loadCsv(Run *run, const char *file, int is_val, NsaError *err) {
-    char path[RUN_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%s/%s", run->out_dir, file);
-    FILE *f = fopen(path, "r");
-    if (!f) return errno == ENOENT ? 0 : nsaErrorf(err, "%s: %s", path, strerror(errno));
-    char line[4096];
-    int col[COL_COUNT];
-    for (int c = 0; c < COL_COUNT; c++) col[c] = -1;
-    char *fields[64];
-    long lineno = 0;
-    int rc = 0;
-    while (fgets(line, sizeof line, f)) {
-        lineno++;
-        int n = splitCsv(line, fields, 64);
-        if (lineno == 1) {
-            for (int i = 0; i < n; i++) {
-                int c = columnOf(fields[i]);
-                if (c >= 0 && col[c] < 0) col[c] = i;
-            }
-            if (col[COL_STEP] < 0) {
-                rc = nsaErrorf(err, "%s line 1: no \"step\" column in the header", path);
-                break;
-            }
-            continue;
-        }
-        double step = parseCell(fields, n, col[COL_STEP]);
-        if (!isfinite(step)) continue; /* a torn last line after a kill */
-        if (is_val) {
-            double v = parseCell(fields, n, col[COL_VAL] >= 0 ? col[COL_VAL] : col[COL_LOSS]);
-            RunValPoint p = {.step = (int64_t)step,
-                             .ts = parseCell(fields, n, col[COL_TS]),
-                             .val_loss = v,
-                             .bits_per_byte = parseCell(fields, n, col[COL_BPB])};
-            if (appendVal(run, &p) != 0) {
-                rc = nsaErrorf(err, "%s: out of memory", path);
-                break;
-            }
-        } else {
-            RunTrainPoint p = {.step = (int64_t)step,
-                               .ts = parseCell(fields, n, col[COL_TS]),
-                               .loss = parseCell(fields, n, col[COL_LOSS]),
-                               .lr = parseCell(fields, n, col[COL_LR]),
-                               .grad_norm = parseCell(fields, n, col[COL_GNORM]),
-                               .toks_per_s = parseCell(fields, n, col[COL_TOKS]),
-                               .mem_bytes = parseCell(fields, n, col[COL_MEM])};
-            if (appendTrain(run, &p) != 0) {
-                rc = nsaErrorf(err, "%s: out of memory", path);
-                break;
-            }
-        }
-    }
-    fclose(f);
-    return rc;
+static int addValRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
+    Run *run = ctx;
+    RunValPoint p = {.step = row->step,
+                     .ts = row->ts,
+                     .val_loss = row->val_loss,
+                     .bits_per_byte = row->bits_per_byte};
+    return appendVal(run, &p) == 0 ? 0 : nsaErrorf(err, "%s/%s: out of memory", run->out_dir,
+                                                   ARTIFACT_VAL_CSV);
 }
 
 /* Index of the point with that step in a strictly increasing series, or -1. */
@@ -635,7 +550,9 @@ static void enrichFromHeartbeat(Run *run) {
 
 int runsLoadSeries(Run *run, NsaError *err) {
     run->n_train = run->n_val = 0;
-    if (loadCsv(run, "training.csv", 0, err) != 0 || loadCsv(run, "val.csv", 1, err) != 0) return -1;
+    if (artifactsReadCsv(run->out_dir, ARTIFACT_TRAINING_CSV, addTrainRow, run, err) != 0 ||
+        artifactsReadCsv(run->out_dir, ARTIFACT_VAL_CSV, addValRow, run, err) != 0)
+        return -1;
     enrichFromHeartbeat(run);
     if (run->n_train) {
         const RunTrainPoint *p = &run->train[run->n_train - 1];
@@ -694,7 +611,7 @@ int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_js
     char *detail = normaliseDetail(detail_json);
     if (!detail) return nsaErrorf(err, "out of memory recording event %s", type);
     int64_t seq = run->n_events ? run->events[run->n_events - 1].seq + 1 : 1;
-    double ts = runsNow();
+    double ts = clockUnixSeconds();
     if (pushEvent(run, seq, ts, type, step, detail) != 0) {
         free(detail);
         return nsaErrorf(err, "out of memory recording event %s", type);

@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "nsa.h"
-#include "trainer.h"
+#include "trainstep.h"
 
 #define RUN_ID_MAX 65
 #define RUN_PATH_MAX 4096
@@ -178,8 +178,5 @@ int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_js
  * memory) from out/heartbeat_rank0.jsonl. Returns 0, or -1 with err naming
  * the file and line. */
 int runsLoadSeries(Run *run, NsaError *err);
-
-/* The current unix time in seconds. */
-double runsNow(void);
 
 #endif

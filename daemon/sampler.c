@@ -1,5 +1,6 @@
 /* sampler.c - see sampler.h. */
 #include "sampler.h"
+#include "clockutil.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -150,12 +151,6 @@ char *sampleUtf8Clean(const char *buf, size_t len) {
 
 /* ---- generation ------------------------------------------------------------------- */
 
-static double nowSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Per prompt: its RNG, the tail of its text (for the stop strings), state. */
 typedef struct Gen {
     NsaRng rng;
@@ -192,7 +187,7 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
     if (tok->vocab_size > V)
         return nsaErrorf(err, "sample: the %s tokenizer's %d ids do not fit the model's vocabulary (%d)",
                          tok->name, tok->vocab_size, V);
-    const double t0 = nowSeconds();
+    const double t0 = clockMonotonicSeconds();
     float *logits = malloc((size_t)n * V * sizeof(float));
     void *scratch = malloc(sampleScratchBytes(V));
     Gen *gen = calloc((size_t)n, sizeof *gen);
@@ -220,7 +215,7 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
         free(ids);
         nsaRngSeed(&gen[i].rng, o->seed, (uint64_t)i);
     }
-    res->prefill_seconds = nowSeconds() - t0;
+    res->prefill_seconds = clockMonotonicSeconds() - t0;
     /* then all together: pick, emit, step */
     int live = n;
     for (int step = 0; rc == 0 && live > 0; step++) {
@@ -252,7 +247,7 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
         /* a finished slot steps along with its last token; its logits are unused */
         if (live > 0 && nsaDecoderStep(d, n, next, logits, err)) rc = -1;
     }
-    res->seconds = nowSeconds() - t0;
+    res->seconds = clockMonotonicSeconds() - t0;
     free(logits);
     free(scratch);
     free(gen);

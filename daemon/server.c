@@ -1,5 +1,6 @@
 /* server.c - listeners, limits, auth and static files; see server.h. */
 #include "server.h"
+#include "clockutil.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -584,7 +585,7 @@ static void requestCompleted(void *cls, struct MHD_Connection *conn, void **con_
     /* a kept-alive connection's next request gets a deadline of its own */
     ConnState *cs = conn ? connState(conn) : NULL;
     if (cs) {
-        cs->request_since_ns = serviceNowNs();
+        cs->request_since_ns = clockMonotonicNs();
         cs->answering = 0;
     }
 }
@@ -608,7 +609,7 @@ static void connectionNotify(void *cls, struct MHD_Connection *conn, void **sock
         if (!cs) return; /* no deadline for this one: the idle timeout still applies */
         const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         cs->fd = info ? info->connect_fd : -1;
-        cs->request_since_ns = serviceNowNs();
+        cs->request_since_ns = clockMonotonicNs();
         cs->next = l->conns;
         if (l->conns) l->conns->prev = cs;
         l->conns = cs;
@@ -701,7 +702,7 @@ static void *httpThread(void *arg) {
         logWarn("the %s HTTP thread is not in stack dumps: %s", l->is_unix ? "Unix socket" : "TCP",
                 strerror(errno));
     while (!atomic_load(&srv->stop)) {
-        int64_t now = serviceNowNs();
+        int64_t now = clockMonotonicNs();
         atomic_store(&l->tick_ns, now);
         publishTick(srv);
         fd_set r, w, e;
@@ -730,7 +731,7 @@ static void *httpThread(void *arg) {
 }
 
 static int startThread(Listener *l, NsaError *err) {
-    atomic_store(&l->tick_ns, serviceNowNs());
+    atomic_store(&l->tick_ns, clockMonotonicNs());
     int rc = pthread_create(&l->thread, NULL, httpThread, l);
     if (rc != 0) return nsaErrorf(err, "cannot start the HTTP thread: %s", strerror(rc));
     l->thread_started = 1;

@@ -1,5 +1,6 @@
 /* service.c - the trainer thread and the run life cycle; see service.h. */
 #include "service.h"
+#include "clockutil.h"
 #include "fsutil.h"
 
 #include <cjson/cJSON.h>
@@ -16,12 +17,6 @@
 
 const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
                                                     404, 405, 409, 413, 429, 500, 503, 0};
-
-int64_t serviceNowNs(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -108,7 +103,7 @@ static void hookEval(void *ctx, const TrainSample *sample, int64_t step, double 
     Run *run = activeRun(svc);
     if (run) {
         if (sample) addSample(svc, run, sample);
-        if (runsAddEval(run, step, runsNow(), val_loss, bits_per_byte) != 0)
+        if (runsAddEval(run, step, clockUnixSeconds(), val_loss, bits_per_byte) != 0)
             logWarn("run %s: out of memory for the metric series", run->id);
     }
     pthread_mutex_unlock(&svc->lock);
@@ -271,7 +266,7 @@ static void *trainerThread(void *arg) {
         logWarn("the trainer thread is not in stack dumps: %s", strerror(errno));
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
-        atomic_store(&svc->trainer_tick_ns, serviceNowNs());
+        atomic_store(&svc->trainer_tick_ns, clockMonotonicNs());
         if (svc->pending) {
             char id[RUN_ID_MAX];
             snprintf(id, sizeof id, "%s", svc->active_id);
@@ -282,13 +277,7 @@ static void *trainerThread(void *arg) {
             pthread_mutex_lock(&svc->lock);
             continue;
         }
-        struct timespec until;
-        clock_gettime(CLOCK_REALTIME, &until);
-        until.tv_nsec += 500 * 1000000L;
-        if (until.tv_nsec >= 1000000000L) {
-            until.tv_sec++;
-            until.tv_nsec -= 1000000000L;
-        }
+        const struct timespec until = clockRealtimeAfterMs(500);
         pthread_cond_timedwait(&svc->wake, &svc->lock, &until);
     }
     pthread_mutex_unlock(&svc->lock);
@@ -367,8 +356,8 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     pthread_cond_init(&svc->wake, &attr);
     pthread_condattr_destroy(&attr);
     trainMonitorInit(&svc->mon);
-    svc->started_unix = runsNow();
-    svc->started_ns = serviceNowNs();
+    svc->started_unix = clockUnixSeconds();
+    svc->started_ns = clockMonotonicNs();
     atomic_store(&svc->trainer_tick_ns, svc->started_ns);
     atomic_store(&svc->http_tick_ns, svc->started_ns);
     pthread_mutex_lock(&svc->lock);
@@ -402,17 +391,15 @@ int serviceShutdown(Service *svc, double timeout_s) {
     pthread_cond_broadcast(&svc->wake);
     pthread_mutex_unlock(&svc->lock);
     if (!svc->trainer_started) return 0;
-    int64_t start = serviceNowNs();
+    int64_t start = clockMonotonicNs();
     int64_t abandon_at = start + (int64_t)(timeout_s * 0.5e9), until = start + (int64_t)(timeout_s * 1e9);
     for (;;) {
-        struct timespec abs;
-        clock_gettime(CLOCK_REALTIME, &abs);
-        abs.tv_sec += 1;
+        const struct timespec abs = clockRealtimeAfterMs(1000);
         if (pthread_timedjoin_np(svc->trainer, NULL, &abs) == 0) {
             svc->trainer_started = 0;
             return 0;
         }
-        int64_t now = serviceNowNs();
+        int64_t now = clockMonotonicNs();
         if (now > abandon_at && !atomic_load(&svc->mon.stop_now)) {
             /* a stuck step never reaches its checkpoint: give it up, the run
              * resumes from its previous checkpoint */

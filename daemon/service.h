@@ -67,9 +67,6 @@ typedef struct Service {
     TrainJoin join;
 } Service;
 
-/* CLOCK_MONOTONIC in nanoseconds. */
-int64_t serviceNowNs(void);
-
 /* Opens the registry in state_dir and prepares the pick-up of runs a
  * previous nsad left active: the newest one that was starting, running or
  * hung is queued to resume from its latest checkpoint (same id, restarts+1,

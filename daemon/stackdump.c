@@ -1,5 +1,6 @@
 /* stackdump.c - see stackdump.h. */
 #include "stackdump.h"
+#include "clockutil.h"
 #include "strbuf.h"
 
 #include <dirent.h>
@@ -114,12 +115,6 @@ static void printFrames(StrBuf *b, void *const *frames, int n) {
     free(symbols);
 }
 
-static int64_t nowMs(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* Lists threads of this process that are not registered (tid and comm). */
 static void listUnregistered(StrBuf *b, const pid_t *known, int n_known) {
     DIR *d = opendir("/proc/self/task");
@@ -180,7 +175,7 @@ char *stackdumpString(const char *reason) {
               (int)self_tid);
     printFrames(&b, frames, n);
 
-    int64_t deadline = nowMs() + STACKDUMP_TIMEOUT_MS;
+    int64_t deadline = clockMonotonicNs() / 1000000 + STACKDUMP_TIMEOUT_MS;
     pid_t known[STACKDUMP_MAX_THREADS + 1];
     int n_known = 0;
     known[n_known++] = self_tid;
@@ -189,7 +184,7 @@ char *stackdumpString(const char *reason) {
         if (!s->used || s == self) continue;
         known[n_known++] = s->tid;
         while (atomic_load(&s->state) != SLOT_DONE && atomic_load(&s->state) != SLOT_IDLE &&
-               nowMs() < deadline) {
+               clockMonotonicNs() / 1000000 < deadline) {
             struct timespec pause = {0, 1000000};
             nanosleep(&pause, NULL);
         }

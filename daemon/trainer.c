@@ -19,6 +19,7 @@
  * sharded moments (nsaModelGatherTensor) and load by broadcast from rank 0
  * (nsaModelBroadcastTensor). */
 #include "trainer.h"
+#include "clockutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -58,17 +59,11 @@ int trainPhaseFromName(const char *name) {
     return -1;
 }
 
-static int64_t monotonicNs(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 void trainMonitorInit(TrainMonitor *mon) {
     atomic_store(&mon->phase, PHASE_IDLE);
-    atomic_store(&mon->phase_since_ns, monotonicNs());
+    atomic_store(&mon->phase_since_ns, clockMonotonicNs());
     atomic_store(&mon->step, 0);
-    atomic_store(&mon->heartbeat_ns, monotonicNs());
+    atomic_store(&mon->heartbeat_ns, clockMonotonicNs());
     atomic_store(&mon->halt_requested, 0);
     atomic_store(&mon->stop_now, 0);
     atomic_store(&mon->step_done_ns, 0);
@@ -89,7 +84,7 @@ void trainMonitorInit(TrainMonitor *mon) {
 void trainMonitorRankEnter(TrainMonitor *mon, int local, TrainPhase phase) {
     if (!mon || local < 0 || local >= TRAIN_MAX_RANKS) return;
     atomic_store(&mon->rank_phase[local], (int)phase);
-    atomic_store(&mon->rank_since_ns[local], monotonicNs());
+    atomic_store(&mon->rank_since_ns[local], clockMonotonicNs());
 }
 
 void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap) {
@@ -159,7 +154,7 @@ void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, si
 
 /* clock_gettime and atomic stores only: async-signal-safe */
 void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase) {
-    int64_t now = monotonicNs();
+    int64_t now = clockMonotonicNs();
     atomic_store(&mon->phase, (int)phase);
     atomic_store(&mon->phase_since_ns, now);
     atomic_store(&mon->heartbeat_ns, now);
@@ -226,14 +221,6 @@ typedef struct RankSlot {
     ResumeState state;       /* rank 0's resume state after it loaded a checkpoint */
 } RankSlot;
 
-static double monotonicSeconds(void) { return (double)monotonicNs() * 1e-9; }
-
-static double unixSeconds(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static int memoryReportOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     return nsaModelMemoryReport(rc->model, arg) == 0 ? 0 : nsaErrorf(err, "no memory report");
 }
@@ -283,8 +270,8 @@ static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm
     t->stall_fired = 1;
     logWarn("fault: stalling %.1f s in phase %s at step %" PRId64 " (fault.stall_at_step)",
             f->stall_seconds, f->stall_phase, step);
-    double until = monotonicSeconds() + f->stall_seconds;
-    while (monotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
+    double until = clockMonotonicSeconds() + f->stall_seconds;
+    while (clockMonotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
            !nsaCommAborted(comm, NULL, 0)) {
         struct timespec slice = {0, 20 * 1000 * 1000};
         nanosleep(&slice, NULL);
@@ -422,7 +409,7 @@ static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
 static void dumpRankFailure(void *ctx, const char *why) {
     Trainer *t = ctx;
     char ranks[1400], header[2400], path[4200];
-    trainMonitorDescribeRanks(t->mon, monotonicNs(), ranks, sizeof ranks);
+    trainMonitorDescribeRanks(t->mon, clockMonotonicNs(), ranks, sizeof ranks);
     snprintf(header, sizeof header, "nsad rank failure dump\nstep: %" PRId64 "\nerror: %s\n%s\n",
              atomic_load(&t->mon->step) + 1, why, ranks);
     char *stacks = stackdumpString("a rank of the job failed");
@@ -778,7 +765,7 @@ static int stepOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
     const FaultConfig *f = &t->job.fault;
     const int accum = tc->accumulate_grad_batches, at_fault_rank = rc->rank == f->rank;
-    const double t0 = monotonicSeconds();
+    const double t0 = clockMonotonicSeconds();
     if (at_fault_rank && !t->exit_fired && f->exit_at_step == w->step) {
         t->exit_fired = 1;
         logWarn("fault: rank %d stops answering at step %" PRId64 " (fault.exit_at_step)", rc->rank,
@@ -827,7 +814,7 @@ static int stepOnRank(const RankCtx *rc, void *arg, NsaError *err) {
         nsaModelStepStats(rc->model, &w->stats[rc->local], err) != 0 ||
         nsaModelCommStats(rc->model, &t->rank_comm[rc->local], err) != 0)
         return -1;
-    t->rank_seconds[rc->local] = monotonicSeconds() - t0;
+    t->rank_seconds[rc->local] = clockMonotonicSeconds() - t0;
     return 0;
 }
 
@@ -902,7 +889,7 @@ static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
     int rc_run = rankGroupRunOne(t->ranks, 0, sampleOnRank, &w, &e);
     detail = w.detail;
     if (rc_run != 0 ||
-        trainSamplesAppend(t->out_dir, detail, unixSeconds(), &e) != 0) {
+        trainSamplesAppend(t->out_dir, detail, clockUnixSeconds(), &e) != 0) {
         logWarn("samples at step %" PRId64 ": %s", step, e.message);
         free(detail);
         return 0;
@@ -982,12 +969,12 @@ static int evaluate(Trainer *t, NsaError *err) {
 
 static int saveCheckpoint(Trainer *t, NsaError *err) {
     enter(t, PHASE_CHECKPOINT, t->state.step);
-    double t0 = monotonicSeconds();
+    double t0 = clockMonotonicSeconds();
     if (t->join) { /* the coordinator writes the job's checkpoint */
         if (joinSave(t, err) != 0) return -1;
         t->last_saved_step = t->state.step;
         logInfo("checkpoint: step %" PRId64 " written by the coordinator (%.2f s)", t->state.step,
-                monotonicSeconds() - t0);
+                clockMonotonicSeconds() - t0);
         return 0;
     }
     const CheckpointTensors src = ranksTensors(t);
@@ -996,7 +983,7 @@ static int saveCheckpoint(Trainer *t, NsaError *err) {
                               err) != 0)
         return -1;
     t->last_saved_step = t->state.step;
-    double secs = monotonicSeconds() - t0;
+    double secs = clockMonotonicSeconds() - t0;
     logInfo("checkpoint: step %" PRId64 " -> %s (%.2f s)", t->state.step, t->last_checkpoint, secs);
     cJSON *d = cJSON_CreateObject();
     cJSON_AddStringToObject(d, "dir", t->last_checkpoint);
@@ -1047,13 +1034,13 @@ static void releaseHeldSample(Trainer *t) {
  * the evaluation. Returns -1 with err set when the CSV write fails. */
 static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step_seconds, int hold,
                    NsaError *err) {
-    double now = monotonicSeconds();
+    double now = clockMonotonicSeconds();
     double span = t->log_step_seconds;
     int64_t tokens = t->state.tokens_seen - t->log_tokens0;
     TrainSample s = {
         .step = t->state.step,
         .total_steps = t->job.train.steps,
-        .ts = unixSeconds(),
+        .ts = clockUnixSeconds(),
         .loss = stats->loss,
         .lr = lr,
         .grad_norm = stats->grad_norm,
@@ -1279,18 +1266,18 @@ static int agreeHalt(Trainer *t, const char **halt_reason, NsaError *err) {
 
 static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
-    t->started = monotonicSeconds();
+    t->started = clockMonotonicSeconds();
     t->log_step_seconds = 0;
     t->log_tokens0 = t->state.tokens_seen;
     while (t->state.step < tc->steps) {
         int64_t step = t->state.step + 1;
         double lr = scheduleLr(&t->schedule, step);
-        double t0 = monotonicSeconds();
+        double t0 = clockMonotonicSeconds();
         NsaStepStats stats;
         if (runStep(t, step, lr, &stats, err) != 0) return -1;
         atomic_store(&t->mon->step_done, step); /* its results are back from the device */
-        atomic_store(&t->mon->step_done_ns, monotonicNs());
-        t->log_step_seconds += monotonicSeconds() - t0;
+        atomic_store(&t->mon->step_done_ns, clockMonotonicNs());
+        t->log_step_seconds += clockMonotonicSeconds() - t0;
         if (!stats.applied || stats.nonfinite_loss || stats.nonfinite_grad) {
             int g = guardAnomaly(t, step, &stats, err);
             if (g < 0) return -1;
@@ -1306,7 +1293,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
             atomic_store(&t->mon->step, step);
             const int eval_now = evalEnabled(t) && (step % tc->eval_every == 0 || step == tc->steps);
             if ((tc->log_every > 0 && step % tc->log_every == 0) || step == tc->steps)
-                if (logStep(t, &stats, lr, monotonicSeconds() - t0, eval_now, err) != 0) return -1;
+                if (logStep(t, &stats, lr, clockMonotonicSeconds() - t0, eval_now, err) != 0) return -1;
             if (eval_now && evaluate(t, err) != 0) {
                 releaseHeldSample(t);
                 return -1;
@@ -1325,7 +1312,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
 }
 
 static void writeSummary(Trainer *t, TrainOutcome outcome, double wall, const char *error) {
-    double run_secs = t->steps_this_process ? monotonicSeconds() - t->started : 0;
+    double run_secs = t->steps_this_process ? clockMonotonicSeconds() - t->started : 0;
     int64_t tokens_per_step = (int64_t)t->job.train.batch_size * t->job.train.seq_len *
                               t->job.train.accumulate_grad_batches * (t->world > 0 ? t->world : 1);
     RunSummary s = {
@@ -1351,32 +1338,24 @@ static void writeSummary(Trainer *t, TrainOutcome outcome, double wall, const ch
     if (artifactsWriteMetrics(t->out_dir, &s, &e) != 0) logError("metrics.json: %s", e.message);
 }
 
-/* What an earlier process of this run evaluated (val.csv rows kept by the
- * resume), so metrics.json summarises the whole curve. */
-static void loadValHistory(Trainer *t) {
-    char path[4200];
-    snprintf(path, sizeof path, "%s/%s", t->out_dir, ARTIFACT_VAL_CSV);
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char line[256];
-    int first = 1;
-    while (fgets(line, sizeof line, f)) {
-        if (first) {  /* the header */
-            first = 0;
-            continue;
-        }
-        long long step;
-        double val, bpb;
-        if (sscanf(line, "%lld,%lf,%lf", &step, &val, &bpb) != 3) continue;
-        if (isnan(t->first_val)) {
-            t->first_val = val;
-            t->first_bpb = bpb;
-        }
-        t->last_val = val;
-        t->last_bpb = bpb;
-        if (isnan(t->best_val) || val < t->best_val) t->best_val = val;
+/* artifactsReadCsv's callback: one earlier evaluation into the summary. */
+static int addValHistory(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
+    Trainer *t = ctx;
+    if (isnan(t->first_val)) {
+        t->first_val = row->val_loss;
+        t->first_bpb = row->bits_per_byte;
     }
-    fclose(f);
+    t->last_val = row->val_loss;
+    t->last_bpb = row->bits_per_byte;
+    if (isnan(t->best_val) || row->val_loss < t->best_val) t->best_val = row->val_loss;
+    return 0;
+}
+
+/* What an earlier process of this run evaluated (val.csv rows kept by the
+ * resume), so metrics.json summarises the whole curve. Returns 0 or -1 with
+ * err (val.csv unreadable). */
+static int loadValHistory(Trainer *t, NsaError *err) {
+    return artifactsReadCsv(t->out_dir, ARTIFACT_VAL_CSV, addValHistory, t, err);
 }
 
 /* Everything before the first step: overrides, data, model, weights
@@ -1414,7 +1393,7 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     atomic_store(&t->mon->step, t->state.step);
     t->art = artifactsOpen(t->out_dir, resumed ? t->state.step : -1, err);
     if (!t->art) return -1;
-    if (resumed) loadValHistory(t);
+    if (resumed && loadValHistory(t, err) != 0) return -1;
     /* samples come from the job's rank 0, on its thread and device */
     if (t->first == 0) rankGroupRunOne(t->ranks, 0, createSamplesOnRank, t, &e);
     NsaMemoryReport mem;
@@ -1507,7 +1486,7 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     t->last_loss = t->last_grad_norm = NAN;
     t->first_val = t->first_bpb = t->last_val = t->last_bpb = t->best_val = NAN;
     t->last_saved_step = t->last_eval_step = -1;
-    double wall0 = monotonicSeconds();
+    double wall0 = clockMonotonicSeconds();
     atomic_store(&mon->abort_requested, 0);
     trainMonitorEnter(mon, PHASE_STARTING);
 
@@ -1523,7 +1502,7 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
         ok = saveCheckpoint(t, err) == 0;
     if (!ok) outcome = TRAIN_FAILED;
     trainMonitorEnter(mon, PHASE_IDLE);
-    finishRun(t, outcome, halt_reason, monotonicSeconds() - wall0, err);
+    finishRun(t, outcome, halt_reason, clockMonotonicSeconds() - wall0, err);
 
     res->outcome = outcome;
     res->step = t->state.step;

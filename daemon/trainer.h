@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "config.h"
+#include "trainstep.h"
 
 typedef enum TrainPhase {
     PHASE_IDLE = 0,
@@ -26,9 +27,6 @@ typedef enum TrainPhase {
     PHASE_EVAL,
     PHASE_COUNT
 } TrainPhase;
-
-/* Local data-parallel ranks a monitor follows (GPUs one nsad drives). */
-#define TRAIN_MAX_RANKS 64
 
 /* Returns "idle", "data", "forward", ... Never NULL. */
 const char *trainPhaseName(TrainPhase phase);
@@ -86,29 +84,6 @@ void trainMonitorRankEnter(TrainMonitor *mon, int local, TrainPhase phase);
  * phase each is in and for how long at now_ns; idle ranks say idle), or ""
  * with fewer than two ranks. Truncates to cap (> 0). Cannot fail. */
 void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap);
-
-/* One data-parallel rank's last step (nsaModelCommStats for the figures). */
-typedef struct TrainRankStatus {
-    int rank;                 /* job-wide rank */
-    int device;               /* CUDA device ordinal; -1 on the CPU engine */
-    double step_seconds;      /* its step's wall time, from dispatch to its figures */
-    double comm_seconds;      /* its gradient reduce-scatters */
-    double exposed_seconds;   /* the part of them the backward did not hide */
-    double overlap;           /* 1 - exposed / comm */
-    double gather_seconds;    /* the weights' all-gather */
-} TrainRankStatus;
-
-/* One logged step, as written to heartbeat_rank0.jsonl and training.csv. */
-typedef struct TrainSample {
-    int64_t step, total_steps;
-    double ts;            /* unix seconds */
-    double loss, lr, grad_norm, toks_per_s, step_seconds;  /* toks_per_s: the whole job's */
-    int64_t tokens_seen;
-    size_t mem_bytes;     /* device (or host RSS) memory in use */
-    int world;            /* data-parallel ranks of the job */
-    int n_ranks;          /* this node's ranks, described in ranks[] */
-    TrainRankStatus ranks[TRAIN_MAX_RANKS];
-} TrainSample;
 
 typedef struct TrainHooks {
     void *ctx;

@@ -1,5 +1,6 @@
 /* watchdog.c - see watchdog.h. */
 #include "watchdog.h"
+#include "clockutil.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -225,7 +226,7 @@ static void *watchdogThread(void *arg) {
     if (stackdumpRegisterThread("watchdog") != 0)
         logWarn("the watchdog thread is not in stack dumps: %s", strerror(errno));
     while (!atomic_load(&wd->stop)) {
-        int64_t now = serviceNowNs();
+        int64_t now = clockMonotonicNs();
         watchdogCheck(wd->svc, now, NULL, 0);
         tellSystemd(wd, now);
         struct timespec nap = {0, TICK_NS};

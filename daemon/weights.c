@@ -1,5 +1,6 @@
 /* weights.c - a checkpoint opened for use; see weights.h. */
 #include "weights.h"
+#include "artifacts.h"
 #include "fsutil.h"
 #include "log.h"
 
@@ -52,27 +53,26 @@ static int loadRunConfig(Weights *w) {
     return ok;
 }
 
-/* The last val.csv row at or before the checkpoint's step. */
-static void loadLastEval(Weights *w) {
+/* artifactsReadCsv's callback: keeps the last row at or before the
+ * checkpoint's step. */
+static int keepLastEval(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
+    Weights *w = ctx;
+    if (row->step <= w->state.step && row->step >= w->val_step) {
+        w->val_step = row->step;
+        w->val_loss = row->val_loss;
+        w->bits_per_byte = row->bits_per_byte;
+    }
+    return 0;
+}
+
+/* The last val.csv row at or before the checkpoint's step (val_step -1 when
+ * there is none or no out_dir). Returns 0 or -1 with err (val.csv
+ * unreadable). */
+static int loadLastEval(Weights *w, NsaError *err) {
     w->val_step = -1;
     w->val_loss = w->bits_per_byte = NAN;
-    char path[WEIGHTS_PATH_MAX + 16];
-    if (!w->out_dir[0] || snprintf(path, sizeof path, "%s/val.csv", w->out_dir) >= (int)sizeof path)
-        return;
-    FILE *f = fopen(path, "r");
-    if (!f) return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        long long step;
-        double loss, bpb;
-        if (sscanf(line, "%lld,%lf,%lf", &step, &loss, &bpb) == 3 && step <= w->state.step &&
-            step >= w->val_step) {
-            w->val_step = step;
-            w->val_loss = loss;
-            w->bits_per_byte = bpb;
-        }
-    }
-    fclose(f);
+    if (!w->out_dir[0]) return 0;
+    return artifactsReadCsv(w->out_dir, ARTIFACT_VAL_CSV, keepLastEval, w, err);
 }
 
 /* Every tensor of the layout in the file with its shape, and nothing else. */
@@ -134,7 +134,7 @@ int weightsOpen(const char *spec, Weights *w, NsaError *err) {
     if (nsaLayoutBuild(&w->layout, &w->job.model, err)) goto fail;
     if (checkTensors(w, path, err)) goto fail;
     if (checkpointReadState(w->dir, &w->state, err)) goto fail;
-    loadLastEval(w);
+    if (loadLastEval(w, err)) goto fail;
     return 0;
 fail:
     weightsClose(w);

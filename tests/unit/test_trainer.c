@@ -381,6 +381,59 @@ static void test_artifacts_logs_and_resume_trim(void **state) {
     free(dir);
 }
 
+/* artifactsReadCsv's callback: copies up to 8 rows; stops at step 99. */
+typedef struct CsvRows {
+    int n;
+    ArtifactCsvRow row[8];
+} CsvRows;
+
+static int collectRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
+    CsvRows *rows = ctx;
+    if (row->step == 99) return nsaErrorf(err, "stopped at step 99");
+    if (rows->n < 8) rows->row[rows->n++] = *row;
+    return 0;
+}
+
+static void test_artifacts_read_csv(void **state) {
+    (void)state;
+    char *dir = testTempDir("train");
+    NsaError err = {{0}};
+    CsvRows rows = {.n = 0};
+    /* no file: no rows, no error */
+    assert_int_equal(artifactsReadCsv(dir, ARTIFACT_VAL_CSV, collectRow, &rows, &err), 0);
+    assert_int_equal(rows.n, 0);
+
+    /* the prototype's column names, in another order, a torn last line */
+    writeText(dir, ARTIFACT_TRAINING_CSV,
+              "tokens_per_s, train_loss,step,learning_rate,gnorm\n100,5.5,10,0.001,0.9\n200,nan,20,,1\n7");
+    assert_int_equal(artifactsReadCsv(dir, ARTIFACT_TRAINING_CSV, collectRow, &rows, &err), 0);
+    assert_int_equal(rows.n, 2);
+    assert_int_equal(rows.row[0].step, 10);
+    assert_true(rows.row[0].loss == 5.5 && rows.row[0].lr == 0.001 && rows.row[0].toks_per_s == 100);
+    assert_true(rows.row[0].grad_norm == 0.9 && isnan(rows.row[0].ts) && isnan(rows.row[0].mem_bytes));
+    assert_true(isnan(rows.row[1].loss) && isnan(rows.row[1].lr) && rows.row[1].grad_norm == 1);
+
+    /* a val.csv with "loss" and "bpb": loss stands for val_loss */
+    rows.n = 0;
+    writeText(dir, ARTIFACT_VAL_CSV, "step,loss,bpb\n0,5.6,8.0\n");
+    assert_int_equal(artifactsReadCsv(dir, ARTIFACT_VAL_CSV, collectRow, &rows, &err), 0);
+    assert_int_equal(rows.n, 1);
+    assert_true(rows.row[0].val_loss == 5.6 && rows.row[0].bits_per_byte == 8.0);
+
+    /* the callback stops the read with its error */
+    writeText(dir, ARTIFACT_VAL_CSV, VAL_CSV_HEADER "\n99,1,2\n100,1,2\n");
+    assert_int_equal(artifactsReadCsv(dir, ARTIFACT_VAL_CSV, collectRow, &rows, &err), -1);
+    assert_string_equal(err.message, "stopped at step 99");
+
+    /* no step column: refused, naming the file */
+    writeText(dir, ARTIFACT_VAL_CSV, "epoch,acc\n1,0.5\n");
+    assert_int_equal(artifactsReadCsv(dir, ARTIFACT_VAL_CSV, collectRow, &rows, &err), -1);
+    assert_non_null(strstr(err.message, ARTIFACT_VAL_CSV));
+    assert_non_null(strstr(err.message, "step"));
+    testRemoveTree(dir);
+    free(dir);
+}
+
 static void test_artifacts_markers_and_metrics(void **state) {
     (void)state;
     char *dir = testTempDir("train");
@@ -1101,6 +1154,7 @@ int main(void) {
         cmocka_unit_test(test_phase_names),
         cmocka_unit_test(test_monitor_device_line),
         cmocka_unit_test(test_artifacts_logs_and_resume_trim),
+        cmocka_unit_test(test_artifacts_read_csv),
         cmocka_unit_test(test_artifacts_markers_and_metrics),
         cmocka_unit_test(test_stackdump_all_threads),
         cmocka_unit_test(test_train_real_text_loss_falls),
