@@ -23,18 +23,4 @@ const CtlCommand *ctlFindCommand(const char *name);
 int ctlCmdSample(Ctl *ctl, int argc, char **argv);
 int ctlCmdEval(Ctl *ctl, int argc, char **argv);
 
-/* Follows a run until it ends (watch.c): a live line on a terminal, a line
- * per change otherwise, a run object per change with --json. Returns 0 when
- * the run completed or halted, CTL_EXIT_ERROR when it failed or was stopped
- * by the NaN guard, or the exit code of a request that failed for good. */
-int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s);
-
-/* One line describing a run object (shared by status, list and watch):
- * "ID  running  step 120/1000 (12%)  loss 3.9100  val 4.0200  15.2K tok/s  ETA 1m01s".
- * eta_fallback_s is used when the object has no eta_s (< 0: unknown). */
-void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap);
-
-/* True for the states a run does not leave on its own. */
-int ctlRunStateFinal(const char *state);
-
 #endif

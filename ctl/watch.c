@@ -1,12 +1,13 @@
 /* watch.c - `nsactl watch ID`: polls a run until it ends and shows it live
- * (see ctlWatchRun in commands.h). */
-#include "commands.h"
+ * (see ctlWatchRun in watch.h). */
+#include "watch.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "runview.h"
 
 /* systemd restarts a crashed nsad after RestartSec=5 and it resumes the run;
  * a watcher should ride that out rather than give up on the first refused

@@ -1,0 +1,50 @@
+/* runview.c - see runview.h. */
+#include "runview.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "format.h"
+
+int ctlRunStateFinal(const char *state) {
+    return !strcmp(state, "halted") || !strcmp(state, "completed") || !strcmp(state, "failed") ||
+           !strcmp(state, "nan_halted");
+}
+
+void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) {
+    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = eta_fallback_s, age = 0;
+    int have_step = ctlNumber(run, "step", &step);
+    int have_total = ctlNumber(run, "total_steps", &total);
+    int have_loss = ctlNumber(run, "loss", &loss);
+    int have_val = ctlNumber(run, "val_loss", &val);
+    int have_tps = ctlNumber(run, "toks_per_s", &tps);
+    ctlNumber(run, "eta_s", &eta);
+    const char *state = ctlString(run, "state", "?");
+    char loss_s[32], val_s[32], tps_s[32], eta_s[32], phase_s[96] = "", anomaly_s[96] = "";
+
+    const char *phase = ctlString(run, "phase", NULL);
+    if (!strcmp(state, "hung") && phase && ctlNumber(run, "phase_age_s", &age)) {
+        char age_s[32];
+        snprintf(phase_s, sizeof phase_s, " (%s for %s)", phase, formatDuration(age, age_s, sizeof age_s));
+    }
+    const char *anomaly = ctlString(run, "anomaly", NULL);
+    if (anomaly) snprintf(anomaly_s, sizeof anomaly_s, "  anomaly %s", anomaly);
+
+    char progress[96];
+    if (have_step && have_total && total > 0)
+        snprintf(progress, sizeof progress, "step %.0f/%.0f (%.0f%%)", step, total,
+                 floor(100.0 * step / total));
+    else if (have_step)
+        snprintf(progress, sizeof progress, "step %.0f", step);
+    else
+        snprintf(progress, sizeof progress, "step -");
+
+    int active = !ctlRunStateFinal(state);
+    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s",
+             ctlString(run, "id", "?"), state, phase_s, progress,
+             formatLoss(loss, have_loss, loss_s, sizeof loss_s),
+             formatLoss(val, have_val, val_s, sizeof val_s),
+             have_tps ? formatSi(tps, tps_s, sizeof tps_s) : "-",
+             active ? "  ETA " : "", active ? formatDuration(eta, eta_s, sizeof eta_s) : "",
+             anomaly_s);
+}

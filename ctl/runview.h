@@ -1,0 +1,17 @@
+/* runview.h - how nsactl shows a run object in one line, shared by status,
+ * list (commands.c) and watch (watch.c). */
+#ifndef NSACTL_RUNVIEW_H
+#define NSACTL_RUNVIEW_H
+
+#include <stddef.h>
+#include "ctl.h"
+
+/* One line describing a run object (shared by status, list and watch):
+ * "ID  running  step 120/1000 (12%)  loss 3.9100  val 4.0200  15.2K tok/s  ETA 1m01s".
+ * eta_fallback_s is used when the object has no eta_s (< 0: unknown). */
+void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap);
+
+/* True for the states a run does not leave on its own. */
+int ctlRunStateFinal(const char *state);
+
+#endif
