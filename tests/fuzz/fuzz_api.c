@@ -154,7 +154,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t got = 0;
     char head[8] = "";
     for (;;) {
-        struct pollfd p = {fd, POLLIN, 0};
+        struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
         int n = poll(&p, 1, 10000);
         if (n == 0) die("no answer and no close within 10 s", "the connection stays open");
         if (n < 0 && errno == EINTR) continue;

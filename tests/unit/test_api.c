@@ -108,7 +108,7 @@ static const char *str(const cJSON *o, const char *key) {
     return cJSON_IsString(v) ? v->valuestring : NULL;
 }
 
-static void healthVersionAndRouting(void **state) {
+static void test_health_version_and_routing(void **state) {
     Fixture *f = *state;
     ApiResponse res;
     cJSON *j = call(f->svc, "GET", "/api/v1/health", NULL, NULL, &res);
@@ -144,7 +144,7 @@ static void healthVersionAndRouting(void **state) {
     assert_int_equal(apiIsPublic("GET", "/metrics"), 0);
 }
 
-static void createBusyHaltResume(void **state) {
+static void test_create_busy_halt_resume(void **state) {
     Fixture *f = *state;
     expectError(f->svc, "POST", "/api/v1/runs", "{\"model\":", "application/json", 400, "invalid_json");
     expectError(f->svc, "POST", "/api/v1/runs", "{\"train\":{\"steps\":\"many\"}}", "application/json", 400,
@@ -215,7 +215,7 @@ static void createBusyHaltResume(void **state) {
     apiResponseFree(&res);
 }
 
-static void metricsSeriesAndSince(void **state) {
+static void test_metrics_series_and_since(void **state) {
     Fixture *f = *state;
     ApiResponse res;
     cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
@@ -270,7 +270,7 @@ static void metricsSeriesAndSince(void **state) {
     expectError(f->svc, "GET", "/api/v1/runs/nope/metrics", NULL, NULL, 404, "not_found");
 }
 
-static void interruptedRunIsPickedUp(void **state) {
+static void test_interrupted_run_is_picked_up(void **state) {
     Fixture *f = *state;
     ApiResponse res;
     cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
@@ -301,7 +301,7 @@ static void interruptedRunIsPickedUp(void **state) {
     expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
 }
 
-static void watchdogFlagsAnOverrunAndARecovery(void **state) {
+static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
     Fixture *f = *state;
     ApiResponse res;
     cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
@@ -360,7 +360,7 @@ static void watchdogFlagsAnOverrunAndARecovery(void **state) {
 }
 
 /* A run halted before or while it hangs stays halting when the phase ends. */
-static void hangDuringHaltKeepsHalting(void **state) {
+static void test_hang_during_halt_keeps_halting(void **state) {
     Fixture *f = *state;
     Service *svc = f->svc;
     ApiResponse res;
@@ -400,7 +400,7 @@ static void hangDuringHaltKeepsHalting(void **state) {
 }
 
 /* Every sample line belongs to a family announced by HELP and TYPE. */
-static void prometheusExposition(void **state) {
+static void test_prometheus_exposition(void **state) {
     Fixture *f = *state;
     ApiResponse res;
     cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
@@ -440,7 +440,7 @@ static void prometheusExposition(void **state) {
     free(again);
 }
 
-static void loopbackAddresses(void **state) {
+static void test_loopback_addresses(void **state) {
     (void)state;
     assert_int_equal(serverIsLoopback("127.0.0.1"), 1);
     assert_int_equal(serverIsLoopback("127.3.2.1"), 1);
@@ -457,14 +457,14 @@ static void loopbackAddresses(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(healthVersionAndRouting, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(createBusyHaltResume, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(metricsSeriesAndSince, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(interruptedRunIsPickedUp, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(watchdogFlagsAnOverrunAndARecovery, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(hangDuringHaltKeepsHalting, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(prometheusExposition, setUp, tearDown),
-        cmocka_unit_test(loopbackAddresses),
+        cmocka_unit_test_setup_teardown(test_health_version_and_routing, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_create_busy_halt_resume, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_metrics_series_and_since, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_interrupted_run_is_picked_up, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_watchdog_flags_an_overrun_and_a_recovery, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_hang_during_halt_keeps_halting, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_prometheus_exposition, setUp, tearDown),
+        cmocka_unit_test(test_loopback_addresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

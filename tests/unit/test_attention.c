@@ -26,15 +26,27 @@
 
 /* ---- shapes ---------------------------------------------------------------- */
 
-/* B, S, H, G, d_k, d_v, l, d, l', n_sel, w. No S is a multiple of l, d, l'
- * or w unless that is the point. */
+/* The paper's l, d, l' and w are cmp_len, cmp_stride, sel_len and window.
+ * No S is a multiple of l, d, l' or w unless that is the point. */
 static const NsaAttnDims kShapes[] = {
-    {2, 13, 4, 2, 6, 5, 4, 2, 4, 3, 5},  /* general: 2 heads per group */
-    {1, 11, 3, 1, 4, 7, 4, 2, 6, 2, 3},  /* G = 1, n_sel < 3, d_k < d_v */
-    {1, 10, 2, 2, 5, 3, 3, 3, 6, 4, 4},  /* G = H, d = l */
-    {2, 3, 2, 1, 4, 4, 4, 2, 4, 2, 2},   /* S < l: no compressed block */
-    {1, 1, 2, 2, 3, 2, 2, 1, 2, 1, 1},   /* S = 1 */
-    {1, 45, 4, 2, 8, 6, 8, 4, 8, 5, 9},  /* a real top-k among several blocks */
+    /* general: 2 heads per group */
+    {.B = 2, .S = 13, .H = 4, .G = 2, .d_k = 6, .d_v = 5, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 4, .n_sel = 3, .window = 5},
+    /* G = 1, n_sel < 3, d_k < d_v */
+    {.B = 1, .S = 11, .H = 3, .G = 1, .d_k = 4, .d_v = 7, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 6, .n_sel = 2, .window = 3},
+    /* G = H, d = l */
+    {.B = 1, .S = 10, .H = 2, .G = 2, .d_k = 5, .d_v = 3, .cmp_len = 3, .cmp_stride = 3,
+     .sel_len = 6, .n_sel = 4, .window = 4},
+    /* S < l: no compressed block */
+    {.B = 2, .S = 3, .H = 2, .G = 1, .d_k = 4, .d_v = 4, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 4, .n_sel = 2, .window = 2},
+    /* S = 1 */
+    {.B = 1, .S = 1, .H = 2, .G = 2, .d_k = 3, .d_v = 2, .cmp_len = 2, .cmp_stride = 1,
+     .sel_len = 2, .n_sel = 1, .window = 1},
+    /* a real top-k among several blocks */
+    {.B = 1, .S = 45, .H = 4, .G = 2, .d_k = 8, .d_v = 6, .cmp_len = 8, .cmp_stride = 4,
+     .sel_len = 8, .n_sel = 5, .window = 9},
 };
 #define N_SHAPES (sizeof(kShapes) / sizeof(kShapes[0]))
 
@@ -653,11 +665,24 @@ static void test_selected_attention_mask(void **state) {
 /* Shapes with d not dividing l' and l > l' as well: the op itself takes any
  * positive sizes, and the overlap fractions are then not all 0 or 1. */
 static const NsaAttnDims kSelectShapes[] = {
-    {2, 13, 4, 2, 6, 5, 4, 2, 4, 3, 5},  {1, 11, 3, 1, 4, 7, 4, 2, 6, 2, 3},
-    {1, 10, 2, 2, 5, 3, 3, 3, 6, 4, 4},  {1, 45, 4, 2, 8, 6, 8, 4, 8, 5, 9},
-    {1, 29, 2, 1, 4, 4, 5, 3, 4, 6, 4},  /* d does not divide l or l' */
-    {2, 30, 6, 3, 3, 4, 8, 2, 3, 4, 6},  /* l > l': a block spans three */
-    {1, 3, 2, 1, 4, 4, 4, 2, 4, 2, 2},   {1, 1, 2, 2, 3, 2, 2, 1, 2, 1, 1},
+    {.B = 2, .S = 13, .H = 4, .G = 2, .d_k = 6, .d_v = 5, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 4, .n_sel = 3, .window = 5},
+    {.B = 1, .S = 11, .H = 3, .G = 1, .d_k = 4, .d_v = 7, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 6, .n_sel = 2, .window = 3},
+    {.B = 1, .S = 10, .H = 2, .G = 2, .d_k = 5, .d_v = 3, .cmp_len = 3, .cmp_stride = 3,
+     .sel_len = 6, .n_sel = 4, .window = 4},
+    {.B = 1, .S = 45, .H = 4, .G = 2, .d_k = 8, .d_v = 6, .cmp_len = 8, .cmp_stride = 4,
+     .sel_len = 8, .n_sel = 5, .window = 9},
+    /* d does not divide l or l' */
+    {.B = 1, .S = 29, .H = 2, .G = 1, .d_k = 4, .d_v = 4, .cmp_len = 5, .cmp_stride = 3,
+     .sel_len = 4, .n_sel = 6, .window = 4},
+    /* l > l': a block spans three */
+    {.B = 2, .S = 30, .H = 6, .G = 3, .d_k = 3, .d_v = 4, .cmp_len = 8, .cmp_stride = 2,
+     .sel_len = 3, .n_sel = 4, .window = 6},
+    {.B = 1, .S = 3, .H = 2, .G = 1, .d_k = 4, .d_v = 4, .cmp_len = 4, .cmp_stride = 2,
+     .sel_len = 4, .n_sel = 2, .window = 2},
+    {.B = 1, .S = 1, .H = 2, .G = 2, .d_k = 3, .d_v = 2, .cmp_len = 2, .cmp_stride = 1,
+     .sel_len = 2, .n_sel = 1, .window = 1},
 };
 
 static void test_select_scores_bruteforce(void **state) {
@@ -695,7 +720,8 @@ static void test_select_scores_bruteforce(void **state) {
 
 static void test_select_forced_blocks(void **state) {
     for (int n_sel = 1; n_sel <= 4; n_sel++) {
-        NsaAttnDims d = {2, 23, 4, 2, 4, 4, 4, 2, 4, n_sel, 3};
+        NsaAttnDims d = {.B = 2, .S = 23, .H = 4, .G = 2, .d_k = 4, .d_v = 4, .cmp_len = 4,
+                         .cmp_stride = 2, .sel_len = 4, .n_sel = n_sel, .window = 3};
         Problem *p = problemCreate(&d);
         double *lse = testAlloc(p->n_rows, sizeof(double));
         double *o = testAlloc(p->n_rows * d.d_v, sizeof(double));
@@ -739,9 +765,12 @@ static void test_select_ties(void **state) {
      * value for every visible block; and l > l' with nothing visible yet,
      * where every score is exactly 0. */
     const NsaAttnDims shapes[] = {
-        {1, 20, 2, 1, 4, 3, 2, 2, 2, 5, 4},
-        {2, 17, 4, 2, 3, 3, 3, 3, 3, 4, 2},
-        {1, 8, 2, 1, 4, 3, 8, 1, 1, 5, 4},
+        {.B = 1, .S = 20, .H = 2, .G = 1, .d_k = 4, .d_v = 3, .cmp_len = 2, .cmp_stride = 2,
+         .sel_len = 2, .n_sel = 5, .window = 4},
+        {.B = 2, .S = 17, .H = 4, .G = 2, .d_k = 3, .d_v = 3, .cmp_len = 3, .cmp_stride = 3,
+         .sel_len = 3, .n_sel = 4, .window = 2},
+        {.B = 1, .S = 8, .H = 2, .G = 1, .d_k = 4, .d_v = 3, .cmp_len = 8, .cmp_stride = 1,
+         .sel_len = 1, .n_sel = 5, .window = 4},
     };
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const NsaAttnDims *d = &shapes[s];
@@ -799,7 +828,12 @@ static void test_select_ties(void **state) {
 /* A group's block scores are the sum of its heads' scores: each head run
  * alone (as a one-head group) scores its share, and the shares add up. */
 static void test_select_group_sum(void **state) {
-    const NsaAttnDims shapes[] = {{2, 40, 4, 2, 4, 3, 4, 4, 4, 4, 4}, {1, 33, 6, 2, 5, 3, 8, 4, 8, 5, 4}};
+    const NsaAttnDims shapes[] = {
+        {.B = 2, .S = 40, .H = 4, .G = 2, .d_k = 4, .d_v = 3, .cmp_len = 4, .cmp_stride = 4,
+         .sel_len = 4, .n_sel = 4, .window = 4},
+        {.B = 1, .S = 33, .H = 6, .G = 2, .d_k = 5, .d_v = 3, .cmp_len = 8, .cmp_stride = 4,
+         .sel_len = 8, .n_sel = 5, .window = 4},
+    };
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const NsaAttnDims *d = &shapes[s];
         Problem *p = problemCreate(d);
@@ -880,9 +914,11 @@ static void publicRunFree(PublicRun *r) {
 }
 
 static void publicRun(PublicRun *r, const NsaAttnDims *d) {
-    NsaAttnInputs in = {r->in[0], r->in[1], r->in[2], r->in[3], r->in[4], r->in[5], r->in[6], r->in[7]};
-    NsaAttnGrads gr = {r->grad[0], r->grad[1], r->grad[2], r->grad[3],
-                       r->grad[4], r->grad[5], r->grad[6], r->grad[7]};
+    NsaAttnInputs in = {.q = r->in[0], .k_cmp = r->in[1], .v_cmp = r->in[2], .k_sel = r->in[3],
+                        .v_sel = r->in[4], .k_win = r->in[5], .v_win = r->in[6], .gates = r->in[7]};
+    NsaAttnGrads gr = {.dq = r->grad[0], .dk_cmp = r->grad[1], .dv_cmp = r->grad[2],
+                       .dk_sel = r->grad[3], .dv_sel = r->grad[4], .dk_win = r->grad[5],
+                       .dv_win = r->grad[6], .dgates = r->grad[7]};
     NsaError err = {{0}};
     if (nsaAttnForwardCpu(d, &in, r->out, r->sel, r->lse, &err) != 0) fail_msg("forward: %s", err.message);
     if (nsaAttnBackwardCpu(d, &in, r->dout, &gr, &err) != 0) fail_msg("backward: %s", err.message);
@@ -1094,9 +1130,12 @@ static void winBackward(Problem *p, double *dq, double *dk, double *dv, const do
     nsaCpuWinAttnBackwardF64(dq, dk, dv, p->dout, p->q, p->k_win, p->v_win, o, lse, &p->dims);
 }
 
-static const BranchOps kCmpOps = {"cmp", "kc", "vc", cmpKv, cmpForward, cmpBackward};
-static const BranchOps kSelOps = {"sel", "k", "v", selKv, selForward, selBackward};
-static const BranchOps kWinOps = {"win", "k", "v", winKv, winForward, winBackward};
+static const BranchOps kCmpOps = {.name = "cmp", .k_name = "kc", .v_name = "vc", .kv = cmpKv,
+                                  .forward = cmpForward, .backward = cmpBackward};
+static const BranchOps kSelOps = {.name = "sel", .k_name = "k", .v_name = "v", .kv = selKv,
+                                  .forward = selForward, .backward = selBackward};
+static const BranchOps kWinOps = {.name = "win", .k_name = "k", .v_name = "v", .kv = winKv,
+                                  .forward = winForward, .backward = winBackward};
 
 typedef struct BranchCase {
     Problem *p;
@@ -1131,7 +1170,7 @@ static void checkBranchGrads(const BranchOps *ops) {
         double *dk = testAlloc(nk ? nk : 1, sizeof(double)), *dv = testAlloc(nv ? nv : 1, sizeof(double));
         ops->forward(p, o, lse);
         ops->backward(p, dq, dk, dv, o, lse);
-        BranchCase c = {p, ops};
+        BranchCase c = {.p = p, .ops = ops};
         if (nk > 0) {
             checkGrad(ops->name, "q", d, lossBranch, &c, p->q, p->n_q, dq);
             checkGrad(ops->name, ops->k_name, d, lossBranch, &c, k, nk, dk);
@@ -1208,7 +1247,7 @@ static void test_grad_whole_op(void **state) {
         ChainGrads g = chainGradsCreate(p);
         chainForward(p, c);
         chainBackward(p, c, &g);
-        WholeCase w = {p, scratch, c->sel_idx, 0};
+        WholeCase w = {.p = p, .c = scratch, .base_sel = c->sel_idx, .sel_moved = 0};
         checkGrad("whole_op", "q", d, lossWhole, &w, p->q, p->n_q, g.dq);
         checkGrad("whole_op", "k_cmp", d, lossWhole, &w, p->k_cmp, p->n_k, g.dk_cmp);
         checkGrad("whole_op", "v_cmp", d, lossWhole, &w, p->v_cmp, p->n_v, g.dv_cmp);
@@ -1300,9 +1339,11 @@ static void test_public_rejects_bad_input(void **state) {
     PublicRun r;
     publicRunInit(&r, p);
     NsaAttnDims d = p->dims;
-    NsaAttnInputs in = {r.in[0], r.in[1], r.in[2], r.in[3], r.in[4], r.in[5], r.in[6], r.in[7]};
-    NsaAttnGrads gr = {r.grad[0], r.grad[1], r.grad[2], r.grad[3],
-                       r.grad[4], r.grad[5], r.grad[6], r.grad[7]};
+    NsaAttnInputs in = {.q = r.in[0], .k_cmp = r.in[1], .v_cmp = r.in[2], .k_sel = r.in[3],
+                        .v_sel = r.in[4], .k_win = r.in[5], .v_win = r.in[6], .gates = r.in[7]};
+    NsaAttnGrads gr = {.dq = r.grad[0], .dk_cmp = r.grad[1], .dv_cmp = r.grad[2],
+                       .dk_sel = r.grad[3], .dv_sel = r.grad[4], .dk_win = r.grad[5],
+                       .dv_win = r.grad[6], .dgates = r.grad[7]};
     NsaError err = {{0}};
     in.v_sel = NULL;
     assert_int_equal(nsaAttnForwardCpu(&d, &in, r.out, NULL, NULL, &err), -1);

@@ -18,7 +18,7 @@
 #include "testutil.h"
 #include "sdnotify.h"
 
-static void tokenCreatedOnceWithMode0600(void **state) {
+static void test_token_created_once_with_mode_0600(void **state) {
     (void)state;
     char *dir = testTempDir("auth");
     char path[512], token[AUTH_TOKEN_MAX], again[AUTH_TOKEN_MAX];
@@ -39,7 +39,7 @@ static void tokenCreatedOnceWithMode0600(void **state) {
     free(dir);
 }
 
-static void twoTokensDiffer(void **state) {
+static void test_two_tokens_differ(void **state) {
     (void)state;
     char *dir = testTempDir("auth");
     char a[512], b[512], ta[AUTH_TOKEN_MAX], tb[AUTH_TOKEN_MAX];
@@ -60,7 +60,7 @@ static void writeFile(const char *path, const char *text, mode_t mode) {
     assert_int_equal(chmod(path, mode), 0);
 }
 
-static void tokenFileRefusals(void **state) {
+static void test_token_file_refusals(void **state) {
     (void)state;
     char *dir = testTempDir("auth");
     char path[512], token[AUTH_TOKEN_MAX];
@@ -98,7 +98,7 @@ static void tokenFileRefusals(void **state) {
     free(dir);
 }
 
-static void tokenComparison(void **state) {
+static void test_token_comparison(void **state) {
     (void)state;
     const char *token = "abcdef0123";
     assert_int_equal(authTokenEqual("abcdef0123", 10, token), 1);
@@ -111,7 +111,7 @@ static void tokenComparison(void **state) {
     assert_int_equal(authTokenEqual("abcdef0123XYZ", 10, token), 1);
 }
 
-static void bearerHeader(void **state) {
+static void test_bearer_header(void **state) {
     (void)state;
     const char *token = "tok123";
     assert_int_equal(authCheckBearer("Bearer tok123", token), 1);
@@ -125,7 +125,7 @@ static void bearerHeader(void **state) {
     assert_int_equal(authCheckBearer(NULL, token), 0);
 }
 
-static void sdNotifySendsToTheSocket(void **state) {
+static void test_sd_notify_sends_to_the_socket(void **state) {
     (void)state;
     char *dir = testTempDir("auth");
     char path[512];
@@ -153,7 +153,7 @@ static void sdNotifySendsToTheSocket(void **state) {
     free(dir);
 }
 
-static void sdWatchdogInterval(void **state) {
+static void test_sd_watchdog_interval(void **state) {
     (void)state;
     unsetenv("WATCHDOG_USEC");
     unsetenv("WATCHDOG_PID");
@@ -175,13 +175,13 @@ static void sdWatchdogInterval(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(tokenCreatedOnceWithMode0600),
-        cmocka_unit_test(twoTokensDiffer),
-        cmocka_unit_test(tokenFileRefusals),
-        cmocka_unit_test(tokenComparison),
-        cmocka_unit_test(bearerHeader),
-        cmocka_unit_test(sdNotifySendsToTheSocket),
-        cmocka_unit_test(sdWatchdogInterval),
+        cmocka_unit_test(test_token_created_once_with_mode_0600),
+        cmocka_unit_test(test_two_tokens_differ),
+        cmocka_unit_test(test_token_file_refusals),
+        cmocka_unit_test(test_token_comparison),
+        cmocka_unit_test(test_bearer_header),
+        cmocka_unit_test(test_sd_notify_sends_to_the_socket),
+        cmocka_unit_test(test_sd_watchdog_interval),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

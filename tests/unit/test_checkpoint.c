@@ -113,12 +113,15 @@ static void test_safetensors_round_trip(void **state) {
     float b[3] = {7.0f, 8.0f, 9.0f};
     float scalar = 42.0f;
     SafetensorsTensor ts[] = {
-        {"layers.0.w", 2, {2, 3}, 6, a},
-        {"bias", 1, {3}, 3, b},
-        {"empty", 2, {0, 4}, 0, NULL},
-        {"scalar", 0, {0}, 1, &scalar},
+        {.name = "layers.0.w", .ndim = 2, .shape = {2, 3}, .numel = 6, .data = a},
+        {.name = "bias", .ndim = 1, .shape = {3}, .numel = 3, .data = b},
+        {.name = "empty", .ndim = 2, .shape = {0, 4}, .numel = 0, .data = NULL},
+        {.name = "scalar", .ndim = 0, .shape = {0}, .numel = 1, .data = &scalar},
     };
-    SafetensorsMeta meta[] = {{"step", "12"}, {"note", "quotes \" and \\ survive"}};
+    SafetensorsMeta meta[] = {
+        {.key = "step", .value = "12"},
+        {.key = "note", .value = "quotes \" and \\ survive"},
+    };
     NsaError err = {{0}};
     assert_int_equal(safetensorsWrite(path, ts, 4, meta, 2, &err), 0);
 
@@ -215,8 +218,13 @@ static void test_safetensors_python_loads(void **state) {
     float w[12];
     for (int i = 0; i < 12; i++) w[i] = 0.125f * (float)(i - 5);
     float v[2] = {3.5f, -1.0f};
-    SafetensorsTensor ts[] = {{"tok_emb", 2, {3, 4}, 12, w}, {"final_norm", 1, {2}, 2, v}};
-    SafetensorsMeta meta[] = {{"format", "pt"}};
+    SafetensorsTensor ts[] = {
+        {.name = "tok_emb", .ndim = 2, .shape = {3, 4}, .numel = 12, .data = w},
+        {.name = "final_norm", .ndim = 1, .shape = {2}, .numel = 2, .data = v},
+    };
+    SafetensorsMeta meta[] = {
+        {.key = "format", .value = "pt"},
+    };
     NsaError err;
     assert_int_equal(safetensorsWrite(path, ts, 2, meta, 1, &err), 0);
     writeBytes(script, python_check, strlen(python_check));
@@ -293,7 +301,7 @@ static void test_safetensors_rejects_corrupt(void **state) {
 
     /* the writer fails cleanly into a directory that does not exist */
     snprintf(path, sizeof path, "%s/no/such/dir/x.safetensors", dir);
-    SafetensorsTensor t = {"a", 1, {4}, 4, data};
+    SafetensorsTensor t = {.name = "a", .ndim = 1, .shape = {4}, .numel = 4, .data = data};
     assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), -1);
     assert_non_null(strstr(err.message, "no/such/dir"));
     /* and refuses a shape that disagrees with numel */
@@ -340,7 +348,8 @@ static void trainOneStep(NsaModel *m) {
     NsaError err;
     assert_int_equal(nsaModelZeroGrad(m, &err), 0);
     assert_int_equal(nsaModelForwardBackward(m, tokens, targets, 2, 16, 1.0f, &err), 0);
-    NsaOptimConfig oc = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f};
+    NsaOptimConfig oc = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .weight_decay = 0.1f, .grad_clip = 1.0f};
     assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
     NsaStepStats stats;
     assert_int_equal(nsaModelStepStats(m, &stats, &err), 0);
@@ -515,7 +524,7 @@ static void test_checkpoint_rejects_other_model(void **state) {
 
     /* a state file without the resume metadata is refused */
     float one = 1.0f;
-    SafetensorsTensor t = {"x", 1, {1}, 1, &one};
+    SafetensorsTensor t = {.name = "x", .ndim = 1, .shape = {1}, .numel = 1, .data = &one};
     assert_int_equal(safetensorsWrite(path, &t, 1, NULL, 0, &err), 0);
     assert_int_equal(checkpointReadState(saved, &rs, &err), -1);
     assert_non_null(strstr(err.message, "nsad_format"));
@@ -880,11 +889,16 @@ static void checkAfterKill(const CrashCase *c, const char *dir, long k) {
 static void test_checkpoint_survives_a_kill_anywhere(void **state) {
     (void)state;
     const CrashCase cases[] = {
-        {"replacing the step latest names", fixtureTenTwenty, 20, 0, 0, 0},
-        {"replacing it without RENAME_EXCHANGE", fixtureTenTwenty, 20, 0, 1, 0},
-        {"replacing the only one without RENAME_EXCHANGE", fixtureTwenty, 20, 0, 1, 1},
-        {"saving and pruning (keep_last 2)", fixtureTenTwenty, 30, 2, 0, 0},
-        {"the first save", fixtureEmpty, 5, 0, 0, 0},
+        {.what = "replacing the step latest names", .fixture = fixtureTenTwenty, .step = 20,
+         .keep_last = 0, .no_exchange = 0, .latest_may_vanish = 0},
+        {.what = "replacing it without RENAME_EXCHANGE", .fixture = fixtureTenTwenty, .step = 20,
+         .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 0},
+        {.what = "replacing the only one without RENAME_EXCHANGE", .fixture = fixtureTwenty,
+         .step = 20, .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 1},
+        {.what = "saving and pruning (keep_last 2)", .fixture = fixtureTenTwenty, .step = 30,
+         .keep_last = 2, .no_exchange = 0, .latest_may_vanish = 0},
+        {.what = "the first save", .fixture = fixtureEmpty, .step = 5, .keep_last = 0,
+         .no_exchange = 0, .latest_may_vanish = 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const CrashCase *c = &cases[i];

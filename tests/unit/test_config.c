@@ -347,18 +347,26 @@ static char *repeat(const char *head, const char *unit, size_t n, const char *ta
  * its one-line message names. */
 static void test_hostile_configs_stop_at_a_limit(void **state) {
     (void)state;
-    struct {
+    typedef struct HostileCase {
         const char *head, *unit, *tail;
         size_t n;
         const char *needle;
-    } cases[] = {
-        {"", "[", "", (size_t)1 << 20, "nesting deeper than 16 levels"},
-        {"", "{a: ", "", 250000, "nesting deeper than 16 levels"},
-        {"", "- ", "x\n", 100000, "nesting deeper than 16 levels"},
-        {"model:\n", "  k: 1\n", "", 140000, "more than 4096 values"},
-        {"a: &b 1\nc: [", "a, *b, ", "a]", 100000, "more than 4096 values"},
-        {"", "%TAG !a! tag:x\n", "---\nmodel: {}\n", 60000, "more than 16 directives"},
-        {"", "#", "", ((size_t)1 << 20) + 1, "allowed: a config of at most 1048576 bytes"},
+    } HostileCase;
+    const HostileCase cases[] = {
+        {.head = "", .unit = "[", .tail = "", .n = (size_t)1 << 20,
+         .needle = "nesting deeper than 16 levels"},
+        {.head = "", .unit = "{a: ", .tail = "", .n = 250000,
+         .needle = "nesting deeper than 16 levels"},
+        {.head = "", .unit = "- ", .tail = "x\n", .n = 100000,
+         .needle = "nesting deeper than 16 levels"},
+        {.head = "model:\n", .unit = "  k: 1\n", .tail = "", .n = 140000,
+         .needle = "more than 4096 values"},
+        {.head = "a: &b 1\nc: [", .unit = "a, *b, ", .tail = "a]", .n = 100000,
+         .needle = "more than 4096 values"},
+        {.head = "", .unit = "%TAG !a! tag:x\n", .tail = "---\nmodel: {}\n", .n = 60000,
+         .needle = "more than 16 directives"},
+        {.head = "", .unit = "#", .tail = "", .n = ((size_t)1 << 20) + 1,
+         .needle = "allowed: a config of at most 1048576 bytes"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char *text = repeat(cases[i].head, cases[i].unit, cases[i].n, cases[i].tail);

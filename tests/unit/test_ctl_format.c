@@ -22,7 +22,7 @@ static void assertFormats(char *(*fn)(double, char *, size_t), double value, con
     if (strcmp(buf, want) != 0) fail_msg("formatting %.17g gave '%s', wanted '%s'", value, buf, want);
 }
 
-static void testDuration(void **state) {
+static void test_format_duration(void **state) {
     (void)state;
     assertFormats(formatDuration, 0.0, "0ms");
     assertFormats(formatDuration, 0.85, "850ms");
@@ -36,7 +36,7 @@ static void testDuration(void **state) {
     assertFormats(formatDuration, INFINITY, "-");
 }
 
-static void testSi(void **state) {
+static void test_format_si(void **state) {
     (void)state;
     assertFormats(formatSi, 0.0, "0");
     assertFormats(formatSi, 812.0, "812");
@@ -50,7 +50,7 @@ static void testSi(void **state) {
     assertFormats(formatSi, NAN, "-");
 }
 
-static void testBytes(void **state) {
+static void test_format_bytes(void **state) {
     (void)state;
     assertFormats(formatBytes, 512.0, "512B");
     assertFormats(formatBytes, 3.4 * 1024, "3.40KiB");
@@ -58,7 +58,7 @@ static void testBytes(void **state) {
     assertFormats(formatBytes, 1.2 * 1024 * 1024 * 1024, "1.20GiB");
 }
 
-static void testLoss(void **state) {
+static void test_format_loss(void **state) {
     (void)state;
     char buf[32];
     assert_string_equal(formatLoss(3.91, 1, buf, sizeof buf), "3.9100");
@@ -68,7 +68,7 @@ static void testLoss(void **state) {
     assert_string_equal(formatLoss(12345.0, 1, buf, sizeof buf), "1.234e+04");
 }
 
-static void testEta(void **state) {
+static void test_format_eta(void **state) {
     (void)state;
     char buf[32];
     assert_string_equal(formatEta(880, 0.5, buf, sizeof buf), "7m20s");
@@ -88,7 +88,7 @@ static char *renderTable(const FormatTable *t) {
     return text;
 }
 
-static void testTableAlignment(void **state) {
+static void test_format_table_alignment(void **state) {
     (void)state;
     static const char *const headers[] = {"ID", "STATE", "STEP", "LOSS"};
     FormatTable *t = formatTableNew(4, headers);
@@ -110,7 +110,7 @@ static void testTableAlignment(void **state) {
     formatTableFree(t);
 }
 
-static void testTableGrows(void **state) {
+static void test_format_table_grows(void **state) {
     (void)state;
     static const char *const headers[] = {"N"};
     FormatTable *t = formatTableNew(1, headers);
@@ -134,10 +134,10 @@ static void testTableGrows(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(testDuration),       cmocka_unit_test(testSi),
-        cmocka_unit_test(testBytes),          cmocka_unit_test(testLoss),
-        cmocka_unit_test(testEta),            cmocka_unit_test(testTableAlignment),
-        cmocka_unit_test(testTableGrows),
+        cmocka_unit_test(test_format_duration),       cmocka_unit_test(test_format_si),
+        cmocka_unit_test(test_format_bytes),          cmocka_unit_test(test_format_loss),
+        cmocka_unit_test(test_format_eta),            cmocka_unit_test(test_format_table_alignment),
+        cmocka_unit_test(test_format_table_grows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

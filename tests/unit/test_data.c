@@ -674,7 +674,7 @@ static void test_shard_truncated_during_the_run(void **state) {
 /* ---- prefetch and resume ------------------------------------------------------- */
 
 static void sleepMs(int ms) {
-    struct timespec ts = {0, (long)ms * 1000000L};
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ms * 1000000L};
     nanosleep(&ts, NULL);
 }
 

@@ -287,7 +287,7 @@ static void test_abort_wakes_a_waiting_rank(void **state) {
     assert_int_equal(nsaCommLocalCreate(2, 3600, x.comms, &err), 0);
     for (int r = 0; r < 2; r++) x.bufs[r] = testAlloc(8, sizeof(float));
     pthread_t th;
-    RankArg arg = {lonelyRank, &x, 0};
+    RankArg arg = {.fn = lonelyRank, .ctx = &x, .rank = 0};
     assert_int_equal(pthread_create(&th, NULL, rankMain, &arg), 0);
     /* before or while rank 0 waits: either way its call fails now */
     nsaCommAbort(x.comms[1], "the watchdog gave up on rank 1");
@@ -760,7 +760,7 @@ static void test_tcp_deadline_and_lost_peer(void **state) {
     /* an abort from another thread ends rank 0's wait */
     tcpCreateAll(2, 3600, x.comms);
     pthread_t th;
-    RankArg arg = {lonelyRank, &x, 0};
+    RankArg arg = {.fn = lonelyRank, .ctx = &x, .rank = 0};
     assert_int_equal(pthread_create(&th, NULL, rankMain, &arg), 0);
     nsaCommAbort(x.comms[0], "shut down by the test");
     pthread_join(th, NULL);

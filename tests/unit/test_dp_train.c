@@ -185,7 +185,7 @@ static void *halterMain(void *p) {
             atomic_store(&h->mon->halt_requested, 1);
             break;
         }
-        struct timespec nap = {0, 1000 * 1000};
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = 1000 * 1000};
         nanosleep(&nap, NULL);
     }
     return NULL;
@@ -339,7 +339,7 @@ static void *aborterMain(void *p) {
             atomic_store(&a->mon->abort_requested, 1);
             break;
         }
-        struct timespec nap = {0, 1000 * 1000};
+        struct timespec nap = {.tv_sec = 0, .tv_nsec = 1000 * 1000};
         nanosleep(&nap, NULL);
     }
     return NULL;

@@ -20,7 +20,8 @@
 #ifdef NSA_HAVE_CUDA
 
 static NsaAttnDims protoDims(void) {
-    NsaAttnDims d = {1, 256, 12, 2, 64, 64, 32, 16, 64, 16, 512};
+    NsaAttnDims d = {.B = 1, .S = 256, .H = 12, .G = 2, .d_k = 64, .d_v = 64, .cmp_len = 32,
+                     .cmp_stride = 16, .sel_len = 64, .n_sel = 16, .window = 512};
     return d;
 }
 

@@ -631,13 +631,15 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
         refLinear(gate, xn, LW(i, "w_gate"), N, C, 3 * H);
         for (int j = 0; j < N * 3 * H; j++)
             gate[j] = 1 / (1 + exp(-gate[j]));
-        NsaAttnDims dims = {TB,         TS,       H,        G, dk, dv, c->cmp_len, c->cmp_stride,
-                            c->sel_len, c->n_sel, c->window};
+        NsaAttnDims dims = {.B = TB, .S = TS, .H = H, .G = G, .d_k = dk, .d_v = dv,
+                            .cmp_len = c->cmp_len, .cmp_stride = c->cmp_stride,
+                            .sel_len = c->sel_len, .n_sel = c->n_sel, .window = c->window};
         float *f[8] = {toFloat(q, (size_t)N * H * dk)};
         for (int k = 0; k < 6; k++)
             f[1 + k] = toFloat(kv[k], (size_t)N * G * (k % 2 ? dv : dk));
         f[7] = toFloat(gate, (size_t)N * 3 * H);
-        NsaAttnInputs in = {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7]};
+        NsaAttnInputs in = {.q = f[0], .k_cmp = f[1], .v_cmp = f[2], .k_sel = f[3], .v_sel = f[4],
+                            .k_win = f[5], .v_win = f[6], .gates = f[7]};
         float *out = testAlloc((size_t)N * H * dv, sizeof(float));
         NsaError err = {{0}};
         if (nsaAttnForwardCpu(&dims, &in, out, NULL, NULL, &err)) fail_msg("attn: %s", err.message);
@@ -1096,7 +1098,8 @@ static void test_flops_per_token(void **state) {
     testFillF32(&rng, k, nk, -1, 1);
     testFillF32(&rng, v, nv, -1, 1);
     testFillF32(&rng, gates, (size_t)S * 3, 0, 1);
-    NsaAttnInputs in = {q, k, v, k, v, k, v, gates};
+    NsaAttnInputs in = {.q = q, .k_cmp = k, .v_cmp = v, .k_sel = k, .v_sel = v, .k_win = k,
+                        .v_win = v, .gates = gates};
     NsaError err = {{0}};
     if (nsaAttnForwardCpu(&dims, &in, out, sel, NULL, &err)) fail_msg("attn: %s", err.message);
     double keys = 0, dense = 0;

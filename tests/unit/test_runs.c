@@ -27,7 +27,7 @@ static void writeText(const char *dir, const char *name, const char *text) {
     fclose(f);
 }
 
-static void idsAndNames(void **state) {
+static void test_ids_and_names(void **state) {
     (void)state;
     assert_int_equal(runIdValid("20261122-004105-a149"), 1);
     assert_int_equal(runIdValid("a_b-C9"), 1);
@@ -47,7 +47,7 @@ static void idsAndNames(void **state) {
     assert_int_equal(runNameValid("a b"), 0);
 }
 
-static void statePredicates(void **state) {
+static void test_state_predicates(void **state) {
     (void)state;
     for (int s = 0; s < RUN_STATE_COUNT; s++)
         assert_int_equal(runStateFromName(runStateName((RunState)s)), s);
@@ -64,7 +64,7 @@ static void statePredicates(void **state) {
     }
 }
 
-static void createSaveReopen(void **state) {
+static void test_create_save_reopen(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
     NsaError err = {""};
@@ -122,7 +122,7 @@ static void createSaveReopen(void **state) {
     free(dir);
 }
 
-static void corruptRecordIsSkipped(void **state) {
+static void test_corrupt_record_is_skipped(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
     NsaError err = {""};
@@ -140,7 +140,7 @@ static void corruptRecordIsSkipped(void **state) {
     free(dir);
 }
 
-static void stateDirThatIsAFile(void **state) {
+static void test_state_dir_that_is_a_file(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
     char file[600];
@@ -153,7 +153,7 @@ static void stateDirThatIsAFile(void **state) {
     free(dir);
 }
 
-static void redoneStepsReplaceTheTail(void **state) {
+static void test_redone_steps_replace_the_tail(void **state) {
     (void)state;
     Run run;
     memset(&run, 0, sizeof run);
@@ -179,7 +179,7 @@ static void redoneStepsReplaceTheTail(void **state) {
 /* A long run's in-memory series stays bounded: past the cap every other
  * point goes, the first and the latest stay, steps still ascend, and the
  * generation tells pollers to refetch. */
-static void longSeriesIsThinned(void **state) {
+static void test_long_series_is_thinned(void **state) {
     (void)state;
     Run run;
     memset(&run, 0, sizeof run);
@@ -215,7 +215,7 @@ static void longSeriesIsThinned(void **state) {
 /* runsDelete moves the run's directory aside in one rename; a crash before
  * the removal leaves trash that the next runsOpen removes. Removal never
  * follows a symbolic link out of the run. */
-static void deleteMovesAsideThenSweeps(void **state) {
+static void test_delete_moves_aside_then_sweeps(void **state) {
     (void)state;
     char *dir = testTempDir("runs-del");
     NsaError err = {""};
@@ -267,7 +267,7 @@ static void deleteMovesAsideThenSweeps(void **state) {
 
 /* Events are bounded in memory too: the newest stay, seq keeps counting,
  * and a reopen (which reloads events.jsonl) applies the same bound. */
-static void eventsAreBounded(void **state) {
+static void test_events_are_bounded(void **state) {
     (void)state;
     char *dir = testTempDir("runs-ev");
     NsaError err = {""};
@@ -298,7 +298,7 @@ static void eventsAreBounded(void **state) {
     free(dir);
 }
 
-static void seriesRebuiltFromFiles(void **state) {
+static void test_series_rebuilt_from_files(void **state) {
     (void)state;
     char *dir = testTempDir("runs");
     NsaError err = {""};
@@ -351,16 +351,16 @@ static void seriesRebuiltFromFiles(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(idsAndNames),
-        cmocka_unit_test(statePredicates),
-        cmocka_unit_test(createSaveReopen),
-        cmocka_unit_test(corruptRecordIsSkipped),
-        cmocka_unit_test(stateDirThatIsAFile),
-        cmocka_unit_test(redoneStepsReplaceTheTail),
-        cmocka_unit_test(longSeriesIsThinned),
-        cmocka_unit_test(deleteMovesAsideThenSweeps),
-        cmocka_unit_test(eventsAreBounded),
-        cmocka_unit_test(seriesRebuiltFromFiles),
+        cmocka_unit_test(test_ids_and_names),
+        cmocka_unit_test(test_state_predicates),
+        cmocka_unit_test(test_create_save_reopen),
+        cmocka_unit_test(test_corrupt_record_is_skipped),
+        cmocka_unit_test(test_state_dir_that_is_a_file),
+        cmocka_unit_test(test_redone_steps_replace_the_tail),
+        cmocka_unit_test(test_long_series_is_thinned),
+        cmocka_unit_test(test_delete_moves_aside_then_sweeps),
+        cmocka_unit_test(test_events_are_bounded),
+        cmocka_unit_test(test_series_rebuilt_from_files),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -209,7 +209,7 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
     if (!h) h = &local;
     h->mon = &mon;
     h->out_dir = out_dir;
-    TrainHooks hooks = {h, onSample, onEval, onEvent};
+    TrainHooks hooks = {.ctx = h, .on_sample = onSample, .on_eval = onEval, .on_event = onEvent};
     TrainOptions opt = {.out_dir = out_dir, .resume = resume, .device_override = -1, .quiet = 1};
     memset(err, 0, sizeof *err);
     int rc = trainerRun(cfg, &opt, &mon, &hooks, res, err);
@@ -221,7 +221,7 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
 
 static void test_schedule_warmup_cosine(void **state) {
     (void)state;
-    LrSchedule s = {1.0, 0.1, 10, 110};
+    LrSchedule s = {.lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
     assert_true(fabs(scheduleLr(&s, 1) - 0.1) < 1e-12);   /* the first step trains */
     assert_true(fabs(scheduleLr(&s, 5) - 0.5) < 1e-12);
     assert_true(fabs(scheduleLr(&s, 10) - 1.0) < 1e-12);  /* peak at the end of warmup */
@@ -230,9 +230,9 @@ static void test_schedule_warmup_cosine(void **state) {
     assert_true(fabs(scheduleLr(&s, 500) - 0.1) < 1e-12);
     for (int64_t k = 11; k <= 110; k++) assert_true(scheduleLr(&s, k) <= scheduleLr(&s, k - 1));
     for (int64_t k = 2; k <= 10; k++) assert_true(scheduleLr(&s, k) > scheduleLr(&s, k - 1));
-    LrSchedule flat = {0.5, 0.5, 0, 10};
+    LrSchedule flat = {.lr = 0.5, .min_lr = 0.5, .warmup_steps = 0, .total_steps = 10};
     assert_true(scheduleLr(&flat, 1) == 0.5 && scheduleLr(&flat, 10) == 0.5);
-    LrSchedule no_warmup = {1.0, 0.0, 0, 3};
+    LrSchedule no_warmup = {.lr = 1.0, .min_lr = 0.0, .warmup_steps = 0, .total_steps = 3};
     assert_true(fabs(scheduleLr(&no_warmup, 0) - 0.75) < 1e-12); /* clamped to step 1 */
     assert_true(fabs(scheduleLr(&no_warmup, 1) - 0.75) < 1e-12);
 }
@@ -287,7 +287,7 @@ static void test_monitor_device_line(void **state) {
     trainMonitorDevice(&mon, small, sizeof small);
     assert_string_equal(small, "xxxxxxx");
 
-    DeviceWriter w = {&mon, 0};
+    DeviceWriter w = {.mon = &mon, .stop = 0};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, deviceWriterLoop, &w), 0);
     int whole = 0;
@@ -485,7 +485,7 @@ typedef struct Parked {
 __attribute__((noinline)) void parkedThreadWaitsHere(Parked *p) {
     atomic_store(&p->ready, 1);
     while (!atomic_load(&p->release)) {
-        struct timespec t = {0, 2000000};
+        struct timespec t = {.tv_sec = 0, .tv_nsec = 2000000};
         nanosleep(&t, NULL);
     }
 }
@@ -512,15 +512,16 @@ static void *parkedMain(void *arg) {
 
 static void test_stackdump_all_threads(void **state) {
     (void)state;
-    Parked good = {"parked-good", 0, 0, 0}, deaf = {"parked-deaf", 1, 0, 0};
+    Parked good = {.name = "parked-good", .block_signal = 0, .ready = 0, .release = 0};
+    Parked deaf = {.name = "parked-deaf", .block_signal = 1, .ready = 0, .release = 0};
     pthread_t t1, t2, t3;
     assert_int_equal(pthread_create(&t1, NULL, parkedMain, &good), 0);
     assert_int_equal(pthread_create(&t2, NULL, parkedMain, &deaf), 0);
     /* an unregistered thread is listed by tid, without a stack */
-    Parked anon = {"anon", 0, 0, 0};
+    Parked anon = {.name = "anon", .block_signal = 0, .ready = 0, .release = 0};
     assert_int_equal(pthread_create(&t3, NULL, anonMain, &anon), 0);
     while (!atomic_load(&good.ready) || !atomic_load(&deaf.ready) || !atomic_load(&anon.ready)) {
-        struct timespec t = {0, 1000000};
+        struct timespec t = {.tv_sec = 0, .tv_nsec = 1000000};
         nanosleep(&t, NULL);
     }
     assert_int_equal(stackdumpRegisterThread("test-main"), 0);
@@ -971,7 +972,7 @@ static void *watchMain(void *arg) {
                           (double)atomic_load(&w->mon->phase_since_ns)) * 1e-9;
             if (age > w->longest_forward) w->longest_forward = age;
         }
-        struct timespec t = {0, 5000000};
+        struct timespec t = {.tv_sec = 0, .tv_nsec = 5000000};
         nanosleep(&t, NULL);
     }
     return NULL;
@@ -1041,7 +1042,7 @@ static void test_cmd_train_usage_and_config_errors(void **state) {
 static int waitFor(int (*pred)(const char *), const char *dir, double seconds) {
     for (int i = 0; i < (int)(seconds * 100); i++) {
         if (pred(dir)) return 1;
-        struct timespec t = {0, 10000000};
+        struct timespec t = {.tv_sec = 0, .tv_nsec = 10000000};
         nanosleep(&t, NULL);
     }
     return pred(dir);
@@ -1110,7 +1111,7 @@ static void test_cmd_train_signals(void **state) {
     for (int i = 0; i < 6000 && done == 0; i++) {
         done = waitpid(pid, &status, WNOHANG);
         if (done == 0) {
-            struct timespec t = {0, 10000000};
+            struct timespec t = {.tv_sec = 0, .tv_nsec = 10000000};
             nanosleep(&t, NULL);
         }
     }
