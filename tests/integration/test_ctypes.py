@@ -3,9 +3,10 @@
 
 Loads build/libnsa.so and drives the public C API (kernels/nsa.h) the way an
 interop caller would: the NSA attention op alone (forward against a brute-force
-full causal attention through the identities of DESIGN.md section 3, backward
-against central differences) and the model (create, init, forward/backward,
-tensors by name, an optimizer step, a clear error for a bad config).
+full causal attention through the identities of proto/model.md, "The three
+branches"; backward against central differences) and the model (create, init,
+forward/backward, tensors by name, an optimizer step, a clear error for a bad
+config).
 Prints TAP ("ok N - name" / "not ok N - name") and exits non-zero on failure.
 """
 import ctypes as C
@@ -170,7 +171,7 @@ def main():
           err.message.decode())
 
     rng = random.Random(int.from_bytes(os.urandom(4), "little"))  # fresh inputs every run
-    # --- the attention op alone: the identities of DESIGN.md section 3 ---
+    # --- the attention op alone: the identities of proto/model.md, "The three branches" ---
     S = 11  # a multiple of no block size used below
     attention_case(lib, rng, "op via ctypes: window with w >= S is full causal attention",
                    NsaAttnDims(2, S, 4, 2, 8, 6, 4, 2, 4, 3, S), 2)

@@ -1,11 +1,12 @@
 /* test_attention.c - the CPU reference of the NSA attention op.
  *
- * These tests hold the oracle to the math of DESIGN.md section 3 with code
- * written independently of it: brute-force attention under an explicit token
- * mask, overlap counts by counting tokens, selection by sorting. Then the
- * identities (each branch degenerates to full causal attention), causality,
- * rows that see nothing, finite-difference gradients in double for every op
- * and input, and the public fp32 op against the double chain.
+ * These tests hold the oracle to the math of proto/model.md ("The three
+ * branches") with code written independently of it: brute-force attention
+ * under an explicit token mask, overlap counts by counting tokens, selection
+ * by sorting. Then the identities (each branch degenerates to full causal
+ * attention), causality, rows that see nothing, finite-difference gradients
+ * in double for every op and input, and the public fp32 op against the double
+ * chain.
  * Every case draws fresh inputs from a seeded RNG; measured errors are
  * printed as "# ..." lines. */
 #include <setjmp.h>
