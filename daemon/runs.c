@@ -472,12 +472,8 @@ int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_
 /* artifactsReadCsv's callbacks: one row into the run's series. */
 static int addTrainRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
     Run *run = ctx;
-    RunTrainPoint p = {.step = row->step,
-                       .ts = row->ts,
-                       .loss = row->loss,
-                       .lr = row->lr,
-                       .grad_norm = row->grad_norm,
-                       .toks_per_s = row->toks_per_s,
+    RunTrainPoint p = {.step = row->step, .ts = row->ts, .loss = row->loss, .lr = row->lr,
+                       .grad_norm = row->grad_norm, .toks_per_s = row->toks_per_s,
                        .mem_bytes = row->mem_bytes};
     return appendTrain(run, &p) == 0 ? 0 : nsaErrorf(err, "%s/%s: out of memory", run->out_dir,
                                                      ARTIFACT_TRAINING_CSV);
@@ -485,9 +481,7 @@ static int addTrainRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
 
 static int addValRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
     Run *run = ctx;
-    RunValPoint p = {.step = row->step,
-                     .ts = row->ts,
-                     .val_loss = row->val_loss,
+    RunValPoint p = {.step = row->step, .ts = row->ts, .val_loss = row->val_loss,
                      .bits_per_byte = row->bits_per_byte};
     return appendVal(run, &p) == 0 ? 0 : nsaErrorf(err, "%s/%s: out of memory", run->out_dir,
                                                    ARTIFACT_VAL_CSV);

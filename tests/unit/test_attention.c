@@ -663,32 +663,22 @@ static void test_selected_attention_mask(void **state) {
 
 /* ---- tests: selection --------------------------------------------------------- */
 
-/* Shapes with d not dividing l' and l > l' as well: the op itself takes any
- * positive sizes, and the overlap fractions are then not all 0 or 1. */
-static const NsaAttnDims kSelectShapes[] = {
-    {.B = 2, .S = 13, .H = 4, .G = 2, .d_k = 6, .d_v = 5, .cmp_len = 4, .cmp_stride = 2,
-     .sel_len = 4, .n_sel = 3, .window = 5},
-    {.B = 1, .S = 11, .H = 3, .G = 1, .d_k = 4, .d_v = 7, .cmp_len = 4, .cmp_stride = 2,
-     .sel_len = 6, .n_sel = 2, .window = 3},
-    {.B = 1, .S = 10, .H = 2, .G = 2, .d_k = 5, .d_v = 3, .cmp_len = 3, .cmp_stride = 3,
-     .sel_len = 6, .n_sel = 4, .window = 4},
-    {.B = 1, .S = 45, .H = 4, .G = 2, .d_k = 8, .d_v = 6, .cmp_len = 8, .cmp_stride = 4,
-     .sel_len = 8, .n_sel = 5, .window = 9},
+/* The selection is checked on every shape of kShapes and on these: d not
+ * dividing l' and l > l' as well (the op itself takes any positive sizes,
+ * and the overlap fractions are then not all 0 or 1). */
+static const NsaAttnDims kSelectExtraShapes[] = {
     /* d does not divide l or l' */
     {.B = 1, .S = 29, .H = 2, .G = 1, .d_k = 4, .d_v = 4, .cmp_len = 5, .cmp_stride = 3,
      .sel_len = 4, .n_sel = 6, .window = 4},
     /* l > l': a block spans three */
     {.B = 2, .S = 30, .H = 6, .G = 3, .d_k = 3, .d_v = 4, .cmp_len = 8, .cmp_stride = 2,
      .sel_len = 3, .n_sel = 4, .window = 6},
-    {.B = 1, .S = 3, .H = 2, .G = 1, .d_k = 4, .d_v = 4, .cmp_len = 4, .cmp_stride = 2,
-     .sel_len = 4, .n_sel = 2, .window = 2},
-    {.B = 1, .S = 1, .H = 2, .G = 2, .d_k = 3, .d_v = 2, .cmp_len = 2, .cmp_stride = 1,
-     .sel_len = 2, .n_sel = 1, .window = 1},
 };
+#define N_SELECT_EXTRA (sizeof(kSelectExtraShapes) / sizeof(kSelectExtraShapes[0]))
 
 static void test_select_scores_bruteforce(void **state) {
-    for (size_t s = 0; s < sizeof(kSelectShapes) / sizeof(kSelectShapes[0]); s++) {
-        Problem *p = problemCreate(&kSelectShapes[s]);
+    for (size_t s = 0; s < N_SHAPES + N_SELECT_EXTRA; s++) {
+        Problem *p = problemCreate(s < N_SHAPES ? &kShapes[s] : &kSelectExtraShapes[s - N_SHAPES]);
         NsaAttnDims d = p->dims;
         size_t n_scores = (size_t)d.B * d.S * d.G * p->Ns;
         double *lse = testAlloc(p->n_rows, sizeof(double));
