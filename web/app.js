@@ -951,12 +951,15 @@
       note.textContent = text;
       note.hidden = !text;
     }
+    /* the last event's words, shown when the response has ended (not when
+     * the event arrives): the box reads "finished" only once the request is */
+    var ending = null;
     function onLine(line) {
       var msg;
       try { msg = JSON.parse(line); } catch (e) { return; }
       if (typeof msg.text === 'string') out.textContent += msg.text;
-      else if (msg.event === 'done') finish(msg.tokens + ' tokens, ' + msg.stop + ', ' + fmtFixed(msg.tokens_per_s, 1) + ' tokens/s');
-      else if (msg.event === 'error') finish('error: ' + msg.message);
+      else if (msg.event === 'done') ending = msg.tokens + ' tokens, ' + msg.stop + ', ' + fmtFixed(msg.tokens_per_s, 1) + ' tokens/s';
+      else if (msg.event === 'error') ending = 'error: ' + msg.message;
       else if (msg.event === 'start') note.textContent = 'step ' + msg.step + ' on ' + msg.device;
     }
     fetch(API + '/sample', { method: 'POST', headers: headers, body: JSON.stringify(body), cache: 'no-store',
@@ -973,7 +976,7 @@
         return reader.read().then(function (r) {
           if (r.done) {
             if (pending) onLine(pending);
-            if (S.sampleAbort) finish('the stream ended early');
+            if (S.sampleAbort) finish(ending || 'the stream ended early');
             return;
           }
           pending += decoder.decode(r.value, { stream: true });
