@@ -57,7 +57,7 @@ endif
 # ---- sources ---------------------------------------------------------------
 ENGINE_C   := $(wildcard kernels/*.c)
 CPU_SRC    := $(wildcard kernels/cpu/*.c)
-CUDA_SRC   := $(if $(HAVE_CUDA),$(wildcard kernels/cuda/*.cu))
+CUDA_SRC   := $(if $(HAVE_CUDA),$(wildcard kernels/cuda/*.cu kernels/cuda/*/*.cu))
 DAEMON_SRC := $(filter-out daemon/main.c,$(wildcard daemon/*.c))
 CTL_SRC    := $(wildcard ctl/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)

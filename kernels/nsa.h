@@ -550,7 +550,7 @@ int nsaAttnForwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, float *o
 int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const float *dout,
                        const NsaAttnGrads *grads, NsaError *err);
 
-/* ---- the fast NSA attention op on CUDA (kernels/cuda/fast_*.cu) --------
+/* ---- the fast NSA attention op on CUDA (kernels/cuda/fast_attn/) --------
  * bf16 device tensors in the layouts above (phi = avg), tensor cores,
  * O(S) memory, deterministic backward. Declared for every build so ctypes
  * callers can reach them through libnsa.so; they exist when libnsa was

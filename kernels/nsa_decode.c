@@ -1,7 +1,7 @@
 /* nsa_decode.c - the public decoder API of libnsa (kernels/nsa.h): checks,
  * the CPU decoder's buffer plan, slot positions, and dispatch to the CPU
  * reference step (kernels/cpu/decode.c) or, when built with nvcc, the CUDA
- * decoder (kernels/cuda/decode.h). A CUDA decoder in a build without CUDA is
+ * decoder (kernels/cuda/decode/decode.h). A CUDA decoder in a build without CUDA is
  * an error, never a silent CPU run. */
 #include "nsa.h"
 #include "nsa_layout.h"
@@ -13,7 +13,7 @@
 #include <string.h>
 
 #ifdef NSA_HAVE_CUDA
-#include "cuda/decode.h"
+#include "cuda/decode/decode.h"
 #define NSA_DECODE_CUDA 1
 #endif
 

@@ -1,4 +1,4 @@
-/* bench_nsa.cu - times the fast NSA attention op (kernels/cuda/fast_*.cu),
+/* bench_nsa.cu - times the fast NSA attention op (kernels/cuda/fast_attn/),
  * the counterpart of dense_sdpa.py: same shapes, same sequence lengths,
  * batch so that B x S >= 64k tokens, bf16, and one JSON object per line:
  *   {"impl": "nsa", "shape", "S", "B", "fwd_ms", "bwd_ms", "total_ms",

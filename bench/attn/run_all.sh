@@ -42,7 +42,7 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # each runs on the device's default tensor-core path (wgmma on sm_90),
     # auto once more on mma.sync (NSA_FAST_MMA=sync), and block once more
     # with the selected dK/dV and dQ as two passes (NSA_FAST_SEL_FUSED=0;
-    # kernels/cuda/fast_attn.cu), and auto once more with the compressed
+    # kernels/cuda/fast_attn/fast_attn.cu), and auto once more with the compressed
     # dK/dV in 3 parts (NSA_FAST_CMP_PARTS; the model picks per shape
     # otherwise) and block in 3 parts, and auto and block once more with
     # the compressed dq formed in its dK/dV pass rather than the dQ pass

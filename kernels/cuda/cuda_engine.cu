@@ -50,10 +50,10 @@
 #include <string.h>
 #include "../nsa_comm.h"
 #include "../nsa_layout.h"
-#include "attn_cuda.h"
+#include "attn_ref/attn_cuda.h"
 #include "cuda_common.cuh"
-#include "gemm.h"
-#include "layers_cuda.h"
+#include "layers/gemm.h"
+#include "layers/layers_cuda.h"
 
 #define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
 #define TRY(call) do { if ((call) != 0) return -1; } while (0)
@@ -211,7 +211,7 @@ struct NsaCudaModel {
  * unsupported shape is a reported choice, never a silent one: the reason
  * reaches nsaCudaModelAttentionPath, the memory plan and MemoryReport. */
 static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, size_t len) {
-    const char *ref = "reference: fp32 CUDA-core NSA kernels (kernels/cuda/attn_*.cu)";
+    const char *ref = "reference: fp32 CUDA-core NSA kernels (kernels/cuda/attn_ref/)";
     if (p == NSA_PREC_F32) {
         snprintf(why, len, "%s, because precision f32 is the exact check mode", ref);
         return 0;
@@ -240,7 +240,7 @@ static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, s
                            "has %d", ref, c->n_sel);
         return 0;
     }
-    snprintf(why, len, "fast: bf16 tensor-core NSA op (nsaAttnForwardCuda, kernels/cuda/fast_*.cu), "
+    snprintf(why, len, "fast: bf16 tensor-core NSA op (nsaAttnForwardCuda, kernels/cuda/fast_attn/), "
                        "one plan per layer");
     return 1;
 }

@@ -31,10 +31,10 @@
  * failure. */
 #include "gpu_util.h"
 
-#include "cuda/attn_cuda.h"
+#include "cuda/attn_ref/attn_cuda.h"
 #include "cuda/cuda_engine.h"
-#include "cuda/gemm.h"
-#include "cuda/layers_cuda.h"
+#include "cuda/layers/gemm.h"
+#include "cuda/layers/layers_cuda.h"
 extern "C" {
 #include "cpu/cpu_ops.h"
 }

@@ -1,4 +1,4 @@
-/* test_decode.cu - the CUDA decoder (kernels/cuda/decode*.cu) against the
+/* test_decode.cu - the CUDA decoder (kernels/cuda/decode/) against the
  * CPU reference decoder (kernels/cpu/decode.c, itself checked against the
  * full forward by tests/unit/test_decode.c), on the GPU machine.
  *
@@ -23,7 +23,7 @@
  * Run on the GPU machine: make -C tests/gpu decode-test. */
 #include "gpu_util.h"
 
-#include "cuda/decode_ops.h"
+#include "cuda/decode/decode_ops.h"
 extern "C" {
 #include "nsa_layout.h"
 }

@@ -1,4 +1,4 @@
-/* test_fast_attn.cu - the fast CUDA NSA attention (kernels/cuda/fast_*.cu)
+/* test_fast_attn.cu - the fast CUDA NSA attention (kernels/cuda/fast_attn/)
  * against the CPU reference (kernels/cpu/attn_*.c), on fresh random inputs
  * at many shapes: forward output, lse, the selection, and all eight input
  * gradients, plus NaN-freedom and bit-reproducibility of the backward.

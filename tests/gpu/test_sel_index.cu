@@ -1,5 +1,5 @@
 /* test_sel_index.cu - the selection's reverse index (fastSelBuildIndex,
- * kernels/cuda/fast_sel.cu) against a stable counting sort on the CPU.
+ * kernels/cuda/fast_attn/fast_sel.cu) against a stable counting sort on the CPU.
  *
  * The index is what every deterministic selected dK/dV pass and every
  * block-centric pass walks: for each (b, g) and selection block j, the
@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/fast_internal.cuh"
+#include "cuda/fast_attn/fast_internal.cuh"
 #include "tap_bail.h"
 
 

@@ -1,5 +1,5 @@
 /* test_wgmma.cu - checks the warpgroup MMA building blocks of
- * kernels/cuda/fast_wgmma.cuh on an sm_90 GPU against a CPU product, at
+ * kernels/cuda/fast_attn/fast_wgmma.cuh on an sm_90 GPU against a CPU product, at
  * every shape the tile loops use, before any attention kernel relies on
  * them: the swizzled tile load, the K-major and MN-major descriptors (with
  * row offsets inside a tile), the shared x shared products (scores), the
@@ -19,7 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "cuda/fast_tma.cuh"
+#include "cuda/fast_attn/fast_tma.cuh"
 
 #define CHECK(call)                                                                     \
     do {                                                                                \

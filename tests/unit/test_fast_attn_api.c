@@ -1,5 +1,5 @@
 /* test_fast_attn_api.c - the host-side contract of the fast CUDA attention
- * op (kernels/cuda/fast_*.cu) that a machine without a GPU can check: every
+ * op (kernels/cuda/fast_attn/) that a machine without a GPU can check: every
  * unsupported shape is refused before any device work with one line naming
  * the field, its value and what is allowed; NULL plans, inputs and scratch
  * owners are refused; a plan on a machine without a usable GPU fails

@@ -1,5 +1,5 @@
 /* decode_ops.h - the kernels of one CUDA decode step (internal to
- * kernels/cuda/decode*.cu; C++ linkage). Every launcher enqueues on stream
+ * kernels/cuda/decode/; C++ linkage). Every launcher enqueues on stream
  * (it may be capturing a graph), never synchronises or allocates, and
  * returns 0, or -1 with err on a launch failure.
  *
@@ -18,7 +18,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include "../nsa.h"
+#include "../../nsa.h"
 
 typedef __nv_bfloat16 bf16;
 

@@ -13,7 +13,7 @@
  * GEMMs' operand type into the weight copy, so it is always the rounding of
  * the current master (and stays untouched with it when the guard trips). */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 __global__ void gradNormPartialKernel(double *partial, const float *grads, size_t n) {
     __shared__ double scratch[32];

@@ -20,7 +20,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
-#include "../nsa.h"
+#include "../../nsa.h"
 #include "layers_cuda.h"
 
 typedef struct GemmPlan GemmPlan;

@@ -4,7 +4,7 @@
  * over positions n with tokens[n] = v, summed in position order through a
  * host-built sort (no float atomics: the result is bit-reproducible). */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 #include <string.h>
 

@@ -17,8 +17,8 @@
 #define NSA_CUDA_DECODE_H
 
 #include <stdint.h>
-#include "../nsa.h"
-#include "../nsa_layout.h"
+#include "../../nsa.h"
+#include "../../nsa_layout.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -8,7 +8,7 @@
  * A warp owns an output row: its lanes stride over 16-byte chunks of the
  * weight row (8 bf16), multiply by the rows' inputs and reduce by shuffles
  * at the end - a fixed order, so results are reproducible. */
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "decode_ops.h"
 
 #define GEMV_WARPS 8

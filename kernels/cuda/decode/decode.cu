@@ -14,10 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "decode.h"
 #include "decode_ops.h"
-#include "layers_cuda.h"
+#include "../layers/layers_cuda.h"
 
 typedef struct DecLayerWeights {
     bf16 *w_attn;   /* [P][C]: wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win, w_gate */

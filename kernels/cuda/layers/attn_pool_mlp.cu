@@ -11,9 +11,9 @@
  * silu(H), so the only per-layer memory is the pre-activation. Every
  * reduction runs in a fixed order (no float atomics): the result is
  * bit-reproducible. */
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "gemm.h"
-#include "attn_cuda.h"
+#include "../attn_ref/attn_cuda.h"
 #include "layers_cuda.h"
 
 __device__ __forceinline__ float poolSigmoid(float z) { return 1.0f / (1.0f + expf(-z)); }

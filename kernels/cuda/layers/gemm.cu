@@ -8,7 +8,7 @@
 
 #include <stdlib.h>
 #include <string.h>
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 struct GemmPlan {
     /* key */

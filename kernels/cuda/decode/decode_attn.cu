@@ -21,7 +21,7 @@
  * Partials merge as o = sum_u o_u exp(m_u - M) / sum_u l_u exp(m_u - M).
  * Nothing here synchronises with the host or allocates; positions come from
  * device memory, so the kernels replay inside a CUDA graph. */
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 #include "decode_ops.h"
 
 __device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }

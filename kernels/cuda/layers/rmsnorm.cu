@@ -6,7 +6,7 @@
  * row kernels need 16-byte aligned rows for their vector path (C % 4 == 0
  * and aligned base pointers, as the engine's arenas are). */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 /* A warp per row: the row is small (a few KB) and a warp's shuffle sum
  * needs no barrier. With vec (C % 4 == 0, pointers aligned: rowVec) rows

@@ -4,7 +4,7 @@
  * The gradient factor * (softmax - onehot) overwrites the logits row in
  * place, so no probability buffer is ever materialised. */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 /* One block per row. */
 __global__ void crossEntropyForwardKernel(float *logits, float *row_loss, const int32_t *targets,

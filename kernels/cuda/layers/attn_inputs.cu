@@ -9,7 +9,7 @@
  * One pass replaces the eight GEMM outputs' RoPE, rounding and sigmoid
  * passes: each element is read once and written once, four at a time. */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 /* Where each part of a projection row starts: q, then (k, v) per branch,
  * then the gate logits. */

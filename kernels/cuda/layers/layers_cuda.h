@@ -1,5 +1,5 @@
 /* layers_cuda.h - the transformer layer ops of the CUDA engine, one file
- * each under kernels/cuda/ (forward and backward side by side): embedding,
+ * each under kernels/cuda/layers/ (forward and backward side by side): embedding,
  * RMSNorm, RoPE, activations, cross-entropy, global norm + AdamW, and the
  * phi = mlp block pooling (its two GEMMs go through gemm.h).
  * Device fp32 pointers, row-major, N rows (tokens) as size_t. Every
@@ -11,7 +11,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include "../nsa.h"
+#include "../../nsa.h"
 
 /* Storage type of a tensor the engine hands to a GEMM or to the fast
  * attention op. fp32 mode keeps everything DTYPE_F32; bf16 and fp16 modes

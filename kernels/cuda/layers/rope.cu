@@ -6,7 +6,7 @@
  * transpose, i.e. the rotation by -angle. The table is made on the host in
  * double so long sequences keep their phase. */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 void ropeTableHost(float *cos_sin, int S_max, int dim, double base) {
     const int half = dim / 2;

@@ -1,5 +1,5 @@
 /* fast_attn.h - the fast NSA attention op on Hopper/Ampere tensor cores
- * (kernels/cuda/fast_*.cu): bf16 in and out, fp32 softmax statistics, every
+ * (kernels/cuda/fast_attn/): bf16 in and out, fp32 softmax statistics, every
  * matrix product on mma.sync m16n8k16, O(S) memory, deterministic backward.
  *
  * The public C entry points (plan, forward, backward, profile) are declared
@@ -40,7 +40,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include "../nsa.h"
+#include "../../nsa.h"
 
 #define FAST_MAX_SLOTS 32      /* sel_idx entries per row the kernels handle */
 #define FAST_MAX_HPG 16        /* heads per KV group */

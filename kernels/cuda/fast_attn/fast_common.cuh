@@ -1,5 +1,5 @@
 /* fast_common.cuh - the tensor-core building blocks of the fast NSA attention
- * kernels (kernels/cuda/fast_*.cu): cp.async tile loads into padded shared
+ * kernels (kernels/cuda/fast_attn/): cp.async tile loads into padded shared
  * memory, ldmatrix fragment loads, mma.sync m16n8k16 bf16 with fp32
  * accumulators, and the fragment bookkeeping of a flash-attention tile.
  *

@@ -1,4 +1,4 @@
-/* attn_cuda.h - the NSA attention ops of the CUDA engine (kernels/cuda/attn_*.cu).
+/* attn_cuda.h - the NSA attention ops of the CUDA engine (kernels/cuda/attn_ref/).
  *
  * Correct and O(S) in memory, not yet fast (CUDA cores, fp32; the step
  * time measured on an H200 is far above the GEMM floor and these kernels
@@ -28,7 +28,7 @@
 
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include "../nsa.h"
+#include "../../nsa.h"
 
 #define NSA_CUDA_ATTN_MAX_DIM 128
 

@@ -12,7 +12,7 @@
 #define NSA_CUDA_ATTN_COMMON_CUH
 
 #include "attn_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 #define ATTN_DIM_REGS (NSA_CUDA_ATTN_MAX_DIM / 32)
 #define ATTN_WARPS 4

@@ -4,7 +4,7 @@
  * fp32 -> fp16 overflows to +-inf, which the fp16 mode's loss-scale logic
  * is built to catch as a non-finite gradient). */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 __global__ void convertKernel(void *dst, int dt, const void *src, int st, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;

@@ -9,7 +9,7 @@
  *           norm = sqrt(s) / loss_scale; non-finite flags as gradNorm
  * adamw.cu's gradNorm is the one-rank form of the same computation. */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 __global__ void dpLocalScalarsKernel(double *scalars, int rank, const OptimState *state,
                                      const double *partial, int n_partial) {

@@ -9,7 +9,7 @@
  * pointers allow (the engine's buffers always do); arithmetic is fp32 and
  * each value rounds once when stored. */
 #include "layers_cuda.h"
-#include "cuda_common.cuh"
+#include "../cuda_common.cuh"
 
 __device__ __forceinline__ float sigmoidf_(float a) { return 1.0f / (1.0f + expf(-a)); }
 
