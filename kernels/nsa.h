@@ -92,6 +92,17 @@ void nsaModelConfigDefaults(NsaModelConfig *cfg);
  * with err naming the field, its value and what is allowed. */
 int nsaModelConfigValidate(const NsaModelConfig *cfg, NsaError *err);
 
+/* Checks one batch for a model of cfg planned for max_batch sequences of
+ * max_seq_len tokens: tokens and targets non-NULL, B in 1..max_batch, S in
+ * 1..max_seq_len, every token in [0, V) and every target in [0, V) or -1,
+ * at least one target counted. Returns 0 with *counted (the targets other
+ * than -1), or -1 with err naming the first bad value. The one batch check
+ * of both engines (nsaModelForward, nsaModelEvalLoss, and the CUDA engine's
+ * own entry points). */
+int nsaBatchValidate(const NsaModelConfig *cfg, int max_batch, int max_seq_len,
+                     const int32_t *tokens, const int32_t *targets, int B, int S,
+                     size_t *counted, NsaError *err);
+
 /* Model FLOPs of one training step per token (forward + backward), the
  * count behind MFU (proto/model.md, "FLOPs"): matmul = 6 x the matrix
  * parameters a token passes through (every projection, the MLP, the LM head,

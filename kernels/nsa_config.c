@@ -138,3 +138,31 @@ int nsaModelFlopsPerToken(const NsaModelConfig *cfg, int S, NsaFlops *out, NsaEr
     out->total = out->matmul + out->attention;
     return 0;
 }
+
+int nsaBatchValidate(const NsaModelConfig *cfg, int max_batch, int max_seq_len,
+                     const int32_t *tokens, const int32_t *targets, int B, int S,
+                     size_t *counted, NsaError *err) {
+    if (!tokens || !targets) return nsaErrorf(err, "nsa: tokens and targets must not be NULL");
+    if (B < 1 || B > max_batch)
+        return nsaErrorf(err, "nsa: batch B = %d; allowed: 1 to max_batch (%d)", B, max_batch);
+    if (S < 1 || S > max_seq_len)
+        return nsaErrorf(err, "nsa: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
+                         max_seq_len);
+    const int V = cfg->vocab_size;
+    const size_t N = (size_t)B * S;
+    size_t n_counted = 0;
+    for (size_t n = 0; n < N; n++) {
+        if (tokens[n] < 0 || tokens[n] >= V)
+            return nsaErrorf(err, "nsa: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
+                             V - 1);
+        if (targets[n] < -1 || targets[n] >= V)
+            return nsaErrorf(err, "nsa: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
+                             (int)targets[n], V - 1);
+        n_counted += targets[n] >= 0;
+    }
+    if (n_counted == 0)
+        return nsaErrorf(err, "nsa: every target of the batch is -1; allowed: at least one "
+                              "target in 0 to V-1");
+    *counted = n_counted;
+    return 0;
+}

@@ -30,8 +30,9 @@
  * .cu file under kernels/cuda, cuda_engine.cu implementing cuda_engine.h). */
 #ifdef NSA_HAVE_CUDA
 #include "cuda/cuda_engine.h"
-#define NSA_MODEL_CUDA 1
 #endif
+
+typedef struct NsaEngineOps NsaEngineOps;
 
 struct NsaModel {
     NsaModelConfig cfg;
@@ -47,7 +48,8 @@ struct NsaModel {
     NsaError reduce_err;
     double *scalars;     /* [world][2]: every rank's loss and squared norm */
     NsaCommStats comm_stats; /* this step's, CPU engine */
-#ifdef NSA_MODEL_CUDA
+    const NsaEngineOps *engine; /* the backend every call goes to (engineFor) */
+#ifdef NSA_HAVE_CUDA
     NsaCudaModel *cuda; /* device CUDA */
 #endif
     /* CPU engine step state (the CUDA engine keeps its own on the device) */
@@ -59,6 +61,41 @@ struct NsaModel {
 };
 
 static int isCuda(const NsaModel *m) { return m->opt.device == NSA_DEVICE_CUDA; }
+
+/* ---- the engines ----------------------------------------------------------
+ * What a backend does for the public calls below, once their arguments are
+ * checked (handle, arena, index, optimizer config, fault): one table per
+ * backend, chosen at create from opt->device (engineFor). Each operation
+ * returns 0, or -1 with err, as the public function it serves. The CPU
+ * engine's operations work on the handle's own arenas; the CUDA engine's
+ * forward the call unchanged to kernels/cuda/cuda_engine.h. */
+struct NsaEngineOps {
+    int (*init)(NsaModel *m, uint64_t seed, NsaError *err);
+    int (*get_tensor)(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err);
+    int (*set_tensor)(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err);
+    /* the other ranks' pieces of a moment tensor into dst (dst holds this
+     * rank's; m->comm set) */
+    int (*gather_pieces)(NsaModel *m, NsaArena arena, int i, float *dst, const char *what,
+                         NsaError *err);
+    int (*exchange)(NsaModel *m, void *buf, size_t bytes, NsaError *err);
+    int (*broadcast_host)(NsaModel *m, void *buf, size_t bytes, int root, const char *what,
+                          NsaError *err);
+    int (*zero_grad)(NsaModel *m, NsaError *err);
+    int (*forward)(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                   float grad_scale, NsaError *err);
+    /* reduce: the step's last backward, which reduces the gradients */
+    int (*backward)(NsaModel *m, int reduce, NsaError *err);
+    int (*optimizer_step)(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err);
+    /* m->comm set; out zeroed */
+    int (*comm_stats)(NsaModel *m, NsaCommStats *out, NsaError *err);
+    int (*step_stats)(NsaModel *m, NsaStepStats *out, NsaError *err);
+    int (*eval_loss)(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                     double *loss, NsaError *err);
+    int (*inject_fault)(NsaModel *m, NsaFault fault, NsaError *err);
+    int (*memory_report)(const NsaModel *m, NsaMemoryReport *out);
+};
+
+static const NsaEngineOps *engineFor(NsaDevice device);
 
 static const char *precisionName(NsaPrecision p) {
     switch (p) {
@@ -112,12 +149,10 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                    precisionName(opt->precision));
         return NULL;
     }
-#ifndef NSA_MODEL_CUDA
-    if (opt->device == NSA_DEVICE_CUDA) {
+    if (!engineFor(opt->device)) {
         nsaErrorf(err, "nsa: this build has no CUDA engine");
         return NULL;
     }
-#endif
     if (opt->comm) {
         const int nccl = nsaCommIsNccl(opt->comm);
         if (opt->device == NSA_DEVICE_CUDA && !nccl) {
@@ -138,6 +173,7 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     }
     m->cfg = *cfg;
     m->opt = *opt;
+    m->engine = engineFor(opt->device);
     m->comm = opt->comm;
     m->rank = nsaCommRank(opt->comm);
     m->world = nsaCommWorld(opt->comm);
@@ -146,7 +182,7 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         nsaModelFree(m);
         return NULL;
     }
-#ifdef NSA_MODEL_CUDA
+#ifdef NSA_HAVE_CUDA
     if (opt->device == NSA_DEVICE_CUDA) {
         m->cuda = nsaCudaModelCreate(cfg, opt, err);
         if (!m->cuda) {
@@ -172,7 +208,7 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
 
 void nsaModelFree(NsaModel *m) {
     if (!m) return;
-#ifdef NSA_MODEL_CUDA
+#ifdef NSA_HAVE_CUDA
     if (m->cuda) nsaCudaModelFree(m->cuda);
 #endif
     nsaCpuModelRelease(&m->cpu);
@@ -244,11 +280,7 @@ static void cpuTensorSpan(const NsaModel *m, NsaArena arena, int i, size_t *begi
     }
 }
 
-int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
-    if (checkTensorArgs(m, arena, i, dst, err)) return -1;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelGetTensor(m->cuda, arena, i, dst, err);
-#endif
+static int cpuGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
     size_t begin, n, at;
     cpuTensorSpan(m, arena, i, &begin, &n, &at);
     if (m->cpu.f64) {
@@ -261,11 +293,12 @@ int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *
     return 0;
 }
 
-int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err) {
-    if (checkTensorArgs(m, arena, i, src, err)) return -1;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelSetTensor(m->cuda, arena, i, src, err);
-#endif
+int nsaModelGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    if (checkTensorArgs(m, arena, i, dst, err)) return -1;
+    return m->engine->get_tensor(m, arena, i, dst, err);
+}
+
+static int cpuSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err) {
     size_t begin, n, at;
     cpuTensorSpan(m, arena, i, &begin, &n, &at);
     if (m->cpu.f64) {
@@ -276,6 +309,11 @@ int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaE
         memcpy((float *)cpuArena(m, arena) + at, src + begin, n * sizeof(float));
     }
     return 0;
+}
+
+int nsaModelSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err) {
+    if (checkTensorArgs(m, arena, i, src, err)) return -1;
+    return m->engine->set_tensor(m, arena, i, src, err);
 }
 
 int nsaModelTensorShard(const NsaModel *m, int i, size_t *begin, size_t *end, NsaError *err) {
@@ -289,17 +327,8 @@ int nsaModelTensorShard(const NsaModel *m, int i, size_t *begin, size_t *end, Ns
     return 0;
 }
 
-int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
-    if (nsaModelGetTensor(m, arena, i, dst, err)) return -1;
-    if (!m->comm || (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)) return 0;
-    char what[96];
-    snprintf(what, sizeof what, "gather of %s.%s", arena == NSA_ARENA_ADAM_M ? "adam_m" : "adam_v",
-             m->layout.entries[i].name);
-    /* dst is host memory; NCCL needs device buffers, so the CUDA engine
-     * stages the pieces itself */
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelGatherPieces(m->cuda, arena, i, dst, what, err);
-#endif
+static int cpuGatherPieces(NsaModel *m, NsaArena arena, int i, float *dst, const char *what,
+                           NsaError *err) {
     for (int r = 0; r < m->world; r++) {
         size_t begin, end;
         nsaShardTensorRange(&m->layout, i, r, &begin, &end);
@@ -310,13 +339,28 @@ int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaErro
     return 0;
 }
 
+int nsaModelGatherTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    if (nsaModelGetTensor(m, arena, i, dst, err)) return -1;
+    if (!m->comm || (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)) return 0;
+    char what[96];
+    snprintf(what, sizeof what, "gather of %s.%s", arena == NSA_ARENA_ADAM_M ? "adam_m" : "adam_v",
+             m->layout.entries[i].name);
+    return m->engine->gather_pieces(m, arena, i, dst, what, err);
+}
+
+static int cpuExchange(NsaModel *m, void *buf, size_t bytes, NsaError *err) {
+    return nsaCommAllGather(m->comm, buf, bytes, NULL, "exchange", err);
+}
+
 int nsaModelExchange(NsaModel *m, void *buf, size_t bytes, NsaError *err) {
     if (!m || !buf) return nsaErrorf(err, "nsa: nsaModelExchange needs a model and a buffer");
     if (!m->comm) return 0;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelExchange(m->cuda, buf, bytes, err);
-#endif
-    return nsaCommAllGather(m->comm, buf, bytes, NULL, "exchange", err);
+    return m->engine->exchange(m, buf, bytes, err);
+}
+
+static int cpuBroadcastHost(NsaModel *m, void *buf, size_t bytes, int root, const char *what,
+                            NsaError *err) {
+    return nsaCommBroadcast(m->comm, buf, bytes, root, NULL, what, err);
 }
 
 int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int root,
@@ -327,13 +371,7 @@ int nsaModelBroadcastTensor(NsaModel *m, NsaArena arena, int i, float *buf, int 
         snprintf(what, sizeof what, "broadcast of tensor %s (arena %d)", m->layout.entries[i].name,
                  (int)arena);
         const size_t bytes = m->layout.entries[i].info.numel * sizeof(float);
-#ifdef NSA_MODEL_CUDA
-        if (isCuda(m)) {
-            if (nsaCudaModelBroadcastHost(m->cuda, buf, bytes, root, what, err)) return -1;
-        } else
-#endif
-        if (nsaCommBroadcast(m->comm, buf, bytes, root, NULL, what, err))
-            return -1;
+        if (m->engine->broadcast_host(m, buf, bytes, root, what, err)) return -1;
     }
     return nsaModelSetTensor(m, arena, i, buf, err);
 }
@@ -358,11 +396,7 @@ static void cpuResetState(NsaModel *m) {
     memset(&m->stats, 0, sizeof(m->stats));
 }
 
-int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelInit(m->cuda, seed, err);
-#endif
+static int cpuInit(NsaModel *m, uint64_t seed, NsaError *err) {
     const NsaLayout *lay = &m->layout;
     memset(m->cpu.params, 0, lay->total * m->cpu.real_size); /* padding stays zero */
     size_t largest = 0;
@@ -383,73 +417,56 @@ int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
     return 0;
 }
 
+int nsaModelInit(NsaModel *m, uint64_t seed, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    return m->engine->init(m, seed, err);
+}
+
 /* ---- the step ----------------------------------------------------------- */
 
-int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-    m->reduced = 0;
-    m->comm_stats.reduce_seconds = m->comm_stats.gather_seconds = 0;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelZeroGrad(m->cuda, err);
-#endif
+static int cpuZeroGrad(NsaModel *m, NsaError *err) {
     memset(m->cpu.grads, 0, m->layout.total * m->cpu.real_size);
     m->loss_accum = 0.0;
     return 0;
 }
 
-/* Shapes and ids of a batch: B, S within the planned maxima, every token in
- * [0, V) and every target in [0, V) or -1. */
-static int checkBatch(const NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
-                      int S, NsaError *err) {
-    if (!tokens || !targets) return nsaErrorf(err, "nsa: tokens and targets must not be NULL");
-    if (B < 1 || B > m->opt.max_batch)
-        return nsaErrorf(err, "nsa: batch B = %d; allowed: 1 to max_batch (%d)", B,
-                          m->opt.max_batch);
-    if (S < 1 || S > m->opt.max_seq_len)
-        return nsaErrorf(err, "nsa: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
-                          m->opt.max_seq_len);
-    const int V = m->cfg.vocab_size;
-    const size_t N = (size_t)B * S;
-    for (size_t n = 0; n < N; n++) {
-        if (tokens[n] < 0 || tokens[n] >= V)
-            return nsaErrorf(err, "nsa: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
-                              V - 1);
-        if (targets[n] < -1 || targets[n] >= V)
-            return nsaErrorf(err, "nsa: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
-                              (int)targets[n], V - 1);
-    }
-    return 0;
+int nsaModelZeroGrad(NsaModel *m, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    m->reduced = 0;
+    m->comm_stats.reduce_seconds = m->comm_stats.gather_seconds = 0;
+    return m->engine->zero_grad(m, err);
 }
 
-/* Runs the CPU forward and returns the mean loss in *mean. Fails (after the
- * pass) when no target is counted: a mean over nothing is undefined. */
-static int cpuForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
-                      double *mean, size_t *count, NsaError *err) {
+/* The batch check of the CPU engine's forward and evaluation. */
+static int cpuCheckBatch(const NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                         int S, NsaError *err) {
+    size_t counted;
+    return nsaBatchValidate(&m->cfg, m->opt.max_batch, m->opt.max_seq_len, tokens, targets, B, S,
+                            &counted, err);
+}
+
+/* Runs the CPU forward of a checked batch (cpuCheckBatch: at least one
+ * target counted) and returns the mean loss in *mean. */
+static int cpuForwardPass(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B,
+                          int S, double *mean, size_t *count, NsaError *err) {
     double sum = 0.0;
     int rc = m->cpu.f64 ? nsaCpuModelForwardF64(&m->cpu, tokens, targets, B, S, &sum, count, err)
                         : nsaCpuModelForwardF32(&m->cpu, tokens, targets, B, S, &sum, count, err);
     if (rc) return -1;
-    if (*count == 0)
-        return nsaErrorf(err, "nsa: every target of the batch is -1; allowed: at least one "
-                               "target in 0 to V-1");
     *mean = sum / (double)*count;
     return 0;
 }
 
-int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
-                    float grad_scale, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelForward(m->cuda, tokens, targets, B, S, grad_scale, err);
-#endif
-    if (checkBatch(m, tokens, targets, B, S, err)) return -1;
+static int cpuForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                      float grad_scale, NsaError *err) {
+    if (cpuCheckBatch(m, tokens, targets, B, S, err)) return -1;
     if (!isfinite(grad_scale))
         return nsaErrorf(err, "nsa: grad_scale = %g; allowed: a finite number",
                           (double)grad_scale);
     m->have_forward = 0;
     double mean;
     size_t count;
-    if (cpuForward(m, tokens, targets, B, S, &mean, &count, err)) return -1;
+    if (cpuForwardPass(m, tokens, targets, B, S, &mean, &count, err)) return -1;
     if (m->fault_nan_loss) {
         mean = NAN;
         m->fault_nan_loss = 0;
@@ -460,6 +477,12 @@ int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, 
     m->backward_scale = scale / (double)count;
     m->have_forward = 1;
     return 0;
+}
+
+int nsaModelForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                    float grad_scale, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    return m->engine->forward(m, tokens, targets, B, S, grad_scale, err);
 }
 
 /* What the CPU backward's bucket hook works with. */
@@ -509,20 +532,7 @@ static void cpuBucketReady(void *ctx, int b) {
     if (cpuReduceBucket(m, b, &m->reduce_err)) m->reduce_failed = 1;
 }
 
-static int backward(NsaModel *m, int reduce, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-    if (m->comm && m->reduced)
-        return nsaErrorf(err, "nsa: this step's gradients were already reduced by "
-                              "nsaModelBackwardReduce, which must be the step's last backward "
-                              "(nsaModelZeroGrad starts the next step)");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) {
-        if ((reduce ? nsaCudaModelBackwardReduce(m->cuda, err) : nsaCudaModelBackward(m->cuda, err)))
-            return -1;
-        m->reduced = reduce && m->comm;
-        return 0;
-    }
-#endif
+static int cpuBackward(NsaModel *m, int reduce, NsaError *err) {
     if (!m->have_forward)
         return nsaErrorf(err, "nsa: Backward needs the activations of a Forward (each Forward "
                                "serves one Backward; EvalLoss discards them)");
@@ -537,6 +547,16 @@ static int backward(NsaModel *m, int reduce, NsaError *err) {
         if (err) *err = m->reduce_err;
         return -1;
     }
+    return 0;
+}
+
+static int backward(NsaModel *m, int reduce, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    if (m->comm && m->reduced)
+        return nsaErrorf(err, "nsa: this step's gradients were already reduced by "
+                              "nsaModelBackwardReduce, which must be the step's last backward "
+                              "(nsaModelZeroGrad starts the next step)");
+    if (m->engine->backward(m, reduce, err)) return -1;
     m->reduced = reduce && m->comm;
     return 0;
 }
@@ -576,17 +596,9 @@ static int checkOptim(const NsaOptimConfig *oc, int64_t step, NsaError *err) {
     return 0;
 }
 
-int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
-    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
-    if (checkOptim(oc, step, err)) return -1;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) {
-        /* the CUDA engine reduces what nsaModelBackwardReduce did not */
-        if (nsaCudaModelOptimizerStep(m->cuda, oc, step, err)) return -1;
-        m->reduced = m->comm != NULL;
-        return 0;
-    }
-#endif
+/* Reduces what nsaModelBackwardReduce did not, then the AdamW step over
+ * this rank's pieces and the all-gather of the weights. */
+static int cpuOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
     const NsaLayout *lay = &m->layout;
     const NsaShard *sh = &m->shard;
     const int f64 = m->cpu.f64;
@@ -658,13 +670,16 @@ int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, N
     return 0;
 }
 
-int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
-    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelCommStats needs a model and an output");
-    memset(out, 0, sizeof *out);
-    if (!m->comm) return 0;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelCommStats(m->cuda, out, err);
-#endif
+int nsaModelOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
+    if (!m) return nsaErrorf(err, "nsa: no model (NULL)");
+    if (checkOptim(oc, step, err)) return -1;
+    /* each engine reduces what nsaModelBackwardReduce did not */
+    if (m->engine->optimizer_step(m, oc, step, err)) return -1;
+    m->reduced = m->comm != NULL;
+    return 0;
+}
+
+static int cpuCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
     *out = m->comm_stats;
     /* the CPU transports do not overlap: every reduction is exposed */
     out->exposed_seconds = out->reduce_seconds;
@@ -674,26 +689,43 @@ int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
     return 0;
 }
 
-int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
-    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelStepStats needs a model and an output");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelStepStats(m->cuda, out, err);
-#endif
+int nsaModelCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
+    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelCommStats needs a model and an output");
+    memset(out, 0, sizeof *out);
+    if (!m->comm) return 0;
+    return m->engine->comm_stats(m, out, err);
+}
+
+static int cpuStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
     *out = m->stats;
     return 0;
+}
+
+int nsaModelStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
+    if (!m || !out) return nsaErrorf(err, "nsa: nsaModelStepStats needs a model and an output");
+    return m->engine->step_stats(m, out, err);
+}
+
+static int cpuEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                       double *loss, NsaError *err) {
+    if (cpuCheckBatch(m, tokens, targets, B, S, err)) return -1;
+    /* the pass overwrites the saved activations: a pending Backward is void */
+    m->have_forward = 0;
+    size_t count;
+    return cpuForwardPass(m, tokens, targets, B, S, loss, &count, err);
 }
 
 int nsaModelEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
                      double *loss, NsaError *err) {
     if (!m || !loss) return nsaErrorf(err, "nsa: nsaModelEvalLoss needs a model and an output");
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelEvalLoss(m->cuda, tokens, targets, B, S, loss, err);
-#endif
-    if (checkBatch(m, tokens, targets, B, S, err)) return -1;
-    /* the pass overwrites the saved activations: a pending Backward is void */
-    m->have_forward = 0;
-    size_t count;
-    return cpuForward(m, tokens, targets, B, S, loss, &count, err);
+    return m->engine->eval_loss(m, tokens, targets, B, S, loss, err);
+}
+
+static int cpuInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
+    if (fault == NSA_FAULT_NONE) m->fault_nan_loss = m->fault_nan_grad = 0;
+    if (fault == NSA_FAULT_NAN_LOSS) m->fault_nan_loss = 1;
+    if (fault == NSA_FAULT_NAN_GRAD) m->fault_nan_grad = 1;
+    return 0;
 }
 
 int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
@@ -703,20 +735,10 @@ int nsaModelInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
                           "nsa: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
                           "2 (nan_grad)",
                           (int)fault);
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelInjectFault(m->cuda, fault, err);
-#endif
-    if (fault == NSA_FAULT_NONE) m->fault_nan_loss = m->fault_nan_grad = 0;
-    if (fault == NSA_FAULT_NAN_LOSS) m->fault_nan_loss = 1;
-    if (fault == NSA_FAULT_NAN_GRAD) m->fault_nan_grad = 1;
-    return 0;
+    return m->engine->inject_fault(m, fault, err);
 }
 
-int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
-    if (!m || !out) return -1;
-#ifdef NSA_MODEL_CUDA
-    if (isCuda(m)) return nsaCudaModelMemoryReport(m->cuda, out);
-#endif
+static int cpuMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
     memset(out, 0, sizeof(*out));
     const size_t arena = m->layout.total * m->cpu.real_size;
     out->params = arena;
@@ -728,10 +750,114 @@ int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
     return 0;
 }
 
+int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
+    if (!m || !out) return -1;
+    return m->engine->memory_report(m, out);
+}
+
+static const NsaEngineOps cpuEngine = {
+    .init = cpuInit,
+    .get_tensor = cpuGetTensor,
+    .set_tensor = cpuSetTensor,
+    .gather_pieces = cpuGatherPieces,
+    .exchange = cpuExchange,
+    .broadcast_host = cpuBroadcastHost,
+    .zero_grad = cpuZeroGrad,
+    .forward = cpuForward,
+    .backward = cpuBackward,
+    .optimizer_step = cpuOptimizerStep,
+    .comm_stats = cpuCommStats,
+    .step_stats = cpuStepStats,
+    .eval_loss = cpuEvalLoss,
+    .inject_fault = cpuInjectFault,
+    .memory_report = cpuMemoryReport,
+};
+
+#ifdef NSA_HAVE_CUDA
+/* The CUDA engine's operations: each forwards to cuda_engine.h unchanged
+ * (dst/buf are host memory; NCCL needs device buffers, so the CUDA engine
+ * stages the gathered pieces and broadcasts itself). */
+static int cudaInit(NsaModel *m, uint64_t seed, NsaError *err) {
+    return nsaCudaModelInit(m->cuda, seed, err);
+}
+static int cudaGetTensor(NsaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
+    return nsaCudaModelGetTensor(m->cuda, arena, i, dst, err);
+}
+static int cudaSetTensor(NsaModel *m, NsaArena arena, int i, const float *src, NsaError *err) {
+    return nsaCudaModelSetTensor(m->cuda, arena, i, src, err);
+}
+static int cudaGatherPieces(NsaModel *m, NsaArena arena, int i, float *dst, const char *what,
+                            NsaError *err) {
+    return nsaCudaModelGatherPieces(m->cuda, arena, i, dst, what, err);
+}
+static int cudaExchange(NsaModel *m, void *buf, size_t bytes, NsaError *err) {
+    return nsaCudaModelExchange(m->cuda, buf, bytes, err);
+}
+static int cudaBroadcastHost(NsaModel *m, void *buf, size_t bytes, int root, const char *what,
+                             NsaError *err) {
+    return nsaCudaModelBroadcastHost(m->cuda, buf, bytes, root, what, err);
+}
+static int cudaZeroGrad(NsaModel *m, NsaError *err) { return nsaCudaModelZeroGrad(m->cuda, err); }
+static int cudaForward(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                       float grad_scale, NsaError *err) {
+    return nsaCudaModelForward(m->cuda, tokens, targets, B, S, grad_scale, err);
+}
+static int cudaBackward(NsaModel *m, int reduce, NsaError *err) {
+    return reduce ? nsaCudaModelBackwardReduce(m->cuda, err) : nsaCudaModelBackward(m->cuda, err);
+}
+static int cudaOptimizerStep(NsaModel *m, const NsaOptimConfig *oc, int64_t step, NsaError *err) {
+    return nsaCudaModelOptimizerStep(m->cuda, oc, step, err);
+}
+static int cudaCommStats(NsaModel *m, NsaCommStats *out, NsaError *err) {
+    return nsaCudaModelCommStats(m->cuda, out, err);
+}
+static int cudaStepStats(NsaModel *m, NsaStepStats *out, NsaError *err) {
+    return nsaCudaModelStepStats(m->cuda, out, err);
+}
+static int cudaEvalLoss(NsaModel *m, const int32_t *tokens, const int32_t *targets, int B, int S,
+                        double *loss, NsaError *err) {
+    return nsaCudaModelEvalLoss(m->cuda, tokens, targets, B, S, loss, err);
+}
+static int cudaInjectFault(NsaModel *m, NsaFault fault, NsaError *err) {
+    return nsaCudaModelInjectFault(m->cuda, fault, err);
+}
+static int cudaMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
+    return nsaCudaModelMemoryReport(m->cuda, out);
+}
+
+static const NsaEngineOps cudaEngine = {
+    .init = cudaInit,
+    .get_tensor = cudaGetTensor,
+    .set_tensor = cudaSetTensor,
+    .gather_pieces = cudaGatherPieces,
+    .exchange = cudaExchange,
+    .broadcast_host = cudaBroadcastHost,
+    .zero_grad = cudaZeroGrad,
+    .forward = cudaForward,
+    .backward = cudaBackward,
+    .optimizer_step = cudaOptimizerStep,
+    .comm_stats = cudaCommStats,
+    .step_stats = cudaStepStats,
+    .eval_loss = cudaEvalLoss,
+    .inject_fault = cudaInjectFault,
+    .memory_report = cudaMemoryReport,
+};
+#endif
+
+/* The engine of a device: NULL for CUDA in a build without it (the caller
+ * says so), never a silent CPU run. */
+static const NsaEngineOps *engineFor(NsaDevice device) {
+    if (device == NSA_DEVICE_CPU) return &cpuEngine;
+#ifdef NSA_HAVE_CUDA
+    if (device == NSA_DEVICE_CUDA) return &cudaEngine;
+#endif
+    return NULL;
+}
+
 int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err) {
     if (!out) return nsaErrorf(err, "nsa: device info pointer is NULL");
     memset(out, 0, sizeof *out);
-#ifdef NSA_MODEL_CUDA
+#ifdef NSA_HAVE_CUDA
     out->cuda_built = 1;
     if (nsaCudaDeviceCount(&out->cuda_devices, err) != 0) return -1;
     if (out->cuda_devices == 0) {

@@ -1212,35 +1212,6 @@ int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err) {
     return 0;
 }
 
-/* Range checks on the host; returns the number of counted targets. */
-static int checkBatch(const NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
-                      int S, size_t *count, NsaError *err) {
-    if (!tokens || !targets) return cudaFail(err, "cuda: tokens and targets must not be NULL");
-    if (B < 1 || B > m->opt.max_batch)
-        return cudaFail(err, "cuda: batch B = %d; allowed: 1 to max_batch (%d)", B,
-                        m->opt.max_batch);
-    if (S < 1 || S > m->opt.max_seq_len)
-        return cudaFail(err, "cuda: sequence length S = %d; allowed: 1 to max_seq_len (%d)", S,
-                        m->opt.max_seq_len);
-    const int V = m->cfg.vocab_size;
-    const size_t N = (size_t)B * S;
-    size_t counted = 0;
-    for (size_t n = 0; n < N; n++) {
-        if (tokens[n] < 0 || tokens[n] >= V)
-            return cudaFail(err, "cuda: tokens[%zu] = %d; allowed: 0 to %d", n, (int)tokens[n],
-                            V - 1);
-        if (targets[n] < -1 || targets[n] >= V)
-            return cudaFail(err, "cuda: targets[%zu] = %d; allowed: -1 (ignored) or 0 to %d", n,
-                            (int)targets[n], V - 1);
-        counted += targets[n] >= 0;
-    }
-    if (counted == 0)
-        return cudaFail(err, "cuda: every target of the batch is -1; allowed: at least one "
-                             "target in 0 to V-1");
-    *count = counted;
-    return 0;
-}
-
 /* Stages the ids (and the embedding backward plan) through a pinned slot
  * and enqueues their upload. */
 static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, size_t N,
@@ -1622,7 +1593,9 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
     if (!isfinite(grad_scale))
         return cudaFail(err, "cuda: grad_scale = %g; allowed: a finite number", (double)grad_scale);
     size_t count;
-    if (checkBatch(m, tokens, targets, B, S, &count, err)) return -1;
+    if (nsaBatchValidate(&m->cfg, m->opt.max_batch, m->opt.max_seq_len, tokens, targets, B, S,
+                         &count, err))
+        return -1;
     m->have_forward = 0;
     const size_t N = (size_t)B * S;
     if (uploadBatch(m, tokens, targets, N, err)) return -1;
@@ -1716,7 +1689,9 @@ int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *
                          int S, double *loss, NsaError *err) {
     if (!m || !loss) return cudaFail(err, "cuda: EvalLoss needs a model and an output");
     size_t count;
-    if (checkBatch(m, tokens, targets, B, S, &count, err)) return -1;
+    if (nsaBatchValidate(&m->cfg, m->opt.max_batch, m->opt.max_seq_len, tokens, targets, B, S,
+                         &count, err))
+        return -1;
     m->have_forward = 0;   /* the pass overwrites the saved activations */
     const size_t N = (size_t)B * S;
     if (uploadBatch(m, tokens, targets, N, err)) return -1;
