@@ -586,19 +586,61 @@ typedef struct NsaAttnDeviceGrads {
     void *dq, *dk_cmp, *dv_cmp, *dk_sel, *dv_sel, *dk_win, *dv_win, *dgates;
 } NsaAttnDeviceGrads;
 
-/* Returns NULL with err filled on bad dims or a failed allocation. Free
- * with nsaAttnCudaPlanFree (NULL is a no-op). */
-NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err);
+/* The selected branch's kernels (docs/FAST_ATTN.md has the table of which
+ * runs at which shape): AUTO picks by shape; the others force one design at
+ * every shape, for the tests and benchmarks - UNION (a CTA per 4 tokens
+ * streaming the union of their blocks), WARP (the dQ one warp per token,
+ * the forward block-centric), BLOCK (block-centric forward and dQ), DENSE
+ * (masked dense forward and dQ where l' is a multiple of 64 and there are
+ * at most 64 blocks; AUTO elsewhere). */
+typedef enum NsaAttnSelDesign {
+    NSA_ATTN_SEL_AUTO = 0,
+    NSA_ATTN_SEL_UNION,
+    NSA_ATTN_SEL_WARP,
+    NSA_ATTN_SEL_BLOCK,
+    NSA_ATTN_SEL_DENSE,
+} NsaAttnSelDesign;
+
+/* The tensor cores the tile loops use: AUTO is wgmma on compute capability
+ * 9.0 (where the sm_90a code is built), mma.sync elsewhere; WGMMA anywhere
+ * else is refused. */
+typedef enum NsaAttnMma { NSA_ATTN_MMA_AUTO = 0, NSA_ATTN_MMA_SYNC, NSA_ATTN_MMA_WGMMA } NsaAttnMma;
+
+/* How a plan runs; all zero (or a NULL pointer) is the default, what the
+ * engine uses. The fields other than the defaults exist for the tests and
+ * benchmarks, which check and time each design at every shape. */
+typedef struct NsaAttnCudaOptions {
+    NsaAttnSelDesign sel; /* the selected branch's design */
+    NsaAttnMma mma;       /* the tile loops' tensor-core path */
+    /* 1: the selected dK/dV and dQ as two passes where the fused pass
+     * (both in one) would run; 0: fused where it applies */
+    int sel_unfused;
+    /* the compressed dK/dV's parts: 0 picks them from a schedule model of
+     * the pass (per B and S), 1 to 16 fixes them */
+    int cmp_parts;
+    /* B x tokens per chunk of the block-centric selected passes: 0 as many
+     * as their partial buffers hold (the default budget), else a multiple
+     * of 256 from 256 to 1048576 (less memory for some speed; the tests use
+     * small chunks to run many at small S) */
+    int sel_chunk_tokens;
+} NsaAttnCudaOptions;
+
+/* Returns NULL with err filled on bad dims, bad options (opt NULL: the
+ * defaults) or a failed allocation. Free with nsaAttnCudaPlanFree (NULL is
+ * a no-op). */
+NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, const NsaAttnCudaOptions *opt,
+                                       NsaError *err);
 /* A plan with its own state (what its forward leaves for its backward) that
  * borrows the per-call scratch (dq accumulator, partial sums, chunk
  * buffers; about half of a plan at long S) of owner, a plan from
- * nsaAttnCudaPlanCreate with identical max_dims on the same device: the L
+ * nsaAttnCudaPlanCreate with identical max_dims and options on the same device: the L
  * plans of an L-layer model then hold one scratch, not L. Calls on plans
  * that share a scratch must not overlap (enqueue them on one stream), and
  * owner must be freed last. Returns NULL with err on NULL or unsuitable
  * owner, bad dims or a failed allocation. */
-NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
-                                              NsaError *err);
+NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_dims,
+                                              const NsaAttnCudaOptions *opt,
+                                              NsaAttnCudaPlan *owner, NsaError *err);
 void nsaAttnCudaPlanFree(NsaAttnCudaPlan *plan);
 /* Device bytes the plan allocated (0 for NULL): state and scratch for an
  * owner, state only for a plan that shares another's scratch. */
@@ -606,8 +648,9 @@ size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *plan);
 /* The bytes a plan for max_dims would take on the current device, without
  * allocating: its state (each plan's own) and its scratch (an owner's, that
  * sharing plans borrow); either pointer may be NULL. Same checks and
- * environment as nsaAttnCudaPlanCreate. Returns 0, or -1 with err. */
-int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, size_t *state_bytes, size_t *scratch_bytes,
+ * options as nsaAttnCudaPlanCreate. Returns 0, or -1 with err. */
+int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, const NsaAttnCudaOptions *opt,
+                           size_t *state_bytes, size_t *scratch_bytes,
                            NsaError *err);
 
 int nsaAttnForwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,

@@ -143,7 +143,7 @@ static void benchOne(const Shape &sh, int S, long tokens, int reps, bool graph) 
     gr.dv_win = newTensor(kvv, 1, 0, 0, 0);
     gr.dgates = newTensor(rows * 3, 1, 0, 0, 0);
     NsaError err = {{0}};
-    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, NULL, &err);
     if (!plan) {
         printf("{\"impl\": \"nsa\", \"shape\": \"%s\", \"S\": %d, \"error\": \"%s\"}\n", sh.name, S,
                err.message);

@@ -37,19 +37,16 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     build/bench/test_sel_index >"$out/test_sel_index.log" 2>&1 || status=1
     echo "test_sel_index: $(tail -1 "$out/test_sel_index.log")"
     # one process per case and design (the fp32 CPU reference is the slow
-    # part): auto picks the selected kernels by S, union / warp / block /
-    # dense force one at every shape (dense where it applies; NSA_FAST_SEL);
-    # each runs on the device's default tensor-core path (wgmma on sm_90),
-    # auto once more on mma.sync (NSA_FAST_MMA=sync), and block once more
-    # with the selected dK/dV and dQ as two passes (NSA_FAST_SEL_FUSED=0;
-    # kernels/cuda/fast_attn/fast_attn.cu), and auto once more with the compressed
-    # dK/dV in 3 parts (NSA_FAST_CMP_PARTS; the model picks per shape
-    # otherwise) and block in 3 parts, and auto and block once more with
-    # the compressed dq formed in its dK/dV pass rather than the dQ pass
-    # (NSA_FAST_CMP_DQ=1, off by default), and block once more in chunks of
-    # 256 tokens (NSA_FAST_SEL_CHUNK_TOKENS: many chunks at every S, so that
-    # the combines' drain refills its two buffers). A design reads
-    # sel[/mma[/fused[/parts[/cmpdq[/chunk]]]]].
+    # part): auto picks the selected kernels by shape, union / warp / block /
+    # dense force one at every shape (dense where it applies); each runs on
+    # the device's default tensor-core path (wgmma on sm_90), auto once
+    # more on mma.sync, and block once more with the selected dK/dV and dQ
+    # as two passes (unfused), and auto and block once more with the
+    # compressed dK/dV in 3 parts (the model picks per shape otherwise), and
+    # block once more in chunks of 256 tokens (many chunks at every S, so
+    # that the combines' drain refills its two buffers). These are the
+    # plan's options (NsaAttnCudaOptions in kernels/nsa.h), given to
+    # test_fast_attn as flags; a design reads sel[/mma[/fused[/parts[/chunk]]]].
     # A run that outlasts 900 s (the longest case takes about 140 s alone)
     # counts as a failure: a pass that hangs must not stall the command.
     # At most one process per CPU at a time: each holds a CUDA context,
@@ -57,7 +54,7 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
     # out at its first cudaMalloc - a false failure).
     n=$(build/bench/test_fast_attn --count)
     tmp=$(mktemp -d)
-    designs="auto union warp block dense auto/sync block/auto/0 auto/auto/1/3 block/auto/1/3 auto/auto/1/auto/1 block/auto/1/3/1 block/auto/1/auto/0/256"
+    designs="auto union warp block dense auto/sync block/auto/0 auto/auto/1/3 block/auto/1/3 block/auto/1/auto/256"
     for design in $designs; do
         i=0
         while [ "$i" -lt "$n" ]; do
@@ -65,27 +62,28 @@ if [ "$mode" = all ] || [ "$mode" = test ]; then
             i=$((i + 1))
         done
     done | xargs -P "$(nproc)" -L 1 sh -c '
-        IFS=/ read -r sel mma fused parts cmpdq chunk <<DESIGN
+        IFS=/ read -r sel mma fused parts chunk <<DESIGN
 $0
 DESIGN
-        NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} \
-            NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} \
-            NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto} timeout 900 build/bench/test_fast_attn "$1" \
-            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log" 2>&1
+        flags="--sel $sel --mma ${mma:-auto} --cmp-parts $( [ "${parts:-auto}" = auto ] && echo 0 || echo "$parts") --sel-chunk-tokens $( [ "${chunk:-auto}" = auto ] && echo 0 || echo "$chunk")"
+        [ "${fused:-1}" = 1 ] || flags="$flags --unfused"
+        # shellcheck disable=SC2086
+        timeout 900 build/bench/test_fast_attn "$1" $flags \
+            >"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${chunk:-auto}.$1.log" 2>&1
         [ $? -ne 124 ] || echo "Bail out! case $1 ran past 900 s (a hung pass?)" \
-            >>"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}.$1.log"'
+            >>"'"$tmp"'/${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${chunk:-auto}.$1.log"'
     for design in $designs; do
-        IFS=/ read -r sel mma fused parts cmpdq chunk <<DESIGN
+        IFS=/ read -r sel mma fused parts chunk <<DESIGN
 $design
 DESIGN
-        tag="${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${cmpdq:-0}_${chunk:-auto}"
-        echo "# NSA_FAST_SEL=$sel NSA_FAST_MMA=${mma:-auto} NSA_FAST_SEL_FUSED=${fused:-1} NSA_FAST_CMP_PARTS=${parts:-auto} NSA_FAST_CMP_DQ=${cmpdq:-0} NSA_FAST_SEL_CHUNK_TOKENS=${chunk:-auto}" >>"$out/test.log"
+        tag="${sel}_${mma:-auto}_${fused:-1}_${parts:-auto}_${chunk:-auto}"
+        echo "# sel $sel, mma ${mma:-auto}, fused ${fused:-1}, cmp parts ${parts:-auto}, sel chunk tokens ${chunk:-auto}" >>"$out/test.log"
         i=0
         while [ "$i" -lt "$n" ]; do
             cat "$tmp/$tag.$i.log" >>"$out/test.log"
             i=$((i + 1))
         done
-        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}, parts ${parts:-auto}, cmp dq ${cmpdq:-0}, chunk ${chunk:-auto}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
+        echo "test[$sel, ${mma:-auto}, fused ${fused:-1}, parts ${parts:-auto}, chunk ${chunk:-auto}]: $(cat "$tmp/$tag".*.log | grep -c '^ok') ok, $(cat "$tmp/$tag".*.log | grep -cE '^(not ok|Bail)') not ok"
     done
     rm -rf "$tmp"
     grep -E '^(not ok|Bail)' "$out/test.log"

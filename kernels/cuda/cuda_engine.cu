@@ -529,7 +529,7 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
             const NsaAttnDims d = attnDimsFor(cfg, pass ? 1 : B, S);
             size_t state = 0, scratch = 0;
             NsaError aerr = {{0}};
-            if (nsaAttnCudaPlanMeasure(&d, &state, &scratch, &aerr))
+            if (nsaAttnCudaPlanMeasure(&d, NULL, &state, &scratch, &aerr))
                 return cudaFail(err, "cuda: the fast attention op refused the plan (%s)",
                                 aerr.message);
             *(pass ? &attn1 : &attn) = state * (size_t)(e.recompute ? 1 : cfg->n_layers) + scratch;
@@ -953,9 +953,10 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
         const NsaAttnDims max_dims = attnDimsFor(c, B, S);
         for (int i = 0; i < m->n_attn_plans; i++) {
             NsaError perr = {{0}};
-            m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, &perr)
-                                      : nsaAttnCudaPlanCreateSharing(&max_dims, m->attn_plans[0],
-                                                                     &perr);
+            /* the default options: every design as fastSelDesign picks it */
+            m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, NULL, &perr)
+                                      : nsaAttnCudaPlanCreateSharing(&max_dims, NULL,
+                                                                     m->attn_plans[0], &perr);
             if (!m->attn_plans[i])
                 return cudaFail(err, "cuda: the fast attention op refused layer %d's plan (%s); "
                                      "precision f32 runs the reference kernels instead",

@@ -250,8 +250,8 @@ static void testAttnPlanSharing(Results *res) {
     const size_t total = io[0].total;
     uint16_t *clean_a = (uint16_t *)malloc(total * 2), *clean_b = (uint16_t *)malloc(total * 2);
     uint16_t *mixed_a = (uint16_t *)malloc(total * 2), *mixed_b = (uint16_t *)malloc(total * 2);
-    NsaAttnCudaPlan *owner = nsaAttnCudaPlanCreate(&d, &err);
-    NsaAttnCudaPlan *sharer = owner ? nsaAttnCudaPlanCreateSharing(&d, owner, &err) : NULL;
+    NsaAttnCudaPlan *owner = nsaAttnCudaPlanCreate(&d, NULL, &err);
+    NsaAttnCudaPlan *sharer = owner ? nsaAttnCudaPlanCreateSharing(&d, NULL, owner, &err) : NULL;
     int ok = owner && sharer;
     char detail[1024] = "";
     if (ok) {
@@ -276,10 +276,10 @@ static void testAttnPlanSharing(Results *res) {
         const int same_b = memcmp(clean_b, mixed_b, total * 2) == 0;
         const size_t owner_bytes = nsaAttnCudaPlanBytes(owner), sharer_bytes = nsaAttnCudaPlanBytes(sharer);
         NsaError e2 = {{0}}, e3 = {{0}};
-        NsaAttnCudaPlan *chain = nsaAttnCudaPlanCreateSharing(&d, sharer, &e2);
+        NsaAttnCudaPlan *chain = nsaAttnCudaPlanCreateSharing(&d, NULL, sharer, &e2);
         NsaAttnDims other = d;
         other.S = 4096;
-        NsaAttnCudaPlan *unlike = nsaAttnCudaPlanCreateSharing(&other, owner, &e3);
+        NsaAttnCudaPlan *unlike = nsaAttnCudaPlanCreateSharing(&other, NULL, owner, &e3);
         const int refused = !chain && !unlike && strstr(e2.message, "shares another") &&
                             strstr(e3.message, "differ from the scratch owner");
         nsaAttnCudaPlanFree(chain);
@@ -323,7 +323,7 @@ static void testAttnGraphCapture(Results *res, const char *label, NsaAttnDims d,
     uint16_t *stream_run = (uint16_t *)malloc(io.total * 2);
     cudaStream_t s;
     GPU_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, NULL, &err);
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
     char detail[1024] = "";
@@ -375,97 +375,43 @@ static void testAttnGraphCapture(Results *res, const char *label, NsaAttnDims d,
 
 /* ---- layer ops vs the f64 CPU ops ------------------------------------------ */
 
-/* Whether a fast-op plan of dims d is created with the environment
- * variable var set to value (the plan is freed; err holds the refusal). */
-static int attnPlanWith(const NsaAttnDims *d, const char *var, const char *value, NsaError *err) {
-    setenv(var, value, 1);
-    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(d, err);
+/* Whether a fast-op plan of dims d is created with options o (the plan is
+ * freed; err holds the refusal). */
+static int attnPlanWith(const NsaAttnDims *d, NsaAttnCudaOptions o, NsaError *err) {
+    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(d, &o, err);
     nsaAttnCudaPlanFree(p);
     return p != NULL;
 }
 
-/* An environment variable's value, copied (NULL: unset), and its restore. */
-static char *envSave(const char *var) {
-    const char *prev = getenv(var);
-    return prev ? strdup(prev) : NULL;
-}
-static void envRestore(const char *var, char *saved) {
-    if (saved) setenv(var, saved, 1);
-    else unsetenv(var);
-    free(saved);
-}
-
-/* The tensor-core path switch of the fast op: unknown NSA_FAST_MMA values,
- * and wgmma off compute capability 9.0, are refused with a message naming
- * the variable; sync and auto are accepted. The environment is restored. */
-static void testAttnMmaSwitch(Results *res) {
+/* The fast op's options on this device: every selected design, the two
+ * passes, a fixed part count and a chunk size make plans; wgmma is
+ * accepted exactly on compute capability 9.0 (refused elsewhere with a
+ * message naming the field); out-of-range values are refused naming
+ * theirs (tests/unit/test_fast_attn_api.c checks each refusal). */
+static void testAttnOptions(Results *res) {
     double t0 = nowSeconds();
-    const char *name = "fast attn NSA_FAST_MMA: bad values refused, sync/auto accepted";
+    const char *name = "fast attn options: designs, sync/auto, parts 3, chunk 512 accepted; "
+                       "wgmma on 9.0 only; cmp_parts 17 refused";
     NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
-    char *saved = envSave("NSA_FAST_MMA");
-    int major = 0;
+    int major = 0, minor = 0;
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
     NsaError err = {{0}};
-    int ok = !attnPlanWith(&d, "NSA_FAST_MMA", "tensor", &err) &&
-             strstr(err.message, "NSA_FAST_MMA=tensor") != NULL;
+    int ok = !attnPlanWith(&d, NsaAttnCudaOptions{.cmp_parts = 17}, &err) &&
+             strstr(err.message, "cmp_parts = 17") != NULL;
     char first[160];
     snprintf(first, sizeof(first), "%.150s", err.message);
-    ok = ok && attnPlanWith(&d, "NSA_FAST_MMA", "sync", &err) &&
-         attnPlanWith(&d, "NSA_FAST_MMA", "auto", &err);
-    ok = ok && (major == 9) == attnPlanWith(&d, "NSA_FAST_MMA", "wgmma", &err);
-    envRestore("NSA_FAST_MMA", saved);
+    for (int sel = NSA_ATTN_SEL_AUTO; sel <= NSA_ATTN_SEL_DENSE; sel++)
+        ok = ok && attnPlanWith(&d, NsaAttnCudaOptions{.sel = (NsaAttnSelDesign)sel}, &err);
+    ok = ok && attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_SYNC}, &err) &&
+         attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_AUTO}, &err) &&
+         attnPlanWith(&d, NsaAttnCudaOptions{.sel_unfused = 1}, &err) &&
+         attnPlanWith(&d, NsaAttnCudaOptions{.cmp_parts = 3}, &err) &&
+         attnPlanWith(&d, NsaAttnCudaOptions{.sel_chunk_tokens = 512}, &err);
+    const int hopper = major == 9 && minor == 0;
+    const int wgmma = attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_WGMMA}, &err);
+    ok = ok && hopper == wgmma && (wgmma || strstr(err.message, "mma = wgmma") != NULL);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
-}
-
-/* A switch of the fast op read at plan creation: each refused value of var
- * fails the plan with a message naming "var=value;", each accepted one
- * makes a plan. The environment is restored. */
-static void testAttnEnvSwitch(Results *res, const char *name, const NsaAttnDims *d,
-                              const char *var, const char *const *refused, int n_refused,
-                              const char *const *accepted, int n_accepted) {
-    double t0 = nowSeconds();
-    char *saved = envSave(var);
-    NsaError err = {{0}};
-    int ok = 1;
-    char first[160] = "";
-    for (int i = 0; i < n_refused; i++) {
-        char want[64];
-        snprintf(want, sizeof(want), "%s=%s;", var, refused[i]);
-        ok = ok && !attnPlanWith(d, var, refused[i], &err) && strstr(err.message, want) != NULL;
-        if (i == 0) snprintf(first, sizeof(first), "%.150s", err.message);
-    }
-    for (int i = 0; i < n_accepted; i++) ok = ok && attnPlanWith(d, var, accepted[i], &err);
-    envRestore(var, saved);
-    report(res, ok, nowSeconds() - t0, name, "%s", first);
-}
-
-/* NSA_FAST_CMP_PARTS (the compressed dK/dV's parts): outside 1..16 or not
- * a number refused; auto and 3 accepted. */
-static void testAttnCmpPartsSwitch(Results *res) {
-    const NsaAttnDims d = {1, 256, 4, 2, 64, 64, 32, 16, 64, 4, 64};
-    const char *const refused[] = {"0", "17", "3x"}, *const accepted[] = {"auto", "3"};
-    testAttnEnvSwitch(res, "fast attn NSA_FAST_CMP_PARTS: 0, 17, 3x refused, auto/3 accepted", &d,
-                      "NSA_FAST_CMP_PARTS", refused, 3, accepted, 2);
-}
-
-/* NSA_FAST_CMP_DQ (the compressed dq in its dK/dV pass where it can): 0
- * or 1, anything else refused. */
-static void testAttnCmpDqSwitch(Results *res) {
-    const NsaAttnDims d = {1, 256, 16, 1, 128, 128, 32, 16, 64, 4, 64};
-    const char *const refused[] = {"2", "yes"}, *const accepted[] = {"0", "1"};
-    testAttnEnvSwitch(res, "fast attn NSA_FAST_CMP_DQ: 2, yes refused, 0/1 accepted", &d,
-                      "NSA_FAST_CMP_DQ", refused, 2, accepted, 2);
-}
-
-/* NSA_FAST_SEL_CHUNK_TOKENS (B x tokens per chunk of the block-centric
- * selected passes): a multiple of 256 from 256 to 1048576, or auto. */
-static void testAttnSelChunkSwitch(Results *res) {
-    const NsaAttnDims d = {1, 256, 16, 1, 128, 128, 32, 16, 64, 4, 64};
-    const char *const refused[] = {"0", "100", "512x", "2097152"}, *const accepted[] = {"auto", "512"};
-    testAttnEnvSwitch(res,
-                      "fast attn NSA_FAST_SEL_CHUNK_TOKENS: 0, 100, 512x, 2097152 refused, auto/512 "
-                      "accepted",
-                      &d, "NSA_FAST_SEL_CHUNK_TOKENS", refused, 4, accepted, 2);
 }
 
 /* The fast op's pooling backward holds the sums of the compressed blocks
@@ -477,12 +423,12 @@ static void testAttnCmpOverlap(Results *res) {
     const char *name = "fast attn cmp_len / cmp_stride: 64 accepted, 65 refused";
     NsaAttnDims d = {1, 256, 4, 2, 64, 64, 64, 1, 64, 4, 64};
     NsaError err = {{0}};
-    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *p = nsaAttnCudaPlanCreate(&d, NULL, &err);
     int ok = p != NULL;
     nsaAttnCudaPlanFree(p);
     d.cmp_len = 65;
     d.sel_len = 65;
-    NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *bad = nsaAttnCudaPlanCreate(&d, NULL, &err);
     ok = ok && bad == NULL && strstr(err.message, "cmp_len / cmp_stride = 65") != NULL;
     nsaAttnCudaPlanFree(bad);
     report(res, ok, nowSeconds() - t0, name, "%s", err.message);
@@ -1649,10 +1595,7 @@ int main(int argc, char **argv) {
         testAttnGraphCapture(res, "B2 S1100 d64", cap_short, 5100);
         testAttnGraphCapture(res, "S8192 d64", cap_long, 5101);
         testAttnGraphCapture(res, "S8192 H64 G4 d128", cap_paper, 5102);
-        testAttnMmaSwitch(res);
-        testAttnCmpPartsSwitch(res);
-        testAttnCmpDqSwitch(res);
-        testAttnSelChunkSwitch(res);
+        testAttnOptions(res);
         testAttnCmpOverlap(res);
     }
     if (all || !strcmp(only, "model")) {

@@ -13,6 +13,9 @@
  * runs each head on its own (B = H = G = 1 slices, on threads) and sums
  * the heads' key gradients per group in head order afterwards.
  *
+ * Usage: test_fast_attn [--count | CASE] [--sel auto|union|warp|block|dense]
+ *   [--mma auto|sync|wgmma] [--unfused] [--cmp-parts N] [--sel-chunk-tokens N]
+ * (the plan's NsaAttnCudaOptions; bench/attn/run_all.sh runs each design).
  * Prints TAP ("ok N - ..." / "not ok N - ...") and exits non-zero on any
  * failure. Run on the GPU machine: make -C bench fast-test. */
 #include <cuda_bf16.h>
@@ -36,6 +39,7 @@ extern "C" {
 }
 
 static int g_test = 0, g_failed = 0;
+static NsaAttnCudaOptions g_opt; /* the plans' options, from the command line */
 
 static void tap(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void tap(bool ok, const char *fmt, ...) {
@@ -235,7 +239,7 @@ static void runCase(const Case &k, unsigned long long seed) {
     CK(cudaMalloc(&lse_dev, rows * sizeof(float)));
 
     NsaError err = {{0}};
-    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&dims, &err);
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&dims, &g_opt, &err);
     if (!plan) {
         tap(false, "%s: plan: %s", k.name, err.message);
         return;
@@ -484,11 +488,42 @@ int main(int argc, char **argv) {
         {"S6000 B2 hpg16 dk192 dv128", 2, 6000, 16, 1, 192, 128, 32, 16, 64, 16, 512},
     };
     const int n = sizeof(cases) / sizeof(cases[0]);
-    if (argc > 1 && !strcmp(argv[1], "--count")) {
-        printf("%d\n", n);
-        return 0;
+    int only = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int word = -1;
+        if (!strcmp(a, "--count")) {
+            printf("%d\n", n);
+            return 0;
+        } else if (!strcmp(a, "--unfused")) {
+            g_opt.sel_unfused = word = 1;
+        } else if (!strcmp(a, "--sel") && v) {
+            const char *names[] = {"auto", "union", "warp", "block", "dense"};
+            for (int j = 0; j < 5; j++)
+                if (!strcmp(v, names[j])) word = j;
+            g_opt.sel = (NsaAttnSelDesign)word;
+            i++;
+        } else if (!strcmp(a, "--mma") && v) {
+            const char *names[] = {"auto", "sync", "wgmma"};
+            for (int j = 0; j < 3; j++)
+                if (!strcmp(v, names[j])) word = j;
+            g_opt.mma = (NsaAttnMma)word;
+            i++;
+        } else if (!strcmp(a, "--cmp-parts") && v) {
+            g_opt.cmp_parts = word = atoi(v);
+            i++;
+        } else if (!strcmp(a, "--sel-chunk-tokens") && v) {
+            g_opt.sel_chunk_tokens = word = atoi(v);
+            i++;
+        } else if (a[0] != '-') {
+            only = word = atoi(a);
+        }
+        if (word < 0) {
+            fprintf(stderr, "test_fast_attn: bad argument %s%s%s (usage at the top of "
+                            "tests/gpu/test_fast_attn.cu)\n", a, v ? " " : "", v ? v : "");
+            return 2;
+        }
     }
-    int only = argc > 1 ? atoi(argv[1]) : -1;
     printf("1..%d\n", only >= 0 ? 5 : 5 * n);
     for (int i = 0; i < n; i++) {
         if (only >= 0 && i != only) continue;

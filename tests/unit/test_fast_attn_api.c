@@ -29,7 +29,7 @@ static NsaAttnDims protoDims(void) {
 static void expectRefused(NsaAttnDims d, const char *needle1, const char *needle2) {
     NsaError err;
     memset(&err, 0, sizeof(err));
-    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, NULL, &err);
     if (plan) nsaAttnCudaPlanFree(plan);
     assert_null(plan);
     print_message("# refused: %s\n", err.message);
@@ -38,7 +38,7 @@ static void expectRefused(NsaAttnDims d, const char *needle1, const char *needle
     /* measuring a plan applies the same checks */
     memset(&err, 0, sizeof(err));
     size_t state_bytes = 1, scratch_bytes = 1;
-    assert_int_equal(nsaAttnCudaPlanMeasure(&d, &state_bytes, &scratch_bytes, &err), -1);
+    assert_int_equal(nsaAttnCudaPlanMeasure(&d, NULL, &state_bytes, &scratch_bytes, &err), -1);
     assert_non_null(strstr(err.message, needle1));
     if (needle2) assert_non_null(strstr(err.message, needle2));
 }
@@ -81,6 +81,36 @@ static void test_refuses_invalid_dims(void **state) {
     expectRefused(d, "spans 192 selection blocks", "fewer than 128");
 }
 
+/* Plan creation and measuring must fail on options o, the message naming
+ * the field; options are checked before any device is looked for. */
+static void expectOptionRefused(NsaAttnCudaOptions o, const char *needle) {
+    NsaAttnDims d = protoDims();
+    NsaError err;
+    memset(&err, 0, sizeof(err));
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &o, &err);
+    if (plan) nsaAttnCudaPlanFree(plan);
+    assert_null(plan);
+    print_message("# refused: %s\n", err.message);
+    assert_non_null(strstr(err.message, needle));
+    assert_non_null(strstr(err.message, "allowed"));
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(nsaAttnCudaPlanMeasure(&d, &o, NULL, NULL, &err), -1);
+    assert_non_null(strstr(err.message, needle));
+}
+
+static void test_refuses_bad_options(void **state) {
+    (void)state;
+    expectOptionRefused((NsaAttnCudaOptions){.sel = (NsaAttnSelDesign)9}, "sel = 9");
+    expectOptionRefused((NsaAttnCudaOptions){.mma = (NsaAttnMma)-1}, "mma = -1");
+    expectOptionRefused((NsaAttnCudaOptions){.sel_unfused = 2}, "sel_unfused = 2");
+    expectOptionRefused((NsaAttnCudaOptions){.cmp_parts = 17}, "cmp_parts = 17");
+    expectOptionRefused((NsaAttnCudaOptions){.cmp_parts = -1}, "cmp_parts = -1");
+    expectOptionRefused((NsaAttnCudaOptions){.sel_chunk_tokens = 100}, "sel_chunk_tokens = 100");
+    expectOptionRefused((NsaAttnCudaOptions){.sel_chunk_tokens = 600}, "sel_chunk_tokens = 600");
+    expectOptionRefused((NsaAttnCudaOptions){.sel_chunk_tokens = 2097152},
+                        "sel_chunk_tokens = 2097152");
+}
+
 static void test_refuses_null(void **state) {
     (void)state;
     NsaAttnDims d = protoDims();
@@ -93,15 +123,15 @@ static void test_refuses_null(void **state) {
     assert_int_equal(nsaAttnBackwardCuda(NULL, &d, &in, NULL, NULL, NULL, &err), -1);
     assert_non_null(strstr(err.message, "plan is NULL"));
     assert_int_equal(nsaAttnCudaPlanBytes(NULL), 0);
-    assert_int_equal(nsaAttnCudaPlanMeasure(NULL, NULL, NULL, &err), -1);
+    assert_int_equal(nsaAttnCudaPlanMeasure(NULL, NULL, NULL, NULL, &err), -1);
     assert_non_null(strstr(err.message, "dims are NULL"));
     nsaAttnCudaPlanFree(NULL); /* a no-op */
     memset(&err, 0, sizeof(err));
-    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, &err));
+    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, NULL, &err));
     assert_non_null(strstr(err.message, "share scratch with is NULL"));
     d.n_sel = 33; /* bad dims are named before the owner is looked at */
     memset(&err, 0, sizeof(err));
-    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, &err));
+    assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, NULL, &err));
     assert_true(err.message[0] != '\0');
 }
 
@@ -112,11 +142,11 @@ static void test_plan_on_this_machine(void **state) {
     NsaAttnDims d = protoDims();
     NsaError err;
     memset(&err, 0, sizeof(err));
-    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, &err);
+    NsaAttnCudaPlan *plan = nsaAttnCudaPlanCreate(&d, NULL, &err);
     size_t state_bytes = 0, scratch_bytes = 0;
     NsaError merr;
     memset(&merr, 0, sizeof(merr));
-    const int measured = nsaAttnCudaPlanMeasure(&d, &state_bytes, &scratch_bytes, &merr);
+    const int measured = nsaAttnCudaPlanMeasure(&d, NULL, &state_bytes, &scratch_bytes, &merr);
     if (plan) {
         assert_true(nsaAttnCudaPlanBytes(plan) > 0);
         /* the measure is what the plan allocated: state and scratch */
@@ -133,15 +163,15 @@ static void test_plan_on_this_machine(void **state) {
         /* a plan sharing the scratch holds less; unlike dims and a
          * sharer as owner are refused */
         d = protoDims();
-        NsaAttnCudaPlan *sharer = nsaAttnCudaPlanCreateSharing(&d, plan, &err);
+        NsaAttnCudaPlan *sharer = nsaAttnCudaPlanCreateSharing(&d, NULL, plan, &err);
         assert_non_null(sharer);
         assert_true(nsaAttnCudaPlanBytes(sharer) > 0);
         assert_true(nsaAttnCudaPlanBytes(sharer) < nsaAttnCudaPlanBytes(plan));
         assert_int_equal(nsaAttnCudaPlanBytes(sharer), state_bytes); /* a sharer holds its state */
-        assert_null(nsaAttnCudaPlanCreateSharing(&d, sharer, &err));
+        assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, sharer, &err));
         assert_non_null(strstr(err.message, "shares another"));
         d.S = 128;
-        assert_null(nsaAttnCudaPlanCreateSharing(&d, plan, &err));
+        assert_null(nsaAttnCudaPlanCreateSharing(&d, NULL, plan, &err));
         assert_non_null(strstr(err.message, "differ from the scratch owner"));
         nsaAttnCudaPlanFree(sharer);
         nsaAttnCudaPlanFree(plan);
@@ -161,6 +191,7 @@ int main(void) {
         cmocka_unit_test(test_refuses_too_many_heads_per_group),
         cmocka_unit_test(test_refuses_large_n_sel),
         cmocka_unit_test(test_refuses_invalid_dims),
+        cmocka_unit_test(test_refuses_bad_options),
         cmocka_unit_test(test_refuses_null),
         cmocka_unit_test(test_plan_on_this_machine),
     };

@@ -17,9 +17,8 @@
 
 struct NsaAttnCudaPlan {
     NsaAttnDims max;
-    int sel_mode;  /* NSA_FAST_SEL at create: 0 auto (by S), 1 union, 2 warp, 3 block, 4 dense */
-    int sel_fused; /* NSA_FAST_SEL_FUSED at create: 1 (default) the fused selected backward where it applies */
-    int wgmma;     /* the tile loops on wgmma: sm_90 unless NSA_FAST_MMA=sync */
+    NsaAttnCudaOptions opt; /* as given at create (zero: the defaults) */
+    int wgmma;     /* the tile loops on wgmma: sm_90 unless opt.mma says mma.sync */
     void *tma_encode; /* wgmma: the driver's cuTensorMapEncodeTiled (fast_tma.cuh) */
     int device, sm_count;
     int l2_bytes; /* the device's L2 (fastSelItemEntries) */
@@ -34,10 +33,6 @@ struct NsaAttnCudaPlan {
     /* the compressed backward's parts for the last call's B and S
      * (fastCmpBackwardParts) */
     int cmp_parts, cmp_parts_B, cmp_parts_S; /* set first at the max dims */
-    int cmp_parts_forced; /* NSA_FAST_CMP_PARTS at create, 0: unset */
-    int cmp_dq;           /* NSA_FAST_CMP_DQ at create: 1 the compressed dq in its dK/dV pass where it can (default 0) */
-    int sel_chunk_tokens; /* NSA_FAST_SEL_CHUNK_TOKENS at create (0: auto, fastSelBlockTokens) */
-    int *cmp_dq_sem;      /* that pass's turn counters (fastCmpDqCounters at the max dims) */
     int32_t *sel;
     uint64_t *sel_mask; /* [B][S][G] chosen-block bits (masked dense design) */
     FastRevIndex rev;
@@ -89,87 +84,69 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
                             cudaGetErrorString(fast_status_));                              \
     } while (0)
 
-/* Which selected-branch kernels a call runs: the masked dense ones
- * (fast_sel_dense.cu), the union-of-4 ones (fast_sel_union.cu), the
- * block-centric ones (fast_sel_block.cu), or else the warp-per-token ones
- * (fast_sel.cu). sel_mode 1/2/3/4 forces union / warp / block / dense
- * (NSA_FAST_SEL; dense only where it applies - l' a multiple of 64, at
- * most 64 blocks - and auto elsewhere); 0 picks what measured fastest on
- * an H200 (docs/PERF.md, the sweeps of the sections "the tile loops on
- * wgmma", "masked dense selected branch" and "block-centric dQ at d_k =
- * 128 in parts"), ms of the phase at the paper / proto shape, B x S = 64K:
- *  - on wgmma, masked dense where it applies up to FAST_SEL_DENSE_MAX_S
- *    (paper 2k: forward 7.5 against union 17.0, dQ 12.8 against block
- *    26.3; 4k: 13.8 against block 25.4, 21.1 against 30.4; past 64
- *    blocks the mask word is full, and at 8k its dense-causal work would
- *    be about 4x the chosen pairs' - an estimate, not measured);
- *    past it the forward is block-centric where d_v = 64 (proto 2k: 2.9
- *    against union 4.2) or S >= 4096 (paper 4k: 25.6 against union 26.4;
- *    at 2k union wins, 17.0 against 21.8); the dQ is block-centric where
- *    d_k = 64 (proto 8k: 5.6 against warp 8.3), d_k = 128 with l' <= 64
- *    (its two-CTA kernel; paper 8k: 31.0 against 33.7, 64k: 32.4 against
- *    35.6), d_k = 192 with l' <= 64 (since the partials are bf16 and leave
- *    through shared memory: paper192 64k 33.0 against warp 48.1; before,
- *    47.8 against block 53.1) or S < 8192 (paper 4k: 30.4 against warp
- *    32.2), else warp per token;
- *  - on mma.sync: the union forward below 8192 (paper 4k: 37.9 against
- *    warp 45.4), block-centric from there; the union dQ below 4096, warp
- *    from there, block-centric from 8192 where d_k = 64 (proto 64k: 6.2
- *    against 8.4; at d_k = 128 it lost, 42.7 against 35.3). */
-#define FAST_SEL_DENSE_MAX_S 4096
+/* Which selected-branch kernels a call runs, from the shape and the
+ * tensor-core path: what measured fastest on an H200 (docs/FAST_ATTN.md has
+ * the table and docs/PERF.md the sweeps). force (NsaAttnCudaOptions.sel)
+ * overrides it at every shape for the tests and benchmarks; DENSE only
+ * where it applies. unfused keeps the dK/dV and a block-centric dQ as two
+ * passes where the fused pass would run. Cannot fail.
+ *  - on wgmma: masked dense where it applies (l' a multiple of 64, at most
+ *    64 blocks) up to FAST_SEL_DENSE_MAX_S; past it the forward is
+ *    block-centric where d_v = 64 or S >= 4096, else the union; the dQ is
+ *    block-centric where d_k = 64, d_k >= 128 with l' <= 64 (formed in the
+ *    dK/dV pass, FUSED, since then a block is one key tile) or S < 8192,
+ *    else one warp per token;
+ *  - on mma.sync: the union forward below 8192, block-centric from there;
+ *    the union dQ below 4096, block-centric from 8192 where d_k = 64, one
+ *    warp per token elsewhere. */
 struct FastSelDesign {
-    int union_fwd, union_dq, block_fwd, block_dq, dense_fwd, dense_dq, fused_bwd;
+    FastSelFwd fwd;
+    FastSelDq dq;
 };
-static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, int sel_mode, int wgmma,
-                                   int fused = 1) {
-    FastSelDesign s = {0, 0, 0, 0, 0, 0, 0};
+static FastSelDesign fastSelDesign(int S, int d_k, int d_v, int sel_len, NsaAttnSelDesign force,
+                                   int wgmma, int unfused) {
+    FastSelDesign s;
     const bool dense_ok = fastSelDenseApplies(S, sel_len);
-    if (sel_mode == 1) {
-        s.union_fwd = s.union_dq = 1;
-    } else if (sel_mode == 2) {
-        /* warp per token: every flag off */
-    } else if (sel_mode == 3) {
-        s.block_fwd = s.block_dq = 1;
-    } else if (dense_ok && (sel_mode == 4 || (wgmma && S <= FAST_SEL_DENSE_MAX_S))) {
-        s.dense_fwd = s.dense_dq = 1;
+    if (force == NSA_ATTN_SEL_UNION) {
+        s = {FastSelFwd::UNION, FastSelDq::UNION};
+    } else if (force == NSA_ATTN_SEL_WARP) {
+        s = {FastSelFwd::BLOCK, FastSelDq::WARP};
+    } else if (force == NSA_ATTN_SEL_BLOCK) {
+        s = {FastSelFwd::BLOCK, FastSelDq::BLOCK};
+    } else if (dense_ok && (force == NSA_ATTN_SEL_DENSE || (wgmma && S <= FAST_SEL_DENSE_MAX_S))) {
+        s = {FastSelFwd::DENSE, FastSelDq::DENSE};
     } else if (wgmma) {
-        s.block_fwd = d_v <= 64 || S >= 4096;
-        s.union_fwd = !s.block_fwd;
-        s.block_dq = d_k <= 64 || (d_k >= 128 && sel_len <= 64) || S < 8192;
+        s.fwd = d_v <= 64 || S >= 4096 ? FastSelFwd::BLOCK : FastSelFwd::UNION;
+        s.dq = d_k <= 64 || (d_k >= 128 && sel_len <= 64) || S < 8192 ? FastSelDq::BLOCK
+                                                                       : FastSelDq::WARP;
     } else {
-        s.union_fwd = S < 8192;
-        s.block_fwd = !s.union_fwd;
-        s.union_dq = S < 4096;
-        s.block_dq = S >= 8192 && d_k == 64;
+        s.fwd = S < 8192 ? FastSelFwd::UNION : FastSelFwd::BLOCK;
+        s.dq = S < 4096                 ? FastSelDq::UNION
+               : S >= 8192 && d_k == 64 ? FastSelDq::BLOCK
+                                        : FastSelDq::WARP;
     }
     /* where the dQ is block-centric, on wgmma with one key tile per block,
-     * the dK/dV pass forms it on the way (fast_sel_block.cu, "fused"):
-     * H200, paper 64k selected backward 34.8 -> 28.4 ms, total 131.5 ->
-     * 123.8; paper 8k 78.4 -> 71.8; proto 64k 20.0 -> 19.3 (docs/PERF.md);
-     * NSA_FAST_SEL_FUSED=0 keeps the two passes */
-    s.fused_bwd = fused && wgmma && s.block_dq && sel_len <= 64;
+     * the dK/dV pass forms it on the way (fast_sel_block.cu) */
+    if (s.dq == FastSelDq::BLOCK && !unfused && wgmma && sel_len <= 64) s.dq = FastSelDq::FUSED;
     return s;
 }
 
-/* sel_mode: 0 picks the selected kernels (fastSelDesign), 1 forces union,
- * 2 warp per token, 3 block-centric, 4 masked dense; wgmma: the tile loops' tensor-core path;
- * smem_max: the device's opt-in shared memory per CTA (0 where no kernel
- * is launched with this context). */
-static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max = 0,
-                           int wgmma = 0, int sel_fused = 1) {
+/* The call context for dims d: the shapes, and with plan options opt the
+ * selected design (NULL: only the shapes - for sizing - with the auto
+ * design on mma.sync); wgmma: the tile loops' tensor-core path; smem_max:
+ * the device's opt-in shared memory per CTA (0 where no kernel is launched
+ * with this context). */
+static FastCtx fastMakeCtx(const NsaAttnDims *d, const NsaAttnCudaOptions *opt = NULL,
+                           int smem_max = 0, int wgmma = 0) {
     FastCtx c;
     c.tma_encode = NULL; /* a plan's calls set it (fastPlanCtx) */
     c.smem_max = smem_max;
     c.wgmma = wgmma;
     const FastSelDesign sd =
-        fastSelDesign(d->S, d->d_k, d->d_v, d->sel_len, sel_mode, wgmma, sel_fused);
-    c.sel_fused_bwd = sd.fused_bwd;
-    c.sel_union_fwd = sd.union_fwd;
-    c.sel_union_dq = sd.union_dq;
-    c.sel_block_fwd = sd.block_fwd;
-    c.sel_block_dq = sd.block_dq;
-    c.sel_dense_fwd = sd.dense_fwd;
-    c.sel_dense_dq = sd.dense_dq;
+        fastSelDesign(d->S, d->d_k, d->d_v, d->sel_len, opt ? opt->sel : NSA_ATTN_SEL_AUTO, wgmma,
+                      opt ? opt->sel_unfused : 0);
+    c.sel_fwd = sd.fwd;
+    c.sel_dq = sd.dq;
     c.B = d->B;
     c.S = d->S;
     c.H = d->H;
@@ -191,7 +168,7 @@ static FastCtx fastMakeCtx(const NsaAttnDims *d, int sel_mode = 0, int smem_max 
 /* The context of one call of plan p: fastMakeCtx with the plan's design
  * choices and its TMA encoder. Cannot fail. */
 static FastCtx fastPlanCtx(const NsaAttnCudaPlan *p, const NsaAttnDims *dims) {
-    FastCtx c = fastMakeCtx(dims, p->sel_mode, p->smem_max, p->wgmma, p->sel_fused);
+    FastCtx c = fastMakeCtx(dims, &p->opt, p->smem_max, p->wgmma);
     c.tma_encode = p->tma_encode;
     return c;
 }
@@ -243,9 +220,6 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
 /* The share of L2 the groups in flight may fill: 0.4 and 1.5 (items of
  * 128 and 512 entries at paper 2k, against 256) were no faster (H100:
  * selected dK/dV + partial sums 8.32 ms against 8.46 and 8.47). */
-#ifndef FAST_SEL_ITEM_L2_SHARE
-#define FAST_SEL_ITEM_L2_SHARE 0.75
-#endif
 static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_count,
                               int l2_bytes) {
     const double rows = (double)d->S * hpg * (d->d_k + d->d_v) * 2; /* q, dout of a group */
@@ -264,10 +238,11 @@ static const FastDrain *fastPlanDrain(const NsaAttnCudaPlan *p) {
 }
 
 /* B x tokens per chunk of the plan's block-centric passes whose partial
- * rows hold d values: NSA_FAST_SEL_CHUNK_TOKENS where set, else
+ * rows hold d values: opt.sel_chunk_tokens where set, else
  * fastSelBlockTokens. Cannot fail. */
 static int fastPlanSelTokens(const NsaAttnCudaPlan *p, int G, int slots, int hpg, int d) {
-    return p->sel_chunk_tokens > 0 ? p->sel_chunk_tokens : fastSelBlockTokens(G, slots, hpg, d);
+    return p->opt.sel_chunk_tokens > 0 ? p->opt.sel_chunk_tokens
+                                       : fastSelBlockTokens(G, slots, hpg, d);
 }
 
 /* Carves the workspace in two parts: the plan's state - what its forward
@@ -303,7 +278,6 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     p->dsum = (float *)scratch(rows * 3 * 4);
     p->gate_f = (float *)scratch(rows * 3 * 4);
     p->dq_acc = (float *)scratch(rows * d->d_k * 4);
-    p->cmp_dq_sem = (int *)scratch(fastCmpDqCounters(d->B, d->G, d->S, c.hpg) * sizeof(int));
     /* which selected-branch passes a call of any S up to the plan's may
      * run: fastSelDesign is constant in S between the edges below, so
      * asking at each edge tells (0 block forward, 1 block dQ, 2 fused) */
@@ -312,11 +286,11 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
                          64 * d->sel_len, 64 * d->sel_len + 1, d->S};
     for (int e = 0; e < (int)(sizeof(edges) / sizeof(edges[0])); e++) {
         if (edges[e] < 1 || edges[e] > d->S) continue;
-        const FastSelDesign sd = fastSelDesign(edges[e], d->d_k, d->d_v, d->sel_len, p->sel_mode,
-                                               p->wgmma, p->sel_fused);
-        need_pass[0] |= sd.block_fwd;
-        need_pass[1] |= sd.block_dq;
-        need_pass[2] |= sd.fused_bwd;
+        const FastSelDesign sd = fastSelDesign(edges[e], d->d_k, d->d_v, d->sel_len, p->opt.sel,
+                                               p->wgmma, p->opt.sel_unfused);
+        need_pass[0] |= sd.fwd == FastSelFwd::BLOCK;
+        need_pass[1] |= sd.dq == FastSelDq::BLOCK || sd.dq == FastSelDq::FUSED;
+        need_pass[2] |= sd.dq == FastSelDq::FUSED;
     }
     /* the fused pass's sizes: the largest any call within the plan's B
      * and S makes (more, smaller chunks at larger B; its item size follows
@@ -436,86 +410,50 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
     return at;
 }
 
-/* Fills a plan's design for max_dims on the current device: the dims
- * checked, the selected-branch design (NSA_FAST_SEL), the device's SM count
- * and shared memory, the tensor-core path (NSA_FAST_MMA). Allocates
- * nothing. Returns 0, or -1 with err (bad dims or variable, no device). */
-static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, NsaError *err) {
+/* Checks the options of a plan (NULL: the defaults). Returns 0, or -1 with
+ * err naming the field, its value and what is allowed. */
+static int fastCheckOptions(const NsaAttnCudaOptions *o, NsaError *err) {
+    if (o->sel < NSA_ATTN_SEL_AUTO || o->sel > NSA_ATTN_SEL_DENSE)
+        return fastFail(err, "nsa fast attention: options sel = %d; allowed: %d (auto) to %d (dense)",
+                        (int)o->sel, (int)NSA_ATTN_SEL_AUTO, (int)NSA_ATTN_SEL_DENSE);
+    if (o->mma < NSA_ATTN_MMA_AUTO || o->mma > NSA_ATTN_MMA_WGMMA)
+        return fastFail(err, "nsa fast attention: options mma = %d; allowed: %d (auto) to %d (wgmma)",
+                        (int)o->mma, (int)NSA_ATTN_MMA_AUTO, (int)NSA_ATTN_MMA_WGMMA);
+    if (o->sel_unfused != 0 && o->sel_unfused != 1)
+        return fastFail(err, "nsa fast attention: options sel_unfused = %d; allowed: 0, 1",
+                        o->sel_unfused);
+    if (o->cmp_parts < 0 || o->cmp_parts > CMP_MAX_PARTS)
+        return fastFail(err, "nsa fast attention: options cmp_parts = %d; allowed: 0 (auto), 1 to %d",
+                        o->cmp_parts, CMP_MAX_PARTS);
+    const int chunk = o->sel_chunk_tokens;
+    if (chunk != 0 && (chunk < FAST_REV_TOKENS || chunk > FAST_SEL_CHUNK_TOKENS_MAX ||
+                       chunk % FAST_REV_TOKENS))
+        return fastFail(err,
+                        "nsa fast attention: options sel_chunk_tokens = %d; allowed: 0 (auto), or "
+                        "a multiple of %d from %d to %d",
+                        chunk, FAST_REV_TOKENS, FAST_REV_TOKENS, FAST_SEL_CHUNK_TOKENS_MAX);
+    return 0;
+}
+
+/* Fills a plan's design for max_dims and options opt (NULL: the defaults)
+ * on the current device: the dims and options checked, the device's SM
+ * count and shared memory, the tensor-core path. Allocates nothing.
+ * Returns 0, or -1 with err (bad dims or options, no device). */
+static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims,
+                             const NsaAttnCudaOptions *opt, NsaError *err) {
     if (fastCheckDims(max_dims, err)) return -1;
     p->max = *max_dims;
-    /* NSA_FAST_SEL=union|warp|block|dense forces one selected-branch design (the
-     * tests check each at every shape); unset or auto picks by S. */
-    const char *sel_env = getenv("NSA_FAST_SEL");
-    if (sel_env && *sel_env && strcmp(sel_env, "auto") != 0) {
-        if (!strcmp(sel_env, "union")) p->sel_mode = 1;
-        else if (!strcmp(sel_env, "warp")) p->sel_mode = 2;
-        else if (!strcmp(sel_env, "block")) p->sel_mode = 3;
-        else if (!strcmp(sel_env, "dense")) p->sel_mode = 4;
-        else
-            return fastFail(err, "nsa fast attention: NSA_FAST_SEL=%s; allowed: auto, union, warp, "
-                                 "block, dense", sel_env);
-    }
-    /* NSA_FAST_SEL_FUSED=0 keeps the selected dK/dV and dQ as two passes
-     * where the fused one applies (the tests check both) */
-    const char *fused_env = getenv("NSA_FAST_SEL_FUSED");
-    p->sel_fused = 1;
-    if (fused_env && *fused_env) {
-        if (!strcmp(fused_env, "0")) p->sel_fused = 0;
-        else if (strcmp(fused_env, "1") != 0)
-            return fastFail(err, "nsa fast attention: NSA_FAST_SEL_FUSED=%s; allowed: 0, 1",
-                            fused_env);
-    }
-    /* NSA_FAST_CMP_PARTS=1..CMP_MAX_PARTS fixes the compressed dK/dV's
-     * parts (fastCmpBackwardParts picks them otherwise): for measuring the
-     * model's pick, and for the tests at several */
-    const char *parts_env = getenv("NSA_FAST_CMP_PARTS");
-    p->cmp_parts_forced = 0;
-    if (parts_env && *parts_env && strcmp(parts_env, "auto") != 0) {
-        char *end = NULL;
-        const long v = strtol(parts_env, &end, 10);
-        if (*end || v < 1 || v > CMP_MAX_PARTS)
-            return fastFail(err,
-                            "nsa fast attention: NSA_FAST_CMP_PARTS=%s; allowed: auto, 1 to %d",
-                            parts_env, CMP_MAX_PARTS);
-        p->cmp_parts_forced = (int)v;
-    }
-    /* NSA_FAST_CMP_DQ=1 forms the compressed dq in its dK/dV pass where it
-     * can (fastCmpDqInPass) instead of in the dQ pass: measured slower so
-     * far (docs/PERF.md, 2026-11-27), so off by default; the tests check
-     * both */
-    const char *cmp_dq_env = getenv("NSA_FAST_CMP_DQ");
-    p->cmp_dq = 0;
-    if (cmp_dq_env && *cmp_dq_env) {
-        if (!strcmp(cmp_dq_env, "1")) p->cmp_dq = 1;
-        else if (strcmp(cmp_dq_env, "0") != 0)
-            return fastFail(err, "nsa fast attention: NSA_FAST_CMP_DQ=%s; allowed: 0, 1", cmp_dq_env);
-    }
-    /* NSA_FAST_SEL_CHUNK_TOKENS=N: B x tokens per chunk of the block-
-     * centric selected passes (a multiple of FAST_REV_TOKENS; their partial
-     * buffers shrink or grow with it) instead of as many as
-     * FAST_SEL_BLOCK_BYTES of partials hold: less memory for some speed, and
-     * for the tests many chunks at small S (the drain's buffer reuse) */
-    const char *chunk_env = getenv("NSA_FAST_SEL_CHUNK_TOKENS");
-    p->sel_chunk_tokens = 0;
-    if (chunk_env && *chunk_env && strcmp(chunk_env, "auto") != 0) {
-        char *end = NULL;
-        const long v = strtol(chunk_env, &end, 10);
-        if (*end || v < FAST_REV_TOKENS || v > FAST_SEL_CHUNK_TOKENS_MAX || v % FAST_REV_TOKENS)
-            return fastFail(err,
-                            "nsa fast attention: NSA_FAST_SEL_CHUNK_TOKENS=%s; allowed: auto, or "
-                            "a multiple of %d from %d to %d",
-                            chunk_env, FAST_REV_TOKENS, FAST_REV_TOKENS, FAST_SEL_CHUNK_TOKENS_MAX);
-        p->sel_chunk_tokens = (int)v;
-    }
+    if (opt) p->opt = *opt;
+    if (fastCheckOptions(&p->opt, err)) return -1;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->sm_count, cudaDevAttrMultiProcessorCount, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&p->l2_bytes, cudaDevAttrL2CacheSize, dev);
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&p->smem_max, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    /* NSA_FAST_MMA=sync|wgmma picks the tile loops' tensor-core path (the
-     * tests check both); unset or auto: wgmma on sm_90, where the sm_90a
-     * code is built, else mma.sync. wgmma elsewhere is refused. */
+    /* the tile loops' tensor-core path (opt.mma; the tests check both):
+     * auto is wgmma on sm_90, where the sm_90a code is built, else
+     * mma.sync; wgmma elsewhere is refused */
     int major = 0, minor = 0;
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
@@ -523,19 +461,17 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
         return fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
     p->device = dev;
     const int hopper = major == 9 && minor == 0;
-    const char *mma_env = getenv("NSA_FAST_MMA");
-    if (!mma_env || !*mma_env || !strcmp(mma_env, "auto")) p->wgmma = hopper;
-    else if (!strcmp(mma_env, "sync")) p->wgmma = 0;
-    else if (!strcmp(mma_env, "wgmma") && hopper) p->wgmma = 1;
-    else
-        return fastFail(err, "nsa fast attention: NSA_FAST_MMA=%s on a compute capability %d.%d "
-                             "device; allowed: auto, sync, and wgmma on 9.0", mma_env, major, minor);
+    if (p->opt.mma == NSA_ATTN_MMA_WGMMA && !hopper)
+        return fastFail(err, "nsa fast attention: options mma = wgmma on a compute capability "
+                             "%d.%d device; allowed: auto, sync, and wgmma on 9.0",
+                        major, minor);
+    p->wgmma = p->opt.mma == NSA_ATTN_MMA_AUTO ? hopper : p->opt.mma == NSA_ATTN_MMA_WGMMA;
     /* the wgmma tile loops read their key tiles by TMA: without the
      * driver's encoder they cannot run, and we say so rather than fall back */
     if (p->wgmma && (e = fastTmaEncoder(&p->tma_encode)) != cudaSuccess)
         return fastFail(err, "nsa fast attention: the driver offers no "
                              "cuTensorMapEncodeTiled (%s); the wgmma path needs it; "
-                             "NSA_FAST_MMA=sync runs without",
+                             "options mma = sync runs without",
                         cudaGetErrorString(e));
     /* the compressed backward's parts at the max dims: fastCarve keeps
      * room for them, and calls at these dims take them as they are */
@@ -544,20 +480,21 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims, Ns
     if (e != cudaSuccess)
         return fastFail(err, "nsa fast attention: the compressed backward's parts: %s",
                         cudaGetErrorString(e));
-    if (p->cmp_parts_forced) p->cmp_parts = p->cmp_parts_forced;
+    if (p->opt.cmp_parts) p->cmp_parts = p->opt.cmp_parts;
     p->cmp_parts_B = max_dims->B, p->cmp_parts_S = max_dims->S;
     return 0;
 }
 
 /* nsaAttnCudaPlanCreate (owner NULL) and nsaAttnCudaPlanCreateSharing. */
-static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaPlan *owner,
+static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
+                                       const NsaAttnCudaOptions *opt, NsaAttnCudaPlan *owner,
                                        NsaError *err) {
     NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
     if (!p) {
         fastFail(err, "nsa fast attention: out of host memory for the plan");
         return NULL;
     }
-    if (fastPlanConfigure(p, max_dims, err)) {
+    if (fastPlanConfigure(p, max_dims, opt, err)) {
         free(p);
         return NULL;
     }
@@ -567,13 +504,13 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
         if (owner->scratch_owner)
             why = "the plan to share scratch with shares another plan's; allowed: a plan from "
                   "nsaAttnCudaPlanCreate";
-        else if (memcmp(o, max_dims, sizeof(*o)) != 0 || owner->sel_mode != p->sel_mode ||
-                 owner->sel_fused != p->sel_fused)
-            why = "dims, NSA_FAST_SEL or NSA_FAST_SEL_FUSED differ from the scratch owner's; "
-                  "allowed: identical max_dims and design";
+        else if (memcmp(o, max_dims, sizeof(*o)) != 0 ||
+                 memcmp(&owner->opt, &p->opt, sizeof(p->opt)) != 0)
+            why = "dims or options differ from the scratch owner's; allowed: identical max_dims "
+                  "and options";
         else if (owner->wgmma != p->wgmma)
-            why = "NSA_FAST_MMA differs from the scratch owner's; allowed: the same tensor-core "
-                  "path";
+            why = "the tensor-core path differs from the scratch owner's; allowed: the same "
+                  "tensor-core path";
         else if (owner->device != p->device)
             why = "the scratch owner lives on another device; allowed: the same device";
         if (why) {
@@ -635,12 +572,12 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims, NsaAttnCudaP
     return p;
 }
 
-extern "C" int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, size_t *state_bytes,
-                                      size_t *scratch_bytes, NsaError *err) {
+extern "C" int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, const NsaAttnCudaOptions *opt,
+                                      size_t *state_bytes, size_t *scratch_bytes, NsaError *err) {
     if (!max_dims) return fastFail(err, "nsa fast attention: dims are NULL");
     NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
     if (!p) return fastFail(err, "nsa fast attention: out of host memory for the plan");
-    if (fastPlanConfigure(p, max_dims, err)) {
+    if (fastPlanConfigure(p, max_dims, opt, err)) {
         free(p);
         return -1;
     }
@@ -652,17 +589,19 @@ extern "C" int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, size_t *state
     return 0;
 }
 
-extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims, NsaError *err) {
-    return fastPlanCreate(max_dims, NULL, err);
+extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreate(const NsaAttnDims *max_dims,
+                                                  const NsaAttnCudaOptions *opt, NsaError *err) {
+    return fastPlanCreate(max_dims, opt, NULL, err);
 }
 
 extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_dims,
+                                                         const NsaAttnCudaOptions *opt,
                                                          NsaAttnCudaPlan *owner, NsaError *err) {
     if (!owner) {
         fastFail(err, "nsa fast attention: the plan to share scratch with is NULL");
         return NULL;
     }
-    return fastPlanCreate(max_dims, owner, err);
+    return fastPlanCreate(max_dims, opt, owner, err);
 }
 
 extern "C" void nsaAttnCudaPlanFree(NsaAttnCudaPlan *p) {
@@ -777,7 +716,8 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* Where the selected forward is masked dense (short S) it runs in the
      * window forward's pass, on the same q tiles (one load of the rows and
      * one launch less); its phase is then that pass's. */
-    FAST_MARK(c.sel_dense_fwd ? "fwd.sel+win+gate" : "fwd.sel");
+    const bool dense_fwd = c.sel_fwd == FastSelFwd::DENSE;
+    FAST_MARK(dense_fwd ? "fwd.sel+win+gate" : "fwd.sel");
     io.k = (const bf16 *)in->k_sel;
     io.v = (const bf16 *)in->v_sel;
     io.nkeys = c.S;
@@ -785,11 +725,11 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.lse = p->lse[1];
     const FastFwdIo sel_io = io;
     p->rev_B = p->rev_S = 0;
-    if (c.sel_dense_fwd || c.sel_dense_dq)
+    if (dense_fwd || c.sel_dq == FastSelDq::DENSE)
         FAST_CHECK(fastSelDenseMask(c, p->sel, p->sel_mask, stream), "selection mask");
-    if (c.sel_dense_fwd) {
+    if (dense_fwd) {
         /* in the window forward below */
-    } else if (c.sel_block_fwd) {
+    } else if (c.sel_fwd == FastSelFwd::BLOCK) {
         const FastRevIndex rev = fastCallRev(p, dims, c);
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
         FastSelBlock sb =
@@ -807,9 +747,9 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         p->rev_B = dims->B; /* the backward reuses this index */
         p->rev_S = dims->S;
     } else {
-        FAST_CHECK(fastSelForward(c, dk, dv, io, p->sel, stream), "selected forward");
+        FAST_CHECK(fastSelUnionForward(c, dk, dv, io, p->sel, stream), "selected forward");
     }
-    if (!c.sel_dense_fwd) FAST_MARK("fwd.win+gate");
+    if (!dense_fwd) FAST_MARK("fwd.win+gate");
     io.k = (const bf16 *)in->k_win;
     io.v = (const bf16 *)in->v_win;
     io.o = p->o[2];
@@ -818,9 +758,9 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.o_sel = p->o[1];
     io.gates = (const bf16 *)in->gates;
     io.out = (bf16 *)out;
-    FAST_CHECK(fastWinForward(c, dk, dv, io, c.sel_dense_fwd ? &sel_io : NULL,
-                              c.sel_dense_fwd ? p->sel_mask : NULL, stream),
-               c.sel_dense_fwd ? "selected (masked dense) and window forward" : "window forward");
+    FAST_CHECK(fastWinForward(c, dk, dv, io, dense_fwd ? &sel_io : NULL,
+                              dense_fwd ? p->sel_mask : NULL, stream),
+               dense_fwd ? "selected (masked dense) and window forward" : "window forward");
     FAST_MARK("end");
     const size_t T = (size_t)dims->B * dims->S;
     if (sel_idx)
@@ -885,7 +825,7 @@ struct FastBwdSideDq {
     FastCtx c;
     int dk, dv;
     FastBwdIo win;
-    const FastBwdIo *cmp;        /* NULL: the compressed dq came with its dK/dV */
+    const FastBwdIo *cmp;        /* the compressed branch (its keys kc, vc and lse) */
     const FastBwdIo *sel_forced; /* the forced selected blocks' dq in the pass too, or NULL */
 };
 static cudaError_t fastBwdSideDq(const void *ctx, int t_begin, int t_end, cudaStream_t stream) {
@@ -962,12 +902,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
      * q / dout tiles are loaded once, and dq goes out once in bf16 instead
      * of through an fp32 running sum written by one pass and read by the
      * next (fastSelBackward then forms only dK/dV). */
-    const bool joint_dq = c.sel_dense_dq;
-    /* The compressed dq formed in its dK/dV pass (fastCmpDqInPass): it
-     * writes dq_acc, and the window (+ forced) dQ pass adds to it - not in
-     * the joint pass of short S, which writes dq whole in bf16. */
-    const bool cmp_dq = p->cmp_dq && !joint_dq && fastCmpDqInPass(c, dk, dv);
-    if (cmp_dq) win.dq_mode = 1;
+    const bool joint_dq = c.sel_dq == FastSelDq::DENSE;
     const FastRevIndex rev = fastCallRev(p, dims, c);
     /* That leaves the selected dK/dV (its index and reverse-index pass)
      * needing nothing of the other passes but the gate backward's: it runs
@@ -988,9 +923,10 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                "window backward");
     /* where the fused selected backward runs, the window + compressed dQ
      * runs beside it on the second stream (fastBwdSideDq) */
-    const bool side_dq = FAST_BWD_SIDE_DQ && c.sel_fused_bwd;
+    const bool fused = c.sel_dq == FastSelDq::FUSED;
+    const bool side_dq = FAST_BWD_SIDE_DQ && fused;
     /* and with it the forced selected blocks' dq (FastSelBlock.forced_dq_apart) */
-    const bool forced_dq = c.sel_fused_bwd && !joint_dq && fastSelForcedDqApplies(c, dk);
+    const bool forced_dq = fused && fastSelForcedDqApplies(c, dk);
     io = cmp;
     if (p->cmp_parts_B != dims->B || p->cmp_parts_S != dims->S) { /* host work, once per B, S */
         const size_t per_part = (size_t)dims->B * c.Nc * dims->G * dk;
@@ -999,13 +935,12 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
                                         room < CMP_MAX_PARTS ? (int)room : CMP_MAX_PARTS,
                                         &p->cmp_parts),
                    "compressed backward's parts");
-        if (p->cmp_parts_forced)
-            p->cmp_parts = room < (size_t)p->cmp_parts_forced ? (int)room : p->cmp_parts_forced;
+        if (p->opt.cmp_parts)
+            p->cmp_parts = room < (size_t)p->opt.cmp_parts ? (int)room : p->opt.cmp_parts;
         p->cmp_parts_B = dims->B, p->cmp_parts_S = dims->S;
     }
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, p->cmp_parts, p->cmp_part_k, p->cmp_part_v,
-                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp,
-                               cmp_dq ? p->cmp_dq_sem : NULL, stream, marks),
+                               (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
     /* dq = window + compressed terms in one pass (written, mode 0) and the
      * selected branch adds its own and writes the bf16 result, or all
@@ -1015,10 +950,10 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, &sel, p->sel_mask, 0, c.S, stream),
                    "window, compressed and selected dq");
     } else if (!side_dq) {
-        FAST_MARK(cmp_dq ? "bwd.win.dq" : "bwd.win+cmp.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, cmp_dq ? NULL : &cmp, forced_dq ? &sel : NULL, NULL,
+        FAST_MARK("bwd.win+cmp.dq");
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, forced_dq ? &sel : NULL, NULL,
                                 0, c.S, stream),
-                   cmp_dq ? "window dq (beside the compressed dK/dV's)" : "window and compressed dq");
+                   "window and compressed dq");
     }
     if (side_sel) { /* the caller's stream goes on once the selected dK/dV is done */
         FAST_MARK("bwd.sel.wait");
@@ -1033,7 +968,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io = sel;
     io.dq_mode = 2;
     FastSelBlock sbq = {};
-    if (c.sel_block_dq) {
+    const bool block_dq = c.sel_dq == FastSelDq::BLOCK || fused;
+    if (block_dq) {
         sbq = fastSelBlockShape(dims->B, dims->S, c.Ns, c.slots, c.hpg,
                                 fastPlanSelTokens(p, dims->G, c.slots, c.hpg, dims->d_k));
         sbq.item_start = p->sb_item_start;
@@ -1043,7 +979,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         sbq.buffers = p->sb_buffers;
         sbq.forced_dq_apart = forced_dq;
     }
-    if (c.sel_fused_bwd) {
+    if (fused) {
         if (!p->fused.item_start || !sbq.part_dq)
             return fastFail(err, "nsa fast attention: the fused selected backward was not planned "
                                  "(a bug: fastCarve and fastSelDesign disagree)");
@@ -1053,7 +989,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         f.item_tokens = shape.item_tokens;
         f.max_items = shape.max_items;
         f.max_parts = shape.max_parts;
-        const FastBwdSideDq side = {p, c, dk, dv, win, cmp_dq ? NULL : &cmp,
+        const FastBwdSideDq side = {p, c, dk, dv, win, &cmp,
                                     forced_dq ? &sel : NULL};
         const FastChunkHook hook = {fastBwdSideDq, &side};
         FAST_MARK(side_dq ? "bwd.sel+win+cmp.dq" : "bwd.sel.fused");
@@ -1073,7 +1009,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         FAST_MARK("end");
         return 0;
     }
-    FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, c.sel_block_dq ? &sbq : NULL,
+    FAST_CHECK(fastSelBackward(c, dk, dv, io, p->sel, rev, block_dq ? &sbq : NULL,
                                (bf16 *)grads->dk_sel, (bf16 *)grads->dv_sel, stream, marks),
                "selected backward");
     FAST_MARK("end");

@@ -41,54 +41,15 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "../../nsa.h"
+#include "tuning.h"
 
 #define FAST_MAX_SLOTS 32      /* sel_idx entries per row the kernels handle */
 #define FAST_MAX_HPG 16        /* heads per KV group */
 #define FAST_SEL_CHUNK 4096    /* reverse-index entries one selected dK/dV CTA reduces, at most */
 #define FAST_REV_TOKENS 256    /* tokens per counting-sort chunk */
-/* Chunk sizes of the block-centric selected passes (overridable at build
- * time for sweeps; halving both was slower on an H200, call 48): at least
- * FAST_SEL_BLOCK_TOKENS (B x tokens) per chunk, more where a token's
- * partials are small - as many as FAST_SEL_BLOCK_BYTES of partials hold,
- * up to FAST_SEL_BLOCK_MAX_TOKENS (fastSelBlockTokens). */
-#ifndef FAST_SEL_BLOCK_TOKENS
-#define FAST_SEL_BLOCK_TOKENS 4096
-#endif
-#ifndef FAST_SEL_BLOCK_BYTES
-#define FAST_SEL_BLOCK_BYTES (1ll << 30) /* 4096 tokens at the paper shape */
-#endif
-/* 32768: H100, proto 64k (two chunks instead of four) fused selected
- * backward 3.09 -> 2.90 ms, forward 2.56 -> 2.48, peak 1654 -> 2084 MiB;
- * the paper shape's chunks are set by FAST_SEL_BLOCK_BYTES. */
-#ifndef FAST_SEL_BLOCK_MAX_TOKENS
-#define FAST_SEL_BLOCK_MAX_TOKENS 32768
-#endif
-/* The most B x tokens a chunk NSA_FAST_SEL_CHUNK_TOKENS may ask for. */
+/* The most B x tokens a chunk NsaAttnCudaOptions.sel_chunk_tokens may ask
+ * for (the chunking's defaults are in tuning.h). */
 #define FAST_SEL_CHUNK_TOKENS_MAX 1048576
-/* Partial buffers of the block-centric passes, each of up to
- * FAST_SEL_BLOCK_BYTES, where a chunk is bound by those bytes (the paper
- * shape; fastSelBlockBuffers): with 2, a chunk's combine reads one buffer
- * on the plan's drain stream while the next chunk's pass fills the other
- * (FastDrain); 1 runs them in turn. H100, four calls: paper 64k 0.3-3%
- * faster (median 1.6%), 16k 0.6-1.4%; the paper shape's peak 11664 ->
- * 12704 MiB. The prototype shape, whose chunks are bound by
- * FAST_SEL_BLOCK_MAX_TOKENS, keeps one: two of half the tokens (its memory)
- * were 0.5-1.5% slower at 64k, two full ones (+800 MB) no faster. */
-#ifndef FAST_SEL_BLOCK_BUFFERS
-#define FAST_SEL_BLOCK_BUFFERS 2
-#endif
-/* 1: where the fused selected backward runs, the window + compressed dQ
- * runs beside it on a second stream, chunk by chunk (fast_attn.cu,
- * fastBwdSideDq); 0: before it, on the caller's stream (A/B builds). */
-#ifndef FAST_BWD_SIDE_DQ
-#define FAST_BWD_SIDE_DQ 1
-#endif
-/* 1: where the selected dQ joins the window + compressed dQ pass (masked
- * dense, short S), the selected dK/dV runs beside the other passes on the
- * second stream (fast_attn.cu, side_sel); 0: after them (A/B builds). */
-#ifndef FAST_BWD_SIDE_SEL
-#define FAST_BWD_SIDE_SEL 1
-#endif
 #define FAST_SCORE_RING 128    /* selection blocks a score pass keeps open */
 
 #endif

@@ -98,13 +98,6 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
 template <bool WG, int DK, int DV> struct CmpRanges {
     static constexpr bool value = FAST_CMP_RANGE_PARTS && FastDkdvShape<WG, DK, DV>::KWG > 1;
 };
-/* Whether the dK/dV pass can form the branch's dq too (CmpDqTurns):
- * ranges on wgmma, and some pooled block (else no pass runs to write it);
- * d_k <= 128: at 192 the staged rows would leave the ring two stages. */
-template <int DK, int DV> static bool cmpDqInPass(const FastCtx &c) {
-    return FAST_CMP_DQ_IN_PASS && DK <= 128 && c.wgmma && CmpRanges<true, DK, DV>::value && c.Nc > 0;
-}
-
 /* The dK/dV of keys [i0, khi) over `ntiles` row tiles of tpr tokens from
  * tileStart(it) (tokens from hi on are none), into part `part`'s fp32
  * partial. */
@@ -140,137 +133,10 @@ __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &i
                                                 visible, seesAny, tileFull, store, stageOut);
 }
 
-/* The compressed branch's dq formed in its dK/dV pass (DQ; cmpDqInPass,
- * NSA_FAST_CMP_DQ=1; off by default: slower so far). After each row tile's
- * dK/dV products the two key warpgroups put their dS^T through the
- * stage's dout tile (free by then) and each forms dq = scale dS.K for its
- * 64-column panel of d_k over the CTA's 128 keys - one product per tile
- * where the dQ pass recomputes S and dP for it (three). The tile's rows go
- * out through shared memory (fp32, 128-byte swizzled 32-column panels) by
- * four bulk tensor copies or reductions (the copy unit adds whole lines in
- * L2).
- *
- * Where the time goes (H100, paper 64k; docs/PERF.md, 2026-11-27): the
- * dQ pass without the compressed branch is about 12 ms shorter, but this
- * pass takes 33 ms instead of 14. Each tile adds 32 KB of fp32 to rows
- * that 31 other key tiles add to as well: 34 GB of L2 reductions a pass,
- * much of it through DRAM (35 GB read, 21 GB written, against 13 and 0
- * without). Per-thread vector reductions (44 ms), one bulk reduction per
- * row (39-44 ms: the copy unit so busy that the ring's row tiles waited on
- * it) were slower still, and so was a first try of clusters summing 4 or 8
- * key tiles through distributed shared memory (93 and 133 ms, a cluster-
- * wide barrier every tile; that build also failed a check). Adds in any
- * order after key tile 0's store (FlashAttention-3's non-deterministic
- * form) still took 28.6 ms: the reductions' bytes, not the turns, cost.
- *
- * Every key tile of a token range adds to the same rows of dq_acc, so they
- * take turns, in key-tile order, over blocks of CMP_DQ_TURN_TILES row
- * tiles: key tile 0 (which walks the whole range) stores, tile x > 0 waits
- * until the block's counter is x, adds, and posts x + 1 when it leaves the
- * block with its operations complete. Each addend goes in in that one
- * order whatever the schedule: bit-reproducible without a partial per key
- * tile (2 GB each at paper 64k). Thread 0 issues the copies and keeps the
- * turns, so only it waits on them. CTAs start in index order, x - 1 before
- * x, so the one a CTA waits for is resident or done. */
-#ifndef CMP_DQ_TURN_TILES
-#define CMP_DQ_TURN_TILES 4
-#endif
-/* Turn counters per (b, g): one per block of CMP_DQ_TURN_TILES row tiles
- * of FAST_DKDV_ROWS / hpg tokens. */
-__host__ __device__ static inline int cmpDqBlocks(int S, int hpg) {
-    const int tpr = FAST_DKDV_ROWS / hpg;
-    return ((S + tpr - 1) / tpr + CMP_DQ_TURN_TILES - 1) / CMP_DQ_TURN_TILES;
-}
-size_t fastCmpDqCounters(int B, int G, int S, int hpg) {
-    return (size_t)B * G * cmpDqBlocks(S, hpg);
-}
-/* the staged dq: four 32-column panels of FAST_DKDV_ROWS rows of 128
- * bytes, 1024-byte aligned (the slack) */
-template <int DK>
-constexpr int cmpDqExtra() {
-    return FAST_DKDV_ROWS * DK * 4 + 1024;
-}
-template <int DK, int KT>
-struct CmpDqTurns {
-    static_assert(DK == 128 && KT == 128, "two key warpgroups, a 64-column panel of dq each");
-    const CUtensorMap *map; /* dq_acc as fastTmaEncodeRowsF32's */
-    int *sem;      /* this (b, g)'s counters, one per block of CMP_DQ_TURN_TILES row tiles */
-    int *block;    /* thread 0's: the block it holds the turn of, -1: none */
-    char *staged;  /* [DK / 32][FAST_DKDV_ROWS][128 bytes] in shared memory */
-    int turn;      /* this CTA's place among the range's: its key tile */
-    int b, g;
-
-    template <class Ads>
-    __device__ void operator()(const FastCtx &c, int t0, int half, const Ads &ads, const bf16 *sK,
-                               bf16 *do_stage) const {
-        constexpr int R = FAST_DKDV_ROWS, KS = sizeof(Ads) / (4 * sizeof(uint32_t));
-        constexpr int RH = 16 * KS;
-        const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
-        const int blk = t0 / (FAST_DKDV_ROWS / c.hpg) / CMP_DQ_TURN_TILES;
-        /* every warpgroup's products of this half have read the dout rows
-         * its dS^T goes to */
-        __syncthreads();
-        if (half == 0 && tid == 0 && blk != *block) { /* a new block: hand the last on, wait for this */
-            if (*block >= 0) {
-                fastBulkWait();
-                fastProxyFenceGlobal();
-                __threadfence();
-                fastSemPost(sem + *block, turn + 1);
-            }
-            if (turn > 0) fastSemWait(sem + blk, turn);
-            fastProxyFenceGlobal(); /* the copies after the acquire */
-            *block = blk;
-        }
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            fastStoreAT(do_stage, R, ads[ks], wg * 64 + (warp & 3) * 16, half * RH + 16 * ks);
-        if (half + 1 < R / RH) return;
-        fastWgProxyFence();
-        if (tid == 0) fastBulkWaitRead(); /* the last tile's copies have read the staging */
-        __syncthreads(); /* dS^T whole, the staging free */
-        const int grp = lane >> 2, quad = lane & 3;
-        float dq[8][4]; /* warpgroup wg: columns 64 wg .. */
-        fastWgRun([&] { fastWgIssueSZ<KT, R>(dq, do_stage, sK + wg * KT * 64, KT); }, dq);
-        /* column 64 wg + 8 n + 2 quad of row r: panel 2 wg + n / 4, 16-byte
-         * chunk (2 (n % 4) + quad / 2) ^ (r % 8), 8 bytes in at quad % 2;
-         * rows r and r + 8 share the swizzle */
-        char *rows = staged + 2 * wg * (R * 128) + ((warp & 3) * 16 + grp) * 128 + (quad & 1) * 8;
-#pragma unroll
-        for (int n = 0; n < 8; n++) {
-            char *at = rows + (n >> 2) * (R * 128) + ((((n & 3) * 2 + (quad >> 1)) ^ grp) << 4);
-            *(float2 *)at = make_float2(dq[n][0] * c.scale, dq[n][1] * c.scale);
-            *(float2 *)(at + 8 * 128) = make_float2(dq[n][2] * c.scale, dq[n][3] * c.scale);
-        }
-        fastWgProxyFence();
-        __syncthreads(); /* the staged rows whole */
-        if (tid == 0) {
-#pragma unroll
-            for (int p = 0; p < DK / 32; p++)
-                fastTmaPutF32(map, staged + p * (R * 128), p * 32, g * c.hpg, t0, b, turn > 0);
-            fastBulkCommit();
-        }
-    }
-    /* after the walk: the last block's turn handed on */
-    __device__ void finish() const {
-        if (threadIdx.x == 0 && *block >= 0) {
-            fastBulkWait();
-            fastProxyFenceGlobal();
-            __threadfence();
-            fastSemPost(sem + *block, turn + 1);
-        }
-    }
-};
-
-/* The dq map of the pass with dq (unused without). */
-struct CmpDqMap {
-    CUtensorMap dq;
-};
-template <int DK, int DV, bool WG, bool DQ = false>
+template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
 cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
-              const __grid_constant__ FastRowMaps maps, int *dq_sem,
-              const __grid_constant__ CmpDqMap dq_map) {
-    static_assert(!DQ || (WG && CmpRanges<WG, DK, DV>::value), "dq in the pass: ranges on wgmma");
+              const __grid_constant__ FastRowMaps maps) {
     constexpr int KT = FastDkdvShape<WG, DK, DV>::KEYS;
     const int parts = gridDim.y, BG = gridDim.z, ktiles = gridDim.x;
     const int linear = blockIdx.x + ktiles * (blockIdx.y + parts * blockIdx.z);
@@ -305,45 +171,7 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
      * 48% busy beside L2 77%). Each mode passes its own tileStart (one
      * formula for both cost the prototype's instance 15 registers: two CTAs
      * a SM instead of three). */
-    if constexpr (DQ) {
-        /* row tiles at multiples of tpr, the same for every key tile (the
-         * turns are per block of them); key tile 0 walks the whole range, so
-         * that it writes every row of it (rows that see no block: dq = 0).
-         * Ranges are whole blocks of turns: a block that straddled two
-         * ranges had one counter for two chains of turns, so a key tile
-         * could add before its range's tile 0 had stored, or wait for a
-         * count the other chain had passed (test_fast_attn case 18, S = 8500
-         * at 4 tokens a row tile: hung on an H100, 2026-11-27). */
-        const int unit = tpr * CMP_DQ_TURN_TILES;
-        const int span = (S + parts * unit - 1) / (parts * unit) * unit;
-        const int base = part * span, hi = min(S, base + span);
-        const int lo = key_tile == 0 ? base : base + (max(tb, base) - base) / tpr * tpr;
-        const int ntiles = hi > lo ? (hi - lo + tpr - 1) / tpr : 0;
-        /* The contributions to a row tile meet in L2 when the key tiles
-         * reach it close in time. The last range's CTAs start together (the
-         * first wave): they walk down from its end, in step. An earlier
-         * range's start as the first wave's CTAs end, key tile x about x
-         * l' / d tiles' time after tile 0 - the tiles x lies above tile 0's
-         * first - so they walk up from their first: x reaches each tile about
-         * when x - 1 does. (Down from the end there too, x ran that far
-         * behind x - 1: the running dq went through DRAM, 21 GB a pass.) */
-        const bool down = part == parts - 1;
-        auto tileStart = [=](int it) { return lo + (down ? ntiles - 1 - it : it) * tpr; };
-        constexpr int KWG = FastDkdvShape<WG, DK, DV>::KWG, EXTRA = cmpDqExtra<DK>();
-        int block = -1;
-        bf16 *sK = fastTileBase<true>();
-        constexpr int AT = FastDkdvRing<DK, DV, KWG, false, false, EXTRA>::EXTRA_AT;
-        char *staged = (char *)sK + (AT + 1023) / 1024 * 1024;
-        const CmpDqTurns<DK, KT> turns{&dq_map.dq, dq_sem + (size_t)bg * cmpDqBlocks(S, c.hpg),
-                                       &block, staged,
-                                       key_tile, b, g};
-        cmpDkdvWalk<DK, DV, WG, EXTRA>(
-            c, io, maps, part_k, part_v, b, g, part, i0, khi, ntiles, hi, tileStart,
-            [&](int it, int half, const auto &ads, bf16 *, bf16 *do_stage, auto) {
-                turns(c, tileStart(it), half, ads, sK, do_stage);
-            });
-        turns.finish();
-    } else if constexpr (CmpRanges<WG, DK, DV>::value) {
+    if constexpr (CmpRanges<WG, DK, DV>::value) {
         const int span = (S + parts * tpr - 1) / (parts * tpr) * tpr;
         const int lo = max(tb, part * span), hi = min(S, (part + 1) * span);
         const int ntiles = hi > lo ? (hi - lo + tpr - 1) / tpr : 0;
@@ -365,14 +193,10 @@ template <int DK, int DV> struct CmpDkdvLaunch {
     int keys, threads, smem;
 };
 template <int DK, int DV>
-static CmpDkdvLaunch<DK, DV> cmpDkdvLaunch(const FastCtx &c, bool dq = false) {
+static CmpDkdvLaunch<DK, DV> cmpDkdvLaunch(const FastCtx &c) {
     using Wg = FastDkdvShape<true, DK, DV>;
     using Sync = FastDkdvShape<false, DK, DV>;
     if (c.wgmma) {
-        if constexpr (FAST_CMP_DQ_IN_PASS && CmpRanges<true, DK, DV>::value && DK <= 128) /* cmpDqInPass */
-            if (dq)
-                return {cmpDkdvKernel<DK, DV, true, true>, Wg::KEYS, Wg::THREADS,
-                        FastDkdvRing<DK, DV, Wg::KWG, false, false, cmpDqExtra<DK>()>::SMEM};
         return {cmpDkdvKernel<DK, DV, true>, Wg::KEYS, Wg::THREADS,
                 FastDkdvRing<DK, DV, Wg::KWG, false>::SMEM};
     }
@@ -390,12 +214,6 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
     return cudaGetLastError();
 }
 
-/* 64-key CTAs per SM the interleaved parts aim at: 16 measured a little
- * faster than 8 since its CTAs hold 128 keys (H200, call 69: paper 64k
- * 22.05 -> 21.82 and 22.45 -> 21.74 ms, paper192 29.3 -> 28.6). */
-#ifndef FAST_CMP_BALANCE_CTAS
-#define FAST_CMP_BALANCE_CTAS 16
-#endif
 /* Interleaved parts past 8 only as a doubling, where the balance target
  * asks for 16 or more and a part still holds 1024 tokens (S >= 16384): the
  * pooling backward reads every part. H100: proto 64k (asks 17) compressed
@@ -493,29 +311,18 @@ static cudaError_t cmpForward(const FastCtx &c, const FastFwdIo &io, cudaStream_
 
 template <int DK, int DV>
 static cudaError_t cmpBackward(const FastCtx &c, const FastBwdIo &io, int parts, float *part_k,
-                               float *part_v, bf16 *dk_out, bf16 *dv_out, int *dq_sem,
-                               cudaStream_t stream, const FastMarks *marks) {
+                               float *part_v, bf16 *dk_out, bf16 *dv_out, cudaStream_t stream,
+                               const FastMarks *marks) {
     cudaError_t e;
-    if (dq_sem && !cmpDqInPass<DK, DV>(c)) return cudaErrorInvalidValue;
-    if ((e = fastMark(marks, dq_sem ? "bwd.cmp.dkdv+dq" : "bwd.cmp.dkdv")) != cudaSuccess) return e;
+    if ((e = fastMark(marks, "bwd.cmp.dkdv")) != cudaSuccess) return e;
     if (c.Nc > 0) {
         FastRowMaps maps = {};
         if ((e = fastDkdvRowMaps(c, io, DK, DV, false, &maps)) != cudaSuccess) return e;
-        const CmpDkdvLaunch<DK, DV> k = cmpDkdvLaunch<DK, DV>(c, dq_sem != NULL);
+        const CmpDkdvLaunch<DK, DV> k = cmpDkdvLaunch<DK, DV>(c);
         if ((e = fastSetSmem(k.kernel, k.smem)) != cudaSuccess) return e;
-        const int tpr = FAST_DKDV_ROWS / c.hpg;
         const int ktiles = (c.Nc + k.keys - 1) / k.keys;
-        CmpDqMap dq_map = {};
-        if (dq_sem) {
-            if ((e = fastTmaEncodeRowsF32(c.tma_encode, &dq_map.dq, io.dq_acc, c.B, c.S, c.H, DK,
-                                          c.hpg, tpr)) != cudaSuccess)
-                return e;
-            if ((e = cudaMemsetAsync(dq_sem, 0, fastCmpDqCounters(c.B, c.G, c.S, c.hpg) * sizeof(int),
-                                     stream)) != cudaSuccess)
-                return e;
-        }
         k.kernel<<<dim3(ktiles, parts, c.B * c.G), k.threads, k.smem, stream>>>(
-            c, io, part_k, part_v, maps, dq_sem, dq_map);
+            c, io, part_k, part_v, maps);
         e = cudaGetLastError();
         if (e != cudaSuccess) return e;
     }
@@ -546,18 +353,7 @@ cudaError_t fastCmpForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io
 
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
-                            int *dq_sem, cudaStream_t stream, const FastMarks *marks) {
-    FAST_DISPATCH(dk, dv, cmpBackward, c, io, parts, part_k, part_v, dk_out, dv_out, dq_sem,
-                  stream, marks);
-}
-
-template <int DK, int DV>
-static cudaError_t cmpDqInPassOf(const FastCtx &c, bool *yes) {
-    *yes = cmpDqInPass<DK, DV>(c);
-    return cudaSuccess;
-}
-bool fastCmpDqInPass(const FastCtx &c, int dk, int dv) {
-    bool yes = false;
-    auto ask = [&]() -> cudaError_t { FAST_DISPATCH(dk, dv, cmpDqInPassOf, c, &yes); };
-    return ask() == cudaSuccess && yes;
+                            cudaStream_t stream, const FastMarks *marks) {
+    FAST_DISPATCH(dk, dv, cmpBackward, c, io, parts, part_k, part_v, dk_out, dv_out, stream,
+                  marks);
 }

@@ -52,15 +52,14 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
                             bf16 *dv_out, cudaStream_t stream, const FastMarks *marks);
 /* dq of the window and compressed branches in one pass (win: rows, window
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
- * = Nc, lse_cmp; NULL where the compressed dK/dV formed that dq - then
- * win.dq_mode 1 adds to it), for the tokens [t_begin, t_end) of every batch row. With
+ * = Nc, lse_cmp), for the tokens [t_begin, t_end) of every batch row. With
  * sel (its keys and lse) the selected branch joins the pass: with sel_mask
  * (fastSelDenseMask: c.sel_dense_dq) all of it, as masked dense attention,
  * over every token, dq written whole; without, its forced blocks only
  * (SelForcedPolicy, where fastSelForcedDqApplies), the fused selected
  * backward adding the chosen blocks' dq (FastSelBlock.forced_dq_apart).
- * Returns cudaErrorInvalidValue for a forced sel where that does not
- * apply or a masked one over part of the tokens, else the encode or launch
+ * Returns cudaErrorInvalidValue for a NULL cmp, a forced sel where that
+ * does not apply or a masked one over part of the tokens, else the encode or launch
  * status; never synchronises. */
 cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo *cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
@@ -74,14 +73,6 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
 /* 1: the compressed dK/dV's parts are equal token ranges walked in step
  * by every key tile where it runs two key warpgroups a CTA (CmpRanges in
  * fast_cmp.cu); 0: interleaved row tiles everywhere. */
-#ifndef FAST_CMP_RANGE_PARTS
-#define FAST_CMP_RANGE_PARTS 1
-#endif
-/* 1: where fastCmpDqInPass holds and NSA_FAST_CMP_DQ=1 the compressed
- * dK/dV pass forms that branch's dq too; 0: never (the code is not built). */
-#ifndef FAST_CMP_DQ_IN_PASS
-#define FAST_CMP_DQ_IN_PASS 1
-#endif
 /* The most parts fastCmpBackwardParts picks (at 16 their fp32 sums take
  * no more than the fused selected backward's fp32 dK/dV, which share the
  * bytes, at the paper and prototype shapes); the plan keeps room for the
@@ -103,26 +94,15 @@ cudaError_t fastCmpBackwardParts(const FastCtx &c, int dk, int dv, int sm_count,
 /* dK/dV of the pooled blocks as `parts` fp32 partial sums (part_k
  * [parts][B][Nc][G][dk], part_v likewise), then the pooling backward sums
  * them in a fixed order into dk_out, dv_out (bf16 [B][S][G][dim]). Its dq
- * comes with the window's (fastWinCmpDq), or - dq_sem non-NULL, where
- * fastCmpDqInPass says it can - from this pass: io.dq_acc = that dq (fp32,
- * every row written), with dq_sem the pass's turn counters
- * (fastCmpDqCounters of them, zeroed here). Returns the first launch or memset error. */
+ * comes with the window's (fastWinCmpDq). Returns the first launch or
+ * memset error. */
 cudaError_t fastCmpBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io, int parts,
                             float *part_k, float *part_v, bf16 *dk_out, bf16 *dv_out,
-                            int *dq_sem, cudaStream_t stream, const FastMarks *marks);
-/* The turn counters (ints) that pass takes at these dims: dq_sem's size. */
-size_t fastCmpDqCounters(int B, int G, int S, int hpg);
-/* Whether the compressed dK/dV can form the branch's dq in its pass at
- * these dims (two key warpgroups on wgmma, ranges, some pooled block). */
-bool fastCmpDqInPass(const FastCtx &c, int dk, int dv);
+                            cudaStream_t stream, const FastMarks *marks);
 
 /* fast_select.cu: sel_idx [B][S][G][slots] from q, kc and lse_cmp. */
 cudaError_t fastSelect(const FastCtx &c, int dk, const bf16 *q, const bf16 *kc,
                        const float *lse_cmp, int32_t *sel_idx, cudaStream_t stream);
-
-/* fast_sel.cu (dispatching to fast_sel_union.cu when c.sel_union_fwd / _dq) */
-cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                           const int32_t *sel_idx, cudaStream_t stream);
 
 /* fast_sel_dense.cu: the short-sequence selected forward and dQ as masked
  * dense flash attention. Applies where l' is a multiple of 64 and there
@@ -147,9 +127,6 @@ cudaError_t fastSelUnionDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
  * stages: where a token's rows make a box of 2 KB or more (hpg 16: H200,
  * paper 2k selected dK/dV 9.42 -> 8.59 ms; at hpg 6 the 768-byte boxes
  * were slower, proto 2k 1.24 -> 1.59). */
-#ifndef FAST_SEL_RING_BOX_BYTES
-#define FAST_SEL_RING_BOX_BYTES 2048
-#endif
 static inline __host__ __device__ bool fastSelRowRing(int hpg) {
     return hpg * 128 >= FAST_SEL_RING_BOX_BYTES;
 }
@@ -200,9 +177,6 @@ struct FastSelBlock {
  * (block 0, its own and the one before: 3 of the paper's 16) in a flash
  * pass of their own where l' is a multiple of 64 (SelForcedPolicy); 0:
  * as work items like the chosen blocks. */
-#ifndef FAST_SEL_FORCED_PASS
-#define FAST_SEL_FORCED_PASS 1
-#endif
 static inline bool fastSelForcedApplies(const FastCtx &c) {
     return FAST_SEL_FORCED_PASS && c.sel_len % 64 == 0;
 }
@@ -210,9 +184,6 @@ static inline bool fastSelForcedApplies(const FastCtx &c) {
  * wgmma, that pass is fast_sel_forced.cu's, one token block per CTA; 0:
  * the forward tile kernel with SelForcedPolicy, as for the other multiples
  * of 64. */
-#ifndef FAST_SEL_FORCED_OWN
-#define FAST_SEL_FORCED_OWN 1
-#endif
 static inline bool fastSelForcedOwnPass(const FastCtx &c) {
     return FAST_SEL_FORCED_OWN && fastSelForcedApplies(c) && c.sel_len == 64 && c.wgmma &&
            c.hpg <= 64;
@@ -323,12 +294,6 @@ struct FastSelFused {
  * floor under the chunk's time; with little work per chunk (the proto
  * shape: about 31 stages per CTA slot against 64-stage items) that floor
  * is what the pass waits for. */
-#ifndef FAST_SEL_FUSED_STAGES
-#define FAST_SEL_FUSED_STAGES 64
-#endif
-#ifndef FAST_SEL_FUSED_MIN_STAGES
-#define FAST_SEL_FUSED_MIN_STAGES 16
-#endif
 /* The fused pass's item size and its item and partial bounds for the
  * chunking sb of B*G = BG rows of groups on a device of sm_count SMs;
  * cannot fail. */

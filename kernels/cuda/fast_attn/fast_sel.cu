@@ -1,23 +1,19 @@
-/* fast_sel.cu - selected attention (NSA paper, section 3.4).
+/* fast_sel.cu - selected attention (NSA paper, section 3.4): the dQ one
+ * warp per token, the reverse index and the unfused dK/dV.
  *
- * Forward and dQ, token-per-warp: warp w of a CTA owns token t0+w of KV
- * group g, its hpg heads as the 16 mma rows (padded). The warp walks the
- * keys of the blocks its own sel_idx row chose (ascending, so the last one
- * is the token's current block, cut at u = t) in tiles of SEL_KT keys,
- * gathered with 16-byte cp.async into its own two shared-memory stages: the
- * next tile is in flight while the current one is computed, and the warps
- * never wait for each other (no CTA barrier). Issue 7 history: an earlier
- * version streamed the union of 4 tokens' blocks through CTA-wide stages;
- * on random selections a tile was wanted by about one warp in four, so
- * three warps sat at every barrier (docs/PERF.md).
+ * dQ, token-per-warp: warp w of a CTA owns token t0+w of KV group g, its
+ * hpg heads as the 16 mma rows (padded). The warp walks the keys of the
+ * blocks its own sel_idx row chose (ascending, so the last one is the
+ * token's current block, cut at u = t) in tiles of SEL_KT keys, gathered
+ * with 16-byte cp.async into its own two shared-memory stages: the next
+ * tile is in flight while the current one is computed, and the warps never
+ * wait for each other (no CTA barrier; CTA-wide stages of 4 tokens' union
+ * left three warps in four waiting at every barrier on random selections).
  *
- * Which forward and dQ run is decided per call in fast_attn.cu
- * (fastSelDesign, by S, head dims and tensor-core path; NSA_FAST_SEL
- * forces one): the union kernels (fast_sel_union.cu) at short S, where
- * neighbours share most blocks; the block-centric ones (fast_sel_block.cu),
- * which read each chosen block once per work item instead of once per
- * token; these warp-per-token ones for the long-S dQ at d_k >= 128 where
- * l' > 64.
+ * Which dQ runs is decided per call in fast_attn.cu (fastSelDesign, by S,
+ * head dims and tensor-core path; docs/FAST_ATTN.md has the table): this
+ * one for the long-S dQ at d_k >= 128 where l' > 64, and on mma.sync from
+ * S = 4096 where d_k > 64.
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of
@@ -140,66 +136,7 @@ __device__ __forceinline__ bool selVisible(int lane_tok, int col, int t) {
     return u >= 0 && u <= t;
 }
 
-/* Forward: o = softmax(q K_sel^T * scale) V_sel over the token's selected
- * keys u <= t, per head; lse saved for the backward (-inf: no key). */
-template <int DK, int DV>
-__global__ void __launch_bounds__(32 * SEL_WARPS)
-selFwdKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx) {
-    using W = SelWarp<DK, DV, false>;
-    constexpr int LDK = W::LDK, LDV = W::LDV;
-    extern __shared__ __align__(16) unsigned char fast_smem[];
-    W w;
-    w.init(fast_smem, c, sel_idx);
-    if (w.t < 0) return; /* the whole warp: nothing below synchronises the CTA */
-    const int lane = threadIdx.x & 31, grp = lane >> 2, quad = lane & 3;
-    w.template load16<DK>(w.sQ, [&](int h) -> const bf16 * {
-        return h < c.hpg ? io.q + w.rowIndex(c, h) * DK : nullptr;
-    });
-    const int ntiles = (w.nkeys + SEL_KT - 1) / SEL_KT;
-    int tok_cur = ntiles > 0 ? w.loadTile(c, io.k, io.v, 0, 0) : -1;
-    fastCpCommit();
-
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-    float o[DV / 8][4];
-#pragma unroll
-    for (int n = 0; n < DV / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
-    for (int it = 0; it < ntiles; it++) {
-        const int st = it & 1;
-        const int tok_next = it + 1 < ntiles ? w.loadTile(c, io.k, io.v, it + 1, st ^ 1) : -1;
-        fastCpCommit();
-        fastCpWait<1>();
-        __syncwarp(); /* the other lanes' copies (and zero rows) are visible */
-        const bf16 *k_t = w.sK + st * SEL_KT * LDK, *v_t = w.sV + st * SEL_KT * LDV;
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        fastMmaAZt<2, DK>(s, w.sQ, LDK, 0, k_t, LDK);
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                bool vis = selVisible(tok_cur, n * 8 + quad * 2 + (e & 1), w.t);
-                float v = vis ? s[n][e] * c.scale_log2 : -INFINITY;
-                s[n][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
-        }
-        fastSoftmaxStep<2, DV>(s, mx, m, l, o);
-        fastMmaPZ<2, DV>(o, s, v_t, LDV);
-        __syncwarp(); /* every lane is done with stage st before it is refilled */
-        tok_cur = tok_next;
-    }
-    fastCpWait<0>();
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        float lsum = fastQuadSum(l[i]);
-        int h = grp + i * 8;
-        if (h >= c.hpg) continue;
-        size_t row = w.rowIndex(c, h);
-        fastStoreOutRow<DV>(io.o + row * DV, io.lse + row, o, i, m[i], lsum, quad);
-    }
-}
-
-/* dQ of the selected branch, same warp shape as the forward:
+/* dQ of the selected branch, one warp per token:
  * dq = scale * sum_u gate p_u (dp_u - dsum) k_u, p_u = exp(s_u - lse),
  * dp_u = dout . v_u; written or accumulated per io.dq_mode. */
 template <int DK, int DV>
@@ -428,9 +365,6 @@ __global__ void __launch_bounds__(256) selFillKernel(FastCtx c, const int32_t *s
 /* At d_k = 64, three CTAs per SM, as the fused backward's (fast_sel_block.cu):
  * 168 registers instead of 200, 20 bytes spilled on wgmma (H100: proto 2k
  * selected backward 2.25 -> 2.12 ms, total 5.25 -> 5.16). */
-#ifndef SEL_DKDV_MIN_CTAS_D64
-#define SEL_DKDV_MIN_CTAS_D64 3
-#endif
 template <int DK, int DV, bool WG, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_DKDV_MIN_CTAS_D64 : 1)
 selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out,
@@ -540,18 +474,6 @@ __global__ void __launch_bounds__(256) selReduceKernel(FastCtx c, FastRevIndex r
 }
 
 template <int DK, int DV>
-static cudaError_t selForward(const FastCtx &c, const FastFwdIo &io, const int32_t *sel_idx,
-                              cudaStream_t stream) {
-    auto kernel = selFwdKernel<DK, DV>;
-    constexpr int smem = SEL_WARPS * selWarpSmem<DK, DV, false>();
-    cudaError_t e = fastSetSmem(kernel, smem);
-    if (e != cudaSuccess) return e;
-    kernel<<<dim3((c.S + SEL_WARPS - 1) / SEL_WARPS, c.B * c.G), 32 * SEL_WARPS, smem, stream>>>(
-        c, io, sel_idx);
-    return cudaGetLastError();
-}
-
-template <int DK, int DV>
 static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int32_t *sel_idx,
                                const FastRevIndex &rev, const FastSelBlock *sb_dq, bf16 *dk_out,
                                bf16 *dv_out, cudaStream_t stream, const FastMarks *marks) {
@@ -573,10 +495,10 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
                                                                                  dv_out);
     if ((e = cudaGetLastError()) != cudaSuccess) return e;
     /* masked dense: its dQ ran in the window and compressed dQ pass */
-    if (c.sel_dense_dq) return cudaSuccess;
+    if (c.sel_dq == FastSelDq::DENSE) return cudaSuccess;
     if ((e = fastMark(marks, "bwd.sel.dq")) != cudaSuccess) return e;
-    if (c.sel_union_dq) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
-    if (c.sel_block_dq) {
+    if (c.sel_dq == FastSelDq::UNION) return fastSelUnionDq(c, DK, DV, io, sel_idx, stream);
+    if (c.sel_dq == FastSelDq::BLOCK) {
         if (!sb_dq) return cudaErrorInvalidValue;
         return fastSelBlockDq(c, DK, DV, io, sel_idx, rev, *sb_dq, NULL, stream);
     }
@@ -586,12 +508,6 @@ static cudaError_t selBackward(const FastCtx &c, const FastBwdIo &io, const int3
     dq<<<dim3((c.S + SEL_WARPS - 1) / SEL_WARPS, c.B * c.G), 32 * SEL_WARPS, smem_q, stream>>>(
         c, io, sel_idx);
     return cudaGetLastError();
-}
-
-cudaError_t fastSelForward(const FastCtx &c, int dk, int dv, const FastFwdIo &io,
-                           const int32_t *sel_idx, cudaStream_t stream) {
-    if (c.sel_union_fwd) return fastSelUnionForward(c, dk, dv, io, sel_idx, stream);
-    FAST_DISPATCH(dk, dv, selForward, c, io, sel_idx, stream);
 }
 
 cudaError_t fastSelBuildIndex(const FastCtx &c, const int32_t *sel_idx, const FastRevIndex &rev,

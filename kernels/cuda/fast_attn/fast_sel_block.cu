@@ -37,9 +37,8 @@
  * streaming cache hint (st.global.cs / ld.global.cs; the forward at 16
  * heads per group stores them by TMA, marked evict-first), so that they pass
  * through L2 ahead of the chunk's query and dout rows, which each of a
- * token's blocks reads again (H200, call 48: paper 64k selected dQ 31.5 ->
- * 30.7 ms, proto 64k 5.2 -> 4.8; B x 2048 / 1024-token chunks instead of
- * 4096 / 2048 were slower).
+ * token's blocks reads again (faster at the paper and proto shapes; smaller
+ * chunks were slower: tuning.h).
  *
  * The dQ pass has the same shape: a CTA holds block j's K/V, streams the
  * query and dout rows of its tokens and writes per pair the partial
@@ -62,9 +61,6 @@
  * tokens at 16 heads per group). With the partials staged, 8 measured a
  * little faster than 4 (H200, paper 8k 80.3 -> 79.0 ms, paper192 64k 192.4
  * -> 191.3) and 2 or 1 slower (paper 64k 135.6 -> 137.7, 141.4). */
-#ifndef SELB_TILES
-#define SELB_TILES 8
-#endif
 
 /* Tokens of one work item: SELB_TILES row tiles of SELB_ROWS / hpg tokens. */
 static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES * (SELB_ROWS / hpg); }
@@ -293,12 +289,6 @@ __device__ __forceinline__ void selStageStoreTmaCols(const CUtensorMap *map, con
  * = 128, which fits two); one stage fits two CTAs, each waiting for its
  * next tile while the other computes: 11.4 ms, paper192 64k fwd+bwd 131.96
  * -> 129.79 ms, 16k 86.83 -> 84.63 (H100, ab.py, 3 rounds). */
-#ifndef SELB_RING_STAGES_WIDE
-#define SELB_RING_STAGES_WIDE 1
-#endif
-#ifndef SELB_RING_STAGES
-#define SELB_RING_STAGES 2
-#endif
 template <int DK>
 constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB_RING_STAGES; }
 /* With one q stage the forward's tile loop was serial per CTA: the next
@@ -312,9 +302,6 @@ constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB
  * 64k fwd.sel 19.82 -> 17.56 ms, fwd+bwd 128.41 -> 125.67 (16k 84.37 ->
  * 83.20). At d_k = 128 it would need the one q stage (SELB_RING_STAGES=1),
  * which measured slower there: paper 64k fwd.sel 15.86 -> 16.38 ms. */
-#ifndef SELB_OUT_STAGE
-#define SELB_OUT_STAGE 1
-#endif
 template <int DK, int DV>
 constexpr bool selBlockOutStage() { return SELB_OUT_STAGE && DV > 64 && selBlockQStages<DK>() == 1; }
 /* Entries of the item's token and slot lists: the q ring runs at 16 heads
@@ -342,9 +329,6 @@ constexpr int selBlockSmem() {
  * panel, and the chunk's partials part_o as rows of d_v, boxes of 16 rows
  * x 64 columns - a warp's staged rows are one (token, slot) pair's 16
  * heads, stored by one bulk tensor copy per panel. */
-#ifndef FAST_SELB_TMA_STORE
-#define FAST_SELB_TMA_STORE 1
-#endif
 struct SelBlockFwdMaps {
     CUtensorMap q, part_o;
 };
@@ -1175,12 +1159,6 @@ struct SelFusedMaps {
  * row tiles in turn run 8 warps: 23.9 ms, paper192 64k fwd+bwd 138.15 ->
  * 132.00 ms (H100, ab.py, 2 rounds). SEL_FUSED_ROW_WGS: the same at d_k =
  * 128, where two CTAs fit: no faster (paper 64k 96.11 -> 96.68 ms), off. */
-#ifndef SEL_FUSED_ROW_WGS_WIDE
-#define SEL_FUSED_ROW_WGS_WIDE 2
-#endif
-#ifndef SEL_FUSED_ROW_WGS
-#define SEL_FUSED_ROW_WGS 1
-#endif
 template <int DK, int DV>
 constexpr int selFusedRowWgs() {
     return DK + DV > 256 ? SEL_FUSED_ROW_WGS_WIDE : DK >= 128 ? SEL_FUSED_ROW_WGS : 1;
@@ -1191,9 +1169,6 @@ constexpr int selFusedRowWgs() {
  * scores and dP^T side by side (no faster: its phase 56.22 -> 56.33 ms),
  * 84 probabilities first (fwd+bwd 127.44 -> 127.52 ms; H100, paper192
  * 64k). */
-#ifndef SEL_FUSED_WIDE_PASS_ROWS
-#define SEL_FUSED_WIDE_PASS_ROWS 32
-#endif
 template <int DK, int DV>
 constexpr int selFusedPassRows() {
     return DK > 128 || DV > 128 ? SEL_FUSED_WIDE_PASS_ROWS : fastDkdvPassRows<DK, DV>();
@@ -1219,19 +1194,10 @@ constexpr int selFusedSmem() {
  * 5% of the kernel's stall samples, ncu, paper 64k). H100, with the split
  * reduce below: paper 64k fwd+bwd 101.33 -> 100.78 ms (the dQ phase 42.57
  * -> 41.83; the split reduce alone 101.11), proto 64k 13.02 -> 12.90. */
-#ifndef SEL_FUSED_DEFER_READ
-#define SEL_FUSED_DEFER_READ 1
-#endif
-#if SEL_FUSED_DEFER_READ && !FAST_DKDV_ISSUE_UNDER
-#error "SEL_FUSED_DEFER_READ releases a stage under the next stage's products: FAST_DKDV_ISSUE_UNDER"
-#endif
 /* At d_k = 64, three CTAs per SM: the registers capped at 168 (201
  * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
  * small products per stage, which a third CTA overlaps (H100: proto 64k
  * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
-#ifndef SEL_FUSED_MIN_CTAS_D64
-#define SEL_FUSED_MIN_CTAS_D64 3
-#endif
 /* (At d_k >= 128 the kernel's 255 registers leave two CTAs no room for a
  * CTA of the previous chunk's dq combine beside them on the drain; capped
  * at 232 so that one fits, it spilled 32 bytes and measured slower: H100,

@@ -23,9 +23,6 @@
 /* Consumer warpgroups per CTA: three, as the forward tile kernel's 384
  * threads. Four would split a paper-shape block's 16 row tiles evenly, but
  * at 128 registers a thread ptxas spills 250-336 bytes (d = 128). */
-#ifndef SEL_FORCED_WGS
-#define SEL_FORCED_WGS 3
-#endif
 #define SEL_FORCED_THREADS (128 * SEL_FORCED_WGS)
 
 /* Shared layout: K tiles [3][64][DK], V tiles [3][64][DV] (swizzled 64-row

@@ -12,10 +12,10 @@
  * (16 of 32 at S = 2048, l' = 64), neighbours share most of them, and one
  * pass over the union beats a pass per token; at long S random selections
  * share few blocks and the union's CTA barriers leave three warps in four
- * idle, so fast_sel.cu's warp-per-token kernels win. Which one runs at
- * which S (and where the block-centric ones of fast_sel_block.cu win) is
- * measured and decided in fast_attn.cu (fastSelDesign); NSA_FAST_SEL in
- * the environment of nsaAttnCudaPlanCreate forces one (tests run each). */
+ * idle, so the block-centric passes (fast_sel_block.cu) or, for the dQ,
+ * fast_sel.cu's warp per token win. Which one runs at which shape is
+ * decided in fast_attn.cu (fastSelDesign; docs/FAST_ATTN.md has the table);
+ * NsaAttnCudaOptions.sel forces one (the tests run each). */
 #include "fast_internal.cuh"
 
 #define SEL_TOKENS 4 /* consecutive tokens per CTA, one warp (16 mma rows) each */

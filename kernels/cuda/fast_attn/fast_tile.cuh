@@ -49,16 +49,24 @@ struct FastNoRowMask {
 };
 
 /* Dims every fast kernel needs, resolved once per call on the host. */
+/* The selected branch's forward: the union of 4 tokens' blocks per CTA
+ * (fast_sel_union.cu), block-centric work items over the reverse index
+ * (fast_sel_block.cu), or masked dense flash attention run in the window
+ * forward's pass (fast_sel_dense.cu, fast_win.cu). */
+enum class FastSelFwd { UNION, BLOCK, DENSE };
+/* The selected branch's dQ: union of 4 (fast_sel_union.cu), one warp per
+ * token (fast_sel.cu), block-centric after the dK/dV pass (BLOCK) or formed
+ * in it (FUSED, fast_sel_block.cu), or masked dense in the window +
+ * compressed dQ pass (DENSE, fast_win.cu). */
+enum class FastSelDq { UNION, WARP, BLOCK, FUSED, DENSE };
+
 struct FastCtx {
     int B, S, H, G, hpg;
     int cmp_len, cmp_stride, sel_len, n_sel, window;
     int Nc, Ns, slots;
     float scale, scale_log2;
-    /* selected forward / dQ: 1 union-of-4 (fast_sel_union.cu), 0 warp per token */
-    int sel_union_fwd, sel_union_dq;
-    int sel_block_fwd, sel_block_dq; /* 1: block-centric selected forward / dQ (fast_sel_block.cu) */
-    int sel_dense_fwd, sel_dense_dq; /* 1: masked dense selected forward / dQ (fast_sel_dense.cu) */
-    int sel_fused_bwd; /* 1: dK/dV and the block-centric dQ in one pass (fast_sel_block.cu) */
+    FastSelFwd sel_fwd; /* the selected forward's design (fastSelDesign) */
+    FastSelDq sel_dq;   /* the selected dQ's design */
     int smem_max; /* the device's opt-in shared memory per CTA, bytes */
     int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
     /* host only: the driver's cuTensorMapEncodeTiled where wgmma (the
@@ -106,9 +114,6 @@ struct FastBwdIo {
  *    proto dQ 2.97 ms this way, 3.31 with two m-tiles).
  *  - D = 192 (dQ with d_k = 192): one m-tile too; two would spill. */
 #define FAST_QTILE_ROWS 128
-#ifndef FAST_FWD_WG_ROWS
-#define FAST_FWD_WG_ROWS 192
-#endif
 /* With wgmma (WG) the tile is two warpgroups of 64 rows (8 warps, one
  * m-tile each; the forward at d_v > 64 three, FWD_ROWS) against 64-key
  * tiles: the tensor cores read both operands
@@ -212,16 +217,10 @@ __device__ __forceinline__ void fastTileBarrier() {
 /* Rows per wgmma pass of the dK/dV core where d_k, d_v <= 128 (32 or 64;
  * 64 measured faster on an H200: paper 64k cmp dK/dV 25.6 -> 24.6 ms,
  * window 8.2 -> 7.1, selected 13.7 -> 12.8). */
-#ifndef FAST_DKDV_WG_ROWS
-#define FAST_DKDV_WG_ROWS 64
-#endif
 /* Key warpgroups per dK/dV CTA of the window and compressed branches on
  * wgmma: two warpgroups of 64 keys each share every row stage (q, dout and
  * their row data), which halves the bytes each key pulls from L2; the
  * selected branch's CTAs hold one selection block (64 keys) and keep one. */
-#ifndef FAST_DKDV_KEY_WGS
-#define FAST_DKDV_KEY_WGS 2
-#endif
 template <bool WG, int DK, int DV>
 struct FastDkdvShape {
     /* warpgroups of 64 keys: at d_k = d_v = 64 one warpgroup's registers
@@ -244,13 +243,7 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
 
 /* 1: the wgmma forward's epilogue goes through shared memory in 16-byte
  * chunks where it gains (see there); 0: 4-byte stores from the fragments. */
-#ifndef FAST_FWD_STAGED_OUT
-#define FAST_FWD_STAGED_OUT 1
-#endif
 /* 1: the window forward prefetches its gate-combine inputs (see there). */
-#ifndef FAST_FWD_PREFETCH
-#define FAST_FWD_PREFETCH 1
-#endif
 /* One branch of a forward pass: its keys, values, o and lse (io.k, io.v,
  * io.nkeys, io.o, io.lse) and which keys a row sees (the policy). */
 template <class Policy>
@@ -306,9 +299,6 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
  * dQ phase 43.88 -> 42.16), paper 2k 38.06 -> 37.52, proto 16k 8.69 ->
  * 8.59. (The score pass the same way measured no better: paper 64k 7.48 ->
  * 7.66 ms.) */
-#ifndef FAST_RING_PRODUCE_UNDER
-#define FAST_RING_PRODUCE_UNDER 1
-#endif
 
 /* fastWgRun taking a turn (TURNS: FastTurns<WGS>): the warpgroup waits for
  * its turn before it issues, and hands the turn on before it waits for the
@@ -330,9 +320,6 @@ __device__ __forceinline__ void fastWgRunTurn(Issue issue, Acc &...accs) {
  * 8.98 ms at paper192 (window + gates 4.38 -> 4.24), but at paper (d_k
  * 128, shorter score products against the same exponentials) 8.09 -> 8.31
  * and its phase 9.12 -> 9.63 ms (ab.py, 3 rounds). */
-#ifndef FAST_FWD_TURNS
-#define FAST_FWD_TURNS 1
-#endif
 
 /* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
  * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
@@ -720,9 +707,6 @@ struct FastDqMaps {
  * -> 17.64 ms at paper192, 15.29 -> 14.77 at paper; fwd+bwd (ab.py, 3
  * rounds) 123.62 -> 121.48 and 97.12 -> 96.61 ms. 0: each issues when
  * ready. */
-#ifndef FAST_DQ_TURNS
-#define FAST_DQ_TURNS 1
-#endif
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
@@ -1067,9 +1051,6 @@ __device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
  * gradients within 3.5e-3 of the reference, budget 1e-2). */
 /* (1: where d_k or d_v is above 128; 2: at every shape, for measuring -
  * slower where the registers fit: H100, paper 64k 97.25 -> 98.31 ms) */
-#ifndef FAST_DKDV_PROBS_FIRST
-#define FAST_DKDV_PROBS_FIRST 1
-#endif
 template <int DK, int DV, int RH>
 constexpr bool fastDkdvProbsFirst() {
     return RH == 64 && (FAST_DKDV_PROBS_FIRST > 1 || (FAST_DKDV_PROBS_FIRST && (DK > 128 || DV > 128)));
@@ -1425,9 +1406,6 @@ static __device__ const int fastMinusOne = -1;
  * from L2 a tile's compute covers the copies, and one ahead leaves a
  * four-stage ring three tiles of slack between the fastest and slowest
  * warps. */
-#ifndef FAST_DKDV_AHEAD
-#define FAST_DKDV_AHEAD 1
-#endif
 /* 1: the producer's work for the next tile runs while the stage's first
  * two products are on the tensor cores (fastDkdvWgPass's during); 0: at
  * the top of the stage, where warps 0 and 1 (the boxes, the row data) came
@@ -1435,15 +1413,9 @@ static __device__ const int fastMinusOne = -1;
  * backward's stall samples sat on its first wgmma (ncu, paper 64k). H100,
  * paper 64k: fwd+bwd 106.06 -> 103.93 ms (compressed dK/dV 16.53 -> 15.50,
  * window 5.10 -> 4.88), 16k 69.58 -> 68.86; the prototype shape unchanged. */
-#ifndef FAST_DKDV_ISSUE_UNDER
-#define FAST_DKDV_ISSUE_UNDER 1
-#endif
 /* The warp that issues the row boxes of the dK/dV ring (the row data are
  * warps 0 and 1's). H100, paper 64k: fwd+bwd 101.10 -> 98.75 ms with the
  * boxes on warp 2 rather than 0, 16k 67.31 -> 65.86. */
-#ifndef FAST_DKDV_BOX_WARP
-#define FAST_DKDV_BOX_WARP 2
-#endif
 /* RWG > 1 (row warpgroups): the CTA's RWG warpgroups share one K/V tile
  * and take its row tiles in turn - warpgroup w the tiles it = w (mod RWG),
  * each with its own producer, stages (it % STAGES) and row-data slots (it %

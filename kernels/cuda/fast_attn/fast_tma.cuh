@@ -338,9 +338,6 @@ __device__ __forceinline__ void fastTmaLoad4(void *, const CUtensorMap *, int, i
  * the producer would wait for itself.
  * Two ahead at four stages (H200, paper 64k: compressed forward 10.92 ->
  * 10.41 ms against one ahead, window+compressed dQ 15.07 -> 14.68). */
-#ifndef FAST_RING_AHEAD
-#define FAST_RING_AHEAD 2
-#endif
 
 /* The ring of STAGES key/value stages of KT keys (DV = 0: keys only). Tile j of a kernel's
  * loop (counted across all its branches) lives in stage j % STAGES; its

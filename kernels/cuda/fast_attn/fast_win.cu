@@ -99,18 +99,7 @@ template <int DK, int DV>
 static cudaError_t winCmpDq(const FastCtx &c, const FastBwdIo &win, const FastBwdIo *cmp_io,
                             const FastBwdIo *sel, const uint64_t *sel_mask, int t_begin,
                             int t_end, cudaStream_t stream) {
-    if (!cmp_io) { /* the compressed dq is in dq_acc already (fastCmpDqInPass) */
-        if (sel_mask || win.dq_mode != 1) return cudaErrorInvalidValue;
-        if constexpr (FAST_CMP_DQ_IN_PASS && DK >= 128 && DK + DV >= 256) {
-            if (sel)
-                return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
-                                            fastDqBranch(win, fastWinPolicy(c)),
-                                            fastDqBranch(*sel, fastSelForcedPolicy(c)));
-            return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
-                                        fastDqBranch(win, fastWinPolicy(c)));
-        }
-        return cudaErrorInvalidValue;
-    }
+    if (!cmp_io) return cudaErrorInvalidValue;
     const FastBwdIo &cmp = *cmp_io;
     if (sel && sel_mask)
         return fastLaunchDq<DK, DV>(c, win, t_begin, t_end, stream,
