@@ -29,6 +29,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include "fast_wgmma.cuh"
+#include "tuning.h"
 
 /* A pair of tensor maps (keys, values) for one branch. Kernels take it as a
  * __grid_constant__ parameter: TMA reads the map from the parameter space. */
