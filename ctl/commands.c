@@ -14,6 +14,7 @@
 #include "nsa.h"
 #include "runview.h"
 #include "watch.h"
+#include "suggest.h"
 
 /* Config files are small; the daemon refuses bodies over 1 MiB anyway
  * (proto/api.md), so a bigger file is an error here, with a clear message. */
@@ -43,8 +44,21 @@ static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *op
                 if (strlen(opts[k].name) == name_len && !strncmp(opts[k].name, arg, name_len))
                     opt = &opts[k];
             if (!opt) {
-                fprintf(stderr, "nsactl %s: unknown option '%.*s' (see nsactl %s --help)\n", cmd,
-                        (int)name_len, arg, cmd);
+                /* the command's options and the global ones (nsactl.c) */
+                static const char *const global[] = {"--json", "--help", "--socket", "--url", "--token",
+                                                     "--token-file", "--state-dir", "--timeout", "--version"};
+                char typed[80], hint[256] = "";
+                snprintf(typed, sizeof typed, "%.*s", (int)name_len, arg);
+                const char *names[32], *close[SUGGEST_MAX];
+                size_t n_names = 0;
+                for (int k = 0; k < n_opts && n_names < 16; k++) names[n_names++] = opts[k].name;
+                for (size_t k = 0; k < sizeof global / sizeof global[0]; k++) names[n_names++] = global[k];
+                int n_close = suggestWords(typed, names, n_names, close);
+                if (n_close) {
+                    char list[200];
+                    snprintf(hint, sizeof hint, "; did you mean %s?", suggestList(close, n_close, list, sizeof list));
+                }
+                fprintf(stderr, "nsactl %s: unknown option '%s'%s (see nsactl %s --help)\n", cmd, typed, hint, cmd);
                 return -1;
             }
             if (opt->flag) {
@@ -829,8 +843,40 @@ const CtlCommand ctlCommands[] = {
     {NULL, NULL, NULL, NULL, NULL},
 };
 
+const CtlAlias ctlAliases[] = {
+    {"ps", "list"}, {"ls", "list"}, {"rm", "delete"}, {"stop", "halt"}, {NULL, NULL},
+};
+
 const CtlCommand *ctlFindCommand(const char *name) {
+    for (const CtlAlias *a = ctlAliases; a->alias; a++)
+        if (!strcmp(a->alias, name)) name = a->command;
     for (const CtlCommand *c = ctlCommands; c->name; c++)
         if (!strcmp(c->name, name)) return c;
     return NULL;
+}
+
+char *ctlAliasesOf(const char *command, char *buf, size_t cap) {
+    size_t used = 0;
+    buf[0] = '\0';
+    for (const CtlAlias *a = ctlAliases; a->alias && used < cap; a++) {
+        if (strcmp(a->command, command)) continue;
+        int k = snprintf(buf + used, cap - used, "%s%s", used ? ", " : "", a->alias);
+        if (k < 0) break;
+        used += (size_t)k;
+    }
+    return buf;
+}
+
+void ctlUnknownCommand(const char *name) {
+    const char *words[64], *close[SUGGEST_MAX];
+    size_t n = 0;
+    for (const CtlCommand *c = ctlCommands; c->name && n < 64; c++) words[n++] = c->name;
+    for (const CtlAlias *a = ctlAliases; a->alias && n < 64; a++) words[n++] = a->alias;
+    int n_close = suggestWords(name, words, n, close);
+    char list[256];
+    if (n_close)
+        fprintf(stderr, "nsactl: unknown command '%s'; did you mean %s? (nsactl --help lists the commands)\n",
+                name, suggestList(close, n_close, list, sizeof list));
+    else
+        fprintf(stderr, "nsactl: unknown command '%s' (nsactl --help lists the commands)\n", name);
 }

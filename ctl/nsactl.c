@@ -15,8 +15,12 @@
 static void printUsage(FILE *out) {
     fprintf(out, "usage: nsactl [OPTIONS] COMMAND [ARGS]\n\ncommands:\n");
     for (const CtlCommand *c = ctlCommands; c->name; c++) {
-        if (strlen(c->synopsis) > 24) fprintf(out, "  %s\n  %-24s %s\n", c->synopsis, "", c->summary);
-        else fprintf(out, "  %-24s %s\n", c->synopsis, c->summary);
+        char aliases[64], summary[400];
+        ctlAliasesOf(c->name, aliases, sizeof aliases);
+        snprintf(summary, sizeof summary, "%s%s%s%s", c->summary, aliases[0] ? " (also: " : "", aliases,
+                 aliases[0] ? ")" : "");
+        if (strlen(c->synopsis) > 24) fprintf(out, "  %s\n  %-24s %s\n", c->synopsis, "", summary);
+        else fprintf(out, "  %-24s %s\n", c->synopsis, summary);
     }
     fprintf(out,
             "\n"
@@ -46,7 +50,9 @@ static void printUsage(FILE *out) {
 }
 
 static void printCommandHelp(const CtlCommand *c) {
+    char aliases[64];
     printf("usage: nsactl %s\n\n%s.\n", c->synopsis, c->summary);
+    if (ctlAliasesOf(c->name, aliases, sizeof aliases)[0]) printf("Aliases: %s.\n", aliases);
     if (c->help[0]) printf("\n%s", c->help);
     printf("\nGlobal options (--json, --socket, --url, --token, ...) and exit codes: nsactl --help\n");
 }
@@ -168,8 +174,7 @@ static int nsactlMain(int argc, char **argv, char **rest) {
     int asks_help = n_rest > 0 && !strcmp(rest[0], "help");
     const char *name = asks_help ? (n_rest > 1 ? rest[1] : NULL) : (n_rest > 0 ? rest[0] : NULL);
     if (name && !(cmd = ctlFindCommand(name))) {
-        fprintf(stderr, "nsactl: unknown command '%s'\n\n", name);
-        printUsage(stderr);
+        ctlUnknownCommand(name);
         return CTL_EXIT_USAGE;
     }
     if (asks_help || g.help) {

@@ -110,6 +110,19 @@ for cmd in start status list halt resume delete metrics events stacks watch dash
 done
 expect_rc "no command exits 2" 2 C
 expect_rc "unknown command exits 2" 2 C frobnicate
+[ "$(wc -l <"$TMP/err")" -eq 1 ] && ! grep -q "did you mean" "$TMP/err" && ok "an unknown command gets one line, not the usage" ||
+    not_ok "an unknown command gets one line, not the usage" "$(head -5 "$TMP/err")"
+expect_rc "a mistyped command exits 2" 2 C stauts
+[ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "did you mean 'status'?" "$TMP/err" && ok "a mistyped command gets: did you mean 'status'?" ||
+    not_ok "a mistyped command gets: did you mean 'status'?" "$(head -5 "$TMP/err")"
+expect_rc "help of a mistyped command exits 2" 2 C help lsit
+grep -q "did you mean 'list'?" "$TMP/err" && ok "help lsit: did you mean 'list'?" || not_ok "help lsit: did you mean 'list'?" "$(cat "$TMP/err")"
+expect_rc "a mistyped option exits 2" 2 C list --jsno
+grep -q "did you mean '--json'?" "$TMP/err" && ok "list --jsno: did you mean '--json'?" || not_ok "list --jsno: did you mean '--json'?" "$(cat "$TMP/err")"
+for alias in ps ls rm stop; do
+    expect_rc "$alias --help exits 0" 0 C "$alias" --help
+done
+grep -q "usage: nsactl halt" "$TMP/out" && ok "stop is halt" || not_ok "stop is halt" "$(head -3 "$TMP/out")"
 expect_rc "start without CONFIG exits 2" 2 C start
 expect_rc "unknown option exits 2" 2 C list --bogus
 expect_rc "a malformed run id exits 2" 2 C status '../etc'
@@ -154,6 +167,10 @@ json 'd["state"] == "running" and d["step"] >= 3' && ok "the run reaches step 3 
 
 expect_rc "list exits 0" 0 C list
 grep -q "$ID" "$TMP/out" && grep -q "long-run" "$TMP/out" && ok "list shows the run and its name" || not_ok "list shows the run and its name" "$(cat "$TMP/out")"
+for alias in ps ls; do
+    expect_rc "$alias exits 0" 0 C "$alias"
+    grep -q "$ID" "$TMP/out" && ok "$alias lists the runs as list does" || not_ok "$alias lists the runs as list does" "$(cat "$TMP/out")"
+done
 expect_rc "list --json exits 0" 0 C list --json
 json "d['active'] == '$ID' and d['runs'][0]['id'] == '$ID'" && ok "list --json: the run is active and newest" || not_ok "list --json: the run is active and newest" "$(cat "$TMP/out")"
 expect_rc "status ID exits 0" 0 C status "$ID"
@@ -203,7 +220,7 @@ expect_rc "halt --wait --json exits 0" 0 timeout 60 "$CTL" halt "$ID" --wait --j
 json 'd["state"] == "halted"' && ok "halt --wait --json ends halted" || not_ok "halt --wait --json ends halted" "$(head -c 600 "$TMP/out")"
 
 # ---- unknown runs ---------------------------------------------------------------------
-for cmd in status halt resume delete metrics events watch; do
+for cmd in status halt resume delete metrics events watch rm stop; do
     expect_rc "$cmd of an unknown run exits 4" 4 C "$cmd" 20000101-000000-dead
 done
 grep -q "not_found" "$TMP/err" && ok "the 404 names not_found" || not_ok "the 404 names not_found" "$(cat "$TMP/err")"
