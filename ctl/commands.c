@@ -205,10 +205,12 @@ static void printRunDetails(const cJSON *run) {
     statusLine("lr", line);
 
     snprintf(a, sizeof a, "-");
+    snprintf(c, sizeof c, "-");
     if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, a, sizeof a);
+    if (ctlNumber(run, "mfu", &v)) snprintf(c, sizeof c, "%.1f%%", 100.0 * v);
     w = -1;
     ctlNumber(run, "eta_s", &w);
-    snprintf(line, sizeof line, "%s tok/s   ETA %s", a, formatDuration(w, b, sizeof b));
+    snprintf(line, sizeof line, "%s tok/s   MFU %s   ETA %s", a, c, formatDuration(w, b, sizeof b));
     statusLine("speed", line);
 
     if (ctlNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));

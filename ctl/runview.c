@@ -20,7 +20,9 @@ void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) 
     int have_tps = ctlNumber(run, "toks_per_s", &tps);
     ctlNumber(run, "eta_s", &eta);
     const char *state = ctlString(run, "state", "?");
-    char loss_s[32], val_s[32], tps_s[32], eta_s[32], phase_s[96] = "", anomaly_s[96] = "";
+    char loss_s[32], val_s[32], tps_s[32], eta_s[32], phase_s[96] = "", anomaly_s[96] = "", mfu_s[32] = "";
+    double mfu = 0;
+    if (ctlNumber(run, "mfu", &mfu)) snprintf(mfu_s, sizeof mfu_s, " (MFU %.1f%%)", 100.0 * mfu);
 
     const char *phase = ctlString(run, "phase", NULL);
     if (!strcmp(state, "hung") && phase && ctlNumber(run, "phase_age_s", &age)) {
@@ -40,11 +42,11 @@ void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) 
         snprintf(progress, sizeof progress, "step -");
 
     int active = !ctlRunStateFinal(state);
-    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s",
+    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s%s",
              ctlString(run, "id", "?"), state, phase_s, progress,
              formatLoss(loss, have_loss, loss_s, sizeof loss_s),
              formatLoss(val, have_val, val_s, sizeof val_s),
-             have_tps ? formatSi(tps, tps_s, sizeof tps_s) : "-",
+             have_tps ? formatSi(tps, tps_s, sizeof tps_s) : "-", mfu_s,
              active ? "  ETA " : "", active ? formatDuration(eta, eta_s, sizeof eta_s) : "",
              anomaly_s);
 }

@@ -14,6 +14,7 @@
 
 #include "api_use.h"
 #include "log.h"
+#include "mfu.h"
 #include "prom.h"
 #include "stackdump.h"
 #include "stream.h"
@@ -228,6 +229,9 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "lr", run->lr);
     addNumberOrNull(o, "grad_norm", run->grad_norm);
     addNumberOrNull(o, "toks_per_s", run->toks_per_s);
+    addNumberOrNull(o, "mfu", mfuOf(run->toks_per_s, run->flops_per_token, run->peak_flops));
+    addNumberOrNull(o, "flops_per_token", run->flops_per_token);
+    addNumberOrNull(o, "peak_flops", run->peak_flops);
     double eta = NAN;
     if (active && isfinite(run->step_seconds) && run->total_steps >= run->step)
         eta = (double)(run->total_steps - run->step) * run->step_seconds;
@@ -456,6 +460,29 @@ static void haltOrResume(Service *svc, const ApiRequest *req, ApiResponse *res, 
     respondRun(svc, res, 202, id, 0);
 }
 
+/* Tokens trained on by `step`, for an evaluation's x on a tokens axis: the
+ * training point at that step, else the line through the training points
+ * around it (past the last one, through the last two: a run's tokens per
+ * step change only when a resume changes the batch). NAN when the points
+ * it needs do not know their tokens. O(log n): the series is in step order. */
+static double tokensAtStep(const Run *run, int64_t step) {
+    size_t lo = 0, hi = run->n_train;
+    while (lo < hi) { /* the first point at or after step */
+        size_t mid = lo + (hi - lo) / 2;
+        if (run->train[mid].step < step) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo < run->n_train && run->train[lo].step == step) return run->train[lo].tokens;
+    const RunTrainPoint *a, *b;
+    if (lo > 0 && lo < run->n_train) a = &run->train[lo - 1], b = &run->train[lo];
+    else if (lo >= 2) a = &run->train[lo - 2], b = &run->train[lo - 1];
+    else if (run->n_train >= 2) a = &run->train[0], b = &run->train[1];
+    else if (run->n_train == 1 && run->train[0].step > 0)
+        return run->train[0].tokens * (double)step / (double)run->train[0].step;
+    else return NAN;
+    return a->tokens + (b->tokens - a->tokens) * (double)(step - a->step) / (double)(b->step - a->step);
+}
+
 static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
     if (refuseUnknownQuery(req, res, "since")) return;
     int64_t since = 0;
@@ -481,7 +508,9 @@ static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, co
             addNumberOrNull(e, "lr", p->lr);
             addNumberOrNull(e, "grad_norm", p->grad_norm);
             addNumberOrNull(e, "toks_per_s", p->toks_per_s);
+            addNumberOrNull(e, "mfu", mfuOf(p->toks_per_s, run->flops_per_token, run->peak_flops));
             addNumberOrNull(e, "mem_bytes", p->mem_bytes);
+            addNumberOrNull(e, "tokens", p->tokens);
             cJSON_AddItemToArray(train, e);
             if (p->step > highest) highest = p->step;
             n++;
@@ -497,6 +526,7 @@ static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, co
             addNumberOrNull(e, "ts", p->ts);
             addNumberOrNull(e, "val_loss", p->val_loss);
             addNumberOrNull(e, "bits_per_byte", p->bits_per_byte);
+            addNumberOrNull(e, "tokens", tokensAtStep(run, p->step));
             cJSON_AddItemToArray(val, e);
             if (p->step > highest) highest = p->step;
             n++;

@@ -23,6 +23,7 @@
 #include "fsutil.h"
 #include "infer.h"
 #include "log.h"
+#include "mfu.h"
 #include "sdnotify.h"
 #include "server.h"
 #include "service.h"
@@ -52,6 +53,7 @@ typedef struct ServeOptions {
     char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
     int n_allow_hosts;
     int log_level;
+    double peak_tflops; /* 0: from the table of GPU models (daemon/mfu.c) */
 } ServeOptions;
 
 static void usage(FILE *out) {
@@ -82,6 +84,8 @@ static void usage(FILE *out) {
             "  --stop-timeout SECONDS on SIGTERM, wait this long for the run to stop; after half of\n"
             "                         it, abandon the step without a checkpoint (default 80)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
+            "  --peak-tflops T        one GPU's dense bf16 matrix rate in TFLOP/s, the MFU denominator\n"
+            "                         (default: from the GPU's model, proto/model.md; unknown: no MFU)\n"
             "\n"
             "Signals: SIGTERM/SIGINT checkpoint the active run and exit; SIGUSR1/SIGQUIT log\n"
             "every thread's stack; SIGHUP and other signals are logged and ignored.\n"
@@ -186,6 +190,13 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
               copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
         if (!bad) o->n_allow_hosts++;
         allowed = "up to 16 host names";
+    } else if (!strcmp(key, "peak_tflops")) {
+        char *end = NULL;
+        errno = 0;
+        double t = strtod(v, &end);
+        bad = !*v || *end || errno || !(t > 0) || t > 1e6;
+        if (!bad) o->peak_tflops = t;
+        allowed = "a number of TFLOP/s above 0 (one GPU's dense bf16 rate)";
     } else if (!strcmp(key, "log_level")) {
         int level = parseLogLevel(v);
         bad = level < 0;
@@ -195,7 +206,7 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         snprintf(err->message, sizeof err->message,
                  "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
                  "max_body_bytes, max_connections, max_connections_per_client, idle_timeout_s, "
-                 "request_timeout_s, stop_timeout_s, allow_hosts, log_level",
+                 "request_timeout_s, stop_timeout_s, allow_hosts, log_level, peak_tflops",
                  flag);
         return -1;
     }
@@ -292,7 +303,8 @@ static int parseArgs(ServeOptions *o, int argc, char **argv) {
                   {"--idle-timeout", "idle_timeout_s"},
                   {"--request-timeout", "request_timeout_s"},
                   {"--stop-timeout", "stop_timeout_s"},
-                  {"--log-level", "log_level"}};
+                  {"--log-level", "log_level"},
+                  {"--peak-tflops", "peak_tflops"}};
     /* the config file first, so that flags override it */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -458,6 +470,26 @@ static void logStacks(const char *reason) {
     free(text);
 }
 
+/* Tells the service each GPU's peak matrix rate, the MFU denominator: the
+ * table's value for its model, or --peak-tflops. Logs what MFU will say. */
+static void setPeakFlops(Service *svc, double peak_tflops) {
+    double peaks[SERVICE_MAX_GPUS];
+    int n = 0;
+    for (; n < SERVICE_MAX_GPUS; n++) {
+        char name[256];
+        NsaError err;
+        if (nsaDeviceName(n, name, sizeof name, &err) != 0) break; /* no more devices (or no CUDA) */
+        peaks[n] = peak_tflops > 0 ? peak_tflops * 1e12 : mfuPeakOfDevice(name);
+        if (peaks[n] > 0)
+            logInfo("MFU: GPU %d (%s) peaks at %.0f TFLOP/s dense bf16 (%s)", n, name, peaks[n] / 1e12,
+                    peak_tflops > 0 ? "--peak-tflops" : "the table of GPU models");
+        else
+            logNotice("MFU: GPU %d (%s) is not in nsad's table of GPU models: its runs report no MFU "
+                      "(--peak-tflops sets the rate)", n, name);
+    }
+    serviceSetPeakFlops(svc, peaks, n);
+}
+
 /* ---- the command --------------------------------------------------------------------- */
 
 int cmdServe(int argc, char **argv) {
@@ -533,6 +565,7 @@ int cmdServe(int argc, char **argv) {
         logError("state dir %s: %s", o.state_dir, err.message);
         return EXIT_CONFIG;
     }
+    setPeakFlops(svc, o.peak_tflops);
     if (!(svc->infer = inferStart(&err))) {
         logError("%s", err.message);
         serviceClose(svc);

@@ -1,6 +1,7 @@
 /* prom.c - Prometheus text exposition; see prom.h. */
 #include "prom.h"
 #include "clockutil.h"
+#include "mfu.h"
 #include "strbuf.h"
 
 #include <math.h>
@@ -125,6 +126,12 @@ char *promRender(Service *svc, size_t *len) {
                 double v = *(const double *)((const char *)shown[i] + run_gauges[g].offset);
                 if (!isnan(v) || shown[i]->step > 0) runSample(&b, run_gauges[g].name, shown[i], v);
             }
+        }
+        family(&b, "nsad_run_mfu", "gauge",
+               "Model FLOPs utilisation at the last logged step (0-1; GPU runs in bf16/fp16 only).");
+        for (int i = 0; i < n_shown; i++) {
+            double mfu = mfuOf(shown[i]->toks_per_s, shown[i]->flops_per_token, shown[i]->peak_flops);
+            if (isfinite(mfu)) runSample(&b, "nsad_run_mfu", shown[i], mfu);
         }
         family(&b, "nsad_run_eta_seconds", "gauge", "Estimated seconds until the active run completes.");
         if (active && isfinite(active->step_seconds) && active->total_steps >= active->step)

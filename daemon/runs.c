@@ -86,6 +86,7 @@ static Run *runNew(const RunRegistry *reg, const char *id) {
     }
     run->loss = run->val_loss = run->bits_per_byte = NAN;
     run->lr = run->grad_norm = run->toks_per_s = run->step_seconds = run->mem_bytes = NAN;
+    run->flops_per_token = run->peak_flops = NAN;
     return run;
 }
 
@@ -123,6 +124,8 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddNumberToObject(o, "last_checkpoint_step", (double)run->last_checkpoint_step);
     addNumberOrNull(o, "loss", run->loss);
     addNumberOrNull(o, "val_loss", run->val_loss);
+    addNumberOrNull(o, "flops_per_token", run->flops_per_token);
+    addNumberOrNull(o, "peak_flops", run->peak_flops);
     cJSON_AddStringToObject(o, "anomaly", run->anomaly);
     cJSON_AddStringToObject(o, "error", run->error);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
@@ -189,6 +192,8 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     run->last_checkpoint_step = (int64_t)jsonNumber(o, "last_checkpoint_step", 0);
     run->loss = jsonNumber(o, "loss", NAN);
     run->val_loss = jsonNumber(o, "val_loss", NAN);
+    run->flops_per_token = jsonNumber(o, "flops_per_token", NAN);
+    run->peak_flops = jsonNumber(o, "peak_flops", NAN);
     run->restarts = (int)jsonNumber(o, "restarts", 0);
     run->created_at = jsonNumber(o, "created_at", 0);
     run->started_at = jsonNumber(o, "started_at", 0);
@@ -447,7 +452,8 @@ int runsAddSample(Run *run, const TrainSample *s) {
                        .lr = s->lr,
                        .grad_norm = s->grad_norm,
                        .toks_per_s = s->toks_per_s,
-                       .mem_bytes = (double)s->mem_bytes};
+                       .mem_bytes = (double)s->mem_bytes,
+                       .tokens = s->tokens_seen > 0 ? (double)s->tokens_seen : NAN};
     run->step = s->step;
     if (s->total_steps > 0) run->total_steps = s->total_steps;
     run->loss = s->loss;
@@ -474,7 +480,7 @@ static int addTrainRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
     Run *run = ctx;
     RunTrainPoint p = {.step = row->step, .ts = row->ts, .loss = row->loss, .lr = row->lr,
                        .grad_norm = row->grad_norm, .toks_per_s = row->toks_per_s,
-                       .mem_bytes = row->mem_bytes};
+                       .mem_bytes = row->mem_bytes, .tokens = NAN};
     return appendTrain(run, &p) == 0 ? 0 : nsaErrorf(err, "%s/%s: out of memory", run->out_dir,
                                                      ARTIFACT_TRAINING_CSV);
 }
@@ -507,7 +513,7 @@ static long findVal(const Run *run, int64_t step) {
 }
 
 /* The CSVs keep only step, loss, lr and tok/s; the heartbeat has the time,
- * gradient norm and memory of every logged step. A step logged twice (redone
+ * gradient norm, memory and tokens seen of every logged step. A step logged twice (redone
  * after a resume) appears twice there: the later line is the one the CSV
  * kept, and it wins because it is read last. */
 static void enrichFromHeartbeat(Run *run) {
@@ -532,6 +538,7 @@ static void enrichFromHeartbeat(Run *run) {
                 p->grad_norm = jsonNumber(o, "grad_norm", p->grad_norm);
                 p->mem_bytes = jsonNumber(o, "memory", p->mem_bytes);
                 p->toks_per_s = jsonNumber(o, "toks_per_s", p->toks_per_s);
+                p->tokens = jsonNumber(o, "tokens_seen", p->tokens);
             } else if (i >= 0) {
                 run->val[i].ts = jsonNumber(o, "ts", run->val[i].ts);
             }

@@ -60,6 +60,7 @@ int runNameValid(const char *name);
 typedef struct RunTrainPoint {
     int64_t step;
     double ts, loss, lr, grad_norm, toks_per_s, mem_bytes;
+    double tokens; /* tokens trained on up to this step (NAN: not known) */
 } RunTrainPoint;
 
 typedef struct RunValPoint {
@@ -85,6 +86,10 @@ typedef struct Run {
     int64_t step, total_steps, last_checkpoint_step;
     /* latest values; NAN until known */
     double loss, val_loss, bits_per_byte, lr, grad_norm, toks_per_s, step_seconds, mem_bytes;
+    /* MFU (daemon/mfu.h): the model FLOPs per trained token and the peak
+     * matrix rate of the GPUs the run last started on (FLOP/s); NAN when
+     * not known or not reported (CPU runs). run.json keeps both. */
+    double flops_per_token, peak_flops;
     char anomaly[64];                        /* "" when none */
     char error[512];                         /* "" unless failed */
     int restarts;                            /* daemon restarts that resumed it */
@@ -175,7 +180,7 @@ int runsAddEvent(Run *run, const char *type, int64_t step, const char *detail_js
 /* Replaces the metric series with the contents of out/training.csv and
  * out/val.csv (missing files give empty series; columns are found by their
  * header names), then fills what the CSVs lack (time, gradient norm,
- * memory) from out/heartbeat_rank0.jsonl. Returns 0, or -1 with err naming
+ * memory, tokens seen) from out/heartbeat_rank0.jsonl. Returns 0, or -1 with err naming
  * the file and line. */
 int runsLoadSeries(Run *run, NsaError *err);
 

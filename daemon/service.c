@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "log.h"
+#include "mfu.h"
 #include "stackdump.h"
 
 const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
@@ -228,9 +229,19 @@ static void runJob(Service *svc, const char *id, int resume) {
     } else {
         configDefaults(cfg);
         if (configLoadString(cfg, yaml, strlen(yaml), &terr) == 0) {
+            double flops_per_token = NAN;
+            NsaError ferr;
+            if (mfuFlopsPerToken(cfg, &flops_per_token, &ferr) != 0) flops_per_token = NAN;
             pthread_mutex_lock(&svc->lock);
             svc->deadlines = cfg->watchdog;
             svc->hang_flagged_since = 0;
+            run = runsFind(svc->runs, id);
+            if (run) { /* what its MFU is counted against from now on */
+                run->flops_per_token = flops_per_token;
+                run->peak_flops = mfuJobPeak(cfg, svc->gpu_peak_flops, svc->n_gpus);
+                NsaError serr;
+                if (runsSave(run, &serr) != 0) logWarn("run %s: %s", id, serr.message);
+            }
             pthread_mutex_unlock(&svc->lock);
             TrainOptions opt = {.out_dir = out_dir,
                                 /* a damaged newest checkpoint: the previous one (logged) */
@@ -364,6 +375,14 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     recoverRuns(svc);
     pthread_mutex_unlock(&svc->lock);
     return svc;
+}
+
+void serviceSetPeakFlops(Service *svc, const double *per_gpu, int n) {
+    if (n > SERVICE_MAX_GPUS) n = SERVICE_MAX_GPUS;
+    pthread_mutex_lock(&svc->lock);
+    for (int i = 0; i < n; i++) svc->gpu_peak_flops[i] = per_gpu[i];
+    svc->n_gpus = n < 0 ? 0 : n;
+    pthread_mutex_unlock(&svc->lock);
 }
 
 int serviceStartTrainer(Service *svc, NsaError *err) {

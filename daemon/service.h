@@ -20,6 +20,8 @@
 
 /* HTTP status classes counted for nsad_http_requests_total. */
 #define SERVICE_HTTP_CODES 16
+/* GPUs whose peak matrix rate the service keeps (MFU). */
+#define SERVICE_MAX_GPUS 64
 
 typedef enum ServiceStatus {
     SVC_OK = 0,
@@ -65,6 +67,10 @@ typedef struct Service {
      * the part a queued member run plays (under lock) */
     char peer_token[AUTH_TOKEN_MAX];
     TrainJoin join;
+    /* under lock: each GPU's peak dense bf16 matrix rate in FLOP/s (0: not
+     * known), for MFU; serviceSetPeakFlops */
+    double gpu_peak_flops[SERVICE_MAX_GPUS];
+    int n_gpus;
 } Service;
 
 /* Opens the registry in state_dir and prepares the pick-up of runs a
@@ -73,6 +79,12 @@ typedef struct Service {
  * a "restart" event); one that was halting becomes halted. Returns NULL with
  * err when the state dir is unusable. Free with serviceClose. */
 Service *serviceOpen(const char *state_dir, NsaError *err);
+
+/* Records the peak dense bf16 matrix rate of each of the node's n GPUs
+ * (FLOP/s, 0 where not known; at most SERVICE_MAX_GPUS are kept): the MFU
+ * denominator of the runs that start from now on (daemon/mfu.h). Takes the
+ * lock. Cannot fail. */
+void serviceSetPeakFlops(Service *svc, const double *per_gpu, int n);
 
 /* Starts the trainer thread (which picks up a queued run at once). Returns 0
  * or -1 with err. */

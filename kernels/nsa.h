@@ -132,6 +132,12 @@ typedef struct NsaDeviceInfo {
  * there is no GPU; -1 with err only when the runtime itself fails. */
 int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err);
 
+/* The name the CUDA driver gives device `ordinal` ("NVIDIA H100 80GB HBM3"),
+ * into name (cap bytes, truncated), for tables keyed by the device model
+ * (nsad's peak rates for MFU). Returns 0, or -1 with err when this libnsa
+ * has no CUDA, there is no such device or the runtime fails. */
+int nsaDeviceName(int ordinal, char *name, size_t cap, NsaError *err);
+
 /* ---- model ------------------------------------------------------------- */
 
 typedef struct NsaModel NsaModel;

@@ -881,3 +881,20 @@ int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err) {
 #endif
     return 0;
 }
+
+int nsaDeviceName(int ordinal, char *name, size_t cap, NsaError *err) {
+    if (!name || cap == 0) return nsaErrorf(err, "nsa: device name buffer is NULL or empty");
+    name[0] = '\0';
+#ifdef NSA_MODEL_CUDA
+    int count = 0;
+    if (nsaCudaDeviceCount(&count, err) != 0) return -1;
+    if (count == 0) return nsaErrorf(err, "nsa: no CUDA device (no NVIDIA driver or GPU)");
+    if (ordinal < 0 || ordinal >= count)
+        return nsaErrorf(err, "nsa: no CUDA device %d; allowed: 0 to %d", ordinal, count - 1);
+    size_t bytes = 0;
+    return nsaCudaDeviceDescribe(ordinal, name, cap, &bytes, err);
+#else
+    (void)ordinal;
+    return nsaErrorf(err, "nsa: this libnsa was built without CUDA: no CUDA device names");
+#endif
+}

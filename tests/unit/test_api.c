@@ -270,6 +270,80 @@ static void test_metrics_series_and_since(void **state) {
     expectError(f->svc, "GET", "/api/v1/runs/nope/metrics", NULL, NULL, 404, "not_found");
 }
 
+/* The number at key of the object, NAN when absent or null. */
+static double num(const cJSON *o, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static void test_mfu_and_tokens(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    /* before the trainer took it: no MFU, no FLOPs, no peak */
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "mfu")));
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "peak_flops")));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    pthread_mutex_lock(&f->svc->lock);
+    Run *run = runsFind(f->svc->runs, id);
+    run->flops_per_token = 6e9;
+    run->peak_flops = 12e12; /* what runJob sets from the config and the GPU's peak */
+    for (int64_t s = 1; s <= 5; s += 2) /* logged every other step: 128 tokens a step */
+        runsAddSample(run, &(TrainSample){.step = s, .ts = 1.0, .loss = 4.0, .toks_per_s = 1000.0 * (double)s,
+                                          .tokens_seen = 128 * s});
+    runsAddEval(run, 2, 1.0, 4.0, 6.0);
+    runsAddEval(run, 3, 1.0, 4.0, 6.0);
+    runsAddEval(run, 7, 1.0, 4.0, 6.0);
+    pthread_mutex_unlock(&f->svc->lock);
+
+    char path[200];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    /* 5000 tok/s x 6e9 FLOPs / 12e12 FLOP/s */
+    assert_true(fabs(num(j, "mfu") - 2.5) < 1e-12);
+    assert_true(num(j, "flops_per_token") == 6e9 && num(j, "peak_flops") == 12e12);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    const cJSON *train = cJSON_GetObjectItemCaseSensitive(j, "train");
+    const cJSON *val = cJSON_GetObjectItemCaseSensitive(j, "val");
+    assert_int_equal(cJSON_GetArraySize(train), 3);
+    assert_true(fabs(num(cJSON_GetArrayItem(train, 0), "mfu") - 0.5) < 1e-12);
+    assert_true(num(cJSON_GetArrayItem(train, 1), "tokens") == 384);
+    /* evaluations: at a logged step its tokens, between two the line through
+     * them, past the last the line through the last two */
+    assert_true(num(cJSON_GetArrayItem(val, 0), "tokens") == 256);
+    assert_true(num(cJSON_GetArrayItem(val, 1), "tokens") == 384);
+    assert_true(num(cJSON_GetArrayItem(val, 2), "tokens") == 896);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    char *text = promRender(f->svc, NULL);
+    char want[200];
+    snprintf(want, sizeof want, "nsad_run_mfu{run_id=\"%s\"} 2.5\n", id);
+    assert_non_null(strstr(text, want));
+    free(text);
+
+    /* a CPU run's peak is not known: null, and no gauge */
+    pthread_mutex_lock(&f->svc->lock);
+    run->peak_flops = NAN;
+    pthread_mutex_unlock(&f->svc->lock);
+    snprintf(path, sizeof path, "/api/v1/runs/%s", id);
+    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "mfu")));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    text = promRender(f->svc, NULL);
+    assert_null(strstr(text, "nsad_run_mfu{"));
+    free(text);
+}
+
 static void test_interrupted_run_is_picked_up(void **state) {
     Fixture *f = *state;
     ApiResponse res;
@@ -460,6 +534,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_health_version_and_routing, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_create_busy_halt_resume, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_metrics_series_and_since, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_mfu_and_tokens, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_interrupted_run_is_picked_up, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_watchdog_flags_an_overrun_and_a_recovery, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_hang_during_halt_keeps_halting, setUp, tearDown),

@@ -89,6 +89,7 @@ static void test_create_save_reopen(void **state) {
     assert_int_equal(runsAddEvent(run, "note", 6, "not json", &err), 0);
     assert_int_equal(runsSetState(run, RUN_HUNG, &err), 0);
     snprintf(run->anomaly, sizeof run->anomaly, "hang:forward");
+    run->flops_per_token = 1.5e6; /* MFU's count, and no peak (a CPU run) */
     assert_int_equal(runsSave(run, &err), 0);
     Run *second = runsCreate(reg, NULL, "a: 1\n", "cpu", "fp32", 10, &err);
     assert_non_null(second);
@@ -106,6 +107,7 @@ static void test_create_save_reopen(void **state) {
     assert_int_equal(run->total_steps, 100);
     assert_int_equal(run->last_checkpoint_step, 5);
     assert_string_equal(run->anomaly, "hang:forward");
+    assert_true(run->flops_per_token == 1.5e6 && isnan(run->peak_flops));
     assert_string_equal(run->config_yaml, "model:\n  dim: 32\n");
     assert_string_equal(run->device, "cpu");
     assert_int_equal(run->n_events, 2);
@@ -317,7 +319,7 @@ static void test_series_rebuilt_from_files(void **state) {
               "{\"ts\":10.0,\"event\":\"step\",\"step\":10,\"grad_norm\":0.9,\"memory\":111}\n"
               "{\"ts\":20.0,\"event\":\"step\",\"step\":20,\"grad_norm\":0.8,\"memory\":111}\n"
               "{\"ts\":25.0,\"event\":\"resume\",\"step\":10}\n"
-              "{\"ts\":26.0,\"event\":\"step\",\"step\":20,\"grad_norm\":0.7,\"memory\":222}\n"
+              "{\"ts\":26.0,\"event\":\"step\",\"step\":20,\"grad_norm\":0.7,\"memory\":222,\"tokens_seen\":2560}\n"
               "{\"ts\":27.0,\"event\":\"eval\",\"step\":20,\"detail\":{\"val_loss\":5.1}}\n"
               "{\"ts\":30.0,\"event\":\"step\",\"step\":30,\"grad_norm\":0.6,\"memory\":222}\n"
               "{\"ts\":31.0,\"event\":\"st");
@@ -332,6 +334,7 @@ static void test_series_rebuilt_from_files(void **state) {
     assert_true(run->train[0].ts == 10.0 && run->train[0].grad_norm == 0.9 && run->train[0].mem_bytes == 111);
     assert_true(run->train[1].ts == 26.0 && run->train[1].grad_norm == 0.7 && run->train[1].mem_bytes == 222);
     assert_true(run->train[1].lr == 0.002 && run->train[1].toks_per_s == 200);
+    assert_true(run->train[1].tokens == 2560 && isnan(run->train[0].tokens)); /* from the heartbeat, if there */
     assert_true(isnan(run->train[3].grad_norm) && isnan(run->train[3].lr));
     assert_int_equal(run->step, 31);
     assert_true(run->loss == 4.4);
