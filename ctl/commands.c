@@ -674,6 +674,68 @@ static int cmdEvents(Ctl *ctl, int argc, char **argv) {
     return CTL_OK;
 }
 
+/* ---- logs ----------------------------------------------------------------------------- */
+
+/* One line of the run's log: printed as it comes. */
+static int logLine(void *ctx, const char *line, size_t len) {
+    const Ctl *ctl = ctx;
+    if (ctl->json) {
+        fwrite(line, 1, len, stdout);
+        fputc('\n', stdout);
+    } else {
+        cJSON *o = cJSON_ParseWithLength(line, len);
+        double ts = 0;
+        char when[32];
+        if (o && ctlNumber(o, "ts", &ts))
+            printf("%s  %-7s  %s\n", formatTimestamp(ts, when, sizeof when), ctlString(o, "level", "?"),
+                   ctlString(o, "message", ""));
+        /* a line that does not parse (torn by a crash of nsad) is left out */
+        cJSON_Delete(o);
+    }
+    fflush(stdout);
+    return 0;
+}
+
+static int cmdLogs(Ctl *ctl, int argc, char **argv) {
+    const char *tail = NULL;
+    int follow = 0;
+    const CmdOption opts[] = {{"--follow", NULL, &follow}, {"--tail", &tail, NULL}};
+    /* -f is --follow, as in tail(1) */
+    char **args = calloc((size_t)argc + 1, sizeof *args);
+    if (!args) {
+        fprintf(stderr, "nsactl logs: out of memory\n");
+        return CTL_EXIT_ERROR;
+    }
+    for (int i = 0; i < argc; i++) args[i] = !strcmp(argv[i], "-f") ? "--follow" : argv[i];
+    const char *pos[1];
+    int n_pos;
+    long long tail_n = -1;
+    int bad = parseArgs("logs", argc, args, opts, 2, pos, 1, 1, &n_pos) ||
+              (tail && parseCount("logs", "--tail", tail, &tail_n)) || ctlCheckRunId(pos[0]);
+    free(args);
+    if (bad) return CTL_EXIT_USAGE;
+    char path[256];
+    int n = snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=%d", pos[0], follow);
+    if (tail_n >= 0) snprintf(path + n, sizeof path - (size_t)n, "&tail=%lld", tail_n);
+    HttpResponse res;
+    char err[HTTP_ERR_MAX];
+    if (httpStream(&ctl->target, "GET", path, NULL, 0, logLine, ctl, &res, err, sizeof err) != 0) {
+        fprintf(stderr, "nsactl: %s\n", err);
+        return CTL_EXIT_UNREACHABLE;
+    }
+    int rc = CTL_OK;
+    if (res.status < 200 || res.status >= 300) {
+        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
+        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
+                ctlString(e, "code", "?"), res.status);
+        cJSON_Delete(doc);
+        rc = res.status == 404 ? CTL_EXIT_NOT_FOUND : res.status == 409 ? CTL_EXIT_CONFLICT : CTL_EXIT_ERROR;
+    }
+    httpResponseFree(&res);
+    return rc;
+}
+
 /* ---- stacks, dashboard, version ---------------------------------------------------- */
 
 static int cmdStacks(Ctl *ctl, int argc, char **argv) {
@@ -807,6 +869,16 @@ const CtlCommand ctlCommands[] = {
     {"events", "events ID [--since SEQ]", "a run's events: start, checkpoints, anomalies, hangs, end",
      "  --since SEQ    events with seq >= SEQ\n",
      cmdEvents},
+    {"logs", "logs ID [-f] [--tail N]", "the daemon's log lines for one run; -f follows them",
+     "What nsad logged about the run: its creation, start or resume, checkpoints,\n"
+     "evaluations, warnings, anomalies, hangs and how it ended (the run's part of\n"
+     "the journal, kept in the state dir).\n"
+     "  -f, --follow   keep printing new lines until the run's job ends (Ctrl-C\n"
+     "                 to stop); a run that is not active prints what it has\n"
+     "  --tail N       only the last N stored lines first (default: all)\n"
+     "--json prints the daemon's JSON lines ({\"ts\",\"level\",\"message\"}).\n"
+     "Not bounded by --timeout.\n",
+     cmdLogs},
     {"stacks", "stacks", "dump every nsad thread's stack (for a run that seems stuck)",
      "Prints the trainer's phase and how long it has been in it, what it last\n"
      "knew of the device, then the stacks.\n"

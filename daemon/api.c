@@ -5,6 +5,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -16,6 +17,7 @@
 #include "log.h"
 #include "mfu.h"
 #include "prom.h"
+#include "runlog.h"
 #include "stackdump.h"
 #include "stream.h"
 
@@ -456,7 +458,7 @@ static void haltOrResume(Service *svc, const ApiRequest *req, ApiResponse *res, 
         answerServiceError(res, st, &err);
         return;
     }
-    if (reason[0]) logNotice("run %s: %s reason: %s", id, resume ? "resume" : "halt", reason);
+    if (reason[0]) logRunNotice(id, "run %s: %s reason: %s", id, resume ? "resume" : "halt", reason);
     respondRun(svc, res, 202, id, 0);
 }
 
@@ -575,6 +577,49 @@ static void getEvents(Service *svc, const ApiRequest *req, ApiResponse *res, con
     respondJson(res, 200, o);
 }
 
+/* GET /api/v1/runs/{id}/logs[?follow=1][&tail=N]: the run's own log lines
+ * (daemon/runlog.h) as JSON lines; with follow, a stream that goes on
+ * until the run's job ends (a run that is not active or queued ends at
+ * once). */
+static void getLogs(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
+    if (refuseUnknownQuery(req, res, "follow,tail")) return;
+    const char *f = queryValue(req, "follow");
+    int follow = 0;
+    if (f && (!*f || !strcmp(f, "1") || !strcmp(f, "true"))) follow = 1;
+    else if (f && strcmp(f, "0") != 0 && strcmp(f, "false") != 0) {
+        apiError(res, 400, "invalid_argument", "follow: '%.60s' is not allowed; allowed: 1, true, 0 or false", f);
+        return;
+    }
+    int64_t tail = -1;
+    if (queryInt(req, res, "tail", &tail)) return;
+    if (!svc->runlog) {
+        apiError(res, 503, "unavailable", "this nsad keeps no run logs");
+        return;
+    }
+    NsaError err = {""};
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    /* decided under the lock the job's end takes to end its followers */
+    int live = run && (runStateIsActive(run->state) || !strcmp(svc->active_id, id));
+    Stream *s = run ? runlogRead(svc->runlog, id, tail > LONG_MAX ? LONG_MAX : (long)tail, follow && live, &err)
+                    : NULL;
+    pthread_mutex_unlock(&svc->lock);
+    if (!run) {
+        apiError(res, 404, "not_found", "no run '%s'; GET /api/v1/runs lists them", id);
+        return;
+    }
+    if (!s) {
+        apiError(res, 503, "unavailable", "%s", err.message);
+        res->retry_after = 5;
+        return;
+    }
+    res->status = 200;
+    res->body_len = 0;
+    res->content_type = "application/x-ndjson";
+    res->no_store = 1;
+    res->stream = s;
+}
+
 static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
     if (refuseUnknownQuery(req, res, "")) return;
     char *stacks = stackdumpString("POST /api/v1/debug/stacks");
@@ -666,6 +711,8 @@ static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, cons
         if (methodIs(req, res, "GET")) getMetrics(svc, req, res, id);
     } else if (!strcmp(action, "events")) {
         if (methodIs(req, res, "GET")) getEvents(svc, req, res, id);
+    } else if (!strcmp(action, "logs")) {
+        if (methodIs(req, res, "GET")) getLogs(svc, req, res, id);
     } else {
         apiError(res, 404, "not_found", "no such route: %s %s", req->method, req->path);
     }

@@ -24,6 +24,7 @@
 #include "infer.h"
 #include "log.h"
 #include "mfu.h"
+#include "runlog.h"
 #include "sdnotify.h"
 #include "server.h"
 #include "service.h"
@@ -565,9 +566,11 @@ int cmdServe(int argc, char **argv) {
         logError("state dir %s: %s", o.state_dir, err.message);
         return EXIT_CONFIG;
     }
+    logSetRunSink(runlogAppend, svc->runlog); /* each run's lines into its own log too */
     setPeakFlops(svc, o.peak_tflops);
     if (!(svc->infer = inferStart(&err))) {
         logError("%s", err.message);
+        logSetRunSink(NULL, NULL);
         serviceClose(svc);
         return 1;
     }
@@ -592,6 +595,7 @@ int cmdServe(int argc, char **argv) {
     if (!srv) {
         logError("%s", err.message);
         inferStop(svc->infer);
+        logSetRunSink(NULL, NULL);
         serviceClose(svc);
         return 1;
     }
@@ -601,6 +605,7 @@ int cmdServe(int argc, char **argv) {
         serverStop(srv);
         inferStop(svc->infer);
         serviceShutdown(svc, (double)o.stop_timeout_s);
+        logSetRunSink(NULL, NULL);
         serviceClose(svc);
         return 1;
     }
@@ -659,6 +664,7 @@ int cmdServe(int argc, char **argv) {
         return exit_code; /* the trainer thread still runs: do not free what it uses */
     }
     watchdogStop(wd);
+    logSetRunSink(NULL, NULL);
     serviceClose(svc);
     stackdumpUnregisterThread();
     logNotice("nsad stopped");

@@ -14,6 +14,7 @@
 
 #include "log.h"
 #include "mfu.h"
+#include "runlog.h"
 #include "stackdump.h"
 
 const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
@@ -35,12 +36,12 @@ static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
  * the event stays visible through the API either way. Caller holds the lock. */
 static void addEvent(Run *run, const char *type, int64_t step, const char *detail) {
     NsaError err;
-    if (runsAddEvent(run, type, step, detail, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+    if (runsAddEvent(run, type, step, detail, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
 }
 
 static void saveState(Run *run, RunState state) {
     NsaError err;
-    if (runsSetState(run, state, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+    if (runsSetState(run, state, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
 }
 
 double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase) {
@@ -75,7 +76,7 @@ static void markRunning(Service *svc, Run *run) {
         run->anomaly[0] = '\0';
         saveState(run, svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
         addEvent(run, "recovered", run->step, NULL);
-        logNotice("run %s: recovered from the hang, running again", run->id);
+        logRunNotice(run->id, "run %s: recovered from the hang, running again", run->id);
     }
 }
 
@@ -162,7 +163,7 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
          * nsad resumes it */
         addEvent(run, "shutdown", run->step, NULL);
         saveState(run, RUN_RUNNING);
-        logNotice("run %s: checkpointed at step %lld for the shutdown; the next start resumes it", run->id,
+        logRunNotice(run->id, "run %s: checkpointed at step %lld for the shutdown; the next start resumes it", run->id,
                   (long long)run->step);
         return;
     }
@@ -202,12 +203,13 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
     }
     saveState(run, state);
     if (state == RUN_FAILED)
-        logError("run %s failed at step %lld: %s", run->id, (long long)run->step, run->error);
+        logRunError(run->id, "run %s failed at step %lld: %s", run->id, (long long)run->step, run->error);
     else
-        logNotice("run %s %s at step %lld", run->id, runStateName(state), (long long)run->step);
+        logRunNotice(run->id, "run %s %s at step %lld", run->id, runStateName(state), (long long)run->step);
 }
 
 static void runJob(Service *svc, const char *id, int resume) {
+    logBindRun(id); /* this thread's lines are the run's until the job ends */
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     char *yaml = run ? strdup(run->config_yaml) : NULL;
@@ -265,10 +267,12 @@ static void runJob(Service *svc, const char *id, int resume) {
     pthread_mutex_lock(&svc->lock);
     run = runsFind(svc->runs, id);
     if (run) finishJob(svc, run, rc, &res, &terr);
+    runlogEnd(svc->runlog, id); /* after its last line: followers of the job get the end */
     svc->active_id[0] = '\0';
     svc->hang_flagged_since = 0;
     atomic_store(&svc->trainer_busy, 0);
     pthread_mutex_unlock(&svc->lock);
+    logBindRun(NULL);
 }
 
 static void *trainerThread(void *arg) {
@@ -346,7 +350,7 @@ static void recoverRuns(Service *svc) {
     resume->anomaly[0] = '\0';
     saveState(resume, RUN_STARTING);
     queueRun(svc, resume, 1);
-    logNotice("run %s was active when nsad stopped; resuming it from its latest checkpoint (step %lld)",
+    logRunNotice(resume->id, "run %s was active when nsad stopped; resuming it from its latest checkpoint (step %lld)",
               resume->id, (long long)resume->last_checkpoint_step);
 }
 
@@ -358,6 +362,12 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     }
     svc->runs = runsOpen(state_dir, err);
     if (!svc->runs) {
+        free(svc);
+        return NULL;
+    }
+    svc->runlog = runlogOpen(svc->runs->runs_dir, err);
+    if (!svc->runlog) {
+        runsClose(svc->runs);
         free(svc);
         return NULL;
     }
@@ -433,6 +443,7 @@ int serviceShutdown(Service *svc, double timeout_s) {
 void serviceClose(Service *svc) {
     if (!svc) return;
     if (svc->trainer_started) return; /* still running: leak rather than free under it */
+    runlogClose(svc->runlog);
     runsClose(svc->runs);
     pthread_cond_destroy(&svc->wake);
     pthread_mutex_destroy(&svc->lock);
@@ -539,9 +550,9 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
             }
             queueRun(svc, run, 0);
             snprintf(id_out, RUN_ID_MAX, "%s", run->id);
-            logNotice("run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
-                      (long long)run->total_steps, run->device, member_of ? ": ranks of the multi-node job " : "",
-                      member_of ? member_of : "");
+            logRunNotice(run->id, "run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
+                         (long long)run->total_steps, run->device,
+                         member_of ? ": ranks of the multi-node job " : "", member_of ? member_of : "");
         }
     }
     pthread_mutex_unlock(&svc->lock);
@@ -600,7 +611,7 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
         atomic_store(&svc->mon.halt_requested, 1);
         addEvent(run, "halt_requested", run->step, NULL);
         saveState(run, RUN_HALTING);
-        logNotice("run %s: halt requested at step %lld", id, (long long)run->step);
+        logRunNotice(id, "run %s: halt requested at step %lld", id, (long long)run->step);
     }
     pthread_mutex_unlock(&svc->lock);
     return st;
@@ -633,6 +644,7 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
         if (runsDelete(svc->runs, id, trash, sizeof trash, &derr) != 0)
             st = fail(err, SVC_INTERNAL, "run %s not deleted: %s", id, derr.message);
     }
+    if (st == SVC_OK) runlogEnd(svc->runlog, id);
     pthread_mutex_unlock(&svc->lock);
     if (st != SVC_OK) return st;
     logNotice("run %s: deleted", id);
@@ -680,7 +692,7 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
         addEvent(run, "resume_requested", run->step, NULL);
         saveState(run, RUN_STARTING);
         queueRun(svc, run, 1);
-        logNotice("run %s: resume requested (latest checkpoint: step %lld)", id,
+        logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
                   (long long)run->last_checkpoint_step);
     }
     pthread_mutex_unlock(&svc->lock);

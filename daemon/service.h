@@ -67,6 +67,7 @@ typedef struct Service {
      * the part a queued member run plays (under lock) */
     char peer_token[AUTH_TOKEN_MAX];
     TrainJoin join;
+    struct RunLog *runlog; /* each run's log lines (daemon/runlog.c); serviceOpen makes it */
     /* under lock: each GPU's peak dense bf16 matrix rate in FLOP/s (0: not
      * known), for MFU; serviceSetPeakFlops */
     double gpu_peak_flops[SERVICE_MAX_GPUS];

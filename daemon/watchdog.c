@@ -92,10 +92,10 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
             run->anomaly[0] = '\0';
             NsaError err;
             RunState back = svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING;
-            if (runsSetState(run, back, &err) != 0) logWarn("run %s: %s", run->id, err.message);
+            if (runsSetState(run, back, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
             if (runsAddEvent(run, "recovered", run->step, NULL, &err) != 0)
                 logWarn("run %s: %s", run->id, err.message);
-            logNotice("run %s: the stuck phase ended; running again", run->id);
+            logRunNotice(run->id, "run %s: the stuck phase ended; running again", run->id);
         }
     }
     double deadline = serviceDeadline(&svc->deadlines, phase);
@@ -133,10 +133,10 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
     NsaError err;
     if (watchdogWriteDump(out_dir, "hang", header, stacks ? stacks : "(no stacks: out of memory)\n", path,
                           sizeof path, &err) != 0) {
-        logError("run %s: %s", id, err.message);
+        logRunError(id, "run %s: %s", id, err.message);
         path[0] = '\0';
     }
-    logError("run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s", id,
+    logRunError(id, "run %s hung: the %s phase has lasted %.1f s (deadline %.1f s) at step %lld; stacks in %s", id,
              phase_name, age, deadline, (long long)step, path[0] ? path : "(not written)");
     if (ranks[0]) logLines(LOG_LVL_ERR, "  ", ranks);
     logLines(LOG_LVL_ERR, "  ", stacks);
@@ -156,10 +156,10 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
         cJSON_AddStringToObject(d, "policy", policy == HANG_EXIT ? "exit" : "report");
         char *detail = cJSON_PrintUnformatted(d);
         cJSON_Delete(d);
-        if (runsAddEvent(run, "hang", step, detail, &err) != 0) logWarn("run %s: %s", id, err.message);
+        if (runsAddEvent(run, "hang", step, detail, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
         free(detail);
         svc->state_before_hang = run->state;
-        if (runsSetState(run, RUN_HUNG, &err) != 0) logWarn("run %s: %s", id, err.message);
+        if (runsSetState(run, RUN_HUNG, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
     }
     atomic_fetch_add(&svc->hangs_total, 1);
     pthread_mutex_unlock(&svc->lock);

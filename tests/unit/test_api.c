@@ -13,9 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api.h"
+#include "log.h"
 #include "prom.h"
+#include "runlog.h"
 #include "server.h"
 #include "service.h"
 #include "watchdog.h"
@@ -344,6 +347,141 @@ static void test_mfu_and_tokens(void **state) {
     free(text);
 }
 
+static void noteSuspend(void *ctx) { *(int *)ctx = 1; }
+
+/* Everything buffered in the stream (malloc'd); *ended: its end was read. */
+static char *drainStream(Stream *s, int *ended) {
+    size_t len = 0, cap = 1 << 16;
+    char *out = calloc(1, cap);
+    int suspended = 0;
+    ssize_t n;
+    while ((n = streamRead(s, out + len, cap - 1 - len, noteSuspend, &suspended)) > 0) len += (size_t)n;
+    *ended = n < 0;
+    out[len] = '\0';
+    return out;
+}
+
+/* GET path, expecting a 200 stream of JSON lines; returns what it holds. */
+static char *getLines(Service *svc, const char *path, int *ended, Stream **keep) {
+    ApiResponse res;
+    cJSON *j = call(svc, "GET", path, NULL, NULL, &res);
+    if (res.status != 200 || !res.stream) fail_msg("GET %s: %d %.*s", path, res.status, (int)res.body_len, res.body);
+    assert_string_equal(res.content_type, "application/x-ndjson");
+    cJSON_Delete(j);
+    char *text = drainStream(res.stream, ended);
+    if (keep) {
+        *keep = res.stream; /* the caller reads on and releases */
+        res.stream = NULL;
+    }
+    apiResponseFree(&res);
+    return text;
+}
+
+static void test_run_logs(void **state) {
+    Fixture *f = *state;
+    logSetRunSink(runlogAppend, f->svc->runlog);
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs?name=logged", kTinyJson, "application/json", &res);
+    char id[RUN_ID_MAX], path[256];
+    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    /* a line of the trainer thread's (bound to the run), and one of another thread */
+    logBindRun(id);
+    logInfo("a line from the run's job");
+    logBindRun(NULL);
+    logInfo("a line of nobody's run");
+
+    int ended = 0;
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs", id);
+    char *text = getLines(f->svc, path, &ended, NULL);
+    assert_true(ended); /* no follow: the stored lines, then the end */
+    assert_non_null(strstr(text, "created (logged,"));
+    assert_non_null(strstr(text, "a line from the run's job"));
+    assert_null(strstr(text, "nobody's run"));
+    int lines = 0;
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n"), lines++) {
+        cJSON *o = cJSON_Parse(line);
+        assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "ts")));
+        assert_non_null(str(o, "level"));
+        assert_non_null(str(o, "message"));
+        cJSON_Delete(o);
+    }
+    assert_int_equal(lines, 2);
+    free(text);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=1", id);
+    text = getLines(f->svc, path, &ended, NULL);
+    assert_non_null(strstr(text, "\"level\":\"info\",\"message\":\"a line from the run's job\""));
+    assert_null(strstr(text, "created"));
+    free(text);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=0", id);
+    text = getLines(f->svc, path, &ended, NULL);
+    assert_string_equal(text, "");
+    free(text);
+
+    /* follow an active run: stored lines, each new line, the end when its job ends */
+    Stream *s = NULL;
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=1&tail=0", id);
+    text = getLines(f->svc, path, &ended, &s);
+    assert_false(ended);
+    assert_string_equal(text, "");
+    free(text);
+    logRunWarn(id, "run %s: something to see", id);
+    text = drainStream(s, &ended);
+    assert_false(ended);
+    assert_non_null(strstr(text, "\"level\":\"warning\""));
+    assert_non_null(strstr(text, "something to see"));
+    free(text);
+    pthread_mutex_lock(&f->svc->lock);
+    runlogEnd(f->svc->runlog, id); /* what the end of the run's job does */
+    pthread_mutex_unlock(&f->svc->lock);
+    text = drainStream(s, &ended);
+    assert_true(ended);
+    free(text);
+    streamRelease(s);
+
+    /* a run that is not active: follow ends after the stored lines */
+    pthread_mutex_lock(&f->svc->lock);
+    NsaError err;
+    runsSetState(runsFind(f->svc->runs, id), RUN_HALTED, &err);
+    f->svc->active_id[0] = '\0';
+    pthread_mutex_unlock(&f->svc->lock);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=1", id);
+    text = getLines(f->svc, path, &ended, NULL);
+    assert_true(ended);
+    assert_non_null(strstr(text, "something to see"));
+    free(text);
+
+    /* a full log.jsonl moves to log.1.jsonl; a reader gets both */
+    char file[700];
+    snprintf(file, sizeof file, "%s/runs/%s/log.jsonl", f->dir, id);
+    FILE *big = fopen(file, "a");
+    while ((size_t)ftell(big) < RUNLOG_FILE_MAX)
+        fprintf(big, "{\"ts\":1,\"level\":\"info\",\"message\":\"%-25s\"}\n", "filler");
+    fclose(big);
+    logRunNotice(id, "after the move");
+    snprintf(file, sizeof file, "%s/runs/%s/log.1.jsonl", f->dir, id);
+    struct stat st;
+    assert_int_equal(stat(file, &st), 0);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=2", id);
+    text = getLines(f->svc, path, &ended, NULL);
+    assert_non_null(strstr(text, "filler"));
+    assert_non_null(strstr(text, "after the move"));
+    free(text);
+
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=2", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=-1", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?lines=3", id);
+    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs", id);
+    expectError(f->svc, "POST", path, NULL, NULL, 405, "method_not_allowed");
+    expectError(f->svc, "GET", "/api/v1/runs/20000101-000000-dead/logs", NULL, NULL, 404, "not_found");
+    logSetRunSink(NULL, NULL);
+}
+
 static void test_interrupted_run_is_picked_up(void **state) {
     Fixture *f = *state;
     ApiResponse res;
@@ -535,6 +673,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_create_busy_halt_resume, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_metrics_series_and_since, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_mfu_and_tokens, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_run_logs, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_interrupted_run_is_picked_up, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_watchdog_flags_an_overrun_and_a_recovery, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_hang_during_halt_keeps_halting, setUp, tearDown),
