@@ -158,6 +158,21 @@ static int queryInt(const ApiRequest *req, ApiResponse *res, const char *key, in
     return 0;
 }
 
+/* Parses an optional boolean query value (true/false/1/0) into *out, which
+ * keeps its default when the key is absent. Returns 1 and answers 400 when
+ * the value is anything else. */
+static int queryBool(const ApiRequest *req, ApiResponse *res, const char *key, int *out) {
+    const char *v = queryValue(req, key);
+    if (!v) return 0;
+    if (!strcmp(v, "true") || !strcmp(v, "1")) *out = 1;
+    else if (!strcmp(v, "false") || !strcmp(v, "0")) *out = 0;
+    else {
+        apiError(res, 400, "invalid_argument", "%s: '%.60s' is not allowed; allowed: true, false, 1, 0", key, v);
+        return 1;
+    }
+    return 0;
+}
+
 /* Validates an optional JSON object body with at most a string "reason".
  * Returns 1 when it answered 400; fills reason (may stay ""). */
 static int parseReasonBody(const ApiRequest *req, ApiResponse *res, char *reason, size_t cap) {
@@ -214,6 +229,9 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     cJSON_AddStringToObject(o, "id", run->id);
     cJSON_AddStringToObject(o, "name", run->name);
     cJSON_AddStringToObject(o, "state", runStateName(run->state));
+    const int position = runsQueuePosition(svc->runs, run);
+    if (position > 0) cJSON_AddNumberToObject(o, "queue_position", position);
+    else cJSON_AddNullToObject(o, "queue_position");
     if (active && !svc->pending) {
         TrainPhase phase = (TrainPhase)atomic_load(&svc->mon.phase);
         cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
@@ -231,7 +249,7 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "lr", run->lr);
     addNumberOrNull(o, "grad_norm", run->grad_norm);
     addNumberOrNull(o, "toks_per_s", run->toks_per_s);
-    addNumberOrNull(o, "mfu", mfuOf(run->toks_per_s, run->flops_per_token, run->peak_flops));
+    addNumberOrNull(o, "mfu", mfuOf(run->toks_per_s, run->flops_per_token, mfuWorldPeak(run->peak_flops, run->world, run->n_ranks)));
     addNumberOrNull(o, "flops_per_token", run->flops_per_token);
     addNumberOrNull(o, "peak_flops", run->peak_flops);
     double eta = NAN;
@@ -331,6 +349,13 @@ static void listRuns(Service *svc, ApiResponse *res) {
     for (size_t i = svc->runs->n_runs; i-- > 0;)
         cJSON_AddItemToArray(arr, runJson(svc, svc->runs->runs[i], 0));
     addStringOrNull(o, "active", svc->active_id);
+    /* the queue, next to start first */
+    cJSON *queue = cJSON_AddArrayToObject(o, "queue");
+    const int n_queued = runsQueueLength(svc->runs);
+    for (int pos = 1; pos <= n_queued; pos++)
+        for (size_t i = 0; i < svc->runs->n_runs; i++)
+            if (runsQueuePosition(svc->runs, svc->runs->runs[i]) == pos)
+                cJSON_AddItemToArray(queue, cJSON_CreateString(svc->runs->runs[i]->id));
     pthread_mutex_unlock(&svc->lock);
     respondJson(res, 200, o);
 }
@@ -340,7 +365,9 @@ static int isJsonType(const char *content_type) {
 }
 
 static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    if (refuseUnknownQuery(req, res, "name,nodes")) return;
+    if (refuseUnknownQuery(req, res, "name,nodes,queue")) return;
+    int may_queue = 1;
+    if (queryBool(req, res, "queue", &may_queue)) return;
     const char *name = queryValue(req, "name");
     if (name && !runNameValid(name)) {
         apiError(res, 400, "invalid_argument",
@@ -381,7 +408,8 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
         return;
     }
     ServiceStatus st =
-        serviceCreateRunOn(svc, req->body, req->body_len, name, queryValue(req, "nodes"), id, warnings, &err);
+        serviceCreateRunOn(svc, req->body, req->body_len, name, queryValue(req, "nodes"), may_queue, id,
+                           warnings, &err);
     if (st != SVC_OK) {
         free(warnings);
         answerServiceError(res, st, &err);
@@ -449,11 +477,13 @@ static void postJoin(Service *svc, const ApiRequest *req, ApiResponse *res) {
 }
 
 static void haltOrResume(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id, int resume) {
-    if (refuseUnknownQuery(req, res, "")) return;
+    if (refuseUnknownQuery(req, res, resume ? "queue" : "")) return;
+    int may_queue = 1;
+    if (resume && queryBool(req, res, "queue", &may_queue)) return;
     char reason[256];
     if (parseReasonBody(req, res, reason, sizeof reason)) return;
     NsaError err = {""};
-    ServiceStatus st = resume ? serviceResumeRun(svc, id, &err) : serviceHaltRun(svc, id, &err);
+    ServiceStatus st = resume ? serviceResumeRun(svc, id, may_queue, &err) : serviceHaltRun(svc, id, &err);
     if (st != SVC_OK) {
         answerServiceError(res, st, &err);
         return;
@@ -510,7 +540,7 @@ static void getMetrics(Service *svc, const ApiRequest *req, ApiResponse *res, co
             addNumberOrNull(e, "lr", p->lr);
             addNumberOrNull(e, "grad_norm", p->grad_norm);
             addNumberOrNull(e, "toks_per_s", p->toks_per_s);
-            addNumberOrNull(e, "mfu", mfuOf(p->toks_per_s, run->flops_per_token, run->peak_flops));
+            addNumberOrNull(e, "mfu", mfuOf(p->toks_per_s, run->flops_per_token, mfuWorldPeak(run->peak_flops, run->world, run->n_ranks)));
             addNumberOrNull(e, "mem_bytes", p->mem_bytes);
             addNumberOrNull(e, "tokens", p->tokens);
             cJSON_AddItemToArray(train, e);
@@ -684,6 +714,18 @@ static void deleteRun(Service *svc, const ApiRequest *req, ApiResponse *res, con
     respondJson(res, 200, o);
 }
 
+/* POST /api/v1/runs/{id}/front: a queued run starts next. */
+static void frontRun(Service *svc, const ApiRequest *req, ApiResponse *res, const char *id) {
+    if (refuseUnknownQuery(req, res, "")) return;
+    NsaError err = {""};
+    ServiceStatus st = serviceFrontRun(svc, id, &err);
+    if (st != SVC_OK) {
+        answerServiceError(res, st, &err);
+        return;
+    }
+    respondRun(svc, res, 200, id, 0);
+}
+
 /* Routes /api/v1/runs/{id}[/action]. */
 static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, const char *rest) {
     char id[RUN_ID_MAX + 1];
@@ -707,6 +749,8 @@ static void routeRun(Service *svc, const ApiRequest *req, ApiResponse *res, cons
             respondRun(svc, res, 200, id, 1);
     } else if (!strcmp(action, "halt") || !strcmp(action, "resume")) {
         if (methodIs(req, res, "POST")) haltOrResume(svc, req, res, id, !strcmp(action, "resume"));
+    } else if (!strcmp(action, "front")) {
+        if (methodIs(req, res, "POST")) frontRun(svc, req, res, id);
     } else if (!strcmp(action, "metrics")) {
         if (methodIs(req, res, "GET")) getMetrics(svc, req, res, id);
     } else if (!strcmp(action, "events")) {

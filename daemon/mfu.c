@@ -54,18 +54,24 @@ int mfuFlopsPerToken(const JobConfig *cfg, double *out, NsaError *err) {
     return 0;
 }
 
-double mfuJobPeak(const JobConfig *cfg, const double *peaks, int n_gpus) {
+double mfuJobPeak(const JobConfig *cfg, const int *ordinals, int n_local, const double *peaks,
+                  int n_gpus) {
     const RuntimeConfig *rt = &cfg->runtime;
     if (rt->device != NSA_DEVICE_CUDA) return NAN;
     if (rt->precision != NSA_PREC_BF16 && rt->precision != NSA_PREC_FP16) return NAN;
-    const int ordinals[] = {0}; /* the engine trains on device 0 */
+    if (n_local < 1) return NAN;
     double sum = 0;
-    for (size_t i = 0; i < sizeof ordinals / sizeof ordinals[0]; i++) {
+    for (int i = 0; i < n_local; i++) {
         int o = ordinals[i];
-        if (o >= n_gpus || !(peaks[o] > 0) || !isfinite(peaks[o])) return NAN;
+        if (o < 0 || o >= n_gpus || !(peaks[o] > 0) || !isfinite(peaks[o])) return NAN;
         sum += peaks[o];
     }
     return sum;
+}
+
+double mfuWorldPeak(double local_peak, int world, int n_local) {
+    if (world > n_local && n_local > 0) return local_peak * (double)world / (double)n_local;
+    return local_peak;
 }
 
 double mfuOf(double toks_per_s, double flops_per_token, double peak_flops) {

@@ -25,11 +25,20 @@ double mfuPeakOfDevice(const char *name);
  * err when the model config does not validate. */
 int mfuFlopsPerToken(const JobConfig *cfg, double *out, NsaError *err);
 
-/* The job's MFU denominator: the sum of peaks[ordinal] (FLOP/s; 0: not
- * known) over the GPUs the job trains on (the first, device 0), or NAN when
- * MFU is not reported for it: the CPU engine, precision fp32 or fp64, a GPU
- * beyond the n_gpus known or one of unknown peak. */
-double mfuJobPeak(const JobConfig *cfg, const double *peaks, int n_gpus);
+/* This node's part of the job's MFU denominator: the sum of
+ * peaks[ordinal] (FLOP/s; 0: not known) over the n_local GPU ordinals the
+ * job trains on here (trainerLocalRanks), or NAN when MFU is not reported
+ * for it: the CPU engine, precision fp32 or fp64, no GPU, a GPU beyond the
+ * n_gpus known or one of unknown peak. */
+double mfuJobPeak(const JobConfig *cfg, const int *ordinals, int n_local, const double *peaks,
+                  int n_gpus);
+
+/* The whole job's peak from this node's (local_peak over its n_local
+ * ranks): toks_per_s counts every rank of a multi-node job, so the
+ * denominator counts every rank too, each at this node's mean GPU peak
+ * (the nodes of a job are taken to be alike). world or n_local 0 (not
+ * known yet): local_peak. */
+double mfuWorldPeak(double local_peak, int world, int n_local);
 
 /* toks_per_s x flops_per_token / peak_flops, or NAN when any is unknown
  * (not finite) or not positive. */

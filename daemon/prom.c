@@ -130,7 +130,8 @@ char *promRender(Service *svc, size_t *len) {
         family(&b, "nsad_run_mfu", "gauge",
                "Model FLOPs utilisation at the last logged step (0-1; GPU runs in bf16/fp16 only).");
         for (int i = 0; i < n_shown; i++) {
-            double mfu = mfuOf(shown[i]->toks_per_s, shown[i]->flops_per_token, shown[i]->peak_flops);
+            double mfu = mfuOf(shown[i]->toks_per_s, shown[i]->flops_per_token,
+                              mfuWorldPeak(shown[i]->peak_flops, shown[i]->world, shown[i]->n_ranks));
             if (isfinite(mfu)) runSample(&b, "nsad_run_mfu", shown[i], mfu);
         }
         family(&b, "nsad_run_eta_seconds", "gauge", "Estimated seconds until the active run completes.");

@@ -21,6 +21,7 @@
 
 static const char *const state_names[RUN_STATE_COUNT] = {
     "idle", "starting", "running", "halting", "halted", "completed", "failed", "nan_halted", "hung",
+    "queued",
 };
 
 const char *runStateName(RunState state) {
@@ -130,6 +131,10 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddStringToObject(o, "error", run->error);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
     if (run->member_of[0]) cJSON_AddStringToObject(o, "member_of", run->member_of);
+    if (run->state == RUN_QUEUED) {
+        cJSON_AddNumberToObject(o, "queue_order", (double)run->queue_order);
+        cJSON_AddBoolToObject(o, "queue_resume", run->queue_resume);
+    }
     cJSON_AddNumberToObject(o, "created_at", run->created_at);
     cJSON_AddNumberToObject(o, "started_at", run->started_at);
     cJSON_AddNumberToObject(o, "ended_at", run->ended_at);
@@ -195,6 +200,8 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     run->flops_per_token = jsonNumber(o, "flops_per_token", NAN);
     run->peak_flops = jsonNumber(o, "peak_flops", NAN);
     run->restarts = (int)jsonNumber(o, "restarts", 0);
+    run->queue_order = (int64_t)jsonNumber(o, "queue_order", 0);
+    run->queue_resume = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(o, "queue_resume"));
     run->created_at = jsonNumber(o, "created_at", 0);
     run->started_at = jsonNumber(o, "started_at", 0);
     run->ended_at = jsonNumber(o, "ended_at", 0);
@@ -327,8 +334,60 @@ static void makeRunId(char *out, size_t cap) {
     snprintf(out, cap, "%s-%04x", stamp, (unsigned)r);
 }
 
+static int64_t queueEnd(const RunRegistry *reg, int front) {
+    int64_t end = 0;
+    int any = 0;
+    for (size_t i = 0; i < reg->n_runs; i++) {
+        const Run *r = reg->runs[i];
+        if (r->state != RUN_QUEUED) continue;
+        if (!any || (front ? r->queue_order < end : r->queue_order > end)) end = r->queue_order;
+        any = 1;
+    }
+    if (!any) return 0;
+    return front ? end - 1 : end + 1;
+}
+
+/* 1 when a starts before b: the lower order, then the older run. */
+static int queueBefore(const Run *a, const Run *b) {
+    if (a->queue_order != b->queue_order) return a->queue_order < b->queue_order;
+    return strcmp(a->id, b->id) < 0;
+}
+
+Run *runsQueueHead(const RunRegistry *reg) {
+    Run *head = NULL;
+    for (size_t i = 0; i < reg->n_runs; i++) {
+        Run *r = reg->runs[i];
+        if (r->state == RUN_QUEUED && (!head || queueBefore(r, head))) head = r;
+    }
+    return head;
+}
+
+int runsQueuePosition(const RunRegistry *reg, const Run *run) {
+    if (run->state != RUN_QUEUED) return 0;
+    int pos = 1;
+    for (size_t i = 0; i < reg->n_runs; i++) {
+        const Run *r = reg->runs[i];
+        if (r != run && r->state == RUN_QUEUED && queueBefore(r, run)) pos++;
+    }
+    return pos;
+}
+
+int runsQueueLength(const RunRegistry *reg) {
+    int n = 0;
+    for (size_t i = 0; i < reg->n_runs; i++) n += reg->runs[i]->state == RUN_QUEUED;
+    return n;
+}
+
+int runsEnqueue(RunRegistry *reg, Run *run, int front, int resume, NsaError *err) {
+    if (run->state == RUN_QUEUED) run->state = RUN_HALTED; /* not counted against itself */
+    run->queue_order = queueEnd(reg, front);
+    run->queue_resume = resume;
+    run->state = RUN_QUEUED;
+    return runsSave(run, err);
+}
+
 Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, const char *device,
-                const char *precision, int64_t total_steps, NsaError *err) {
+                const char *precision, int64_t total_steps, RunState initial, NsaError *err) {
     char id[RUN_ID_MAX];
     int tries = 0;
     do {
@@ -348,7 +407,8 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
     snprintf(run->device, sizeof run->device, "%s", device ? device : "");
     snprintf(run->precision, sizeof run->precision, "%s", precision ? precision : "");
     run->total_steps = total_steps;
-    run->state = RUN_STARTING;
+    run->state = initial == RUN_QUEUED ? RUN_QUEUED : RUN_STARTING;
+    if (run->state == RUN_QUEUED) run->queue_order = queueEnd(reg, 0);
     run->created_at = clockUnixSeconds();
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);

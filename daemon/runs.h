@@ -40,6 +40,7 @@ typedef enum RunState {
     RUN_FAILED,
     RUN_NAN_HALTED,
     RUN_HUNG,
+    RUN_QUEUED, /* waits for the trainer (daemon/service.c starts the queue in order) */
     RUN_STATE_COUNT
 } RunState;
 
@@ -110,6 +111,11 @@ typedef struct Run {
     /* a member run (this node's part of a multi-node job another nsad
      * coordinates): the coordinator's run id, else "" (run.json "member_of") */
     char member_of[RUN_ID_MAX];
+    /* while queued: its place (the lowest starts first; run.json keeps it,
+     * so the queue survives restarts and crashes) and whether it starts
+     * from its latest checkpoint (a resume that waited) */
+    int64_t queue_order;
+    int queue_resume;
 } Run;
 
 typedef struct RunRegistry {
@@ -127,11 +133,26 @@ typedef struct RunRegistry {
 RunRegistry *runsOpen(const char *state_dir, NsaError *err);
 void runsClose(RunRegistry *reg);
 
-/* Creates a run in state starting: a fresh id, its directories, config.yaml
- * and run.json. name may be NULL (the id is used). Returns the run (owned by
+/* Creates a run in state `initial` (RUN_STARTING, or RUN_QUEUED: then at
+ * the back of the queue): a fresh id, its directories, config.yaml and
+ * run.json. name may be NULL (the id is used). Returns the run (owned by
  * the registry) or NULL with err. */
 Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, const char *device,
-                const char *precision, int64_t total_steps, NsaError *err);
+                const char *precision, int64_t total_steps, RunState initial, NsaError *err);
+
+/* ---- the queue: the runs in state queued, by queue_order ---- */
+
+/* The queued run to start next (lowest queue_order, the older on a tie),
+ * or NULL when none is queued. */
+Run *runsQueueHead(const RunRegistry *reg);
+/* The run's place in the queue, 1 for the head; 0 when it is not queued. */
+int runsQueuePosition(const RunRegistry *reg, const Run *run);
+/* How many runs are queued. */
+int runsQueueLength(const RunRegistry *reg);
+/* Puts run at the back (front 0) or the front (front 1) of the queue:
+ * state queued, queue_order past the others', resume as given; saves
+ * run.json (atomic). Returns runsSave's result; memory changes either way. */
+int runsEnqueue(RunRegistry *reg, Run *run, int front, int resume, NsaError *err);
 
 /* Replaces the run's config (memory and config.yaml). Returns 0, or -1 with
  * err (the old config stays). */

@@ -240,7 +240,11 @@ static void runJob(Service *svc, const char *id, int resume) {
             run = runsFind(svc->runs, id);
             if (run) { /* what its MFU is counted against from now on */
                 run->flops_per_token = flops_per_token;
-                run->peak_flops = mfuJobPeak(cfg, svc->gpu_peak_flops, svc->n_gpus);
+                int ordinals[TRAIN_MAX_RANKS];
+                NsaError gerr;
+                const int n_local = cfg->runtime.device == NSA_DEVICE_CUDA
+                                        ? trainerLocalRanks(cfg, ordinals, &gerr) : 0;
+                run->peak_flops = mfuJobPeak(cfg, ordinals, n_local, svc->gpu_peak_flops, svc->n_gpus);
                 NsaError serr;
                 if (runsSave(run, &serr) != 0) logWarn("run %s: %s", id, serr.message);
             }
@@ -275,6 +279,25 @@ static void runJob(Service *svc, const char *id, int resume) {
     logBindRun(NULL);
 }
 
+static void queueRun(Service *svc, Run *run, int resume);
+
+/* The scheduler: when the trainer is free, the head of the queue takes it.
+ * One trainer, so a run's GPUs are free exactly when no run is active (see
+ * proto/api.md, "The queue", for what running disjoint GPU sets at once
+ * would take). Caller holds the lock. */
+static void startQueueHead(Service *svc) {
+    if (svc->shutting_down || svc->active_id[0]) return;
+    Run *run = runsQueueHead(svc->runs);
+    if (!run) return;
+    const int resume = run->queue_resume;
+    run->queue_resume = 0;
+    addEvent(run, "dequeued", run->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
+    saveState(run, RUN_STARTING);
+    queueRun(svc, run, resume);
+    logRunNotice(run->id, "run %s: its turn in the queue came; %s", run->id,
+                 resume ? "resuming from its latest checkpoint" : "starting");
+}
+
 static void *trainerThread(void *arg) {
     Service *svc = arg;
     if (stackdumpRegisterThread("trainer") != 0)
@@ -282,6 +305,7 @@ static void *trainerThread(void *arg) {
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
         atomic_store(&svc->trainer_tick_ns, clockMonotonicNs());
+        startQueueHead(svc);
         if (svc->pending) {
             char id[RUN_ID_MAX];
             snprintf(id, sizeof id, "%s", svc->active_id);
@@ -458,9 +482,15 @@ static ServiceStatus busy(Service *svc, NsaError *err) {
                 run ? runStateName(run->state) : "starting");
 }
 
+/* 1 when a new run must wait: a run holds the trainer or others wait
+ * before it (first come, first started). Caller holds the lock. */
+static int mustWait(Service *svc) {
+    return svc->active_id[0] || runsQueueLength(svc->runs) > 0;
+}
+
 static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
-                                    const char *member_of, const TrainJoin *join, char *id_out,
-                                    NsaError *err);
+                                    const char *member_of, const TrainJoin *join, int may_queue,
+                                    char *id_out, NsaError *err);
 
 /* Sets runtime.nodes from "HOST:PORT,..." (the API's ?nodes=). */
 static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
@@ -484,12 +514,12 @@ static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
 
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
-    return serviceCreateRunOn(svc, config_text, len, name, NULL, id_out, warnings, err);
+    return serviceCreateRunOn(svc, config_text, len, name, NULL, 1, id_out, warnings, err);
 }
 
 ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
-                                 const char *nodes, char *id_out, ServiceWarnings *warnings,
-                                 NsaError *err) {
+                                 const char *nodes, int may_queue, char *id_out,
+                                 ServiceWarnings *warnings, NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
@@ -505,29 +535,33 @@ ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t l
         if (warnings)
             snprintf(warnings->text[warnings->n++], sizeof warnings->text[0], "%s", cfg->warnings[i]);
     }
-    ServiceStatus st = createAndQueue(svc, cfg, name, NULL, NULL, id_out, err);
+    ServiceStatus st = createAndQueue(svc, cfg, name, NULL, NULL, may_queue, id_out, err);
     free(cfg);
     return st;
 }
 
 /* Creates a run from cfg (its out_dir moved under the run's directory)
- * and hands it to the trainer; member_of and join (NULL for a run of this
- * node's own) make it a member run. Takes the lock. */
+ * and hands it to the trainer, or (may_queue, the trainer busy or others
+ * waiting) queues it at the back; member_of and join (NULL for a run of
+ * this node's own) make it a member run, which never waits: its
+ * coordinator starts the job now. Takes the lock. */
 static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
-                                    const char *member_of, const TrainJoin *join, char *id_out,
-                                    NsaError *err) {
+                                    const char *member_of, const TrainJoin *join, int may_queue,
+                                    char *id_out, NsaError *err) {
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);
+    const int wait = member_of ? svc->active_id[0] != '\0' : mustWait(svc);
     if (svc->shutting_down) {
         st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
-    } else if (svc->active_id[0]) {
+    } else if (wait && (!may_queue || member_of)) {
         st = busy(svc, err);
     } else {
         /* the run's out_dir lives under the state dir: store the resolved
          * config with it so the file says what the trainer does */
         char *yaml = configToYaml(cfg);
         Run *run = yaml ? runsCreate(svc->runs, name, yaml, configDeviceName(cfg->runtime.device),
-                                     configPrecisionName(cfg->runtime.precision), cfg->train.steps, err)
+                                     configPrecisionName(cfg->runtime.precision), cfg->train.steps,
+                                     wait ? RUN_QUEUED : RUN_STARTING, err)
                         : NULL;
         int had_yaml = yaml != NULL;
         free(yaml);
@@ -548,11 +582,21 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                 NsaError serr;
                 if (runsSave(run, &serr) != 0) logWarn("run %s: %s", run->id, serr.message);
             }
-            queueRun(svc, run, 0);
             snprintf(id_out, RUN_ID_MAX, "%s", run->id);
-            logRunNotice(run->id, "run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
-                         (long long)run->total_steps, run->device,
-                         member_of ? ": ranks of the multi-node job " : "", member_of ? member_of : "");
+            if (wait) {
+                char detail[64];
+                snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
+                addEvent(run, "queued", 0, detail);
+                logRunNotice(run->id, "run %s created (%s, %lld steps, %s) and queued at position %d", run->id,
+                             run->name, (long long)run->total_steps, run->device,
+                             runsQueuePosition(svc->runs, run));
+                pthread_cond_signal(&svc->wake); /* an idle trainer takes the head */
+            } else {
+                queueRun(svc, run, 0);
+                logRunNotice(run->id, "run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
+                             (long long)run->total_steps, run->device,
+                             member_of ? ": ranks of the multi-node job " : "", member_of ? member_of : "");
+            }
         }
     }
     pthread_mutex_unlock(&svc->lock);
@@ -588,7 +632,7 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
                   "allowed: ranks after the coordinator's, within the job",
                   j->join.first, j->join.world, n, n == 1 ? "" : "s");
     } else {
-        st = createAndQueue(svc, cfg, j->run_id, j->run_id, &j->join, id_out, err);
+        st = createAndQueue(svc, cfg, j->run_id, j->run_id, &j->join, 0, id_out, err);
     }
     if (local) *local = n;
     free(cfg);
@@ -603,8 +647,14 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
         st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
     } else if (run->state == RUN_HALTING) {
         /* already on its way: repeating the request is harmless */
+    } else if (run->state == RUN_QUEUED) {
+        /* it leaves the queue, keeping its files: resume queues it again */
+        run->queue_resume = 0;
+        addEvent(run, "halt", run->step, "{\"note\":\"left the queue\"}");
+        saveState(run, RUN_HALTED);
+        logRunNotice(id, "run %s: halted while queued; it left the queue", id);
     } else if (!runStateIsActive(run->state) || strcmp(svc->active_id, id) != 0) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a starting, running or hung run", id,
+        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a queued, starting, running or hung run", id,
                   runStateName(run->state));
     } else {
         svc->user_halt = 1;
@@ -668,7 +718,7 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
     return SVC_OK;
 }
 
-ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
+ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaError *err) {
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
@@ -684,8 +734,20 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
         st = fail(err, SVC_INVALID_STATE, "run %s is this node's part of the multi-node job %s; resume "
                                           "that run on its coordinator (it brings this node back in)",
                   id, run->member_of);
-    } else if (svc->active_id[0]) {
+    } else if (mustWait(svc) && !may_queue) {
         st = busy(svc, err);
+    } else if (mustWait(svc)) {
+        run->anomaly[0] = '\0';
+        run->error[0] = '\0';
+        addEvent(run, "resume_requested", run->step, NULL);
+        NsaError qerr;
+        if (runsEnqueue(svc->runs, run, 0, 1, &qerr) != 0) logRunWarn(id, "run %s: %s", id, qerr.message);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
+        addEvent(run, "queued", run->step, detail);
+        logRunNotice(id, "run %s: resume queued at position %d (latest checkpoint: step %lld)", id,
+                     runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
+        pthread_cond_signal(&svc->wake);
     } else {
         run->anomaly[0] = '\0';
         run->error[0] = '\0';
@@ -694,6 +756,28 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err) {
         queueRun(svc, run, 1);
         logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
                   (long long)run->last_checkpoint_step);
+    }
+    pthread_mutex_unlock(&svc->lock);
+    return st;
+}
+
+ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err) {
+    ServiceStatus st = SVC_OK;
+    pthread_mutex_lock(&svc->lock);
+    Run *run = runsFind(svc->runs, id);
+    if (!run) {
+        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+    } else if (run->state != RUN_QUEUED) {
+        st = fail(err, SVC_INVALID_STATE, "run %s is %s; front applies to a queued run", id,
+                  runStateName(run->state));
+    } else if (runsQueuePosition(svc->runs, run) > 1) {
+        NsaError qerr;
+        if (runsEnqueue(svc->runs, run, 1, run->queue_resume, &qerr) != 0) {
+            st = fail(err, SVC_INTERNAL, "run %s: %s", id, qerr.message);
+        } else {
+            addEvent(run, "queue_front", run->step, NULL);
+            logRunNotice(id, "run %s: moved to the front of the queue", id);
+        }
     }
     pthread_mutex_unlock(&svc->lock);
     return st;

@@ -4,7 +4,8 @@
  *
  * Threads: the HTTP thread calls serviceCreateRun / serviceHaltRun /
  * serviceResumeRun and reads the registry under svc->lock; the trainer
- * thread runs one job at a time (trainerRun) and records its news under the
+ * thread runs one job at a time (trainerRun), takes the head of the queue
+ * (runs in state queued) whenever it is free, and records its news under the
  * same lock; the watchdog reads the monitor atomics and takes the lock to
  * mark a run hung. Nobody holds the lock across slow work. */
 #ifndef NSAD_SERVICE_H
@@ -110,16 +111,18 @@ typedef struct ServiceWarnings {
 } ServiceWarnings;
 
 /* Creates a run from a job config (YAML or JSON text) and hands it to the
- * trainer. name may be NULL. On SVC_OK copies the new id into id_out
- * (RUN_ID_MAX bytes) and the config's warnings into warnings (may be NULL).
- * Otherwise err says why in one line. Takes the lock. */
+ * trainer, or queues it (state queued, at the back) while a run holds the
+ * trainer or others wait. name may be NULL. On SVC_OK copies the new id
+ * into id_out (RUN_ID_MAX bytes) and the config's warnings into warnings
+ * (may be NULL). Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err);
 /* The same with the other nodes of a multi-node job (runtime.nodes,
- * "HOST:PORT,..." ) set over the config's; nodes NULL keeps the config's. */
+ * "HOST:PORT,..." ) set over the config's; nodes NULL keeps the config's.
+ * may_queue 0 answers SVC_BUSY instead of queueing (?queue=false). */
 ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
-                                 const char *nodes, char *id_out, ServiceWarnings *warnings,
-                                 NsaError *err);
+                                 const char *nodes, int may_queue, char *id_out,
+                                 ServiceWarnings *warnings, NsaError *err);
 
 /* A coordinator's request to join its multi-node job (POST /api/v1/join):
  * prepare answers how many ranks this node brings (its GPUs for the
@@ -138,12 +141,22 @@ typedef struct ServiceJoin {
 ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *id_out,
                           NsaError *err);
 
-/* Asks the run to halt (finish the step, checkpoint, stop). Takes the lock. */
+/* Asks the run to halt (finish the step, checkpoint, stop); a queued run
+ * leaves the queue at once (state halted, its files kept). Returns
+ * SVC_NOT_FOUND or SVC_INVALID_STATE with err. Takes the lock. */
 ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);
 
-/* Restarts a halted, nan_halted or failed run from its latest checkpoint.
- * Takes the lock. */
-ServiceStatus serviceResumeRun(Service *svc, const char *id, NsaError *err);
+/* Restarts a halted, nan_halted or failed run from its latest checkpoint;
+ * while the trainer is busy or others wait, queues it at the back (it
+ * resumes on its turn), or with may_queue 0 answers SVC_BUSY. Takes the
+ * lock. */
+ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaError *err);
+
+/* Moves a queued run to the front of the queue (it starts next; the run
+ * holding the trainer keeps it). Returns SVC_NOT_FOUND, SVC_INVALID_STATE
+ * (not queued) or SVC_INTERNAL (run.json not written) with err. Takes the
+ * lock. */
+ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err);
 
 /* Deletes a run that is not active (not starting, running, halting or hung,
  * and not holding the trainer): its record leaves the registry at once and

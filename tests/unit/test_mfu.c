@@ -52,16 +52,23 @@ static JobConfig *tinyJob(NsaDevice device, NsaPrecision precision) {
 
 static void whichJobsHaveAnMfu(void **state) {
     (void)state;
-    const double peaks[2] = {989e12, 0};
-    assert_true(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), peaks, 2) == 989e12);
-    assert_true(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_FP16), peaks, 2) == 989e12);
+    const double peaks[3] = {989e12, 0, 495e12};
+    const int dev0[1] = {0}, dev1[1] = {1}, dev02[2] = {0, 2};
+    assert_true(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), dev0, 1, peaks, 3) == 989e12);
+    assert_true(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_FP16), dev0, 1, peaks, 3) == 989e12);
+    /* data parallel: the sum over the GPUs the job names */
+    assert_true(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), dev02, 2, peaks, 3) == 989e12 + 495e12);
     /* fp32 on CUDA runs on CUDA cores, the CPU engine has no known peak */
-    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_F32), peaks, 2)));
-    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CPU, NSA_PREC_F32), peaks, 2)));
-    /* device 0 of unknown peak, or no GPU known at all */
-    const double unknown[1] = {0};
-    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), unknown, 1)));
-    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), peaks, 0)));
+    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_F32), dev0, 1, peaks, 3)));
+    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CPU, NSA_PREC_F32), dev0, 1, peaks, 3)));
+    /* a GPU of unknown peak, one beyond those known, none at all */
+    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), dev1, 1, peaks, 3)));
+    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), dev02, 2, peaks, 2)));
+    assert_true(isnan(mfuJobPeak(tinyJob(NSA_DEVICE_CUDA, NSA_PREC_BF16), dev0, 0, peaks, 3)));
+    /* multi-node: every rank of the job at this node's mean peak */
+    assert_true(mfuWorldPeak(2e15, 8, 2) == 8e15);
+    assert_true(mfuWorldPeak(2e15, 2, 2) == 2e15);
+    assert_true(mfuWorldPeak(2e15, 0, 0) == 2e15);
 }
 
 static void flopsAndRatio(void **state) {

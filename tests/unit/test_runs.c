@@ -70,7 +70,7 @@ static void test_create_save_reopen(void **state) {
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
-    Run *run = runsCreate(reg, "first", "model:\n  dim: 32\n", "cpu", "fp32", 100, &err);
+    Run *run = runsCreate(reg, "first", "model:\n  dim: 32\n", "cpu", "fp32", 100, RUN_STARTING, &err);
     assert_non_null(run);
     assert_int_equal(run->state, RUN_STARTING);
     assert_string_equal(run->name, "first");
@@ -91,7 +91,7 @@ static void test_create_save_reopen(void **state) {
     snprintf(run->anomaly, sizeof run->anomaly, "hang:forward");
     run->flops_per_token = 1.5e6; /* MFU's count, and no peak (a CPU run) */
     assert_int_equal(runsSave(run, &err), 0);
-    Run *second = runsCreate(reg, NULL, "a: 1\n", "cpu", "fp32", 10, &err);
+    Run *second = runsCreate(reg, NULL, "a: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
     assert_non_null(second);
     assert_string_not_equal(second->id, id);
     assert_string_equal(second->name, second->id);
@@ -130,7 +130,7 @@ static void test_corrupt_record_is_skipped(void **state) {
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 1, &err);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 1, RUN_STARTING, &err);
     assert_non_null(run);
     writeText(run->dir, "run.json", "{\"state\": \"dancing\"}");
     runsClose(reg);
@@ -223,12 +223,12 @@ static void test_delete_moves_aside_then_sweeps(void **state) {
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
-    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, &err);
+    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
     assert_non_null(a);
     char ida[RUN_ID_MAX], adir[RUN_PATH_MAX], link[RUN_PATH_MAX + 16], outside[RUN_PATH_MAX];
     snprintf(ida, sizeof ida, "%s", a->id);
     snprintf(adir, sizeof adir, "%s", a->dir);
-    Run *b = runsCreate(reg, "b", "x: 2\n", "cpu", "fp32", 10, &err);
+    Run *b = runsCreate(reg, "b", "x: 2\n", "cpu", "fp32", 10, RUN_STARTING, &err);
     assert_non_null(b);
     char idb[RUN_ID_MAX];
     snprintf(idb, sizeof idb, "%s", b->id);
@@ -275,7 +275,7 @@ static void test_events_are_bounded(void **state) {
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 10, &err);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
     assert_non_null(run);
     char id[RUN_ID_MAX];
     snprintf(id, sizeof id, "%s", run->id);
@@ -306,7 +306,7 @@ static void test_series_rebuilt_from_files(void **state) {
     NsaError err = {""};
     RunRegistry *reg = runsOpen(dir, &err);
     assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 30, &err);
+    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 30, RUN_STARTING, &err);
     assert_non_null(run);
     char id[RUN_ID_MAX];
     snprintf(id, sizeof id, "%s", run->id);
