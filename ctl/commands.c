@@ -277,14 +277,34 @@ static char *readConfigFile(const char *path, size_t *len) {
     return buf;
 }
 
+static int waitWhileState(Ctl *ctl, const char *id, const char *transient, char *state_out, size_t cap);
+static int runCall(Ctl *ctl, const char *method, const char *id, CtlReply *reply);
+
+/* Waits until a queued run took the trainer: 0 once it left queued (and
+ * starting) for running or an end; prints where it got unless --json.
+ * A run deleted while it waited is a failure (4, from the 404). */
+static int waitForStart(Ctl *ctl, const char *id, char *state, size_t cap) {
+    int rc = CTL_OK;
+    if (!strcmp(state, "queued")) {
+        if (!ctl->json) {
+            printf("waiting for run %s to leave the queue\n", id);
+            fflush(stdout);
+        }
+        rc = waitWhileState(ctl, id, "queued", state, cap);
+    }
+    if (rc == CTL_OK && !strcmp(state, "starting")) rc = waitWhileState(ctl, id, "starting", state, cap);
+    return rc;
+}
+
 static int cmdStart(Ctl *ctl, int argc, char **argv) {
     const char *name = NULL, *interval = NULL, *nodes = NULL;
-    int watch = 0;
-    const CmdOption opts[] = {{"--name", &name, NULL}, {"--watch", NULL, &watch},
-                              {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL}};
+    int watch = 0, wait = 0, no_queue = 0;
+    const CmdOption opts[] = {{"--name", &name, NULL},         {"--watch", NULL, &watch},
+                              {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL},
+                              {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, 4, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("start", argc, argv, opts, 6, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     char path[HTTP_ADDR_MAX] = "/api/v1/runs";
@@ -306,6 +326,10 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
             return CTL_EXIT_USAGE;
         }
     }
+    if (no_queue) { /* busy answers 409 (exit 5) instead of queueing */
+        size_t used = strlen(path);
+        snprintf(path + used, sizeof path - used, "%squeue=false", strchr(path, '?') ? "&" : "?");
+    }
     size_t len = 0;
     char *body = readConfigFile(pos[0], &len);
     if (!body) return CTL_EXIT_CONFIG;
@@ -325,20 +349,41 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
         ctlReplyFree(&reply);
         return CTL_EXIT_ERROR;
     }
-    char id_copy[128];
+    char id_copy[128], state[32];
     snprintf(id_copy, sizeof id_copy, "%s", id);
+    snprintf(state, sizeof state, "%s", ctlString(reply.json, "state", "?"));
     if (ctl->json) {
-        ctlPrintJson(&reply);
+        if (!wait) ctlPrintJson(&reply);
     } else {
-        printf("started run %s", id);
+        double position = 0;
+        int queued = !strcmp(state, "queued") && ctlNumber(reply.json, "queue_position", &position);
+        printf("%s run %s", queued ? "queued" : "started", id);
         const char *run_name = ctlString(reply.json, "name", id);
         if (strcmp(run_name, id)) printf(" (%s)", run_name);
-        printf(" on %s, state %s\n", ctlString(reply.json, "device", "?"),
-               ctlString(reply.json, "state", "?"));
-        if (!watch) printf("follow it:  nsactl watch %s\n", id);
+        if (queued)
+            printf(" on %s at position %.0f: it starts when the runs before it are done\n",
+                   ctlString(reply.json, "device", "?"), position);
+        else
+            printf(" on %s, state %s\n", ctlString(reply.json, "device", "?"), state);
+        if (!watch && !wait) printf("follow it:  nsactl watch %s\n", id);
     }
     fflush(stdout);
     ctlReplyFree(&reply);
+    if (wait) {
+        rc = waitForStart(ctl, id_copy, state, sizeof state);
+        if (rc != CTL_OK) return rc;
+        if (ctl->json && !watch) {
+            rc = runCall(ctl, "GET", id_copy, &reply);
+            if (rc != CTL_OK) return rc;
+            ctlPrintJson(&reply);
+            ctlReplyFree(&reply);
+        } else if (!ctl->json) {
+            printf("run %s is %s\n", id_copy, state);
+        }
+        fflush(stdout);
+        /* it ended before it ran (halted out of the queue, failed to start) */
+        if (!watch && strcmp(state, "running") && strcmp(state, "completed")) return CTL_EXIT_ERROR;
+    }
     return watch ? ctlWatchRun(ctl, id_copy, interval_s) : CTL_OK;
 }
 
@@ -443,8 +488,14 @@ static int cmdList(Ctl *ctl, int argc, char **argv) {
         formatLoss(v, have_loss, loss, sizeof loss);
         if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
         ctlNumber(run, "created_at", &ts);
+        char state[48];
+        double position = 0;
+        if (ctlNumber(run, "queue_position", &position))
+            snprintf(state, sizeof state, "%s #%.0f", ctlString(run, "state", "?"), position);
+        else
+            snprintf(state, sizeof state, "%s", ctlString(run, "state", "?"));
         const char *cells[] = {ctlString(run, "id", "?"), ctlString(run, "name", "-"),
-                               ctlString(run, "state", "?"), step, loss, tps,
+                               state, step, loss, tps,
                                ctlString(run, "device", "-"), formatTimestamp(ts, created, sizeof created)};
         if (formatTableAdd(table, cells)) {
             fprintf(stderr, "nsactl list: out of memory\n");
@@ -478,14 +529,15 @@ static int waitWhileState(Ctl *ctl, const char *id, const char *transient, char 
 }
 
 static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
-    int wait = 0;
-    const CmdOption opts[] = {{"--wait", NULL, &wait}};
+    int wait = 0, no_queue = 0;
+    const int resume = !strcmp(verb, "resume");
+    const CmdOption opts[] = {{"--wait", NULL, &wait}, {"--no-queue", NULL, &no_queue}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs(verb, argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs(verb, argc, argv, opts, resume ? 2 : 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s/%s", pos[0], verb);
+    snprintf(path, sizeof path, "/api/v1/runs/%s/%s%s", pos[0], verb, no_queue ? "?queue=false" : "");
     CtlReply reply;
     int rc = ctlCall(ctl, "POST", path, "{}", 2, "application/json", 0, &reply);
     if (rc != CTL_OK) return rc;
@@ -494,10 +546,12 @@ static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
     if (ctl->json && !wait) ctlPrintJson(&reply);
     ctlReplyFree(&reply);
     if (wait) {
-        /* halt: halting -> halted; resume: starting -> running (or an end). */
-        const char *transient = !strcmp(verb, "halt") ? "halting" : "starting";
-        if (strcmp(state, transient) == 0) {
-            rc = waitWhileState(ctl, pos[0], transient, state, sizeof state);
+        /* halt: halting -> halted; resume: (queued ->) starting -> running (or an end). */
+        if (resume) {
+            rc = waitForStart(ctl, pos[0], state, sizeof state);
+            if (rc != CTL_OK) return rc;
+        } else if (!strcmp(state, "halting")) {
+            rc = waitWhileState(ctl, pos[0], "halting", state, sizeof state);
             if (rc != CTL_OK) return rc;
         }
         if (ctl->json) {
@@ -511,9 +565,27 @@ static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
     if (!ctl->json) {
         if (!strcmp(verb, "halt") && !strcmp(state, "halting"))
             printf("halting run %s: it stops after the current step and a checkpoint\n", pos[0]);
+        else if (!strcmp(state, "queued"))
+            printf("run %s is queued: it resumes when the runs before it are done\n", pos[0]);
         else
             printf("run %s is %s\n", pos[0], state);
     }
+    return CTL_OK;
+}
+
+static int cmdFront(Ctl *ctl, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    if (parseArgs("front", argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/front", pos[0]);
+    CtlReply reply;
+    int rc = ctlCall(ctl, "POST", path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) ctlPrintJson(&reply);
+    else printf("run %s is first in the queue: it starts next\n", pos[0]);
+    ctlReplyFree(&reply);
     return CTL_OK;
 }
 
@@ -825,16 +897,20 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
 /* ---- the table ------------------------------------------------------------------------ */
 
 const CtlCommand ctlCommands[] = {
-    {"start", "start CONFIG [--name NAME] [--nodes HOST:PORT,...] [--watch] [--interval S]",
+    {"start", "start CONFIG [--name NAME] [--nodes HOST:PORT,...] [--wait] [--no-queue] [--watch] [--interval S]",
      "start a run from a job config (YAML or JSON; - is stdin)",
-     "Sends CONFIG to nsad, which validates it and starts the run on its trainer.\n"
-     "Prints the new run's id (with --json: the run object).\n"
+     "Sends CONFIG to nsad, which validates it and starts the run on its trainer,\n"
+     "or, while another run trains (or others wait), queues it: it starts on its\n"
+     "turn. Prints the new run's id (with --json: the run object).\n"
      "  --name NAME     a label for the run (1-64 of A-Z a-z 0-9 . _ -)\n"
+     "  --wait          return once the run has started (left the queue and\n"
+     "                  starting); exit 1 when it ended before it ran\n"
+     "  --no-queue      exit 5 instead of queueing when the trainer is busy\n"
      "  --watch         then follow it as `nsactl watch` does\n"
      "  --interval S    poll period for --watch (default 1)\n"
      "Exit 78 when the file is missing or unreadable or nsad rejects the config\n"
-     "(the message names the key, the value and what is allowed); 5 when another\n"
-     "run is active.\n",
+     "(the message names the key, the value and what is allowed); 5 with\n"
+     "--no-queue when another run is active.\n",
      cmdStart},
     {"status", "status [ID]", "the daemon and its active run, or one run in detail",
      "Without ID: version, uptime, trainer state and the active run.\n"
@@ -842,22 +918,30 @@ const CtlCommand ctlCommands[] = {
      "checkpoint, errors). --json prints the daemon's run object; without ID\n"
      "{\"health\": ..., \"active\": <run>|null, \"runs\": N}.\n",
      cmdStatus},
-    {"list", "list", "every run nsad knows, newest first",
-     "A table of id, name, state, step, loss, tokens/s, device and creation time.\n"
-     "--json prints {\"runs\": [...], \"active\": ID|null}.\n",
+    {"list", "list", "every run nsad knows, newest first, and the queue",
+     "A table of id, name, state, step, loss, tokens/s, device and creation time;\n"
+     "a queued run's state shows its place (queued #1 starts next).\n"
+     "--json prints {\"runs\": [...], \"active\": ID|null, \"queue\": [ID, ...]}.\n",
      cmdList},
+    {"front", "front ID", "move a queued run to the front of the queue",
+     "It starts next, when the run on the trainer is done (that run keeps it).\n"
+     "Exit 5 when the run is not queued, 4 when there is no such run.\n",
+     cmdFront},
     {"halt", "halt ID [--wait]", "stop a run after its current step and a checkpoint",
      "The run goes to halting, then halted; `nsactl resume ID` continues it.\n"
+     "A queued run leaves the queue at once (halted, its files kept).\n"
      "  --wait    return only once it is halted (or ended otherwise)\n"
      "Exit 5 when the run is not active (already ended).\n",
      cmdHalt},
-    {"resume", "resume ID [--wait]", "continue a halted or failed run from its checkpoint",
-     "Same id, same metric series.\n"
-     "  --wait    return only once it left starting\n"
-     "Exit 5 when the run's state does not allow it or another run is active.\n",
+    {"resume", "resume ID [--wait] [--no-queue]", "continue a halted or failed run from its checkpoint",
+     "Same id, same metric series. While another run trains it is queued.\n"
+     "  --wait      return only once it left the queue and starting\n"
+     "  --no-queue  exit 5 instead of queueing when the trainer is busy\n"
+     "Exit 5 when the run's state does not allow it.\n",
      cmdResume},
-    {"delete", "delete ID", "remove an ended run: its record, logs and checkpoints",
-     "For runs that are not active (halt a running one first); nothing of it is\n"
+    {"delete", "delete ID", "remove an ended or queued run: its record, logs and checkpoints",
+     "For runs that are not active (halt a running one first); a queued run is\n"
+     "taken out of the queue and removed (cancelled). Nothing of it is\n"
      "kept. --json prints {\"run_id\": ID, \"deleted\": true}.\n"
      "Exit 5 when the run is active, 4 when there is no such run.\n",
      cmdDelete},

@@ -25,6 +25,9 @@ void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) 
     if (ctlNumber(run, "mfu", &mfu)) snprintf(mfu_s, sizeof mfu_s, " (MFU %.1f%%)", 100.0 * mfu);
 
     const char *phase = ctlString(run, "phase", NULL);
+    double position = 0;
+    if (!strcmp(state, "queued") && ctlNumber(run, "queue_position", &position))
+        snprintf(phase_s, sizeof phase_s, " #%.0f", position);
     if (!strcmp(state, "hung") && phase && ctlNumber(run, "phase_age_s", &age)) {
         char age_s[32];
         snprintf(phase_s, sizeof phase_s, " (%s for %s)", phase, formatDuration(age, age_s, sizeof age_s));

@@ -415,8 +415,8 @@ def test_lifecycle(d):
               and run["heartbeat_age_s"] is not None and run["heartbeat_age_s"] < 10
               and run["phase"] in ("data", "forward", "backward", "optimizer", "checkpoint", "eval", "starting")
               and run["eta_s"] is not None, run)
-    r = d.request("POST", "/api/v1/runs", json_config(10), content_type="application/json")
-    check("a second run while one is active: 409 busy", r.status == 409 and r.error_code() == "busy", r)
+    r = d.request("POST", "/api/v1/runs?queue=false", json_config(10), content_type="application/json")
+    check("a second run while one is active, ?queue=false: 409 busy", r.status == 409 and r.error_code() == "busy", r)
     r = d.api("GET", f"/api/v1/runs/{run_id}/metrics?since=0")
     train = r.json.get("train", []) if r.json else []
     steps_seen = [p["step"] for p in train]

@@ -153,8 +153,35 @@ expect_rc "start --json exits 0" 0 C start "$TMP/long.yaml" --name long-run --js
 json 'd["state"] in ("starting", "running") and d["name"] == "long-run"' && ok "start --json returns the run object" || not_ok "start --json returns the run object" "$(cat "$TMP/out")"
 ID=$(json_get 'd["id"]' 2>/dev/null)
 [ -n "$ID" ] || ID=missing
-expect_rc "a second start while busy exits 5" 5 C start "$TMP/short.yaml"
+expect_rc "a second start --no-queue while busy exits 5" 5 C start "$TMP/short.yaml" --no-queue
 grep -q "busy" "$TMP/err" && ok "the conflict says busy" || not_ok "the conflict says busy" "$(cat "$TMP/err")"
+
+# ---- the queue: while the long run trains, later starts wait their turn -------------
+expect_rc "a second start while busy queues it (exit 0)" 0 C start "$TMP/short.yaml" --name q1
+grep -q "^queued run .* (q1) on cpu at position 1" "$TMP/out" && ok "start says queued at position 1" || not_ok "start says queued at position 1" "$(cat "$TMP/out")"
+expect_rc "a third start --json exits 0" 0 C start "$TMP/short.yaml" --name q2 --json
+json 'd["state"] == "queued" and d["queue_position"] == 2' && ok "start --json: state queued, queue_position 2" || not_ok "start --json: state queued, queue_position 2" "$(head -c 600 "$TMP/out")"
+Q2=$(json_get 'd["id"]' 2>/dev/null); [ -n "$Q2" ] || Q2=missing
+expect_rc "list --json with a queue exits 0" 0 C list --json
+Q1=$(json_get '[r["id"] for r in d["runs"] if r["name"] == "q1"][0]' 2>/dev/null); [ -n "$Q1" ] || Q1=missing
+json "d['queue'] == ['$Q1', '$Q2'] and d['active'] == '$ID'" && ok "list --json: the queue in order, the long run active" || not_ok "list --json: the queue in order, the long run active" "$(head -c 600 "$TMP/out")"
+expect_rc "list with a queue exits 0" 0 C list
+grep "$Q1" "$TMP/out" | grep -q "queued #1" && grep "$Q2" "$TMP/out" | grep -q "queued #2" && ok "list shows each queued run's place" || not_ok "list shows each queued run's place" "$(cat "$TMP/out")"
+expect_rc "front of the second queued run exits 0" 0 C front "$Q2"
+C list --json >"$TMP/out" 2>/dev/null
+json "d['queue'] == ['$Q2', '$Q1']" && ok "front: it is first in the queue now" || not_ok "front: it is first in the queue now" "$(head -c 600 "$TMP/out")"
+expect_rc "front of the active run exits 5" 5 C front "$ID"
+grep -q "invalid_state" "$TMP/err" && ok "the refusal names invalid_state" || not_ok "the refusal names invalid_state" "$(cat "$TMP/err")"
+expect_rc "front of an unknown run exits 4" 4 C front 20000101-000000-dead
+expect_rc "fornt: a typo gets a suggestion, exit 2" 2 C fornt "$Q2"
+grep -q "did you mean 'front'" "$TMP/err" && ok "the typo suggests front" || not_ok "the typo suggests front" "$(cat "$TMP/err")"
+expect_rc "halt of a queued run exits 0" 0 C halt "$Q1" --json
+json 'd["state"] == "halted" and d["queue_position"] is None' && ok "halt takes a queued run out of the queue (halted)" || not_ok "halt takes a queued run out of the queue (halted)" "$(head -c 600 "$TMP/out")"
+expect_rc "rm of a queued run exits 0 (cancelled)" 0 C rm "$Q2"
+[ ! -e "$STATE/runs/$Q2" ] && ok "the cancelled run's directory is gone" || not_ok "the cancelled run's directory is gone"
+expect_rc "rm of the halted one exits 0" 0 C rm "$Q1"
+C list --json >"$TMP/out" 2>/dev/null
+json "d['queue'] == [] and d['active'] == '$ID'" && ok "the queue is empty again" || not_ok "the queue is empty again" "$(head -c 600 "$TMP/out")"
 
 # wait (bounded) until a few steps are logged
 i=0
@@ -310,7 +337,22 @@ sleep 1
 if stop_nsad && start_nsad; then ok "nsad restarts on the same state dir"; else not_ok "nsad restarts on the same state dir" "$(tail -5 "$TMP/nsad.log")"; fi
 i=0; while [ $i -lt 600 ]; do C status "$RID" --json >"$TMP/out" 2>/dev/null && json 'd["state"] == "running" and d["restarts"] >= 1' && break; sleep 0.1; i=$((i + 1)); done
 json 'd["state"] == "running" and d["restarts"] >= 1' && ok "the restarted nsad resumed the run (restarts >= 1)" || not_ok "the restarted nsad resumed the run (restarts >= 1)" "$(head -c 400 "$TMP/out")"
+# start --wait blocks while its run is queued and returns once it started
+"$CTL" start "$TMP/short.yaml" --name waiter --wait >"$TMP/wait.out" 2>"$TMP/wait.err" &
+WAIT_PID=$!
+i=0; while [ $i -lt 600 ]; do C list --json >"$TMP/out" 2>/dev/null && json 'len(d["queue"]) == 1' && break; sleep 0.1; i=$((i + 1)); done
+json 'len(d["queue"]) == 1' && kill -0 "$WAIT_PID" 2>/dev/null && ok "start --wait: the run is queued and nsactl still waits" ||
+    not_ok "start --wait: the run is queued and nsactl still waits" "$(head -c 400 "$TMP/out")" "$(cat "$TMP/wait.out" "$TMP/wait.err")"
 expect_rc "halt --wait of the resumed run exits 0" 0 timeout 60 "$CTL" halt "$RID" --wait
+i=0; while kill -0 "$WAIT_PID" 2>/dev/null && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 "$WAIT_PID" 2>/dev/null; then
+    kill "$WAIT_PID"; not_ok "start --wait returns once the queued run started"
+else
+    wait "$WAIT_PID"; rc=$?
+    [ $rc -eq 0 ] && grep -q "^queued run" "$TMP/wait.out" && grep -Eq "is (running|completed)$" "$TMP/wait.out" &&
+        ok "start --wait returns once the queued run started" ||
+        not_ok "start --wait returns once the queued run started" "exit $rc" "$(cat "$TMP/wait.out" "$TMP/wait.err")"
+fi
 i=0; while kill -0 "$WATCH_PID" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 if kill -0 "$WATCH_PID" 2>/dev/null; then
     kill "$WATCH_PID"; not_ok "watch ends after the halt"
