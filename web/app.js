@@ -31,7 +31,7 @@
   var STATE_LABELS = {
     idle: 'idle', starting: 'starting', running: 'running', halting: 'halting',
     halted: 'halted', completed: 'completed', failed: 'failed',
-    nan_halted: 'NaN halted', hung: 'hung'
+    nan_halted: 'NaN halted', hung: 'hung', queued: 'queued'
   };
 
   function $(id) { return document.getElementById(id); }
@@ -606,7 +606,401 @@
       if (!known) S.pinned = false;
       if (wanted !== S.runId) selectRun(wanted, false);
       renderPicker();
+      renderRunsTable();
     });
+  }
+
+  /* ---- the runs table and the comparison of runs ---------------------------------- */
+
+  /* Runs picked in the table (ids, in the order picked) overlay their
+   * training loss and validation bits/byte on two charts that share the x
+   * range: by step, by wall time since the run's first logged point, or by
+   * tokens trained on. Each run's series are fetched whole once, then from
+   * its cursor while it moves; a new generation (a resume or a rollback
+   * replaced points) refetches it. */
+  var CMP_KEY = 'nsad.compare';
+  var CMP_XMODE_KEY = 'nsad.compare.xmode';
+  var CMP_LOG_KEY = 'nsad.compare.log';
+  var CMP_COLORS = ['--series-1', '--series-2', '--series-3', '--series-4', '--series-5', '--series-6'];
+  var CMP_XLABEL = { step: 'step', time: 'elapsed_s', tokens: 'tokens' };
+
+  var C = {
+    picked: [],           /* run ids, in the order picked */
+    data: {},             /* id -> { cursor, generation, train: {step, ts, tokens, loss}, val: {...} } */
+    xmode: 'step',
+    log: false,
+    charts: null,         /* { loss, val } uPlot wrappers while runs are picked */
+    zoom: null,           /* [min, max] the user dragged, shared by both charts */
+    syncing: false
+  };
+
+  (function loadCompare() {
+    try {
+      var picked = JSON.parse(localStorage.getItem(CMP_KEY) || '[]');
+      if (Array.isArray(picked)) C.picked = picked.filter(function (x) { return typeof x === 'string'; });
+    } catch (e) { C.picked = []; }
+    var x = localStorage.getItem(CMP_XMODE_KEY);
+    if (x === 'time' || x === 'tokens') C.xmode = x;
+    C.log = localStorage.getItem(CMP_LOG_KEY) === '1';
+  })();
+
+  function fmtPct(v) { return isNum(v) ? (100 * v).toFixed(1) + '%' : '—'; }
+
+  function fmtDate(ts) {
+    if (!isNum(ts) || ts <= 0) return '—';
+    var d = new Date(ts * 1000);
+    function two(n) { return (n < 10 ? '0' : '') + n; }
+    return d.getFullYear() + '-' + two(d.getMonth() + 1) + '-' + two(d.getDate()) + ' ' +
+           two(d.getHours()) + ':' + two(d.getMinutes());
+  }
+
+  /* How long the run has trained: to its end, or to now while active. */
+  function runDuration(r) {
+    if (!isNum(r.started_at) || r.started_at <= 0) return null;
+    var end = isNum(r.ended_at) && r.ended_at > 0 ? r.ended_at : (ACTIVE_STATES[r.state] ? Date.now() / 1000 : null);
+    return end == null ? null : Math.max(0, end - r.started_at);
+  }
+
+  function runColor(id) {
+    var i = C.picked.indexOf(id);
+    return i < 0 ? '' : cssVar(CMP_COLORS[i % CMP_COLORS.length]);
+  }
+
+  function runById(id) {
+    for (var i = 0; i < S.runs.length; i++) if (S.runs[i].id === id) return S.runs[i];
+    return null;
+  }
+
+  function pickedKey() {
+    return JSON.stringify(C.picked.map(function (id) { var r = runById(id); return r ? runLabel(r) : id; })) + C.xmode + C.log;
+  }
+
+  function renderRunsTable() {
+    if (C.picked.length && C.builtKey !== pickedKey()) rebuildCompare();
+    var body = $('runs-body');
+    var runs = S.runs.slice().sort(function (a, b) { return runCreated(b) - runCreated(a); });
+    $('runs-card').hidden = runs.length === 0;
+    body.textContent = '';
+    runs.forEach(function (r) {
+      var tr = document.createElement('tr');
+      tr.dataset.run = r.id;
+      if (r.id === S.runId) tr.dataset.current = '1';
+      var pick = document.createElement('td');
+      var box = document.createElement('input');
+      box.type = 'checkbox';
+      box.className = 'cmp-pick';
+      box.value = r.id;
+      box.checked = C.picked.indexOf(r.id) >= 0;
+      box.setAttribute('aria-label', 'compare ' + runLabel(r));
+      box.addEventListener('change', function () { togglePick(r.id, box.checked); });
+      pick.appendChild(box);
+      if (box.checked) {
+        var sw = document.createElement('span');
+        sw.className = 'swatch';
+        sw.style.setProperty('--c', runColor(r.id));
+        pick.appendChild(sw);
+      }
+      tr.appendChild(pick);
+      var stateCell = document.createElement('td');
+      var badge = document.createElement('span');
+      badge.className = 'state';
+      badge.dataset.state = r.state;
+      badge.textContent = (STATE_LABELS[r.state] || r.state) +
+                          (r.state === 'queued' && isNum(r.queue_position) ? ' #' + r.queue_position : '');
+      stateCell.appendChild(badge);
+      tr.appendChild(stateCell);
+      var nameCell = document.createElement('td');
+      var link = document.createElement('button');
+      link.type = 'button';
+      link.className = 'run-link';
+      link.textContent = runLabel(r);
+      link.addEventListener('click', function () { S.pinned = true; selectRun(r.id, true); renderRunsTable(); pollSoon(); });
+      nameCell.appendChild(link);
+      tr.appendChild(nameCell);
+      var step = isNum(r.step) ? r.step.toLocaleString() + (isNum(r.total_steps) ? ' / ' + r.total_steps.toLocaleString() : '') : '—';
+      [step, fmtFixed(r.loss, 4), fmtFixed(r.bits_per_byte, 4), fmtSI(r.toks_per_s), fmtPct(r.mfu),
+       fmtDate(r.started_at), fmtDuration(runDuration(r))].forEach(function (text, i) {
+        var td = document.createElement('td');
+        td.textContent = text;
+        td.className = 'col-' + ['step', 'loss', 'bpb', 'tps', 'mfu', 'started', 'duration'][i];
+        tr.appendChild(td);
+      });
+      body.appendChild(tr);
+    });
+  }
+
+  function savePicked() { localStorage.setItem(CMP_KEY, JSON.stringify(C.picked)); }
+
+  function togglePick(id, on) {
+    var i = C.picked.indexOf(id);
+    if (on && i < 0) C.picked.push(id);
+    if (!on && i >= 0) { C.picked.splice(i, 1); delete C.data[id]; }
+    savePicked();
+    C.zoom = null;
+    rebuildCompare();
+    renderRunsTable();
+    refreshCompare().then(drawCompare, handleFailure);
+  }
+
+  function newSeries() {
+    return { train: { step: [], ts: [], tokens: [], loss: [] }, val: { step: [], ts: [], tokens: [], bpb: [] } };
+  }
+
+  /* Fetches what is new of one picked run (all of it after a generation
+   * change), paging through a long history. */
+  function fetchCompareRun(id) {
+    var d = C.data[id];
+    if (!d) d = C.data[id] = { cursor: 0, generation: null, series: newSeries() };
+    function page(n) {
+      return api('GET', '/runs/' + encodeURIComponent(id) + '/metrics?since=' + d.cursor).then(function (m) {
+        if (!C.data[id]) return;  /* unpicked meanwhile */
+        if (d.generation !== null && m.generation !== d.generation) {
+          d.cursor = 0;
+          d.generation = m.generation;
+          d.series = newSeries();
+          return page(n + 1);
+        }
+        d.generation = m.generation;
+        var t = d.series.train, v = d.series.val;
+        (m.train || []).forEach(function (p) {
+          if (t.step.length && p.step <= t.step[t.step.length - 1]) return;
+          t.step.push(p.step); t.ts.push(num(p.ts)); t.tokens.push(num(p.tokens)); t.loss.push(num(p.loss));
+        });
+        (m.val || []).forEach(function (p) {
+          if (v.step.length && p.step <= v.step[v.step.length - 1]) return;
+          v.step.push(p.step); v.ts.push(num(p.ts)); v.tokens.push(num(p.tokens)); v.bpb.push(num(p.bits_per_byte));
+        });
+        var more = isNum(m.next) && m.next > d.cursor &&
+                   ((m.train || []).length >= METRICS_PAGE_ROWS || (m.val || []).length >= METRICS_PAGE_ROWS);
+        if (isNum(m.next)) d.cursor = Math.max(d.cursor, m.next);
+        if (more && n < MAX_METRIC_PAGES) return page(n + 1);
+      });
+    }
+    return page(0);
+  }
+
+  /* Refetches the picked runs that can still change (active, queued, or
+   * never fetched); drops picks of runs that are gone. */
+  function refreshCompare() {
+    if (S.runs.length) {
+      var before = C.picked.length;
+      C.picked = C.picked.filter(function (id) { return !!runById(id); });
+      if (C.picked.length !== before) { savePicked(); rebuildCompare(); }
+    }
+    var due = C.picked.filter(function (id) {
+      var r = runById(id);
+      return !C.data[id] || C.data[id].generation === null || !r || ACTIVE_STATES[r.state] ||
+             (isNum(r.step) && C.data[id].series.train.step.length &&
+              r.step > C.data[id].series.train.step[C.data[id].series.train.step.length - 1]);
+    });
+    return Promise.all(due.map(fetchCompareRun));
+  }
+
+  /* One run's points of a part on the current x axis: [xs, ys], x ascending,
+   * points without an x (tokens not known) left out. */
+  function comparePoints(id, part, col) {
+    var d = C.data[id];
+    if (!d) return [[], []];
+    var s = d.series[part];
+    var t0 = null;
+    if (C.xmode === 'time') {
+      var tt = d.series.train.ts, vt = d.series.val.ts;
+      [tt[0], vt[0]].forEach(function (v) { if (isNum(v) && (t0 === null || v < t0)) t0 = v; });
+    }
+    var xs = [], ys = [];
+    for (var i = 0; i < s.step.length; i++) {
+      var x = C.xmode === 'step' ? s.step[i] : C.xmode === 'tokens' ? s.tokens[i] : (isNum(s.ts[i]) && t0 !== null ? s.ts[i] - t0 : null);
+      if (!isNum(x)) continue;
+      if (xs.length && x <= xs[xs.length - 1]) continue;
+      var y = s[col][i];
+      if (C.log && part === 'train' && !(isNum(y) && y > 0)) y = null;
+      xs.push(x);
+      ys.push(y);
+    }
+    return [xs, ys];
+  }
+
+  function compareTable(part, col) {
+    var tables = C.picked.map(function (id) { return comparePoints(id, part, col); });
+    if (!tables.length) return [[]];
+    return uPlot.join(tables);
+  }
+
+  function fmtX(v) {
+    if (v == null) return '—';
+    if (C.xmode === 'time') return fmtDuration(v);
+    return C.xmode === 'tokens' ? fmtSI(v) : String(v);
+  }
+
+  function buildCompareChart(id, part, title, logScale, fmt) {
+    var fig = $(id);
+    Array.prototype.slice.call(fig.querySelectorAll('.uplot, .nodata')).forEach(function (el) { el.remove(); });
+    var axisColor = cssVar('--axis'), gridColor = cssVar('--grid');
+    var series = [{ label: CMP_XLABEL[C.xmode], value: function (u, v) { return fmtX(v); } }];
+    C.picked.forEach(function (rid) {
+      var r = runById(rid);
+      var color = runColor(rid);
+      series.push({ label: r ? runLabel(r) : rid, stroke: color, width: 2, spanGaps: true,
+                    points: part === 'val' ? { show: true, size: 6, fill: color } : { show: false },
+                    value: function (u, v) { return v == null ? '—' : fmt(v); } });
+    });
+    var chart = { fig: fig, part: part, plot: null };
+    var opts = {
+      width: chartWidth(fig),
+      height: chartHeight(),
+      series: series,
+      axes: [
+        { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
+          values: function (u, splits) { return splits.map(function (v) { return v == null ? '' : fmtX(v); }); } },
+        { stroke: axisColor, grid: { stroke: gridColor, width: 1 }, ticks: { stroke: gridColor, width: 1 },
+          size: 64, values: function (u, splits) { return splits.map(function (v) { return v == null ? '' : fmtSig(v); }); } }
+      ],
+      scales: { x: { time: false, range: function (u, min, max) { return sharedRange(min, max); } },
+                y: logScale ? { distr: 3 } : {} },
+      legend: { live: true },
+      cursor: { sync: { key: 'nsad-compare' }, drag: { x: true, y: false } },
+      hooks: {
+        setSelect: [function (u) {
+          if (u.select.width <= 0) return;
+          C.zoom = [u.posToVal(u.select.left, 'x'), u.posToVal(u.select.left + u.select.width, 'x')];
+        }],
+        setScale: [function (u, key) {
+          if (key !== 'x' || C.syncing || !C.charts) return;
+          /* the other chart follows: validation and training share the x range */
+          C.syncing = true;
+          [C.charts.loss, C.charts.val].forEach(function (c) {
+            if (c && c.plot !== u) c.plot.setScale('x', { min: u.scales.x.min, max: u.scales.x.max });
+          });
+          C.syncing = false;
+        }]
+      }
+    };
+    chart.plot = new uPlot(opts, [[]].concat(C.picked.map(function () { return []; })), fig);
+    chart.plot.over.addEventListener('dblclick', function () { C.zoom = null; drawCompare(); });
+    fig.dataset.title = title;
+    return chart;
+  }
+
+  /* Both charts' x range: the user's zoom, else everything either plots. */
+  function sharedRange(min, max) {
+    if (C.zoom) return C.zoom.slice();
+    var lo = null, hi = null;
+    [['train', 'loss'], ['val', 'bpb']].forEach(function (pc) {
+      C.picked.forEach(function (id) {
+        var xs = comparePoints(id, pc[0], pc[1])[0];
+        if (!xs.length) return;
+        if (lo === null || xs[0] < lo) lo = xs[0];
+        if (hi === null || xs[xs.length - 1] > hi) hi = xs[xs.length - 1];
+      });
+    });
+    if (lo === null) return [min == null ? 0 : min, max == null ? 1 : max];
+    if (hi === lo) hi = lo + 1;
+    return [lo, hi];
+  }
+
+  function destroyCompare() {
+    if (!C.charts) return;
+    [C.charts.loss, C.charts.val].forEach(function (c) { c.plot.destroy(); });
+    C.charts = null;
+  }
+
+  function rebuildCompare() {
+    destroyCompare();
+    C.builtKey = pickedKey();
+    $('compare').hidden = C.picked.length === 0;
+    $('compare-hint').hidden = C.picked.length > 0;
+    if (!C.picked.length) return;
+    C.charts = {
+      loss: buildCompareChart('cmp-loss', 'train', 'Training loss', C.log, function (v) { return fmtFixed(v, 4); }),
+      val: buildCompareChart('cmp-val', 'val', 'Validation bits/byte', false, function (v) { return fmtFixed(v, 4); })
+    };
+    drawCompare();
+  }
+
+  function drawCompare() {
+    if (!C.charts) return;
+    var loss = compareTable('train', 'loss'), val = compareTable('val', 'bpb');
+    C.charts.loss.plot.setData(loss, true);
+    C.charts.val.plot.setData(val, true);
+    /* both on the same range, whichever data each holds */
+    var range = sharedRange(null, null);
+    C.syncing = true;
+    C.charts.loss.plot.setScale('x', { min: range[0], max: range[1] });
+    C.charts.val.plot.setScale('x', { min: range[0], max: range[1] });
+    C.syncing = false;
+    C.charts.loss.fig.dataset.points = String(loss[0].length);
+    C.charts.val.fig.dataset.points = String(val[0].length);
+  }
+
+  function resizeCompare() {
+    if (!C.charts) return;
+    var h = chartHeight();
+    [C.charts.loss, C.charts.val].forEach(function (c) { c.plot.setSize({ width: chartWidth(c.fig), height: h }); });
+  }
+
+  function csvCell(v) {
+    var s = v == null ? '' : String(v);
+    return /[",\n\r]/.test(s) ? '"' + s.replace(/"/g, '""') + '"' : s;
+  }
+
+  /* What the two charts plot, one row a point: run id, its name, the
+   * series, x on the current axis, the value. */
+  function compareCsv() {
+    var rows = [['run', 'name', 'series', CMP_XLABEL[C.xmode], 'value'].join(',')];
+    [['train', 'loss', 'train_loss'], ['val', 'bpb', 'val_bits_per_byte']].forEach(function (pc) {
+      C.picked.forEach(function (id) {
+        var r = runById(id);
+        var pts = comparePoints(id, pc[0], pc[1]);
+        for (var i = 0; i < pts[0].length; i++) {
+          if (pts[1][i] == null) continue;
+          rows.push([csvCell(id), csvCell(r ? r.name : ''), pc[2], pts[0][i], pts[1][i]].join(','));
+        }
+      });
+    });
+    return rows.join('\n') + '\n';
+  }
+
+  function downloadCsv() {
+    var blob = new Blob([compareCsv()], { type: 'text/csv' });
+    var a = document.createElement('a');
+    a.href = URL.createObjectURL(blob);
+    a.download = 'nsad-compare-' + C.xmode + '.csv';
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(function () { URL.revokeObjectURL(a.href); }, 1000);
+  }
+
+  function wireCompare() {
+    Array.prototype.forEach.call(document.querySelectorAll('input[name="cmp-xmode"]'), function (r) {
+      r.checked = r.value === C.xmode;
+      r.addEventListener('change', function () {
+        if (!r.checked) return;
+        C.xmode = r.value;
+        C.zoom = null;
+        localStorage.setItem(CMP_XMODE_KEY, C.xmode);
+        rebuildCompare();
+      });
+    });
+    var log = $('cmp-log');
+    log.checked = C.log;
+    log.addEventListener('change', function () {
+      C.log = log.checked;
+      localStorage.setItem(CMP_LOG_KEY, C.log ? '1' : '0');
+      rebuildCompare();
+    });
+    $('cmp-csv').addEventListener('click', downloadCsv);
+  }
+
+  /* For the browser test: what the comparison shows. */
+  function compareSnapshot() {
+    function chartState(c) {
+      if (!c) return null;
+      return { min: c.plot.scales.x.min, max: c.plot.scales.x.max, labels: c.plot.series.slice(1).map(function (s) { return s.label; }),
+               points: c.plot.data[0].length, distr: c.plot.scales.y.distr };
+    }
+    return { picked: C.picked.slice(), xmode: C.xmode, log: C.log,
+             loss: chartState(C.charts && C.charts.loss), val: chartState(C.charts && C.charts.val), csv: compareCsv() };
   }
 
   /* Data parallelism: a row per rank of this node (step time, the gradient
@@ -659,6 +1053,7 @@
     setText('stat-loss', fmtFixed(st.loss, 4));
     setText('stat-val', fmtFixed(st.val_loss, 4));
     setText('stat-tps', fmtSI(st.toks_per_s));
+    setText('stat-mfu', fmtPct(st.mfu));
     setText('stat-eta', ACTIVE_STATES[state] ? fmtDuration(st.eta_s) : '—');
     setText('stat-elapsed', fmtDuration(elapsedSeconds(st)));
     setText('stat-lr', fmtLr(st.lr));
@@ -1019,6 +1414,9 @@
       chain = chain.then(refreshRuns);
     }
     chain = chain.then(function () {
+      return refreshCompare().then(drawCompare);
+    });
+    chain = chain.then(function () {
       if (!S.runId) return;
       return refreshStatus().then(refreshMetrics).then(function () {
         if (S.eventsDue || Date.now() - S.eventsAt >= EVENTS_EVERY_MS) {
@@ -1107,6 +1505,8 @@
     localStorage.setItem(THEME_KEY, order[(order.indexOf(cur) + 1) % order.length]);
     applyTheme();
     rebuildCharts();  /* the canvas does not follow CSS: redraw with the new palette */
+    rebuildCompare();
+    renderRunsTable();
   }
 
   function wireControls() {
@@ -1159,7 +1559,12 @@
 
     if (window.matchMedia) {
       var mq = window.matchMedia('(prefers-color-scheme: dark)');
-      var onScheme = function () { if (!document.documentElement.dataset.theme) rebuildCharts(); };
+      var onScheme = function () {
+        if (document.documentElement.dataset.theme) return;
+        rebuildCharts();
+        rebuildCompare();
+        renderRunsTable();
+      };
       if (mq.addEventListener) mq.addEventListener('change', onScheme);
     }
 
@@ -1170,8 +1575,14 @@
         pending = true;
         requestAnimationFrame(function () { pending = false; resizeCharts(); });
       }).observe($('charts-card'));
+      var cmpPending = false;
+      new ResizeObserver(function () {
+        if (cmpPending) return;
+        cmpPending = true;
+        requestAnimationFrame(function () { cmpPending = false; resizeCompare(); });
+      }).observe($('runs-card'));
     } else {
-      window.addEventListener('resize', resizeCharts);
+      window.addEventListener('resize', function () { resizeCharts(); resizeCompare(); });
     }
 
     document.addEventListener('visibilitychange', function () { if (!document.hidden) pollSoon(); });
@@ -1191,7 +1602,7 @@
   }
 
   function start() {
-    window.nsadDashboard = Object.freeze({ snapshot: snapshot });
+    window.nsadDashboard = Object.freeze({ snapshot: snapshot, compare: compareSnapshot });
     adoptTokenFromHash();
     applyTheme();
     if (typeof uPlot !== 'function') {
@@ -1199,6 +1610,7 @@
       return;
     }
     wireControls();
+    wireCompare();
     pollSoon();
   }
 
