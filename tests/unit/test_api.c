@@ -181,7 +181,24 @@ static void test_create_busy_halt_resume(void **state) {
     assert_int_equal(strncmp(run->out_dir, f->dir, strlen(f->dir)), 0);
     pthread_mutex_unlock(&f->svc->lock);
 
-    expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
+    expectError(f->svc, "POST", "/api/v1/runs?queue=false", kTinyJson, "application/json", 409, "busy");
+    expectError(f->svc, "POST", "/api/v1/runs?queue=no", kTinyJson, "application/json", 400, "invalid_argument");
+    /* without ?queue=false the second run waits its turn; DELETE cancels it */
+    j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
+    assert_int_equal(res.status, 201);
+    assert_string_equal(str(j, "state"), "queued");
+    assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "queue_position")->valuedouble, 1);
+    char queued_path[200];
+    snprintf(queued_path, sizeof queued_path, "/api/v1/runs/%s", str(j, "id"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    j = call(f->svc, "DELETE", queued_path, NULL, NULL, &res);
+    assert_int_equal(res.status, 200);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    pthread_mutex_lock(&f->svc->lock);
+    assert_int_equal(runsQueueLength(f->svc->runs), 0);
+    pthread_mutex_unlock(&f->svc->lock);
     char path[200];
     snprintf(path, sizeof path, "/api/v1/runs/%s/resume", id);
     expectError(f->svc, "POST", path, NULL, NULL, 409, "invalid_state");
@@ -510,7 +527,7 @@ static void test_interrupted_run_is_picked_up(void **state) {
     assert_int_equal(f->svc->pending, SERVICE_PENDING_RESUME);
     assert_string_equal(run->events[run->n_events - 1].type, "restart");
     assert_int_equal(run->events[run->n_events - 1].step, 10);
-    expectError(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", 409, "busy");
+    expectError(f->svc, "POST", "/api/v1/runs?queue=false", kTinyJson, "application/json", 409, "busy");
 }
 
 static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
