@@ -17,7 +17,7 @@ static const char *const kWords[] = {"start", "status", "list", "halt", "resume"
                                      "events", "stacks", "watch", "logs", "front", "ps", "ls", "rm", "stop"};
 #define N_WORDS (sizeof kWords / sizeof kWords[0])
 
-static void testDistance(void **state) {
+static void test_distance(void **state) {
     (void)state;
     assert_int_equal(suggestDistance("status", "status"), 0);
     assert_int_equal(suggestDistance("stauts", "status"), 1); /* a swap is one edit */
@@ -42,7 +42,7 @@ static void expectSuggestions(const char *word, const char *want) {
     if (strcmp(got, want) != 0) fail_msg("suggestions for '%s': '%s', wanted '%s'", word, got, want);
 }
 
-static void testWords(void **state) {
+static void test_words(void **state) {
     (void)state;
     expectSuggestions("stauts", "status");
     expectSuggestions("lst", "list ls");      /* 1 edit from list, 1 from ls */
@@ -57,7 +57,7 @@ static void testWords(void **state) {
     expectSuggestions("x", "");
 }
 
-static void testList(void **state) {
+static void test_list(void **state) {
     (void)state;
     char buf[128];
     const char *one[] = {"status"}, *two[] = {"list", "ls"}, *three[] = {"a", "b", "c"};
@@ -69,9 +69,9 @@ static void testList(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(testDistance),
-        cmocka_unit_test(testWords),
-        cmocka_unit_test(testList),
+        cmocka_unit_test(test_distance),
+        cmocka_unit_test(test_words),
+        cmocka_unit_test(test_list),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

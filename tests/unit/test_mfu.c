@@ -14,7 +14,7 @@
 #include "config.h"
 #include "mfu.h"
 
-static void peakByDeviceName(void **state) {
+static void test_peak_by_device_name(void **state) {
     (void)state;
     assert_true(mfuPeakOfDevice("NVIDIA H100 80GB HBM3") == 989e12); /* SXM */
     assert_true(mfuPeakOfDevice("NVIDIA H100 PCIe") == 756e12);
@@ -50,7 +50,7 @@ static JobConfig *tinyJob(NsaDevice device, NsaPrecision precision) {
     return &cfg;
 }
 
-static void whichJobsHaveAnMfu(void **state) {
+static void test_which_jobs_have_an_mfu(void **state) {
     (void)state;
     const double peaks[3] = {989e12, 0, 495e12};
     const int dev0[1] = {0}, dev1[1] = {1}, dev02[2] = {0, 2};
@@ -71,7 +71,7 @@ static void whichJobsHaveAnMfu(void **state) {
     assert_true(mfuWorldPeak(2e15, 0, 0) == 2e15);
 }
 
-static void flopsAndRatio(void **state) {
+static void test_flops_and_ratio(void **state) {
     (void)state;
     JobConfig *cfg = tinyJob(NSA_DEVICE_CPU, NSA_PREC_F32);
     NsaFlops f;
@@ -94,9 +94,9 @@ static void flopsAndRatio(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(peakByDeviceName),
-        cmocka_unit_test(whichJobsHaveAnMfu),
-        cmocka_unit_test(flopsAndRatio),
+        cmocka_unit_test(test_peak_by_device_name),
+        cmocka_unit_test(test_which_jobs_have_an_mfu),
+        cmocka_unit_test(test_flops_and_ratio),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

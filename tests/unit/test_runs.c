@@ -352,11 +352,58 @@ static void test_series_rebuilt_from_files(void **state) {
     free(dir);
 }
 
+/* The queue: created at the back, front moves first, a run out of the
+ * queue leaves a gap that positions close, and the order survives a
+ * reopen (run.json keeps queue_order and queue_resume). */
+static void test_queue_order_survives_reopen(void **state) {
+    (void)state;
+    char *dir = testTempDir("runs-queue");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    assert_null(runsQueueHead(reg));
+    Run *active = runsCreate(reg, "active", "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
+    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
+    Run *b = runsCreate(reg, "b", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
+    Run *c = runsCreate(reg, "c", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
+    assert_true(active && a && b && c);
+    assert_int_equal(runsQueuePosition(reg, active), 0);
+    assert_int_equal(runsQueueLength(reg), 3);
+    assert_ptr_equal(runsQueueHead(reg), a);
+    assert_int_equal(runsQueuePosition(reg, c), 3);
+    assert_int_equal(runsEnqueue(reg, c, 1, 0, &err), 0); /* front */
+    assert_ptr_equal(runsQueueHead(reg), c);
+    assert_int_equal(runsQueuePosition(reg, a), 2);
+    assert_int_equal(runsQueuePosition(reg, b), 3);
+    assert_int_equal(runsSetState(a, RUN_HALTED, &err), 0); /* out of the queue */
+    assert_int_equal(runsQueuePosition(reg, b), 2);
+    assert_int_equal(runsEnqueue(reg, a, 0, 1, &err), 0); /* back, as a resume */
+    assert_int_equal(runsQueuePosition(reg, a), 3);
+    char ida[RUN_ID_MAX], idb[RUN_ID_MAX], idc[RUN_ID_MAX];
+    snprintf(ida, sizeof ida, "%s", a->id);
+    snprintf(idb, sizeof idb, "%s", b->id);
+    snprintf(idc, sizeof idc, "%s", c->id);
+    runsClose(reg);
+
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    assert_int_equal(runsQueueLength(reg), 3);
+    assert_string_equal(runsQueueHead(reg)->id, idc);
+    assert_int_equal(runsQueuePosition(reg, runsFind(reg, idb)), 2);
+    assert_int_equal(runsQueuePosition(reg, runsFind(reg, ida)), 3);
+    assert_int_equal(runsFind(reg, ida)->queue_resume, 1);
+    assert_int_equal(runsFind(reg, idb)->queue_resume, 0);
+    runsClose(reg);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_and_names),
         cmocka_unit_test(test_state_predicates),
         cmocka_unit_test(test_create_save_reopen),
+        cmocka_unit_test(test_queue_order_survives_reopen),
         cmocka_unit_test(test_corrupt_record_is_skipped),
         cmocka_unit_test(test_state_dir_that_is_a_file),
         cmocka_unit_test(test_redone_steps_replace_the_tail),
