@@ -885,7 +885,7 @@ int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err) {
 int nsaDeviceName(int ordinal, char *name, size_t cap, NsaError *err) {
     if (!name || cap == 0) return nsaErrorf(err, "nsa: device name buffer is NULL or empty");
     name[0] = '\0';
-#ifdef NSA_MODEL_CUDA
+#ifdef NSA_HAVE_CUDA
     int count = 0;
     if (nsaCudaDeviceCount(&count, err) != 0) return -1;
     if (count == 0) return nsaErrorf(err, "nsa: no CUDA device (no NVIDIA driver or GPU)");
