@@ -817,7 +817,7 @@ __global__ void fastGateBackwardKernel(float *dsum, bf16 *dgates, float *gate_f,
 /* The window + compressed dQ beside the fused selected backward (a
  * FastChunkHook, run before each chunk's dq combine): that pass, compute
  * bound, goes on the plan's second stream one token chunk at a time (dq_acc
- * = its dq, mode 0), while the main stream runs the selected passes, which
+ * = its dq, ACC), while the main stream runs the selected passes, which
  * wait on DRAM; the chunk's combine (dq_out = dq_acc + the selected
  * partials) then waits for the chunk's dq. */
 struct FastBwdSideDq {
@@ -894,7 +894,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     io.dq_out = (bf16 *)grads->dq;
 
     FastBwdIo win = fastBranchIo(io, in->k_win, in->v_win, c.S, p->lse[2], 2);
-    win.dq_mode = 0;
+    win.dq_mode = FastDqMode::ACC;
     FastBwdIo cmp = fastBranchIo(io, p->kc, p->vc, c.Nc, p->lse[0], 0);
     FastBwdIo sel = fastBranchIo(io, in->k_sel, in->v_sel, c.S, p->lse[1], 1);
     /* Where the selected dQ is masked dense flash attention (short S) it
@@ -907,7 +907,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* That leaves the selected dK/dV (its index and reverse-index pass)
      * needing nothing of the other passes but the gate backward's: it runs
      * on the second stream beside them. */
-    const bool side_sel = FAST_BWD_SIDE_SEL && joint_dq;
+    const bool side_sel = joint_dq;
     if (side_sel) {
         FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
         FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
@@ -924,7 +924,6 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     /* where the fused selected backward runs, the window + compressed dQ
      * runs beside it on the second stream (fastBwdSideDq) */
     const bool fused = c.sel_dq == FastSelDq::FUSED;
-    const bool side_dq = FAST_BWD_SIDE_DQ && fused;
     /* and with it the forced selected blocks' dq (FastSelBlock.forced_dq_apart) */
     const bool forced_dq = fused && fastSelForcedDqApplies(c, dk);
     io = cmp;
@@ -942,17 +941,16 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     FAST_CHECK(fastCmpBackward(c, dk, dv, io, p->cmp_parts, p->cmp_part_k, p->cmp_part_v,
                                (bf16 *)grads->dk_cmp, (bf16 *)grads->dv_cmp, stream, marks),
                "compressed backward");
-    /* dq = window + compressed terms in one pass (written, mode 0) and the
+    /* dq = window + compressed terms in one pass (written, ACC) and the
      * selected branch adds its own and writes the bf16 result, or all
      * three in the one pass (joint_dq) */
     if (joint_dq) {
         FAST_MARK("bwd.win+cmp+sel.dq");
         FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, &sel, p->sel_mask, 0, c.S, stream),
                    "window, compressed and selected dq");
-    } else if (!side_dq) {
+    } else if (!fused) {
         FAST_MARK("bwd.win+cmp.dq");
-        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, forced_dq ? &sel : NULL, NULL,
-                                0, c.S, stream),
+        FAST_CHECK(fastWinCmpDq(c, dk, dv, win, &cmp, NULL, NULL, 0, c.S, stream),
                    "window and compressed dq");
     }
     if (side_sel) { /* the caller's stream goes on once the selected dK/dV is done */
@@ -966,7 +964,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (p->rev_B != dims->B || p->rev_S != dims->S) /* the forward did not build it */
         FAST_CHECK(fastSelBuildIndex(c, p->sel, rev, stream), "selection reverse index");
     io = sel;
-    io.dq_mode = 2;
+    io.dq_mode = FastDqMode::ACC_OUT;
     FastSelBlock sbq = {};
     const bool block_dq = c.sel_dq == FastSelDq::BLOCK || fused;
     if (block_dq) {
@@ -992,20 +990,16 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         const FastBwdSideDq side = {p, c, dk, dv, win, &cmp,
                                     forced_dq ? &sel : NULL};
         const FastChunkHook hook = {fastBwdSideDq, &side};
-        FAST_MARK(side_dq ? "bwd.sel+win+cmp.dq" : "bwd.sel.fused");
+        FAST_MARK("bwd.sel+win+cmp.dq");
         /* the second stream starts behind everything so far (forked right
          * after the gate backward instead, so that the dQ chunks could also
          * run beside the window and compressed dK/dV, it measured slower:
          * H100, paper 64k 107.23 -> 108.15 ms) */
-        if (side_dq) {
-            FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
-            FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
-        }
+        FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
+        FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
         FAST_CHECK(fastSelFusedBackward(c, dk, dv, io, p->sel, rev, sbq, f, (bf16 *)grads->dk_sel,
-                                        (bf16 *)grads->dv_sel, side_dq ? &hook : NULL,
-                                        fastPlanDrain(p), stream),
-                   side_dq ? "fused selected backward beside the window and compressed dq"
-                           : "fused selected backward");
+                                        (bf16 *)grads->dv_sel, &hook, fastPlanDrain(p), stream),
+                   "fused selected backward beside the window and compressed dq");
         FAST_MARK("end");
         return 0;
     }

@@ -96,17 +96,16 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
  * prototype's shape) the interleaved parts hit L2 75% already and the
  * ranges' equal CTAs balance worse: 1.77 -> 1.91 ms. */
 template <bool WG, int DK, int DV> struct CmpRanges {
-    static constexpr bool value = FAST_CMP_RANGE_PARTS && FastDkdvShape<WG, DK, DV>::KWG > 1;
+    static constexpr bool value = FastDkdvShape<WG, DK, DV>::KWG > 1;
 };
 /* The dK/dV of keys [i0, khi) over `ntiles` row tiles of tpr tokens from
  * tileStart(it) (tokens from hi on are none), into part `part`'s fp32
  * partial. */
-template <int DK, int DV, bool WG, int EXTRA = 0, class TileStart, class StageOut = FastNoStageOut>
+template <int DK, int DV, bool WG, class TileStart>
 __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &io,
                                             const FastRowMaps &maps, float *part_k,
                                             float *part_v, int b, int g, int part, int i0,
-                                            int khi, int ntiles, int hi, TileStart tileStart,
-                                            StageOut stageOut = StageOut{}) {
+                                            int khi, int ntiles, int hi, TileStart tileStart) {
     const int tpr = FAST_DKDV_ROWS / c.hpg;
     const int l = c.cmp_len, d = c.cmp_stride, Nc = c.Nc, B = c.B, G = c.G;
     auto visible = [=](int t, int i) { return i * d + l - 1 <= t; };
@@ -129,8 +128,8 @@ __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &i
         int t = tileStart(it) + slot;
         return t < hi ? t : -1;
     };
-    fastDkdvConsecutive<DK, DV, WG, KWG, EXTRA>(c, io, maps, b, g, i0, khi, ntiles, tokenOf,
-                                                visible, seesAny, tileFull, store, stageOut);
+    fastDkdvConsecutive<DK, DV, WG, KWG>(c, io, maps, b, g, i0, khi, ntiles, tokenOf, visible,
+                                         seesAny, tileFull, store);
 }
 
 template <int DK, int DV, bool WG>

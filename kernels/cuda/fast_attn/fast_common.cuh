@@ -93,20 +93,6 @@ __device__ __forceinline__ int fastGroupSyncOr(int pred) {
 __device__ __forceinline__ void fastPrefetchL2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 }
-/* A flag between CTAs that take turns at one tile of a global sum (the
- * compressed dK/dV's dq, fast_cmp.cu): fastSemWait spins until *sem ==
- * want (acquire: what the poster wrote before its post is visible after);
- * fastSemPost publishes v (release). One thread of a CTA each, bracketed by
- * the CTA's barriers; the poster's threads fence their writes first. */
-__device__ __forceinline__ void fastSemWait(const int *sem, int want) {
-    int v;
-    do {
-        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
-    } while (v != want);
-}
-__device__ __forceinline__ void fastSemPost(int *sem, int v) {
-    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(sem), "r"(v) : "memory");
-}
 /* 16-byte async copy; src == NULL zero-fills the destination (masked rows
  * must hold finite values: 0 * NaN would poison the P.V product). */
 __device__ __forceinline__ void fastCpAsync16(void *dst, const void *src) {

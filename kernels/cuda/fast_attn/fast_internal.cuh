@@ -70,9 +70,6 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
  * pooling backward keeps the sums of a run of blocks and of the blocks
  * before it that reach into it in 48 KB of shared memory (fastCheckDims). */
 #define FAST_CMP_MAX_OVERLAP 64
-/* 1: the compressed dK/dV's parts are equal token ranges walked in step
- * by every key tile where it runs two key warpgroups a CTA (CmpRanges in
- * fast_cmp.cu); 0: interleaved row tiles everywhere. */
 /* The most parts fastCmpBackwardParts picks (at 16 their fp32 sums take
  * no more than the fused selected backward's fp32 dK/dV, which share the
  * bytes, at the paper and prototype shapes); the plan keeps room for the
@@ -173,20 +170,16 @@ struct FastSelBlock {
      * but no dq partial, and the dq combine skips their slots */
     int forced_dq_apart;
 };
-/* 1: the block-centric forward takes the forced blocks of every token
- * (block 0, its own and the one before: 3 of the paper's 16) in a flash
- * pass of their own where l' is a multiple of 64 (SelForcedPolicy); 0:
- * as work items like the chosen blocks. */
-static inline bool fastSelForcedApplies(const FastCtx &c) {
-    return FAST_SEL_FORCED_PASS && c.sel_len % 64 == 0;
-}
-/* 1: where l' = 64 (a block is one key tile) and the tile loops run on
- * wgmma, that pass is fast_sel_forced.cu's, one token block per CTA; 0:
- * the forward tile kernel with SelForcedPolicy, as for the other multiples
- * of 64. */
+/* Whether the block-centric forward takes the forced blocks of every
+ * token (block 0, its own and the one before: 3 of the paper's 16) in a
+ * flash pass of their own (SelForcedPolicy) rather than as work items like
+ * the chosen blocks: where l' is a multiple of 64, the key tile. */
+static inline bool fastSelForcedApplies(const FastCtx &c) { return c.sel_len % 64 == 0; }
+/* Whether that pass is fast_sel_forced.cu's, one token block per CTA:
+ * where l' = 64 (a block is one key tile) and the tile loops run on wgmma;
+ * elsewhere it is the forward tile kernel with SelForcedPolicy. */
 static inline bool fastSelForcedOwnPass(const FastCtx &c) {
-    return FAST_SEL_FORCED_OWN && fastSelForcedApplies(c) && c.sel_len == 64 && c.wgmma &&
-           c.hpg <= 64;
+    return fastSelForcedApplies(c) && c.sel_len == 64 && c.wgmma && c.hpg <= 64;
 }
 /* The forced blocks' merged partial into io.o, io.lse (fast_sel_forced.cu)
  * where fastSelForcedOwnPass(c); cudaErrorInvalidValue elsewhere, else the

@@ -138,7 +138,7 @@ __device__ __forceinline__ bool selVisible(int lane_tok, int col, int t) {
 
 /* dQ of the selected branch, one warp per token:
  * dq = scale * sum_u gate p_u (dp_u - dsum) k_u, p_u = exp(s_u - lse),
- * dp_u = dout . v_u; written or accumulated per io.dq_mode. */
+ * dp_u = dout . v_u; written per io.dq_mode. */
 template <int DK, int DV>
 /* The explicit 1 lifts ptxas's default register target, which spilled the
  * (64,64) instance; shared memory, not registers, sets the CTAs per SM. */

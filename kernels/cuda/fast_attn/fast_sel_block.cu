@@ -293,7 +293,7 @@ template <int DK>
 constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB_RING_STAGES; }
 /* With one q stage the forward's tile loop was serial per CTA: the next
  * tile's q could only be fetched once the partials staged in the stage had
- * been read out by their bulk stores. Here (SELB_OUT_STAGE) a stage is
+ * been read out by their bulk stores. Here (selBlockOutStage) a stage is
  * released as soon as the tile's scores are formed - warp 0 then fetches the
  * next tile under this one's softmax, P.V and stores - and the partials go
  * out through a 64-column buffer of their own (16 KB), one half of d_v at
@@ -303,7 +303,7 @@ constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB
  * 83.20). At d_k = 128 it would need the one q stage (SELB_RING_STAGES=1),
  * which measured slower there: paper 64k fwd.sel 15.86 -> 16.38 ms. */
 template <int DK, int DV>
-constexpr bool selBlockOutStage() { return SELB_OUT_STAGE && DV > 64 && selBlockQStages<DK>() == 1; }
+constexpr bool selBlockOutStage() { return DV > 64 && selBlockQStages<DK>() == 1; }
 /* Entries of the item's token and slot lists: the q ring runs at 16 heads
  * a group only (8 tokens a row tile). */
 template <bool RING>
@@ -410,7 +410,7 @@ selBlockFwdKernel(FastCtx c, FastFwdIo io, FastRevIndex rev, FastSelBlock sb, in
      * or none (sAt -1) - whose reads of the stage complete before the
      * stage is released; else 16-byte stores per row */
     auto storeOut = [&](const bf16 *stage) {
-        if constexpr (RING && FAST_SELB_TMA_STORE) {
+        if constexpr (RING) {
             selStageStoreTma<DV, R>(&maps.part_o, stage, sAt, warp, lane);
         } else {
             __syncwarp();
@@ -937,15 +937,14 @@ selBlockDqCombineKernel(FastCtx c, FastBwdIo io, const int32_t *sel_idx, FastSel
 #pragma unroll
         for (int v4 = 0; v4 < VEC / 4; v4++) {
             float *x = a + 4 * v4;
-            if (io.dq_mode == 0) {
+            if (io.dq_mode == FastDqMode::ACC) {
                 acc[v4] = make_float4(x[0], x[1], x[2], x[3]);
             } else {
                 const float4 prev = acc[v4];
                 x[0] += prev.x, x[1] += prev.y, x[2] += prev.z, x[3] += prev.w;
-                if (io.dq_mode == 1) acc[v4] = make_float4(x[0], x[1], x[2], x[3]);
             }
         }
-        if (io.dq_mode == 2) {
+        if (io.dq_mode == FastDqMode::ACC_OUT) {
             uint4 out;
             uint32_t *o32 = (uint32_t *)&out;
 #pragma unroll
@@ -1164,14 +1163,14 @@ constexpr int selFusedRowWgs() {
     return DK + DV > 256 ? SEL_FUSED_ROW_WGS_WIDE : DK >= 128 ? SEL_FUSED_ROW_WGS : 1;
 }
 /* Rows per wgmma pass of the fused kernel's ring core where d_k or d_v is
- * above 128 (fastDkdvPassRows elsewhere): its dq stage keeps registers of
+ * above 128 (FAST_DKDV_WG_ROWS elsewhere): its dq stage keeps registers of
  * its own beside the pass's, and 64-row passes spill: 44 bytes with the
  * scores and dP^T side by side (no faster: its phase 56.22 -> 56.33 ms),
  * 84 probabilities first (fwd+bwd 127.44 -> 127.52 ms; H100, paper192
  * 64k). */
 template <int DK, int DV>
 constexpr int selFusedPassRows() {
-    return DK > 128 || DV > 128 ? SEL_FUSED_WIDE_PASS_ROWS : fastDkdvPassRows<DK, DV>();
+    return DK > 128 || DV > 128 ? SEL_FUSED_WIDE_PASS_ROWS : FAST_DKDV_WG_ROWS;
 }
 /* the dq rows' destinations, [2][rows] per row warpgroup by tile parity */
 constexpr int selFusedExtra(int rwg) { return 2 * rwg * FAST_DKDV_ROWS * 8; }
@@ -1259,7 +1258,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
      * row(r) = (token, j's slot in its sel_idx row) of stage row r, -1: none */
     /* at 16 heads per group a warp's 16 staged dq rows are one (token,
      * slot) pair's: they leave by bulk tensor stores */
-    const bool tma_out = RING && FAST_SELB_TMA_STORE && hpg == 16;
+    const bool tma_out = RING && hpg == 16;
     auto dqOut = [&](int it, int half, const auto &ads, bf16 *q_stage, bf16 *do_stage, auto row) {
         constexpr int KS = sizeof(ads) / sizeof(ads[0]), RH = 16 * KS;
         /* a warp may start its warpgroup's next tile's before all read this */
@@ -1299,7 +1298,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
             fastStagePut64<R>(q_stage, gwarp * 16, h * 64, dq, 1.f, 1.f);
         }
         if (tma_out) { /* its reads done before the ring releases the stage */
-            selStageStoreTma<DK, R, SEL_FUSED_DEFER_READ>(&maps.part_dq, q_stage, at, gwarp, lane);
+            selStageStoreTma<DK, R, true>(&maps.part_dq, q_stage, at, gwarp, lane);
         } else {
             __syncwarp();
             selStageStore<DK, R>(q_stage, at, part_dq, gwarp, lane);
@@ -1362,7 +1361,7 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
                 const int e = e0 + it * tpr + s;
                 return e < e1 ? entry_slot + e : nullptr;
             },
-            dqOut, SEL_FUSED_DEFER_READ && tma_out, sumsOut);
+            dqOut, tma_out, sumsOut);
     } else {
         fastDkdvCore<DK, DV, true, 1>(
             c, io, b, g, u0, khi, ntiles,

@@ -85,6 +85,13 @@ struct FastFwdIo {
     bf16 *out;
 };
 
+/* Where a dQ pass puts its branches' dq: the passes run one after another
+ * and sum their terms in a fixed order through an fp32 running dq. */
+enum class FastDqMode {
+    ACC,     /* dq_acc = dq: the first pass */
+    ACC_OUT, /* dq_out (bf16) = dq_acc + dq: the last */
+};
+
 struct FastBwdIo {
     const bf16 *q, *k, *v, *dout, *gates;
     int nkeys;
@@ -93,9 +100,8 @@ struct FastBwdIo {
     const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
     int branch;         /* 0 cmp, 1 sel, 2 win */
     float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
-    bf16 *dq_out;       /* bf16 dq, written by the last branch (mode 2) */
-    int dq_mode;        /* 0: dq_acc = dq, 1: dq_acc += dq, 2: dq_out = dq_acc + dq
-                         * (a dQ pass of all three branches writes dq_out = dq) */
+    bf16 *dq_out;       /* bf16 dq, written by the last pass (ACC_OUT) */
+    FastDqMode dq_mode; /* (a dQ pass of all three branches writes dq_out = dq) */
 };
 
 /* The query-tile kernels (forward, dQ) hold FAST_QTILE_ROWS query rows per
@@ -241,9 +247,6 @@ constexpr int fastDkdvSmem(int dk, int dv, bool wg = false, int key_wgs = 1) {
            2 * FAST_DKDV_ROWS * 4 * 4 + 4 * FAST_DKDV_ROWS * 4 + (wg ? 1024 : 0);
 }
 
-/* 1: the wgmma forward's epilogue goes through shared memory in 16-byte
- * chunks where it gains (see there); 0: 4-byte stores from the fragments. */
-/* 1: the window forward prefetches its gate-combine inputs (see there). */
 /* One branch of a forward pass: its keys, values, o and lse (io.k, io.v,
  * io.nkeys, io.o, io.lse) and which keys a row sees (the policy). */
 template <class Policy>
@@ -292,14 +295,6 @@ __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const R
     if constexpr (sizeof...(Rest) > 0) fastEachBranch(f, rest...);
 }
 
-/* 1: in the pipelined wgmma tile loops (forward, dQ) thread 0 issues the
- * ring's next tile once its warpgroup's products are issued, not ahead of
- * them, where its warp came late to their warpgroup-wide issue; 0: at the
- * top of the iteration. H100, fwd+bwd: paper 64k 104.50 -> 103.45 ms (the
- * dQ phase 43.88 -> 42.16), paper 2k 38.06 -> 37.52, proto 16k 8.69 ->
- * 8.59. (The score pass the same way measured no better: paper 64k 7.48 ->
- * 7.66 ms.) */
-
 /* fastWgRun taking a turn (TURNS: FastTurns<WGS>): the warpgroup waits for
  * its turn before it issues, and hands the turn on before it waits for the
  * products. */
@@ -314,12 +309,6 @@ __device__ __forceinline__ void fastWgRunTurn(Issue issue, Acc &...accs) {
     fastWgWait<0>();
     (fastWgFenceAcc(accs), ...);
 }
-/* The forward's warpgroups take turns at the tensor cores (FastTurns)
- * where d_k > 128 (1; 2: wherever several warpgroups run, d_v > 64, for
- * measuring; 0: never). H100, ncu, 64k: the compressed forward 9.59 ->
- * 8.98 ms at paper192 (window + gates 4.38 -> 4.24), but at paper (d_k
- * 128, shorter score products against the same exponentials) 8.09 -> 8.31
- * and its phase 9.12 -> 9.63 ms (ab.py, 3 rounds). */
 
 /* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
  * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
@@ -341,8 +330,10 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
     using Q = FastQTile<DV, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
-    /* the warpgroups take turns at issuing their products (FastTurns) */
-    constexpr bool TURNS = WG && DV > 64 && (FAST_FWD_TURNS > 1 || (FAST_FWD_TURNS == 1 && DK > 128));
+    /* the warpgroups take turns at issuing their products (FastTurns) where
+     * d_k > 128; at d_k = 128 the score products are shorter against the
+     * same exponentials and turns cost more than they save */
+    constexpr bool TURNS = WG && DV > 64 && DK > 128;
     constexpr int WGS = THREADS >= 256 ? THREADS / 128 : 2;
     using Turns = FastTurns<WGS>;
     bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
@@ -361,7 +352,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
     fastLoadTileFor<WG, R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
     });
-    if constexpr (COMBINE && FAST_FWD_PREFETCH) {
+    if constexpr (COMBINE) {
         /* the gate combine's o_cmp, o_sel and gate rows toward L2 now, so
          * the epilogue - which nothing else on the SM overlaps at one CTA
          * per SM - reads them from L2 rather than DRAM */
@@ -483,7 +474,6 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                                      keyAt(it + Ring::AHEAD));
                 };
                 for (int it = 1; it < ntiles; it++) {
-                    if (!FAST_RING_PRODUCE_UNDER) produce(it);
                     ring.wait(j0 + it);
                     if constexpr (TURNS) Turns::wait();
                     fastWgArrive();
@@ -495,7 +485,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
                     fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
                     fastWgCommit();
                     if constexpr (TURNS) Turns::pass();
-                    if (FAST_RING_PRODUCE_UNDER) produce(it);
+                    produce(it);
                     fastWgWait<1>(); /* scores of tile it */
                     fastWgFenceAcc(s);
                     scoresToP(it);
@@ -534,7 +524,7 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
         }
         fastCpWait<0>();
 
-        if constexpr (LAST && WG && FAST_FWD_STAGED_OUT && (COMBINE || DV > 64)) {
+        if constexpr (LAST && WG && (COMBINE || DV > 64)) {
             /* The epilogue through shared memory: the warp stages its 16 rows of
              * o (normalised, bf16) in its own rows of the q tile - its
              * warpgroup's products, the only readers of those rows, are done -
@@ -641,9 +631,9 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
 }
 
 /* Writes row half i (0: mma row grp, 1: grp + 8) of a warp's dq fragments,
- * times the softmax scale, as io.dq_mode says: 0 dq_acc = dq, 1 dq_acc +=
- * dq, 2 dq_out (bf16) = dq_acc + dq - the branches' fixed summation order -
- * or, where the pass ran every branch (ALL), dq_out = dq. ALL is a template
+ * times the softmax scale, as io.dq_mode says: ACC dq_acc = dq, ACC_OUT
+ * dq_out (bf16) = dq_acc + dq - the branches' fixed summation order - or,
+ * where the pass ran every branch (ALL), dq_out = dq. ALL is a template
  * argument so that the passes of fewer branches keep their code (at d_k =
  * 64 a fourth runtime case made the mma.sync dQ kernel spill). */
 template <int DK, bool ALL = false>
@@ -657,14 +647,11 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
         float2 *acc = (float2 *)(io.dq_acc + row * DK + col);
         if constexpr (ALL) {
             *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(v0, v1);
-        } else if (io.dq_mode == 0) {
+        } else if (io.dq_mode == FastDqMode::ACC) {
             *acc = make_float2(v0, v1);
         } else {
             float2 prev = *acc;
-            if (io.dq_mode == 1)
-                *acc = make_float2(prev.x + v0, prev.y + v1);
-            else
-                *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
+            *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
         }
     }
 }
@@ -702,11 +689,6 @@ struct FastDqMaps {
      * mma.sync). */
     int t_begin, t_end;
 };
-/* The dQ pass's two warpgroups take turns at the tensor cores
- * (FastTurns): H100, ncu, 64k: the window + compressed + forced dQ 20.78
- * -> 17.64 ms at paper192, 15.29 -> 14.77 at paper; fwd+bwd (ab.py, 3
- * rounds) 123.62 -> 121.48 and 97.12 -> 96.61 ms. 0: each issues when
- * ready. */
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {
@@ -719,8 +701,9 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     using Q = FastQTile<DK, WG>;
     constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
     constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = FAST_QTILE_ROWS, THREADS = Q::THREADS;
-    /* the warpgroups take turns at issuing their products (FastTurns) */
-    constexpr bool TURNS = Q::DQ_PIPE && FAST_DQ_TURNS;
+    /* the pipelined pass's two warpgroups take turns at issuing their
+     * products (FastTurns) */
+    constexpr bool TURNS = Q::DQ_PIPE;
     constexpr int WGS = THREADS >= 256 ? THREADS / 128 : 2;
     using Turns = FastTurns<WGS>;
     bf16 *sQ = fastTileBase<WG>(), *sdO = sQ + R * LDK, *sK = sdO + R * LDV,
@@ -748,7 +731,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     fastLoadTileFor<WG, R, DV, THREADS>(sdO, [&](int r) -> const bf16 * {
         return rowToken(r) >= 0 ? io.dout + rowIndex(r) * DV : nullptr;
     });
-    if (!ALL && io.dq_mode != 0) {
+    if (!ALL && io.dq_mode != FastDqMode::ACC) {
         /* the epilogue adds to this tile's running dq (dq_acc, fp32): its
          * rows toward L2 now, so that the epilogue - at one CTA per SM
          * nothing overlaps it - reads them from L2 rather than DRAM (H100:
@@ -867,7 +850,6 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                 dsTile(s, dp, 0, 0);
                 fastWgAFromC<NT>(a, s);
                 for (int it = 1; it < ntiles; it++) {
-                    if (!FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
                     const int j = j0 + it;
                     ring.wait(j);
                     if constexpr (TURNS) Turns::wait();
@@ -880,7 +862,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
                     fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
                     fastWgCommit();
                     if constexpr (TURNS) Turns::pass();
-                    if (FAST_RING_PRODUCE_UNDER) produce(it + Ring::AHEAD);
+                    produce(it + Ring::AHEAD);
                     fastWgWait<1>(); /* scores and dP of tile it */
                     fastWgFenceAcc(s);
                     fastWgFenceAcc(dp);
@@ -1039,7 +1021,7 @@ __device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
     }
 }
 
-/* Probabilities first (FAST_DKDV_PROBS_FIRST): where both the scores and
+/* Probabilities first: where both the scores and
  * dP^T of a 64-row pass would not fit in registers beside dK's and dV's
  * accumulators (d_k or d_v above 128: 96 + 64 + 32 + 32 of 255), the pass
  * forms S^T alone, turns it into g P^T in bf16 (the A fragments dV's
@@ -1049,11 +1031,11 @@ __device__ __forceinline__ void fastDkdvGradOfProbs(float (&dp)[NTH][4],
  * passes had four), and P^T rounded to bf16 before dS^T is formed from it
  * (dS^T is rounded to bf16 after, as before; test_fast_attn's d_k = 192
  * gradients within 3.5e-3 of the reference, budget 1e-2). */
-/* (1: where d_k or d_v is above 128; 2: at every shape, for measuring -
- * slower where the registers fit: H100, paper 64k 97.25 -> 98.31 ms) */
+/* Only there: where the registers fit, the scores and dP^T together are
+ * faster. */
 template <int DK, int DV, int RH>
 constexpr bool fastDkdvProbsFirst() {
-    return RH == 64 && (FAST_DKDV_PROBS_FIRST > 1 || (FAST_DKDV_PROBS_FIRST && (DK > 128 || DV > 128)));
+    return RH == 64 && (DK > 128 || DV > 128);
 }
 
 /* One wgmma pass of the dK/dV core: rows half * RH .. + RH - 1 of a row
@@ -1387,13 +1369,11 @@ static __device__ const int fastMinusOne = -1;
  * panel, the token read a tile before it is needed).
  *
  * GATHER may carry a second int per row, aux(it, slot) (the address of the
- * payload beside the token in the caller's list). Either mode may take a
- * stageOut that runs after each pass as fastDkdvCore's does -
+ * payload beside the token in the caller's list), and take a stageOut
+ * (one key warpgroup) that runs after each pass as fastDkdvCore's does -
  * stageOut(it, half, ads, q_stage, do_stage, row) with row(r) = (token,
- * payload) of stage row r, -1 where none; with two key warpgroups both
- * call it every tile, one whose keys the tile does not see with zero dS^T
- * (so that stageOut may hold barriers between them). Its plain stores to
- * the stage are fenced from the TMA's before the stage is released.
+ * payload) of stage row r, -1 where none. Its plain stores to the stage
+ * are fenced from the TMA's before the stage is released.
  *
  * Shared layout (FastDkdvRing): K, V, the q and dout stages, full and empty
  * barriers, then per slot of a ring of MS row-data slots the raw lse, delta,
@@ -1406,13 +1386,6 @@ static __device__ const int fastMinusOne = -1;
  * from L2 a tile's compute covers the copies, and one ahead leaves a
  * four-stage ring three tiles of slack between the fastest and slowest
  * warps. */
-/* 1: the producer's work for the next tile runs while the stage's first
- * two products are on the tensor cores (fastDkdvWgPass's during); 0: at
- * the top of the stage, where warps 0 and 1 (the boxes, the row data) came
- * late to those products' warpgroup-wide issue: 21% of the fused selected
- * backward's stall samples sat on its first wgmma (ncu, paper 64k). H100,
- * paper 64k: fwd+bwd 106.06 -> 103.93 ms (compressed dK/dV 16.53 -> 15.50,
- * window 5.10 -> 4.88), 16k 69.58 -> 68.86; the prototype shape unchanged. */
 /* The warp that issues the row boxes of the dK/dV ring (the row data are
  * warps 0 and 1's). H100, paper 64k: fwd+bwd 101.10 -> 98.75 ms with the
  * boxes on warp 2 rather than 0, 16k 67.31 -> 65.86. */
@@ -1455,20 +1428,11 @@ struct FastDkdvRing {
                   "the row warpgroups' sums fit the stages");
 };
 
-/* Rows per wgmma pass of the ring core: FAST_DKDV_WG_ROWS, where d_k or
- * d_v is above 128 as probabilities first (fastDkdvProbsFirst). Before
- * that those passes took 32 rows: a 64-row pass's scores and dP^T beside
- * the 64 x 192 dK accumulator spilled 220 bytes in the compressed dK/dV
- * (20.84 -> 28.93 ms, H100, paper192 64k). Probabilities first, none
- * spill: H100, paper192 64k, 3 rounds, compressed dK/dV phase 21.31 ->
- * 18.30 ms, fwd+bwd 129.78 -> 127.44 (16k 84.56 -> 83.34); the window's
- * (64 rows already, with 36 bytes of spills) unchanged at 5.8 ms. A
- * caller may ask for other rows (PASS_ROWS: the fused selected backward,
- * selFusedPassRows). */
-template <int DK, int DV>
-constexpr int fastDkdvPassRows() {
-    return (DK <= 128 && DV <= 128) || FAST_DKDV_PROBS_FIRST ? FAST_DKDV_WG_ROWS : 32;
-}
+/* Rows per wgmma pass of the ring core: FAST_DKDV_WG_ROWS at every d_k,
+ * d_v - where either is above 128 as probabilities first
+ * (fastDkdvProbsFirst), since a 64-row pass's scores and dP^T beside the
+ * 64 x 192 dK accumulator spill. A caller may ask for other rows
+ * (PASS_ROWS: the fused selected backward, selFusedPassRows). */
 template <int DK, int DV, int KWG, bool GATHER, int EXTRA = 0, int RWG = 1, int PASS_ROWS = 0,
           class Tokens, class Visible, class SeesAny, class TileFull, class Store,
           class Aux = FastNoAux, class StageOut = FastNoStageOut, class Sums = FastNoSums>
@@ -1482,10 +1446,11 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     constexpr bool HAS_AUX = !std::is_same<Aux, FastNoAux>::value;
     constexpr bool HAS_OUT = !std::is_same<StageOut, FastNoStageOut>::value;
     static_assert(GATHER || !HAS_AUX, "payloads need listed tokens");
+    static_assert(!HAS_OUT || (GATHER && KWG == 1), "stageOut: listed tokens, one key warpgroup");
     using Ring = FastDkdvRing<DK, DV, KWG, GATHER, HAS_AUX, EXTRA, RWG>;
     constexpr int R = Ring::R, KT = Ring::KT, MS = Ring::MS, STAGES = Ring::STAGES;
     constexpr int AHEAD = Ring::AHEAD, THREADS = FAST_THREADS * KWG * RWG;
-    constexpr int RH = PASS_ROWS ? PASS_ROWS : fastDkdvPassRows<DK, DV>(), NTH = RH / 8;
+    constexpr int RH = PASS_ROWS ? PASS_ROWS : FAST_DKDV_WG_ROWS, NTH = RH / 8;
     bf16 *sK = fastTileBase<true>(), *sV = sK + KT * DK, *sQ = sV + KT * DV;
     bf16 *sdO = sQ + STAGES * R * DK;
     uint64_t *full = (uint64_t *)(sdO + STAGES * R * DV), *empty = full + STAGES;
@@ -1501,9 +1466,8 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     const uint32_t tx_bytes = (uint32_t)rows * 128 * ((DK + DV) / 64);
     /* defer_release: stageOut's bulk stores of tile it may still read its
      * stage when it returns; the stage is released in tile it + 1, under
-     * its first products and before the producer (there, FAST_DKDV_ISSUE_UNDER)
-     * waits for it */
-    const bool defer = HAS_OUT && FAST_DKDV_ISSUE_UNDER && defer_release;
+     * its first products and before the producer waits for it */
+    const bool defer = HAS_OUT && defer_release;
 
     fastLoadKeyTile<true, KT, DK, DV, THREADS>(sK, sV, io.k, io.v, io.nkeys, c.G, b, g, u0, khi);
     fastCpCommit();
@@ -1640,16 +1604,12 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
             if (!issued) issue(it + AHEAD);
             issued = true;
         };
-        if (!FAST_DKDV_ISSUE_UNDER) produce();
         const int s = it % STAGES, ms = it % MS;
         fastMbarWait(&full[s], (uint32_t)(it / STAGES) & 1u);
         __syncwarp();
         /* a warpgroup whose keys no row of the tile sees adds nothing; it
          * still waits for the tile first, so that its release counts
          * toward this use of the stage */
-        /* with stageOut and two key warpgroups both reach it every tile
-         * (it may span the CTA's keys): a warpgroup that skips hands it
-         * zero dS */
         const bool runs = KWG == 1 || (ka <= kb && seesAny(it, ka, kb));
         /* stageOut's row r of tile it: (token or -1, payload or -1) */
         auto stageRow = [&](int it, int ms, int r) {
@@ -1658,14 +1618,6 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
             else t = rowSlot[r] >= 0 ? tokens(it, rowSlot[r]) : -1;
             return make_int2(t, HAS_AUX ? mA[ms * R + r] : -1);
         };
-        if (HAS_OUT && KWG > 1 && !runs) {
-#pragma unroll 1
-            for (int half = 0; half < R / RH; half++) {
-                uint32_t ads[NTH / 2][4] = {};
-                stageOut(it, half, ads, sQ + s * R * DK, sdO + s * R * DV,
-                         [&](int r) { return stageRow(it, ms, r); });
-            }
-        }
         if (runs) {
             const float *l_t = mL + ms * R, *d_t = mD + ms * R, *g_t = mG + ms * R;
             const int *t_t = mT + ms * R;
@@ -1748,20 +1700,16 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
  * tile it's slot, -1 for none. On wgmma through the TMA row ring
  * (fastDkdvRingCore, one box per tile), else through fastDkdvCore's
  * cp.async stages - one rule for both. */
-template <int DK, int DV, bool WG, int KWG, int EXTRA = 0, int PASS_ROWS = 0, class TokenOf,
-          class Visible, class SeesAny, class TileFull, class Store,
-          class StageOut = FastNoStageOut>
+template <int DK, int DV, bool WG, int KWG, class TokenOf, class Visible, class SeesAny,
+          class TileFull, class Store>
 __device__ __forceinline__ void fastDkdvConsecutive(const FastCtx &c, const FastBwdIo &io,
                                                     const FastRowMaps &maps, int b, int g, int u0,
                                                     int khi, int ntiles, TokenOf tokenOf,
                                                     Visible visible, SeesAny seesAny,
-                                                    TileFull tileFull, Store store,
-                                                    StageOut stageOut = StageOut{}) {
-    static_assert(WG || std::is_same<StageOut, FastNoStageOut>::value, "stageOut is wgmma's");
+                                                    TileFull tileFull, Store store) {
     if constexpr (WG)
-        fastDkdvRingCore<DK, DV, KWG, false, EXTRA, 1, PASS_ROWS>(
-            c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible, seesAny, tileFull, store,
-            FastNoAux{}, stageOut);
+        fastDkdvRingCore<DK, DV, KWG, false>(c, io, maps, b, g, u0, khi, ntiles, tokenOf, visible,
+                                             seesAny, tileFull, store);
     else
         fastDkdvCore<DK, DV, WG, KWG>(
             c, io, b, g, u0, khi, ntiles,

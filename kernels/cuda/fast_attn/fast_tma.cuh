@@ -151,14 +151,6 @@ static inline cudaError_t fastTmaEncodeRows(void *encode, CUtensorMap *map, cons
     return fastTmaEncodeRowsOf(encode, map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, base, B, S, H, d,
                                hpg, tokens);
 }
-/* fp32 rows of a running dq: 32-channel panels (the compressed dK/dV sends
- * its dq this way) */
-static inline cudaError_t fastTmaEncodeRowsF32(void *encode, CUtensorMap *map, const float *base,
-                                               int B, int S, int H, int d, int hpg, int tokens) {
-    return fastTmaEncodeRowsOf(encode, map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 4, base, B, S, H, d,
-                               hpg, tokens);
-}
-
 /* Both row maps of a dK/dV pass whose stages take `tokens` tokens per box
  * (all of a stage's tokens when they are consecutive, 1 when each token
  * comes by its own copy). Errors as above. */
@@ -242,33 +234,6 @@ __device__ __forceinline__ void fastBulkCommit() {
 __device__ __forceinline__ void fastBulkWaitRead() {
     asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
 }
-/* The box of a 4-d fp32 map at (c0, c1, c2, c3) from shared src (swizzled
- * as the map says), stored (add 0) or added element-wise in L2 (add 1).
- * Completes in this thread's bulk group (cp.async.bulk.wait_group, then
- * fastProxyFenceGlobal, before anything that must see the result). */
-__device__ __forceinline__ void fastTmaPutF32(const CUtensorMap *map, const void *src, int c0,
-                                              int c1, int c2, int c3, bool add) {
-    if (add)
-        asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group"
-                     " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"((uint64_t)map),
-                     "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fastSmemAddr(src))
-                     : "memory");
-    else
-        asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group"
-                     " [%0, {%1, %2, %3, %4}], [%5];\n" ::"l"((uint64_t)map),
-                     "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(fastSmemAddr(src))
-                     : "memory");
-}
-/* Waits until this thread's committed bulk operations are complete (their
- * global writes performed). */
-__device__ __forceinline__ void fastBulkWait() {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-}
-/* Orders this thread's earlier generic global accesses (an acquire) before
- * its later bulk operations. */
-__device__ __forceinline__ void fastProxyFenceGlobal() {
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
 /* An arrival on bar once every cp.async this thread issued so far has
  * landed; the barrier's count must include it (.noinc). */
 __device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *bar) {
@@ -311,12 +276,6 @@ __device__ __forceinline__ void fastBulkPutF32(float *, const float *, int, bool
 __device__ __forceinline__ void fastTmaStore2(const CUtensorMap *, const void *, int, int) { __trap(); }
 __device__ __forceinline__ void fastBulkCommit() { __trap(); }
 __device__ __forceinline__ void fastBulkWaitRead() { __trap(); }
-__device__ __forceinline__ void fastTmaPutF32(const CUtensorMap *, const void *, int, int, int, int,
-                                              bool) {
-    __trap();
-}
-__device__ __forceinline__ void fastProxyFenceGlobal() { __trap(); }
-__device__ __forceinline__ void fastBulkWait() { __trap(); }
 __device__ __forceinline__ void fastMbarArriveCpAsync(uint64_t *) { __trap(); }
 __device__ __forceinline__ void fastCpAsync4Or0(void *, const void *, const void *) { __trap(); }
 __device__ __forceinline__ void fastMbarInit(uint64_t *, int) { __trap(); }
