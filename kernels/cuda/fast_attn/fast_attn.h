@@ -29,8 +29,9 @@
  * tokens of one KV group) against 64-key tiles; dK/dV tiles are 4 warps =
  * 64 keys against 64-row stages whose metadata arrives by async copies one
  * tile ahead; the score pass is 4 warps, a warp per token's top-n.
- * The flash tile loops shared by the branches are in fast_tile.cuh, the
- * mma/ldmatrix/cp.async helpers in fast_common.cuh, the launchers in
+ * The flash tile loops shared by the branches are in tile_*.cuh
+ * (tile_common.cuh lists them), the mma/ldmatrix/cp.async helpers in
+ * fast_common.cuh, the launchers in
  * fast_internal.cuh. Correctness: tests/gpu/test_fast_attn.cu; timing:
  * bench/attn (make bench-attn); results: docs/PERF.md.
  * Limits: (d_k, d_v) in {(64,64), (128,64), (128,128), (192,128)}; heads per

@@ -13,6 +13,8 @@
  * fixed order - no atomics, reproducible. (The optional dq in that pass,
  * CmpDqTurns, adds by L2 reductions that take turns in a fixed order.) */
 #include "fast_internal.cuh"
+#include "tile_fwd.cuh"
+#include "tile_dkdv.cuh"
 
 #include <algorithm>
 #include <functional>

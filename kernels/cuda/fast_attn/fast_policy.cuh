@@ -1,6 +1,6 @@
 /* fast_policy.cuh - which keys a query sees in the compressed and window
  * branches and in the masked dense selected one: the policies of the flash
- * tile loops (fast_tile.cuh says what a policy provides). In one header so
+ * tile loops (tile_common.cuh says what a policy provides). In one header so
  * that one dQ kernel can run them together (fast_win.cu, fastWinCmpDq).
  * Internal to the fast kernels. */
 #ifndef NSA_FAST_POLICY_CUH
@@ -8,7 +8,7 @@
 
 #include <limits.h>
 
-#include "fast_tile.cuh"
+#include "tile_common.cuh"
 
 /* Window: query t sees keys [max(0, t - w + 1), t]. */
 struct WinPolicy : FastNoRowMask {

@@ -22,10 +22,12 @@
  * list is cut into work items of rev.item_entries entries (at most
  * FAST_SEL_CHUNK; fewer at short S, where fast_attn.cu keeps the groups
  * whose rows the CTAs in flight read within L2); one CTA per item
- * runs the key-tile loop of fast_tile.cuh over the item's rows (all heads of
+ * runs the key-tile loop of tile_dkdv.cuh over the item's rows (all heads of
  * the group), writing the block's dK/dV directly when the list is one item
  * long, else an fp32 partial that a second kernel sums in item order. */
 #include "fast_internal.cuh"
+#include "tile_dq.cuh"
+#include "tile_dkdv.cuh"
 
 #define SEL_WARPS 2 /* tokens per CTA, one warp each; 2 packs the SMs' shared memory best */
 #define SEL_KT 16   /* key slots per warp tile: small stages let 8-16 warps share an SM */

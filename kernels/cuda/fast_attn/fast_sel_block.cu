@@ -54,6 +54,8 @@
  * the bf16 dq the engine keeps anyway. The forward's partials were bf16
  * from the start. */
 #include "fast_internal.cuh"
+#include "tile_fwd.cuh"
+#include "tile_dkdv.cuh"
 
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
 #define SELB_ROWS (16 * SELB_WARPS)
@@ -1127,7 +1129,7 @@ cudaError_t fastSelBlockDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
  * per (token, block) pair, the token's q and dout rows (8 KB at the paper
  * shape) and recompute its scores and dP. Here one pass does both: a CTA
  * holds block j's K/V, walks the q / dout rows of the tokens of one chunk
- * that chose j with the dK/dV core (fast_tile.cuh), and after each stage's
+ * that chose j with the dK/dV core (tile_dkdv_ring.cuh), and after each stage's
  * dK/dV products (stageOut) writes that stage's dS to shared memory and
  * forms the pairs' dq partials dS.K from it - one product more per stage
  * instead of a second pass over the rows.

@@ -5,8 +5,8 @@
  * At short S a token chooses a large share of all blocks (16 of 32 at
  * S = 2048, l' = 64), so its selected keys are most of its causal past. Then
  * the cheapest exact way is the compressed and window branches' flash tile
- * loops (fast_tile.cuh, wgmma on sm_90) over every causal key tile, with the
- * tiles a row did not choose masked out:
+ * loops (tile_fwd.cuh, tile_dq.cuh; wgmma on sm_90) over every causal key
+ * tile, with the tiles a row did not choose masked out:
  *   o_t = sum_{u <= t, block(u) in sel(t)} p_u v_u,
  * a per-row bit mask of chosen blocks (one 64-bit word per (b, t, g), so
  * at most 64 blocks: Ns <= 64) and l' a multiple of 64, so that every key

@@ -1,5 +1,5 @@
 /* fast_tma.cuh - key/value tiles by the Tensor Memory Accelerator (TMA,
- * sm_90a) for the wgmma tile loops of fast_tile.cuh, and the ring of
+ * sm_90a) for the wgmma tile loops (tile_*.cuh), and the ring of
  * mbarriers that hands each tile from the one thread that issues its copies
  * to the warps that read it.
  *

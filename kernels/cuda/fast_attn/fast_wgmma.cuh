@@ -1,5 +1,5 @@
 /* fast_wgmma.cuh - Hopper warpgroup MMA (wgmma, sm_90a) for the flash tile
- * loops of fast_tile.cuh: 128-byte-swizzled shared tiles, their matrix
+ * loops (tile_*.cuh): 128-byte-swizzled shared tiles, their matrix
  * descriptors, and the products a tile loop needs.
  *
  * Shared tile layout ("swizzled tile" below): ROWS rows of D bf16 as D / 64

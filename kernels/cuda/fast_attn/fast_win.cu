@@ -12,6 +12,9 @@
  * branch and the compressed one together, and the masked dense selected
  * one with them where that design runs (fastWinCmpDq). */
 #include "fast_internal.cuh"
+#include "tile_fwd.cuh"
+#include "tile_dq.cuh"
+#include "tile_dkdv.cuh"
 
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)

@@ -35,7 +35,7 @@
  * than 8 (H200, paper and paper192 64k). */
 #define FAST_CMP_BALANCE_CTAS 16
 
-/* ---- the tile loops (fast_tile.cuh, fast_tma.cuh) ---------------------- */
+/* ---- the tile loops (tile_*.cuh, fast_tma.cuh) ------------------------- */
 /* Query rows per forward CTA on wgmma (three warpgroups of 64). */
 #define FAST_FWD_WG_ROWS 192
 /* Rows per wgmma pass of the dK/dV core where d_k, d_v <= 128: 64 was faster

@@ -1,0 +1,383 @@
+/* tile_fwd.cuh - the forward pass of the flash tile loops (tile_common.cuh
+ * says what they share): fastFwdKernel runs one or more branches on each
+ * query tile - the wgmma main loop software-pipelined over a TMA ring of key
+ * tiles, the mma.sync one over two cp.async stages - and ends with the
+ * epilogue (o, lse and, after the last branch, the gate combine); its
+ * launchers. Used by the compressed and window forwards, the masked dense
+ * selected forward and the forced selected blocks' pass. */
+#ifndef NSA_FAST_TILE_FWD_CUH
+#define NSA_FAST_TILE_FWD_CUH
+
+#include "tile_common.cuh"
+
+/* One branch of a forward pass: its keys, values, o and lse (io.k, io.v,
+ * io.nkeys, io.o, io.lse) and which keys a row sees (the policy). */
+template <class Policy>
+struct FastFwdBranch {
+    FastFwdIo io;
+    Policy pol;
+};
+/* wgmma: each branch's io.k, io.v as TMA maps, in the branches' order */
+#define FAST_FWD_MAX_BRANCHES 2
+struct FastFwdMaps {
+    FastKvMaps br[FAST_FWD_MAX_BRANCHES];
+};
+/* Calls f(branch, is_last) for each branch in order, is_last a
+ * std::bool_constant (the last branch's epilogue may use the q tile). */
+template <class F, class First, class... Rest>
+__device__ __forceinline__ void fastEachBranch(F &f, const First &first, const Rest &...rest) {
+    f(first, std::bool_constant<sizeof...(Rest) == 0>{});
+    if constexpr (sizeof...(Rest) > 0) fastEachBranch(f, rest...);
+}
+
+/* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
+ * turn on the same q tile: o = softmax(scale q.K^T) V over the keys
+ * [kb, ke) of the branch's policy, visible(t, u) masking per row; the
+ * branch's o and lse out, and after the last branch the gate combine when
+ * COMBINE (io: q, and o_cmp, o_sel, gates, out; an o_sel that an earlier
+ * branch of this pass wrote is read back from L2). Two branches: the
+ * masked dense selected forward and the window forward at short S share
+ * the q tile and the launch.
+ * Grid (ceil(S / tokens_per_tile), B*G), FastQTile<DV>::FWD_THREADS threads. */
+/* Two CTAs per SM: with one m-tile per warp that holds the kernel to 128
+ * registers (the latency-bound loop gains more from a second CTA than from
+ * registers); two m-tiles need all 255 and get 2 x 4 warps. */
+template <int DK, int DV, bool COMBINE, bool WG, class... Branches>
+__global__ void __launch_bounds__(FastQTile<DV, WG>::FWD_THREADS, FastQTile<DV, WG>::FWD_CTAS)
+fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps, Branches... br) {
+    static_assert(sizeof...(Branches) >= 1 && sizeof...(Branches) <= FAST_FWD_MAX_BRANCHES,
+                  "FastFwdMaps holds the branches");
+    using Q = FastQTile<DV, WG>;
+    constexpr int MT = Q::MT, KT = Q::KEYS, NT = KT / 8;
+    constexpr int LDK = DK + Q::PAD, LDV = DV + Q::PAD, R = Q::FWD_ROWS, THREADS = Q::FWD_THREADS;
+    /* the warpgroups take turns at issuing their products (FastTurns) where
+     * d_k > 128; at d_k = 128 the score products are shorter against the
+     * same exponentials and turns cost more than they save */
+    constexpr bool TURNS = WG && DV > 64 && DK > 128;
+    constexpr int WGS = THREADS >= 256 ? THREADS / 128 : 2;
+    using Turns = FastTurns<WGS>;
+    bf16 *sQ = fastTileBase<WG>(), *sK = sQ + R * LDK, *sV = sK + Q::STAGES * KT * LDK;
+    using Ring = FastKvRing<KT, DK, DV, fastFwdStages<DK, DV>()>;
+    const Ring ring = Ring::at(sK); /* WG: the key/value tiles (sK, sV unused) */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, grp = lane >> 2, quad = lane & 3;
+    const int b = blockIdx.y / c.G, g = blockIdx.y % c.G;
+    const int tpc = R / c.hpg, t0 = blockIdx.x * tpc, t_last = min(c.S, t0 + tpc) - 1;
+    auto rowToken = [&](int r) {
+        int tok = t0 + r / c.hpg;
+        return (r < tpc * c.hpg && tok < c.S) ? tok : -1;
+    };
+    auto rowIndex = [&](int r) -> size_t {
+        return ((size_t)b * c.S + t0 + r / c.hpg) * c.H + (size_t)g * c.hpg + r % c.hpg;
+    };
+    fastLoadTileFor<WG, R, DK, THREADS>(sQ, [&](int r) -> const bf16 * {
+        return rowToken(r) >= 0 ? io.q + rowIndex(r) * DK : nullptr;
+    });
+    if constexpr (COMBINE) {
+        /* the gate combine's o_cmp, o_sel and gate rows toward L2 now, so
+         * the epilogue - which nothing else on the SM overlaps at one CTA
+         * per SM - reads them from L2 rather than DRAM */
+        constexpr int LINES = DV * 2 / 128; /* 128-byte lines per output row */
+        for (int i = threadIdx.x; i < R * LINES; i += THREADS) {
+            const int r = i / LINES, part = i % LINES;
+            if (rowToken(r) < 0) continue;
+            const size_t row = rowIndex(r);
+            fastPrefetchL2(io.o_cmp + row * DV + part * 64);
+            /* (an o_sel of this pass is written later, and read from L2) */
+            if (sizeof...(Branches) == 1) fastPrefetchL2(io.o_sel + row * DV + part * 64);
+            if (part == 0 && r % c.hpg == 0) fastPrefetchL2(io.gates + row * 3);
+        }
+    }
+    if constexpr (WG) {
+        fastCpCommit(); /* q */
+        if (threadIdx.x == 0) ring.init(THREADS / 32);
+        __syncthreads(); /* the ring's barriers are initialised */
+    }
+    int ring_base = 0; /* WG: the ring's index of the branch's first tile */
+    int branch_no = 0; /* the branch's place in br (its maps) */
+    auto runBranch = [&](const auto &branch, auto is_last) {
+        constexpr bool LAST = decltype(is_last)::value;
+        const FastFwdIo &bio = branch.io;
+        const auto &pol = branch.pol;
+        using Policy = std::decay_t<decltype(pol)>;
+        int kb, ke, lead;
+        const int ntiles = fastKeyTiles<KT>(pol, t0, t_last, kb, ke, lead);
+        auto keyAt = [&](int it) { return fastKeyTileAt<KT>(it, lead, kb); };
+        auto loadKV = [&](int it, int st) {
+            fastLoadKeyTile<WG, KT, DK, DV, THREADS>(sK + st * KT * LDK, sV + st * KT * LDV, bio.k,
+                                                     bio.v, bio.nkeys, c.G, b, g, keyAt(it), ke);
+        };
+        if constexpr (WG) {
+            if (threadIdx.x == 0)
+                for (int j = 0; j <= Ring::AHEAD && j < ntiles; j++)
+                    ring.produce(maps.br[branch_no], ring_base + j, b, g, keyAt(j));
+        } else {
+            if (branch_no > 0) __syncthreads(); /* the last branch's stages are free */
+            if (ntiles > 0) loadKV(0, 0);
+            fastCpCommit();
+        }
+
+        /* m-tile i of the warp holds rows row0 + 16i + grp (+ 8); with WG the
+         * warpgroup of the warp owns rows wg_row0 .. wg_row0 + 63 */
+        [[maybe_unused]] const int wg_row0 = (warp >> 2) * 64;
+        const int row0 = warp * 16 * MT;
+        int tok[MT][2];
+        float m[MT][2], l[MT][2];
+        float o[MT][DV / 8][4];
+        typename Policy::Row rows[MT][2];
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            tok[i][0] = rowToken(row0 + 16 * i + grp);
+            tok[i][1] = rowToken(row0 + 16 * i + grp + 8);
+            rows[i][0] = pol.rowState(b, g, tok[i][0]);
+            rows[i][1] = pol.rowState(b, g, tok[i][1]);
+            m[i][0] = m[i][1] = -INFINITY;
+            l[i][0] = l[i][1] = 0.f;
+#pragma unroll
+            for (int n = 0; n < DV / 8; n++)
+                o[i][n][0] = o[i][n][1] = o[i][n][2] = o[i][n][3] = 0.f;
+        }
+        /* scores of m-tile i of tile it to the log2 domain, masked entries
+         * -inf, and their row-half maxima, in two instances chosen once per
+         * tile - interior tiles (every row sees every key) test no key - as
+         * the dQ pass's dsTile, where leaving the split to the compiler
+         * once cost 7 ms */
+        auto maskTile = [&](float (&si)[NT][4], int i, int it, float mx[2]) {
+            const int u0 = keyAt(it);
+            const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
+            const bool sees[2] = {pol.rowSees(rows[i][0], u0), pol.rowSees(rows[i][1], u0)};
+            auto run = [&](auto is_full) {
+                constexpr bool FULL = decltype(is_full)::value;
+                mx[0] = mx[1] = -INFINITY;
+#pragma unroll
+                for (int n = 0; n < NT; n++) {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int u = u0 + n * 8 + quad * 2 + (e & 1);
+                        int t = tok[i][e >> 1];
+                        bool ok = (FULL || (t >= 0 && u < ke && pol.visible(t, u))) && sees[e >> 1];
+                        float v = ok ? si[n][e] * c.scale_log2 : -INFINITY;
+                        si[n][e] = v;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                    }
+                }
+            };
+            if (full) run(std::true_type{});
+            else run(std::false_type{});
+        };
+        if constexpr (WG) {
+            /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
+             * tile it issues its scores, then P.V of tile it-1, and computes its
+             * exponentials while that P.V runs on the tensor cores. Nothing is
+             * in flight across iterations (the compiler would serialise the
+             * products otherwise, C7515). Tiles come through the TMA ring: a
+             * warp waits for tile it and releases tile it-1 (its V was the last
+             * read) - no barrier across the CTA in the loop. */
+            if (ntiles > 0) {
+                float s[NT][4], corr[2];
+                uint32_t a[NT / 2][4];
+                auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
+                    float mx[2];
+                    maskTile(s, 0, it, mx);
+                    fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
+                };
+                const int j0 = ring_base;
+                fastCpWait<0>();
+                fastTileBarrier<WG>(); /* q landed */
+                ring.wait(j0);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
+                scoresToP(0); /* o is 0: no rescale */
+                fastWgAFromC<NT>(a, s);
+                auto produce = [&](int it) {
+                    if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
+                        ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
+                                     keyAt(it + Ring::AHEAD));
+                };
+                for (int it = 1; it < ntiles; it++) {
+                    ring.wait(j0 + it);
+                    if constexpr (TURNS) Turns::wait();
+                    fastWgArrive();
+                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
+                    fastWgCommit();
+                    fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
+                    fastWgFenceAcc(o[0]);
+                    fastWgArrive();
+                    fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
+                    fastWgCommit();
+                    if constexpr (TURNS) Turns::pass();
+                    produce(it);
+                    fastWgWait<1>(); /* scores of tile it */
+                    fastWgFenceAcc(s);
+                    scoresToP(it);
+                    fastWgWait<0>(); /* P.V of tile it-1 */
+                    fastWgFenceAcc(o[0]);
+                    ring.release(j0 + it - 1);
+                    fastWgAFromC<NT>(a, s);
+                }
+                fastRescaleRows<DV>(o[0], corr);
+                fastWgRunTurn<TURNS, WGS>(
+                    [&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); }, o[0]);
+                if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
+            }
+        } else {
+            for (int it = 0; it < ntiles; it++) {
+                const int st = fastSyncStage(it, ntiles, loadKV);
+                const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+                float s[MT][NT][4];
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+                        s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
+                /* q fragments are re-read from shared memory per tile: holding
+                 * them (MT * DK / 4 registers) would spill */
+                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+#pragma unroll
+                for (int i = 0; i < MT; i++) {
+                    float mx[2];
+                    maskTile(s[i], i, it, mx);
+                    fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
+                }
+                fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+                __syncthreads();
+            }
+        }
+        fastCpWait<0>();
+
+        if constexpr (LAST && WG && (COMBINE || DV > 64)) {
+            /* The epilogue through shared memory: the warp stages its 16 rows of
+             * o (normalised, bf16) in its own rows of the q tile - its
+             * warpgroup's products, the only readers of those rows, are done -
+             * and then moves whole 16-byte chunks: o out, and with COMBINE
+             *   out = g_cmp o_cmp + g_sel o_sel + g_win o
+             * from 16-byte loads of o_cmp and o_sel. o enters the combine in
+             * bf16, as it is stored (and as o_cmp, o_sel are). The fragments'
+             * 4-byte loads and stores had been most of the window forward's
+             * epilogue, which at one CTA per SM nothing overlaps (H100: paper
+             * fwd.win+gate 4.61 -> 3.72 ms at 2k, 4.68 -> 3.95 at 64k; the 2k
+             * compressed forward 1.44 -> 1.27). Not at d_v = 64 without the
+             * combine: there two CTAs per SM overlap their epilogues, and the
+             * proto 64k compressed forward measured 1.07 -> 1.10. */
+            float inv[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                const float lsum = fastQuadSum(l[0][i]);
+                inv[i] = lsum > 0.f ? 1.f / lsum : 0.f;
+                if (tok[0][i] >= 0 && quad == 0)
+                    bio.lse[rowIndex(row0 + grp + 8 * i)] = fastLse(m[0][i], lsum);
+            }
+#pragma unroll
+            for (int h = 0; h < DV / 64; h++)
+                fastStagePut64<R>(sQ, row0, h * 64, fastPanel64(o[0], h), inv[0], inv[1]);
+            __syncwarp();
+            /* lane l < 16 knows row row0 + l: its index (-1: none) and gates */
+            const int my_r = row0 + (lane & 15);
+            const long long my_at = rowToken(my_r) >= 0 ? (long long)rowIndex(my_r) : -1;
+            float my_g[3] = {0.f, 0.f, 0.f};
+            if (COMBINE && my_at >= 0)
+#pragma unroll
+                for (int k = 0; k < 3; k++) my_g[k] = __bfloat162float(io.gates[my_at * 3 + k]);
+            constexpr int CH = DV / 8; /* 16-byte chunks per row */
+#pragma unroll 2
+            for (int idx = lane; idx < 16 * CH; idx += 32) {
+                const int r = idx / CH, k = idx % CH;
+                const long long at = __shfl_sync(0xffffffffu, my_at, r);
+                const float gc = __shfl_sync(0xffffffffu, my_g[0], r);
+                const float gs = __shfl_sync(0xffffffffu, my_g[1], r);
+                const float gw = __shfl_sync(0xffffffffu, my_g[2], r);
+                if (at < 0) continue;
+                const uint4 ov = fastStageChunk<R>(sQ, row0 + r, k);
+                const size_t off = (size_t)at * DV + k * 8;
+                *(uint4 *)(bio.o + off) = ov;
+                if constexpr (COMBINE) {
+                    const uint4 cv = *(const uint4 *)(io.o_cmp + off);
+                    const uint4 sv = *(const uint4 *)(io.o_sel + off);
+                    const __nv_bfloat162 *o2 = (const __nv_bfloat162 *)&ov;
+                    const __nv_bfloat162 *c2 = (const __nv_bfloat162 *)&cv;
+                    const __nv_bfloat162 *s2 = (const __nv_bfloat162 *)&sv;
+                    uint4 y;
+                    uint32_t *y32 = (uint32_t *)&y;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float2 a = __bfloat1622float2(c2[e]), bs = __bfloat1622float2(s2[e]),
+                                     w = __bfloat1622float2(o2[e]);
+                        y32[e] = fastPack(gc * a.x + gs * bs.x + gw * w.x,
+                                          gc * a.y + gs * bs.y + gw * w.y);
+                    }
+                    *(uint4 *)(io.out + off) = y;
+                }
+            }
+        } else {
+            /* from the fragments: 4-byte stores (and loads for the combine) */
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+#pragma unroll
+                for (int i = 0; i < 2; i++) {
+                    float lsum = fastQuadSum(l[mt][i]);
+                    if (tok[mt][i] < 0) continue;
+                    size_t row = rowIndex(row0 + 16 * mt + grp + 8 * i);
+                    float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+                    float gc = 0.f, gs = 0.f, gw = 0.f;
+                    if (LAST && COMBINE) {
+                        gc = __bfloat162float(io.gates[row * 3 + 0]);
+                        gs = __bfloat162float(io.gates[row * 3 + 1]);
+                        gw = __bfloat162float(io.gates[row * 3 + 2]);
+                    }
+#pragma unroll
+                    for (int n = 0; n < DV / 8; n++) {
+                        int col = n * 8 + quad * 2;
+                        float o0 = o[mt][n][2 * i] * inv, o1 = o[mt][n][2 * i + 1] * inv;
+                        *(uint32_t *)(bio.o + row * DV + col) = fastPack(o0, o1);
+                        if (LAST && COMBINE) {
+                            const size_t at = row * DV + col;
+                            __nv_bfloat162 oc = *(const __nv_bfloat162 *)(io.o_cmp + at);
+                            __nv_bfloat162 os = *(const __nv_bfloat162 *)(io.o_sel + at);
+                            float y0 = gc * __low2float(oc) + gs * __low2float(os) + gw * o0;
+                            float y1 = gc * __high2float(oc) + gs * __high2float(os) + gw * o1;
+                            *(uint32_t *)(io.out + row * DV + col) = fastPack(y0, y1);
+                        }
+                    }
+                    if (quad == 0)
+                        bio.lse[row] = fastLse(m[mt][i], lsum);
+                }
+            }
+        }
+        if constexpr (WG) ring_base += ntiles;
+        branch_no++;
+    }; /* runBranch */
+    if constexpr (TURNS) Turns::begin();
+    fastEachBranch(runBranch, br...);
+    if constexpr (TURNS) Turns::end();
+}
+
+/* The forward tile kernel over one or more branches (FastFwdBranch, run in
+ * turn on each q tile; io: q and the gate combine's inputs when COMBINE) on
+ * this context's tensor-core path (c.wgmma: the key tiles by TMA, their
+ * maps encoded here on the host); returns the encode, attribute or launch
+ * status, never synchronises. */
+template <int DK, int DV, bool COMBINE, class... Branches>
+static inline cudaError_t fastLaunchForwardBranches(const FastCtx &c, const FastFwdIo &io,
+                                                    cudaStream_t stream, Branches... br) {
+    FastFwdMaps maps = {};
+    if (c.wgmma) {
+        cudaError_t e =
+            fastTmaEncodeBranches<DK, DV, FastQTile<DV, true>::KEYS>(c, maps.br, br...);
+        if (e != cudaSuccess) return e;
+        using Q = FastQTile<DV, true>;
+        return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, true, Branches...>, Q::FWD_ROWS,
+                                Q::FWD_THREADS, fastFwdSmem<DK, DV, true>(), c.S, c, stream, io,
+                                maps, br...);
+    }
+    using Q = FastQTile<DV>;
+    return fastLaunchQTiles(fastFwdKernel<DK, DV, COMBINE, false, Branches...>, Q::FWD_ROWS,
+                            Q::FWD_THREADS, fastFwdSmem<DK, DV>(), c.S, c, stream, io, maps, br...);
+}
+/* The forward of one policy's branch (io: its keys, o, lse, and the
+ * combine's inputs when COMBINE). */
+template <int DK, int DV, class Policy, bool COMBINE>
+static inline cudaError_t fastLaunchForward(const FastCtx &c, const FastFwdIo &io, Policy pol,
+                                            cudaStream_t stream) {
+    return fastLaunchForwardBranches<DK, DV, COMBINE>(c, io, stream, FastFwdBranch<Policy>{io, pol});
+}
+
+#endif
