@@ -24,7 +24,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cuda/fast_attn/fast_internal.cuh"
+#include "cuda/fast_attn/fast_host.h"
 #include "tap_bail.h"
 
 

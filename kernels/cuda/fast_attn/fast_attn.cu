@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include "fast_internal.cuh"
+#include "fast_host.h"
 
 #define FAST_MAX_MARKS 24
 

@@ -4,7 +4,7 @@
  *
  * The public C entry points (plan, forward, backward, profile) are declared
  * in kernels/nsa.h so ctypes callers can reach them; this header holds the
- * kernels' limits and sizes, fast_internal.cuh the per-kernel launchers.
+ * kernels' limits and sizes, fast_host.h the per-kernel launchers.
  *
  * Kernels, in the order the op runs them:
  *   forward   pool (k, v) -> kc, vc                          fast_cmp.cu
@@ -32,17 +32,23 @@
  * The flash tile loops shared by the branches are in tile_*.cuh
  * (tile_common.cuh lists them), the mma/ldmatrix/cp.async helpers in
  * fast_common.cuh, the launchers in
- * fast_internal.cuh. Correctness: tests/gpu/test_fast_attn.cu; timing:
+ * fast_host.h. Correctness: tests/gpu/test_fast_attn.cu; timing:
  * bench/attn (make bench-attn); results: docs/PERF.md.
  * Limits: (d_k, d_v) in {(64,64), (128,64), (128,128), (192,128)}; heads per
  * group 1..16; n_sel <= 32. Every limit is checked with a one-line error. */
 #ifndef NSA_FAST_ATTN_H
 #define NSA_FAST_ATTN_H
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include "../../nsa.h"
 #include "tuning.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define FAST_LOG2E 1.4426950408889634f
+#define FAST_LN2 0.6931471805599453f
 
 #define FAST_MAX_SLOTS 32      /* sel_idx entries per row the kernels handle */
 #define FAST_MAX_HPG 16        /* heads per KV group */

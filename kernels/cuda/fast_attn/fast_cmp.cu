@@ -12,7 +12,8 @@
  * writes an fp32 partial and the pooling backward sums the parts in a
  * fixed order - no atomics, reproducible. (The optional dq in that pass,
  * CmpDqTurns, adds by L2 reductions that take turns in a fixed order.) */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "fast_policy.cuh"
 #include "tile_fwd.cuh"
 #include "tile_dkdv.cuh"
 

@@ -17,12 +17,9 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
-
-typedef __nv_bfloat16 bf16;
+#include "fast_attn.h"
 
 #define FAST_THREADS 128  /* 4 warps: 4 x 16 mma rows */
-#define FAST_LOG2E 1.4426950408889634f
-#define FAST_LN2 0.6931471805599453f
 
 __device__ __forceinline__ uint32_t fastSmemAddr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);

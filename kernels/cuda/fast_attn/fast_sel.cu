@@ -25,7 +25,7 @@
  * runs the key-tile loop of tile_dkdv.cuh over the item's rows (all heads of
  * the group), writing the block's dK/dV directly when the list is one item
  * long, else an fp32 partial that a second kernel sums in item order. */
-#include "fast_internal.cuh"
+#include "fast_host.h"
 #include "tile_dq.cuh"
 #include "tile_dkdv.cuh"
 

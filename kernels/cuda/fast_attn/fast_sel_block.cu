@@ -53,7 +53,8 @@
  * an fp32 sum of at most `slots` of them - the order of the rounding of
  * the bf16 dq the engine keeps anyway. The forward's partials were bf16
  * from the start. */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "fast_policy.cuh"
 #include "tile_fwd.cuh"
 #include "tile_dkdv.cuh"
 

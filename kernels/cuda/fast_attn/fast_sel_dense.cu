@@ -17,7 +17,8 @@
  * compressed dQ pass (fast_win.cu: the policy in fast_policy.cuh); dK/dV
  * stay with the reverse index (fast_sel.cu), which touches chosen pairs
  * only. */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "fast_policy.cuh"
 
 /* mask[b][t][g] = OR over the token's valid sel_idx entries j of 1 << j. */
 __global__ void selDenseMaskKernel(const int32_t *sel_idx, uint64_t *mask, size_t rows, int slots) {

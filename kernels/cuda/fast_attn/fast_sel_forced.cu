@@ -18,7 +18,8 @@
  * and epilogue at one CTA per SM (fast_sel_block.cu runs that one where l'
  * is another multiple of 64). H100, paper 64k (ncu): 1.68 -> 1.28 ms a
  * forward; it reads all of q and writes o_sel, about 0.7 ms of bytes. */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "fast_policy.cuh"
 
 /* Consumer warpgroups per CTA: three, as the forward tile kernel's 384
  * threads. Four would split a paper-shape block's 16 row tiles evenly, but

@@ -16,7 +16,7 @@
  * fast_sel.cu's warp per token win. Which one runs at which shape is
  * decided in fast_attn.cu (fastSelDesign; docs/FAST_ATTN.md has the table);
  * NsaAttnCudaOptions.sel forces one (the tests run each). */
-#include "fast_internal.cuh"
+#include "fast_host.h"
 #include "tile_dq.cuh"
 
 #define SEL_TOKENS 4 /* consecutive tokens per CTA, one warp (16 mma rows) each */

@@ -18,7 +18,8 @@
  * walks the blocks alone. Blocks no tile reaches score 0. Where the heads
  * of a token are in one warp's rows, that warp sums, folds and offers them
  * and a tile needs one CTA barrier (its K tile landing). */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "tile_common.cuh"
 
 #include <limits.h>
 

@@ -28,31 +28,14 @@
 #include <string.h>
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include "fast_host.h"
 #include "fast_wgmma.cuh"
-#include "tuning.h"
 
 /* A pair of tensor maps (keys, values) for one branch. Kernels take it as a
  * __grid_constant__ parameter: TMA reads the map from the parameter space. */
 struct FastKvMaps {
     CUtensorMap k, v;
 };
-
-/* Looks up the driver's cuTensorMapEncodeTiled through the runtime (no
- * link against libcuda) and stores it in *encode. Returns cudaSuccess, or
- * the runtime's error / cudaErrorSymbolNotFound when the driver lacks it;
- * *encode is then NULL. Called once per plan, never in a step. */
-static inline cudaError_t fastTmaEncoder(void **encode) {
-    *encode = NULL;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", encode, 12000,
-                                                     cudaEnableDefault, &found);
-    if (e != cudaSuccess) return e;
-    if (found != cudaDriverEntryPointSuccess || !*encode) {
-        *encode = NULL;
-        return cudaErrorSymbolNotFound;
-    }
-    return cudaSuccess;
-}
 
 /* The driver call every map below makes: a tensor of `type` and `rank`
  * dims (dims[0] innermost; strides in bytes of dims 1..), boxes of box[],

@@ -11,7 +11,8 @@
  * (deterministic, written once), and one dQ pass per query tile for this
  * branch and the compressed one together, and the masked dense selected
  * one with them where that design runs (fastWinCmpDq). */
-#include "fast_internal.cuh"
+#include "fast_host.h"
+#include "fast_policy.cuh"
 #include "tile_fwd.cuh"
 #include "tile_dq.cuh"
 #include "tile_dkdv.cuh"

@@ -36,7 +36,7 @@
 #define NSA_FAST_TILE_COMMON_CUH
 
 #include <type_traits>
-#include "fast_attn.h"
+#include "fast_host.h"
 #include "fast_common.cuh"
 #include "fast_tma.cuh"
 
@@ -57,62 +57,6 @@ struct FastNoRowMask {
     /* true only for a branch that is the whole selected branch (the masked
      * dense one): a dQ pass holding it forms every term of dq */
     static constexpr bool WHOLE_SELECTION = false;
-};
-
-/* Dims every fast kernel needs, resolved once per call on the host. */
-/* The selected branch's forward: the union of 4 tokens' blocks per CTA
- * (fast_sel_union.cu), block-centric work items over the reverse index
- * (fast_sel_block.cu), or masked dense flash attention run in the window
- * forward's pass (fast_sel_dense.cu, fast_win.cu). */
-enum class FastSelFwd { UNION, BLOCK, DENSE };
-/* The selected branch's dQ: union of 4 (fast_sel_union.cu), one warp per
- * token (fast_sel.cu), block-centric after the dK/dV pass (BLOCK) or formed
- * in it (FUSED, fast_sel_block.cu), or masked dense in the window +
- * compressed dQ pass (DENSE, fast_win.cu). */
-enum class FastSelDq { UNION, WARP, BLOCK, FUSED, DENSE };
-
-struct FastCtx {
-    int B, S, H, G, hpg;
-    int cmp_len, cmp_stride, sel_len, n_sel, window;
-    int Nc, Ns, slots;
-    float scale, scale_log2;
-    FastSelFwd sel_fwd; /* the selected forward's design (fastSelDesign) */
-    FastSelDq sel_dq;   /* the selected dQ's design */
-    int smem_max; /* the device's opt-in shared memory per CTA, bytes */
-    int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
-    /* host only: the driver's cuTensorMapEncodeTiled where wgmma (the
-     * wgmma tile loops read their key tiles by TMA, fast_tma.cuh), else NULL */
-    void *tma_encode;
-};
-
-struct FastFwdIo {
-    const bf16 *q, *k, *v;  /* keys/values [B][nkeys][G][D] */
-    int nkeys;
-    bf16 *o;     /* [B][S][H][DV] */
-    float *lse;  /* [B][S][H] */
-    /* gate-combine epilogue (window branch, runs last):
-     * out = g_cmp o_cmp + g_sel o_sel + g_win o, gates [B][S][H][3] */
-    const bf16 *o_cmp, *o_sel, *gates;
-    bf16 *out;
-};
-
-/* Where a dQ pass puts its branches' dq: the passes run one after another
- * and sum their terms in a fixed order through an fp32 running dq. */
-enum class FastDqMode {
-    ACC,     /* dq_acc = dq: the first pass */
-    ACC_OUT, /* dq_out (bf16) = dq_acc + dq: the last */
-};
-
-struct FastBwdIo {
-    const bf16 *q, *k, *v, *dout, *gates;
-    int nkeys;
-    const float *lse;   /* this branch's lse [B][S][H] */
-    const float *dsum;  /* dout.o_c per row and branch [B][S][H][3] (= dgates) */
-    const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
-    int branch;         /* 0 cmp, 1 sel, 2 win */
-    float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
-    bf16 *dq_out;       /* bf16 dq, written by the last pass (ACC_OUT) */
-    FastDqMode dq_mode; /* (a dQ pass of all three branches writes dq_out = dq) */
 };
 
 /* The query-tile kernels (forward, dQ) hold FAST_QTILE_ROWS query rows per

@@ -1,11 +1,94 @@
-/* fast_internal.cuh - the launchers of the fast attention kernels, shared by
- * their sources and the op (fast_attn.cu). Each launcher enqueues on stream
- * and returns the launch status (cudaErrorInvalidValue for a head-dim pair
- * with no instantiation); it never synchronises or allocates. */
-#ifndef NSA_FAST_INTERNAL_CUH
-#define NSA_FAST_INTERNAL_CUH
+/* fast_host.h - the host side of the fast attention (kernels/cuda/fast_attn/):
+ * the per-call context (FastCtx) and the designs it carries, the inputs and
+ * outputs a pass takes (FastFwdIo, FastBwdIo), the launchers of the
+ * kernels, and the host helpers the plan (fast_attn.cu) sizes and orders
+ * the passes with. No device code: the plan and dispatch include this
+ * alone; each kernel source adds the device headers it instantiates
+ * (tile_*.cuh, fast_policy.cuh, fast_common.cuh). Each launcher enqueues on
+ * stream and returns the launch status (cudaErrorInvalidValue for a
+ * head-dim pair with no instantiation); it never synchronises or
+ * allocates. */
+#ifndef NSA_FAST_HOST_H
+#define NSA_FAST_HOST_H
 
-#include "fast_policy.cuh"
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "fast_attn.h"
+
+/* The selected branch's forward: the union of 4 tokens' blocks per CTA
+ * (fast_sel_union.cu), block-centric work items over the reverse index
+ * (fast_sel_block.cu), or masked dense flash attention run in the window
+ * forward's pass (fast_sel_dense.cu, fast_win.cu). */
+enum class FastSelFwd { UNION, BLOCK, DENSE };
+/* The selected branch's dQ: union of 4 (fast_sel_union.cu), one warp per
+ * token (fast_sel.cu), block-centric after the dK/dV pass (BLOCK) or formed
+ * in it (FUSED, fast_sel_block.cu), or masked dense in the window +
+ * compressed dQ pass (DENSE, fast_win.cu). */
+enum class FastSelDq { UNION, WARP, BLOCK, FUSED, DENSE };
+
+/* Dims every fast kernel needs, resolved once per call on the host. */
+struct FastCtx {
+    int B, S, H, G, hpg;
+    int cmp_len, cmp_stride, sel_len, n_sel, window;
+    int Nc, Ns, slots;
+    float scale, scale_log2;
+    FastSelFwd sel_fwd; /* the selected forward's design (fastSelDesign) */
+    FastSelDq sel_dq;   /* the selected dQ's design */
+    int smem_max; /* the device's opt-in shared memory per CTA, bytes */
+    int wgmma;    /* 1: the tile loops run on wgmma (sm_90a), 0: mma.sync */
+    /* host only: the driver's cuTensorMapEncodeTiled where wgmma (the
+     * wgmma tile loops read their key tiles by TMA, fast_tma.cuh), else NULL */
+    void *tma_encode;
+};
+
+struct FastFwdIo {
+    const bf16 *q, *k, *v;  /* keys/values [B][nkeys][G][D] */
+    int nkeys;
+    bf16 *o;     /* [B][S][H][DV] */
+    float *lse;  /* [B][S][H] */
+    /* gate-combine epilogue (window branch, runs last):
+     * out = g_cmp o_cmp + g_sel o_sel + g_win o, gates [B][S][H][3] */
+    const bf16 *o_cmp, *o_sel, *gates;
+    bf16 *out;
+};
+
+/* Where a dQ pass puts its branches' dq: the passes run one after another
+ * and sum their terms in a fixed order through an fp32 running dq. */
+enum class FastDqMode {
+    ACC,     /* dq_acc = dq: the first pass */
+    ACC_OUT, /* dq_out (bf16) = dq_acc + dq: the last */
+};
+
+struct FastBwdIo {
+    const bf16 *q, *k, *v, *dout, *gates;
+    int nkeys;
+    const float *lse;   /* this branch's lse [B][S][H] */
+    const float *dsum;  /* dout.o_c per row and branch [B][S][H][3] (= dgates) */
+    const float *gate_f; /* the gates in fp32 [B][S][H][3] (4-byte async copies) */
+    int branch;         /* 0 cmp, 1 sel, 2 win */
+    float *dq_acc;      /* fp32 [B][S][H][DK] running sum over the branches */
+    bf16 *dq_out;       /* bf16 dq, written by the last pass (ACC_OUT) */
+    FastDqMode dq_mode; /* (a dQ pass of all three branches writes dq_out = dq) */
+};
+
+/* Looks up the driver's cuTensorMapEncodeTiled through the runtime (no
+ * link against libcuda) and stores it in *encode. Returns cudaSuccess, or
+ * the runtime's error / cudaErrorSymbolNotFound when the driver lacks it;
+ * *encode is then NULL. Called once per plan, never in a step. */
+static inline cudaError_t fastTmaEncoder(void **encode) {
+    *encode = NULL;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", encode, 12000,
+                                                     cudaEnableDefault, &found);
+    if (e != cudaSuccess) return e;
+    if (found != cudaDriverEntryPointSuccess || !*encode) {
+        *encode = NULL;
+        return cudaErrorSymbolNotFound;
+    }
+    return cudaSuccess;
+}
 
 /* The (d_k, d_v) pairs that are instantiated; every other pair is refused
  * by the op's dims check before any launch. */
