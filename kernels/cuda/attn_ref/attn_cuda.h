@@ -1,8 +1,8 @@
 /* attn_cuda.h - the NSA attention ops of the CUDA engine (kernels/cuda/attn_ref/).
  *
  * Correct and O(S) in memory, not yet fast (CUDA cores, fp32; the step
- * time measured on an H200 is far above the GEMM floor and these kernels
- * are the likely cause, not yet profiled; see docs/PERF.md): a warp per
+ * time is far above the GEMM floor and these kernels are the likely cause,
+ * not yet profiled; see docs/PERF.md): a warp per
  * (token, head) row streams over the keys it may see, 32 at a time staged
  * through shared memory, with an online softmax in fp32; the key/value
  * gradients are gathered key-centric (a warp per key walks the queries that

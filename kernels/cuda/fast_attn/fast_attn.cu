@@ -85,8 +85,8 @@ static int fastFail(NsaError *err, const char *fmt, ...) {
     } while (0)
 
 /* Which selected-branch kernels a call runs, from the shape and the
- * tensor-core path: what measured fastest on an H200 (docs/FAST_ATTN.md has
- * the table and docs/PERF.md the sweeps). force (NsaAttnCudaOptions.sel)
+ * tensor-core path: the fastest at each shape (docs/FAST_ATTN.md has the
+ * table and docs/PERF.md the measurements). force (NsaAttnCudaOptions.sel)
  * overrides it at every shape for the tests and benchmarks; DENSE only
  * where it applies. unfused keeps the dK/dV and a block-centric dQ as two
  * passes where the fused pass would run. Cannot fail.
@@ -213,13 +213,11 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
  * block it chose, by CTAs of the same (b, g). Where one group's rows fit
  * L2 (short S), items are cut small enough that the groups in flight -
  * the CTAs the SMs hold, over the items of one group - fit three quarters
- * of it, so those re-reads hit L2: with FAST_SEL_CHUNK items paper 2k had
- * about eight groups (134 MB) in flight, and the pass read 27.5 GB from
- * DRAM, 80% busy (ncu, H100). Elsewhere the rows stream through anyway
+ * of it, so those re-reads hit L2: with FAST_SEL_CHUNK items the groups in
+ * flight at paper 2k overflowed L2 and the pass was bound by its DRAM
+ * re-reads. Elsewhere the rows stream through anyway
  * and items stay FAST_SEL_CHUNK long (fewer partials). Cannot fail. */
-/* The share of L2 the groups in flight may fill: 0.4 and 1.5 (items of
- * 128 and 512 entries at paper 2k, against 256) were no faster (H100:
- * selected dK/dV + partial sums 8.32 ms against 8.46 and 8.47). */
+/* The share of L2 the groups in flight may fill: FAST_SEL_ITEM_L2_SHARE. */
 static int fastSelItemEntries(const NsaAttnDims *d, int hpg, int slots, int sm_count,
                               int l2_bytes) {
     const double rows = (double)d->S * hpg * (d->d_k + d->d_v) * 2; /* q, dout of a group */
@@ -544,8 +542,7 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
             return NULL;
         }
     }
-    /* (at the greatest stream priority the second stream measured no
-     * better: H100, paper 64k 106.12 -> 106.76 ms) */
+    /* (at the greatest stream priority the second stream was no faster) */
     if ((e = cudaStreamCreateWithFlags(&p->side, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->to_side, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->to_main, cudaEventDisableTiming)) != cudaSuccess) {
@@ -555,8 +552,8 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
         return NULL;
     }
     /* the combines' stream where a second partial buffer lets them run
-     * beside the next chunk (at the greatest stream priority it measured
-     * no better: H100, paper 64k 96.73 -> 96.92 ms, 16k 64.97 -> 65.52) */
+     * beside the next chunk (at the greatest stream priority it was no
+     * faster) */
     e = p->sb_buffers > 1 ? cudaStreamCreateWithFlags(&p->drain.stream, cudaStreamNonBlocking)
                           : cudaSuccess;
     for (int i = 0; e == cudaSuccess && p->sb_buffers > 1 && i < FAST_SEL_BLOCK_BUFFERS; i++)
@@ -993,8 +990,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
         FAST_MARK("bwd.sel+win+cmp.dq");
         /* the second stream starts behind everything so far (forked right
          * after the gate backward instead, so that the dQ chunks could also
-         * run beside the window and compressed dK/dV, it measured slower:
-         * H100, paper 64k 107.23 -> 108.15 ms) */
+         * run beside the window and compressed dK/dV, it was slower) */
         FAST_CHECK(cudaEventRecord(p->to_side, stream), "cudaEventRecord");
         FAST_CHECK(cudaStreamWaitEvent(p->side, p->to_side, 0), "cudaStreamWaitEvent");
         FAST_CHECK(fastSelFusedBackward(c, dk, dv, io, p->sel, rev, sbq, f, (bf16 *)grads->dk_sel,

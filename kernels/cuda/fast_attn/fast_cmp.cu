@@ -50,8 +50,7 @@ __global__ void cmpPoolKernel(bf16 *pooled, const bf16 *x, int B, int S, int G, 
  * memory, then writes the tokens [i0 d, i1 d) (the last run: to S) from
  * those sums, four channels a thread. Summed per token instead, as before,
  * each block's parts were read again for every one of the l tokens it
- * holds: l / d x parts loads per output (paper 2k: 0.34 ms of the
- * compressed backward). dim is a multiple of 4. */
+ * holds: l / d x parts loads per output. dim is a multiple of 4. */
 #define CMP_POOL_RUN 32
 __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, int B, int S, int G,
                                       int dim, int l, int d, int Nc, int run) {
@@ -92,12 +91,11 @@ __global__ void cmpPoolBackwardKernel(bf16 *dx, const float *part, int parts, in
 /* Whether the compressed dK/dV at these dims splits its rows into token
  * ranges (else interleaved row tiles): where it runs two key warpgroups
  * per CTA, one CTA per SM (d_k + d_v >= 256 on wgmma). There the
- * interleaved parts read their q / dout rows from DRAM about 8 times over
- * (L2 hit 33%: the CTAs of later waves walk other rows); ranges at the
- * model's count cut the pass 7.5% (H100, paper 64k: 14.85 -> 13.74 ms,
- * 30 -> 12 GB read). With one key warpgroup (three CTAs per SM, the
- * prototype's shape) the interleaved parts hit L2 75% already and the
- * ranges' equal CTAs balance worse: 1.77 -> 1.91 ms. */
+ * interleaved parts read their q / dout rows from DRAM several times over
+ * (the CTAs of later waves walk other rows); ranges read them about once.
+ * With one key warpgroup (three CTAs per SM, the prototype's shape) the
+ * interleaved parts mostly hit L2 already and the ranges' equal CTAs
+ * balance worse. */
 template <bool WG, int DK, int DV> struct CmpRanges {
     static constexpr bool value = FastDkdvShape<WG, DK, DV>::KWG > 1;
 };
@@ -169,8 +167,7 @@ cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,
     /* Row tiles go last token first: every key tile's rows end at the same
      * token, so the CTAs running together walk the same rows and share them
      * in L2; first token first, each started at its own key tile's first
-     * token and the q / dout stream came from DRAM (ncu, paper 64k: DRAM
-     * 48% busy beside L2 77%). Each mode passes its own tileStart (one
+     * token and the q / dout stream came from DRAM. Each mode passes its own tileStart (one
      * formula for both cost the prototype's instance 15 registers: two CTAs
      * a SM instead of three). */
     if constexpr (CmpRanges<WG, DK, DV>::value) {
@@ -218,16 +215,14 @@ cudaError_t fastPoolForward(bf16 *pooled, const bf16 *x, const FastCtx &c, int d
 
 /* Interleaved parts past 8 only as a doubling, where the balance target
  * asks for 16 or more and a part still holds 1024 tokens (S >= 16384): the
- * pooling backward reads every part. H100: proto 64k (asks 17) compressed
- * dK/dV 2.08 -> 1.94 and 2.10 -> 1.89 ms, pooling backward 0.11 -> 0.16;
- * paper 64k (asks 9) dK/dV unchanged, pooling backward 0.39 -> 0.47; proto
- * 2k (16 parts of 128 tokens) 5.11 -> 5.19 ms in all. */
+ * pooling backward reads every part, so more parts pay only where the
+ * dK/dV pass gains more than that read costs. */
 static int cmpInterleavedParts(const FastCtx &c, int sm_count) {
     /* The longest CTA (key tile 0, S/parts rows) should not outlast the
      * balanced pass: with the triangle of work, 2 CTAs of 64 keys per SM
      * (or, on wgmma, one of 128: the same count in 64-key units) and the
      * CTAs started longest first, 4 waves' worth of CTAs keep the greedy
-     * schedule within about 1% of balanced (a model); 8 waves measured a
+     * schedule within about 1% of balanced (a model); 8 waves were a
      * little faster (FAST_CMP_BALANCE_CTAS). */
     long long ctas = (long long)((c.Nc + 63) / 64) * c.B * c.G;
     long long p = ((long long)FAST_CMP_BALANCE_CTAS * sm_count + ctas - 1) / ctas;
@@ -283,9 +278,9 @@ static cudaError_t cmpBackwardParts(const FastCtx &c, int sm_count, int max_part
     if (e != cudaSuccess) return e;
     if (per_sm < 1) return cudaErrorInvalidConfiguration;
     /* Equal ranges make CTAs of equal length, which the greedy schedule
-     * runs in waves: the count decides how full the last wave is (16 parts
-     * at the prototype's 64k filled 2.6 of 3 waves and ran 11% slower than
-     * the interleaved parts). The fewest parts within 1% of the best
+     * runs in waves: the count decides how full the last wave is (a count
+     * that leaves the last wave part-empty loses to the interleaved
+     * parts). The fewest parts within 1% of the best
      * modelled length: each part costs the pooling backward a read. */
     std::vector<double> heap;
     double best = 0.0;

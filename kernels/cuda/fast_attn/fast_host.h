@@ -204,9 +204,9 @@ cudaError_t fastSelUnionDq(const FastCtx &c, int dk, int dv, const FastBwdIo &io
 /* Whether the selected dK/dV passes (selDkdvKernel, the fused backward),
  * on wgmma, take their gathered rows through the TMA row ring
  * (fastDkdvRingCore: a box per token) rather than fastDkdvCore's cp.async
- * stages: where a token's rows make a box of 2 KB or more (hpg 16: H200,
- * paper 2k selected dK/dV 9.42 -> 8.59 ms; at hpg 6 the 768-byte boxes
- * were slower, proto 2k 1.24 -> 1.59). */
+ * stages: where a token's rows make a box of FAST_SEL_RING_BOX_BYTES or
+ * more (hpg 16); smaller boxes (hpg 6: 768 bytes) were slower than the
+ * cp.async stages. */
 static inline __host__ __device__ bool fastSelRowRing(int hpg) {
     return hpg * 128 >= FAST_SEL_RING_BOX_BYTES;
 }
@@ -273,8 +273,8 @@ cudaError_t fastSelForcedForward(const FastCtx &c, int dk, int dv, const FastFwd
 /* The fused selected backward leaves the forced blocks' dq to the window +
  * compressed dQ pass (FastSelBlock.forced_dq_apart) where that applies and
  * d_k >= 128, where it then skips those stages' dS.K products too; at d_k
- * = 64 (three CTAs per SM, no registers for the skip) the move measured
- * slower (H100, proto 16k: that phase 3.36 -> 3.45 ms). */
+ * = 64 (three CTAs per SM, no registers for the skip) the move was
+ * slower. */
 static inline bool fastSelForcedDqApplies(const FastCtx &c, int dk) {
     return fastSelForcedApplies(c) && dk >= 128;
 }
@@ -292,7 +292,7 @@ static inline int fastSelBlockTokens(int G, int slots, int hpg, int d) {
 /* Partial buffers for such a pass: FAST_SEL_BLOCK_BUFFERS where its chunk
  * is bound by FAST_SEL_BLOCK_BYTES (the paper shape: a second buffer lets
  * the combines run beside the next chunk, FastDrain), 1 where by the token
- * cap (the prototype's: it measured no faster with two, and two would
+ * cap (the prototype's: it was no faster with two, and two would
  * either double its memory or halve its chunks). */
 static inline int fastSelBlockBuffers(int G, int slots, int hpg, int d) {
     const long long per_token = (long long)G * slots * hpg * d * 2;
@@ -314,7 +314,7 @@ static inline FastSelBlock fastSelBlockBuffer(FastSelBlock sb, int chunk) {
  * drained[buffer], recorded behind that buffer's last combine. NULL in
  * place of a FastDrain (and with one buffer): the combines run on the
  * pass's stream. What this buys is the kernels' tails: per-CTA timelines
- * (docs/PERF.md, 2026-11-27) showed the block scheduler starting no CTA of
+ * showed the block scheduler starting no CTA of
  * a combine while a pass still had CTAs waiting, though one would fit, so
  * the passes and combines otherwise run one after another. */
 struct FastDrain {

@@ -112,9 +112,7 @@ struct SelWarp {
      * are shared by the 64 tokens around, so warps on one SM often want
      * the same rows at nearly the same time, while the freely chosen
      * blocks (random on the benchmark's inputs) rarely repeat and stay out
-     * of L1. Measured on an H200 at 64k (docs/PERF.md): selected forward
-     * 38.5 -> 33.2 ms and dQ 40.7 -> 35.3 ms (paper shape); every gather
-     * through L1 gained less (32.6, 38.3 ms). */
+     * of L1. Every gather through L1 gained less. */
     __device__ __forceinline__ int loadTile(const FastCtx &c, const bf16 *k, const bf16 *v, int it,
                                             int st) const {
         static_assert(SEL_KT == 16, "one slot per lane pair");
@@ -251,9 +249,9 @@ __device__ __forceinline__ int selWarpScan(int v) {
  * entries of j from the chunks before `chunk` (an exclusive scan along the
  * row), and block_start[bg][j] j's whole count, which selBlockScanKernel
  * turns into the list start. Rows are independent, so this runs on every
- * SM: the one CTA per (b, g) that scanned all Ns x chunks counts in order
- * and then walked the blocks on one thread took 0.85 ms at 64k (ncu, H100,
- * B x G = 2 and 4 CTAs) - most of the index's time.
+ * SM: one CTA per (b, g) that scanned all Ns x chunks counts in order and
+ * then walked the blocks on one thread had been most of the index's time
+ * (B x G is a few CTAs).
  * Grid (ceil(Ns / 8), B*G), 256 threads. */
 __global__ void __launch_bounds__(256) selRowScanKernel(FastCtx c, FastRevIndex rev) {
     constexpr int V = 4; /* 32-entry pieces per round: their loads in flight together */
@@ -331,7 +329,7 @@ __global__ void __launch_bounds__(1024) selBlockScanKernel(FastCtx c, FastRevInd
  * blocks are distinct, so the lanes never share a counter, and each
  * block's entries stay in token order (the sort is stable). The one warp
  * per chunk that read each row and its blocks' offsets from global memory
- * token by token was latency-bound (ncu, H100: 0.2 ms at 64k and at 2k). */
+ * token by token was latency-bound. */
 __global__ void __launch_bounds__(256) selFillKernel(FastCtx c, const int32_t *sel_idx,
                                                      FastRevIndex rev) {
     extern __shared__ int fill_smem[];
@@ -365,8 +363,8 @@ __global__ void __launch_bounds__(256) selFillKernel(FastCtx c, const int32_t *s
 }
 
 /* At d_k = 64, three CTAs per SM, as the fused backward's (fast_sel_block.cu):
- * 168 registers instead of 200, 20 bytes spilled on wgmma (H100: proto 2k
- * selected backward 2.25 -> 2.12 ms, total 5.25 -> 5.16). */
+ * 168 registers instead of 200 and a few bytes spilled on wgmma, for more
+ * CTAs to hide the gathers' latency. */
 template <int DK, int DV, bool WG, bool RING>
 __global__ void __launch_bounds__(FAST_THREADS, DK == 64 ? SEL_DKDV_MIN_CTAS_D64 : 1)
 selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_out,
@@ -438,8 +436,8 @@ selDkdvKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, bf16 *dk_out, bf16 *dv_
  * (acc = ((p0 + p1) + p2) + ...: the same sums whatever the unrolling). A
  * thread per four columns: 16-byte streaming loads (the partials are read
  * once), four items' loads in flight - at short S, where the items are
- * short (fastSelItemEntries), this pass reads 0.8 GB (paper 2k) and the
- * scalar loop one item at a time ran at 1.9 TB/s (H100).
+ * short (fastSelItemEntries), this pass reads the most partials and is
+ * bound by DRAM.
  * Grid (Ns, subtiles, B*G), 256 threads. */
 template <int DK, int DV>
 __global__ void __launch_bounds__(256) selReduceKernel(FastCtx c, FastRevIndex rev, bf16 *dk_out,

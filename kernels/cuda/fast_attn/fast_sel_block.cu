@@ -29,9 +29,7 @@
  * sixteenths at the paper's n = 16. The
  * fused backward (below) at d_k >= 128 likewise leaves their dq to the
  * window + compressed dQ pass (FastSelBlock.forced_dq_apart): it still
- * forms their dK/dV, but no dq partial. H100, paper 64k: 105.66 -> 104.61
- * ms fwd+bwd (fwd.sel 16.85 -> 16.33), 16k 70.26 -> 69.27; the prototype
- * shape unchanged (13.06 -> 13.03 at 64k).
+ * forms their dK/dV, but no dq partial.
  *
  * The partials (about 1 GB per chunk) are stored and read back with the
  * streaming cache hint (st.global.cs / ld.global.cs; the forward at 16
@@ -61,9 +59,7 @@
 #define SELB_WARPS 8  /* 16 query rows each: 128 rows per row tile */
 #define SELB_ROWS (16 * SELB_WARPS)
 /* Row tiles per work item: a block's K/V load serves up to 8 tiles (64
- * tokens at 16 heads per group). With the partials staged, 8 measured a
- * little faster than 4 (H200, paper 8k 80.3 -> 79.0 ms, paper192 64k 192.4
- * -> 191.3) and 2 or 1 slower (paper 64k 135.6 -> 137.7, 141.4). */
+ * tokens at 16 heads per group; SELB_TILES). */
 
 /* Tokens of one work item: SELB_TILES row tiles of SELB_ROWS / hpg tokens. */
 static __host__ __device__ int selBlockItemTokens(int hpg) { return SELB_TILES * (SELB_ROWS / hpg); }
@@ -91,8 +87,8 @@ static __device__ void selBlockRange(const FastCtx &c, const FastRevIndex &rev,
  * ceil(entries / per_item) items, exclusive-scanned into item_start, and
  * each item's block in item_block (max_items per (chunk, bg)) - a CTA reads
  * its block with one load, where a binary search over item_start was ten
- * dependent ones (ncu: about 7% of the block-centric forward's stall
- * samples); with part_start (the fused backward), also the first item
+ * dependent ones (a visible share of the block-centric forward's
+ * stalls); with part_start (the fused backward), also the first item
  * partial of each block, counting the items of blocks that have more than
  * one. One CTA of 1024 per (chunk, bg). */
 __global__ void __launch_bounds__(1024) selBlockPlanKernel(FastCtx c, FastRevIndex rev,
@@ -225,8 +221,8 @@ struct SelBlockItem {
  * stores wrote each 32-byte sector in two 16-byte halves.
  *
  * fastStagePut64 (fast_wgmma.cuh) stages them: four stmatrix per 64 columns
- * in place of 16 4-byte stores and their address arithmetic (ncu: the
- * staging had been a sixth of the block-centric kernels' instructions). */
+ * in place of 16 4-byte stores and their address arithmetic (the staging
+ * had been a sixth of the block-centric kernels' instructions). */
 /* Stores the warp's staged rows (after a __syncwarp that follows the last
  * fastStagePut64): row r to dst + row_at[r] * D, rows with row_at[r] < 0 not
  * at all. */
@@ -287,11 +283,9 @@ __device__ __forceinline__ void selStageStoreTmaCols(const CUtensorMap *map, con
 }
 
 /* q row stages of the block-centric forward on the q ring: at d_k = 192 two
- * stages (48 KB each) left one CTA of 8 warps per SM (150 KB; ncu, paper192
- * 64k: 12.5% occupancy, DRAM 50% busy, 12.5 ms a forward against 8.0 at d_k
- * = 128, which fits two); one stage fits two CTAs, each waiting for its
- * next tile while the other computes: 11.4 ms, paper192 64k fwd+bwd 131.96
- * -> 129.79 ms, 16k 86.83 -> 84.63 (H100, ab.py, 3 rounds). */
+ * stages (48 KB each) left one CTA of 8 warps per SM (150 KB: low
+ * occupancy, DRAM half idle); one stage fits two CTAs, each waiting for its
+ * next tile while the other computes (SELB_RING_STAGES_WIDE). */
 template <int DK>
 constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB_RING_STAGES; }
 /* With one q stage the forward's tile loop was serial per CTA: the next
@@ -301,10 +295,8 @@ constexpr int selBlockQStages() { return DK > 128 ? SELB_RING_STAGES_WIDE : SELB
  * next tile under this one's softmax, P.V and stores - and the partials go
  * out through a 64-column buffer of their own (16 KB), one half of d_v at
  * a time; the q ring's token lists shrink to the 64 entries of 16 heads a
- * group to make room for it at two CTAs per SM. H100, 3 rounds: paper192
- * 64k fwd.sel 19.82 -> 17.56 ms, fwd+bwd 128.41 -> 125.67 (16k 84.37 ->
- * 83.20). At d_k = 128 it would need the one q stage (SELB_RING_STAGES=1),
- * which measured slower there: paper 64k fwd.sel 15.86 -> 16.38 ms. */
+ * group to make room for it at two CTAs per SM. At d_k = 128 it would
+ * need the one q stage (SELB_RING_STAGES = 1), which is slower there. */
 template <int DK, int DV>
 constexpr bool selBlockOutStage() { return DV > 64 && selBlockQStages<DK>() == 1; }
 /* Entries of the item's token and slot lists: the q ring runs at 16 heads
@@ -343,7 +335,7 @@ struct SelBlockFwdMaps {
  * products on wgmma, a warpgroup per 64 rows; at d_v = 128 the output is
  * formed in two 64-column halves so that two CTAs per SM fit in registers
  * (the whole 64 x 128 accumulator needed 164 registers, one CTA per SM, and
- * measured slower than mma.sync: paper 64k 32.5 against 28.8 ms) - which
+ * was slower than mma.sync) - which
  * needs one key sub-tile per block (l' <= 64; the host checks).
  * Grid (max_items, B*G), 32 * SELB_WARPS threads. */
 template <int DK, int DV, bool WG, bool RING>
@@ -621,8 +613,8 @@ __device__ __forceinline__ void selSumPartials(float (&a)[8], Src src, int slots
  * shuffles); then each thread sums eight columns of one head over the
  * slots with 16-byte loads, four slots' loads in flight at a time. This
  * pass only streams the partials, so what it needs is bytes in flight:
- * the earlier thread-per-head weights and 4-byte loads kept the DRAM
- * 44% busy (ncu, paper 64k). A CTA takes `tpc` consecutive tokens of the
+ * the earlier thread-per-head weights and 4-byte loads left the DRAM
+ * idle half the time. A CTA takes `tpc` consecutive tokens of the
  * chunk (selCombineTokens): one where a token's heads x 16-byte columns
  * fill its threads, more where they would leave most of them idle.
  * Grid (chunk tokens / tpc, B*G), 128 threads. */
@@ -1060,8 +1052,7 @@ static cudaError_t selBlockForward(const FastCtx &c, const FastFwdIo &io, const 
     run.skip_forced = fastSelForcedApplies(c) && wg;
     if (run.skip_forced) {
         /* (on the drain's stream, beside the first chunk's pass - only the
-         * combines read its o, lse - it measured no faster: H100, paper 64k
-         * 96.80 -> 96.27 ms, 16k 65.07 -> 65.18, proto 16k 8.46 -> 8.57) */
+         * combines read its o, lse - it was no faster) */
         cudaError_t e = fastSelForcedOwnPass(c)
                             ? fastSelForcedForward(c, DK, DV, io, stream)
                             : fastLaunchForward<DK, DV, SelForcedPolicy, false>(
@@ -1156,21 +1147,17 @@ struct SelFusedMaps {
 /* Row warpgroups of the fused kernel on the row ring (FastDkdvRing's RWG):
  * at d_k = 192 one CTA's shared memory (K/V 40 KB, 40 KB a row stage)
  * leaves room for one CTA of 4 warps per SM, and the kernel waited on its
- * chain of products (paper192 64k: 31.8 ms a backward against 16.7 at d_k
- * = 128, ncu, H100); two warpgroups that share the K/V tile and take its
- * row tiles in turn run 8 warps: 23.9 ms, paper192 64k fwd+bwd 138.15 ->
- * 132.00 ms (H100, ab.py, 2 rounds). SEL_FUSED_ROW_WGS: the same at d_k =
- * 128, where two CTAs fit: no faster (paper 64k 96.11 -> 96.68 ms), off. */
+ * chain of products; two warpgroups that share the K/V tile and take its
+ * row tiles in turn run 8 warps (SEL_FUSED_ROW_WGS_WIDE). SEL_FUSED_ROW_WGS:
+ * the same at d_k = 128, where two CTAs fit: no faster, off. */
 template <int DK, int DV>
 constexpr int selFusedRowWgs() {
     return DK + DV > 256 ? SEL_FUSED_ROW_WGS_WIDE : DK >= 128 ? SEL_FUSED_ROW_WGS : 1;
 }
 /* Rows per wgmma pass of the fused kernel's ring core where d_k or d_v is
  * above 128 (FAST_DKDV_WG_ROWS elsewhere): its dq stage keeps registers of
- * its own beside the pass's, and 64-row passes spill: 44 bytes with the
- * scores and dP^T side by side (no faster: its phase 56.22 -> 56.33 ms),
- * 84 probabilities first (fwd+bwd 127.44 -> 127.52 ms; H100, paper192
- * 64k). */
+ * its own beside the pass's, and 64-row passes spill (with the scores and
+ * dP^T side by side, and more probabilities first), no faster. */
 template <int DK, int DV>
 constexpr int selFusedPassRows() {
     return DK > 128 || DV > 128 ? SEL_FUSED_WIDE_PASS_ROWS : FAST_DKDV_WG_ROWS;
@@ -1190,20 +1177,16 @@ constexpr int selFusedSmem() {
  * partial in bf16 to sb.part_dq, laid out as selBlockDqKernel's.
  * Grid (f.max_items, B*G), FAST_THREADS * RWG threads (RWG row warpgroups
  * on the ring: selFusedRowWgs). */
-/* 1: lane 0 of each warp waits for its stage's dq bulk stores to have
- * read the stage only in the next stage, under its first products, before
- * the ring's producer refills it (the wait right after the stores had been
- * 5% of the kernel's stall samples, ncu, paper 64k). H100, with the split
- * reduce below: paper 64k fwd+bwd 101.33 -> 100.78 ms (the dQ phase 42.57
- * -> 41.83; the split reduce alone 101.11), proto 64k 13.02 -> 12.90. */
+/* On the ring, lane 0 of each warp waits for its stage's dq bulk stores to
+ * have read the stage only in the next stage, under its first products,
+ * before the ring's producer refills it (the wait right after the stores
+ * had been a visible share of the kernel's stalls). */
 /* At d_k = 64, three CTAs per SM: the registers capped at 168 (201
  * uncapped, two CTAs) with no spills; the kernel waits on its chain of five
- * small products per stage, which a third CTA overlaps (H100: proto 64k
- * selected backward 3.53 -> 3.09 ms, total 14.47 -> 14.05). */
+ * small products per stage, which a third CTA overlaps. */
 /* (At d_k >= 128 the kernel's 255 registers leave two CTAs no room for a
  * CTA of the previous chunk's dq combine beside them on the drain; capped
- * at 232 so that one fits, it spilled 32 bytes and measured slower: H100,
- * paper 64k 96.84 -> 100.29 ms.) */
+ * at 232 so that one fits, it spilled and was slower.) */
 template <int DK, int DV, bool RING, int RWG>
 __global__ void __launch_bounds__(FAST_THREADS * RWG, DK == 64 ? SEL_FUSED_MIN_CTAS_D64 : 1)
 selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, FastSelFused f,
@@ -1313,11 +1296,9 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
      * rather than by store() - loads of the old sums and stores, one
      * round trip to DRAM after another at the CTA's end, which nothing of
      * the CTA overlaps at one CTA per SM. One add per element as before:
-     * the same bits. H100, 64k, ncu: the fused kernel 23.81 -> 22.57 ms
-     * at paper192, 16.73 -> 16.28 at paper; fwd+bwd (3 rounds) 126.35 ->
-     * 125.42 and 98.04 -> 96.78 ms. (The old sums' lines prefetched to L2
-     * at the CTA's start instead: 126.11 and 99.32 - no gain; loaded and
-     * stored with the streaming hint: the kernel 23.81 -> 33.63 ms.) Rows
+     * the same bits. (The old sums' lines prefetched to L2 at the CTA's
+     * start instead gained nothing; loaded and stored with the streaming
+     * hint the kernel was far slower.) Rows
      * padded by 8 floats so that a warp's stores of its fragments meet
      * each bank twice at most. */
     auto sumsOut = [&](const float (&dk)[DK / 8][4], const float (&dv)[DV / 8][4]) {
@@ -1394,8 +1375,8 @@ selFusedBwdKernel(FastCtx c, FastBwdIo io, FastRevIndex rev, FastSelBlock sb, Fa
  * acc, in item order. Grid (Ns, B*G, SEL_FUSED_REDUCE_SPLIT): a block's
  * 64 x (d_k + d_v) sums in that many slices. Block 0, every token's, has a
  * chunk's tokens in items of up to 256 (16 at the paper shape: a MB of
- * partials), which one CTA had streamed alone after each chunk's pass (ncu,
- * paper 64k: 0.82 ms a backward over the 16 chunks). 256 threads. */
+ * partials), which one CTA had streamed alone after each chunk's pass.
+ * 256 threads. */
 #define SEL_FUSED_REDUCE_SPLIT 8
 template <int DK, int DV>
 __global__ void __launch_bounds__(256) selFusedReduceKernel(FastCtx c, FastSelFused f, int chunk) {

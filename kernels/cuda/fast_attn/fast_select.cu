@@ -445,9 +445,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
              * previous tile's carry and offer their score from registers;
              * lanes fold_step .. fold_nj - 1 leave theirs in the ring's
              * first slots as the next tile's carry. The ring is not walked
-             * and the offers need no second pass (ncu, proto shape: ring
-             * updates and offers had been a third of the kernel's
-             * instructions). */
+             * and the offers need no second pass (ring updates and offers
+             * had been a large share of the kernel's instructions). */
             const int j = it * fold_step + lane;
             const bool final_lane = lane < fold_step && j < c.Ns;
             for (int tk = warp; tk < n_tok; tk += WARPS) {
@@ -556,9 +555,8 @@ static cudaError_t selectLaunchWarps(const FastCtx &c, const bf16 *q, const bf16
 }
 
 /* For d_k >= 128, 128 query rows per CTA (8 warps) share each tile of
- * pooled keys: 64 rows pulled twice the key bytes from L2 per row
- * (measured, paper shape at 64k: 23.1 -> 20.4 ms). d_k = 64 keys are half
- * the bytes and 4 warps stay faster (proto 64k: 5.45 ms against 5.83).
+ * pooled keys: 64 rows pulled twice the key bytes from L2 per row. d_k =
+ * 64 keys are half the bytes and 4 warps stay faster.
  * Where the per-token state of 128 rows does not fit (one head per
  * group) it is 4 warps too. */
 template <int DK>

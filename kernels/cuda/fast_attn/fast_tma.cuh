@@ -5,7 +5,7 @@
  *
  * Why: with cp.async every thread of the CTA formed addresses and issued
  * 16-byte copies for each key tile, and a CTA-wide barrier per tile made the
- * tile visible (ncu, paper shape: the loads were 13-31% of the tile loops'
+ * tile visible (the loads were a large share of the tile loops'
  * instructions, and the barrier the forward's top stall, holding its two
  * warpgroups in lockstep). A TMA copy is one instruction per 64-row panel,
  * lands in exactly the 128-byte swizzle wgmma reads (fast_wgmma.cuh: panel
@@ -279,8 +279,7 @@ __device__ __forceinline__ void fastTmaLoad4(void *, const CUtensorMap *, int, i
  * whose warps hold HOLD tiles at once (the pipelined loops release tile
  * it-1 at the end of iteration it: two) takes AHEAD <= STAGES - HOLD, else
  * the producer would wait for itself.
- * Two ahead at four stages (H200, paper 64k: compressed forward 10.92 ->
- * 10.41 ms against one ahead, window+compressed dQ 15.07 -> 14.68). */
+ * Two ahead at four stages: FAST_RING_AHEAD. */
 
 /* The ring of STAGES key/value stages of KT keys (DV = 0: keys only). Tile j of a kernel's
  * loop (counted across all its branches) lives in stage j % STAGES; its

@@ -45,7 +45,7 @@
  * tile, so callers may form per-row values once. A row without a source is
  * zero-filled by the copy unit (src-size 0; nothing is read), not by a
  * branch and a store: the per-chunk branches and address arithmetic had
- * been a sixth of the flash loops' instructions (ncu, paper shape). */
+ * been a sixth of the flash loops' instructions. */
 template <int ROWS, int D, int THREADS, class RowPtr>
 __device__ __forceinline__ void fastLoadTileSw(bf16 *dst, RowPtr rowPtr) {
     static_assert(THREADS % ROWS == 0 && ROWS % 8 == 0 && D % 64 == 0, "tile shape");
@@ -76,8 +76,7 @@ __device__ __forceinline__ void fastWgProxyFence() {
  * a constant: a shared address is below 2^18 bytes, so the address field
  * cannot carry into the offset field. Formed per product from a pointer
  * (convert, mask, shift, or) the descriptors had cost about 16
- * instructions per wgmma - a fifth of the score pass's instructions
- * (ncu, paper shape). */
+ * instructions per wgmma - a fifth of the score pass's instructions. */
 __device__ __forceinline__ uint32_t fastWgLo(const void *smem, uint32_t lbo) {
     return (fastSmemAddr(smem) >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
 }

@@ -35,11 +35,9 @@ winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,
      * CTAs running together (consecutive key tiles, whose spans overlap in
      * all but KT tokens) read each shared row at the same step and share it
      * in L2; in token order CTA x + 1 reads a row KT / tpr steps before CTA
-     * x, and the other CTAs' reads between evict it. H100, prototype shape:
-     * window dK/dV 0.64 -> 0.60 ms at 64k, 0.55 -> 0.53 at 2k. With two key
-     * warpgroups (the paper's shape, one CTA per SM) it measured no better
-     * or a little worse (5.03 -> 5.08 ms at 64k, 4.40 -> 4.53 at 2k), so
-     * those walk in token order. The order is fixed per CTA: reproducible. */
+     * x, and the other CTAs' reads between evict it. With two key
+     * warpgroups (one CTA per SM) the rotation gains nothing, so those walk
+     * in token order. The order is fixed per CTA: reproducible. */
     const int phase = KWG == 1 && ntiles > 0 ? (ntiles - (u0 / tpr) % ntiles) % ntiles : 0;
     auto tileAt = [=](int it) { /* first token of the row tile walked at step it */
         if constexpr (KWG > 1) return u0 + it * tpr;

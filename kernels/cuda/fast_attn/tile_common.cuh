@@ -61,18 +61,18 @@ struct FastNoRowMask {
 
 /* The query-tile kernels (forward, dQ) hold FAST_QTILE_ROWS query rows per
  * CTA: 128 rows halve the K/V bytes each row pulls from L2 against 64 (the
- * compressed forward was L2-bound at 64 rows: ncu, 70% L2 throughput).
+ * compressed forward was L2-bound at 64 rows).
  * How the rows are split depends on the width D of the accumulator a warp
  * keeps (DV in the forward, DK in dQ):
  *  - D = 128: 4 warps of two 16-row m-tiles against 32-key tiles. Every
  *    K/V fragment read from shared memory then feeds two products; with
  *    one, ldmatrix traffic bounded the tile loop (an ldmatrix.x4 moves 512
  *    bytes, 4 cycles of the SM's shared-memory bandwidth, per two
- *    mma.sync; ncu showed short_scoreboard and mio_throttle stalls). The
+ *    mma.sync: the loop stalled on shared-memory reads). The
  *    accumulators take the 255 registers, so 2 CTAs (8 warps) per SM.
  *  - D = 64: 8 warps of one m-tile against 64-key tiles. The accumulators
- *    are small enough for more warps per SM, which wins there (measured:
- *    proto dQ 2.97 ms this way, 3.31 with two m-tiles).
+ *    are small enough for more warps per SM, which wins there over two
+ *    m-tiles.
  *  - D = 192 (dQ with d_k = 192): one m-tile too; two would spill. */
 #define FAST_QTILE_ROWS 128
 /* With wgmma (WG) the tile is two warpgroups of 64 rows (8 warps, one
@@ -175,9 +175,8 @@ __device__ __forceinline__ void fastTileBarrier() {
 /* Query rows per dK/dV stage: whole tokens, computed as two 32-row halves
  * per barrier (registers hold a 16 x 32 score tile per warp). */
 #define FAST_DKDV_ROWS 64
-/* Rows per wgmma pass of the dK/dV core where d_k, d_v <= 128 (32 or 64;
- * 64 measured faster on an H200: paper 64k cmp dK/dV 25.6 -> 24.6 ms,
- * window 8.2 -> 7.1, selected 13.7 -> 12.8). */
+/* Rows per wgmma pass of the dK/dV core where d_k, d_v <= 128:
+ * FAST_DKDV_WG_ROWS. */
 /* Key warpgroups per dK/dV CTA of the window and compressed branches on
  * wgmma: two warpgroups of 64 keys each share every row stage (q, dout and
  * their row data), which halves the bytes each key pulls from L2; the
@@ -185,13 +184,10 @@ __device__ __forceinline__ void fastTileBarrier() {
 template <bool WG, int DK, int DV>
 struct FastDkdvShape {
     /* warpgroups of 64 keys: at d_k = d_v = 64 one warpgroup's registers
-     * leave three CTAs per SM, two warpgroups one (H200, proto 64k: compressed
-     * dK/dV 2.81 -> 3.19 ms, window 0.85 -> 1.03). (At d_k = 192, 64-key
-     * CTAs in two row warpgroups - FastDkdvRing's RWG, four stages, as the
-     * fused selected backward runs there - measured slower than these
-     * 128-key CTAs on three shared stages: H100, paper192 64k compressed
-     * dK/dV 20.69 -> 21.49 ms, window 6.54 -> 8.23, fwd+bwd 129.71 ->
-     * 133.06.) */
+     * leave three CTAs per SM, two warpgroups one, which is slower there.
+     * (At d_k = 192, 64-key CTAs in two row warpgroups - FastDkdvRing's
+     * RWG, four stages, as the fused selected backward runs there - were
+     * slower than these 128-key CTAs on three shared stages.) */
     static constexpr int KWG = WG && DK + DV >= 256 ? FAST_DKDV_KEY_WGS : 1;
     static constexpr int KEYS = 64 * KWG, THREADS = FAST_THREADS * KWG;
 };

@@ -25,8 +25,7 @@ struct FastDkdvRow {
  * token read, no mask tested. Two instances, chosen once per tile by the
  * caller: as one loop with a per-element test the compiler kept the test
  * and the token loads in every tile in some builds, which cost the dK/dV
- * passes a third of their time (H200, paper 64k selected dK/dV 13.0 ->
- * 17.8 ms). */
+ * passes a third of their time. */
 template <bool FULL, int NTH, class RowOf, class Visible>
 __device__ __forceinline__ void fastDkdvGradOfScores(const FastCtx &c, float (&s)[NTH][4],
                                                      float (&dp)[NTH][4], int ukey, int khi,

@@ -51,15 +51,10 @@ static __device__ const int fastMinusOne = -1;
  * gate (and token, payload) of each row, each row's token slot (-1: a
  * padding row, which no box writes: zeroed once), and EXTRA bytes of the
  * caller's at EXTRA_AT. */
-/* Row tiles the ring's producer issues ahead (at most STAGES - 1). One
- * measured best (H200, paper 64k compressed dK/dV: 15.69 ms at one ahead,
- * 15.95 at two, 15.83 at three; proto 64k 2.04, 2.17, 2.17): with rows
- * from L2 a tile's compute covers the copies, and one ahead leaves a
- * four-stage ring three tiles of slack between the fastest and slowest
- * warps. */
-/* The warp that issues the row boxes of the dK/dV ring (the row data are
- * warps 0 and 1's). H100, paper 64k: fwd+bwd 101.10 -> 98.75 ms with the
- * boxes on warp 2 rather than 0, 16k 67.31 -> 65.86. */
+/* Row tiles the ring's producer issues ahead (at most STAGES - 1,
+ * FAST_DKDV_AHEAD): with rows from L2 a tile's compute covers the copies,
+ * and one ahead leaves a four-stage ring three tiles of slack between the
+ * fastest and slowest warps. */
 /* RWG > 1 (row warpgroups): the CTA's RWG warpgroups share one K/V tile
  * and take its row tiles in turn - warpgroup w the tiles it = w (mod RWG),
  * each with its own producer, stages (it % STAGES) and row-data slots (it %
@@ -181,8 +176,8 @@ __device__ __forceinline__ void fastDkdvRingCore(const FastCtx &c, const FastBwd
     /* The producer's work is split over three warps: the row data of rows
      * 0-63 (threads tid < R: warps 0 and 1) and the boxes (BOX_WARP), each
      * of about the same length; with the boxes on warp 0 too, that warp
-     * came to the next warpgroup-wide product last (ncu, paper 64k fused
-     * selected backward: 21% of the stall samples on that issue). */
+     * came to the next warpgroup-wide product last, and the other warps
+     * stalled on that issue waiting for it. */
     constexpr int BOX_WARP = FAST_DKDV_BOX_WARP;
     static_assert(BOX_WARP < 4 * KWG, "the boxes' warp is one of the CTA's");
     /* tokens of the next tile to issue (this warpgroup's first, then j +

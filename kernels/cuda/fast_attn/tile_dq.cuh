@@ -47,8 +47,8 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
  * less). */
 /* CTAs per SM the registers are sized for: two m-tiles (DK = 128) need
  * 255 registers, 2 CTAs of 4 warps; DK = 64 fits 2 CTAs of 8 warps in
- * 128 (measured: proto dQ 3.0 ms so, 4.2 ms at 208 registers and one
- * CTA); DK = 192 needs 1 CTA of 8 warps at up to 255. */
+ * 128 (faster than one CTA at 208 registers); DK = 192 needs 1 CTA of 8
+ * warps at up to 255. */
 template <class P>
 struct FastDqBranch {
     using Policy = P;
@@ -114,9 +114,7 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
     if (!ALL && io.dq_mode != FastDqMode::ACC) {
         /* the epilogue adds to this tile's running dq (dq_acc, fp32): its
          * rows toward L2 now, so that the epilogue - at one CTA per SM
-         * nothing overlaps it - reads them from L2 rather than DRAM (H100:
-         * paper 2k masked dense selected dQ 9.50 -> 9.26 ms, total 41.51 ->
-         * 40.85) */
+         * nothing overlaps it - reads them from L2 rather than DRAM */
         constexpr int LINES = DK * 4 / 128; /* 128-byte lines per row */
         for (int i = threadIdx.x; i < R * LINES; i += THREADS) {
             const int r = i / LINES;
@@ -186,8 +184,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
          * in two instances chosen once per tile - interior tiles (every row
          * sees every key) test no key. Left to the compiler, one loop with a
          * per-element `full ||` test was split in two in some builds and
-         * not in others (the paper 64k window + compressed dQ 15.7 -> 22.7
-         * ms when a token range was added to the pass, H100). */
+         * not in others (not once a token range was added to the pass,
+         * which then ran far slower). */
         auto dsTile = [&](float (&si)[NT][4], const float (&dpi)[NT][4], int mt, int it) {
             const int u0 = keyAt(it);
             const bool full = u0 + KT <= ke && pol.allVisible(t0, t_last, u0, u0 + KT - 1);
@@ -258,8 +256,8 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
             }
         } else if constexpr (WG) {
             /* one tile at a time where the pipeline's registers would cost
-             * the second CTA per SM (d_k = 64: proto dQ 2.4 ms this way
-             * against 3.2 pipelined at one CTA, H200); tiles through the
+             * the second CTA per SM (d_k = 64: faster this way than
+             * pipelined at one CTA); tiles through the
              * TMA ring, released as soon as dS.K is done */
             if (ntiles > 0) {
                 fastCpWait<0>();
