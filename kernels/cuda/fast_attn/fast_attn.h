@@ -1,38 +1,37 @@
 /* fast_attn.h - the fast NSA attention op on Hopper/Ampere tensor cores
- * (kernels/cuda/fast_attn/): bf16 in and out, fp32 softmax statistics, every
- * matrix product on mma.sync m16n8k16, O(S) memory, deterministic backward.
+ * (kernels/cuda/fast_attn/): bf16 in and out, fp32 softmax statistics,
+ * every matrix product on the tensor cores (wgmma on sm_90a, mma.sync
+ * m16n8k16 elsewhere), O(S) memory, deterministic backward.
  *
  * The public C entry points (plan, forward, backward, profile) are declared
  * in kernels/nsa.h so ctypes callers can reach them; this header holds the
- * kernels' limits and sizes, fast_host.h the per-kernel launchers.
+ * kernels' limits and sizes and the element type; fast_host.h the call
+ * context and the per-kernel launchers.
  *
  * Kernels, in the order the op runs them:
  *   forward   pool (k, v) -> kc, vc                          fast_cmp.cu
  *             compressed attention -> o_cmp, lse_cmp         fast_cmp.cu
  *             scores + top-n fused -> sel_idx only           fast_select.cu
- *             selected attention, group-centric: from S = 8192
- *             one warp per token (its group's heads as mma
- *             rows) gathering its own blocks -> o_sel         fast_sel.cu
- *             below it one CTA per 4 tokens streaming the
- *             union of their blocks                          fast_sel_union.cu
+ *             selected attention -> o_sel: masked dense at
+ *             short S (in the window's pass), block-centric
+ *             over the reverse index, or one CTA per 4 tokens
+ *             over their blocks' union     fast_win.cu, fast_sel_block.cu,
+ *                                          fast_sel_forced.cu, fast_sel_union.cu
  *             window attention + gate combine -> o_win, out  fast_win.cu
  *   backward  gate backward: dgates = dout.o_c (the deltas),
  *             the gates in fp32                               fast_attn.cu
- *             window dK/dV, dQ                                fast_win.cu
- *             compressed dK/dV (row tiles dealt to several
- *             CTAs started longest first, fp32 partials summed
- *             in a fixed order by the pooling backward), dQ   fast_cmp.cu
- *             reverse index (stable counting sort), selected
- *             dK/dV per block, fixed-order chunk reduce, dQ
- *             (warp per token from S = 4096, union below)     fast_sel.cu
- * CTA shapes: forward and dQ tiles are 8 warps = 128 query rows (whole
- * tokens of one KV group) against 64-key tiles; dK/dV tiles are 4 warps =
- * 64 keys against 64-row stages whose metadata arrives by async copies one
- * tile ahead; the score pass is 4 warps, a warp per token's top-n.
- * The flash tile loops shared by the branches are in tile_*.cuh
+ *             window dK/dV                                    fast_win.cu
+ *             compressed dK/dV (fp32 partials in parts,
+ *             summed in a fixed order by the pooling backward) fast_cmp.cu
+ *             window + compressed (+ masked dense selected) dQ fast_win.cu
+ *             selected dK/dV and dQ: fused, or the reverse
+ *             index, per-block dK/dV and a fixed-order reduce
+ *             and a separate dQ         fast_sel_block.cu, fast_sel.cu,
+ *                                       fast_sel_union.cu
+ * docs/FAST_ATTN.md has the table of which kernel runs each pass at each
+ * shape. The flash tile loops shared by the branches are in tile_*.cuh
  * (tile_common.cuh lists them), the mma/ldmatrix/cp.async helpers in
- * fast_common.cuh, the launchers in
- * fast_host.h. Correctness: tests/gpu/test_fast_attn.cu; timing:
+ * fast_common.cuh. Correctness: tests/gpu/test_fast_attn.cu; timing:
  * bench/attn (make bench-attn); results: docs/PERF.md.
  * Limits: (d_k, d_v) in {(64,64), (128,64), (128,128), (192,128)}; heads per
  * group 1..16; n_sel <= 32. Every limit is checked with a one-line error. */

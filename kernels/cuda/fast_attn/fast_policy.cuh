@@ -73,8 +73,8 @@ static inline SelDensePolicy fastSelDensePolicy(const FastCtx &c, const uint64_t
 }
 
 /* The forced blocks of the selected branch: query t sees key u <= t when
- * u's block is block 0, t's own or the one before (DESIGN.md: every
- * token's selected set holds them). Their keys are block 0 and the run
+ * u's block is block 0, t's own or the one before (the selection always
+ * keeps these three in a token's set: proto/model.md). Their keys are block 0 and the run
  * from the block before the tile's first token's to its last token, so
  * block 0 comes as lead tiles ahead of that range. Rows are masked per
  * key tile (rowSees, from the row's first forced block past 0), which

@@ -18,7 +18,8 @@
  * the tokens go in chunks (FastSelBlock) through one buffer.
  *
  * Three of a token's blocks are forced (block 0, its own and the previous
- * one: DESIGN.md), the same for every token of a block. Where l' is a
+ * one: the selection always keeps them, proto/model.md), the same for
+ * every token of a block. Where l' is a
  * multiple of 64 (fastSelForcedApplies) the forward's work items skip
  * them: a pass of their own writes their merged partial straight into
  * o_sel, lse_sel - at l' = 64 one CTA per token block holding the three

@@ -2,8 +2,9 @@
  * one token block per CTA (wgmma, l' = 64).
  *
  * Every token t of selection block jb = t / 64 has blocks 0, jb - 1 and jb
- * in its selected set (DESIGN.md), the same three for all 64 tokens of the
- * block. Where the block-centric forward leaves them out of its work items
+ * in its selected set - the selection always keeps block 0, the token's own
+ * block and the one before (proto/model.md, Selection) - the same three for
+ * all 64 tokens of the block. Where the block-centric forward leaves them out of its work items
  * (FastSelBlock.skip_forced), their merged partial goes straight into o_sel,
  * lse_sel (the combine merges it as slot 0):
  *   o = sum_{u in F(t), u <= t} p_u v_u / l,  lse = m + ln l,
