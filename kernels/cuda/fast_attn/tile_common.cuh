@@ -3,8 +3,10 @@
  * memory of each pass, tile loads, the walk over a branch's key tiles, the
  * warpgroups' turns at the tensor cores and the host side of a query-tile
  * launch. The loops themselves, one header per pass:
- *   tile_fwd.cuh          forward (o, lse, the gate combine)
- *   tile_dq.cuh           dQ (several branches on the same query tiles)
+ *   tile_fwd.cuh          forward: kernel and main loops (wgmma, mma.sync)
+ *   tile_fwd_epilogue.cuh   its epilogue (o, lse, the gate combine)
+ *   tile_dq.cuh           dQ (several branches on the same query tiles):
+ *                         kernel, main loops, epilogue
  *   tile_dkdv.cuh         dK/dV, which picks its main loop:
  *     tile_dkdv_cpasync.cuh  row stages by cp.async (mma.sync, and wgmma
  *                            passes of the selected branch at < 16 heads)

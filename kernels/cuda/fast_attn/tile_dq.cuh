@@ -2,7 +2,8 @@
  * what they share): fastDqKernel runs a list of branches on the same query
  * tiles and dq registers (the window and compressed ones, and at short S the
  * masked dense selected one) - the wgmma main loop pipelined over a TMA ring
- * where d_k > 64, one tile at a time at d_k = 64, and the mma.sync loop -
+ * where d_k > 64 (fastDqMainloopWgmmaPipelined), one tile at a time at d_k =
+ * 64 (fastDqMainloopWgmma), and the mma.sync loop (fastDqMainloopSync) -
  * then its epilogue, fastStoreDqRow, which the selected branch's other dQ
  * passes (fast_sel.cu, fast_sel_union.cu) share; its launcher. */
 #ifndef NSA_FAST_TILE_DQ_CUH
@@ -34,6 +35,126 @@ __device__ __forceinline__ void fastStoreDqRow(const FastCtx &c, const FastBwdIo
             *(uint32_t *)(io.dq_out + row * DK + col) = fastPack(prev.x + v0, prev.y + v1);
         }
     }
+}
+
+/* The dQ pass's main loop on wgmma where d_k > 64, software-pipelined as
+ * the forward's (fastFwdMainloopWgmma): tile it issues its scores and dP,
+ * then dS.K of tile it-1, and computes its dS while that runs. One
+ * branch's ntiles key tiles, the ring's tiles ring_base on; dq the warp's
+ * accumulator, dsTile and produce the kernel's. */
+template <int DK, int DV, int KT, int R, int MT, bool TURNS, int WGS, class Ring, class DsTile,
+          class Produce>
+__device__ __forceinline__ void fastDqMainloopWgmmaPipelined(const Ring &ring, int ring_base,
+                                                             int ntiles, bf16 *sQ, bf16 *sdO,
+                                                             int wg_row0,
+                                                             float (&dq)[MT][DK / 8][4],
+                                                             DsTile &dsTile, Produce &produce) {
+    constexpr bool WG = true;
+    constexpr int NT = KT / 8;
+    using Turns = FastTurns<WGS>;
+if (ntiles > 0) {
+    float s[NT][4], dp[NT][4];
+    uint32_t a[NT / 2][4];
+    const int j0 = ring_base;
+    fastCpWait<0>();
+    fastTileBarrier<WG>(); /* q and dout landed */
+    ring.wait(j0);
+    fastWgRunTurn<TURNS, WGS>(
+        [&] {
+            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
+            fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
+        },
+        s, dp);
+    dsTile(s, dp, 0, 0);
+    fastWgAFromC<NT>(a, s);
+    for (int it = 1; it < ntiles; it++) {
+        const int j = j0 + it;
+        ring.wait(j);
+        if constexpr (TURNS) Turns::wait();
+        fastWgArrive();
+        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
+        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
+        fastWgCommit();
+        fastWgFenceAcc(dq[0]);
+        fastWgArrive();
+        fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
+        fastWgCommit();
+        if constexpr (TURNS) Turns::pass();
+        produce(it + Ring::AHEAD);
+        fastWgWait<1>(); /* scores and dP of tile it */
+        fastWgFenceAcc(s);
+        fastWgFenceAcc(dp);
+        dsTile(s, dp, 0, it);
+        fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
+        fastWgFenceAcc(dq[0]);
+        ring.release(j - 1);
+        fastWgAFromC<NT>(a, s);
+    }
+    fastWgRunTurn<TURNS, WGS>(
+        [&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0); }, dq[0]);
+    ring.release(j0 + ntiles - 1); /* the next branch reuses its stage */
+}
+}
+
+/* The dQ pass's main loop on wgmma at d_k = 64, one tile at a time: the
+ * pipeline's registers would cost the second CTA per SM, which is faster
+ * there. Tiles through the TMA ring, released as soon as dS.K is done.
+ * Arguments as fastDqMainloopWgmmaPipelined's. */
+template <int DK, int DV, int KT, int R, int MT, class Ring, class DsTile, class Produce>
+__device__ __forceinline__ void fastDqMainloopWgmma(const Ring &ring, int ring_base, int ntiles,
+                                                    bf16 *sQ, bf16 *sdO, int wg_row0,
+                                                    float (&dq)[MT][DK / 8][4], DsTile &dsTile,
+                                                    Produce &produce) {
+    constexpr bool WG = true;
+    constexpr int NT = KT / 8;
+if (ntiles > 0) {
+    fastCpWait<0>();
+    fastTileBarrier<WG>(); /* q and dout landed */
+}
+for (int it = 0; it < ntiles; it++) {
+    if (it > 0) produce(it + Ring::AHEAD);
+    const int j = ring_base + it;
+    ring.wait(j);
+    float s[NT][4], dp[NT][4];
+    fastWgRun(
+        [&] {
+            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
+            fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
+        },
+        s, dp);
+    dsTile(s, dp, 0, it);
+    uint32_t a[NT / 2][4];
+    fastWgAFromC<NT>(a, s);
+    fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j), KT, 0); }, dq[0]);
+    ring.release(j);
+}
+}
+
+/* The dQ pass's main loop on mma.sync, one tile at a time through two
+ * cp.async stages (loadKV fills one), a CTA barrier per tile; dq the warp's
+ * accumulators, dsTile the kernel's. */
+template <int DK, int DV, int KT, int MT, int LDK, int LDV, class LoadKV, class DsTile>
+__device__ __forceinline__ void fastDqMainloopSync(int ntiles, LoadKV &loadKV, bf16 *sK, bf16 *sV,
+                                                   bf16 *sQ, bf16 *sdO, int row0,
+                                                   float (&dq)[MT][DK / 8][4], DsTile &dsTile) {
+    constexpr int NT = KT / 8;
+for (int it = 0; it < ntiles; it++) {
+    const int st = fastSyncStage(it, ntiles, loadKV);
+    const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+    float s[MT][NT][4], dp[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
+    fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+    fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
+    fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
+    __syncthreads();
+}
 }
 
 /* dQ of one tile of FAST_QTILE_ROWS query rows, recomputing P from the
@@ -208,98 +329,15 @@ fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, B
             if (full) run(std::true_type{});
             else run(std::false_type{});
         };
-        if constexpr (Q::DQ_PIPE) {
-            /* Software pipeline as in fastFwdKernel: tile it issues its scores
-             * and dP, then dS.K of tile it-1, and computes its dS while that
-             * runs. */
-            if (ntiles > 0) {
-                float s[NT][4], dp[NT][4];
-                uint32_t a[NT / 2][4];
-                const int j0 = ring_base;
-                fastCpWait<0>();
-                fastTileBarrier<WG>(); /* q and dout landed */
-                ring.wait(j0);
-                fastWgRunTurn<TURNS, WGS>(
-                    [&] {
-                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0);
-                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j0), KT, 0);
-                    },
-                    s, dp);
-                dsTile(s, dp, 0, 0);
-                fastWgAFromC<NT>(a, s);
-                for (int it = 1; it < ntiles; it++) {
-                    const int j = j0 + it;
-                    ring.wait(j);
-                    if constexpr (TURNS) Turns::wait();
-                    fastWgArrive();
-                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
-                    fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
-                    fastWgCommit();
-                    fastWgFenceAcc(dq[0]);
-                    fastWgArrive();
-                    fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j - 1), KT, 0);
-                    fastWgCommit();
-                    if constexpr (TURNS) Turns::pass();
-                    produce(it + Ring::AHEAD);
-                    fastWgWait<1>(); /* scores and dP of tile it */
-                    fastWgFenceAcc(s);
-                    fastWgFenceAcc(dp);
-                    dsTile(s, dp, 0, it);
-                    fastWgWait<0>(); /* dS.K of tile it-1: its A registers are free */
-                    fastWgFenceAcc(dq[0]);
-                    ring.release(j - 1);
-                    fastWgAFromC<NT>(a, s);
-                }
-                fastWgRunTurn<TURNS, WGS>(
-                    [&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j0 + ntiles - 1), KT, 0); }, dq[0]);
-                ring.release(j0 + ntiles - 1); /* the next branch reuses its stage */
-            }
-        } else if constexpr (WG) {
-            /* one tile at a time where the pipeline's registers would cost
-             * the second CTA per SM (d_k = 64: faster this way than
-             * pipelined at one CTA); tiles through the
-             * TMA ring, released as soon as dS.K is done */
-            if (ntiles > 0) {
-                fastCpWait<0>();
-                fastTileBarrier<WG>(); /* q and dout landed */
-            }
-            for (int it = 0; it < ntiles; it++) {
-                if (it > 0) produce(it + Ring::AHEAD);
-                const int j = ring_base + it;
-                ring.wait(j);
-                float s[NT][4], dp[NT][4];
-                fastWgRun(
-                    [&] {
-                        fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j), KT, 0);
-                        fastWgIssueAZt<NT, DV>(dp, sdO, R, wg_row0, ring.v(j), KT, 0);
-                    },
-                    s, dp);
-                dsTile(s, dp, 0, it);
-                uint32_t a[NT / 2][4];
-                fastWgAFromC<NT>(a, s);
-                fastWgRun([&] { fastWgIssuePZ<NT, DK>(dq[0], a, ring.k(j), KT, 0); }, dq[0]);
-                ring.release(j);
-            }
-        } else {
-            /* mma.sync, one tile at a time */
-            for (int it = 0; it < ntiles; it++) {
-                const int st = fastSyncStage(it, ntiles, loadKV);
-                const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-                float s[MT][NT][4], dp[MT][NT][4];
-    #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-    #pragma unroll
-                    for (int n = 0; n < NT; n++)
-    #pragma unroll
-                        for (int e = 0; e < 4; e++) s[mt][n][e] = dp[mt][n][e] = 0.f;
-                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-                fastMmaAZtM<MT, NT, DV>(dp, sdO, LDV, row0, v_t, LDV);
-    #pragma unroll
-                for (int mt = 0; mt < MT; mt++) dsTile(s[mt], dp[mt], mt, it);
-                fastMmaPZM<MT, NT, DK>(dq, s, k_t, LDK);
-                __syncthreads();
-            }
-        }
+        if constexpr (Q::DQ_PIPE)
+            fastDqMainloopWgmmaPipelined<DK, DV, KT, R, MT, TURNS, WGS>(
+                ring, ring_base, ntiles, sQ, sdO, wg_row0, dq, dsTile, produce);
+        else if constexpr (WG)
+            fastDqMainloopWgmma<DK, DV, KT, R, MT>(ring, ring_base, ntiles, sQ, sdO, wg_row0, dq,
+                                                   dsTile, produce);
+        else
+            fastDqMainloopSync<DK, DV, KT, MT, LDK, LDV>(ntiles, loadKV, sK, sV, sQ, sdO, row0, dq,
+                                                         dsTile);
         fastCpWait<0>();
         if constexpr (WG) ring_base += ntiles;
         branch_no++;

@@ -1,9 +1,10 @@
 /* tile_fwd.cuh - the forward pass of the flash tile loops (tile_common.cuh
  * says what they share): fastFwdKernel runs one or more branches on each
- * query tile - the wgmma main loop software-pipelined over a TMA ring of key
- * tiles, the mma.sync one over two cp.async stages - and ends with the
- * epilogue (o, lse and, after the last branch, the gate combine); its
- * launchers. Used by the compressed and window forwards, the masked dense
+ * query tile - the wgmma main loop (fastFwdMainloopWgmma) software-
+ * pipelined over a TMA ring of key tiles, the mma.sync one
+ * (fastFwdMainloopSync) over two cp.async stages - and ends each branch
+ * with the epilogue (tile_fwd_epilogue.cuh: o, lse and, after the last
+ * branch, the gate combine); its launchers. Used by the compressed and window forwards, the masked dense
  * selected forward and the forced selected blocks' pass. */
 #ifndef NSA_FAST_TILE_FWD_CUH
 #define NSA_FAST_TILE_FWD_CUH
@@ -29,6 +30,107 @@ template <class F, class First, class... Rest>
 __device__ __forceinline__ void fastEachBranch(F &f, const First &first, const Rest &...rest) {
     f(first, std::bool_constant<sizeof...(Rest) == 0>{});
     if constexpr (sizeof...(Rest) > 0) fastEachBranch(f, rest...);
+}
+
+/* The forward's main loop on wgmma, software-pipelined (FlashAttention-3's
+ * intra-warpgroup overlap): tile it issues its scores, then P.V of tile it-1, and computes its
+ * exponentials while that P.V runs on the tensor cores. Nothing is
+ * in flight across iterations (the compiler would serialise the
+ * products otherwise, C7515). Tiles come through the TMA ring: a
+ * warp waits for tile it and releases tile it-1 (its V was the last
+ * read) - no barrier across the CTA in the loop.
+ * One branch's ntiles key tiles, the ring's tiles ring_base on; m, l, o
+ * the warp's softmax state; maskTile and keyAt the kernel's. */
+template <int DK, int DV, int KT, int R, int MT, bool TURNS, int WGS, bool LAST, class Ring,
+          class MaskTile, class KeyAt>
+__device__ __forceinline__ void fastFwdMainloopWgmma(const Ring &ring, const FastFwdMaps &maps,
+                                                     int branch_no, int ring_base, int ntiles,
+                                                     int b, int g, bf16 *sQ, int wg_row0,
+                                                     float (&m)[MT][2], float (&l)[MT][2],
+                                                     float (&o)[MT][DV / 8][4], MaskTile &maskTile,
+                                                     KeyAt &keyAt) {
+    constexpr bool WG = true;
+    constexpr int NT = KT / 8;
+    using Turns = FastTurns<WGS>;
+    if (ntiles > 0) {
+        float s[NT][4], corr[2];
+        uint32_t a[NT / 2][4];
+        auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
+            float mx[2];
+            maskTile(s, 0, it, mx);
+            fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
+        };
+        const int j0 = ring_base;
+        fastCpWait<0>();
+        fastTileBarrier<WG>(); /* q landed */
+        ring.wait(j0);
+        fastWgRunTurn<TURNS, WGS>(
+            [&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
+        scoresToP(0); /* o is 0: no rescale */
+        fastWgAFromC<NT>(a, s);
+        auto produce = [&](int it) {
+            if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
+                ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
+                             keyAt(it + Ring::AHEAD));
+        };
+        for (int it = 1; it < ntiles; it++) {
+            ring.wait(j0 + it);
+            if constexpr (TURNS) Turns::wait();
+            fastWgArrive();
+            fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
+            fastWgCommit();
+            fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
+            fastWgFenceAcc(o[0]);
+            fastWgArrive();
+            fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
+            fastWgCommit();
+            if constexpr (TURNS) Turns::pass();
+            produce(it);
+            fastWgWait<1>(); /* scores of tile it */
+            fastWgFenceAcc(s);
+            scoresToP(it);
+            fastWgWait<0>(); /* P.V of tile it-1 */
+            fastWgFenceAcc(o[0]);
+            ring.release(j0 + it - 1);
+            fastWgAFromC<NT>(a, s);
+        }
+        fastRescaleRows<DV>(o[0], corr);
+        fastWgRunTurn<TURNS, WGS>(
+            [&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); }, o[0]);
+        if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
+    }
+}
+
+/* The forward's main loop on mma.sync for one branch: its ntiles key tiles
+ * through two cp.async stages (loadKV fills one), a CTA barrier per tile;
+ * m, l, o the warp's softmax state, maskTile the kernel's. */
+template <int DK, int DV, int KT, int MT, int LDK, int LDV, class LoadKV, class MaskTile>
+__device__ __forceinline__ void fastFwdMainloopSync(int ntiles, LoadKV &loadKV, bf16 *sK, bf16 *sV,
+                                                    bf16 *sQ, int row0, float (&m)[MT][2],
+                                                    float (&l)[MT][2], float (&o)[MT][DV / 8][4],
+                                                    MaskTile &maskTile) {
+    constexpr int NT = KT / 8;
+    for (int it = 0; it < ntiles; it++) {
+        const int st = fastSyncStage(it, ntiles, loadKV);
+        const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
+        float s[MT][NT][4];
+#pragma unroll
+        for (int i = 0; i < MT; i++)
+#pragma unroll
+            for (int n = 0; n < NT; n++)
+                s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
+        /* q fragments are re-read from shared memory per tile: holding
+         * them (MT * DK / 4 registers) would spill */
+        fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
+#pragma unroll
+        for (int i = 0; i < MT; i++) {
+            float mx[2];
+            maskTile(s[i], i, it, mx);
+            fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
+        }
+        fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
+        __syncthreads();
+    }
 }
 
 /* Forward of one tile of FWD_ROWS query rows (FastQTile), per branch in
@@ -165,84 +267,13 @@ fastFwdKernel(FastCtx c, FastFwdIo io, const __grid_constant__ FastFwdMaps maps,
             if (full) run(std::true_type{});
             else run(std::false_type{});
         };
-        if constexpr (WG) {
-            /* Software pipeline (FlashAttention-3's intra-warpgroup overlap):
-             * tile it issues its scores, then P.V of tile it-1, and computes its
-             * exponentials while that P.V runs on the tensor cores. Nothing is
-             * in flight across iterations (the compiler would serialise the
-             * products otherwise, C7515). Tiles come through the TMA ring: a
-             * warp waits for tile it and releases tile it-1 (its V was the last
-             * read) - no barrier across the CTA in the loop. */
-            if (ntiles > 0) {
-                float s[NT][4], corr[2];
-                uint32_t a[NT / 2][4];
-                auto scoresToP = [&](int it) { /* s: scores of tile it -> P, corr */
-                    float mx[2];
-                    maskTile(s, 0, it, mx);
-                    fastSoftmaxScores<NT>(s, mx, m[0], l[0], corr);
-                };
-                const int j0 = ring_base;
-                fastCpWait<0>();
-                fastTileBarrier<WG>(); /* q landed */
-                ring.wait(j0);
-                fastWgRunTurn<TURNS, WGS>(
-                    [&] { fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0), KT, 0); }, s);
-                scoresToP(0); /* o is 0: no rescale */
-                fastWgAFromC<NT>(a, s);
-                auto produce = [&](int it) {
-                    if (threadIdx.x == 0 && it + Ring::AHEAD < ntiles)
-                        ring.produce(maps.br[branch_no], j0 + it + Ring::AHEAD, b, g,
-                                     keyAt(it + Ring::AHEAD));
-                };
-                for (int it = 1; it < ntiles; it++) {
-                    ring.wait(j0 + it);
-                    if constexpr (TURNS) Turns::wait();
-                    fastWgArrive();
-                    fastWgIssueAZt<NT, DK>(s, sQ, R, wg_row0, ring.k(j0 + it), KT, 0);
-                    fastWgCommit();
-                    fastRescaleRows<DV>(o[0], corr); /* by tile it-1's max */
-                    fastWgFenceAcc(o[0]);
-                    fastWgArrive();
-                    fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + it - 1), KT, 0);
-                    fastWgCommit();
-                    if constexpr (TURNS) Turns::pass();
-                    produce(it);
-                    fastWgWait<1>(); /* scores of tile it */
-                    fastWgFenceAcc(s);
-                    scoresToP(it);
-                    fastWgWait<0>(); /* P.V of tile it-1 */
-                    fastWgFenceAcc(o[0]);
-                    ring.release(j0 + it - 1);
-                    fastWgAFromC<NT>(a, s);
-                }
-                fastRescaleRows<DV>(o[0], corr);
-                fastWgRunTurn<TURNS, WGS>(
-                    [&] { fastWgIssuePZ<NT, DV>(o[0], a, ring.v(j0 + ntiles - 1), KT, 0); }, o[0]);
-                if constexpr (!LAST) ring.release(j0 + ntiles - 1); /* the next branch reuses it */
-            }
-        } else {
-            for (int it = 0; it < ntiles; it++) {
-                const int st = fastSyncStage(it, ntiles, loadKV);
-                const bf16 *k_t = sK + st * KT * LDK, *v_t = sV + st * KT * LDV;
-                float s[MT][NT][4];
-#pragma unroll
-                for (int i = 0; i < MT; i++)
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-                        s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.f;
-                /* q fragments are re-read from shared memory per tile: holding
-                 * them (MT * DK / 4 registers) would spill */
-                fastMmaAZtM<MT, NT, DK>(s, sQ, LDK, row0, k_t, LDK);
-#pragma unroll
-                for (int i = 0; i < MT; i++) {
-                    float mx[2];
-                    maskTile(s[i], i, it, mx);
-                    fastSoftmaxStep<NT, DV>(s[i], mx, m[i], l[i], o[i]);
-                }
-                fastMmaPZM<MT, NT, DV>(o, s, v_t, LDV);
-                __syncthreads();
-            }
-        }
+        if constexpr (WG)
+            fastFwdMainloopWgmma<DK, DV, KT, R, MT, TURNS, WGS, LAST>(
+                ring, maps, branch_no, ring_base, ntiles, b, g, sQ, wg_row0, m, l, o, maskTile,
+                keyAt);
+        else
+            fastFwdMainloopSync<DK, DV, KT, MT, LDK, LDV>(ntiles, loadKV, sK, sV, sQ, row0, m, l, o,
+                                                          maskTile);
         fastCpWait<0>();
 
         fastFwdEpilogue<DV, MT, R, COMBINE, LAST, WG>(io, bio, sQ, tok, m, l, o, row0, rowToken,
