@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,8 +76,11 @@ void trainMonitorInit(TrainMonitor *mon) {
     atomic_store(&mon->step_done, 0);
     atomic_store(&mon->memory_bytes, 0);
     atomic_store(&mon->memory_step, 0);
-    atomic_store(&mon->device_seq, 0);
-    mon->device[0] = '\0';
+    atomic_store(&mon->device_read, 0);
+    atomic_store(&mon->device_version, 0);
+    atomic_store(&mon->device_readers[0], 0);
+    atomic_store(&mon->device_readers[1], 0);
+    mon->device[0][0] = mon->device[1][0] = '\0';
     atomic_store(&mon->n_ranks, 0);
     atomic_store(&mon->rank_first, 0);
     for (int r = 0; r < TRAIN_MAX_RANKS; r++) {
@@ -106,39 +110,43 @@ void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, siz
     if (used + 1 < cap) snprintf(out + used, cap - used, "\n");
 }
 
-/* A seqlock: one writer (the trainer), readers retry while it writes. The
- * bytes go through relaxed atomic loads and stores so that a read racing
- * a write is defined behaviour; the sequence numbers order them. */
+/* Left-right (Ramalhete and Correia): readers announce themselves in the
+ * reader count of the current version, then copy the line device_read
+ * points at. The writer fills the other copy, points readers at it, and
+ * before returning waits until no reader can still be in the copy it left
+ * (first the count readers will move to, then, after moving them, the
+ * count they were in), so that its next call can rewrite that copy. Every
+ * protocol step is a sequentially consistent atomic, which orders the
+ * plain byte copies on either side of it. */
+static void waitForReaders(_Atomic int *readers) {
+    while (atomic_load(readers) != 0) sched_yield();
+}
+
 void trainMonitorSetDevice(TrainMonitor *mon, const char *line) {
-    unsigned seq = atomic_load_explicit(&mon->device_seq, memory_order_relaxed);
-    atomic_store_explicit(&mon->device_seq, seq + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    const int old = atomic_load(&mon->device_read);
+    char *copy = mon->device[!old];
     size_t i = 0;
-    for (; line && line[i] && i + 1 < sizeof mon->device; i++)
-        atomic_store_explicit((_Atomic char *)&mon->device[i], line[i], memory_order_relaxed);
-    atomic_store_explicit((_Atomic char *)&mon->device[i], '\0', memory_order_relaxed);
-    atomic_store_explicit(&mon->device_seq, seq + 2, memory_order_release);
+    for (; line && line[i] && i + 1 < sizeof mon->device[0]; i++) copy[i] = line[i];
+    copy[i] = '\0';
+    atomic_store(&mon->device_read, !old);
+    const int version = atomic_load(&mon->device_version);
+    waitForReaders(&mon->device_readers[!version]);
+    atomic_store(&mon->device_version, !version);
+    waitForReaders(&mon->device_readers[version]);
 }
 
 void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap) {
-    out[0] = '\0';
-    for (int attempt = 0; attempt < 100; attempt++) {
-        unsigned before = atomic_load_explicit(&mon->device_seq, memory_order_acquire);
-        if (before & 1) continue;
-        size_t i = 0;
-        for (; i + 1 < cap && i < sizeof mon->device; i++) {
-            out[i] = atomic_load_explicit((_Atomic char *)&mon->device[i], memory_order_relaxed);
-            if (!out[i]) break;
-        }
-        out[i < cap ? i : cap - 1] = '\0';
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&mon->device_seq, memory_order_relaxed) == before) return;
-    }
-    snprintf(out, cap, "(being replaced)");
+    const int version = atomic_load(&mon->device_version);
+    atomic_fetch_add(&mon->device_readers[version], 1);
+    const char *line = mon->device[atomic_load(&mon->device_read)];
+    size_t i = 0;
+    for (; i + 1 < cap && i < sizeof mon->device[0] && line[i]; i++) out[i] = line[i];
+    out[i] = '\0';
+    atomic_fetch_sub(&mon->device_readers[version], 1);
 }
 
 void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap) {
-    char device[sizeof mon->device];
+    char device[sizeof mon->device[0]];
     trainMonitorDevice(mon, device, sizeof device);
     const int64_t mem = atomic_load(&mon->memory_bytes), mem_step = atomic_load(&mon->memory_step);
     const int64_t done_ns = atomic_load(&mon->step_done_ns), done = atomic_load(&mon->step_done);
@@ -275,7 +283,10 @@ static int emitEvent(Trainer *t, const char *type, const char *detail_json, NsaE
 /* Sleeps inside `phase` when the config's fault section asks for a stall
  * there at this step (the watchdog's test); once per run, interruptible by
  * stop_now and by an abort of comm (a rank's transport, may be NULL). The
- * step's phases run on the ranks' threads: there only fault.rank stalls. */
+ * step's phases run on the ranks' threads: there only fault.rank stalls. A
+ * `stall` event goes out first (its heartbeat line carries the phase the
+ * trainer is in), so that the stall is on record without anyone having to
+ * catch the trainer in the act. */
 static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm) {
     const FaultConfig *f = &t->job.fault;
     if (t->stall_fired || f->stall_at_step <= 0 || f->stall_at_step != step) return;
@@ -283,6 +294,11 @@ static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm
     t->stall_fired = 1;
     logWarn("fault: stalling %.1f s in phase %s at step %" PRId64 " (fault.stall_at_step)",
             f->stall_seconds, f->stall_phase, step);
+    char detail[160];
+    snprintf(detail, sizeof detail, "{\"phase\":\"%s\",\"at_step\":%" PRId64 ",\"seconds\":%.6g}",
+             trainPhaseName(phase), step, f->stall_seconds);
+    NsaError err;
+    if (emitEvent(t, "stall", detail, &err) != 0) logError("heartbeat: %s", err.message);
     double until = monotonicSeconds() + f->stall_seconds;
     while (monotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
            !nsaCommAborted(comm, NULL, 0)) {

@@ -51,8 +51,15 @@ typedef struct TrainMonitor {
     _Atomic int64_t step_done;       /* which step that was */
     _Atomic int64_t memory_bytes;    /* device memory in use (CPU: RSS) at the last logged step */
     _Atomic int64_t memory_step;     /* and that step */
-    _Atomic unsigned device_seq;     /* odd while `device` is being written (a seqlock) */
-    char device[384];                /* the engine's device line; trainMonitorDevice reads it */
+    /* The engine's device line (trainMonitorSetDevice / trainMonitorDevice):
+     * two copies under a left-right protocol, so that a reader always takes
+     * a whole line, old or new, in a bounded number of its own steps - it
+     * never waits for the writer nor retries - while the one writer (the
+     * trainer) waits for the readers of the copy it is about to rewrite. */
+    _Atomic int device_read;         /* the copy readers take */
+    _Atomic int device_version;      /* which reader count arriving readers join */
+    _Atomic int device_readers[2];   /* readers in progress, per version */
+    char device[2][384];
     /* Data parallelism: each local rank's phase (its worker writes it; idle
      * when it has done its part of a dispatch), so a hang dump names the
      * rank that holds the others up; and the watchdog's request to abort
@@ -68,10 +75,13 @@ void trainMonitorInit(TrainMonitor *mon);
 /* Sets the phase and its start time; also a heartbeat. Async-signal-safe. */
 void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase);
 /* The trainer's side: the device line of the model it just built (copied,
- * truncated to fit). Cannot fail. */
+ * truncated to fit). One writer at a time. Waits for readers still copying
+ * the older line (each takes a few hundred bytes' copy). Cannot fail. */
 void trainMonitorSetDevice(TrainMonitor *mon, const char *line);
 /* A watcher's side: copies the device line into out (cap > 0; "" before the
- * first model), consistent even while the trainer replaces it. */
+ * first model), truncated to cap - 1 bytes. Always a whole line, the one
+ * before or after a concurrent trainMonitorSetDevice, without waiting or
+ * retrying (wait-free). Any number of threads. */
 void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap);
 /* The device lines of a dump header, each ending in a newline: "device:"
  * (the device line), "device_memory:" (in use at the last logged step) and
