@@ -567,7 +567,7 @@ int cmdServe(int argc, char **argv) {
         logError("%s", err.message);
         serverStop(srv);
         inferStop(svc->infer);
-        serviceShutdown(svc, (double)o.stop_timeout_s);
+        serviceShutdown(svc, (double)o.stop_timeout_s, TRAIN_HALT_SHUTDOWN);
         serviceClose(svc);
         return 1;
     }
@@ -595,7 +595,7 @@ int cmdServe(int argc, char **argv) {
     if (sdNotify(status) < 0)
         logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
 
-    int exit_code = 0;
+    int exit_code = 0, stop_signal = SIGTERM;
     for (int stopping = 0; !stopping;) {
         int sig = signalsWait(1000);
         if (!sig) continue;
@@ -610,6 +610,7 @@ int cmdServe(int argc, char **argv) {
         case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
         case SIGNAL_STOP:
             logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)", name);
+            stop_signal = sig;
             stopping = 1;
             break;
         }
@@ -618,7 +619,8 @@ int cmdServe(int argc, char **argv) {
     serverStop(srv);      /* first: it ends the streams the inference jobs write */
     inferStop(svc->infer);
     svc->infer = NULL;
-    if (serviceShutdown(svc, (double)o.stop_timeout_s) != 0) {
+    if (serviceShutdown(svc, (double)o.stop_timeout_s,
+                        trainHaltReasonOfSignal(stop_signal)) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
                  (double)o.stop_timeout_s);
         exit_code = 1;

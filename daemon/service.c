@@ -164,10 +164,12 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
     if (svc->shutting_down && !svc->user_halt && res->outcome == TRAIN_HALTED) {
         /* stopped for a daemon shutdown: keep it active on disk so the next
          * nsad resumes it */
-        addEvent(run, "shutdown", run->step, NULL);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"reason\":\"%s\"}", trainHaltReasonName(svc->shutting_down));
+        addEvent(run, "shutdown", run->step, detail);
         saveState(run, RUN_RUNNING);
-        logNotice("run %s: checkpointed at step %lld for the shutdown; the next start resumes it", run->id,
-                  (long long)run->step);
+        logNotice("run %s: checkpointed at step %lld for the shutdown (%s); the next start resumes it",
+                  run->id, (long long)run->step, trainHaltReasonName(svc->shutting_down));
         return;
     }
     /* a hang the run came through is history (its event stays), not its end */
@@ -387,16 +389,16 @@ int serviceStartTrainer(Service *svc, NsaError *err) {
     return 0;
 }
 
-int serviceShutdown(Service *svc, double timeout_s) {
+int serviceShutdown(Service *svc, double timeout_s, int why) {
     pthread_mutex_lock(&svc->lock);
-    svc->shutting_down = 1;
+    svc->shutting_down = why > 0 ? why : TRAIN_HALT_SHUTDOWN;
     if (svc->active_id[0]) {
         if (svc->pending) {
             /* never started: it stays active on disk and resumes next time */
             svc->pending = SERVICE_PENDING_NONE;
             svc->active_id[0] = '\0';
         } else {
-            atomic_store(&svc->mon.halt_requested, 1);
+            atomic_store(&svc->mon.halt_requested, svc->shutting_down);
         }
     }
     pthread_cond_broadcast(&svc->wake);
@@ -591,7 +593,7 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
                   runStateName(run->state));
     } else {
         svc->user_halt = 1;
-        atomic_store(&svc->mon.halt_requested, 1);
+        atomic_store(&svc->mon.halt_requested, TRAIN_HALT_REQUEST);
         addEvent(run, "halt_requested", run->step, NULL);
         saveState(run, RUN_HALTING);
         logNotice("run %s: halt requested at step %lld", id, (long long)run->step);

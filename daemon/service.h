@@ -43,7 +43,7 @@ typedef struct Service {
     char active_id[RUN_ID_MAX]; /* the run holding the trainer, "" when idle */
     int pending;                /* SERVICE_PENDING_*: the active run waits for the trainer thread */
     int user_halt;              /* the active run's halt came from a user */
-    int shutting_down;
+    int shutting_down;          /* a TrainHaltReason once serviceShutdown began, else 0 */
     unsigned job_events;          /* ending events the trainer reported (eventBit) */
     WatchdogConfig deadlines;     /* the active job's phase deadlines */
     int64_t hang_flagged_since;   /* phase_since_ns the watchdog flagged, 0 none */
@@ -82,12 +82,14 @@ Service *serviceOpen(const char *state_dir, NsaError *err);
 int serviceStartTrainer(Service *svc, NsaError *err);
 
 /* Asks an active run to checkpoint and stop without marking it halted (the
- * next nsad resumes it), waits for the trainer thread and joins it. After
- * half of timeout_s it asks the trainer to stop at once, without a
- * checkpoint (a stuck step never reaches one). Returns 0 when the trainer
- * stopped, -1 when it did not within timeout_s (the caller exits anyway;
- * the run's record still says it was active). */
-int serviceShutdown(Service *svc, double timeout_s);
+ * next nsad resumes it), waits for the trainer thread and joins it. why (a
+ * TrainHaltReason: TRAIN_HALT_SIGTERM, _SIGINT or _SHUTDOWN) is what the
+ * run's heartbeat, events and the log say stopped it. After half of
+ * timeout_s it asks the trainer to stop at once, without a checkpoint (a
+ * stuck step never reaches one). Returns 0 when the trainer stopped, -1
+ * when it did not within timeout_s (the caller exits anyway; the run's
+ * record still says it was active). */
+int serviceShutdown(Service *svc, double timeout_s, int why);
 
 /* Frees everything. The trainer thread must have stopped (serviceShutdown)
  * or never started. NULL is a no-op. */

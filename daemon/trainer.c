@@ -25,6 +25,7 @@
 #include <inttypes.h>
 #include <math.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +52,28 @@ static const char *const phase_names[PHASE_COUNT] = {
 const char *trainPhaseName(TrainPhase phase) {
     if ((int)phase < 0 || phase >= PHASE_COUNT) return "unknown";
     return phase_names[phase];
+}
+
+const char *trainHaltReasonName(int why) {
+    switch (why) {
+    case TRAIN_HALT_REQUEST: return "halt request";
+    case TRAIN_HALT_SIGTERM: return "SIGTERM";
+    case TRAIN_HALT_SIGINT: return "SIGINT";
+    case TRAIN_HALT_SHUTDOWN: return "nsad shutdown";
+    case TRAIN_HALT_SIGXCPU: return "SIGXCPU";
+    case TRAIN_HALT_SIGPWR: return "SIGPWR";
+    default: return "halt";
+    }
+}
+
+int trainHaltReasonOfSignal(int sig) {
+    switch (sig) {
+    case SIGTERM: return TRAIN_HALT_SIGTERM;
+    case SIGINT: return TRAIN_HALT_SIGINT;
+    case SIGXCPU: return TRAIN_HALT_SIGXCPU;
+    case SIGPWR: return TRAIN_HALT_SIGPWR;
+    default: return TRAIN_HALT_SHUTDOWN;
+    }
 }
 
 int trainPhaseFromName(const char *name) {
@@ -984,10 +1007,13 @@ static int evaluate(Trainer *t, NsaError *err) {
     const TrainSample *held = t->has_held_sample && t->held_sample.step == step ? &t->held_sample : NULL;
     if (t->hooks && t->hooks->on_eval) t->hooks->on_eval(t->hooks->ctx, held, step, val, bpb);
     t->has_held_sample = 0;
-    logInfo("eval: step %" PRId64 " val_loss %.4f (%.4f bits/byte)", step, val, bpb);
+    /* once: the progress line on stdout (`nsad train`, where stdout and the
+     * log usually share a terminal), else the log */
     if (!t->quiet) {
         printf("eval  %6" PRId64 " | val_loss %.4f | %.4f bits/byte\n", step, val, bpb);
         fflush(stdout);
+    } else {
+        logInfo("eval: step %" PRId64 " val_loss %.4f (%.4f bits/byte)", step, val, bpb);
     }
     return sampleAtEval(t, step, err);
 }
@@ -1259,7 +1285,8 @@ static const char *outcomeName(TrainOutcome o) {
 /* Why the run should stop after this step, or NULL. */
 static const char *haltReason(Trainer *t) {
     if (atomic_load(&t->mon->stop_now)) return "stop_now";
-    if (atomic_load(&t->mon->halt_requested)) return "halt request";
+    int why = atomic_load(&t->mon->halt_requested);
+    if (why) return trainHaltReasonName(why);
     if (artifactsHaltRequested(t->out_dir)) return ".HALT file";
     return NULL;
 }
@@ -1542,6 +1569,8 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     res->last_loss = t->last_loss;
     res->last_val_loss = t->last_val;
     snprintf(res->anomaly, sizeof res->anomaly, "%s", t->anomaly);
+    if (outcome == TRAIN_HALTED && halt_reason)
+        snprintf(res->halt_reason, sizeof res->halt_reason, "%s", halt_reason);
     freeTrainer(t);
     free(t);
     return outcome == TRAIN_COMPLETED || outcome == TRAIN_HALTED ? 0 : -1;

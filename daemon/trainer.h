@@ -35,6 +35,28 @@ const char *trainPhaseName(TrainPhase phase);
 /* Returns the phase of that name, or -1. */
 int trainPhaseFromName(const char *name);
 
+/* Why a run is asked to finish its step, checkpoint and return: the value
+ * of TrainMonitor.halt_requested (0: it is not). The reason reaches the
+ * heartbeat's halt event, the result and the logs as trainHaltReasonName
+ * says it. */
+typedef enum TrainHaltReason {
+    TRAIN_HALT_NONE = 0,
+    TRAIN_HALT_REQUEST = 1,  /* a user: POST .../halt, nsactl halt, the dashboard */
+    TRAIN_HALT_SIGTERM = 2,  /* nsad train or nsad serve got SIGTERM */
+    TRAIN_HALT_SIGINT = 3,   /* ... SIGINT (Ctrl-C) */
+    TRAIN_HALT_SHUTDOWN = 4, /* nsad serve stops for another reason */
+    TRAIN_HALT_SIGXCPU = 5,  /* the soft CPU time limit (signals.c: a stop signal) */
+    TRAIN_HALT_SIGPWR = 6    /* the power is failing (likewise) */
+} TrainHaltReason;
+
+/* "halt request", "SIGTERM", "SIGINT", "nsad shutdown", "SIGXCPU",
+ * "SIGPWR"; "halt" for any other value. Never NULL. */
+const char *trainHaltReasonName(int why);
+
+/* The TrainHaltReason of a stop signal (signals.c's SIGNAL_STOP);
+ * TRAIN_HALT_SHUTDOWN for a signal without one of its own. Cannot fail. */
+int trainHaltReasonOfSignal(int sig);
+
 /* Shared between the trainer and its watchers (HTTP thread, watchdog,
  * signal handlers). Every field is atomic; the trainer writes, others read,
  * except the request flags, which others set and the trainer clears. */
@@ -43,7 +65,7 @@ typedef struct TrainMonitor {
     _Atomic int64_t phase_since_ns;  /* CLOCK_MONOTONIC when the phase began */
     _Atomic int64_t step;            /* last completed optimizer step */
     _Atomic int64_t heartbeat_ns;    /* CLOCK_MONOTONIC of the last sign of life */
-    _Atomic int halt_requested;      /* finish this step, checkpoint, return */
+    _Atomic int halt_requested;      /* TrainHaltReason: finish this step, checkpoint, return */
     _Atomic int stop_now;            /* abandon without checkpoint (shutdown) */
     /* What a hang dump says about the device, kept by the trainer so that a
      * watcher never has to ask a driver that may itself be stuck: */
@@ -169,6 +191,7 @@ typedef struct TrainResult {
     int64_t step;            /* last completed step */
     double last_loss, last_val_loss;
     char anomaly[32];        /* "nan_loss", "nan_grad", ... or "" */
+    char halt_reason[32];    /* TRAIN_HALTED: why ("SIGTERM", "halt request", ".HALT file", ...) */
 } TrainResult;
 
 /* How many data-parallel ranks this node brings to job cfg: its GPUs as

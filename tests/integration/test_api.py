@@ -837,6 +837,15 @@ def test_sigterm_resume(workdir, web_root):
     check("SIGTERM mid-run: shutdown and restart events, resumed at the stopping step",
           "shutdown" in types and "restart" in types and resume and resume[-1]["detail"].get("step") == stopped_at,
           events[-6:])
+    shutdown = [e for e in events if e["type"] == "shutdown"]
+    check("SIGTERM mid-run: the shutdown event says SIGTERM stopped it",
+          shutdown and shutdown[0]["detail"].get("reason") == "SIGTERM", shutdown)
+    hb = open(os.path.join(d.state_dir, "runs", run_id, "out", "heartbeat_rank0.jsonl")).read()
+    halts = [json.loads(line) for line in hb.splitlines() if '"event":"halt"' in line]
+    check("SIGTERM mid-run: the heartbeat's halt event names SIGTERM, not a halt request",
+          halts and halts[0]["detail"].get("reason") == "SIGTERM", halts)
+    check("SIGTERM mid-run: the log names it too",
+          "for the shutdown (SIGTERM)" in d.log_text(), d.log_text()[-1500:])
     got = [p["step"] for p in d.api("GET", f"/api/v1/runs/{run_id}/metrics").json["train"]]
     check("SIGTERM mid-run: the metric series is whole", got == list(range(2, steps + 1, 2)), got)
     return d

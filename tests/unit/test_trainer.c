@@ -1003,6 +1003,43 @@ static void test_cmd_train_usage_and_config_errors(void **state) {
     free(dir);
 }
 
+/* `nsad train` in the foreground prints each evaluation once, stdout and
+ * the log together (as on a terminal): steps 0, 4 and 8 of an 8-step run. */
+static void test_cmd_train_prints_each_eval_once(void **state) {
+    (void)state;
+    char *dir = testTempDir("train");
+    char out[1024], cfg_path[1024], log_path[1024];
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/job.yaml", dir);
+    snprintf(log_path, sizeof log_path, "%s/console.txt", dir);
+    writeText(dir, "job.yaml", small_job_yaml);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        char *argv[] = {"train", cfg_path, "--out", out, "--steps", "8", NULL};
+        _exit(cmdTrain(6, argv));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char *text = slurp(dir, "console.txt");
+    assert_non_null(text);
+    /* the progress line ("eval  4 | val_loss ...") and the log's ("eval: step 4 ...") */
+    int evals = 0;
+    for (char *p = strstr(text, "| val_loss"); p; p = strstr(p + 1, "| val_loss")) evals++;
+    for (char *p = strstr(text, "eval: step"); p; p = strstr(p + 1, "eval: step")) evals++;
+    if (evals != 3) fail_msg("%d evaluation lines, wanted 3 (steps 0, 4, 8):\n%.1500s", evals, text);
+    free(text);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 /* Waits up to `seconds` for pred(dir); returns its last value. */
 static int waitFor(int (*pred)(const char *), const char *dir, double seconds) {
     for (int i = 0; i < (int)(seconds * 100); i++) {
@@ -1056,11 +1093,15 @@ static void test_cmd_train_signals(void **state) {
     writeText(dir, "job.yaml", yaml);
     free(yaml);
 
+    char console_path[1024];
+    snprintf(console_path, sizeof console_path, "%s/console.txt", dir);
+    fflush(stdout);
+    fflush(stderr);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, STDERR_FILENO);
+        int log = open(console_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(log, STDERR_FILENO);
         char *argv[] = {"train", cfg_path, "--out", out, "--quiet", "--steps", "5000", NULL};
         _exit(cmdTrain(7, argv));
     }
@@ -1105,6 +1146,18 @@ static void test_cmd_train_signals(void **state) {
     int64_t step = (int64_t)cJSON_GetObjectItem(m, "step")->valuedouble;
     cJSON_Delete(m);
     assert_true(step >= 2 && step < 5000);
+    /* the halt says what stopped it: the signal, not a "halt request" */
+    char *hb = slurp(out, ARTIFACT_HEARTBEAT);
+    assert_non_null(hb);
+    if (!strstr(hb, "\"event\":\"halt\"") || !strstr(hb, "\"reason\":\"SIGTERM\""))
+        fail_msg("the heartbeat's halt event does not name SIGTERM:\n%.800s",
+                 strstr(hb, "\"halt\"") ? strstr(hb, "\"halt\"") : hb);
+    free(hb);
+    char *console = slurp(dir, "console.txt");
+    assert_non_null(console);
+    assert_non_null(strstr(console, "SIGTERM: finishing step"));
+    assert_non_null(strstr(console, "stopped by SIGTERM after step"));
+    free(console);
     char found[1024], expect[64];
     NsaError err;
     assert_int_equal(checkpointResolve(out, "latest", found, sizeof found, &err), 1);
@@ -1133,6 +1186,7 @@ int main(void) {
         cmocka_unit_test(test_nan_policy_rollback),
         cmocka_unit_test(test_stall_fault_sleeps_in_phase),
         cmocka_unit_test(test_cmd_train_usage_and_config_errors),
+        cmocka_unit_test(test_cmd_train_prints_each_eval_once),
         cmocka_unit_test(test_cmd_train_signals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
