@@ -115,8 +115,8 @@ int ctlRunStateFinal(const char *state) {
            !strcmp(state, "nan_halted");
 }
 
-void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) {
-    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = eta_fallback_s, age = 0;
+void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
+    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = -1, age = 0;
     int have_step = ctlNumber(run, "step", &step);
     int have_total = ctlNumber(run, "total_steps", &total);
     int have_loss = ctlNumber(run, "loss", &loss);
@@ -239,6 +239,7 @@ static void printRunDetails(const cJSON *run) {
     ctlNumber(run, "eta_s", &w);
     snprintf(line, sizeof line, "%s tok/s   ETA %s", a, formatDuration(w, b, sizeof b));
     statusLine("speed", line);
+    if (ctlNumber(run, "elapsed_s", &v)) statusLine("elapsed", formatDuration(v, a, sizeof a));
 
     if (ctlNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));
     if (ctlNumber(run, "heartbeat_age_s", &v)) {
@@ -405,7 +406,7 @@ static int statusOfDaemon(Ctl *ctl) {
                n_runs == 1 ? "" : "s");
         if (active) {
             char line[512];
-            ctlRunLine(active, -1, line, sizeof line);
+            ctlRunLine(active, line, sizeof line);
             printf("active: %s\n", line);
         } else {
             printf("no active run%s\n", n_runs ? " (nsactl list shows the others)" : "");

@@ -31,8 +31,9 @@ int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s);
 
 /* One line describing a run object (shared by status, list and watch):
  * "ID  running  step 120/1000 (12%)  loss 3.9100  val 4.0200  15.2K tok/s  ETA 1m01s".
- * eta_fallback_s is used when the object has no eta_s (< 0: unknown). */
-void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap);
+ * The ETA is the daemon's eta_s ("-" while it has none): the dashboard and
+ * /metrics show the same estimate. */
+void ctlRunLine(const cJSON *run, char *buf, size_t cap);
 
 /* True for the states a run does not leave on its own. */
 int ctlRunStateFinal(const char *state);

@@ -227,10 +227,9 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "lr", run->lr);
     addNumberOrNull(o, "grad_norm", run->grad_norm);
     addNumberOrNull(o, "toks_per_s", run->toks_per_s);
-    double eta = NAN;
-    if (active && isfinite(run->step_seconds) && run->total_steps >= run->step)
-        eta = (double)(run->total_steps - run->step) * run->step_seconds;
-    addNumberOrNull(o, "eta_s", eta);
+    const double wall = runsNow();
+    addNumberOrNull(o, "eta_s", active ? runsEtaSeconds(run, wall) : NAN);
+    cJSON_AddNumberToObject(o, "elapsed_s", runsElapsedSeconds(run, wall));
     addNumberOrNull(o, "mem_bytes", run->mem_bytes);
     if (active && !svc->pending)
         cJSON_AddNumberToObject(o, "heartbeat_age_s",

@@ -405,7 +405,8 @@ def test_lifecycle(d):
     if not ok:
         return
     run_id = r.json["id"]
-    run = wait_for(lambda: (lambda x: x if x and x["state"] == "running" and x["step"] > 0 else None)(
+    # two logged steps: the first gives the ETA its starting point
+    run = wait_for(lambda: (lambda x: x if x and x["state"] == "running" and x["step"] > 1 else None)(
         d.run(run_id)), 30)
     check("the run reaches running with steps done", bool(run), d.run(run_id))
     if run:
@@ -414,7 +415,7 @@ def test_lifecycle(d):
               and run["grad_norm"] is not None and run["toks_per_s"] and run["mem_bytes"]
               and run["heartbeat_age_s"] is not None and run["heartbeat_age_s"] < 10
               and run["phase"] in ("data", "forward", "backward", "optimizer", "checkpoint", "eval", "starting")
-              and run["eta_s"] is not None, run)
+              and run["eta_s"] is not None and run["elapsed_s"] > 0, run)
     r = d.request("POST", "/api/v1/runs", json_config(10), content_type="application/json")
     check("a second run while one is active: 409 busy", r.status == 409 and r.error_code() == "busy", r)
     r = d.api("GET", f"/api/v1/runs/{run_id}/metrics?since=0")
