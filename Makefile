@@ -138,7 +138,9 @@ $(BUILD)/nsad: $(BUILD)/obj/daemon/main.o $(DAEMON_OBJ) $(BUILD)/libnsa.a
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
 
-$(BUILD)/nsactl: $(CTL_OBJ)
+# nsactl shares daemon/paths.c with nsad: both find the same default
+# state dir and socket.
+$(BUILD)/nsactl: $(CTL_OBJ) $(BUILD)/obj/daemon/paths.o
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(CTL_LIBS) -lm
 

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "api_use.h"
 #include "log.h"
@@ -300,19 +301,27 @@ static void getHealth(Service *svc, ApiResponse *res) {
     respondJson(res, 200, o);
 }
 
-static void getVersion(ApiResponse *res) {
+static void getVersion(Service *svc, ApiResponse *res) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "version", NSA_VERSION);
     cJSON_AddStringToObject(o, "api", "v1");
 #ifdef NSA_HAVE_CUDA
     cJSON_AddBoolToObject(o, "cuda", 1);
-    const char *devices[] = {"cpu", "cuda"};
-    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 2));
 #else
     cJSON_AddBoolToObject(o, "cuda", 0);
-    const char *devices[] = {"cpu"};
-    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 1));
 #endif
+    /* the devices a run can use here: cuda only when the start-up probe
+     * found a GPU */
+    const char *devices[] = {"cpu", "cuda"};
+    int gpus = svc->devices.cuda_built && svc->devices.cuda_devices > 0;
+    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, gpus ? 2 : 1));
+    cJSON_AddStringToObject(o, "device_probe", svc->devices.description);
+    cJSON_AddNumberToObject(o, "pid", (double)getpid());
+    pthread_mutex_lock(&svc->lock);
+    addStringOrNull(o, "listen", svc->listen_url);
+    addStringOrNull(o, "socket", svc->socket_path);
+    cJSON_AddStringToObject(o, "state_dir", svc->runs->state_dir);
+    pthread_mutex_unlock(&svc->lock);
     respondJson(res, 200, o);
 }
 
@@ -651,7 +660,7 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
     } else if (!strcmp(rest, "health")) {
         if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getHealth(svc, res);
     } else if (!strcmp(rest, "version")) {
-        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getVersion(res);
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getVersion(svc, res);
     } else if (!strcmp(rest, "runs")) {
         if (!strcmp(req->method, "POST"))
             createRun(svc, req, res);

@@ -4,12 +4,15 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "stackdump.h"
@@ -369,6 +372,8 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     pthread_cond_init(&svc->wake, &attr);
     pthread_condattr_destroy(&attr);
     trainMonitorInit(&svc->mon);
+    svc->memory_plan = nsaModelMemoryPlan;
+    snprintf(svc->devices.description, sizeof svc->devices.description, "no device probe made");
     svc->started_unix = runsNow();
     svc->started_ns = serviceNowNs();
     atomic_store(&svc->trainer_tick_ns, svc->started_ns);
@@ -377,6 +382,24 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     recoverRuns(svc);
     pthread_mutex_unlock(&svc->lock);
     return svc;
+}
+
+void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *probe_error) {
+    memset(&svc->devices, 0, sizeof svc->devices);
+    if (probe_error) {
+        svc->devices.cuda_built = found ? found->cuda_built : 0;
+        snprintf(svc->devices.description, sizeof svc->devices.description, "the CUDA runtime failed: %s",
+                 probe_error);
+    } else if (found) {
+        svc->devices = *found;
+    }
+}
+
+void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path) {
+    pthread_mutex_lock(&svc->lock);
+    snprintf(svc->listen_url, sizeof svc->listen_url, "%s", listen_url ? listen_url : "");
+    snprintf(svc->socket_path, sizeof svc->socket_path, "%s", socket_path ? socket_path : "");
+    pthread_mutex_unlock(&svc->lock);
 }
 
 int serviceStartTrainer(Service *svc, NsaError *err) {
@@ -467,6 +490,92 @@ static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
     return rc;
 }
 
+/* data.path names something nsad can read (a glob: at least one file).
+ * Relative paths resolve against nsad's working directory, which the
+ * message names. */
+static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
+    if (d->source == DATA_SYNTHETIC) return SVC_OK;
+    const char *allowed = d->source == DATA_TEXT ? "a .txt or .jsonl file, or a directory of them"
+                                                 : "a .bin shard, a directory of them, or a glob";
+    char cwd[PATH_MAX] = "", where[PATH_MAX + 64] = "";
+    if (d->path[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(where, sizeof where, " (relative to nsad's working directory %s)", cwd);
+    if (d->source == DATA_SHARDS && strpbrk(d->path, "*?[")) {
+        glob_t g;
+        int rc = glob(d->path, 0, NULL, &g);
+        size_t n = rc == 0 ? g.gl_pathc : 0;
+        if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
+        if (n == 0)
+            return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\" matches no file%s; allowed: %s nsad can read",
+                        d->path, where, allowed);
+        return SVC_OK;
+    }
+    if (access(d->path, R_OK) != 0)
+        return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\"%s: %s; allowed: %s nsad can read", d->path, where,
+                    errno == ENOENT ? "does not exist" : strerror(errno), allowed);
+    return SVC_OK;
+}
+
+/* A CUDA job's memory plan against the GPU's free memory. */
+static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, NsaError *err) {
+    const TrainConfig *t = &cfg->train;
+    NsaEngineOptions eo = {.device = NSA_DEVICE_CUDA,
+                           .device_ordinal = 0,
+                           .precision = cfg->runtime.precision,
+                           .max_batch = t->batch_size,
+                           .max_seq_len = t->seq_len,
+                           .threads = cfg->runtime.threads};
+    NsaMemoryReport plan;
+    NsaError perr = {""};
+    int fits = 0;
+    if (svc->memory_plan(&cfg->model, &eo, &plan, &fits, &perr) != 0)
+        return fail(err, SVC_INVALID_CONFIG, "the CUDA engine cannot plan this job: %s", perr.message);
+    if (plan.total <= plan.device_free) return SVC_OK;
+    const double gb = 1e9;
+    if (fits >= t->batch_size) fits = t->batch_size - 1; /* the estimate is not linear in B */
+    if (fits < 1)
+        return fail(err, SVC_INVALID_CONFIG,
+                    "model: needs %.1f GB of GPU memory (weights, gradients and optimizer %.1f GB, "
+                    "activations for one sequence of %d tokens and workspace besides) but GPU 0 has %.1f GB "
+                    "free; allowed: a smaller model (model.dim, model.n_layers) or train.seq_len",
+                    (double)plan.total / gb, (double)(plan.params + plan.grads + plan.optimizer) / gb,
+                    t->seq_len, (double)plan.device_free / gb);
+    return fail(err, SVC_INVALID_CONFIG,
+                "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory (weights, gradients "
+                "and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) but GPU 0 has %.1f GB free; "
+                "allowed: train.batch_size up to %d at this seq_len (raise train.accumulate_grad_batches to "
+                "keep the tokens per step)",
+                t->batch_size, t->seq_len, (double)plan.total / gb,
+                (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
+                (double)plan.workspace / gb, (double)plan.device_free / gb, fits);
+}
+
+/* Refuses what this nsad cannot run (see serviceCreateRun) and pins
+ * runtime.device auto to what it has. */
+static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, NsaError *err) {
+    RuntimeConfig *rt = &cfg->runtime;
+    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    if (rt->device_auto) {
+        rt->device = gpus > 0 ? NSA_DEVICE_CUDA : NSA_DEVICE_CPU;
+        if (rt->precision_auto) rt->precision = configAutoPrecision(rt->device);
+        NsaError verr;
+        if (configValidate(cfg, &verr) != 0) return fail(err, SVC_INVALID_CONFIG, "%s", verr.message);
+        rt->device_auto = 0; /* the run's config.yaml says what it runs on */
+    }
+    if (rt->device == NSA_DEVICE_CUDA && gpus == 0)
+        return fail(err, SVC_INVALID_CONFIG,
+                    "runtime.device: cuda, but this nsad has no usable GPU (%s); allowed here: cpu, or auto "
+                    "(which picks cpu)",
+                    svc->devices.description);
+    ServiceStatus st = checkDataPath(&cfg->data, err);
+    if (st != SVC_OK) return st;
+    /* a busy trainer holds GPU memory: the plan waits for an idle one (a
+     * busy trainer answers 409 anyway) */
+    if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan && !atomic_load(&svc->trainer_busy))
+        return checkFits(svc, cfg, err);
+    return SVC_OK;
+}
+
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
     return serviceCreateRunOn(svc, config_text, len, name, NULL, id_out, warnings, err);
@@ -484,13 +593,19 @@ ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t l
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
+    ServiceStatus st = checkRunnable(svc, cfg, err);
+    if (st != SVC_OK) {
+        logNotice("new run refused: %s", err ? err->message : "");
+        free(cfg);
+        return st;
+    }
     if (warnings) warnings->n = 0;
     for (int i = 0; i < cfg->n_warnings; i++) {
         logWarn("new run config: %s", cfg->warnings[i]);
         if (warnings)
             snprintf(warnings->text[warnings->n++], sizeof warnings->text[0], "%s", cfg->warnings[i]);
     }
-    ServiceStatus st = createAndQueue(svc, cfg, name, NULL, NULL, id_out, err);
+    st = createAndQueue(svc, cfg, name, NULL, NULL, id_out, err);
     free(cfg);
     return st;
 }

@@ -31,6 +31,11 @@ typedef enum ServiceStatus {
     SVC_INTERNAL        /* I/O or memory failure (500) */
 } ServiceStatus;
 
+/* Makes the engine's memory plan for a job (nsaModelMemoryPlan's
+ * contract); tests put a stand-in in Service.memory_plan. */
+typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+                                   NsaMemoryReport *out, int *max_batch_fits, NsaError *err);
+
 /* What the trainer thread is to do with the active run it has not taken yet. */
 enum { SERVICE_PENDING_NONE = 0, SERVICE_PENDING_START = 1, SERVICE_PENDING_RESUME = 2 };
 
@@ -55,6 +60,12 @@ typedef struct Service {
     _Atomic int trainer_busy;
     _Atomic uint64_t hangs_total, anomalies_total;
     _Atomic uint64_t http_requests[SERVICE_HTTP_CODES];
+    /* set before the HTTP thread starts, read-only after: */
+    NsaDeviceInfo devices;           /* what nsad found (serviceSetDevices); none until told */
+    /* under lock: where nsad listens (serviceSetListeners), "" for none */
+    char listen_url[300];
+    char socket_path[RUN_PATH_MAX];
+    ServiceMemoryPlanFn memory_plan; /* nsaModelMemoryPlan */
     double started_unix;
     int64_t started_ns;
     pthread_t trainer;
@@ -76,6 +87,16 @@ int64_t serviceNowNs(void);
  * a "restart" event); one that was halting becomes halted. Returns NULL with
  * err when the state dir is unusable. Free with serviceClose. */
 Service *serviceOpen(const char *state_dir, NsaError *err);
+
+/* Tells the service which devices this nsad can use: the start-up probe's
+ * result, or (probe_error not NULL) why the probe failed, which then leaves
+ * no GPU. New runs are checked against it. Call before the HTTP thread
+ * starts. Cannot fail. */
+void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *probe_error);
+
+/* Records where nsad listens (the TCP URL, the Unix socket path; NULL or
+ * "" for none), for the version route. Takes the lock. Cannot fail. */
+void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path);
 
 /* Starts the trainer thread (which picks up a queued run at once). Returns 0
  * or -1 with err. */
@@ -102,7 +123,12 @@ typedef struct ServiceWarnings {
 } ServiceWarnings;
 
 /* Creates a run from a job config (YAML or JSON text) and hands it to the
- * trainer. name may be NULL. On SVC_OK copies the new id into id_out
+ * trainer. name may be NULL. Refuses (SVC_INVALID_CONFIG) what cannot run
+ * here before any run exists: runtime.device cuda without a usable GPU, a
+ * data.path that does not exist or cannot be read, a CUDA job whose memory
+ * plan exceeds the GPU's free memory (checked while the trainer is idle);
+ * runtime.device auto becomes what this nsad has (cuda with a usable GPU,
+ * else cpu) in the run's config. On SVC_OK copies the new id into id_out
  * (RUN_ID_MAX bytes) and the config's warnings into warnings (may be NULL).
  * Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
