@@ -127,7 +127,7 @@ def json_config(steps, **sections):
         "nsa": {"l": 8, "d": 4, "l_sel": 16, "n_sel": 4, "w": 32},
         "train": {"steps": steps, "seq_len": 64, "batch_size": 2, "log_every": 1, "eval_every": 0,
                   "save_every": 0, "warmup_steps": 2, "lr": 1e-3},
-        "runtime": RUNTIME,
+        "runtime": dict(RUNTIME),  # a copy: sections below update it
         "data": {"source": "synthetic"},
     }
     for name, values in sections.items():
@@ -691,6 +691,22 @@ def test_bad_inputs(d, run_id):
         if status == 405:
             ok = ok and r.headers.get("Allow")
         check(name, ok, r)
+    # what this daemon cannot run is refused at submit, in one line
+    devices = d.api("GET", "/api/v1/version").json.get("devices", [])
+    if "cuda" not in devices:
+        r = d.request("POST", "/api/v1/runs", json_config(5, runtime={"device": "cuda", "precision": "bf16"}),
+                      content_type="application/json")
+        msg = (r.json or {}).get("error", {}).get("message", "")
+        check("runtime.device cuda on a daemon without a usable GPU: 400 with one line saying so",
+              r.status == 400 and r.error_code() == "invalid_config" and "no usable GPU" in msg
+              and "\n" not in msg, r)
+    else:
+        diag("this nsad has a GPU: the no-GPU refusal is not tried")
+    r = d.request("POST", "/api/v1/runs", json_config(5, data={"source": "text", "path": "/nonexistent/c.txt"}),
+                  content_type="application/json")
+    msg = (r.json or {}).get("error", {}).get("message", "")
+    check("a data.path that does not exist: 400 naming it", r.status == 400 and r.error_code() == "invalid_config"
+          and 'data.path: "/nonexistent/c.txt": does not exist' in msg, r)
     r = d.request("GET", "/api/v1/runs", host="evil.example:8470")
     check("a foreign Host header (DNS rebinding): 403", r.status == 403 and r.error_code() == "forbidden", r)
     r = d.request("GET", "/api/v1/runs", host=f"localhost:{d.port}")
