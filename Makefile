@@ -79,10 +79,14 @@ CTL_SRC    := $(wildcard ctl/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
 TEST_HELPERS := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 
-ENGINE_OBJ := $(ENGINE_C:%.c=$(BUILD)/obj/%.o) \
+# The CUDA objects first, the fast op's (the longest compiles) leading: a
+# parallel build starts the longest jobs first and fills the end with the
+# short C ones, instead of waiting on one nvcc at the end.
+CUDA_FIRST := $(filter kernels/cuda/fast_%,$(CUDA_SRC)) $(filter-out kernels/cuda/fast_%,$(CUDA_SRC))
+ENGINE_OBJ := $(CUDA_FIRST:%.cu=$(BUILD)/obj/%.o) \
+              $(ENGINE_C:%.c=$(BUILD)/obj/%.o) \
               $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f32/%.o) \
-              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f64/%.o) \
-              $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f64/%.o)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/obj/%.o)
 CTL_OBJ    := $(CTL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)

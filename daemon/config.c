@@ -225,8 +225,10 @@ static const IgnoredKey ignoredKeys[] = {
      IGNORED_COUNT, 0},
     {"runtime", "fa2_enabled", "nsad never calls FlashAttention-2; its own kernels run every branch",
      IGNORED_BOOL, 1},
-    {"runtime", "fa2_min_len_win", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT, 0},
-    {"runtime", "fa2_min_len_cmp", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT, 0},
+    {"runtime", "fa2_min_len_win", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT,
+     0},
+    {"runtime", "fa2_min_len_cmp", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT,
+     0},
     {"runtime", "gradient_checkpointing",
      "the engine keeps every activation and recomputes none; a run that does not fit needs a smaller "
      "train.batch_size (and a larger train.accumulate_grad_batches)",

@@ -506,13 +506,13 @@ static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
         size_t n = rc == 0 ? g.gl_pathc : 0;
         if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
         if (n == 0)
-            return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\" matches no file%s; allowed: %s nsad can read",
-                        d->path, where, allowed);
+            return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\" matches no file%s; allowed: %s (readable "
+                        "by nsad)", d->path, where, allowed);
         return SVC_OK;
     }
     if (access(d->path, R_OK) != 0)
-        return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\"%s: %s; allowed: %s nsad can read", d->path, where,
-                    errno == ENOENT ? "does not exist" : strerror(errno), allowed);
+        return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\"%s: %s; allowed: %s (readable by nsad)", d->path,
+                    where, errno == ENOENT ? "does not exist" : strerror(errno), allowed);
     return SVC_OK;
 }
 

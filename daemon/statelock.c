@@ -73,8 +73,9 @@ int statelockAcquire(const char *state_dir, int *held, NsaError *err) {
 
 int statelockDescribe(int fd, const char *listen_url, const char *socket_path, NsaError *err) {
     char text[9000];
-    snprintf(text, sizeof text, "pid=%ld\nlisten=%s\nsocket=%s\n", (long)getpid(), listen_url ? listen_url : "",
-             socket_path ? socket_path : "");
-    if (writeText(fd, text) != 0) return nsaErrorf(err, "the state dir's lock file: cannot write: %s", strerror(errno));
+    snprintf(text, sizeof text, "pid=%ld\nlisten=%s\nsocket=%s\n", (long)getpid(),
+             listen_url ? listen_url : "", socket_path ? socket_path : "");
+    if (writeText(fd, text) != 0)
+        return nsaErrorf(err, "the state dir's lock file: cannot write: %s", strerror(errno));
     return 0;
 }

@@ -126,8 +126,8 @@ static void testTableGrows(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(testDuration),       cmocka_unit_test(testSi),
-        cmocka_unit_test(testBytes),          cmocka_unit_test(testLoss),            cmocka_unit_test(testTableAlignment),
-        cmocka_unit_test(testTableGrows),
+        cmocka_unit_test(testBytes),          cmocka_unit_test(testLoss),
+        cmocka_unit_test(testTableAlignment), cmocka_unit_test(testTableGrows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
