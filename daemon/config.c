@@ -88,6 +88,9 @@ static const EnumName hang_policy_names[] = {
 static const EnumName fault_kind_names[] = {
     {"none", FAULT_NONE}, {"loss", FAULT_NAN_LOSS}, {"grad", FAULT_NAN_GRAD}, {NULL, 0}};
 static const EnumName lr_schedule_names[] = {{"cosine", LR_SCHEDULE_COSINE}, {NULL, 0}};
+/* YAML 1.1's booleans, as the prototype's loader (PyYAML) reads them */
+static const EnumName bool_names[] = {{"false", 0}, {"true", 1}, {"no", 0},  {"yes", 1},
+                                      {"off", 0},   {"on", 1},   {NULL, 0}};
 
 /* The phases a stall can be injected into (trainer.h's TrainPhase names). */
 static const char *const stall_phases[] = {"data",       "forward", "backward", "allreduce",
@@ -143,6 +146,7 @@ static const ConfigKey configKeys[] = {
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
+    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, bool_names},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -211,8 +215,9 @@ static const IgnoredKey ignoredKeys[] = {
     {"nsa", "use_triton", "nsad's kernels are CUDA C, not Triton", IGNORED_ANY, 0},
     {"nsa", "block_impl", "nsad has one NSA implementation per engine", IGNORED_ANY, 0},
     {"data", "num_workers", "the data loader uses one prefetch thread (data.prefetch)", IGNORED_ANY, 0},
-    /* the prototype's own place for it is runtime (below); kept for files that used this one */
-    {"train", "gradient_checkpointing", "the engine keeps its own activation arena", IGNORED_ANY, 0},
+    /* the prototype's own place for it is runtime.gradient_checkpointing,
+     * which nsad honours; kept for files that used this one */
+    {"train", "gradient_checkpointing", "nsad's switch is runtime.gradient_checkpointing", IGNORED_ANY, 0},
     /* the prototype's kernel switches (runtime section) */
     {"runtime", "use_flash", "nsad runs its own fused NSA kernels for every branch, never flash-attn",
      IGNORED_BOOL, 1},
@@ -229,10 +234,6 @@ static const IgnoredKey ignoredKeys[] = {
      0},
     {"runtime", "fa2_min_len_cmp", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT,
      0},
-    {"runtime", "gradient_checkpointing",
-     "the engine keeps every activation and recomputes none; a run that does not fit needs a smaller "
-     "train.batch_size (and a larger train.accumulate_grad_batches)",
-     IGNORED_BOOL, 1},
 };
 #define N_IGNORED (sizeof ignoredKeys / sizeof ignoredKeys[0])
 
@@ -985,6 +986,9 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Giv
 static void loadWarnings(JobConfig *cfg) {
     if (cfg->data.source == DATA_SYNTHETIC && cfg->data.path[0])
         addWarning(cfg, "data.path: \"%s\" ignored (data.source is synthetic)", cfg->data.path);
+    if (cfg->runtime.gradient_checkpointing && cfg->runtime.device == NSA_DEVICE_CPU)
+        addWarning(cfg, "runtime.gradient_checkpointing: true has no effect on device cpu (the CPU engine "
+                        "keeps every activation)");
 }
 
 static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, NsaError *err) {

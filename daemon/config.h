@@ -11,6 +11,7 @@
  *            grad_clip (alias max_grad_norm) eval_every eval_batches
  *            save_every keep_last beta1 beta2 eps
  *   runtime: device precision threads gpus cpu_ranks nodes
+ *            gradient_checkpointing
  *   data:    source path tokenizer val_fraction prefetch
  *   nan:     policy max_skips
  *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds rank
@@ -82,6 +83,9 @@ typedef struct RuntimeConfig {
      * multi-node job this nsad coordinates; none for one node */
     char nodes[CONFIG_MAX_NODES][CONFIG_NODE_MAX];
     int n_nodes;
+    int gradient_checkpointing; /* 1: the CUDA engine recomputes each layer's
+                                   activations in the backward
+                                   (NsaEngineOptions.recompute); no effect on cpu */
 } RuntimeConfig;
 
 typedef struct DataConfig {

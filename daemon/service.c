@@ -524,7 +524,8 @@ static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, NsaError *err
                            .precision = cfg->runtime.precision,
                            .max_batch = t->batch_size,
                            .max_seq_len = t->seq_len,
-                           .threads = cfg->runtime.threads};
+                           .threads = cfg->runtime.threads,
+                           .recompute = cfg->runtime.gradient_checkpointing};
     NsaMemoryReport plan;
     NsaError perr = {""};
     int fits = 0;

@@ -122,12 +122,13 @@ static void test_prototype_key_style(void **state) {
     assert_int_equal(cfg.model.vocab_size, 50257);
     const char *warned[] = {"runtime.use_flash: true ignored", "runtime.use_triton_sel: true ignored",
                             "runtime.sel_triton_min_L: 4096 ignored", "runtime.fa2_enabled: True ignored",
-                            "runtime.fa2_min_len_win: 2048 ignored", "runtime.fa2_min_len_cmp: 8192 ignored",
-                            "runtime.gradient_checkpointing: true ignored"};
+                            "runtime.fa2_min_len_win: 2048 ignored", "runtime.fa2_min_len_cmp: 8192 ignored"};
     for (size_t i = 0; i < sizeof warned / sizeof warned[0]; i++)
         if (!hasWarning(&cfg, warned[i])) fail_msg("no warning \"%s\"", warned[i]);
     assert_false(hasWarning(&cfg, "compile_cmp_win"));  /* false: nsad compiles nothing at run time */
-    assert_int_equal(cfg.n_warnings, 7);
+    assert_int_equal(cfg.runtime.gradient_checkpointing, 1);  /* honoured: activation recompute on cuda */
+    assert_false(hasWarning(&cfg, "gradient_checkpointing"));
+    assert_int_equal(cfg.n_warnings, 6);
     assert_false(hasWarning(&cfg, "max_grad_norm"));
     assert_false(hasWarning(&cfg, "lr_schedule"));
 
@@ -137,6 +138,7 @@ static void test_prototype_key_style(void **state) {
     assert_non_null(strstr(yaml, "  grad_clip: 0.5\n"));
     assert_non_null(strstr(yaml, "  lr_schedule: cosine\n"));
     assert_non_null(strstr(yaml, "  vocab_size: 50257\n"));
+    assert_non_null(strstr(yaml, "  gradient_checkpointing: true\n"));
     JobConfig back;
     if (load(&back, yaml, &err) != 0) fail_msg("%s", err.message);
     assertSameConfig(&cfg, &back);
@@ -146,7 +148,13 @@ static void test_prototype_key_style(void **state) {
     assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  precision: float16\n  use_flash: false\n"
                                 "  gradient_checkpointing: off\n  fa2_enabled: no\n", &err), 0);
     assert_int_equal(cfg.runtime.precision, NSA_PREC_FP16);
+    assert_int_equal(cfg.runtime.gradient_checkpointing, 0);
     assert_int_equal(cfg.n_warnings, 0);
+    /* on the CPU engine there is nothing to recompute: said, not hidden */
+    assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  gradient_checkpointing: yes\n", &err), 0);
+    assert_true(hasWarning(&cfg, "runtime.gradient_checkpointing: true has no effect on device cpu"));
+    expectError("runtime:\n  gradient_checkpointing: sometimes\n", "runtime.gradient_checkpointing", "sometimes",
+                "allowed: false, true", NULL);
     /* both spellings of the clip: fine when they agree */
     assert_int_equal(load(&cfg, "train:\n  grad_clip: 2.0\n  max_grad_norm: 2\n", &err), 0);
     assert_true(cfg.train.grad_clip == 2.0);
