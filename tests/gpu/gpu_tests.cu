@@ -1565,6 +1565,41 @@ static void testMemoryPlan(Results *res) {
            p.max_batch_that_fits, p.attention_path, made ? "" : "; model: ", made ? "" : err.message);
 }
 
+/* The public memory plan (nsaModelMemoryPlan: what nsad checks a CUDA job
+ * against at submit) is the engine's plan, and says when a batch does not
+ * fit: the production model at 4 x the batch that fits plus 64 sequences. */
+static void testPublicMemoryPlan(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "memory plan: nsaModelMemoryPlan (nsad's submit check)";
+    NsaError err = {{0}};
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    NsaEngineOptions o;
+    memset(&o, 0, sizeof(o));
+    o.device = NSA_DEVICE_CUDA;
+    o.precision = NSA_PREC_BF16;
+    o.max_batch = 8;
+    o.max_seq_len = 2048;
+    NsaCudaMemoryPlan p;
+    NsaMemoryReport fit, over;
+    int fits = -1, fits_over = -1;
+    if (nsaCudaMemoryPlanFor(&c, &o, &p, &err) || nsaModelMemoryPlan(&c, &o, &fit, &fits, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        return;
+    }
+    o.max_batch = 4 * p.max_batch_that_fits + 64;
+    const int big = o.max_batch;
+    const int planned = nsaModelMemoryPlan(&c, &o, &over, &fits_over, &err) == 0;
+    o.device = NSA_DEVICE_CPU;
+    NsaMemoryReport cpu;
+    const int cpu_refused = nsaModelMemoryPlan(&c, &o, &cpu, NULL, &err) == -1;
+    report(res, fit.total == p.total && fit.total <= fit.device_free && fits == p.max_batch_that_fits &&
+                    planned && over.total > over.device_free && fits_over < big && cpu_refused,
+           nowSeconds() - t0, name,
+           "B 8: %.0f MB of %.0f MB free, fits %d; B %d: %.0f MB, fits %d; cpu: %s", fit.total / 1e6,
+           fit.device_free / 1e6, fits, big, over.total / 1e6, fits_over, err.message);
+}
+
 static void testBadInput(Results *res) {
     double t0 = nowSeconds();
     const char *name = "bad input gives a clear error";
@@ -1682,6 +1717,7 @@ int main(int argc, char **argv) {
         testNanGuard(res);
         testPrecisions(res);
         testMemoryPlan(res);
+        testPublicMemoryPlan(res);
     }
     int failed = printTable(res);
     free(res);
