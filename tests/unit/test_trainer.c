@@ -1155,7 +1155,7 @@ static void test_cmd_train_signals(void **state) {
     free(hb);
     char *console = slurp(dir, "console.txt");
     assert_non_null(console);
-    assert_non_null(strstr(console, "SIGTERM: finishing step"));
+    assert_non_null(strstr(console, "SIGTERM: stopping after the step in progress"));
     assert_non_null(strstr(console, "stopped by SIGTERM after step"));
     free(console);
     char found[1024], expect[64];
