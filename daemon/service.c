@@ -516,44 +516,58 @@ static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
     return SVC_OK;
 }
 
-/* A CUDA job's memory plan against the GPU's free memory. */
-static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, NsaError *err) {
+/* A CUDA job's memory plan on each of its GPUs (ordinals, n of them)
+ * against that GPU's free memory, for a model that is one of `world`
+ * data-parallel ranks (the optimizer's moments sharded over them). */
+static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, const int *ordinals, int n, int world,
+                               NsaError *err) {
     const TrainConfig *t = &cfg->train;
-    NsaEngineOptions eo = {.device = NSA_DEVICE_CUDA,
-                           .device_ordinal = 0,
-                           .precision = cfg->runtime.precision,
-                           .max_batch = t->batch_size,
-                           .max_seq_len = t->seq_len,
-                           .threads = cfg->runtime.threads,
-                           .recompute = cfg->runtime.gradient_checkpointing};
-    NsaMemoryReport plan;
-    NsaError perr = {""};
-    int fits = 0;
-    if (svc->memory_plan(&cfg->model, &eo, &plan, &fits, &perr) != 0)
-        return fail(err, SVC_INVALID_CONFIG, "the CUDA engine cannot plan this job: %s", perr.message);
-    if (plan.total <= plan.device_free) return SVC_OK;
-    const double gb = 1e9;
-    if (fits >= t->batch_size) fits = t->batch_size - 1; /* the estimate is not linear in B */
-    if (fits < 1)
+    char ranks[96] = "";
+    if (world > 1)
+        snprintf(ranks, sizeof ranks, " (one of %s%d data-parallel ranks, its share of the optimizer)",
+                 cfg->runtime.n_nodes > 0 ? "at least " : "", world);
+    for (int g = 0; g < n; g++) {
+        NsaEngineOptions eo = {.device = NSA_DEVICE_CUDA,
+                               .device_ordinal = ordinals[g],
+                               .precision = cfg->runtime.precision,
+                               .max_batch = t->batch_size,
+                               .max_seq_len = t->seq_len,
+                               .threads = cfg->runtime.threads,
+                               .recompute = cfg->runtime.gradient_checkpointing};
+        NsaMemoryReport plan;
+        NsaError perr = {""};
+        int fits = 0;
+        if (svc->memory_plan(&cfg->model, &eo, world, &plan, &fits, &perr) != 0)
+            return fail(err, SVC_INVALID_CONFIG, "the CUDA engine cannot plan this job on GPU %d: %s",
+                        ordinals[g], perr.message);
+        if (plan.total <= plan.device_free) continue;
+        const double gb = 1e9;
+        if (fits >= t->batch_size) fits = t->batch_size - 1; /* the estimate is not linear in B */
+        if (fits < 1)
+            return fail(err, SVC_INVALID_CONFIG,
+                        "model: needs %.1f GB of GPU memory per GPU%s (weights, gradients and optimizer "
+                        "%.1f GB, activations for one sequence of %d tokens and workspace besides) but GPU %d "
+                        "has %.1f GB free; allowed: a smaller model (model.dim, model.n_layers) or "
+                        "train.seq_len",
+                        (double)plan.total / gb, ranks, (double)(plan.params + plan.grads + plan.optimizer) / gb,
+                        t->seq_len, ordinals[g], (double)plan.device_free / gb);
         return fail(err, SVC_INVALID_CONFIG,
-                    "model: needs %.1f GB of GPU memory (weights, gradients and optimizer %.1f GB, "
-                    "activations for one sequence of %d tokens and workspace besides) but GPU 0 has %.1f GB "
-                    "free; allowed: a smaller model (model.dim, model.n_layers) or train.seq_len",
-                    (double)plan.total / gb, (double)(plan.params + plan.grads + plan.optimizer) / gb,
-                    t->seq_len, (double)plan.device_free / gb);
-    return fail(err, SVC_INVALID_CONFIG,
-                "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory (weights, gradients "
-                "and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) but GPU 0 has %.1f GB free; "
-                "allowed: train.batch_size up to %d at this seq_len (raise train.accumulate_grad_batches to "
-                "keep the tokens per step)",
-                t->batch_size, t->seq_len, (double)plan.total / gb,
-                (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
-                (double)plan.workspace / gb, (double)plan.device_free / gb, fits);
+                    "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory per GPU%s "
+                    "(weights, gradients and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) but "
+                    "GPU %d has %.1f GB free; allowed: train.batch_size up to %d at this seq_len (raise "
+                    "train.accumulate_grad_batches to keep the tokens per step)",
+                    t->batch_size, t->seq_len, (double)plan.total / gb, ranks,
+                    (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
+                    (double)plan.workspace / gb, ordinals[g], (double)plan.device_free / gb, fits);
+    }
+    return SVC_OK;
 }
 
 /* Refuses what this nsad cannot run (see serviceCreateRun) and pins
- * runtime.device auto to what it has. */
-static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, NsaError *err) {
+ * runtime.device auto to what it has. other_ranks: the job's ranks on
+ * other nodes, at least (each node of runtime.nodes brings one or more; a
+ * member's coordinator one or more), for the memory plan's sharding. */
+static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks, NsaError *err) {
     RuntimeConfig *rt = &cfg->runtime;
     const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
     if (rt->device_auto) {
@@ -568,12 +582,18 @@ static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, NsaError *err) 
                     "runtime.device: cuda, but this nsad has no usable GPU (%s); allowed here: cpu, or auto "
                     "(which picks cpu)",
                     svc->devices.description);
+    int ordinals[TRAIN_MAX_RANKS], n = 0;
+    if (rt->device == NSA_DEVICE_CUDA) {
+        NsaError gerr;
+        if ((n = trainerResolveGpus(rt, gpus, ordinals, &gerr)) < 0)
+            return fail(err, SVC_INVALID_CONFIG, "%s", gerr.message);
+    }
     ServiceStatus st = checkDataPath(&cfg->data, err);
     if (st != SVC_OK) return st;
     /* a busy trainer holds GPU memory: the plan waits for an idle one (a
      * busy trainer answers 409 anyway) */
     if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan && !atomic_load(&svc->trainer_busy))
-        return checkFits(svc, cfg, err);
+        return checkFits(svc, cfg, ordinals, n, n + other_ranks, err);
     return SVC_OK;
 }
 
@@ -594,7 +614,7 @@ ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t l
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
-    ServiceStatus st = checkRunnable(svc, cfg, err);
+    ServiceStatus st = checkRunnable(svc, cfg, cfg->runtime.n_nodes, err);
     if (st != SVC_OK) {
         logNotice("new run refused: %s", err ? err->message : "");
         free(cfg);
@@ -682,6 +702,10 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
         if (svc->shutting_down) st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
         else if (svc->active_id[0]) st = busy(svc, err);
         pthread_mutex_unlock(&svc->lock);
+        /* what the coordinator checked at submit, against this node's
+         * devices and files (its own ranks are one or more) */
+        if (st == SVC_OK && (st = checkRunnable(svc, cfg, 1, err)) != SVC_OK)
+            logNotice("multi-node job refused: %s", err ? err->message : "");
     } else if (!j->run_id || !runNameValid(j->run_id)) {
         st = fail(err, SVC_INVALID_CONFIG, "run_id: '%.80s' is not a run id", j->run_id ? j->run_id : "");
     } else if (j->join.first < 1 || j->join.first + n > j->join.world) {

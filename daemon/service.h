@@ -33,7 +33,7 @@ typedef enum ServiceStatus {
 
 /* Makes the engine's memory plan for a job (nsaModelMemoryPlan's
  * contract); tests put a stand-in in Service.memory_plan. */
-typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
+typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
                                    NsaMemoryReport *out, int *max_batch_fits, NsaError *err);
 
 /* What the trainer thread is to do with the active run it has not taken yet. */

@@ -427,14 +427,7 @@ static void publishDevice(Trainer *t, const NsaMemoryReport *mem) {
     trainMonitorSetDevice(t->mon, line);
 }
 
-/* The GPUs runtime.gpus names, checked against the devices there are:
- * fills ordinals and returns how many, or -1 with err. */
-static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
-    NsaDeviceInfo info;
-    if (nsaDeviceProbe(&info, err) != 0) return -1;
-    const int visible = info.cuda_devices;
-    if (visible < 1)
-        return nsaErrorf(err, "runtime.device: cuda, but there is no CUDA device (%s)", info.description);
+int trainerResolveGpus(const RuntimeConfig *rt, int visible, int *ordinals, NsaError *err) {
     if (rt->n_gpu_list > 0) {
         for (int i = 0; i < rt->n_gpu_list; i++) {
             if (rt->gpu_list[i] >= visible)
@@ -453,6 +446,16 @@ static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
         return nsaErrorf(err, "runtime.gpus: %d GPUs; allowed: up to %d per nsad", n, TRAIN_MAX_RANKS);
     for (int i = 0; i < n; i++) ordinals[i] = i;
     return n;
+}
+
+/* The GPUs runtime.gpus names, checked against the devices there are:
+ * fills ordinals and returns how many, or -1 with err. */
+static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
+    NsaDeviceInfo info;
+    if (nsaDeviceProbe(&info, err) != 0) return -1;
+    if (info.cuda_devices < 1)
+        return nsaErrorf(err, "runtime.device: cuda, but there is no CUDA device (%s)", info.description);
+    return trainerResolveGpus(rt, info.cuda_devices, ordinals, err);
 }
 
 /* A dispatch to the ranks failed (ranks.h): every thread's stack and each

@@ -200,6 +200,13 @@ typedef struct TrainResult {
  * CPU engine. Returns the count, or -1 with err. */
 int trainerLocalRanks(const JobConfig *cfg, int *ordinals, NsaError *err);
 
+/* The GPUs runtime.gpus names among `visible` CUDA devices (1 or more):
+ * their ordinals go to ordinals[TRAIN_MAX_RANKS]. Returns the count, or -1
+ * with err naming runtime.gpus and what this machine has (a GPU that is not
+ * there, more GPUs than there are, more than TRAIN_MAX_RANKS). Makes no
+ * driver call: nsad serve checks a job at submit with what it probed. */
+int trainerResolveGpus(const RuntimeConfig *rt, int visible, int *ordinals, NsaError *err);
+
 /* Applies opt's overrides (out_dir, steps, device; precision follows the
  * device when the config said auto) to job and validates the result: the
  * job trainerRun will run. Returns 0, or -1 with err naming the key, the

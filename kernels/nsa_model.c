@@ -728,8 +728,8 @@ int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out) {
     return 0;
 }
 
-int nsaModelMemoryPlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaMemoryReport *out,
-                       int *max_batch_fits, NsaError *err) {
+int nsaModelMemoryPlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                       NsaMemoryReport *out, int *max_batch_fits, NsaError *err) {
     if (!cfg || !opt || !out)
         return nsaErrorf(err, "nsa: nsaModelMemoryPlan needs a config, options and a report (got NULL)");
     memset(out, 0, sizeof *out);
@@ -740,7 +740,7 @@ int nsaModelMemoryPlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, N
     if (nsaModelConfigValidate(cfg, err)) return -1;
 #ifdef NSA_MODEL_CUDA
     NsaCudaMemoryPlan plan;
-    if (nsaCudaMemoryPlanFor(cfg, opt, &plan, err) != 0) return -1;
+    if (nsaCudaMemoryPlanRanks(cfg, opt, world, &plan, err) != 0) return -1;
     out->params = plan.params;
     out->grads = plan.grads;
     out->optimizer = plan.optimizer;

@@ -217,17 +217,19 @@ static void createBusyHaltResume(void **state) {
 
 /* A stand-in memory plan: a job needs 2 GB plus 1 GB a sequence; the GPU
  * has 6 GB free. */
-static int fakePlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaMemoryReport *out,
+/* The memory plan of a GPU with 6 GB free (GPU 1: 5 GB): weights and
+ * gradients 1 GB, the optimizer 1 GB over `world` ranks, 1 GB per sequence. */
+static int fakePlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world, NsaMemoryReport *out,
                     int *max_batch_fits, NsaError *err) {
     (void)cfg;
     (void)err;
     memset(out, 0, sizeof *out);
     const size_t gb = 1000000000;
     out->params = out->grads = gb / 2;
-    out->optimizer = gb;
+    out->optimizer = gb / (size_t)world;
     out->activations = (size_t)opt->max_batch * gb;
     out->total = out->params + out->grads + out->optimizer + out->activations;
-    out->device_free = 6 * gb;
+    out->device_free = opt->device_ordinal == 1 ? 5 * gb : 6 * gb;
     out->device_total = 8 * gb;
     if (max_batch_fits) *max_batch_fits = 4;
     return 0;
@@ -301,6 +303,45 @@ static void createRefusesWhatCannotRun(void **state) {
     cJSON_Delete(j);
     apiResponseFree(&res);
     assert_int_equal(svc->runs->n_runs, 0);
+
+    /* several GPUs (runtime.gpus): each GPU's plan, the optimizer sharded
+     * over the job's ranks (at least one more per node of runtime.nodes) */
+    NsaDeviceInfo two = {.cuda_built = 1, .cuda_devices = 2};
+    snprintf(two.description, sizeof two.description, "2 CUDA devices: 0: Test GPU, 8.0 GiB; 1: Test GPU, 8.0 GiB");
+    serviceSetDevices(svc, &two, NULL);
+    static const struct {
+        const char *runtime;
+        int batch;
+        const char *needles[3];
+    } multi[] = {
+        {"\"gpus\":3", 1, {"runtime.gpus: 3, but this machine has 2 CUDA devices", NULL}},
+        {"\"gpus\":[0,2]", 1, {"runtime.gpus: GPU 2 is not here", NULL}},
+        {"\"gpus\":2", 4,
+         {"need 5.5 GB of GPU memory per GPU (one of 2 data-parallel ranks", "GPU 1 has 5.0 GB free", NULL}},
+        {"\"gpus\":[0],\"nodes\":[\"127.0.0.1:1\"]", 5,
+         {"need 6.5 GB of GPU memory per GPU (one of at least 2 data-parallel ranks", "GPU 0 has 6.0 GB free",
+          NULL}},
+    };
+    for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                 "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":%d},"
+                 "\"runtime\":{\"device\":\"cuda\",%s}}",
+                 multi[i].batch, multi[i].runtime);
+        j = call(svc, "POST", "/api/v1/runs", body, "application/json", &res);
+        msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+        if (res.status != 400 || !msg)
+            fail_msg("gpus case %zu: got %d %.*s", i, res.status, (int)res.body_len, res.body);
+        for (int k = 0; k < 3 && multi[i].needles[k]; k++)
+            if (!strstr(msg, multi[i].needles[k]))
+                fail_msg("gpus case %zu: \"%s\" lacks \"%s\"", i, msg, multi[i].needles[k]);
+        cJSON_Delete(j);
+        apiResponseFree(&res);
+    }
+    assert_int_equal(svc->runs->n_runs, 0);
+    serviceSetDevices(svc, &one, NULL);
+
     const char *fits = "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
                        "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2}}";
     j = call(svc, "POST", "/api/v1/runs", fits, "application/json", &res);  /* device auto: cuda here */
