@@ -31,6 +31,7 @@
 #include "commands.h"
 #include "config.h"
 #include "schedule.h"
+#include "signals.h"
 #include "stackdump.h"
 #include "trainer.h"
 #include "testutil.h"
@@ -251,6 +252,14 @@ static void test_phase_names(void **state) {
     trainMonitorEnter(&mon, PHASE_EVAL);
     assert_int_equal(atomic_load(&mon.phase), PHASE_EVAL);
     assert_true(atomic_load(&mon.phase_since_ns) >= before);
+    /* every stop signal of signals.c is named as the halt's reason */
+    static const struct { int sig; const char *name; } stops[] = {
+        {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGXCPU, "SIGXCPU"}, {SIGPWR, "SIGPWR"}};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        assert_int_equal(signalsAction(stops[i].sig), SIGNAL_STOP);
+        assert_string_equal(trainHaltReasonName(trainHaltReasonOfSignal(stops[i].sig)), stops[i].name);
+    }
+    assert_string_equal(trainHaltReasonName(trainHaltReasonOfSignal(SIGUSR2)), "nsad shutdown");
 }
 
 /* A trainer that keeps replacing its device line. */
