@@ -25,12 +25,28 @@ CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fPIC -pthread
            -D_GNU_SOURCE -Ikernels -Idaemon -Iproto
 LDLIBS_ENGINE := -lm -lpthread
 
-# CUDA: compiled whenever nvcc exists (CI has nvcc but no GPU).
+# `make test` and `make run` build with one job per core.
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+
+# CUDA: compiled whenever nvcc exists (CI has nvcc but no GPU), every .cu
+# file for two targets:
+#   sm_90a       SASS for Hopper (H100/H200), the machine nsad trains on: the
+#                wgmma/TMA kernels exist only there ('a' = arch-specific,
+#                so no PTX of it runs anywhere else);
+#   compute_80   Ampere's code path (mma.sync, cp.async): SASS for sm_80,
+#                which sm_86/sm_89 GPUs run as it is (same major version;
+#                no kernel differs by minor version - nothing tests
+#                __CUDA_ARCH__ beyond the sm_90a features), and its PTX,
+#                which the driver compiles for newer GPUs (Blackwell) on
+#                first use.
+# sm_86 SASS (built here before) added nothing but a third front-end and
+# ptxas pass per file - a third of the nvcc time. Compiling both code paths
+# (front end and ptxas each) still checks every CUDA file for both, as CI
+# must. GENCODE=... picks others (e.g. sm_90a only on the GPU machine).
 ifneq ($(NVCC),)
 HAVE_CUDA := 1
-GENCODE := -gencode arch=compute_90a,code=sm_90a \
-           -gencode arch=compute_80,code=sm_80 \
-           -gencode arch=compute_86,code=sm_86
+GENCODE ?= -gencode arch=compute_90a,code=sm_90a \
+           -gencode 'arch=compute_80,code=[sm_80,compute_80]'
 NVCCFLAGS := -O3 -std=c++17 $(GENCODE) -Xcompiler -fPIC -Ikernels -lineinfo \
              --expt-relaxed-constexpr -DNSA_HAVE_CUDA
 CFLAGS  += -DNSA_HAVE_CUDA -I$(CUDA_HOME)/include
@@ -63,10 +79,14 @@ CTL_SRC    := $(wildcard ctl/*.c)
 TEST_SRC   := $(wildcard tests/unit/test_*.c)
 TEST_HELPERS := $(filter-out $(TEST_SRC),$(wildcard tests/unit/*.c))
 
-ENGINE_OBJ := $(ENGINE_C:%.c=$(BUILD)/obj/%.o) \
+# The CUDA objects first, the fast op's (the longest compiles) leading: a
+# parallel build starts the longest jobs first and fills the end with the
+# short C ones, instead of waiting on one nvcc at the end.
+CUDA_FIRST := $(filter kernels/cuda/fast_attn/%,$(CUDA_SRC)) $(filter-out kernels/cuda/fast_attn/%,$(CUDA_SRC))
+ENGINE_OBJ := $(CUDA_FIRST:%.cu=$(BUILD)/obj/%.o) \
+              $(ENGINE_C:%.c=$(BUILD)/obj/%.o) \
               $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f32/%.o) \
-              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f64/%.o) \
-              $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+              $(CPU_SRC:kernels/cpu/%.c=$(BUILD)/obj/cpu/f64/%.o)
 DAEMON_OBJ := $(DAEMON_SRC:%.c=$(BUILD)/obj/%.o)
 CTL_OBJ    := $(CTL_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN   := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
@@ -90,12 +110,12 @@ deps:
 
 run: deps
 	$(Q)./scripts/make-corpus.sh
-	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory -j$(JOBS) all
 	$(Q)./scripts/run.sh
 
 test: deps
 	$(Q)./scripts/make-corpus.sh
-	$(Q)$(MAKE) --no-print-directory all tests
+	$(Q)$(MAKE) --no-print-directory -j$(JOBS) all tests
 	$(Q)./tests/run.sh
 
 # The fortunes text corpus (build/data/fortunes.txt) that tests and `make run` train on.
@@ -138,13 +158,29 @@ $(BUILD)/nsad: $(BUILD)/obj/daemon/main.o $(DAEMON_OBJ) $(BUILD)/libnsa.a
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
 
-$(BUILD)/nsactl: $(CTL_OBJ)
+# nsactl shares daemon/paths.c with nsad: both find the same default
+# state dir and socket.
+$(BUILD)/nsactl: $(CTL_OBJ) $(BUILD)/obj/daemon/paths.o
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(CTL_LIBS) -lm
 
 # ---- tests ----------------------------------------------------------------------
-.PHONY: tests
+.PHONY: tests gpu-programs
 tests: $(TEST_BIN)
+# the helpers are not intermediate files: keep them, or every `make tests`
+# rebuilds them and relinks every test
+.SECONDARY: $(TEST_HELPER_OBJ)
+
+# With nvcc, the programs that run only on the GPU machine (tests/gpu,
+# bench) are built too, against this build's libnsa.a - the engine is
+# compiled once - so that no change leaves them broken between GPU
+# sessions (tests/integration/test_gpu_sources.sh checks they are).
+ifdef HAVE_CUDA
+tests: gpu-programs
+endif
+gpu-programs: $(BUILD)/libnsa.a
+	$(Q)$(MAKE) --no-print-directory -C tests/gpu NVCC="$(NVCC)" all
+	$(Q)$(MAKE) --no-print-directory -C bench NVCC="$(NVCC)" build
 
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_HELPER_OBJ) $(DAEMON_OBJ) $(BUILD)/libnsa.a
 	@mkdir -p $(dir $@)

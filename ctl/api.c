@@ -1,5 +1,6 @@
 /* api.c - one request to nsad and the meaning of its answer (see ctl.h). */
 #include "ctl.h"
+#include "paths.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -152,6 +153,8 @@ int ctlResolveToken(Ctl *ctl, const char *token_arg, const char *token_file_arg)
      * and the daemon's 401 says what is missing. */
     char path[HTTP_ADDR_MAX];
     int n = snprintf(path, sizeof path, "%s/token", ctl->state_dir);
+    if (ctl->state_dir_default && access(path, R_OK) != 0)
+        n = snprintf(path, sizeof path, "%s/token", PATHS_SYSTEM_STATE_DIR);
     if (n > 0 && (size_t)n < sizeof path && access(path, R_OK) == 0) {
         if (httpReadTokenFile(path, t->token, sizeof t->token, err, sizeof err) != 0) {
             fprintf(stderr, "nsactl: %s\n", err);

@@ -212,6 +212,7 @@ static void printRunDetails(const cJSON *run) {
     ctlNumber(run, "eta_s", &w);
     snprintf(line, sizeof line, "%s tok/s   MFU %s   ETA %s", a, c, formatDuration(w, b, sizeof b));
     statusLine("speed", line);
+    if (ctlNumber(run, "elapsed_s", &v)) statusLine("elapsed", formatDuration(v, a, sizeof a));
 
     if (ctlNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));
     if (ctlNumber(run, "heartbeat_age_s", &v)) {
@@ -423,7 +424,7 @@ static int statusOfDaemon(Ctl *ctl) {
                n_runs == 1 ? "" : "s");
         if (active) {
             char line[512];
-            ctlRunLine(active, -1, line, sizeof line);
+            ctlRunLine(active, line, sizeof line);
             printf("active: %s\n", line);
         } else {
             printf("no active run%s\n", n_runs ? " (nsactl list shows the others)" : "");
@@ -840,9 +841,23 @@ static int cmdDashboard(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     if (parseArgs("dashboard", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
-    /* The dashboard is a TCP page: with the socket as target, point at the
-     * default listener. */
-    const char *base = ctl->target.socket_path[0] ? "http://127.0.0.1:8470" : ctl->target.base_url;
+    /* The dashboard is a TCP page: with the socket as target, nsad says
+     * where it listens. */
+    char base[HTTP_ADDR_MAX];
+    snprintf(base, sizeof base, "%s", ctl->target.base_url);
+    if (ctl->target.socket_path[0]) {
+        CtlReply reply;
+        int rc = ctlCall(ctl, "GET", "/api/v1/version", NULL, 0, NULL, 0, &reply);
+        if (rc != CTL_OK) return rc;
+        const char *listen = ctlString(reply.json, "listen", NULL);
+        if (listen) snprintf(base, sizeof base, "%s", listen);
+        ctlReplyFree(&reply);
+        if (!listen) {
+            fprintf(stderr, "nsactl dashboard: nsad at %s has no TCP listener (it runs with --listen none); "
+                            "the dashboard is served over TCP\n", ctl->target.socket_path);
+            return CTL_EXIT_ERROR;
+        }
+    }
     if (!ctl->target.token[0]) {
         fprintf(stderr, "nsactl dashboard: no token: the dashboard needs the daemon's token; pass "
                         "--token-file STATE_DIR/token (or run as a user who can read %s/token)\n",

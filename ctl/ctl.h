@@ -27,6 +27,8 @@ typedef struct Ctl {
     int json;                 /* --json: machine-readable output */
     int tty;                  /* stdout is a terminal */
     const char *state_dir;    /* where the token file is looked for */
+    int state_dir_default;    /* no --state-dir / NSAD_STATE_DIR: the system's is looked at too */
+    char state_dir_buf[HTTP_ADDR_MAX];
     char token_source[HTTP_ADDR_MAX]; /* where the token came from, for 401 hints; "" if none */
 } Ctl;
 
@@ -72,7 +74,8 @@ int ctlCheckRunId(const char *id);
 
 /* The bearer token for TCP: --token, NSAD_TOKEN, --token-file,
  * NSAD_TOKEN_FILE, then <state dir>/token (state dir from --state-dir,
- * NSAD_STATE_DIR, else /var/lib/nsad) when that file is readable. Writes it
+ * NSAD_STATE_DIR, else nsad's default for this user - daemon/paths.h - and
+ * then /var/lib/nsad) when that file is readable. Writes it
  * into ctl->target.token. Returns 0 (also when no token is found: health
  * needs none), or -1 after printing why an explicitly named token file could
  * not be read. */

@@ -86,14 +86,6 @@ char *formatTimestamp(double unix_seconds, char *buf, size_t cap) {
     return buf;
 }
 
-char *formatEta(double remaining, double seconds_per_step, char *buf, size_t cap) {
-    if (!isfinite(remaining) || !isfinite(seconds_per_step) || remaining < 0 || seconds_per_step <= 0) {
-        snprintf(buf, cap, "-");
-        return buf;
-    }
-    return formatDuration(remaining * seconds_per_step, buf, cap);
-}
-
 struct FormatTable {
     int n_cols;
     size_t n_rows, cap_rows; /* rows after the header */

@@ -24,10 +24,6 @@ char *formatLoss(double value, int have_value, char *buf, size_t cap);
 /* Unix seconds as local "YYYY-MM-DD HH:MM:SS"; "-" for 0. Returns buf. */
 char *formatTimestamp(double unix_seconds, char *buf, size_t cap);
 
-/* Time still to go for `remaining` steps at `seconds_per_step`: the duration,
- * or "-" when either is unknown. Returns buf. */
-char *formatEta(double remaining, double seconds_per_step, char *buf, size_t cap);
-
 /* A table printed with every column as wide as its widest cell, two spaces
  * between columns, the header row first. Cells are copied. */
 typedef struct FormatTable FormatTable;

@@ -13,6 +13,8 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include "paths.h"
+
 /* The daemon's answers are small JSON documents; a runaway body (a proxy's
  * HTML page, a wrong port) is cut off rather than filling memory. */
 #define HTTP_BODY_LIMIT ((size_t)64 << 20)
@@ -84,18 +86,20 @@ int httpTargetSocket(HttpTarget *t, const char *path, char *err, size_t errcap) 
     return 0;
 }
 
+static int isSocket(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
 void httpDefaultSocket(char *buf, size_t cap) {
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
-    if (xdg && *xdg) {
-        char candidate[HTTP_ADDR_MAX];
-        struct stat st;
-        int n = snprintf(candidate, sizeof candidate, "%s/nsad/nsad.sock", xdg);
-        if (n > 0 && (size_t)n < sizeof candidate && stat(candidate, &st) == 0 && S_ISSOCK(st.st_mode)) {
-            snprintf(buf, cap, "%s", candidate);
-            return;
-        }
-    }
-    snprintf(buf, cap, "/run/nsad/nsad.sock");
+    char mine[HTTP_ADDR_MAX];
+    int have_mine = pathsSocket(mine, sizeof mine) == 0;
+    if (have_mine && isSocket(mine))
+        snprintf(buf, cap, "%s", mine);
+    else if (isSocket(PATHS_SYSTEM_SOCKET) || !have_mine)
+        snprintf(buf, cap, "%s", PATHS_SYSTEM_SOCKET);
+    else
+        snprintf(buf, cap, "%s", mine);
 }
 
 typedef struct BodyBuffer {

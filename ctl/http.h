@@ -50,9 +50,11 @@ int httpTargetUrl(HttpTarget *t, const char *url, char *err, size_t errcap);
  * long for a socket address. */
 int httpTargetSocket(HttpTarget *t, const char *path, char *err, size_t errcap);
 
-/* The socket nsactl uses when nothing names one: $XDG_RUNTIME_DIR/nsad/nsad.sock
- * when that exists, else /run/nsad/nsad.sock. Writes into buf; cannot fail
- * (a too-long XDG path is skipped). */
+/* The socket nsactl uses when nothing names one: the one `nsad serve` makes
+ * by default for this user (daemon/paths.h: what `make run` starts) when
+ * it exists, else the system service's /run/nsad/nsad.sock when that
+ * exists, else the user's default (whose absence the error then names).
+ * Writes into buf; cannot fail. */
 void httpDefaultSocket(char *buf, size_t cap);
 
 /* Sends METHOD base_url+path (path starts with '/'), with body (may be NULL)

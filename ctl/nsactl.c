@@ -8,8 +8,8 @@
 #include "commands.h"
 #include "ctl.h"
 #include "nsa.h"
+#include "paths.h"
 
-#define DEFAULT_STATE_DIR "/var/lib/nsad"
 #define DEFAULT_TIMEOUT_S 30.0
 
 static void printUsage(FILE *out) {
@@ -26,15 +26,19 @@ static void printUsage(FILE *out) {
             "\n"
             "options (anywhere on the line):\n"
             "  --json              machine-readable output: the daemon's JSON, one document a line\n"
-            "  --socket PATH       nsad's Unix socket (env NSAD_SOCKET); default\n"
-            "                      $XDG_RUNTIME_DIR/nsad/nsad.sock when it exists, else\n"
-            "                      /run/nsad/nsad.sock\n"
+            "  --socket PATH       nsad's Unix socket (env NSAD_SOCKET); default: the one\n"
+            "                      `nsad serve` (and `make run`) makes for this user -\n"
+            "                      $XDG_RUNTIME_DIR/nsad/nsad.sock, /run/nsad/nsad.sock as root,\n"
+            "                      else STATE_DIR/nsad.sock - when it exists, else the system\n"
+            "                      service's /run/nsad/nsad.sock\n"
             "  --url URL           talk TCP instead, e.g. http://127.0.0.1:8470 (env NSAD_URL)\n"
             "  --token TOKEN       bearer token for TCP (env NSAD_TOKEN)\n"
             "  --token-file FILE   read the token from FILE (env NSAD_TOKEN_FILE); default\n"
             "                      STATE_DIR/token when readable\n"
             "  --state-dir DIR     nsad's state dir, for its token (env NSAD_STATE_DIR;\n"
-            "                      default " DEFAULT_STATE_DIR ")\n"
+            "                      default: nsad's for this user - $XDG_STATE_HOME/nsad,\n"
+            "                      /var/lib/nsad as root, else ~/.local/state/nsad - then\n"
+            "                      /var/lib/nsad)\n"
             "  --timeout S         give up on one request after S seconds (default 30; 0: never)\n"
             "  -h, --help          this help; `nsactl COMMAND --help` for one command\n"
             "  --version           nsactl's version (`nsactl version` asks nsad too)\n"
@@ -139,7 +143,13 @@ static int setupCtl(Ctl *ctl, const GlobalArgs *g, const CtlCommand *cmd) {
     ctl->json = g->json;
     ctl->tty = isatty(STDOUT_FILENO);
     const char *env_state = getenv("NSAD_STATE_DIR");
-    ctl->state_dir = g->state_dir ? g->state_dir : (env_state && *env_state ? env_state : DEFAULT_STATE_DIR);
+    ctl->state_dir = g->state_dir ? g->state_dir : (env_state && *env_state ? env_state : NULL);
+    if (!ctl->state_dir) {
+        ctl->state_dir_default = 1;
+        if (pathsStateDir(ctl->state_dir_buf, sizeof ctl->state_dir_buf) != 0)
+            snprintf(ctl->state_dir_buf, sizeof ctl->state_dir_buf, "%s", PATHS_SYSTEM_STATE_DIR);
+        ctl->state_dir = ctl->state_dir_buf;
+    }
     double timeout_s = DEFAULT_TIMEOUT_S;
     if (g->timeout) {
         char *end = NULL;

@@ -11,8 +11,8 @@ int ctlRunStateFinal(const char *state) {
            !strcmp(state, "nan_halted");
 }
 
-void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap) {
-    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = eta_fallback_s, age = 0;
+void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
+    double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = -1, age = 0;
     int have_step = ctlNumber(run, "step", &step);
     int have_total = ctlNumber(run, "total_steps", &total);
     int have_loss = ctlNumber(run, "loss", &loss);

@@ -8,9 +8,9 @@
 
 /* One line describing a run object (shared by status, list and watch):
  * "ID  running  step 120/1000 (12%)  loss 3.9100  val 4.0200  15.2K tok/s (MFU 41.3%)  ETA 1m01s"
- * (the MFU only when the run has one).
- * eta_fallback_s is used when the object has no eta_s (< 0: unknown). */
-void ctlRunLine(const cJSON *run, double eta_fallback_s, char *buf, size_t cap);
+ * (the MFU only when the run has one). The ETA is the daemon's eta_s ("-"
+ * while it has none): the dashboard and /metrics show the same estimate. */
+void ctlRunLine(const cJSON *run, char *buf, size_t cap);
 
 /* True for the states a run does not leave on its own. */
 int ctlRunStateFinal(const char *state);

@@ -26,26 +26,6 @@ static void sleepSeconds(double s) {
     }
 }
 
-/* Steps per second seen by this watcher, for an ETA when the daemon has none
- * yet (it reports eta_s only after its own speed estimate settles). */
-typedef struct RateTracker {
-    double t0, step0;
-    int have;
-} RateTracker;
-
-static double trackEta(RateTracker *rt, const cJSON *run, double now) {
-    double step = 0, total = 0;
-    if (!ctlNumber(run, "step", &step) || !ctlNumber(run, "total_steps", &total)) return -1;
-    if (!rt->have) {
-        rt->t0 = now;
-        rt->step0 = step;
-        rt->have = 1;
-        return -1;
-    }
-    if (step <= rt->step0 || now <= rt->t0) return -1;
-    return (total - step) * (now - rt->t0) / (step - rt->step0);
-}
-
 /* The exit code for a run that reached a final state, with a line on stderr
  * when it did not end well. */
 static int finalExitCode(const cJSON *run, const char *id) {
@@ -65,7 +45,6 @@ static int finalExitCode(const cJSON *run, const char *id) {
 int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s) {
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s", run_id);
-    RateTracker rate = {0};
     char last_state[32] = "";
     double last_step = -1, lost_since = 0;
     int connected = 0, live_line = 0;
@@ -103,7 +82,6 @@ int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s) {
         int changed = strcmp(state, last_state) != 0 || step != last_step;
         snprintf(last_state, sizeof last_state, "%s", state);
         last_step = step;
-        double eta = trackEta(&rate, reply.json, now);
 
         if (ctl->json) {
             if (changed) {
@@ -118,7 +96,7 @@ int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s) {
             }
         } else if (ctl->tty || changed) {
             char line[512];
-            ctlRunLine(reply.json, eta, line, sizeof line);
+            ctlRunLine(reply.json, line, sizeof line);
             if (ctl->tty) {
                 printf("\r\033[K%s", line);
                 live_line = 1;

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <unistd.h>
 
 #include "api_use.h"
 #include "log.h"
@@ -252,10 +253,9 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "mfu", mfuOf(run->toks_per_s, run->flops_per_token, mfuWorldPeak(run->peak_flops, run->world, run->n_ranks)));
     addNumberOrNull(o, "flops_per_token", run->flops_per_token);
     addNumberOrNull(o, "peak_flops", run->peak_flops);
-    double eta = NAN;
-    if (active && isfinite(run->step_seconds) && run->total_steps >= run->step)
-        eta = (double)(run->total_steps - run->step) * run->step_seconds;
-    addNumberOrNull(o, "eta_s", eta);
+    const double wall = clockUnixSeconds();
+    addNumberOrNull(o, "eta_s", active ? runsEtaSeconds(run, wall) : NAN);
+    cJSON_AddNumberToObject(o, "elapsed_s", runsElapsedSeconds(run, wall));
     addNumberOrNull(o, "mem_bytes", run->mem_bytes);
     if (active && !svc->pending)
         cJSON_AddNumberToObject(o, "heartbeat_age_s",
@@ -326,19 +326,27 @@ static void getHealth(Service *svc, ApiResponse *res) {
     respondJson(res, 200, o);
 }
 
-static void getVersion(ApiResponse *res) {
+static void getVersion(Service *svc, ApiResponse *res) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "version", NSA_VERSION);
     cJSON_AddStringToObject(o, "api", "v1");
 #ifdef NSA_HAVE_CUDA
     cJSON_AddBoolToObject(o, "cuda", 1);
-    const char *devices[] = {"cpu", "cuda"};
-    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 2));
 #else
     cJSON_AddBoolToObject(o, "cuda", 0);
-    const char *devices[] = {"cpu"};
-    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, 1));
 #endif
+    /* the devices a run can use here: cuda only when the start-up probe
+     * found a GPU */
+    const char *devices[] = {"cpu", "cuda"};
+    int gpus = svc->devices.cuda_built && svc->devices.cuda_devices > 0;
+    cJSON_AddItemToObject(o, "devices", cJSON_CreateStringArray(devices, gpus ? 2 : 1));
+    cJSON_AddStringToObject(o, "device_probe", svc->devices.description);
+    cJSON_AddNumberToObject(o, "pid", (double)getpid());
+    pthread_mutex_lock(&svc->lock);
+    addStringOrNull(o, "listen", svc->listen_url);
+    addStringOrNull(o, "socket", svc->socket_path);
+    cJSON_AddStringToObject(o, "state_dir", svc->runs->state_dir);
+    pthread_mutex_unlock(&svc->lock);
     respondJson(res, 200, o);
 }
 
@@ -774,7 +782,7 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
     } else if (!strcmp(rest, "health")) {
         if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getHealth(svc, res);
     } else if (!strcmp(rest, "version")) {
-        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getVersion(res);
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, "")) getVersion(svc, res);
     } else if (!strcmp(rest, "runs")) {
         if (!strcmp(req->method, "POST"))
             createRun(svc, req, res);

@@ -382,6 +382,7 @@ cJSON *artifactsConfigJson(const JobConfig *cfg) {
     cJSON_AddNumberToObject(o, "accumulate_grad_batches", t->accumulate_grad_batches);
     cJSON_AddNumberToObject(o, "lr", t->lr);
     cJSON_AddNumberToObject(o, "min_lr", t->min_lr);
+    cJSON_AddStringToObject(o, "lr_schedule", "cosine");  /* nsad's one schedule (train.lr_schedule) */
     cJSON_AddNumberToObject(o, "warmup_steps", (double)t->warmup_steps);
     cJSON_AddNumberToObject(o, "weight_decay", t->weight_decay);
     cJSON_AddNumberToObject(o, "grad_clip", t->grad_clip);
@@ -399,6 +400,7 @@ cJSON *artifactsConfigJson(const JobConfig *cfg) {
     cJSON_AddStringToObject(o, "device", configDeviceName(cfg->runtime.device));
     cJSON_AddStringToObject(o, "precision", configPrecisionName(cfg->runtime.precision));
     cJSON_AddNumberToObject(o, "threads", cfg->runtime.threads);
+    cJSON_AddBoolToObject(o, "gradient_checkpointing", cfg->runtime.gradient_checkpointing);
     o = cJSON_AddObjectToObject(root, "data");
     cJSON_AddStringToObject(o, "source", sourceName(cfg->data.source));
     cJSON_AddStringToObject(o, "path", cfg->data.path);

@@ -25,11 +25,13 @@
 #include "log.h"
 #include "mfu.h"
 #include "runlog.h"
+#include "paths.h"
 #include "sdnotify.h"
 #include "server.h"
 #include "service.h"
 #include "signals.h"
 #include "stackdump.h"
+#include "statelock.h"
 #include "watchdog.h"
 #include "yamllimit.h"
 
@@ -66,10 +68,12 @@ static void usage(FILE *out) {
             "\n"
             "  --config FILE          daemon config (YAML; default " DEFAULT_CONFIG " when it exists)\n"
             "  --listen ADDR:PORT     TCP address (default " DEFAULT_LISTEN "; 'none' for no TCP)\n"
-            "  --socket PATH          Unix socket (default $RUNTIME_DIRECTORY/nsad.sock,\n"
-            "                         $XDG_RUNTIME_DIR/nsad/nsad.sock or /run/nsad/nsad.sock; 'none')\n"
+            "  --socket PATH          Unix socket (default $RUNTIME_DIRECTORY/nsad.sock, else\n"
+            "                         $XDG_RUNTIME_DIR/nsad/nsad.sock, else /run/nsad/nsad.sock as\n"
+            "                         root, else STATE_DIR/nsad.sock; nsactl looks there too; 'none')\n"
             "  --state-dir DIR        runs, checkpoints and the token (default $STATE_DIRECTORY,\n"
-            "                         /var/lib/nsad as root, else ~/.local/state/nsad)\n"
+            "                         else $XDG_STATE_HOME/nsad, else /var/lib/nsad as root, else\n"
+            "                         ~/.local/state/nsad); one nsad serve per state dir\n"
             "  --web-root DIR         dashboard files (default <binary>/../web, /usr/share/nsad/web)\n"
             "  --token-file FILE      bearer token for TCP (default <state-dir>/token; made on first start)\n"
             "  --no-auth              no token on TCP (refused unless --listen is loopback)\n"
@@ -91,7 +95,8 @@ static void usage(FILE *out) {
             "Signals: SIGTERM/SIGINT checkpoint the active run and exit; SIGUSR1/SIGQUIT log\n"
             "every thread's stack; SIGHUP and other signals are logged and ignored.\n"
             "Exit status: 0 after SIGTERM/SIGINT, 1 on a runtime failure, 2 on a usage error,\n"
-            "70 when the watchdog policy 'exit' stops a hung run, 78 on a bad config.\n");
+            "70 when the watchdog policy 'exit' stops a hung run, 75 when another nsad serve\n"
+            "uses the state dir (the message names its pid and address), 78 on a bad config.\n");
 }
 
 static void setDefaults(ServeOptions *o) {
@@ -402,38 +407,15 @@ static int makeDirs(const char *path, mode_t mode) {
     return 0;
 }
 
-static void defaultStateDir(char *out, size_t cap) {
-    const char *sd = getenv("STATE_DIRECTORY");
-    if (sd && *sd) {
-        /* systemd may list several, colon-separated: the first is ours */
-        size_t len = strcspn(sd, ":");
-        snprintf(out, cap, "%.*s", (int)len, sd);
-    } else if (geteuid() == 0) {
-        snprintf(out, cap, "/var/lib/nsad");
-    } else if (getenv("XDG_STATE_HOME") && *getenv("XDG_STATE_HOME")) {
-        snprintf(out, cap, "%s/nsad", getenv("XDG_STATE_HOME"));
-    } else {
-        snprintf(out, cap, "%s/.local/state/nsad", getenv("HOME") ? getenv("HOME") : "/tmp");
-    }
-}
-
-/* The socket path when none was given (the same search nsactl makes). */
-static int defaultSocket(char *out, size_t cap) {
-    const char *rd = getenv("RUNTIME_DIRECTORY");
-    const char *xdg = getenv("XDG_RUNTIME_DIR");
+/* The socket's directory, created when missing (the default one under
+ * $XDG_RUNTIME_DIR or /run may not exist yet). Returns 0 or -1 (errno). */
+static int makeSocketDir(const char *socket_path) {
     char dir[PATH_MAX];
-    if (rd && *rd)
-        snprintf(dir, sizeof dir, "%.*s", (int)strcspn(rd, ":"), rd);
-    else if (xdg && *xdg)
-        snprintf(dir, sizeof dir, "%s/nsad", xdg);
-    else
-        snprintf(dir, sizeof dir, "/run/nsad");
-    if (makeDirs(dir, 0750) != 0) return -1;
-    if (snprintf(out, cap, "%s/nsad.sock", dir) >= (int)cap) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    return 0;
+    snprintf(dir, sizeof dir, "%s", socket_path);
+    char *slash = strrchr(dir, '/');
+    if (!slash || slash == dir) return 0;
+    *slash = '\0';
+    return makeDirs(dir, 0750);
 }
 
 static int isDir(const char *path) {
@@ -514,20 +496,33 @@ int cmdServe(int argc, char **argv) {
                  o.listen);
         return EXIT_CONFIG;
     }
-    if (!o.state_dir[0]) defaultStateDir(o.state_dir, sizeof o.state_dir);
+    if (!o.state_dir[0] && pathsStateDir(o.state_dir, sizeof o.state_dir) != 0) {
+        logError("the default state dir is too long a path: give --state-dir DIR");
+        return EXIT_CONFIG;
+    }
     if (makeDirs(o.state_dir, 0750) != 0) {
         logError("--state-dir %s: cannot create: %s", o.state_dir, strerror(errno));
         return EXIT_CONFIG;
+    }
+    /* One nsad per state dir, before anything reads or writes in it: a
+     * second one must not touch the first one's live runs. */
+    NsaError err = {""};
+    int in_use = 0;
+    int lock_fd = statelockAcquire(o.state_dir, &in_use, &err);
+    if (lock_fd < 0) {
+        logError("%s", err.message);
+        return in_use ? EXIT_IN_USE : EXIT_CONFIG;
     }
     int unix_sock = strcmp(o.socket, "none") != 0;
     if (!tcp && !unix_sock) {
         logError("--listen none and --socket none: nsad needs at least one listener");
         return EXIT_CONFIG;
     }
-    if (unix_sock && !o.socket[0] && defaultSocket(o.socket, sizeof o.socket) != 0) {
-        logError("cannot create the runtime directory for the Unix socket: %s (give --socket PATH or "
+    if (unix_sock && ((!o.socket[0] && pathsSocket(o.socket, sizeof o.socket) != 0) ||
+                      makeSocketDir(o.socket) != 0)) {
+        logError("cannot create the directory for the Unix socket %s: %s (give --socket PATH or "
                  "--socket none)",
-                 strerror(errno));
+                 o.socket, strerror(errno));
         return EXIT_CONFIG;
     }
     if (!o.web_root[0]) {
@@ -539,7 +534,6 @@ int cmdServe(int argc, char **argv) {
     }
 
     char token[AUTH_TOKEN_MAX] = "";
-    NsaError err = {""};
     if (tcp && !o.no_auth) {
         if (!o.token_file[0] && snprintf(o.token_file, sizeof o.token_file, "%s/token", o.state_dir) >=
                                     (int)sizeof o.token_file) {
@@ -577,6 +571,20 @@ int cmdServe(int argc, char **argv) {
     /* the nodes of a multi-node job share one token: a coordinator shows
      * the other nodes its own */
     snprintf(svc->peer_token, sizeof svc->peer_token, "%s", tcp && !o.no_auth ? token : "");
+    /* Device init before the API and READY=1: systemd (and whoever waits on
+     * it) learns that nsad is up only once the driver has answered, and
+     * the first POST of a run is checked against what it found. No GPU is
+     * not an error (runs then use the CPU engine); a broken driver is
+     * logged, and CUDA runs are refused. */
+    NsaDeviceInfo dev;
+    NsaError dev_err = {{0}};
+    if (nsaDeviceProbe(&dev, &dev_err) == 0) {
+        logNotice("devices: %s", dev.description);
+        serviceSetDevices(svc, &dev, NULL);
+    } else {
+        logError("devices: the CUDA runtime failed: %s; only CPU runs will work", dev_err.message);
+        serviceSetDevices(svc, &dev, dev_err.message);
+    }
     ServerOptions so = {
         .listen_host = tcp ? host : NULL,
         .port = port,
@@ -604,36 +612,30 @@ int cmdServe(int argc, char **argv) {
         logError("%s", err.message);
         serverStop(srv);
         inferStop(svc->infer);
-        serviceShutdown(svc, (double)o.stop_timeout_s);
+        serviceShutdown(svc, (double)o.stop_timeout_s, TRAIN_HALT_SHUTDOWN);
         logSetRunSink(NULL, NULL);
         serviceClose(svc);
         return 1;
     }
 
-    char where[PATH_MAX + 400];
+    char where[PATH_MAX + 400], url[300] = "";
     int n = 0;
     if (tcp)
-        n += snprintf(where + n, sizeof where - (size_t)n, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "",
-                      host, strchr(host, ':') ? "]" : "", serverPort(srv));
+        snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
+                 strchr(host, ':') ? "]" : "", serverPort(srv));
+    n += snprintf(where + n, sizeof where - (size_t)n, "%s", url);
     if (unix_sock) snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", tcp ? " and " : "", o.socket);
+    serviceSetListeners(svc, url, unix_sock ? o.socket : "");
+    if (statelockDescribe(lock_fd, url, unix_sock ? o.socket : "", &err) != 0) logWarn("%s", err.message);
     logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where, o.state_dir,
               tcp && !o.no_auth ? "; token in " : "", tcp && !o.no_auth ? o.token_file : "",
               o.web_root[0] ? o.web_root : "(none found)");
-    /* Device init before READY=1: systemd (and whoever waits on it) learns
-     * that nsad is up only once the driver has answered. No GPU is not an
-     * error (runs then use the CPU engine); a broken driver is logged. */
-    NsaDeviceInfo dev;
-    NsaError dev_err = {{0}};
-    if (nsaDeviceProbe(&dev, &dev_err) == 0)
-        logNotice("devices: %s", dev.description);
-    else
-        logError("devices: the CUDA runtime failed: %s; only CPU runs will work", dev_err.message);
     char status[PATH_MAX + 500];
     snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
     if (sdNotify(status) < 0)
         logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
 
-    int exit_code = 0;
+    int exit_code = 0, stop_signal = SIGTERM;
     for (int stopping = 0; !stopping;) {
         int sig = signalsWait(1000);
         if (!sig) continue;
@@ -648,6 +650,7 @@ int cmdServe(int argc, char **argv) {
         case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
         case SIGNAL_STOP:
             logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)", name);
+            stop_signal = sig;
             stopping = 1;
             break;
         }
@@ -656,7 +659,8 @@ int cmdServe(int argc, char **argv) {
     serverStop(srv);      /* first: it ends the streams the inference jobs write */
     inferStop(svc->infer);
     svc->infer = NULL;
-    if (serviceShutdown(svc, (double)o.stop_timeout_s) != 0) {
+    if (serviceShutdown(svc, (double)o.stop_timeout_s,
+                        trainHaltReasonOfSignal(stop_signal)) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
                  (double)o.stop_timeout_s);
         exit_code = 1;

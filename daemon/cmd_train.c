@@ -107,7 +107,7 @@ static void *signalThread(void *arg) {
                  * logs the step it stopped at */
                 logNotice("%s: stopping after the step in progress (%" PRId64 " done), then checkpoint and "
                           "exit", name, atomic_load(&ctx->mon->step));
-                atomic_store(&ctx->mon->halt_requested, 1);
+                atomic_store(&ctx->mon->halt_requested, trainHaltReasonOfSignal(sig));
             } else {
                 logNotice("%s: already stopping after the step in progress", name);
             }
@@ -236,7 +236,8 @@ int cmdTrain(int argc, char **argv) {
                   res.last_loss, res.last_val_loss);
         return 0;
     case TRAIN_HALTED:
-        logNotice("train: halted after step %" PRId64 " (checkpointed)", res.step);
+        logNotice("train: stopped by %s after step %" PRId64 " (checkpointed; --resume latest continues it)",
+                  res.halt_reason[0] ? res.halt_reason : "a halt", res.step);
         return 0;
     case TRAIN_NAN_HALTED:
         fprintf(stderr, "nsad train: %s\n", err.message);

@@ -4,6 +4,7 @@
 #define NSAD_COMMANDS_H
 
 #define EXIT_USAGE 2
+#define EXIT_IN_USE 75  /* EX_TEMPFAIL: another nsad serve holds the state dir */
 #define EXIT_CONFIG 78
 
 int cmdCheck(int argc, char **argv);   /* nsad check CONFIG.yaml      (daemon/cmd_check.c) */

@@ -87,6 +87,10 @@ static const EnumName hang_policy_names[] = {
     {"report", HANG_REPORT}, {"exit", HANG_EXIT}, {NULL, 0}};
 static const EnumName fault_kind_names[] = {
     {"none", FAULT_NONE}, {"loss", FAULT_NAN_LOSS}, {"grad", FAULT_NAN_GRAD}, {NULL, 0}};
+static const EnumName lr_schedule_names[] = {{"cosine", LR_SCHEDULE_COSINE}, {NULL, 0}};
+/* YAML 1.1's booleans, as the prototype's loader (PyYAML) reads them */
+static const EnumName bool_names[] = {{"false", 0}, {"true", 1}, {"no", 0},  {"yes", 1},
+                                      {"off", 0},   {"on", 1},   {NULL, 0}};
 
 /* The phases a stall can be injected into (trainer.h's TrainPhase names). */
 static const char *const stall_phases[] = {"data",       "forward", "backward", "allreduce",
@@ -121,6 +125,7 @@ static const ConfigKey configKeys[] = {
     {"train", "accumulate_grad_batches", KEY_INT, F(train.accumulate_grad_batches), 0, 1, 65536, 0, NULL},
     {"train", "lr", KEY_DOUBLE, F(train.lr), 0, 0, 10, RANGE_MIN_OPEN, NULL},
     {"train", "min_lr", KEY_DOUBLE, F(train.min_lr), 0, 0, 10, 0, NULL},
+    {"train", "lr_schedule", KEY_ENUM, F(train.lr_schedule), 0, 0, 0, 0, lr_schedule_names},
     {"train", "warmup_steps", KEY_INT64, F(train.warmup_steps), 0, 0, BIG, 0, NULL},
     {"train", "weight_decay", KEY_DOUBLE, F(train.weight_decay), 0, 0, 10, 0, NULL},
     {"train", "grad_clip", KEY_DOUBLE, F(train.grad_clip), 0, 0, 1e9, 0, NULL},
@@ -141,6 +146,7 @@ static const ConfigKey configKeys[] = {
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
+    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, bool_names},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -175,32 +181,72 @@ static const ConfigKey configKeys[] = {
 static const char *const sections[] = {"model", "nsa",   "train", "runtime",
                                        "data",  "nan",   "fault", "watchdog", NULL};
 
+/* The values an ignored key takes (the prototype checked them, so nsad
+ * does too): anything, true/false, or a count (an integer >= 0). */
+typedef enum IgnoredType { IGNORED_ANY = 0, IGNORED_BOOL, IGNORED_COUNT } IgnoredType;
+
 /* Keys the PyTorch prototype had whose effect nsad either always has or
- * cannot have: they load with a warning so its config files keep working. */
+ * cannot have: they load with a warning so its config files keep working.
+ * A switch whose `false` asks for what nsad does anyway (no third-party
+ * kernel, no recomputation) loads silently when false. */
 typedef struct IgnoredKey {
     const char *section, *key, *why;
+    IgnoredType type;
+    int false_is_honoured;
 } IgnoredKey;
 
 static const IgnoredKey ignoredKeys[] = {
-    {"runtime", "use_flash_attn", "nsad always runs its own NSA kernels"},
-    {"runtime", "flash_attn", "nsad always runs its own NSA kernels"},
-    {"runtime", "compile", "there is no torch.compile; the CUDA engine is compiled ahead of time"},
-    {"runtime", "compile_mode", "there is no torch.compile; the CUDA engine is compiled ahead of time"},
-    {"runtime", "cudnn_benchmark", "nsad does not use cuDNN"},
-    {"runtime", "allow_tf32", "fp32 matmuls follow runtime.precision"},
-    {"runtime", "num_workers", "the data loader uses one prefetch thread (data.prefetch)"},
-    {"runtime", "pin_memory", "the data loader manages its own buffers"},
-    {"runtime", "dist_backend", "multi-GPU always uses NCCL"},
-    {"model", "use_triton", "nsad's kernels are CUDA C, not Triton"},
-    {"model", "use_flash_attn", "nsad always runs its own NSA kernels"},
-    {"model", "dropout", "nsad trains without dropout"},
-    {"model", "bias", "nsad's layers have no biases"},
-    {"nsa", "use_triton", "nsad's kernels are CUDA C, not Triton"},
-    {"nsa", "block_impl", "nsad has one NSA implementation per engine"},
-    {"data", "num_workers", "the data loader uses one prefetch thread (data.prefetch)"},
-    {"train", "gradient_checkpointing", "the engine keeps its own activation arena"},
+    {"runtime", "use_flash_attn", "nsad always runs its own NSA kernels", IGNORED_ANY, 0},
+    {"runtime", "flash_attn", "nsad always runs its own NSA kernels", IGNORED_ANY, 0},
+    {"runtime", "compile", "there is no torch.compile; the CUDA engine is compiled ahead of time",
+     IGNORED_ANY, 0},
+    {"runtime", "compile_mode", "there is no torch.compile; the CUDA engine is compiled ahead of time",
+     IGNORED_ANY, 0},
+    {"runtime", "cudnn_benchmark", "nsad does not use cuDNN", IGNORED_ANY, 0},
+    {"runtime", "allow_tf32", "fp32 matmuls follow runtime.precision", IGNORED_ANY, 0},
+    {"runtime", "num_workers", "the data loader uses one prefetch thread (data.prefetch)", IGNORED_ANY,
+     0},
+    {"runtime", "pin_memory", "the data loader manages its own buffers", IGNORED_ANY, 0},
+    {"runtime", "dist_backend", "multi-GPU always uses NCCL", IGNORED_ANY, 0},
+    {"model", "use_triton", "nsad's kernels are CUDA C, not Triton", IGNORED_ANY, 0},
+    {"model", "use_flash_attn", "nsad always runs its own NSA kernels", IGNORED_ANY, 0},
+    {"model", "dropout", "nsad trains without dropout", IGNORED_ANY, 0},
+    {"model", "bias", "nsad's layers have no biases", IGNORED_ANY, 0},
+    {"nsa", "use_triton", "nsad's kernels are CUDA C, not Triton", IGNORED_ANY, 0},
+    {"nsa", "block_impl", "nsad has one NSA implementation per engine", IGNORED_ANY, 0},
+    {"data", "num_workers", "the data loader uses one prefetch thread (data.prefetch)", IGNORED_ANY, 0},
+    /* the prototype's own place for it is runtime.gradient_checkpointing,
+     * which nsad honours; kept for files that used this one */
+    {"train", "gradient_checkpointing", "nsad's switch is runtime.gradient_checkpointing", IGNORED_ANY, 0},
+    /* the prototype's kernel switches (runtime section) */
+    {"runtime", "use_flash", "nsad runs its own fused NSA kernels for every branch, never flash-attn",
+     IGNORED_BOOL, 1},
+    {"runtime", "use_triton_sel", "nsad's selected-attention kernels are CUDA C, not Triton", IGNORED_BOOL,
+     1},
+    {"runtime", "compile_cmp_win",
+     "there is no torch.compile; the compressed and window kernels are compiled ahead of time", IGNORED_BOOL,
+     1},
+    {"runtime", "sel_triton_min_L", "nsad picks its selected-attention kernel by sequence length itself",
+     IGNORED_COUNT, 0},
+    {"runtime", "fa2_enabled", "nsad never calls FlashAttention-2; its own kernels run every branch",
+     IGNORED_BOOL, 1},
+    {"runtime", "fa2_min_len_win", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT,
+     0},
+    {"runtime", "fa2_min_len_cmp", "nsad has no FlashAttention-2 path (runtime.fa2_enabled)", IGNORED_COUNT,
+     0},
 };
 #define N_IGNORED (sizeof ignoredKeys / sizeof ignoredKeys[0])
+
+/* The prototype's names for keys nsad spells otherwise. Giving both is fine
+ * when they agree, an error when they do not. */
+typedef struct KeyAlias {
+    const char *section, *key, *canonical;
+} KeyAlias;
+
+static const KeyAlias keyAliases[] = {
+    {"train", "max_grad_norm", "grad_clip"},
+};
+#define N_ALIASES (sizeof keyAliases / sizeof keyAliases[0])
 
 /* ---- errors ---------------------------------------------------------------- */
 
@@ -559,8 +605,12 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
         }
         int value;
         if (lookupEnum(k->names, text, &value) != 0)
-            return nsaErrorf(err, "%s%s.%s: %s is not a known value; allowed: %s%s", at, k->section,
-                            k->key, shown, allowed, (is_device || is_precision) ? ", auto" : "");
+            return nsaErrorf(err, "%s%s.%s: %s is not a known value; allowed: %s%s%s", at, k->section,
+                            k->key, shown, allowed, (is_device || is_precision) ? ", auto" : "",
+                            k->names == lr_schedule_names
+                                ? " (nsad's one schedule: linear warmup over train.warmup_steps, then "
+                                  "cosine decay to train.min_lr)"
+                                : "");
         *(int *)field = value;
         if (is_device) cfg->runtime.device_auto = 0;
         if (is_precision) cfg->runtime.precision_auto = 0;
@@ -735,6 +785,10 @@ static void sectionKeys(const char *section, const char *wrong, char *list, size
             *closest = configKeys[i].key;
         }
     }
+    for (size_t i = 0; i < N_ALIASES; i++) {
+        if (strcmp(keyAliases[i].section, section)) continue;
+        n += (size_t)snprintf(list + n, n < cap ? cap - n : 0, ", %s", keyAliases[i].key);
+    }
 }
 
 static const ConfigKey *findKey(const char *section, const char *key) {
@@ -750,6 +804,58 @@ static const IgnoredKey *findIgnored(const char *section, const char *key) {
             return &ignoredKeys[i];
     return NULL;
 }
+
+static const KeyAlias *findAlias(const char *section, const char *key) {
+    for (size_t i = 0; i < N_ALIASES; i++)
+        if (!strcmp(keyAliases[i].section, section) && !strcmp(keyAliases[i].key, key))
+            return &keyAliases[i];
+    return NULL;
+}
+
+/* YAML 1.1's booleans, as the prototype's loader (PyYAML) reads them. */
+static int yamlBool(const yaml_node_t *node, int *value) {
+    static const char *const yes[] = {"true", "yes", "on", NULL}, *const no[] = {"false", "no", "off", NULL};
+    if (!isPlain(node)) return -1;
+    const char *v = (const char *)node->data.scalar.value;
+    for (int i = 0; yes[i]; i++)
+        if (!strcasecmp(v, yes[i])) return *value = 1, 0;
+    for (int i = 0; no[i]; i++)
+        if (!strcasecmp(v, no[i])) return *value = 0, 0;
+    return -1;
+}
+
+/* An ignored prototype key: its value checked as the prototype would, then
+ * a warning (none for a false switch whose false nsad honours). Returns 0 or
+ * -1 with err. */
+static int applyIgnored(JobConfig *cfg, const IgnoredKey *ig, const yaml_node_t *node, const Source *src,
+                        NsaError *err) {
+    char at[CONFIG_PATH_MAX + 32], shown[128];
+    where(src, node, at, sizeof at);
+    showValue(node, shown, sizeof shown);
+    if (ig->type == IGNORED_BOOL) {
+        int on;
+        if (yamlBool(node, &on) != 0)
+            return nsaErrorf(err, "%s%s.%s: %s is not a boolean; allowed: true or false (a prototype setting "
+                            "nsad ignores)", at, ig->section, ig->key, shown);
+        if (!on && ig->false_is_honoured) return 0;
+    } else if (ig->type == IGNORED_COUNT) {
+        int64_t v;
+        if (!isPlain(node) || isNull(node) || parseInteger((const char *)node->data.scalar.value, &v) != 0 ||
+            v < 0)
+            return nsaErrorf(err, "%s%s.%s: %s is not a count; allowed: an integer >= 0 (a prototype setting "
+                            "nsad ignores)", at, ig->section, ig->key, shown);
+    }
+    addWarning(cfg, "%s.%s: %s ignored (a prototype setting: %s)", ig->section, ig->key, shown, ig->why);
+    return 0;
+}
+
+/* Which keys a file gave, and where: an alias and its key agree, and a
+ * default that follows another key (model.vocab_size from the tokenizer)
+ * applies only when the file did not set it. */
+typedef struct Given {
+    const yaml_node_t *node[N_KEYS];
+    const char *name[N_KEYS];  /* the spelling used */
+} Given;
 
 /* Reports the second occurrence of a key in a mapping, if any. */
 static int checkDuplicates(yaml_document_t *doc, const yaml_node_t *map, const char *prefix,
@@ -772,7 +878,7 @@ static int checkDuplicates(yaml_document_t *doc, const yaml_node_t *map, const c
 }
 
 static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section,
-                       const yaml_node_t *map, const Source *src, NsaError *err) {
+                       const yaml_node_t *map, const Source *src, Given *given, NsaError *err) {
     char at[CONFIG_PATH_MAX + 32], list[400], prefix[40];
     snprintf(prefix, sizeof prefix, "%s.", section);
     if (checkDuplicates(doc, map, prefix, src, err) != 0) return -1;
@@ -784,19 +890,35 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
             return nsaErrorf(err, "%s%s: a key that is not a plain name; allowed: key: value pairs", at,
                             section);
         const char *key = (const char *)kn->data.scalar.value;
-        const ConfigKey *k = findKey(section, key);
+        const KeyAlias *alias = findAlias(section, key);
+        const ConfigKey *k = findKey(section, alias ? alias->canonical : key);
         if (k) {
+            size_t idx = (size_t)(k - configKeys);
+            double *real = k->type == KEY_DOUBLE ? (double *)((char *)cfg + k->offset) : NULL;
+            double before = real ? *real : 0;
             if ((k->type == KEY_GPUS    ? applyGpus(cfg, doc, vn, src, err)
                  : k->type == KEY_NODES ? applyNodes(cfg, doc, vn, src, err)
                                         : applyKey(cfg, k, vn, src, err)) != 0)
                 return -1;
+            /* the other spelling of the same key (a repeated spelling is a
+             * duplicate, reported above) */
+            if (given->node[idx] && real && *real != before) {
+                char shown[128], first[128];
+                showValue(vn, shown, sizeof shown);
+                showValue(given->node[idx], first, sizeof first);
+                return nsaErrorf(err, "%s%s.%s: %s disagrees with %s.%s: %s (line %zu); allowed: one of the "
+                                "two (%s.%s is the prototype's name for %s.%s), or the same value in both",
+                                at, section, key, shown, section, given->name[idx], first,
+                                given->node[idx]->start_mark.line + 1, section,
+                                alias ? key : given->name[idx], section, k->key);
+            }
+            given->node[idx] = vn;
+            given->name[idx] = key;
             continue;
         }
         const IgnoredKey *ig = findIgnored(section, key);
         if (ig) {
-            char shown[128];
-            showValue(vn, shown, sizeof shown);
-            addWarning(cfg, "%s.%s: %s ignored (a prototype setting: %s)", section, key, shown, ig->why);
+            if (applyIgnored(cfg, ig, vn, src, err) != 0) return -1;
             continue;
         }
         const char *closest;
@@ -807,7 +929,7 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
     return 0;
 }
 
-static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, NsaError *err) {
+static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Given *given, NsaError *err) {
     char at[CONFIG_PATH_MAX + 32], shown[128];
     static const char *const section_list =
         "model, nsa, train, runtime, data, nan, fault, watchdog";
@@ -855,7 +977,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
             return nsaErrorf(err, "%s%s: %s is not a mapping; allowed: a mapping of %s", at, name, shown,
                             list);
         }
-        if (walkSection(cfg, doc, name, vn, src, err) != 0) return -1;
+        if (walkSection(cfg, doc, name, vn, src, given, err) != 0) return -1;
     }
     return 0;
 }
@@ -864,6 +986,9 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Nsa
 static void loadWarnings(JobConfig *cfg) {
     if (cfg->data.source == DATA_SYNTHETIC && cfg->data.path[0])
         addWarning(cfg, "data.path: \"%s\" ignored (data.source is synthetic)", cfg->data.path);
+    if (cfg->runtime.gradient_checkpointing && cfg->runtime.device == NSA_DEVICE_CPU)
+        addWarning(cfg, "runtime.gradient_checkpointing: true has no effect on device cpu (the CPU engine "
+                        "keeps every activation)");
 }
 
 static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, NsaError *err) {
@@ -884,7 +1009,18 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
         return nsaErrorf(err, "line %zu, column %zu: malformed YAML: %s%s%s", line, col,
                         parser->problem ? parser->problem : "parse error", *ctx ? " " : "", ctx);
     }
-    int rc = walkRoot(cfg, &doc, src, err);
+    Given *given = calloc(1, sizeof *given);
+    if (!given) {
+        yaml_document_delete(&doc);
+        return nsaErrorf(err, "%s%sout of memory", src->path ? src->path : "", src->path ? ": " : "");
+    }
+    int rc = walkRoot(cfg, &doc, src, given, err);
+    /* the prototype took the vocabulary from its tokenizer (gpt2: 50257) */
+    const ConfigKey *vocab = findKey("model", "vocab_size");
+    int tokenizer_vocab = tokenizerVocabOf(cfg->data.tokenizer);
+    if (rc == 0 && !given->node[vocab - configKeys] && tokenizer_vocab > 0)
+        cfg->model.vocab_size = tokenizer_vocab;
+    free(given);
     yaml_document_delete(&doc);
     if (rc != 0) return -1;
 
@@ -1031,17 +1167,21 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
 
     const DataConfig *d = &cfg->data;
     const Tokenizer *tok = tokenizerFind(d->tokenizer);
-    if (d->source != DATA_SHARDS) {
-        if (!tok)
-            return nsaErrorf(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s (or "
-                            "data.source shards for pre-tokenized data)", d->tokenizer, tokenizerNames());
-        if (m->vocab_size < tok->vocab_size)
-            return nsaErrorf(err, "model.vocab_size: %d is smaller than the %s tokenizer's vocabulary; "
-                            "allowed: at least %d", m->vocab_size, tok->name, tok->vocab_size);
-    } else if (m->vocab_size > 65536) {
+    const int known_vocab = tokenizerVocabOf(d->tokenizer);
+    if (d->source == DATA_TEXT && !tok && known_vocab > 0)
+        return nsaErrorf(err, "data.tokenizer: \"%s\" cannot tokenize text in nsad (data.source text); "
+                        "allowed: %s with text, or tokenize the corpus with %s into llm.c .bin token shards "
+                        "(e.g. llm.c's dev/data scripts) and train on them with data.source shards",
+                        d->tokenizer, tokenizerNames(), d->tokenizer);
+    if (d->source != DATA_SHARDS && !tok && known_vocab == 0)
+        return nsaErrorf(err, "data.tokenizer: \"%s\" is not a known tokenizer; allowed: %s (or "
+                        "data.source shards for pre-tokenized data)", d->tokenizer, tokenizerNames());
+    if (known_vocab > 0 && m->vocab_size < known_vocab)
+        return nsaErrorf(err, "model.vocab_size: %d is smaller than the %s tokenizer's vocabulary; "
+                        "allowed: at least %d", m->vocab_size, d->tokenizer, known_vocab);
+    if (d->source == DATA_SHARDS && m->vocab_size > 65536)
         return nsaErrorf(err, "model.vocab_size: %d does not fit llm.c shards' uint16 tokens; allowed: 2 "
                         "to 65536 with data.source shards", m->vocab_size);
-    }
     if (d->source != DATA_SYNTHETIC && !d->path[0])
         return nsaErrorf(err, "data.path: (empty) with data.source %s; allowed: %s",
                         enumName(source_names, d->source),

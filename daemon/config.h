@@ -6,10 +6,12 @@
  *   model:   dim n_layers n_heads n_kv_groups d_k d_v vocab_size mlp_hidden mlp
  *            rope_base norm_eps
  *   nsa:     l d l_sel n_sel w phi
- *   train:   steps seq_len batch_size lr min_lr seed log_every out_dir
- *            accumulate_grad_batches warmup_steps weight_decay grad_clip
- *            eval_every eval_batches save_every keep_last beta1 beta2 eps
+ *   train:   steps seq_len batch_size lr min_lr lr_schedule seed log_every
+ *            out_dir accumulate_grad_batches warmup_steps weight_decay
+ *            grad_clip (alias max_grad_norm) eval_every eval_batches
+ *            save_every keep_last beta1 beta2 eps
  *   runtime: device precision threads gpus cpu_ranks nodes
+ *            gradient_checkpointing
  *   data:    source path tokenizer val_fraction prefetch
  *   nan:     policy max_skips
  *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds rank
@@ -43,12 +45,16 @@ typedef enum HangPolicy { HANG_REPORT = 0, HANG_EXIT = 1 } HangPolicy;
 
 typedef enum FaultKind { FAULT_NONE = 0, FAULT_NAN_LOSS = 1, FAULT_NAN_GRAD = 2 } FaultKind;
 
+/* train.lr_schedule: nsad has one, schedule.h's linear warmup then cosine. */
+typedef enum LrScheduleKind { LR_SCHEDULE_COSINE = 0 } LrScheduleKind;
+
 typedef struct TrainConfig {
     int64_t steps;           /* optimizer steps */
     int seq_len;
     int batch_size;          /* sequences per micro-batch */
     int accumulate_grad_batches;
     double lr, min_lr;       /* peak and final learning rate */
+    LrScheduleKind lr_schedule;
     int64_t warmup_steps;
     double weight_decay, grad_clip;
     double beta1, beta2, eps;
@@ -77,12 +83,15 @@ typedef struct RuntimeConfig {
      * multi-node job this nsad coordinates; none for one node */
     char nodes[CONFIG_MAX_NODES][CONFIG_NODE_MAX];
     int n_nodes;
+    int gradient_checkpointing; /* 1: the CUDA engine recomputes each layer's
+                                   activations in the backward
+                                   (NsaEngineOptions.recompute); no effect on cpu */
 } RuntimeConfig;
 
 typedef struct DataConfig {
     DataSource source;
     char path[CONFIG_PATH_MAX];
-    char tokenizer[32];      /* "byte" */
+    char tokenizer[32];      /* "byte"; for shards any name ("gpt2" sets the vocabulary) */
     double val_fraction;     /* held-out share of the data, never trained on */
     int prefetch;            /* batches computed ahead by the loader thread; 0 = none */
 } DataConfig;

@@ -912,3 +912,17 @@ void dataGetStats(DataLoader *dl, DataStats *out) {
     out->prefetched = atomic_load(&dl->hits);
     out->computed = atomic_load(&dl->misses);
 }
+
+int dataPrefetchWait(DataLoader *dl, uint64_t position) {
+    if (!dl || !dl->thread_started) return 0;
+    int ready = 0;
+    pthread_mutex_lock(&dl->mu);
+    while (!dl->failed && position >= dl->want && position - dl->want < (uint64_t)dl->depth) {
+        for (int i = 0; i < dl->depth && !ready; i++)
+            ready = dl->slots[i].state == SLOT_READY && dl->slots[i].position == position;
+        if (ready) break;
+        pthread_cond_wait(&dl->cv, &dl->mu);
+    }
+    pthread_mutex_unlock(&dl->mu);
+    return ready;
+}

@@ -55,4 +55,14 @@ typedef struct DataStats {
 } DataStats;
 void dataGetStats(DataLoader *dl, DataStats *out);
 
+/* Blocks until the prefetch thread has batch `position` ready, when that
+ * position lies in the look-ahead the thread works on (the data.prefetch
+ * positions from the one after the last dataBatch call; the thread fills
+ * them in order, so it gets there). Returns 1 when the batch is ready: the
+ * next dataBatch for it is served from the ring. Returns 0 at once when
+ * the loader has no prefetch thread, the position is outside the
+ * look-ahead, or the thread has failed. Lets tests count ring hits without
+ * depending on how threads are scheduled. */
+int dataPrefetchWait(DataLoader *dl, uint64_t position);
+
 #endif

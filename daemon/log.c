@@ -4,7 +4,9 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -51,13 +53,25 @@ static const char *levelWord(int level) {
     }
 }
 
+/* systemd.exec(5): JOURNAL_STREAM is "DEVICE:INODE" of the stream it
+ * connected to the journal; stderr is the journal when it is that file
+ * (not when nsad's stderr was redirected since, or the variable was
+ * inherited by a child writing elsewhere). */
+static int stderrIsJournal(void) {
+    const char *js = getenv("JOURNAL_STREAM");
+    unsigned long long dev, ino;
+    struct stat st;
+    if (!js || sscanf(js, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) != 0) return 0;
+    return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
 static void logLine(int level, const char *run_id, const char *fmt, va_list ap) {
     if (level > atomic_load(&log_level)) return;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     char line[2048];
     size_t n;
-    if (isatty(STDERR_FILENO)) {
+    if (!stderrIsJournal()) {
         struct tm tm;
         localtime_r(&ts.tv_sec, &tm);
         n = strftime(line, sizeof line, "%H:%M:%S ", &tm);

@@ -1,9 +1,11 @@
 /* log.h - nsad's log lines on stderr.
  *
- * Each line starts with a syslog priority prefix "<N>" (sd-daemon(3)), which
- * journald turns into the entry's priority; on a terminal the prefix is
- * replaced by a short level word and a timestamp. Thread-safe: one write(2)
- * per line.
+ * When stderr is the journal (systemd's JOURNAL_STREAM names its device and
+ * inode) each line starts with a syslog priority prefix "<N>"
+ * (sd-daemon(3)), which journald turns into the entry's priority and
+ * strips. Anywhere else - a terminal, a pipe, a file - a person reads the
+ * lines, so they start with a timestamp and a short level word instead.
+ * Thread-safe: one write(2) per line.
  *
  * Lines that belong to a run - logged with logRun* naming it, or by a
  * thread bound to it with logBindRun (the trainer thread while it runs the

@@ -135,9 +135,8 @@ char *promRender(Service *svc, size_t *len) {
             if (isfinite(mfu)) runSample(&b, "nsad_run_mfu", shown[i], mfu);
         }
         family(&b, "nsad_run_eta_seconds", "gauge", "Estimated seconds until the active run completes.");
-        if (active && isfinite(active->step_seconds) && active->total_steps >= active->step)
-            runSample(&b, "nsad_run_eta_seconds", active,
-                      (double)(active->total_steps - active->step) * active->step_seconds);
+        if (active && isfinite(runsEtaSeconds(active, clockUnixSeconds())))
+            runSample(&b, "nsad_run_eta_seconds", active, runsEtaSeconds(active, clockUnixSeconds()));
         /* data parallelism: the active run's ranks on this node */
         if (active && active->n_ranks > 0)
             for (size_t g = 0; g < sizeof rank_gauges / sizeof rank_gauges[0]; g++) {

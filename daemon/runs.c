@@ -86,8 +86,9 @@ static Run *runNew(const RunRegistry *reg, const char *id) {
         return NULL;
     }
     run->loss = run->val_loss = run->bits_per_byte = NAN;
-    run->lr = run->grad_norm = run->toks_per_s = run->step_seconds = run->mem_bytes = NAN;
+    run->lr = run->grad_norm = run->toks_per_s = run->mem_bytes = NAN;
     run->flops_per_token = run->peak_flops = NAN;
+    run->step_seconds_avg = NAN;
     return run;
 }
 
@@ -138,6 +139,7 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddNumberToObject(o, "created_at", run->created_at);
     cJSON_AddNumberToObject(o, "started_at", run->started_at);
     cJSON_AddNumberToObject(o, "ended_at", run->ended_at);
+    cJSON_AddNumberToObject(o, "elapsed_s", runsElapsedSeconds(run, clockUnixSeconds()));
     char *text = cJSON_Print(o);
     cJSON_Delete(o);
     if (!text) return nsaErrorf(err, "out of memory saving run %s", run->id);
@@ -205,6 +207,11 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     run->created_at = jsonNumber(o, "created_at", 0);
     run->started_at = jsonNumber(o, "started_at", 0);
     run->ended_at = jsonNumber(o, "ended_at", 0);
+    /* records from before elapsed_s was kept: their last segment */
+    run->elapsed_before = jsonNumber(o, "elapsed_s",
+                                    run->ended_at > run->started_at && run->started_at > 0
+                                        ? run->ended_at - run->started_at
+                                        : 0);
     cJSON_Delete(o);
 
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
@@ -410,6 +417,8 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
     run->state = initial == RUN_QUEUED ? RUN_QUEUED : RUN_STARTING;
     if (run->state == RUN_QUEUED) run->queue_order = queueEnd(reg, 0);
     run->created_at = clockUnixSeconds();
+    /* a queued run's active time starts when it does (runsSetState) */
+    if (run->state != RUN_QUEUED) run->segment_started = run->created_at;
     char path[RUN_PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.yaml", run->dir);
     if (mkdir(run->dir, 0750) != 0) {
@@ -451,8 +460,52 @@ int runsSetState(Run *run, RunState state, NsaError *err) {
         run->ended_at = 0;
     else if (runStateIsActive(run->state))
         run->ended_at = now;
+    if (runStateIsActive(state) && run->segment_started == 0) {
+        /* a segment begins (a start, a resume, a restart's pick-up): the
+         * time since the last sample before it is no step time */
+        run->segment_started = now;
+        run->eta_ts = 0;
+        run->step_seconds_avg = NAN;
+    } else if (!runStateIsActive(state) && run->segment_started > 0) {
+        run->elapsed_before += now > run->segment_started ? now - run->segment_started : 0;
+        run->segment_started = 0;
+    }
     run->state = state;
     return runsSave(run, err);
+}
+
+double runsElapsedSeconds(const Run *run, double now) {
+    double current = run->segment_started > 0 && now > run->segment_started ? now - run->segment_started : 0;
+    return run->elapsed_before + current;
+}
+
+double runsEtaSeconds(const Run *run, double now) {
+    if (!isfinite(run->step_seconds_avg) || run->eta_ts <= 0 || run->total_steps < run->step) return NAN;
+    double eta = (double)(run->total_steps - run->step) * run->step_seconds_avg;
+    if (now > run->eta_ts) eta -= now - run->eta_ts;
+    return eta > 0 ? eta : 0;
+}
+
+/* Folds the wall time from the previous sample into the seconds-per-step
+ * average: the plain mean over the segment until it spans
+ * RUN_ETA_HORIZON_STEPS steps, then a moving average over about that many.
+ * A step at or below the previous one (a rollback) only moves the
+ * reference point. */
+static void updateEta(Run *run, int64_t step, double ts) {
+    if (run->eta_ts > 0 && step > run->eta_step && ts > run->eta_ts) {
+        double steps = (double)(step - run->eta_step);
+        double rate = (ts - run->eta_ts) / steps;
+        double span = (double)(step - run->eta_first_step);
+        double weight = steps / (span < RUN_ETA_HORIZON_STEPS ? span : RUN_ETA_HORIZON_STEPS);
+        if (!isfinite(run->step_seconds_avg) || weight >= 1)
+            run->step_seconds_avg = rate;
+        else
+            run->step_seconds_avg += weight * (rate - run->step_seconds_avg);
+    } else if (run->eta_ts <= 0) {
+        run->eta_first_step = step;
+    }
+    run->eta_step = step;
+    run->eta_ts = ts;
 }
 
 /* ---- series ----------------------------------------------------------------- */
@@ -520,11 +573,11 @@ int runsAddSample(Run *run, const TrainSample *s) {
     run->lr = s->lr;
     run->grad_norm = s->grad_norm;
     run->toks_per_s = s->toks_per_s;
-    run->step_seconds = s->step_seconds;
     run->mem_bytes = (double)s->mem_bytes;
     run->world = s->world;
     run->n_ranks = s->n_ranks < 0 ? 0 : s->n_ranks > TRAIN_MAX_RANKS ? TRAIN_MAX_RANKS : s->n_ranks;
     memcpy(run->ranks, s->ranks, (size_t)run->n_ranks * sizeof run->ranks[0]);
+    updateEta(run, s->step, s->ts);
     return appendTrain(run, &p);
 }
 

@@ -29,6 +29,11 @@
  * many the older half is dropped; events.jsonl keeps every one. A NaN
  * skip policy can log an anomaly per step. */
 #define RUN_EVENTS_MAX 4096
+/* The ETA's seconds per step are a moving average over about this many
+ * optimizer steps of wall time (evaluations and checkpoints included, as
+ * they take the run's time too); before a segment (a start or a resume)
+ * has run this many steps, the plain average since its first sample. */
+#define RUN_ETA_HORIZON_STEPS 200
 
 typedef enum RunState {
     RUN_IDLE = 0,
@@ -86,11 +91,21 @@ typedef struct Run {
     char device[16], precision[16];
     int64_t step, total_steps, last_checkpoint_step;
     /* latest values; NAN until known */
-    double loss, val_loss, bits_per_byte, lr, grad_norm, toks_per_s, step_seconds, mem_bytes;
+    double loss, val_loss, bits_per_byte, lr, grad_norm, toks_per_s, mem_bytes;
     /* MFU (daemon/mfu.h): the model FLOPs per trained token and the peak
      * matrix rate of the GPUs the run last started on (FLOP/s); NAN when
      * not known or not reported (CPU runs). run.json keeps both. */
     double flops_per_token, peak_flops;
+    /* the ETA's smoothed seconds per step (runsAddSample; NAN until two
+     * samples of this segment came in), from the segment's first sample
+     * and the last one (step and unix time; eta_ts 0: none yet) */
+    double step_seconds_avg;
+    int64_t eta_first_step, eta_step;
+    double eta_ts;
+    /* active time (starting, running, halting, hung) of the run's earlier
+     * segments, and when the current one began (unix seconds, 0: not
+     * active); run.json keeps the sum as elapsed_s */
+    double elapsed_before, segment_started;
     char anomaly[64];                        /* "" when none */
     char error[512];                         /* "" unless failed */
     int restarts;                            /* daemon restarts that resumed it */
@@ -177,16 +192,30 @@ int runsDelete(RunRegistry *reg, const char *id, char *trash_out, size_t cap, Ns
  * with err. */
 int runsSave(const Run *run, NsaError *err);
 
-/* Moves the run to state, stamps started_at / ended_at as fitting, and
+/* Moves the run to state, stamps started_at / ended_at as fitting, opens or
+ * closes an active segment (elapsed time, a fresh ETA estimate), and
  * saves. Returns runsSave's result; the state changes in memory either way. */
 int runsSetState(Run *run, RunState state, NsaError *err);
 
+/* Seconds the run has been active (starting, running, halting or hung) at
+ * unix time now, summed over every start, resume and daemon restart (time
+ * halted or with nsad down does not count; a crash loses the time since
+ * run.json was last saved). Cannot fail. */
+double runsElapsedSeconds(const Run *run, double now);
+
+/* Estimated seconds until the run completes at unix time now: the steps
+ * left times the smoothed seconds per step, less the time since the last
+ * logged step (so it counts down between samples), never below 0. NAN
+ * before two samples of the current segment. The one estimate the API,
+ * /metrics, nsactl and the dashboard show. Cannot fail. */
+double runsEtaSeconds(const Run *run, double now);
+
 /* Appends a logged training step to the series and updates the run's latest
- * values. A step at or below the last one stored (a resume redoing steps
- * after its checkpoint) first drops the stored points from that step on, so
- * the series stays strictly increasing; a series past RUN_SERIES_MAX_POINTS
- * is thinned. Either bumps series_generation. Returns 0, or -1 when out of
- * memory. */
+ * values and its ETA estimate. A step at or below the last one stored (a
+ * resume redoing steps after its checkpoint) first drops the stored points
+ * from that step on, so the series stays strictly increasing; a series past
+ * RUN_SERIES_MAX_POINTS is thinned. Either bumps series_generation.
+ * Returns 0, or -1 when out of memory. */
 int runsAddSample(Run *run, const TrainSample *s);
 /* Same for an evaluation. */
 int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte);

@@ -5,12 +5,15 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <glob.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "mfu.h"
@@ -161,10 +164,12 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
     if (svc->shutting_down && !svc->user_halt && res->outcome == TRAIN_HALTED) {
         /* stopped for a daemon shutdown: keep it active on disk so the next
          * nsad resumes it */
-        addEvent(run, "shutdown", run->step, NULL);
+        char detail[64];
+        snprintf(detail, sizeof detail, "{\"reason\":\"%s\"}", trainHaltReasonName(svc->shutting_down));
+        addEvent(run, "shutdown", run->step, detail);
         saveState(run, RUN_RUNNING);
-        logRunNotice(run->id, "run %s: checkpointed at step %lld for the shutdown; the next start resumes it", run->id,
-                  (long long)run->step);
+        logRunNotice(run->id, "run %s: checkpointed at step %lld for the shutdown (%s); the next start resumes it",
+                     run->id, (long long)run->step, trainHaltReasonName(svc->shutting_down));
         return;
     }
     /* a hang the run came through is history (its event stays), not its end */
@@ -401,6 +406,8 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     pthread_cond_init(&svc->wake, &attr);
     pthread_condattr_destroy(&attr);
     trainMonitorInit(&svc->mon);
+    svc->memory_plan = nsaModelMemoryPlan;
+    snprintf(svc->devices.description, sizeof svc->devices.description, "no device probe made");
     svc->started_unix = clockUnixSeconds();
     svc->started_ns = clockMonotonicNs();
     atomic_store(&svc->trainer_tick_ns, svc->started_ns);
@@ -419,6 +426,24 @@ void serviceSetPeakFlops(Service *svc, const double *per_gpu, int n) {
     pthread_mutex_unlock(&svc->lock);
 }
 
+void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *probe_error) {
+    memset(&svc->devices, 0, sizeof svc->devices);
+    if (probe_error) {
+        svc->devices.cuda_built = found ? found->cuda_built : 0;
+        snprintf(svc->devices.description, sizeof svc->devices.description, "the CUDA runtime failed: %s",
+                 probe_error);
+    } else if (found) {
+        svc->devices = *found;
+    }
+}
+
+void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path) {
+    pthread_mutex_lock(&svc->lock);
+    snprintf(svc->listen_url, sizeof svc->listen_url, "%s", listen_url ? listen_url : "");
+    snprintf(svc->socket_path, sizeof svc->socket_path, "%s", socket_path ? socket_path : "");
+    pthread_mutex_unlock(&svc->lock);
+}
+
 int serviceStartTrainer(Service *svc, NsaError *err) {
     int rc = pthread_create(&svc->trainer, NULL, trainerThread, svc);
     if (rc != 0) {
@@ -429,16 +454,16 @@ int serviceStartTrainer(Service *svc, NsaError *err) {
     return 0;
 }
 
-int serviceShutdown(Service *svc, double timeout_s) {
+int serviceShutdown(Service *svc, double timeout_s, int why) {
     pthread_mutex_lock(&svc->lock);
-    svc->shutting_down = 1;
+    svc->shutting_down = why > 0 ? why : TRAIN_HALT_SHUTDOWN;
     if (svc->active_id[0]) {
         if (svc->pending) {
             /* never started: it stays active on disk and resumes next time */
             svc->pending = SERVICE_PENDING_NONE;
             svc->active_id[0] = '\0';
         } else {
-            atomic_store(&svc->mon.halt_requested, 1);
+            atomic_store(&svc->mon.halt_requested, svc->shutting_down);
         }
     }
     pthread_cond_broadcast(&svc->wake);
@@ -512,6 +537,114 @@ static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
     return rc;
 }
 
+/* data.path names something nsad can read (a glob: at least one file).
+ * Relative paths resolve against nsad's working directory, which the
+ * message names. */
+static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
+    if (d->source == DATA_SYNTHETIC) return SVC_OK;
+    const char *allowed = d->source == DATA_TEXT ? "a .txt or .jsonl file, or a directory of them"
+                                                 : "a .bin shard, a directory of them, or a glob";
+    char cwd[PATH_MAX] = "", where[PATH_MAX + 64] = "";
+    if (d->path[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(where, sizeof where, " (relative to nsad's working directory %s)", cwd);
+    if (d->source == DATA_SHARDS && strpbrk(d->path, "*?[")) {
+        glob_t g;
+        int rc = glob(d->path, 0, NULL, &g);
+        size_t n = rc == 0 ? g.gl_pathc : 0;
+        if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
+        if (n == 0)
+            return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\" matches no file%s; allowed: %s (readable "
+                        "by nsad)", d->path, where, allowed);
+        return SVC_OK;
+    }
+    if (access(d->path, R_OK) != 0)
+        return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\"%s: %s; allowed: %s (readable by nsad)", d->path,
+                    where, errno == ENOENT ? "does not exist" : strerror(errno), allowed);
+    return SVC_OK;
+}
+
+/* A CUDA job's memory plan on each of its GPUs (ordinals, n of them)
+ * against that GPU's free memory, for a model that is one of `world`
+ * data-parallel ranks (the optimizer's moments sharded over them). */
+static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, const int *ordinals, int n, int world,
+                               NsaError *err) {
+    const TrainConfig *t = &cfg->train;
+    char ranks[96] = "";
+    if (world > 1)
+        snprintf(ranks, sizeof ranks, " (one of %s%d data-parallel ranks, its share of the optimizer)",
+                 cfg->runtime.n_nodes > 0 ? "at least " : "", world);
+    for (int g = 0; g < n; g++) {
+        NsaEngineOptions eo = {.device = NSA_DEVICE_CUDA,
+                               .device_ordinal = ordinals[g],
+                               .precision = cfg->runtime.precision,
+                               .max_batch = t->batch_size,
+                               .max_seq_len = t->seq_len,
+                               .threads = cfg->runtime.threads,
+                               .recompute = cfg->runtime.gradient_checkpointing};
+        NsaMemoryReport plan;
+        NsaError perr = {""};
+        int fits = 0;
+        if (svc->memory_plan(&cfg->model, &eo, world, &plan, &fits, &perr) != 0)
+            return fail(err, SVC_INVALID_CONFIG, "the CUDA engine cannot plan this job on GPU %d: %s",
+                        ordinals[g], perr.message);
+        if (plan.total <= plan.device_free) continue;
+        const double gb = 1e9;
+        if (fits >= t->batch_size) fits = t->batch_size - 1; /* the estimate is not linear in B */
+        if (fits < 1)
+            return fail(err, SVC_INVALID_CONFIG,
+                        "model: needs %.1f GB of GPU memory per GPU%s (weights, gradients and optimizer "
+                        "%.1f GB, activations for one sequence of %d tokens and workspace besides) but GPU %d "
+                        "has %.1f GB free; allowed: a smaller model (model.dim, model.n_layers) or "
+                        "train.seq_len",
+                        (double)plan.total / gb, ranks, (double)(plan.params + plan.grads + plan.optimizer) / gb,
+                        t->seq_len, ordinals[g], (double)plan.device_free / gb);
+        return fail(err, SVC_INVALID_CONFIG,
+                    "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory per GPU%s "
+                    "(weights, gradients and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) but "
+                    "GPU %d has %.1f GB free; allowed: train.batch_size up to %d at this seq_len (raise "
+                    "train.accumulate_grad_batches to keep the tokens per step)",
+                    t->batch_size, t->seq_len, (double)plan.total / gb, ranks,
+                    (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
+                    (double)plan.workspace / gb, ordinals[g], (double)plan.device_free / gb, fits);
+    }
+    return SVC_OK;
+}
+
+/* Refuses what this nsad cannot run (see serviceCreateRun) and pins
+ * runtime.device auto to what it has. other_ranks: the job's ranks on
+ * other nodes, at least (each node of runtime.nodes brings one or more; a
+ * member's coordinator one or more), for the memory plan's sharding. */
+static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks, NsaError *err) {
+    RuntimeConfig *rt = &cfg->runtime;
+    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    if (rt->device_auto) {
+        rt->device = gpus > 0 ? NSA_DEVICE_CUDA : NSA_DEVICE_CPU;
+        if (rt->precision_auto) rt->precision = configAutoPrecision(rt->device);
+        NsaError verr;
+        if (configValidate(cfg, &verr) != 0) return fail(err, SVC_INVALID_CONFIG, "%s", verr.message);
+        rt->device_auto = 0; /* the run's config.yaml says what it runs on */
+    }
+    if (rt->device == NSA_DEVICE_CUDA && gpus == 0)
+        return fail(err, SVC_INVALID_CONFIG,
+                    "runtime.device: cuda, but this nsad has no usable GPU (%s); allowed here: cpu, or auto "
+                    "(which picks cpu)",
+                    svc->devices.description);
+    int ordinals[TRAIN_MAX_RANKS], n = 0;
+    if (rt->device == NSA_DEVICE_CUDA) {
+        NsaError gerr;
+        if ((n = trainerResolveGpus(rt, gpus, ordinals, &gerr)) < 0)
+            return fail(err, SVC_INVALID_CONFIG, "%s", gerr.message);
+    }
+    ServiceStatus st = checkDataPath(&cfg->data, err);
+    if (st != SVC_OK) return st;
+    /* a busy trainer holds GPU memory: the plan is made only against an
+     * idle one (a run queued behind it meets the engine's own check when
+     * it starts) */
+    if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan && !atomic_load(&svc->trainer_busy))
+        return checkFits(svc, cfg, ordinals, n, n + other_ranks, err);
+    return SVC_OK;
+}
+
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
     return serviceCreateRunOn(svc, config_text, len, name, NULL, 1, id_out, warnings, err);
@@ -529,13 +662,19 @@ ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t l
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
+    ServiceStatus st = checkRunnable(svc, cfg, cfg->runtime.n_nodes, err);
+    if (st != SVC_OK) {
+        logNotice("new run refused: %s", err ? err->message : "");
+        free(cfg);
+        return st;
+    }
     if (warnings) warnings->n = 0;
     for (int i = 0; i < cfg->n_warnings; i++) {
         logWarn("new run config: %s", cfg->warnings[i]);
         if (warnings)
             snprintf(warnings->text[warnings->n++], sizeof warnings->text[0], "%s", cfg->warnings[i]);
     }
-    ServiceStatus st = createAndQueue(svc, cfg, name, NULL, NULL, may_queue, id_out, err);
+    st = createAndQueue(svc, cfg, name, NULL, NULL, may_queue, id_out, err);
     free(cfg);
     return st;
 }
@@ -625,6 +764,10 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
         if (svc->shutting_down) st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
         else if (svc->active_id[0]) st = busy(svc, err);
         pthread_mutex_unlock(&svc->lock);
+        /* what the coordinator checked at submit, against this node's
+         * devices and files (its own ranks are one or more) */
+        if (st == SVC_OK && (st = checkRunnable(svc, cfg, 1, err)) != SVC_OK)
+            logNotice("multi-node job refused: %s", err ? err->message : "");
     } else if (!j->run_id || !runNameValid(j->run_id)) {
         st = fail(err, SVC_INVALID_CONFIG, "run_id: '%.80s' is not a run id", j->run_id ? j->run_id : "");
     } else if (j->join.first < 1 || j->join.first + n > j->join.world) {
@@ -658,7 +801,7 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
                   runStateName(run->state));
     } else {
         svc->user_halt = 1;
-        atomic_store(&svc->mon.halt_requested, 1);
+        atomic_store(&svc->mon.halt_requested, TRAIN_HALT_REQUEST);
         addEvent(run, "halt_requested", run->step, NULL);
         saveState(run, RUN_HALTING);
         logRunNotice(id, "run %s: halt requested at step %lld", id, (long long)run->step);

@@ -34,6 +34,11 @@ typedef enum ServiceStatus {
     SVC_INTERNAL        /* I/O or memory failure (500) */
 } ServiceStatus;
 
+/* Makes the engine's memory plan for a job (nsaModelMemoryPlan's
+ * contract); tests put a stand-in in Service.memory_plan. */
+typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                                   NsaMemoryReport *out, int *max_batch_fits, NsaError *err);
+
 /* What the trainer thread is to do with the active run it has not taken yet. */
 enum { SERVICE_PENDING_NONE = 0, SERVICE_PENDING_START = 1, SERVICE_PENDING_RESUME = 2 };
 
@@ -46,7 +51,7 @@ typedef struct Service {
     char active_id[RUN_ID_MAX]; /* the run holding the trainer, "" when idle */
     int pending;                /* SERVICE_PENDING_*: the active run waits for the trainer thread */
     int user_halt;              /* the active run's halt came from a user */
-    int shutting_down;
+    int shutting_down;          /* a TrainHaltReason once serviceShutdown began, else 0 */
     unsigned job_events;          /* ending events the trainer reported (eventBit) */
     WatchdogConfig deadlines;     /* the active job's phase deadlines */
     int64_t hang_flagged_since;   /* phase_since_ns the watchdog flagged, 0 none */
@@ -58,6 +63,12 @@ typedef struct Service {
     _Atomic int trainer_busy;
     _Atomic uint64_t hangs_total, anomalies_total;
     _Atomic uint64_t http_requests[SERVICE_HTTP_CODES];
+    /* set before the HTTP thread starts, read-only after: */
+    NsaDeviceInfo devices;           /* what nsad found (serviceSetDevices); none until told */
+    /* under lock: where nsad listens (serviceSetListeners), "" for none */
+    char listen_url[300];
+    char socket_path[RUN_PATH_MAX];
+    ServiceMemoryPlanFn memory_plan; /* nsaModelMemoryPlan */
     double started_unix;
     int64_t started_ns;
     pthread_t trainer;
@@ -87,18 +98,29 @@ Service *serviceOpen(const char *state_dir, NsaError *err);
  * denominator of the runs that start from now on (daemon/mfu.h). Takes the
  * lock. Cannot fail. */
 void serviceSetPeakFlops(Service *svc, const double *per_gpu, int n);
+/* Tells the service which devices this nsad can use: the start-up probe's
+ * result, or (probe_error not NULL) why the probe failed, which then leaves
+ * no GPU. New runs are checked against it. Call before the HTTP thread
+ * starts. Cannot fail. */
+void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *probe_error);
+
+/* Records where nsad listens (the TCP URL, the Unix socket path; NULL or
+ * "" for none), for the version route. Takes the lock. Cannot fail. */
+void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path);
 
 /* Starts the trainer thread (which picks up a queued run at once). Returns 0
  * or -1 with err. */
 int serviceStartTrainer(Service *svc, NsaError *err);
 
 /* Asks an active run to checkpoint and stop without marking it halted (the
- * next nsad resumes it), waits for the trainer thread and joins it. After
- * half of timeout_s it asks the trainer to stop at once, without a
- * checkpoint (a stuck step never reaches one). Returns 0 when the trainer
- * stopped, -1 when it did not within timeout_s (the caller exits anyway;
- * the run's record still says it was active). */
-int serviceShutdown(Service *svc, double timeout_s);
+ * next nsad resumes it), waits for the trainer thread and joins it. why (a
+ * TrainHaltReason: TRAIN_HALT_SIGTERM, _SIGINT or _SHUTDOWN) is what the
+ * run's heartbeat, events and the log say stopped it. After half of
+ * timeout_s it asks the trainer to stop at once, without a checkpoint (a
+ * stuck step never reaches one). Returns 0 when the trainer stopped, -1
+ * when it did not within timeout_s (the caller exits anyway; the run's
+ * record still says it was active). */
+int serviceShutdown(Service *svc, double timeout_s, int why);
 
 /* Frees everything. The trainer thread must have stopped (serviceShutdown)
  * or never started. NULL is a no-op. */
@@ -112,9 +134,16 @@ typedef struct ServiceWarnings {
 
 /* Creates a run from a job config (YAML or JSON text) and hands it to the
  * trainer, or queues it (state queued, at the back) while a run holds the
- * trainer or others wait. name may be NULL. On SVC_OK copies the new id
- * into id_out (RUN_ID_MAX bytes) and the config's warnings into warnings
- * (may be NULL). Otherwise err says why in one line. Takes the lock. */
+ * trainer or others wait. name may be NULL. Refuses (SVC_INVALID_CONFIG)
+ * what cannot run here before any run exists: runtime.device cuda without
+ * a usable GPU, a data.path that does not exist or cannot be read, a CUDA
+ * job whose memory plan exceeds the GPU's free memory (checked while the
+ * trainer is idle; a queued run meets the engine's own check when it
+ * starts);
+ * runtime.device auto becomes what this nsad has (cuda with a usable GPU,
+ * else cpu) in the run's config. On SVC_OK copies the new id into id_out
+ * (RUN_ID_MAX bytes) and the config's warnings into warnings (may be NULL).
+ * Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err);
 /* The same with the other nodes of a multi-node job (runtime.nodes,

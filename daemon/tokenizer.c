@@ -12,6 +12,14 @@ const Tokenizer *tokenizerFind(const char *name) {
 
 const char *tokenizerNames(void) { return "byte"; }
 
+int tokenizerVocabOf(const char *name) {
+    if (!name) return 0;
+    if (!strcmp(name, byte_tokenizer.name)) return byte_tokenizer.vocab_size;
+    /* GPT-2's BPE (tiktoken's "gpt2", llm.c's shards): ids 0..50256 */
+    if (!strcmp(name, "gpt2")) return 50257;
+    return 0;
+}
+
 size_t tokenizerMaxTokens(const Tokenizer *tok, size_t len) {
     (void)tok;  /* the byte tokenizer: one token per byte */
     return len;

@@ -3,6 +3,8 @@
  * nsad ships one tokenizer, "byte": every byte of the UTF-8 text is one token
  * (vocabulary 256), so no vocabulary file is needed and bits per byte equals
  * bits per token. Pre-tokenized llm.c shards bypass the tokenizer entirely.
+ * nsad also knows "gpt2" by name (the prototype's data.tokenizer for GPT-2
+ * token shards, vocabulary 50257) without being able to run it on text.
  * Tokenizers are immutable tables: nothing to open or free. */
 #ifndef NSAD_TOKENIZER_H
 #define NSAD_TOKENIZER_H
@@ -16,11 +18,16 @@ typedef struct Tokenizer {
     double bytes_per_token; /* average source bytes per token */
 } Tokenizer;
 
-/* Returns the tokenizer of that name, or NULL when there is none. */
+/* Returns the tokenizer of that name that nsad can run on text, or NULL
+ * when there is none. */
 const Tokenizer *tokenizerFind(const char *name);
 
-/* A comma-separated list of the known names, for error messages. */
+/* A comma-separated list of the names tokenizerFind knows, for messages. */
 const char *tokenizerNames(void);
+
+/* The vocabulary of a tokenizer nsad knows by name, whether or not it can
+ * run it on text ("byte": 256, "gpt2": 50257), or 0 for any other name. */
+int tokenizerVocabOf(const char *name);
 
 /* Encodes len bytes of text into out (capacity at least
  * tokenizerMaxTokens(tok, len)). Returns the number of tokens written.

@@ -25,6 +25,8 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,6 +55,28 @@ const char *trainPhaseName(TrainPhase phase) {
     return phase_names[phase];
 }
 
+const char *trainHaltReasonName(int why) {
+    switch (why) {
+    case TRAIN_HALT_REQUEST: return "halt request";
+    case TRAIN_HALT_SIGTERM: return "SIGTERM";
+    case TRAIN_HALT_SIGINT: return "SIGINT";
+    case TRAIN_HALT_SHUTDOWN: return "nsad shutdown";
+    case TRAIN_HALT_SIGXCPU: return "SIGXCPU";
+    case TRAIN_HALT_SIGPWR: return "SIGPWR";
+    default: return "halt";
+    }
+}
+
+int trainHaltReasonOfSignal(int sig) {
+    switch (sig) {
+    case SIGTERM: return TRAIN_HALT_SIGTERM;
+    case SIGINT: return TRAIN_HALT_SIGINT;
+    case SIGXCPU: return TRAIN_HALT_SIGXCPU;
+    case SIGPWR: return TRAIN_HALT_SIGPWR;
+    default: return TRAIN_HALT_SHUTDOWN;
+    }
+}
+
 int trainPhaseFromName(const char *name) {
     for (int i = 0; name && i < PHASE_COUNT; i++)
         if (!strcmp(name, phase_names[i])) return i;
@@ -70,8 +94,11 @@ void trainMonitorInit(TrainMonitor *mon) {
     atomic_store(&mon->step_done, 0);
     atomic_store(&mon->memory_bytes, 0);
     atomic_store(&mon->memory_step, 0);
-    atomic_store(&mon->device_seq, 0);
-    mon->device[0] = '\0';
+    atomic_store(&mon->device_read, 0);
+    atomic_store(&mon->device_version, 0);
+    atomic_store(&mon->device_readers[0], 0);
+    atomic_store(&mon->device_readers[1], 0);
+    mon->device[0][0] = mon->device[1][0] = '\0';
     atomic_store(&mon->n_ranks, 0);
     atomic_store(&mon->rank_first, 0);
     for (int r = 0; r < TRAIN_MAX_RANKS; r++) {
@@ -101,39 +128,43 @@ void trainMonitorDescribeRanks(TrainMonitor *mon, int64_t now_ns, char *out, siz
     if (used + 1 < cap) snprintf(out + used, cap - used, "\n");
 }
 
-/* A seqlock: one writer (the trainer), readers retry while it writes. The
- * bytes go through relaxed atomic loads and stores so that a read racing
- * a write is defined behaviour; the sequence numbers order them. */
+/* Left-right (Ramalhete and Correia): readers announce themselves in the
+ * reader count of the current version, then copy the line device_read
+ * points at. The writer fills the other copy, points readers at it, and
+ * before returning waits until no reader can still be in the copy it left
+ * (first the count readers will move to, then, after moving them, the
+ * count they were in), so that its next call can rewrite that copy. Every
+ * protocol step is a sequentially consistent atomic, which orders the
+ * plain byte copies on either side of it. */
+static void waitForReaders(_Atomic int *readers) {
+    while (atomic_load(readers) != 0) sched_yield();
+}
+
 void trainMonitorSetDevice(TrainMonitor *mon, const char *line) {
-    unsigned seq = atomic_load_explicit(&mon->device_seq, memory_order_relaxed);
-    atomic_store_explicit(&mon->device_seq, seq + 1, memory_order_relaxed);
-    atomic_thread_fence(memory_order_release);
+    const int old = atomic_load(&mon->device_read);
+    char *copy = mon->device[!old];
     size_t i = 0;
-    for (; line && line[i] && i + 1 < sizeof mon->device; i++)
-        atomic_store_explicit((_Atomic char *)&mon->device[i], line[i], memory_order_relaxed);
-    atomic_store_explicit((_Atomic char *)&mon->device[i], '\0', memory_order_relaxed);
-    atomic_store_explicit(&mon->device_seq, seq + 2, memory_order_release);
+    for (; line && line[i] && i + 1 < sizeof mon->device[0]; i++) copy[i] = line[i];
+    copy[i] = '\0';
+    atomic_store(&mon->device_read, !old);
+    const int version = atomic_load(&mon->device_version);
+    waitForReaders(&mon->device_readers[!version]);
+    atomic_store(&mon->device_version, !version);
+    waitForReaders(&mon->device_readers[version]);
 }
 
 void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap) {
-    out[0] = '\0';
-    for (int attempt = 0; attempt < 100; attempt++) {
-        unsigned before = atomic_load_explicit(&mon->device_seq, memory_order_acquire);
-        if (before & 1) continue;
-        size_t i = 0;
-        for (; i + 1 < cap && i < sizeof mon->device; i++) {
-            out[i] = atomic_load_explicit((_Atomic char *)&mon->device[i], memory_order_relaxed);
-            if (!out[i]) break;
-        }
-        out[i < cap ? i : cap - 1] = '\0';
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&mon->device_seq, memory_order_relaxed) == before) return;
-    }
-    snprintf(out, cap, "(being replaced)");
+    const int version = atomic_load(&mon->device_version);
+    atomic_fetch_add(&mon->device_readers[version], 1);
+    const char *line = mon->device[atomic_load(&mon->device_read)];
+    size_t i = 0;
+    for (; i + 1 < cap && i < sizeof mon->device[0] && line[i]; i++) out[i] = line[i];
+    out[i] = '\0';
+    atomic_fetch_sub(&mon->device_readers[version], 1);
 }
 
 void trainMonitorDescribeDevice(TrainMonitor *mon, int64_t now_ns, char *out, size_t cap) {
-    char device[sizeof mon->device];
+    char device[sizeof mon->device[0]];
     trainMonitorDevice(mon, device, sizeof device);
     const int64_t mem = atomic_load(&mon->memory_bytes), mem_step = atomic_load(&mon->memory_step);
     const int64_t done_ns = atomic_load(&mon->step_done_ns), done = atomic_load(&mon->step_done);
@@ -262,7 +293,10 @@ static int emitEvent(Trainer *t, const char *type, const char *detail_json, NsaE
 /* Sleeps inside `phase` when the config's fault section asks for a stall
  * there at this step (the watchdog's test); once per run, interruptible by
  * stop_now and by an abort of comm (a rank's transport, may be NULL). The
- * step's phases run on the ranks' threads: there only fault.rank stalls. */
+ * step's phases run on the ranks' threads: there only fault.rank stalls. A
+ * `stall` event goes out first (its heartbeat line carries the phase the
+ * trainer is in), so that the stall is on record without anyone having to
+ * catch the trainer in the act. */
 static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm) {
     const FaultConfig *f = &t->job.fault;
     if (t->stall_fired || f->stall_at_step <= 0 || f->stall_at_step != step) return;
@@ -270,6 +304,11 @@ static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm
     t->stall_fired = 1;
     logWarn("fault: stalling %.1f s in phase %s at step %" PRId64 " (fault.stall_at_step)",
             f->stall_seconds, f->stall_phase, step);
+    char detail[160];
+    snprintf(detail, sizeof detail, "{\"phase\":\"%s\",\"at_step\":%" PRId64 ",\"seconds\":%.6g}",
+             trainPhaseName(phase), step, f->stall_seconds);
+    NsaError err;
+    if (emitEvent(t, "stall", detail, &err) != 0) logError("heartbeat: %s", err.message);
     double until = clockMonotonicSeconds() + f->stall_seconds;
     while (clockMonotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
            !nsaCommAborted(comm, NULL, 0)) {
@@ -375,14 +414,7 @@ static void publishDevice(Trainer *t, const NsaMemoryReport *mem) {
     trainMonitorSetDevice(t->mon, line);
 }
 
-/* The GPUs runtime.gpus names, checked against the devices there are:
- * fills ordinals and returns how many, or -1 with err. */
-static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
-    NsaDeviceInfo info;
-    if (nsaDeviceProbe(&info, err) != 0) return -1;
-    const int visible = info.cuda_devices;
-    if (visible < 1)
-        return nsaErrorf(err, "runtime.device: cuda, but there is no CUDA device (%s)", info.description);
+int trainerResolveGpus(const RuntimeConfig *rt, int visible, int *ordinals, NsaError *err) {
     if (rt->n_gpu_list > 0) {
         for (int i = 0; i < rt->n_gpu_list; i++) {
             if (rt->gpu_list[i] >= visible)
@@ -401,6 +433,16 @@ static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
         return nsaErrorf(err, "runtime.gpus: %d GPUs; allowed: up to %d per nsad", n, TRAIN_MAX_RANKS);
     for (int i = 0; i < n; i++) ordinals[i] = i;
     return n;
+}
+
+/* The GPUs runtime.gpus names, checked against the devices there are:
+ * fills ordinals and returns how many, or -1 with err. */
+static int resolveGpus(const RuntimeConfig *rt, int *ordinals, NsaError *err) {
+    NsaDeviceInfo info;
+    if (nsaDeviceProbe(&info, err) != 0) return -1;
+    if (info.cuda_devices < 1)
+        return nsaErrorf(err, "runtime.device: cuda, but there is no CUDA device (%s)", info.description);
+    return trainerResolveGpus(rt, info.cuda_devices, ordinals, err);
 }
 
 /* A dispatch to the ranks failed (ranks.h): every thread's stack and each
@@ -497,6 +539,7 @@ static int createRanks(Trainer *t, const TrainOptions *opt, int resume, NsaError
         .max_batch = t->job.train.batch_size,
         .max_seq_len = t->job.train.seq_len,
         .threads = rt->threads,
+        .recompute = rt->device == NSA_DEVICE_CUDA && rt->gradient_checkpointing,
     };
     rc.local = trainerLocalRanks(&t->job, rc.ordinals, err);
     if (rc.local < 0) return -1;
@@ -959,10 +1002,13 @@ static int evaluate(Trainer *t, NsaError *err) {
     const TrainSample *held = t->has_held_sample && t->held_sample.step == step ? &t->held_sample : NULL;
     if (t->hooks && t->hooks->on_eval) t->hooks->on_eval(t->hooks->ctx, held, step, val, bpb);
     t->has_held_sample = 0;
-    logInfo("eval: step %" PRId64 " val_loss %.4f (%.4f bits/byte)", step, val, bpb);
+    /* once: the progress line on stdout (`nsad train`, where stdout and the
+     * log usually share a terminal), else the log */
     if (!t->quiet) {
         printf("eval  %6" PRId64 " | val_loss %.4f | %.4f bits/byte\n", step, val, bpb);
         fflush(stdout);
+    } else {
+        logInfo("eval: step %" PRId64 " val_loss %.4f (%.4f bits/byte)", step, val, bpb);
     }
     return sampleAtEval(t, step, err);
 }
@@ -1234,7 +1280,8 @@ static const char *outcomeName(TrainOutcome o) {
 /* Why the run should stop after this step, or NULL. */
 static const char *haltReason(Trainer *t) {
     if (atomic_load(&t->mon->stop_now)) return "stop_now";
-    if (atomic_load(&t->mon->halt_requested)) return "halt request";
+    int why = atomic_load(&t->mon->halt_requested);
+    if (why) return trainHaltReasonName(why);
     if (artifactsHaltRequested(t->out_dir)) return ".HALT file";
     return NULL;
 }
@@ -1406,10 +1453,11 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     size_t n_params = 0;  /* the arenas' padding is not a parameter */
     for (int i = 0; i < nsaModelNumTensors(t->model); i++)
         n_params += nsaModelTensorInfo(t->model, i)->numel;
-    logInfo("train: %zu parameters (%.1f MB with activations), %s %s, %" PRId64
+    logInfo("train: %zu parameters (%.1f MB with activations), %s %s%s, %" PRId64
             " steps of %d x %d x %d tokens, out_dir %s",
             n_params, have_mem ? (double)mem.total / 1e6 : 0.0,
             configDeviceName(t->job.runtime.device), configPrecisionName(t->job.runtime.precision),
+            nsaModelGetOptions(t->model)->recompute ? ", activation recompute" : "",
             tc->steps, tc->batch_size, tc->seq_len, tc->accumulate_grad_batches, t->out_dir);
     if (have_mem) {
         logInfo("memory: params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, "
@@ -1509,6 +1557,8 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     res->last_loss = t->last_loss;
     res->last_val_loss = t->last_val;
     snprintf(res->anomaly, sizeof res->anomaly, "%s", t->anomaly);
+    if (outcome == TRAIN_HALTED && halt_reason)
+        snprintf(res->halt_reason, sizeof res->halt_reason, "%s", halt_reason);
     freeTrainer(t);
     free(t);
     return outcome == TRAIN_COMPLETED || outcome == TRAIN_HALTED ? 0 : -1;

@@ -33,6 +33,28 @@ const char *trainPhaseName(TrainPhase phase);
 /* Returns the phase of that name, or -1. */
 int trainPhaseFromName(const char *name);
 
+/* Why a run is asked to finish its step, checkpoint and return: the value
+ * of TrainMonitor.halt_requested (0: it is not). The reason reaches the
+ * heartbeat's halt event, the result and the logs as trainHaltReasonName
+ * says it. */
+typedef enum TrainHaltReason {
+    TRAIN_HALT_NONE = 0,
+    TRAIN_HALT_REQUEST = 1,  /* a user: POST .../halt, nsactl halt, the dashboard */
+    TRAIN_HALT_SIGTERM = 2,  /* nsad train or nsad serve got SIGTERM */
+    TRAIN_HALT_SIGINT = 3,   /* ... SIGINT (Ctrl-C) */
+    TRAIN_HALT_SHUTDOWN = 4, /* nsad serve stops for another reason */
+    TRAIN_HALT_SIGXCPU = 5,  /* the soft CPU time limit (signals.c: a stop signal) */
+    TRAIN_HALT_SIGPWR = 6    /* the power is failing (likewise) */
+} TrainHaltReason;
+
+/* "halt request", "SIGTERM", "SIGINT", "nsad shutdown", "SIGXCPU",
+ * "SIGPWR"; "halt" for any other value. Never NULL. */
+const char *trainHaltReasonName(int why);
+
+/* The TrainHaltReason of a stop signal (signals.c's SIGNAL_STOP);
+ * TRAIN_HALT_SHUTDOWN for a signal without one of its own. Cannot fail. */
+int trainHaltReasonOfSignal(int sig);
+
 /* Shared between the trainer and its watchers (HTTP thread, watchdog,
  * signal handlers). Every field is atomic; the trainer writes, others read,
  * except the request flags, which others set and the trainer clears. */
@@ -41,7 +63,7 @@ typedef struct TrainMonitor {
     _Atomic int64_t phase_since_ns;  /* CLOCK_MONOTONIC when the phase began */
     _Atomic int64_t step;            /* last completed optimizer step */
     _Atomic int64_t heartbeat_ns;    /* CLOCK_MONOTONIC of the last sign of life */
-    _Atomic int halt_requested;      /* finish this step, checkpoint, return */
+    _Atomic int halt_requested;      /* TrainHaltReason: finish this step, checkpoint, return */
     _Atomic int stop_now;            /* abandon without checkpoint (shutdown) */
     /* What a hang dump says about the device, kept by the trainer so that a
      * watcher never has to ask a driver that may itself be stuck: */
@@ -49,8 +71,15 @@ typedef struct TrainMonitor {
     _Atomic int64_t step_done;       /* which step that was */
     _Atomic int64_t memory_bytes;    /* device memory in use (CPU: RSS) at the last logged step */
     _Atomic int64_t memory_step;     /* and that step */
-    _Atomic unsigned device_seq;     /* odd while `device` is being written (a seqlock) */
-    char device[384];                /* the engine's device line; trainMonitorDevice reads it */
+    /* The engine's device line (trainMonitorSetDevice / trainMonitorDevice):
+     * two copies under a left-right protocol, so that a reader always takes
+     * a whole line, old or new, in a bounded number of its own steps - it
+     * never waits for the writer nor retries - while the one writer (the
+     * trainer) waits for the readers of the copy it is about to rewrite. */
+    _Atomic int device_read;         /* the copy readers take */
+    _Atomic int device_version;      /* which reader count arriving readers join */
+    _Atomic int device_readers[2];   /* readers in progress, per version */
+    char device[2][384];
     /* Data parallelism: each local rank's phase (its worker writes it; idle
      * when it has done its part of a dispatch), so a hang dump names the
      * rank that holds the others up; and the watchdog's request to abort
@@ -66,10 +95,13 @@ void trainMonitorInit(TrainMonitor *mon);
 /* Sets the phase and its start time; also a heartbeat. Async-signal-safe. */
 void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase);
 /* The trainer's side: the device line of the model it just built (copied,
- * truncated to fit). Cannot fail. */
+ * truncated to fit). One writer at a time. Waits for readers still copying
+ * the older line (each takes a few hundred bytes' copy). Cannot fail. */
 void trainMonitorSetDevice(TrainMonitor *mon, const char *line);
 /* A watcher's side: copies the device line into out (cap > 0; "" before the
- * first model), consistent even while the trainer replaces it. */
+ * first model), truncated to cap - 1 bytes. Always a whole line, the one
+ * before or after a concurrent trainMonitorSetDevice, without waiting or
+ * retrying (wait-free). Any number of threads. */
 void trainMonitorDevice(TrainMonitor *mon, char *out, size_t cap);
 /* The device lines of a dump header, each ending in a newline: "device:"
  * (the device line), "device_memory:" (in use at the last logged step) and
@@ -134,6 +166,7 @@ typedef struct TrainResult {
     int64_t step;            /* last completed step */
     double last_loss, last_val_loss;
     char anomaly[32];        /* "nan_loss", "nan_grad", ... or "" */
+    char halt_reason[32];    /* TRAIN_HALTED: why ("SIGTERM", "halt request", ".HALT file", ...) */
 } TrainResult;
 
 /* How many data-parallel ranks this node brings to job cfg: its GPUs as
@@ -141,6 +174,13 @@ typedef struct TrainResult {
  * ordinals go to ordinals[TRAIN_MAX_RANKS]), or runtime.cpu_ranks on the
  * CPU engine. Returns the count, or -1 with err. */
 int trainerLocalRanks(const JobConfig *cfg, int *ordinals, NsaError *err);
+
+/* The GPUs runtime.gpus names among `visible` CUDA devices (1 or more):
+ * their ordinals go to ordinals[TRAIN_MAX_RANKS]. Returns the count, or -1
+ * with err naming runtime.gpus and what this machine has (a GPU that is not
+ * there, more GPUs than there are, more than TRAIN_MAX_RANKS). Makes no
+ * driver call: nsad serve checks a job at submit with what it probed. */
+int trainerResolveGpus(const RuntimeConfig *rt, int visible, int *ordinals, NsaError *err);
 
 /* Applies opt's overrides (out_dir, steps, device; precision follows the
  * device when the config said auto) to job and validates the result: the

@@ -451,6 +451,21 @@ typedef struct NsaMemoryReport {
 } NsaMemoryReport;
 int nsaModelMemoryReport(const NsaModel *m, NsaMemoryReport *out);
 
+/* What nsaModelCreate(cfg, opt) would allocate on device
+ * opt->device_ordinal, without allocating or building anything, and that
+ * device's free and total memory now - the engine's memory plan, so that a
+ * job can be refused before it starts. world is the number of data-parallel
+ * ranks the model would be one of (1: alone): each keeps 1/world of the
+ * optimizer moments (ZeRO-1) and, past one, the data-parallel buffers; it
+ * needs no transport (opt->comm NULL, or one of that world). *max_batch_fits
+ * (may be NULL) gets the largest micro-batch of opt->max_seq_len tokens that
+ * would fit in the free memory (an estimate; 0 when not even one sequence
+ * fits). CUDA engine only: returns -1 with err for device CPU, a build
+ * without CUDA, no such device, world < 1, or a config the engine refuses;
+ * 0 otherwise. */
+int nsaModelMemoryPlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                       NsaMemoryReport *out, int *max_batch_fits, NsaError *err);
+
 /* ---- decoding (kernels/nsa_decode.c, kernels/cpu/decode.c, cuda/decode.cu)
  * Token-by-token generation with NSA's caches, per slot (one sequence each)
  * and layer: the selection branch's keys and values of every position (its

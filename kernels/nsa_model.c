@@ -854,6 +854,35 @@ static const NsaEngineOps *engineFor(NsaDevice device) {
     return NULL;
 }
 
+int nsaModelMemoryPlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                       NsaMemoryReport *out, int *max_batch_fits, NsaError *err) {
+    if (!cfg || !opt || !out)
+        return nsaErrorf(err, "nsa: nsaModelMemoryPlan needs a config, options and a report (got NULL)");
+    memset(out, 0, sizeof *out);
+    if (max_batch_fits) *max_batch_fits = 0;
+    if (opt->device != NSA_DEVICE_CUDA)
+        return nsaErrorf(err, "nsa: memory plans are made for the CUDA engine only (device = %d)",
+                         (int)opt->device);
+    if (nsaModelConfigValidate(cfg, err)) return -1;
+#ifdef NSA_HAVE_CUDA
+    NsaCudaMemoryPlan plan;
+    if (nsaCudaMemoryPlanRanks(cfg, opt, world, &plan, err) != 0) return -1;
+    out->params = plan.params;
+    out->grads = plan.grads;
+    out->optimizer = plan.optimizer;
+    out->activations = plan.activations;
+    out->workspace = plan.workspace;
+    out->total = plan.total;
+    out->device_free = plan.device_free;
+    out->device_total = plan.device_total;
+    snprintf(out->attention_path, sizeof out->attention_path, "%s", plan.attention_path);
+    if (max_batch_fits) *max_batch_fits = plan.max_batch_that_fits;
+    return 0;
+#else
+    return nsaErrorf(err, "nsa: this libnsa was built without CUDA: no CUDA memory plan");
+#endif
+}
+
 int nsaDeviceProbe(NsaDeviceInfo *out, NsaError *err) {
     if (!out) return nsaErrorf(err, "nsa: device info pointer is NULL");
     memset(out, 0, sizeof *out);

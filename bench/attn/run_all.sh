@@ -22,7 +22,7 @@ if ! make --no-print-directory -C bench -j"$(nproc)" build >"$out/build.log" 2>&
 fi
 # which tensor-core instructions the fast kernels use (HMMA = mma.sync, HGMMA = wgmma)
 if command -v cuobjdump >/dev/null 2>&1; then
-    for o in build/bench/obj/fast_*.o; do
+    for o in build/obj/kernels/cuda/fast_*.o; do
         printf '%s: ' "$(basename "$o")"
         cuobjdump -sass "$o" | grep -oE '(HGMMA|HMMA|LDSM|LDGSTS)[.A-Z0-9]*' | sort | uniq -c | tr -s ' \n' ' '
         echo

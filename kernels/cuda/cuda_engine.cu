@@ -492,20 +492,36 @@ static NsaAttnDims attnDimsFor(const NsaModelConfig *cfg, int B, int S) {
 
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err) {
+    return nsaCudaMemoryPlanRanks(cfg, opt, opt ? nsaCommWorld(opt->comm) : 1, plan, err);
+}
+
+int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                           NsaCudaMemoryPlan *plan, NsaError *err) {
     if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
     if (checkOptions(cfg, opt, err)) return -1;
+    if (world < 1 || (opt->comm && world != nsaCommWorld(opt->comm)))
+        return cudaFail(err, "cuda: a plan for %d ranks; allowed: 1 or more (the transport's %d when "
+                             "one is given)", world, nsaCommWorld(opt->comm));
     memset(plan, 0, sizeof(*plan));
     EngineMode e = engineMode(cfg, opt->precision, plan->attention_path,
                               sizeof(plan->attention_path));
     e.recompute = opt->recompute;
     NsaLayout lay;
-    const int world = nsaCommWorld(opt->comm);
     if (nsaLayoutBuildRanks(&lay, cfg, world, err)) return -1;
     const size_t arena_bytes = lay.total * sizeof(float);
     const size_t low_bytes = e.low ? lay.total * dtypeBytes(e.op) : 0;
     const size_t optim_table = sizeof(OptimState) + (size_t)lay.n_tensors * sizeof(OptimTensor);
     /* ZeRO-1: each rank holds the moments of 1/world of the arena */
     const size_t state_bytes = lay.total / (size_t)world * sizeof(float);
+    /* dpCreate's buffers: the norm's partial sums (at most one range per
+     * bucket), the ranks' loss and norm, the gather staging (the largest
+     * tensor) */
+    size_t max_numel = 0;
+    for (int i = 0; i < lay.n_tensors; i++)
+        if (lay.entries[i].info.numel > max_numel) max_numel = lay.entries[i].info.numel;
+    const size_t dp_bytes = world > 1 ? (size_t)lay.n_buckets * NORM_BLOCKS * sizeof(double) +
+                                            (size_t)world * 2 * sizeof(double) + max_numel * sizeof(float)
+                                      : 0;
     nsaLayoutFree(&lay);
     const int F = nsaLayoutMlpHidden(cfg);
     const int B = opt->max_batch, S = opt->max_seq_len;
@@ -538,14 +554,14 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
     plan->workspace = planScratch(cfg, e, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
                       GEMM_WORKSPACE_BYTES + attn +
                       planIds(N, chunks, cfg->vocab_size, NULL, NULL) * sizeof(int32_t) +
-                      optim_table;
+                      optim_table + dp_bytes;
     plan->total = plan->params + plan->grads + plan->optimizer + plan->activations +
                   plan->workspace;
     CUDA_CHECK(cudaMemGetInfo(&plan->device_free, &plan->device_total), err);
     /* what one more sequence costs: its activations, its scratch and its
      * share of the attention plans (measured at one sequence: their chunk
      * buffers do not grow linearly in B, so this is an estimate) */
-    size_t fixed = plan->params + plan->grads + plan->optimizer + GEMM_WORKSPACE_BYTES;
+    size_t fixed = plan->params + plan->grads + plan->optimizer + GEMM_WORKSPACE_BYTES + dp_bytes;
     size_t per_seq = plan->activations_per_sequence + scratch1 + attn1;
     size_t margin = (size_t)512 << 20;   /* CUDA context, cuBLAS internals */
     if (plan->device_free > fixed + margin)

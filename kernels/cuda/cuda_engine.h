@@ -79,7 +79,9 @@ int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_byt
  * would fit in the device's free memory now. params includes the 16-bit
  * weight copy; workspace the fast attention op's per-layer plans as
  * nsaAttnCudaPlanMeasure gives them, so total is what nsaCudaModelCreate
- * allocates and nsaCudaModelMemoryReport reports. The batch that fits is an
+ * allocates and nsaCudaModelMemoryReport reports (data parallel: give or
+ * take the norm's partial sums, planned at one range per bucket, the most
+ * a rank's slices make). The batch that fits is an
  * estimate (the attention plans' chunk buffers are not linear in B).
  * Returns 0, or -1 with err (bad config, no device, a refused plan). */
 typedef struct NsaCudaMemoryPlan {
@@ -94,6 +96,13 @@ typedef struct NsaCudaMemoryPlan {
 } NsaCudaMemoryPlan;
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err);
+/* The same plan for a model that would be one of `world` data-parallel
+ * ranks (1 or more; opt->comm NULL, or a transport of that world): each
+ * rank keeps 1/world of the moments (ZeRO-1) and, past one rank, the
+ * data-parallel buffers. nsaCudaMemoryPlanFor is this with opt->comm's
+ * world (1 without). Lets nsad plan a job before any transport exists. */
+int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
+                           NsaCudaMemoryPlan *plan, NsaError *err);
 
 /* Builds the engine on device opt->device_ordinal: validates cfg and opt,
  * builds the layout, creates the stream, cuBLASLt handle and events, and

@@ -1511,6 +1511,54 @@ static void testMemoryPlan(Results *res) {
            p.max_batch_that_fits, p.attention_path, made ? "" : "; model: ", made ? "" : err.message);
 }
 
+/* The public memory plan (nsaModelMemoryPlan: what nsad checks a CUDA job
+ * against at submit, on each of its GPUs) is the engine's plan, shards the
+ * optimizer over the job's ranks, and says when a batch does not fit: the
+ * production model at 4 x the batch that fits plus 64 sequences. */
+static void testPublicMemoryPlan(Results *res) {
+    double t0 = nowSeconds();
+    const char *name = "memory plan: nsaModelMemoryPlan (nsad's submit check)";
+    NsaError err = {{0}};
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    NsaEngineOptions o;
+    memset(&o, 0, sizeof(o));
+    o.device = NSA_DEVICE_CUDA;
+    o.precision = NSA_PREC_BF16;
+    o.max_batch = 8;
+    o.max_seq_len = 2048;
+    NsaCudaMemoryPlan p;
+    NsaMemoryReport fit, over;
+    int fits = -1, fits_over = -1;
+    NsaMemoryReport two, zero;
+    if (nsaCudaMemoryPlanFor(&c, &o, &p, &err) || nsaModelMemoryPlan(&c, &o, 1, &fit, &fits, &err) ||
+        nsaModelMemoryPlan(&c, &o, 2, &two, NULL, &err)) {
+        report(res, 0, nowSeconds() - t0, name, "%s", err.message);
+        return;
+    }
+    /* one of two data-parallel ranks: half the moments (of the layout
+     * padded for two: a few KB more), the data-parallel buffers besides */
+    const int sharded = (double)two.optimizer <= 0.51 * (double)fit.optimizer &&
+                        two.optimizer * 2 >= fit.optimizer &&
+                        two.workspace > fit.workspace && two.params >= fit.params;
+    const int zero_refused = nsaModelMemoryPlan(&c, &o, 0, &zero, NULL, &err) == -1;
+    o.max_batch = 4 * p.max_batch_that_fits + 64;
+    const int big = o.max_batch;
+    const int planned = nsaModelMemoryPlan(&c, &o, 1, &over, &fits_over, &err) == 0;
+    o.device = NSA_DEVICE_CPU;
+    NsaMemoryReport cpu;
+    const int cpu_refused = nsaModelMemoryPlan(&c, &o, 1, &cpu, NULL, &err) == -1;
+    report(res, fit.total == p.total && fit.total <= fit.device_free && fits == p.max_batch_that_fits &&
+                    sharded && zero_refused && planned && over.total > over.device_free &&
+                    fits_over < big && cpu_refused,
+           nowSeconds() - t0, name,
+           "B 8: %.0f MB of %.0f MB free, fits %d; 2 ranks: optimizer %.0f -> %.0f MB, workspace "
+           "%.0f -> %.0f MB; world 0 %s; B %d: %.0f MB, fits %d; cpu: %s",
+           fit.total / 1e6, fit.device_free / 1e6, fits, fit.optimizer / 1e6, two.optimizer / 1e6,
+           fit.workspace / 1e6, two.workspace / 1e6, zero_refused ? "refused" : "PLANNED", big,
+           over.total / 1e6, fits_over, err.message);
+}
+
 static void testBadInput(Results *res) {
     double t0 = nowSeconds();
     const char *name = "bad input gives a clear error";
@@ -1625,6 +1673,7 @@ int main(int argc, char **argv) {
         testNanGuard(res);
         testPrecisions(res);
         testMemoryPlan(res);
+        testPublicMemoryPlan(res);
     }
     int failed = printTable(res);
     free(res);

@@ -143,6 +143,20 @@ expect_rc "start of a missing config file exits 78" 78 C start "$TMP/nope.yaml"
 printf 'model:\n  dim: 64\n  bogus_key: 3\n' >"$TMP/bad.yaml"
 expect_rc "start of a config nsad rejects exits 78" 78 C start "$TMP/bad.yaml"
 grep -q "bogus_key" "$TMP/err" && ok "the rejection names the bad key" || not_ok "the rejection names the bad key" "$(cat "$TMP/err")"
+# a run this nsad cannot run: refused at submit, one line, exit 78
+if C version --json >"$TMP/out" 2>&1 && json '"cuda" not in d.get("devices", [])'; then
+    sed -e 's|^  device: .*|  device: cuda|' -e 's|^  precision: .*|  precision: bf16|' "$TMP/short.yaml" >"$TMP/cuda.yaml"
+    expect_rc "start of a cuda run on an nsad without a usable GPU exits 78" 78 C start "$TMP/cuda.yaml"
+    [ "$(wc -l <"$TMP/err")" -eq 1 ] && grep -q "runtime.device: cuda, but this nsad has no usable GPU" "$TMP/err" &&
+        ok "... with one line saying so" || not_ok "... with one line saying so" "$(cat "$TMP/err")"
+else
+    ok "start of a cuda run on an nsad without a usable GPU exits 78 # SKIP this nsad has a GPU"
+    ok "... with one line saying so # SKIP this nsad has a GPU"
+fi
+sed -e "s|^  path: .*|  path: $TMP/no-such-corpus.txt|" "$TMP/short.yaml" >"$TMP/nodata.yaml"
+expect_rc "start of a run whose data.path does not exist exits 78" 78 C start "$TMP/nodata.yaml"
+grep -q "data.path: \"$TMP/no-such-corpus.txt\": does not exist" "$TMP/err" && ok "... naming the path" ||
+    not_ok "... naming the path" "$(cat "$TMP/err")"
 printf '{"model": {"dim": 64,}}' >"$TMP/bad.json"
 expect_rc "start of malformed JSON exits 78" 78 C start "$TMP/bad.json"
 expect_rc "a 400 invalid_argument from nsad (bad --name) exits 1" 1 C start "$TMP/short.yaml" --name "no spaces allowed"

@@ -124,8 +124,11 @@ i=0; while [ ! -S "$NOTIFY" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # The example daemon config loads; flags override its address and paths.
-NOTIFY_SOCKET="$NOTIFY" WATCHDOG_USEC=1000000 "$NSAD" serve --config systemd/nsad.yaml --listen "127.0.0.1:$PORT" \
-    --state-dir "$TMP/state" --socket "$TMP/nsad.sock" >"$TMP/nsad.out" 2>"$TMP/nsad.err" &
+# stderr plays the journal: systemd names it in JOURNAL_STREAM (device:inode)
+: >"$TMP/nsad.err"
+JOURNAL_STREAM=$(stat -L -c '%d:%i' "$TMP/nsad.err") NOTIFY_SOCKET="$NOTIFY" WATCHDOG_USEC=1000000 \
+    "$NSAD" serve --config systemd/nsad.yaml --listen "127.0.0.1:$PORT" \
+    --state-dir "$TMP/state" --socket "$TMP/nsad.sock" >"$TMP/nsad.out" 2>>"$TMP/nsad.err" &
 SERVE_PID=$!
 PIDS="$PIDS $SERVE_PID"
 i=0; while ! grep -q 'READY=1' "$TMP/notify.log" 2>/dev/null && kill -0 "$SERVE_PID" 2>/dev/null && [ $i -lt 200 ]; do
@@ -162,9 +165,9 @@ rc=$?
 [ $rc -eq 0 ] && ok "nsad exits 0 on SIGTERM (with a run active)" || not_ok "nsad exits 0 on SIGTERM (with a run active)" "exit $rc" "$(tail -5 "$TMP/nsad.err")"
 grep -q 'STOPPING=1' "$TMP/notify.log" && ok "nsad sends STOPPING=1 on SIGTERM" || not_ok "nsad sends STOPPING=1 on SIGTERM" "$(tail -3 "$TMP/notify.log")"
 if [ -s "$TMP/nsad.err" ] && ! grep -qv '^<[0-7]>' "$TMP/nsad.err"; then
-    ok "every stderr line of nsad starts with a <N> priority prefix"
+    ok "every stderr line of nsad starts with a <N> priority prefix when stderr is the journal"
 else
-    not_ok "every stderr line of nsad starts with a <N> priority prefix" "$(grep -v '^<[0-7]>' "$TMP/nsad.err" | head -3)"
+    not_ok "every stderr line of nsad starts with a <N> priority prefix when stderr is the journal" "$(grep -v '^<[0-7]>' "$TMP/nsad.err" | head -3)"
 fi
 
 # ---- exit 78 on a bad configuration ------------------------------------------------------------

@@ -235,6 +235,158 @@ static void test_create_busy_halt_resume(void **state) {
     apiResponseFree(&res);
 }
 
+/* The memory plan of a GPU with 6 GB free (GPU 1: 5 GB): weights and
+ * gradients 1 GB, the optimizer 1 GB over `world` ranks, 1 GB per sequence. */
+static int fakePlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world, NsaMemoryReport *out,
+                    int *max_batch_fits, NsaError *err) {
+    (void)cfg;
+    (void)err;
+    memset(out, 0, sizeof *out);
+    const size_t gb = 1000000000;
+    out->params = out->grads = gb / 2;
+    out->optimizer = gb / (size_t)world;
+    out->activations = (size_t)opt->max_batch * gb;
+    out->total = out->params + out->grads + out->optimizer + out->activations;
+    out->device_free = opt->device_ordinal == 1 ? 5 * gb : 6 * gb;
+    out->device_total = 8 * gb;
+    if (max_batch_fits) *max_batch_fits = 4;
+    return 0;
+}
+
+/* POST answers 400 with one line, and creates nothing, for what cannot run
+ * on this daemon: CUDA without a GPU, data that is not there, a batch the
+ * GPU's memory cannot hold. */
+static void test_create_refuses_what_cannot_run(void **state) {
+    Fixture *f = *state;
+    Service *svc = f->svc;
+    struct {
+        const char *body, *needles[3];
+    } refused[] = {
+        {"{\"runtime\":{\"device\":\"cuda\"},\"train\":{\"steps\":5}}",
+         {"runtime.device: cuda, but this nsad has no usable GPU (no device probe made)", "allowed here: cpu"}},
+        {"{\"runtime\":{\"device\":\"cpu\"},\"data\":{\"source\":\"text\",\"path\":\"/nonexistent/corpus.txt\"}}",
+         {"data.path: \"/nonexistent/corpus.txt\": does not exist", "allowed: a .txt or .jsonl file"}},
+        {"{\"runtime\":{\"device\":\"cpu\"},\"data\":{\"source\":\"text\",\"path\":\"no-such/corpus.txt\"}}",
+         {"data.path: \"no-such/corpus.txt\" (relative to nsad's working directory /", "does not exist"}},
+        {"{\"runtime\":{\"device\":\"cpu\"},\"data\":{\"source\":\"shards\",\"path\":\"/nonexistent/*_train_*.bin\"}}",
+         {"data.path: \"/nonexistent/*_train_*.bin\" matches no file", "a glob"}},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        ApiResponse res;
+        cJSON *j = call(svc, "POST", "/api/v1/runs", refused[i].body, "application/json", &res);
+        const char *msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+        if (res.status != 400 || !errorCode(j) || strcmp(errorCode(j), "invalid_config") != 0 || !msg)
+            fail_msg("case %zu: got %d %.*s", i, res.status, (int)res.body_len, res.body);
+        assert_null(strchr(msg, '\n'));
+        for (int k = 0; k < 3 && refused[i].needles[k]; k++)
+            if (!strstr(msg, refused[i].needles[k]))
+                fail_msg("case %zu: \"%s\" lacks \"%s\"", i, msg, refused[i].needles[k]);
+        cJSON_Delete(j);
+        apiResponseFree(&res);
+    }
+    assert_int_equal(svc->runs->n_runs, 0);
+
+    /* what the probe said is what the refusal says */
+    NsaDeviceInfo none = {.cuda_built = 1, .cuda_devices = 0};
+    snprintf(none.description, sizeof none.description, "no CUDA device (no NVIDIA driver or GPU)");
+    serviceSetDevices(svc, &none, NULL);
+    ApiResponse res;
+    cJSON *j = call(svc, "POST", "/api/v1/runs", "{\"runtime\":{\"device\":\"gpu\"}}", "application/json",
+                    &res);
+    assert_int_equal(res.status, 400);
+    assert_non_null(strstr(str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message"), "no NVIDIA driver"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    serviceSetDevices(svc, &none, "CUDA driver version is insufficient for CUDA runtime version");
+    j = call(svc, "POST", "/api/v1/runs", "{\"runtime\":{\"device\":\"cuda\"}}", "application/json", &res);
+    assert_int_equal(res.status, 400);
+    assert_non_null(strstr(str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message"),
+                           "the CUDA runtime failed: CUDA driver version is insufficient"));
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+
+    /* a GPU: the memory plan decides */
+    NsaDeviceInfo one = {.cuda_built = 1, .cuda_devices = 1};
+    snprintf(one.description, sizeof one.description, "1 CUDA device: 0: Test GPU, 8.0 GiB");
+    serviceSetDevices(svc, &one, NULL);
+    svc->memory_plan = fakePlan;
+    const char *too_big = "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                          "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":8},"
+                          "\"runtime\":{\"device\":\"cuda\",\"precision\":\"bf16\"}}";
+    j = call(svc, "POST", "/api/v1/runs", too_big, "application/json", &res);
+    const char *msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+    if (res.status != 400 || !msg || !strstr(msg, "train.batch_size: 8 sequences of 64 tokens need 10.0 GB") ||
+        !strstr(msg, "GPU 0 has 6.0 GB free") || !strstr(msg, "allowed: train.batch_size up to 4"))
+        fail_msg("got %d %.*s", res.status, (int)res.body_len, res.body);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    assert_int_equal(svc->runs->n_runs, 0);
+
+    /* several GPUs (runtime.gpus): each GPU's plan, the optimizer sharded
+     * over the job's ranks (at least one more per node of runtime.nodes) */
+    NsaDeviceInfo two = {.cuda_built = 1, .cuda_devices = 2};
+    snprintf(two.description, sizeof two.description, "2 CUDA devices: 0: Test GPU, 8.0 GiB; 1: Test GPU, 8.0 GiB");
+    serviceSetDevices(svc, &two, NULL);
+    static const struct {
+        const char *runtime;
+        int batch;
+        const char *needles[3];
+    } multi[] = {
+        {"\"gpus\":3", 1, {"runtime.gpus: 3, but this machine has 2 CUDA devices", NULL}},
+        {"\"gpus\":[0,2]", 1, {"runtime.gpus: GPU 2 is not here", NULL}},
+        {"\"gpus\":2", 4,
+         {"need 5.5 GB of GPU memory per GPU (one of 2 data-parallel ranks", "GPU 1 has 5.0 GB free", NULL}},
+        {"\"gpus\":[0],\"nodes\":[\"127.0.0.1:1\"]", 5,
+         {"need 6.5 GB of GPU memory per GPU (one of at least 2 data-parallel ranks", "GPU 0 has 6.0 GB free",
+          NULL}},
+    };
+    for (size_t i = 0; i < sizeof multi / sizeof multi[0]; i++) {
+        char body[512];
+        snprintf(body, sizeof body,
+                 "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                 "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":%d},"
+                 "\"runtime\":{\"device\":\"cuda\",%s}}",
+                 multi[i].batch, multi[i].runtime);
+        j = call(svc, "POST", "/api/v1/runs", body, "application/json", &res);
+        msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+        if (res.status != 400 || !msg)
+            fail_msg("gpus case %zu: got %d %.*s", i, res.status, (int)res.body_len, res.body);
+        for (int k = 0; k < 3 && multi[i].needles[k]; k++)
+            if (!strstr(msg, multi[i].needles[k]))
+                fail_msg("gpus case %zu: \"%s\" lacks \"%s\"", i, msg, multi[i].needles[k]);
+        cJSON_Delete(j);
+        apiResponseFree(&res);
+    }
+    assert_int_equal(svc->runs->n_runs, 0);
+    serviceSetDevices(svc, &one, NULL);
+
+    const char *fits = "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                       "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2}}";
+    j = call(svc, "POST", "/api/v1/runs", fits, "application/json", &res);  /* device auto: cuda here */
+    assert_int_equal(res.status, 201);
+    assert_string_equal(str(j, "device"), "cuda");
+    assert_string_equal(str(j, "precision"), "bf16");
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+}
+
+/* runtime.device auto becomes what this daemon has, in the run's config. */
+static void test_auto_device_is_pinned(void **state) {
+    Fixture *f = *state;
+    ApiResponse res;
+    cJSON *j = call(f->svc, "POST", "/api/v1/runs",
+                    "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                    "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2},"
+                    "\"runtime\":{\"device\":\"auto\"}}",
+                    "application/json", &res);
+    assert_int_equal(res.status, 201);
+    assert_string_equal(str(j, "device"), "cpu");
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+    Run *run = f->svc->runs->runs[0];
+    assert_non_null(strstr(run->config_yaml, "  device: cpu\n"));
+}
+
 static void test_metrics_series_and_since(void **state) {
     Fixture *f = *state;
     ApiResponse res;
@@ -688,6 +840,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_health_version_and_routing, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_create_busy_halt_resume, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_create_refuses_what_cannot_run, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_auto_device_is_pinned, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_metrics_series_and_since, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_mfu_and_tokens, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_run_logs, setUp, tearDown),

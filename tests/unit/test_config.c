@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <stdio.h>
@@ -95,6 +96,97 @@ static void test_prototype_configs_keep_their_values(void **state) {
     assert_int_equal(cfg.runtime.device, NSA_DEVICE_CPU);
     assert_int_equal(cfg.data.source, DATA_TEXT);
     assert_int_equal(cfg.n_warnings, 0);
+}
+
+static int hasWarning(const JobConfig *cfg, const char *needle) {
+    for (int w = 0; w < cfg->n_warnings; w++)
+        if (strstr(cfg->warnings[w], needle)) return 1;
+    return 0;
+}
+
+/* A file in the prototype's own key style loads: its kernel switches warn
+ * (or load silently where false is what nsad does), max_grad_norm is
+ * grad_clip, lr_schedule cosine and bfloat16 are honoured, and gpt2 sets
+ * the vocabulary. */
+static void test_prototype_key_style(void **state) {
+    (void)state;
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    if (configLoadFile(&cfg, "tests/configs/prototype-style.yaml", &err) != 0) fail_msg("%s", err.message);
+    assert_true(cfg.train.grad_clip == 0.5);
+    assert_int_equal(cfg.train.lr_schedule, LR_SCHEDULE_COSINE);
+    assert_int_equal(cfg.runtime.precision, NSA_PREC_BF16);
+    assert_int_equal(cfg.runtime.precision_auto, 0);
+    assert_string_equal(cfg.data.tokenizer, "gpt2");
+    assert_int_equal(cfg.model.vocab_size, 50257);
+    const char *warned[] = {"runtime.use_flash: true ignored", "runtime.use_triton_sel: true ignored",
+                            "runtime.sel_triton_min_L: 4096 ignored", "runtime.fa2_enabled: True ignored",
+                            "runtime.fa2_min_len_win: 2048 ignored", "runtime.fa2_min_len_cmp: 8192 ignored"};
+    for (size_t i = 0; i < sizeof warned / sizeof warned[0]; i++)
+        if (!hasWarning(&cfg, warned[i])) fail_msg("no warning \"%s\"", warned[i]);
+    assert_false(hasWarning(&cfg, "compile_cmp_win"));  /* false: nsad compiles nothing at run time */
+    assert_int_equal(cfg.runtime.gradient_checkpointing, 1);  /* honoured: activation recompute on cuda */
+    assert_false(hasWarning(&cfg, "gradient_checkpointing"));
+    assert_int_equal(cfg.n_warnings, 6);
+    assert_false(hasWarning(&cfg, "max_grad_norm"));
+    assert_false(hasWarning(&cfg, "lr_schedule"));
+
+    /* the resolved form spells it nsad's way and reads back the same */
+    char *yaml = configToYaml(&cfg);
+    assert_non_null(yaml);
+    assert_non_null(strstr(yaml, "  grad_clip: 0.5\n"));
+    assert_non_null(strstr(yaml, "  lr_schedule: cosine\n"));
+    assert_non_null(strstr(yaml, "  vocab_size: 50257\n"));
+    assert_non_null(strstr(yaml, "  gradient_checkpointing: true\n"));
+    JobConfig back;
+    if (load(&back, yaml, &err) != 0) fail_msg("%s", err.message);
+    assertSameConfig(&cfg, &back);
+    free(yaml);
+
+    /* float16, the other spelling; false switches load silently */
+    assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  precision: float16\n  use_flash: false\n"
+                                "  gradient_checkpointing: off\n  fa2_enabled: no\n", &err), 0);
+    assert_int_equal(cfg.runtime.precision, NSA_PREC_FP16);
+    assert_int_equal(cfg.runtime.gradient_checkpointing, 0);
+    assert_int_equal(cfg.n_warnings, 0);
+    /* on the CPU engine there is nothing to recompute: said, not hidden */
+    assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  gradient_checkpointing: yes\n", &err), 0);
+    assert_true(hasWarning(&cfg, "runtime.gradient_checkpointing: true has no effect on device cpu"));
+    expectError("runtime:\n  gradient_checkpointing: sometimes\n", "runtime.gradient_checkpointing", "sometimes",
+                "allowed: false, true", NULL);
+    /* both spellings of the clip: fine when they agree */
+    assert_int_equal(load(&cfg, "train:\n  grad_clip: 2.0\n  max_grad_norm: 2\n", &err), 0);
+    assert_true(cfg.train.grad_clip == 2.0);
+    assert_int_equal(load(&cfg, "train:\n  max_grad_norm: 0\n", &err), 0);
+    assert_true(cfg.train.grad_clip == 0);
+    /* gpt2 with token shards; an explicit vocabulary wins when it is big enough */
+    assert_int_equal(load(&cfg, "data:\n  source: shards\n  path: x.bin\n  tokenizer: gpt2\n"
+                                "model:\n  vocab_size: 50304\n", &err), 0);
+    assert_int_equal(cfg.model.vocab_size, 50304);
+    assert_int_equal(load(&cfg, "data:\n  source: shards\n  path: x.bin\n  tokenizer: gpt2\n", &err), 0);
+    assert_int_equal(cfg.model.vocab_size, 50257);
+
+    /* and what stays an error names the key, the value and what is allowed */
+    expectError("train:\n  grad_clip: 1.0\n  max_grad_norm: 0.5\n", "line 3", "train.max_grad_norm", "0.5",
+                "disagrees with train.grad_clip: 1.0 (line 2)", "allowed: one of the two", NULL);
+    expectError("train:\n  max_grad_norm: 0.5\n  grad_clip: 1.0\n", "train.grad_clip", "1.0",
+                "disagrees with train.max_grad_norm: 0.5", "prototype's name for train.grad_clip", NULL);
+    expectError("train:\n  max_grad_norm: -1\n", "train.grad_clip", "-1", "out of range", NULL);
+    expectError("train:\n  lr_schedule: linear\n", "train.lr_schedule", "linear", "not a known value",
+                "allowed: cosine", "linear warmup", NULL);
+    expectError("runtime:\n  use_flash: maybe\n", "runtime.use_flash", "maybe", "not a boolean",
+                "allowed: true or false", NULL);
+    expectError("runtime:\n  use_flash: \"true\"\n", "runtime.use_flash", "not a boolean", NULL);
+    expectError("runtime:\n  fa2_min_len_win: -5\n", "runtime.fa2_min_len_win", "-5", "not a count",
+                "an integer >= 0", NULL);
+    expectError("runtime:\n  sel_triton_min_L: 1e4\n", "runtime.sel_triton_min_L", "1e4", "not a count", NULL);
+    expectError("runtime:\n  use_flashy: true\n", "runtime.use_flashy", "unknown key", NULL);
+    expectError("data:\n  source: text\n  path: corpus.txt\n  tokenizer: gpt2\n", "data.tokenizer",
+                "\"gpt2\" cannot tokenize text", "allowed: byte with text", "data.source shards", NULL);
+    expectError("data:\n  source: shards\n  path: x.bin\n  tokenizer: gpt2\nmodel:\n  vocab_size: 256\n",
+                "model.vocab_size", "256", "gpt2", "at least 50257", NULL);
+    expectError("train:\n  clip: 1\n", "train.clip", "unknown key", "max_grad_norm", NULL);
 }
 
 static void test_defaults_are_valid(void **state) {
@@ -227,7 +319,7 @@ static void test_bad_enum(void **state) {
                 NULL);
     expectError("data:\n  source: s3\n", "data.source", "s3", "synthetic, text, shards", NULL);
     expectError("runtime:\n  device: tpu\n", "runtime.device", "tpu", "cpu, cuda, auto", NULL);
-    expectError("data:\n  tokenizer: gpt2\n", "data.tokenizer", "gpt2", "allowed: byte", NULL);
+    expectError("data:\n  tokenizer: bpe9\n", "data.tokenizer", "bpe9", "allowed: byte", NULL);
     expectError("fault:\n  stall_phase: lunch\n", "fault.stall_phase", "lunch", "forward", NULL);
 
     /* aliases the prototype used, and "auto" */
@@ -545,10 +637,64 @@ static void test_docs_list_every_key(void **state) {
     free(yaml);
 }
 
+static char *readWhole(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("%s: cannot open (run the tests from the repository root)", path);
+    static char buf[2][1 << 17];
+    static int turn;
+    char *text = buf[turn++ & 1];
+    size_t n = fread(text, 1, sizeof buf[0] - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    return text;
+}
+
+/* docs/CONFIG.md's table of shipped configs has a row for every file in
+ * configs/, and the row that says `make run` names the file scripts/run.sh
+ * starts by default. */
+static void test_docs_name_the_shipped_configs(void **state) {
+    (void)state;
+    const char *doc = readWhole("docs/CONFIG.md");
+    const char *run = readWhole("scripts/run.sh");
+    const char *dflt = strstr(run, "NSAD_RUN_CONFIG:-configs/");
+    assert_non_null(dflt);
+    dflt += strlen("NSAD_RUN_CONFIG:-configs/");
+    char want[128];
+    snprintf(want, sizeof want, "| `%.*s` |", (int)strcspn(dflt, "}\""), dflt);
+    const char *row = strstr(doc, want);
+    if (!row) fail_msg("docs/CONFIG.md has no row %s (the config `make run` starts)", want);
+    size_t len = strcspn(row, "\n");
+    char line[1024];
+    snprintf(line, sizeof line, "%.*s", (int)len, row);
+    if (!strstr(line, "`make run`")) fail_msg("docs/CONFIG.md: the row of %s does not say `make run`", want);
+    /* and no other row claims it */
+    for (const char *p = strstr(doc, "`make run`"); p; p = strstr(p + 1, "`make run`")) {
+        const char *start = p;
+        while (start > doc && start[-1] != '\n') start--;
+        if (*start == '|' && strncmp(start, want, strlen(want)) != 0 && strstr(start, ".yaml` |") &&
+            strstr(start, ".yaml` |") < p)
+            fail_msg("docs/CONFIG.md: another config's row says `make run`: %.80s", start);
+    }
+    DIR *d = opendir("configs");
+    assert_non_null(d);
+    struct dirent *e;
+    int files = 0;
+    while ((e = readdir(d)) != NULL) {
+        size_t n = strlen(e->d_name);
+        if (n < 6 || strcmp(e->d_name + n - 5, ".yaml") != 0) continue;
+        snprintf(want, sizeof want, "| `%s` |", e->d_name);
+        if (!strstr(doc, want)) fail_msg("docs/CONFIG.md has no row for configs/%s", e->d_name);
+        files++;
+    }
+    closedir(d);
+    assert_true(files >= 5);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shipped_configs_load),
         cmocka_unit_test(test_prototype_configs_keep_their_values),
+        cmocka_unit_test(test_prototype_key_style),
         cmocka_unit_test(test_defaults_are_valid),
         cmocka_unit_test(test_json_loads_like_yaml),
         cmocka_unit_test(test_resolved_yaml_reads_back),
@@ -567,6 +713,7 @@ int main(void) {
         cmocka_unit_test(test_hash_follows_the_math),
         cmocka_unit_test(test_check_command),
         cmocka_unit_test(test_docs_list_every_key),
+        cmocka_unit_test(test_docs_name_the_shipped_configs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

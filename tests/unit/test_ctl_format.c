@@ -1,5 +1,5 @@
 /* test_ctl_format.c - nsactl's human formatting (ctl/format.c): durations,
- * SI numbers, bytes, losses, ETAs and table alignment.
+ * SI numbers, bytes, losses and table alignment.
  *
  * The test binaries link the daemon's objects, not nsactl's (which need
  * libcurl), so format.c, which needs only libc and libm, is compiled in here
@@ -68,15 +68,6 @@ static void test_format_loss(void **state) {
     assert_string_equal(formatLoss(12345.0, 1, buf, sizeof buf), "1.234e+04");
 }
 
-static void test_format_eta(void **state) {
-    (void)state;
-    char buf[32];
-    assert_string_equal(formatEta(880, 0.5, buf, sizeof buf), "7m20s");
-    assert_string_equal(formatEta(880, 0.0, buf, sizeof buf), "-"); /* speed unknown */
-    assert_string_equal(formatEta(-1, 0.5, buf, sizeof buf), "-");
-    assert_string_equal(formatEta(0, 0.5, buf, sizeof buf), "0ms");
-}
-
 /* Prints the table into a string (open_memstream); the caller frees. */
 static char *renderTable(const FormatTable *t) {
     char *text = NULL;
@@ -136,7 +127,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_format_duration),       cmocka_unit_test(test_format_si),
         cmocka_unit_test(test_format_bytes),          cmocka_unit_test(test_format_loss),
-        cmocka_unit_test(test_format_eta),            cmocka_unit_test(test_format_table_alignment),
+        cmocka_unit_test(test_format_table_alignment),
         cmocka_unit_test(test_format_table_grows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -398,6 +398,100 @@ static void test_queue_order_survives_reopen(void **state) {
     free(dir);
 }
 
+/* Feeds a sample of step `step` logged at unix time ts; step_seconds is
+ * what the trainer measured for that one step alone. */
+static void sample(Run *run, int64_t step, double ts, double step_seconds) {
+    TrainSample s = {.step = step, .total_steps = 1000, .ts = ts, .loss = 3.0, .step_seconds = step_seconds};
+    assert_int_equal(runsAddSample(run, &s), 0);
+}
+
+/* The ETA comes from a smoothed step time: a step logged after a slow
+ * stretch (an evaluation, a checkpoint, one slow step) moves it a little,
+ * not by the ratio of one step's time to the next; between samples it
+ * counts down; a resume starts a new estimate (the halted hours are no step
+ * time). */
+static void test_eta_is_smoothed(void **state) {
+    (void)state;
+    char *dir = testTempDir("runs");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, "eta", "a: 1\n", "cpu", "fp32", 1000, RUN_STARTING, &err);
+    assert_non_null(run);
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    const double t0 = 1.8e9;
+    assert_true(isnan(runsEtaSeconds(run, t0)));
+    sample(run, 5, t0 + 5, 1.0);
+    assert_true(isnan(runsEtaSeconds(run, t0 + 5)));  /* one sample: no rate yet */
+    double ts = t0 + 5;
+    for (int64_t step = 10; step <= 100; step += 5) sample(run, step, ts += 5.0, 1.0);  /* 1 s a step */
+    double eta = runsEtaSeconds(run, ts);
+    assert_true(fabs(eta - 900.0) < 1e-6);
+    assert_true(fabs(runsEtaSeconds(run, ts + 10) - 890.0) < 1e-6);  /* counts down */
+    assert_true(runsEtaSeconds(run, ts + 5000) == 0);                /* never below 0 */
+    /* five steps that took 30 s (an evaluation), the last of them 3 s on its own */
+    sample(run, 105, ts += 30.0, 3.0);
+    double after = runsEtaSeconds(run, ts);
+    if (!(after > eta * 0.95 && after < eta * 1.35))
+        fail_msg("ETA went from %.0f s to %.0f s over one slow logging interval", eta, after);
+    for (int64_t step = 110; step <= 400; step += 5) sample(run, step, ts += 5.0, 1.0);
+    double steady = runsEtaSeconds(run, ts);
+    if (!(steady > 600 * 1.0 && steady < 600 * 1.1))  /* back near 1 s a step */
+        fail_msg("ETA %.0f s at step 400 of 1000 at about 1 s a step", steady);
+
+    /* halt, an hour later resume: a fresh estimate */
+    assert_int_equal(runsSetState(run, RUN_HALTED, &err), 0);
+    assert_int_equal(runsSetState(run, RUN_STARTING, &err), 0);
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    assert_true(isnan(runsEtaSeconds(run, ts + 3600)));
+    sample(run, 405, ts += 3605, 2.0);
+    sample(run, 410, ts += 10.0, 2.0);  /* 2 s a step now */
+    eta = runsEtaSeconds(run, ts);
+    if (!(fabs(eta - 590 * 2.0) < 1e-6)) fail_msg("ETA after the resume: %.1f s, wanted 1180", eta);
+    runsClose(reg);
+    testRemoveTree(dir);
+    free(dir);
+}
+
+/* elapsed counts every active stretch of a run, across resumes and a
+ * daemon restart (a reopened registry), and nothing while it is halted. */
+static void test_elapsed_spans_resumes(void **state) {
+    (void)state;
+    char *dir = testTempDir("runs");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    Run *run = runsCreate(reg, "elapsed", "a: 1\n", "cpu", "fp32", 1000, RUN_STARTING, &err);
+    assert_non_null(run);
+    char id[RUN_ID_MAX];
+    snprintf(id, sizeof id, "%s", run->id);
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    run->segment_started -= 1000;  /* as if it had run for 1000 s */
+    assert_int_equal(runsSetState(run, RUN_HALTED, &err), 0);
+    double now = clockUnixSeconds();
+    assert_true(fabs(runsElapsedSeconds(run, now) - 1000) < 60);
+    assert_true(fabs(runsElapsedSeconds(run, now + 7200) - 1000) < 60);  /* halted: no time passes */
+    assert_int_equal(runsSetState(run, RUN_STARTING, &err), 0);  /* resume */
+    assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
+    run->segment_started -= 500;
+    now = clockUnixSeconds();
+    assert_true(fabs(runsElapsedSeconds(run, now) - 1500) < 60);
+    assert_int_equal(runsSave(run, &err), 0);  /* then nsad is killed */
+    runsClose(reg);
+
+    reg = runsOpen(dir, &err);
+    assert_non_null(reg);
+    run = runsFind(reg, id);
+    assert_non_null(run);
+    assert_true(fabs(runsElapsedSeconds(run, clockUnixSeconds()) - 1500) < 60);
+    assert_int_equal(runsSetState(run, RUN_STARTING, &err), 0);  /* the restart picks it up */
+    run->segment_started -= 100;
+    assert_true(fabs(runsElapsedSeconds(run, clockUnixSeconds()) - 1600) < 60);
+    runsClose(reg);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_and_names),
@@ -411,6 +505,8 @@ int main(void) {
         cmocka_unit_test(test_delete_moves_aside_then_sweeps),
         cmocka_unit_test(test_events_are_bounded),
         cmocka_unit_test(test_series_rebuilt_from_files),
+        cmocka_unit_test(test_eta_is_smoothed),
+        cmocka_unit_test(test_elapsed_spans_resumes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

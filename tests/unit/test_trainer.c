@@ -31,6 +31,7 @@
 #include "commands.h"
 #include "config.h"
 #include "schedule.h"
+#include "signals.h"
 #include "stackdump.h"
 #include "trainer.h"
 #include "testutil.h"
@@ -251,10 +252,17 @@ static void test_phase_names(void **state) {
     trainMonitorEnter(&mon, PHASE_EVAL);
     assert_int_equal(atomic_load(&mon.phase), PHASE_EVAL);
     assert_true(atomic_load(&mon.phase_since_ns) >= before);
+    /* every stop signal of signals.c is named as the halt's reason */
+    static const struct { int sig; const char *name; } stops[] = {
+        {SIGTERM, "SIGTERM"}, {SIGINT, "SIGINT"}, {SIGXCPU, "SIGXCPU"}, {SIGPWR, "SIGPWR"}};
+    for (size_t i = 0; i < sizeof stops / sizeof stops[0]; i++) {
+        assert_int_equal(signalsAction(stops[i].sig), SIGNAL_STOP);
+        assert_string_equal(trainHaltReasonName(trainHaltReasonOfSignal(stops[i].sig)), stops[i].name);
+    }
+    assert_string_equal(trainHaltReasonName(trainHaltReasonOfSignal(SIGUSR2)), "nsad shutdown");
 }
 
-/* The device line: empty before a model, truncated to fit, and never a mix
- * of two lines while the trainer replaces it under a reading watcher. */
+/* A trainer that keeps replacing its device line. */
 typedef struct DeviceWriter {
     TrainMonitor *mon;
     _Atomic int stop;
@@ -268,6 +276,11 @@ static void *deviceWriterLoop(void *arg) {
     return NULL;
 }
 
+/* The device line a hang dump prints: a reader always gets a whole line,
+ * the old or the new one, however the writer's steps interleave with its
+ * own - never a torn line, never a placeholder - so every read below must
+ * be one of the two lines (the seqlock this replaced gave up after 100
+ * retries while a writer kept replacing the line). */
 static void test_monitor_device_line(void **state) {
     (void)state;
     TrainMonitor mon;
@@ -282,27 +295,30 @@ static void test_monitor_device_line(void **state) {
     line[sizeof line - 1] = '\0';
     trainMonitorSetDevice(&mon, line);
     trainMonitorDevice(&mon, text, sizeof text);
-    assert_int_equal(strlen(text), sizeof mon.device - 1);
+    assert_int_equal(strlen(text), sizeof mon.device[0] - 1);
     char small[8];
     trainMonitorDevice(&mon, small, sizeof small);
     assert_string_equal(small, "xxxxxxx");
 
+    const char *a = "cpu, f32; 4 threads", *b = "cuda, bf16; 1 CUDA device: 0: first GPU, 139.8 GiB";
+    trainMonitorSetDevice(&mon, a);
     DeviceWriter w = {.mon = &mon, .stop = 0};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, deviceWriterLoop, &w), 0);
     int whole = 0;
-    for (int i = 0; i < 200000; i++) {
+    const int reads = 200000;
+    for (int i = 0; i < reads; i++) {
         trainMonitorDevice(&mon, text, sizeof text);
-        if (!strcmp(text, "(being replaced)")) continue;
-        if (strcmp(text, "cpu, f32; 4 threads") != 0 &&
-            strcmp(text, "cuda, bf16; 1 CUDA device: 0: first GPU, 139.8 GiB") != 0 &&
-            strlen(text) != sizeof mon.device - 1)
-            fail_msg("a torn device line: '%s'", text);
+        if (strcmp(text, a) != 0 && strcmp(text, b) != 0) {
+            atomic_store(&w.stop, 1);
+            pthread_join(th, NULL);
+            fail_msg("read %d of the device line: '%s', neither whole line", i, text);
+        }
         whole++;
     }
     atomic_store(&w.stop, 1);
     pthread_join(th, NULL);
-    assert_true(whole > 0);
+    assert_int_equal(whole, reads);
 }
 
 /* ---- artifacts ----------------------------------------------------------- */
@@ -956,52 +972,64 @@ static void test_nan_policy_rollback(void **state) {
     free(dir);
 }
 
-typedef struct Watcher {
+/* What the stall test sees through the hooks, on the trainer's thread. */
+typedef struct StallSeen {
     TrainMonitor *mon;
-    _Atomic int stop;
-    double longest_forward;  /* seconds the trainer stayed in forward */
-} Watcher;
+    int stalls;             /* stall events */
+    int phase_at_stall;     /* the monitor's phase when the event came */
+    int64_t step_at_stall;  /* the last completed step then */
+    char detail[256];
+    double step2_seconds;   /* the logged wall time of step 2 */
+} StallSeen;
 
-static void *watchMain(void *arg) {
-    Watcher *w = arg;
-    while (!atomic_load(&w->stop)) {
-        if (atomic_load(&w->mon->phase) == PHASE_FORWARD) {
-            struct timespec now;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            double age = ((double)now.tv_sec * 1e9 + (double)now.tv_nsec -
-                          (double)atomic_load(&w->mon->phase_since_ns)) * 1e-9;
-            if (age > w->longest_forward) w->longest_forward = age;
-        }
-        struct timespec t = {.tv_sec = 0, .tv_nsec = 5000000};
-        nanosleep(&t, NULL);
-    }
-    return NULL;
+static void stallOnEvent(void *ctx, const char *type, const char *detail) {
+    StallSeen *s = ctx;
+    if (strcmp(type, "stall") != 0) return;
+    s->stalls++;
+    s->phase_at_stall = atomic_load(&s->mon->phase);
+    s->step_at_stall = atomic_load(&s->mon->step);
+    snprintf(s->detail, sizeof s->detail, "%s", detail);
 }
 
+static void stallOnSample(void *ctx, const TrainSample *sample) {
+    StallSeen *s = ctx;
+    if (sample->step == 2) s->step2_seconds = sample->step_seconds;
+}
+
+/* The stall fault sleeps in the named phase of the named step: its event
+ * comes while the monitor shows that phase (the hook runs on the trainer's
+ * thread, so no watcher has to be scheduled at the right moment), its
+ * heartbeat line names the phase, and the step takes at least the stall. */
 static void test_stall_fault_sleeps_in_phase(void **state) {
     (void)state;
     JobConfig cfg;
     loadSmallJob(&cfg, 0);
     cfg.train.steps = 3;
+    cfg.train.eval_every = 0;
     cfg.fault.stall_at_step = 2;
     snprintf(cfg.fault.stall_phase, sizeof cfg.fault.stall_phase, "forward");
     cfg.fault.stall_seconds = 0.4;
     char *dir = testTempDir("train");
     TrainMonitor mon;
     trainMonitorInit(&mon);
-    Watcher w = {.mon = &mon};
-    pthread_t th;
-    assert_int_equal(pthread_create(&th, NULL, watchMain, &w), 0);
+    StallSeen seen = {.mon = &mon};
+    TrainHooks hooks = {.ctx = &seen, .on_sample = stallOnSample, .on_event = stallOnEvent};
     TrainOptions opt = {.out_dir = dir, .device_override = -1, .quiet = 1};
     TrainResult res;
     NsaError err;
-    int rc = trainerRun(&cfg, &opt, &mon, NULL, &res, &err);
-    atomic_store(&w.stop, 1);
-    pthread_join(th, NULL);
+    int rc = trainerRun(&cfg, &opt, &mon, &hooks, &res, &err);
     assert_int_equal(rc, 0);
     assert_int_equal(atomic_load(&mon.step), 3);
     assert_int_equal(atomic_load(&mon.phase), PHASE_IDLE);
-    assert_true(w.longest_forward > 0.3);
+    assert_int_equal(seen.stalls, 1);
+    assert_int_equal(seen.phase_at_stall, PHASE_FORWARD);
+    assert_int_equal(seen.step_at_stall, 1);
+    assert_string_equal(seen.detail, "{\"phase\":\"forward\",\"at_step\":2,\"seconds\":0.4}");
+    assert_true(seen.step2_seconds >= 0.4);  /* a lower bound: the sleep lasts at least that */
+    char *hb = slurp(dir, ARTIFACT_HEARTBEAT);
+    assert_non_null(hb);
+    assert_non_null(strstr(hb, "\"event\":\"stall\",\"step\":1,\"phase\":\"forward\""));
+    free(hb);
     testRemoveTree(dir);
     free(dir);
 }
@@ -1034,6 +1062,43 @@ static void test_cmd_train_usage_and_config_errors(void **state) {
     long_out[sizeof long_out - 1] = 0;
     char *too_long[] = {"train", path, "--out", long_out, NULL};
     assert_int_equal(cmdTrain(4, too_long), EXIT_CONFIG);
+    testRemoveTree(dir);
+    free(dir);
+}
+
+/* `nsad train` in the foreground prints each evaluation once, stdout and
+ * the log together (as on a terminal): steps 0, 4 and 8 of an 8-step run. */
+static void test_cmd_train_prints_each_eval_once(void **state) {
+    (void)state;
+    char *dir = testTempDir("train");
+    char out[1024], cfg_path[1024], log_path[1024];
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/job.yaml", dir);
+    snprintf(log_path, sizeof log_path, "%s/console.txt", dir);
+    writeText(dir, "job.yaml", small_job_yaml);
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fd = open(log_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        char *argv[] = {"train", cfg_path, "--out", out, "--steps", "8", NULL};
+        _exit(cmdTrain(6, argv));
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char *text = slurp(dir, "console.txt");
+    assert_non_null(text);
+    /* the progress line ("eval  4 | val_loss ...") and the log's ("eval: step 4 ...") */
+    int evals = 0;
+    for (char *p = strstr(text, "| val_loss"); p; p = strstr(p + 1, "| val_loss")) evals++;
+    for (char *p = strstr(text, "eval: step"); p; p = strstr(p + 1, "eval: step")) evals++;
+    if (evals != 3) fail_msg("%d evaluation lines, wanted 3 (steps 0, 4, 8):\n%.1500s", evals, text);
+    free(text);
     testRemoveTree(dir);
     free(dir);
 }
@@ -1091,11 +1156,15 @@ static void test_cmd_train_signals(void **state) {
     writeText(dir, "job.yaml", yaml);
     free(yaml);
 
+    char console_path[1024];
+    snprintf(console_path, sizeof console_path, "%s/console.txt", dir);
+    fflush(stdout);
+    fflush(stderr);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        int devnull = open("/dev/null", O_WRONLY);
-        dup2(devnull, STDERR_FILENO);
+        int log = open(console_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(log, STDERR_FILENO);
         char *argv[] = {"train", cfg_path, "--out", out, "--quiet", "--steps", "5000", NULL};
         _exit(cmdTrain(7, argv));
     }
@@ -1140,6 +1209,18 @@ static void test_cmd_train_signals(void **state) {
     int64_t step = (int64_t)cJSON_GetObjectItem(m, "step")->valuedouble;
     cJSON_Delete(m);
     assert_true(step >= 2 && step < 5000);
+    /* the halt says what stopped it: the signal, not a "halt request" */
+    char *hb = slurp(out, ARTIFACT_HEARTBEAT);
+    assert_non_null(hb);
+    if (!strstr(hb, "\"event\":\"halt\"") || !strstr(hb, "\"reason\":\"SIGTERM\""))
+        fail_msg("the heartbeat's halt event does not name SIGTERM:\n%.800s",
+                 strstr(hb, "\"halt\"") ? strstr(hb, "\"halt\"") : hb);
+    free(hb);
+    char *console = slurp(dir, "console.txt");
+    assert_non_null(console);
+    assert_non_null(strstr(console, "SIGTERM: stopping after the step in progress"));
+    assert_non_null(strstr(console, "stopped by SIGTERM after step"));
+    free(console);
     char found[1024], expect[64];
     NsaError err;
     assert_int_equal(checkpointResolve(out, "latest", found, sizeof found, &err), 1);
@@ -1169,6 +1250,7 @@ int main(void) {
         cmocka_unit_test(test_nan_policy_rollback),
         cmocka_unit_test(test_stall_fault_sleeps_in_phase),
         cmocka_unit_test(test_cmd_train_usage_and_config_errors),
+        cmocka_unit_test(test_cmd_train_prints_each_eval_once),
         cmocka_unit_test(test_cmd_train_signals),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
