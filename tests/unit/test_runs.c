@@ -16,6 +16,7 @@
 
 #include "fsutil.h"
 #include "runs.h"
+#include "clockutil.h"
 #include "testutil.h"
 
 static void writeText(const char *dir, const char *name, const char *text) {
