@@ -21,7 +21,7 @@ BUILD   := build
 CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 
 OPT     ?= -O2
-CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -fPIC -pthread \
+CFLAGS  := -std=c11 $(OPT) -g -Wall -Wextra -Wno-unused-parameter -Werror=implicit-function-declaration -fPIC -pthread \
            -D_GNU_SOURCE -Ikernels -Idaemon -Iproto
 LDLIBS_ENGINE := -lm -lpthread
 
