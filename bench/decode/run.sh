@@ -9,6 +9,10 @@
 # build/bench/decode.
 set -u
 cd "$(dirname "$0")/../.." || exit 1
+# The lent GPU machines are Hopper: the engine (libnsa.a, built by the
+# top-level Makefile) for sm_90a alone, not also for Ampere, halves nvcc's
+# time there. GENCODE set by the caller wins.
+export GENCODE="${GENCODE:--gencode arch=compute_90a,code=sm_90a}"
 out="${OUT:-build/bench/decode}"
 mkdir -p "$out"
 contexts="${1:-2048 16384 65536}"
