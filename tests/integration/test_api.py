@@ -634,7 +634,8 @@ def test_stall_fault(d):
     check("stall: the dump file names the phase and holds the trainer's stack",
           "phase: forward" in text and 'thread "trainer"' in text, text[:600])
     check("stall: the log has the hang and the stacks",
-          "hung: the forward phase" in d.log_text() and 'thread "trainer"' in d.log_text(), "")
+          wait_for(lambda: "hung: the forward phase" in d.log_text() and 'thread "trainer"' in d.log_text(), 10),
+          d.log_text()[-1500:])
     run = d.wait_state(run_id, ("completed", "failed", "nan_halted"), 60)
     r = d.api("GET", f"/api/v1/runs/{run_id}/events")
     types = [e["type"] for e in r.json["events"]]
