@@ -53,14 +53,15 @@ CFLAGS  += -DNSA_HAVE_CUDA -I$(CUDA_HOME)/include
 LDLIBS_ENGINE += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 \
                  -lcublasLt -lcublas -lcudart_static -ldl -lrt -lstdc++
 # NCCL (the multi-GPU transport, kernels/nsa_comm_nccl.c) comes in when its
-# header is there; without it a multi-GPU job fails with an error that says
-# so (never a silent single-GPU run).
+# header is there; the library is loaded when a job first asks for it
+# (dlopen, so nothing links libnccl and a machine with the header alone
+# builds everything). Without either, a multi-GPU job fails with an error
+# that says so (never a silent single-GPU run).
 NCCL_H := $(firstword $(wildcard $(CUDA_HOME)/include/nccl.h /usr/include/nccl.h))
 ifneq ($(NCCL_H),)
 HAVE_NCCL := 1
 CFLAGS  += -DNSA_HAVE_NCCL
 NVCCFLAGS += -DNSA_HAVE_NCCL
-LDLIBS_ENGINE += -lnccl
 endif
 endif
 

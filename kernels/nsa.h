@@ -330,7 +330,8 @@ int nsaCommLocalCreate(int world, double timeout_seconds, NsaComm **comms, NsaEr
  * waits for a dead peer forever. Sets NCCL_NVLS_ENABLE=0 (NVLink
  * multicast off) unless the environment already sets it. Returns NULL with
  * err, also when this libnsa was built without NCCL (nccl.h absent at
- * build time) or without CUDA. */
+ * build time) or without CUDA, or when libnccl.so.2 (>= 2.14, loaded at
+ * the first call) is not on this machine. */
 #define NSA_COMM_ID_BYTES 128
 typedef struct NsaCommId {
     unsigned char bytes[NSA_COMM_ID_BYTES];
@@ -338,7 +339,8 @@ typedef struct NsaCommId {
 int nsaCommNcclUniqueId(NsaCommId *id, NsaError *err);
 NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_ordinal,
                            double timeout_seconds, NsaError *err);
-/* 1 when this libnsa has the NCCL transport, else 0. */
+/* 1 when this libnsa has the NCCL transport and libnccl.so.2 loaded (the
+ * first call loads it), else 0; never fails. */
 int nsaCommHaveNccl(void);
 
 /* TCP transport for the CPU engine across processes (nsad daemons on

@@ -2,8 +2,12 @@
  * parallelism (kernels/nsa.h, kernels/nsa_comm.h).
  *
  * Compiled in when this build found nccl.h (the Makefile then defines
- * NSA_HAVE_NCCL and links libnccl); without it every entry point says so
- * in its error, so a multi-GPU job never falls back to one GPU silently.
+ * NSA_HAVE_NCCL). The library itself, libnccl.so.2, is loaded at the first
+ * use (dlopen), not linked: a build machine with NCCL's headers but not
+ * its library (CI) still builds and links every program, and nsad on a
+ * machine without NCCL trains on one GPU or over TCP; a job that asks for
+ * NCCL there fails with an error naming the library and why it did not
+ * load, so a multi-GPU job never falls back to one GPU silently.
  *
  * Never hang: the communicator is created non-blocking, so NCCL calls
  * return at once (ncclInProgress while NCCL still works on them) and every
@@ -27,10 +31,96 @@ int nsaCommIsNccl(const NsaComm *c) { return c && !strcmp(c->ops->kind, "nccl");
 #if defined(NSA_HAVE_NCCL) && defined(NSA_HAVE_CUDA)
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+#include <pthread.h>
 #include <time.h>
 
 _Static_assert(sizeof(ncclUniqueId) == NSA_COMM_ID_BYTES, "NsaCommId holds an ncclUniqueId");
+
+/* The non-blocking communicator, ncclCommFinalize and ncclGetLastError
+ * came with NCCL 2.14. */
+#define NCCL_OLDEST_USABLE NCCL_VERSION(2, 14, 0)
+
+/* The NCCL entry points this transport calls, typed from nccl.h and
+ * resolved from libnccl.so.2 once per process (the library is process-wide
+ * state in any case: one dlopen handle, never closed). */
+typedef struct NcclApi {
+    __typeof__(&ncclGetVersion) getVersion;
+    __typeof__(&ncclGetUniqueId) getUniqueId;
+    __typeof__(&ncclCommInitRankConfig) commInitRankConfig;
+    __typeof__(&ncclCommFinalize) commFinalize;
+    __typeof__(&ncclCommDestroy) commDestroy;
+    __typeof__(&ncclCommAbort) commAbort;
+    __typeof__(&ncclCommGetAsyncError) commGetAsyncError;
+    __typeof__(&ncclGetErrorString) getErrorString;
+    __typeof__(&ncclGetLastError) getLastError;
+    __typeof__(&ncclReduceScatter) reduceScatter;
+    __typeof__(&ncclAllGather) allGather;
+    __typeof__(&ncclBroadcast) broadcast;
+} NcclApi;
+
+static NcclApi ncclFn;
+static char ncclLoadError[320]; /* empty once nccl is usable */
+static pthread_once_t ncclLoadOnce = PTHREAD_ONCE_INIT;
+
+/* dlsym into *slot; 0, or -1 with ncclLoadError naming the symbol. */
+static int ncclResolve(void *lib, const char *name, void **slot) {
+    *slot = dlsym(lib, name);
+    if (*slot) return 0;
+    snprintf(ncclLoadError, sizeof ncclLoadError,
+             "the NCCL library has no %s (NCCL >= 2.14 is needed)", name);
+    return -1;
+}
+
+static void ncclLoad(void) {
+    void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        const char *why = dlerror();
+        snprintf(ncclLoadError, sizeof ncclLoadError,
+                 "libnccl.so.2 could not be loaded (%s): install NCCL (e.g. the libnccl2 "
+                 "package) or add its directory to LD_LIBRARY_PATH",
+                 why ? why : "not found");
+        return;
+    }
+    NcclApi api;
+    struct {
+        const char *name;
+        void **slot;
+    } const entries[] = {
+        {"ncclGetVersion", (void **)&api.getVersion},
+        {"ncclGetUniqueId", (void **)&api.getUniqueId},
+        {"ncclCommInitRankConfig", (void **)&api.commInitRankConfig},
+        {"ncclCommFinalize", (void **)&api.commFinalize},
+        {"ncclCommDestroy", (void **)&api.commDestroy},
+        {"ncclCommAbort", (void **)&api.commAbort},
+        {"ncclCommGetAsyncError", (void **)&api.commGetAsyncError},
+        {"ncclGetErrorString", (void **)&api.getErrorString},
+        {"ncclGetLastError", (void **)&api.getLastError},
+        {"ncclReduceScatter", (void **)&api.reduceScatter},
+        {"ncclAllGather", (void **)&api.allGather},
+        {"ncclBroadcast", (void **)&api.broadcast},
+    };
+    for (size_t i = 0; i < sizeof entries / sizeof entries[0]; i++)
+        if (ncclResolve(lib, entries[i].name, entries[i].slot)) return;
+    int version = 0;
+    if (api.getVersion(&version) != ncclSuccess || version < NCCL_OLDEST_USABLE) {
+        snprintf(ncclLoadError, sizeof ncclLoadError,
+                 "the NCCL library is version %d; nsad needs NCCL >= 2.14 (%d)", version,
+                 NCCL_OLDEST_USABLE);
+        return;
+    }
+    ncclFn = api;
+    ncclLoadError[0] = '\0';
+}
+
+/* The loaded API, or NULL with err saying why NCCL is not usable. */
+static const NcclApi *ncclApi(NsaError *err) {
+    pthread_once(&ncclLoadOnce, ncclLoad);
+    if (!ncclLoadError[0]) return &ncclFn;
+    nsaErrorf(err, "nsa: the NCCL transport is not available: %s", ncclLoadError);
+    return NULL;
+}
 
 typedef struct NcclComm {
     NsaComm base;          /* first: an NsaComm * is an NcclComm * */
@@ -41,12 +131,15 @@ typedef struct NcclComm {
 
 static NcclComm *ncclOf(NsaComm *c) { return (NcclComm *)c; }
 
-int nsaCommHaveNccl(void) { return 1; }
+int nsaCommHaveNccl(void) {
+    pthread_once(&ncclLoadOnce, ncclLoad);
+    return !ncclLoadError[0];
+}
 
 /* Aborts the NCCL communicator once (on the calling thread). */
 static void abortNccl(NcclComm *nc) {
     if (nc->nccl && !nc->nccl_aborted) {
-        ncclCommAbort(nc->nccl);
+        ncclFn.commAbort(nc->nccl);
         nc->nccl_aborted = 1;
     }
 }
@@ -74,12 +167,12 @@ static int waitIdle(NcclComm *nc, const char *what, NsaError *err) {
     const double deadline = nsaCommNow() + c->timeout;
     for (int round = 0;; round++) {
         ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(nc->nccl, &state);
+        ncclResult_t r = ncclFn.commGetAsyncError(nc->nccl, &state);
         if (r != ncclSuccess) state = r;
         if (state == ncclSuccess) return 0;
         if (state != ncclInProgress)
             return ncclFail(nc, err, "rank %d: %s: NCCL failed (%s); the communicator is aborted",
-                            what, ncclGetLastError(nc->nccl));
+                            what, ncclFn.getLastError(nc->nccl));
         if (atomic_load(&c->aborted)) {
             abortNccl(nc);
             return nsaCommAbortedError(c, what, err);
@@ -100,7 +193,7 @@ static int afterCall(NcclComm *nc, ncclResult_t r, const char *what, NsaError *e
     if (r == ncclSuccess) return 0;
     if (r == ncclInProgress) return waitIdle(nc, what, err);
     return ncclFail(nc, err, "rank %d: %s: NCCL failed (%s); the communicator is aborted", what,
-                    ncclGetErrorString(r));
+                    ncclFn.getErrorString(r));
 }
 
 static int ncclReduceScatterOp(NsaComm *c, void *buf, size_t shard, int f64, void *stream,
@@ -109,7 +202,7 @@ static int ncclReduceScatterOp(NsaComm *c, void *buf, size_t shard, int f64, voi
     const size_t esz = f64 ? sizeof(double) : sizeof(float);
     char *base = buf;
     /* in place: rank r's slice of the send buffer is its receive buffer */
-    ncclResult_t r = ncclReduceScatter(base, base + (size_t)c->rank * shard * esz, shard,
+    ncclResult_t r = ncclFn.reduceScatter(base, base + (size_t)c->rank * shard * esz, shard,
                                        f64 ? ncclFloat64 : ncclFloat32, ncclSum, nc->nccl,
                                        (cudaStream_t)stream);
     return afterCall(nc, r, what, err);
@@ -119,7 +212,7 @@ static int ncclAllGatherOp(NsaComm *c, void *buf, size_t shard_bytes, void *stre
                            const char *what, NsaError *err) {
     NcclComm *nc = ncclOf(c);
     char *base = buf;
-    ncclResult_t r = ncclAllGather(base + (size_t)c->rank * shard_bytes, base, shard_bytes,
+    ncclResult_t r = ncclFn.allGather(base + (size_t)c->rank * shard_bytes, base, shard_bytes,
                                    ncclUint8, nc->nccl, (cudaStream_t)stream);
     return afterCall(nc, r, what, err);
 }
@@ -127,7 +220,7 @@ static int ncclAllGatherOp(NsaComm *c, void *buf, size_t shard_bytes, void *stre
 static int ncclBroadcastOp(NsaComm *c, void *buf, size_t bytes, int root, void *stream,
                            const char *what, NsaError *err) {
     NcclComm *nc = ncclOf(c);
-    ncclResult_t r = ncclBroadcast(buf, buf, bytes, ncclUint8, root, nc->nccl, (cudaStream_t)stream);
+    ncclResult_t r = ncclFn.broadcast(buf, buf, bytes, ncclUint8, root, nc->nccl, (cudaStream_t)stream);
     return afterCall(nc, r, what, err);
 }
 
@@ -139,8 +232,8 @@ static void ncclDestroy(NsaComm *c) {
         /* a clean finish flushes what was issued; anything that cannot
          * finish in time (a dead peer) is aborted instead */
         if (!nc->nccl_aborted && !atomic_load(&c->aborted) &&
-            afterCall(nc, ncclCommFinalize(nc->nccl), "finalize", &ignored) == 0)
-            ncclCommDestroy(nc->nccl);
+            afterCall(nc, ncclFn.commFinalize(nc->nccl), "finalize", &ignored) == 0)
+            ncclFn.commDestroy(nc->nccl);
         else
             abortNccl(nc);
     }
@@ -159,11 +252,12 @@ static const NsaCommOps ncclOps = {
 
 int nsaCommNcclUniqueId(NsaCommId *id, NsaError *err) {
     if (!id) return nsaErrorf(err, "nsa: nsaCommNcclUniqueId needs an id to fill");
+    if (!ncclApi(err)) return -1;
     ncclUniqueId uid;
-    ncclResult_t r = ncclGetUniqueId(&uid);
+    ncclResult_t r = ncclFn.getUniqueId(&uid);
     if (r != ncclSuccess)
-        return nsaErrorf(err, "nsa: ncclGetUniqueId failed: %s (%s)", ncclGetErrorString(r),
-                         ncclGetLastError(NULL));
+        return nsaErrorf(err, "nsa: ncclGetUniqueId failed: %s (%s)", ncclFn.getErrorString(r),
+                         ncclFn.getLastError(NULL));
     memcpy(id->bytes, &uid, sizeof uid);
     return 0;
 }
@@ -183,6 +277,7 @@ NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_
         nsaErrorf(err, "nsa: NCCL timeout = %g s; allowed: a number > 0", timeout_seconds);
         return NULL;
     }
+    if (!ncclApi(err)) return NULL;
     /* NVLink multicast (NVLS) stays off unless the user set it */
     setenv("NCCL_NVLS_ENABLE", "0", 0);
     cudaError_t ce = cudaSetDevice(device_ordinal);
@@ -203,13 +298,13 @@ NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_
     config.commName = "nsad";
     ncclUniqueId uid;
     memcpy(&uid, id->bytes, sizeof uid);
-    ncclResult_t r = ncclCommInitRankConfig(&nc->nccl, world, uid, rank, &config);
+    ncclResult_t r = ncclFn.commInitRankConfig(&nc->nccl, world, uid, rank, &config);
     char what[64];
     snprintf(what, sizeof what, "NCCL init (%d ranks, device %d)", world, device_ordinal);
     if (r != ncclSuccess && r != ncclInProgress) {
         nsaErrorf(err, "nsa: rank %d: %s: ncclCommInitRankConfig failed: %s (%s)", rank, what,
-                  ncclGetErrorString(r), ncclGetLastError(NULL));
-        if (nc->nccl) ncclCommAbort(nc->nccl);
+                  ncclFn.getErrorString(r), ncclFn.getLastError(NULL));
+        if (nc->nccl) ncclFn.commAbort(nc->nccl);
         nsaCommDestroyBase(&nc->base);
         free(nc);
         return NULL;
@@ -243,11 +338,11 @@ int nsaCommNcclWaitEvent(NsaComm *c, void *event, const char *what, NsaError *er
                             what, detail);
         }
         ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclCommGetAsyncError(nc->nccl, &state);
+        ncclResult_t r = ncclFn.commGetAsyncError(nc->nccl, &state);
         if (r != ncclSuccess) state = r;
         if (state != ncclSuccess && state != ncclInProgress)
             return ncclFail(nc, err, "rank %d: %s: NCCL failed (%s); the communicator is aborted",
-                            what, ncclGetLastError(nc->nccl));
+                            what, ncclFn.getLastError(nc->nccl));
         if (atomic_load(&c->aborted)) {
             abortNccl(nc);
             return nsaCommAbortedError(c, what, err);
