@@ -399,36 +399,50 @@ static int statusOfDaemon(Ctl *ctl) {
         ctlReplyFree(&health);
         return rc;
     }
-    const char *active_id = ctlString(runs.json, "active", NULL);
+    /* the runs holding trainers, newest first ("active": the newest; an
+     * older nsad sends only that) */
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(runs.json, "active_runs");
+    const char *newest = ctlString(runs.json, "active", NULL);
     const cJSON *list = cJSON_GetObjectItemCaseSensitive(runs.json, "runs");
-    const cJSON *active = NULL, *run;
-    int n_runs = cJSON_GetArraySize(list);
-    cJSON_ArrayForEach(run, list) {
-        if (active_id && !strcmp(ctlString(run, "id", ""), active_id)) active = run;
+    const cJSON *active[64], *run, *id;
+    int n_active = 0, n_runs = cJSON_GetArraySize(list);
+    if (cJSON_IsArray(ids)) {
+        cJSON_ArrayForEach(id, ids)
+            cJSON_ArrayForEach(run, list)
+                if (cJSON_IsString(id) && !strcmp(ctlString(run, "id", ""), id->valuestring) && n_active < 64)
+                    active[n_active++] = run;
+    } else if (newest) {
+        cJSON_ArrayForEach(run, list)
+            if (!strcmp(ctlString(run, "id", ""), newest)) active[n_active++] = run;
     }
     if (ctl->json) {
         cJSON *out = cJSON_CreateObject();
         cJSON_AddItemToObject(out, "health", cJSON_Duplicate(health.json, 1));
-        cJSON_AddItemToObject(out, "active", active ? cJSON_Duplicate(active, 1) : cJSON_CreateNull());
+        cJSON_AddItemToObject(out, "active", n_active ? cJSON_Duplicate(active[0], 1) : cJSON_CreateNull());
+        cJSON *all = cJSON_AddArrayToObject(out, "active_runs");
+        for (int i = 0; i < n_active; i++) cJSON_AddItemToArray(all, cJSON_Duplicate(active[i], 1));
         cJSON_AddNumberToObject(out, "runs", n_runs);
         char *text = cJSON_PrintUnformatted(out);
         if (text) puts(text);
         free(text);
         cJSON_Delete(out);
     } else {
-        double uptime = -1;
-        char up[32];
+        double uptime = -1, trainers = 1, busy = 0;
+        char up[32], load[48] = "";
         ctlNumber(health.json, "uptime_s", &uptime);
-        printf("nsad %s, up %s, trainer %s, %d run%s stored\n", ctlString(health.json, "version", "?"),
-               formatDuration(uptime, up, sizeof up), ctlString(health.json, "trainer", "?"), n_runs,
+        /* several trainers (a GPU node): how many of them are busy */
+        if (ctlNumber(health.json, "trainers", &trainers) && trainers > 1 &&
+            ctlNumber(health.json, "trainers_busy", &busy))
+            snprintf(load, sizeof load, " (%.0f of %.0f busy)", busy, trainers);
+        printf("nsad %s, up %s, trainer %s%s, %d run%s stored\n", ctlString(health.json, "version", "?"),
+               formatDuration(uptime, up, sizeof up), ctlString(health.json, "trainer", "?"), load, n_runs,
                n_runs == 1 ? "" : "s");
-        if (active) {
+        for (int i = 0; i < n_active; i++) {
             char line[512];
-            ctlRunLine(active, line, sizeof line);
+            ctlRunLine(active[i], line, sizeof line);
             printf("active: %s\n", line);
-        } else {
-            printf("no active run%s\n", n_runs ? " (nsactl list shows the others)" : "");
         }
+        if (!n_active) printf("no active run%s\n", n_runs ? " (nsactl list shows the others)" : "");
     }
     ctlReplyFree(&health);
     ctlReplyFree(&runs);
@@ -920,7 +934,7 @@ const CtlCommand ctlCommands[] = {
      "  --name NAME     a label for the run (1-64 of A-Z a-z 0-9 . _ -)\n"
      "  --wait          return once the run has started (left the queue and\n"
      "                  starting); exit 1 when it ended before it ran\n"
-     "  --no-queue      exit 5 instead of queueing when the trainer is busy\n"
+     "  --no-queue      exit 5 instead of queueing when the run would wait\n"
      "  --watch         then follow it as `nsactl watch` does\n"
      "  --interval S    poll period for --watch (default 1)\n"
      "Exit 78 when the file is missing or unreadable or nsad rejects the config\n"
@@ -951,7 +965,7 @@ const CtlCommand ctlCommands[] = {
     {"resume", "resume ID [--wait] [--no-queue]", "continue a halted or failed run from its checkpoint",
      "Same id, same metric series. While another run trains it is queued.\n"
      "  --wait      return only once it left the queue and starting\n"
-     "  --no-queue  exit 5 instead of queueing when the trainer is busy\n"
+     "  --no-queue  exit 5 instead of queueing when the run would wait\n"
      "Exit 5 when the run's state does not allow it.\n",
      cmdResume},
     {"delete", "delete ID", "remove an ended or queued run: its record, logs and checkpoints",

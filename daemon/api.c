@@ -225,7 +225,10 @@ static void answerServiceError(ApiResponse *res, ServiceStatus st, const NsaErro
 /* The run as proto/api.md describes it. Caller holds svc->lock. */
 static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     cJSON *o = cJSON_CreateObject();
-    int active = !strcmp(svc->active_id, run->id);
+    ServiceTrainer *t = serviceTrainerOf(svc, run->id);
+    const int active = t != NULL;
+    /* the trainer's monitor speaks for the run once its thread took it */
+    const TrainMonitor *mon = t && !t->pending ? &t->mon : NULL;
     int64_t now = clockMonotonicNs();
     cJSON_AddStringToObject(o, "id", run->id);
     cJSON_AddStringToObject(o, "name", run->name);
@@ -233,11 +236,11 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     const int position = runsQueuePosition(svc->runs, run);
     if (position > 0) cJSON_AddNumberToObject(o, "queue_position", position);
     else cJSON_AddNullToObject(o, "queue_position");
-    if (active && !svc->pending) {
-        TrainPhase phase = (TrainPhase)atomic_load(&svc->mon.phase);
+    if (mon) {
+        TrainPhase phase = (TrainPhase)atomic_load(&mon->phase);
         cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
         cJSON_AddNumberToObject(o, "phase_age_s",
-                                (double)(now - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+                                (double)(now - atomic_load(&mon->phase_since_ns)) * 1e-9);
     } else {
         cJSON_AddNullToObject(o, "phase");
         cJSON_AddNullToObject(o, "phase_age_s");
@@ -257,9 +260,9 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addNumberOrNull(o, "eta_s", active ? runsEtaSeconds(run, wall) : NAN);
     cJSON_AddNumberToObject(o, "elapsed_s", runsElapsedSeconds(run, wall));
     addNumberOrNull(o, "mem_bytes", run->mem_bytes);
-    if (active && !svc->pending)
+    if (mon)
         cJSON_AddNumberToObject(o, "heartbeat_age_s",
-                                (double)(now - atomic_load(&svc->mon.heartbeat_ns)) * 1e-9);
+                                (double)(now - atomic_load(&mon->heartbeat_ns)) * 1e-9);
     else
         cJSON_AddNullToObject(o, "heartbeat_age_s");
     addStringOrNull(o, "anomaly", run->anomaly);
@@ -288,10 +291,10 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
         addNumberOrNull(e, "comm_exposed_s", rs->exposed_seconds);
         addNumberOrNull(e, "overlap", rs->overlap);
         addNumberOrNull(e, "gather_s", rs->gather_seconds);
-        if (active && !svc->pending && atomic_load(&svc->mon.n_ranks) > r) {
-            const int64_t since = atomic_load(&svc->mon.rank_since_ns[r]);
+        if (mon && atomic_load(&mon->n_ranks) > r) {
+            const int64_t since = atomic_load(&mon->rank_since_ns[r]);
             cJSON_AddStringToObject(e, "phase",
-                                    trainPhaseName((TrainPhase)atomic_load(&svc->mon.rank_phase[r])));
+                                    trainPhaseName((TrainPhase)atomic_load(&mon->rank_phase[r])));
             cJSON_AddNumberToObject(e, "phase_age_s", since > 0 ? (double)(now - since) * 1e-9 : 0.0);
         } else {
             cJSON_AddNullToObject(e, "phase");
@@ -322,7 +325,10 @@ static void getHealth(Service *svc, ApiResponse *res) {
     cJSON_AddStringToObject(o, "status", "ok");
     cJSON_AddStringToObject(o, "version", NSA_VERSION);
     cJSON_AddNumberToObject(o, "uptime_s", (double)(clockMonotonicNs() - svc->started_ns) * 1e-9);
-    cJSON_AddStringToObject(o, "trainer", atomic_load(&svc->trainer_busy) ? "busy" : "idle");
+    const int busy = serviceBusyTrainers(svc);
+    cJSON_AddStringToObject(o, "trainer", busy ? "busy" : "idle");
+    cJSON_AddNumberToObject(o, "trainers", svc->n_trainers);
+    cJSON_AddNumberToObject(o, "trainers_busy", busy);
     respondJson(res, 200, o);
 }
 
@@ -356,7 +362,15 @@ static void listRuns(Service *svc, ApiResponse *res) {
     pthread_mutex_lock(&svc->lock);
     for (size_t i = svc->runs->n_runs; i-- > 0;)
         cJSON_AddItemToArray(arr, runJson(svc, svc->runs->runs[i], 0));
-    addStringOrNull(o, "active", svc->active_id);
+    /* the runs holding trainers, newest first ("active": the newest) */
+    cJSON *active = cJSON_AddArrayToObject(o, "active_runs");
+    const char *newest = "";
+    for (size_t i = svc->runs->n_runs; i-- > 0;)
+        if (serviceTrainerOf(svc, svc->runs->runs[i]->id)) {
+            if (!newest[0]) newest = svc->runs->runs[i]->id;
+            cJSON_AddItemToArray(active, cJSON_CreateString(svc->runs->runs[i]->id));
+        }
+    addStringOrNull(o, "active", newest);
     /* the queue, next to start first */
     cJSON *queue = cJSON_AddArrayToObject(o, "queue");
     const int n_queued = runsQueueLength(svc->runs);
@@ -638,7 +652,7 @@ static void getLogs(Service *svc, const ApiRequest *req, ApiResponse *res, const
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     /* decided under the lock the job's end takes to end its followers */
-    int live = run && (runStateIsActive(run->state) || !strcmp(svc->active_id, id));
+    int live = run && (runStateIsActive(run->state) || serviceTrainerOf(svc, id));
     Stream *s = run ? runlogRead(svc->runlog, id, tail > LONG_MAX ? LONG_MAX : (long)tail, follow && live, &err)
                     : NULL;
     pthread_mutex_unlock(&svc->lock);
@@ -666,20 +680,40 @@ static void postStacks(Service *svc, const ApiRequest *req, ApiResponse *res) {
         return;
     }
     cJSON *o = cJSON_CreateObject();
+    const int64_t now = clockMonotonicNs();
+    /* every trainer's phase; the top-level fields are the first busy one's */
+    cJSON *trainers = cJSON_AddArrayToObject(o, "trainers");
+    ServiceTrainer *first = NULL;
     pthread_mutex_lock(&svc->lock);
-    int active = svc->active_id[0] && !svc->pending;
-    TrainPhase phase = active ? (TrainPhase)atomic_load(&svc->mon.phase) : PHASE_IDLE;
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        const int active = t->active_id[0] && !t->pending;
+        if (active && !first) first = t;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "trainer", t->index);
+        addStringOrNull(e, "run_id", t->active_id);
+        cJSON_AddStringToObject(e, "phase",
+                                trainPhaseName(active ? (TrainPhase)atomic_load(&t->mon.phase) : PHASE_IDLE));
+        if (active)
+            cJSON_AddNumberToObject(e, "phase_age_s",
+                                    (double)(now - atomic_load(&t->mon.phase_since_ns)) * 1e-9);
+        else
+            cJSON_AddNullToObject(e, "phase_age_s");
+        cJSON_AddItemToArray(trainers, e);
+    }
+    if (!first) first = &svc->trainers[0];
+    const int active = first->active_id[0] && !first->pending;
+    TrainPhase phase = active ? (TrainPhase)atomic_load(&first->mon.phase) : PHASE_IDLE;
     cJSON_AddStringToObject(o, "phase", trainPhaseName(phase));
     if (active)
-        cJSON_AddNumberToObject(o, "phase_age_s",
-                                (double)(clockMonotonicNs() - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
+        cJSON_AddNumberToObject(o, "phase_age_s", (double)(now - atomic_load(&first->mon.phase_since_ns)) * 1e-9);
     else
         cJSON_AddNullToObject(o, "phase_age_s");
-    cJSON_AddNumberToObject(o, "step", (double)atomic_load(&svc->mon.step));
-    addStringOrNull(o, "run_id", svc->active_id);
+    cJSON_AddNumberToObject(o, "step", (double)atomic_load(&first->mon.step));
+    addStringOrNull(o, "run_id", first->active_id);
     pthread_mutex_unlock(&svc->lock);
     char device[640];
-    trainMonitorDescribeDevice(&svc->mon, clockMonotonicNs(), device, sizeof device);
+    trainMonitorDescribeDevice(&first->mon, now, device, sizeof device);
     cJSON_AddStringToObject(o, "device", device);
     cJSON_AddStringToObject(o, "stacks", stacks);
     logNotice("stack dump requested over the API (trainer phase %s)", trainPhaseName(phase));

@@ -608,7 +608,7 @@ int cmdServe(int argc, char **argv) {
         return 1;
     }
     Watchdog *wd = NULL;
-    if (serviceStartTrainer(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
+    if (serviceStartTrainers(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
         logError("%s", err.message);
         serverStop(srv);
         inferStop(svc->infer);

@@ -87,31 +87,48 @@ char *promRender(Service *svc, size_t *len) {
     for (int s = 0; s < RUN_STATE_COUNT; s++)
         strbufPrintf(&b, "nsad_runs{state=\"%s\"} %zu\n", runStateName((RunState)s), by_state[s]);
 
-    /* the active run and the most recent other one */
-    const Run *shown[2] = {NULL, NULL};
-    int n_shown = 0;
-    Run *active = runsFind(svc->runs, svc->active_id);
-    if (active) shown[n_shown++] = active;
+    /* the active runs (one per busy trainer) and the most recent other one */
+    const Run *shown[SERVICE_MAX_TRAINERS + 1];
+    int n_shown = 0, n_active = 0;
+    for (size_t i = svc->runs->n_runs; i-- > 0 && n_shown < SERVICE_MAX_TRAINERS;)
+        if (serviceTrainerOf(svc, svc->runs->runs[i]->id)) shown[n_shown++] = svc->runs->runs[i];
+    n_active = n_shown;
     for (size_t i = svc->runs->n_runs; i-- > 0;)
-        if (svc->runs->runs[i] != active) {
+        if (!serviceTrainerOf(svc, svc->runs->runs[i]->id)) {
             shown[n_shown++] = svc->runs->runs[i];
             break;
         }
 
-    int busy = active != NULL;
-    TrainPhase phase = busy ? (TrainPhase)atomic_load(&svc->mon.phase) : PHASE_IDLE;
-    family(&b, "nsad_trainer_busy", "gauge", "1 while a run holds the trainer.");
+    /* the trainers together: how many are busy, the phases they are in, and
+     * the longest phase and heartbeat age among them (what an alert wants) */
+    int busy = 0, in_phase[PHASE_COUNT] = {0};
+    double phase_s = 0, heartbeat_s = 0;
+    for (int i = 0; i < svc->n_trainers; i++) {
+        const ServiceTrainer *t = &svc->trainers[i];
+        if (!t->active_id[0]) continue;
+        busy++;
+        const int p = atomic_load(&t->mon.phase);
+        if (p >= 0 && p < PHASE_COUNT) in_phase[p] = 1;
+        const double ps = (double)(now - atomic_load(&t->mon.phase_since_ns)) * 1e-9;
+        const double hs = (double)(now - atomic_load(&t->mon.heartbeat_ns)) * 1e-9;
+        if (ps > phase_s) phase_s = ps;
+        if (hs > heartbeat_s) heartbeat_s = hs;
+    }
+    if (!busy) in_phase[PHASE_IDLE] = 1;
+    family(&b, "nsad_trainer_busy", "gauge", "Trainers holding a run (one per GPU set or the CPU engine).");
     strbufPrintf(&b, "nsad_trainer_busy %d\n", busy);
-    family(&b, "nsad_trainer_phase", "gauge", "1 for the phase the trainer is in.");
+    family(&b, "nsad_trainers", "gauge", "Trainers this nsad runs (one per GPU and one for the CPU engine).");
+    strbufPrintf(&b, "nsad_trainers %d\n", svc->n_trainers);
+    family(&b, "nsad_trainer_phase", "gauge", "1 for each phase a busy trainer is in (idle when none is busy).");
     for (int p = 0; p < PHASE_COUNT; p++)
-        strbufPrintf(&b, "nsad_trainer_phase{phase=\"%s\"} %d\n", trainPhaseName((TrainPhase)p), p == (int)phase);
+        strbufPrintf(&b, "nsad_trainer_phase{phase=\"%s\"} %d\n", trainPhaseName((TrainPhase)p), in_phase[p]);
     if (busy) {
-        family(&b, "nsad_trainer_phase_seconds", "gauge", "Seconds the trainer has been in its phase.");
+        family(&b, "nsad_trainer_phase_seconds", "gauge", "Seconds the longest-running busy trainer has been in its phase.");
         strbufPrintf(&b, "nsad_trainer_phase_seconds");
-        value(&b, (double)(now - atomic_load(&svc->mon.phase_since_ns)) * 1e-9);
-        family(&b, "nsad_heartbeat_age_seconds", "gauge", "Seconds since the trainer's last sign of life.");
+        value(&b, phase_s);
+        family(&b, "nsad_heartbeat_age_seconds", "gauge", "Seconds since the quietest busy trainer's last sign of life.");
         strbufPrintf(&b, "nsad_heartbeat_age_seconds");
-        value(&b, (double)(now - atomic_load(&svc->mon.heartbeat_ns)) * 1e-9);
+        value(&b, heartbeat_s);
     }
 
     if (n_shown) {
@@ -134,18 +151,22 @@ char *promRender(Service *svc, size_t *len) {
                               mfuWorldPeak(shown[i]->peak_flops, shown[i]->world, shown[i]->n_ranks));
             if (isfinite(mfu)) runSample(&b, "nsad_run_mfu", shown[i], mfu);
         }
-        family(&b, "nsad_run_eta_seconds", "gauge", "Estimated seconds until the active run completes.");
-        if (active && isfinite(runsEtaSeconds(active, clockUnixSeconds())))
-            runSample(&b, "nsad_run_eta_seconds", active, runsEtaSeconds(active, clockUnixSeconds()));
-        /* data parallelism: the active run's ranks on this node */
-        if (active && active->n_ranks > 0)
+        family(&b, "nsad_run_eta_seconds", "gauge", "Estimated seconds until an active run completes.");
+        for (int i = 0; i < n_active; i++)
+            if (isfinite(runsEtaSeconds(shown[i], clockUnixSeconds())))
+                runSample(&b, "nsad_run_eta_seconds", shown[i], runsEtaSeconds(shown[i], clockUnixSeconds()));
+        /* data parallelism: the active runs' ranks on this node */
+        int any_ranks = 0;
+        for (int i = 0; i < n_active; i++) any_ranks |= shown[i]->n_ranks > 0;
+        if (any_ranks)
             for (size_t g = 0; g < sizeof rank_gauges / sizeof rank_gauges[0]; g++) {
                 family(&b, rank_gauges[g].name, "gauge", rank_gauges[g].help);
-                for (int r = 0; r < active->n_ranks; r++) {
-                    strbufPrintf(&b, "%s{run_id=\"%s\",rank=\"%d\"}", rank_gauges[g].name, active->id,
-                                 active->ranks[r].rank);
-                    value(&b, *(const double *)((const char *)&active->ranks[r] + rank_gauges[g].offset));
-                }
+                for (int i = 0; i < n_active; i++)
+                    for (int r = 0; r < shown[i]->n_ranks; r++) {
+                        strbufPrintf(&b, "%s{run_id=\"%s\",rank=\"%d\"}", rank_gauges[g].name, shown[i]->id,
+                                     shown[i]->ranks[r].rank);
+                        value(&b, *(const double *)((const char *)&shown[i]->ranks[r] + rank_gauges[g].offset));
+                    }
             }
         family(&b, "nsad_run_state", "gauge", "1 for the run's state.");
         for (int i = 0; i < n_shown; i++)

@@ -131,6 +131,10 @@ typedef struct Run {
      * from its latest checkpoint (a resume that waited) */
     int64_t queue_order;
     int queue_resume;
+    /* what it holds while it trains (daemon/service.h, ServiceClaim), worked
+     * out from config_yaml once by the service (not in run.json) */
+    int claim_known, claim_cpu;
+    uint64_t claim_gpus;
 } Run;
 
 typedef struct RunRegistry {

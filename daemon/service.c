@@ -1,4 +1,5 @@
-/* service.c - the trainer thread and the run life cycle; see service.h. */
+/* service.c - the trainers, the scheduler and the run life cycle; see
+ * service.h. */
 #include "service.h"
 #include "clockutil.h"
 #include "fsutil.h"
@@ -70,14 +71,14 @@ void serviceCountRequest(Service *svc, int status) {
 
 /* ---- trainer hooks (trainer thread) -------------------------------------------- */
 
-static Run *activeRun(Service *svc) { return runsFind(svc->runs, svc->active_id); }
+static Run *activeRun(ServiceTrainer *t) { return runsFind(t->svc->runs, t->active_id); }
 
-static void markRunning(Service *svc, Run *run) {
+static void markRunning(ServiceTrainer *t, Run *run) {
     if (run->state == RUN_STARTING) saveState(run, RUN_RUNNING);
     if (run->state == RUN_HUNG) {
-        svc->hang_flagged_since = 0;
+        t->hang_flagged_since = 0;
         run->anomaly[0] = '\0';
-        saveState(run, svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
+        saveState(run, t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
         addEvent(run, "recovered", run->step, NULL);
         logRunNotice(run->id, "run %s: recovered from the hang, running again", run->id);
     }
@@ -85,17 +86,17 @@ static void markRunning(Service *svc, Run *run) {
 
 /* Adds a logged sample to the run's series; a run still starting (or hung)
  * is running again. Caller holds the lock. */
-static void addSample(Service *svc, Run *run, const TrainSample *s) {
+static void addSample(ServiceTrainer *t, Run *run, const TrainSample *s) {
     if (runsAddSample(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
-    markRunning(svc, run);
+    markRunning(t, run);
 }
 
 static void hookSample(void *ctx, const TrainSample *s) {
-    Service *svc = ctx;
-    pthread_mutex_lock(&svc->lock);
-    Run *run = activeRun(svc);
-    if (run) addSample(svc, run, s);
-    pthread_mutex_unlock(&svc->lock);
+    ServiceTrainer *t = ctx;
+    pthread_mutex_lock(&t->svc->lock);
+    Run *run = activeRun(t);
+    if (run) addSample(t, run, s);
+    pthread_mutex_unlock(&t->svc->lock);
 }
 
 /* The step's sample (when the trainer held it back) and its evaluation go
@@ -103,11 +104,12 @@ static void hookSample(void *ctx, const TrainSample *s) {
  * its cursor never passes a step whose validation point is still to come. */
 static void hookEval(void *ctx, const TrainSample *sample, int64_t step, double val_loss,
                      double bits_per_byte) {
-    Service *svc = ctx;
+    ServiceTrainer *t = ctx;
+    Service *svc = t->svc;
     pthread_mutex_lock(&svc->lock);
-    Run *run = activeRun(svc);
+    Run *run = activeRun(t);
     if (run) {
-        if (sample) addSample(svc, run, sample);
+        if (sample) addSample(t, run, sample);
         if (runsAddEval(run, step, clockUnixSeconds(), val_loss, bits_per_byte) != 0)
             logWarn("run %s: out of memory for the metric series", run->id);
     }
@@ -130,15 +132,16 @@ static int64_t eventStep(const cJSON *detail, int64_t fallback) {
 }
 
 static void hookEvent(void *ctx, const char *type, const char *detail_json) {
-    Service *svc = ctx;
+    ServiceTrainer *t = ctx;
+    Service *svc = t->svc;
     cJSON *detail = detail_json ? cJSON_Parse(detail_json) : NULL;
     pthread_mutex_lock(&svc->lock);
-    Run *run = activeRun(svc);
+    Run *run = activeRun(t);
     if (run) {
-        int64_t step = eventStep(detail, atomic_load(&svc->mon.step));
+        int64_t step = eventStep(detail, atomic_load(&t->mon.step));
         addEvent(run, type, step, detail_json);
         if (!strcmp(type, "start") || !strcmp(type, "resume")) {
-            markRunning(svc, run);
+            markRunning(t, run);
         } else if (!strcmp(type, "checkpoint")) {
             run->last_checkpoint_step = step;
             run->step = step > run->step ? step : run->step;
@@ -150,18 +153,19 @@ static void hookEvent(void *ctx, const char *type, const char *detail_json) {
             if (!cJSON_IsString(kind)) kind = cJSON_GetObjectItemCaseSensitive(detail, "type");
             if (cJSON_IsString(kind)) snprintf(run->anomaly, sizeof run->anomaly, "%s", kind->valuestring);
         }
-        svc->job_events |= eventBit(type);
+        t->job_events |= eventBit(type);
     }
     pthread_mutex_unlock(&svc->lock);
     cJSON_Delete(detail);
 }
 
-/* ---- the trainer thread ------------------------------------------------------------ */
+/* ---- the trainer threads ----------------------------------------------------------- */
 
-/* Records how a job ended. Caller holds the lock. */
-static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, const NsaError *terr) {
+/* Records how t's job ended. Caller holds the lock. */
+static void finishJob(ServiceTrainer *t, Run *run, int rc, const TrainResult *res, const NsaError *terr) {
+    Service *svc = t->svc;
     if (res->step > run->step) run->step = res->step;
-    if (svc->shutting_down && !svc->user_halt && res->outcome == TRAIN_HALTED) {
+    if (svc->shutting_down && !t->user_halt && res->outcome == TRAIN_HALTED) {
         /* stopped for a daemon shutdown: keep it active on disk so the next
          * nsad resumes it */
         char detail[64];
@@ -196,7 +200,7 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
                  rc != 0 && terr->message[0] ? terr->message : "the trainer failed without a message");
         break;
     }
-    if (!(svc->job_events & eventBit(event))) {
+    if (!(t->job_events & eventBit(event))) {
         cJSON *d = cJSON_CreateObject();
         if (state == RUN_FAILED) cJSON_AddStringToObject(d, "error", run->error);
         if (state == RUN_NAN_HALTED) cJSON_AddStringToObject(d, "kind", run->anomaly);
@@ -213,7 +217,8 @@ static void finishJob(Service *svc, Run *run, int rc, const TrainResult *res, co
         logRunNotice(run->id, "run %s %s at step %lld", run->id, runStateName(state), (long long)run->step);
 }
 
-static void runJob(Service *svc, const char *id, int resume) {
+static void runJob(ServiceTrainer *t, const char *id, int resume) {
+    Service *svc = t->svc;
     logBindRun(id); /* this thread's lines are the run's until the job ends */
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
@@ -221,8 +226,8 @@ static void runJob(Service *svc, const char *id, int resume) {
     char out_dir[RUN_PATH_MAX];
     snprintf(out_dir, sizeof out_dir, "%s", run ? run->out_dir : "");
     const int member = run && run->member_of[0];
-    const TrainJoin join = svc->join;
-    svc->job_events = 0;
+    const TrainJoin join = t->join;
+    t->job_events = 0;
     pthread_mutex_unlock(&svc->lock);
 
     TrainResult res;
@@ -240,8 +245,8 @@ static void runJob(Service *svc, const char *id, int resume) {
             NsaError ferr;
             if (mfuFlopsPerToken(cfg, &flops_per_token, &ferr) != 0) flops_per_token = NAN;
             pthread_mutex_lock(&svc->lock);
-            svc->deadlines = cfg->watchdog;
-            svc->hang_flagged_since = 0;
+            t->deadlines = cfg->watchdog;
+            t->hang_flagged_since = 0;
             run = runsFind(svc->runs, id);
             if (run) { /* what its MFU is counted against from now on */
                 run->flops_per_token = flops_per_token;
@@ -264,61 +269,188 @@ static void runJob(Service *svc, const char *id, int resume) {
                                 .peer_token = svc->peer_token[0] ? svc->peer_token : NULL,
                                 .join = member ? &join : NULL};
             TrainHooks hooks = {
-                .ctx = svc, .on_sample = hookSample, .on_eval = hookEval, .on_event = hookEvent};
+                .ctx = t, .on_sample = hookSample, .on_eval = hookEval, .on_event = hookEvent};
             logInfo("run %s: %s", id, resume ? "resuming from its latest checkpoint" : "starting");
-            rc = trainerRun(cfg, &opt, &svc->mon, &hooks, &res, &terr);
+            rc = svc->train(cfg, &opt, &t->mon, &hooks, &res, &terr);
         }
     }
     free(cfg);
     free(yaml);
-    trainMonitorEnter(&svc->mon, PHASE_IDLE);
+    trainMonitorEnter(&t->mon, PHASE_IDLE);
 
     pthread_mutex_lock(&svc->lock);
     run = runsFind(svc->runs, id);
-    if (run) finishJob(svc, run, rc, &res, &terr);
+    if (run) finishJob(t, run, rc, &res, &terr);
     runlogEnd(svc->runlog, id); /* after its last line: followers of the job get the end */
-    svc->active_id[0] = '\0';
-    svc->hang_flagged_since = 0;
-    atomic_store(&svc->trainer_busy, 0);
+    t->active_id[0] = '\0';
+    t->claim = (ServiceClaim){0};
+    t->hang_flagged_since = 0;
+    atomic_store(&t->busy, 0);
     pthread_mutex_unlock(&svc->lock);
     logBindRun(NULL);
 }
 
-static void queueRun(Service *svc, Run *run, int resume);
+/* ---- claims and the scheduler ------------------------------------------------------- */
 
-/* The scheduler: when the trainer is free, the head of the queue takes it.
- * One trainer, so a run's GPUs are free exactly when no run is active (see
- * proto/api.md, "The queue", for what running disjoint GPU sets at once
- * would take). Caller holds the lock. */
-static void startQueueHead(Service *svc) {
-    if (svc->shutting_down || svc->active_id[0]) return;
-    Run *run = runsQueueHead(svc->runs);
-    if (!run) return;
-    const int resume = run->queue_resume;
-    run->queue_resume = 0;
-    addEvent(run, "dequeued", run->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
-    saveState(run, RUN_STARTING);
-    queueRun(svc, run, resume);
-    logRunNotice(run->id, "run %s: its turn in the queue came; %s", run->id,
-                 resume ? "resuming from its latest checkpoint" : "starting");
+static int claimsOverlap(ServiceClaim a, ServiceClaim b) {
+    return (a.gpus & b.gpus) != 0 || (a.cpu && b.cpu);
+}
+
+static void claimAdd(ServiceClaim *into, ServiceClaim c) {
+    into->gpus |= c.gpus;
+    into->cpu |= c.cpu;
+}
+
+/* What the CUDA job with these ordinals, or a CPU job (n < 0), claims. */
+static ServiceClaim claimOfOrdinals(const int *ordinals, int n) {
+    ServiceClaim c = {0};
+    if (n < 0) c.cpu = 1;
+    for (int i = 0; i < n; i++)
+        if (ordinals[i] >= 0 && ordinals[i] < 64) c.gpus |= (uint64_t)1 << ordinals[i];
+    return c;
+}
+
+/* What run claims, worked out from its config once (run->claim_*). A config
+ * that no longer resolves (a GPU gone) claims nothing: the run starts and
+ * fails with the config's error. A device still "auto" (a run from before
+ * submissions pinned it) claims everything. Caller holds the lock. */
+static ServiceClaim claimOf(Service *svc, Run *run) {
+    if (!run->claim_known) {
+        ServiceClaim c = {0};
+        JobConfig *cfg = malloc(sizeof *cfg);
+        NsaError err;
+        if (cfg && run->config_yaml) {
+            configDefaults(cfg);
+            if (configLoadString(cfg, run->config_yaml, strlen(run->config_yaml), &err) == 0) {
+                const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+                int ordinals[TRAIN_MAX_RANKS];
+                if (cfg->runtime.device_auto) {
+                    c.cpu = 1;
+                    c.gpus = gpus >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << gpus) - 1;
+                } else if (cfg->runtime.device != NSA_DEVICE_CUDA) {
+                    c = claimOfOrdinals(NULL, -1);
+                } else {
+                    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
+                    if (n > 0) c = claimOfOrdinals(ordinals, n);
+                }
+            }
+        }
+        free(cfg);
+        run->claim_gpus = c.gpus;
+        run->claim_cpu = c.cpu;
+        run->claim_known = 1;
+    }
+    return (ServiceClaim){.gpus = run->claim_gpus, .cpu = run->claim_cpu};
+}
+
+/* What the trainers' runs hold now. Caller holds the lock. */
+static ServiceClaim heldClaims(Service *svc) {
+    ServiceClaim held = {0};
+    for (int i = 0; i < svc->n_trainers; i++)
+        if (svc->trainers[i].active_id[0]) claimAdd(&held, svc->trainers[i].claim);
+    return held;
+}
+
+static ServiceTrainer *idleTrainer(Service *svc) {
+    for (int i = 0; i < svc->n_trainers; i++)
+        if (!svc->trainers[i].active_id[0]) return &svc->trainers[i];
+    return NULL;
+}
+
+/* The idle trainer a run claiming c may take now: c is free and no run
+ * queued before it (all queued runs, unless it is queued itself: those up
+ * to before) wants any of it. NULL when it must wait. Caller holds the
+ * lock. */
+static ServiceTrainer *trainerFor(Service *svc, ServiceClaim c, const Run *queued) {
+    if (claimsOverlap(c, heldClaims(svc))) return NULL;
+    ServiceClaim ahead = {0};
+    const int n_queued = runsQueueLength(svc->runs);
+    const int before = queued ? runsQueuePosition(svc->runs, queued) : n_queued + 1;
+    for (size_t i = 0; i < svc->runs->n_runs; i++) {
+        Run *r = svc->runs->runs[i];
+        const int pos = runsQueuePosition(svc->runs, r);
+        if (pos > 0 && pos < before) claimAdd(&ahead, claimOf(svc, r));
+    }
+    if (claimsOverlap(c, ahead)) return NULL;
+    return idleTrainer(svc);
+}
+
+ServiceTrainer *serviceTrainerOf(Service *svc, const char *id) {
+    if (!id || !id[0]) return NULL;
+    for (int i = 0; i < svc->n_trainers; i++)
+        if (!strcmp(svc->trainers[i].active_id, id)) return &svc->trainers[i];
+    return NULL;
+}
+
+int serviceBusyTrainers(Service *svc) {
+    int n = 0;
+    for (int i = 0; i < SERVICE_MAX_TRAINERS; i++) n += atomic_load(&svc->trainers[i].busy) != 0;
+    return n;
+}
+
+/* Hands run to trainer t (idle). Caller holds the lock. */
+static void assignRun(ServiceTrainer *t, Run *run, int resume) {
+    Service *svc = t->svc;
+    snprintf(t->active_id, sizeof t->active_id, "%s", run->id);
+    t->claim = claimOf(svc, run);
+    t->pending = resume ? SERVICE_PENDING_RESUME : SERVICE_PENDING_START;
+    t->user_halt = 0;
+    atomic_store(&t->mon.halt_requested, 0);
+    atomic_store(&t->mon.stop_now, 0);
+    atomic_store(&t->mon.abort_requested, 0);
+    atomic_store(&t->mon.step, run->step);
+    trainMonitorEnter(&t->mon, PHASE_STARTING);
+    atomic_store(&t->busy, 1);
+    pthread_cond_broadcast(&svc->wake);
+}
+
+/* The scheduler: queued runs, in queue order, take idle trainers while
+ * their claims are free and no run before them wants what they claim (see
+ * service.h). Caller holds the lock. */
+static void schedule(Service *svc) {
+    if (svc->shutting_down) return;
+    for (;;) {
+        Run *next = NULL;
+        ServiceTrainer *t = NULL;
+        const int n_queued = runsQueueLength(svc->runs);
+        for (int pos = 1; pos <= n_queued && !next; pos++)
+            for (size_t i = 0; i < svc->runs->n_runs; i++) {
+                Run *r = svc->runs->runs[i];
+                if (runsQueuePosition(svc->runs, r) != pos) continue;
+                if ((t = trainerFor(svc, claimOf(svc, r), r))) next = r;
+                break;
+            }
+        if (!next) return;
+        const int resume = next->queue_resume;
+        next->queue_resume = 0;
+        addEvent(next, "dequeued", next->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
+        saveState(next, RUN_STARTING); /* it leaves the queue */
+        assignRun(t, next, resume);
+        logRunNotice(next->id, "run %s: its turn in the queue came; %s", next->id,
+                     resume ? "resuming from its latest checkpoint" : "starting");
+    }
 }
 
 static void *trainerThread(void *arg) {
-    Service *svc = arg;
-    if (stackdumpRegisterThread("trainer") != 0)
-        logWarn("the trainer thread is not in stack dumps: %s", strerror(errno));
+    ServiceTrainer *t = arg;
+    Service *svc = t->svc;
+    char name[32];
+    snprintf(name, sizeof name, t->index ? "trainer %d" : "trainer", t->index);
+    if (stackdumpRegisterThread(name) != 0)
+        logWarn("the %s thread is not in stack dumps: %s", name, strerror(errno));
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
-        atomic_store(&svc->trainer_tick_ns, clockMonotonicNs());
-        startQueueHead(svc);
-        if (svc->pending) {
+        atomic_store(&t->tick_ns, clockMonotonicNs());
+        schedule(svc);
+        if (t->pending) {
             char id[RUN_ID_MAX];
-            snprintf(id, sizeof id, "%s", svc->active_id);
-            int resume = svc->pending == SERVICE_PENDING_RESUME;
-            svc->pending = SERVICE_PENDING_NONE;
+            snprintf(id, sizeof id, "%s", t->active_id);
+            int resume = t->pending == SERVICE_PENDING_RESUME;
+            t->pending = SERVICE_PENDING_NONE;
             pthread_mutex_unlock(&svc->lock);
-            runJob(svc, id, resume);
+            runJob(t, id, resume);
             pthread_mutex_lock(&svc->lock);
+            pthread_cond_broadcast(&svc->wake); /* what it held is free: others may start */
             continue;
         }
         const struct timespec until = clockRealtimeAfterMs(500);
@@ -329,25 +461,15 @@ static void *trainerThread(void *arg) {
     return NULL;
 }
 
-/* Hands run to the trainer thread. Caller holds the lock and checked that
- * nothing is active. */
-static void queueRun(Service *svc, Run *run, int resume) {
-    snprintf(svc->active_id, sizeof svc->active_id, "%s", run->id);
-    svc->pending = resume ? SERVICE_PENDING_RESUME : SERVICE_PENDING_START;
-    svc->user_halt = 0;
-    atomic_store(&svc->mon.halt_requested, 0);
-    atomic_store(&svc->mon.stop_now, 0);
-    atomic_store(&svc->mon.step, run->step);
-    trainMonitorEnter(&svc->mon, PHASE_STARTING);
-    atomic_store(&svc->trainer_busy, 1);
-    pthread_cond_signal(&svc->wake);
-}
-
 /* ---- life cycle ---------------------------------------------------------------------- */
 
-/* Picks up what a previous nsad left active. Caller holds the lock. */
+/* Picks up what a previous nsad left active: every run that was starting,
+ * running or hung resumes from its latest checkpoint (the newest at once on
+ * the first trainer, the others through the queue, at its front, in their
+ * order, as their claims allow once the trainers start). Caller holds the
+ * lock. */
 static void recoverRuns(Service *svc) {
-    Run *resume = NULL;
+    Run *newest = NULL;
     for (size_t i = svc->runs->n_runs; i-- > 0;) {
         Run *run = svc->runs->runs[i];
         if (run->state == RUN_HALTING) {
@@ -361,26 +483,25 @@ static void recoverRuns(Service *svc) {
                      "resume it on its coordinator", run->member_of);
             saveState(run, RUN_FAILED);
         } else if (runStateIsActive(run->state)) {
-            if (!resume) {
-                resume = run;
+            run->restarts++;
+            char detail[128];
+            snprintf(detail, sizeof detail, "{\"from_state\":\"%s\",\"last_checkpoint_step\":%lld}",
+                     runStateName(run->state), (long long)run->last_checkpoint_step);
+            addEvent(run, "restart", run->last_checkpoint_step, detail);
+            run->anomaly[0] = '\0';
+            logRunNotice(run->id, "run %s was active when nsad stopped; resuming it from its latest "
+                         "checkpoint (step %lld)", run->id, (long long)run->last_checkpoint_step);
+            if (!newest) {
+                newest = run;
+                saveState(run, RUN_STARTING);
+                assignRun(&svc->trainers[0], run, 1);
                 continue;
             }
-            addEvent(run, "restart", run->step,
-                     "{\"note\":\"nsad restarted; a newer run was resumed instead\"}");
-            saveState(run, RUN_HALTED);
+            /* older ones go to the front, each before the one after it */
+            NsaError qerr;
+            if (runsEnqueue(svc->runs, run, 1, 1, &qerr) != 0) logRunWarn(run->id, "run %s: %s", run->id, qerr.message);
         }
     }
-    if (!resume) return;
-    resume->restarts++;
-    char detail[128];
-    snprintf(detail, sizeof detail, "{\"from_state\":\"%s\",\"last_checkpoint_step\":%lld}",
-             runStateName(resume->state), (long long)resume->last_checkpoint_step);
-    addEvent(resume, "restart", resume->last_checkpoint_step, detail);
-    resume->anomaly[0] = '\0';
-    saveState(resume, RUN_STARTING);
-    queueRun(svc, resume, 1);
-    logRunNotice(resume->id, "run %s was active when nsad stopped; resuming it from its latest checkpoint (step %lld)",
-              resume->id, (long long)resume->last_checkpoint_step);
 }
 
 Service *serviceOpen(const char *state_dir, NsaError *err) {
@@ -405,12 +526,19 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
     pthread_condattr_init(&attr);
     pthread_cond_init(&svc->wake, &attr);
     pthread_condattr_destroy(&attr);
-    trainMonitorInit(&svc->mon);
+    for (int i = 0; i < SERVICE_MAX_TRAINERS; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        t->svc = svc;
+        t->index = i;
+        trainMonitorInit(&t->mon);
+        atomic_store(&t->tick_ns, clockMonotonicNs());
+    }
+    svc->n_trainers = 1;
     svc->memory_plan = nsaModelMemoryPlan;
+    svc->train = trainerRun;
     snprintf(svc->devices.description, sizeof svc->devices.description, "no device probe made");
     svc->started_unix = clockUnixSeconds();
     svc->started_ns = clockMonotonicNs();
-    atomic_store(&svc->trainer_tick_ns, svc->started_ns);
     atomic_store(&svc->http_tick_ns, svc->started_ns);
     pthread_mutex_lock(&svc->lock);
     recoverRuns(svc);
@@ -444,54 +572,83 @@ void serviceSetListeners(Service *svc, const char *listen_url, const char *socke
     pthread_mutex_unlock(&svc->lock);
 }
 
-int serviceStartTrainer(Service *svc, NsaError *err) {
-    int rc = pthread_create(&svc->trainer, NULL, trainerThread, svc);
-    if (rc != 0) {
-        fail(err, SVC_INTERNAL, "cannot start the trainer thread: %s", strerror(rc));
-        return -1;
+int serviceStartTrainers(Service *svc, NsaError *err) {
+    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    pthread_mutex_lock(&svc->lock);
+    svc->n_trainers = 1 + (gpus < SERVICE_MAX_TRAINERS - 1 ? gpus : SERVICE_MAX_TRAINERS - 1);
+    /* claims worked out before the devices were known are redone */
+    for (size_t i = 0; i < svc->runs->n_runs; i++) svc->runs->runs[i]->claim_known = 0;
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
+        if (run) t->claim = claimOf(svc, run);
     }
-    svc->trainer_started = 1;
+    pthread_mutex_unlock(&svc->lock);
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        int rc = pthread_create(&t->thread, NULL, trainerThread, t);
+        if (rc != 0) {
+            fail(err, SVC_INTERNAL, "cannot start trainer thread %d: %s", i, strerror(rc));
+            serviceShutdown(svc, 5, TRAIN_HALT_SHUTDOWN);
+            return -1;
+        }
+        t->started = 1;
+    }
     return 0;
 }
 
 int serviceShutdown(Service *svc, double timeout_s, int why) {
     pthread_mutex_lock(&svc->lock);
     svc->shutting_down = why > 0 ? why : TRAIN_HALT_SHUTDOWN;
-    if (svc->active_id[0]) {
-        if (svc->pending) {
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        if (!t->active_id[0]) continue;
+        if (t->pending) {
             /* never started: it stays active on disk and resumes next time */
-            svc->pending = SERVICE_PENDING_NONE;
-            svc->active_id[0] = '\0';
+            t->pending = SERVICE_PENDING_NONE;
+            t->active_id[0] = '\0';
+            atomic_store(&t->busy, 0);
         } else {
-            atomic_store(&svc->mon.halt_requested, svc->shutting_down);
+            atomic_store(&t->mon.halt_requested, svc->shutting_down);
         }
     }
     pthread_cond_broadcast(&svc->wake);
     pthread_mutex_unlock(&svc->lock);
-    if (!svc->trainer_started) return 0;
     int64_t start = clockMonotonicNs();
     int64_t abandon_at = start + (int64_t)(timeout_s * 0.5e9), until = start + (int64_t)(timeout_s * 1e9);
-    for (;;) {
-        const struct timespec abs = clockRealtimeAfterMs(1000);
-        if (pthread_timedjoin_np(svc->trainer, NULL, &abs) == 0) {
-            svc->trainer_started = 0;
-            return 0;
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        while (t->started) {
+            const struct timespec abs = clockRealtimeAfterMs(1000);
+            if (pthread_timedjoin_np(t->thread, NULL, &abs) == 0) {
+                t->started = 0;
+                break;
+            }
+            int64_t now = clockMonotonicNs();
+            if (now > abandon_at) {
+                /* a stuck step never reaches its checkpoint: give it up, the
+                 * run resumes from its previous checkpoint */
+                for (int j = 0; j < svc->n_trainers; j++) {
+                    ServiceTrainer *u = &svc->trainers[j];
+                    if (u->started && atomic_load(&u->busy) && !atomic_load(&u->mon.stop_now)) {
+                        char name[24] = "the trainer";
+                        if (u->index) snprintf(name, sizeof name, "trainer %d", u->index);
+                        logWarn("%s did not checkpoint within %.0f s; abandoning the step without a "
+                                "checkpoint", name, timeout_s * 0.5);
+                        atomic_store(&u->mon.stop_now, 1);
+                    }
+                }
+            }
+            if (now > until) return -1;
         }
-        int64_t now = clockMonotonicNs();
-        if (now > abandon_at && !atomic_load(&svc->mon.stop_now)) {
-            /* a stuck step never reaches its checkpoint: give it up, the run
-             * resumes from its previous checkpoint */
-            logWarn("the trainer did not checkpoint within %.0f s; abandoning the step without a checkpoint",
-                    timeout_s * 0.5);
-            atomic_store(&svc->mon.stop_now, 1);
-        }
-        if (now > until) return -1;
     }
+    return 0;
 }
 
 void serviceClose(Service *svc) {
     if (!svc) return;
-    if (svc->trainer_started) return; /* still running: leak rather than free under it */
+    for (int i = 0; i < svc->n_trainers; i++)
+        if (svc->trainers[i].started) return; /* still running: leak rather than free under it */
     runlogClose(svc->runlog);
     runsClose(svc->runs);
     pthread_cond_destroy(&svc->wake);
@@ -501,16 +658,31 @@ void serviceClose(Service *svc) {
 
 /* ---- commands (HTTP thread) --------------------------------------------------------- */
 
-static ServiceStatus busy(Service *svc, NsaError *err) {
-    Run *run = activeRun(svc);
-    return fail(err, SVC_BUSY, "the trainer is busy with run %s (%s); halt it first or wait", svc->active_id,
-                run ? runStateName(run->state) : "starting");
+/* Names what a run claiming c waits for: the run holding part of it, or
+ * the queued run before it that wants part of it. Caller holds the lock. */
+static ServiceStatus busy(Service *svc, ServiceClaim c, NsaError *err) {
+    for (int i = 0; i < svc->n_trainers; i++) {
+        ServiceTrainer *t = &svc->trainers[i];
+        Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
+        if (run && claimsOverlap(c, t->claim))
+            return fail(err, SVC_BUSY, "run %s (%s) holds %s this run needs; halt it first or wait", run->id,
+                        runStateName(run->state), c.cpu ? "the CPU engine" : "GPUs");
+    }
+    if (!idleTrainer(svc)) return fail(err, SVC_BUSY, "every trainer is busy; halt a run first or wait");
+    return fail(err, SVC_BUSY, "%d queued run%s wait%s for what this run needs; wait or queue it",
+                runsQueueLength(svc->runs), runsQueueLength(svc->runs) == 1 ? "" : "s",
+                runsQueueLength(svc->runs) == 1 ? "s" : "");
 }
 
-/* 1 when a new run must wait: a run holds the trainer or others wait
- * before it (first come, first started). Caller holds the lock. */
-static int mustWait(Service *svc) {
-    return svc->active_id[0] || runsQueueLength(svc->runs) > 0;
+/* What the CUDA job cfg (device pinned) claims; a CPU job claims the CPU
+ * engine. Its GPU ordinals resolve against this nsad's devices. */
+static ServiceClaim claimOfConfig(Service *svc, const JobConfig *cfg) {
+    if (cfg->runtime.device != NSA_DEVICE_CUDA) return claimOfOrdinals(NULL, -1);
+    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    int ordinals[TRAIN_MAX_RANKS];
+    NsaError err;
+    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
+    return claimOfOrdinals(ordinals, n > 0 ? n : 0);
 }
 
 static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
@@ -637,11 +809,15 @@ static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks
     }
     ServiceStatus st = checkDataPath(&cfg->data, err);
     if (st != SVC_OK) return st;
-    /* a busy trainer holds GPU memory: the plan is made only against an
-     * idle one (a run queued behind it meets the engine's own check when
-     * it starts) */
-    if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan && !atomic_load(&svc->trainer_busy))
-        return checkFits(svc, cfg, ordinals, n, n + other_ranks, err);
+    /* a running job holds GPU memory: the plan is made only against GPUs
+     * no run holds (a run queued behind one meets the engine's own check
+     * when it starts) */
+    if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan) {
+        pthread_mutex_lock(&svc->lock);
+        const int held = claimsOverlap(claimOfOrdinals(ordinals, n), heldClaims(svc));
+        pthread_mutex_unlock(&svc->lock);
+        if (!held) return checkFits(svc, cfg, ordinals, n, n + other_ranks, err);
+    }
     return SVC_OK;
 }
 
@@ -689,11 +865,15 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                                     char *id_out, NsaError *err) {
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);
-    const int wait = member_of ? svc->active_id[0] != '\0' : mustWait(svc);
+    const ServiceClaim claim = claimOfConfig(svc, cfg);
+    /* a member never waits for the queue: its coordinator starts the job now */
+    ServiceTrainer *t = member_of ? (claimsOverlap(claim, heldClaims(svc)) ? NULL : idleTrainer(svc))
+                                  : trainerFor(svc, claim, NULL);
+    const int wait = t == NULL;
     if (svc->shutting_down) {
         st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
     } else if (wait && (!may_queue || member_of)) {
-        st = busy(svc, err);
+        st = busy(svc, claim, err);
     } else {
         /* the run's out_dir lives under the state dir: store the resolved
          * config with it so the file says what the trainer does */
@@ -715,9 +895,12 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
             if (!yaml || runsSetConfig(run, yaml, &werr) != 0)
                 logWarn("run %s: config.yaml keeps the submitted out_dir: %s", run->id, werr.message);
             free(yaml);
+            run->claim_gpus = claim.gpus;
+            run->claim_cpu = claim.cpu;
+            run->claim_known = 1;
             if (member_of) {
                 snprintf(run->member_of, sizeof run->member_of, "%s", member_of);
-                svc->join = *join;
+                t->join = *join;
                 NsaError serr;
                 if (runsSave(run, &serr) != 0) logWarn("run %s: %s", run->id, serr.message);
             }
@@ -729,9 +912,8 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                 logRunNotice(run->id, "run %s created (%s, %lld steps, %s) and queued at position %d", run->id,
                              run->name, (long long)run->total_steps, run->device,
                              runsQueuePosition(svc->runs, run));
-                pthread_cond_signal(&svc->wake); /* an idle trainer takes the head */
             } else {
-                queueRun(svc, run, 0);
+                assignRun(t, run, 0);
                 logRunNotice(run->id, "run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
                              (long long)run->total_steps, run->device,
                              member_of ? ": ranks of the multi-node job " : "", member_of ? member_of : "");
@@ -761,8 +943,9 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
         st = fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     } else if (!j->start) {
         pthread_mutex_lock(&svc->lock);
+        const ServiceClaim claim = claimOfConfig(svc, cfg);
         if (svc->shutting_down) st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
-        else if (svc->active_id[0]) st = busy(svc, err);
+        else if (claimsOverlap(claim, heldClaims(svc)) || !idleTrainer(svc)) st = busy(svc, claim, err);
         pthread_mutex_unlock(&svc->lock);
         /* what the coordinator checked at submit, against this node's
          * devices and files (its own ranks are one or more) */
@@ -796,12 +979,14 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
         addEvent(run, "halt", run->step, "{\"note\":\"left the queue\"}");
         saveState(run, RUN_HALTED);
         logRunNotice(id, "run %s: halted while queued; it left the queue", id);
-    } else if (!runStateIsActive(run->state) || strcmp(svc->active_id, id) != 0) {
+        pthread_cond_broadcast(&svc->wake); /* a run behind it may start now */
+    } else if (!runStateIsActive(run->state) || !serviceTrainerOf(svc, id)) {
         st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a queued, starting, running or hung run", id,
                   runStateName(run->state));
     } else {
-        svc->user_halt = 1;
-        atomic_store(&svc->mon.halt_requested, TRAIN_HALT_REQUEST);
+        ServiceTrainer *t = serviceTrainerOf(svc, id);
+        t->user_halt = 1;
+        atomic_store(&t->mon.halt_requested, TRAIN_HALT_REQUEST);
         addEvent(run, "halt_requested", run->step, NULL);
         saveState(run, RUN_HALTING);
         logRunNotice(id, "run %s: halt requested at step %lld", id, (long long)run->step);
@@ -829,7 +1014,7 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
     Run *run = runsFind(svc->runs, id);
     if (!run) {
         st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
-    } else if (runStateIsActive(run->state) || !strcmp(svc->active_id, id)) {
+    } else if (runStateIsActive(run->state) || serviceTrainerOf(svc, id)) {
         st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt it (and let it stop) before deleting it", id,
                   runStateName(run->state));
     } else {
@@ -877,9 +1062,9 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
         st = fail(err, SVC_INVALID_STATE, "run %s is this node's part of the multi-node job %s; resume "
                                           "that run on its coordinator (it brings this node back in)",
                   id, run->member_of);
-    } else if (mustWait(svc) && !may_queue) {
-        st = busy(svc, err);
-    } else if (mustWait(svc)) {
+    } else if (!trainerFor(svc, claimOf(svc, run), NULL) && !may_queue) {
+        st = busy(svc, claimOf(svc, run), err);
+    } else if (!trainerFor(svc, claimOf(svc, run), NULL)) {
         run->anomaly[0] = '\0';
         run->error[0] = '\0';
         addEvent(run, "resume_requested", run->step, NULL);
@@ -890,13 +1075,12 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
         addEvent(run, "queued", run->step, detail);
         logRunNotice(id, "run %s: resume queued at position %d (latest checkpoint: step %lld)", id,
                      runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
-        pthread_cond_signal(&svc->wake);
     } else {
         run->anomaly[0] = '\0';
         run->error[0] = '\0';
         addEvent(run, "resume_requested", run->step, NULL);
         saveState(run, RUN_STARTING);
-        queueRun(svc, run, 1);
+        assignRun(trainerFor(svc, claimOf(svc, run), NULL), run, 1);
         logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
                   (long long)run->last_checkpoint_step);
     }
@@ -920,6 +1104,7 @@ ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err) {
         } else {
             addEvent(run, "queue_front", run->step, NULL);
             logRunNotice(id, "run %s: moved to the front of the queue", id);
+            pthread_cond_broadcast(&svc->wake); /* no run before it now: it may start */
         }
     }
     pthread_mutex_unlock(&svc->lock);

@@ -1,13 +1,21 @@
 /* service.h - what `nsad serve` shares between its threads: the run
- * registry, the trainer thread that owns the engine (GPUs or CPU), the
- * TrainMonitor the watchdog and the API read, and the daemon's counters.
+ * registry, the trainers that own the engine (each a thread that runs one
+ * job at a time on the GPUs, or the CPU, that job claims), the TrainMonitor
+ * of each that the watchdog and the API read, and the daemon's counters.
  *
  * Threads: the HTTP thread calls serviceCreateRun / serviceHaltRun /
- * serviceResumeRun and reads the registry under svc->lock; the trainer
- * thread runs one job at a time (trainerRun), takes the head of the queue
- * (runs in state queued) whenever it is free, and records its news under the
- * same lock; the watchdog reads the monitor atomics and takes the lock to
- * mark a run hung. Nobody holds the lock across slow work. */
+ * serviceResumeRun and reads the registry under svc->lock; the scheduler
+ * (serviceSchedule, under the lock) hands queued runs to idle trainers in
+ * queue order as their GPUs come free, and each trainer thread runs its job
+ * (trainerRun) and records its news under the same lock; the watchdog
+ * reads the monitors' atomics and takes the lock to mark a run hung.
+ * Nobody holds the lock across slow work.
+ *
+ * Claims: a CUDA run claims the GPUs runtime.gpus names (all of them by
+ * default), a CPU run claims the CPU engine. Runs whose claims are
+ * disjoint train at once, each on its own trainer; a queued run starts
+ * when its claim is free and no run queued before it wants any of it (so a
+ * small run may pass a big one waiting for busy GPUs, never delay it). */
 #ifndef NSAD_SERVICE_H
 #define NSAD_SERVICE_H
 
@@ -23,10 +31,12 @@
 #define SERVICE_HTTP_CODES 16
 /* GPUs whose peak matrix rate the service keeps (MFU). */
 #define SERVICE_MAX_GPUS 64
+/* Trainers one nsad runs: one per GPU and one for the CPU engine, at most. */
+#define SERVICE_MAX_TRAINERS 17
 
 typedef enum ServiceStatus {
     SVC_OK = 0,
-    SVC_BUSY,           /* another run holds the trainer (409 busy) */
+    SVC_BUSY,           /* another run holds what this one claims (409 busy) */
     SVC_NOT_FOUND,      /* no such run (404) */
     SVC_INVALID_STATE,  /* the run's state forbids it (409 invalid_state) */
     SVC_INVALID_CONFIG, /* the job config did not load (400 invalid_config) */
@@ -39,28 +49,57 @@ typedef enum ServiceStatus {
 typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
                                    NsaMemoryReport *out, int *max_batch_fits, NsaError *err);
 
-/* What the trainer thread is to do with the active run it has not taken yet. */
+/* Runs a job (trainerRun's contract); tests put a stand-in in
+ * Service.train. */
+typedef int (*ServiceTrainFn)(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
+                              const TrainHooks *hooks, TrainResult *res, NsaError *err);
+
+/* What a run holds while it trains: GPU ordinals (bit g: GPU g) or the CPU
+ * engine. A run whose config no longer resolves claims nothing and fails
+ * with the config's error when it starts. */
+typedef struct ServiceClaim {
+    uint64_t gpus;
+    int cpu;
+} ServiceClaim;
+
+/* What a trainer thread is to do with the active run it has not taken yet. */
 enum { SERVICE_PENDING_NONE = 0, SERVICE_PENDING_START = 1, SERVICE_PENDING_RESUME = 2 };
+
+struct Service;
+
+/* One trainer: a thread, the run it holds and that run's monitor. */
+typedef struct ServiceTrainer {
+    struct Service *svc;
+    int index;                  /* 0 .. n_trainers-1; thread "trainer" (0), "trainer N" */
+    TrainMonitor mon;
+    /* under svc->lock: */
+    char active_id[RUN_ID_MAX]; /* the run it holds, "" when idle */
+    int pending;                /* SERVICE_PENDING_*: the run waits for the thread */
+    int user_halt;              /* the run's halt came from a user */
+    unsigned job_events;        /* ending events the trainer reported (eventBit) */
+    ServiceClaim claim;         /* what the run holds */
+    TrainJoin join;             /* a member run's part in its multi-node job */
+    WatchdogConfig deadlines;   /* the job's phase deadlines */
+    int64_t hang_flagged_since; /* phase_since_ns the watchdog flagged, 0 none */
+    RunState state_before_hang; /* what a recovered run goes back to (running or halting) */
+    char last_dump[RUN_PATH_MAX]; /* the latest hang dump file */
+    /* atomics, read without the lock: */
+    _Atomic int64_t tick_ns;    /* the idle thread's last loop */
+    _Atomic int busy;
+    pthread_t thread;
+    int started;
+} ServiceTrainer;
 
 typedef struct Service {
     pthread_mutex_t lock;
-    pthread_cond_t wake; /* the trainer thread waits on it */
+    pthread_cond_t wake; /* the trainer threads wait on it */
     RunRegistry *runs;
-    TrainMonitor mon;
+    ServiceTrainer trainers[SERVICE_MAX_TRAINERS];
+    int n_trainers;      /* set by serviceStartTrainers (1 until then) */
     /* under lock: */
-    char active_id[RUN_ID_MAX]; /* the run holding the trainer, "" when idle */
-    int pending;                /* SERVICE_PENDING_*: the active run waits for the trainer thread */
-    int user_halt;              /* the active run's halt came from a user */
     int shutting_down;          /* a TrainHaltReason once serviceShutdown began, else 0 */
-    unsigned job_events;          /* ending events the trainer reported (eventBit) */
-    WatchdogConfig deadlines;     /* the active job's phase deadlines */
-    int64_t hang_flagged_since;   /* phase_since_ns the watchdog flagged, 0 none */
-    RunState state_before_hang;   /* what a recovered run goes back to (running or halting) */
-    char last_dump[RUN_PATH_MAX]; /* the latest hang dump file */
     /* atomics, read without the lock: */
-    _Atomic int64_t trainer_tick_ns; /* the idle trainer thread's last loop */
     _Atomic int64_t http_tick_ns;    /* the HTTP thread's last loop */
-    _Atomic int trainer_busy;
     _Atomic uint64_t hangs_total, anomalies_total;
     _Atomic uint64_t http_requests[SERVICE_HTTP_CODES];
     /* set before the HTTP thread starts, read-only after: */
@@ -69,22 +108,24 @@ typedef struct Service {
     char listen_url[300];
     char socket_path[RUN_PATH_MAX];
     ServiceMemoryPlanFn memory_plan; /* nsaModelMemoryPlan */
+    ServiceTrainFn train;            /* trainerRun */
     double started_unix;
     int64_t started_ns;
-    pthread_t trainer;
-    int trainer_started;
     struct Infer *infer; /* sample and eval jobs (daemon/infer.c); set by cmd_serve, or NULL */
     /* multi-node: the token this nsad presents to the other nodes of a job
-     * it coordinates ("" without auth; the nodes of a job share one), and
-     * the part a queued member run plays (under lock) */
+     * it coordinates ("" without auth; the nodes of a job share one) */
     char peer_token[AUTH_TOKEN_MAX];
-    TrainJoin join;
     struct RunLog *runlog; /* each run's log lines (daemon/runlog.c); serviceOpen makes it */
     /* under lock: each GPU's peak dense bf16 matrix rate in FLOP/s (0: not
      * known), for MFU; serviceSetPeakFlops */
     double gpu_peak_flops[SERVICE_MAX_GPUS];
     int n_gpus;
 } Service;
+
+/* The trainer holding run id, or NULL. Caller holds the lock. */
+ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
+/* Trainers holding a run now (0 when all are idle). Lock-free. */
+int serviceBusyTrainers(Service *svc);
 
 /* Opens the registry in state_dir and prepares the pick-up of runs a
  * previous nsad left active: the newest one that was starting, running or
@@ -108,21 +149,22 @@ void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *pro
  * "" for none), for the version route. Takes the lock. Cannot fail. */
 void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path);
 
-/* Starts the trainer thread (which picks up a queued run at once). Returns 0
- * or -1 with err. */
-int serviceStartTrainer(Service *svc, NsaError *err);
+/* Starts the trainer threads - one for the CPU engine and one per GPU of
+ * serviceSetDevices, at most SERVICE_MAX_TRAINERS - which pick up queued
+ * runs at once. Returns 0 or -1 with err (then none runs). */
+int serviceStartTrainers(Service *svc, NsaError *err);
 
-/* Asks an active run to checkpoint and stop without marking it halted (the
- * next nsad resumes it), waits for the trainer thread and joins it. why (a
+/* Asks every active run to checkpoint and stop without marking it halted
+ * (the next nsad resumes it), waits for the trainer threads and joins them. why (a
  * TrainHaltReason: TRAIN_HALT_SIGTERM, _SIGINT or _SHUTDOWN) is what the
  * run's heartbeat, events and the log say stopped it. After half of
- * timeout_s it asks the trainer to stop at once, without a checkpoint (a
- * stuck step never reaches one). Returns 0 when the trainer stopped, -1
- * when it did not within timeout_s (the caller exits anyway; the run's
+ * timeout_s it asks the trainers to stop at once, without a checkpoint (a
+ * stuck step never reaches one). Returns 0 when every trainer stopped, -1
+ * when one did not within timeout_s (the caller exits anyway; the run's
  * record still says it was active). */
 int serviceShutdown(Service *svc, double timeout_s, int why);
 
-/* Frees everything. The trainer thread must have stopped (serviceShutdown)
+/* Frees everything. The trainer threads must have stopped (serviceShutdown)
  * or never started. NULL is a no-op. */
 void serviceClose(Service *svc);
 
@@ -132,13 +174,13 @@ typedef struct ServiceWarnings {
     char text[CONFIG_MAX_WARNINGS][256];
 } ServiceWarnings;
 
-/* Creates a run from a job config (YAML or JSON text) and hands it to the
- * trainer, or queues it (state queued, at the back) while a run holds the
- * trainer or others wait. name may be NULL. Refuses (SVC_INVALID_CONFIG)
+/* Creates a run from a job config (YAML or JSON text) and hands it to an
+ * idle trainer, or queues it (state queued, at the back) while a run holds
+ * what it claims or others wait before it. name may be NULL. Refuses (SVC_INVALID_CONFIG)
  * what cannot run here before any run exists: runtime.device cuda without
  * a usable GPU, a data.path that does not exist or cannot be read, a CUDA
- * job whose memory plan exceeds the GPU's free memory (checked while the
- * trainer is idle; a queued run meets the engine's own check when it
+ * job whose memory plan exceeds its GPUs' free memory (checked while no
+ * run holds them; a queued run meets the engine's own check when it
  * starts);
  * runtime.device auto becomes what this nsad has (cuda with a usable GPU,
  * else cpu) in the run's config. On SVC_OK copies the new id into id_out
@@ -156,7 +198,7 @@ ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t l
 /* A coordinator's request to join its multi-node job (POST /api/v1/join):
  * prepare answers how many ranks this node brings (its GPUs for the
  * config, or its CPU ranks) in *local, and checks the config and that no
- * run is active; start creates and queues the member run (named after the
+ * run holds what it claims; start creates and queues the member run (named after the
  * coordinator's run, its runtime.nodes cleared) that plays the part
  * `join` describes, and copies its id into id_out. Returns SVC_OK,
  * SVC_INVALID_CONFIG, SVC_BUSY, SVC_UNAVAILABLE or SVC_INTERNAL with err.
@@ -176,19 +218,19 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
 ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err);
 
 /* Restarts a halted, nan_halted or failed run from its latest checkpoint;
- * while the trainer is busy or others wait, queues it at the back (it
+ * while a run holds what it claims or others wait, queues it at the back (it
  * resumes on its turn), or with may_queue 0 answers SVC_BUSY. Takes the
  * lock. */
 ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaError *err);
 
-/* Moves a queued run to the front of the queue (it starts next; the run
- * holding the trainer keeps it). Returns SVC_NOT_FOUND, SVC_INVALID_STATE
+/* Moves a queued run to the front of the queue (it starts next; running
+ * runs keep their trainers). Returns SVC_NOT_FOUND, SVC_INVALID_STATE
  * (not queued) or SVC_INTERNAL (run.json not written) with err. Takes the
  * lock. */
 ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err);
 
 /* Deletes a run that is not active (not starting, running, halting or hung,
- * and not holding the trainer): its record leaves the registry at once and
+ * and not holding a trainer): its record leaves the registry at once and
  * its directory - config, logs, checkpoints - is moved aside at once and
  * removed by a detached thread (slow work stays off the caller's thread).
  * Returns SVC_NOT_FOUND, SVC_INVALID_STATE (halt it first) or SVC_INTERNAL

@@ -78,40 +78,42 @@ static void logLines(int level, const char *prefix, const char *text) {
     }
 }
 
-int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
-    TrainMonitor *mon = &svc->mon;
+/* watchdogCheck for one trainer. */
+static int checkTrainer(ServiceTrainer *t, int64_t now_ns, char *dump_path, size_t cap) {
+    Service *svc = t->svc;
+    TrainMonitor *mon = &t->mon;
     pthread_mutex_lock(&svc->lock);
-    Run *run = runsFind(svc->runs, svc->active_id);
+    Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
     TrainPhase phase = (TrainPhase)atomic_load(&mon->phase);
     int64_t since = atomic_load(&mon->phase_since_ns);
-    if (svc->hang_flagged_since && since != svc->hang_flagged_since) {
+    if (t->hang_flagged_since && since != t->hang_flagged_since) {
         /* the stuck phase ended: the trainer is moving again (a run halted
          * while hung stays halting) */
-        svc->hang_flagged_since = 0;
+        t->hang_flagged_since = 0;
         if (run && run->state == RUN_HUNG) {
             run->anomaly[0] = '\0';
             NsaError err;
-            RunState back = svc->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING;
+            RunState back = t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING;
             if (runsSetState(run, back, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
             if (runsAddEvent(run, "recovered", run->step, NULL, &err) != 0)
                 logWarn("run %s: %s", run->id, err.message);
             logRunNotice(run->id, "run %s: the stuck phase ended; running again", run->id);
         }
     }
-    double deadline = serviceDeadline(&svc->deadlines, phase);
+    double deadline = serviceDeadline(&t->deadlines, phase);
     double age = (double)(now_ns - since) * 1e-9;
-    int overrun = run && !svc->pending && deadline > 0 && age > deadline &&
-                  svc->hang_flagged_since != since && run->state != RUN_HUNG;
+    int overrun = run && !t->pending && deadline > 0 && age > deadline &&
+                  t->hang_flagged_since != since && run->state != RUN_HUNG;
     if (!overrun) {
         pthread_mutex_unlock(&svc->lock);
         return 0;
     }
-    svc->hang_flagged_since = since;
+    t->hang_flagged_since = since;
     char id[RUN_ID_MAX], out_dir[RUN_PATH_MAX];
     snprintf(id, sizeof id, "%s", run->id);
     snprintf(out_dir, sizeof out_dir, "%s", run->out_dir);
     int64_t step = atomic_load(&mon->step);
-    HangPolicy policy = svc->deadlines.on_hang;
+    HangPolicy policy = t->deadlines.on_hang;
     pthread_mutex_unlock(&svc->lock);
 
     /* the slow part runs unlocked: the HTTP thread keeps answering */
@@ -145,9 +147,9 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
 
     pthread_mutex_lock(&svc->lock);
     run = runsFind(svc->runs, id);
-    if (run && !strcmp(svc->active_id, id)) {
+    if (run && !strcmp(t->active_id, id)) {
         snprintf(run->anomaly, sizeof run->anomaly, "hang:%s", phase_name);
-        snprintf(svc->last_dump, sizeof svc->last_dump, "%s", path);
+        snprintf(t->last_dump, sizeof t->last_dump, "%s", path);
         cJSON *d = cJSON_CreateObject();
         cJSON_AddStringToObject(d, "phase", phase_name);
         cJSON_AddNumberToObject(d, "seconds", age);
@@ -158,7 +160,7 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
         cJSON_Delete(d);
         if (runsAddEvent(run, "hang", step, detail, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
         free(detail);
-        svc->state_before_hang = run->state;
+        t->state_before_hang = run->state;
         if (runsSetState(run, RUN_HUNG, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
     }
     atomic_fetch_add(&svc->hangs_total, 1);
@@ -174,6 +176,13 @@ int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
     return 1;
 }
 
+int watchdogCheck(Service *svc, int64_t now_ns, char *dump_path, size_t cap) {
+    int flagged = 0;
+    for (int i = 0; i < svc->n_trainers; i++)
+        flagged |= checkTrainer(&svc->trainers[i], now_ns, flagged ? NULL : dump_path, cap);
+    return flagged;
+}
+
 /* sdNotify, logging the first failure (systemd then sees no pings). */
 static void notify(Watchdog *wd, const char *state) {
     if (sdNotify(state) < 0 && !wd->warned_notify) {
@@ -187,11 +196,16 @@ static void tellSystemd(Watchdog *wd, int64_t now) {
     Service *svc = wd->svc;
     if (wd->sd_usec && now - wd->last_ping_ns >= (int64_t)wd->sd_usec * 1000 / 3) {
         int64_t http_age = now - atomic_load(&svc->http_tick_ns);
-        int busy = atomic_load(&svc->trainer_busy);
+        /* every trainer: a busy one not hung, an idle one looping */
+        int trainer_ok = 1;
         pthread_mutex_lock(&svc->lock);
-        int hung = svc->hang_flagged_since != 0;
+        for (int i = 0; i < svc->n_trainers; i++) {
+            const ServiceTrainer *t = &svc->trainers[i];
+            if (atomic_load(&t->busy) ? t->hang_flagged_since != 0
+                                      : now - atomic_load(&t->tick_ns) >= TRAINER_IDLE_SILENCE_NS)
+                trainer_ok = 0;
+        }
         pthread_mutex_unlock(&svc->lock);
-        int trainer_ok = busy ? !hung : now - atomic_load(&svc->trainer_tick_ns) < TRAINER_IDLE_SILENCE_NS;
         int64_t http_limit = (int64_t)wd->sd_usec * 500; /* half systemd's interval, in ns */
         int http_ok = http_age < (http_limit < HTTP_SILENCE_NS ? http_limit : HTTP_SILENCE_NS);
         if (trainer_ok && http_ok) {
@@ -200,19 +214,28 @@ static void tellSystemd(Watchdog *wd, int64_t now) {
             wd->warned_no_ping = 0;
         } else if (!wd->warned_no_ping) {
             logWarn("not pinging systemd's watchdog: %s",
-                    !http_ok ? "the HTTP thread is silent" : "the trainer is hung");
+                    !http_ok ? "the HTTP thread is silent" : "a trainer is hung");
             wd->warned_no_ping = 1;
         }
     }
     if (now - wd->last_status_ns >= STATUS_EVERY_NS) {
         char status[256];
         pthread_mutex_lock(&svc->lock);
-        Run *run = runsFind(svc->runs, svc->active_id);
+        /* the newest active run, and how many others train beside it */
+        const Run *run = NULL;
+        int n_active = 0;
+        for (size_t i = svc->runs->n_runs; i-- > 0;)
+            if (serviceTrainerOf(svc, svc->runs->runs[i]->id)) {
+                if (!run) run = svc->runs->runs[i];
+                n_active++;
+            }
+        char others[48] = "";
+        if (n_active > 1) snprintf(others, sizeof others, " (+%d more active)", n_active - 1);
         if (run)
-            snprintf(status, sizeof status, "STATUS=run %s %s step %lld/%lld loss %.4f %.0f tok/s", run->id,
+            snprintf(status, sizeof status, "STATUS=run %s %s step %lld/%lld loss %.4f %.0f tok/s%s", run->id,
                      runStateName(run->state), (long long)run->step, (long long)run->total_steps,
                      isfinite(run->loss) ? run->loss : 0.0,
-                     isfinite(run->toks_per_s) ? run->toks_per_s : 0.0);
+                     isfinite(run->toks_per_s) ? run->toks_per_s : 0.0, others);
         else
             snprintf(status, sizeof status, "STATUS=idle, %zu runs stored", svc->runs->n_runs);
         pthread_mutex_unlock(&svc->lock);

@@ -600,9 +600,15 @@
         if (wanted) S.pinned = true;
       }
       var known = runs.some(function (r) { return r.id === wanted; });
-      /* Unless the user picked a run, show the active run, else the newest,
-       * so a page left open follows the daemon to the next run. */
-      if (!known || !S.pinned) wanted = active || defaultRun(runs);
+      /* runs training side by side (disjoint GPUs): all of them, newest first */
+      var actives = Array.isArray(data.active_runs) ? data.active_runs : (active ? [active] : []);
+      /* Unless the user picked a run, show the active run shown already, else
+       * the newest active one, else the newest run, so a page left open
+       * follows the daemon to the next run without hopping between runs
+       * that train at once. */
+      if (!known || !S.pinned) {
+        wanted = known && actives.indexOf(wanted) >= 0 ? wanted : active || defaultRun(runs);
+      }
       if (!known) S.pinned = false;
       if (wanted !== S.runId) selectRun(wanted, false);
       renderPicker();

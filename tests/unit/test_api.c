@@ -210,7 +210,7 @@ static void test_create_busy_halt_resume(void **state) {
     j = call(f->svc, "POST", path, "{\"reason\":\"unit test\"}", "application/json", &res);
     assert_int_equal(res.status, 202);
     assert_string_equal(str(j, "state"), "halting");
-    assert_int_equal(atomic_load(&f->svc->mon.halt_requested), 1);
+    assert_int_equal(atomic_load(&f->svc->trainers[0].mon.halt_requested), 1);
     cJSON_Delete(j);
     apiResponseFree(&res);
     j = call(f->svc, "POST", path, NULL, NULL, &res); /* again: harmless */
@@ -614,7 +614,7 @@ static void test_run_logs(void **state) {
     pthread_mutex_lock(&f->svc->lock);
     NsaError err;
     runsSetState(runsFind(f->svc->runs, id), RUN_HALTED, &err);
-    f->svc->active_id[0] = '\0';
+    f->svc->trainers[0].active_id[0] = '\0';
     pthread_mutex_unlock(&f->svc->lock);
     snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=1", id);
     text = getLines(f->svc, path, &ended, NULL);
@@ -675,8 +675,8 @@ static void test_interrupted_run_is_picked_up(void **state) {
     assert_non_null(run);
     assert_int_equal(run->state, RUN_STARTING);
     assert_int_equal(run->restarts, 1);
-    assert_string_equal(f->svc->active_id, id);
-    assert_int_equal(f->svc->pending, SERVICE_PENDING_RESUME);
+    assert_string_equal(f->svc->trainers[0].active_id, id);
+    assert_int_equal(f->svc->trainers[0].pending, SERVICE_PENDING_RESUME);
     assert_string_equal(run->events[run->n_events - 1].type, "restart");
     assert_int_equal(run->events[run->n_events - 1].step, 10);
     expectError(f->svc, "POST", "/api/v1/runs?queue=false", kTinyJson, "application/json", 409, "busy");
@@ -694,22 +694,22 @@ static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
     /* play the trainer thread: it took the job and is in forward */
     Service *svc = f->svc;
     pthread_mutex_lock(&svc->lock);
-    svc->pending = SERVICE_PENDING_NONE;
-    svc->deadlines.forward = 0.5;
-    svc->deadlines.on_hang = HANG_REPORT;
+    svc->trainers[0].pending = SERVICE_PENDING_NONE;
+    svc->trainers[0].deadlines.forward = 0.5;
+    svc->trainers[0].deadlines.on_hang = HANG_REPORT;
     Run *run = runsFind(svc->runs, id);
     NsaError err;
     runsSetState(run, RUN_RUNNING, &err);
     pthread_mutex_unlock(&svc->lock);
-    trainMonitorEnter(&svc->mon, PHASE_FORWARD);
-    int64_t since = atomic_load(&svc->mon.phase_since_ns);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_FORWARD);
+    int64_t since = atomic_load(&svc->trainers[0].mon.phase_since_ns);
     /* what the trainer keeps for the dump: its device, memory at the last
      * logged step, the last step whose results came back (2 s before) */
-    trainMonitorSetDevice(&svc->mon, "cuda, bf16; 1 CUDA device: 0: Test GPU");
-    atomic_store(&svc->mon.memory_bytes, 1500000000LL);
-    atomic_store(&svc->mon.memory_step, 9);
-    atomic_store(&svc->mon.step_done, 10);
-    atomic_store(&svc->mon.step_done_ns, since + 600000000LL - 2000000000LL);
+    trainMonitorSetDevice(&svc->trainers[0].mon, "cuda, bf16; 1 CUDA device: 0: Test GPU");
+    atomic_store(&svc->trainers[0].mon.memory_bytes, 1500000000LL);
+    atomic_store(&svc->trainers[0].mon.memory_step, 9);
+    atomic_store(&svc->trainers[0].mon.step_done, 10);
+    atomic_store(&svc->trainers[0].mon.step_done_ns, since + 600000000LL - 2000000000LL);
 
     char dump[RUN_PATH_MAX + 64] = "";
     assert_int_equal(watchdogCheck(svc, since + 400000000LL, dump, sizeof dump), 0);
@@ -733,8 +733,8 @@ static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
     /* the same overrun is reported once */
     assert_int_equal(watchdogCheck(svc, since + 5000000000LL, NULL, 0), 0);
     /* the phase ends: running again */
-    trainMonitorEnter(&svc->mon, PHASE_BACKWARD);
-    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_BACKWARD);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->trainers[0].mon.phase_since_ns) + 1000, NULL, 0), 0);
     assert_int_equal(run->state, RUN_RUNNING);
     assert_string_equal(run->anomaly, "");
     assert_string_equal(run->events[run->n_events - 1].type, "recovered");
@@ -752,31 +752,31 @@ static void test_hang_during_halt_keeps_halting(void **state) {
     cJSON_Delete(j);
     apiResponseFree(&res);
     pthread_mutex_lock(&svc->lock);
-    svc->pending = SERVICE_PENDING_NONE;
-    svc->deadlines.checkpoint = 1.0;
+    svc->trainers[0].pending = SERVICE_PENDING_NONE;
+    svc->trainers[0].deadlines.checkpoint = 1.0;
     Run *run = runsFind(svc->runs, id);
     pthread_mutex_unlock(&svc->lock);
     NsaError err;
     assert_int_equal(serviceHaltRun(svc, id, &err), SVC_OK);
     assert_int_equal(run->state, RUN_HALTING);
-    trainMonitorEnter(&svc->mon, PHASE_CHECKPOINT);
-    int64_t since = atomic_load(&svc->mon.phase_since_ns);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_CHECKPOINT);
+    int64_t since = atomic_load(&svc->trainers[0].mon.phase_since_ns);
     assert_int_equal(watchdogCheck(svc, since + 1500000000LL, NULL, 0), 1);
     assert_int_equal(run->state, RUN_HUNG);
     assert_int_equal(serviceHaltRun(svc, id, &err), SVC_OK); /* halting a hung run is allowed */
     assert_int_equal(run->state, RUN_HALTING);
-    trainMonitorEnter(&svc->mon, PHASE_IDLE);
-    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_IDLE);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->trainers[0].mon.phase_since_ns) + 1000, NULL, 0), 0);
     assert_int_equal(run->state, RUN_HALTING);
-    assert_int_equal(svc->hang_flagged_since, 0);
+    assert_int_equal(svc->trainers[0].hang_flagged_since, 0);
 
     /* a halting run that hangs goes back to halting when the phase ends */
-    trainMonitorEnter(&svc->mon, PHASE_CHECKPOINT);
-    since = atomic_load(&svc->mon.phase_since_ns);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_CHECKPOINT);
+    since = atomic_load(&svc->trainers[0].mon.phase_since_ns);
     assert_int_equal(watchdogCheck(svc, since + 1500000000LL, NULL, 0), 1);
     assert_int_equal(run->state, RUN_HUNG);
-    trainMonitorEnter(&svc->mon, PHASE_DATA);
-    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->mon.phase_since_ns) + 1000, NULL, 0), 0);
+    trainMonitorEnter(&svc->trainers[0].mon, PHASE_DATA);
+    assert_int_equal(watchdogCheck(svc, atomic_load(&svc->trainers[0].mon.phase_since_ns) + 1000, NULL, 0), 0);
     assert_int_equal(run->state, RUN_HALTING);
 }
 

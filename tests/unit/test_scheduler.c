@@ -1,0 +1,376 @@
+/* test_scheduler.c - the service's trainers and scheduler (daemon/
+ * service.c) with their threads running: runs on disjoint GPUs train at
+ * once, a run waits for the GPUs it claims, a small run may pass a big one
+ * waiting for busy GPUs but never takes what that one waits for, the CPU
+ * engine is one claim of its own, and the busy answer names the holder.
+ *
+ * The node is made up: the service is told it has two GPUs, plans memory
+ * with a stand-in and trains with a stand-in that holds each job until the
+ * test releases it, so the scheduling is seen exactly, without a GPU and
+ * without timing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cjson/cJSON.h>
+
+#include "api.h"
+#include "prom.h"
+#include "service.h"
+
+#define MAX_JOBS 16
+
+/* What the stand-in trainer saw: the jobs that started, in order, the ones
+ * the test let finish, and how many ran at once at most. */
+typedef struct Bench {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char started[MAX_JOBS][RUN_ID_MAX];
+    int n_started;
+    char released[MAX_JOBS][RUN_ID_MAX];
+    int n_released;
+    int running, most_running;
+} Bench;
+
+static Bench bench = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+
+static int listed(char (*ids)[RUN_ID_MAX], int n, const char *id) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(ids[i], id)) return 1;
+    return 0;
+}
+
+/* The stand-in for trainerRun: records the start, then holds the job until
+ * the test releases it or a halt comes. */
+static int holdJob(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon, const TrainHooks *hooks,
+                   TrainResult *res, NsaError *err) {
+    (void)hooks, (void)err;
+    pthread_mutex_lock(&bench.mu);
+    snprintf(bench.started[bench.n_started++], RUN_ID_MAX, "%s", opt->run_id);
+    if (++bench.running > bench.most_running) bench.most_running = bench.running;
+    pthread_cond_broadcast(&bench.cv);
+    while (!listed(bench.released, bench.n_released, opt->run_id) && !atomic_load(&mon->halt_requested)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 10 * 1000 * 1000;
+        if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&bench.cv, &bench.mu, &until);
+    }
+    bench.running--;
+    pthread_mutex_unlock(&bench.mu);
+    res->outcome = atomic_load(&mon->halt_requested) ? TRAIN_HALTED : TRAIN_COMPLETED;
+    res->step = cfg->train.steps;
+    return 0;
+}
+
+/* Every job fits (the node's memory is not what is tested here). */
+static int planFits(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world, NsaMemoryReport *out,
+                    int *max_batch_fits, NsaError *err) {
+    (void)cfg, (void)world, (void)err;
+    memset(out, 0, sizeof *out);
+    out->total = 1;
+    out->device_free = (size_t)80 << 30;
+    *max_batch_fits = opt->max_batch;
+    return 0;
+}
+
+typedef struct Fixture {
+    char dir[64];
+    Service *svc;
+} Fixture;
+
+static int setUp(void **state) {
+    Fixture *f = calloc(1, sizeof *f);
+    snprintf(f->dir, sizeof f->dir, "/tmp/nsad-test-scheduler-XXXXXX");
+    if (!mkdtemp(f->dir)) return -1;
+    NsaError err = {""};
+    f->svc = serviceOpen(f->dir, &err);
+    if (!f->svc) return -1;
+    NsaDeviceInfo two = {.cuda_built = 1, .cuda_devices = 2};
+    snprintf(two.description, sizeof two.description, "2 CUDA devices (made up by the test)");
+    serviceSetDevices(f->svc, &two, NULL);
+    f->svc->memory_plan = planFits;
+    f->svc->train = holdJob;
+    pthread_mutex_lock(&bench.mu);
+    bench.n_started = bench.n_released = bench.running = bench.most_running = 0;
+    pthread_mutex_unlock(&bench.mu);
+    if (serviceStartTrainers(f->svc, &err) != 0) return -1;
+    *state = f;
+    return 0;
+}
+
+static int tearDown(void **state) {
+    Fixture *f = *state;
+    int rc = serviceShutdown(f->svc, 10, TRAIN_HALT_SHUTDOWN);
+    serviceClose(f->svc);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    if (system(cmd) != 0) rc = -1;
+    free(f);
+    return rc;
+}
+
+/* A tiny job on `device` ("cuda" or "cpu") with runtime.gpus `gpus`
+ * (NULL: the default, all). */
+static ServiceStatus submit(Fixture *f, const char *device, const char *gpus, char *id, NsaError *err) {
+    char yaml[512];
+    snprintf(yaml, sizeof yaml,
+             "model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_groups: 1, d_k: 16, d_v: 16}\n"
+             "nsa: {l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}\n"
+             "train: {steps: 5, seq_len: 64, batch_size: 2}\n"
+             "data: {source: synthetic}\n"
+             "runtime: {device: %s%s%s}\n",
+             device, gpus ? ", gpus: " : "", gpus ? gpus : "");
+    return serviceCreateRun(f->svc, yaml, strlen(yaml), NULL, id, NULL, err);
+}
+
+/* Waits (bounded) until the stand-in has started n jobs. */
+static int waitStarted(int n) {
+    pthread_mutex_lock(&bench.mu);
+    for (int i = 0; i < 30 && bench.n_started < n; i++) { /* 30 s at most */
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += 1;
+        pthread_cond_timedwait(&bench.cv, &bench.mu, &until);
+    }
+    const int got = bench.n_started;
+    pthread_mutex_unlock(&bench.mu);
+    return got;
+}
+
+static void release(const char *id) {
+    pthread_mutex_lock(&bench.mu);
+    snprintf(bench.released[bench.n_released++], RUN_ID_MAX, "%s", id);
+    pthread_cond_broadcast(&bench.cv);
+    pthread_mutex_unlock(&bench.mu);
+}
+
+static RunState stateOf(Fixture *f, const char *id) {
+    pthread_mutex_lock(&f->svc->lock);
+    Run *run = runsFind(f->svc->runs, id);
+    RunState s = run ? run->state : RUN_FAILED;
+    pthread_mutex_unlock(&f->svc->lock);
+    return s;
+}
+
+/* Waits (bounded) until run id has left the trainers and is in state s. */
+static int waitEnded(Fixture *f, const char *id, RunState s) {
+    for (int i = 0; i < 6000; i++) { /* 30 s at most */
+        pthread_mutex_lock(&f->svc->lock);
+        const int held = serviceTrainerOf(f->svc, id) != NULL;
+        pthread_mutex_unlock(&f->svc->lock);
+        if (!held && stateOf(f, id) == s) return 1;
+        struct timespec nap = {0, 5 * 1000 * 1000};
+        nanosleep(&nap, NULL);
+    }
+    return 0;
+}
+
+static int startedJob(const char *id) {
+    pthread_mutex_lock(&bench.mu);
+    const int yes = listed(bench.started, bench.n_started, id);
+    pthread_mutex_unlock(&bench.mu);
+    return yes;
+}
+
+/* GET path through the API; the parsed JSON body (the caller deletes it). */
+static cJSON *get(Service *svc, const char *path) {
+    ApiRequest req = {.method = "GET", .path = path};
+    ApiResponse res;
+    apiHandle(svc, &req, &res);
+    assert_int_equal(res.status, 200);
+    cJSON *json = cJSON_ParseWithLength(res.body, res.body_len);
+    apiResponseFree(&res);
+    assert_non_null(json);
+    return json;
+}
+
+static double number(const cJSON *o, const char *key) {
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, key);
+    assert_true(cJSON_IsNumber(n));
+    return n->valuedouble;
+}
+
+static void test_one_trainer_per_gpu_and_one_for_the_cpu(void **state) {
+    Fixture *f = *state;
+    assert_int_equal(f->svc->n_trainers, 3);
+    assert_int_equal(serviceBusyTrainers(f->svc), 0);
+}
+
+static void test_runs_on_disjoint_gpus_train_at_once(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], b[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cuda", "[0]", a, &err), SVC_OK);
+    assert_int_equal(submit(f, "cuda", "[1]", b, &err), SVC_OK);
+    assert_int_equal(waitStarted(2), 2);
+    assert_true(startedJob(a) && startedJob(b));
+    assert_int_equal(bench.most_running, 2);
+    assert_int_equal(serviceBusyTrainers(f->svc), 2);
+    /* what the API, nsactl and /metrics see of two runs at once */
+    cJSON *health = get(f->svc, "/api/v1/health");
+    assert_int_equal((int)number(health, "trainers"), 3);
+    assert_int_equal((int)number(health, "trainers_busy"), 2);
+    cJSON_Delete(health);
+    cJSON *runs = get(f->svc, "/api/v1/runs");
+    const cJSON *active = cJSON_GetObjectItemCaseSensitive(runs, "active_runs");
+    assert_int_equal(cJSON_GetArraySize(active), 2);
+    assert_string_equal(cJSON_GetArrayItem(active, 0)->valuestring, b); /* newest first */
+    assert_string_equal(cJSON_GetArrayItem(active, 1)->valuestring, a);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(runs, "active")->valuestring, b);
+    cJSON_Delete(runs);
+    size_t len = 0;
+    char *metrics = promRender(f->svc, &len);
+    assert_non_null(metrics);
+    assert_non_null(strstr(metrics, "nsad_trainer_busy 2\n"));
+    assert_non_null(strstr(metrics, "nsad_trainers 3\n"));
+    char line[128];
+    snprintf(line, sizeof line, "nsad_run_step{run_id=\"%s\"", a);
+    assert_non_null(strstr(metrics, line));
+    snprintf(line, sizeof line, "nsad_run_step{run_id=\"%s\"", b);
+    assert_non_null(strstr(metrics, line));
+    free(metrics);
+    release(a);
+    release(b);
+    assert_true(waitEnded(f, a, RUN_COMPLETED));
+    assert_true(waitEnded(f, b, RUN_COMPLETED));
+}
+
+static void test_a_run_waits_for_the_gpus_it_claims(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], b[RUN_ID_MAX], c[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cuda", "[0]", a, &err), SVC_OK);
+    assert_int_equal(waitStarted(1), 1);
+    /* all GPUs (the default) and GPU 0 both overlap a's claim */
+    assert_int_equal(submit(f, "cuda", NULL, b, &err), SVC_OK);
+    assert_int_equal(submit(f, "cuda", "[0]", c, &err), SVC_OK);
+    assert_int_equal(stateOf(f, b), RUN_QUEUED);
+    assert_int_equal(stateOf(f, c), RUN_QUEUED);
+    /* without queueing, the answer names the run holding the GPU */
+    char d[RUN_ID_MAX];
+    char yaml[] = "model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_groups: 1, d_k: 16, d_v: 16}\n"
+                  "nsa: {l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}\n"
+                  "train: {steps: 5, seq_len: 64, batch_size: 2}\n"
+                  "data: {source: synthetic}\nruntime: {device: cuda, gpus: [0]}\n";
+    assert_int_equal(serviceCreateRunOn(f->svc, yaml, strlen(yaml), NULL, NULL, 0, d, NULL, &err), SVC_BUSY);
+    assert_non_null(strstr(err.message, a));
+    /* a's end frees GPU 0: b (first in the queue) takes both, c still waits */
+    release(a);
+    assert_true(waitEnded(f, a, RUN_COMPLETED));
+    assert_int_equal(waitStarted(2), 2);
+    assert_true(startedJob(b));
+    assert_false(startedJob(c));
+    assert_int_equal(stateOf(f, c), RUN_QUEUED);
+    release(b);
+    assert_int_equal(waitStarted(3), 3);
+    assert_true(startedJob(c));
+    release(c);
+    assert_true(waitEnded(f, c, RUN_COMPLETED));
+    assert_int_equal(bench.most_running, 1);
+}
+
+static void test_a_small_run_passes_but_never_delays_a_waiting_one(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], big[RUN_ID_MAX], small1[RUN_ID_MAX], small0[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cuda", "[0]", a, &err), SVC_OK);
+    assert_int_equal(waitStarted(1), 1);
+    assert_int_equal(submit(f, "cuda", "2", big, &err), SVC_OK);     /* GPUs 0 and 1: waits for a */
+    assert_int_equal(submit(f, "cuda", "[1]", small1, &err), SVC_OK); /* GPU 1 is free, but big wants it */
+    assert_int_equal(stateOf(f, big), RUN_QUEUED);
+    assert_int_equal(stateOf(f, small1), RUN_QUEUED);
+    /* moved to the front, small1 has nobody before it: it starts at once */
+    assert_int_equal(serviceFrontRun(f->svc, small1, &err), SVC_OK);
+    assert_int_equal(waitStarted(2), 2);
+    assert_true(startedJob(small1));
+    /* a CPU run claims the CPU engine alone: it passes the waiting GPU run */
+    assert_int_equal(submit(f, "cpu", NULL, small0, &err), SVC_OK);
+    assert_int_equal(waitStarted(3), 3);
+    assert_true(startedJob(small0));
+    assert_int_equal(bench.most_running, 3);
+    release(a);
+    release(small0);
+    assert_true(waitEnded(f, a, RUN_COMPLETED));
+    assert_false(startedJob(big)); /* GPU 1 is still small1's */
+    release(small1);
+    assert_int_equal(waitStarted(4), 4);
+    assert_true(startedJob(big));
+    release(big);
+    assert_true(waitEnded(f, big, RUN_COMPLETED));
+}
+
+static void test_every_interrupted_run_resumes_after_a_restart(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], b[RUN_ID_MAX], c[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cuda", "[0]", a, &err), SVC_OK);
+    assert_int_equal(submit(f, "cuda", "[1]", b, &err), SVC_OK);
+    assert_int_equal(waitStarted(2), 2);
+    assert_int_equal(submit(f, "cuda", "[1]", c, &err), SVC_OK); /* waits for b */
+    /* SIGTERM: both stop for the shutdown and stay running on disk */
+    assert_int_equal(serviceShutdown(f->svc, 10, TRAIN_HALT_SIGTERM), 0);
+    assert_int_equal(stateOf(f, a), RUN_RUNNING);
+    assert_int_equal(stateOf(f, b), RUN_RUNNING);
+    assert_int_equal(stateOf(f, c), RUN_QUEUED);
+    serviceClose(f->svc);
+    f->svc = serviceOpen(f->dir, &err);
+    assert_non_null(f->svc);
+    NsaDeviceInfo two = {.cuda_built = 1, .cuda_devices = 2};
+    serviceSetDevices(f->svc, &two, NULL);
+    f->svc->memory_plan = planFits;
+    f->svc->train = holdJob;
+    assert_int_equal(serviceStartTrainers(f->svc, &err), 0);
+    /* both resume at once; the run queued behind b stays queued behind it */
+    assert_int_equal(waitStarted(4), 4);
+    assert_true(startedJob(a) && startedJob(b));
+    pthread_mutex_lock(&f->svc->lock);
+    assert_int_equal(runsFind(f->svc->runs, a)->restarts, 1);
+    assert_int_equal(runsFind(f->svc->runs, b)->restarts, 1);
+    assert_int_equal(runsQueuePosition(f->svc->runs, runsFind(f->svc->runs, c)), 1);
+    pthread_mutex_unlock(&f->svc->lock);
+    release(a);
+    release(b);
+    assert_int_equal(waitStarted(5), 5);
+    release(c);
+    assert_true(waitEnded(f, c, RUN_COMPLETED));
+}
+
+static void test_cpu_runs_take_turns(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], b[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cpu", NULL, a, &err), SVC_OK);
+    assert_int_equal(submit(f, "cpu", NULL, b, &err), SVC_OK);
+    assert_int_equal(waitStarted(1), 1);
+    assert_int_equal(stateOf(f, b), RUN_QUEUED);
+    /* halting the running one frees the CPU engine for the next */
+    assert_int_equal(serviceHaltRun(f->svc, a, &err), SVC_OK);
+    assert_true(waitEnded(f, a, RUN_HALTED));
+    assert_int_equal(waitStarted(2), 2);
+    assert_true(startedJob(b));
+    release(b);
+    assert_true(waitEnded(f, b, RUN_COMPLETED));
+    assert_int_equal(bench.most_running, 1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_one_trainer_per_gpu_and_one_for_the_cpu, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_runs_on_disjoint_gpus_train_at_once, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_a_run_waits_for_the_gpus_it_claims, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_a_small_run_passes_but_never_delays_a_waiting_one, setUp,
+                                        tearDown),
+        cmocka_unit_test_setup_teardown(test_every_interrupted_run_resumes_after_a_restart, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_cpu_runs_take_turns, setUp, tearDown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
