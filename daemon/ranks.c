@@ -120,6 +120,8 @@ static void *workerMain(void *p) {
     snprintf(name, sizeof name, "rank %d", g->cfg.first + w->local);
     if (stackdumpRegisterThread(name) != 0)
         logWarn("%s: not in stack dumps: %s", name, strerror(errno));
+    /* with several runs training at once, a rank's lines name its run */
+    logBindRun(g->cfg.run_id);
     pthread_mutex_lock(&g->mu);
     uint64_t seen = 0;
     for (;;) {

@@ -46,6 +46,7 @@ typedef struct RankGroupConfig {
     int have_comm_id;
     NsaCommId comm_id;
     TrainMonitor *mon;         /* ranks' phases (may be NULL) */
+    char run_id[72];           /* the run the rank threads' log lines belong to ("": none) */
     /* Called once per failed dispatch, on the controller's thread, before
      * the transports are aborted (the stuck ranks are still where they
      * stuck): the trainer dumps every thread's stack there. May be NULL. */

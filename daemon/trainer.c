@@ -560,6 +560,7 @@ static int createRanks(Trainer *t, const TrainOptions *opt, int resume, NsaError
     t->multi_node = rc.world > rc.local;
     rc.timeout = t->job.watchdog.allreduce;
     rc.mon = t->mon;
+    if (opt->run_id) snprintf(rc.run_id, sizeof rc.run_id, "%s", opt->run_id);
     rc.on_failure = dumpRankFailure;
     rc.failure_ctx = t;
     const FaultConfig *f = &t->job.fault;
