@@ -121,6 +121,7 @@ static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
         apiError(res, 503, "unavailable", "this nsad has no inference worker");
         return;
     }
+    job->gpu = servicePickGpu(svc);
     NsaError err = {{0}};
     Stream *s = inferSubmit(svc->infer, job, &err);
     if (!s) {

@@ -118,7 +118,7 @@ int cmdSample(int argc, char **argv) {
         fprintf(stderr, "nsad sample: the run's tokenizer '%s' cannot encode a prompt; allowed: %s\n",
                 weightsTokenizer(&w), tokenizerNames());
         rc = 1;
-    } else if (!(d = weightsNewDecoder(&w, dev, 1,
+    } else if (!(d = weightsNewDecoder(&w, dev, 0, 1,
                                        (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
                                        &err))) {
         fprintf(stderr, "nsad sample: %s\n", err.message);

@@ -63,7 +63,7 @@ int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void 
     int64_t windows = (int64_t)((n_tokens - 1) / (uint64_t)S);
     if (o->max_tokens > 0 && windows > (o->max_tokens + S - 1) / S) windows = (o->max_tokens + S - 1) / S;
 
-    NsaEngineOptions eo = {.device = o->device, .precision = o->precision, .max_batch = B,
+    NsaEngineOptions eo = {.device = o->device, .device_ordinal = o->gpu, .precision = o->precision, .max_batch = B,
                            .max_seq_len = S, .threads = o->threads};
     NsaModel *m = windows > 0 ? nsaModelCreate(&w->job.model, &eo, err) : NULL;
     int32_t *tokens = malloc((size_t)B * S * sizeof(int32_t));

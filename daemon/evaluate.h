@@ -18,6 +18,7 @@ typedef struct EvalOptions {
     int batch;              /* 0: min(the run's batch_size, 4) */
     int64_t max_tokens;     /* 0: the whole file; else stop after the window reaching it */
     NsaDevice device;       /* engine to run on */
+    int gpu;                /* CUDA: the device ordinal */
     NsaPrecision precision; /* fp32 on the CPU; bf16 (or fp32) on CUDA */
     int threads;            /* CPU engine threads */
 } EvalOptions;

@@ -67,12 +67,14 @@ static int cpuThreads(void) {
     return n < 1 ? 1 : n > 8 ? 8 : (int)n;
 }
 
-static cJSON *startLine(const Weights *w, NsaDevice dev) {
+static cJSON *startLine(const Weights *w, NsaDevice dev, int gpu) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "event", "start");
     cJSON_AddStringToObject(o, "checkpoint", w->dir);
     cJSON_AddNumberToObject(o, "step", (double)w->state.step);
     cJSON_AddStringToObject(o, "device", dev == NSA_DEVICE_CUDA ? "cuda" : "cpu");
+    if (dev == NSA_DEVICE_CUDA) cJSON_AddNumberToObject(o, "gpu", gpu);
+    else cJSON_AddNullToObject(o, "gpu");
     return o;
 }
 
@@ -132,14 +134,14 @@ static void runSample(InferJob *job, Stream *s) {
             snprintf(err.message, sizeof err.message, "prompt + max_tokens: %zu tokens; allowed: at "
                      "most %u", ctx, 1u << 24);
         else
-            d = weightsNewDecoder(&w, dev, 1, (int)ctx, &err);
+            d = weightsNewDecoder(&w, dev, job->gpu, 1, (int)ctx, &err);
     }
     if (!d) {
         writeError(s, err.message);
         weightsClose(&w);
         return;
     }
-    cJSON *start = startLine(&w, dev);
+    cJSON *start = startLine(&w, dev, job->gpu);
     cJSON_AddStringToObject(start, "prompt", job->prompt);
     TextOut out = {.s = s};
     SampleResult res;
@@ -193,10 +195,10 @@ static void runEval(InferJob *job, Stream *s) {
     }
     const NsaDevice dev = pickDevice(job->device);
     EvalOptions o = {.seq_len = job->seq_len, .batch = job->batch, .max_tokens = job->max_tokens,
-                     .device = dev, .precision = dev == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
+                     .device = dev, .gpu = job->gpu, .precision = dev == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
                      .threads = cpuThreads()};
     evalOptionsFromPath(&o, job->data);
-    cJSON *start = startLine(&w, dev);
+    cJSON *start = startLine(&w, dev, job->gpu);
     cJSON_AddStringToObject(start, "data", job->data);
     Progress p = {.s = s, .last = clockMonotonicSeconds()};
     EvalResult r;

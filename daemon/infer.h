@@ -26,6 +26,7 @@ typedef struct InferJob {
     InferKind kind;
     char checkpoint[WEIGHTS_PATH_MAX]; /* a checkpoint dir or a run's out_dir */
     int device;                         /* -1: as above; else NsaDevice */
+    int gpu;                            /* CUDA: the device ordinal (servicePickGpu) */
     /* sample */
     char *prompt;                       /* owned by the job once submitted */
     SampleOptions sample;

@@ -382,6 +382,16 @@ ServiceTrainer *serviceTrainerOf(Service *svc, const char *id) {
     return NULL;
 }
 
+int servicePickGpu(Service *svc) {
+    const int n = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    pthread_mutex_lock(&svc->lock);
+    const ServiceClaim held = heldClaims(svc);
+    pthread_mutex_unlock(&svc->lock);
+    for (int g = (n < 64 ? n : 64) - 1; g >= 0; g--)
+        if (!(held.gpus & ((uint64_t)1 << g))) return g;
+    return n > 0 ? n - 1 : 0;
+}
+
 int serviceBusyTrainers(Service *svc) {
     int n = 0;
     for (int i = 0; i < SERVICE_MAX_TRAINERS; i++) n += atomic_load(&svc->trainers[i].busy) != 0;

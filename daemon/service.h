@@ -126,6 +126,10 @@ typedef struct Service {
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
 /* Trainers holding a run now (0 when all are idle). Lock-free. */
 int serviceBusyTrainers(Service *svc);
+/* The GPU a sample or eval job should use: the highest-numbered one no run
+ * claims (runs given a GPU count take the lowest), else the highest; 0
+ * without GPUs. Takes the lock. Cannot fail. */
+int servicePickGpu(Service *svc);
 
 /* Opens the registry in state_dir and prepares the pick-up of runs a
  * previous nsad left active: the newest one that was starting, running or

@@ -196,9 +196,10 @@ int weightsToModel(const Weights *w, NsaModel *m, NsaError *err) {
     return copyAll(w, m, setModel, err);
 }
 
-NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int slots, int context,
                               NsaError *err) {
     NsaDecoderOptions o = {.device = device,
+                           .device_ordinal = gpu,
                            .precision = device == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
                            .max_batch = slots,
                            .max_context = context};

@@ -51,10 +51,10 @@ const char *weightsTokenizer(const Weights *w);
 int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err);
 int weightsToModel(const Weights *w, NsaModel *m, NsaError *err);
 
-/* A decoder on device (CPU: fp32; CUDA: bf16) for `slots` sequences of up
- * to `context` tokens, holding w's weights. NULL with err on failure. The
+/* A decoder on device (CPU: fp32; CUDA: bf16, on GPU ordinal gpu) for
+ * `slots` sequences of up to `context` tokens, holding w's weights. NULL with err on failure. The
  * caller frees with nsaDecoderFree. */
-NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int slots, int context,
+NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int slots, int context,
                               NsaError *err);
 
 /* Tensor i of the layout of w->job.model as fp32 into dst (numel floats);
