@@ -45,11 +45,19 @@ void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
         snprintf(progress, sizeof progress, "step -");
 
     int active = !ctlRunStateFinal(state);
-    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s%s",
+    /* where a CUDA run trains (several may train at once on one node) */
+    char gpus_s[96] = "";
+    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(run, "gpus"), *g;
+    if (active && cJSON_IsArray(gpus) && cJSON_GetArraySize(gpus) > 0) {
+        size_t n = (size_t)snprintf(gpus_s, sizeof gpus_s, "  GPU%s ", cJSON_GetArraySize(gpus) > 1 ? "s" : "");
+        cJSON_ArrayForEach(g, gpus) if (n < sizeof gpus_s && cJSON_IsNumber(g))
+            n += (size_t)snprintf(gpus_s + n, sizeof gpus_s - n, "%s%d", g == gpus->child ? "" : ",", g->valueint);
+    }
+    snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s%s%s",
              ctlString(run, "id", "?"), state, phase_s, progress,
              formatLoss(loss, have_loss, loss_s, sizeof loss_s),
              formatLoss(val, have_val, val_s, sizeof val_s),
              have_tps ? formatSi(tps, tps_s, sizeof tps_s) : "-", mfu_s,
              active ? "  ETA " : "", active ? formatDuration(eta, eta_s, sizeof eta_s) : "",
-             anomaly_s);
+             gpus_s, anomaly_s);
 }

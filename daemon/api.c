@@ -223,7 +223,7 @@ static void answerServiceError(ApiResponse *res, ServiceStatus st, const NsaErro
 /* ---- the run object -------------------------------------------------------------------- */
 
 /* The run as proto/api.md describes it. Caller holds svc->lock. */
-static cJSON *runJson(Service *svc, const Run *run, int with_config) {
+static cJSON *runJson(Service *svc, Run *run, int with_config) {
     cJSON *o = cJSON_CreateObject();
     ServiceTrainer *t = serviceTrainerOf(svc, run->id);
     const int active = t != NULL;
@@ -269,6 +269,15 @@ static cJSON *runJson(Service *svc, const Run *run, int with_config) {
     addStringOrNull(o, "error", run->error);
     cJSON_AddNumberToObject(o, "last_checkpoint_step", (double)run->last_checkpoint_step);
     cJSON_AddStringToObject(o, "device", run->device);
+    /* a CUDA run's GPUs (what it claims: runtime.gpus resolved here) */
+    const ServiceClaim claim = strcmp(run->device, "cuda") ? (ServiceClaim){0} : serviceClaimOf(svc, run);
+    if (claim.gpus) {
+        cJSON *gpus = cJSON_AddArrayToObject(o, "gpus");
+        for (int g = 0; g < 64; g++)
+            if (claim.gpus & ((uint64_t)1 << g)) cJSON_AddItemToArray(gpus, cJSON_CreateNumber(g));
+    } else {
+        cJSON_AddNullToObject(o, "gpus");
+    }
     cJSON_AddStringToObject(o, "precision", run->precision);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
     addStringOrNull(o, "member_of", run->member_of);

@@ -343,6 +343,8 @@ static ServiceClaim claimOf(Service *svc, Run *run) {
     return (ServiceClaim){.gpus = run->claim_gpus, .cpu = run->claim_cpu};
 }
 
+ServiceClaim serviceClaimOf(Service *svc, Run *run) { return claimOf(svc, run); }
+
 /* What the trainers' runs hold now. Caller holds the lock. */
 static ServiceClaim heldClaims(Service *svc) {
     ServiceClaim held = {0};

@@ -122,6 +122,9 @@ typedef struct Service {
     int n_gpus;
 } Service;
 
+/* What run claims (worked out from its config once; see ServiceClaim).
+ * Caller holds the lock. Cannot fail. */
+ServiceClaim serviceClaimOf(Service *svc, Run *run);
 /* The trainer holding run id, or NULL. Caller holds the lock. */
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
 /* Trainers holding a run now (0 when all are idle). Lock-free. */

@@ -228,6 +228,17 @@ static void test_runs_on_disjoint_gpus_train_at_once(void **state) {
     assert_string_equal(cJSON_GetArrayItem(active, 0)->valuestring, b); /* newest first */
     assert_string_equal(cJSON_GetArrayItem(active, 1)->valuestring, a);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(runs, "active")->valuestring, b);
+    /* each run object names its GPUs */
+    const cJSON *list = cJSON_GetObjectItemCaseSensitive(runs, "runs"), *r;
+    int named = 0;
+    cJSON_ArrayForEach(r, list) {
+        const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(r, "gpus");
+        const char *id = cJSON_GetObjectItemCaseSensitive(r, "id")->valuestring;
+        assert_int_equal(cJSON_GetArraySize(gpus), 1);
+        assert_int_equal(cJSON_GetArrayItem(gpus, 0)->valueint, !strcmp(id, a) ? 0 : 1);
+        named++;
+    }
+    assert_int_equal(named, 2);
     cJSON_Delete(runs);
     size_t len = 0;
     char *metrics = promRender(f->svc, &len);
