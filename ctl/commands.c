@@ -298,14 +298,15 @@ static int waitForStart(Ctl *ctl, const char *id, char *state, size_t cap) {
 }
 
 static int cmdStart(Ctl *ctl, int argc, char **argv) {
-    const char *name = NULL, *interval = NULL, *nodes = NULL;
+    const char *name = NULL, *interval = NULL, *nodes = NULL, *gpus = NULL;
     int watch = 0, wait = 0, no_queue = 0;
     const CmdOption opts[] = {{"--name", &name, NULL},         {"--watch", NULL, &watch},
                               {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL},
-                              {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue}};
+                              {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue},
+                              {"--gpus", &gpus, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, 6, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("start", argc, argv, opts, 7, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     char path[HTTP_ADDR_MAX] = "/api/v1/runs";
@@ -324,6 +325,16 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
             snprintf(path + used, sizeof path - used, "%snodes=%s", name ? "&" : "?", escaped) >=
                 (int)(sizeof path - used)) {
             fprintf(stderr, "nsactl start: --nodes is too long; allowed: HOST:PORT,... of up to 32 nodes\n");
+            return CTL_EXIT_USAGE;
+        }
+    }
+    if (gpus) { /* runtime.gpus over the config's: the daemon checks it */
+        char escaped[512];
+        size_t used = strlen(path);
+        if (httpEscape(gpus, escaped, sizeof escaped) ||
+            snprintf(path + used, sizeof path - used, "%sgpus=%s", strchr(path, '?') ? "&" : "?", escaped) >=
+                (int)(sizeof path - used)) {
+            fprintf(stderr, "nsactl start: --gpus is too long; allowed: all, a GPU count, or ordinals like 0,2\n");
             return CTL_EXIT_USAGE;
         }
     }
@@ -926,12 +937,15 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
 /* ---- the table ------------------------------------------------------------------------ */
 
 const CtlCommand ctlCommands[] = {
-    {"start", "start CONFIG [--name NAME] [--nodes HOST:PORT,...] [--wait] [--no-queue] [--watch] [--interval S]",
+    {"start", "start CONFIG [--name NAME] [--gpus all|N|I,J,...] [--nodes HOST:PORT,...] [--wait] [--no-queue] [--watch] [--interval S]",
      "start a run from a job config (YAML or JSON; - is stdin)",
-     "Sends CONFIG to nsad, which validates it and starts the run on its trainer,\n"
-     "or, while another run trains (or others wait), queues it: it starts on its\n"
-     "turn. Prints the new run's id (with --json: the run object).\n"
+     "Sends CONFIG to nsad, which validates it and starts the run on a trainer,\n"
+     "or, while another run holds GPUs it needs (or a run queued before it wants\n"
+     "them), queues it: it starts on its turn. Runs on disjoint GPUs train at\n"
+     "once. Prints the new run's id (with --json: the run object).\n"
      "  --name NAME     a label for the run (1-64 of A-Z a-z 0-9 . _ -)\n"
+     "  --gpus G        runtime.gpus over the config's: all, a count (the first\n"
+     "                  N GPUs) or ordinals (1 GPU: [1]; several: 0,2)\n"
      "  --wait          return once the run has started (left the queue and\n"
      "                  starting); exit 1 when it ended before it ran\n"
      "  --no-queue      exit 5 instead of queueing when the run would wait\n"
@@ -939,13 +953,13 @@ const CtlCommand ctlCommands[] = {
      "  --interval S    poll period for --watch (default 1)\n"
      "Exit 78 when the file is missing or unreadable or nsad rejects the config\n"
      "(the message names the key, the value and what is allowed); 5 with\n"
-     "--no-queue when another run is active.\n",
+     "--no-queue when another run holds what this one needs.\n",
      cmdStart},
     {"status", "status [ID]", "the daemon and its active run, or one run in detail",
-     "Without ID: version, uptime, trainer state and the active run.\n"
+     "Without ID: version, uptime, trainer state and the active runs.\n"
      "With ID: every field of that run (state, step, loss, speed, ETA, memory,\n"
      "checkpoint, errors). --json prints the daemon's run object; without ID\n"
-     "{\"health\": ..., \"active\": <run>|null, \"runs\": N}.\n",
+     "{\"health\": ..., \"active\": <run>|null, \"active_runs\": [<run>...], \"runs\": N}.\n",
      cmdStatus},
     {"list", "list", "every run nsad knows, newest first, and the queue",
      "A table of id, name, state, step, loss, tokens/s, device and creation time;\n"
@@ -953,7 +967,8 @@ const CtlCommand ctlCommands[] = {
      "--json prints {\"runs\": [...], \"active\": ID|null, \"queue\": [ID, ...]}.\n",
      cmdList},
     {"front", "front ID", "move a queued run to the front of the queue",
-     "It starts next, when the run on the trainer is done (that run keeps it).\n"
+     "Nobody waits before it then: it starts as soon as the GPUs it needs are\n"
+     "free (running runs keep theirs).\n"
      "Exit 5 when the run is not queued, 4 when there is no such run.\n",
      cmdFront},
     {"halt", "halt ID [--wait]", "stop a run after its current step and a checkpoint",

@@ -396,7 +396,7 @@ static int isJsonType(const char *content_type) {
 }
 
 static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    if (refuseUnknownQuery(req, res, "name,nodes,queue")) return;
+    if (refuseUnknownQuery(req, res, "name,nodes,gpus,queue")) return;
     int may_queue = 1;
     if (queryBool(req, res, "queue", &may_queue)) return;
     const char *name = queryValue(req, "name");
@@ -438,9 +438,11 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
         outOfMemory(res);
         return;
     }
-    ServiceStatus st =
-        serviceCreateRunOn(svc, req->body, req->body_len, name, queryValue(req, "nodes"), may_queue, id,
-                           warnings, &err);
+    const ServiceSubmit how = {.name = name,
+                               .nodes = queryValue(req, "nodes"),
+                               .gpus = queryValue(req, "gpus"),
+                               .may_queue = may_queue};
+    ServiceStatus st = serviceSubmitRun(svc, req->body, req->body_len, &how, id, warnings, &err);
     if (st != SVC_OK) {
         free(warnings);
         answerServiceError(res, st, &err);

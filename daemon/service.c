@@ -701,24 +701,41 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                                     const char *member_of, const TrainJoin *join, int may_queue,
                                     char *id_out, NsaError *err);
 
-/* Sets runtime.nodes from "HOST:PORT,..." (the API's ?nodes=). */
-static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
-    char buf[CONFIG_MAX_NODES * CONFIG_NODE_MAX], yaml[sizeof buf + 64];
-    snprintf(buf, sizeof buf, "%s", nodes);
-    /* through the loader, so the list gets the config file's checks */
-    int n = snprintf(yaml, sizeof yaml, "runtime:\n  nodes: \"%s\"\n", buf);
+/* Sets runtime.KEY to the YAML flow value `value` over cfg, through the
+ * loader so that it gets the config file's checks (and the whole config is
+ * validated again with it). */
+static int setRuntimeKey(JobConfig *cfg, const char *key, const char *value, NsaError *err) {
+    char yaml[CONFIG_MAX_NODES * CONFIG_NODE_MAX + 96];
+    const int n = snprintf(yaml, sizeof yaml, "runtime:\n  %s: %s\n", key, value);
+    if (n >= (int)sizeof yaml) return nsaErrorf(err, "%s: '%.80s...' is too long", key, value);
     JobConfig *probe = malloc(sizeof *probe);
     if (!probe) return nsaErrorf(err, "out of memory");
     *probe = *cfg;
-    int rc = strchr(buf, '"') || strchr(buf, '\\') || n >= (int)sizeof yaml
-                 ? nsaErrorf(err, "nodes: '%.80s' is not a list of HOST:PORT", nodes)
-                 : configLoadString(probe, yaml, (size_t)n, err);
-    if (rc == 0) {
-        memcpy(cfg->runtime.nodes, probe->runtime.nodes, sizeof cfg->runtime.nodes);
-        cfg->runtime.n_nodes = probe->runtime.n_nodes;
-    }
+    const int rc = configLoadString(probe, yaml, (size_t)n, err);
+    if (rc == 0) cfg->runtime = probe->runtime;
     free(probe);
     return rc;
+}
+
+/* Sets runtime.nodes from "HOST:PORT,..." (the API's ?nodes=). */
+static int setNodes(JobConfig *cfg, const char *nodes, NsaError *err) {
+    char quoted[CONFIG_MAX_NODES * CONFIG_NODE_MAX + 8];
+    if (strchr(nodes, '"') || strchr(nodes, '\\') ||
+        snprintf(quoted, sizeof quoted, "\"%s\"", nodes) >= (int)sizeof quoted)
+        return nsaErrorf(err, "nodes: '%.80s' is not a list of HOST:PORT", nodes);
+    return setRuntimeKey(cfg, "nodes", quoted, err);
+}
+
+/* Sets runtime.gpus from the API's ?gpus=: what the config file takes (all,
+ * a count, [0, 2]), or ordinals separated by commas ("0,2": a list). */
+static int setGpus(JobConfig *cfg, const char *gpus, NsaError *err) {
+    char value[320];
+    const size_t len = strlen(gpus);
+    if (len == 0 || len > 256 || strspn(gpus, "0123456789, []all") != len)
+        return nsaErrorf(err, "gpus: '%.80s'; allowed: all, a GPU count, or GPU ordinals (0,2 or [0, 2])",
+                         gpus);
+    snprintf(value, sizeof value, strchr(gpus, ',') && !strchr(gpus, '[') ? "[%s]" : "%s", gpus);
+    return setRuntimeKey(cfg, "gpus", value, err);
 }
 
 /* data.path names something nsad can read (a glob: at least one file).
@@ -835,18 +852,21 @@ static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks
 
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
-    return serviceCreateRunOn(svc, config_text, len, name, NULL, 1, id_out, warnings, err);
+    const ServiceSubmit how = {.name = name, .may_queue = 1};
+    return serviceSubmitRun(svc, config_text, len, &how, id_out, warnings, err);
 }
 
-ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
-                                 const char *nodes, int may_queue, char *id_out,
-                                 ServiceWarnings *warnings, NsaError *err) {
+ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len, const ServiceSubmit *how,
+                               char *id_out, ServiceWarnings *warnings, NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
     if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
     NsaError cerr;
+    const char *name = how->name;
+    const int may_queue = how->may_queue;
     if (configLoadString(cfg, config_text, len, &cerr) != 0 ||
-        (nodes && setNodes(cfg, nodes, &cerr) != 0)) {
+        (how->nodes && setNodes(cfg, how->nodes, &cerr) != 0) ||
+        (how->gpus && setGpus(cfg, how->gpus, &cerr) != 0)) {
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }

@@ -195,12 +195,20 @@ typedef struct ServiceWarnings {
  * Otherwise err says why in one line. Takes the lock. */
 ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len, const char *name,
                                char *id_out, ServiceWarnings *warnings, NsaError *err);
-/* The same with the other nodes of a multi-node job (runtime.nodes,
- * "HOST:PORT,..." ) set over the config's; nodes NULL keeps the config's.
- * may_queue 0 answers SVC_BUSY instead of queueing (?queue=false). */
-ServiceStatus serviceCreateRunOn(Service *svc, const char *config_text, size_t len, const char *name,
-                                 const char *nodes, int may_queue, char *id_out,
-                                 ServiceWarnings *warnings, NsaError *err);
+/* How a run is submitted (POST /api/v1/runs's query): its name (NULL: the
+ * id), runtime.nodes ("HOST:PORT,...") and runtime.gpus (all, a count,
+ * "0,2" or "[0, 2]") set over the config's (NULL: the config's), and
+ * may_queue (0 answers SVC_BUSY instead of queueing: ?queue=false). */
+typedef struct ServiceSubmit {
+    const char *name;
+    const char *nodes;
+    const char *gpus;
+    int may_queue;
+} ServiceSubmit;
+/* serviceCreateRun with those; a bad nodes or gpus is SVC_INVALID_CONFIG
+ * naming it. */
+ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len, const ServiceSubmit *how,
+                               char *id_out, ServiceWarnings *warnings, NsaError *err);
 
 /* A coordinator's request to join its multi-node job (POST /api/v1/join):
  * prepare answers how many ranks this node brings (its GPUs for the

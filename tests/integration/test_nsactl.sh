@@ -157,6 +157,13 @@ sed -e "s|^  path: .*|  path: $TMP/no-such-corpus.txt|" "$TMP/short.yaml" >"$TMP
 expect_rc "start of a run whose data.path does not exist exits 78" 78 C start "$TMP/nodata.yaml"
 grep -q "data.path: \"$TMP/no-such-corpus.txt\": does not exist" "$TMP/err" && ok "... naming the path" ||
     not_ok "... naming the path" "$(cat "$TMP/err")"
+# --gpus sets runtime.gpus over the file's; the daemon checks it like the file
+expect_rc "start --gpus on a cpu run exits 78" 78 C start "$TMP/short.yaml" --gpus 0,1
+grep -q "runtime.gpus: 2 GPUs on device cpu" "$TMP/err" && ok "... naming runtime.gpus and the device" ||
+    not_ok "... naming runtime.gpus and the device" "$(cat "$TMP/err")"
+expect_rc "start --gpus with a malformed value exits 78" 78 C start "$TMP/short.yaml" --gpus gpu1
+grep -q "gpus: 'gpu1'; allowed: all, a GPU count, or GPU ordinals" "$TMP/err" && ok "... saying what is allowed" ||
+    not_ok "... saying what is allowed" "$(cat "$TMP/err")"
 printf '{"model": {"dim": 64,}}' >"$TMP/bad.json"
 expect_rc "start of malformed JSON exits 78" 78 C start "$TMP/bad.json"
 expect_rc "a 400 invalid_argument from nsad (bad --name) exits 1" 1 C start "$TMP/short.yaml" --name "no spaces allowed"

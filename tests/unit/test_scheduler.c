@@ -274,7 +274,8 @@ static void test_a_run_waits_for_the_gpus_it_claims(void **state) {
                   "nsa: {l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}\n"
                   "train: {steps: 5, seq_len: 64, batch_size: 2}\n"
                   "data: {source: synthetic}\nruntime: {device: cuda, gpus: [0]}\n";
-    assert_int_equal(serviceCreateRunOn(f->svc, yaml, strlen(yaml), NULL, NULL, 0, d, NULL, &err), SVC_BUSY);
+    const ServiceSubmit no_queue = {.may_queue = 0};
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &no_queue, d, NULL, &err), SVC_BUSY);
     assert_non_null(strstr(err.message, a));
     /* a's end frees GPU 0: b (first in the queue) takes both, c still waits */
     release(a);
@@ -358,6 +359,44 @@ static void test_every_interrupted_run_resumes_after_a_restart(void **state) {
     assert_true(waitEnded(f, c, RUN_COMPLETED));
 }
 
+static void test_the_submit_sets_the_gpus(void **state) {
+    Fixture *f = *state;
+    char yaml[] = "model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_groups: 1, d_k: 16, d_v: 16}\n"
+                  "nsa: {l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}\n"
+                  "train: {steps: 5, seq_len: 64, batch_size: 2}\n"
+                  "data: {source: synthetic}\nruntime: {device: cuda}\n";
+    char a[RUN_ID_MAX], b[RUN_ID_MAX], x[RUN_ID_MAX];
+    NsaError err = {""};
+    /* "1,0"-style lists and [1] pick ordinals; the two runs train at once */
+    const ServiceSubmit on1 = {.gpus = "[1]", .may_queue = 1}, on0 = {.gpus = "0", .may_queue = 1};
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &on1, a, NULL, &err), SVC_OK);
+    const ServiceSubmit first = {.gpus = "1", .may_queue = 1}; /* a count: the first GPU, 0 */
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &first, b, NULL, &err), SVC_OK);
+    assert_int_equal(waitStarted(2), 2);
+    pthread_mutex_lock(&f->svc->lock);
+    assert_int_equal(serviceClaimOf(f->svc, runsFind(f->svc->runs, a)).gpus, 2u);
+    assert_int_equal(serviceClaimOf(f->svc, runsFind(f->svc->runs, b)).gpus, 1u);
+    pthread_mutex_unlock(&f->svc->lock);
+    /* what the loader refuses, named */
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &on0, x, NULL, &err), SVC_INVALID_CONFIG);
+    assert_non_null(strstr(err.message, "runtime.gpus"));
+    const ServiceSubmit bad = {.gpus = "gpu1", .may_queue = 1}, far = {.gpus = "0,5", .may_queue = 1};
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &bad, x, NULL, &err), SVC_INVALID_CONFIG);
+    assert_non_null(strstr(err.message, "gpus: 'gpu1'"));
+    assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &far, x, NULL, &err), SVC_INVALID_CONFIG);
+    assert_non_null(strstr(err.message, "GPU 5"));
+    char cpu[] = "model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_groups: 1, d_k: 16, d_v: 16}\n"
+                 "nsa: {l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}\n"
+                 "train: {steps: 5, seq_len: 64, batch_size: 2}\n"
+                 "data: {source: synthetic}\nruntime: {device: cpu}\n";
+    assert_int_equal(serviceSubmitRun(f->svc, cpu, strlen(cpu), &on1, x, NULL, &err), SVC_INVALID_CONFIG);
+    assert_non_null(strstr(err.message, "on device cpu"));
+    release(a);
+    release(b);
+    assert_true(waitEnded(f, a, RUN_COMPLETED));
+    assert_true(waitEnded(f, b, RUN_COMPLETED));
+}
+
 static void test_cpu_runs_take_turns(void **state) {
     Fixture *f = *state;
     char a[RUN_ID_MAX], b[RUN_ID_MAX];
@@ -384,6 +423,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_a_small_run_passes_but_never_delays_a_waiting_one, setUp,
                                         tearDown),
         cmocka_unit_test_setup_teardown(test_every_interrupted_run_resumes_after_a_restart, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_the_submit_sets_the_gpus, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_cpu_runs_take_turns, setUp, tearDown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
