@@ -1054,7 +1054,10 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
         if (runsDelete(svc->runs, id, trash, sizeof trash, &derr) != 0)
             st = fail(err, SVC_INTERNAL, "run %s not deleted: %s", id, derr.message);
     }
-    if (st == SVC_OK) runlogEnd(svc->runlog, id);
+    if (st == SVC_OK) {
+        runlogEnd(svc->runlog, id);
+        pthread_cond_broadcast(&svc->wake); /* a queued run leaving lets those behind it start */
+    }
     pthread_mutex_unlock(&svc->lock);
     if (st != SVC_OK) return st;
     logNotice("run %s: deleted", id);

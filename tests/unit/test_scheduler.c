@@ -323,6 +323,35 @@ static void test_a_small_run_passes_but_never_delays_a_waiting_one(void **state)
     assert_true(waitEnded(f, big, RUN_COMPLETED));
 }
 
+static void test_a_waiting_run_that_leaves_lets_the_next_start(void **state) {
+    Fixture *f = *state;
+    char a[RUN_ID_MAX], big[RUN_ID_MAX], small[RUN_ID_MAX], big2[RUN_ID_MAX], small2[RUN_ID_MAX];
+    NsaError err = {""};
+    assert_int_equal(submit(f, "cuda", "[0]", a, &err), SVC_OK);
+    assert_int_equal(waitStarted(1), 1);
+    assert_int_equal(submit(f, "cuda", NULL, big, &err), SVC_OK);      /* all GPUs: waits for a */
+    assert_int_equal(submit(f, "cuda", "[1]", small, &err), SVC_OK);   /* waits behind big */
+    assert_int_equal(stateOf(f, small), RUN_QUEUED);
+    /* halted out of the queue, big wants nothing any more: small starts */
+    assert_int_equal(serviceHaltRun(f->svc, big, &err), SVC_OK);
+    assert_int_equal(waitStarted(2), 2);
+    assert_true(startedJob(small));
+    release(small);
+    assert_true(waitEnded(f, small, RUN_COMPLETED));
+    /* the same when the waiting run is deleted */
+    assert_int_equal(submit(f, "cuda", NULL, big2, &err), SVC_OK);
+    assert_int_equal(submit(f, "cuda", "[1]", small2, &err), SVC_OK);
+    assert_int_equal(stateOf(f, small2), RUN_QUEUED);
+    assert_int_equal(serviceDeleteRun(f->svc, big2, &err), SVC_OK); /* DELETE cancels a queued run */
+    assert_int_equal(waitStarted(3), 3);
+    assert_true(startedJob(small2));
+    assert_false(startedJob(big) || startedJob(big2));
+    release(small2);
+    release(a);
+    assert_true(waitEnded(f, small2, RUN_COMPLETED));
+    assert_true(waitEnded(f, a, RUN_COMPLETED));
+}
+
 static void test_every_interrupted_run_resumes_after_a_restart(void **state) {
     Fixture *f = *state;
     char a[RUN_ID_MAX], b[RUN_ID_MAX], c[RUN_ID_MAX];
@@ -422,6 +451,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_a_run_waits_for_the_gpus_it_claims, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_a_small_run_passes_but_never_delays_a_waiting_one, setUp,
                                         tearDown),
+        cmocka_unit_test_setup_teardown(test_a_waiting_run_that_leaves_lets_the_next_start, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_every_interrupted_run_resumes_after_a_restart, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_the_submit_sets_the_gpus, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_cpu_runs_take_turns, setUp, tearDown),
