@@ -6,7 +6,7 @@ scheduler with a made-up node and a stand-in trainer), this checks:
   - one trainer per GPU and one for the CPU engine (GET /health);
   - a CUDA run on the last GPU and a CPU run train at once (both running,
     active_runs holds both, nsad_trainer_busy 2, the CUDA run names its
-    GPU); the CPU run completes beside the CUDA one;
+    GPU and reports MFU); the CPU run completes beside the CUDA one;
   - a second CUDA run claiming that GPU waits in the queue while the first
     trains, and starts and completes once the first is halted;
   - a sample of the halted CUDA run (its halt checkpoint) says which GPU it
@@ -78,6 +78,12 @@ def scenario(d, n_gpus):
     runs = d.api("GET", "/api/v1/runs").json or {}
     check("active_runs holds both", sorted(runs.get("active_runs", [])) == sorted([gpu_run, cpu_run]), runs.get("active_runs"))
     check("the CUDA run names its GPU", state(d, gpu_run).get("gpus") == [last], state(d, gpu_run).get("gpus"))
+    # MFU on a GPU nsad knows the peak of (H100, H200): a fraction beside tok/s
+    has_mfu = wait_for(lambda: isinstance(state(d, gpu_run).get("mfu"), (int, float)), 60)
+    mfu = state(d, gpu_run).get("mfu")
+    check("the CUDA run reports MFU in (0, 1) beside tok/s", has_mfu and 0 < mfu < 1 and
+          state(d, gpu_run).get("toks_per_s", 0) > 0,
+          {k: state(d, gpu_run).get(k) for k in ("mfu", "toks_per_s", "flops_per_token", "peak_flops")})
     metrics = d.request("GET", "/metrics").body.decode()
     check("/metrics counts two busy trainers", "nsad_trainer_busy 2\n" in metrics,
           [l for l in metrics.splitlines() if l.startswith("nsad_trainer")])
