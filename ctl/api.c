@@ -76,6 +76,30 @@ int ctlCall(const Ctl *ctl, const char *method, const char *path, const char *bo
     return rc;
 }
 
+int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
+              size_t body_len, HttpLineFn on_line, void *ctx, int bad_request_exit) {
+    HttpResponse res;
+    char err[HTTP_ERR_MAX];
+    if (httpStream(&ctl->target, method, path, body, body_len, on_line, ctx, &res, err, sizeof err) != 0) {
+        fprintf(stderr, "nsactl: %s\n", err);
+        return CTL_EXIT_UNREACHABLE;
+    }
+    int rc = CTL_OK;
+    if (res.status < 200 || res.status >= 300) {
+        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
+        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
+                ctlString(e, "code", "?"), res.status);
+        cJSON_Delete(doc);
+        rc = res.status == 404   ? CTL_EXIT_NOT_FOUND
+             : res.status == 409 ? CTL_EXIT_CONFLICT
+             : res.status == 400 ? bad_request_exit
+                                 : CTL_EXIT_ERROR;
+    }
+    httpResponseFree(&res);
+    return rc;
+}
+
 void ctlReplyFree(CtlReply *reply) {
     if (!reply) return;
     cJSON_Delete(reply->json);
@@ -115,30 +139,26 @@ int ctlCheckRunId(const char *id) {
     return 0;
 }
 
+/* Takes token as the one to send, saying it came from source (--token,
+ * NSAD_TOKEN). Returns 0, or prints why and returns -1 when it is too long. */
+static int takeToken(Ctl *ctl, const char *token, const char *source) {
+    if (strlen(token) >= sizeof ctl->target.token) {
+        fprintf(stderr, "nsactl: %s: longer than %zu bytes\n", source, sizeof ctl->target.token - 1);
+        return -1;
+    }
+    snprintf(ctl->target.token, sizeof ctl->target.token, "%s", token);
+    snprintf(ctl->token_source, sizeof ctl->token_source, "%s", source);
+    return 0;
+}
+
 int ctlResolveToken(Ctl *ctl, const char *token_arg, const char *token_file_arg) {
     char err[HTTP_ERR_MAX];
     const char *env_token = getenv("NSAD_TOKEN");
     const char *env_file = getenv("NSAD_TOKEN_FILE");
     HttpTarget *t = &ctl->target;
     ctl->token_source[0] = '\0';
-    if (token_arg) {
-        if (strlen(token_arg) >= sizeof t->token) {
-            fprintf(stderr, "nsactl: --token: longer than %zu bytes\n", sizeof t->token - 1);
-            return -1;
-        }
-        snprintf(t->token, sizeof t->token, "%s", token_arg);
-        snprintf(ctl->token_source, sizeof ctl->token_source, "--token");
-        return 0;
-    }
-    if (env_token && *env_token) {
-        if (strlen(env_token) >= sizeof t->token) {
-            fprintf(stderr, "nsactl: NSAD_TOKEN: longer than %zu bytes\n", sizeof t->token - 1);
-            return -1;
-        }
-        snprintf(t->token, sizeof t->token, "%s", env_token);
-        snprintf(ctl->token_source, sizeof ctl->token_source, "NSAD_TOKEN");
-        return 0;
-    }
+    if (token_arg) return takeToken(ctl, token_arg, "--token");
+    if (env_token && *env_token) return takeToken(ctl, env_token, "NSAD_TOKEN");
     const char *file = token_file_arg ? token_file_arg : (env_file && *env_file ? env_file : NULL);
     if (file) {
         if (httpReadTokenFile(file, t->token, sizeof t->token, err, sizeof err) != 0) {

@@ -399,6 +399,43 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
     return watch ? ctlWatchRun(ctl, id_copy, interval_s) : CTL_OK;
 }
 
+/* ---- asking once and showing the answer ------------------------------------------ */
+
+/* For the commands that take no argument (the global options aside).
+ * Returns 0, or prints one usage line and returns -1. */
+static int parseNoArgs(const char *cmd, int argc, char **argv) {
+    const char *pos[1];
+    int n_pos;
+    return parseArgs(cmd, argc, argv, NULL, 0, pos, 0, 0, &n_pos);
+}
+
+/* Prints doc, a document nsactl built, as one line of JSON on stdout (what
+ * --json promises) and frees it. */
+static void printJsonDoc(cJSON *doc) {
+    char *text = cJSON_PrintUnformatted(doc);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(doc);
+}
+
+/* Prints a command's human text for nsad's answer doc; how is the command's
+ * own (a run id, its options). Returns CTL_OK, or CTL_EXIT_ERROR after
+ * printing why (out of memory). */
+typedef int (*ShowFn)(const cJSON *doc, const void *how);
+
+/* Calls method on path with no body and prints the answer: the daemon's
+ * document as it came with --json, else show's text. Returns ctlCall's code
+ * (after it printed why) or show's. */
+static int callAndShow(Ctl *ctl, const char *method, const char *path, ShowFn show, const void *how) {
+    CtlReply reply;
+    int rc = ctlCall(ctl, method, path, NULL, 0, NULL, 0, &reply);
+    if (rc != CTL_OK) return rc;
+    if (ctl->json) ctlPrintJson(&reply);
+    else rc = show(reply.json, how);
+    ctlReplyFree(&reply);
+    return rc;
+}
+
 /* ---- status and list ----------------------------------------------------------- */
 
 static int statusOfDaemon(Ctl *ctl) {
@@ -433,10 +470,7 @@ static int statusOfDaemon(Ctl *ctl) {
         cJSON *all = cJSON_AddArrayToObject(out, "active_runs");
         for (int i = 0; i < n_active; i++) cJSON_AddItemToArray(all, cJSON_Duplicate(active[i], 1));
         cJSON_AddNumberToObject(out, "runs", n_runs);
-        char *text = cJSON_PrintUnformatted(out);
-        if (text) puts(text);
-        free(text);
-        cJSON_Delete(out);
+        printJsonDoc(out);
     } else {
         double uptime = -1, trainers = 1, busy = 0;
         char up[32], load[48] = "";
@@ -468,42 +502,34 @@ static int runCall(Ctl *ctl, const char *method, const char *id, CtlReply *reply
     return ctlCall(ctl, method, path, NULL, 0, NULL, 0, reply);
 }
 
+static int showRunDetails(const cJSON *run, const void *how) {
+    (void)how;
+    printRunDetails(run);
+    return CTL_OK;
+}
+
 static int cmdStatus(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     if (parseArgs("status", argc, argv, NULL, 0, pos, 0, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (n_pos == 0) return statusOfDaemon(ctl);
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
-    CtlReply reply;
-    int rc = runCall(ctl, "GET", pos[0], &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) ctlPrintJson(&reply);
-    else printRunDetails(reply.json);
-    ctlReplyFree(&reply);
-    return CTL_OK;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s", pos[0]);
+    return callAndShow(ctl, "GET", path, showRunDetails, NULL);
 }
 
-static int cmdList(Ctl *ctl, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    if (parseArgs("list", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
-    CtlReply reply;
-    int rc = ctlCall(ctl, "GET", "/api/v1/runs", NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) {
-        ctlPrintJson(&reply);
-        ctlReplyFree(&reply);
-        return CTL_OK;
-    }
+/* The table of `list`. */
+static int showRunTable(const cJSON *doc, const void *how) {
+    (void)how;
     static const char *const headers[] = {"ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "DEVICE", "CREATED"};
     FormatTable *table = formatTableNew(8, headers);
     if (!table) {
         fprintf(stderr, "nsactl list: out of memory\n");
-        ctlReplyFree(&reply);
         return CTL_EXIT_ERROR;
     }
     const cJSON *run;
-    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(reply.json, "runs")) {
+    cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(doc, "runs")) {
         char step[48] = "-", loss[32], tps[32] = "-", created[32];
         double v = 0, total = 0, ts = 0;
         if (ctlNumber(run, "step", &v)) {
@@ -526,15 +552,18 @@ static int cmdList(Ctl *ctl, int argc, char **argv) {
         if (formatTableAdd(table, cells)) {
             fprintf(stderr, "nsactl list: out of memory\n");
             formatTableFree(table);
-            ctlReplyFree(&reply);
             return CTL_EXIT_ERROR;
         }
     }
     if (formatTableRows(table) == 0) printf("no runs yet; start one with: nsactl start CONFIG\n");
     else formatTablePrint(table, stdout);
     formatTableFree(table);
-    ctlReplyFree(&reply);
     return CTL_OK;
+}
+
+static int cmdList(Ctl *ctl, int argc, char **argv) {
+    if (parseNoArgs("list", argc, argv)) return CTL_EXIT_USAGE;
+    return callAndShow(ctl, "GET", "/api/v1/runs", showRunTable, NULL);
 }
 
 /* ---- halt and resume -------------------------------------------------------------- */
@@ -599,20 +628,27 @@ static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
     return CTL_OK;
 }
 
-static int cmdFront(Ctl *ctl, int argc, char **argv) {
+static int showFront(const cJSON *doc, const void *id) {
+    (void)doc;
+    printf("run %s is first in the queue: it starts next\n", (const char *)id);
+    return CTL_OK;
+}
+
+/* A command whose one argument is a run id: method on /api/v1/runs/{id}
+ * plus suffix, the answer shown by show (which gets the id). */
+static int cmdOnRun(Ctl *ctl, int argc, char **argv, const char *cmd, const char *method,
+                    const char *suffix, ShowFn show) {
     const char *pos[1];
     int n_pos;
-    if (parseArgs("front", argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs(cmd, argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s/front", pos[0]);
-    CtlReply reply;
-    int rc = ctlCall(ctl, "POST", path, NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) ctlPrintJson(&reply);
-    else printf("run %s is first in the queue: it starts next\n", pos[0]);
-    ctlReplyFree(&reply);
-    return CTL_OK;
+    snprintf(path, sizeof path, "/api/v1/runs/%s%s", pos[0], suffix);
+    return callAndShow(ctl, method, path, show, pos[0]);
+}
+
+static int cmdFront(Ctl *ctl, int argc, char **argv) {
+    return cmdOnRun(ctl, argc, argv, "front", "POST", "/front", showFront);
 }
 
 static int cmdHalt(Ctl *ctl, int argc, char **argv) {
@@ -623,53 +659,35 @@ static int cmdResume(Ctl *ctl, int argc, char **argv) {
     return cmdHaltOrResume(ctl, argc, argv, "resume");
 }
 
-static int cmdDelete(Ctl *ctl, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    if (parseArgs("delete", argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
-    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
-    CtlReply reply;
-    int rc = runCall(ctl, "DELETE", pos[0], &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json)
-        ctlPrintJson(&reply);
-    else
-        printf("deleted %s\n", pos[0]);
-    ctlReplyFree(&reply);
+static int showDeleted(const cJSON *doc, const void *id) {
+    (void)doc;
+    printf("deleted %s\n", (const char *)id);
     return CTL_OK;
+}
+
+static int cmdDelete(Ctl *ctl, int argc, char **argv) {
+    return cmdOnRun(ctl, argc, argv, "delete", "DELETE", "", showDeleted);
 }
 
 /* ---- metrics and events ------------------------------------------------------------ */
 
-static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
-    const char *since = NULL, *last = NULL;
-    const CmdOption opts[] = {{"--since", &since, NULL}, {"--last", &last, NULL}};
-    const char *pos[1];
-    int n_pos;
-    long long since_step = 0, last_n = 20;
-    if (parseArgs("metrics", argc, argv, opts, 2, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
-    if (since && parseCount("metrics", "--since", since, &since_step)) return CTL_EXIT_USAGE;
-    if (last && parseCount("metrics", "--last", last, &last_n)) return CTL_EXIT_USAGE;
-    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
-    char path[256];
-    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=%lld", pos[0], since_step);
-    CtlReply reply;
-    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) {
-        ctlPrintJson(&reply);
-        ctlReplyFree(&reply);
-        return CTL_OK;
-    }
-    const cJSON *train = cJSON_GetObjectItemCaseSensitive(reply.json, "train");
-    const cJSON *val = cJSON_GetObjectItemCaseSensitive(reply.json, "val");
+/* What `metrics` was asked to show. */
+typedef struct MetricsView {
+    long long since_step; /* --since */
+    long long last_n;     /* --last: the newest rows of the training table; 0 all */
+} MetricsView;
+
+/* The training table (its newest rows) and the validation table. */
+static int showMetrics(const cJSON *doc, const void *how) {
+    const MetricsView *view = how;
+    const cJSON *train = cJSON_GetObjectItemCaseSensitive(doc, "train");
+    const cJSON *val = cJSON_GetObjectItemCaseSensitive(doc, "val");
     int n_train = cJSON_GetArraySize(train), n_val = cJSON_GetArraySize(val);
-    int skip = (last_n > 0 && n_train > last_n) ? n_train - (int)last_n : 0;
+    int skip = (view->last_n > 0 && n_train > view->last_n) ? n_train - (int)view->last_n : 0;
 
     static const char *const train_headers[] = {"STEP", "LOSS", "LR", "GRAD_NORM", "TOK/S", "MEMORY"};
     FormatTable *table = formatTableNew(6, train_headers);
     if (!table) {
-        ctlReplyFree(&reply);
         fprintf(stderr, "nsactl metrics: out of memory\n");
         return CTL_EXIT_ERROR;
     }
@@ -690,13 +708,12 @@ static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
         if (formatTableAdd(table, cells)) {
             fprintf(stderr, "nsactl metrics: out of memory\n");
             formatTableFree(table);
-            ctlReplyFree(&reply);
             return CTL_EXIT_ERROR;
         }
     }
-    if (n_train == 0) printf("no training samples%s yet\n", since_step ? " at or after that step" : "");
+    if (n_train == 0) printf("no training samples%s yet\n", view->since_step ? " at or after that step" : "");
     else formatTablePrint(table, stdout);
-    if (skip) printf("(last %lld of %d samples; --last 0 shows all)\n", last_n, n_train);
+    if (skip) printf("(last %lld of %d samples; --last 0 shows all)\n", view->last_n, n_train);
     formatTableFree(table);
 
     if (n_val > 0) {
@@ -704,7 +721,6 @@ static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
         table = formatTableNew(3, val_headers);
         if (!table) {
             fprintf(stderr, "nsactl metrics: out of memory\n");
-            ctlReplyFree(&reply);
             return CTL_EXIT_ERROR;
         }
         {
@@ -720,7 +736,6 @@ static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
                 if (formatTableAdd(table, cells)) {
                     fprintf(stderr, "nsactl metrics: out of memory\n");
                     formatTableFree(table);
-                    ctlReplyFree(&reply);
                     return CTL_EXIT_ERROR;
                 }
             }
@@ -729,7 +744,42 @@ static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
             formatTableFree(table);
         }
     }
-    ctlReplyFree(&reply);
+    return CTL_OK;
+}
+
+static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
+    const char *since = NULL, *last = NULL;
+    const CmdOption opts[] = {{"--since", &since, NULL}, {"--last", &last, NULL}};
+    const char *pos[1];
+    int n_pos;
+    MetricsView view = {.since_step = 0, .last_n = 20};
+    if (parseArgs("metrics", argc, argv, opts, 2, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (since && parseCount("metrics", "--since", since, &view.since_step)) return CTL_EXIT_USAGE;
+    if (last && parseCount("metrics", "--last", last, &view.last_n)) return CTL_EXIT_USAGE;
+    if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
+    char path[256];
+    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=%lld", pos[0], view.since_step);
+    return callAndShow(ctl, "GET", path, showMetrics, &view);
+}
+
+/* One line per event: seq, time, step, type and its details. */
+static int showEvents(const cJSON *doc, const void *how) {
+    (void)how;
+    const cJSON *events = cJSON_GetObjectItemCaseSensitive(doc, "events");
+    if (cJSON_GetArraySize(events) == 0) printf("no events\n");
+    const cJSON *e;
+    cJSON_ArrayForEach(e, events) {
+        double seq = 0, ts = 0, step = 0;
+        char when[32], step_s[32] = "-";
+        ctlNumber(e, "seq", &seq);
+        ctlNumber(e, "ts", &ts);
+        if (ctlNumber(e, "step", &step)) snprintf(step_s, sizeof step_s, "%.0f", step);
+        const cJSON *detail = cJSON_GetObjectItemCaseSensitive(e, "detail");
+        char *detail_text = (detail && cJSON_GetArraySize(detail) > 0) ? cJSON_PrintUnformatted(detail) : NULL;
+        printf("%4.0f  %s  step %-7s %s%s%s\n", seq, formatTimestamp(ts, when, sizeof when), step_s,
+               ctlString(e, "type", "?"), detail_text ? "  " : "", detail_text ? detail_text : "");
+        free(detail_text);
+    }
     return CTL_OK;
 }
 
@@ -745,31 +795,7 @@ static int cmdEvents(Ctl *ctl, int argc, char **argv) {
     char path[256];
     if (since) snprintf(path, sizeof path, "/api/v1/runs/%s/events?since=%lld", pos[0], since_seq);
     else snprintf(path, sizeof path, "/api/v1/runs/%s/events", pos[0]);
-    CtlReply reply;
-    int rc = ctlCall(ctl, "GET", path, NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) {
-        ctlPrintJson(&reply);
-        ctlReplyFree(&reply);
-        return CTL_OK;
-    }
-    const cJSON *events = cJSON_GetObjectItemCaseSensitive(reply.json, "events");
-    if (cJSON_GetArraySize(events) == 0) printf("no events\n");
-    const cJSON *e;
-    cJSON_ArrayForEach(e, events) {
-        double seq = 0, ts = 0, step = 0;
-        char when[32], step_s[32] = "-";
-        ctlNumber(e, "seq", &seq);
-        ctlNumber(e, "ts", &ts);
-        if (ctlNumber(e, "step", &step)) snprintf(step_s, sizeof step_s, "%.0f", step);
-        const cJSON *detail = cJSON_GetObjectItemCaseSensitive(e, "detail");
-        char *detail_text = (detail && cJSON_GetArraySize(detail) > 0) ? cJSON_PrintUnformatted(detail) : NULL;
-        printf("%4.0f  %s  step %-7s %s%s%s\n", seq, formatTimestamp(ts, when, sizeof when), step_s,
-               ctlString(e, "type", "?"), detail_text ? "  " : "", detail_text ? detail_text : "");
-        free(detail_text);
-    }
-    ctlReplyFree(&reply);
-    return CTL_OK;
+    return callAndShow(ctl, "GET", path, showEvents, NULL);
 }
 
 /* ---- logs ----------------------------------------------------------------------------- */
@@ -815,57 +841,35 @@ static int cmdLogs(Ctl *ctl, int argc, char **argv) {
     char path[256];
     int n = snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=%d", pos[0], follow);
     if (tail_n >= 0) snprintf(path + n, sizeof path - (size_t)n, "&tail=%lld", tail_n);
-    HttpResponse res;
-    char err[HTTP_ERR_MAX];
-    if (httpStream(&ctl->target, "GET", path, NULL, 0, logLine, ctl, &res, err, sizeof err) != 0) {
-        fprintf(stderr, "nsactl: %s\n", err);
-        return CTL_EXIT_UNREACHABLE;
-    }
-    int rc = CTL_OK;
-    if (res.status < 200 || res.status >= 300) {
-        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
-        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
-                ctlString(e, "code", "?"), res.status);
-        cJSON_Delete(doc);
-        rc = res.status == 404 ? CTL_EXIT_NOT_FOUND : res.status == 409 ? CTL_EXIT_CONFLICT : CTL_EXIT_ERROR;
-    }
-    httpResponseFree(&res);
-    return rc;
+    return ctlStream(ctl, "GET", path, NULL, 0, logLine, ctl, CTL_EXIT_ERROR);
 }
 
 /* ---- stacks, dashboard, version ---------------------------------------------------- */
 
-static int cmdStacks(Ctl *ctl, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    if (parseArgs("stacks", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
-    CtlReply reply;
-    int rc = ctlCall(ctl, "POST", "/api/v1/debug/stacks", NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) {
-        ctlPrintJson(&reply);
-    } else {
-        double age = -1, step = 0;
-        char age_s[32];
-        ctlNumber(reply.json, "phase_age_s", &age);
-        int have_step = ctlNumber(reply.json, "step", &step);
-        printf("run %s, phase %s for %s", ctlString(reply.json, "run_id", "(none)"),
-               ctlString(reply.json, "phase", "-"), formatDuration(age, age_s, sizeof age_s));
-        if (have_step) printf(", step %.0f", step);
-        printf("\n%s", ctlString(reply.json, "device", ""));
-        printf("\n%s", ctlString(reply.json, "stacks", "(no stacks in the answer)\n"));
-        const char *stacks = ctlString(reply.json, "stacks", "");
-        if (*stacks && stacks[strlen(stacks) - 1] != '\n') putchar('\n');
-    }
-    ctlReplyFree(&reply);
+/* The trainer's phase and its age, the device, then the stacks. */
+static int showStacks(const cJSON *doc, const void *how) {
+    (void)how;
+    double age = -1, step = 0;
+    char age_s[32];
+    ctlNumber(doc, "phase_age_s", &age);
+    int have_step = ctlNumber(doc, "step", &step);
+    printf("run %s, phase %s for %s", ctlString(doc, "run_id", "(none)"), ctlString(doc, "phase", "-"),
+           formatDuration(age, age_s, sizeof age_s));
+    if (have_step) printf(", step %.0f", step);
+    printf("\n%s", ctlString(doc, "device", ""));
+    printf("\n%s", ctlString(doc, "stacks", "(no stacks in the answer)\n"));
+    const char *stacks = ctlString(doc, "stacks", "");
+    if (*stacks && stacks[strlen(stacks) - 1] != '\n') putchar('\n');
     return CTL_OK;
 }
 
+static int cmdStacks(Ctl *ctl, int argc, char **argv) {
+    if (parseNoArgs("stacks", argc, argv)) return CTL_EXIT_USAGE;
+    return callAndShow(ctl, "POST", "/api/v1/debug/stacks", showStacks, NULL);
+}
+
 static int cmdDashboard(Ctl *ctl, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    if (parseArgs("dashboard", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseNoArgs("dashboard", argc, argv)) return CTL_EXIT_USAGE;
     /* The dashboard is a TCP page: with the socket as target, nsad says
      * where it listens. */
     char base[HTTP_ADDR_MAX];
@@ -894,32 +898,23 @@ static int cmdDashboard(Ctl *ctl, int argc, char **argv) {
         char url[HTTP_ADDR_MAX + HTTP_TOKEN_MAX + 16];
         snprintf(url, sizeof url, "%s/#token=%s", base, ctl->target.token);
         cJSON_AddStringToObject(out, "url", url);
-        char *text = cJSON_PrintUnformatted(out);
-        if (text) puts(text);
-        free(text);
-        cJSON_Delete(out);
+        printJsonDoc(out);
     } else {
         printf("%s/#token=%s\n", base, ctl->target.token);
     }
     return CTL_OK;
 }
 
-static int cmdVersion(Ctl *ctl, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    if (parseArgs("version", argc, argv, NULL, 0, pos, 0, 0, &n_pos)) return CTL_EXIT_USAGE;
-    CtlReply reply;
-    int rc = ctlCall(ctl, "GET", "/api/v1/version", NULL, 0, NULL, 0, &reply);
-    if (rc != CTL_OK) return rc;
-    if (ctl->json) {
-        ctlPrintJson(&reply);
-    } else {
-        printf("nsactl %s\nnsad   %s (api %s, cuda %s)\n", NSA_VERSION,
-               ctlString(reply.json, "version", "?"), ctlString(reply.json, "api", "?"),
-               cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(reply.json, "cuda")) ? "yes" : "no");
-    }
-    ctlReplyFree(&reply);
+static int showVersion(const cJSON *doc, const void *how) {
+    (void)how;
+    printf("nsactl %s\nnsad   %s (api %s, cuda %s)\n", NSA_VERSION, ctlString(doc, "version", "?"),
+           ctlString(doc, "api", "?"), cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(doc, "cuda")) ? "yes" : "no");
     return CTL_OK;
+}
+
+static int cmdVersion(Ctl *ctl, int argc, char **argv) {
+    if (parseNoArgs("version", argc, argv)) return CTL_EXIT_USAGE;
+    return callAndShow(ctl, "GET", "/api/v1/version", showVersion, NULL);
 }
 
 static int cmdWatch(Ctl *ctl, int argc, char **argv) {

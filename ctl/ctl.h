@@ -58,6 +58,16 @@ int ctlCallQuiet(const Ctl *ctl, const char *method, const char *path, const cha
 
 void ctlReplyFree(CtlReply *reply);
 
+/* Sends the request and hands each line of a 2xx answer to on_line as it
+ * comes (httpStream, http.h). Returns CTL_OK once a 2xx stream has ended;
+ * otherwise prints one line on stderr ("nsactl: <daemon's message> (<code>,
+ * HTTP <status>)" or why it could not reach nsad) and returns
+ * CTL_EXIT_UNREACHABLE, CTL_EXIT_NOT_FOUND (404), CTL_EXIT_CONFLICT (409),
+ * bad_request_exit (400), else CTL_EXIT_ERROR. Whether the stream said all
+ * it should is for the caller's on_line to tell. Nothing to free. */
+int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
+              size_t body_len, HttpLineFn on_line, void *ctx, int bad_request_exit);
+
 /* Prints the raw JSON body of a reply on stdout as one line (what --json
  * promises: the daemon's document, unchanged). */
 void ctlPrintJson(const CtlReply *reply);

@@ -19,9 +19,11 @@ typedef struct UseOption {
 } UseOption;
 
 /* argv into one positional argument and values of the named options (each
- * takes a value; "--x V" or "--x=V"). Returns 0, or prints and returns -1. */
+ * takes a value; "--x V" or "--x=V"). opts[0] is required, non-empty;
+ * `required` names it with its value ("--prompt TEXT"). Returns 0, or
+ * prints and returns -1. */
 static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int n_opts,
-                    const char **pos) {
+                    const char *required, const char **pos) {
     *pos = NULL;
     for (int i = 0; i < argc; i++) {
         const char *arg = argv[i];
@@ -51,6 +53,10 @@ static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int
     if (!*pos) {
         fprintf(stderr, "nsactl %s: missing argument; usage: nsactl %s\n", cmd,
                 ctlFindCommand(cmd)->synopsis);
+        return -1;
+    }
+    if (!opts[0].value || !opts[0].value[0]) {
+        fprintf(stderr, "nsactl %s: %s is required\n", cmd, required);
         return -1;
     }
     return 0;
@@ -105,34 +111,15 @@ static int streamCall(UseRun *u, const char *path, cJSON *body, HttpLineFn on_li
         fprintf(stderr, "nsactl %s: out of memory\n", u->cmd);
         return CTL_EXIT_ERROR;
     }
-    HttpResponse res;
-    char err[HTTP_ERR_MAX];
-    const int rc = httpStream(&u->ctl->target, "POST", path, text, strlen(text), on_line, u, &res,
-                              err, sizeof err);
+    const int rc = ctlStream(u->ctl, "POST", path, text, strlen(text), on_line, u, CTL_EXIT_USAGE);
     free(text);
-    if (rc != 0) {
-        fprintf(stderr, "nsactl: %s\n", err);
-        return CTL_EXIT_UNREACHABLE;
-    }
-    int exit_code = CTL_OK;
-    if (res.status < 200 || res.status >= 300) {
-        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
-        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
-                ctlString(e, "code", "?"), res.status);
-        cJSON_Delete(doc);
-        exit_code = res.status == 404 ? CTL_EXIT_NOT_FOUND
-                    : res.status == 409 ? CTL_EXIT_CONFLICT
-                    : res.status == 400 ? CTL_EXIT_USAGE
-                                        : CTL_EXIT_ERROR;
-    } else if (u->failed) {
-        exit_code = CTL_EXIT_ERROR;
-    } else if (!u->done) {
+    if (rc != CTL_OK) return rc;
+    if (u->failed) return CTL_EXIT_ERROR;
+    if (!u->done) {
         fprintf(stderr, "nsactl %s: the stream ended early (nsad stopped?)\n", u->cmd);
-        exit_code = CTL_EXIT_ERROR;
+        return CTL_EXIT_ERROR;
     }
-    httpResponseFree(&res);
-    return exit_code;
+    return CTL_OK;
 }
 
 /* An {"event":"error"} line: printed; 1 when it was one. */
@@ -145,6 +132,16 @@ static int errorLine(UseRun *u, const cJSON *o) {
     return 1;
 }
 
+/* With --json: the daemon's line as it came; notes the end (final_event)
+ * and an error. */
+static void jsonLine(UseRun *u, const char *line, size_t len, const char *ev, const char *final_event) {
+    fwrite(line, 1, len, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (!strcmp(ev, final_event)) u->done = 1;
+    if (!strcmp(ev, "error")) u->failed = 1;
+}
+
 /* ---- sample ------------------------------------------------------------------ */
 
 static int sampleLine(void *ctx, const char *line, size_t len) {
@@ -153,11 +150,7 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
     if (!o) return 0;
     const char *ev = ctlString(o, "event", "");
     if (u->ctl->json) {
-        fwrite(line, 1, len, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
-        if (!strcmp(ev, "done")) u->done = 1;
-        if (!strcmp(ev, "error")) u->failed = 1;
+        jsonLine(u, line, len, ev, "done");
     } else if (errorLine(u, o)) {
     } else if (!strcmp(ev, "start")) {
         fputs(ctlString(o, "prompt", ""), stdout);
@@ -184,11 +177,7 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
                         {"--top-k", NULL},       {"--top-p", NULL},      {"--seed", NULL},
                         {"--stop", NULL},        {"--device", NULL}};
     const char *what;
-    if (parseUse("sample", argc, argv, opts, 8, &what)) return CTL_EXIT_USAGE;
-    if (!opts[0].value || !opts[0].value[0]) {
-        fprintf(stderr, "nsactl sample: --prompt TEXT is required\n");
-        return CTL_EXIT_USAGE;
-    }
+    if (parseUse("sample", argc, argv, opts, 8, "--prompt TEXT", &what)) return CTL_EXIT_USAGE;
     cJSON *body = cJSON_CreateObject();
     if (!body || addTarget("sample", body, what) ||
         addNumber("sample", body, "max_tokens", &opts[1]) ||
@@ -217,11 +206,7 @@ static int evalLine(void *ctx, const char *line, size_t len) {
     const char *ev = ctlString(o, "event", "");
     double done = 0, total = 0, loss = NAN, v;
     if (u->ctl->json) {
-        fwrite(line, 1, len, stdout);
-        fputc('\n', stdout);
-        fflush(stdout);
-        if (!strcmp(ev, "result")) u->done = 1;
-        if (!strcmp(ev, "error")) u->failed = 1;
+        jsonLine(u, line, len, ev, "result");
     } else if (errorLine(u, o)) {
     } else if (!strcmp(ev, "progress")) {
         ctlNumber(o, "done", &done);
@@ -253,11 +238,7 @@ int ctlCmdEval(Ctl *ctl, int argc, char **argv) {
     UseOption opts[] = {{"--data", NULL},       {"--seq-len", NULL}, {"--batch", NULL},
                         {"--max-tokens", NULL}, {"--device", NULL}};
     const char *what;
-    if (parseUse("eval", argc, argv, opts, 5, &what)) return CTL_EXIT_USAGE;
-    if (!opts[0].value || !opts[0].value[0]) {
-        fprintf(stderr, "nsactl eval: --data PATH is required\n");
-        return CTL_EXIT_USAGE;
-    }
+    if (parseUse("eval", argc, argv, opts, 5, "--data PATH", &what)) return CTL_EXIT_USAGE;
     char data[PATH_MAX];
     if (!realpath(opts[0].value, data)) {
         fprintf(stderr, "nsactl eval: --data %s: %s\n", opts[0].value, strerror(errno));
