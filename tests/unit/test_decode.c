@@ -23,42 +23,6 @@
 
 enum { SEQ = 2, LEN = 83 };
 
-static NsaModelConfig tinyConfig(NsaPhi phi, NsaMlpKind mlp) {
-    NsaModelConfig c;
-    nsaModelConfigDefaults(&c);
-    c.vocab_size = 11;
-    c.dim = 8;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_groups = 2;
-    c.d_k = 4;
-    c.d_v = 6;
-    c.mlp_hidden = 16;
-    c.mlp = mlp;
-    c.cmp_len = 4;
-    c.cmp_stride = 2;
-    c.sel_len = 4;
-    c.n_sel = 3;
-    c.window = 5;
-    c.phi = phi;
-    return c;
-}
-
-/* Larger weights than the init's, so softmaxes, gates and the selection are
- * far from uniform (a wrong position or block changes the logits). */
-static void scrambleWeights(NsaModel *m, uint64_t seed) {
-    NsaRng rng;
-    nsaRngSeed(&rng, seed, 7);
-    NsaError err = {{0}};
-    for (int i = 0; i < nsaModelNumTensors(m); i++) {
-        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
-        float *w = testAlloc(ti->numel, sizeof(float));
-        testFillF32(&rng, w, ti->numel, ti->ndim == 1 ? 0.8 : -0.6, ti->ndim == 1 ? 1.2 : 0.6);
-        if (nsaModelSetTensor(m, NSA_ARENA_PARAMS, i, w, &err)) fail_msg("%s", err.message);
-        free(w);
-    }
-}
-
 typedef struct Reference {
     NsaModel *model;
     int32_t tokens[SEQ][LEN];
@@ -72,7 +36,7 @@ static void referenceBuild(Reference *ref, const NsaModelConfig *cfg, NsaPrecisi
     NsaError err = {{0}};
     ref->model = nsaModelCreate(cfg, &eo, &err);
     if (!ref->model) fail_msg("nsaModelCreate: %s", err.message);
-    scrambleWeights(ref->model, seed);
+    testScrambleWeights(ref->model, seed);
     NsaRng rng;
     nsaRngSeed(&rng, seed, 3);
     int32_t targets[SEQ * LEN];
@@ -186,19 +150,19 @@ static void checkConfig(NsaModelConfig cfg, NsaPrecision prec, double tol, uint6
 
 static void test_f64_avg_silu(void **state) {
     (void)state;
-    checkConfig(tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU), NSA_PREC_F64, 1e-9, 1);
+    checkConfig(testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU), NSA_PREC_F64, 1e-9, 1);
 }
 
 static void test_f64_mlp_swiglu(void **state) {
     (void)state;
-    checkConfig(tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU), NSA_PREC_F64, 1e-9, 2);
+    checkConfig(testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU), NSA_PREC_F64, 1e-9, 2);
 }
 
 /* l = d (no overlap), l' = 2d, more selected blocks than forced, a window
  * longer than the compressed block, one KV group, d_k > d_v. */
 static void test_f64_shape_variants(void **state) {
     (void)state;
-    NsaModelConfig c = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig c = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     c.cmp_len = 2;
     c.cmp_stride = 2;
     c.sel_len = 4;
@@ -209,12 +173,12 @@ static void test_f64_shape_variants(void **state) {
     c.d_v = 4;
     checkConfig(c, NSA_PREC_F64, 1e-9, 3);
     /* every block selected and a window covering everything */
-    c = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    c = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     c.n_sel = 64;
     c.window = 200;
     checkConfig(c, NSA_PREC_F64, 1e-9, 4);
     /* n_sel below the forced blocks, l = 8 > l' = 4 */
-    c = tinyConfig(NSA_PHI_AVG, NSA_MLP_SWIGLU);
+    c = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SWIGLU);
     c.cmp_len = 8;
     c.cmp_stride = 4;
     c.n_sel = 1;
@@ -223,14 +187,14 @@ static void test_f64_shape_variants(void **state) {
 
 static void test_f32(void **state) {
     (void)state;
-    checkConfig(tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU), NSA_PREC_F32, 1e-5, 6);
+    checkConfig(testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU), NSA_PREC_F32, 1e-5, 6);
 }
 
 /* The test can fail: a decoder whose weights differ in one element of one
  * key projection no longer matches. */
 static void test_detects_a_difference(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     Reference ref;
     referenceBuild(&ref, &cfg, NSA_PREC_F64, 8);
     NsaDecoder *d = makeDecoder(&cfg, NSA_PREC_F64, SEQ, LEN);
@@ -251,7 +215,7 @@ static void test_detects_a_difference(void **state) {
 
 static void test_refusals(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     NsaError err = {{0}};
     NsaDecoderOptions o = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_BF16, .max_batch = 2,
                            .max_context = 8};

@@ -21,27 +21,6 @@
 
 enum { TB = 2, TS = 13 };
 
-static NsaModelConfig tinyConfig(NsaPhi phi, NsaMlpKind mlp) {
-    NsaModelConfig c;
-    nsaModelConfigDefaults(&c);
-    c.vocab_size = 11;
-    c.dim = 8;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_groups = 2;
-    c.d_k = 4;
-    c.d_v = 6;
-    c.mlp_hidden = 16;
-    c.mlp = mlp;
-    c.cmp_len = 4;
-    c.cmp_stride = 2;
-    c.sel_len = 4;
-    c.n_sel = 3;
-    c.window = 5;
-    c.phi = phi;
-    return c;
-}
-
 static NsaModel *makeModel(const NsaModelConfig *cfg, NsaPrecision prec, uint64_t seed) {
     NsaEngineOptions opt = {.device = NSA_DEVICE_CPU,
                             .precision = prec,
@@ -71,21 +50,24 @@ static void randomBatch(uint64_t seed, int V, int32_t *tokens, int32_t *targets)
         }
 }
 
-/* Replaces the small init weights of an F64 model with larger ones, so the
- * attention softmaxes, gates and activations are far from linear and the
- * gradient check exercises them. Norm weights stay near 1. */
-static void scrambleWeightsF64(NsaModel *m, uint64_t seed) {
-    double *p = nsaModelHostArena(m, NSA_ARENA_PARAMS);
-    NsaRng rng;
-    nsaRngSeed(&rng, seed, 7);
-    for (int i = 0; i < nsaModelNumTensors(m); i++) {
-        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
-        if (ti->ndim == 1)
-            testFillF64(&rng, p + ti->offset, ti->numel, 0.8, 1.2);
-        else
-            testFillF64(&rng, p + ti->offset, ti->numel, -0.6, 0.6);
-    }
+/* A tiny model, initialised from a seed, and one batch for it. */
+typedef struct TinyRun {
+    NsaModelConfig cfg;
+    NsaModel *m;
+    int32_t tok[TB * TS], tgt[TB * TS];
+} TinyRun;
+
+/* testTinyModelConfig(phi, mlp) at prec initialised from seed, and a batch
+ * drawn from seed + 1. The caller frees r->m. */
+static void tinyRunMake(TinyRun *r, NsaPhi phi, NsaMlpKind mlp, NsaPrecision prec, uint64_t seed) {
+    r->cfg = testTinyModelConfig(phi, mlp);
+    r->m = makeModel(&r->cfg, prec, seed);
+    randomBatch(seed + 1, r->cfg.vocab_size, r->tok, r->tgt);
 }
+
+/* The optimizer settings of the training tests. */
+static const NsaOptimConfig kAdamW = {
+    .lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .grad_clip = 1.0f};
 
 static double lossOf(NsaModel *m, const int32_t *tok, const int32_t *tgt) {
     double loss = 0;
@@ -104,7 +86,7 @@ static void forwardBackward(NsaModel *m, const int32_t *tok, const int32_t *tgt)
 
 static void test_layout_table(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
     NsaLayout lay;
     NsaError err = {{0}};
     assert_int_equal(nsaLayoutBuild(&lay, &cfg, &err), 0);
@@ -134,7 +116,7 @@ static void test_layout_table(void **state) {
     assert_int_equal(numel, lay.n_params);
     nsaLayoutFree(&lay);
 
-    cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     assert_int_equal(nsaLayoutBuild(&lay, &cfg, &err), 0);
     assert_int_equal(lay.n_tensors, 1 + 2 * 13 + 2);
     assert_int_equal(lay.layers[0].phi_k_w1, -1);
@@ -144,7 +126,7 @@ static void test_layout_table(void **state) {
 
 static void test_init_is_seeded_and_scaled(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     NsaModel *a = makeModel(&cfg, NSA_PREC_F32, 1234);
     NsaModel *b = makeModel(&cfg, NSA_PREC_F64, 1234);
     NsaModel *c = makeModel(&cfg, NSA_PREC_F32, 1235);
@@ -192,7 +174,7 @@ static void test_init_is_seeded_and_scaled(void **state) {
 
 static void test_get_set_tensor(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 3);
     NsaError err = {{0}};
     int i = nsaModelFindTensor(m, "layers.0.wv_sel");
@@ -299,7 +281,7 @@ static void test_rope_op(void **state) {
 static double gradCheck(const NsaModelConfig *config, const char **worst_name) {
     NsaModelConfig cfg = *config;
     NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 42);
-    scrambleWeightsF64(m, 43);
+    testScrambleWeights(m, 43);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(44, cfg.vocab_size, tok, tgt);
     tgt[3] = -1; /* an ignored target must not count */
@@ -344,7 +326,7 @@ static void checkGradientsOf(const NsaModelConfig *cfg, const char *label) {
 }
 
 static void checkGradients(NsaPhi phi, NsaMlpKind mlp, const char *label) {
-    NsaModelConfig cfg = tinyConfig(phi, mlp);
+    NsaModelConfig cfg = testTinyModelConfig(phi, mlp);
     checkGradientsOf(&cfg, label);
 }
 
@@ -352,7 +334,7 @@ static void checkGradients(NsaPhi phi, NsaMlpKind mlp, const char *label) {
  * (l' = 2: 7 blocks, n_sel = 4), and n_sel = 1 (rows wider than n_sel). */
 static void test_gradcheck_selection_variants(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     cfg.sel_len = 2;
     cfg.n_sel = 4;
     cfg.window = 3;
@@ -383,8 +365,8 @@ static void test_gradcheck_mlp_swiglu(void **state) {
 static void test_every_tensor_gets_gradient(void **state) {
     (void)state;
     for (int variant = 0; variant < 4; variant++) {
-        NsaModelConfig cfg = tinyConfig(variant & 1 ? NSA_PHI_MLP : NSA_PHI_AVG,
-                                        variant & 2 ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
+        NsaModelConfig cfg = testTinyModelConfig(variant & 1 ? NSA_PHI_MLP : NSA_PHI_AVG,
+                                                 variant & 2 ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
         NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 11 + variant);
         int32_t tok[TB * TS], tgt[TB * TS];
         randomBatch(12, cfg.vocab_size, tok, tgt);
@@ -404,9 +386,9 @@ static void test_every_tensor_gets_gradient(void **state) {
 /* Two half-scaled passes over a batch equal one full pass (accumulation). */
 static void test_gradient_accumulation(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 8);
-    scrambleWeightsF64(m, 9);
+    testScrambleWeights(m, 9);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(10, cfg.vocab_size, tok, tgt);
     NsaError err = {{0}};
@@ -426,7 +408,7 @@ static void test_gradient_accumulation(void **state) {
  * gradient and the logits at <= t stay bit-identical. */
 static void test_causality(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
     const int cut = 8;
     NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 21);
     int32_t tok[TB * TS], tgt[TB * TS];
@@ -478,11 +460,11 @@ static void test_causality(void **state) {
 static void test_f32_matches_f64(void **state) {
     (void)state;
     for (int variant = 0; variant < 2; variant++) {
-        NsaModelConfig cfg = tinyConfig(variant ? NSA_PHI_MLP : NSA_PHI_AVG,
-                                        variant ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
+        NsaModelConfig cfg = testTinyModelConfig(variant ? NSA_PHI_MLP : NSA_PHI_AVG,
+                                                 variant ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
         NsaModel *m64 = makeModel(&cfg, NSA_PREC_F64, 31);
         NsaModel *m32 = makeModel(&cfg, NSA_PREC_F32, 31);
-        scrambleWeightsF64(m64, 32);
+        testScrambleWeights(m64, 32);
         const size_t P = nsaModelNumParams(m64);
         const double *p64 = nsaModelHostArena(m64, NSA_ARENA_PARAMS);
         float *p32 = nsaModelHostArena(m32, NSA_ARENA_PARAMS);
@@ -516,7 +498,7 @@ static void test_f32_matches_f64(void **state) {
 /* Worker threads split the work without changing a bit of the results. */
 static void test_threads_bit_identical(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
     int32_t tok[TB * TS], tgt[TB * TS];
     randomBatch(65, cfg.vocab_size, tok, tgt);
     float *grads[3];
@@ -696,7 +678,7 @@ static double referenceLoss(NsaModel *m, const int32_t *tok, const int32_t *tgt)
 static void test_forward_matches_reference(void **state) {
     (void)state;
     for (int swiglu = 0; swiglu < 2; swiglu++) {
-        NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, swiglu ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
+        NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, swiglu ? NSA_MLP_SWIGLU : NSA_MLP_SILU);
         NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 70 + swiglu);
         /* larger weights than init, so that every part moves the loss */
         float *p = nsaModelHostArena(m, NSA_ARENA_PARAMS);
@@ -722,7 +704,7 @@ static void test_forward_matches_reference(void **state) {
 
 static void test_initial_loss_is_ln_v(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     cfg.vocab_size = 256;
     NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 77);
     int32_t tok[TB * TS], tgt[TB * TS];
@@ -735,47 +717,37 @@ static void test_initial_loss_is_ln_v(void **state) {
 
 static void test_adamw_reduces_loss(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 55);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(56, cfg.vocab_size, tok, tgt);
-    NsaOptimConfig oc = {.lr = 1e-2f,
-                         .beta1 = 0.9f,
-                         .beta2 = 0.95f,
-                         .eps = 1e-8f,
-                         .weight_decay = 0.1f,
-                         .grad_clip = 1.0f};
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_MLP, NSA_MLP_SWIGLU, NSA_PREC_F32, 55);
     NsaError err = {{0}};
-    double first = lossOf(m, tok, tgt);
+    double first = lossOf(r.m, r.tok, r.tgt);
     NsaStepStats st = {0};
     for (int step = 1; step <= 30; step++) {
-        forwardBackward(m, tok, tgt);
-        assert_int_equal(nsaModelOptimizerStep(m, &oc, step, &err), 0);
-        assert_int_equal(nsaModelStepStats(m, &st, &err), 0);
+        forwardBackward(r.m, r.tok, r.tgt);
+        assert_int_equal(nsaModelOptimizerStep(r.m, &kAdamW, step, &err), 0);
+        assert_int_equal(nsaModelStepStats(r.m, &st, &err), 0);
         assert_int_equal(st.applied, 1);
         assert_true(st.grad_norm > 0 && isfinite(st.grad_norm));
     }
-    double last = lossOf(m, tok, tgt);
+    double last = lossOf(r.m, r.tok, r.tgt);
     printf("# 30 AdamW steps on one batch: loss %.4f -> %.4f\n", first, last);
     assert_true(last < first - 0.5);
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 }
 
 /* One AdamW step by hand on a single element, checked against the engine. */
 static void test_adamw_update_formula(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 60);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(61, cfg.vocab_size, tok, tgt);
-    forwardBackward(m, tok, tgt);
-    const int wq = nsaModelFindTensor(m, "layers.0.wq"), nrm = nsaModelFindTensor(m, "final_norm");
-    const size_t a = nsaModelTensorInfo(m, wq)->offset + 3, b = nsaModelTensorInfo(m, nrm)->offset;
-    double *p = nsaModelHostArena(m, NSA_ARENA_PARAMS);
-    const double *g = nsaModelHostArena(m, NSA_ARENA_GRADS);
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_AVG, NSA_MLP_SILU, NSA_PREC_F64, 60);
+    forwardBackward(r.m, r.tok, r.tgt);
+    const int wq = nsaModelFindTensor(r.m, "layers.0.wq"), nrm = nsaModelFindTensor(r.m, "final_norm");
+    const size_t a = nsaModelTensorInfo(r.m, wq)->offset + 3, b = nsaModelTensorInfo(r.m, nrm)->offset;
+    double *p = nsaModelHostArena(r.m, NSA_ARENA_PARAMS);
+    const double *g = nsaModelHostArena(r.m, NSA_ARENA_GRADS);
     const double pa = p[a], ga = g[a], pb = p[b], gb = g[b];
     double norm = 0;
-    for (size_t j = 0; j < nsaModelNumParams(m); j++)
+    for (size_t j = 0; j < nsaModelNumParams(r.m); j++)
         norm += g[j] * g[j];
     norm = sqrt(norm);
     NsaOptimConfig oc = {.lr = 0.1f,
@@ -785,7 +757,7 @@ static void test_adamw_update_formula(void **state) {
                          .weight_decay = 0.5f,
                          .grad_clip = (float)(norm / 2)};
     NsaError err = {{0}};
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &oc, 1, &err), 0);
     const double clip = (double)oc.grad_clip / norm;
     /* step 1: m/bc1 = g, v/bc2 = g^2, so the update is g/(|g| + eps) */
     const double ca = ga * clip, cb = gb * clip;
@@ -795,38 +767,30 @@ static void test_adamw_update_formula(void **state) {
     assert_true(fabs(p[a] - want_a) < 1e-12);
     assert_true(fabs(p[b] - want_b) < 1e-12);
     NsaStepStats st;
-    assert_int_equal(nsaModelStepStats(m, &st, &err), 0);
+    assert_int_equal(nsaModelStepStats(r.m, &st, &err), 0);
     assert_true(fabs(st.grad_norm - norm) < 1e-12 * norm);
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 }
 
 static void checkNanGuard(NsaFault fault) {
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 90);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(91, cfg.vocab_size, tok, tgt);
-    NsaOptimConfig oc = {.lr = 1e-2f,
-                         .beta1 = 0.9f,
-                         .beta2 = 0.95f,
-                         .eps = 1e-8f,
-                         .weight_decay = 0.1f,
-                         .grad_clip = 1.0f};
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_AVG, NSA_MLP_SILU, NSA_PREC_F32, 90);
     NsaError err = {{0}};
     /* one good step first so the moments are non-zero */
-    forwardBackward(m, tok, tgt);
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
-    const size_t bytes = nsaModelNumParams(m) * sizeof(float);
+    forwardBackward(r.m, r.tok, r.tgt);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &kAdamW, 1, &err), 0);
+    const size_t bytes = nsaModelNumParams(r.m) * sizeof(float);
     void *before[3];
     const NsaArena arenas[3] = {NSA_ARENA_PARAMS, NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
     for (int k = 0; k < 3; k++) {
         before[k] = testAlloc(bytes, 1);
-        memcpy(before[k], nsaModelHostArena(m, arenas[k]), bytes);
+        memcpy(before[k], nsaModelHostArena(r.m, arenas[k]), bytes);
     }
-    assert_int_equal(nsaModelInjectFault(m, fault, &err), 0);
-    forwardBackward(m, tok, tgt);
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 2, &err), 0);
+    assert_int_equal(nsaModelInjectFault(r.m, fault, &err), 0);
+    forwardBackward(r.m, r.tok, r.tgt);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &kAdamW, 2, &err), 0);
     NsaStepStats st;
-    assert_int_equal(nsaModelStepStats(m, &st, &err), 0);
+    assert_int_equal(nsaModelStepStats(r.m, &st, &err), 0);
     assert_int_equal(st.applied, 0);
     if (fault == NSA_FAULT_NAN_LOSS) {
         assert_int_equal(st.nonfinite_loss, 1);
@@ -836,15 +800,15 @@ static void checkNanGuard(NsaFault fault) {
         assert_true(isnan(st.grad_norm));
     }
     for (int k = 0; k < 3; k++) {
-        assert_memory_equal(before[k], nsaModelHostArena(m, arenas[k]), bytes);
+        assert_memory_equal(before[k], nsaModelHostArena(r.m, arenas[k]), bytes);
         free(before[k]);
     }
     /* the fault fires once: the next step is clean again */
-    forwardBackward(m, tok, tgt);
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 2, &err), 0);
-    assert_int_equal(nsaModelStepStats(m, &st, &err), 0);
+    forwardBackward(r.m, r.tok, r.tgt);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &kAdamW, 2, &err), 0);
+    assert_int_equal(nsaModelStepStats(r.m, &st, &err), 0);
     assert_int_equal(st.applied, 1);
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 }
 
 static void test_nan_loss_guard(void **state) {
@@ -858,77 +822,73 @@ static void test_nan_grad_guard(void **state) {
 
 static void test_eval_leaves_gradients(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 95);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(96, cfg.vocab_size, tok, tgt);
-    forwardBackward(m, tok, tgt);
-    const size_t bytes = nsaModelNumParams(m) * sizeof(float);
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_MLP, NSA_MLP_SILU, NSA_PREC_F32, 95);
+    forwardBackward(r.m, r.tok, r.tgt);
+    const size_t bytes = nsaModelNumParams(r.m) * sizeof(float);
     void *g = testAlloc(bytes, 1);
-    memcpy(g, nsaModelHostArena(m, NSA_ARENA_GRADS), bytes);
+    memcpy(g, nsaModelHostArena(r.m, NSA_ARENA_GRADS), bytes);
     NsaError err = {{0}};
     NsaOptimConfig oc = {.lr = 0, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
     double loss;
     int32_t tok2[TB * TS], tgt2[TB * TS];
-    randomBatch(97, cfg.vocab_size, tok2, tgt2);
-    assert_int_equal(nsaModelEvalLoss(m, tok2, tgt2, TB, TS, &loss, &err), 0);
-    assert_memory_equal(g, nsaModelHostArena(m, NSA_ARENA_GRADS), bytes);
+    randomBatch(97, r.cfg.vocab_size, tok2, tgt2);
+    assert_int_equal(nsaModelEvalLoss(r.m, tok2, tgt2, TB, TS, &loss, &err), 0);
+    assert_memory_equal(g, nsaModelHostArena(r.m, NSA_ARENA_GRADS), bytes);
     /* the step's loss is still the training forward's alone */
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), 0);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &oc, 1, &err), 0);
     NsaStepStats st;
-    assert_int_equal(nsaModelStepStats(m, &st, &err), 0);
-    double train_loss = lossOf(m, tok, tgt);
+    assert_int_equal(nsaModelStepStats(r.m, &st, &err), 0);
+    double train_loss = lossOf(r.m, r.tok, r.tgt);
     assert_true(fabs(st.loss - train_loss) < 1e-6);
     /* EvalLoss voided the saved activations */
-    assert_int_equal(nsaModelBackward(m, &err), -1);
+    assert_int_equal(nsaModelBackward(r.m, &err), -1);
     assert_non_null(strstr(err.message, "Forward"));
     free(g);
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 }
 
 /* ---- bad input ---------------------------------------------------------- */
 
 static void test_bad_batches(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 1);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(2, cfg.vocab_size, tok, tgt);
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_AVG, NSA_MLP_SILU, NSA_PREC_F32, 1);
     NsaError err = {{0}};
-    tok[5] = 11;
-    assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS, 1.0f, &err), -1);
+    r.tok[5] = 11;
+    assert_int_equal(nsaModelForward(r.m, r.tok, r.tgt, TB, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "tokens[5] = 11"));
-    tok[5] = 0;
-    tgt[7] = -2;
-    assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS, 1.0f, &err), -1);
+    r.tok[5] = 0;
+    r.tgt[7] = -2;
+    assert_int_equal(nsaModelForward(r.m, r.tok, r.tgt, TB, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "targets[7] = -2"));
     for (int n = 0; n < TB * TS; n++)
-        tgt[n] = -1;
-    assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS, 1.0f, &err), -1);
+        r.tgt[n] = -1;
+    assert_int_equal(nsaModelForward(r.m, r.tok, r.tgt, TB, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "-1"));
-    assert_int_equal(nsaModelForward(m, tok, tgt, TB + 1, TS, 1.0f, &err), -1);
+    assert_int_equal(nsaModelForward(r.m, r.tok, r.tgt, TB + 1, TS, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "max_batch"));
-    assert_int_equal(nsaModelForward(m, tok, tgt, TB, TS + 1, 1.0f, &err), -1);
+    assert_int_equal(nsaModelForward(r.m, r.tok, r.tgt, TB, TS + 1, 1.0f, &err), -1);
     assert_non_null(strstr(err.message, "max_seq_len"));
-    assert_int_equal(nsaModelBackward(m, &err), -1);
+    assert_int_equal(nsaModelBackward(r.m, &err), -1);
     NsaOptimConfig oc = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f};
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 0, &err), -1);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &oc, 0, &err), -1);
     assert_non_null(strstr(err.message, "step = 0"));
     oc.beta2 = 1.0f;
-    assert_int_equal(nsaModelOptimizerStep(m, &oc, 1, &err), -1);
+    assert_int_equal(nsaModelOptimizerStep(r.m, &oc, 1, &err), -1);
     assert_non_null(strstr(err.message, "beta2 = 1"));
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 
     NsaEngineOptions opt = {
         .device = NSA_DEVICE_CPU, .precision = NSA_PREC_BF16, .max_batch = 1, .max_seq_len = 4};
-    assert_null(nsaModelCreate(&cfg, &opt, &err));
+    assert_null(nsaModelCreate(&r.cfg, &opt, &err));
     assert_non_null(strstr(err.message, "bf16"));
 }
 
 /* Shorter sequences and batches than planned reuse the same arenas. */
 static void test_smaller_batch_than_planned(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SILU);
     NsaModel *big = makeModel(&cfg, NSA_PREC_F64, 4);
     NsaEngineOptions opt = {
         .device = NSA_DEVICE_CPU, .precision = NSA_PREC_F64, .max_batch = 1, .max_seq_len = 7};
@@ -951,29 +911,27 @@ static void test_smaller_batch_than_planned(void **state) {
  * while everything else still trains. */
 static void test_sequence_shorter_than_block(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_MLP, NSA_MLP_SILU);
-    NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 14);
-    int32_t tok[TB * TS], tgt[TB * TS];
-    randomBatch(15, cfg.vocab_size, tok, tgt);
+    TinyRun r;
+    tinyRunMake(&r, NSA_PHI_MLP, NSA_MLP_SILU, NSA_PREC_F64, 14);
     NsaError err = {{0}};
-    const int S = cfg.cmp_len - 1;
-    assert_int_equal(nsaModelZeroGrad(m, &err), 0);
-    assert_int_equal(nsaModelForwardBackward(m, tok, tgt, TB, S, 1.0f, &err), 0);
-    const double *g = nsaModelHostArena(m, NSA_ARENA_GRADS);
-    for (int i = 0; i < nsaModelNumTensors(m); i++) {
-        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
+    const int S = r.cfg.cmp_len - 1;
+    assert_int_equal(nsaModelZeroGrad(r.m, &err), 0);
+    assert_int_equal(nsaModelForwardBackward(r.m, r.tok, r.tgt, TB, S, 1.0f, &err), 0);
+    const double *g = nsaModelHostArena(r.m, NSA_ARENA_GRADS);
+    for (int i = 0; i < nsaModelNumTensors(r.m); i++) {
+        const NsaTensorInfo *ti = nsaModelTensorInfo(r.m, i);
         double ss = 0;
         for (size_t j = 0; j < ti->numel; j++) ss += g[ti->offset + j] * g[ti->offset + j];
         int cmp_only = strstr(ti->name, "wk_cmp") || strstr(ti->name, "wv_cmp") ||
                        strstr(ti->name, "phi_");
         if (cmp_only ? ss != 0 : !(ss > 0)) fail_msg("%s: gradient norm^2 %g", ti->name, ss);
     }
-    nsaModelFree(m);
+    nsaModelFree(r.m);
 }
 
 static void test_memory_report(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     NsaModel *m = makeModel(&cfg, NSA_PREC_F64, 1);
     NsaMemoryReport r;
     assert_int_equal(nsaModelMemoryReport(m, &r), 0);
@@ -1034,7 +992,7 @@ static void test_config_validate(void **state) {
     nsaModelConfigDefaults(&good);
     NsaError err = {{0}};
     assert_int_equal(nsaModelConfigValidate(&good, &err), 0);
-    NsaModelConfig tiny = tinyConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
+    NsaModelConfig tiny = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
     assert_int_equal(nsaModelConfigValidate(&tiny, &err), 0);
     NsaModelConfig c;
 #define BAD(field, value, w1, w2)                                                                  \
@@ -1070,7 +1028,7 @@ static void test_config_validate(void **state) {
  * blocks enumerated, its selected blocks read from sel_idx, its window). */
 static void test_flops_per_token(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SWIGLU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SWIGLU);
     NsaModel *m = makeModel(&cfg, NSA_PREC_F32, 1);
     double matrix = 0;
     static const char *const products[] = {".wq", ".wk_", ".wv_", ".w_gate", ".wo", ".w_fc",
@@ -1132,7 +1090,7 @@ static void test_flops_per_token(void **state) {
 /* Without a CUDA engine in this build, a CUDA model is an error. */
 static void test_cuda_device_without_engine(void **state) {
     (void)state;
-    NsaModelConfig cfg = tinyConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     NsaEngineOptions opt = {
         .device = NSA_DEVICE_CUDA, .precision = NSA_PREC_F32, .max_batch = 1, .max_seq_len = 8};
     NsaError err = {{0}};

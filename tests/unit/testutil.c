@@ -87,3 +87,40 @@ char *testTempDir(const char *tag) {
 }
 
 void testRemoveTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FTW_PHYS); }
+
+NsaModelConfig testTinyModelConfig(NsaPhi phi, NsaMlpKind mlp) {
+    NsaModelConfig c;
+    nsaModelConfigDefaults(&c);
+    c.vocab_size = 11;
+    c.dim = 8;
+    c.n_layers = 2;
+    c.n_heads = 4;
+    c.n_kv_groups = 2;
+    c.d_k = 4;
+    c.d_v = 6;
+    c.mlp_hidden = 16;
+    c.mlp = mlp;
+    c.cmp_len = 4;
+    c.cmp_stride = 2;
+    c.sel_len = 4;
+    c.n_sel = 3;
+    c.window = 5;
+    c.phi = phi;
+    return c;
+}
+
+void testScrambleWeights(NsaModel *m, uint64_t seed) {
+    NsaRng rng;
+    nsaRngSeed(&rng, seed, 7);
+    NsaError err = {{0}};
+    for (int i = 0; i < nsaModelNumTensors(m); i++) {
+        const NsaTensorInfo *ti = nsaModelTensorInfo(m, i);
+        float *w = testAlloc(ti->numel, sizeof(float));
+        testFillF32(&rng, w, ti->numel, ti->ndim == 1 ? 0.8 : -0.6, ti->ndim == 1 ? 1.2 : 0.6);
+        if (nsaModelSetTensor(m, NSA_ARENA_PARAMS, i, w, &err)) {
+            fprintf(stderr, "testScrambleWeights: %s: %s\n", ti->name, err.message);
+            abort();
+        }
+        free(w);
+    }
+}

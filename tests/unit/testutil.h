@@ -5,6 +5,8 @@
 #define NSA_TESTUTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include "nsa.h"
 #include "nsa_rng.h"
 
 /* calloc that aborts with a message instead of returning NULL, and never
@@ -33,5 +35,20 @@ char *testTempDir(const char *tag);
 /* Removes dir and everything below it (no symlink is followed); a missing
  * dir is fine. */
 void testRemoveTree(const char *dir);
+
+/* The tiny model of the CPU model and decoder tests: V 11, C 8, 2 layers,
+ * 4 query heads in 2 groups, d_k 4 != d_v 6, MLP 16, compressed blocks of
+ * 4 every 2, selection blocks of 4 (3 of them), window 5; phi and the MLP
+ * as given, the rest nsaModelConfigDefaults'. */
+NsaModelConfig testTinyModelConfig(NsaPhi phi, NsaMlpKind mlp);
+
+/* Replaces a CPU model's master weights with seeded draws far larger than
+ * the init's (matrices in [-0.6, 0.6), norm weights and other vectors in
+ * [0.8, 1.2)), so softmaxes, gates, activations and the block selection are
+ * far from uniform and linear (a wrong position or block changes the
+ * result). The draws are fp32 values for every precision, so an F64 model
+ * and anything loaded from it through fp32 hold the same weights. Aborts
+ * the test program when a tensor cannot be set. */
+void testScrambleWeights(NsaModel *m, uint64_t seed);
 
 #endif
