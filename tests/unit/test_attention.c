@@ -248,6 +248,21 @@ static void chainBackward(const Problem *p, const Chain *c, ChainGrads *g) {
     free(dvc);
 }
 
+/* One attention output and its log-sum-exp for every query row of a problem. */
+typedef struct AttnOut {
+    double *o, *lse;
+} AttnOut;
+
+static AttnOut attnOutCreate(const Problem *p) {
+    AttnOut a = {testAlloc(p->n_rows * p->dims.d_v, sizeof(double)), testAlloc(p->n_rows, sizeof(double))};
+    return a;
+}
+
+static void attnOutFree(AttnOut *a) {
+    free(a->o);
+    free(a->lse);
+}
+
 /* ---- brute force ------------------------------------------------------------ */
 
 /* Which keys u query row (b, t, group g) may see. */
@@ -448,6 +463,28 @@ static void checkGrad(const char *op, const char *input, const NsaAttnDims *d, L
                  shapeName(d));
 }
 
+/* ---- expectations ------------------------------------------------------------ */
+
+/* Asserts that got equals want to 1e-12 relative, output and lse. */
+static void expectSameAttn(const AttnOut *got, const AttnOut *want, const Problem *p) {
+    assert_true(testRelErrF64(got->o, want->o, p->n_rows * p->dims.d_v) < 1e-12);
+    assert_true(testRelErrF64(got->lse, want->lse, p->n_rows) < 1e-12);
+}
+
+/* Asserts that a branch's output o and lse (over keys k and values v at
+ * shape d) are full causal attention to 1e-12 relative; prints the error
+ * as "# <what> vs full causal". */
+static void expectFullCausal(const char *what, const Problem *p, const NsaAttnDims *d, const double *o,
+                             const double *lse, const double *k, const double *v) {
+    AttnOut want = attnOutCreate(p);
+    bruteAttention(want.o, want.lse, p->q, k, v, d, maskCausal, NULL);
+    double err = testRelErrF64(o, want.o, p->n_rows * d->d_v);
+    printf("# %s vs full causal, %s: rel err %.2e\n", what, shapeName(d), err);
+    assert_true(err < 1e-12);
+    assert_true(testRelErrF64(lse, want.lse, p->n_rows) < 1e-12);
+    attnOutFree(&want);
+}
+
 /* ---- tests: sizes and validation -------------------------------------------- */
 
 static void test_block_counts(void **state) {
@@ -507,28 +544,21 @@ static void test_window_identity(void **state) {
     for (size_t s = 0; s < N_SHAPES; s++) {
         Problem *p = problemCreate(&kShapes[s]);
         NsaAttnDims d = p->dims;
-        size_t ov = p->n_rows * d.d_v;
-        double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(p->n_rows, sizeof(double));
-        double *want = testAlloc(ov, sizeof(double)), *want_lse = testAlloc(p->n_rows, sizeof(double));
+        AttnOut got = attnOutCreate(p), want = attnOutCreate(p);
         /* the op's own window against the brute-force mask */
-        nsaCpuWinAttnForwardF64(o, lse, p->q, p->k_win, p->v_win, &d);
-        bruteAttention(want, want_lse, p->q, p->k_win, p->v_win, &d, maskWindow, NULL);
-        double err = testRelErrF64(o, want, ov), err_lse = testRelErrF64(lse, want_lse, p->n_rows);
-        assert_true(err < 1e-12 && err_lse < 1e-12);
+        nsaCpuWinAttnForwardF64(got.o, got.lse, p->q, p->k_win, p->v_win, &d);
+        bruteAttention(want.o, want.lse, p->q, p->k_win, p->v_win, &d, maskWindow, NULL);
+        expectSameAttn(&got, &want, p);
         /* w >= S is full causal attention */
         for (int w = d.S; w <= d.S + 2; w += 2) {
             d.window = w;
-            nsaCpuWinAttnForwardF64(o, lse, p->q, p->k_win, p->v_win, &d);
-            bruteAttention(want, want_lse, p->q, p->k_win, p->v_win, &d, maskCausal, NULL);
-            err = testRelErrF64(o, want, ov);
-            printf("# window w=%d vs full causal, %s: rel err %.2e\n", w, shapeName(&d), err);
-            assert_true(err < 1e-12);
-            assert_true(testRelErrF64(lse, want_lse, p->n_rows) < 1e-12);
+            nsaCpuWinAttnForwardF64(got.o, got.lse, p->q, p->k_win, p->v_win, &d);
+            char what[32];
+            snprintf(what, sizeof what, "window w=%d", w);
+            expectFullCausal(what, p, &d, got.o, got.lse, p->k_win, p->v_win);
         }
-        free(o);
-        free(lse);
-        free(want);
-        free(want_lse);
+        attnOutFree(&got);
+        attnOutFree(&want);
         problemFree(p);
     }
 }
@@ -540,7 +570,6 @@ static void test_selection_identity(void **state) {
         d.cmp_stride = 1;
         d.n_sel = d.S + (int)s % 2;  /* n_sel = S and n_sel > S */
         Problem *p = problemCreate(&d);
-        size_t ov = p->n_rows * d.d_v;
         Chain *c = chainCreate(p);
         chainForward(p, c);
         /* every token <= t is selected, in order, the rest is padding */
@@ -549,15 +578,9 @@ static void test_selection_identity(void **state) {
             for (int n = 0; n < p->slots; n++)
                 assert_int_equal(c->sel_idx[row * p->slots + n], n <= t ? n : -1);
         }
-        double *want = testAlloc(ov, sizeof(double)), *want_lse = testAlloc(p->n_rows, sizeof(double));
-        bruteAttention(want, want_lse, p->q, p->k_sel, p->v_sel, &d, maskCausal, NULL);
-        double err = testRelErrF64(c->o_sel, want, ov);
-        printf("# selection l'=1 n_sel=%d vs full causal, %s: rel err %.2e\n", d.n_sel,
-               shapeName(&d), err);
-        assert_true(err < 1e-12);
-        assert_true(testRelErrF64(c->lse_sel, want_lse, p->n_rows) < 1e-12);
-        free(want);
-        free(want_lse);
+        char what[48];
+        snprintf(what, sizeof what, "selection l'=1 n_sel=%d", d.n_sel);
+        expectFullCausal(what, p, &d, c->o_sel, c->lse_sel, p->k_sel, p->v_sel);
         chainFree(c);
         problemFree(p);
     }
@@ -568,19 +591,11 @@ static void test_compressed_identity(void **state) {
         NsaAttnDims d = kShapes[s];
         d.cmp_len = d.cmp_stride = 1;
         Problem *p = problemCreate(&d);
-        size_t ov = p->n_rows * d.d_v;
         Chain *c = chainCreate(p);
         chainForward(p, c);
         assert_int_equal(p->Nc, d.S);
         assert_memory_equal(c->kc, p->k_cmp, p->n_k * sizeof(double));  /* mean of one token */
-        double *want = testAlloc(ov, sizeof(double)), *want_lse = testAlloc(p->n_rows, sizeof(double));
-        bruteAttention(want, want_lse, p->q, p->k_cmp, p->v_cmp, &d, maskCausal, NULL);
-        double err = testRelErrF64(c->o_cmp, want, ov);
-        printf("# compressed l=d=1 vs full causal, %s: rel err %.2e\n", shapeName(&d), err);
-        assert_true(err < 1e-12);
-        assert_true(testRelErrF64(c->lse_cmp, want_lse, p->n_rows) < 1e-12);
-        free(want);
-        free(want_lse);
+        expectFullCausal("compressed l=d=1", p, &d, c->o_cmp, c->lse_cmp, p->k_cmp, p->v_cmp);
         chainFree(c);
         problemFree(p);
     }
@@ -596,10 +611,8 @@ static void test_compressed_bruteforce(void **state) {
     for (size_t s = 0; s < N_SHAPES; s++) {
         Problem *p = problemCreate(&kShapes[s]);
         NsaAttnDims d = p->dims;
-        size_t ov = p->n_rows * d.d_v;
-        double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(p->n_rows, sizeof(double));
-        double *want = testAlloc(ov, sizeof(double)), *want_lse = testAlloc(p->n_rows, sizeof(double));
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, &d);
+        AttnOut got = attnOutCreate(p), want = attnOutCreate(p);
+        nsaCpuCmpAttnForwardF64(got.o, got.lse, p->q, p->kc, p->vc, &d);
         for (int b = 0; b < d.B; b++)
             for (int t = 0; t < d.S; t++)
                 for (int h = 0; h < d.H; h++) {
@@ -616,25 +629,23 @@ static void test_compressed_bruteforce(void **state) {
                                                (size_t)d.d_k);
                         if (sc[i] > m) m = sc[i];
                     }
-                    for (int c = 0; c < d.d_v; c++) want[row * d.d_v + c] = 0;
-                    want_lse[row] = -INFINITY;
+                    for (int c = 0; c < d.d_v; c++) want.o[row * d.d_v + c] = 0;
+                    want.lse[row] = -INFINITY;
                     if (m == -INFINITY) continue;
                     for (int i = 0; i < p->Nc; i++) z += exp(sc[i] - m);
                     for (int i = 0; i < p->Nc; i++)
                         for (int c = 0; c < d.d_v; c++)
-                            want[row * d.d_v + c] += exp(sc[i] - m) / z *
+                            want.o[row * d.d_v + c] += exp(sc[i] - m) / z *
                                 p->vc[(((size_t)b * p->Nc + i) * d.G + g) * d.d_v + c];
-                    want_lse[row] = m + log(z);
+                    want.lse[row] = m + log(z);
                 }
-        assert_true(testRelErrF64(o, want, ov) < 1e-12);
+        assert_true(testRelErrF64(got.o, want.o, p->n_rows * d.d_v) < 1e-12);
         for (size_t r = 0; r < p->n_rows; r++) {
-            if (isinf(want_lse[r])) assert_true(isinf(lse[r]) && lse[r] < 0);
-            else assert_true(fabs(lse[r] - want_lse[r]) < 1e-12);
+            if (isinf(want.lse[r])) assert_true(isinf(got.lse[r]) && got.lse[r] < 0);
+            else assert_true(fabs(got.lse[r] - want.lse[r]) < 1e-12);
         }
-        free(o);
-        free(lse);
-        free(want);
-        free(want_lse);
+        attnOutFree(&got);
+        attnOutFree(&want);
         problemFree(p);
     }
 }
@@ -646,17 +657,12 @@ static void test_selected_attention_mask(void **state) {
     for (size_t s = 0; s < N_SHAPES; s++) {
         Problem *p = problemCreate(&kShapes[s]);
         NsaAttnDims d = p->dims;
-        size_t ov = p->n_rows * d.d_v;
-        double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(p->n_rows, sizeof(double));
-        double *want = testAlloc(ov, sizeof(double)), *want_lse = testAlloc(p->n_rows, sizeof(double));
-        nsaCpuSelAttnForwardF64(o, lse, p->q, p->k_sel, p->v_sel, p->sel_fixed, &d);
-        bruteAttention(want, want_lse, p->q, p->k_sel, p->v_sel, &d, maskSelected, p->sel_fixed);
-        assert_true(testRelErrF64(o, want, ov) < 1e-12);
-        assert_true(testRelErrF64(lse, want_lse, p->n_rows) < 1e-12);
-        free(o);
-        free(lse);
-        free(want);
-        free(want_lse);
+        AttnOut got = attnOutCreate(p), want = attnOutCreate(p);
+        nsaCpuSelAttnForwardF64(got.o, got.lse, p->q, p->k_sel, p->v_sel, p->sel_fixed, &d);
+        bruteAttention(want.o, want.lse, p->q, p->k_sel, p->v_sel, &d, maskSelected, p->sel_fixed);
+        expectSameAttn(&got, &want, p);
+        attnOutFree(&got);
+        attnOutFree(&want);
         problemFree(p);
     }
 }
@@ -676,33 +682,58 @@ static const NsaAttnDims kSelectExtraShapes[] = {
 };
 #define N_SELECT_EXTRA (sizeof(kSelectExtraShapes) / sizeof(kSelectExtraShapes[0]))
 
+/* The compressed forward and the block selection from its lse: o and lse,
+ * the group block scores [B][S][G][Ns] and the selected blocks
+ * [B][S][G][slots]. */
+typedef struct Selected {
+    AttnOut cmp;
+    double *scores;
+    size_t n_scores;
+    int32_t *sel;
+} Selected;
+
+static Selected selectedCreate(const Problem *p) {
+    Selected s = {.cmp = attnOutCreate(p),
+                  .n_scores = (size_t)p->dims.B * p->dims.S * p->dims.G * p->Ns,
+                  .sel = testAlloc(p->n_sel, sizeof(int32_t))};
+    s.scores = testAlloc(s.n_scores, sizeof(double));
+    return s;
+}
+
+static void selectedFree(Selected *s) {
+    attnOutFree(&s->cmp);
+    free(s->scores);
+    free(s->sel);
+}
+
+/* Runs both over queries q of shape d and the problem's pooled blocks;
+ * scores receives the block scores (NULL: the selection goes without). */
+static void selectedRun(Selected *s, const Problem *p, const double *q, const NsaAttnDims *d,
+                        double *scores) {
+    nsaCpuCmpAttnForwardF64(s->cmp.o, s->cmp.lse, q, p->kc, p->vc, d);
+    assert_int_equal(nsaCpuSelectBlocksF64(s->sel, scores, q, p->kc, s->cmp.lse, d), 0);
+}
+
 static void test_select_scores_bruteforce(void **state) {
     for (size_t s = 0; s < N_SHAPES + N_SELECT_EXTRA; s++) {
         Problem *p = problemCreate(s < N_SHAPES ? &kShapes[s] : &kSelectExtraShapes[s - N_SHAPES]);
         NsaAttnDims d = p->dims;
-        size_t n_scores = (size_t)d.B * d.S * d.G * p->Ns;
-        double *lse = testAlloc(p->n_rows, sizeof(double));
-        double *o = testAlloc(p->n_rows * d.d_v, sizeof(double));
-        double *scores = testAlloc(n_scores, sizeof(double)), *want = testAlloc(n_scores, sizeof(double));
-        int32_t *sel = testAlloc(p->n_sel, sizeof(int32_t)), *sel2 = testAlloc(p->n_sel, sizeof(int32_t));
-        int32_t *want_sel = testAlloc(p->n_sel, sizeof(int32_t));
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, &d);
-        assert_int_equal(nsaCpuSelectBlocksF64(sel, scores, p->q, p->kc, lse, &d), 0);
+        Selected got = selectedCreate(p);
+        double *want = testAlloc(got.n_scores, sizeof(double));
+        int32_t *sel2 = testAlloc(p->n_sel, sizeof(int32_t)), *want_sel = testAlloc(p->n_sel, sizeof(int32_t));
+        selectedRun(&got, p, p->q, &d, got.scores);
         bruteScores(want, p->q, p->kc, &d);
-        double err = testRelErrF64(scores, want, n_scores);
+        double err = testRelErrF64(got.scores, want, got.n_scores);
         printf("# selection scores vs brute force, %s: rel err %.2e\n", shapeName(&d), err);
         assert_true(err < 1e-12);
         /* the rule applied to the op's own scores: no rounding can flip a tie */
-        bruteSelect(want_sel, scores, &d);
-        assert_memory_equal(sel, want_sel, p->n_sel * sizeof(int32_t));
+        bruteSelect(want_sel, got.scores, &d);
+        assert_memory_equal(got.sel, want_sel, p->n_sel * sizeof(int32_t));
         /* scores are optional and do not change the choice */
-        assert_int_equal(nsaCpuSelectBlocksF64(sel2, NULL, p->q, p->kc, lse, &d), 0);
-        assert_memory_equal(sel, sel2, p->n_sel * sizeof(int32_t));
-        free(lse);
-        free(o);
-        free(scores);
+        assert_int_equal(nsaCpuSelectBlocksF64(sel2, NULL, p->q, p->kc, got.cmp.lse, &d), 0);
+        assert_memory_equal(got.sel, sel2, p->n_sel * sizeof(int32_t));
+        selectedFree(&got);
         free(want);
-        free(sel);
         free(sel2);
         free(want_sel);
         problemFree(p);
@@ -714,14 +745,11 @@ static void test_select_forced_blocks(void **state) {
         NsaAttnDims d = {.B = 2, .S = 23, .H = 4, .G = 2, .d_k = 4, .d_v = 4, .cmp_len = 4,
                          .cmp_stride = 2, .sel_len = 4, .n_sel = n_sel, .window = 3};
         Problem *p = problemCreate(&d);
-        double *lse = testAlloc(p->n_rows, sizeof(double));
-        double *o = testAlloc(p->n_rows * d.d_v, sizeof(double));
-        int32_t *sel = testAlloc(p->n_sel, sizeof(int32_t));
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, &d);
-        assert_int_equal(nsaCpuSelectBlocksF64(sel, NULL, p->q, p->kc, lse, &d), 0);
+        Selected got = selectedCreate(p);
+        selectedRun(&got, p, p->q, &d, NULL);
         for (size_t row = 0; row < p->n_sel / p->slots; row++) {
             int t = (int)((row / d.G) % d.S), cur = t / d.sel_len;
-            const int32_t *r = sel + row * p->slots;
+            const int32_t *r = got.sel + row * p->slots;
             int n_forced = cur == 0 ? 1 : cur == 1 ? 2 : 3;
             int n_candidates = 0;  /* complete blocks that are not forced */
             for (int j = 1; j < cur - 1; j++) n_candidates += (j + 1) * d.sel_len - 1 <= t;
@@ -743,9 +771,7 @@ static void test_select_forced_blocks(void **state) {
             assert_true(has0 && has_cur && has_prev);
             assert_int_equal(count, expect_count);
         }
-        free(lse);
-        free(o);
-        free(sel);
+        selectedFree(&got);
         problemFree(p);
     }
 }
@@ -767,13 +793,9 @@ static void test_select_ties(void **state) {
         const NsaAttnDims *d = &shapes[s];
         Problem *p = problemCreate(d);
         memset(p->q, 0, p->n_q * sizeof(double));
-        size_t n_scores = (size_t)d->B * d->S * d->G * p->Ns;
-        double *lse = testAlloc(p->n_rows, sizeof(double));
-        double *o = testAlloc(p->n_rows * d->d_v, sizeof(double));
-        double *scores = testAlloc(n_scores, sizeof(double));
-        int32_t *sel = testAlloc(p->n_sel, sizeof(int32_t));
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, d);
-        assert_int_equal(nsaCpuSelectBlocksF64(sel, scores, p->q, p->kc, lse, d), 0);
+        Selected got = selectedCreate(p);
+        const double *scores = got.scores;
+        selectedRun(&got, p, p->q, d, got.scores);
         int rows_with_ties = 0;
         for (size_t row = 0; row < p->n_sel / p->slots; row++) {
             int t = (int)((row / d->G) % d->S), cur = t / d->sel_len;
@@ -805,13 +827,10 @@ static void test_select_ties(void **state) {
                     want[b - 1] = tmp;
                 }
             while (k < p->slots) want[k++] = -1;
-            assert_memory_equal(sel + row * p->slots, want, (size_t)p->slots * sizeof(int32_t));
+            assert_memory_equal(got.sel + row * p->slots, want, (size_t)p->slots * sizeof(int32_t));
         }
         assert_true(rows_with_ties > 0);
-        free(lse);
-        free(o);
-        free(scores);
-        free(sel);
+        selectedFree(&got);
         problemFree(p);
     }
 }
@@ -829,15 +848,11 @@ static void test_select_group_sum(void **state) {
         const NsaAttnDims *d = &shapes[s];
         Problem *p = problemCreate(d);
         int per_group = d->H / d->G;
-        size_t n_scores = (size_t)d->B * d->S * d->G * p->Ns;
-        double *lse = testAlloc(p->n_rows, sizeof(double));
-        double *o = testAlloc(p->n_rows * d->d_v, sizeof(double));
-        double *scores = testAlloc(n_scores, sizeof(double));
+        Selected got = selectedCreate(p);
+        const size_t n_scores = got.n_scores;
         double *head_scores = testAlloc(n_scores, sizeof(double));
         double *sum = testAlloc(n_scores, sizeof(double));
-        int32_t *sel = testAlloc(p->n_sel, sizeof(int32_t));
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, d);
-        assert_int_equal(nsaCpuSelectBlocksF64(sel, scores, p->q, p->kc, lse, d), 0);
+        selectedRun(&got, p, p->q, d, got.scores);
         NsaAttnDims one = *d;
         one.H = d->G;  /* one head per group */
         size_t one_rows = (size_t)d->B * d->S * d->G;
@@ -847,19 +862,15 @@ static void test_select_group_sum(void **state) {
                 size_t src = (r / d->G) * d->H + (r % d->G) * per_group + m;
                 memcpy(q1 + r * d->d_k, p->q + src * d->d_k, (size_t)d->d_k * sizeof(double));
             }
-            nsaCpuCmpAttnForwardF64(o, lse, q1, p->kc, p->vc, &one);
-            assert_int_equal(nsaCpuSelectBlocksF64(sel, head_scores, q1, p->kc, lse, &one), 0);
+            selectedRun(&got, p, q1, &one, head_scores);
             for (size_t i = 0; i < n_scores; i++) sum[i] += head_scores[i];
         }
-        double err = testRelErrF64(sum, scores, n_scores);
+        double err = testRelErrF64(sum, got.scores, n_scores);
         printf("# group score = sum of its heads' scores, %s: rel err %.2e\n", shapeName(d), err);
         assert_true(err < 1e-12);
-        free(lse);
-        free(o);
-        free(scores);
+        selectedFree(&got);
         free(head_scores);
         free(sum);
-        free(sel);
         free(q1);
         problemFree(p);
     }
@@ -904,69 +915,29 @@ static void publicRunFree(PublicRun *r) {
     free(r->sel);
 }
 
-static void publicRun(PublicRun *r, const NsaAttnDims *d) {
+/* The op's arguments over the run's buffers. */
+static NsaAttnInputs publicInputs(const PublicRun *r) {
     NsaAttnInputs in = {.q = r->in[0], .k_cmp = r->in[1], .v_cmp = r->in[2], .k_sel = r->in[3],
                         .v_sel = r->in[4], .k_win = r->in[5], .v_win = r->in[6], .gates = r->in[7]};
+    return in;
+}
+
+static NsaAttnGrads publicGrads(const PublicRun *r) {
     NsaAttnGrads gr = {.dq = r->grad[0], .dk_cmp = r->grad[1], .dv_cmp = r->grad[2],
                        .dk_sel = r->grad[3], .dv_sel = r->grad[4], .dk_win = r->grad[5],
                        .dv_win = r->grad[6], .dgates = r->grad[7]};
+    return gr;
+}
+
+static void publicRun(PublicRun *r, const NsaAttnDims *d) {
+    NsaAttnInputs in = publicInputs(r);
+    NsaAttnGrads gr = publicGrads(r);
     NsaError err = {{0}};
     if (nsaAttnForwardCpu(d, &in, r->out, r->sel, r->lse, &err) != 0) fail_msg("forward: %s", err.message);
     if (nsaAttnBackwardCpu(d, &in, r->dout, &gr, &err) != 0) fail_msg("backward: %s", err.message);
 }
 
 static const char *kInputNames[8] = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "gates"};
-
-/* ---- tests: rows that see nothing ------------------------------------------- */
-
-static void test_nothing_visible(void **state) {
-    for (size_t s = 0; s < N_SHAPES; s++) {
-        Problem *p = problemCreate(&kShapes[s]);
-        NsaAttnDims d = p->dims;
-        size_t ov = p->n_rows * d.d_v;
-        double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(p->n_rows, sizeof(double));
-        double *dq = testAlloc(p->n_q, sizeof(double));
-        double *dkc = testAlloc(p->n_kc, sizeof(double)), *dvc = testAlloc(p->n_vc, sizeof(double));
-        for (size_t i = 0; i < ov; i++) o[i] = NAN;  /* the op must overwrite every row */
-        nsaCpuCmpAttnForwardF64(o, lse, p->q, p->kc, p->vc, &d);
-        nsaCpuCmpAttnBackwardF64(dq, dkc, dvc, p->dout, p->q, p->kc, p->vc, o, lse, &d);
-        int blind_rows = 0;
-        for (size_t row = 0; row < p->n_rows; row++) {
-            int t = (int)((row / d.H) % d.S);
-            if (t >= d.cmp_len - 1) continue;
-            blind_rows++;
-            assert_true(isinf(lse[row]) && lse[row] < 0);
-            for (int c = 0; c < d.d_v; c++) assert_true(o[row * d.d_v + c] == 0.0);
-            for (int c = 0; c < d.d_k; c++) assert_true(dq[row * d.d_k + c] == 0.0);
-        }
-        assert_true(blind_rows > 0);
-        assert_true(testAllFiniteF64(o, ov) && testAllFiniteF64(dq, p->n_q));
-        assert_true(testAllFiniteF64(dkc, p->n_kc) && testAllFiniteF64(dvc, p->n_vc));
-
-        /* the public op: no NaN anywhere, the cmp gate of blind rows gets 0 */
-        PublicRun r;
-        publicRunInit(&r, p);
-        publicRun(&r, &d);
-        assert_true(testAllFiniteF32(r.out, ov));
-        for (int i = 0; i < 8; i++) assert_true(testAllFiniteF32(r.grad[i], r.sizes[i]));
-        for (size_t row = 0; row < p->n_rows; row++)
-            if ((int)((row / d.H) % d.S) < d.cmp_len - 1) {
-                assert_true(isinf(r.lse[row]) && r.lse[row] < 0);
-                assert_true(r.grad[7][row * 3 + 0] == 0.0f);
-            }
-        if (p->Nc == 0) {  /* S < l: no block, so no gradient reaches k_cmp or v_cmp */
-            for (size_t e = 0; e < p->n_k; e++) assert_true(r.grad[1][e] == 0.0f);
-            for (size_t e = 0; e < p->n_v; e++) assert_true(r.grad[2][e] == 0.0f);
-        }
-        publicRunFree(&r);
-        free(o);
-        free(lse);
-        free(dq);
-        free(dkc);
-        free(dvc);
-        problemFree(p);
-    }
-}
 
 /* ---- tests: gradients by finite differences (F64) ---------------------------- */
 
@@ -1128,6 +1099,33 @@ static const BranchOps kSelOps = {.name = "sel", .k_name = "k", .v_name = "v", .
 static const BranchOps kWinOps = {.name = "win", .k_name = "k", .v_name = "v", .kv = winKv,
                                   .forward = winForward, .backward = winBackward};
 
+/* A branch's forward and backward on a problem: its output (which starts
+ * as NaN: the forward must write every row) and the gradients of q and of
+ * its keys k and values v. */
+typedef struct BranchRun {
+    AttnOut out;
+    double *k, *v, *dq, *dk, *dv;
+    size_t nk, nv;
+} BranchRun;
+
+static void branchRun(BranchRun *r, const BranchOps *ops, Problem *p) {
+    ops->kv(p, &r->k, &r->nk, &r->v, &r->nv);
+    r->out = attnOutCreate(p);
+    for (size_t i = 0; i < p->n_rows * p->dims.d_v; i++) r->out.o[i] = NAN;
+    r->dq = testAlloc(p->n_q, sizeof(double));
+    r->dk = testAlloc(r->nk, sizeof(double));
+    r->dv = testAlloc(r->nv, sizeof(double));
+    ops->forward(p, r->out.o, r->out.lse);
+    ops->backward(p, r->dq, r->dk, r->dv, r->out.o, r->out.lse);
+}
+
+static void branchRunFree(BranchRun *r) {
+    attnOutFree(&r->out);
+    free(r->dq);
+    free(r->dk);
+    free(r->dv);
+}
+
 typedef struct BranchCase {
     Problem *p;
     const BranchOps *ops;
@@ -1136,12 +1134,10 @@ typedef struct BranchCase {
 /* The scalar loss sum(o * dout) of the branch's forward. */
 static double lossBranch(void *ctx) {
     BranchCase *c = ctx;
-    size_t ov = c->p->n_rows * c->p->dims.d_v;
-    double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(c->p->n_rows, sizeof(double));
-    c->ops->forward(c->p, o, lse);
-    double loss = dotF64(o, c->p->dout, ov);
-    free(o);
-    free(lse);
+    AttnOut out = attnOutCreate(c->p);
+    c->ops->forward(c->p, out.o, out.lse);
+    double loss = dotF64(out.o, c->p->dout, c->p->n_rows * c->p->dims.d_v);
+    attnOutFree(&out);
     return loss;
 }
 
@@ -1152,28 +1148,17 @@ static void checkBranchGrads(const BranchOps *ops) {
     for (size_t s = 0; s < N_SHAPES; s++) {
         Problem *p = problemCreate(&kShapes[s]);
         const NsaAttnDims *d = &p->dims;
-        double *k, *v;
-        size_t nk, nv;
-        ops->kv(p, &k, &nk, &v, &nv);
-        size_t ov = p->n_rows * d->d_v;
-        double *o = testAlloc(ov, sizeof(double)), *lse = testAlloc(p->n_rows, sizeof(double));
-        double *dq = testAlloc(p->n_q, sizeof(double));
-        double *dk = testAlloc(nk ? nk : 1, sizeof(double)), *dv = testAlloc(nv ? nv : 1, sizeof(double));
-        ops->forward(p, o, lse);
-        ops->backward(p, dq, dk, dv, o, lse);
+        BranchRun r;
+        branchRun(&r, ops, p);
         BranchCase c = {.p = p, .ops = ops};
-        if (nk > 0) {
-            checkGrad(ops->name, "q", d, lossBranch, &c, p->q, p->n_q, dq);
-            checkGrad(ops->name, ops->k_name, d, lossBranch, &c, k, nk, dk);
-            checkGrad(ops->name, ops->v_name, d, lossBranch, &c, v, nv, dv);
+        if (r.nk > 0) {
+            checkGrad(ops->name, "q", d, lossBranch, &c, p->q, p->n_q, r.dq);
+            checkGrad(ops->name, ops->k_name, d, lossBranch, &c, r.k, r.nk, r.dk);
+            checkGrad(ops->name, ops->v_name, d, lossBranch, &c, r.v, r.nv, r.dv);
         } else { /* nothing is ever visible: the gradient is exactly zero */
-            for (size_t i = 0; i < p->n_q; i++) assert_true(dq[i] == 0.0);
+            for (size_t i = 0; i < p->n_q; i++) assert_true(r.dq[i] == 0.0);
         }
-        free(o);
-        free(lse);
-        free(dq);
-        free(dk);
-        free(dv);
+        branchRunFree(&r);
         problemFree(p);
     }
 }
@@ -1181,6 +1166,49 @@ static void checkBranchGrads(const BranchOps *ops) {
 static void test_grad_cmp(void **state) { checkBranchGrads(&kCmpOps); }
 static void test_grad_sel(void **state) { checkBranchGrads(&kSelOps); }
 static void test_grad_win(void **state) { checkBranchGrads(&kWinOps); }
+
+/* ---- tests: rows that see nothing ------------------------------------------- */
+
+static void test_nothing_visible(void **state) {
+    for (size_t s = 0; s < N_SHAPES; s++) {
+        Problem *p = problemCreate(&kShapes[s]);
+        NsaAttnDims d = p->dims;
+        size_t ov = p->n_rows * d.d_v;
+        BranchRun cmp;
+        branchRun(&cmp, &kCmpOps, p);
+        int blind_rows = 0;
+        for (size_t row = 0; row < p->n_rows; row++) {
+            int t = (int)((row / d.H) % d.S);
+            if (t >= d.cmp_len - 1) continue;
+            blind_rows++;
+            assert_true(isinf(cmp.out.lse[row]) && cmp.out.lse[row] < 0);
+            for (int c = 0; c < d.d_v; c++) assert_true(cmp.out.o[row * d.d_v + c] == 0.0);
+            for (int c = 0; c < d.d_k; c++) assert_true(cmp.dq[row * d.d_k + c] == 0.0);
+        }
+        assert_true(blind_rows > 0);
+        assert_true(testAllFiniteF64(cmp.out.o, ov) && testAllFiniteF64(cmp.dq, p->n_q));
+        assert_true(testAllFiniteF64(cmp.dk, p->n_kc) && testAllFiniteF64(cmp.dv, p->n_vc));
+
+        /* the public op: no NaN anywhere, the cmp gate of blind rows gets 0 */
+        PublicRun r;
+        publicRunInit(&r, p);
+        publicRun(&r, &d);
+        assert_true(testAllFiniteF32(r.out, ov));
+        for (int i = 0; i < 8; i++) assert_true(testAllFiniteF32(r.grad[i], r.sizes[i]));
+        for (size_t row = 0; row < p->n_rows; row++)
+            if ((int)((row / d.H) % d.S) < d.cmp_len - 1) {
+                assert_true(isinf(r.lse[row]) && r.lse[row] < 0);
+                assert_true(r.grad[7][row * 3 + 0] == 0.0f);
+            }
+        if (p->Nc == 0) {  /* S < l: no block, so no gradient reaches k_cmp or v_cmp */
+            for (size_t e = 0; e < p->n_k; e++) assert_true(r.grad[1][e] == 0.0f);
+            for (size_t e = 0; e < p->n_v; e++) assert_true(r.grad[2][e] == 0.0f);
+        }
+        publicRunFree(&r);
+        branchRunFree(&cmp);
+        problemFree(p);
+    }
+}
 
 static double lossGate(void *ctx) {
     Problem *p = ctx;
@@ -1330,11 +1358,8 @@ static void test_public_rejects_bad_input(void **state) {
     PublicRun r;
     publicRunInit(&r, p);
     NsaAttnDims d = p->dims;
-    NsaAttnInputs in = {.q = r.in[0], .k_cmp = r.in[1], .v_cmp = r.in[2], .k_sel = r.in[3],
-                        .v_sel = r.in[4], .k_win = r.in[5], .v_win = r.in[6], .gates = r.in[7]};
-    NsaAttnGrads gr = {.dq = r.grad[0], .dk_cmp = r.grad[1], .dv_cmp = r.grad[2],
-                       .dk_sel = r.grad[3], .dv_sel = r.grad[4], .dk_win = r.grad[5],
-                       .dv_win = r.grad[6], .dgates = r.grad[7]};
+    NsaAttnInputs in = publicInputs(&r);
+    NsaAttnGrads gr = publicGrads(&r);
     NsaError err = {{0}};
     in.v_sel = NULL;
     assert_int_equal(nsaAttnForwardCpu(&d, &in, r.out, NULL, NULL, &err), -1);
