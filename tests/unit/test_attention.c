@@ -720,7 +720,8 @@ static void test_select_scores_bruteforce(void **state) {
         NsaAttnDims d = p->dims;
         Selected got = selectedCreate(p);
         double *want = testAlloc(got.n_scores, sizeof(double));
-        int32_t *sel2 = testAlloc(p->n_sel, sizeof(int32_t)), *want_sel = testAlloc(p->n_sel, sizeof(int32_t));
+        int32_t *sel2 = testAlloc(p->n_sel, sizeof(int32_t));
+        int32_t *want_sel = testAlloc(p->n_sel, sizeof(int32_t));
         selectedRun(&got, p, p->q, &d, got.scores);
         bruteScores(want, p->q, p->kc, &d);
         double err = testRelErrF64(got.scores, want, got.n_scores);

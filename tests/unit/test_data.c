@@ -194,6 +194,18 @@ static void writeIdCorpus(const char *path, int n_docs, int jsonl) {
     fclose(f);
 }
 
+/* A text config (baseConfig) over an id corpus of n_docs documents written
+ * as `name` into the fixture's directory: JSON lines when name ends in
+ * .jsonl, else plain text. */
+static void idCorpusConfig(JobConfig *cfg, const Fixture *fx, const char *name, int n_docs, int seq_len,
+                           int batch) {
+    char path[256];
+    pathIn(fx, name, path, sizeof path);
+    const size_t len = strlen(name);
+    writeIdCorpus(path, n_docs, len > 6 && !strcmp(name + len - 6, ".jsonl"));
+    baseConfig(cfg, DATA_TEXT, path, seq_len, batch);
+}
+
 /* Adds every complete "[ddddd]" id in a window to the set. */
 static void collectIds(const int32_t *t, int n, unsigned char *set, int n_docs) {
     for (int i = 0; i + 7 <= n; i++) {
@@ -246,27 +258,17 @@ static void checkIdSplit(const JobConfig *cfg, int n_docs) {
     dataClose(val);
 }
 
-static void test_txt_val_never_overlaps_train(void **state) {
-    Fixture *fx = *state;
-    char path[256];
-    pathIn(fx, "ids.txt", path, sizeof path);
-    writeIdCorpus(path, 400, 0);
+/* checkIdSplit over 400 documents in the file `name`, a tenth of it val. */
+static void checkIdSplitOfFile(const Fixture *fx, const char *name) {
     JobConfig cfg;
-    baseConfig(&cfg, DATA_TEXT, path, 48, 8);
+    idCorpusConfig(&cfg, fx, name, 400, 48, 8);
     cfg.data.val_fraction = 0.1;
     checkIdSplit(&cfg, 400);
 }
 
-static void test_jsonl_val_never_overlaps_train(void **state) {
-    Fixture *fx = *state;
-    char path[256];
-    pathIn(fx, "ids.jsonl", path, sizeof path);
-    writeIdCorpus(path, 400, 1);
-    JobConfig cfg;
-    baseConfig(&cfg, DATA_TEXT, path, 48, 8);
-    cfg.data.val_fraction = 0.1;
-    checkIdSplit(&cfg, 400);
-}
+static void test_txt_val_never_overlaps_train(void **state) { checkIdSplitOfFile(*state, "ids.txt"); }
+
+static void test_jsonl_val_never_overlaps_train(void **state) { checkIdSplitOfFile(*state, "ids.jsonl"); }
 
 static void test_directory_of_text_files(void **state) {
     Fixture *fx = *state;
@@ -313,31 +315,25 @@ static void test_malformed_jsonl_names_file_and_line(void **state) {
     JobConfig cfg;
     baseConfig(&cfg, DATA_TEXT, path, 8, 1);
 
-    /* line 4 is cut short (line 2 is blank, which is allowed) */
-    const char *cut = "{\"text\": \"one\"}\n\n{\"text\": \"two\"}\n{\"text\": \"thr\n{\"text\": \"four\"}\n";
-    writeFile(path, cut, strlen(cut));
-    snprintf(want, sizeof want, "%s:4: malformed JSON", path);
-    expectOpenError(&cfg, SPLIT_TRAIN, want, "byte offset");
-
-    const char *not_string = "{\"text\": \"one\"}\n{\"text\": 5}\n";
-    writeFile(path, not_string, strlen(not_string));
-    snprintf(want, sizeof want, "%s:2: a non-string \"text\" field in the record at byte offset 16", path);
-    expectOpenError(&cfg, SPLIT_TRAIN, want, NULL);
-
-    const char *missing = "{\"body\": \"one\"}\n";
-    writeFile(path, missing, strlen(missing));
-    snprintf(want, sizeof want, "%s:1: no \"text\" field", path);
-    expectOpenError(&cfg, SPLIT_TRAIN, want, NULL);
-
-    const char *array = "{\"text\": \"one\"}\n[1, 2]\n";
-    writeFile(path, array, strlen(array));
-    snprintf(want, sizeof want, "%s:2: the line at byte offset 16 is not a JSON object", path);
-    expectOpenError(&cfg, SPLIT_TRAIN, want, NULL);
-
-    const char *trailing = "{\"text\": \"one\"} x\n";
-    writeFile(path, trailing, strlen(trailing));
-    snprintf(want, sizeof want, "%s:1: unexpected text after the JSON value at byte offset 16", path);
-    expectOpenError(&cfg, SPLIT_TRAIN, want, NULL);
+    const struct {
+        const char *text;
+        const char *error;  /* after "PATH:" */
+        const char *also;   /* a second part of the message, or NULL */
+    } cases[] = {
+        /* line 4 is cut short (line 2 is blank, which is allowed) */
+        {"{\"text\": \"one\"}\n\n{\"text\": \"two\"}\n{\"text\": \"thr\n{\"text\": \"four\"}\n",
+         "4: malformed JSON", "byte offset"},
+        {"{\"text\": \"one\"}\n{\"text\": 5}\n",
+         "2: a non-string \"text\" field in the record at byte offset 16", NULL},
+        {"{\"body\": \"one\"}\n", "1: no \"text\" field", NULL},
+        {"{\"text\": \"one\"}\n[1, 2]\n", "2: the line at byte offset 16 is not a JSON object", NULL},
+        {"{\"text\": \"one\"} x\n", "1: unexpected text after the JSON value at byte offset 16", NULL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        writeFile(path, cases[i].text, strlen(cases[i].text));
+        snprintf(want, sizeof want, "%s:%s", path, cases[i].error);
+        expectOpenError(&cfg, SPLIT_TRAIN, want, cases[i].also);
+    }
 }
 
 static void test_crlf_paragraphs_are_documents(void **state) {
@@ -437,12 +433,8 @@ static void test_odd_data_files_are_refused(void **state) {
 
 /* The validation split walks its windows in order, wrapping at the end. */
 static void test_val_walks_sequentially(void **state) {
-    Fixture *fx = *state;
-    char path[256];
-    pathIn(fx, "ids.txt", path, sizeof path);
-    writeIdCorpus(path, 200, 0);
     JobConfig cfg;
-    baseConfig(&cfg, DATA_TEXT, path, 32, 4);
+    idCorpusConfig(&cfg, *state, "ids.txt", 200, 32, 4);
     cfg.data.val_fraction = 0.2;
     DataLoader *val = openOk(&cfg, SPLIT_VAL);
     uint64_t n_windows = (dataNumTokens(val) - 1) / 32;
@@ -712,26 +704,18 @@ static void comparePrefetch(const JobConfig *base, DataSplit split) {
 }
 
 static void test_prefetch_matches_direct_reads(void **state) {
-    Fixture *fx = *state;
-    char path[256];
     JobConfig cfg;
     baseConfig(&cfg, DATA_SYNTHETIC, NULL, 128, 4);
     comparePrefetch(&cfg, SPLIT_TRAIN);
-    pathIn(fx, "ids.txt", path, sizeof path);
-    writeIdCorpus(path, 300, 0);
-    baseConfig(&cfg, DATA_TEXT, path, 64, 4);
+    idCorpusConfig(&cfg, *state, "ids.txt", 300, 64, 4);
     comparePrefetch(&cfg, SPLIT_TRAIN);
     comparePrefetch(&cfg, SPLIT_VAL);
 }
 
 /* A run resumed at position k sees exactly what the uninterrupted run saw. */
 static void test_resume_sees_the_same_batches(void **state) {
-    Fixture *fx = *state;
-    char path[256];
-    pathIn(fx, "ids.jsonl", path, sizeof path);
-    writeIdCorpus(path, 300, 1);
     JobConfig cfg;
-    baseConfig(&cfg, DATA_TEXT, path, 64, 4);
+    idCorpusConfig(&cfg, *state, "ids.jsonl", 300, 64, 4);
     cfg.data.prefetch = 3;
     DataLoader *first = openOk(&cfg, SPLIT_TRAIN);
     Batch b = batchNew(&cfg);
