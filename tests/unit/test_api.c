@@ -106,9 +106,43 @@ static void expectError(Service *svc, const char *method, const char *path, cons
     apiResponseFree(&res);
 }
 
+/* Each query of the NULL-ended list on /api/v1/runs/{id}/{route}: 400
+ * invalid_argument. */
+static void expectBadQueries(Service *svc, const char *method, const char *id, const char *route,
+                             const char *const *queries) {
+    char path[300];
+    for (; *queries; queries++) {
+        snprintf(path, sizeof path, "/api/v1/runs/%s/%s?%s", id, route, *queries);
+        expectError(svc, method, path, NULL, NULL, 400, "invalid_argument");
+    }
+}
+
 static const char *str(const cJSON *o, const char *key) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
     return cJSON_IsString(v) ? v->valuestring : NULL;
+}
+
+/* One request that must be answered with `status` (a body goes as JSON);
+ * returns the parsed answer (NULL when it is not JSON; the caller deletes
+ * it). */
+static cJSON *callExpect(Service *svc, const char *method, const char *path, const char *body, int status) {
+    ApiResponse res;
+    cJSON *j = call(svc, method, path, body, body ? "application/json" : NULL, &res);
+    if (res.status != status)
+        fail_msg("%s %s: got %d %.*s, want %d", method, path, res.status, (int)res.body_len, res.body,
+                 status);
+    apiResponseFree(&res);
+    return j;
+}
+
+/* Creates a tiny CPU run (kTinyJson) by POST path (/api/v1/runs and a
+ * query), which must answer 201; copies the new run's id into id
+ * (RUN_ID_MAX bytes). Returns the run object (the caller deletes it). */
+static cJSON *postTinyRun(Service *svc, const char *path, char *id) {
+    cJSON *j = callExpect(svc, "POST", path, kTinyJson, 201);
+    assert_non_null(str(j, "id"));
+    snprintf(id, RUN_ID_MAX, "%s", str(j, "id"));
+    return j;
 }
 
 static void test_health_version_and_routing(void **state) {
@@ -121,11 +155,9 @@ static void test_health_version_and_routing(void **state) {
     assert_true(res.no_store);
     cJSON_Delete(j);
     apiResponseFree(&res);
-    j = call(f->svc, "GET", "/api/v1/version", NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
+    j = callExpect(f->svc, "GET", "/api/v1/version", NULL, 200);
     assert_string_equal(str(j, "version"), NSA_VERSION);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
     expectError(f->svc, "GET", "/api/v1/nothing", NULL, NULL, 404, "not_found");
     expectError(f->svc, "GET", "/api/v2/health", NULL, NULL, 404, "not_found");
@@ -184,18 +216,13 @@ static void test_create_busy_halt_resume(void **state) {
     expectError(f->svc, "POST", "/api/v1/runs?queue=false", kTinyJson, "application/json", 409, "busy");
     expectError(f->svc, "POST", "/api/v1/runs?queue=no", kTinyJson, "application/json", 400, "invalid_argument");
     /* without ?queue=false the second run waits its turn; DELETE cancels it */
-    j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    assert_int_equal(res.status, 201);
+    char queued_id[RUN_ID_MAX], queued_path[200];
+    j = postTinyRun(f->svc, "/api/v1/runs", queued_id);
     assert_string_equal(str(j, "state"), "queued");
     assert_int_equal((int)cJSON_GetObjectItemCaseSensitive(j, "queue_position")->valuedouble, 1);
-    char queued_path[200];
-    snprintf(queued_path, sizeof queued_path, "/api/v1/runs/%s", str(j, "id"));
     cJSON_Delete(j);
-    apiResponseFree(&res);
-    j = call(f->svc, "DELETE", queued_path, NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    snprintf(queued_path, sizeof queued_path, "/api/v1/runs/%s", queued_id);
+    cJSON_Delete(callExpect(f->svc, "DELETE", queued_path, NULL, 200));
     pthread_mutex_lock(&f->svc->lock);
     assert_int_equal(runsQueueLength(f->svc->runs), 0);
     pthread_mutex_unlock(&f->svc->lock);
@@ -207,32 +234,23 @@ static void test_create_busy_halt_resume(void **state) {
     expectError(f->svc, "POST", path, "{\"reason\":true}", "application/json", 400, "invalid_argument");
     expectError(f->svc, "POST", path, "[]", "application/json", 400, "invalid_argument");
     expectError(f->svc, "POST", path, "{", "application/json", 400, "invalid_json");
-    j = call(f->svc, "POST", path, "{\"reason\":\"unit test\"}", "application/json", &res);
-    assert_int_equal(res.status, 202);
+    j = callExpect(f->svc, "POST", path, "{\"reason\":\"unit test\"}", 202);
     assert_string_equal(str(j, "state"), "halting");
     assert_int_equal(atomic_load(&f->svc->trainers[0].mon.halt_requested), 1);
     cJSON_Delete(j);
-    apiResponseFree(&res);
-    j = call(f->svc, "POST", path, NULL, NULL, &res); /* again: harmless */
-    assert_int_equal(res.status, 202);
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(callExpect(f->svc, "POST", path, NULL, 202)); /* again: harmless */
 
-    j = call(f->svc, "GET", "/api/v1/runs", NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
+    j = callExpect(f->svc, "GET", "/api/v1/runs", NULL, 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "runs")), 1);
     assert_string_equal(str(j, "active"), id);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
     snprintf(path, sizeof path, "/api/v1/runs/%s/events", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
+    j = callExpect(f->svc, "GET", path, NULL, 200);
     const cJSON *events = cJSON_GetObjectItemCaseSensitive(j, "events");
     assert_int_equal(cJSON_GetArraySize(events), 1);
     assert_string_equal(str(cJSON_GetArrayItem(events, 0), "type"), "halt_requested");
     cJSON_Delete(j);
-    apiResponseFree(&res);
 }
 
 /* The memory plan of a GPU with 6 GB free (GPU 1: 5 GB): weights and
@@ -253,15 +271,35 @@ static int fakePlan(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int 
     return 0;
 }
 
+/* A run config nsad must refuse, and what its message must say. */
+typedef struct Refusal {
+    const char *body;
+    const char *needles[3]; /* each must be in the message; the unused ones NULL */
+} Refusal;
+
+/* POSTs r->body as a new run: the answer must be 400 invalid_config with a
+ * one-line message holding every needle. */
+static void expectRefused(Service *svc, const Refusal *r) {
+    ApiResponse res;
+    cJSON *j = call(svc, "POST", "/api/v1/runs", r->body, "application/json", &res);
+    const char *msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
+    if (res.status != 400 || !errorCode(j) || strcmp(errorCode(j), "invalid_config") != 0 || !msg)
+        fail_msg("POST %s: got %d %.*s", r->body, res.status, (int)res.body_len, res.body);
+    assert_null(strchr(msg, '\n'));
+    for (int k = 0; k < 3 && r->needles[k]; k++)
+        if (!strstr(msg, r->needles[k]))
+            fail_msg("POST %s: \"%s\" lacks \"%s\"", r->body, msg, r->needles[k]);
+    cJSON_Delete(j);
+    apiResponseFree(&res);
+}
+
 /* POST answers 400 with one line, and creates nothing, for what cannot run
  * on this daemon: CUDA without a GPU, data that is not there, a batch the
  * GPU's memory cannot hold. */
 static void test_create_refuses_what_cannot_run(void **state) {
     Fixture *f = *state;
     Service *svc = f->svc;
-    struct {
-        const char *body, *needles[3];
-    } refused[] = {
+    const Refusal refused[] = {
         {"{\"runtime\":{\"device\":\"cuda\"},\"train\":{\"steps\":5}}",
          {"runtime.device: cuda, but this nsad has no usable GPU (no device probe made)", "allowed here: cpu"}},
         {"{\"runtime\":{\"device\":\"cpu\"},\"data\":{\"source\":\"text\",\"path\":\"/nonexistent/corpus.txt\"}}",
@@ -271,39 +309,17 @@ static void test_create_refuses_what_cannot_run(void **state) {
         {"{\"runtime\":{\"device\":\"cpu\"},\"data\":{\"source\":\"shards\",\"path\":\"/nonexistent/*_train_*.bin\"}}",
          {"data.path: \"/nonexistent/*_train_*.bin\" matches no file", "a glob"}},
     };
-    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        ApiResponse res;
-        cJSON *j = call(svc, "POST", "/api/v1/runs", refused[i].body, "application/json", &res);
-        const char *msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
-        if (res.status != 400 || !errorCode(j) || strcmp(errorCode(j), "invalid_config") != 0 || !msg)
-            fail_msg("case %zu: got %d %.*s", i, res.status, (int)res.body_len, res.body);
-        assert_null(strchr(msg, '\n'));
-        for (int k = 0; k < 3 && refused[i].needles[k]; k++)
-            if (!strstr(msg, refused[i].needles[k]))
-                fail_msg("case %zu: \"%s\" lacks \"%s\"", i, msg, refused[i].needles[k]);
-        cJSON_Delete(j);
-        apiResponseFree(&res);
-    }
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) expectRefused(svc, &refused[i]);
     assert_int_equal(svc->runs->n_runs, 0);
 
     /* what the probe said is what the refusal says */
     NsaDeviceInfo none = {.cuda_built = 1, .cuda_devices = 0};
     snprintf(none.description, sizeof none.description, "no CUDA device (no NVIDIA driver or GPU)");
     serviceSetDevices(svc, &none, NULL);
-    ApiResponse res;
-    cJSON *j = call(svc, "POST", "/api/v1/runs", "{\"runtime\":{\"device\":\"gpu\"}}", "application/json",
-                    &res);
-    assert_int_equal(res.status, 400);
-    assert_non_null(strstr(str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message"), "no NVIDIA driver"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    expectRefused(svc, &(Refusal){"{\"runtime\":{\"device\":\"gpu\"}}", {"no NVIDIA driver"}});
     serviceSetDevices(svc, &none, "CUDA driver version is insufficient for CUDA runtime version");
-    j = call(svc, "POST", "/api/v1/runs", "{\"runtime\":{\"device\":\"cuda\"}}", "application/json", &res);
-    assert_int_equal(res.status, 400);
-    assert_non_null(strstr(str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message"),
-                           "the CUDA runtime failed: CUDA driver version is insufficient"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    expectRefused(svc, &(Refusal){"{\"runtime\":{\"device\":\"cuda\"}}",
+                                  {"the CUDA runtime failed: CUDA driver version is insufficient"}});
 
     /* a GPU: the memory plan decides */
     NsaDeviceInfo one = {.cuda_built = 1, .cuda_devices = 1};
@@ -313,13 +329,9 @@ static void test_create_refuses_what_cannot_run(void **state) {
     const char *too_big = "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
                           "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":8},"
                           "\"runtime\":{\"device\":\"cuda\",\"precision\":\"bf16\"}}";
-    j = call(svc, "POST", "/api/v1/runs", too_big, "application/json", &res);
-    const char *msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
-    if (res.status != 400 || !msg || !strstr(msg, "train.batch_size: 8 sequences of 64 tokens need 10.0 GB") ||
-        !strstr(msg, "GPU 0 has 6.0 GB free") || !strstr(msg, "allowed: train.batch_size up to 4"))
-        fail_msg("got %d %.*s", res.status, (int)res.body_len, res.body);
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    expectRefused(svc, &(Refusal){too_big,
+                                  {"train.batch_size: 8 sequences of 64 tokens need 10.0 GB",
+                                   "GPU 0 has 6.0 GB free", "allowed: train.batch_size up to 4"}});
     assert_int_equal(svc->runs->n_runs, 0);
 
     /* several GPUs (runtime.gpus): each GPU's plan, the optimizer sharded
@@ -347,55 +359,37 @@ static void test_create_refuses_what_cannot_run(void **state) {
                  "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":%d},"
                  "\"runtime\":{\"device\":\"cuda\",%s}}",
                  multi[i].batch, multi[i].runtime);
-        j = call(svc, "POST", "/api/v1/runs", body, "application/json", &res);
-        msg = str(cJSON_GetObjectItemCaseSensitive(j, "error"), "message");
-        if (res.status != 400 || !msg)
-            fail_msg("gpus case %zu: got %d %.*s", i, res.status, (int)res.body_len, res.body);
-        for (int k = 0; k < 3 && multi[i].needles[k]; k++)
-            if (!strstr(msg, multi[i].needles[k]))
-                fail_msg("gpus case %zu: \"%s\" lacks \"%s\"", i, msg, multi[i].needles[k]);
-        cJSON_Delete(j);
-        apiResponseFree(&res);
+        expectRefused(svc, &(Refusal){body, {multi[i].needles[0], multi[i].needles[1], multi[i].needles[2]}});
     }
     assert_int_equal(svc->runs->n_runs, 0);
     serviceSetDevices(svc, &one, NULL);
 
     const char *fits = "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
                        "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2}}";
-    j = call(svc, "POST", "/api/v1/runs", fits, "application/json", &res);  /* device auto: cuda here */
-    assert_int_equal(res.status, 201);
+    cJSON *j = callExpect(svc, "POST", "/api/v1/runs", fits, 201); /* device auto: cuda here */
     assert_string_equal(str(j, "device"), "cuda");
     assert_string_equal(str(j, "precision"), "bf16");
     cJSON_Delete(j);
-    apiResponseFree(&res);
 }
 
 /* runtime.device auto becomes what this daemon has, in the run's config. */
 static void test_auto_device_is_pinned(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs",
-                    "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
-                    "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2},"
-                    "\"runtime\":{\"device\":\"auto\"}}",
-                    "application/json", &res);
-    assert_int_equal(res.status, 201);
+    cJSON *j = callExpect(f->svc, "POST", "/api/v1/runs",
+                          "{\"model\":{\"dim\":32,\"n_layers\":1,\"n_heads\":2,\"n_kv_groups\":1,\"d_k\":16,"
+                          "\"d_v\":16},\"train\":{\"steps\":5,\"seq_len\":64,\"batch_size\":2},"
+                          "\"runtime\":{\"device\":\"auto\"}}",
+                          201);
     assert_string_equal(str(j, "device"), "cpu");
     cJSON_Delete(j);
-    apiResponseFree(&res);
     Run *run = f->svc->runs->runs[0];
     assert_non_null(strstr(run->config_yaml, "  device: cpu\n"));
 }
 
 static void test_metrics_series_and_since(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    assert_int_equal(res.status, 201);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs", id));
     pthread_mutex_lock(&f->svc->lock);
     Run *run = runsFind(f->svc->runs, id);
     for (int64_t s = 1; s <= 5; s++)
@@ -413,8 +407,7 @@ static void test_metrics_series_and_since(void **state) {
 
     char path[200];
     snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=4", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
+    cJSON *j = callExpect(f->svc, "GET", path, NULL, 200);
     const cJSON *train = cJSON_GetObjectItemCaseSensitive(j, "train");
     const cJSON *val = cJSON_GetObjectItemCaseSensitive(j, "val");
     assert_int_equal(cJSON_GetArraySize(train), 3);
@@ -424,21 +417,14 @@ static void test_metrics_series_and_since(void **state) {
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "next")->valueint, 7);
     assert_string_equal(str(j, "run_id"), id);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
     snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=7", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    j = callExpect(f->svc, "GET", path, NULL, 200);
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItemCaseSensitive(j, "train")), 0);
     assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "next")->valueint, 7);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
-    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=x", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
-    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=-2", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
-    snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    expectBadQueries(f->svc, "GET", id, "metrics", (const char *[]){"since=x", "since=-2", "since=", NULL});
     expectError(f->svc, "GET", "/api/v1/runs/nope/metrics", NULL, NULL, 404, "not_found");
 }
 
@@ -450,15 +436,12 @@ static double num(const cJSON *o, const char *key) {
 
 static void test_mfu_and_tokens(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
+    cJSON *j = postTinyRun(f->svc, "/api/v1/runs", id);
     /* before the trainer took it: no MFU, no FLOPs, no peak */
     assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "mfu")));
     assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "peak_flops")));
     cJSON_Delete(j);
-    apiResponseFree(&res);
     pthread_mutex_lock(&f->svc->lock);
     Run *run = runsFind(f->svc->runs, id);
     run->flops_per_token = 6e9;
@@ -473,16 +456,14 @@ static void test_mfu_and_tokens(void **state) {
 
     char path[200];
     snprintf(path, sizeof path, "/api/v1/runs/%s", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
-    assert_int_equal(res.status, 200);
+    j = callExpect(f->svc, "GET", path, NULL, 200);
     /* 5000 tok/s x 6e9 FLOPs / 12e12 FLOP/s */
     assert_true(fabs(num(j, "mfu") - 2.5) < 1e-12);
     assert_true(num(j, "flops_per_token") == 6e9 && num(j, "peak_flops") == 12e12);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
     snprintf(path, sizeof path, "/api/v1/runs/%s/metrics", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    j = callExpect(f->svc, "GET", path, NULL, 200);
     const cJSON *train = cJSON_GetObjectItemCaseSensitive(j, "train");
     const cJSON *val = cJSON_GetObjectItemCaseSensitive(j, "val");
     assert_int_equal(cJSON_GetArraySize(train), 3);
@@ -494,7 +475,6 @@ static void test_mfu_and_tokens(void **state) {
     assert_true(num(cJSON_GetArrayItem(val, 1), "tokens") == 384);
     assert_true(num(cJSON_GetArrayItem(val, 2), "tokens") == 896);
     cJSON_Delete(j);
-    apiResponseFree(&res);
 
     char *text = promRender(f->svc, NULL);
     char want[200];
@@ -507,10 +487,9 @@ static void test_mfu_and_tokens(void **state) {
     run->peak_flops = NAN;
     pthread_mutex_unlock(&f->svc->lock);
     snprintf(path, sizeof path, "/api/v1/runs/%s", id);
-    j = call(f->svc, "GET", path, NULL, NULL, &res);
+    j = callExpect(f->svc, "GET", path, NULL, 200);
     assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "mfu")));
     cJSON_Delete(j);
-    apiResponseFree(&res);
     text = promRender(f->svc, NULL);
     assert_null(strstr(text, "nsad_run_mfu{"));
     free(text);
@@ -549,12 +528,8 @@ static char *getLines(Service *svc, const char *path, int *ended, Stream **keep)
 static void test_run_logs(void **state) {
     Fixture *f = *state;
     logSetRunSink(runlogAppend, f->svc->runlog);
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs?name=logged", kTinyJson, "application/json", &res);
     char id[RUN_ID_MAX], path[256];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs?name=logged", id));
     /* a line of the trainer thread's (bound to the run), and one of another thread */
     logBindRun(id);
     logInfo("a line from the run's job");
@@ -639,12 +614,7 @@ static void test_run_logs(void **state) {
     assert_non_null(strstr(text, "after the move"));
     free(text);
 
-    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?follow=2", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
-    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=-1", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
-    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?lines=3", id);
-    expectError(f->svc, "GET", path, NULL, NULL, 400, "invalid_argument");
+    expectBadQueries(f->svc, "GET", id, "logs", (const char *[]){"follow=2", "tail=-1", "lines=3", NULL});
     snprintf(path, sizeof path, "/api/v1/runs/%s/logs", id);
     expectError(f->svc, "POST", path, NULL, NULL, 405, "method_not_allowed");
     expectError(f->svc, "GET", "/api/v1/runs/20000101-000000-dead/logs", NULL, NULL, 404, "not_found");
@@ -653,13 +623,8 @@ static void test_run_logs(void **state) {
 
 static void test_interrupted_run_is_picked_up(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    assert_int_equal(res.status, 201);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs", id));
     pthread_mutex_lock(&f->svc->lock);
     Run *run = runsFind(f->svc->runs, id);
     NsaError err = {""};
@@ -684,13 +649,8 @@ static void test_interrupted_run_is_picked_up(void **state) {
 
 static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    assert_int_equal(res.status, 201);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs", id));
     /* play the trainer thread: it took the job and is in forward */
     Service *svc = f->svc;
     pthread_mutex_lock(&svc->lock);
@@ -744,13 +704,8 @@ static void test_watchdog_flags_an_overrun_and_a_recovery(void **state) {
 static void test_hang_during_halt_keeps_halting(void **state) {
     Fixture *f = *state;
     Service *svc = f->svc;
-    ApiResponse res;
-    cJSON *j = call(svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    assert_int_equal(res.status, 201);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", str(j, "id"));
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    cJSON_Delete(postTinyRun(svc, "/api/v1/runs", id));
     pthread_mutex_lock(&svc->lock);
     svc->trainers[0].pending = SERVICE_PENDING_NONE;
     svc->trainers[0].deadlines.checkpoint = 1.0;
@@ -783,12 +738,11 @@ static void test_hang_during_halt_keeps_halting(void **state) {
 /* Every sample line belongs to a family announced by HELP and TYPE. */
 static void test_prometheus_exposition(void **state) {
     Fixture *f = *state;
-    ApiResponse res;
-    cJSON *j = call(f->svc, "POST", "/api/v1/runs", kTinyJson, "application/json", &res);
-    cJSON_Delete(j);
-    apiResponseFree(&res);
+    char id[RUN_ID_MAX];
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs", id));
     serviceCountRequest(f->svc, 404);
-    j = call(f->svc, "GET", "/metrics", NULL, NULL, &res);
+    ApiResponse res;
+    cJSON *j = call(f->svc, "GET", "/metrics", NULL, NULL, &res);
     assert_null(j);
     assert_int_equal(res.status, 200);
     assert_string_equal(res.content_type, PROM_CONTENT_TYPE);
@@ -823,17 +777,13 @@ static void test_prometheus_exposition(void **state) {
 
 static void test_loopback_addresses(void **state) {
     (void)state;
-    assert_int_equal(serverIsLoopback("127.0.0.1"), 1);
-    assert_int_equal(serverIsLoopback("127.3.2.1"), 1);
-    assert_int_equal(serverIsLoopback("::1"), 1);
-    assert_int_equal(serverIsLoopback("::ffff:127.0.0.1"), 1);
-    assert_int_equal(serverIsLoopback("localhost"), 1);
-    assert_int_equal(serverIsLoopback("0.0.0.0"), 0);
-    assert_int_equal(serverIsLoopback("::"), 0);
-    assert_int_equal(serverIsLoopback("10.0.0.1"), 0);
-    assert_int_equal(serverIsLoopback("128.0.0.1"), 0);
-    assert_int_equal(serverIsLoopback("example.com"), 0);
-    assert_int_equal(serverIsLoopback(NULL), 0);
+    const char *loopback[] = {"127.0.0.1", "127.3.2.1", "::1", "::ffff:127.0.0.1", "localhost"};
+    const char *other[] = {"0.0.0.0", "::", "10.0.0.1", "128.0.0.1", "example.com", NULL};
+    for (size_t i = 0; i < sizeof loopback / sizeof loopback[0]; i++)
+        if (serverIsLoopback(loopback[i]) != 1) fail_msg("%s is a loopback address", loopback[i]);
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        if (serverIsLoopback(other[i]) != 0)
+            fail_msg("%s is not a loopback address", other[i] ? other[i] : "NULL");
 }
 
 int main(void) {
