@@ -786,19 +786,22 @@ static void test_loopback_addresses(void **state) {
             fail_msg("%s is not a loopback address", other[i] ? other[i] : "NULL");
 }
 
+/* A test on a service of its own (setUp) */
+#define SERVICE_TEST(test) cmocka_unit_test_setup_teardown(test, setUp, tearDown)
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_health_version_and_routing, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_create_busy_halt_resume, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_create_refuses_what_cannot_run, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_auto_device_is_pinned, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_metrics_series_and_since, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_mfu_and_tokens, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_run_logs, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_interrupted_run_is_picked_up, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_watchdog_flags_an_overrun_and_a_recovery, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_hang_during_halt_keeps_halting, setUp, tearDown),
-        cmocka_unit_test_setup_teardown(test_prometheus_exposition, setUp, tearDown),
+        SERVICE_TEST(test_health_version_and_routing),
+        SERVICE_TEST(test_create_busy_halt_resume),
+        SERVICE_TEST(test_create_refuses_what_cannot_run),
+        SERVICE_TEST(test_auto_device_is_pinned),
+        SERVICE_TEST(test_metrics_series_and_since),
+        SERVICE_TEST(test_mfu_and_tokens),
+        SERVICE_TEST(test_run_logs),
+        SERVICE_TEST(test_interrupted_run_is_picked_up),
+        SERVICE_TEST(test_watchdog_flags_an_overrun_and_a_recovery),
+        SERVICE_TEST(test_hang_during_halt_keeps_halting),
+        SERVICE_TEST(test_prometheus_exposition),
         cmocka_unit_test(test_loopback_addresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -737,23 +737,26 @@ static void test_resume_sees_the_same_batches(void **state) {
     dataClose(resumed);
 }
 
+/* A test with a fixture directory of its own (setupDir) */
+#define DIR_TEST(test) cmocka_unit_test_setup_teardown(test, setupDir, teardownDir)
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_synthetic_is_a_function_of_seed_and_position),
-        cmocka_unit_test_setup_teardown(test_txt_val_never_overlaps_train, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_jsonl_val_never_overlaps_train, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_directory_of_text_files, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_malformed_jsonl_names_file_and_line, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_crlf_paragraphs_are_documents, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_text_too_small_for_the_split, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_odd_data_files_are_refused, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_val_walks_sequentially, setupDir, teardownDir),
+        DIR_TEST(test_txt_val_never_overlaps_train),
+        DIR_TEST(test_jsonl_val_never_overlaps_train),
+        DIR_TEST(test_directory_of_text_files),
+        DIR_TEST(test_malformed_jsonl_names_file_and_line),
+        DIR_TEST(test_crlf_paragraphs_are_documents),
+        DIR_TEST(test_text_too_small_for_the_split),
+        DIR_TEST(test_odd_data_files_are_refused),
+        DIR_TEST(test_val_walks_sequentially),
         cmocka_unit_test(test_fortunes_corpus),
-        cmocka_unit_test_setup_teardown(test_shards_split_and_load, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_corrupt_shards_name_file_and_offset, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_shard_truncated_during_the_run, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_prefetch_matches_direct_reads, setupDir, teardownDir),
-        cmocka_unit_test_setup_teardown(test_resume_sees_the_same_batches, setupDir, teardownDir),
+        DIR_TEST(test_shards_split_and_load),
+        DIR_TEST(test_corrupt_shards_name_file_and_offset),
+        DIR_TEST(test_shard_truncated_during_the_run),
+        DIR_TEST(test_prefetch_matches_direct_reads),
+        DIR_TEST(test_resume_sees_the_same_batches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,6 +28,64 @@ static void writeText(const char *dir, const char *name, const char *text) {
     fclose(f);
 }
 
+/* Most tests get a registry of their own as their state: opened in a new
+ * temporary directory (its state dir), which the teardown removes. */
+static int regSetUp(void **state) {
+    char *dir = testTempDir("runs");
+    NsaError err = {""};
+    RunRegistry *reg = runsOpen(dir, &err);
+    if (!reg) {
+        fprintf(stderr, "runsOpen %s: %s\n", dir, err.message);
+        testRemoveTree(dir);
+    }
+    free(dir);
+    *state = reg;
+    return reg ? 0 : -1;
+}
+
+static int regTearDown(void **state) {
+    RunRegistry *reg = *state;
+    char dir[RUN_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", reg->state_dir);
+    runsClose(reg);
+    testRemoveTree(dir);
+    return 0;
+}
+
+/* Closes the test's registry and opens its state dir again, as a daemon
+ * restart does. Returns the new registry, now the test's state. */
+static RunRegistry *regReopen(void **state) {
+    RunRegistry *reg = *state;
+    char dir[RUN_PATH_MAX];
+    snprintf(dir, sizeof dir, "%s", reg->state_dir);
+    runsClose(reg);
+    NsaError err = {""};
+    *state = reg = runsOpen(dir, &err);
+    if (!reg) {
+        testRemoveTree(dir); /* no teardown without a registry */
+        fail_msg("runsOpen %s: %s", dir, err.message);
+    }
+    return reg;
+}
+
+/* runsCreate of a CPU fp32 run, which must succeed; the id is copied into
+ * id (RUN_ID_MAX bytes) when id is not NULL. */
+static Run *newRun(RunRegistry *reg, const char *name, const char *yaml, int64_t total_steps, RunState state,
+                   char *id) {
+    NsaError err = {""};
+    Run *run = runsCreate(reg, name, yaml, "cpu", "fp32", total_steps, state, &err);
+    if (!run) fail_msg("runsCreate: %s", err.message);
+    if (id) snprintf(id, RUN_ID_MAX, "%s", run->id);
+    return run;
+}
+
+/* The run of that id in the registry, which must be there. */
+static Run *findRun(RunRegistry *reg, const char *id) {
+    Run *run = runsFind(reg, id);
+    if (!run) fail_msg("run %s is not in the registry", id);
+    return run;
+}
+
 static void test_ids_and_names(void **state) {
     (void)state;
     assert_int_equal(runIdValid("20261122-004105-a149"), 1);
@@ -66,17 +124,12 @@ static void test_state_predicates(void **state) {
 }
 
 static void test_create_save_reopen(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, "first", "model:\n  dim: 32\n", "cpu", "fp32", 100, RUN_STARTING, &err);
-    assert_non_null(run);
+    char id[RUN_ID_MAX];
+    Run *run = newRun(reg, "first", "model:\n  dim: 32\n", 100, RUN_STARTING, id);
     assert_int_equal(run->state, RUN_STARTING);
     assert_string_equal(run->name, "first");
-    char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", run->id);
     assert_int_equal(runIdValid(id), 1);
     struct stat st;
     assert_int_equal(stat(run->out_dir, &st), 0);
@@ -92,17 +145,13 @@ static void test_create_save_reopen(void **state) {
     snprintf(run->anomaly, sizeof run->anomaly, "hang:forward");
     run->flops_per_token = 1.5e6; /* MFU's count, and no peak (a CPU run) */
     assert_int_equal(runsSave(run, &err), 0);
-    Run *second = runsCreate(reg, NULL, "a: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
-    assert_non_null(second);
+    Run *second = newRun(reg, NULL, "a: 1\n", 10, RUN_STARTING, NULL);
     assert_string_not_equal(second->id, id);
     assert_string_equal(second->name, second->id);
-    runsClose(reg);
 
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
+    reg = regReopen(state);
     assert_int_equal(reg->n_runs, 2);
-    run = runsFind(reg, id);
-    assert_non_null(run);
+    run = findRun(reg, id);
     assert_int_equal(run->state, RUN_HUNG);
     assert_int_equal(run->step, 7);
     assert_int_equal(run->total_steps, 100);
@@ -120,40 +169,24 @@ static void test_create_save_reopen(void **state) {
     assert_int_equal(runsAddEvent(run, "resume", 5, NULL, &err), 0);
     assert_int_equal(run->events[2].seq, 3);
     assert_null(runsFind(reg, "nope"));
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 static void test_corrupt_record_is_skipped(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
-    NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 1, RUN_STARTING, &err);
-    assert_non_null(run);
+    RunRegistry *reg = *state;
+    Run *run = newRun(reg, NULL, "x: 1\n", 1, RUN_STARTING, NULL);
     writeText(run->dir, "run.json", "{\"state\": \"dancing\"}");
-    runsClose(reg);
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
+    reg = regReopen(state);
     assert_int_equal(reg->n_runs, 0);
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 static void test_state_dir_that_is_a_file(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
-    char file[600];
-    snprintf(file, sizeof file, "%s/file", dir);
-    writeText(dir, "file", "x");
+    RunRegistry *reg = *state;
+    char file[RUN_PATH_MAX + 8];
+    snprintf(file, sizeof file, "%s/file", reg->state_dir);
+    writeText(reg->state_dir, "file", "x");
     NsaError err = {""};
     assert_null(runsOpen(file, &err));
     assert_non_null(strstr(err.message, file));
-    testRemoveTree(dir);
-    free(dir);
 }
 
 static void test_redone_steps_replace_the_tail(void **state) {
@@ -219,22 +252,14 @@ static void test_long_series_is_thinned(void **state) {
  * the removal leaves trash that the next runsOpen removes. Removal never
  * follows a symbolic link out of the run. */
 static void test_delete_moves_aside_then_sweeps(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs-del");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
-    assert_non_null(a);
-    char ida[RUN_ID_MAX], adir[RUN_PATH_MAX], link[RUN_PATH_MAX + 16], outside[RUN_PATH_MAX];
-    snprintf(ida, sizeof ida, "%s", a->id);
+    char ida[RUN_ID_MAX], idb[RUN_ID_MAX], adir[RUN_PATH_MAX], link[RUN_PATH_MAX + 16], outside[RUN_PATH_MAX + 16];
+    Run *a = newRun(reg, "a", "x: 1\n", 10, RUN_STARTING, ida);
     snprintf(adir, sizeof adir, "%s", a->dir);
-    Run *b = runsCreate(reg, "b", "x: 2\n", "cpu", "fp32", 10, RUN_STARTING, &err);
-    assert_non_null(b);
-    char idb[RUN_ID_MAX];
-    snprintf(idb, sizeof idb, "%s", b->id);
-    writeText(dir, "outside.txt", "keep me");
-    snprintf(outside, sizeof outside, "%s/outside.txt", dir);
+    newRun(reg, "b", "x: 2\n", 10, RUN_STARTING, idb);
+    writeText(reg->state_dir, "outside.txt", "keep me");
+    snprintf(outside, sizeof outside, "%s/outside.txt", reg->state_dir);
     assert_int_equal(fsMkdirs(a->out_dir, 0750, &err), 0);
     snprintf(link, sizeof link, "%s/link", a->out_dir);
     assert_int_equal(symlink(outside, link), 0);
@@ -254,32 +279,22 @@ static void test_delete_moves_aside_then_sweeps(void **state) {
     assert_non_null(strstr(err.message, ida));
 
     /* as if nsad died before removing the trash */
-    runsClose(reg);
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
+    reg = regReopen(state);
     assert_int_equal(reg->n_runs, 1);
     assert_non_null(runsFind(reg, idb));
     assert_int_not_equal(lstat(trash, &st), 0);
     assert_int_equal(stat(outside, &st), 0); /* the link's target survived */
 
     assert_int_equal(fsRemoveTree(trash, &err), 0); /* already gone: fine */
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 /* Events are bounded in memory too: the newest stay, seq keeps counting,
  * and a reopen (which reloads events.jsonl) applies the same bound. */
 static void test_events_are_bounded(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs-ev");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
-    assert_non_null(run);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", run->id);
+    Run *run = newRun(reg, NULL, "x: 1\n", 10, RUN_STARTING, id);
     const int total = RUN_EVENTS_MAX + RUN_EVENTS_MAX / 2 + 3;
     for (int i = 1; i <= total; i++)
         assert_int_equal(runsAddEvent(run, "anomaly", i, "{\"type\":\"nan_loss\"}", &err), 0);
@@ -287,30 +302,19 @@ static void test_events_are_bounded(void **state) {
     assert_int_equal(run->events[run->n_events - 1].seq, total);
     assert_int_equal(run->events[run->n_events - 1].step, total);
     for (size_t i = 1; i < run->n_events; i++) assert_int_equal(run->events[i].seq, run->events[i - 1].seq + 1);
-    runsClose(reg);
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    run = runsFind(reg, id);
-    assert_non_null(run);
+    reg = regReopen(state);
+    run = findRun(reg, id);
     assert_true(run->n_events <= RUN_EVENTS_MAX);
     assert_int_equal(run->events[run->n_events - 1].seq, total);
     assert_int_equal(runsAddEvent(run, "halt", total, NULL, &err), 0);
     assert_int_equal(run->events[run->n_events - 1].seq, total + 1);
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 static void test_series_rebuilt_from_files(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, NULL, "x: 1\n", "cpu", "fp32", 30, RUN_STARTING, &err);
-    assert_non_null(run);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", run->id);
+    Run *run = newRun(reg, NULL, "x: 1\n", 30, RUN_STARTING, id);
     writeText(run->out_dir, "training.csv",
               "step,loss,lr,toks_per_s\n10,5.5,0.001,100\n20,5.0,0.002,200\n30,4.5,0.0015,300\n31,4.4");
     writeText(run->out_dir, "val.csv", "step,val_loss,bits_per_byte\n0,5.6,8.0\n20,5.1,7.4\n");
@@ -324,12 +328,9 @@ static void test_series_rebuilt_from_files(void **state) {
               "{\"ts\":27.0,\"event\":\"eval\",\"step\":20,\"detail\":{\"val_loss\":5.1}}\n"
               "{\"ts\":30.0,\"event\":\"step\",\"step\":30,\"grad_norm\":0.6,\"memory\":222}\n"
               "{\"ts\":31.0,\"event\":\"st");
-    runsClose(reg);
 
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    run = runsFind(reg, id);
-    assert_non_null(run);
+    reg = regReopen(state);
+    run = findRun(reg, id);
     assert_int_equal(run->n_train, 4); /* the torn last row "31,4.4" still parses its step and loss */
     assert_int_equal(run->train[0].step, 10);
     assert_true(run->train[0].ts == 10.0 && run->train[0].grad_norm == 0.9 && run->train[0].mem_bytes == 111);
@@ -348,26 +349,20 @@ static void test_series_rebuilt_from_files(void **state) {
     assert_int_equal(runsLoadSeries(run, &err), -1);
     assert_non_null(strstr(err.message, "training.csv"));
     assert_non_null(strstr(err.message, "step"));
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 /* The queue: created at the back, front moves first, a run out of the
  * queue leaves a gap that positions close, and the order survives a
  * reopen (run.json keeps queue_order and queue_resume). */
 static void test_queue_order_survives_reopen(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs-queue");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
     assert_null(runsQueueHead(reg));
-    Run *active = runsCreate(reg, "active", "x: 1\n", "cpu", "fp32", 10, RUN_STARTING, &err);
-    Run *a = runsCreate(reg, "a", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
-    Run *b = runsCreate(reg, "b", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
-    Run *c = runsCreate(reg, "c", "x: 1\n", "cpu", "fp32", 10, RUN_QUEUED, &err);
-    assert_true(active && a && b && c);
+    char ida[RUN_ID_MAX], idb[RUN_ID_MAX], idc[RUN_ID_MAX];
+    Run *active = newRun(reg, "active", "x: 1\n", 10, RUN_STARTING, NULL);
+    Run *a = newRun(reg, "a", "x: 1\n", 10, RUN_QUEUED, ida);
+    Run *b = newRun(reg, "b", "x: 1\n", 10, RUN_QUEUED, idb);
+    Run *c = newRun(reg, "c", "x: 1\n", 10, RUN_QUEUED, idc);
     assert_int_equal(runsQueuePosition(reg, active), 0);
     assert_int_equal(runsQueueLength(reg), 3);
     assert_ptr_equal(runsQueueHead(reg), a);
@@ -380,23 +375,14 @@ static void test_queue_order_survives_reopen(void **state) {
     assert_int_equal(runsQueuePosition(reg, b), 2);
     assert_int_equal(runsEnqueue(reg, a, 0, 1, &err), 0); /* back, as a resume */
     assert_int_equal(runsQueuePosition(reg, a), 3);
-    char ida[RUN_ID_MAX], idb[RUN_ID_MAX], idc[RUN_ID_MAX];
-    snprintf(ida, sizeof ida, "%s", a->id);
-    snprintf(idb, sizeof idb, "%s", b->id);
-    snprintf(idc, sizeof idc, "%s", c->id);
-    runsClose(reg);
 
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
+    reg = regReopen(state);
     assert_int_equal(runsQueueLength(reg), 3);
     assert_string_equal(runsQueueHead(reg)->id, idc);
     assert_int_equal(runsQueuePosition(reg, runsFind(reg, idb)), 2);
     assert_int_equal(runsQueuePosition(reg, runsFind(reg, ida)), 3);
     assert_int_equal(runsFind(reg, ida)->queue_resume, 1);
     assert_int_equal(runsFind(reg, idb)->queue_resume, 0);
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 /* Feeds a sample of step `step` logged at unix time ts; step_seconds is
@@ -412,13 +398,9 @@ static void sample(Run *run, int64_t step, double ts, double step_seconds) {
  * counts down; a resume starts a new estimate (the halted hours are no step
  * time). */
 static void test_eta_is_smoothed(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, "eta", "a: 1\n", "cpu", "fp32", 1000, RUN_STARTING, &err);
-    assert_non_null(run);
+    Run *run = newRun(reg, "eta", "a: 1\n", 1000, RUN_STARTING, NULL);
     assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
     const double t0 = 1.8e9;
     assert_true(isnan(runsEtaSeconds(run, t0)));
@@ -449,23 +431,15 @@ static void test_eta_is_smoothed(void **state) {
     sample(run, 410, ts += 10.0, 2.0);  /* 2 s a step now */
     eta = runsEtaSeconds(run, ts);
     if (!(fabs(eta - 590 * 2.0) < 1e-6)) fail_msg("ETA after the resume: %.1f s, wanted 1180", eta);
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
 
 /* elapsed counts every active stretch of a run, across resumes and a
  * daemon restart (a reopened registry), and nothing while it is halted. */
 static void test_elapsed_spans_resumes(void **state) {
-    (void)state;
-    char *dir = testTempDir("runs");
+    RunRegistry *reg = *state;
     NsaError err = {""};
-    RunRegistry *reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    Run *run = runsCreate(reg, "elapsed", "a: 1\n", "cpu", "fp32", 1000, RUN_STARTING, &err);
-    assert_non_null(run);
     char id[RUN_ID_MAX];
-    snprintf(id, sizeof id, "%s", run->id);
+    Run *run = newRun(reg, "elapsed", "a: 1\n", 1000, RUN_STARTING, id);
     assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
     run->segment_started -= 1000;  /* as if it had run for 1000 s */
     assert_int_equal(runsSetState(run, RUN_HALTED, &err), 0);
@@ -478,36 +452,33 @@ static void test_elapsed_spans_resumes(void **state) {
     now = clockUnixSeconds();
     assert_true(fabs(runsElapsedSeconds(run, now) - 1500) < 60);
     assert_int_equal(runsSave(run, &err), 0);  /* then nsad is killed */
-    runsClose(reg);
 
-    reg = runsOpen(dir, &err);
-    assert_non_null(reg);
-    run = runsFind(reg, id);
-    assert_non_null(run);
+    reg = regReopen(state);
+    run = findRun(reg, id);
     assert_true(fabs(runsElapsedSeconds(run, clockUnixSeconds()) - 1500) < 60);
     assert_int_equal(runsSetState(run, RUN_STARTING, &err), 0);  /* the restart picks it up */
     run->segment_started -= 100;
     assert_true(fabs(runsElapsedSeconds(run, clockUnixSeconds()) - 1600) < 60);
-    runsClose(reg);
-    testRemoveTree(dir);
-    free(dir);
 }
+
+/* A test on a registry of its own (regSetUp) */
+#define REGISTRY_TEST(test) cmocka_unit_test_setup_teardown(test, regSetUp, regTearDown)
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_and_names),
         cmocka_unit_test(test_state_predicates),
-        cmocka_unit_test(test_create_save_reopen),
-        cmocka_unit_test(test_queue_order_survives_reopen),
-        cmocka_unit_test(test_corrupt_record_is_skipped),
-        cmocka_unit_test(test_state_dir_that_is_a_file),
+        REGISTRY_TEST(test_create_save_reopen),
+        REGISTRY_TEST(test_queue_order_survives_reopen),
+        REGISTRY_TEST(test_corrupt_record_is_skipped),
+        REGISTRY_TEST(test_state_dir_that_is_a_file),
         cmocka_unit_test(test_redone_steps_replace_the_tail),
         cmocka_unit_test(test_long_series_is_thinned),
-        cmocka_unit_test(test_delete_moves_aside_then_sweeps),
-        cmocka_unit_test(test_events_are_bounded),
-        cmocka_unit_test(test_series_rebuilt_from_files),
-        cmocka_unit_test(test_eta_is_smoothed),
-        cmocka_unit_test(test_elapsed_spans_resumes),
+        REGISTRY_TEST(test_delete_moves_aside_then_sweeps),
+        REGISTRY_TEST(test_events_are_bounded),
+        REGISTRY_TEST(test_series_rebuilt_from_files),
+        REGISTRY_TEST(test_eta_is_smoothed),
+        REGISTRY_TEST(test_elapsed_spans_resumes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
