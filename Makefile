@@ -190,7 +190,8 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_HELPER_OBJ) $(DAEMON_OBJ) $(BUILD)/libns
 	    $(BUILD)/libnsa.a -lcmocka $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
 
 # ---- fuzzing (clang's libFuzzer) ---------------------------------------------
-# Each harness in tests/fuzz links the daemon's modules compiled again by
+# Each harness in tests/fuzz (fuzz_NAME.c) links the daemon's modules and the
+# harnesses' shared helpers (the other tests/fuzz/*.c) compiled again by
 # clang with ASan, UBSan and libFuzzer's coverage (build/fuzz/obj) and the
 # ordinary engine (build/libnsa.a). `make test` builds them when clang is
 # installed (`make deps` installs it) and runs the seed corpus through them
@@ -200,7 +201,8 @@ FUZZ_CC      ?= $(shell command -v clang 2>/dev/null)
 FUZZ_SECONDS ?= 60
 FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_BIN     := $(FUZZ_NAMES:%=$(BUILD)/fuzz/fuzz_%)
-FUZZ_OBJ     := $(DAEMON_SRC:%.c=$(BUILD)/fuzz/obj/%.o)
+FUZZ_HELPERS := $(filter-out tests/fuzz/fuzz_%.c,$(wildcard tests/fuzz/*.c))
+FUZZ_OBJ     := $(DAEMON_SRC:%.c=$(BUILD)/fuzz/obj/%.o) $(FUZZ_HELPERS:%.c=$(BUILD)/fuzz/obj/%.o)
 FUZZ_CFLAGS  := -std=c11 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined \
                 -fno-sanitize-recover=undefined -D_GNU_SOURCE -pthread -Ikernels -Idaemon -Iproto \
                 $(if $(HAVE_CUDA),-DNSA_HAVE_CUDA -I$(CUDA_HOME)/include)

@@ -26,41 +26,23 @@
 #include <unistd.h>
 #include <arpa/inet.h>
 
+#include "fuzzutil.h"
 #include "server.h"
 #include "service.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char root[64], socket_path[128];
+static char socket_path[128];
 static char run_id[RUN_ID_MAX];
 static Service *svc;
 static Server *srv;
 static int port;
 
-static void die(const char *what, const char *detail) {
-    fprintf(stderr, "fuzz_api: %s: %s\n", what, detail);
-    abort();
-}
-
-static void removeRoot(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "fuzz_api: could not remove %s\n", root);
-}
-
-/* tmpfs when there is one: the harness writes files for every input */
-static const char *scratchDir(void) {
-    struct stat st;
-    return stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-}
-
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    snprintf(root, sizeof root, "%s/nsad-fuzz-api-XXXXXX", scratchDir());
-    if (!mkdtemp(root)) die("mkdtemp", root);
-    atexit(removeRoot);
+    const char *root = fuzzScratchDir("nsad-fuzz-api");
     char state[128], web[128], index[160];
     snprintf(state, sizeof state, "%s/state", root);
     snprintf(web, sizeof web, "%s/web", root);
@@ -69,12 +51,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     mkdir(state, 0700);
     mkdir(web, 0755);
     FILE *f = fopen(index, "w");
-    if (!f) die("create", index);
+    if (!f) fuzzDie("create", index);
     fputs("<!doctype html><title>fuzz</title>\n", f);
     fclose(f);
     NsaError err = {{0}};
     svc = serviceOpen(state, &err);
-    if (!svc) die("serviceOpen", err.message);
+    if (!svc) fuzzDie("serviceOpen", err.message);
     static char token[65];
     for (int i = 0; i < 16; i++) memcpy(token + 4 * i, "fuzz", 4);
     ServerOptions opt = {
@@ -90,12 +72,12 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         .request_timeout_s = 5,
     };
     srv = serverStart(&opt, svc, &err);
-    if (!srv) die("serverStart", err.message);
+    if (!srv) fuzzDie("serverStart", err.message);
     port = serverPort(srv);
     static const char job[] = "train: {steps: 3, seq_len: 64, batch_size: 1}\nruntime: {device: cpu}\n"
                               "model: {dim: 32, n_layers: 1, n_heads: 2, n_kv_groups: 1, d_k: 16, d_v: 16}\n";
     if (serviceCreateRun(svc, job, sizeof job - 1, "fuzz", run_id, NULL, &err) != SVC_OK)
-        die("serviceCreateRun", err.message);
+        fuzzDie("serviceCreateRun", err.message);
     return 0;
 }
 
@@ -103,7 +85,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 static char *withRunId(const uint8_t *data, size_t size, size_t *len) {
     size_t id_len = strlen(run_id), n = 0;
     char *out = malloc(size * (id_len > 5 ? id_len / 5 + 1 : 1) + 1);
-    if (!out) die("malloc", "input");
+    if (!out) fuzzDie("malloc", "input");
     for (size_t i = 0; i < size;) {
         if (size - i >= 5 && !memcmp(data + i, "@RUN@", 5)) {
             memcpy(out + n, run_id, id_len);
@@ -123,12 +105,12 @@ static int connectTo(int unix_sock) {
         struct sockaddr_un a = {.sun_family = AF_UNIX};
         snprintf(a.sun_path, sizeof a.sun_path, "%s", socket_path);
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) die("connect", socket_path);
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fuzzDie("connect", socket_path);
     } else {
         struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
         a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) die("connect", "127.0.0.1");
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) != 0) fuzzDie("connect", "127.0.0.1");
     }
     return fd;
 }
@@ -156,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
         int n = poll(&p, 1, 10000);
-        if (n == 0) die("no answer and no close within 10 s", "the connection stays open");
+        if (n == 0) fuzzDie("no answer and no close within 10 s", "the connection stays open");
         if (n < 0 && errno == EINTR) continue;
         ssize_t r = recv(fd, buf, sizeof buf, 0);
         if (r < 0 && errno == EINTR) continue;
@@ -165,6 +147,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         got += (size_t)r;
     }
     close(fd);
-    if (got >= 5 && memcmp(head, "HTTP/", 5) != 0) die("an answer that is not HTTP", head);
+    if (got >= 5 && memcmp(head, "HTTP/", 5) != 0) fuzzDie("an answer that is not HTTP", head);
     return 0;
 }

@@ -19,12 +19,12 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "fuzzutil.h"
 #include "nsa.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-static char root[64];           /* the temp directory */
 static char state_dir[128];     /* holds state.safetensors for mode 0 */
 static char out_dir[128];       /* a run's out_dir with one checkpoint */
 static char ck_dir[256];        /* out_dir/checkpoints/step_00000003 */
@@ -33,18 +33,13 @@ static char *good_manifest; /* its bytes, restored after each mode-1 input */
 static size_t good_manifest_len;
 static NsaModel *model;
 
-static void die(const char *what, const char *detail) {
-    fprintf(stderr, "fuzz_checkpoint: %s: %s\n", what, detail);
-    abort();
-}
-
 static void writeAll(const char *path, const void *data, size_t size) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) die("create", path);
+    if (fd < 0) fuzzDie("create", path);
     const char *p = data;
     while (size) {
         ssize_t w = write(fd, p, size);
-        if (w <= 0) die("write", path);
+        if (w <= 0) fuzzDie("write", path);
         p += w;
         size -= (size_t)w;
     }
@@ -52,27 +47,13 @@ static void writeAll(const char *path, const void *data, size_t size) {
 }
 
 static void oneLine(const NsaError *err) {
-    if (!err->message[0] || strchr(err->message, '\n')) die("an error that is not one line", err->message);
-}
-
-static void removeRoot(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
-    if (system(cmd) != 0) fprintf(stderr, "fuzz_checkpoint: could not remove %s\n", root);
-}
-
-/* tmpfs when there is one: the harness writes files for every input */
-static const char *scratchDir(void) {
-    struct stat st;
-    return stat("/dev/shm", &st) == 0 && S_ISDIR(st.st_mode) && access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    if (!err->message[0] || strchr(err->message, '\n')) fuzzDie("an error that is not one line", err->message);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    snprintf(root, sizeof root, "%s/nsad-fuzz-ckpt-XXXXXX", scratchDir());
-    if (!mkdtemp(root)) die("mkdtemp", root);
-    atexit(removeRoot);
+    const char *root = fuzzScratchDir("nsad-fuzz-ckpt");
     snprintf(state_dir, sizeof state_dir, "%s/state", root);
     snprintf(out_dir, sizeof out_dir, "%s/out", root);
     mkdir(state_dir, 0755);
@@ -85,18 +66,18 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                            .threads = 1};
     NsaError err = {{0}};
     model = nsaModelCreate(&mc, &eo, &err);
-    if (!model || nsaModelInit(model, 1, &err) != 0) die("model", err.message);
+    if (!model || nsaModelInit(model, 1, &err) != 0) fuzzDie("model", err.message);
     ResumeState rs = {.step = 3, .data_position = 6, .seed = 1, .config_hash = 0x39, .tokens_seen = 96};
     if (checkpointSave(model, out_dir, &rs, 0, "{}", ck_dir, sizeof ck_dir, &err) != 0)
-        die("checkpointSave", err.message);
+        fuzzDie("checkpointSave", err.message);
     snprintf(manifest, sizeof manifest, "%s/manifest.json", ck_dir);
     snprintf(latest, sizeof latest, "%s/checkpoints/latest", out_dir);
     FILE *f = fopen(manifest, "rb");
-    if (!f) die("open", manifest);
+    if (!f) fuzzDie("open", manifest);
     good_manifest = malloc(65536);
     good_manifest_len = good_manifest ? fread(good_manifest, 1, 65536, f) : 0;
     fclose(f);
-    if (!good_manifest_len) die("read", manifest);
+    if (!good_manifest_len) fuzzDie("read", manifest);
     return 0;
 }
 
@@ -117,9 +98,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         for (int i = 0; i < safetensorsCount(st); i++) {
             const SafetensorsTensor *t = safetensorsTensor(st, i);
-            if (safetensorsFind(st, t->name) == NULL) die("find", t->name);
+            if (safetensorsFind(st, t->name) == NULL) fuzzDie("find", t->name);
             float *buf = malloc(t->numel ? t->numel * sizeof(float) : 1);
-            if (!buf) die("malloc", t->name);
+            if (!buf) fuzzDie("malloc", t->name);
             safetensorsCopy(st, t, buf);
             free(buf);
         }
