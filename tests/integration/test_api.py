@@ -19,18 +19,16 @@ import json
 import math
 import os
 import re
-import resource
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# NSAD_BIN runs the suite against another build (a sanitizer build, say)
-NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
+from nsadtest import (NSAD, ROOT, NsadProcess, check, diag, free_port, run_daemon_tests, subdir,
+                     wait_for)
+
 HTTP_TIMEOUT = 15
 # NSAD_TEST_DEVICE=cuda runs the same scenarios on the CUDA engine (meant for
 # the GPU machine; not yet run there)
@@ -38,41 +36,6 @@ RUNTIME = ({"device": "cuda", "precision": "bf16"} if os.environ.get("NSAD_TEST_
            else {"device": "cpu", "precision": "fp32", "threads": 1})
 MAX_CONNECTIONS = 6
 MAX_BODY = 64 * 1024
-
-# ---- TAP ---------------------------------------------------------------------
-
-_count = 0
-_failed = 0
-
-
-def check(name, ok, detail=""):
-    """Reports one test line; returns ok."""
-    global _count, _failed
-    _count += 1
-    if ok:
-        print(f"ok {_count} - {name}", flush=True)
-    else:
-        _failed += 1
-        print(f"not ok {_count} - {name}", flush=True)
-        for line in str(detail).splitlines()[:20]:
-            print(f"#   {line}", flush=True)
-    return ok
-
-
-def diag(msg):
-    print(f"# {msg}", flush=True)
-
-
-def wait_for(fn, timeout, interval=0.05):
-    """Calls fn until it returns a truthy value or timeout seconds pass.
-    Returns the last value."""
-    end = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < end:
-        time.sleep(interval)
-        value = fn()
-    return value
-
 
 # ---- HTTP --------------------------------------------------------------------
 
@@ -112,14 +75,6 @@ class Response:
         return f"{self.status} {self.body[:300]!r}"
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def json_config(steps, **sections):
     """A tiny CPU job: 1 layer, dim 32, seq 64, synthetic data."""
     cfg = {
@@ -135,35 +90,26 @@ def json_config(steps, **sections):
     return json.dumps(cfg)
 
 
-class Nsad:
+class Nsad(NsadProcess):
     """One nsad serve process on a loopback port and a Unix socket."""
 
     def __init__(self, workdir, web_root, env_extra=None, args=None):
-        self.workdir = workdir
-        self.state_dir = os.path.join(workdir, "state")
+        super().__init__(workdir)
         self.socket = os.path.join(workdir, "nsad.sock")
         self.web_root = web_root
         self.env_extra = env_extra or {}
         self.extra_args = list(args or [])
-        self.proc = None
         self.port = None
-        self.log_path = os.path.join(workdir, "nsad.log")
         self.token = None
 
     def start(self, timeout=20):
         self.port = free_port()
         env = dict(os.environ)
         env.update(self.env_extra)
-        args = [NSAD, "serve", "--listen", f"127.0.0.1:{self.port}", "--socket", self.socket,
-                "--state-dir", self.state_dir, "--web-root", self.web_root,
-                "--max-connections", str(MAX_CONNECTIONS), "--max-body", str(MAX_BODY),
-                "--log-level", "info"] + self.extra_args
-        if getattr(self, "log", None):
-            self.log.close()
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=self.log, env=env,
-                                     stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
+        self.spawn(["--listen", f"127.0.0.1:{self.port}", "--socket", self.socket,
+                    "--state-dir", self.state_dir, "--web-root", self.web_root,
+                    "--max-connections", str(MAX_CONNECTIONS), "--max-body", str(MAX_BODY),
+                    "--log-level", "info"] + self.extra_args, env)
         ok = wait_for(self._healthy, timeout, 0.05)
         if ok:
             with open(os.path.join(self.state_dir, "token")) as f:
@@ -178,9 +124,6 @@ class Nsad:
             return r.status == 200
         except OSError:
             return False
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
 
     def request(self, method, path, body=None, headers=None, token=True, unix=False,
                 content_type=None, host=None):
@@ -216,32 +159,6 @@ class Nsad:
 
     def run(self, run_id):
         return self.api("GET", f"/api/v1/runs/{run_id}").json
-
-    def wait_state(self, run_id, states, timeout):
-        def probe():
-            run = self.run(run_id)
-            return run if run and run["state"] in states else None
-        return wait_for(probe, timeout, 0.05)
-
-    def stop(self, timeout=60):
-        """SIGTERM, then SIGKILL after timeout. Returns the exit status."""
-        if not self.proc or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
-
-    def kill9(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
 
 
 # ---- the Prometheus text format, strictly ------------------------------------------
@@ -1032,62 +949,34 @@ def make_web_root(workdir):
     return web
 
 
+def scenarios(workdir, daemons):
+    web = make_web_root(workdir)
+    d = Nsad(subdir(workdir, "main"), web)
+    daemons.append(d)
+    if check("nsad serve starts and answers health", d.start(), d.log_text()[-3000:] if d.proc else ""):
+        test_transport(d)
+        run_id = test_lifecycle(d)
+        if run_id:
+            test_prometheus(d, run_id)
+            test_bad_inputs(d, run_id)
+            test_concurrent_clients(d, run_id)
+        test_dashboard(d)
+        test_nan_fault(d)
+        test_delete(d)
+        test_stall_fault(d)
+        check("the daemon survived everything", d.alive(), d.log_text()[-3000:])
+        rc = d.stop(60)
+        check("SIGTERM: nsad exits 0", rc == 0, rc)
+    # each of these starts a daemon of its own, in a directory of its own
+    for name, scenario in (("kill9", test_kill9_resume), ("sigterm", test_sigterm_resume),
+                           ("sigterm-stuck", test_sigterm_while_stuck), ("hang-exit", test_hang_exit_policy),
+                           ("fatal", test_fatal_signal), ("notify", test_sdnotify)):
+        daemons.append(scenario(subdir(workdir, name), web))
+    test_bad_daemon_config(workdir)
+
+
 def main():
-    if not os.access(NSAD, os.X_OK):
-        print(f"not ok 1 - {NSAD} exists (run make all)")
-        print("1..1")
-        return 1
-    workdir = tempfile.mkdtemp(prefix="nsad-it-", dir="/tmp")
-    daemons = []
-    try:
-        web = make_web_root(workdir)
-        main_dir = os.path.join(workdir, "main")
-        os.makedirs(main_dir)
-        d = Nsad(main_dir, web)
-        daemons.append(d)
-        if check("nsad serve starts and answers health", d.start(), d.log_text()[-3000:] if d.proc else ""):
-            test_transport(d)
-            run_id = test_lifecycle(d)
-            if run_id:
-                test_prometheus(d, run_id)
-                test_bad_inputs(d, run_id)
-                test_concurrent_clients(d, run_id)
-            test_dashboard(d)
-            test_nan_fault(d)
-            test_delete(d)
-            test_stall_fault(d)
-            check("the daemon survived everything", d.alive(), d.log_text()[-3000:])
-            rc = d.stop(60)
-            check("SIGTERM: nsad exits 0", rc == 0, rc)
-        kdir = os.path.join(workdir, "kill9")
-        os.makedirs(kdir)
-        daemons.append(test_kill9_resume(kdir, web))
-        sdir = os.path.join(workdir, "sigterm")
-        os.makedirs(sdir)
-        daemons.append(test_sigterm_resume(sdir, web))
-        tdir = os.path.join(workdir, "sigterm-stuck")
-        os.makedirs(tdir)
-        daemons.append(test_sigterm_while_stuck(tdir, web))
-        hdir = os.path.join(workdir, "hang-exit")
-        os.makedirs(hdir)
-        daemons.append(test_hang_exit_policy(hdir, web))
-        fdir = os.path.join(workdir, "fatal")
-        os.makedirs(fdir)
-        daemons.append(test_fatal_signal(fdir, web))
-        ndir = os.path.join(workdir, "notify")
-        os.makedirs(ndir)
-        test_sdnotify(ndir, web)
-        test_bad_daemon_config(workdir)
-    finally:
-        for d in daemons:
-            if d:
-                d.kill9()
-        if _failed:
-            diag(f"logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"1..{_count}")
-    return 1 if _failed else 0
+    return run_daemon_tests("nsad-it-", scenarios)
 
 
 if __name__ == "__main__":

@@ -21,19 +21,17 @@ generous: nothing here measures speed).
 """
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_api as t  # noqa: E402
 
-check, wait_for, Nsad, NSAD = t.check, t.wait_for, t.Nsad, t.NSAD
+check, wait_for, subdir, Nsad, NSAD = t.check, t.wait_for, t.subdir, t.Nsad, t.NSAD
 
 ALIVE_SIGNALS = [signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGQUIT, signal.SIGALRM]
 
@@ -55,12 +53,25 @@ def start(d):
         return False
 
 
+def started(d, name):
+    """start(d), reported as the test line `name` (with the log when it
+    fails); returns whether nsad runs."""
+    return check(name, start(d), d.log_text()[-2000:] if d.proc else "")
+
+
 def ok_status(r, status=200):
     return isinstance(r, t.Response) and r.status == status
 
 
 def raw_connect(d):
     return socket.create_connection(("127.0.0.1", d.port), timeout=5)
+
+
+def unfinished_request(d):
+    """A TCP connection to d that has sent a request line and no more."""
+    s = raw_connect(d)
+    s.sendall(b"GET /api/v1/health HTTP/1.1\r\n")
+    return s
 
 
 def closed_by_server(sock, timeout):
@@ -123,7 +134,7 @@ def test_url_nul(d):
 def test_unix_never_starved(workdir, web_root):
     """Item 2: TCP connections used to count against the Unix socket too."""
     d = Nsad(workdir, web_root, args=["--max-connections", "4"])
-    if not check("starvation: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+    if not started(d, "starvation: nsad starts"):
         return d
     idle = []
     try:
@@ -145,10 +156,9 @@ def test_unix_never_starved(workdir, web_root):
 def test_request_deadline(workdir, web_root):
     """Item 2: a header line now and then kept a connection open forever."""
     d = Nsad(workdir, web_root, args=["--request-timeout", "2"])
-    if not check("slowloris: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+    if not started(d, "slowloris: nsad starts"):
         return d
-    trickler = raw_connect(d)
-    trickler.sendall(b"GET /api/v1/health HTTP/1.1\r\n")
+    trickler = unfinished_request(d)
     cut = False
     end = time.monotonic() + 20
     while time.monotonic() < end and not cut:
@@ -166,9 +176,7 @@ def test_request_deadline(workdir, web_root):
     held = []
     try:
         for _ in range(3):
-            s = raw_connect(d)
-            s.sendall(b"GET /api/v1/health HTTP/1.1\r\n")
-            held.append(s)
+            held.append(unfinished_request(d))
         r = safe(d.api, "GET", "/api/v1/health")
         check("  while requests hang unfinished on TCP, the Unix socket answers 200", ok_status(r), r)
         check("  each unfinished request is cut at the deadline", all(closed_by_server(s, 15) for s in held), "")
@@ -185,14 +193,12 @@ def test_request_deadline(workdir, web_root):
 def test_per_client_limit(workdir, web_root):
     """Item 2: one address could hold every connection there was."""
     d = Nsad(workdir, web_root, args=["--max-connections-per-client", "3"])
-    if not check("per client: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+    if not started(d, "per client: nsad starts"):
         return d
     held = []
     try:
         for _ in range(3):
-            s = raw_connect(d)
-            s.sendall(b"GET /api/v1/health HTTP/1.1\r\n")
-            held.append(s)
+            held.append(unfinished_request(d))
         time.sleep(0.3)
         extra = raw_connect(d)
         # the request deadline (30 s) is far off: a close now is the limit's
@@ -215,7 +221,7 @@ def test_per_client_limit(workdir, web_root):
 def test_serve_signals(workdir, web_root):
     """Item 3: SIGUSR1 ended nsad serve (exit 138)."""
     d = Nsad(workdir, web_root)
-    if not check("signals: nsad serve starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+    if not started(d, "signals: nsad serve starts"):
         return d
     for sig in ALIVE_SIGNALS:
         d.proc.send_signal(sig)
@@ -282,7 +288,7 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
     with a fresh checkpoint and no save in progress; the next start resumes
     it by itself."""
     d = Nsad(workdir, web_root)
-    if not check("fallback: nsad starts", start(d), d.log_text()[-2000:] if d.proc else ""):
+    if not started(d, "fallback: nsad starts"):
         return d
     body = t.json_config(10 ** 7, train={"save_every": 5, "keep_last": 3})
     r = safe(d.api, "POST", "/api/v1/runs", body, content_type="application/json")
@@ -333,44 +339,26 @@ def test_damaged_checkpoint_fallback(workdir, web_root):
     return d
 
 
-def main():
-    if not os.access(NSAD, os.X_OK):
-        print(f"not ok 1 - {NSAD} exists (run make all)")
-        print("1..1")
-        return 1
-    workdir = tempfile.mkdtemp(prefix="nsad-hard-", dir="/tmp")
-    daemons = []
-    try:
-        web = t.make_web_root(workdir)
+def scenarios(workdir, daemons):
+    web = t.make_web_root(workdir)
+    d = Nsad(subdir(workdir, "main"), web, args=["--max-body", str(2 << 20)])
+    daemons.append(d)
+    if check("nsad serve starts (--max-body 2 MiB)", start(d), d.log_text()[-3000:] if d.proc else ""):
+        test_hostile_configs(d)
+        test_url_nul(d)
+        check("the daemon survived every hostile body", d.alive(), d.log_text()[-3000:])
+        rc = d.stop(30)
+        check("SIGTERM after the hostile bodies: exit 0 at once", rc == 0, rc)
+    daemons.append(test_unix_never_starved(subdir(workdir, "starve"), web))
+    daemons.append(test_request_deadline(subdir(workdir, "slow"), web))
+    daemons.append(test_per_client_limit(subdir(workdir, "per-client"), web))
+    daemons.append(test_serve_signals(subdir(workdir, "signals"), web))
+    test_train_signals(subdir(workdir, "train"))
+    daemons.append(test_damaged_checkpoint_fallback(subdir(workdir, "fallback"), web))
 
-        def sub(name):
-            path = os.path.join(workdir, name)
-            os.makedirs(path)
-            return path
-        d = Nsad(sub("main"), web, args=["--max-body", str(2 << 20)])
-        daemons.append(d)
-        if check("nsad serve starts (--max-body 2 MiB)", start(d), d.log_text()[-3000:] if d.proc else ""):
-            test_hostile_configs(d)
-            test_url_nul(d)
-            check("the daemon survived every hostile body", d.alive(), d.log_text()[-3000:])
-            rc = d.stop(30)
-            check("SIGTERM after the hostile bodies: exit 0 at once", rc == 0, rc)
-        daemons.append(test_unix_never_starved(sub("starve"), web))
-        daemons.append(test_request_deadline(sub("slow"), web))
-        daemons.append(test_per_client_limit(sub("per-client"), web))
-        daemons.append(test_serve_signals(sub("signals"), web))
-        test_train_signals(sub("train"))
-        daemons.append(test_damaged_checkpoint_fallback(sub("fallback"), web))
-    finally:
-        for d in daemons:
-            if d:
-                d.kill9()
-        if t._failed:
-            t.diag(f"logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"1..{t._count}")
-    return 1 if t._failed else 0
+
+def main():
+    return t.run_daemon_tests("nsad-hard-", scenarios)
 
 
 if __name__ == "__main__":

@@ -18,48 +18,10 @@ on the way out.
 import http.client
 import json
 import os
-import resource
-import shutil
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
-
-_count = 0
-_failed = 0
-
-
-def check(name, ok, detail=""):
-    global _count, _failed
-    _count += 1
-    if ok:
-        print(f"ok {_count} - {name}")
-    else:
-        _failed += 1
-        print(f"not ok {_count} - {name}")
-        for line in str(detail).splitlines()[:30]:
-            print(f"# {line}")
-    sys.stdout.flush()
-    return ok
-
-
-def wait_for(fn, timeout, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        v = fn()
-        if v or time.monotonic() > deadline:
-            return v
-        time.sleep(interval)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from nsadtest import NsadProcess, check, free_port, run_daemon_tests, wait_for
 
 
 def job(steps, ranks=1, **sections):
@@ -78,12 +40,11 @@ def job(steps, ranks=1, **sections):
     return json.dumps(cfg)
 
 
-class Nsad:
+class Nsad(NsadProcess):
     """One nsad serve on a loopback port, with the token every node shares."""
 
     def __init__(self, workdir, token):
-        self.workdir = workdir
-        self.state_dir = os.path.join(workdir, "state")
+        super().__init__(workdir)
         os.makedirs(self.state_dir, exist_ok=True)
         path = os.path.join(self.state_dir, "token")
         with open(path, "w") as f:
@@ -91,17 +52,10 @@ class Nsad:
         os.chmod(path, 0o600)
         self.token = token
         self.port = free_port()
-        self.proc = None
-        self.log_path = os.path.join(workdir, "nsad.log")
 
     def start(self):
-        log = open(self.log_path, "ab")
-        args = [NSAD, "serve", "--listen", f"127.0.0.1:{self.port}", "--state-dir", self.state_dir,
-                "--socket", os.path.join(self.workdir, "nsad.sock"), "--log-level", "info"]
-        self.proc = subprocess.Popen(args, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
-                                     cwd=self.workdir,
-                                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CORE, (0, 0)))
-        log.close()
+        self.spawn(["--listen", f"127.0.0.1:{self.port}", "--state-dir", self.state_dir,
+                    "--socket", os.path.join(self.workdir, "nsad.sock"), "--log-level", "info"])
         return wait_for(self._healthy, 20)
 
     def _healthy(self):
@@ -139,26 +93,11 @@ class Nsad:
     def runs(self):
         return self.request("GET", "/api/v1/runs")[1]["runs"]
 
-    def wait_state(self, run_id, states, timeout):
-        def probe():
-            r = self.run(run_id)
-            return r if r and r["state"] in states else None
-        return wait_for(probe, timeout)
-
     def member_run(self, coordinator_id):
         for r in self.runs():
             if r.get("member_of") == coordinator_id:
                 return r
         return None
-
-    def kill9(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    def log_text(self):
-        with open(self.log_path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
 
 
 def losses(run):
@@ -173,105 +112,95 @@ def start(node, body, nodes=None):
     return node.request("POST", path, body)
 
 
-def main():
-    if not os.access(NSAD, os.X_OK):
-        print(f"not ok 1 - {NSAD} exists (run make all)")
-        print("1..1")
-        return 1
-    workdir = tempfile.mkdtemp(prefix="nsad-mn-", dir="/tmp")
+def scenarios(workdir, daemons):
     token = os.urandom(32).hex()
     a = Nsad(os.path.join(workdir, "a"), token)
     b = Nsad(os.path.join(workdir, "b"), token)
-    try:
-        if not check("two nsad daemons start on loopback, one token", a.start() and b.start(),
-                     a.log_text()[-2000:] + b.log_text()[-2000:]):
-            return 1
+    daemons += [a, b]
+    if not check("two nsad daemons start on loopback, one token", a.start() and b.start(),
+                 a.log_text()[-2000:] + b.log_text()[-2000:]):
+        return
 
-        # ---- the job on two nodes equals the job on one node ----
-        status, run = start(a, job(12), b.address())
-        if not check("POST /api/v1/runs?nodes=B: 201", status == 201, (status, run)):
-            return 1
-        rid = run["id"]
-        run = a.wait_state(rid, ("completed", "failed", "halted"), 120)
-        member = b.member_run(rid)
-        check("the coordinator's run completes", run and run["state"] == "completed", run)
-        check("the member's run (named after the coordinator's, member_of it) completes",
-              member and member["state"] == "completed" and member["name"] == rid, member)
-        check("the coordinator shows every rank of the job",
-              run and run["world"] == 2 and [r["rank"] for r in run["ranks"]] == [0, 1], run)
-        status, one = start(a, job(12, ranks=2))
-        one = a.wait_state(one["id"], ("completed", "failed"), 120) if status == 201 else None
-        check("two nodes of one rank train as one node of two ranks, bit for bit",
-              one and run and losses(one) == losses(run) and len(losses(run)) == 12,
-              (losses(one) if one else None, losses(run) if run else None))
-        check("the member logs the same curve", member and run and losses(member) == losses(run), "")
+    # ---- the job on two nodes equals the job on one node ----
+    status, run = start(a, job(12), b.address())
+    if not check("POST /api/v1/runs?nodes=B: 201", status == 201, (status, run)):
+        return
+    rid = run["id"]
+    run = a.wait_state(rid, ("completed", "failed", "halted"), 120)
+    member = b.member_run(rid)
+    check("the coordinator's run completes", run and run["state"] == "completed", run)
+    check("the member's run (named after the coordinator's, member_of it) completes",
+          member and member["state"] == "completed" and member["name"] == rid, member)
+    check("the coordinator shows every rank of the job",
+          run and run["world"] == 2 and [r["rank"] for r in run["ranks"]] == [0, 1], run)
+    status, one = start(a, job(12, ranks=2))
+    one = a.wait_state(one["id"], ("completed", "failed"), 120) if status == 201 else None
+    check("two nodes of one rank train as one node of two ranks, bit for bit",
+          one and run and losses(one) == losses(run) and len(losses(run)) == 12,
+          (losses(one) if one else None, losses(run) if run else None))
+    check("the member logs the same curve", member and run and losses(member) == losses(run), "")
 
-        # ---- a halt on the member stops both; the coordinator resumes both ----
-        status, run = start(a, job(100000), b.address())  # far longer than the test waits
-        rid = run["id"]
-        member = wait_for(lambda: (lambda m: m if m and m["step"] >= 3 else None)(b.member_run(rid)), 60)
-        if member:
-            b.request("POST", f"/api/v1/runs/{member['id']}/halt")
-        run = a.wait_state(rid, ("halted", "completed", "failed"), 60)
-        member = b.wait_state(member["id"], ("halted", "completed", "failed"), 60) if member else None
-        check("a halt on the member halts both nodes at the same step",
-              run and member and run["state"] == "halted" and member["state"] == "halted"
-              and run["step"] == member["step"] and run["step"] < 100000, (run, member))
-        status, data = b.request("POST", f"/api/v1/runs/{member['id']}/resume") if member else (0, None)
-        check("resume on the member is refused: 409, naming the coordinator's run",
-              status == 409 and rid in data["error"]["message"], (status, data))
-        status, data = a.request("POST", f"/api/v1/runs/{rid}/resume")
-        again = wait_for(lambda: (lambda m: m if m and m["state"] in ("running", "completed") else None)(
-            next((r for r in b.runs() if r.get("member_of") == rid and r["state"] != "halted"), None)), 30)
-        check("resume on the coordinator brings the member back in", status == 202 and again, (status, data))
-        a.request("POST", f"/api/v1/runs/{rid}/halt")
-        a.wait_state(rid, ("halted", "completed", "failed"), 60)
-        wait_for(lambda: all(r["state"] not in ("starting", "running", "halting") for r in b.runs()), 60)
+    # ---- a halt on the member stops both; the coordinator resumes both ----
+    status, run = start(a, job(100000), b.address())  # far longer than the test waits
+    rid = run["id"]
+    member = wait_for(lambda: (lambda m: m if m and m["step"] >= 3 else None)(b.member_run(rid)), 60)
+    if member:
+        b.request("POST", f"/api/v1/runs/{member['id']}/halt")
+    run = a.wait_state(rid, ("halted", "completed", "failed"), 60)
+    member = b.wait_state(member["id"], ("halted", "completed", "failed"), 60) if member else None
+    check("a halt on the member halts both nodes at the same step",
+          run and member and run["state"] == "halted" and member["state"] == "halted"
+          and run["step"] == member["step"] and run["step"] < 100000, (run, member))
+    status, data = b.request("POST", f"/api/v1/runs/{member['id']}/resume") if member else (0, None)
+    check("resume on the member is refused: 409, naming the coordinator's run",
+          status == 409 and rid in data["error"]["message"], (status, data))
+    status, data = a.request("POST", f"/api/v1/runs/{rid}/resume")
+    again = wait_for(lambda: (lambda m: m if m and m["state"] in ("running", "completed") else None)(
+        next((r for r in b.runs() if r.get("member_of") == rid and r["state"] != "halted"), None)), 30)
+    check("resume on the coordinator brings the member back in", status == 202 and again, (status, data))
+    a.request("POST", f"/api/v1/runs/{rid}/halt")
+    a.wait_state(rid, ("halted", "completed", "failed"), 60)
+    wait_for(lambda: all(r["state"] not in ("starting", "running", "halting") for r in b.runs()), 60)
 
-        # ---- kill -9 of the member: no hang, resumable to the same curve ----
-        status, run = start(a, job(1000), b.address())
-        rid = run["id"]
-        wait_for(lambda: (lambda m: m if m and m["step"] >= 8 else None)(b.member_run(rid)), 60)
-        t0 = time.monotonic()
-        b.kill9()
-        run = a.wait_state(rid, ("failed", "completed"), 30)
-        took = time.monotonic() - t0
-        check("kill -9 of the member's nsad: the coordinator's run fails naming rank 1, not hangs",
-              run and run["state"] == "failed" and "rank 1" in (run["error"] or "") and took < 30,
-              (took, run))
-        check("the coordinator stays responsive", a.request("GET", "/api/v1/health")[0] == 200, "")
-        b.start()
-        member = wait_for(lambda: (lambda m: m if m and m["state"] == "failed" else None)(b.member_run(rid)), 20)
-        check("the restarted member does not resume the job alone (its run failed, naming the coordinator's)",
-              member and rid in (member["error"] or ""), member)
-        a.request("POST", f"/api/v1/runs/{rid}/resume")
-        run = a.wait_state(rid, ("completed", "failed"), 120)
-        status, ref = start(a, job(1000, ranks=2))
-        ref = a.wait_state(ref["id"], ("completed", "failed"), 120) if status == 201 else None
-        check("resumed after the kill, the job ends on the uninterrupted curve, bit for bit",
-              run and ref and run["state"] == "completed" and losses(run) == losses(ref),
-              (run, losses(run) if run else None, losses(ref) if ref else None))
+    # ---- kill -9 of the member: no hang, resumable to the same curve ----
+    status, run = start(a, job(1000), b.address())
+    rid = run["id"]
+    wait_for(lambda: (lambda m: m if m and m["step"] >= 8 else None)(b.member_run(rid)), 60)
+    t0 = time.monotonic()
+    b.kill9()
+    run = a.wait_state(rid, ("failed", "completed"), 30)
+    took = time.monotonic() - t0
+    check("kill -9 of the member's nsad: the coordinator's run fails naming rank 1, not hangs",
+          run and run["state"] == "failed" and "rank 1" in (run["error"] or "") and took < 30,
+          (took, run))
+    check("the coordinator stays responsive", a.request("GET", "/api/v1/health")[0] == 200, "")
+    b.start()
+    member = wait_for(lambda: (lambda m: m if m and m["state"] == "failed" else None)(b.member_run(rid)), 20)
+    check("the restarted member does not resume the job alone (its run failed, naming the coordinator's)",
+          member and rid in (member["error"] or ""), member)
+    a.request("POST", f"/api/v1/runs/{rid}/resume")
+    run = a.wait_state(rid, ("completed", "failed"), 120)
+    status, ref = start(a, job(1000, ranks=2))
+    ref = a.wait_state(ref["id"], ("completed", "failed"), 120) if status == 201 else None
+    check("resumed after the kill, the job ends on the uninterrupted curve, bit for bit",
+          run and ref and run["state"] == "completed" and losses(run) == losses(ref),
+          (run, losses(run) if run else None, losses(ref) if ref else None))
 
-        # ---- a busy node refuses to join ----
-        status, busy = start(b, job(100000))
-        status, run = start(a, job(10), b.address())
-        run = a.wait_state(run["id"], ("failed", "completed"), 30) if status == 201 else None
-        check("a busy node refuses to join: the coordinator's run fails naming the node",
-              run and run["state"] == "failed" and b.address() in (run["error"] or ""), run)
-        if busy:
-            b.request("POST", f"/api/v1/runs/{busy['id']}/halt")
-            b.wait_state(busy["id"], ("halted", "completed", "failed"), 60)
-        check("both daemons survived", a.proc.poll() is None and b.proc.poll() is None,
-              a.log_text()[-2000:] + b.log_text()[-2000:])
-    finally:
-        a.kill9()
-        b.kill9()
-        if _failed:
-            print(f"# logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"1..{_count}")
-    return 1 if _failed else 0
+    # ---- a busy node refuses to join ----
+    status, busy = start(b, job(100000))
+    status, run = start(a, job(10), b.address())
+    run = a.wait_state(run["id"], ("failed", "completed"), 30) if status == 201 else None
+    check("a busy node refuses to join: the coordinator's run fails naming the node",
+          run and run["state"] == "failed" and b.address() in (run["error"] or ""), run)
+    if busy:
+        b.request("POST", f"/api/v1/runs/{busy['id']}/halt")
+        b.wait_state(busy["id"], ("halted", "completed", "failed"), 60)
+    check("both daemons survived", a.proc.poll() is None and b.proc.poll() is None,
+          a.log_text()[-2000:] + b.log_text()[-2000:])
+
+
+def main():
+    return run_daemon_tests("nsad-mn-", scenarios)
 
 
 if __name__ == "__main__":

@@ -13,14 +13,12 @@ one before it ended), never from timing. Uses tests/integration/test_api.py's
 helpers; Python 3 standard library only; prints TAP.
 """
 import os
-import shutil
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_api as T  # noqa: E402
 
-check, diag, wait_for, json_config = T.check, T.diag, T.wait_for, T.json_config
+check, wait_for, json_config = T.check, T.wait_for, T.json_config
 ENDED = ("completed", "failed", "halted", "nan_halted")
 
 
@@ -153,27 +151,12 @@ def run_scenario(workdir, web):
     return d
 
 
+def scenarios(workdir, daemons):
+    daemons.append(run_scenario(T.subdir(workdir, "q"), T.make_web_root(workdir)))
+
+
 def main():
-    if not os.access(T.NSAD, os.X_OK):
-        print(f"not ok 1 - {T.NSAD} exists (run make all)")
-        print("1..1")
-        return 1
-    workdir = tempfile.mkdtemp(prefix="nsad-queue-", dir="/tmp")
-    d = None
-    try:
-        web = T.make_web_root(workdir)
-        run_dir = os.path.join(workdir, "q")
-        os.makedirs(run_dir)
-        d = run_scenario(run_dir, web)
-    finally:
-        if d:
-            d.kill9()
-        if T._failed:
-            diag(f"logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"1..{T._count}")
-    return 1 if T._failed else 0
+    return T.run_daemon_tests("nsad-queue-", scenarios)
 
 
 if __name__ == "__main__":
