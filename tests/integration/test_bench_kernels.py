@@ -13,7 +13,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nsadtest import ROOT, check, finish, first_line
+
 KERNELS = os.path.join(ROOT, "bench", "attn", "kernels.py")
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
@@ -45,24 +46,9 @@ CSV = [
     "==PROF== Disconnected from process 1",
 ]
 
-results = []
-
-
-def check(name, cond, detail=""):
-    results.append(bool(cond))
-    print(f"{'ok' if cond else 'not ok'} {len(results)} - {name}")
-    if not cond and detail:
-        for l in str(detail).splitlines()[:40]:
-            print(f"#   {l}")
-
-
 def run(*args):
     p = subprocess.run([sys.executable, KERNELS, *args], capture_output=True, text=True)
     return p.returncode, p.stdout + p.stderr
-
-
-def row(out, prefix):
-    return next((l for l in out.splitlines() if l.startswith(prefix)), "")
 
 
 with tempfile.TemporaryDirectory() as tmp:
@@ -72,11 +58,11 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run("--csv", path, "--title", "paper192, S = 65536")
     check("a saved CSV: exits 0", rc == 0, out)
     check("titled", "### paper192, S = 65536" in out, out)
-    fused = row(out, "| selFusedBwdKernel<192, 128, true, 2> |")
+    fused = first_line(out, "| selFusedBwdKernel<192, 128, true, 2> |")
     check("launches are distinct profiled IDs; ns and us summed; share of the sum",
           fused.startswith("| selFusedBwdKernel<192, 128, true, 2> | 2 | 4.00 | 50.0% | 2.00 | 1.00 | 0.75 |"),
           out)
-    dq = row(out, "| fastDqKernel<192, 128, true, FastDqBranch<WinPolicy>> |")
+    dq = first_line(out, "| fastDqKernel<192, 128, true, FastDqBranch<WinPolicy>> |")
     check("ms, Mbyte and Gbyte scaled; nested template arguments kept, parameters cut",
           dq.startswith("| fastDqKernel<192, 128, true, FastDqBranch<WinPolicy>> | 1 | 4.00 | 50.0% | 0.50 | 0.25 |"),
           out)
@@ -131,6 +117,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a unit it does not know: named, with that run's output",
           "paper S=65536: ncu exited 0 with 0 kernels: unknown time unit 'fortnight'" in out, out)
 
-failed = results.count(False)
-print(f"1..{len(results)}")
-sys.exit(1 if failed else 0)
+sys.exit(finish())

@@ -11,7 +11,8 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nsadtest import ROOT, check, finish, first_line
+
 REPORT = os.path.join(ROOT, "bench", "attn", "report.py")
 
 NSA = [
@@ -35,17 +36,6 @@ DENSE = [
      "v_padded": False},
 ]
 
-results = []
-
-
-def check(name, cond, detail=""):
-    results.append(bool(cond))
-    print(f"{'ok' if cond else 'not ok'} {len(results)} - {name}")
-    if not cond and detail:
-        for line in str(detail).splitlines()[:40]:
-            print(f"#   {line}")
-
-
 def write(path, rows, junk=False):
     with open(path, "w") as f:
         if junk:
@@ -59,10 +49,6 @@ def run(*paths):
     return p.returncode, p.stdout + p.stderr
 
 
-def row(out, prefix):
-    return next((l for l in out.splitlines() if l.startswith(prefix)), "")
-
-
 with tempfile.TemporaryDirectory() as tmp:
     nsa, dense = os.path.join(tmp, "nsa.jsonl"), os.path.join(tmp, "dense.jsonl")
     write(nsa, NSA, junk=True)
@@ -70,11 +56,11 @@ with tempfile.TemporaryDirectory() as tmp:
     rc, out = run(nsa, dense)
     check("report exits 0", rc == 0, out)
     check("names the device", "device: TestGPU" in out, out)
-    paper = row(out, "| paper | 65536 | 1 |")
+    paper = first_line(out, "| paper | 65536 | 1 |")
     check("speed-ups over FA2 and cuDNN are dense / NSA totals",
           "| 9.50x | 4.00x |" in paper, paper)
     check("peak memory of each implementation", "| 1000 | 2000 | 1500 |" in paper, paper)
-    proto = row(out, "| proto | 65536 | 1 |")
+    proto = first_line(out, "| proto | 65536 | 1 |")
     check("a missing dense backend reads '-', not '-x'", "| 5.00x | - |" in proto, proto)
     check("per-branch table", "| paper | 65536 | 2.50 | 7 | 2.50 | 7 |" in out, out)
     check("per-phase table", "| paper | 65536 | 1.250 | 2.500 |" in out, out)
@@ -96,6 +82,4 @@ with tempfile.TemporaryDirectory() as tmp:
     check("a missing dense file still reports NSA", rc == 0 and "| 100.00 | - | - |" in out, out)
     check("... and prints no targets table", "Against issue 7" not in out, out)
 
-failed = results.count(False)
-print(f"1..{len(results)}")
-sys.exit(1 if failed else 0)
+sys.exit(finish())

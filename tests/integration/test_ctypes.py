@@ -15,7 +15,8 @@ import os
 import random
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nsadtest import ROOT, check, finish
+
 LIB = os.environ.get("NSA_LIB") or os.path.join(ROOT, "build", "libnsa.so")
 
 PF = C.POINTER(C.c_float)
@@ -70,17 +71,6 @@ class NsaDeviceInfo(C.Structure):
 class NsaTensorInfo(C.Structure):
     _fields_ = [("name", C.c_char_p), ("ndim", C.c_int), ("shape", C.c_int64 * 4),
                 ("numel", C.c_size_t), ("offset", C.c_size_t), ("weight_decay", C.c_int)]
-
-
-results = []
-
-
-def check(name, ok, detail=""):
-    results.append(ok)
-    print(f"{'ok' if ok else 'not ok'} {len(results)} - {name}", flush=True)
-    if not ok and detail:
-        for line in str(detail).splitlines():
-            print(f"#   {line}")
 
 
 def floats(n, rng, lo=-1.0, hi=1.0):
@@ -232,7 +222,7 @@ def main():
     model = lib.nsaModelCreate(C.byref(cfg), C.byref(opt), C.byref(err))
     check("nsaModelCreate via ctypes", bool(model), err.message.decode())
     if not model:
-        return 1
+        return finish()
     try:
         lib.nsaModelInit(model, 1234, C.byref(err))
         toks = (C.c_int32 * 32)(*[rng.randrange(64) for _ in range(32)])
@@ -263,7 +253,7 @@ def main():
               err.message.decode())
     finally:
         lib.nsaModelFree(model)
-    return 0 if all(results) else 1
+    return finish()
 
 
 if __name__ == "__main__":

@@ -20,23 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
-CORPUS = os.path.join(ROOT, "build", "data", "fortunes.txt")
-
-_count = 0
-_failed = 0
-
-
-def check(name, ok, detail=""):
-    global _count, _failed
-    _count += 1
-    print(f"{'ok' if ok else 'not ok'} {_count} - {name}", flush=True)
-    if not ok:
-        _failed += 1
-        for line in str(detail).splitlines()[:20]:
-            print(f"#   {line}", flush=True)
-    return ok
+from nsadtest import CORPUS, NSAD, check, ensure_corpus, finish, skip
 
 
 def read_safetensors(path):
@@ -84,8 +68,7 @@ def run(args, **kw):
 
 
 def main():
-    if not os.path.exists(CORPUS):
-        subprocess.run([os.path.join(ROOT, "scripts", "make-corpus.sh")], check=True, capture_output=True)
+    ensure_corpus()
     tmp = tempfile.mkdtemp(prefix="nsad-test-export-")
     try:
         out = os.path.join(tmp, "run")
@@ -155,8 +138,7 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
             try:
                 from safetensors import safe_open  # present on some machines, not a Debian package
             except ImportError:
-                print(f"ok {_count + 1} - {dtype}: Python safetensors loads the export # SKIP not installed")
-                globals()["_count"] += 1
+                skip(f"{dtype}: Python safetensors loads the export", "not installed")
                 continue
             if dtype == "f32":
                 with safe_open(os.path.join(dst, "model.safetensors"), framework="numpy") as f:
@@ -183,5 +165,4 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
 
 if __name__ == "__main__":
     main()
-    print(f"1..{_count}")
-    sys.exit(1 if _failed else 0)
+    sys.exit(finish())

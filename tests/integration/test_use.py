@@ -21,35 +21,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-NSAD = os.environ.get("NSAD_BIN") or os.path.join(ROOT, "build", "nsad")
-NSACTL = os.path.join(ROOT, "build", "nsactl")
-CORPUS = os.path.join(ROOT, "build", "data", "fortunes.txt")
-
-_count = 0
-_failed = 0
-
-
-def check(name, ok, detail=""):
-    global _count, _failed
-    _count += 1
-    print(f"{'ok' if ok else 'not ok'} {_count} - {name}", flush=True)
-    if not ok:
-        _failed += 1
-        for line in str(detail).splitlines()[:20]:
-            print(f"#   {line}", flush=True)
-    return ok
-
-
-def wait_for(fn, timeout, interval=0.05):
-    end = time.monotonic() + timeout
-    value = fn()
-    while not value and time.monotonic() < end:
-        time.sleep(interval)
-        value = fn()
-    return value
+from nsadtest import CORPUS, NSACTL, NSAD, check, ensure_corpus, finish, wait_for
 
 
 def http(sock, method, path, body=None, read_lines=None):
@@ -127,8 +100,7 @@ def clean_utf8(data):
 
 
 def main():
-    if not os.path.exists(CORPUS):
-        subprocess.run([os.path.join(ROOT, "scripts", "make-corpus.sh")], check=True, capture_output=True)
+    ensure_corpus()
     tmp = tempfile.mkdtemp(prefix="nsad-test-use-")
     sock = os.path.join(tmp, "nsad.sock")
     log = open(os.path.join(tmp, "nsad.log"), "w")
@@ -271,5 +243,4 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
 
 if __name__ == "__main__":
     main()
-    print(f"1..{_count}")
-    sys.exit(1 if _failed else 0)
+    sys.exit(finish())
