@@ -91,21 +91,11 @@ void testRemoveTree(const char *dir) { nftw(dir, removeEntry, 16, FTW_DEPTH | FT
 NsaModelConfig testTinyModelConfig(NsaPhi phi, NsaMlpKind mlp) {
     NsaModelConfig c;
     nsaModelConfigDefaults(&c);
-    c.vocab_size = 11;
-    c.dim = 8;
-    c.n_layers = 2;
-    c.n_heads = 4;
-    c.n_kv_groups = 2;
-    c.d_k = 4;
-    c.d_v = 6;
-    c.mlp_hidden = 16;
-    c.mlp = mlp;
-    c.cmp_len = 4;
-    c.cmp_stride = 2;
-    c.sel_len = 4;
-    c.n_sel = 3;
-    c.window = 5;
-    c.phi = phi;
+    c.vocab_size = 11, c.dim = 8, c.n_layers = 2;
+    c.n_heads = 4, c.n_kv_groups = 2, c.d_k = 4, c.d_v = 6;
+    c.mlp = mlp, c.mlp_hidden = 16;
+    c.phi = phi, c.cmp_len = 4, c.cmp_stride = 2;
+    c.sel_len = 4, c.n_sel = 3, c.window = 5;
     return c;
 }
 
