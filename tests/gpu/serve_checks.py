@@ -21,15 +21,14 @@ the daemon.
 """
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+import nsadtest  # noqa: E402
 import test_api as T  # noqa: E402
 
-check, diag, wait_for = T.check, T.diag, T.wait_for
+check, diag, wait_for = nsadtest.check, nsadtest.diag, nsadtest.wait_for
 ENDED = ("completed", "failed", "halted", "nan_halted")
 
 
@@ -126,36 +125,27 @@ def scenario(d, n_gpus):
     check("both halt", wait_for(lambda: all(state(d, x).get("state") in ENDED for x in (a, b) if x), 120))
 
 
-def main():
-    if not os.access(T.NSAD, os.X_OK):
-        print(f"not ok 1 - {T.NSAD} exists (build nsad with CUDA first)")
-        print("1..1")
-        return 1
+def scenarios(workdir, daemons):
     os.environ["NCCL_NVLS_ENABLE"] = "0"
-    workdir = tempfile.mkdtemp(prefix="nsad-serve-gpu-", dir="/tmp")
-    d = None
-    try:
-        web = T.make_web_root(workdir)
-        d = T.Nsad(workdir, web)
-        if check("nsad starts", d.start(60), ""):
-            version = d.api("GET", "/api/v1/version").json or {}
-            health = d.api("GET", "/api/v1/health").json or {}
-            diag(f"device probe: {version.get('device_probe')}")
-            # one trainer per GPU and one for the CPU engine
-            n_gpus = int(health.get("trainers", 1)) - 1
-            if check("nsad found a GPU and runs a trainer for it and one for the CPU",
-                     "cuda" in version.get("devices", []) and n_gpus >= 1, [version, health]):
-                scenario(d, n_gpus)
-    finally:
-        if d:
-            d.stop(60)
-        if T._failed:
-            diag(f"logs kept in {workdir}")
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
-    print(f"1..{T._count}")
-    print(f"{T._count - T._failed} passed, {T._failed} failed")
-    return 1 if T._failed else 0
+    d = T.Nsad(nsadtest.subdir(workdir, "serve"), T.make_web_root(workdir))
+    daemons.append(d)
+    if not check("nsad starts", d.start(60), d.log_text()[-1500:]):
+        return
+    version = d.api("GET", "/api/v1/version").json or {}
+    health = d.api("GET", "/api/v1/health").json or {}
+    diag(f"device probe: {version.get('device_probe')}")
+    # one trainer per GPU and one for the CPU engine
+    n_gpus = int(health.get("trainers", 1)) - 1
+    if check("nsad found a GPU and runs a trainer for it and one for the CPU",
+             "cuda" in version.get("devices", []) and n_gpus >= 1, [version, health]):
+        scenario(d, n_gpus)
+    d.stop(60)
+
+
+def main():
+    rc = nsadtest.run_daemon_tests("nsad-serve-gpu-", scenarios)
+    print(f"{nsadtest._count - nsadtest.failed()} passed, {nsadtest.failed()} failed")
+    return rc
 
 
 if __name__ == "__main__":
