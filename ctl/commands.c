@@ -223,7 +223,9 @@ static void printRunDetails(const cJSON *run) {
         snprintf(line, sizeof line, "step %.0f", v);
         statusLine("checkpoint", line);
     }
-    snprintf(line, sizeof line, "%s %s", ctlString(run, "device", "-"), ctlString(run, "precision", "-"));
+    char where[96];
+    ctlRunDevice(run, where, sizeof where);
+    snprintf(line, sizeof line, "%s %s", where, ctlString(run, "precision", "-"));
     if (ctlNumber(run, "restarts", &v) && v > 0)
         snprintf(line + strlen(line), sizeof line - strlen(line), "   restarts %.0f", v);
     statusLine("device", line);
@@ -530,7 +532,8 @@ static int showRunTable(const cJSON *doc, const void *how) {
     }
     const cJSON *run;
     cJSON_ArrayForEach(run, cJSON_GetObjectItemCaseSensitive(doc, "runs")) {
-        char step[48] = "-", loss[32], tps[32] = "-", created[32];
+        char step[48] = "-", loss[32], tps[32] = "-", created[32], where[96];
+        ctlRunDevice(run, where, sizeof where);
         double v = 0, total = 0, ts = 0;
         if (ctlNumber(run, "step", &v)) {
             if (ctlNumber(run, "total_steps", &total)) snprintf(step, sizeof step, "%.0f/%.0f", v, total);
@@ -548,7 +551,7 @@ static int showRunTable(const cJSON *doc, const void *how) {
             snprintf(state, sizeof state, "%s", ctlString(run, "state", "?"));
         const char *cells[] = {ctlString(run, "id", "?"), ctlString(run, "name", "-"),
                                state, step, loss, tps,
-                               ctlString(run, "device", "-"), formatTimestamp(ts, created, sizeof created)};
+                               where, formatTimestamp(ts, created, sizeof created)};
         if (formatTableAdd(table, cells)) {
             fprintf(stderr, "nsactl list: out of memory\n");
             formatTableFree(table);
@@ -957,7 +960,8 @@ const CtlCommand ctlCommands[] = {
      "{\"health\": ..., \"active\": <run>|null, \"active_runs\": [<run>...], \"runs\": N}.\n",
      cmdStatus},
     {"list", "list", "every run nsad knows, newest first, and the queue",
-     "A table of id, name, state, step, loss, tokens/s, device and creation time;\n"
+     "A table of id, name, state, step, loss, tokens/s, device (a CUDA run's\n"
+     "GPUs: cuda:0,1) and creation time;\n"
      "a queued run's state shows its place (queued #1 starts next).\n"
      "--json prints {\"runs\": [...], \"active\": ID|null, \"queue\": [ID, ...]}.\n",
      cmdList},

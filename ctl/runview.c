@@ -11,6 +11,15 @@ int ctlRunStateFinal(const char *state) {
            !strcmp(state, "nan_halted");
 }
 
+void ctlRunDevice(const cJSON *run, char *buf, size_t cap) {
+    const char *device = ctlString(run, "device", "-");
+    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(run, "gpus"), *g;
+    size_t n = (size_t)snprintf(buf, cap, "%s", device);
+    if (!cJSON_IsArray(gpus) || cJSON_GetArraySize(gpus) == 0) return;
+    cJSON_ArrayForEach(g, gpus) if (n < cap && cJSON_IsNumber(g))
+        n += (size_t)snprintf(buf + n, cap - n, "%c%d", g == gpus->child ? ':' : ',', g->valueint);
+}
+
 void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
     double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = -1, age = 0;
     int have_step = ctlNumber(run, "step", &step);
@@ -46,13 +55,9 @@ void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
 
     int active = !ctlRunStateFinal(state);
     /* where a CUDA run trains (several may train at once on one node) */
-    char gpus_s[96] = "";
-    const cJSON *gpus = cJSON_GetObjectItemCaseSensitive(run, "gpus"), *g;
-    if (active && cJSON_IsArray(gpus) && cJSON_GetArraySize(gpus) > 0) {
-        size_t n = (size_t)snprintf(gpus_s, sizeof gpus_s, "  GPU%s ", cJSON_GetArraySize(gpus) > 1 ? "s" : "");
-        cJSON_ArrayForEach(g, gpus) if (n < sizeof gpus_s && cJSON_IsNumber(g))
-            n += (size_t)snprintf(gpus_s + n, sizeof gpus_s - n, "%s%d", g == gpus->child ? "" : ",", g->valueint);
-    }
+    char gpus_s[112] = "", where[96];
+    ctlRunDevice(run, where, sizeof where);
+    if (active && strchr(where, ':')) snprintf(gpus_s, sizeof gpus_s, "  on %s", where);
     snprintf(buf, cap, "%s  %s%s  %s  loss %s  val %s  %s tok/s%s%s%s%s%s",
              ctlString(run, "id", "?"), state, phase_s, progress,
              formatLoss(loss, have_loss, loss_s, sizeof loss_s),

@@ -12,6 +12,10 @@
  * while it has none): the dashboard and /metrics show the same estimate. */
 void ctlRunLine(const cJSON *run, char *buf, size_t cap);
 
+/* Where a run trains: "cuda:0,1" for a CUDA run with its GPUs (the run
+ * object's gpus), else its device ("cpu", "cuda"), "-" when unknown. */
+void ctlRunDevice(const cJSON *run, char *buf, size_t cap);
+
 /* True for the states a run does not leave on its own. */
 int ctlRunStateFinal(const char *state);
 

@@ -1065,6 +1065,9 @@
     setText('stat-lr', fmtLr(st.lr));
     setText('stat-gn', fmtSig(st.grad_norm));
     setText('stat-mem', fmtBytes(st.mem_bytes));
+    /* runs may train side by side on a node: say which GPUs this one holds */
+    var gpus = Array.isArray(st.gpus) && st.gpus.length ? ':' + st.gpus.join(',') : '';
+    setText('stat-device', st.device ? st.device + gpus + (st.precision ? ' · ' + st.precision : '') : '—');
     /* mem_bytes is device memory on a GPU and the process's RSS on the CPU */
     var memCaption = document.querySelector('#chart-mem figcaption');
     var memTitle = st.device === 'cpu' ? 'Host memory (CPU run)' : 'GPU memory';
