@@ -26,10 +26,12 @@
 #include "prom.h"
 #include "service.h"
 
-#define MAX_JOBS 16
+#define MAX_JOBS 512
 
 /* What the stand-in trainer saw: the jobs that started, in order, the ones
- * the test let finish, and how many ran at once at most. */
+ * the test let finish, how many ran at once at most, and how often a job
+ * started while another held part of what it claims (never, if the
+ * scheduler is right). */
 typedef struct Bench {
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -38,6 +40,8 @@ typedef struct Bench {
     char released[MAX_JOBS][RUN_ID_MAX];
     int n_released;
     int running, most_running;
+    ServiceClaim held;   /* what the running jobs claim together */
+    int overlaps;
 } Bench;
 
 static Bench bench = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
@@ -48,13 +52,30 @@ static int listed(char (*ids)[RUN_ID_MAX], int n, const char *id) {
     return 0;
 }
 
-/* The stand-in for trainerRun: records the start, then holds the job until
- * the test releases it or a halt comes. */
+/* What job cfg claims on the made-up two-GPU node, worked out here
+ * independently of the service. */
+static ServiceClaim jobClaim(const JobConfig *cfg) {
+    const RuntimeConfig *rt = &cfg->runtime;
+    ServiceClaim c = {0};
+    if (rt->device != NSA_DEVICE_CUDA) c.cpu = 1;
+    else if (rt->n_gpu_list > 0)
+        for (int i = 0; i < rt->n_gpu_list; i++) c.gpus |= (uint64_t)1 << rt->gpu_list[i];
+    else c.gpus = rt->gpus > 0 ? ((uint64_t)1 << rt->gpus) - 1 : 3;
+    return c;
+}
+
+/* The stand-in for trainerRun: records the start (and whether what it
+ * claims was free), then holds the job until the test releases it or a
+ * halt comes. */
 static int holdJob(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon, const TrainHooks *hooks,
                    TrainResult *res, NsaError *err) {
     (void)hooks, (void)err;
+    const ServiceClaim claim = jobClaim(cfg);
     pthread_mutex_lock(&bench.mu);
-    snprintf(bench.started[bench.n_started++], RUN_ID_MAX, "%s", opt->run_id);
+    if (bench.n_started < MAX_JOBS) snprintf(bench.started[bench.n_started++], RUN_ID_MAX, "%s", opt->run_id);
+    if ((bench.held.gpus & claim.gpus) || (bench.held.cpu && claim.cpu)) bench.overlaps++;
+    bench.held.gpus |= claim.gpus;
+    bench.held.cpu |= claim.cpu;
     if (++bench.running > bench.most_running) bench.most_running = bench.running;
     pthread_cond_broadcast(&bench.cv);
     while (!listed(bench.released, bench.n_released, opt->run_id) && !atomic_load(&mon->halt_requested)) {
@@ -65,6 +86,8 @@ static int holdJob(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *
         pthread_cond_timedwait(&bench.cv, &bench.mu, &until);
     }
     bench.running--;
+    bench.held.gpus &= ~claim.gpus;
+    if (claim.cpu) bench.held.cpu = 0;
     pthread_mutex_unlock(&bench.mu);
     res->outcome = atomic_load(&mon->halt_requested) ? TRAIN_HALTED : TRAIN_COMPLETED;
     res->step = cfg->train.steps;
@@ -100,7 +123,8 @@ static int setUp(void **state) {
     f->svc->memory_plan = planFits;
     f->svc->train = holdJob;
     pthread_mutex_lock(&bench.mu);
-    bench.n_started = bench.n_released = bench.running = bench.most_running = 0;
+    bench.n_started = bench.n_released = bench.running = bench.most_running = bench.overlaps = 0;
+    bench.held = (ServiceClaim){0};
     pthread_mutex_unlock(&bench.mu);
     if (serviceStartTrainers(f->svc, &err) != 0) return -1;
     *state = f;
@@ -148,7 +172,8 @@ static int waitStarted(int n) {
 
 static void release(const char *id) {
     pthread_mutex_lock(&bench.mu);
-    snprintf(bench.released[bench.n_released++], RUN_ID_MAX, "%s", id);
+    if (bench.n_released < MAX_JOBS && !listed(bench.released, bench.n_released, id))
+        snprintf(bench.released[bench.n_released++], RUN_ID_MAX, "%s", id);
     pthread_cond_broadcast(&bench.cv);
     pthread_mutex_unlock(&bench.mu);
 }
@@ -444,6 +469,65 @@ static void test_cpu_runs_take_turns(void **state) {
     assert_int_equal(bench.most_running, 1);
 }
 
+/* Random submits, releases, halts, fronts, deletes and resumes (a fixed
+ * seed; the threads interleave as they will): whatever the order, no job
+ * starts while another holds part of its claim, and in the end every run
+ * has ended, completed or halted, with nothing left queued or held. */
+static void test_random_operations_keep_claims_disjoint(void **state) {
+    Fixture *f = *state;
+    static const char *const kinds[4][2] = {{"cuda", "[0]"}, {"cuda", "[1]"}, {"cuda", NULL}, {"cpu", NULL}};
+    char ids[120][RUN_ID_MAX];
+    int n = 0;
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    NsaError err = {""};
+    for (int op = 0; op < 400; op++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const int what = (int)(x % 100), pick = n ? (int)((x >> 32) % (uint64_t)n) : 0;
+        if (what < 30 && n < 120) {
+            const char *const *k = kinds[(x >> 8) % 4];
+            assert_int_equal(submit(f, k[0], k[1], ids[n], &err), SVC_OK);
+            n++;
+        } else if (n && what < 60) {
+            release(ids[pick]);
+        } else if (n && what < 70) {
+            serviceHaltRun(f->svc, ids[pick], &err);   /* refused when it ended: fine */
+        } else if (n && what < 80) {
+            serviceFrontRun(f->svc, ids[pick], &err);
+        } else if (n && what < 88) {
+            serviceDeleteRun(f->svc, ids[pick], &err); /* refused while active */
+        } else if (n) {
+            serviceResumeRun(f->svc, ids[pick], 1, &err);
+        }
+        if (op % 16 == 0) {   /* now and then let the trainers catch up */
+            struct timespec nap = {0, 2 * 1000 * 1000};
+            nanosleep(&nap, NULL);
+        }
+    }
+    /* let everything finish: release every run until none is held or queued */
+    int quiet = 0;
+    for (int round = 0; round < 6000 && !quiet; round++) {
+        for (int i = 0; i < n; i++) release(ids[i]);
+        pthread_mutex_lock(&f->svc->lock);
+        quiet = runsQueueLength(f->svc->runs) == 0 && serviceBusyTrainers(f->svc) == 0;
+        pthread_mutex_unlock(&f->svc->lock);
+        struct timespec nap = {0, 5 * 1000 * 1000};
+        if (!quiet) nanosleep(&nap, NULL);
+    }
+    assert_true(quiet);
+    assert_int_equal(bench.overlaps, 0);
+    assert_true(bench.most_running <= 3);   /* two GPUs and the CPU engine */
+    pthread_mutex_lock(&f->svc->lock);
+    int ended = 0;
+    for (size_t i = 0; i < f->svc->runs->n_runs; i++) {
+        const RunState s = f->svc->runs->runs[i]->state;
+        if (s != RUN_COMPLETED && s != RUN_HALTED)
+            fail_msg("run %s ended %s", f->svc->runs->runs[i]->id, runStateName(s));
+        ended++;
+    }
+    pthread_mutex_unlock(&f->svc->lock);
+    assert_true(ended > 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_one_trainer_per_gpu_and_one_for_the_cpu, setUp, tearDown),
@@ -455,6 +539,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_every_interrupted_run_resumes_after_a_restart, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_the_submit_sets_the_gpus, setUp, tearDown),
         cmocka_unit_test_setup_teardown(test_cpu_runs_take_turns, setUp, tearDown),
+        cmocka_unit_test_setup_teardown(test_random_operations_keep_claims_disjoint, setUp, tearDown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
