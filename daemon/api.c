@@ -676,6 +676,10 @@ static void getLogs(Service *svc, const ApiRequest *req, ApiResponse *res, const
         res->retry_after = 5;
         return;
     }
+    apiRespondStream(res, s);
+}
+
+void apiRespondStream(ApiResponse *res, struct Stream *s) {
     res->status = 200;
     res->body_len = 0;
     res->content_type = "application/x-ndjson";

@@ -54,6 +54,10 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res);
 void apiError(ApiResponse *res, int status, const char *code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+/* Answers 200 with a stream of JSON lines (application/x-ndjson, not
+ * cached): res takes s over. Cannot fail. */
+void apiRespondStream(ApiResponse *res, struct Stream *s);
+
 /* Frees res->body and releases res->stream; res can be reused. */
 void apiResponseFree(ApiResponse *res);
 

@@ -129,11 +129,7 @@ static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
         res->retry_after = 5;
         return;
     }
-    res->status = 200;
-    res->body_len = 0;
-    res->content_type = "application/x-ndjson";
-    res->no_store = 1;
-    res->stream = s;
+    apiRespondStream(res, s);
 }
 
 void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {

@@ -133,17 +133,7 @@ int cmdEval(int argc, char **argv) {
             rc = 1;
         } else if (json) {
             cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "checkpoint", w.dir);
-            cJSON_AddNumberToObject(o, "step", (double)w.state.step);
-            cJSON_AddStringToObject(o, "data", data);
-            cJSON_AddNumberToObject(o, "loss", r.loss);
-            if (isfinite(r.bits_per_byte)) cJSON_AddNumberToObject(o, "bits_per_byte", r.bits_per_byte);
-            else cJSON_AddNullToObject(o, "bits_per_byte");
-            cJSON_AddNumberToObject(o, "tokens", (double)r.tokens);
-            cJSON_AddNumberToObject(o, "windows", (double)r.windows);
-            cJSON_AddNumberToObject(o, "seq_len", r.seq_len);
-            cJSON_AddNumberToObject(o, "batch", r.batch);
-            cJSON_AddNumberToObject(o, "seconds", r.seconds);
+            evalResultToJson(o, &w, data, &r);
             char *text = cJSON_PrintUnformatted(o);
             if (text) printf("%s\n", text);
             free(text);

@@ -2,6 +2,7 @@
 #include "evaluate.h"
 #include "clockutil.h"
 #include "data.h"
+#include <cjson/cJSON.h>
 
 #include <dirent.h>
 #include <math.h>
@@ -111,4 +112,18 @@ int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void 
     nsaModelFree(m);
     dataClose(dl);
     return rc;
+}
+
+void evalResultToJson(cJSON *o, const Weights *w, const char *data, const EvalResult *r) {
+    cJSON_AddStringToObject(o, "checkpoint", w->dir);
+    cJSON_AddNumberToObject(o, "step", (double)w->state.step);
+    cJSON_AddStringToObject(o, "data", data);
+    cJSON_AddNumberToObject(o, "loss", r->loss);
+    if (isfinite(r->bits_per_byte)) cJSON_AddNumberToObject(o, "bits_per_byte", r->bits_per_byte);
+    else cJSON_AddNullToObject(o, "bits_per_byte");
+    cJSON_AddNumberToObject(o, "tokens", (double)r->tokens);
+    cJSON_AddNumberToObject(o, "windows", (double)r->windows);
+    cJSON_AddNumberToObject(o, "seq_len", r->seq_len);
+    cJSON_AddNumberToObject(o, "batch", r->batch);
+    cJSON_AddNumberToObject(o, "seconds", r->seconds);
 }

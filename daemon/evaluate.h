@@ -48,4 +48,11 @@ void evalOptionsFromPath(EvalOptions *o, const char *path);
 int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void *ctx,
             EvalResult *out, NsaError *err);
 
+/* Adds the result's fields to o, as `nsad eval --json` prints them and the
+ * eval stream's result line carries them (proto/api.md): checkpoint, step,
+ * data, loss, bits_per_byte (null for shards), tokens, windows, seq_len,
+ * batch, seconds. Cannot fail (cJSON drops what it cannot allocate). */
+struct cJSON;
+void evalResultToJson(struct cJSON *o, const Weights *w, const char *data, const EvalResult *r);
+
 #endif

@@ -208,17 +208,7 @@ static void runEval(InferJob *job, Stream *s) {
         } else {
             cJSON *res = cJSON_CreateObject();
             cJSON_AddStringToObject(res, "event", "result");
-            cJSON_AddStringToObject(res, "checkpoint", w.dir);
-            cJSON_AddNumberToObject(res, "step", (double)w.state.step);
-            cJSON_AddStringToObject(res, "data", job->data);
-            cJSON_AddNumberToObject(res, "loss", r.loss);
-            if (isfinite(r.bits_per_byte)) cJSON_AddNumberToObject(res, "bits_per_byte", r.bits_per_byte);
-            else cJSON_AddNullToObject(res, "bits_per_byte");
-            cJSON_AddNumberToObject(res, "tokens", (double)r.tokens);
-            cJSON_AddNumberToObject(res, "windows", (double)r.windows);
-            cJSON_AddNumberToObject(res, "seq_len", r.seq_len);
-            cJSON_AddNumberToObject(res, "batch", r.batch);
-            cJSON_AddNumberToObject(res, "seconds", r.seconds);
+            evalResultToJson(res, &w, job->data, &r);
             writeLine(s, res);
         }
     }
