@@ -675,6 +675,14 @@ static void test_transport_kind_must_fit_the_device(void **state) {
         for (size_t i = 0; i < sizeof why / sizeof why[0]; i++)
             named |= strstr(err.message, why[i]) != NULL;
         assert_true(named);
+    } else {
+        /* the library loaded (every entry point resolved, version checked):
+         * a job's id is made without a GPU */
+        NsaCommId zero;
+        memset(&zero, 0, sizeof zero);
+        memset(&id, 0, sizeof id);
+        if (nsaCommNcclUniqueId(&id, &err) != 0) fail_msg("%s", err.message);
+        assert_memory_not_equal(&id, &zero, sizeof id);
     }
     NsaComm *comms[1];
     assert_int_equal(nsaCommLocalCreate(1, 60, comms, &err), 0);
