@@ -15,11 +15,9 @@ set -u
 cd "$(dirname "$0")/../.." || exit 1
 NVCC=$(command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
-n=0
-failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; sed 's/^/# /' "$2" | tail -20; }
+. tests/integration/tap.sh
+# not_ok with a log file: its last 20 lines as the detail
+not_ok_log() { not_ok "$1"; tail -20 "$2" | sed 's/^/# /'; }
 
 TMP=$(mktemp -d /tmp/nsa-gpu-sources.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
@@ -50,7 +48,7 @@ fi
 if grep -Eq -- '-c [^ ]*kernels/' "$TMP/plan.log" || ! grep -q 'libnsa.a' "$TMP/plan.log"; then
     grep -E -- '-c [^ ]*kernels/' "$TMP/plan.log" >"$TMP/engine.log"
     [ -s "$TMP/engine.log" ] || cp "$TMP/plan.log" "$TMP/engine.log"
-    not_ok "tests/gpu and bench compile no engine source of their own (they link build/libnsa.a)" "$TMP/engine.log"
+    not_ok_log "tests/gpu and bench compile no engine source of their own (they link build/libnsa.a)" "$TMP/engine.log"
 else
     ok "tests/gpu and bench compile no engine source of their own (they link build/libnsa.a)"
 fi
@@ -60,7 +58,7 @@ for p in $gpu_programs; do
     if [ -x "build/gpu-tests/$p" ]; then
         ok "tests/gpu: $p compiles and links against build/libnsa.a"
     else
-        not_ok "tests/gpu: $p compiles and links against build/libnsa.a" "$TMP/gpu.log"
+        not_ok_log "tests/gpu: $p compiles and links against build/libnsa.a" "$TMP/gpu.log"
     fi
 done
 make --no-print-directory -C bench NVCC="$NVCC" build >"$TMP/bench.log" 2>&1
@@ -68,7 +66,7 @@ for p in $bench_programs; do
     if [ -x "build/bench/$p" ]; then
         ok "bench: $p compiles and links"
     else
-        not_ok "bench: $p compiles and links" "$TMP/bench.log"
+        not_ok_log "bench: $p compiles and links" "$TMP/bench.log"
     fi
 done
 echo "1..$n"

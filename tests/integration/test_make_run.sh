@@ -18,10 +18,7 @@ ROOT=$(pwd)
 NSAD="$ROOT/build/nsad"
 CTL="$ROOT/build/nsactl"
 
-n=0
-failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+. "$ROOT/tests/integration/tap.sh"
 
 for f in "$NSAD" "$CTL"; do
     if [ ! -x "$f" ]; then echo "not ok 1 - $f exists (make all)"; echo "1..1"; exit 1; fi

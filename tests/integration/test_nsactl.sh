@@ -12,10 +12,7 @@ ROOT=$(pwd)
 NSAD="$ROOT/build/nsad"
 CTL="$ROOT/build/nsactl"
 
-n=0
-failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+. "$ROOT/tests/integration/tap.sh"
 # check NAME COMMAND...: ok when the command succeeds.
 check() { name="$1"; shift; if "$@" >"$TMP/check.out" 2>&1; then ok "$name"; else not_ok "$name" "$(head -c 600 "$TMP/check.out")"; fi; }
 # expect_rc NAME RC COMMAND...: ok when nsactl exits with RC.

@@ -19,11 +19,7 @@ ROOT=$(pwd)
 NSAD="$ROOT/build/nsad"
 UNIT=systemd/nsad.service
 
-n=0
-failed=0
-ok() { n=$((n + 1)); echo "ok $n - $1"; }
-skip() { n=$((n + 1)); echo "ok $n - $1 # SKIP $2"; }
-not_ok() { n=$((n + 1)); failed=$((failed + 1)); echo "not ok $n - $1"; shift; for l in "$@"; do echo "# $l"; done; }
+. "$ROOT/tests/integration/tap.sh"
 
 TMP=$(mktemp -d /tmp/nsad-systemd-test.XXXXXX)
 PIDS=""
