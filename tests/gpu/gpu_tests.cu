@@ -388,6 +388,10 @@ static int attnPlanWith(const NsaAttnDims *d, NsaAttnCudaOptions o, NsaError *er
  * accepted exactly on compute capability 9.0 (refused elsewhere with a
  * message naming the field); out-of-range values are refused naming
  * theirs (tests/unit/test_fast_attn_api.c checks each refusal). */
+/* Options at their defaults (all zero) but field = value (designated
+ * initialisers would leave -Wextra naming every other field). */
+#define ATTN_OPTS(field, value) ([&] { NsaAttnCudaOptions o_{}; o_.field = (value); return o_; }())
+
 static void testAttnOptions(Results *res) {
     double t0 = nowSeconds();
     const char *name = "fast attn options: designs, sync/auto, parts 3, chunk 512 accepted; "
@@ -397,19 +401,19 @@ static void testAttnOptions(Results *res) {
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
     NsaError err = {{0}};
-    int ok = !attnPlanWith(&d, NsaAttnCudaOptions{.cmp_parts = 17}, &err) &&
+    int ok = !attnPlanWith(&d, ATTN_OPTS(cmp_parts, 17), &err) &&
              strstr(err.message, "cmp_parts = 17") != NULL;
     char first[160];
     snprintf(first, sizeof(first), "%.150s", err.message);
     for (int sel = NSA_ATTN_SEL_AUTO; sel <= NSA_ATTN_SEL_DENSE; sel++)
-        ok = ok && attnPlanWith(&d, NsaAttnCudaOptions{.sel = (NsaAttnSelDesign)sel}, &err);
-    ok = ok && attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_SYNC}, &err) &&
-         attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_AUTO}, &err) &&
-         attnPlanWith(&d, NsaAttnCudaOptions{.sel_unfused = 1}, &err) &&
-         attnPlanWith(&d, NsaAttnCudaOptions{.cmp_parts = 3}, &err) &&
-         attnPlanWith(&d, NsaAttnCudaOptions{.sel_chunk_tokens = 512}, &err);
+        ok = ok && attnPlanWith(&d, ATTN_OPTS(sel, (NsaAttnSelDesign)sel), &err);
+    ok = ok && attnPlanWith(&d, ATTN_OPTS(mma, NSA_ATTN_MMA_SYNC), &err) &&
+         attnPlanWith(&d, ATTN_OPTS(mma, NSA_ATTN_MMA_AUTO), &err) &&
+         attnPlanWith(&d, ATTN_OPTS(sel_unfused, 1), &err) &&
+         attnPlanWith(&d, ATTN_OPTS(cmp_parts, 3), &err) &&
+         attnPlanWith(&d, ATTN_OPTS(sel_chunk_tokens, 512), &err);
     const int hopper = major == 9 && minor == 0;
-    const int wgmma = attnPlanWith(&d, NsaAttnCudaOptions{.mma = NSA_ATTN_MMA_WGMMA}, &err);
+    const int wgmma = attnPlanWith(&d, ATTN_OPTS(mma, NSA_ATTN_MMA_WGMMA), &err);
     ok = ok && hopper == wgmma && (wgmma || strstr(err.message, "mma = wgmma") != NULL);
     report(res, ok, nowSeconds() - t0, name, "%s", first);
 }
@@ -1476,18 +1480,24 @@ static void testEvalLoss(Results *res) {
     nsaModelFree(cpu);
 }
 
+/* The production config on CUDA in bf16, B 8 x S 2048: what the memory
+ * plan tests plan. */
+static void productionPlanInputs(NsaModelConfig *c, NsaEngineOptions *o) {
+    nsaModelConfigDefaults(c);
+    memset(o, 0, sizeof(*o));
+    o->device = NSA_DEVICE_CUDA;
+    o->precision = NSA_PREC_BF16;
+    o->max_batch = 8;
+    o->max_seq_len = 2048;
+}
+
 static void testMemoryPlan(Results *res) {
     double t0 = nowSeconds();
     const char *name = "memory plan (production config, S 2048)";
     NsaError err = {{0}};
     NsaModelConfig c;
-    nsaModelConfigDefaults(&c);
     NsaEngineOptions o;
-    memset(&o, 0, sizeof(o));
-    o.device = NSA_DEVICE_CUDA;
-    o.precision = NSA_PREC_BF16;
-    o.max_batch = 8;
-    o.max_seq_len = 2048;
+    productionPlanInputs(&c, &o);
     NsaCudaMemoryPlan p;
     if (nsaCudaMemoryPlanFor(&c, &o, &p, &err)) {
         report(res, 0, nowSeconds() - t0, name, "%s", err.message);
@@ -1520,13 +1530,8 @@ static void testPublicMemoryPlan(Results *res) {
     const char *name = "memory plan: nsaModelMemoryPlan (nsad's submit check)";
     NsaError err = {{0}};
     NsaModelConfig c;
-    nsaModelConfigDefaults(&c);
     NsaEngineOptions o;
-    memset(&o, 0, sizeof(o));
-    o.device = NSA_DEVICE_CUDA;
-    o.precision = NSA_PREC_BF16;
-    o.max_batch = 8;
-    o.max_seq_len = 2048;
+    productionPlanInputs(&c, &o);
     NsaCudaMemoryPlan p;
     NsaMemoryReport fit, over;
     int fits = -1, fits_over = -1;
