@@ -382,12 +382,17 @@ static void listRuns(Service *svc, ApiResponse *res) {
     addStringOrNull(o, "active", newest);
     /* the queue, next to start first */
     cJSON *queue = cJSON_AddArrayToObject(o, "queue");
-    const int n_queued = runsQueueLength(svc->runs);
-    for (int pos = 1; pos <= n_queued; pos++)
-        for (size_t i = 0; i < svc->runs->n_runs; i++)
-            if (runsQueuePosition(svc->runs, svc->runs->runs[i]) == pos)
-                cJSON_AddItemToArray(queue, cJSON_CreateString(svc->runs->runs[i]->id));
+    Run **queued = NULL;
+    size_t n_queued = 0;
+    const int listed = runsQueue(svc->runs, &queued, &n_queued);
+    for (size_t i = 0; i < n_queued; i++) cJSON_AddItemToArray(queue, cJSON_CreateString(queued[i]->id));
+    free(queued);
     pthread_mutex_unlock(&svc->lock);
+    if (listed != 0) {
+        cJSON_Delete(o);
+        outOfMemory(res);
+        return;
+    }
     respondJson(res, 200, o);
 }
 

@@ -360,13 +360,23 @@ static int queueBefore(const Run *a, const Run *b) {
     return strcmp(a->id, b->id) < 0;
 }
 
-Run *runsQueueHead(const RunRegistry *reg) {
-    Run *head = NULL;
-    for (size_t i = 0; i < reg->n_runs; i++) {
-        Run *r = reg->runs[i];
-        if (r->state == RUN_QUEUED && (!head || queueBefore(r, head))) head = r;
-    }
-    return head;
+static int compareQueued(const void *a, const void *b) {
+    const Run *x = *(Run *const *)a, *y = *(Run *const *)b;
+    return queueBefore(x, y) ? -1 : queueBefore(y, x) ? 1 : 0;
+}
+
+int runsQueue(const RunRegistry *reg, Run ***out, size_t *n) {
+    *out = NULL;
+    *n = 0;
+    const size_t queued = (size_t)runsQueueLength(reg);
+    if (queued == 0) return 0;
+    Run **q = malloc(queued * sizeof *q);
+    if (!q) return -1;
+    for (size_t i = 0; i < reg->n_runs; i++)
+        if (reg->runs[i]->state == RUN_QUEUED) q[(*n)++] = reg->runs[i];
+    qsort(q, *n, sizeof *q, compareQueued);
+    *out = q;
+    return 0;
 }
 
 int runsQueuePosition(const RunRegistry *reg, const Run *run) {

@@ -161,9 +161,11 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
 
 /* ---- the queue: the runs in state queued, by queue_order ---- */
 
-/* The queued run to start next (lowest queue_order, the older on a tie),
- * or NULL when none is queued. */
-Run *runsQueueHead(const RunRegistry *reg);
+/* The queued runs in the order they start (lowest queue_order first, the
+ * older id on a tie) into *out, a malloc'd array of *n runs (the caller
+ * frees it; NULL when none is queued). Returns 0, or -1 when out of
+ * memory (*out NULL, *n 0). */
+int runsQueue(const RunRegistry *reg, Run ***out, size_t *n);
 /* The run's place in the queue, 1 for the head; 0 when it is not queued. */
 int runsQueuePosition(const RunRegistry *reg, const Run *run);
 /* How many runs are queued. */

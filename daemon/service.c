@@ -310,6 +310,18 @@ static ServiceClaim claimOfOrdinals(const int *ordinals, int n) {
     return c;
 }
 
+/* What the CUDA job cfg (device pinned) claims (none when its GPUs do not
+ * resolve); a CPU job claims the CPU engine. Its GPU ordinals resolve
+ * against this nsad's devices. */
+static ServiceClaim claimOfConfig(Service *svc, const JobConfig *cfg) {
+    if (cfg->runtime.device != NSA_DEVICE_CUDA) return claimOfOrdinals(NULL, -1);
+    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
+    int ordinals[TRAIN_MAX_RANKS];
+    NsaError err;
+    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
+    return claimOfOrdinals(ordinals, n > 0 ? n : 0);
+}
+
 /* What run claims, worked out from its config once (run->claim_*). A config
  * that no longer resolves (a GPU gone) claims nothing: the run starts and
  * fails with the config's error. A device still "auto" (a run from before
@@ -323,15 +335,11 @@ static ServiceClaim claimOf(Service *svc, Run *run) {
             configDefaults(cfg);
             if (configLoadString(cfg, run->config_yaml, strlen(run->config_yaml), &err) == 0) {
                 const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
-                int ordinals[TRAIN_MAX_RANKS];
                 if (cfg->runtime.device_auto) {
                     c.cpu = 1;
                     c.gpus = gpus >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << gpus) - 1;
-                } else if (cfg->runtime.device != NSA_DEVICE_CUDA) {
-                    c = claimOfOrdinals(NULL, -1);
                 } else {
-                    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
-                    if (n > 0) c = claimOfOrdinals(ordinals, n);
+                    c = claimOfConfig(svc, cfg);
                 }
             }
         }
@@ -359,22 +367,15 @@ static ServiceTrainer *idleTrainer(Service *svc) {
     return NULL;
 }
 
-/* The idle trainer a run claiming c may take now: c is free and no run
- * queued before it (all queued runs, unless it is queued itself: those up
- * to before) wants any of it. NULL when it must wait. Caller holds the
- * lock. */
-static ServiceTrainer *trainerFor(Service *svc, ServiceClaim c, const Run *queued) {
+/* The idle trainer a run submitted now (new or resumed) claiming c may
+ * take at once: c is free and no queued run wants any of it. NULL when it
+ * must wait. Caller holds the lock. */
+static ServiceTrainer *trainerFor(Service *svc, ServiceClaim c) {
     if (claimsOverlap(c, heldClaims(svc))) return NULL;
-    ServiceClaim ahead = {0};
-    const int n_queued = runsQueueLength(svc->runs);
-    const int before = queued ? runsQueuePosition(svc->runs, queued) : n_queued + 1;
-    for (size_t i = 0; i < svc->runs->n_runs; i++) {
-        Run *r = svc->runs->runs[i];
-        const int pos = runsQueuePosition(svc->runs, r);
-        if (pos > 0 && pos < before) claimAdd(&ahead, claimOf(svc, r));
-    }
-    if (claimsOverlap(c, ahead)) return NULL;
-    return idleTrainer(svc);
+    ServiceClaim queued = {0};
+    for (size_t i = 0; i < svc->runs->n_runs; i++)
+        if (svc->runs->runs[i]->state == RUN_QUEUED) claimAdd(&queued, claimOf(svc, svc->runs->runs[i]));
+    return claimsOverlap(c, queued) ? NULL : idleTrainer(svc);
 }
 
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id) {
@@ -421,26 +422,31 @@ static void assignRun(ServiceTrainer *t, Run *run, int resume) {
  * service.h). Caller holds the lock. */
 static void schedule(Service *svc) {
     if (svc->shutting_down) return;
-    for (;;) {
-        Run *next = NULL;
-        ServiceTrainer *t = NULL;
-        const int n_queued = runsQueueLength(svc->runs);
-        for (int pos = 1; pos <= n_queued && !next; pos++)
-            for (size_t i = 0; i < svc->runs->n_runs; i++) {
-                Run *r = svc->runs->runs[i];
-                if (runsQueuePosition(svc->runs, r) != pos) continue;
-                if ((t = trainerFor(svc, claimOf(svc, r), r))) next = r;
-                break;
-            }
-        if (!next) return;
-        const int resume = next->queue_resume;
-        next->queue_resume = 0;
-        addEvent(next, "dequeued", next->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
-        saveState(next, RUN_STARTING); /* it leaves the queue */
-        assignRun(t, next, resume);
-        logRunNotice(next->id, "run %s: its turn in the queue came; %s", next->id,
+    Run **queue = NULL;
+    size_t n = 0;
+    if (runsQueue(svc->runs, &queue, &n) != 0) {
+        logWarn("the scheduler is out of memory; the queue waits for the next try");
+        return;
+    }
+    ServiceClaim held = heldClaims(svc), ahead = {0};
+    for (size_t i = 0; i < n; i++) {
+        Run *run = queue[i];
+        const ServiceClaim c = claimOf(svc, run);
+        ServiceTrainer *t = claimsOverlap(c, held) || claimsOverlap(c, ahead) ? NULL : idleTrainer(svc);
+        if (!t) { /* it waits, and those behind it leave what it wants alone */
+            claimAdd(&ahead, c);
+            continue;
+        }
+        const int resume = run->queue_resume;
+        run->queue_resume = 0;
+        addEvent(run, "dequeued", run->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
+        saveState(run, RUN_STARTING); /* it leaves the queue */
+        assignRun(t, run, resume);
+        claimAdd(&held, c);
+        logRunNotice(run->id, "run %s: its turn in the queue came; %s", run->id,
                      resume ? "resuming from its latest checkpoint" : "starting");
     }
+    free(queue);
 }
 
 static void *trainerThread(void *arg) {
@@ -681,21 +687,11 @@ static ServiceStatus busy(Service *svc, ServiceClaim c, NsaError *err) {
                         runStateName(run->state), c.cpu ? "the CPU engine" : "GPUs");
     }
     if (!idleTrainer(svc)) return fail(err, SVC_BUSY, "every trainer is busy; halt a run first or wait");
-    return fail(err, SVC_BUSY, "%d queued run%s wait%s for what this run needs; wait or queue it",
-                runsQueueLength(svc->runs), runsQueueLength(svc->runs) == 1 ? "" : "s",
-                runsQueueLength(svc->runs) == 1 ? "s" : "");
+    const int waiting = runsQueueLength(svc->runs);
+    return fail(err, SVC_BUSY, "%d queued run%s wait%s for what this run needs; wait or queue it", waiting,
+                waiting == 1 ? "" : "s", waiting == 1 ? "s" : "");
 }
 
-/* What the CUDA job cfg (device pinned) claims; a CPU job claims the CPU
- * engine. Its GPU ordinals resolve against this nsad's devices. */
-static ServiceClaim claimOfConfig(Service *svc, const JobConfig *cfg) {
-    if (cfg->runtime.device != NSA_DEVICE_CUDA) return claimOfOrdinals(NULL, -1);
-    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
-    int ordinals[TRAIN_MAX_RANKS];
-    NsaError err;
-    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
-    return claimOfOrdinals(ordinals, n > 0 ? n : 0);
-}
 
 static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
                                     const char *member_of, const TrainJoin *join, int may_queue,
@@ -900,7 +896,7 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
     const ServiceClaim claim = claimOfConfig(svc, cfg);
     /* a member never waits for the queue: its coordinator starts the job now */
     ServiceTrainer *t = member_of ? (claimsOverlap(claim, heldClaims(svc)) ? NULL : idleTrainer(svc))
-                                  : trainerFor(svc, claim, NULL);
+                                  : trainerFor(svc, claim);
     const int wait = t == NULL;
     if (svc->shutting_down) {
         st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
@@ -1097,27 +1093,29 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
         st = fail(err, SVC_INVALID_STATE, "run %s is this node's part of the multi-node job %s; resume "
                                           "that run on its coordinator (it brings this node back in)",
                   id, run->member_of);
-    } else if (!trainerFor(svc, claimOf(svc, run), NULL) && !may_queue) {
-        st = busy(svc, claimOf(svc, run), err);
-    } else if (!trainerFor(svc, claimOf(svc, run), NULL)) {
-        run->anomaly[0] = '\0';
-        run->error[0] = '\0';
-        addEvent(run, "resume_requested", run->step, NULL);
-        NsaError qerr;
-        if (runsEnqueue(svc->runs, run, 0, 1, &qerr) != 0) logRunWarn(id, "run %s: %s", id, qerr.message);
-        char detail[64];
-        snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
-        addEvent(run, "queued", run->step, detail);
-        logRunNotice(id, "run %s: resume queued at position %d (latest checkpoint: step %lld)", id,
-                     runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
     } else {
-        run->anomaly[0] = '\0';
-        run->error[0] = '\0';
-        addEvent(run, "resume_requested", run->step, NULL);
-        saveState(run, RUN_STARTING);
-        assignRun(trainerFor(svc, claimOf(svc, run), NULL), run, 1);
-        logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
-                  (long long)run->last_checkpoint_step);
+        ServiceTrainer *t = trainerFor(svc, claimOf(svc, run));
+        if (!t && !may_queue) {
+            st = busy(svc, claimOf(svc, run), err);
+        } else {
+            run->anomaly[0] = '\0';
+            run->error[0] = '\0';
+            addEvent(run, "resume_requested", run->step, NULL);
+        }
+        if (!t && may_queue) {
+            NsaError qerr;
+            if (runsEnqueue(svc->runs, run, 0, 1, &qerr) != 0) logRunWarn(id, "run %s: %s", id, qerr.message);
+            char detail[64];
+            snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
+            addEvent(run, "queued", run->step, detail);
+            logRunNotice(id, "run %s: resume queued at position %d (latest checkpoint: step %lld)", id,
+                         runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
+        } else if (t) {
+            saveState(run, RUN_STARTING);
+            assignRun(t, run, 1);
+            logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
+                         (long long)run->last_checkpoint_step);
+        }
     }
     pthread_mutex_unlock(&svc->lock);
     return st;

@@ -351,13 +351,26 @@ static void test_series_rebuilt_from_files(void **state) {
     assert_non_null(strstr(err.message, "step"));
 }
 
+/* The queue in start order as "id id ...", for comparing whole orders. */
+static const char *queueText(const RunRegistry *reg) {
+    static char text[4 * RUN_ID_MAX];
+    Run **q = NULL;
+    size_t n = 0;
+    assert_int_equal(runsQueue(reg, &q, &n), 0);
+    text[0] = '\0';
+    for (size_t i = 0; i < n; i++)
+        snprintf(text + strlen(text), sizeof text - strlen(text), "%s%s", i ? " " : "", q[i]->id);
+    free(q);
+    return text;
+}
+
 /* The queue: created at the back, front moves first, a run out of the
  * queue leaves a gap that positions close, and the order survives a
  * reopen (run.json keeps queue_order and queue_resume). */
 static void test_queue_order_survives_reopen(void **state) {
     RunRegistry *reg = *state;
     NsaError err = {""};
-    assert_null(runsQueueHead(reg));
+    assert_string_equal(queueText(reg), "");
     char ida[RUN_ID_MAX], idb[RUN_ID_MAX], idc[RUN_ID_MAX];
     Run *active = newRun(reg, "active", "x: 1\n", 10, RUN_STARTING, NULL);
     Run *a = newRun(reg, "a", "x: 1\n", 10, RUN_QUEUED, ida);
@@ -365,10 +378,13 @@ static void test_queue_order_survives_reopen(void **state) {
     Run *c = newRun(reg, "c", "x: 1\n", 10, RUN_QUEUED, idc);
     assert_int_equal(runsQueuePosition(reg, active), 0);
     assert_int_equal(runsQueueLength(reg), 3);
-    assert_ptr_equal(runsQueueHead(reg), a);
+    char want[4 * RUN_ID_MAX];
+    snprintf(want, sizeof want, "%s %s %s", ida, idb, idc);
+    assert_string_equal(queueText(reg), want);
     assert_int_equal(runsQueuePosition(reg, c), 3);
     assert_int_equal(runsEnqueue(reg, c, 1, 0, &err), 0); /* front */
-    assert_ptr_equal(runsQueueHead(reg), c);
+    snprintf(want, sizeof want, "%s %s %s", idc, ida, idb);
+    assert_string_equal(queueText(reg), want);
     assert_int_equal(runsQueuePosition(reg, a), 2);
     assert_int_equal(runsQueuePosition(reg, b), 3);
     assert_int_equal(runsSetState(a, RUN_HALTED, &err), 0); /* out of the queue */
@@ -378,7 +394,8 @@ static void test_queue_order_survives_reopen(void **state) {
 
     reg = regReopen(state);
     assert_int_equal(runsQueueLength(reg), 3);
-    assert_string_equal(runsQueueHead(reg)->id, idc);
+    snprintf(want, sizeof want, "%s %s %s", idc, idb, ida);
+    assert_string_equal(queueText(reg), want);
     assert_int_equal(runsQueuePosition(reg, runsFind(reg, idb)), 2);
     assert_int_equal(runsQueuePosition(reg, runsFind(reg, ida)), 3);
     assert_int_equal(runsFind(reg, ida)->queue_resume, 1);
