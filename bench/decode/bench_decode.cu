@@ -6,12 +6,14 @@
  *   bench_decode CONTEXT BATCH [STEPS]
  *
  * Random bf16-valued weights (N(0, 0.02)); every slot is filled with CONTEXT
- * random tokens through batched decode steps (each one CUDA graph), then
+ * random tokens through nsaDecoderPrefill (passes of 64 positions of a
+ * slot, each one CUDA graph; fill_seconds and prefill_tok_per_s time it), then
  * STEPS (default 64) more steps are timed one by one, wall clock, each
  * including the copy of the logits to the host (what sampling needs).
  * Prints one JSON object:
  *   {"impl": "nsa", "batch", "context", "steps", "ms_per_step",
- *    "ms_per_step_p50", "tok_per_s", "kv_bytes_per_token", "fill_seconds"}
+ *    "ms_per_step_p50", "tok_per_s", "kv_bytes_per_token", "fill_seconds",
+ *    "prefill_tok_per_s"}
  * kv_bytes_per_token: the cache bytes one token's attention reads, all
  * layers (nsaDecoderKvBytesPerToken at the timed context). Runs on the GPU
  * machine: make bench-decode. */
@@ -71,12 +73,12 @@ int main(int argc, char **argv) {
     }
     NsaRng rng;
     nsaRngSeed(&rng, 7, 0);
-    std::vector<int32_t> tok(B);
+    std::vector<int32_t> tok(B), prompt((size_t)context);
     std::vector<float> logits((size_t)B * cfg.vocab_size);
     const double f0 = now();
-    for (int t = 0; t < context; t++) {
-        for (int b = 0; b < B; b++) tok[b] = (int32_t)nsaRngBelow(&rng, cfg.vocab_size);
-        if (nsaDecoderStep(d, B, tok.data(), NULL, &err)) die("fill", &err);
+    for (int b = 0; b < B; b++) {
+        for (int32_t &t : prompt) t = (int32_t)nsaRngBelow(&rng, cfg.vocab_size);
+        if (nsaDecoderPrefill(d, b, prompt.data(), context, NULL, &err)) die("fill", &err);
     }
     const double fill = now() - f0;
     std::vector<double> ms(steps);
@@ -98,9 +100,9 @@ int main(int argc, char **argv) {
     std::sort(sorted.begin(), sorted.end());
     printf("{\"impl\": \"nsa\", \"batch\": %d, \"context\": %d, \"steps\": %d, "
            "\"ms_per_step\": %.4f, \"ms_per_step_p50\": %.4f, \"tok_per_s\": %.1f, "
-           "\"kv_bytes_per_token\": %zu, \"fill_seconds\": %.1f}\n",
+           "\"kv_bytes_per_token\": %zu, \"fill_seconds\": %.2f, \"prefill_tok_per_s\": %.0f}\n",
            B, context, steps, mean, sorted[steps / 2], B * 1e3 / mean,
-           nsaDecoderKvBytesPerToken(d, context + steps / 2), fill);
+           nsaDecoderKvBytesPerToken(d, context + steps / 2), fill, (double)B * context / fill);
     nsaDecoderFree(d);
     return 0;
 }

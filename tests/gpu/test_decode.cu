@@ -9,7 +9,10 @@
  *             wherever no near-tie exists; up to 4096 selection blocks
  *   decode    whole models, bf16 decoder vs the fp32 CPU decoder holding the
  *             same bf16-rounded weights: several slots at different
- *             positions, prompts through Prefill, then batched Steps, every
+ *             positions, prompts through Prefill (passes of up to
+ *             DEC_PREFILL_ROWS positions of a slot, so prompts of 64, 65
+ *             and 191 tokens cross pass, block and window edges), then
+ *             batched Steps, every
  *             logit row compared (||gpu - cpu|| / ||cpu|| <= 2e-2, NaN never
  *             passes; outputs poisoned first), across many compressed,
  *             selection and window boundaries. Where n_sel leaves a choice,
@@ -81,13 +84,13 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
     for (int h = 0; h < hpg; h++) m[h * dm.n_chunks] = 0.0f, lsum[h * dm.n_chunks] = 1.0f;
     std::vector<float> sc((size_t)hpg * dm.Nc);
     fillUniform(sc.data(), sc.size(), seed, 1, -6.0f, 0.0f);
-    int hstage[2] = {0, 0}, hpos[1] = {t};
-    int *stage = (int *)devAlloc(sizeof hstage), *pos = (int *)devAlloc(sizeof hpos);
-    GPU_OK(cudaMemcpy(stage, hstage, sizeof hstage, cudaMemcpyHostToDevice));
+    int hslot[1] = {0}, hpos[1] = {t};
+    int *stage = (int *)devAlloc(sizeof hslot), *pos = (int *)devAlloc(sizeof hpos);
+    GPU_OK(cudaMemcpy(stage, hslot, sizeof hslot, cudaMemcpyHostToDevice));
     GPU_OK(cudaMemcpy(pos, hpos, sizeof hpos, cudaMemcpyHostToDevice));
     DecScratch s = {};
-    s.slot_base = stage;
-    s.pos = pos;
+    s.row_slot = stage;
+    s.row_pos = pos;
     s.cmp_m = devFrom(m.data(), m.size());
     s.cmp_l = devFrom(lsum.data(), lsum.size());
     s.cmp_o = devFrom(o.data(), o.size());
@@ -328,6 +331,16 @@ int main(void) {
     c.zero_cmp_keys = 1;
     c.seed = 13;
     testModel(&c);
+
+    Case f = {};
+    f.name = "decode prefill passes: prompts across pass edges, window < pass";
+    f.cfg = smallConfig();
+    f.cfg.phi = NSA_PHI_MLP;
+    f.slots = 3;
+    f.context = 260;
+    f.prompt[0] = 64; f.prompt[1] = 65; f.prompt[2] = 191;
+    f.seed = 15;
+    testModel(&f);
 
     Case e = {};
     e.name = "decode 16 slots, d_k 64 d_v 32, G 1";

@@ -1,15 +1,19 @@
 /* decode.cu - the CUDA decoder (decode.h): buffers planned and allocated
- * once, weights uploaded as bf16, and a step as one CUDA graph per batch
- * size. The kernels are decode_gemv.cu and decode_attn.cu; the order of one
- * step is
- *   tokens in (memcpy node), embed
+ * once, weights uploaded as bf16, and a pass as one CUDA graph per row
+ * count. A decode step has one row per slot; a prefill pass takes up to
+ * DEC_PREFILL_ROWS consecutive prompt tokens of one slot as its rows, so a
+ * long prompt costs len/64 passes, not len steps. The kernels are
+ * decode_gemv.cu and decode_attn.cu; the order of one pass is
+ *   tokens in (memcpy node), rows (slot and position of each), embed
  *   per layer: RMSNorm + [Wq; Wk/Wv of the three branches; Wgate] (one
- *              product), append (RoPE, caches, block pooling), compressed
+ *              product), append (RoPE, caches; block pooling in a decode
+ *              step), pool (prefill: after every row's append), compressed
  *              partials, selection, selected + window partials, combine,
  *              x += y Wo^T, act = silu(RMSNorm(x) Wfc^T) (or SwiGLU),
  *              x += act Wproj^T
- *   logits = RMSNorm(x) lm_head^T, positions advanced, logits out (memcpy node).
- * The host synchronises once per step, after the graph, to hand out the
+ *   logits = RMSNorm(x) lm_head^T (prefill: the last row only), positions
+ *   advanced, logits out (memcpy node).
+ * The host synchronises once per pass, after the graph, to hand out the
  * logits. */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,7 @@ struct NsaCudaDecoder {
     const NsaLayout *layout;
     NsaDecoderOptions opt;
     int F, P;                  /* MLP width, projection row */
+    int R;                     /* rows a pass holds: max(max_batch, prefill rows) */
     DecDims dims;
     cudaStream_t stream;
     void *arena;               /* one device allocation for everything */
@@ -44,11 +49,12 @@ struct NsaCudaDecoder {
     DecScratch scratch;
     float *x, *logits;         /* [Bmax][C], [Bmax][V] */
     bf16 *act;                 /* [Bmax][F] */
-    int *stage, *pos;          /* device: [1 + Bmax] slot base then tokens; [Bmax] */
+    int *stage, *pos;          /* device: [1 + R] slot (base) then tokens; [Bmax] per slot */
     int *stage_host;           /* pinned, like stage */
     float *logits_host;        /* pinned [Bmax][V] */
     int *pos_host;             /* [Bmax] what the device holds */
-    cudaGraphExec_t *graphs;   /* [Bmax + 1], by batch size */
+    cudaGraphExec_t *graphs;   /* [Bmax + 1], decode steps by batch size */
+    cudaGraphExec_t *prefill_graphs; /* [R + 1], prefill passes by rows */
 };
 
 /* ---- plan ------------------------------------------------------------------- */
@@ -95,7 +101,7 @@ static int checkLimits(const NsaModelConfig *c, const NsaDecoderOptions *o, NsaE
  * when base is not NULL. Returns the bytes. */
 static size_t plan(NsaCudaDecoder *d, char *base) {
     const NsaModelConfig *c = &d->cfg;
-    const size_t Bm = d->opt.max_batch, C = c->dim, V = c->vocab_size, H = c->n_heads;
+    const size_t Bm = d->opt.max_batch, R = d->R, C = c->dim, V = c->vocab_size, H = c->n_heads;
     const size_t G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, F = d->F, P = d->P;
     const DecDims *dm = &d->dims;
     const size_t units = (size_t)dm->sel_units + dm->win_units, L = c->n_layers;
@@ -132,8 +138,8 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
         TAKE(k->v_win, bf16, Bm * G * dm->W * dv);
         TAKE(k->kc, bf16, Bm * G * dm->Nc * dk);
         TAKE(k->vc, bf16, Bm * G * dm->Nc * dv);
-        TAKE(k->k_raw, float, Bm * G * dm->l * dk);
-        TAKE(k->v_raw, float, Bm * G * dm->l * dv);
+        TAKE(k->k_raw, float, Bm * G * dm->raw_ring * dk);
+        TAKE(k->v_raw, float, Bm * G * dm->raw_ring * dv);
         if (base) {
             k->phi_k_pos = w->phi[0];
             k->phi_k_w1 = w->phi[1];
@@ -146,28 +152,31 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     DecScratch *s = &d->scratch;
     float *rope = NULL;
     TAKE(rope, float, (size_t)dm->T * dk);
-    TAKE(s->proj, float, Bm * P);
-    TAKE(s->q, float, Bm * H * dk);
-    TAKE(s->cmp_scores, float, Bm * H * dm->Nc);
-    TAKE(s->cmp_m, float, Bm * H * dm->n_chunks);
-    TAKE(s->cmp_l, float, Bm * H * dm->n_chunks);
-    TAKE(s->cmp_o, float, Bm * H * dm->n_chunks * dv);
-    TAKE(s->o_cmp, float, Bm * H * dv);
-    TAKE(s->sel, int, Bm * G * dm->slots);
-    TAKE(s->sw_m, float, Bm * H * units);
-    TAKE(s->sw_l, float, Bm * H * units);
-    TAKE(s->sw_o, float, Bm * H * units * dv);
-    TAKE(s->y, bf16, Bm * H * dv);
-    TAKE(d->x, float, Bm * C);
-    TAKE(d->act, bf16, Bm * F);
+    int *row_slot = NULL, *row_pos = NULL;
+    TAKE(s->proj, float, R * P);
+    TAKE(s->q, float, R * H * dk);
+    TAKE(s->cmp_scores, float, R * H * dm->Nc);
+    TAKE(s->cmp_m, float, R * H * dm->n_chunks);
+    TAKE(s->cmp_l, float, R * H * dm->n_chunks);
+    TAKE(s->cmp_o, float, R * H * dm->n_chunks * dv);
+    TAKE(s->o_cmp, float, R * H * dv);
+    TAKE(s->sel, int, R * G * dm->slots);
+    TAKE(s->sw_m, float, R * H * units);
+    TAKE(s->sw_l, float, R * H * units);
+    TAKE(s->sw_o, float, R * H * units * dv);
+    TAKE(s->y, bf16, R * H * dv);
+    TAKE(d->x, float, R * C);
+    TAKE(d->act, bf16, R * F);
     TAKE(d->logits, float, Bm * V);
-    TAKE(d->stage, int, 1 + Bm);
+    TAKE(d->stage, int, 1 + R);
     TAKE(d->pos, int, Bm);
+    TAKE(row_slot, int, R);
+    TAKE(row_pos, int, R);
 #undef TAKE
     if (base) {
         s->rope = rope;
-        s->slot_base = d->stage;
-        s->pos = d->pos;
+        s->row_slot = row_slot;
+        s->row_pos = row_pos;
     }
     return cur;
 }
@@ -176,11 +185,15 @@ static void releaseAll(NsaCudaDecoder *d) {
     if (d->graphs)
         for (int b = 0; b <= d->opt.max_batch; b++)
             if (d->graphs[b]) cudaGraphExecDestroy(d->graphs[b]);
+    if (d->prefill_graphs)
+        for (int r = 0; r <= d->R; r++)
+            if (d->prefill_graphs[r]) cudaGraphExecDestroy(d->prefill_graphs[r]);
     if (d->arena) cudaFree(d->arena);
     if (d->stage_host) cudaFreeHost(d->stage_host);
     if (d->logits_host) cudaFreeHost(d->logits_host);
     if (d->stream) cudaStreamDestroy(d->stream);
     free(d->graphs);
+    free(d->prefill_graphs);
     free(d->pos_host);
     free(d->lw);
     free(d->cache);
@@ -196,13 +209,14 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
     d->cache = (DecLayerCache *)calloc(L, sizeof *d->cache);
     d->pos_host = (int *)calloc(Bm, sizeof(int));
     d->graphs = (cudaGraphExec_t *)calloc(Bm + 1, sizeof(cudaGraphExec_t));
-    if (!d->lw || !d->cache || !d->pos_host || !d->graphs)
+    d->prefill_graphs = (cudaGraphExec_t *)calloc((size_t)d->R + 1, sizeof(cudaGraphExec_t));
+    if (!d->lw || !d->cache || !d->pos_host || !d->graphs || !d->prefill_graphs)
         return cudaFail(err, "nsa decoder (cuda): out of host memory");
     d->arena_bytes = plan(d, NULL);
     CUDA_CHECK(cudaMalloc(&d->arena, d->arena_bytes), err);
     CUDA_CHECK(cudaMemset(d->arena, 0, d->arena_bytes), err);
     plan(d, (char *)d->arena);
-    CUDA_CHECK(cudaMallocHost((void **)&d->stage_host, (1 + Bm) * sizeof(int)), err);
+    CUDA_CHECK(cudaMallocHost((void **)&d->stage_host, (1 + (size_t)d->R) * sizeof(int)), err);
     CUDA_CHECK(cudaMallocHost((void **)&d->logits_host, Bm * c->vocab_size * sizeof(float)), err);
     /* RoPE table: cos, sin in double, as the CPU engine's */
     const size_t rope_n = (size_t)d->dims.T * c->d_k;
@@ -232,6 +246,8 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     d->F = nsaLayoutMlpHidden(cfg);
     const int H = cfg->n_heads, G = cfg->n_kv_groups;
     d->P = H * cfg->d_k + 3 * G * (cfg->d_k + cfg->d_v) + 3 * H;
+    const int prefill_rows = DEC_PREFILL_ROWS < opt->max_context ? DEC_PREFILL_ROWS : opt->max_context;
+    d->R = opt->max_batch > prefill_rows ? opt->max_batch : prefill_rows;
     DecDims *dm = &d->dims;
     dm->B = 0;
     dm->H = H;
@@ -239,7 +255,11 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     dm->dk = cfg->d_k;
     dm->dv = cfg->d_v;
     dm->T = opt->max_context;
-    dm->W = cfg->window < opt->max_context ? cfg->window : opt->max_context;
+    /* the rings hold R - 1 rows more than a row reads: a prefill pass of R
+     * rows appends every row before the first one reads */
+    const int window = cfg->window < opt->max_context ? cfg->window : opt->max_context;
+    dm->W = window + d->R - 1 < opt->max_context ? window + d->R - 1 : opt->max_context;
+    dm->raw_ring = cfg->cmp_len + d->R - 1;
     const int nc = nsaNumCmpBlocks(opt->max_context, cfg->cmp_len, cfg->cmp_stride);
     dm->Nc = nc > 0 ? nc : 1;
     dm->n_chunks = (dm->Nc + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
@@ -250,7 +270,7 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     dm->slots = nsaNumSelSlots(cfg->n_sel);
     dm->window = cfg->window;
     dm->sel_units = dm->slots * ((cfg->sel_len + DEC_UNIT - 1) / DEC_UNIT);
-    dm->win_units = (dm->W + DEC_UNIT - 1) / DEC_UNIT;
+    dm->win_units = (window + DEC_UNIT - 1) / DEC_UNIT;
     dm->proj_stride = d->P;
     dm->phi_mlp = cfg->phi == NSA_PHI_MLP;
     if (createInto(d, err)) {
@@ -330,30 +350,36 @@ extern "C" int nsaCudaDecoderSetTensor(NsaCudaDecoder *d, int i, const float *sr
 
 /* ---- steps -------------------------------------------------------------------- */
 
-/* Enqueues one step of B rows (slots stage[0] .. stage[0]+B-1). */
-static int enqueueStep(NsaCudaDecoder *d, int B, NsaError *err) {
+/* Enqueues one pass of B rows: a decode step (slots stage[0] ..
+ * stage[0]+B-1, a token each) or a prefill pass (B tokens of slot
+ * stage[0], at its next B positions). */
+static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     const NsaModelConfig *c = &d->cfg;
     cudaStream_t st = d->stream;
     const int C = c->dim, V = c->vocab_size, H = c->n_heads, dv = c->d_v, F = d->F;
     DecDims dm = d->dims;
     dm.B = B;
+    dm.pool_in_append = !prefill;
+    DecScratch *s = &d->scratch;
     CUDA_CHECK(cudaMemcpyAsync(d->stage, d->stage_host, (size_t)(1 + B) * sizeof(int),
                                cudaMemcpyHostToDevice, st),
                err);
-    if (decEmbed(d->x, d->tok_emb, d->stage + 1, B, C, st, err)) return -1;
+    if (decRows((int *)s->row_slot, (int *)s->row_pos, d->stage, d->pos, B, prefill, st, err) ||
+        decEmbed(d->x, d->tok_emb, d->stage + 1, B, C, st, err))
+        return -1;
     for (int i = 0; i < c->n_layers; i++) {
         const DecLayerWeights *w = &d->lw[i];
         const DecLayerCache *k = &d->cache[i];
         DecGemv g = {};
         g.w = w->w_attn; g.N = d->P; g.K = C; g.B = B;
-        g.x = d->x; g.norm_w = w->attn_norm; g.eps = c->norm_eps; g.out = d->scratch.proj;
+        g.x = d->x; g.norm_w = w->attn_norm; g.eps = c->norm_eps; g.out = s->proj;
         if (decGemv(&g, DEC_STORE, st, err)) return -1;
-        if (decAppend(&dm, k, &d->scratch, st, err) || decCmp(&dm, k, &d->scratch, st, err) ||
-            decSelect(&dm, &d->scratch, st, err) || decSelWin(&dm, k, &d->scratch, st, err) ||
-            decCombine(&dm, &d->scratch, st, err))
+        if (decAppend(&dm, k, s, st, err) || (prefill && decPool(&dm, k, s, st, err)) ||
+            decCmp(&dm, k, s, st, err) || decSelect(&dm, s, st, err) ||
+            decSelWin(&dm, k, s, st, err) || decCombine(&dm, s, st, err))
             return -1;
         g = DecGemv{};
-        g.w = w->wo; g.N = C; g.K = H * dv; g.B = B; g.xb = d->scratch.y; g.out = d->x;
+        g.w = w->wo; g.N = C; g.K = H * dv; g.B = B; g.xb = s->y; g.out = d->x;
         if (decGemv(&g, DEC_ADD, st, err)) return -1;
         g = DecGemv{};
         g.w = w->w_fc; g.N = F; g.K = C; g.B = B;
@@ -363,25 +389,29 @@ static int enqueueStep(NsaCudaDecoder *d, int B, NsaError *err) {
         g.w = w->w_proj; g.N = C; g.K = F; g.B = B; g.xb = d->act; g.out = d->x;
         if (decGemv(&g, DEC_ADD, st, err)) return -1;
     }
+    /* a prefill pass hands out the logits of its last token only */
+    const int out_rows = prefill ? 1 : B;
     DecGemv g = {};
-    g.w = d->lm_head; g.N = V; g.K = C; g.B = B;
-    g.x = d->x; g.norm_w = d->final_norm; g.eps = c->norm_eps; g.out = d->logits;
+    g.w = d->lm_head; g.N = V; g.K = C; g.B = out_rows;
+    g.x = d->x + (size_t)(B - out_rows) * C; g.norm_w = d->final_norm; g.eps = c->norm_eps;
+    g.out = d->logits;
     if (decGemv(&g, DEC_STORE, st, err)) return -1;
-    if (decAdvance(d->pos, d->stage, B, st, err)) return -1;
-    CUDA_CHECK(cudaMemcpyAsync(d->logits_host, d->logits, (size_t)B * V * sizeof(float),
+    if (decAdvance(d->pos, d->stage, B, prefill, st, err)) return -1;
+    CUDA_CHECK(cudaMemcpyAsync(d->logits_host, d->logits, (size_t)out_rows * V * sizeof(float),
                                cudaMemcpyDeviceToHost, st),
                err);
     return 0;
 }
 
-/* The graph of a B-row step, captured on first use. */
-static int graphFor(NsaCudaDecoder *d, int B, cudaGraphExec_t *out, NsaError *err) {
-    if (d->graphs[B]) {
-        *out = d->graphs[B];
+/* The graph of a B-row pass, captured on first use. */
+static int graphFor(NsaCudaDecoder *d, int B, int prefill, cudaGraphExec_t *out, NsaError *err) {
+    cudaGraphExec_t *slot = prefill ? &d->prefill_graphs[B] : &d->graphs[B];
+    if (*slot) {
+        *out = *slot;
         return 0;
     }
     CUDA_CHECK(cudaStreamBeginCapture(d->stream, cudaStreamCaptureModeThreadLocal), err);
-    const int rc = enqueueStep(d, B, err);
+    const int rc = enqueuePass(d, B, prefill, err);
     cudaGraph_t graph = NULL;
     const cudaError_t e = cudaStreamEndCapture(d->stream, &graph);
     if (rc) {
@@ -389,23 +419,23 @@ static int graphFor(NsaCudaDecoder *d, int B, cudaGraphExec_t *out, NsaError *er
         return -1;
     }
     if (e != cudaSuccess)
-        return cudaFail(err, "nsa decoder (cuda): capturing the %d-row step: %s", B,
-                        cudaGetErrorString(e));
-    const cudaError_t ie = cudaGraphInstantiate(&d->graphs[B], graph, 0);
+        return cudaFail(err, "nsa decoder (cuda): capturing the %d-row %s: %s", B,
+                        prefill ? "prefill pass" : "step", cudaGetErrorString(e));
+    const cudaError_t ie = cudaGraphInstantiate(slot, graph, 0);
     cudaGraphDestroy(graph);
     if (ie != cudaSuccess) {
-        d->graphs[B] = NULL;
-        return cudaFail(err, "nsa decoder (cuda): instantiating the %d-row step: %s", B,
-                        cudaGetErrorString(ie));
+        *slot = NULL;
+        return cudaFail(err, "nsa decoder (cuda): instantiating the %d-row %s: %s", B,
+                        prefill ? "prefill pass" : "step", cudaGetErrorString(ie));
     }
-    *out = d->graphs[B];
+    *out = *slot;
     return 0;
 }
 
-/* Runs one step of B rows from slot base, tokens in stage_host already. */
-static int runStep(NsaCudaDecoder *d, int B, NsaError *err) {
+/* Runs one pass of B rows, the slot and tokens in stage_host already. */
+static int runPass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     cudaGraphExec_t exec = NULL;
-    if (graphFor(d, B, &exec, err)) return -1;
+    if (graphFor(d, B, prefill, &exec, err)) return -1;
     CUDA_CHECK(cudaGraphLaunch(exec, d->stream), err);
     CUDA_CHECK(cudaStreamSynchronize(d->stream), err);
     return 0;
@@ -416,7 +446,7 @@ extern "C" int nsaCudaDecoderStep(NsaCudaDecoder *d, int B, const int32_t *token
     CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
     d->stage_host[0] = 0;
     for (int b = 0; b < B; b++) d->stage_host[1 + b] = tokens[b];
-    if (runStep(d, B, err)) return -1;
+    if (runPass(d, B, 0, err)) return -1;
     for (int b = 0; b < B; b++) d->pos_host[b]++;
     if (logits)
         memcpy(logits, d->logits_host, (size_t)B * d->cfg.vocab_size * sizeof(float));
@@ -426,11 +456,13 @@ extern "C" int nsaCudaDecoderStep(NsaCudaDecoder *d, int B, const int32_t *token
 extern "C" int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                                      float *logits, NsaError *err) {
     CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
-    for (int i = 0; i < n; i++) {
+    const int rows = d->R < DEC_PREFILL_ROWS ? d->R : DEC_PREFILL_ROWS;
+    for (int i = 0; i < n; i += rows) {
+        const int B = n - i < rows ? n - i : rows;
         d->stage_host[0] = slot;
-        d->stage_host[1] = tokens[i];
-        if (runStep(d, 1, err)) return -1;
-        d->pos_host[slot]++;
+        for (int r = 0; r < B; r++) d->stage_host[1 + r] = tokens[i + r];
+        if (runPass(d, B, 1, err)) return -1;
+        d->pos_host[slot] += B;
     }
     if (logits) memcpy(logits, d->logits_host, (size_t)d->cfg.vocab_size * sizeof(float));
     return 0;

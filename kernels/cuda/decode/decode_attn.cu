@@ -3,8 +3,9 @@
  * position t) and KV group g, with scale = 1/sqrt(dk):
  *
  *   append    q, k^c = RoPE(proj) at t; k^sel, v^sel -> row t; k^win, v^win
- *             -> ring row t % W; k^cmp, v^cmp -> raw ring row t % l; when
- *             t = i*d + l - 1, block i = phi(raw rows t-l+1 .. t) -> kc, vc
+ *             -> ring row t % W; k^cmp, v^cmp -> raw ring row t % Lr
+ *   pool      when t = i*d + l - 1, block i = phi(raw rows t-l+1 .. t) -> kc,
+ *             vc (in append for a decode step; after it for a prefill pass)
  *   cmp       s_i = scale q_h.kc_i over the visible blocks
  *             (n_t = floor((t-l+1)/d) + 1), split in chunks: per chunk the
  *             max m, sum l = sum exp(s_i - m) and o = sum exp(s_i - m) vc_i
@@ -46,18 +47,82 @@ __device__ __forceinline__ int visibleBlocks(int t, int l, int d) {
     return t < l - 1 ? 0 : (t - l + 1) / d + 1;
 }
 
-/* ---- append --------------------------------------------------------------- */
+/* ---- rows ------------------------------------------------------------------ */
+
+__global__ void decRowsKernel(int *row_slot, int *row_pos, const int *stage, const int *pos, int B,
+                              int prefill) {
+    const int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if (b >= B) return;
+    const int slot = prefill ? stage[0] : stage[0] + b;
+    row_slot[b] = slot;
+    row_pos[b] = pos[slot] + (prefill ? b : 0);
+}
+
+int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
+            cudaStream_t stream, NsaError *err) {
+    decRowsKernel<<<1, DEC_MAX_BATCH, 0, stream>>>(row_slot, row_pos, stage, pos, B, prefill);
+    LAUNCH_CHECK("decRowsKernel", err);
+    return 0;
+}
+
+/* ---- append and pool ---------------------------------------------------------- */
+
+/* Block i = (t - l + 1) / d of slot-group sg from the raw ring, when
+ * position t completes one (uniform over the CTA: t is the row's). pool_u:
+ * [l][max(dk, dv)] floats of shared memory for phi = mlp. */
+__device__ void poolBlock(const DecDims &dm, const DecLayerCache &c, size_t sg, int t, float *pool_u,
+                          float *hidden) {
+    if (t < dm.l - 1 || (t - dm.l + 1) % dm.d != 0) return;   /* no block ends here */
+    const int blk = (t - dm.l + 1) / dm.d, first = t - dm.l + 1, Lr = dm.raw_ring;
+    for (int kv = 0; kv < 2; kv++) {
+        const int dim = kv ? dm.dv : dm.dk;
+        const float *raw = (kv ? c.v_raw : c.k_raw) + sg * Lr * dim;
+        bf16 *out = (kv ? c.vc : c.kc) + (sg * dm.Nc + blk) * dim;
+        if (!dm.phi_mlp) {
+            /* mean over the block's rows in token order (attn_pool_avg.c) */
+            for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+                float acc = 0.0f;
+                for (int j = 0; j < dm.l; j++) acc += raw[((first + j) % Lr) * dim + e];
+                out[e] = __float2bfloat16_rn(acc * (1.0f / dm.l));
+            }
+            continue;
+        }
+        /* phi = mlp: u = vec(X + P); hidden = W1 u; out = mean_j X + W2 silu(hidden) */
+        const float *pos = kv ? c.phi_v_pos : c.phi_k_pos;
+        const float *w1 = kv ? c.phi_v_w1 : c.phi_k_w1, *w2 = kv ? c.phi_v_w2 : c.phi_k_w2;
+        const int in_len = dm.l * dim;
+        __syncthreads();   /* the previous pass is done with pool_u and hidden */
+        for (int k = threadIdx.x; k < in_len; k += blockDim.x)
+            pool_u[k] = raw[((first + k / dim) % Lr) * dim + k % dim] + pos[k];
+        __syncthreads();
+        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+        for (int e = warp; e < dim; e += warps) {
+            const float *row = w1 + (size_t)e * in_len;
+            float acc = 0.0f;
+            for (int k = lane; k < in_len; k += 32) acc += row[k] * pool_u[k];
+            acc = warpSum(acc);
+            if (lane == 0) hidden[e] = acc / (1.0f + __expf(-acc));   /* silu */
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < dim; e += blockDim.x) {
+            float mean = 0.0f, mlp = 0.0f;
+            for (int j = 0; j < dm.l; j++) mean += raw[((first + j) % Lr) * dim + e];
+            for (int f = 0; f < dim; f++) mlp += w2[(size_t)e * dim + f] * hidden[f];
+            out[e] = __float2bfloat16_rn(mean * (1.0f / dm.l) + mlp);
+        }
+    }
+}
 
 __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     extern __shared__ float pool_u[];   /* phi = mlp: [l][dim] block + position */
     __shared__ float hidden[DEC_MAX_HEAD_DIM];
     const int b = blockIdx.x, g = blockIdx.y;
-    const int slot = *s.slot_base + b, t = s.pos[slot];
+    const int slot = s.row_slot[b], t = s.row_pos[b];
     const int H = dm.H, G = dm.G, dk = dm.dk, dv = dm.dv, half = dk / 2, hpg = H / G;
     const float *pr = s.proj + (size_t)b * dm.proj_stride;
     const float *cs = s.rope + (size_t)t * dk;   /* [half][2] */
     const size_t sg = (size_t)slot * G + g;
-    const int qn = H * dk, kn = G * dk, vn = G * dv;
+    const int qn = H * dk, kn = G * dk, vn = G * dv, Lr = dm.raw_ring;
     const int off_k[3] = {qn, qn + kn + vn, qn + 2 * (kn + vn)};
     const int off_v[3] = {qn + kn, qn + 2 * kn + vn, qn + 3 * kn + 2 * vn};
 
@@ -75,7 +140,7 @@ __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
         const float co = cs[2 * i], si = cs[2 * i + 1];
         const float r0 = kr[i] * co - kr[i + half] * si, r1 = kr[i] * si + kr[i + half] * co;
         if (br == 0) {
-            float *dst = c.k_raw + (sg * dm.l + t % dm.l) * dk;
+            float *dst = c.k_raw + (sg * Lr + t % Lr) * dk;
             dst[i] = r0;
             dst[i + half] = r1;
         } else {
@@ -88,58 +153,39 @@ __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     for (int idx = threadIdx.x; idx < 3 * dv; idx += blockDim.x) {
         const int br = idx / dv, i = idx % dv;
         const float v = pr[off_v[br] + g * dv + i];
-        if (br == 0) c.v_raw[(sg * dm.l + t % dm.l) * dv + i] = v;
+        if (br == 0) c.v_raw[(sg * Lr + t % Lr) * dv + i] = v;
         else if (br == 1) c.v_sel[(sg * dm.T + t) * dv + i] = __float2bfloat16_rn(v);
         else c.v_win[(sg * dm.W + t % dm.W) * dv + i] = __float2bfloat16_rn(v);
     }
-    if (t < dm.l - 1 || (t - dm.l + 1) % dm.d != 0) return;   /* no block ends here */
-    __syncthreads();
-    const int blk = (t - dm.l + 1) / dm.d, first = t - dm.l + 1;
-    for (int kv = 0; kv < 2; kv++) {
-        const int dim = kv ? dv : dk;
-        const float *raw = (kv ? c.v_raw : c.k_raw) + sg * dm.l * dim;
-        bf16 *out = (kv ? c.vc : c.kc) + (sg * dm.Nc + blk) * dim;
-        if (!dm.phi_mlp) {
-            /* mean over the block's rows in token order (attn_pool_avg.c) */
-            for (int e = threadIdx.x; e < dim; e += blockDim.x) {
-                float acc = 0.0f;
-                for (int j = 0; j < dm.l; j++) acc += raw[((first + j) % dm.l) * dim + e];
-                out[e] = __float2bfloat16_rn(acc * (1.0f / dm.l));
-            }
-            continue;
-        }
-        /* phi = mlp: u = vec(X + P); hidden = W1 u; out = mean_j X + W2 silu(hidden) */
-        const float *pos = kv ? c.phi_v_pos : c.phi_k_pos;
-        const float *w1 = kv ? c.phi_v_w1 : c.phi_k_w1, *w2 = kv ? c.phi_v_w2 : c.phi_k_w2;
-        const int in_len = dm.l * dim;
-        __syncthreads();   /* the previous pass is done with pool_u and hidden */
-        for (int k = threadIdx.x; k < in_len; k += blockDim.x)
-            pool_u[k] = raw[((first + k / dim) % dm.l) * dim + k % dim] + pos[k];
-        __syncthreads();
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-        for (int e = warp; e < dim; e += warps) {
-            const float *row = w1 + (size_t)e * in_len;
-            float acc = 0.0f;
-            for (int k = lane; k < in_len; k += 32) acc += row[k] * pool_u[k];
-            acc = warpSum(acc);
-            if (lane == 0) hidden[e] = acc / (1.0f + __expf(-acc));   /* silu */
-        }
-        __syncthreads();
-        for (int e = threadIdx.x; e < dim; e += blockDim.x) {
-            float mean = 0.0f, mlp = 0.0f;
-            for (int j = 0; j < dm.l; j++) mean += raw[((first + j) % dm.l) * dim + e];
-            for (int f = 0; f < dim; f++) mlp += w2[(size_t)e * dim + f] * hidden[f];
-            out[e] = __float2bfloat16_rn(mean * (1.0f / dm.l) + mlp);
-        }
-    }
+    if (!dm.pool_in_append) return;
+    __syncthreads();   /* the raw rows above are the block's last */
+    poolBlock(dm, c, sg, t, pool_u, hidden);
+}
+
+__global__ void decPoolKernel(DecDims dm, DecLayerCache c, DecScratch s) {
+    extern __shared__ float pool_u[];
+    __shared__ float hidden[DEC_MAX_HEAD_DIM];
+    const int b = blockIdx.x, g = blockIdx.y;
+    poolBlock(dm, c, (size_t)s.row_slot[b] * dm.G + g, s.row_pos[b], pool_u, hidden);
+}
+
+static size_t poolSmem(const DecDims *dm) {
+    const int dmax = dm->dk > dm->dv ? dm->dk : dm->dv;
+    return dm->phi_mlp ? (size_t)dm->l * dmax * sizeof(float) : 0;
 }
 
 int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
               NsaError *err) {
-    const int dmax = dm->dk > dm->dv ? dm->dk : dm->dv;
-    const size_t smem = dm->phi_mlp ? (size_t)dm->l * dmax * sizeof(float) : 0;
-    decAppendKernel<<<dim3(dm->B, dm->G), 128, smem, stream>>>(*dm, *c, *s);
+    decAppendKernel<<<dim3(dm->B, dm->G), 128, dm->pool_in_append ? poolSmem(dm) : 0, stream>>>(
+        *dm, *c, *s);
     LAUNCH_CHECK("decAppendKernel", err);
+    return 0;
+}
+
+int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+            NsaError *err) {
+    decPoolKernel<<<dim3(dm->B, dm->G), 128, poolSmem(dm), stream>>>(*dm, *c, *s);
+    LAUNCH_CHECK("decPoolKernel", err);
     return 0;
 }
 
@@ -150,7 +196,7 @@ __global__ void __launch_bounds__(DEC_CMP_CHUNK) decCmpKernel(DecDims dm, DecLay
     __shared__ float qs[DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM];
     __shared__ float ps[DEC_MAX_HEADS_PER_GROUP][DEC_CMP_CHUNK];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, chunk = blockIdx.y;
-    const int slot = *s.slot_base + b, t = s.pos[slot];
+    const int slot = s.row_slot[b], t = s.row_pos[b];
     const int H = dm.H, hpg = H / dm.G, dk = dm.dk, dv = dm.dv;
     const int i0 = chunk * DEC_CMP_CHUNK, n_vis = visibleBlocks(t, dm.l, dm.d);
     const int n = n_vis - i0 < DEC_CMP_CHUNK ? n_vis - i0 : DEC_CMP_CHUNK;
@@ -254,7 +300,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     __shared__ float score[DEC_MAX_SEL_BLOCKS];
     __shared__ int scratch[32];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
-    const int slot = *s.slot_base + b, t = s.pos[slot];
+    const int t = s.row_pos[b];
     const int H = dm.H, hpg = H / dm.G, dv = dm.dv, l = dm.l, d = dm.d, ls = dm.l_sel;
     const int n_vis = visibleBlocks(t, l, d);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
@@ -374,7 +420,7 @@ __global__ void __launch_bounds__(128) decSelWinKernel(DecDims dm, DecLayerCache
     __shared__ float qs[DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM];
     __shared__ float ps[DEC_MAX_HEADS_PER_GROUP][DEC_UNIT];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, unit = blockIdx.y;
-    const int slot = *s.slot_base + b, t = s.pos[slot];
+    const int slot = s.row_slot[b], t = s.row_pos[b];
     const int H = dm.H, hpg = H / dm.G, dk = dm.dk, dv = dm.dv;
     const int units = dm.sel_units + dm.win_units;
     const size_t sg = (size_t)slot * dm.G + g;
@@ -514,13 +560,17 @@ int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cu
     return 0;
 }
 
-__global__ void decAdvanceKernel(int *pos, const int *slot_base, int B) {
+__global__ void decAdvanceKernel(int *pos, const int *stage, int B, int prefill) {
     const int b = threadIdx.x;
-    if (b < B) pos[*slot_base + b] += 1;
+    if (prefill) {
+        if (b == 0) pos[stage[0]] += B;
+    } else if (b < B) {
+        pos[stage[0] + b] += 1;
+    }
 }
 
-int decAdvance(int *pos, const int *slot_base, int B, cudaStream_t stream, NsaError *err) {
-    decAdvanceKernel<<<1, 64, 0, stream>>>(pos, slot_base, B);
+int decAdvance(int *pos, const int *stage, int B, int prefill, cudaStream_t stream, NsaError *err) {
+    decAdvanceKernel<<<1, DEC_MAX_BATCH, 0, stream>>>(pos, stage, B, prefill);
     LAUNCH_CHECK("decAdvanceKernel", err);
     return 0;
 }

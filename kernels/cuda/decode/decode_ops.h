@@ -3,13 +3,21 @@
  * (it may be capturing a graph), never synchronises or allocates, and
  * returns 0, or -1 with err on a launch failure.
  *
- * Rows: a step handles B rows; row b is slot *slot_base + b, at position
- * pos[slot] (device memory, advanced by decAdvance at the end of a step).
+ * Rows: a pass handles B rows; row b is slot row_slot[b] at position
+ * row_pos[b] (device memory, set by decRows from the staged slot and the
+ * slots' positions, which decAdvance moves on at the end of a pass). A
+ * decode step has one row per slot (slots base .. base+B-1, each at its own
+ * position); a prefill pass has B consecutive positions of one slot, so
+ * every row's cache entries are appended (decAppend) before any row reads
+ * them, and blocks are pooled after that (decPool).
  * Caches of one layer, slot s, group g (bf16 unless said):
  *   k_sel/v_sel [s][g][T][d]      position u at row u
- *   k_win/v_win [s][g][W][d]      ring, u at row u % W
+ *   k_win/v_win [s][g][W][d]      ring, u at row u % W (W = min(w + R - 1, T):
+ *                                 a prefill pass of R rows overwrites none
+ *                                 that its first row still reads)
  *   kc/vc       [s][g][Nc][d]     pooled block i
- *   k_raw/v_raw [s][g][l][d] fp32 ring of raw compressed-branch rows, u at u % l
+ *   k_raw/v_raw [s][g][Lr][d] fp32 ring of raw compressed-branch rows, u at
+ *                                 u % Lr (Lr = l + R - 1, likewise)
  * Projections of a row (fp32, proj [B][P]): q [H][dk], then k_cmp, v_cmp,
  * k_sel, v_sel, k_win, v_win ([G][dk] or [G][dv] each), then the gate
  * logits [H][3] - the row order of the concatenated projection weight. */
@@ -23,6 +31,7 @@
 typedef __nv_bfloat16 bf16;
 
 #define DEC_MAX_BATCH 64
+#define DEC_PREFILL_ROWS 64   /* positions of one slot a prefill pass takes (<= DEC_MAX_BATCH) */
 #define DEC_MAX_HEADS_PER_GROUP 16
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_MAX_SEL_BLOCKS 4096
@@ -54,14 +63,16 @@ int decGemv(const DecGemv *g, DecGemvMode mode, cudaStream_t stream, NsaError *e
 typedef struct DecDims {
     int B, H, G, dk, dv;
     int T;            /* max_context: rows of k_sel/v_sel */
-    int W;            /* window ring rows, min(w, T) */
+    int W;            /* window ring rows, min(w + R - 1, T) (R: rows_max) */
+    int raw_ring;     /* raw compressed-branch ring rows, l + R - 1 */
     int Nc;           /* pooled rows per slot: nsaNumCmpBlocks(T) (>= 1) */
     int n_chunks;     /* ceil(Nc / DEC_CMP_CHUNK) */
     int l, d, l_sel, n_sel, slots, window;
     int sel_units;    /* slots * ceil(l_sel / DEC_UNIT) */
-    int win_units;    /* ceil(W / DEC_UNIT) */
+    int win_units;    /* ceil(min(w, T) / DEC_UNIT) */
     int proj_stride;  /* P: projection row length */
     int phi_mlp;
+    int pool_in_append; /* decode: decAppend pools a completed block; prefill: decPool does */
 } DecDims;
 
 typedef struct DecLayerCache {
@@ -72,7 +83,7 @@ typedef struct DecLayerCache {
 } DecLayerCache;
 
 typedef struct DecScratch {
-    const int *slot_base, *pos;
+    const int *row_slot, *row_pos; /* [B]: each row's slot and position (decRows) */
     const float *rope;     /* [T][dk/2][2] cos, sin */
     float *proj;           /* [B][P] */
     float *q;              /* [B][H][dk] rotated */
@@ -86,10 +97,21 @@ typedef struct DecScratch {
     bf16 *y;               /* [B][H*dv] gate-combined attention output */
 } DecScratch;
 
-/* RoPE on q and the three branch keys of every row, cache appends, and the
- * pooled block when the row's position completes one. Grid (B, G). */
+/* row_slot[b], row_pos[b] for b < B from stage (the staged slot base, or
+ * for prefill the slot) and pos (each slot's next position): decode rows
+ * are slots base+b at their positions, prefill rows positions pos+b of one
+ * slot. */
+int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
+            cudaStream_t stream, NsaError *err);
+/* RoPE on q and the three branch keys of every row, cache appends, and (when
+ * dm->pool_in_append) the pooled block when the row's position completes
+ * one. Grid (B, G). */
 int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
               NsaError *err);
+/* The pooled blocks the rows' positions complete, after decAppend (prefill:
+ * the rows of one slot share the raw ring). Grid (B, G). */
+int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+            NsaError *err);
 /* Compressed attention partials over chunks of visible blocks, and the raw
  * scores for the selection. Grid (B*G, n_chunks). */
 int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
@@ -108,7 +130,7 @@ int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaE
 /* x[b] = tok_emb[tokens[b]] (fp32). */
 int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cudaStream_t stream,
              NsaError *err);
-/* pos[*slot_base + b] += 1 for b < B. */
-int decAdvance(int *pos, const int *slot_base, int B, cudaStream_t stream, NsaError *err);
+/* Decode: pos[stage[0] + b] += 1 for b < B; prefill: pos[stage[0]] += B. */
+int decAdvance(int *pos, const int *stage, int B, int prefill, cudaStream_t stream, NsaError *err);
 
 #endif /* NSA_CUDA_DECODE_OPS_H */
