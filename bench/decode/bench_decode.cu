@@ -17,6 +17,7 @@
  * kv_bytes_per_token: the cache bytes one token's attention reads, all
  * layers (nsaDecoderKvBytesPerToken at the timed context). Runs on the GPU
  * machine: make bench-decode. */
+#include <cuda_profiler_api.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -82,6 +83,8 @@ int main(int argc, char **argv) {
     }
     const double fill = now() - f0;
     std::vector<double> ms(steps);
+    /* Only the timed steps are profiled under `ncu --profile-from-start off`. */
+    if (cudaProfilerStart() != cudaSuccess) fprintf(stderr, "bench_decode: cudaProfilerStart failed\n");
     for (int s = 0; s < steps; s++) {
         for (int b = 0; b < B; b++) tok[b] = (int32_t)nsaRngBelow(&rng, cfg.vocab_size);
         const double t0 = now();
@@ -93,6 +96,7 @@ int main(int argc, char **argv) {
                 return 1;
             }
     }
+    cudaProfilerStop();
     double sum = 0.0;
     for (double v : ms) sum += v;
     const double mean = sum / steps;
