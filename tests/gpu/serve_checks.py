@@ -83,7 +83,7 @@ def scenario(d, n_gpus):
     check("the CUDA run reports MFU in (0, 1) beside tok/s", has_mfu and 0 < mfu < 1 and
           state(d, gpu_run).get("toks_per_s", 0) > 0,
           {k: state(d, gpu_run).get(k) for k in ("mfu", "toks_per_s", "flops_per_token", "peak_flops")})
-    metrics = d.request("GET", "/metrics").body.decode()
+    metrics = d.request("GET", "/metrics").body
     check("/metrics counts two busy trainers", "nsad_trainer_busy 2\n" in metrics,
           [l for l in metrics.splitlines() if l.startswith("nsad_trainer")])
 
@@ -105,7 +105,7 @@ def scenario(d, n_gpus):
     r = d.api("POST", "/api/v1/sample", json.dumps({"run": gpu_run, "prompt": "The", "max_tokens": 8}),
               content_type="application/json")
     start = {}
-    for line in r.body.decode(errors="replace").splitlines():
+    for line in r.body.splitlines():
         if '"event":"start"' in line.replace(" ", ""):
             start = json.loads(line)
     check("a sample runs on a GPU and names it", r.status == 200 and start.get("device") == "cuda" and

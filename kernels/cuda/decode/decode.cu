@@ -156,10 +156,10 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     TAKE(s->proj, float, R * P);
     TAKE(s->q, float, R * H * dk);
     TAKE(s->cmp_scores, float, R * H * dm->Nc);
+    TAKE(s->cmp_p, float, R * G * dm->Nc);
     TAKE(s->cmp_m, float, R * H * dm->n_chunks);
     TAKE(s->cmp_l, float, R * H * dm->n_chunks);
     TAKE(s->cmp_o, float, R * H * dm->n_chunks * dv);
-    TAKE(s->o_cmp, float, R * H * dv);
     TAKE(s->sel, int, R * G * dm->slots);
     TAKE(s->sw_m, float, R * H * units);
     TAKE(s->sw_l, float, R * H * units);
@@ -212,6 +212,7 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
     d->prefill_graphs = (cudaGraphExec_t *)calloc((size_t)d->R + 1, sizeof(cudaGraphExec_t));
     if (!d->lw || !d->cache || !d->pos_host || !d->graphs || !d->prefill_graphs)
         return cudaFail(err, "nsa decoder (cuda): out of host memory");
+    if (decAttnPrepare(&d->dims, err)) return -1;
     d->arena_bytes = plan(d, NULL);
     CUDA_CHECK(cudaMalloc(&d->arena, d->arena_bytes), err);
     CUDA_CHECK(cudaMemset(d->arena, 0, d->arena_bytes), err);

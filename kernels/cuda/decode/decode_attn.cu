@@ -7,10 +7,11 @@
  *   pool      when t = i*d + l - 1, block i = phi(raw rows t-l+1 .. t) -> kc,
  *             vc (in append for a decode step; after it for a prefill pass)
  *   cmp       s_i = scale q_h.kc_i over the visible blocks
- *             (n_t = floor((t-l+1)/d) + 1), split in chunks: per chunk the
- *             max m, sum l = sum exp(s_i - m) and o = sum exp(s_i - m) vc_i
- *   select    lse_h, o_cmp from the chunks; p_i = exp(s_i - lse_h);
- *             score_j = sum_h sum_i M_ij p_i (M_ij: the share of block i
+ *             (n_t = floor((t-l+1)/d) + 1), split in chunks of
+ *             DEC_CMP_CHUNK blocks: per chunk the max m, sum l = sum
+ *             exp(s_i - m) and o = sum exp(s_i - m) vc_i
+ *   select    lse_h from the chunks; p_i = sum_h exp(s_hi - lse_h);
+ *             score_j = sum_i M_ij p_i (M_ij: the share of block i
  *             inside selection block j); blocks 0, t/l' and t/l' - 1, then
  *             the complete blocks with the highest scores (ties: lower j)
  *             up to n_sel: the K-th largest score is found by bisection on
@@ -18,10 +19,16 @@
  *   selwin    per DEC_UNIT keys (a part of a selected block, <= t, or of
  *             the window [max(0, t-w+1), t]) partial m, l, o for every head
  *             of the group: the group's keys are read once
- *   combine   o_sel, o_win from their partials; y = sum_c sigmoid(gate_c) o_c
+ *   combine   o_cmp, o_sel, o_win from their partials;
+ *             y = sum_c sigmoid(gate_c) o_c
+ * cmp and selwin stage DEC_UNIT key and value rows at a time in shared
+ * memory (coalesced 16-byte loads, all in flight at once) and merge the
+ * tiles online, so no thread waits on one global load after another.
  * Partials merge as o = sum_u o_u exp(m_u - M) / sum_u l_u exp(m_u - M).
  * Nothing here synchronises with the host or allocates; positions come from
  * device memory, so the kernels replay inside a CUDA graph. */
+#include <cuda_pipeline.h>
+
 #include "../cuda_common.cuh"
 #include "decode_ops.h"
 
@@ -189,73 +196,163 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cuda
     return 0;
 }
 
+/* ---- attention over key tiles (compressed, selected, window) ---------------- */
+
+/* The CTA's view of the group's hpg heads and a tile of DEC_UNIT keys, in
+ * dynamic shared memory: fp32 q and probabilities, then bf16 key rows (padded
+ * by 8 so that neighbouring threads' 16-byte reads fall in different banks)
+ * and value rows. */
+typedef struct TileSmem {
+    float *qs;      /* [hpg][dk] */
+    float *ps;      /* [hpg][DEC_UNIT] scores, then probabilities */
+    float *stat;    /* [3][hpg]: running max, running sum, this tile's rescale */
+    bf16 *ks;       /* [DEC_UNIT][dk + 8] */
+    bf16 *vs;       /* [DEC_UNIT][dv] */
+} TileSmem;
+
+#define ATTN_THREADS 128
+#define ATTN_OUTS (DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM / ATTN_THREADS)
+
+static size_t tileSmemBytes(const DecDims *dm) {
+    const int hpg = dm->H / dm->G;
+    return ((size_t)hpg * dm->dk + (size_t)hpg * DEC_UNIT + 3 * (size_t)hpg) * sizeof(float) +
+           (size_t)DEC_UNIT * (dm->dk + 8 + dm->dv) * sizeof(bf16);
+}
+
+__device__ TileSmem tileSmem(float *base, int hpg, int dk) {
+    TileSmem t;
+    t.qs = base;
+    t.ps = t.qs + hpg * dk;
+    t.stat = t.ps + hpg * DEC_UNIT;
+    /* 3*hpg floats may leave the bf16 rows 4-byte aligned only: round up to 16 */
+    const size_t at = ((size_t)(t.stat + 3 * hpg) + 15) & ~(size_t)15;
+    t.ks = (bf16 *)at;
+    t.vs = t.ks + DEC_UNIT * (dk + 8);
+    return t;
+}
+
+/* Partial attention (running max m, sum l, unnormalised o) of the group's
+ * hpg heads over n keys, DEC_UNIT at a time: key k is row rowOf(k) of kbase
+ * and vbase. The tiles' partials merge online, o rescaled by exp(m_old -
+ * m_new) per tile. raw (when not NULL) gets each head's scaled score of key
+ * k at raw[hh * raw_stride + k]. Writes m, l at part0 + hh * part_stride and
+ * o at that index times dv. Every thread of the CTA (ATTN_THREADS) calls it. */
+template <class RowOf>
+__device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n, RowOf rowOf,
+                           const bf16 *kbase, const bf16 *vbase, float *raw, size_t raw_stride,
+                           float *m_out, float *l_out, float *o_out, size_t part0,
+                           size_t part_stride) {
+    const int hpg = dm.H / dm.G, dk = dm.dk, dv = dm.dv, ks_stride = dk + 8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const float scale = rsqrtf((float)dk);
+    for (int k = threadIdx.x; k < hpg * dk; k += blockDim.x) sm.qs[k] = q[k];
+    for (int hh = threadIdx.x; hh < hpg; hh += blockDim.x) {
+        sm.stat[hh] = -INFINITY;
+        sm.stat[hpg + hh] = 0.0f;
+    }
+    float acc[ATTN_OUTS];
+#pragma unroll
+    for (int r = 0; r < ATTN_OUTS; r++) acc[r] = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += DEC_UNIT) {
+        const int nt = n - k0 < DEC_UNIT ? n - k0 : DEC_UNIT;
+        __syncthreads();   /* the previous tile is done with ks, vs and ps */
+        /* asynchronous 16-byte copies: every one in flight before the wait */
+        const int ck = dk / 8, cv = dv / 8;
+        for (int idx = threadIdx.x; idx < nt * (ck + cv); idx += blockDim.x) {
+            const int k = idx / (ck + cv), c = idx % (ck + cv);
+            const size_t row = (size_t)rowOf(k0 + k);
+            if (c < ck)
+                __pipeline_memcpy_async(sm.ks + k * ks_stride + c * 8, kbase + row * dk + c * 8, 16);
+            else
+                __pipeline_memcpy_async(sm.vs + k * dv + (c - ck) * 8,
+                                        vbase + row * dv + (c - ck) * 8, 16);
+        }
+        __pipeline_commit();
+        __pipeline_wait_prior(0);
+        __syncthreads();
+        for (int idx = threadIdx.x; idx < hpg * DEC_UNIT; idx += blockDim.x) {
+            const int hh = idx / DEC_UNIT, k = idx % DEC_UNIT;
+            if (k >= nt) continue;
+            const float sc = scale * dotRow(sm.qs + hh * dk, sm.ks + k * ks_stride, dk);
+            sm.ps[idx] = sc;
+            if (raw) raw[hh * raw_stride + k0 + k] = sc;
+        }
+        __syncthreads();
+        for (int hh = warp; hh < hpg; hh += warps) {
+            float *p = sm.ps + hh * DEC_UNIT;
+            float mt = -INFINITY;
+            for (int k = lane; k < nt; k += 32) mt = fmaxf(mt, p[k]);
+            mt = warpMax(mt);
+            const float m_old = sm.stat[hh], m_new = fmaxf(m_old, mt);
+            float sum = 0.0f;
+            for (int k = lane; k < nt; k += 32) {
+                const float e = __expf(p[k] - m_new);
+                p[k] = e;
+                sum += e;
+            }
+            sum = warpSum(sum);
+            __syncwarp();
+            if (lane == 0) {
+                const float alpha = __expf(m_old - m_new);   /* 0 for the first tile */
+                sm.stat[hh] = m_new;
+                sm.stat[hpg + hh] = sm.stat[hpg + hh] * alpha + sum;
+                sm.stat[2 * hpg + hh] = alpha;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ATTN_OUTS; r++) {
+            const int idx = threadIdx.x + r * ATTN_THREADS;
+            if (idx < hpg * dv) {
+                const int hh = idx / dv, e = idx % dv;
+                const float *p = sm.ps + hh * DEC_UNIT;
+                float a = 0.0f;
+                for (int k = 0; k < nt; k++) a += p[k] * bf(sm.vs[k * dv + e]);
+                acc[r] = acc[r] * sm.stat[2 * hpg + hh] + a;
+            }
+        }
+    }
+    __syncthreads();   /* stat is final (also when n == 0: the empty partial) */
+    for (int hh = threadIdx.x; hh < hpg; hh += blockDim.x) {
+        m_out[part0 + hh * part_stride] = sm.stat[hh];
+        l_out[part0 + hh * part_stride] = sm.stat[hpg + hh];
+    }
+#pragma unroll
+    for (int r = 0; r < ATTN_OUTS; r++) {
+        const int idx = threadIdx.x + r * ATTN_THREADS;
+        if (idx < hpg * dv) o_out[(part0 + (idx / dv) * part_stride) * dv + idx % dv] = acc[r];
+    }
+}
+
+struct IdentityRow {
+    int first;
+    __device__ int operator()(int k) const { return first + k; }
+};
+struct RingRow {
+    int first, ring;
+    __device__ int operator()(int k) const { return (first + k) % ring; }
+};
+
 /* ---- compressed attention partials ----------------------------------------- */
 
-__global__ void __launch_bounds__(DEC_CMP_CHUNK) decCmpKernel(DecDims dm, DecLayerCache c,
-                                                              DecScratch s) {
-    __shared__ float qs[DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM];
-    __shared__ float ps[DEC_MAX_HEADS_PER_GROUP][DEC_CMP_CHUNK];
+__global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLayerCache c,
+                                                             DecScratch s) {
+    extern __shared__ float4 smem_cmp[];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, chunk = blockIdx.y;
-    const int slot = s.row_slot[b], t = s.row_pos[b];
-    const int H = dm.H, hpg = H / dm.G, dk = dm.dk, dv = dm.dv;
+    const int hpg = dm.H / dm.G, t = s.row_pos[b];
     const int i0 = chunk * DEC_CMP_CHUNK, n_vis = visibleBlocks(t, dm.l, dm.d);
-    const int n = n_vis - i0 < DEC_CMP_CHUNK ? n_vis - i0 : DEC_CMP_CHUNK;
-    const float scale = rsqrtf((float)dk);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    const size_t part0 = ((size_t)b * H + g * hpg) * dm.n_chunks + chunk;
-    if (n <= 0) {   /* nothing visible in this chunk: an empty partial */
-        for (int hh = warp; hh < hpg; hh += warps) {
-            const size_t p = part0 + (size_t)hh * dm.n_chunks;
-            if (lane == 0) {
-                s.cmp_m[p] = -INFINITY;
-                s.cmp_l[p] = 0.0f;
-            }
-            for (int e = lane; e < dv; e += 32) s.cmp_o[p * dv + e] = 0.0f;
-        }
-        return;
-    }
-    for (int k = threadIdx.x; k < hpg * dk; k += blockDim.x)
-        qs[k] = s.q[((size_t)b * H + g * hpg) * dk + k];
-    __syncthreads();
-    const size_t sg = (size_t)slot * dm.G + g;
-    if ((int)threadIdx.x < n) {
-        const int i = i0 + threadIdx.x;
-        const bf16 *kr = c.kc + (sg * dm.Nc + i) * dk;
-        for (int hh = 0; hh < hpg; hh++) {
-            const float sc = scale * dotRow(qs + hh * dk, kr, dk);
-            ps[hh][threadIdx.x] = sc;
-            s.cmp_scores[((size_t)b * H + g * hpg + hh) * dm.Nc + i] = sc;
-        }
-    }
-    __syncthreads();
-    for (int hh = warp; hh < hpg; hh += warps) {
-        float m = -INFINITY;
-        for (int i = lane; i < n; i += 32) m = fmaxf(m, ps[hh][i]);
-        m = warpMax(m);
-        float sum = 0.0f;
-        for (int i = lane; i < n; i += 32) {
-            const float p = __expf(ps[hh][i] - m);
-            ps[hh][i] = p;
-            sum += p;
-        }
-        sum = warpSum(sum);
-        __syncwarp();
-        const size_t p = part0 + (size_t)hh * dm.n_chunks;
-        if (lane == 0) {
-            s.cmp_m[p] = m;
-            s.cmp_l[p] = sum;
-        }
-        for (int e = lane; e < dv; e += 32) {
-            float acc = 0.0f;
-            for (int i = 0; i < n; i++) acc += ps[hh][i] * bf(c.vc[(sg * dm.Nc + i0 + i) * dv + e]);
-            s.cmp_o[p * dv + e] = acc;
-        }
-    }
+    const int n = n_vis - i0 < DEC_CMP_CHUNK ? (n_vis - i0 > 0 ? n_vis - i0 : 0) : DEC_CMP_CHUNK;
+    const size_t sg = (size_t)s.row_slot[b] * dm.G + g, head0 = (size_t)b * dm.H + g * hpg;
+    attendKeys(dm, tileSmem((float *)smem_cmp, hpg, dm.dk), s.q + head0 * dm.dk, n,
+               IdentityRow{0}, c.kc + (sg * dm.Nc + i0) * dm.dk, c.vc + (sg * dm.Nc + i0) * dm.dv,
+               s.cmp_scores + head0 * dm.Nc + i0, (size_t)dm.Nc, s.cmp_m, s.cmp_l, s.cmp_o,
+               head0 * dm.n_chunks + chunk, (size_t)dm.n_chunks);
 }
 
 int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
            NsaError *err) {
-    decCmpKernel<<<dim3(dm->B * dm->G, dm->n_chunks), DEC_CMP_CHUNK, 0, stream>>>(*dm, *c, *s);
+    decCmpKernel<<<dim3(dm->B * dm->G, dm->n_chunks), ATTN_THREADS, tileSmemBytes(dm), stream>>>(
+        *dm, *c, *s);
     LAUNCH_CHECK("decCmpKernel", err);
     return 0;
 }
@@ -265,31 +362,33 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaS
 #define SEL_THREADS 256
 #define SEL_PER_THREAD (DEC_MAX_SEL_BLOCKS / SEL_THREADS)
 
-/* Sum of v over the block (every thread gets it). scratch: 32 ints. */
-__device__ int blockSumInt(int v, int *scratch) {
+/* Sum of v over the block (every thread gets it). scratch: 2 x 32 ints,
+ * alternated by the caller's round (parity), so one barrier per sum: a
+ * thread that runs ahead into the next round writes the other half. */
+__device__ int blockSumInt(int v, int *scratch, int parity) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int *half = scratch + 32 * (parity & 1);
+    if (lane == 0) half[warp] = v;
     __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    int total = lane < warps ? scratch[lane] : 0;
+    int total = lane < warps ? half[lane] : 0;
     for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
     return total;
 }
 
 /* Exclusive prefix sum of flag (0/1) over the block in thread order; *total
- * gets the sum. scratch: 32 ints. */
-__device__ int blockPrefix(int flag, int *scratch, int *total) {
+ * gets the sum. scratch as blockSumInt's. */
+__device__ int blockPrefix(int flag, int *scratch, int parity, int *total) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const unsigned ballot = __ballot_sync(0xffffffffu, flag);
     const int in_warp = __popc(ballot & ((1u << lane) - 1u));
-    __syncthreads();
-    if (lane == 0) scratch[warp] = __popc(ballot);
+    int *half = scratch + 32 * (parity & 1);
+    if (lane == 0) half[warp] = __popc(ballot);
     __syncthreads();
     int before = 0, all = 0;
     for (int w = 0; w < warps; w++) {
-        if (w < warp) before += scratch[w];
-        all += scratch[w];
+        if (w < warp) before += half[w];
+        all += half[w];
     }
     *total = all;
     return before + in_warp;
@@ -298,37 +397,42 @@ __device__ int blockPrefix(int flag, int *scratch, int *total) {
 __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
     __shared__ float lse[DEC_MAX_HEADS_PER_GROUP];
     __shared__ float score[DEC_MAX_SEL_BLOCKS];
-    __shared__ int scratch[32];
+    __shared__ int scratch[64];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
     const int t = s.row_pos[b];
-    const int H = dm.H, hpg = H / dm.G, dv = dm.dv, l = dm.l, d = dm.d, ls = dm.l_sel;
+    const int H = dm.H, hpg = H / dm.G, l = dm.l, d = dm.d, ls = dm.l_sel;
     const int n_vis = visibleBlocks(t, l, d);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    int round = 0;
 
-    /* 1. merge the compressed partials: lse and o_cmp per head */
+    /* 1. each head's log-sum-exp over the compressed partials */
+    const int nc = (n_vis + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
     for (int hh = warp; hh < hpg; hh += warps) {
         const size_t p0 = ((size_t)b * H + g * hpg + hh) * dm.n_chunks;
         float M = -INFINITY;
-        for (int k = lane; k < dm.n_chunks; k += 32) M = fmaxf(M, s.cmp_m[p0 + k]);
+        for (int k = lane; k < nc; k += 32) M = fmaxf(M, s.cmp_m[p0 + k]);
         M = warpMax(M);
         float L = 0.0f;
-        for (int k = lane; k < dm.n_chunks; k += 32)
+        for (int k = lane; k < nc; k += 32)
             if (s.cmp_m[p0 + k] != -INFINITY) L += s.cmp_l[p0 + k] * __expf(s.cmp_m[p0 + k] - M);
         L = warpSum(L);
-        float *o = s.o_cmp + ((size_t)b * H + g * hpg + hh) * dv;
-        for (int e = lane; e < dv; e += 32) {
-            float acc = 0.0f;
-            if (M != -INFINITY)
-                for (int k = 0; k < dm.n_chunks; k++)
-                    if (s.cmp_m[p0 + k] != -INFINITY)
-                        acc += s.cmp_o[(p0 + k) * dv + e] * __expf(s.cmp_m[p0 + k] - M);
-            o[e] = M == -INFINITY ? 0.0f : acc / L;
-        }
         if (lane == 0) lse[hh] = M == -INFINITY ? -INFINITY : M + __logf(L);
     }
     __syncthreads();
 
-    /* 2. selection-block scores, blocks up to the current one */
+    /* 2. p_i summed over the group's heads (cmp_p; the barrier also makes
+     * the global writes visible to the whole CTA) */
+    const float *__restrict__ sc = s.cmp_scores + ((size_t)b * H + g * hpg) * dm.Nc;
+    float *__restrict__ P = s.cmp_p + ((size_t)b * dm.G + g) * dm.Nc;
+    for (int i = threadIdx.x; i < n_vis; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int hh = 0; hh < hpg; hh++) acc += __expf(sc[(size_t)hh * dm.Nc + i] - lse[hh]);
+        P[i] = acc;
+    }
+    __syncthreads();
+
+    /* 3. selection-block scores, blocks up to the current one:
+     * score_j = sum_i (share of compressed block i inside block j) p_i */
     const int Ns = t / ls + 1, current = t / ls, n_complete = (t + 1) / ls;
     for (int j = threadIdx.x; j < Ns; j += blockDim.x) {
         const int lo_tok = j * ls, hi_tok = (j + 1) * ls;
@@ -336,19 +440,16 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         int i_hi = (hi_tok - 1) / d;
         if (i_hi > n_vis - 1) i_hi = n_vis - 1;
         float acc = 0.0f;
-        for (int hh = 0; hh < hpg; hh++) {
-            const float *sc = s.cmp_scores + ((size_t)b * H + g * hpg + hh) * dm.Nc;
-            for (int i = i_lo; i <= i_hi; i++) {
-                const int first = i * d, end = i * d + l;
-                const int lo = first > lo_tok ? first : lo_tok, hi = end < hi_tok ? end : hi_tok;
-                acc += (float)(hi - lo) / (float)l * __expf(sc[i] - lse[hh]);
-            }
+        for (int i = i_lo; i <= i_hi; i++) {
+            const int first = i * d, end = i * d + l;
+            const int lo = first > lo_tok ? first : lo_tok, hi = end < hi_tok ? end : hi_tok;
+            acc += (float)(hi - lo) / (float)l * P[i];
         }
         score[j] = acc;
     }
     __syncthreads();
 
-    /* 3. forced blocks, then the K best complete ones (score desc, j asc) */
+    /* 4. forced blocks, then the K best complete ones (score desc, j asc) */
     int n_forced = 1 + (current != 0) + (current >= 2);   /* 0, current, current-1 distinct */
     int want = dm.n_sel - n_forced;
     unsigned key[SEL_PER_THREAD];
@@ -363,7 +464,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         chosen[r] = forced && j < Ns;
         n_cand += valid[r];
     }
-    n_cand = blockSumInt(n_cand, scratch);
+    n_cand = blockSumInt(n_cand, scratch, round++);
     if (want > 0 && n_cand <= want) {
 #pragma unroll
         for (int r = 0; r < SEL_PER_THREAD; r++) chosen[r] |= valid[r];
@@ -375,12 +476,12 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
             int cnt = 0;
 #pragma unroll
             for (int r = 0; r < SEL_PER_THREAD; r++) cnt += valid[r] && key[r] >= cand;   /* 0 past Ns */
-            if (blockSumInt(cnt, scratch) >= want) tau = cand;
+            if (blockSumInt(cnt, scratch, round++) >= want) tau = cand;
         }
         int gt = 0;
 #pragma unroll
         for (int r = 0; r < SEL_PER_THREAD; r++) gt += valid[r] && key[r] > tau;
-        const int need_eq = want - blockSumInt(gt, scratch);
+        const int need_eq = want - blockSumInt(gt, scratch, round++);
         /* ties at tau: the lowest j first; j = r * SEL_THREADS + thread is in
          * thread order within each r, and r ascends */
         int eq_before = 0;
@@ -389,19 +490,19 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
             if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing valid past Ns */
             const int eq = valid[r] && key[r] == tau;
             int total;
-            const int rank = eq_before + blockPrefix(eq, scratch, &total);
+            const int rank = eq_before + blockPrefix(eq, scratch, round++, &total);
             chosen[r] |= (valid[r] && key[r] > tau) || (eq && rank < need_eq);
             eq_before += total;
         }
     }
-    /* 4. write the chosen blocks ascending, -1 padded */
+    /* 5. write the chosen blocks ascending, -1 padded */
     int *out = s.sel + ((size_t)b * dm.G + g) * dm.slots;
     int written = 0;
 #pragma unroll
     for (int r = 0; r < SEL_PER_THREAD; r++) {
         if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing chosen past Ns */
         int total;
-        const int at = written + blockPrefix(chosen[r], scratch, &total);
+        const int at = written + blockPrefix(chosen[r], scratch, round++, &total);
         if (chosen[r] && at < dm.slots) out[at] = r * SEL_THREADS + threadIdx.x;
         written += total;
     }
@@ -416,132 +517,137 @@ int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaEr
 
 /* ---- selected and window partials ------------------------------------------- */
 
-__global__ void __launch_bounds__(128) decSelWinKernel(DecDims dm, DecLayerCache c, DecScratch s) {
-    __shared__ float qs[DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM];
-    __shared__ float ps[DEC_MAX_HEADS_PER_GROUP][DEC_UNIT];
+__global__ void __launch_bounds__(ATTN_THREADS) decSelWinKernel(DecDims dm, DecLayerCache c,
+                                                                DecScratch s) {
+    extern __shared__ float4 smem_sw[];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, unit = blockIdx.y;
-    const int slot = s.row_slot[b], t = s.row_pos[b];
-    const int H = dm.H, hpg = H / dm.G, dk = dm.dk, dv = dm.dv;
+    const int t = s.row_pos[b], hpg = dm.H / dm.G;
     const int units = dm.sel_units + dm.win_units;
-    const size_t sg = (size_t)slot * dm.G + g;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const size_t sg = (size_t)s.row_slot[b] * dm.G + g, head0 = (size_t)b * dm.H + g * hpg;
+    const TileSmem sm = tileSmem((float *)smem_sw, hpg, dm.dk);
+    const float *q = s.q + head0 * dm.dk;
+    const size_t part0 = head0 * units + unit;
 
     /* this unit's keys: positions [first, end) of k_sel (sel) or the ring (win) */
-    int first = 0, end = 0, ring = 0;
     if (unit < dm.sel_units) {
-        const int parts = dm.sel_units / dm.slots, n = unit / parts, part = unit % parts;
-        const int j = s.sel[((size_t)b * dm.G + g) * dm.slots + n];
+        const int parts = dm.sel_units / dm.slots, slot_n = unit / parts, part = unit % parts;
+        const int j = s.sel[((size_t)b * dm.G + g) * dm.slots + slot_n];
+        int first = 0, end = 0;
         if (j >= 0) {
             first = j * dm.l_sel + part * DEC_UNIT;
             end = first + DEC_UNIT;
             if (end > (j + 1) * dm.l_sel) end = (j + 1) * dm.l_sel;
             if (end > t + 1) end = t + 1;
         }
+        attendKeys(dm, sm, q, end > first ? end - first : 0, IdentityRow{first},
+                   c.k_sel + sg * dm.T * dm.dk, c.v_sel + sg * dm.T * dm.dv, NULL, 0, s.sw_m,
+                   s.sw_l, s.sw_o, part0, (size_t)units);
     } else {
         const int w0 = t - dm.window + 1 > 0 ? t - dm.window + 1 : 0;
-        first = w0 + (unit - dm.sel_units) * DEC_UNIT;
-        end = first + DEC_UNIT < t + 1 ? first + DEC_UNIT : t + 1;
-        ring = 1;
-    }
-    const int n = end - first;
-    const size_t part0 = ((size_t)b * H + g * hpg) * units + unit;
-    if (n <= 0) {
-        for (int hh = warp; hh < hpg; hh += warps) {
-            const size_t p = part0 + (size_t)hh * units;
-            if (lane == 0) {
-                s.sw_m[p] = -INFINITY;
-                s.sw_l[p] = 0.0f;
-            }
-            for (int e = lane; e < dv; e += 32) s.sw_o[p * dv + e] = 0.0f;
-        }
-        return;
-    }
-    const bf16 *kbase = ring ? c.k_win + sg * dm.W * dk : c.k_sel + sg * dm.T * dk;
-    const bf16 *vbase = ring ? c.v_win + sg * dm.W * dv : c.v_sel + sg * dm.T * dv;
-    for (int k = threadIdx.x; k < hpg * dk; k += blockDim.x)
-        qs[k] = s.q[((size_t)b * H + g * hpg) * dk + k];
-    __syncthreads();
-    const float scale = rsqrtf((float)dk);
-    for (int idx = threadIdx.x; idx < hpg * DEC_UNIT; idx += blockDim.x) {
-        const int hh = idx / DEC_UNIT, k = idx % DEC_UNIT;
-        if (k >= n) continue;
-        const int u = first + k, row = ring ? u % dm.W : u;
-        ps[hh][k] = scale * dotRow(qs + hh * dk, kbase + (size_t)row * dk, dk);
-    }
-    __syncthreads();
-    for (int hh = warp; hh < hpg; hh += warps) {
-        float m = -INFINITY;
-        for (int k = lane; k < n; k += 32) m = fmaxf(m, ps[hh][k]);
-        m = warpMax(m);
-        float sum = 0.0f;
-        for (int k = lane; k < n; k += 32) {
-            const float p = __expf(ps[hh][k] - m);
-            ps[hh][k] = p;
-            sum += p;
-        }
-        sum = warpSum(sum);
-        __syncwarp();
-        const size_t p = part0 + (size_t)hh * units;
-        if (lane == 0) {
-            s.sw_m[p] = m;
-            s.sw_l[p] = sum;
-        }
-        for (int e = lane; e < dv; e += 32) {
-            float acc = 0.0f;
-            for (int k = 0; k < n; k++) {
-                const int u = first + k, row = ring ? u % dm.W : u;
-                acc += ps[hh][k] * bf(vbase[(size_t)row * dv + e]);
-            }
-            s.sw_o[p * dv + e] = acc;
-        }
+        const int first = w0 + (unit - dm.sel_units) * DEC_UNIT;
+        const int end = first + DEC_UNIT < t + 1 ? first + DEC_UNIT : t + 1;
+        attendKeys(dm, sm, q, end > first ? end - first : 0, RingRow{first, dm.W},
+                   c.k_win + sg * dm.W * dm.dk, c.v_win + sg * dm.W * dm.dv, NULL, 0, s.sw_m,
+                   s.sw_l, s.sw_o, part0, (size_t)units);
     }
 }
 
 int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
               NsaError *err) {
-    decSelWinKernel<<<dim3(dm->B * dm->G, dm->sel_units + dm->win_units), 128, 0, stream>>>(
-        *dm, *c, *s);
+    decSelWinKernel<<<dim3(dm->B * dm->G, dm->sel_units + dm->win_units), ATTN_THREADS,
+                      tileSmemBytes(dm), stream>>>(*dm, *c, *s);
     LAUNCH_CHECK("decSelWinKernel", err);
     return 0;
 }
 
 /* ---- combine ---------------------------------------------------------------- */
 
-/* o[e] of one head from partials [first, last) of its unit list. */
-__device__ float mergeUnits(const DecScratch *s, size_t p0, int first, int last, int dv, int e) {
+#define COMBINE_THREADS 256
+
+/* One branch's merge weights w_u = exp(m_u - M) / L (0 for empty partials)
+ * into wts[0 .. n), by one warp. */
+__device__ void branchWeights(const float *m, const float *lsum, int n, float *wts) {
+    const int lane = threadIdx.x & 31;
     float M = -INFINITY;
-    for (int u = first; u < last; u++) M = fmaxf(M, s->sw_m[p0 + u]);
-    if (M == -INFINITY) return 0.0f;
-    float L = 0.0f, acc = 0.0f;
-    for (int u = first; u < last; u++) {
-        const float m = s->sw_m[p0 + u];
-        if (m == -INFINITY) continue;
-        const float w = __expf(m - M);
-        L += s->sw_l[p0 + u] * w;
-        acc += s->sw_o[(p0 + u) * dv + e] * w;
-    }
-    return acc / L;
+    for (int u = lane; u < n; u += 32) M = fmaxf(M, m[u]);
+    M = warpMax(M);
+    float L = 0.0f;
+    for (int u = lane; u < n; u += 32)
+        if (m[u] != -INFINITY) L += lsum[u] * __expf(m[u] - M);
+    L = warpSum(L);
+    for (int u = lane; u < n; u += 32)
+        wts[u] = M == -INFINITY || m[u] == -INFINITY ? 0.0f : __expf(m[u] - M) / L;
 }
 
-__global__ void decCombineKernel(DecDims dm, DecScratch s) {
+/* One head's three branch outputs from their partials, gated into y:
+ * o_c = sum_u w_u o_u over branch c's partials (compressed chunks, selected
+ * units, window units); y = sum_c sigmoid(gate_c) o_c. The threads split
+ * into COMBINE_THREADS / dv parts, each summing every parts-th partial of
+ * each branch; the parts add up in shared memory. */
+__global__ void __launch_bounds__(COMBINE_THREADS) decCombineKernel(DecDims dm, DecScratch s) {
+    extern __shared__ float wts[];   /* [n_chunks + units] */
+    __shared__ float part_sum[3][COMBINE_THREADS];
     const int b = blockIdx.x, h = blockIdx.y, dv = dm.dv;
     const int units = dm.sel_units + dm.win_units;
-    const size_t p0 = ((size_t)b * dm.H + h) * units;
+    const int nc = (visibleBlocks(s.row_pos[b], dm.l, dm.d) + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+    const size_t pc = ((size_t)b * dm.H + h) * dm.n_chunks, pu = ((size_t)b * dm.H + h) * units;
+    const int warp = threadIdx.x >> 5;
+    if (warp == 0) branchWeights(s.cmp_m + pc, s.cmp_l + pc, nc, wts);
+    else if (warp == 1) branchWeights(s.sw_m + pu, s.sw_l + pu, dm.sel_units, wts + nc);
+    else if (warp == 2)
+        branchWeights(s.sw_m + pu + dm.sel_units, s.sw_l + pu + dm.sel_units, dm.win_units,
+                      wts + nc + dm.sel_units);
+    __syncthreads();
+    const int parts = COMBINE_THREADS / dv, part = threadIdx.x / dv, e = threadIdx.x % dv;
+    if (part < parts) {
+        float oc = 0.0f, os = 0.0f, ow = 0.0f;
+#pragma unroll 4
+        for (int u = part; u < nc; u += parts) oc += wts[u] * s.cmp_o[(pc + u) * dv + e];
+#pragma unroll 4
+        for (int u = part; u < dm.sel_units; u += parts)
+            os += wts[nc + u] * s.sw_o[(pu + u) * dv + e];
+#pragma unroll 4
+        for (int u = dm.sel_units + part; u < units; u += parts)
+            ow += wts[nc + u] * s.sw_o[(pu + u) * dv + e];
+        part_sum[0][threadIdx.x] = oc;
+        part_sum[1][threadIdx.x] = os;
+        part_sum[2][threadIdx.x] = ow;
+    }
+    __syncthreads();
+    if (threadIdx.x >= dv) return;
+    float o[3] = {0.0f, 0.0f, 0.0f};
+    for (int c = 0; c < 3; c++)
+        for (int p = 0; p < parts; p++) o[c] += part_sum[c][p * dv + threadIdx.x];
     const float *gl = s.proj + (size_t)b * dm.proj_stride + dm.proj_stride - 3 * dm.H + h * 3;
     const float g0 = 1.0f / (1.0f + __expf(-gl[0])), g1 = 1.0f / (1.0f + __expf(-gl[1]));
     const float g2 = 1.0f / (1.0f + __expf(-gl[2]));
-    for (int e = threadIdx.x; e < dv; e += blockDim.x) {
-        const float o_sel = mergeUnits(&s, p0, 0, dm.sel_units, dv, e);
-        const float o_win = mergeUnits(&s, p0, dm.sel_units, units, dv, e);
-        const float o_cmp = s.o_cmp[((size_t)b * dm.H + h) * dv + e];
-        s.y[(size_t)b * dm.H * dv + (size_t)h * dv + e] =
-            __float2bfloat16_rn(g0 * o_cmp + g1 * o_sel + g2 * o_win);
-    }
+    s.y[(size_t)b * dm.H * dv + (size_t)h * dv + threadIdx.x] =
+        __float2bfloat16_rn(g0 * o[0] + g1 * o[1] + g2 * o[2]);
 }
 
 int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err) {
-    decCombineKernel<<<dim3(dm->B, dm->H), 64, 0, stream>>>(*dm, *s);
+    const size_t smem = ((size_t)dm->n_chunks + dm->sel_units + dm->win_units) * sizeof(float);
+    decCombineKernel<<<dim3(dm->B, dm->H), COMBINE_THREADS, smem, stream>>>(*dm, *s);
     LAUNCH_CHECK("decCombineKernel", err);
+    return 0;
+}
+
+/* The attention kernels' dynamic shared memory beyond the default 48 KB
+ * (large heads or many heads per group). Called once per decoder. */
+int decAttnPrepare(const DecDims *dm, NsaError *err) {
+    const size_t tile = tileSmemBytes(dm);
+    const size_t comb = ((size_t)dm->n_chunks + dm->sel_units + dm->win_units) * sizeof(float);
+    if (tile > 48 * 1024) {
+        CUDA_CHECK(cudaFuncSetAttribute(decCmpKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)tile), err);
+        CUDA_CHECK(cudaFuncSetAttribute(decSelWinKernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)tile), err);
+    }
+    const size_t comb_max = 48 * 1024 - sizeof(float) * 3 * COMBINE_THREADS;
+    if (comb > comb_max)
+        return cudaFail(err, "nsa decoder (cuda): %d compressed chunks and %d units need %zu bytes "
+                             "of shared memory to combine; allowed: at most %zu",
+                        dm->n_chunks, dm->sel_units + dm->win_units, comb, comb_max);
     return 0;
 }
 

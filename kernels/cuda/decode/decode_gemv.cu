@@ -52,6 +52,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
         float acc0[BT], acc1[BT];
 #pragma unroll
         for (int i = 0; i < BT; i++) acc0[i] = acc1[i] = 0.0f;
+        /* unrolled so that several 16-byte weight loads are in flight per lane */
+#pragma unroll 4
         for (int k8 = lane; k8 < K8; k8 += 32) {
             float wf[8], uf[8], nw[8];
             unpackBf16x8(w0[k8], wf);

@@ -35,8 +35,8 @@ typedef __nv_bfloat16 bf16;
 #define DEC_MAX_HEADS_PER_GROUP 16
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_MAX_SEL_BLOCKS 4096
-#define DEC_CMP_CHUNK 256     /* compressed blocks per CTA of decCmp */
-#define DEC_UNIT 64           /* keys per CTA of decSelWin */
+#define DEC_CMP_CHUNK 64      /* compressed blocks per CTA of decCmp */
+#define DEC_UNIT 64           /* keys per CTA of decSelWin; key tile of decCmp */
 #define DEC_MLP_POOL_MAX 8192 /* l * max(dk, dv) for phi = mlp (shared memory) */
 
 /* ---- decode_gemv.cu ----
@@ -88,9 +88,9 @@ typedef struct DecScratch {
     float *proj;           /* [B][P] */
     float *q;              /* [B][H][dk] rotated */
     float *cmp_scores;     /* [B][H][Nc] scale q.kc_i */
+    float *cmp_p;          /* [B][G][Nc] sum over the group's heads of exp(score - lse) */
     float *cmp_m, *cmp_l;  /* [B][H][n_chunks] */
     float *cmp_o;          /* [B][H][n_chunks][dv] */
-    float *o_cmp;          /* [B][H][dv] */
     int *sel;              /* [B][G][slots] */
     float *sw_m, *sw_l;    /* [B][H][sel_units + win_units] */
     float *sw_o;           /* [B][H][units][dv] */
@@ -116,16 +116,21 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cuda
  * scores for the selection. Grid (B*G, n_chunks). */
 int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
            NsaError *err);
-/* Merges the compressed partials (o_cmp), scores the selection blocks and
- * picks the forced and top blocks (sel). Grid (B*G). */
+/* Each head's log-sum-exp from the compressed partials, then the selection
+ * blocks' scores (through cmp_p) and the forced and top blocks (sel).
+ * Grid (B*G). */
 int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
 /* Selected and window attention partials, DEC_UNIT keys per CTA, every
  * head of the group at once. Grid (B*G, sel_units + win_units). */
 int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
               NsaError *err);
-/* Merges the partials and combines the branches with the gates into y.
- * Grid (B, H). */
+/* Merges each branch's partials (compressed chunks, selected and window
+ * units) and combines the branches with the gates into y. Grid (B, H). */
 int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
+/* Lets decCmp and decSelWin use the shared memory dm's head sizes need
+ * (above 48 KB only for large heads); -1 with err when decCombine's
+ * would not fit. Once per decoder, before any pass. */
+int decAttnPrepare(const DecDims *dm, NsaError *err);
 
 /* x[b] = tok_emb[tokens[b]] (fp32). */
 int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cudaStream_t stream,
