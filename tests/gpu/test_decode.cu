@@ -95,10 +95,9 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
     s.cmp_l = devFrom(lsum.data(), lsum.size());
     s.cmp_o = devFrom(o.data(), o.size());
     s.cmp_scores = devFrom(sc.data(), sc.size());
-    s.cmp_p = (float *)devAlloc((size_t)dm.Nc * sizeof(float));
     s.sel = (int *)devAlloc((size_t)dm.slots * sizeof(int));
     NsaError err = {{0}};
-    const int rc = decSelect(&dm, &s, 0, &err);
+    const int rc = decAttnPrepare(&dm, &err) || decSelect(&dm, &s, 0, &err);
     std::vector<int> sel(dm.slots);
     toHost(sel.data(), s.sel, sel.size() * sizeof(int));
 
@@ -144,7 +143,7 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
            l_sel, n_sel, hpg, k, exact ? "same set as the CPU" : "differs at a near-tie",
            worst_gap, rc ? err.message : "");
     cudaFree(stage); cudaFree(pos); cudaFree((void *)s.cmp_m); cudaFree((void *)s.cmp_l);
-    cudaFree((void *)s.cmp_o); cudaFree((void *)s.cmp_scores); cudaFree(s.cmp_p); cudaFree(s.sel);
+    cudaFree((void *)s.cmp_o); cudaFree((void *)s.cmp_scores); cudaFree(s.sel);
 }
 
 /* ---- whole models ----------------------------------------------------------------- */

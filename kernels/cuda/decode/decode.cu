@@ -156,7 +156,6 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     TAKE(s->proj, float, R * P);
     TAKE(s->q, float, R * H * dk);
     TAKE(s->cmp_scores, float, R * H * dm->Nc);
-    TAKE(s->cmp_p, float, R * G * dm->Nc);
     TAKE(s->cmp_m, float, R * H * dm->n_chunks);
     TAKE(s->cmp_l, float, R * H * dm->n_chunks);
     TAKE(s->cmp_o, float, R * H * dm->n_chunks * dv);

@@ -38,6 +38,7 @@ __device__ __forceinline__ float bf(bf16 v) { return __bfloat162float(v); }
 __device__ __forceinline__ float dotRow(const float *q, const bf16 *k, int n) {
     float acc = 0.0f;
     const uint4 *k8 = (const uint4 *)k;
+#pragma unroll 4
     for (int c8 = 0; c8 < n / 8; c8++) {
         const uint4 u = k8[c8];
         const unsigned w[4] = {u.x, u.y, u.z, u.w};
@@ -210,7 +211,7 @@ typedef struct TileSmem {
     bf16 *vs;       /* [DEC_UNIT][dv] */
 } TileSmem;
 
-#define ATTN_THREADS 128
+#define ATTN_THREADS 256
 #define ATTN_OUTS (DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM / ATTN_THREADS)
 
 static size_t tileSmemBytes(const DecDims *dm) {
@@ -307,6 +308,7 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
                 const int hh = idx / dv, e = idx % dv;
                 const float *p = sm.ps + hh * DEC_UNIT;
                 float a = 0.0f;
+#pragma unroll 8
                 for (int k = 0; k < nt; k++) a += p[k] * bf(sm.vs[k * dv + e]);
                 acc[r] = acc[r] * sm.stat[2 * hpg + hh] + a;
             }
@@ -395,6 +397,7 @@ __device__ int blockPrefix(int flag, int *scratch, int parity, int *total) {
 }
 
 __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
+    extern __shared__ float P[];   /* [Nc]: p_i summed over the group's heads */
     __shared__ float lse[DEC_MAX_HEADS_PER_GROUP];
     __shared__ float score[DEC_MAX_SEL_BLOCKS];
     __shared__ int scratch[64];
@@ -420,10 +423,8 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     }
     __syncthreads();
 
-    /* 2. p_i summed over the group's heads (cmp_p; the barrier also makes
-     * the global writes visible to the whole CTA) */
-    const float *__restrict__ sc = s.cmp_scores + ((size_t)b * H + g * hpg) * dm.Nc;
-    float *__restrict__ P = s.cmp_p + ((size_t)b * dm.G + g) * dm.Nc;
+    /* 2. p_i summed over the group's heads, into shared memory */
+    const float *sc = s.cmp_scores + ((size_t)b * H + g * hpg) * dm.Nc;
     for (int i = threadIdx.x; i < n_vis; i += blockDim.x) {
         float acc = 0.0f;
         for (int hh = 0; hh < hpg; hh++) acc += __expf(sc[(size_t)hh * dm.Nc + i] - lse[hh]);
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
 }
 
 int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err) {
-    decSelectKernel<<<dm->B * dm->G, SEL_THREADS, 0, stream>>>(*dm, *s);
+    decSelectKernel<<<dm->B * dm->G, SEL_THREADS, (size_t)dm->Nc * sizeof(float), stream>>>(*dm, *s);
     LAUNCH_CHECK("decSelectKernel", err);
     return 0;
 }
@@ -633,8 +634,23 @@ int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaE
 }
 
 /* The attention kernels' dynamic shared memory beyond the default 48 KB
- * (large heads or many heads per group). Called once per decoder. */
+ * (large heads, many heads per group, long contexts for the selection's
+ * per-block sums). Called once per decoder. */
 int decAttnPrepare(const DecDims *dm, NsaError *err) {
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err);
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err);
+    cudaFuncAttributes sel_attr;
+    CUDA_CHECK(cudaFuncGetAttributes(&sel_attr, decSelectKernel), err);
+    const size_t sel = (size_t)dm->Nc * sizeof(float);
+    if (sel + sel_attr.sharedSizeBytes > (size_t)optin)
+        return cudaFail(err, "nsa decoder (cuda): max_context makes %d compressed blocks, whose "
+                             "selection sums need %zu bytes of shared memory; allowed: at most "
+                             "%zu on this GPU (a shorter max_context)",
+                        dm->Nc, sel, (size_t)optin - sel_attr.sharedSizeBytes);
+    if (sel > 48 * 1024 - sel_attr.sharedSizeBytes)
+        CUDA_CHECK(cudaFuncSetAttribute(decSelectKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)sel), err);
     const size_t tile = tileSmemBytes(dm);
     const size_t comb = ((size_t)dm->n_chunks + dm->sel_units + dm->win_units) * sizeof(float);
     if (tile > 48 * 1024) {

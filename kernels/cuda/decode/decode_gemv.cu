@@ -5,9 +5,12 @@
  *   out[b][n] = sum_k in[b][k] W[n][k],  in = x * rstd * norm_w (RMSNorm on
  *   the fly, rstd = 1/sqrt(mean_k x^2 + eps)) or a bf16 activation;
  *   epilogues: store, add into the residual, silu, silu(fc) * up.
- * A warp owns an output row: its lanes stride over 16-byte chunks of the
- * weight row (8 bf16), multiply by the rows' inputs and reduce by shuffles
- * at the end - a fixed order, so results are reproducible. */
+ * SPLIT warps own an output row: their lanes stride over 16-byte chunks of
+ * the weight row (8 bf16), multiply by the rows' inputs and reduce by
+ * shuffles, then the row's first warp adds the SPLIT partial sums in warp
+ * order - a fixed order, so results are reproducible. One input row (a
+ * decode step of one slot) splits each weight row over 4 warps: four times
+ * the CTAs and a quarter of the loads in a row for each lane. */
 #include "../cuda_common.cuh"
 #include "decode_ops.h"
 
@@ -25,10 +28,11 @@ __device__ __forceinline__ void unpackBf16x8(uint4 u, float *f) {
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + __expf(-a)); }
 
 /* BT rows per pass over the weight; NORM: fp32 x normalised on the fly
- * (else bf16 xb); MODE: DecGemvMode. */
-template <int BT, bool NORM, int MODE>
+ * (else bf16 xb); MODE: DecGemvMode; SPLIT warps per output row. */
+template <int BT, bool NORM, int MODE, int SPLIT>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
     __shared__ float rstd[DEC_MAX_BATCH];
+    __shared__ float part[SPLIT > 1 ? GEMV_WARPS : 1][2][BT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (NORM) {
         for (int b = warp; b < a.B; b += GEMV_WARPS) {
@@ -43,9 +47,10 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
         }
         __syncthreads();
     }
-    const int n = blockIdx.x * GEMV_WARPS + warp;
-    if (n >= a.N) return;
-    const int K8 = a.K / 8;
+    const int n = blockIdx.x * (GEMV_WARPS / SPLIT) + warp / SPLIT, kpart = warp % SPLIT;
+    if (SPLIT == 1 && n >= a.N) return;   /* SPLIT > 1: every warp reaches the barrier */
+    const bool live = n < a.N;
+    const int K8 = live ? a.K / 8 : 0;
     const uint4 *w0 = (const uint4 *)(a.w + (size_t)n * a.K);
     const uint4 *w1 = (const uint4 *)(a.w + (size_t)(a.N + n) * a.K);  /* SWIGLU only */
     for (int b0 = 0; b0 < a.B; b0 += BT) {
@@ -54,7 +59,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
         for (int i = 0; i < BT; i++) acc0[i] = acc1[i] = 0.0f;
         /* unrolled so that several 16-byte weight loads are in flight per lane */
 #pragma unroll 4
-        for (int k8 = lane; k8 < K8; k8 += 32) {
+        for (int k8 = kpart * 32 + lane; k8 < K8; k8 += 32 * SPLIT) {
             float wf[8], uf[8], nw[8];
             unpackBf16x8(w0[k8], wf);
             if (MODE == DEC_SWIGLU) unpackBf16x8(w1[k8], uf);
@@ -92,10 +97,33 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
         }
 #pragma unroll
         for (int i = 0; i < BT; i++) {
+            acc0[i] = warpSum(acc0[i]);
+            if (MODE == DEC_SWIGLU) acc1[i] = warpSum(acc1[i]);
+        }
+        if (SPLIT > 1) {
+            if (lane == 0) {
+#pragma unroll
+                for (int i = 0; i < BT; i++) {
+                    part[warp][0][i] = acc0[i];
+                    part[warp][1][i] = acc1[i];
+                }
+            }
+            __syncthreads();
+            if (kpart == 0) {
+#pragma unroll
+                for (int i = 0; i < BT; i++)
+                    for (int w = 1; w < SPLIT; w++) {
+                        acc0[i] += part[warp + w][0][i];
+                        acc1[i] += part[warp + w][1][i];
+                    }
+            }
+            __syncthreads();   /* part is free for the next pass of rows */
+        }
+#pragma unroll
+        for (int i = 0; i < BT; i++) {
             const int b = b0 + i;
-            const float v0 = warpSum(acc0[i]);
-            const float v1 = MODE == DEC_SWIGLU ? warpSum(acc1[i]) : 0.0f;
-            if (lane != 0 || b >= a.B) continue;
+            const float v0 = acc0[i], v1 = acc1[i];
+            if (lane != 0 || kpart != 0 || !live || b >= a.B) continue;
             const size_t at = (size_t)b * a.N + n;
             if (MODE == DEC_STORE) a.out[at] = v0;
             else if (MODE == DEC_ADD) a.out[at] += v0;
@@ -108,11 +136,12 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
 template <bool NORM, int MODE>
 static void launchTiles(const DecGemv *g, cudaStream_t stream) {
     const dim3 grid(ceilDiv((size_t)g->N, GEMV_WARPS)), block(GEMV_WARPS * 32);
-    if (g->B <= 1) decGemvKernel<1, NORM, MODE><<<grid, block, 0, stream>>>(*g);
-    else if (g->B <= 2) decGemvKernel<2, NORM, MODE><<<grid, block, 0, stream>>>(*g);
-    else if (g->B <= 4) decGemvKernel<4, NORM, MODE><<<grid, block, 0, stream>>>(*g);
-    else if (g->B <= 8) decGemvKernel<8, NORM, MODE><<<grid, block, 0, stream>>>(*g);
-    else decGemvKernel<16, NORM, MODE><<<grid, block, 0, stream>>>(*g);
+    if (g->B <= 1)
+        decGemvKernel<1, NORM, MODE, 4><<<ceilDiv((size_t)g->N, GEMV_WARPS / 4), block, 0, stream>>>(*g);
+    else if (g->B <= 2) decGemvKernel<2, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
+    else if (g->B <= 4) decGemvKernel<4, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
+    else if (g->B <= 8) decGemvKernel<8, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
+    else decGemvKernel<16, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
 }
 
 int decGemv(const DecGemv *g, DecGemvMode mode, cudaStream_t stream, NsaError *err) {

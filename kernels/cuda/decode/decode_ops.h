@@ -88,7 +88,6 @@ typedef struct DecScratch {
     float *proj;           /* [B][P] */
     float *q;              /* [B][H][dk] rotated */
     float *cmp_scores;     /* [B][H][Nc] scale q.kc_i */
-    float *cmp_p;          /* [B][G][Nc] sum over the group's heads of exp(score - lse) */
     float *cmp_m, *cmp_l;  /* [B][H][n_chunks] */
     float *cmp_o;          /* [B][H][n_chunks][dv] */
     int *sel;              /* [B][G][slots] */
@@ -117,7 +116,7 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cuda
 int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
            NsaError *err);
 /* Each head's log-sum-exp from the compressed partials, then the selection
- * blocks' scores (through cmp_p) and the forced and top blocks (sel).
+ * blocks' scores and the forced and top blocks (sel).
  * Grid (B*G). */
 int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
 /* Selected and window attention partials, DEC_UNIT keys per CTA, every
