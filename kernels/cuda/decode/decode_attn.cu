@@ -14,8 +14,9 @@
  *             score_j = sum_i M_ij p_i (M_ij: the share of block i
  *             inside selection block j); blocks 0, t/l' and t/l' - 1, then
  *             the complete blocks with the highest scores (ties: lower j)
- *             up to n_sel: the K-th largest score is found by bisection on
- *             its bits (scores are >= 0, so their bits order like them)
+ *             up to n_sel: the K-th largest score is found by a radix
+ *             select on its bits, a byte per pass (scores are >= 0, so
+ *             their bits order like them)
  *   selwin    per DEC_UNIT keys (a part of a selected block, <= t, or of
  *             the window [max(0, t-w+1), t]) partial m, l, o for every head
  *             of the group: the group's keys are read once
@@ -363,6 +364,7 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaS
 
 #define SEL_THREADS 256
 #define SEL_PER_THREAD (DEC_MAX_SEL_BLOCKS / SEL_THREADS)
+static_assert(SEL_THREADS == 256, "decSelectKernel's radix histogram has a bin per thread");
 
 /* Sum of v over the block (every thread gets it). scratch: 2 x 32 ints,
  * alternated by the caller's round (parity), so one barrier per sum: a
@@ -401,6 +403,8 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     __shared__ float lse[DEC_MAX_HEADS_PER_GROUP];
     __shared__ float score[DEC_MAX_SEL_BLOCKS];
     __shared__ int scratch[64];
+    __shared__ int hist[256];        /* radix select: one bin per thread */
+    __shared__ int radix_pick[2];    /* the pass's byte and the count left */
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
     const int t = s.row_pos[b];
     const int H = dm.H, hpg = H / dm.G, l = dm.l, d = dm.d, ls = dm.l_sel;
@@ -470,19 +474,46 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
 #pragma unroll
         for (int r = 0; r < SEL_PER_THREAD; r++) chosen[r] |= valid[r];
     } else if (want > 0) {
-        /* the want-th largest key: bisection on the bits (bit 31 is the sign: 0) */
-        unsigned tau = 0;
-        for (int bit = 30; bit >= 0; bit--) {
-            const unsigned cand = tau | (1u << bit);
-            int cnt = 0;
+        /* tau = the want-th largest key, 8 bits at a time from the top (radix
+         * select): per pass a histogram of the next byte over the keys that
+         * match the bytes found so far, then the byte where the count from
+         * the top reaches want_left. need_eq: the keys equal to tau to take. */
+        unsigned tau = 0, known = 0;
+        int want_left = want;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            hist[threadIdx.x] = 0;
+            __syncthreads();
 #pragma unroll
-            for (int r = 0; r < SEL_PER_THREAD; r++) cnt += valid[r] && key[r] >= cand;   /* 0 past Ns */
-            if (blockSumInt(cnt, scratch, round++) >= want) tau = cand;
+            for (int r = 0; r < SEL_PER_THREAD; r++)
+                if (valid[r] && (key[r] & known) == tau) atomicAdd(&hist[(key[r] >> shift) & 255u], 1);
+            __syncthreads();
+            if (warp == 0) {
+                /* lane owns bins 8 lane .. 8 lane + 7; above = keys in higher lanes' bins */
+                int local = 0;
+#pragma unroll
+                for (int i = 0; i < 8; i++) local += hist[lane * 8 + i];
+                int suffix = local;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int v = __shfl_down_sync(0xffffffffu, suffix, o);
+                    if (lane + o < 32) suffix += v;
+                }
+                int above = suffix - local;
+                for (int i = 7; i >= 0; i--) {
+                    const int c = hist[lane * 8 + i];
+                    if (above < want_left && above + c >= want_left) {
+                        radix_pick[0] = lane * 8 + i;
+                        radix_pick[1] = want_left - above;
+                    }
+                    above += c;
+                }
+            }
+            __syncthreads();
+            tau |= (unsigned)radix_pick[0] << shift;
+            known |= 255u << shift;
+            want_left = radix_pick[1];
         }
-        int gt = 0;
-#pragma unroll
-        for (int r = 0; r < SEL_PER_THREAD; r++) gt += valid[r] && key[r] > tau;
-        const int need_eq = want - blockSumInt(gt, scratch, round++);
+        const int need_eq = want_left;
         /* ties at tau: the lowest j first; j = r * SEL_THREADS + thread is in
          * thread order within each r, and r ascends */
         int eq_before = 0;
