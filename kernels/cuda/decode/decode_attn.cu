@@ -215,20 +215,25 @@ typedef struct TileSmem {
 #define ATTN_THREADS 256
 #define ATTN_OUTS (DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM / ATTN_THREADS)
 
+/* The fp32 part in floats, rounded up to 16 bytes so that the bf16 rows
+ * after it are 16-byte aligned for the copies. */
+__host__ __device__ static inline int tileFloats(int hpg, int dk) {
+    return (hpg * dk + hpg * DEC_UNIT + 3 * hpg + 3) / 4 * 4;
+}
+
 static size_t tileSmemBytes(const DecDims *dm) {
     const int hpg = dm->H / dm->G;
-    return ((size_t)hpg * dm->dk + (size_t)hpg * DEC_UNIT + 3 * (size_t)hpg) * sizeof(float) +
+    return (size_t)tileFloats(hpg, dm->dk) * sizeof(float) +
            (size_t)DEC_UNIT * (dm->dk + 8 + dm->dv) * sizeof(bf16);
 }
 
+/* base: the kernel's dynamic shared memory (16-byte aligned) */
 __device__ TileSmem tileSmem(float *base, int hpg, int dk) {
     TileSmem t;
     t.qs = base;
     t.ps = t.qs + hpg * dk;
     t.stat = t.ps + hpg * DEC_UNIT;
-    /* 3*hpg floats may leave the bf16 rows 4-byte aligned only: round up to 16 */
-    const size_t at = ((size_t)(t.stat + 3 * hpg) + 15) & ~(size_t)15;
-    t.ks = (bf16 *)at;
+    t.ks = (bf16 *)(base + tileFloats(hpg, dk));
     t.vs = t.ks + DEC_UNIT * (dk + 8);
     return t;
 }
