@@ -56,6 +56,11 @@ __device__ __forceinline__ int visibleBlocks(int t, int l, int d) {
     return t < l - 1 ? 0 : (t - l + 1) / d + 1;
 }
 
+/* compressed chunks holding at least one of n_vis visible blocks */
+__device__ __forceinline__ int visibleChunks(int n_vis) {
+    return (n_vis + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+}
+
 /* ---- rows ------------------------------------------------------------------ */
 
 __global__ void decRowsKernel(int *row_slot, int *row_pos, const int *stage, const int *pos, int B,
@@ -349,7 +354,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLaye
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, chunk = blockIdx.y;
     const int hpg = dm.H / dm.G, t = s.row_pos[b];
     const int i0 = chunk * DEC_CMP_CHUNK, n_vis = visibleBlocks(t, dm.l, dm.d);
-    const int n = n_vis - i0 < DEC_CMP_CHUNK ? (n_vis - i0 > 0 ? n_vis - i0 : 0) : DEC_CMP_CHUNK;
+    const int n = max(0, min(DEC_CMP_CHUNK, n_vis - i0));   /* this chunk's visible blocks */
     const size_t sg = (size_t)s.row_slot[b] * dm.G + g, head0 = (size_t)b * dm.H + g * hpg;
     attendKeys(dm, tileSmem((float *)smem_cmp, hpg, dm.dk), s.q + head0 * dm.dk, n,
                IdentityRow{0}, c.kc + (sg * dm.Nc + i0) * dm.dk, c.vc + (sg * dm.Nc + i0) * dm.dv,
@@ -418,7 +423,7 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     int round = 0;
 
     /* 1. each head's log-sum-exp over the compressed partials */
-    const int nc = (n_vis + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+    const int nc = visibleChunks(n_vis);
     for (int hh = warp; hh < hpg; hh += warps) {
         const size_t p0 = ((size_t)b * H + g * hpg + hh) * dm.n_chunks;
         float M = -INFINITY;
@@ -626,7 +631,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decCombineKernel(DecDims dm, 
     __shared__ float part_sum[3][COMBINE_THREADS];
     const int b = blockIdx.x, h = blockIdx.y, dv = dm.dv;
     const int units = dm.sel_units + dm.win_units;
-    const int nc = (visibleBlocks(s.row_pos[b], dm.l, dm.d) + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+    const int nc = visibleChunks(visibleBlocks(s.row_pos[b], dm.l, dm.d));
     const size_t pc = ((size_t)b * dm.H + h) * dm.n_chunks, pu = ((size_t)b * dm.H + h) * units;
     const int warp = threadIdx.x >> 5;
     if (warp == 0) branchWeights(s.cmp_m + pc, s.cmp_l + pc, nc, wts);
