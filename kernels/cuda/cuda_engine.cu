@@ -102,7 +102,7 @@ typedef struct Scratch {
                                     then its gradient (fast path) */
     void *dyb, *dqb, *dkb[3], *dvb[3], *dgb;   /* bf16, fast path */
     float *row_loss;       /* [N] */
-    float *rms_partial;    /* [ceil(N/RMS_CHUNK)][C] */
+    float *rms_partial;    /* rmsnormPartialFloats(N, C) */
     float *emb_partial;    /* [max chunks][C] */
     double *norm_partial;  /* [NORM_BLOCKS] */
 } Scratch;
@@ -403,7 +403,7 @@ static size_t planScratch(const NsaModelConfig *c, EngineMode e, int F, int B, i
         s.dgb = carveTyped(&cv, N * H * 3, DTYPE_BF16);
     }
     s.row_loss = carve(&cv, N);
-    s.rms_partial = carve(&cv, ((N + RMS_CHUNK - 1) / RMS_CHUNK) * C);
+    s.rms_partial = carve(&cv, rmsnormPartialFloats(N, C));
     s.emb_partial = carve(&cv, max_chunks * C);
     s.norm_partial = (double *)carve(&cv, 2 * NORM_BLOCKS);
     float *r = carve(&cv, (size_t)S * (c->d_k / 2) * 2);

@@ -509,7 +509,7 @@ static void testRmsNorm(Results *res, int N, int C) {
     float *gy = (float *)devAlloc(n * 4), *grs = (float *)devAlloc(N * 4);
     float *zeros = hostAlloc(n);
     float *gdx = devFrom(zeros, n), *gdw = devFrom(zeros, C);
-    float *part = (float *)devAlloc(((size_t)(N + RMS_CHUNK - 1) / RMS_CHUNK) * C * 4);
+    float *part = (float *)devAlloc(rmsnormPartialFloats((size_t)N, C) * 4);
     int rc = rmsnormForward(gy, grs, gx, gw, (size_t)N, C, 1e-6f, 0, &err) ||
              rmsnormBackward(gdx, gdw, part, gdy, gx, gw, grs, (size_t)N, C, 0, &err);
     float *hy = hostAlloc(n), *hdx = hostAlloc(n), *hdw = hostAlloc(C);
@@ -1614,6 +1614,8 @@ int main(int argc, char **argv) {
         testLinear(res, 300, 768, 130, NSA_PREC_FP16, 2e-3);
         testRmsNorm(res, 37, 50);
         testRmsNorm(res, 300, 768);
+        testRmsNorm(res, 40000, 768);   /* 40 rows a chunk, 1000 chunks */
+        testRmsNorm(res, 100, 3200);    /* 51 KB of dw row sums: the opt-in shared memory */
         testRope(res, 2, 33, 3, 10);
         testRope(res, 1, 2050, 2, 64);
         testActivations(res, 10007);

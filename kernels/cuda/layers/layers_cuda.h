@@ -59,9 +59,13 @@ int embeddingBackward(float *dtable, float *partial, const float *dout, const Em
 /* ---- rmsnorm.cu ----
  * y = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) per row.
  * Backward adds dx += w*dy*rstd - x * rstd^3 * mean(w*dy*x) and
- * dw += sum_n dy*x*rstd (deterministic: partial[ceil(N/RMS_CHUNK)][C]
- * column sums, then a fixed-order sum). */
-#define RMS_CHUNK 256
+ * dw += sum_n dy*x*rstd (deterministic: per-chunk column sums in partial,
+ * rmsnormPartialFloats(N, C) floats, then a fixed-order sum). */
+#define RMS_BWD_WARPS 4      /* warps of a backward CTA, one row each at a time */
+#define RMS_MAX_CHUNKS 1024  /* row chunks (CTAs) of a backward: partial sums per column */
+/* Floats of the backward's partial buffer for N rows of C: at most
+ * RMS_MAX_CHUNKS x C. Cannot fail. */
+size_t rmsnormPartialFloats(size_t N, int C);
 int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t N, int C,
                    float eps, cudaStream_t stream, NsaError *err);
 /* The same with y stored as yt (the normalised row feeds GEMMs only, so the

@@ -2,7 +2,8 @@
  *
  * y = x * rstd * w, rstd = 1/sqrt(mean_c x_c^2 + eps) (the mean in double).
  * Backward, u = w * dy: dx += rstd u - x rstd^3 mean_c(u_c x_c);
- * dw += sum_n dy x rstd, as fixed-order column sums (deterministic). The
+ * dw += sum_n dy x rstd, as fixed-order column sums (deterministic), both
+ * from one read of each row. The
  * row kernels need 16-byte aligned rows for their vector path (C % 4 == 0
  * and aligned base pointers, as the engine's arenas are). */
 #include "layers_cuda.h"
@@ -69,68 +70,101 @@ __global__ void rmsnormForwardKernel(void *y, int ytype, float *rstd, const floa
     }
 }
 
-/* A warp per row; dx_op (dx_type) receives the updated row when not NULL. */
-__global__ void rmsnormBackwardDxKernel(float *dx, void *dx_op, int dx_type, const float *dy,
-                                        const float *x, const float *w, const float *rstd,
-                                        size_t N, int C, int vec) {
-    const size_t n = (size_t)blockIdx.x * RMS_ROWS_PER_BLOCK + threadIdx.x / 32;
-    const int lane = threadIdx.x % 32;
-    if (n >= N) return;
-    const float *xr = x + n * C, *dyr = dy + n * C;
-    float *dxr = dx + n * C;
-    double dot = 0.0;
-    if (vec) {
-        for (int c = lane * 4; c < C; c += 128) {
-            const float4 a = *(const float4 *)(xr + c), d = *(const float4 *)(dyr + c);
-            const float4 g = *(const float4 *)(w + c);
-            dot += (double)g.x * d.x * a.x + (double)g.y * d.y * a.y + (double)g.z * d.z * a.z +
-                   (double)g.w * d.w * a.w;
+/* One CTA per chunk of `rows` rows (rmsnormChunkRows), a warp per row in
+ * turn: dx += rstd w dy - x k with k = rstd^3 mean_c(w dy x), dx_op (dx_type)
+ * receiving the updated row when not NULL; and the chunk's share of dw,
+ * partial[chunk][c] = sum over its rows of dy x rstd, summed per warp in
+ * shared memory while the row is at hand, then over the warps in order (so
+ * dy and x are read once for both gradients). */
+__global__ void rmsnormBackwardKernel(float *dx, void *dx_op, int dx_type, float *partial,
+                                      const float *dy, const float *x, const float *w,
+                                      const float *rstd, size_t N, int C, int rows, int vec) {
+    extern __shared__ float4 dw_smem[];   /* [RMS_BWD_WARPS][C] floats */
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float *acc = (float *)dw_smem + (size_t)warp * C;
+    for (int c = lane; c < C; c += 32) acc[c] = 0.0f;
+    __syncwarp();
+    const size_t n0 = (size_t)blockIdx.x * rows;
+    const size_t n1 = n0 + rows < N ? n0 + rows : N;
+    for (size_t n = n0 + warp; n < n1; n += RMS_BWD_WARPS) {
+        const float *xr = x + n * C, *dyr = dy + n * C;
+        float *dxr = dx + n * C;
+        double dot = 0.0;
+        if (vec) {
+            for (int c = lane * 4; c < C; c += 128) {
+                const float4 a = *(const float4 *)(xr + c), d = *(const float4 *)(dyr + c);
+                const float4 g = *(const float4 *)(w + c);
+                dot += (double)g.x * d.x * a.x + (double)g.y * d.y * a.y +
+                       (double)g.z * d.z * a.z + (double)g.w * d.w * a.w;
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) dot += (double)w[c] * dyr[c] * xr[c];
         }
-    } else {
-        for (int c = lane; c < C; c += 32) dot += (double)w[c] * dyr[c] * xr[c];
+        dot = warpSumD(dot);
+        const float r = rstd[n];
+        const float k = (float)(dot / C * (double)r * r * r);
+        if (vec) {
+            for (int c = lane * 4; c < C; c += 128) {
+                const float4 a = *(const float4 *)(xr + c), d = *(const float4 *)(dyr + c);
+                const float4 g = *(const float4 *)(w + c);
+                float4 o = *(const float4 *)(dxr + c);
+                o.x += r * g.x * d.x - a.x * k;
+                o.y += r * g.y * d.y - a.y * k;
+                o.z += r * g.z * d.z - a.z * k;
+                o.w += r * g.w * d.w - a.w * k;
+                *(float4 *)(dxr + c) = o;
+                if (dx_op) store4As(dx_op, n * C + c, dx_type, o.x, o.y, o.z, o.w);
+                float4 *s4 = (float4 *)(acc + c);
+                float4 sv = *s4;
+                sv.x += d.x * a.x * r;
+                sv.y += d.y * a.y * r;
+                sv.z += d.z * a.z * r;
+                sv.w += d.w * a.w * r;
+                *s4 = sv;
+            }
+        } else {
+            for (int c = lane; c < C; c += 32) {
+                const float v = dxr[c] + (r * w[c] * dyr[c] - xr[c] * k);
+                dxr[c] = v;
+                if (dx_op) storeAs(dx_op, n * C + c, dx_type, v);
+                acc[c] += dyr[c] * xr[c] * r;
+            }
+        }
     }
-    dot = warpSumD(dot);
-    const float r = rstd[n];
-    const float k = (float)(dot / C * (double)r * r * r);
-    if (vec) {
-        for (int c = lane * 4; c < C; c += 128) {
-            const float4 a = *(const float4 *)(xr + c), d = *(const float4 *)(dyr + c);
-            const float4 g = *(const float4 *)(w + c);
-            float4 o = *(const float4 *)(dxr + c);
-            o.x += r * g.x * d.x - a.x * k;
-            o.y += r * g.y * d.y - a.y * k;
-            o.z += r * g.z * d.z - a.z * k;
-            o.w += r * g.w * d.w - a.w * k;
-            *(float4 *)(dxr + c) = o;
-            if (dx_op) store4As(dx_op, n * C + c, dx_type, o.x, o.y, o.z, o.w);
-        }
-    } else {
-        for (int c = lane; c < C; c += 32) {
-            const float v = dxr[c] + (r * w[c] * dyr[c] - xr[c] * k);
-            dxr[c] = v;
-            if (dx_op) storeAs(dx_op, n * C + c, dx_type, v);
-        }
+    __syncthreads();
+    const float *all = (const float *)dw_smem;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float sum = 0.0f;
+        for (int k = 0; k < RMS_BWD_WARPS; k++) sum += all[(size_t)k * C + c];
+        partial[(size_t)blockIdx.x * C + c] = sum;
     }
 }
 
-/* partial[chunk][c] = sum over the chunk's rows of dy x rstd. */
-__global__ void rmsnormBackwardDwPartialKernel(float *partial, const float *dy, const float *x,
-                                               const float *rstd, size_t N, int C) {
-    const int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const size_t n0 = (size_t)blockIdx.x * RMS_CHUNK;
-    size_t n1 = n0 + RMS_CHUNK < N ? n0 + RMS_CHUNK : N;
-    float acc = 0.0f;
-    for (size_t n = n0; n < n1; n++) acc += dy[n * C + c] * x[n * C + c] * rstd[n];
-    partial[(size_t)blockIdx.x * C + c] = acc;
-}
-
+/* dw[c] += sum over the chunks of partial[chunk][c]: 32 columns per CTA, 8
+ * slices of the chunks each, the slices added in order. */
 __global__ void rmsnormBackwardDwSumKernel(float *dw, const float *partial, int chunks, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
+    __shared__ float slice[8][32];
+    const int c = blockIdx.x * 32 + threadIdx.x;
     float acc = 0.0f;
-    for (int k = 0; k < chunks; k++) acc += partial[(size_t)k * C + c];
-    dw[c] += acc;
+    if (c < C)
+        for (int k = threadIdx.y; k < chunks; k += 8) acc += partial[(size_t)k * C + c];
+    slice[threadIdx.y][threadIdx.x] = acc;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return;
+    float sum = 0.0f;
+    for (int y = 0; y < 8; y++) sum += slice[y][threadIdx.x];
+    dw[c] += sum;
+}
+
+/* Rows a CTA of the backward takes: at least 32 (a warp's worth of work to
+ * amortise the CTA's dw sums), and no more chunks than RMS_MAX_CHUNKS. */
+static size_t chunkRows(size_t N) {
+    const size_t rows = (N + RMS_MAX_CHUNKS - 1) / RMS_MAX_CHUNKS;
+    return rows > 32 ? rows : 32;
+}
+
+size_t rmsnormPartialFloats(size_t N, int C) {
+    return (N + chunkRows(N) - 1) / chunkRows(N) * (size_t)C;
 }
 
 int rmsnormForwardTo(void *y, DType yt, float *rstd, const float *x, const float *w, size_t N,
@@ -151,16 +185,28 @@ int rmsnormBackwardTo(float *dx, void *dx_op, DType dx_ot, float *dw, float *par
                       const float *dy, const float *x, const float *w, const float *rstd,
                       size_t N, int C, cudaStream_t stream, NsaError *err) {
     if (N == 0) return 0;
-    rmsnormBackwardDxKernel<<<ceilDiv(N, RMS_ROWS_PER_BLOCK), 32 * RMS_ROWS_PER_BLOCK, 0, stream>>>(
-        dx, dx_op, (int)dx_ot, dy, x, w, rstd, N, C,
+    const size_t rows = chunkRows(N), chunks = (N + rows - 1) / rows;
+    const size_t smem = (size_t)RMS_BWD_WARPS * C * sizeof(float);
+    if (smem > 48 * 1024) {
+        int dev = 0, optin = 0;
+        CUDA_CHECK(cudaGetDevice(&dev), err);
+        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                   err);
+        if (smem > (size_t)optin)
+            return cudaFail(err, "cuda: rmsnormBackward: dim %d needs %zu bytes of shared memory "
+                                 "for the weight gradient's row sums; allowed: dim up to %d on "
+                                 "this GPU", C, smem, optin / (RMS_BWD_WARPS * 4));
+        CUDA_CHECK(cudaFuncSetAttribute(rmsnormBackwardKernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                   err);
+    }
+    rmsnormBackwardKernel<<<(unsigned)chunks, 32 * RMS_BWD_WARPS, smem, stream>>>(
+        dx, dx_op, (int)dx_ot, partial, dy, x, w, rstd, N, C, (int)rows,
         rowVec(C, dx, dy, x, w, dx_ot == DTYPE_F32 ? NULL : dx_op) &&
             (dx_ot != DTYPE_F32 || (uintptr_t)dx_op % 16 == 0));
-    LAUNCH_CHECK("rmsnormBackwardDxKernel", err);
-    unsigned chunks = ceilDiv(N, RMS_CHUNK);
-    dim3 grid(chunks, ceilDiv(C, 128));
-    rmsnormBackwardDwPartialKernel<<<grid, 128, 0, stream>>>(partial, dy, x, rstd, N, C);
-    LAUNCH_CHECK("rmsnormBackwardDwPartialKernel", err);
-    rmsnormBackwardDwSumKernel<<<ceilDiv(C, 128), 128, 0, stream>>>(dw, partial, (int)chunks, C);
+    LAUNCH_CHECK("rmsnormBackwardKernel", err);
+    rmsnormBackwardDwSumKernel<<<ceilDiv(C, 32), dim3(32, 8), 0, stream>>>(dw, partial,
+                                                                        (int)chunks, C);
     LAUNCH_CHECK("rmsnormBackwardDwSumKernel", err);
     return 0;
 }
