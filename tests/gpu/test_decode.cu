@@ -97,7 +97,8 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
     s.cmp_scores = devFrom(sc.data(), sc.size());
     s.sel = (int *)devAlloc((size_t)dm.slots * sizeof(int));
     NsaError err = {{0}};
-    const int rc = decAttnPrepare(&dm, &err) || decSelect(&dm, &s, 0, &err);
+    const DecLaunch plain = {0, 0};
+    const int rc = decAttnPrepare(&dm, &err) || decSelect(&dm, &s, &plain, &err);
     std::vector<int> sel(dm.slots);
     toHost(sel.data(), s.sel, sel.size() * sizeof(int));
 

@@ -14,7 +14,9 @@
  *   logits = RMSNorm(x) lm_head^T (prefill: the last row only), positions
  *   advanced, logits out (memcpy node).
  * The host synchronises once per pass, after the graph, to hand out the
- * logits. */
+ * logits. On sm_90 the kernels after the first overlap their launches with
+ * the end of the one before (programmatic dependent launch, decode_ops.h's
+ * DecLaunch). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +42,7 @@ struct NsaCudaDecoder {
     int R;                     /* rows a pass holds: max(max_batch, prefill rows) */
     DecDims dims;
     cudaStream_t stream;
+    DecLaunch launch;          /* the stream, and whether kernels overlap their launches */
     void *arena;               /* one device allocation for everything */
     size_t arena_bytes;
     float *tok_emb, *final_norm;
@@ -211,7 +214,8 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
     d->prefill_graphs = (cudaGraphExec_t *)calloc((size_t)d->R + 1, sizeof(cudaGraphExec_t));
     if (!d->lw || !d->cache || !d->pos_host || !d->graphs || !d->prefill_graphs)
         return cudaFail(err, "nsa decoder (cuda): out of host memory");
-    if (decAttnPrepare(&d->dims, err)) return -1;
+    d->launch.stream = d->stream;
+    if (decOverlapSupported(&d->launch.overlap, err) || decAttnPrepare(&d->dims, err)) return -1;
     d->arena_bytes = plan(d, NULL);
     CUDA_CHECK(cudaMalloc(&d->arena, d->arena_bytes), err);
     CUDA_CHECK(cudaMemset(d->arena, 0, d->arena_bytes), err);
@@ -356,6 +360,9 @@ extern "C" int nsaCudaDecoderSetTensor(NsaCudaDecoder *d, int i, const float *sr
 static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     const NsaModelConfig *c = &d->cfg;
     cudaStream_t st = d->stream;
+    const DecLaunch *ln = &d->launch;
+    /* the first kernel follows a copy, not a kernel: it does not overlap */
+    const DecLaunch first = {st, 0};
     const int C = c->dim, V = c->vocab_size, H = c->n_heads, dv = c->d_v, F = d->F;
     DecDims dm = d->dims;
     dm.B = B;
@@ -364,8 +371,8 @@ static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     CUDA_CHECK(cudaMemcpyAsync(d->stage, d->stage_host, (size_t)(1 + B) * sizeof(int),
                                cudaMemcpyHostToDevice, st),
                err);
-    if (decRows((int *)s->row_slot, (int *)s->row_pos, d->stage, d->pos, B, prefill, st, err) ||
-        decEmbed(d->x, d->tok_emb, d->stage + 1, B, C, st, err))
+    if (decRows((int *)s->row_slot, (int *)s->row_pos, d->stage, d->pos, B, prefill, &first, err) ||
+        decEmbed(d->x, d->tok_emb, d->stage + 1, B, C, ln, err))
         return -1;
     for (int i = 0; i < c->n_layers; i++) {
         const DecLayerWeights *w = &d->lw[i];
@@ -373,21 +380,21 @@ static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
         DecGemv g = {};
         g.w = w->w_attn; g.N = d->P; g.K = C; g.B = B;
         g.x = d->x; g.norm_w = w->attn_norm; g.eps = c->norm_eps; g.out = s->proj;
-        if (decGemv(&g, DEC_STORE, st, err)) return -1;
-        if (decAppend(&dm, k, s, st, err) || (prefill && decPool(&dm, k, s, st, err)) ||
-            decCmp(&dm, k, s, st, err) || decSelect(&dm, s, st, err) ||
-            decSelWin(&dm, k, s, st, err) || decCombine(&dm, s, st, err))
+        if (decGemv(&g, DEC_STORE, ln, err)) return -1;
+        if (decAppend(&dm, k, s, ln, err) || (prefill && decPool(&dm, k, s, ln, err)) ||
+            decCmp(&dm, k, s, ln, err) || decSelect(&dm, s, ln, err) ||
+            decSelWin(&dm, k, s, ln, err) || decCombine(&dm, s, ln, err))
             return -1;
         g = DecGemv{};
         g.w = w->wo; g.N = C; g.K = H * dv; g.B = B; g.xb = s->y; g.out = d->x;
-        if (decGemv(&g, DEC_ADD, st, err)) return -1;
+        if (decGemv(&g, DEC_ADD, ln, err)) return -1;
         g = DecGemv{};
         g.w = w->w_fc; g.N = F; g.K = C; g.B = B;
         g.x = d->x; g.norm_w = w->mlp_norm; g.eps = c->norm_eps; g.outb = d->act;
-        if (decGemv(&g, c->mlp == NSA_MLP_SWIGLU ? DEC_SWIGLU : DEC_SILU, st, err)) return -1;
+        if (decGemv(&g, c->mlp == NSA_MLP_SWIGLU ? DEC_SWIGLU : DEC_SILU, ln, err)) return -1;
         g = DecGemv{};
         g.w = w->w_proj; g.N = C; g.K = F; g.B = B; g.xb = d->act; g.out = d->x;
-        if (decGemv(&g, DEC_ADD, st, err)) return -1;
+        if (decGemv(&g, DEC_ADD, ln, err)) return -1;
     }
     /* a prefill pass hands out the logits of its last token only */
     const int out_rows = prefill ? 1 : B;
@@ -395,8 +402,8 @@ static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     g.w = d->lm_head; g.N = V; g.K = C; g.B = out_rows;
     g.x = d->x + (size_t)(B - out_rows) * C; g.norm_w = d->final_norm; g.eps = c->norm_eps;
     g.out = d->logits;
-    if (decGemv(&g, DEC_STORE, st, err)) return -1;
-    if (decAdvance(d->pos, d->stage, B, prefill, st, err)) return -1;
+    if (decGemv(&g, DEC_STORE, ln, err)) return -1;
+    if (decAdvance(d->pos, d->stage, B, prefill, ln, err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(d->logits_host, d->logits, (size_t)out_rows * V * sizeof(float),
                                cudaMemcpyDeviceToHost, st),
                err);

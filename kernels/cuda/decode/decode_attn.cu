@@ -65,17 +65,19 @@ __device__ __forceinline__ int visibleChunks(int n_vis) {
 
 __global__ void decRowsKernel(int *row_slot, int *row_pos, const int *stage, const int *pos, int B,
                               int prefill) {
+    decWaitPrior();
     const int b = blockIdx.x * blockDim.x + threadIdx.x;
     if (b >= B) return;
     const int slot = prefill ? stage[0] : stage[0] + b;
     row_slot[b] = slot;
     row_pos[b] = pos[slot] + (prefill ? b : 0);
+    decLetNextLaunch();
 }
 
 int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
-            cudaStream_t stream, NsaError *err) {
-    decRowsKernel<<<1, DEC_MAX_BATCH, 0, stream>>>(row_slot, row_pos, stage, pos, B, prefill);
-    LAUNCH_CHECK("decRowsKernel", err);
+            const DecLaunch *ln, NsaError *err) {
+    DEC_LAUNCH("decRowsKernel", ln, err, decRowsKernel, dim3(1), dim3(DEC_MAX_BATCH), 0, row_slot,
+               row_pos, stage, pos, B, prefill);
     return 0;
 }
 
@@ -128,6 +130,7 @@ __device__ void poolBlock(const DecDims &dm, const DecLayerCache &c, size_t sg, 
 }
 
 __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
+    decWaitPrior();
     extern __shared__ float pool_u[];   /* phi = mlp: [l][dim] block + position */
     __shared__ float hidden[DEC_MAX_HEAD_DIM];
     const int b = blockIdx.x, g = blockIdx.y;
@@ -174,13 +177,16 @@ __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     if (!dm.pool_in_append) return;
     __syncthreads();   /* the raw rows above are the block's last */
     poolBlock(dm, c, sg, t, pool_u, hidden);
+    decLetNextLaunch();
 }
 
 __global__ void decPoolKernel(DecDims dm, DecLayerCache c, DecScratch s) {
+    decWaitPrior();
     extern __shared__ float pool_u[];
     __shared__ float hidden[DEC_MAX_HEAD_DIM];
     const int b = blockIdx.x, g = blockIdx.y;
     poolBlock(dm, c, (size_t)s.row_slot[b] * dm.G + g, s.row_pos[b], pool_u, hidden);
+    decLetNextLaunch();
 }
 
 static size_t poolSmem(const DecDims *dm) {
@@ -188,18 +194,17 @@ static size_t poolSmem(const DecDims *dm) {
     return dm->phi_mlp ? (size_t)dm->l * dmax * sizeof(float) : 0;
 }
 
-int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
               NsaError *err) {
-    decAppendKernel<<<dim3(dm->B, dm->G), 128, dm->pool_in_append ? poolSmem(dm) : 0, stream>>>(
-        *dm, *c, *s);
-    LAUNCH_CHECK("decAppendKernel", err);
+    DEC_LAUNCH("decAppendKernel", ln, err, decAppendKernel, dim3(dm->B, dm->G), dim3(128),
+               dm->pool_in_append ? poolSmem(dm) : 0, *dm, *c, *s);
     return 0;
 }
 
-int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
             NsaError *err) {
-    decPoolKernel<<<dim3(dm->B, dm->G), 128, poolSmem(dm), stream>>>(*dm, *c, *s);
-    LAUNCH_CHECK("decPoolKernel", err);
+    DEC_LAUNCH("decPoolKernel", ln, err, decPoolKernel, dim3(dm->B, dm->G), dim3(128),
+               poolSmem(dm), *dm, *c, *s);
     return 0;
 }
 
@@ -350,6 +355,7 @@ struct RingRow {
 
 __global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLayerCache c,
                                                              DecScratch s) {
+    decWaitPrior();
     extern __shared__ float4 smem_cmp[];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, chunk = blockIdx.y;
     const int hpg = dm.H / dm.G, t = s.row_pos[b];
@@ -360,13 +366,13 @@ __global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLaye
                IdentityRow{0}, c.kc + (sg * dm.Nc + i0) * dm.dk, c.vc + (sg * dm.Nc + i0) * dm.dv,
                s.cmp_scores + head0 * dm.Nc + i0, (size_t)dm.Nc, s.cmp_m, s.cmp_l, s.cmp_o,
                head0 * dm.n_chunks + chunk, (size_t)dm.n_chunks);
+    decLetNextLaunch();
 }
 
-int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
            NsaError *err) {
-    decCmpKernel<<<dim3(dm->B * dm->G, dm->n_chunks), ATTN_THREADS, tileSmemBytes(dm), stream>>>(
-        *dm, *c, *s);
-    LAUNCH_CHECK("decCmpKernel", err);
+    DEC_LAUNCH("decCmpKernel", ln, err, decCmpKernel, dim3(dm->B * dm->G, dm->n_chunks),
+               dim3(ATTN_THREADS), tileSmemBytes(dm), *dm, *c, *s);
     return 0;
 }
 
@@ -409,6 +415,7 @@ __device__ int blockPrefix(int flag, int *scratch, int parity, int *total) {
 }
 
 __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
+    decWaitPrior();
     extern __shared__ float P[];   /* [Nc]: p_i summed over the group's heads */
     __shared__ float lse[DEC_MAX_HEADS_PER_GROUP];
     __shared__ float score[DEC_MAX_SEL_BLOCKS];
@@ -549,11 +556,12 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         written += total;
     }
     for (int k = written + threadIdx.x; k < dm.slots; k += blockDim.x) out[k] = -1;
+    decLetNextLaunch();
 }
 
-int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err) {
-    decSelectKernel<<<dm->B * dm->G, SEL_THREADS, (size_t)dm->Nc * sizeof(float), stream>>>(*dm, *s);
-    LAUNCH_CHECK("decSelectKernel", err);
+int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err) {
+    DEC_LAUNCH("decSelectKernel", ln, err, decSelectKernel, dim3(dm->B * dm->G), dim3(SEL_THREADS),
+               (size_t)dm->Nc * sizeof(float), *dm, *s);
     return 0;
 }
 
@@ -561,6 +569,7 @@ int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaEr
 
 __global__ void __launch_bounds__(ATTN_THREADS) decSelWinKernel(DecDims dm, DecLayerCache c,
                                                                 DecScratch s) {
+    decWaitPrior();
     extern __shared__ float4 smem_sw[];
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, unit = blockIdx.y;
     const int t = s.row_pos[b], hpg = dm.H / dm.G;
@@ -592,13 +601,14 @@ __global__ void __launch_bounds__(ATTN_THREADS) decSelWinKernel(DecDims dm, DecL
                    c.k_win + sg * dm.W * dm.dk, c.v_win + sg * dm.W * dm.dv, NULL, 0, s.sw_m,
                    s.sw_l, s.sw_o, part0, (size_t)units);
     }
+    decLetNextLaunch();
 }
 
-int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
               NsaError *err) {
-    decSelWinKernel<<<dim3(dm->B * dm->G, dm->sel_units + dm->win_units), ATTN_THREADS,
-                      tileSmemBytes(dm), stream>>>(*dm, *c, *s);
-    LAUNCH_CHECK("decSelWinKernel", err);
+    DEC_LAUNCH("decSelWinKernel", ln, err, decSelWinKernel,
+               dim3(dm->B * dm->G, dm->sel_units + dm->win_units), dim3(ATTN_THREADS),
+               tileSmemBytes(dm), *dm, *c, *s);
     return 0;
 }
 
@@ -627,6 +637,7 @@ __device__ void branchWeights(const float *m, const float *lsum, int n, float *w
  * into COMBINE_THREADS / dv parts, each summing every parts-th partial of
  * each branch; the parts add up in shared memory. */
 __global__ void __launch_bounds__(COMBINE_THREADS) decCombineKernel(DecDims dm, DecScratch s) {
+    decWaitPrior();
     extern __shared__ float wts[];   /* [n_chunks + units] */
     __shared__ float part_sum[3][COMBINE_THREADS];
     const int b = blockIdx.x, h = blockIdx.y, dv = dm.dv;
@@ -665,12 +676,13 @@ __global__ void __launch_bounds__(COMBINE_THREADS) decCombineKernel(DecDims dm, 
     const float g2 = 1.0f / (1.0f + __expf(-gl[2]));
     s.y[(size_t)b * dm.H * dv + (size_t)h * dv + threadIdx.x] =
         __float2bfloat16_rn(g0 * o[0] + g1 * o[1] + g2 * o[2]);
+    decLetNextLaunch();
 }
 
-int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err) {
+int decCombine(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err) {
     const size_t smem = ((size_t)dm->n_chunks + dm->sel_units + dm->win_units) * sizeof(float);
-    decCombineKernel<<<dim3(dm->B, dm->H), COMBINE_THREADS, smem, stream>>>(*dm, *s);
-    LAUNCH_CHECK("decCombineKernel", err);
+    DEC_LAUNCH("decCombineKernel", ln, err, decCombineKernel, dim3(dm->B, dm->H),
+               dim3(COMBINE_THREADS), smem, *dm, *s);
     return 0;
 }
 
@@ -711,29 +723,48 @@ int decAttnPrepare(const DecDims *dm, NsaError *err) {
 /* ---- embedding and positions ------------------------------------------------- */
 
 __global__ void decEmbedKernel(float *x, const float *tok_emb, const int *tokens, int C) {
+    decWaitPrior();
     const int b = blockIdx.x;
     const float *row = tok_emb + (size_t)tokens[b] * C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) x[(size_t)b * C + c] = row[c];
+    decLetNextLaunch();
 }
 
-int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cudaStream_t stream,
+int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, const DecLaunch *ln,
              NsaError *err) {
-    decEmbedKernel<<<B, 256, 0, stream>>>(x, tok_emb, tokens, C);
-    LAUNCH_CHECK("decEmbedKernel", err);
+    DEC_LAUNCH("decEmbedKernel", ln, err, decEmbedKernel, dim3(B), dim3(256), 0, x, tok_emb, tokens,
+               C);
     return 0;
 }
 
 __global__ void decAdvanceKernel(int *pos, const int *stage, int B, int prefill) {
+    decWaitPrior();
     const int b = threadIdx.x;
     if (prefill) {
         if (b == 0) pos[stage[0]] += B;
     } else if (b < B) {
         pos[stage[0] + b] += 1;
     }
+    decLetNextLaunch();
 }
 
-int decAdvance(int *pos, const int *stage, int B, int prefill, cudaStream_t stream, NsaError *err) {
-    decAdvanceKernel<<<1, DEC_MAX_BATCH, 0, stream>>>(pos, stage, B, prefill);
-    LAUNCH_CHECK("decAdvanceKernel", err);
+int decAdvance(int *pos, const int *stage, int B, int prefill, const DecLaunch *ln, NsaError *err) {
+    DEC_LAUNCH("decAdvanceKernel", ln, err, decAdvanceKernel, dim3(1), dim3(DEC_MAX_BATCH), 0, pos,
+               stage, B, prefill);
+    return 0;
+}
+
+/* ---- overlapped launches ------------------------------------------------------ */
+
+int decOverlapSupported(int *overlap, NsaError *err) {
+    int dev = 0, major = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err);
+    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), err);
+    /* the kernels' wait is compiled in from sm_90 code only (decWaitPrior):
+     * a kernel JIT-compiled from older PTX would not wait, so its launch
+     * must not overlap */
+    cudaFuncAttributes fa;
+    CUDA_CHECK(cudaFuncGetAttributes(&fa, decAppendKernel), err);
+    *overlap = major >= 9 && fa.ptxVersion >= 90;
     return 0;
 }

@@ -10,7 +10,9 @@
  * shuffles, then the row's first warp adds the SPLIT partial sums in warp
  * order - a fixed order, so results are reproducible. One input row (a
  * decode step of one slot) splits each weight row over 4 warps: four times
- * the CTAs and a quarter of the loads in a row for each lane. */
+ * the CTAs and a quarter of the loads in a row for each lane. Launched
+ * overlapped (decode_ops.h), a kernel prefetches its weight rows into L2
+ * before it waits for the kernel before it. */
 #include "../cuda_common.cuh"
 #include "decode_ops.h"
 
@@ -27,6 +29,10 @@ __device__ __forceinline__ void unpackBf16x8(uint4 u, float *f) {
 
 __device__ __forceinline__ float silu(float a) { return a / (1.0f + __expf(-a)); }
 
+__device__ __forceinline__ void prefetchL2(const void *p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 /* BT rows per pass over the weight; NORM: fp32 x normalised on the fly
  * (else bf16 xb); MODE: DecGemvMode; SPLIT warps per output row. */
 template <int BT, bool NORM, int MODE, int SPLIT>
@@ -34,6 +40,19 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
     __shared__ float rstd[DEC_MAX_BATCH];
     __shared__ float part[SPLIT > 1 ? GEMV_WARPS : 1][2][BT];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * (GEMV_WARPS / SPLIT) + warp / SPLIT, kpart = warp % SPLIT;
+    const bool live = n < a.N;
+    const int K8 = live ? a.K / 8 : 0;
+    const uint4 *w0 = (const uint4 *)(a.w + (size_t)n * a.K);
+    const uint4 *w1 = (const uint4 *)(a.w + (size_t)(a.N + n) * a.K);  /* SWIGLU only */
+    /* the weights are constant during a pass: bring this warp's share into
+     * L2 while the previous kernel finishes (a 128-byte line per 8 lanes) */
+    if ((lane & 7) == 0)
+        for (int k8 = kpart * 32 + lane; k8 < K8; k8 += 32 * SPLIT) {
+            prefetchL2(w0 + k8);
+            if (MODE == DEC_SWIGLU) prefetchL2(w1 + k8);
+        }
+    decWaitPrior();
     if (NORM) {
         for (int b = warp; b < a.B; b += GEMV_WARPS) {
             const float4 *xr = (const float4 *)(a.x + (size_t)b * a.K);
@@ -47,12 +66,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
         }
         __syncthreads();
     }
-    const int n = blockIdx.x * (GEMV_WARPS / SPLIT) + warp / SPLIT, kpart = warp % SPLIT;
-    if (SPLIT == 1 && n >= a.N) return;   /* SPLIT > 1: every warp reaches the barrier */
-    const bool live = n < a.N;
-    const int K8 = live ? a.K / 8 : 0;
-    const uint4 *w0 = (const uint4 *)(a.w + (size_t)n * a.K);
-    const uint4 *w1 = (const uint4 *)(a.w + (size_t)(a.N + n) * a.K);  /* SWIGLU only */
+    if (SPLIT == 1 && !live) return;   /* SPLIT > 1: every warp reaches the barrier */
     for (int b0 = 0; b0 < a.B; b0 += BT) {
         float acc0[BT], acc1[BT];
 #pragma unroll
@@ -131,31 +145,36 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvKernel(DecGemv a) {
             else a.outb[at] = __float2bfloat16_rn(silu(v0) * v1);
         }
     }
+    decLetNextLaunch();
 }
 
 template <bool NORM, int MODE>
-static void launchTiles(const DecGemv *g, cudaStream_t stream) {
+static cudaError_t launchTiles(const DecGemv *g, const DecLaunch *ln) {
     const dim3 grid(ceilDiv((size_t)g->N, GEMV_WARPS)), block(GEMV_WARPS * 32);
     if (g->B <= 1)
-        decGemvKernel<1, NORM, MODE, 4><<<ceilDiv((size_t)g->N, GEMV_WARPS / 4), block, 0, stream>>>(*g);
-    else if (g->B <= 2) decGemvKernel<2, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
-    else if (g->B <= 4) decGemvKernel<4, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
-    else if (g->B <= 8) decGemvKernel<8, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
-    else decGemvKernel<16, NORM, MODE, 1><<<grid, block, 0, stream>>>(*g);
+        return decLaunchKernel(ln, decGemvKernel<1, NORM, MODE, 4>,
+                               dim3(ceilDiv((size_t)g->N, GEMV_WARPS / 4)), block, 0, *g);
+    if (g->B <= 2) return decLaunchKernel(ln, decGemvKernel<2, NORM, MODE, 1>, grid, block, 0, *g);
+    if (g->B <= 4) return decLaunchKernel(ln, decGemvKernel<4, NORM, MODE, 1>, grid, block, 0, *g);
+    if (g->B <= 8) return decLaunchKernel(ln, decGemvKernel<8, NORM, MODE, 1>, grid, block, 0, *g);
+    return decLaunchKernel(ln, decGemvKernel<16, NORM, MODE, 1>, grid, block, 0, *g);
 }
 
-int decGemv(const DecGemv *g, DecGemvMode mode, cudaStream_t stream, NsaError *err) {
+int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *err) {
     if (g->K % 8 != 0 || g->B < 1 || g->B > DEC_MAX_BATCH)
         return cudaFail(err, "decode gemv: K = %d, B = %d; allowed: K a multiple of 8, B 1 to %d",
                         g->K, g->B, DEC_MAX_BATCH);
     const bool norm = g->norm_w != NULL;
-    if (norm && mode == DEC_STORE) launchTiles<true, DEC_STORE>(g, stream);
-    else if (norm && mode == DEC_SILU) launchTiles<true, DEC_SILU>(g, stream);
-    else if (norm && mode == DEC_SWIGLU) launchTiles<true, DEC_SWIGLU>(g, stream);
-    else if (!norm && mode == DEC_ADD) launchTiles<false, DEC_ADD>(g, stream);
+    cudaError_t e;
+    if (norm && mode == DEC_STORE) e = launchTiles<true, DEC_STORE>(g, ln);
+    else if (norm && mode == DEC_SILU) e = launchTiles<true, DEC_SILU>(g, ln);
+    else if (norm && mode == DEC_SWIGLU) e = launchTiles<true, DEC_SWIGLU>(g, ln);
+    else if (!norm && mode == DEC_ADD) e = launchTiles<false, DEC_ADD>(g, ln);
     else
         return cudaFail(err, "decode gemv: mode %d with%s RMSNorm is not built", (int)mode,
                         norm ? "" : "out");
-    LAUNCH_CHECK("decGemvKernel", err);
+    if (e != cudaSuccess)
+        return cudaFail(err, "cuda: launch of decGemvKernel (N %d, K %d, B %d) failed: %s", g->N,
+                        g->K, g->B, cudaGetErrorString(e));
     return 0;
 }

@@ -1,7 +1,8 @@
 /* decode_ops.h - the kernels of one CUDA decode step (internal to
- * kernels/cuda/decode/; C++ linkage). Every launcher enqueues on stream
- * (it may be capturing a graph), never synchronises or allocates, and
- * returns 0, or -1 with err on a launch failure.
+ * kernels/cuda/decode/; C++ linkage). Every launcher enqueues on
+ * ln->stream (it may be capturing a graph), overlapped with the kernel
+ * before it when ln->overlap (see DecLaunch), never synchronises or
+ * allocates, and returns 0, or -1 with err on a launch failure.
  *
  * Rows: a pass handles B rows; row b is slot row_slot[b] at position
  * row_pos[b] (device memory, set by decRows from the staged slot and the
@@ -39,6 +40,68 @@ typedef __nv_bfloat16 bf16;
 #define DEC_UNIT 64           /* keys per CTA of decSelWin; key tile of decCmp */
 #define DEC_MLP_POOL_MAX 8192 /* l * max(dk, dv) for phi = mlp (shared memory) */
 
+/* ---- overlapped launches --------------------------------------------------
+ * A pass is a chain of about ten small kernels a layer, each waiting for the
+ * one before; launched plainly, every kernel pays its launch after its
+ * predecessor has drained. With overlap (programmatic dependent launch,
+ * sm_90 code) the next kernel of the chain is launched while the current
+ * one finishes: every decode kernel waits at its start until its
+ * predecessor has finished and its writes are visible (decWaitPrior), and
+ * lets its successor launch as its last step (decLetNextLaunch). Before the
+ * wait a kernel reads weights only (the matrix-vector kernels prefetch
+ * theirs into L2 there). Every CTA waits before it can exit, so a kernel
+ * ends after its predecessor and the chain orders the pass exactly as plain
+ * launches would. Letting the successor launch at the start instead (every
+ * later kernel resident and waiting at once) was slower; see docs/PERF.md.
+ * Both instructions are no-ops for a kernel launched without overlap. */
+typedef struct DecLaunch {
+    cudaStream_t stream;
+    int overlap;   /* launch with programmatic stream serialisation */
+} DecLaunch;
+
+__device__ __forceinline__ void decLetNextLaunch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void decWaitPrior() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Launches kernel on ln->stream, overlapped with its predecessor when
+ * ln->overlap; returns the launch's error (cudaSuccess when enqueued). */
+template <typename... Params, typename... Args>
+static inline cudaError_t decLaunchKernel(const DecLaunch *ln, void (*kernel)(Params...), dim3 grid,
+                                          dim3 block, size_t smem, Args... args) {
+    cudaLaunchAttribute attr;
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = ln->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = ln->overlap ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* decLaunchKernel, returning -1 with err (naming the kernel) on failure. */
+#define DEC_LAUNCH(name, ln, err, ...)                                                    \
+    do {                                                                                  \
+        const cudaError_t dec_launch_status_ = decLaunchKernel((ln), __VA_ARGS__);        \
+        if (dec_launch_status_ != cudaSuccess)                                            \
+            return cudaFail((err), "cuda: launch of %s failed at %s:%d: %s", (name),       \
+                            __FILE__, __LINE__, cudaGetErrorString(dec_launch_status_));   \
+    } while (0)
+
+/* Whether this build's decode kernels can overlap their launches on the
+ * current device (their code is sm_90 or later); 0 or -1 with err. */
+int decOverlapSupported(int *overlap, NsaError *err);
+
 /* ---- decode_gemv.cu ----
  * out[b][n] = sum_k in[b][k] W[n][k] for b < B, W bf16 [N][K] (K % 8 == 0,
  * 16-byte aligned rows). The input is either the fp32 residual x with
@@ -57,7 +120,7 @@ typedef struct DecGemv {
     float *out;
     bf16 *outb;
 } DecGemv;
-int decGemv(const DecGemv *g, DecGemvMode mode, cudaStream_t stream, NsaError *err);
+int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *err);
 
 /* ---- decode_attn.cu ---- */
 typedef struct DecDims {
@@ -101,40 +164,40 @@ typedef struct DecScratch {
  * are slots base+b at their positions, prefill rows positions pos+b of one
  * slot. */
 int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
-            cudaStream_t stream, NsaError *err);
+            const DecLaunch *ln, NsaError *err);
 /* RoPE on q and the three branch keys of every row, cache appends, and (when
  * dm->pool_in_append) the pooled block when the row's position completes
  * one. Grid (B, G). */
-int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
               NsaError *err);
 /* The pooled blocks the rows' positions complete, after decAppend (prefill:
  * the rows of one slot share the raw ring). Grid (B, G). */
-int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
             NsaError *err);
 /* Compressed attention partials over chunks of visible blocks, and the raw
  * scores for the selection. Grid (B*G, n_chunks). */
-int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
            NsaError *err);
 /* Each head's log-sum-exp from the compressed partials, then the selection
  * blocks' scores and the forced and top blocks (sel).
  * Grid (B*G). */
-int decSelect(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
+int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
 /* Selected and window attention partials, DEC_UNIT keys per CTA, every
  * head of the group at once. Grid (B*G, sel_units + win_units). */
-int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cudaStream_t stream,
+int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
               NsaError *err);
 /* Merges each branch's partials (compressed chunks, selected and window
  * units) and combines the branches with the gates into y. Grid (B, H). */
-int decCombine(const DecDims *dm, const DecScratch *s, cudaStream_t stream, NsaError *err);
+int decCombine(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
 /* Lets decCmp and decSelWin use the shared memory dm's head sizes need
  * (above 48 KB only for large heads); -1 with err when decCombine's
  * would not fit. Once per decoder, before any pass. */
 int decAttnPrepare(const DecDims *dm, NsaError *err);
 
 /* x[b] = tok_emb[tokens[b]] (fp32). */
-int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, cudaStream_t stream,
+int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, const DecLaunch *ln,
              NsaError *err);
 /* Decode: pos[stage[0] + b] += 1 for b < B; prefill: pos[stage[0]] += B. */
-int decAdvance(int *pos, const int *stage, int B, int prefill, cudaStream_t stream, NsaError *err);
+int decAdvance(int *pos, const int *stage, int B, int prefill, const DecLaunch *ln, NsaError *err);
 
 #endif /* NSA_CUDA_DECODE_OPS_H */
