@@ -3,9 +3,9 @@
  * y = x * rstd * w, rstd = 1/sqrt(mean_c x_c^2 + eps) (the mean in double).
  * Backward, u = w * dy: dx += rstd u - x rstd^3 mean_c(u_c x_c);
  * dw += sum_n dy x rstd, as fixed-order column sums (deterministic), both
- * from one read of each row. The
- * row kernels need 16-byte aligned rows for their vector path (C % 4 == 0
- * and aligned base pointers, as the engine's arenas are). */
+ * from one read of each row. The row kernels need 16-byte aligned rows for
+ * their vector path (C % 4 == 0 and aligned base pointers, as the engine's
+ * arenas are). */
 #include "layers_cuda.h"
 #include "../cuda_common.cuh"
 
@@ -70,7 +70,7 @@ __global__ void rmsnormForwardKernel(void *y, int ytype, float *rstd, const floa
     }
 }
 
-/* One CTA per chunk of `rows` rows (rmsnormChunkRows), a warp per row in
+/* One CTA per chunk of `rows` rows (chunkRows), a warp per row in
  * turn: dx += rstd w dy - x k with k = rstd^3 mean_c(w dy x), dx_op (dx_type)
  * receiving the updated row when not NULL; and the chunk's share of dw,
  * partial[chunk][c] = sum over its rows of dy x rstd, summed per warp in
