@@ -918,7 +918,9 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     m->max_chunks = embeddingMaxChunks(N, c->vocab_size);
     CUDA_CHECK(cudaStreamCreateWithFlags(&m->stream, cudaStreamNonBlocking), err);
     m->have_stream = 1;
-    if (gemmContextCreate(&m->gemm, m->opt.precision, GEMM_WORKSPACE_BYTES, err)) return -1;
+    if (gemmContextCreate(&m->gemm, m->opt.precision, GEMM_WORKSPACE_BYTES, err) ||
+        rmsnormPrepare(c->dim, err))
+        return -1;
 
     const size_t arena_bytes = m->lay.total * sizeof(float);
     const char *arena_names[4] = {"parameters", "gradients", "Adam m", "Adam v"};

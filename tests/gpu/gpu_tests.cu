@@ -510,7 +510,8 @@ static void testRmsNorm(Results *res, int N, int C) {
     float *zeros = hostAlloc(n);
     float *gdx = devFrom(zeros, n), *gdw = devFrom(zeros, C);
     float *part = (float *)devAlloc(rmsnormPartialFloats((size_t)N, C) * 4);
-    int rc = rmsnormForward(gy, grs, gx, gw, (size_t)N, C, 1e-6f, 0, &err) ||
+    int rc = rmsnormPrepare(C, &err) ||
+             rmsnormForward(gy, grs, gx, gw, (size_t)N, C, 1e-6f, 0, &err) ||
              rmsnormBackward(gdx, gdw, part, gdy, gx, gw, grs, (size_t)N, C, 0, &err);
     float *hy = hostAlloc(n), *hdx = hostAlloc(n), *hdw = hostAlloc(C);
     toHost(hy, gy, n * 4);

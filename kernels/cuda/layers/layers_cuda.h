@@ -66,6 +66,10 @@ int embeddingBackward(float *dtable, float *partial, const float *dout, const Em
 /* Floats of the backward's partial buffer for N rows of C: at most
  * RMS_MAX_CHUNKS x C. Cannot fail. */
 size_t rmsnormPartialFloats(size_t N, int C);
+/* Lets the backward kernel take the shared memory rows of C need (above
+ * 48 KB from C > 3072); once per device and C, before any backward (not in
+ * a step). -1 with err when this GPU cannot give it. */
+int rmsnormPrepare(int C, NsaError *err);
 int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t N, int C,
                    float eps, cudaStream_t stream, NsaError *err);
 /* The same with y stored as yt (the normalised row feeds GEMMs only, so the

@@ -181,25 +181,28 @@ int rmsnormForward(float *y, float *rstd, const float *x, const float *w, size_t
     return rmsnormForwardTo(y, DTYPE_F32, rstd, x, w, N, C, eps, stream, err);
 }
 
+int rmsnormPrepare(int C, NsaError *err) {
+    const size_t smem = (size_t)RMS_BWD_WARPS * C * sizeof(float);
+    if (smem <= 48 * 1024) return 0;
+    int dev = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&dev), err);
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err);
+    if (smem > (size_t)optin)
+        return cudaFail(err, "cuda: RMSNorm backward: dim %d needs %zu bytes of shared memory for "
+                             "the weight gradient's row sums; allowed: dim up to %d on this GPU",
+                        C, smem, optin / (RMS_BWD_WARPS * 4));
+    CUDA_CHECK(cudaFuncSetAttribute(rmsnormBackwardKernel,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+               err);
+    return 0;
+}
+
 int rmsnormBackwardTo(float *dx, void *dx_op, DType dx_ot, float *dw, float *partial,
                       const float *dy, const float *x, const float *w, const float *rstd,
                       size_t N, int C, cudaStream_t stream, NsaError *err) {
     if (N == 0) return 0;
     const size_t rows = chunkRows(N), chunks = (N + rows - 1) / rows;
     const size_t smem = (size_t)RMS_BWD_WARPS * C * sizeof(float);
-    if (smem > 48 * 1024) {
-        int dev = 0, optin = 0;
-        CUDA_CHECK(cudaGetDevice(&dev), err);
-        CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                   err);
-        if (smem > (size_t)optin)
-            return cudaFail(err, "cuda: rmsnormBackward: dim %d needs %zu bytes of shared memory "
-                                 "for the weight gradient's row sums; allowed: dim up to %d on "
-                                 "this GPU", C, smem, optin / (RMS_BWD_WARPS * 4));
-        CUDA_CHECK(cudaFuncSetAttribute(rmsnormBackwardKernel,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                   err);
-    }
     rmsnormBackwardKernel<<<(unsigned)chunks, 32 * RMS_BWD_WARPS, smem, stream>>>(
         dx, dx_op, (int)dx_ot, partial, dy, x, w, rstd, N, C, (int)rows,
         rowVec(C, dx, dy, x, w, dx_ot == DTYPE_F32 ? NULL : dx_op) &&
