@@ -380,6 +380,8 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const
 
 #define SEL_THREADS 256
 #define SEL_PER_THREAD (DEC_MAX_SEL_BLOCKS / SEL_THREADS)
+#define SEL_COLS 8             /* compressed blocks a thread scores at once */
+#define SEL_NO_BIN 0xffffffffu /* a key outside this radix pass */
 static_assert(SEL_THREADS == 256, "decSelectKernel's radix histogram has a bin per thread");
 
 /* Sum of v over the block (every thread gets it). scratch: 2 x 32 ints,
@@ -444,12 +446,33 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     }
     __syncthreads();
 
-    /* 2. p_i summed over the group's heads, into shared memory */
+    /* 2. p_i summed over the group's heads (in head order), into shared
+     * memory. A thread takes SEL_COLS columns at once and issues their loads
+     * (two heads' worth) before it uses any: the scores come from L2, and
+     * one round trip per column and head would make this step the
+     * selection's longest at long context. */
     const float *sc = s.cmp_scores + ((size_t)b * H + g * hpg) * dm.Nc;
-    for (int i = threadIdx.x; i < n_vis; i += blockDim.x) {
-        float acc = 0.0f;
-        for (int hh = 0; hh < hpg; hh++) acc += __expf(sc[(size_t)hh * dm.Nc + i] - lse[hh]);
-        P[i] = acc;
+    for (int i0 = 0; i0 < n_vis; i0 += SEL_COLS * SEL_THREADS) {
+        float acc[SEL_COLS];
+#pragma unroll
+        for (int r = 0; r < SEL_COLS; r++) acc[r] = 0.0f;
+#pragma unroll 2
+        for (int hh = 0; hh < hpg; hh++) {
+            const float *row = sc + (size_t)hh * dm.Nc;
+            float v[SEL_COLS];
+#pragma unroll
+            for (int r = 0; r < SEL_COLS; r++) {
+                const int i = i0 + r * SEL_THREADS + threadIdx.x;
+                v[r] = i < n_vis ? row[i] : 0.0f;
+            }
+#pragma unroll
+            for (int r = 0; r < SEL_COLS; r++) acc[r] += __expf(v[r] - lse[hh]);
+        }
+#pragma unroll
+        for (int r = 0; r < SEL_COLS; r++) {
+            const int i = i0 + r * SEL_THREADS + threadIdx.x;
+            if (i < n_vis) P[i] = acc[r];
+        }
     }
     __syncthreads();
 
@@ -500,9 +523,18 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         for (int shift = 24; shift >= 0; shift -= 8) {
             hist[threadIdx.x] = 0;
             __syncthreads();
+            /* the scores share their top bytes, so most keys land in one
+             * bin: one atomic per warp and bin (the lanes that match it
+             * counted together), not one per key */
 #pragma unroll
-            for (int r = 0; r < SEL_PER_THREAD; r++)
-                if (valid[r] && (key[r] & known) == tau) atomicAdd(&hist[(key[r] >> shift) & 255u], 1);
+            for (int r = 0; r < SEL_PER_THREAD; r++) {
+                if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing valid past Ns */
+                const unsigned bin = valid[r] && (key[r] & known) == tau
+                                         ? (key[r] >> shift) & 255u : SEL_NO_BIN;
+                const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                if (bin != SEL_NO_BIN && __ffs(peers) - 1 == lane)
+                    atomicAdd(&hist[bin], __popc(peers));
+            }
             __syncthreads();
             if (warp == 0) {
                 /* lane owns bins 8 lane .. 8 lane + 7; above = keys in higher lanes' bins */
