@@ -164,7 +164,8 @@ static size_t chunkRows(size_t N) {
 }
 
 size_t rmsnormPartialFloats(size_t N, int C) {
-    return (N + chunkRows(N) - 1) / chunkRows(N) * (size_t)C;
+    const size_t rows = chunkRows(N);
+    return (N + rows - 1) / rows * (size_t)C;
 }
 
 int rmsnormForwardTo(void *y, DType yt, float *rstd, const float *x, const float *w, size_t N,
