@@ -7,6 +7,8 @@
  *             unchosen complete block scores above a chosen one by more
  *             than rounding), ascending, -1 padded, equal to the CPU rule
  *             wherever no near-tie exists; up to 4096 selection blocks
+ *   gemv      the matrix-vector products alone against a double reference:
+ *             every mode, with and without the RMSNorm, 1 to 64 rows
  *   decode    whole models, bf16 decoder vs the fp32 CPU decoder holding the
  *             same bf16-rounded weights: several slots at different
  *             positions, prompts through Prefill (passes of up to
@@ -147,6 +149,104 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
     cudaFree((void *)s.cmp_o); cudaFree((void *)s.cmp_scores); cudaFree(s.sel);
 }
 
+/* ---- the matrix-vector products alone --------------------------------------------- */
+
+static std::vector<uint16_t> toBf16Bits(const std::vector<float> &f) {
+    std::vector<uint16_t> u(f.size());
+    for (size_t i = 0; i < f.size(); i++) {
+        uint32_t v;
+        memcpy(&v, &f[i], 4);
+        u[i] = (uint16_t)(v >> 16);   /* f already bf16-rounded */
+    }
+    return u;
+}
+
+static float bf16BitsToFloat(uint16_t h) {
+    const uint32_t v = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &v, 4);
+    return f;
+}
+
+/* decGemv at B rows against a double reference on the same bf16 weights:
+ * every mode, with and without the on-the-fly RMSNorm, N and K off the
+ * tile sizes, B across the CUDA-core / tensor-core forms and their tiles. */
+static void testGemv(int N, int K, int B, DecGemvMode mode, bool norm, uint64_t seed) {
+    const double t0 = nowSeconds();
+    const int rows_w = mode == DEC_SWIGLU ? 2 * N : N;
+    std::vector<float> w((size_t)rows_w * K), x((size_t)B * K), nw(K), base((size_t)B * N);
+    fillUniform(w.data(), w.size(), seed, 1, -1.0f, 1.0f);
+    fillUniform(x.data(), x.size(), seed, 2, -2.0f, 2.0f);
+    fillUniform(nw.data(), nw.size(), seed, 3, 0.5f, 1.5f);
+    fillUniform(base.data(), base.size(), seed, 4, -1.0f, 1.0f);
+    for (float &v : w) v = roundBf16(v);
+    if (!norm)
+        for (float &v : x) v = roundBf16(v);
+    /* reference in double */
+    std::vector<double> want((size_t)B * N);
+    for (int b = 0; b < B; b++) {
+        double rs = 1.0;
+        if (norm) {
+            double ss = 0.0;
+            for (int k = 0; k < K; k++) ss += (double)x[(size_t)b * K + k] * x[(size_t)b * K + k];
+            rs = 1.0 / sqrt(ss / K + 1e-5);
+        }
+        for (int n = 0; n < N; n++) {
+            double s0 = 0.0, s1 = 0.0;
+            for (int k = 0; k < K; k++) {
+                const double in = norm ? x[(size_t)b * K + k] * rs * nw[k] : x[(size_t)b * K + k];
+                s0 += in * w[(size_t)n * K + k];
+                if (mode == DEC_SWIGLU) s1 += in * w[(size_t)(N + n) * K + k];
+            }
+            const double silu0 = s0 / (1.0 + exp(-s0));
+            double v = s0;
+            if (mode == DEC_ADD) v = base[(size_t)b * N + n] + s0;
+            else if (mode == DEC_SILU) v = silu0;
+            else if (mode == DEC_SWIGLU) v = silu0 * s1;
+            want[(size_t)b * N + n] = v;
+        }
+    }
+    const std::vector<uint16_t> wb = toBf16Bits(w), xbits = toBf16Bits(x);
+    DecGemv g = {};
+    g.N = N; g.K = K; g.B = B; g.eps = 1e-5f;
+    bf16 *dw = (bf16 *)devAlloc(wb.size() * 2);
+    GPU_OK(cudaMemcpy(dw, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice));
+    g.w = dw;
+    float *dx = NULL, *dnw = NULL;
+    bf16 *dxb = NULL;
+    if (norm) {
+        dx = devFrom(x.data(), x.size());
+        dnw = devFrom(nw.data(), nw.size());
+        g.x = dx; g.norm_w = dnw;
+    } else {
+        dxb = (bf16 *)devAlloc(xbits.size() * 2);
+        GPU_OK(cudaMemcpy(dxb, xbits.data(), xbits.size() * 2, cudaMemcpyHostToDevice));
+        g.xb = dxb;
+    }
+    const bool bf16_out = mode == DEC_SILU || mode == DEC_SWIGLU;
+    float *dout = mode == DEC_ADD ? devFrom(base.data(), base.size())
+                                  : (float *)devAlloc((size_t)B * N * sizeof(float));
+    bf16 *doutb = (bf16 *)devAlloc((size_t)B * N * 2);   /* poisoned: NaN bf16 */
+    g.out = dout; g.outb = doutb;
+    NsaError err = {{0}};
+    const DecLaunch plain = {0, 0};
+    const int rc = decGemv(&g, mode, &plain, &err);
+    std::vector<float> got((size_t)B * N);
+    if (bf16_out) {
+        std::vector<uint16_t> h((size_t)B * N);
+        toHost(h.data(), doutb, h.size() * 2);
+        for (size_t i = 0; i < h.size(); i++) got[i] = bf16BitsToFloat(h[i]);
+    } else {
+        toHost(got.data(), dout, got.size() * sizeof(float));
+    }
+    const double e = relErrD(got.data(), want.data(), got.size());
+    const char *names[] = {"store", "add", "silu", "swiglu"};
+    report(&g_res, rc == 0 && e <= 1e-2, nowSeconds() - t0, "gemv",
+           "N %d K %d B %d %s%s: rel err %.2e (tol 1e-2)%s%s", N, K, B, names[mode],
+           norm ? " +rmsnorm" : "", e, rc ? ": " : "", rc ? err.message : "");
+    cudaFree(dw); cudaFree(dx); cudaFree(dnw); cudaFree(dxb); cudaFree(dout); cudaFree(doutb);
+}
+
 /* ---- whole models ----------------------------------------------------------------- */
 
 typedef struct Case {
@@ -284,6 +384,18 @@ int main(void) {
     testSelect(262143, 32, 16, 64, 32, 1, 5);
     testSelect(300, 16, 8, 8, 2, 3, 6);
     testSelect(1000, 64, 16, 32, 20, 4, 7);
+    /* matrix-vector products: one row (CUDA cores), 2 to 64 (tensor cores,
+     * 1 to 4 tiles of 16), N and K off the tiles (K a multiple of 8) */
+    testGemv(200, 72, 1, DEC_STORE, true, 21);
+    testGemv(203, 72, 2, DEC_STORE, true, 22);
+    testGemv(768, 768, 16, DEC_STORE, true, 23);
+    testGemv(77, 3072, 3, DEC_ADD, false, 24);
+    testGemv(768, 3072, 17, DEC_ADD, false, 25);
+    testGemv(300, 264, 33, DEC_SILU, true, 26);
+    testGemv(64, 128, 64, DEC_SWIGLU, true, 27);
+    testGemv(96, 40, 47, DEC_SWIGLU, true, 28);
+    testGemv(256, 768, 1, DEC_SILU, true, 29);
+    testGemv(256, 768, 49, DEC_ADD, false, 30);
 
     Case a = {};
     a.name = "decode avg/silu, every block selected";
