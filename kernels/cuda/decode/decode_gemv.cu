@@ -22,6 +22,11 @@
 #include "decode_ops.h"
 
 #define GEMV_WARPS 8
+/* 16-row tiles a CTA of the tensor-core form takes; more rows (a prefill
+ * pass of 64) go to more CTAs, each reading the weights again from L2. At 4
+ * tiles a CTA the normalising products held 170 registers (one CTA per SM)
+ * and half as many CTAs ran. The kernel is built for two CTAs per SM. */
+#define GEMV_MAX_TILES 2
 
 __device__ __forceinline__ void unpackBf16x8(uint4 u, float *f) {
     const unsigned w[4] = {u.x, u.y, u.z, u.w};
@@ -38,10 +43,12 @@ __device__ __forceinline__ void prefetchL2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-/* rstd[b] = 1 / sqrt(mean_k x[b][k]^2 + eps) for b < B, a warp per row. */
-__device__ __forceinline__ void decRowRstd(const DecGemv &a, float *rstd) {
+/* rstd[b - row0] = 1 / sqrt(mean_k x[b][k]^2 + eps) for the rows row0 ..
+ * row0 + rows - 1 below B, a warp per row. */
+__device__ __forceinline__ void decRowRstd(const DecGemv &a, int row0, int rows, float *rstd) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int b = warp; b < a.B; b += GEMV_WARPS) {
+    const int end = row0 + rows < a.B ? row0 + rows : a.B;
+    for (int b = row0 + warp; b < end; b += GEMV_WARPS) {
         const float4 *xr = (const float4 *)(a.x + (size_t)b * a.K);
         float ss = 0.0f;
         for (int k4 = lane; k4 < a.K / 4; k4 += 32) {
@@ -49,7 +56,7 @@ __device__ __forceinline__ void decRowRstd(const DecGemv &a, float *rstd) {
             ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
         }
         ss = warpSum(ss);
-        if (lane == 0) rstd[b] = 1.0f / sqrtf(ss / (float)a.K + a.eps);
+        if (lane == 0) rstd[b - row0] = 1.0f / sqrtf(ss / (float)a.K + a.eps);
     }
 }
 
@@ -86,7 +93,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvRowKernel(DecGemv a) {
         }
     decWaitPrior();
     if (NORM) {
-        decRowRstd(a, rstd);
+        decRowRstd(a, 0, 1, rstd);
         __syncthreads();
     }
     float acc0 = 0.0f, acc1 = 0.0f;
@@ -155,8 +162,9 @@ __device__ __forceinline__ uint32_t decPackBf16(float lo, float hi) {
  * two products keep about 16 bits of the fp32 input (one bf16 rounding of
  * it cost the decode test half its margin against the fp32 reference). */
 template <bool NORM>
-__device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd, const float *nw,
-                                            int b, int k8, bool kin, uint4 &hi, uint4 &lo) {
+__device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd, int row0,
+                                            const float *nw, int b, int k8, bool kin, uint4 &hi,
+                                            uint4 &lo) {
     hi = lo = make_uint4(0u, 0u, 0u, 0u);
     if (b >= a.B || !kin) return;
     if (!NORM) {
@@ -165,7 +173,7 @@ __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd,
     }
     const float4 *xr = (const float4 *)(a.x + (size_t)b * a.K);
     const float4 x0 = xr[2 * k8], x1 = xr[2 * k8 + 1];
-    const float r = rstd[b];
+    const float r = rstd[b - row0];
     const float v[8] = {x0.x * r * nw[0], x0.y * r * nw[1], x0.z * r * nw[2], x0.w * r * nw[3],
                         x1.x * r * nw[4], x1.y * r * nw[5], x1.z * r * nw[6], x1.w * r * nw[7]};
     uint32_t h[4], l[4];
@@ -179,7 +187,8 @@ __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd,
     lo = make_uint4(l[0], l[1], l[2], l[3]);
 }
 
-/* MT tiles of 16 rows (B <= 16 MT) x the CTA's 8 outputs, on tensor cores.
+/* MT tiles of 16 rows (from row0 = 16 MT blockIdx.y) x the CTA's 8 outputs
+ * (from 8 blockIdx.x), on tensor cores.
  * Lane (g, q) = (lane / 4, lane % 4) loads, per 32-wide k chunk, one 16-byte
  * piece of weight row n0 + g (k 8q .. 8q+7) and the same columns of input
  * rows g and g + 8 of each tile; the chunk's k order is permuted alike for
@@ -188,12 +197,12 @@ __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd,
  * products a fragment pairs, not the sum. The 8 warps take interleaved
  * chunks; their tiles are summed in warp order through shared memory. */
 template <bool NORM, int MODE, int MT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvMmaKernel(DecGemv a) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) decGemvMmaKernel(DecGemv a) {
     constexpr int ACC = MODE == DEC_SWIGLU ? 2 : 1;
-    __shared__ float rstd[DEC_MAX_BATCH];
+    __shared__ float rstd[16 * MT];
     __shared__ float tile[GEMV_WARPS][ACC][MT][4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
-    const int n = blockIdx.x * 8 + g;
+    const int n = blockIdx.x * 8 + g, row0 = blockIdx.y * 16 * MT;
     const bool nlive = n < a.N;
     const int K8 = a.K / 8, chunks = (K8 + 3) / 4;
     const uint4 *w0 = (const uint4 *)(a.w + (size_t)(nlive ? n : 0) * a.K);
@@ -206,7 +215,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvMmaKernel(DecGemv a) {
         }
     decWaitPrior();
     if (NORM) {
-        decRowRstd(a, rstd);
+        decRowRstd(a, row0, 16 * MT, rstd);
         __syncthreads();
     }
     float acc[ACC][MT][4];
@@ -234,8 +243,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvMmaKernel(DecGemv a) {
         for (int t = 0; t < MT; t++) {
             /* rows g and g + 8 of the tile; [0] the bf16 (hi) parts, [1] the lo parts */
             uint4 top[2], bot[2];
-            decRowChunk<NORM>(a, rstd, nw, 16 * t + g, k8, kin, top[0], top[1]);
-            decRowChunk<NORM>(a, rstd, nw, 16 * t + g + 8, k8, kin, bot[0], bot[1]);
+            decRowChunk<NORM>(a, rstd, row0, nw, row0 + 16 * t + g, k8, kin, top[0], top[1]);
+            decRowChunk<NORM>(a, rstd, row0, nw, row0 + 16 * t + g + 8, k8, kin, bot[0], bot[1]);
 #pragma unroll
             for (int part = 0; part < (NORM ? 2 : 1); part++) {
                 const uint4 r0 = top[part], r1 = bot[part];
@@ -255,11 +264,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvMmaKernel(DecGemv a) {
 #pragma unroll
             for (int r = 0; r < 4; r++) tile[warp][u][t][r][lane] = acc[u][t][r];
     __syncthreads();
-    /* element (t, r, l) of the C tiles: row 16t + l/4 (+8 for r >= 2),
+    /* element (t, r, l) of the C tiles: row row0 + 16t + l/4 (+8 for r >= 2),
      * output 8 blockIdx.x + 2 (l % 4) + r % 2 */
     for (int e = threadIdx.x; e < MT * 4 * 32; e += GEMV_WARPS * 32) {
         const int t = e / 128, r = (e / 32) % 4, l = e % 32;
-        const int b = 16 * t + (l >> 2) + (r >= 2 ? 8 : 0);
+        const int b = row0 + 16 * t + (l >> 2) + (r >= 2 ? 8 : 0);
         const int col = blockIdx.x * 8 + 2 * (l & 3) + (r & 1);
         if (b >= a.B || col >= a.N) continue;
         float v0 = 0.0f, v1 = 0.0f;
@@ -278,12 +287,12 @@ static cudaError_t launchTiles(const DecGemv *g, const DecLaunch *ln) {
     if (g->B == 1)
         return decLaunchKernel(ln, decGemvRowKernel<NORM, MODE>,
                                dim3(ceilDiv((size_t)g->N, GEMV_WARPS / ROW_SPLIT)), block, 0, *g);
-    static_assert(DEC_MAX_BATCH <= 64, "the tensor-core gemv takes up to 4 tiles of 16 rows");
-    const dim3 tiles(ceilDiv((size_t)g->N, 8));
-    if (g->B <= 16) return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 1>, tiles, block, 0, *g);
-    if (g->B <= 32) return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 2>, tiles, block, 0, *g);
-    if (g->B <= 48) return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 3>, tiles, block, 0, *g);
-    return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 4>, tiles, block, 0, *g);
+    const int tiles = (g->B + 15) / 16;
+    const int mt = tiles < GEMV_MAX_TILES ? tiles : GEMV_MAX_TILES;
+    const dim3 grid(ceilDiv((size_t)g->N, 8), ceilDiv((size_t)tiles, (size_t)mt));
+    static_assert(GEMV_MAX_TILES == 2, "the launches below instantiate 1 and 2 tiles");
+    if (mt == 1) return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 1>, grid, block, 0, *g);
+    return decLaunchKernel(ln, decGemvMmaKernel<NORM, MODE, 2>, grid, block, 0, *g);
 }
 
 int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *err) {

@@ -109,7 +109,8 @@ int decOverlapSupported(int *overlap, NsaError *err);
  * row in fp32) or a bf16 activation xb. Modes: STORE writes fp32 out, ADD
  * adds into fp32 out (the residual stream), SILU writes bf16
  * silu(out) to outb, SWIGLU reads W as [2N][K] and writes bf16
- * silu(row n) * (row N + n). A warp per output row; each CTA handles 8. */
+ * silu(row n) * (row N + n). One row runs on CUDA cores in fp32, two or
+ * more (B <= DEC_MAX_BATCH) on tensor cores, 16 rows a tile. */
 typedef enum DecGemvMode { DEC_STORE = 0, DEC_ADD = 1, DEC_SILU = 2, DEC_SWIGLU = 3 } DecGemvMode;
 typedef struct DecGemv {
     const bf16 *w;
