@@ -159,8 +159,9 @@ __device__ __forceinline__ uint32_t decPackBf16(float lo, float hi) {
 /* Input row b's 8 values at 16-byte column k8 as bf16 (zero past B or K):
  * the bf16 activation as it is, or (NORM) the row normalised on the fly and
  * split in two bf16 parts, hi = bf16(v) and lo = bf16(v - hi), so that the
- * two products keep about 16 bits of the fp32 input (one bf16 rounding of
- * it cost the decode test half its margin against the fp32 reference). */
+ * two products keep about 16 bits of the fp32 input, as the one-row kernel
+ * does in fp32 (a single bf16 rounding showed in the decode test's error
+ * against the fp32 reference). */
 template <bool NORM>
 __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd, int row0,
                                             const float *nw, int b, int k8, bool kin, uint4 &hi,
