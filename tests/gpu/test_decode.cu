@@ -384,8 +384,9 @@ int main(void) {
     testSelect(262143, 32, 16, 64, 32, 1, 5);
     testSelect(300, 16, 8, 8, 2, 3, 6);
     testSelect(1000, 64, 16, 32, 20, 4, 7);
-    /* matrix-vector products: one row (CUDA cores), 2 to 64 (tensor cores,
-     * 1 to 4 tiles of 16), N and K off the tiles (K a multiple of 8) */
+    /* matrix-vector products: one row (CUDA cores), 2 to 64 (tensor cores:
+     * 1 to 4 tiles of 16 rows, at most 2 a CTA, so above 32 rows a second
+     * row group of CTAs), N and K off the tiles (K a multiple of 8) */
     testGemv(200, 72, 1, DEC_STORE, true, 21);
     testGemv(203, 72, 2, DEC_STORE, true, 22);
     testGemv(768, 768, 16, DEC_STORE, true, 23);
