@@ -523,6 +523,14 @@ int nsaDecoderLoadModel(NsaDecoder *d, NsaModel *m, NsaError *err);
 int nsaDecoderReset(NsaDecoder *d, int slot, NsaError *err);
 /* Tokens slot holds (its next position), or -1 for a bad slot. */
 int nsaDecoderPosition(const NsaDecoder *d, int slot);
+/* Makes slot dst hold what slot src holds: src's tokens, caches and
+ * position (dst's own are dropped; src is unchanged; dst == src is a
+ * no-op). A prompt prefilled once can so be continued several ways, each
+ * slot then stepping on its own: several samples of one prompt pay for one
+ * prefill. Copies the live part of each cache, on the device for a CUDA
+ * decoder. Synchronous. Returns 0, or -1 with err for a slot out of range
+ * or a failed copy. */
+int nsaDecoderCopySlot(NsaDecoder *d, int dst, int src, NsaError *err);
 
 /* Appends n tokens (ids in [0, V)) to slot, in order, and writes the logits
  * of the last one into logits [V] (may be NULL). Fails, changing nothing,

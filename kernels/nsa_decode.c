@@ -300,6 +300,43 @@ int nsaDecoderReset(NsaDecoder *d, int slot, NsaError *err) {
     return 0;
 }
 
+/* Copies n elements of a per-slot cache from slot src to slot dst. */
+static void cpuCopyCache(NsaCpuDecoder *cd, size_t base, size_t slot_elems, int dst, int src,
+                         size_t n) {
+    char *a = (char *)cd->arena;
+    const size_t es = cd->real_size;
+    memcpy(a + (base + (size_t)dst * slot_elems) * es, a + (base + (size_t)src * slot_elems) * es,
+           n * es);
+}
+
+int nsaDecoderCopySlot(NsaDecoder *d, int dst, int src, NsaError *err) {
+    if (!d) return nsaErrorf(err, "nsa decoder: no decoder (NULL)");
+    if (dst < 0 || dst >= d->opt.max_batch || src < 0 || src >= d->opt.max_batch)
+        return nsaErrorf(err, "nsa decoder: copy of slot %d into slot %d; allowed: slots 0 to %d",
+                         src, dst, d->opt.max_batch - 1);
+    if (dst == src) return 0;
+#ifdef NSA_DECODE_CUDA
+    if (isCuda(d)) return nsaCudaDecoderCopySlot(d->cuda, dst, src, err);
+#endif
+    NsaCpuDecoder *cd = &d->cpu;
+    /* the selection branch's caches hold position u at row u: only the live
+     * rows; the rings and the pooled blocks are small, so whole */
+    const size_t live = (size_t)cd->pos[src], G = cd->cfg.n_kv_groups;
+    for (int i = 0; i < cd->cfg.n_layers; i++) {
+        const NsaCpuDecodeLayer *l = &cd->layers[i];
+        cpuCopyCache(cd, l->k_sel, cd->slot_sel_k, dst, src, live * G * cd->cfg.d_k);
+        cpuCopyCache(cd, l->v_sel, cd->slot_sel_v, dst, src, live * G * cd->cfg.d_v);
+        cpuCopyCache(cd, l->k_win, cd->slot_win_k, dst, src, cd->slot_win_k);
+        cpuCopyCache(cd, l->v_win, cd->slot_win_v, dst, src, cd->slot_win_v);
+        cpuCopyCache(cd, l->k_raw, cd->slot_raw_k, dst, src, cd->slot_raw_k);
+        cpuCopyCache(cd, l->v_raw, cd->slot_raw_v, dst, src, cd->slot_raw_v);
+        cpuCopyCache(cd, l->kc, cd->slot_kc, dst, src, cd->slot_kc);
+        cpuCopyCache(cd, l->vc, cd->slot_vc, dst, src, cd->slot_vc);
+    }
+    cd->pos[dst] = cd->pos[src];
+    return 0;
+}
+
 int nsaDecoderPosition(const NsaDecoder *d, int slot) {
     if (!d || slot < 0 || slot >= d->opt.max_batch) return -1;
 #ifdef NSA_DECODE_CUDA

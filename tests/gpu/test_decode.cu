@@ -313,6 +313,45 @@ static void setWeights(NsaDecoder *cpu, NsaDecoder *gpu, const Case *k) {
     }
 }
 
+/* One prompt prefilled in slot 0 and copied into every other slot (both
+ * decoders), then 24 steps: the last slot repeats slot 0's tokens and must
+ * give its logits bit for bit, the others go on with their own tokens;
+ * every row against the CPU decoder (whose copy test/unit/test_decode.c
+ * checks against the full forward). */
+static void testCopySlot(const Case *k, NsaDecoder *cpu, NsaDecoder *gpu,
+                         const std::vector<int32_t> &tokens) {
+    const double t0 = nowSeconds();
+    const int V = k->cfg.vocab_size, S = k->slots, T = k->context, P = T - 24;
+    NsaError err = {{0}};
+    bool ok = !nsaDecoderReset(cpu, -1, &err) && !nsaDecoderReset(gpu, -1, &err) &&
+              !nsaDecoderPrefill(cpu, 0, tokens.data(), P, NULL, &err) &&
+              !nsaDecoderPrefill(gpu, 0, tokens.data(), P, NULL, &err);
+    for (int s = 1; s < S && ok; s++)
+        ok = !nsaDecoderCopySlot(cpu, s, 0, &err) && !nsaDecoderCopySlot(gpu, s, 0, &err) &&
+             nsaDecoderPosition(gpu, s) == P;
+    std::vector<float> lc((size_t)S * V), lg((size_t)S * V);
+    std::vector<int32_t> step(S);
+    double worst = 0.0;
+    bool same = true;
+    for (int n = 0; ok && P + n < T; n++) {
+        for (int s = 0; s < S; s++) step[s] = tokens[(size_t)(s == S - 1 ? 0 : s) * T + P + n];
+        std::fill(lg.begin(), lg.end(), NAN);
+        ok = !nsaDecoderStep(cpu, S, step.data(), lc.data(), &err) &&
+             !nsaDecoderStep(gpu, S, step.data(), lg.data(), &err);
+        for (int s = 0; s < S && ok; s++) {
+            const double e = relErr(&lg[(size_t)s * V], &lc[(size_t)s * V], V);
+            worst = e > worst || !(e == e) ? e : worst;
+        }
+        same = same && memcmp(lg.data(), &lg[(size_t)(S - 1) * V], (size_t)V * sizeof(float)) == 0;
+    }
+    ok = ok && same && worst <= 2e-2;
+    report(&g_res, ok, nowSeconds() - t0, "copy slot",
+           "%s: %d-token prompt into %d slots, 24 steps, worst rel err %.2e (tol 2e-2), "
+           "repeated slot %s%s%s",
+           k->name, P, S, worst, same ? "bit-identical" : "DIFFERS", err.message[0] ? ": " : "",
+           err.message);
+}
+
 static void testModel(const Case *k) {
     const double t0 = nowSeconds();
     const int V = k->cfg.vocab_size, S = k->slots, T = k->context;
@@ -364,6 +403,7 @@ static void testModel(const Case *k) {
            nsaDecoderPosition(gpu, 0) == k->prompt[0];
     report(&g_res, same, nowSeconds() - t1, "graph replay", "%s: prefill after reset bit-identical",
            k->name);
+    if (S >= 2) testCopySlot(k, cpu, gpu, tokens);
     nsaDecoderFree(cpu);
     nsaDecoderFree(gpu);
 }

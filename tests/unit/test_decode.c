@@ -29,8 +29,9 @@ typedef struct Reference {
     double *logits;   /* [SEQ][LEN][V] of the full forward */
 } Reference;
 
+/* Two random sequences; the second's first `shared` tokens are the first's. */
 static void referenceBuild(Reference *ref, const NsaModelConfig *cfg, NsaPrecision prec,
-                           uint64_t seed) {
+                           uint64_t seed, int shared) {
     NsaEngineOptions eo = {.device = NSA_DEVICE_CPU, .precision = prec, .max_batch = SEQ,
                            .max_seq_len = LEN, .threads = 1};
     NsaError err = {{0}};
@@ -45,6 +46,7 @@ static void referenceBuild(Reference *ref, const NsaModelConfig *cfg, NsaPrecisi
             ref->tokens[b][t] = (int32_t)nsaRngBelow(&rng, (uint32_t)cfg->vocab_size);
             targets[b * LEN + t] = 0;
         }
+    for (int t = 0; t < shared; t++) ref->tokens[1][t] = ref->tokens[0][t];
     if (nsaModelForward(ref->model, &ref->tokens[0][0], targets, SEQ, LEN, 1.0f, &err))
         fail_msg("forward: %s", err.message);
     NsaCpuModel *cm = nsaModelCpuEngine(ref->model);
@@ -131,7 +133,7 @@ static double decodeAll(NsaDecoder *d, const Reference *ref, int V, int p0, int 
 
 static void checkConfig(NsaModelConfig cfg, NsaPrecision prec, double tol, uint64_t seed) {
     Reference ref;
-    referenceBuild(&ref, &cfg, prec, seed);
+    referenceBuild(&ref, &cfg, prec, seed, 0);
     NsaDecoder *d = makeDecoder(&cfg, prec, SEQ, LEN);
     NsaError err = {{0}};
     if (nsaDecoderLoadModel(d, ref.model, &err)) fail_msg("LoadModel: %s", err.message);
@@ -196,7 +198,7 @@ static void test_detects_a_difference(void **state) {
     (void)state;
     NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
     Reference ref;
-    referenceBuild(&ref, &cfg, NSA_PREC_F64, 8);
+    referenceBuild(&ref, &cfg, NSA_PREC_F64, 8, 0);
     NsaDecoder *d = makeDecoder(&cfg, NSA_PREC_F64, SEQ, LEN);
     NsaError err = {{0}};
     assert_int_equal(nsaDecoderLoadModel(d, ref.model, &err), 0);
@@ -209,6 +211,76 @@ static void test_detects_a_difference(void **state) {
     assert_int_equal(nsaDecoderSetTensor(d, i, w, &err), 0);
     assert_true(decodeAll(d, &ref, cfg.vocab_size, 10, 10, 10) > 1e-6);
     free(w);
+    nsaDecoderFree(d);
+    referenceFree(&ref);
+}
+
+/* A prompt prefilled once and copied into other slots continues there as if
+ * prefilled in each: the two sequences share their first PREFIX tokens;
+ * slot 0 prefills them, slot 1 (and slot 2, which held another prompt)
+ * take a copy, then slot 0 and slot 2 go on with sequence 0, slot 1 with
+ * sequence 1, all through the compressed, selection and window boundaries
+ * that follow. Slot 2 must match slot 0 bit for bit. */
+static void checkCopySlot(NsaModelConfig cfg, uint64_t seed) {
+    enum { PREFIX = 37 };
+    Reference ref;
+    referenceBuild(&ref, &cfg, NSA_PREC_F64, seed, PREFIX);
+    const int V = cfg.vocab_size;
+    NsaDecoder *d = makeDecoder(&cfg, NSA_PREC_F64, 3, LEN);
+    NsaError err = {{0}};
+    assert_int_equal(nsaDecoderLoadModel(d, ref.model, &err), 0);
+    assert_int_equal(nsaDecoderPrefill(d, 2, ref.tokens[1], 11, NULL, &err), 0);
+    assert_int_equal(nsaDecoderPrefill(d, 0, ref.tokens[0], PREFIX, NULL, &err), 0);
+    assert_int_equal(nsaDecoderCopySlot(d, 1, 0, &err), 0);
+    assert_int_equal(nsaDecoderCopySlot(d, 2, 0, &err), 0);
+    assert_int_equal(nsaDecoderCopySlot(d, 0, 0, &err), 0);   /* onto itself: nothing */
+    for (int s = 0; s < 3; s++) assert_int_equal(nsaDecoderPosition(d, s), PREFIX);
+    const NsaCpuDecoder *cd = nsaDecoderCpuEngine(d);
+    const double *logits = (const double *)cd->arena + cd->logits;
+    double worst = 0;
+    for (int t = PREFIX; t < LEN; t++) {
+        const int32_t step[3] = {ref.tokens[0][t], ref.tokens[1][t], ref.tokens[0][t]};
+        if (nsaDecoderStep(d, 3, step, NULL, &err)) fail_msg("step: %s", err.message);
+        const double e0 = rowError(d, 0, &ref, 0, t, V), e1 = rowError(d, 1, &ref, 1, t, V);
+        if (!(e0 <= worst)) worst = e0;
+        if (!(e1 <= worst)) worst = e1;
+        assert_memory_equal(logits, logits + 2 * (size_t)V, (size_t)V * sizeof(double));
+    }
+    print_message("# copied slots: worst relative error %.3g\n", worst);
+    assert_true(worst <= 1e-9);
+    /* slots out of range are refused and change nothing */
+    assert_int_equal(nsaDecoderCopySlot(d, 3, 0, &err), -1);
+    assert_non_null(strstr(err.message, "slot"));
+    assert_int_equal(nsaDecoderCopySlot(d, 0, -1, &err), -1);
+    assert_int_equal(nsaDecoderPosition(d, 0), LEN);
+    nsaDecoderFree(d);
+    referenceFree(&ref);
+}
+
+static void test_copy_slot(void **state) {
+    (void)state;
+    checkCopySlot(testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU), 9);
+    checkCopySlot(testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU), 10);
+}
+
+/* The copy test can fail: a slot copied before its source's last token
+ * (one position short) no longer matches the reference. */
+static void test_copy_slot_detects_a_difference(void **state) {
+    (void)state;
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    Reference ref;
+    referenceBuild(&ref, &cfg, NSA_PREC_F64, 11, 20);
+    NsaDecoder *d = makeDecoder(&cfg, NSA_PREC_F64, 2, LEN);
+    NsaError err = {{0}};
+    assert_int_equal(nsaDecoderLoadModel(d, ref.model, &err), 0);
+    assert_int_equal(nsaDecoderPrefill(d, 0, ref.tokens[0], 19, NULL, &err), 0);
+    assert_int_equal(nsaDecoderCopySlot(d, 1, 0, &err), 0);
+    assert_int_equal(nsaDecoderPrefill(d, 0, &ref.tokens[0][19], 1, NULL, &err), 0);
+    /* slot 1 lacks token 19: stepping token 20 there is another sequence */
+    int32_t step[2] = {ref.tokens[0][20], ref.tokens[1][20]};
+    assert_int_equal(nsaDecoderStep(d, 2, step, NULL, &err), 0);
+    assert_true(rowError(d, 0, &ref, 0, 20, cfg.vocab_size) <= 1e-9);
+    assert_true(rowError(d, 1, &ref, 1, 20, cfg.vocab_size) > 1e-6);
     nsaDecoderFree(d);
     referenceFree(&ref);
 }
@@ -295,6 +367,8 @@ int main(void) {
         cmocka_unit_test(test_f64_shape_variants),
         cmocka_unit_test(test_f32),
         cmocka_unit_test(test_detects_a_difference),
+        cmocka_unit_test(test_copy_slot),
+        cmocka_unit_test(test_copy_slot_detects_a_difference),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_kv_bytes),
     };

@@ -485,6 +485,48 @@ extern "C" int nsaCudaDecoderReset(NsaCudaDecoder *d, int slot, NsaError *err) {
     return 0;
 }
 
+/* Copies rows [0, rows) of each group's [rows_per_group][row_bytes] block of
+ * a [slot][group] cache from slot src to slot dst. */
+static int copyCacheRows(NsaCudaDecoder *d, void *base, size_t rows_per_group, size_t row_bytes,
+                         size_t rows, int dst, int src, NsaError *err) {
+    if (rows == 0) return 0;
+    const size_t pitch = rows_per_group * row_bytes, G = d->cfg.n_kv_groups;
+    char *b = (char *)base;
+    CUDA_CHECK(cudaMemcpy2DAsync(b + (size_t)dst * G * pitch, pitch, b + (size_t)src * G * pitch,
+                                 pitch, rows * row_bytes, G, cudaMemcpyDeviceToDevice, d->stream),
+               err);
+    return 0;
+}
+
+extern "C" int nsaCudaDecoderCopySlot(NsaCudaDecoder *d, int dst, int src, NsaError *err) {
+    CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    const DecDims *dm = &d->dims;
+    const size_t dk = d->cfg.d_k, dv = d->cfg.d_v, live = (size_t)d->pos_host[src];
+    const size_t kb = dk * sizeof(bf16), vb = dv * sizeof(bf16);
+    /* the selection branch's caches: the live rows only; the rings and the
+     * pooled blocks are small, so whole */
+    for (int i = 0; i < d->cfg.n_layers; i++) {
+        const DecLayerCache *k = &d->cache[i];
+        if (copyCacheRows(d, k->k_sel, dm->T, kb, live, dst, src, err) ||
+            copyCacheRows(d, k->v_sel, dm->T, vb, live, dst, src, err) ||
+            copyCacheRows(d, k->k_win, dm->W, kb, dm->W, dst, src, err) ||
+            copyCacheRows(d, k->v_win, dm->W, vb, dm->W, dst, src, err) ||
+            copyCacheRows(d, k->kc, dm->Nc, kb, dm->Nc, dst, src, err) ||
+            copyCacheRows(d, k->vc, dm->Nc, vb, dm->Nc, dst, src, err) ||
+            copyCacheRows(d, k->k_raw, dm->raw_ring, dk * sizeof(float), dm->raw_ring, dst, src,
+                          err) ||
+            copyCacheRows(d, k->v_raw, dm->raw_ring, dv * sizeof(float), dm->raw_ring, dst, src,
+                          err))
+            return -1;
+    }
+    CUDA_CHECK(cudaMemcpyAsync(d->pos + dst, d->pos + src, sizeof(int), cudaMemcpyDeviceToDevice,
+                               d->stream),
+               err);
+    CUDA_CHECK(cudaStreamSynchronize(d->stream), err);
+    d->pos_host[dst] = d->pos_host[src];
+    return 0;
+}
+
 extern "C" int nsaCudaDecoderPosition(const NsaCudaDecoder *d, int slot) {
     return d->pos_host[slot];
 }

@@ -41,6 +41,9 @@ int nsaCudaDecoderSetTensor(NsaCudaDecoder *d, int i, const float *src, NsaError
 /* Sets slot's position (every slot's for -1) to 0; synchronous. */
 int nsaCudaDecoderReset(NsaCudaDecoder *d, int slot, NsaError *err);
 int nsaCudaDecoderPosition(const NsaCudaDecoder *d, int slot);
+/* Slot dst takes slot src's caches and position (slots checked by the
+ * caller, dst != src); synchronous. */
+int nsaCudaDecoderCopySlot(NsaCudaDecoder *d, int dst, int src, NsaError *err);
 /* n steps of one token on slot; logits [V] of the last (NULL: none). */
 int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                           float *logits, NsaError *err);
