@@ -25,7 +25,9 @@
 /* 16-row tiles a CTA of the tensor-core form takes; more rows (a prefill
  * pass of 64) go to more CTAs, each reading the weights again from L2. At 4
  * tiles a CTA the normalising products held 170 registers (one CTA per SM)
- * and half as many CTAs ran. The kernel is built for two CTAs per SM. */
+ * and half as many CTAs ran. The two-tile kernels are built for two CTAs
+ * per SM; the one-tile kernels keep the compiler's own register choice
+ * (capped for two CTAs per SM they made the B16 step 1.8% slower). */
 #define GEMV_MAX_TILES 2
 
 __device__ __forceinline__ void unpackBf16x8(uint4 u, float *f) {
@@ -198,7 +200,7 @@ __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd,
  * products a fragment pairs, not the sum. The 8 warps take interleaved
  * chunks; their tiles are summed in warp order through shared memory. */
 template <bool NORM, int MODE, int MT>
-__global__ void __launch_bounds__(GEMV_WARPS * 32, 2) decGemvMmaKernel(DecGemv a) {
+__global__ void __launch_bounds__(GEMV_WARPS * 32, MT > 1 ? 2 : 1) decGemvMmaKernel(DecGemv a) {
     constexpr int ACC = MODE == DEC_SWIGLU ? 2 : 1;
     __shared__ float rstd[16 * MT];
     __shared__ float tile[GEMV_WARPS][ACC][MT][4][32];
