@@ -1023,11 +1023,13 @@ const CtlCommand ctlCommands[] = {
      "The URL is --url (default http://127.0.0.1:8470) plus /#token=TOKEN; the\n"
      "token comes from --token, --token-file or the state dir (see nsactl --help).\n",
      cmdDashboard},
-    {"sample", "sample ID|CHECKPOINT_DIR --prompt TEXT [--max-tokens N] [--temperature T] [--top-k K]\n"
-               "       [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
+    {"sample", "sample ID|CHECKPOINT_DIR --prompt TEXT [--n N] [--max-tokens N] [--temperature T]\n"
+               "       [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
      "generate text from a run's latest checkpoint (or a checkpoint directory), streamed",
      "nsad continues the prompt with NSA's decode caches and the text is printed as it\n"
      "is generated; a summary (tokens, why it stopped, tokens/s) goes to stderr.\n"
+     "--n N (1 to 16) asks for N continuations of the prompt, decoded together after\n"
+     "one prefill; each is printed under a '--- sample I ---' line once all are done.\n"
      "Defaults: 200 tokens, temperature 0.8 (0 is greedy), top-k off, top-p 0.95,\n"
      "seed 1; the daemon's GPU when it has one. --stop ends the text at that string.\n"
      "--json prints the daemon's JSON lines as they come. Not bounded by --timeout.\n",

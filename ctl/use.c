@@ -144,8 +144,47 @@ static void jsonLine(UseRun *u, const char *line, size_t len, const char *ev, co
 
 /* ---- sample ------------------------------------------------------------------ */
 
+#define SAMPLE_MAX_N 16
+
+/* One continuation streams straight to stdout; several are collected and
+ * printed one after another when the job is done. */
+typedef struct SampleRun {
+    UseRun u;
+    int n;
+    char *prompt;
+    char *text[SAMPLE_MAX_N];
+    size_t len[SAMPLE_MAX_N], cap[SAMPLE_MAX_N];
+} SampleRun;
+
+static int sampleAppend(SampleRun *r, int i, const char *piece) {
+    const size_t n = strlen(piece);
+    if (r->len[i] + n + 1 > r->cap[i]) {
+        size_t cap = r->cap[i] ? r->cap[i] * 2 : 256;
+        while (cap < r->len[i] + n + 1) cap *= 2;
+        char *t = realloc(r->text[i], cap);
+        if (!t) return -1;
+        r->text[i] = t;
+        r->cap[i] = cap;
+    }
+    memcpy(r->text[i] + r->len[i], piece, n + 1);
+    r->len[i] += n;
+    return 0;
+}
+
+static void samplePrintAll(SampleRun *r, const cJSON *done) {
+    const cJSON *each = cJSON_GetObjectItemCaseSensitive(done, "samples");
+    for (int i = 0; i < r->n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(each, i);
+        double tokens = 0;
+        ctlNumber(e, "tokens", &tokens);
+        printf("%s--- sample %d (%.0f tokens, %s) ---\n%s%s\n", i ? "\n" : "", i, tokens,
+               ctlString(e, "stop", "?"), r->prompt ? r->prompt : "", r->text[i] ? r->text[i] : "");
+    }
+}
+
 static int sampleLine(void *ctx, const char *line, size_t len) {
-    UseRun *u = ctx;
+    SampleRun *r = ctx;
+    UseRun *u = &r->u;
     cJSON *o = cJSON_ParseWithLength(line, len);
     if (!o) return 0;
     const char *ev = ctlString(o, "event", "");
@@ -153,20 +192,37 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
         jsonLine(u, line, len, ev, "done");
     } else if (errorLine(u, o)) {
     } else if (!strcmp(ev, "start")) {
-        fputs(ctlString(o, "prompt", ""), stdout);
-        fflush(stdout);
+        if (r->n == 1) {
+            fputs(ctlString(o, "prompt", ""), stdout);
+            fflush(stdout);
+        } else {
+            free(r->prompt);
+            r->prompt = strdup(ctlString(o, "prompt", ""));
+        }
     } else if (!strcmp(ev, "done")) {
-        double tokens = 0, tps = 0, step = 0;
+        double tokens = 0, tps = 0;
         ctlNumber(o, "tokens", &tokens);
         ctlNumber(o, "tokens_per_s", &tps);
         u->done = 1;
-        fprintf(stdout, "\n");
+        if (r->n == 1) {
+            fprintf(stdout, "\n");
+            fprintf(stderr, "[%.0f tokens, %s, %.1f tokens/s]\n", tokens, ctlString(o, "stop", "?"),
+                    tps);
+        } else {
+            samplePrintAll(r, o);
+            fprintf(stderr, "[%d samples, %.0f tokens, %.1f tokens/s]\n", r->n, tokens, tps);
+        }
         fflush(stdout);
-        (void)step;
-        fprintf(stderr, "[%.0f tokens, %s, %.1f tokens/s]\n", tokens, ctlString(o, "stop", "?"), tps);
-    } else {
+    } else if (r->n == 1) {
         fputs(ctlString(o, "text", ""), stdout);
         fflush(stdout);
+    } else {
+        double at = -1;
+        ctlNumber(o, "sample", &at);
+        if (at >= 0 && at < r->n && sampleAppend(r, (int)at, ctlString(o, "text", ""))) {
+            fprintf(stderr, "nsactl sample: out of memory\n");
+            u->failed = 1;
+        }
     }
     cJSON_Delete(o);
     return 0;
@@ -175,11 +231,23 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
 int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
     UseOption opts[] = {{"--prompt", NULL},      {"--max-tokens", NULL}, {"--temperature", NULL},
                         {"--top-k", NULL},       {"--top-p", NULL},      {"--seed", NULL},
-                        {"--stop", NULL},        {"--device", NULL}};
+                        {"--stop", NULL},        {"--device", NULL},     {"--n", NULL}};
     const char *what;
-    if (parseUse("sample", argc, argv, opts, 8, "--prompt TEXT", &what)) return CTL_EXIT_USAGE;
+    if (parseUse("sample", argc, argv, opts, 9, "--prompt TEXT", &what)) return CTL_EXIT_USAGE;
+    SampleRun r = {.u = {.ctl = ctl, .cmd = "sample"}, .n = 1};
+    if (opts[8].value) {
+        char *end = NULL;
+        const long n = strtol(opts[8].value, &end, 10);
+        if (end == opts[8].value || *end || n < 1 || n > SAMPLE_MAX_N) {
+            fprintf(stderr, "nsactl sample: --n '%s'; allowed: a whole number from 1 to %d\n",
+                    opts[8].value, SAMPLE_MAX_N);
+            return CTL_EXIT_USAGE;
+        }
+        r.n = (int)n;
+    }
     cJSON *body = cJSON_CreateObject();
     if (!body || addTarget("sample", body, what) ||
+        addNumber("sample", body, "n", &opts[8]) ||
         addNumber("sample", body, "max_tokens", &opts[1]) ||
         addNumber("sample", body, "temperature", &opts[2]) ||
         addNumber("sample", body, "top_k", &opts[3]) || addNumber("sample", body, "top_p", &opts[4]) ||
@@ -193,8 +261,10 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
         cJSON_AddItemToArray(stops, cJSON_CreateString(opts[6].value));
     }
     if (opts[7].value) cJSON_AddStringToObject(body, "device", opts[7].value);
-    UseRun u = {.ctl = ctl, .cmd = "sample"};
-    return streamCall(&u, "/api/v1/sample", body, sampleLine);
+    const int rc = streamCall(&r.u, "/api/v1/sample", body, sampleLine);
+    free(r.prompt);
+    for (int i = 0; i < SAMPLE_MAX_N; i++) free(r.text[i]);
+    return rc;
 }
 
 /* ---- eval -------------------------------------------------------------------- */

@@ -133,14 +133,14 @@ static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
 }
 
 void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    cJSON *o = parseBody(req, res, "run,checkpoint,prompt,max_tokens,temperature,top_k,top_p,seed,"
-                                   "stop,device");
+    cJSON *o = parseBody(req, res, "run,checkpoint,prompt,n,max_tokens,temperature,top_k,top_p,"
+                                   "seed,stop,device");
     if (!o) return;
     InferJob job = {.kind = INFER_SAMPLE};
     sampleDefaults(&job.sample);
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt");
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop");
-    double max_tokens = job.sample.max_tokens, top_k = 0, seed = (double)job.sample.seed;
+    double max_tokens = job.sample.max_tokens, top_k = 0, seed = (double)job.sample.seed, n = 1;
     int ok = checkpointField(svc, o, job.checkpoint, sizeof job.checkpoint, res) &&
              deviceField(o, &job.device, res);
     if (ok && (!cJSON_IsString(prompt) || !prompt->valuestring[0] ||
@@ -148,7 +148,8 @@ void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
         apiError(res, 400, "invalid_argument", "prompt: a string of 1 to 65536 bytes is required");
         ok = 0;
     }
-    ok = ok && numberField(o, "max_tokens", 1, 100000, 1, &max_tokens, res) &&
+    ok = ok && numberField(o, "n", 1, SAMPLE_MAX_PROMPTS, 1, &n, res) &&
+         numberField(o, "max_tokens", 1, 100000, 1, &max_tokens, res) &&
          numberField(o, "temperature", 0, 1e6, 0, &job.sample.temperature, res) &&
          numberField(o, "top_k", 0, 1 << 24, 1, &top_k, res) &&
          numberField(o, "top_p", 1e-9, 1, 0, &job.sample.top_p, res) &&
@@ -169,6 +170,7 @@ void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
         }
         job.sample.n_stops = n;
     }
+    job.n_samples = (int)n;
     job.sample.max_tokens = (int)max_tokens;
     job.sample.top_k = (int)top_k;
     job.sample.seed = (uint64_t)seed;

@@ -1,7 +1,8 @@
 /* infer.c - see infer.h. Lines a job writes (proto/api.md):
  *   sample: {"event":"start",...} then {"text":"..."} as tokens come (whole
- *           UTF-8 characters; a byte that is not becomes U+FFFD), then
- *           {"event":"done","tokens","stop","seconds","tokens_per_s"}
+ *           UTF-8 characters; a byte that is not becomes U+FFFD; with "sample"
+ *           naming the continuation when the job asked for several), then
+ *           {"event":"done","tokens","stop","samples","seconds","tokens_per_s"}
  *   eval:   {"event":"start",...}, {"event":"progress","done","total","loss"}
  *           at most twice a second, then {"event":"result",...}
  *   either: {"event":"error","message"} ends a job that failed. */
@@ -82,6 +83,7 @@ static cJSON *startLine(const Weights *w, NsaDevice dev, int gpu) {
 
 typedef struct TextOut {
     Stream *s;
+    int sample;         /* the continuation's index, or -1 for a job of one */
     char pending[16];   /* an incomplete UTF-8 sequence held back */
     size_t n_pending;
 } TextOut;
@@ -104,14 +106,37 @@ static int flushText(TextOut *t, const char *bytes, size_t len, int final) {
     if (whole == 0) return streamCancelled(t->s) ? -1 : 0;
     char *clean = sampleUtf8Clean(buf, whole);
     cJSON *o = cJSON_CreateObject();
+    if (t->sample >= 0) cJSON_AddNumberToObject(o, "sample", t->sample);
     if (clean) cJSON_AddStringToObject(o, "text", clean);
     free(clean);
     return clean ? writeLine(t->s, o) : (cJSON_Delete(o), -1);
 }
 
+/* ctx: one TextOut per continuation. */
 static int emitText(void *ctx, int prompt, const char *bytes, size_t len) {
-    (void)prompt;
-    return flushText(ctx, bytes, len, 0) ? 1 : 0;
+    TextOut *out = ctx;
+    return flushText(&out[prompt], bytes, len, 0) ? 1 : 0;
+}
+
+static cJSON *doneLine(const SampleResult *res, int n) {
+    const double gen = res->seconds - res->prefill_seconds;
+    int total = 0;
+    cJSON *o = cJSON_CreateObject(), *each = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "tokens", res->tokens[i]);
+        cJSON_AddStringToObject(e, "stop", sampleStopName(res->stop[i]));
+        cJSON_AddItemToArray(each, e);
+        total += res->tokens[i];
+    }
+    cJSON_AddStringToObject(o, "event", "done");
+    cJSON_AddNumberToObject(o, "tokens", total);
+    if (n == 1) cJSON_AddStringToObject(o, "stop", sampleStopName(res->stop[0]));
+    cJSON_AddItemToObject(o, "samples", each);
+    cJSON_AddNumberToObject(o, "seconds", res->seconds);
+    cJSON_AddNumberToObject(o, "prefill_seconds", res->prefill_seconds);
+    cJSON_AddNumberToObject(o, "tokens_per_s", gen > 0 ? total / gen : 0.0);
+    return o;
 }
 
 static void runSample(InferJob *job, Stream *s) {
@@ -134,7 +159,7 @@ static void runSample(InferJob *job, Stream *s) {
             snprintf(err.message, sizeof err.message, "prompt + max_tokens: %zu tokens; allowed: at "
                      "most %u", ctx, 1u << 24);
         else
-            d = weightsNewDecoder(&w, dev, job->gpu, 1, (int)ctx, &err);
+            d = weightsNewDecoder(&w, dev, job->gpu, job->n_samples, (int)ctx, &err);
     }
     if (!d) {
         writeError(s, err.message);
@@ -143,22 +168,22 @@ static void runSample(InferJob *job, Stream *s) {
     }
     cJSON *start = startLine(&w, dev, job->gpu);
     cJSON_AddStringToObject(start, "prompt", job->prompt);
-    TextOut out = {.s = s};
+    const int n = job->n_samples;
+    cJSON_AddNumberToObject(start, "samples", n);
+    TextOut out[SAMPLE_MAX_PROMPTS];
+    const char *prompts[SAMPLE_MAX_PROMPTS];
+    for (int i = 0; i < n; i++) {
+        out[i] = (TextOut){.s = s, .sample = n > 1 ? i : -1};
+        prompts[i] = job->prompt;   /* one prefill, copied into every slot */
+    }
     SampleResult res;
-    const char *prompts[1] = {job->prompt};
     if (writeLine(s, start) == 0) {
-        if (sampleGenerate(d, tok, prompts, 1, &job->sample, emitText, &out, &res, &err)) {
+        if (sampleGenerate(d, tok, prompts, n, &job->sample, emitText, out, &res, &err)) {
             writeError(s, err.message);
-        } else if (res.stop[0] != SAMPLE_STOP_CANCEL && flushText(&out, "", 0, 1) == 0) {
-            const double gen = res.seconds - res.prefill_seconds;
-            cJSON *o = cJSON_CreateObject();
-            cJSON_AddStringToObject(o, "event", "done");
-            cJSON_AddNumberToObject(o, "tokens", res.tokens[0]);
-            cJSON_AddStringToObject(o, "stop", sampleStopName(res.stop[0]));
-            cJSON_AddNumberToObject(o, "seconds", res.seconds);
-            cJSON_AddNumberToObject(o, "prefill_seconds", res.prefill_seconds);
-            cJSON_AddNumberToObject(o, "tokens_per_s", gen > 0 ? res.tokens[0] / gen : 0.0);
-            writeLine(s, o);
+        } else if (res.stop[0] != SAMPLE_STOP_CANCEL) {
+            int gone = 0;
+            for (int i = 0; i < n && !gone; i++) gone = flushText(&out[i], "", 0, 1) != 0;
+            if (!gone) writeLine(s, doneLine(&res, n));
         }
     }
     nsaDecoderFree(d);

@@ -29,6 +29,7 @@ typedef struct InferJob {
     int gpu;                            /* CUDA: the device ordinal (servicePickGpu) */
     /* sample */
     char *prompt;                       /* owned by the job once submitted */
+    int n_samples;                      /* continuations of the prompt, 1 to SAMPLE_MAX_PROMPTS */
     SampleOptions sample;
     /* eval */
     char data[WEIGHTS_PATH_MAX];

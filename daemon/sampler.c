@@ -194,8 +194,18 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
     int32_t *next = calloc((size_t)n, sizeof *next);
     int rc = 0;
     if (!logits || !scratch || !gen || !next) rc = nsaErrorf(err, "sample: out of memory");
-    /* prefill every prompt into its slot */
+    /* prefill every prompt into its slot; a prompt equal to an earlier one
+     * takes a copy of that slot (one prefill for several samples of it) */
     for (int i = 0; rc == 0 && i < n; i++) {
+        nsaRngSeed(&gen[i].rng, o->seed, (uint64_t)i);
+        int same = -1;
+        for (int j = 0; j < i && same < 0; j++)
+            if (!strcmp(prompts[j], prompts[i])) same = j;
+        if (same >= 0) {
+            if (nsaDecoderCopySlot(d, i, same, err)) rc = -1;
+            memcpy(logits + (size_t)i * V, logits + (size_t)same * V, (size_t)V * sizeof(float));
+            continue;
+        }
         const size_t len = strlen(prompts[i]);
         uint16_t *ids16 = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(uint16_t));
         int32_t *ids = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(int32_t));
@@ -213,7 +223,6 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
             rc = -1;
         free(ids16);
         free(ids);
-        nsaRngSeed(&gen[i].rng, o->seed, (uint64_t)i);
     }
     res->prefill_seconds = clockMonotonicSeconds() - t0;
     /* then all together: pick, emit, step */

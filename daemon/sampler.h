@@ -64,7 +64,10 @@ typedef struct SampleResult {
 /* Generates for n prompts (1 to SAMPLE_MAX_PROMPTS, at most the decoder's
  * max_batch) in slots 0..n-1, each prompt's text encoded by tok (a prompt
  * must encode to at least one token, and prompt + max_tokens must fit the
- * decoder's max_context). Resets those slots first. emit may be NULL.
+ * decoder's max_context). Resets those slots first. A prompt equal to an
+ * earlier one is not prefilled again: its slot takes a copy of the
+ * earlier one's (nsaDecoderCopySlot), so n samples of one prompt cost one
+ * prefill; each prompt still draws from its own stream. emit may be NULL.
  * Returns 0 with res filled (a cancel is a success with SAMPLE_STOP_CANCEL),
  * or -1 with err. */
 int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *prompts, int n,

@@ -14,6 +14,7 @@ Prints TAP; exits non-zero on failure. Standard library only; every wait
 bounded; the nsad it starts is killed on the way out.
 """
 import json
+import re
 import os
 import shutil
 import signal
@@ -175,6 +176,32 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         check("a stop string ends the text at its first occurrence", r4.returncode == 0
               and r4.stdout.rstrip("\n") == "Hello" + r3.stdout[len("Hello"):].split(stop)[0] + stop
               and "stop," in r4.stderr, (stop, r3.stdout[:40], r4.stdout[:40], r4.stderr))
+
+        # several continuations of one prompt: one prefill, a stream each
+        st, _, body = http(sock, "POST", "/api/v1/sample",
+                           {"run": run_id, "prompt": "Hello", "n": 3, "max_tokens": 200, "seed": 4})
+        lines = [json.loads(l) for l in body.decode().splitlines() if l]
+        texts = ["".join(l["text"] for l in lines if l.get("sample") == i and "text" in l) for i in range(3)]
+        done = lines[-1] if lines else {}
+        check("n = 3: start says 3, every text line names its sample, done has each one's count",
+              st == 200 and lines[0].get("samples") == 3 and done.get("event") == "done"
+              and all(l.get("sample") in (0, 1, 2) for l in lines[1:-1])
+              and [e["tokens"] for e in done.get("samples", [])] == [200, 200, 200] and done["tokens"] == 600,
+              (st, lines[:2], done))
+        check("... sample 0 is the single sample of that seed, the others differ",
+              # (run() reads text with universal newlines: \r and \r\n come out as \n)
+              "Hello" + re.sub(r"\r\n?", "\n", texts[0]) == r3.stdout.rstrip("\n")
+              and texts[1] != texts[0] and texts[2] != texts[1],
+              (texts[0][:40], r3.stdout[:40]))
+        r5 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--n", "2", "--max-tokens", "20"])
+        check("nsactl sample --n 2: each continuation under its own header",
+              r5.returncode == 0 and "--- sample 0 (20 tokens, max_tokens) ---\nHello" in r5.stdout
+              and "--- sample 1 (20 tokens, max_tokens) ---\nHello" in r5.stdout
+              and "[2 samples, 40 tokens" in r5.stderr, (r5.stdout[:200], r5.stderr))
+        st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt": "x", "n": 17})
+        check("n = 17: 400 naming n", st == 400 and b"n: out of range" in body, body)
+        r = run(ctl + ["sample", run_id, "--prompt", "x", "--n", "0"])
+        check("nsactl sample --n 0: exit 2 naming it", r.returncode == 2 and "--n" in r.stderr, r.stderr)
 
         # eval
         fe = run([NSAD, "eval", out_dir, "--data", held, "--json", "--device", "cpu"])

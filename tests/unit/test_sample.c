@@ -228,6 +228,16 @@ static void test_seeds_batches_stops(void **state) {
     generate(d, three, 3, &o, &batch, &res);
     assert_string_equal(batch.text[0], a.text[0]);
     for (int i = 0; i < 3; i++) assert_int_equal(res.tokens[i], 40);
+    /* samples of one prompt share its prefill (a copied slot) and draw from
+     * their own streams: sample 1 of {abc, abc} is what a prompt prefilled
+     * in slot 1 on its own gives with stream 1 */
+    const char *twice[2] = {"abc", "abc"}, *other_first[2] = {"zz", "abc"};
+    Capture shared = {0}, own = {0};
+    generate(d, twice, 2, &o, &shared, &res);
+    generate(d, other_first, 2, &o, &own, &res);
+    assert_string_equal(shared.text[0], a.text[0]);
+    assert_string_equal(shared.text[1], own.text[1]);
+    assert_true(strcmp(shared.text[0], shared.text[1]) != 0);
     /* greedy batched = greedy alone, prompt by prompt */
     o.temperature = 0;
     generate(d, three, 3, &o, &batch, &res);
