@@ -6,7 +6,7 @@
  *   bench_decode CONTEXT BATCH [STEPS]
  *
  * Random bf16-valued weights (N(0, 0.02)); slot 0 is filled with CONTEXT
- * random tokens through nsaDecoderPrefill (passes of 64 positions, each one
+ * random tokens through nsaDecoderPrefill (passes of 256 positions, each one
  * CUDA graph; prefill_tok_per_s times it) and the other slots take copies
  * of it (nsaDecoderCopySlot, what several samples of one prompt do;
  * copy_ms is one copy), then STEPS (default 64) more steps are timed one by

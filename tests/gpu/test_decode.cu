@@ -8,13 +8,13 @@
  *             than rounding), ascending, -1 padded, equal to the CPU rule
  *             wherever no near-tie exists; up to 4096 selection blocks
  *   gemv      the matrix-vector products alone against a double reference:
- *             every mode, with and without the RMSNorm, 1 to 64 rows
+ *             every mode, with and without the RMSNorm, 1 to 256 rows
  *   decode    whole models, bf16 decoder vs the fp32 CPU decoder holding the
  *             same bf16-rounded weights: several slots at different
  *             positions, prompts through Prefill (passes of up to
- *             DEC_PREFILL_ROWS positions of a slot, so prompts of 64, 65
- *             and 191 tokens cross pass, block and window edges), then
- *             batched Steps, every
+ *             DEC_PREFILL_ROWS = 256 positions of a slot, so prompts of
+ *             256, 257 and 530 tokens cross pass, block and window edges),
+ *             then batched Steps, every
  *             logit row compared (||gpu - cpu|| / ||cpu|| <= 2e-2, NaN never
  *             passes; outputs poisoned first), across many compressed,
  *             selection and window boundaries. Where n_sel leaves a choice,
@@ -24,6 +24,9 @@
  *             compressed keys n_sel covers every block.
  *   graph     a step replayed from its CUDA graph gives the same logits as
  *             the first (a decoder reset and run again, bit-identical).
+ *   copy slot one prompt prefilled and copied into the other slots, then
+ *             steps: against the CPU decoder's copies, and a slot repeating
+ *             the source's tokens bit-identical to it.
  * Prints TAP lines, a table and "N passed, N failed"; exits 1 on failure.
  * Run on the GPU machine: make -C tests/gpu decode-test. */
 #include "gpu_util.h"
@@ -424,9 +427,9 @@ int main(void) {
     testSelect(262143, 32, 16, 64, 32, 1, 5);
     testSelect(300, 16, 8, 8, 2, 3, 6);
     testSelect(1000, 64, 16, 32, 20, 4, 7);
-    /* matrix-vector products: one row (CUDA cores), 2 to 64 (tensor cores:
-     * 1 to 4 tiles of 16 rows, at most 2 a CTA, so above 32 rows a second
-     * row group of CTAs), N and K off the tiles (K a multiple of 8) */
+    /* matrix-vector products: one row (CUDA cores), 2 to 256 (tensor cores:
+     * tiles of 16 rows, at most 2 a CTA, so above 32 rows more row groups
+     * of CTAs), N and K off the tiles (K a multiple of 8) */
     testGemv(200, 72, 1, DEC_STORE, true, 21);
     testGemv(203, 72, 2, DEC_STORE, true, 22);
     testGemv(768, 768, 16, DEC_STORE, true, 23);
@@ -437,6 +440,9 @@ int main(void) {
     testGemv(96, 40, 47, DEC_SWIGLU, true, 28);
     testGemv(256, 768, 1, DEC_SILU, true, 29);
     testGemv(256, 768, 49, DEC_ADD, false, 30);
+    /* a whole prefill pass: 256 rows, eight row groups; and a tail of one */
+    testGemv(776, 768, 256, DEC_STORE, true, 31);
+    testGemv(512, 3072, 200, DEC_ADD, false, 32);
 
     Case a = {};
     a.name = "decode avg/silu, every block selected";
@@ -490,8 +496,8 @@ int main(void) {
     f.cfg = smallConfig();
     f.cfg.phi = NSA_PHI_MLP;
     f.slots = 3;
-    f.context = 260;
-    f.prompt[0] = 64; f.prompt[1] = 65; f.prompt[2] = 191;
+    f.context = 560;
+    f.prompt[0] = 256; f.prompt[1] = 257; f.prompt[2] = 530;
     f.seed = 15;
     testModel(&f);
 

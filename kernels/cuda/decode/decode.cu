@@ -1,8 +1,8 @@
 /* decode.cu - the CUDA decoder (decode.h): buffers planned and allocated
  * once, weights uploaded as bf16, and a pass as one CUDA graph per row
  * count. A decode step has one row per slot; a prefill pass takes up to
- * DEC_PREFILL_ROWS consecutive prompt tokens of one slot as its rows, so a
- * long prompt costs len/64 passes, not len steps. The kernels are
+ * DEC_PREFILL_ROWS (256) consecutive prompt tokens of one slot as its rows,
+ * so a long prompt costs len/256 passes, not len steps. The kernels are
  * decode_gemv.cu and decode_attn.cu; the order of one pass is
  *   tokens in (memcpy node), rows (slot and position of each), embed
  *   per layer: RMSNorm + [Wq; Wk/Wv of the three branches; Wgate] (one

@@ -76,8 +76,8 @@ __global__ void decRowsKernel(int *row_slot, int *row_pos, const int *stage, con
 
 int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
             const DecLaunch *ln, NsaError *err) {
-    DEC_LAUNCH("decRowsKernel", ln, err, decRowsKernel, dim3(1), dim3(DEC_MAX_BATCH), 0, row_slot,
-               row_pos, stage, pos, B, prefill);
+    DEC_LAUNCH("decRowsKernel", ln, err, decRowsKernel, dim3((B + 255) / 256), dim3(256), 0,
+               row_slot, row_pos, stage, pos, B, prefill);
     return 0;
 }
 

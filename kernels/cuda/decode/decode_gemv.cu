@@ -299,9 +299,9 @@ static cudaError_t launchTiles(const DecGemv *g, const DecLaunch *ln) {
 }
 
 int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *err) {
-    if (g->K % 8 != 0 || g->B < 1 || g->B > DEC_MAX_BATCH)
+    if (g->K % 8 != 0 || g->B < 1 || g->B > DEC_MAX_ROWS)
         return cudaFail(err, "decode gemv: K = %d, B = %d; allowed: K a multiple of 8, B 1 to %d",
-                        g->K, g->B, DEC_MAX_BATCH);
+                        g->K, g->B, DEC_MAX_ROWS);
     const bool norm = g->norm_w != NULL;
     cudaError_t e;
     if (norm && mode == DEC_STORE) e = launchTiles<true, DEC_STORE>(g, ln);

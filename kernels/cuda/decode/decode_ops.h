@@ -31,8 +31,9 @@
 
 typedef __nv_bfloat16 bf16;
 
-#define DEC_MAX_BATCH 64
-#define DEC_PREFILL_ROWS 64   /* positions of one slot a prefill pass takes (<= DEC_MAX_BATCH) */
+#define DEC_MAX_BATCH 64      /* slots a decode step takes */
+#define DEC_PREFILL_ROWS 256  /* positions of one slot a prefill pass takes */
+#define DEC_MAX_ROWS 256      /* rows of one pass: max(DEC_MAX_BATCH, DEC_PREFILL_ROWS) */
 #define DEC_MAX_HEADS_PER_GROUP 16
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_MAX_SEL_BLOCKS 4096
@@ -110,7 +111,7 @@ int decOverlapSupported(int *overlap, NsaError *err);
  * adds into fp32 out (the residual stream), SILU writes bf16
  * silu(out) to outb, SWIGLU reads W as [2N][K] and writes bf16
  * silu(row n) * (row N + n). One row runs on CUDA cores in fp32, two or
- * more (B <= DEC_MAX_BATCH) on tensor cores, 16 rows a tile. */
+ * more (B <= DEC_MAX_ROWS) on tensor cores, 16 rows a tile. */
 typedef enum DecGemvMode { DEC_STORE = 0, DEC_ADD = 1, DEC_SILU = 2, DEC_SWIGLU = 3 } DecGemvMode;
 typedef struct DecGemv {
     const bf16 *w;
