@@ -2,7 +2,10 @@
  * text from a checkpoint in the foreground (daemon/sampler.c over an
  * nsaDecoder), writing the prompt and then each new token's bytes to stdout
  * as it comes; a summary line (tokens, why it stopped, tokens/s) goes to
- * stderr. Exit 0 on success, 1 on a failure, 2 on a usage error. */
+ * stderr. With --n N, N continuations of the prompt are decoded together
+ * after one prefill and printed one after another, each under a header,
+ * once all are done. Exit 0 on success, 1 on a failure, 2 on a usage
+ * error. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -16,14 +19,16 @@
 
 static void sampleUsage(FILE *out) {
     fprintf(out,
-            "usage: nsad sample CHECKPOINT --prompt TEXT [--max-tokens N] [--temperature T]\n"
-            "                   [--top-k K] [--top-p P] [--seed S] [--stop TEXT]...\n"
-            "                   [--device cpu|cuda]\n"
+            "usage: nsad sample CHECKPOINT --prompt TEXT [--n N] [--max-tokens N]\n"
+            "                   [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+            "                   [--stop TEXT]... [--device cpu|cuda]\n"
             "\n"
             "Generates text from a checkpoint (a checkpoint directory or a run's out_dir) with\n"
             "NSA's decode caches, printing it as it is generated. Defaults: 200 tokens,\n"
             "temperature 0.8 (0 is greedy), top-k off, top-p 0.95, seed 1, the run's device.\n"
-            "--stop (up to 4) ends the text when it ends with that string.\n");
+            "--stop (up to 4) ends the text when it ends with that string. --n N (1 to 16)\n"
+            "decodes N continuations together after one prefill and prints each under a\n"
+            "'--- sample I ---' line once all are done.\n");
 }
 
 static int parseNumber(const char *flag, const char *s, double lo, double hi, double *out) {
@@ -46,8 +51,30 @@ static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
     return 0;
 }
 
+/* Each continuation's bytes, kept until all are done (--n above 1). */
+typedef struct Collected {
+    char *text[SAMPLE_MAX_PROMPTS];
+    size_t len[SAMPLE_MAX_PROMPTS], cap[SAMPLE_MAX_PROMPTS];
+} Collected;
+
+static int collectOut(void *ctx, int prompt, const char *bytes, size_t len) {
+    Collected *c = ctx;
+    if (c->len[prompt] + len > c->cap[prompt]) {
+        size_t cap = c->cap[prompt] ? c->cap[prompt] * 2 : 256;
+        while (cap < c->len[prompt] + len) cap *= 2;
+        char *t = realloc(c->text[prompt], cap);
+        if (!t) return 1;   /* out of memory: cancel */
+        c->text[prompt] = t;
+        c->cap[prompt] = cap;
+    }
+    memcpy(c->text[prompt] + c->len[prompt], bytes, len);
+    c->len[prompt] += len;
+    return 0;
+}
+
 int cmdSample(int argc, char **argv) {
     const char *spec = NULL, *prompt = NULL, *device = NULL;
+    int n = 1;
     SampleOptions so;
     sampleDefaults(&so);
     for (int i = 1; i < argc; i++) {
@@ -67,6 +94,9 @@ int cmdSample(int argc, char **argv) {
                 return EXIT_USAGE;
             }
             snprintf(so.stops[so.n_stops++], sizeof so.stops[0], "%s", argv[++i]);
+        } else if (v && !strcmp(a, "--n")) {
+            if (parseNumber(a, argv[++i], 1, SAMPLE_MAX_PROMPTS, &x) || x != floor(x)) return EXIT_USAGE;
+            n = (int)x;
         } else if (v && !strcmp(a, "--max-tokens")) {
             if (parseNumber(a, argv[++i], 1, 1000000, &x) || x != floor(x)) return EXIT_USAGE;
             so.max_tokens = (int)x;
@@ -118,28 +148,43 @@ int cmdSample(int argc, char **argv) {
         fprintf(stderr, "nsad sample: the run's tokenizer '%s' cannot encode a prompt; allowed: %s\n",
                 weightsTokenizer(&w), tokenizerNames());
         rc = 1;
-    } else if (!(d = weightsNewDecoder(&w, dev, 0, 1,
+    } else if (!(d = weightsNewDecoder(&w, dev, 0, n,
                                        (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
                                        &err))) {
         fprintf(stderr, "nsad sample: %s\n", err.message);
         rc = 1;
     }
+    Collected got;
+    memset(&got, 0, sizeof got);
     if (rc == 0) {
-        fputs(prompt, stdout);
+        if (n == 1) fputs(prompt, stdout);
         fflush(stdout);
         SampleResult res;
-        const char *prompts[1] = {prompt};
-        if (sampleGenerate(d, tok, prompts, 1, &so, writeOut, NULL, &res, &err)) {
+        const char *prompts[SAMPLE_MAX_PROMPTS];
+        for (int i = 0; i < n; i++) prompts[i] = prompt;   /* one prefill, copied */
+        if (sampleGenerate(d, tok, prompts, n, &so, n == 1 ? writeOut : collectOut,
+                           n == 1 ? NULL : &got, &res, &err)) {
             fprintf(stderr, "\nnsad sample: %s\n", err.message);
             rc = 1;
         } else {
+            int total = 0;
+            for (int i = 0; i < n; i++) {
+                total += res.tokens[i];
+                if (n == 1) continue;
+                printf("%s--- sample %d (%d tokens, %s) ---\n%s", i ? "\n" : "", i, res.tokens[i],
+                       sampleStopName(res.stop[i]), prompt);
+                if (got.len[i]) fwrite(got.text[i], 1, got.len[i], stdout);
+            }
+            fflush(stdout);
             const double gen = res.seconds - res.prefill_seconds;
-            fprintf(stderr, "\n[%d tokens, %s; %.1f tokens/s on %s; step %lld of %s]\n",
-                    res.tokens[0], sampleStopName(res.stop[0]),
-                    gen > 0 ? res.tokens[0] / gen : 0.0, dev == NSA_DEVICE_CUDA ? "cuda" : "cpu",
+            fprintf(stderr, "\n[%s%d tokens, %s; %.1f tokens/s on %s; step %lld of %s]\n",
+                    n > 1 ? "samples together: " : "", total,
+                    n > 1 ? "each stopped as above" : sampleStopName(res.stop[0]),
+                    gen > 0 ? total / gen : 0.0, dev == NSA_DEVICE_CUDA ? "cuda" : "cpu",
                     (long long)w.state.step, w.dir);
         }
     }
+    for (int i = 0; i < SAMPLE_MAX_PROMPTS; i++) free(got.text[i]);
     nsaDecoderFree(d);
     weightsClose(&w);
     return rc;

@@ -198,6 +198,13 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
               r5.returncode == 0 and "--- sample 0 (20 tokens, max_tokens) ---\nHello" in r5.stdout
               and "--- sample 1 (20 tokens, max_tokens) ---\nHello" in r5.stdout
               and "[2 samples, 40 tokens" in r5.stderr, (r5.stdout[:200], r5.stderr))
+        fg2 = subprocess.run([NSAD, "sample", out_dir, "--prompt", "Hello", "--n", "2", "--max-tokens", "20",
+                              "--device", "cpu"], capture_output=True, timeout=60)
+        parts = fg2.stdout.split(b"--- sample ")
+        check("nsad sample --n 2 (foreground): two continuations under headers, 40 tokens in all",
+              fg2.returncode == 0 and len(parts) == 3 and parts[1].startswith(b"0 (20 tokens, max_tokens) ---\nHello")
+              and parts[2].startswith(b"1 (20 tokens, max_tokens) ---\nHello") and parts[1][2:] != parts[2][2:]
+              and b"40 tokens" in fg2.stderr, (fg2.stdout[:120], fg2.stderr))
         st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt": "x", "n": 17})
         check("n = 17: 400 naming n", st == 400 and b"n: out of range" in body, body)
         r = run(ctl + ["sample", run_id, "--prompt", "x", "--n", "0"])
