@@ -532,6 +532,17 @@ int nsaDecoderPosition(const NsaDecoder *d, int slot);
  * or a failed copy. */
 int nsaDecoderCopySlot(NsaDecoder *d, int dst, int src, NsaError *err);
 
+/* How Prefill runs on this decoder, and why: a sentence owned by d (NULL
+ * for NULL). CPU: the reference rows, up to 64 positions a call. CUDA:
+ * passes of up to 256 positions of a slot, each one CUDA graph of the
+ * decode kernels; and, where the fast NSA op takes the config (phi = avg,
+ * its head sizes), an empty slot's prompt longer than one pass goes
+ * through the prompt pass instead: all its positions at once through
+ * GEMMs and the fast op, the caches filled from the op's inputs (the
+ * training forward's arithmetic; tests/gpu/test_decode.cu checks both
+ * against the CPU decoder). */
+const char *nsaDecoderPrefillPath(const NsaDecoder *d);
+
 /* Appends n tokens (ids in [0, V)) to slot, in order, and writes the logits
  * of the last one into logits [V] (may be NULL). Fails, changing nothing,
  * when a token is out of range or the slot would hold more than

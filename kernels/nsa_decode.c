@@ -17,7 +17,8 @@
 #define NSA_DECODE_CUDA 1
 #endif
 
-/* Rows a CPU prefill call pushes through the layers together. */
+/* Rows a CPU prefill call pushes through the layers together (named in
+ * nsaDecoderPrefillPath's sentence). */
 #define DECODE_PREFILL_ROWS 64
 
 struct NsaDecoder {
@@ -380,6 +381,14 @@ static void cpuRun(NsaCpuDecoder *cd, const int32_t *tokens, int rows) {
         nsaCpuDecodeRowsF64(cd, tokens, rows);
     else
         nsaCpuDecodeRowsF32(cd, tokens, rows);
+}
+
+const char *nsaDecoderPrefillPath(const NsaDecoder *d) {
+    if (!d) return NULL;
+#ifdef NSA_DECODE_CUDA
+    if (isCuda(d)) return nsaCudaDecoderPrefillPath(d->cuda);
+#endif
+    return "reference rows, up to 64 positions a call (DECODE_PREFILL_ROWS)";
 }
 
 int nsaDecoderPrefill(NsaDecoder *d, int slot, const int32_t *tokens, int n, float *logits,

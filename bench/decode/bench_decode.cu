@@ -6,17 +6,19 @@
  *   bench_decode CONTEXT BATCH [STEPS]
  *
  * Random bf16-valued weights (N(0, 0.02)); slot 0 is filled with CONTEXT
- * random tokens through nsaDecoderPrefill (passes of 256 positions, each one
- * CUDA graph; prefill_tok_per_s times it) and the other slots take copies
+ * random tokens through nsaDecoderPrefill (the prompt pass where the config
+ * has it, see prefill_path; prefill_tok_per_s times it) and the other slots take copies
  * of it (nsaDecoderCopySlot, what several samples of one prompt do;
  * copy_ms is one copy), then STEPS (default 64) more steps are timed one by
  * one, wall clock, each including the copy of the logits to the host (what
  * sampling needs). Every step gives each slot its own random token, so the
  * slots' sequences part from the first step on; each slot reads its own
- * copy of the caches. Prints one JSON object:
+ * copy of the caches. After the timed steps slot 0 is filled again through
+ * the 256-position passes (one token first, so the slot is not empty) for
+ * pass_prefill_tok_per_s. Prints one JSON object:
  *   {"impl": "nsa", "batch", "context", "steps", "ms_per_step",
  *    "ms_per_step_p50", "tok_per_s", "kv_bytes_per_token", "fill_seconds",
- *    "prefill_tok_per_s", "copy_ms"}
+ *    "prefill_tok_per_s", "pass_prefill_tok_per_s", "copy_ms", "prefill_path"}
  * kv_bytes_per_token: the cache bytes one token's attention reads, all
  * layers (nsaDecoderKvBytesPerToken at the timed context). Runs on the GPU
  * machine: make bench-decode. */
@@ -101,6 +103,14 @@ int main(int argc, char **argv) {
             }
     }
     cudaProfilerStop();
+    double pass_fill = 0.0;
+    if (context > 1) {
+        if (nsaDecoderReset(d, 0, &err) || nsaDecoderPrefill(d, 0, prompt.data(), 1, NULL, &err))
+            die("refill", &err);
+        const double p0 = now();
+        if (nsaDecoderPrefill(d, 0, prompt.data() + 1, context - 1, NULL, &err)) die("refill", &err);
+        pass_fill = now() - p0;
+    }
     double sum = 0.0;
     for (double v : ms) sum += v;
     const double mean = sum / steps;
@@ -109,9 +119,10 @@ int main(int argc, char **argv) {
     printf("{\"impl\": \"nsa\", \"batch\": %d, \"context\": %d, \"steps\": %d, "
            "\"ms_per_step\": %.4f, \"ms_per_step_p50\": %.4f, \"tok_per_s\": %.1f, "
            "\"kv_bytes_per_token\": %zu, \"fill_seconds\": %.2f, \"prefill_tok_per_s\": %.0f, "
-           "\"copy_ms\": %.3f}\n",
+           "\"pass_prefill_tok_per_s\": %.0f, \"copy_ms\": %.3f, \"prefill_path\": \"%s\"}\n",
            B, context, steps, mean, sorted[steps / 2], B * 1e3 / mean,
-           nsaDecoderKvBytesPerToken(d, context + steps / 2), fill, (double)context / fill, copy_ms);
+           nsaDecoderKvBytesPerToken(d, context + steps / 2), fill, (double)context / fill,
+           pass_fill > 0 ? (context - 1) / pass_fill : 0.0, copy_ms, nsaDecoderPrefillPath(d));
     nsaDecoderFree(d);
     return 0;
 }

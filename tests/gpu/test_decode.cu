@@ -258,6 +258,7 @@ typedef struct Case {
     int slots, context;
     int prompt[16];    /* per slot */
     int zero_cmp_keys; /* wk_cmp = 0: the selection decided by the tie rule */
+    int prompt_pass;   /* the CUDA decoder has the prompt pass (prompts > 256 use it) */
     uint64_t seed;
 } Case;
 
@@ -360,6 +361,9 @@ static void testModel(const Case *k) {
     const int V = k->cfg.vocab_size, S = k->slots, T = k->context;
     NsaDecoder *cpu = makeDecoder(&k->cfg, NSA_DEVICE_CPU, S, T);
     NsaDecoder *gpu = makeDecoder(&k->cfg, NSA_DEVICE_CUDA, S, T);
+    const char *path = nsaDecoderPrefillPath(gpu);
+    report(&g_res, !strncmp(path, "prompt pass", 11) == !!k->prompt_pass, 0.0, "prefill path",
+           "%s: %.120s", k->name, path);
     setWeights(cpu, gpu, k);
     std::vector<int32_t> tokens((size_t)S * T);
     fillTokens(tokens.data(), tokens.size(), k->seed, 2, V);
@@ -488,8 +492,31 @@ int main(void) {
     c.context = 1600;
     c.prompt[0] = 1400; c.prompt[1] = 1300;
     c.zero_cmp_keys = 1;
+    c.prompt_pass = 1;
     c.seed = 13;
     testModel(&c);
+
+    Case p = {};
+    p.name = "decode prompt pass: d_k 128 d_v 64, random compressed keys, prompts of 257 to 1100";
+    p.cfg = smallConfig();
+    p.cfg.dim = 256;
+    p.cfg.n_heads = 8;
+    p.cfg.d_k = 128;
+    p.cfg.d_v = 64;
+    p.cfg.mlp = NSA_MLP_SWIGLU;
+    p.cfg.mlp_hidden = 384;
+    p.cfg.vocab_size = 256;
+    p.cfg.cmp_len = 32;
+    p.cfg.cmp_stride = 16;
+    p.cfg.sel_len = 64;
+    p.cfg.n_sel = 32;     /* every one of the 19 blocks of 1200 tokens */
+    p.cfg.window = 128;
+    p.slots = 3;
+    p.context = 1200;
+    p.prompt[0] = 257; p.prompt[1] = 1100; p.prompt[2] = 600;
+    p.prompt_pass = 1;
+    p.seed = 16;
+    testModel(&p);
 
     Case f = {};
     f.name = "decode prefill passes: prompts across pass edges, window < pass";

@@ -306,6 +306,8 @@ static void test_refusals(void **state) {
 #endif
 
     NsaDecoder *d = makeDecoder(&cfg, NSA_PREC_F32, 2, 8);
+    assert_non_null(strstr(nsaDecoderPrefillPath(d), "reference rows"));
+    assert_null(nsaDecoderPrefillPath(NULL));
     int32_t toks[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9};
     assert_int_equal(nsaDecoderPrefill(d, 0, toks, 5, NULL, &err), 0);
     toks[1] = 11;  /* V = 11: out of range */

@@ -23,7 +23,14 @@
 #include "../cuda_common.cuh"
 #include "decode.h"
 #include "decode_ops.h"
+#include "../layers/gemm.h"
 #include "../layers/layers_cuda.h"
+
+/* Rows of the prompt pass's row-local work (norms, projections, MLP) at a
+ * time: its buffers hold this many rows, the residual stream and the
+ * attention's inputs and output the whole prompt. */
+#define PROMPT_CHUNK 4096
+#define PROMPT_GEMM_WORKSPACE ((size_t)32 << 20)
 
 typedef struct DecLayerWeights {
     bf16 *w_attn;   /* [P][C]: wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win, w_gate */
@@ -33,6 +40,22 @@ typedef struct DecLayerWeights {
     float *attn_norm, *mlp_norm;
     float *phi[6];  /* phi = mlp: k pos, w1, w2, v pos, w1, w2 */
 } DecLayerWeights;
+
+/* The prompt pass: an empty slot's prompt longer than one prefill pass,
+ * all its positions at once through GEMMs and the fast NSA op (the
+ * training engine's forward, kernels/cuda/fast_attn), the caches then
+ * filled from the op's inputs (decode_prompt.cu). */
+typedef struct DecPrompt {
+    int stride;                 /* projection row stride (attnInputsStride) */
+    int *tokens;                /* [T] */
+    float *x;                   /* [T][C] residual stream */
+    bf16 *q, *k[3], *v[3], *g;  /* the op's inputs [T][..], branches cmp, sel, win */
+    bf16 *y;                    /* [T][H*dv] the op's output */
+    bf16 *xn, *proj, *fc, *up;  /* [PROMPT_CHUNK][..] */
+    float *rstd, *gates;        /* [PROMPT_CHUNK], [PROMPT_CHUNK][3H] */
+    NsaAttnCudaPlan *plan;
+    GemmContext gemm;
+} DecPrompt;
 
 struct NsaCudaDecoder {
     NsaModelConfig cfg;
@@ -58,6 +81,9 @@ struct NsaCudaDecoder {
     int *pos_host;             /* [Bmax] what the device holds */
     cudaGraphExec_t *graphs;   /* [Bmax + 1], decode steps by batch size */
     cudaGraphExec_t *prefill_graphs; /* [R + 1], prefill passes by rows */
+    int prompt_ok;             /* the prompt pass exists for this config */
+    char prefill_path[256];    /* how a prompt is prefilled, and why */
+    DecPrompt pr;
 };
 
 /* ---- plan ------------------------------------------------------------------- */
@@ -174,6 +200,26 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     TAKE(d->pos, int, Bm);
     TAKE(row_slot, int, R);
     TAKE(row_pos, int, R);
+    if (d->prompt_ok) {
+        DecPrompt *pr = &d->pr;
+        const size_t T = dm->T, CH = PROMPT_CHUNK < T ? PROMPT_CHUNK : T;
+        const size_t kn = G * dk, vn = G * dv;
+        TAKE(pr->tokens, int, T);
+        TAKE(pr->x, float, T * C);
+        TAKE(pr->q, bf16, T * H * dk);
+        for (int b = 0; b < 3; b++) {
+            TAKE(pr->k[b], bf16, T * kn);
+            TAKE(pr->v[b], bf16, T * vn);
+        }
+        TAKE(pr->g, bf16, T * 3 * H);
+        TAKE(pr->y, bf16, T * H * dv);
+        TAKE(pr->xn, bf16, CH * C);
+        TAKE(pr->proj, bf16, CH * pr->stride);
+        TAKE(pr->fc, bf16, CH * F);
+        if (c->mlp == NSA_MLP_SWIGLU) TAKE(pr->up, bf16, CH * F);
+        TAKE(pr->rstd, float, CH);
+        TAKE(pr->gates, float, CH * 3 * H);
+    }
 #undef TAKE
     if (base) {
         s->rope = rope;
@@ -190,6 +236,8 @@ static void releaseAll(NsaCudaDecoder *d) {
     if (d->prefill_graphs)
         for (int r = 0; r <= d->R; r++)
             if (d->prefill_graphs[r]) cudaGraphExecDestroy(d->prefill_graphs[r]);
+    nsaAttnCudaPlanFree(d->pr.plan);
+    gemmContextDestroy(&d->pr.gemm);
     if (d->arena) cudaFree(d->arena);
     if (d->stage_host) cudaFreeHost(d->stage_host);
     if (d->logits_host) cudaFreeHost(d->logits_host);
@@ -200,6 +248,56 @@ static void releaseAll(NsaCudaDecoder *d) {
     free(d->lw);
     free(d->cache);
     free(d);
+}
+
+static NsaAttnDims promptDims(const NsaCudaDecoder *d, int S) {
+    const NsaModelConfig *c = &d->cfg;
+    NsaAttnDims md = {};
+    md.B = 1;
+    md.S = S;
+    md.H = c->n_heads;
+    md.G = c->n_kv_groups;
+    md.d_k = c->d_k;
+    md.d_v = c->d_v;
+    md.cmp_len = c->cmp_len;
+    md.cmp_stride = c->cmp_stride;
+    md.sel_len = c->sel_len;
+    md.n_sel = c->n_sel;
+    md.window = c->window;
+    return md;
+}
+
+/* Whether this decoder has the prompt pass, with the reason in
+ * prefill_path: it needs the fast op (phi = avg, the op's head sizes and
+ * limits, which nsaAttnCudaPlanMeasure checks) and a context longer than
+ * one prefill pass. */
+static void promptDecide(NsaCudaDecoder *d) {
+    const NsaModelConfig *c = &d->cfg;
+    char *why = d->prefill_path;
+    const size_t len = sizeof d->prefill_path;
+    char passes[64];
+    snprintf(passes, sizeof passes, "passes of up to %d positions", DEC_PREFILL_ROWS);
+    d->prompt_ok = 0;
+    if (c->phi == NSA_PHI_MLP) {
+        snprintf(why, len, "%s, because phi = mlp and the fast NSA op pools with avg", passes);
+        return;
+    }
+    if (d->dims.T <= DEC_PREFILL_ROWS) {
+        snprintf(why, len, "%s, because max_context (%d) fits one pass", passes, d->dims.T);
+        return;
+    }
+    const NsaAttnDims md = promptDims(d, d->dims.T);
+    NsaError e = {{0}};
+    size_t state = 0, scratch = 0;
+    if (nsaAttnCudaPlanMeasure(&md, NULL, &state, &scratch, &e)) {
+        snprintf(why, len, "%s, because %s", passes, e.message);
+        return;
+    }
+    d->prompt_ok = 1;
+    d->pr.stride = attnInputsStride(c->n_heads, c->n_kv_groups, c->d_k, c->d_v);
+    snprintf(why, len, "prompt pass: an empty slot's prompt of more than %d positions at once "
+                       "through GEMMs and the fast NSA op; %s otherwise",
+             DEC_PREFILL_ROWS, passes);
 }
 
 static int createInto(NsaCudaDecoder *d, NsaError *err) {
@@ -216,10 +314,17 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
         return cudaFail(err, "nsa decoder (cuda): out of host memory");
     d->launch.stream = d->stream;
     if (decOverlapSupported(&d->launch.overlap, err) || decAttnPrepare(&d->dims, err)) return -1;
+    promptDecide(d);
     d->arena_bytes = plan(d, NULL);
     CUDA_CHECK(cudaMalloc(&d->arena, d->arena_bytes), err);
     CUDA_CHECK(cudaMemset(d->arena, 0, d->arena_bytes), err);
     plan(d, (char *)d->arena);
+    if (d->prompt_ok) {
+        const NsaAttnDims md = promptDims(d, d->dims.T);
+        d->pr.plan = nsaAttnCudaPlanCreate(&md, NULL, err);
+        if (!d->pr.plan || gemmContextCreate(&d->pr.gemm, NSA_PREC_BF16, PROMPT_GEMM_WORKSPACE, err))
+            return -1;
+    }
     CUDA_CHECK(cudaMallocHost((void **)&d->stage_host, (1 + (size_t)d->R) * sizeof(int)), err);
     CUDA_CHECK(cudaMallocHost((void **)&d->logits_host, Bm * c->vocab_size * sizeof(float)), err);
     /* RoPE table: cos, sin in double, as the CPU engine's */
@@ -460,9 +565,100 @@ extern "C" int nsaCudaDecoderStep(NsaCudaDecoder *d, int B, const int32_t *token
     return 0;
 }
 
+/* The prompt pass: n tokens into empty slot, every layer's row-local work
+ * PROMPT_CHUNK rows at a time (RMSNorm, the eight projections as one GEMM,
+ * RoPE and the sigmoid into the op's inputs; Wo and the MLP with their
+ * residual adds in the GEMM epilogues), the attention over all n at once;
+ * the caches filled from the op's inputs; the last row's logits. Enqueued
+ * plainly (no graph: n varies) and synchronised once, at the end. */
+static int promptPass(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n, NsaError *err) {
+    const NsaModelConfig *c = &d->cfg;
+    const int C = c->dim, H = c->n_heads, G = c->n_kv_groups, dk = c->d_k, dv = c->d_v;
+    const int F = d->F, P = d->P, V = c->vocab_size;
+    DecPrompt *pr = &d->pr;
+    cudaStream_t st = d->stream;
+    const DecLaunch plain = {st, 0};
+    CUDA_CHECK(cudaMemcpyAsync(pr->tokens, tokens, (size_t)n * sizeof(int), cudaMemcpyHostToDevice,
+                               st),
+               err);
+    if (decEmbed(pr->x, d->tok_emb, pr->tokens, n, C, &plain, err)) return -1;
+    const NsaAttnDims dims = promptDims(d, n);
+    for (int i = 0; i < c->n_layers; i++) {
+        const DecLayerWeights *w = &d->lw[i];
+        for (int r0 = 0; r0 < n; r0 += PROMPT_CHUNK) {
+            const int rows = n - r0 < PROMPT_CHUNK ? n - r0 : PROMPT_CHUNK;
+            const size_t r = (size_t)r0;
+            const AttnInputTensors ins = {pr->q + r * H * dk,
+                                          {pr->k[0] + r * G * dk, pr->k[1] + r * G * dk,
+                                           pr->k[2] + r * G * dk},
+                                          {pr->v[0] + r * G * dv, pr->v[1] + r * G * dv,
+                                           pr->v[2] + r * G * dv},
+                                          pr->g + r * 3 * H};
+            /* the RoPE table from position r0: the chunk is one sequence of
+             * `rows` positions to attnInputsForward */
+            if (rmsnormForwardTo(pr->xn, DTYPE_BF16, pr->rstd, pr->x + r * C, w->attn_norm,
+                                 (size_t)rows, C, c->norm_eps, st, err) ||
+                gemmRowMajorTo(&pr->gemm, st, 0, 1, rows, P, C, 1.0f, pr->xn, C, w->w_attn, C, 0.0f,
+                               NULL, pr->stride, pr->proj, DTYPE_BF16, pr->stride, err) ||
+                attnInputsForward(ins, pr->gates, pr->proj, DTYPE_BF16, d->scratch.rope + r * dk, 1,
+                                  rows, H, G, dk, dv, st, err))
+                return -1;
+        }
+        const NsaAttnDeviceInputs in = {pr->q, pr->k[0], pr->v[0], pr->k[1],
+                                        pr->v[1], pr->k[2], pr->v[2], pr->g};
+        const DecPromptInputs kv = {{pr->k[0], pr->k[1], pr->k[2]}, {pr->v[0], pr->v[1], pr->v[2]}};
+        if (nsaAttnForwardCuda(pr->plan, &dims, &in, pr->y, NULL, NULL, st, err) ||
+            decPromptCaches(&d->dims, &d->cache[i], slot, &kv, n, st, err))
+            return -1;
+        for (int r0 = 0; r0 < n; r0 += PROMPT_CHUNK) {
+            const int rows = n - r0 < PROMPT_CHUNK ? n - r0 : PROMPT_CHUNK;
+            float *x = pr->x + (size_t)r0 * C;
+            if (linearForward(&pr->gemm, st, x, pr->y + (size_t)r0 * H * dv, w->wo, rows, H * dv, C,
+                              1.0f, x, err) ||
+                rmsnormForwardTo(pr->xn, DTYPE_BF16, pr->rstd, x, w->mlp_norm, (size_t)rows, C,
+                                 c->norm_eps, st, err) ||
+                linearForwardTo(&pr->gemm, st, pr->fc, DTYPE_BF16, pr->xn, w->w_fc, rows, C, F, err))
+                return -1;
+            if (c->mlp == NSA_MLP_SWIGLU) {
+                if (linearForwardTo(&pr->gemm, st, pr->up, DTYPE_BF16, pr->xn, w->w_fc + (size_t)F * C,
+                                    rows, C, F, err) ||
+                    swigluForwardTo(pr->fc, DTYPE_BF16, pr->fc, pr->up, DTYPE_BF16, (size_t)rows * F,
+                                    st, err))
+                    return -1;
+            } else if (siluForwardTo(pr->fc, DTYPE_BF16, pr->fc, DTYPE_BF16, (size_t)rows * F, st,
+                                     err)) {
+                return -1;
+            }
+            if (linearForward(&pr->gemm, st, x, pr->fc, w->w_proj, rows, F, C, 1.0f, x, err))
+                return -1;
+        }
+    }
+    DecGemv g = {};
+    g.w = d->lm_head; g.N = V; g.K = C; g.B = 1;
+    g.x = pr->x + (size_t)(n - 1) * C; g.norm_w = d->final_norm; g.eps = c->norm_eps;
+    g.out = d->logits;
+    if (decGemv(&g, DEC_STORE, &plain, err)) return -1;
+    d->stage_host[0] = n;
+    CUDA_CHECK(cudaMemcpyAsync(d->pos + slot, d->stage_host, sizeof(int), cudaMemcpyHostToDevice, st),
+               err);
+    CUDA_CHECK(cudaMemcpyAsync(d->logits_host, d->logits, (size_t)V * sizeof(float),
+                               cudaMemcpyDeviceToHost, st),
+               err);
+    CUDA_CHECK(cudaStreamSynchronize(st), err);
+    d->pos_host[slot] = n;
+    return 0;
+}
+
+extern "C" const char *nsaCudaDecoderPrefillPath(const NsaCudaDecoder *d) { return d->prefill_path; }
+
 extern "C" int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                                      float *logits, NsaError *err) {
     CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
+    if (d->prompt_ok && d->pos_host[slot] == 0 && n > DEC_PREFILL_ROWS) {
+        if (promptPass(d, slot, tokens, n, err)) return -1;
+        if (logits) memcpy(logits, d->logits_host, (size_t)d->cfg.vocab_size * sizeof(float));
+        return 0;
+    }
     const int rows = d->R < DEC_PREFILL_ROWS ? d->R : DEC_PREFILL_ROWS;
     for (int i = 0; i < n; i += rows) {
         const int B = n - i < rows ? n - i : rows;

@@ -44,6 +44,8 @@ int nsaCudaDecoderPosition(const NsaCudaDecoder *d, int slot);
 /* Slot dst takes slot src's caches and position (slots checked by the
  * caller, dst != src); synchronous. */
 int nsaCudaDecoderCopySlot(NsaCudaDecoder *d, int dst, int src, NsaError *err);
+/* How Prefill runs on this decoder, and why (a sentence). */
+const char *nsaCudaDecoderPrefillPath(const NsaCudaDecoder *d);
 /* n steps of one token on slot; logits [V] of the last (NULL: none). */
 int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                           float *logits, NsaError *err);

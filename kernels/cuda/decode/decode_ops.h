@@ -196,6 +196,18 @@ int decCombine(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaE
  * would not fit. Once per decoder, before any pass. */
 int decAttnPrepare(const DecDims *dm, NsaError *err);
 
+/* ---- decode_prompt.cu ----
+ * The fast NSA op's bf16 inputs of a whole prompt (keys rotated), branch
+ * order cmp, sel, win: k [n][G][dk], v [n][G][dv]. */
+typedef struct DecPromptInputs {
+    const bf16 *k[3], *v[3];
+} DecPromptInputs;
+/* Fills slot's caches (and its compressed blocks, phi = avg) as n decode
+ * steps of the prompt would have; plain launches on stream. 0 or -1 with
+ * err. */
+int decPromptCaches(const DecDims *dm, const DecLayerCache *c, int slot, const DecPromptInputs *in,
+                    int n, cudaStream_t stream, NsaError *err);
+
 /* x[b] = tok_emb[tokens[b]] (fp32). */
 int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, const DecLaunch *ln,
              NsaError *err);
