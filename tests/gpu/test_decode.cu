@@ -27,6 +27,10 @@
  *   copy slot one prompt prefilled and copied into the other slots, then
  *             steps: against the CPU decoder's copies, and a slot repeating
  *             the source's tokens bit-identical to it.
+ *   prompt    the prompt pass (a prompt of more than 8,192 positions into an
+ *             empty slot: GEMMs and the fast NSA op) against the passes on
+ *             the same decoder, where the selection has no choice; and
+ *             which prefill path each case's decoder reports.
  * Prints TAP lines, a table and "N passed, N failed"; exits 1 on failure.
  * Run on the GPU machine: make -C tests/gpu decode-test. */
 #include "gpu_util.h"
@@ -258,7 +262,7 @@ typedef struct Case {
     int slots, context;
     int prompt[16];    /* per slot */
     int zero_cmp_keys; /* wk_cmp = 0: the selection decided by the tie rule */
-    int prompt_pass;   /* the CUDA decoder has the prompt pass (prompts > 256 use it) */
+    int prompt_pass;   /* the CUDA decoder has the prompt pass */
     uint64_t seed;
 } Case;
 
@@ -354,6 +358,63 @@ static void testCopySlot(const Case *k, NsaDecoder *cpu, NsaDecoder *gpu,
            "repeated slot %s%s%s",
            k->name, P, S, worst, same ? "bit-identical" : "DIFFERS", err.message[0] ? ": " : "",
            err.message);
+}
+
+/* The prompt pass (an empty slot's prompt of more than 8,192 positions)
+ * against the 256-position passes on the same CUDA decoder, themselves
+ * checked against the CPU decoder above: slot 0 takes a 9,500-token prompt
+ * through the prompt pass, slot 1 the same prompt with its first token
+ * alone (so the rest goes through the passes), then both step 24 tokens;
+ * every logit row of slot 0 against slot 1's. l' = 512 leaves 19 selection
+ * blocks for n = 32: no choice, so neither path's rounding can flip one.
+ * (d_k, d_v) = (128, 64), SwiGLU, random compressed keys. */
+static void testPromptPass(void) {
+    const double t0 = nowSeconds();
+    Case k = {};
+    k.cfg = smallConfig();
+    k.cfg.dim = 256;
+    k.cfg.n_heads = 4;
+    k.cfg.d_k = 128;
+    k.cfg.d_v = 64;
+    k.cfg.mlp = NSA_MLP_SWIGLU;
+    k.cfg.mlp_hidden = 384;
+    k.cfg.vocab_size = 256;
+    k.cfg.cmp_len = 32;
+    k.cfg.cmp_stride = 16;
+    k.cfg.sel_len = 512;
+    k.cfg.n_sel = 32;
+    k.cfg.window = 256;
+    k.seed = 16;
+    const int T = 9600, P = 9500, V = k.cfg.vocab_size;
+    NsaDecoder *cpu = makeDecoder(&k.cfg, NSA_DEVICE_CPU, 1, 8);   /* weights only */
+    NsaDecoder *gpu = makeDecoder(&k.cfg, NSA_DEVICE_CUDA, 2, T);
+    setWeights(cpu, gpu, &k);
+    const char *path = nsaDecoderPrefillPath(gpu);
+    report(&g_res, !strncmp(path, "prompt pass", 11), 0.0, "prefill path", "prompt pass case: %.100s",
+           path);
+    std::vector<int32_t> tokens((size_t)T);
+    fillTokens(tokens.data(), tokens.size(), k.seed, 2, V);
+    std::vector<float> la((size_t)V, NAN), lb((size_t)V, NAN), steps((size_t)2 * V);
+    NsaError err = {{0}};
+    bool ok = !nsaDecoderPrefill(gpu, 0, tokens.data(), P, la.data(), &err) &&
+              !nsaDecoderPrefill(gpu, 1, tokens.data(), 1, NULL, &err) &&
+              !nsaDecoderPrefill(gpu, 1, tokens.data() + 1, P - 1, lb.data(), &err);
+    double worst = ok ? relErr(la.data(), lb.data(), V) : INFINITY;
+    std::vector<int32_t> step(2);
+    for (int n = 0; ok && P + n < T && n < 24; n++) {
+        step[0] = step[1] = tokens[(size_t)P + n];
+        std::fill(steps.begin(), steps.end(), NAN);
+        ok = !nsaDecoderStep(gpu, 2, step.data(), steps.data(), &err);
+        const double e = relErr(steps.data(), &steps[(size_t)V], V);
+        worst = e > worst || !(e == e) ? e : worst;
+    }
+    ok = ok && worst <= 2e-2;
+    report(&g_res, ok, nowSeconds() - t0, "prompt pass",
+           "9500-token prompt: prompt pass vs 256-position passes, 25 logit rows, worst rel err "
+           "%.2e (tol 2e-2)%s%s",
+           worst, err.message[0] ? ": " : "", err.message);
+    nsaDecoderFree(cpu);
+    nsaDecoderFree(gpu);
 }
 
 static void testModel(const Case *k) {
@@ -492,31 +553,10 @@ int main(void) {
     c.context = 1600;
     c.prompt[0] = 1400; c.prompt[1] = 1300;
     c.zero_cmp_keys = 1;
-    c.prompt_pass = 1;
     c.seed = 13;
     testModel(&c);
 
-    Case p = {};
-    p.name = "decode prompt pass: d_k 128 d_v 64, random compressed keys, prompts of 257 to 1100";
-    p.cfg = smallConfig();
-    p.cfg.dim = 256;
-    p.cfg.n_heads = 8;
-    p.cfg.d_k = 128;
-    p.cfg.d_v = 64;
-    p.cfg.mlp = NSA_MLP_SWIGLU;
-    p.cfg.mlp_hidden = 384;
-    p.cfg.vocab_size = 256;
-    p.cfg.cmp_len = 32;
-    p.cfg.cmp_stride = 16;
-    p.cfg.sel_len = 64;
-    p.cfg.n_sel = 32;     /* every one of the 19 blocks of 1200 tokens */
-    p.cfg.window = 128;
-    p.slots = 3;
-    p.context = 1200;
-    p.prompt[0] = 257; p.prompt[1] = 1100; p.prompt[2] = 600;
-    p.prompt_pass = 1;
-    p.seed = 16;
-    testModel(&p);
+    testPromptPass();
 
     Case f = {};
     f.name = "decode prefill passes: prompts across pass edges, window < pass";

@@ -31,6 +31,11 @@
  * attention's inputs and output the whole prompt. */
 #define PROMPT_CHUNK 4096
 #define PROMPT_GEMM_WORKSPACE ((size_t)32 << 20)
+/* Prompts longer than this take the prompt pass. A decoder's first prompt
+ * pass costs ~0.2 s before its work (its kernels loaded, GEMM plans
+ * chosen; H100, docs/PERF.md), about what the 256-position passes take for
+ * 8,192 positions, and a sample job's decoder is new. */
+#define PROMPT_MIN_POSITIONS 8192
 
 typedef struct DecLayerWeights {
     bf16 *w_attn;   /* [P][C]: wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win, w_gate */
@@ -41,8 +46,8 @@ typedef struct DecLayerWeights {
     float *phi[6];  /* phi = mlp: k pos, w1, w2, v pos, w1, w2 */
 } DecLayerWeights;
 
-/* The prompt pass: an empty slot's prompt longer than one prefill pass,
- * all its positions at once through GEMMs and the fast NSA op (the
+/* The prompt pass: an empty slot's prompt of more than
+ * PROMPT_MIN_POSITIONS, all its positions at once through GEMMs and the fast NSA op (the
  * training engine's forward, kernels/cuda/fast_attn), the caches then
  * filled from the op's inputs (decode_prompt.cu). */
 typedef struct DecPrompt {
@@ -269,8 +274,8 @@ static NsaAttnDims promptDims(const NsaCudaDecoder *d, int S) {
 
 /* Whether this decoder has the prompt pass, with the reason in
  * prefill_path: it needs the fast op (phi = avg, the op's head sizes and
- * limits, which nsaAttnCudaPlanMeasure checks) and a context longer than
- * one prefill pass. */
+ * limits, which nsaAttnCudaPlanMeasure checks) and a context of more than
+ * PROMPT_MIN_POSITIONS. */
 static void promptDecide(NsaCudaDecoder *d) {
     const NsaModelConfig *c = &d->cfg;
     char *why = d->prefill_path;
@@ -282,8 +287,10 @@ static void promptDecide(NsaCudaDecoder *d) {
         snprintf(why, len, "%s, because phi = mlp and the fast NSA op pools with avg", passes);
         return;
     }
-    if (d->dims.T <= DEC_PREFILL_ROWS) {
-        snprintf(why, len, "%s, because max_context (%d) fits one pass", passes, d->dims.T);
+    if (d->dims.T <= PROMPT_MIN_POSITIONS) {
+        snprintf(why, len, "%s, because max_context (%d) is at most %d positions, where they beat "
+                           "the prompt pass's start-up",
+                 passes, d->dims.T, PROMPT_MIN_POSITIONS);
         return;
     }
     const NsaAttnDims md = promptDims(d, d->dims.T);
@@ -297,7 +304,7 @@ static void promptDecide(NsaCudaDecoder *d) {
     d->pr.stride = attnInputsStride(c->n_heads, c->n_kv_groups, c->d_k, c->d_v);
     snprintf(why, len, "prompt pass: an empty slot's prompt of more than %d positions at once "
                        "through GEMMs and the fast NSA op; %s otherwise",
-             DEC_PREFILL_ROWS, passes);
+             PROMPT_MIN_POSITIONS, passes);
 }
 
 static int createInto(NsaCudaDecoder *d, NsaError *err) {
@@ -654,7 +661,7 @@ extern "C" const char *nsaCudaDecoderPrefillPath(const NsaCudaDecoder *d) { retu
 extern "C" int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                                      float *logits, NsaError *err) {
     CUDA_CHECK(cudaSetDevice(d->opt.device_ordinal), err);
-    if (d->prompt_ok && d->pos_host[slot] == 0 && n > DEC_PREFILL_ROWS) {
+    if (d->prompt_ok && d->pos_host[slot] == 0 && n > PROMPT_MIN_POSITIONS) {
         if (promptPass(d, slot, tokens, n, err)) return -1;
         if (logits) memcpy(logits, d->logits_host, (size_t)d->cfg.vocab_size * sizeof(float));
         return 0;
