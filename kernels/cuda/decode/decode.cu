@@ -16,7 +16,9 @@
  * The host synchronises once per pass, after the graph, to hand out the
  * logits. On sm_90 the kernels after the first overlap their launches with
  * the end of the one before (programmatic dependent launch, decode_ops.h's
- * DecLaunch). */
+ * DecLaunch). A prompt of more than PROMPT_MIN_POSITIONS into an empty
+ * slot takes the prompt pass instead (promptPass below), where the config
+ * has it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,9 +49,9 @@ typedef struct DecLayerWeights {
 } DecLayerWeights;
 
 /* The prompt pass: an empty slot's prompt of more than
- * PROMPT_MIN_POSITIONS, all its positions at once through GEMMs and the fast NSA op (the
- * training engine's forward, kernels/cuda/fast_attn), the caches then
- * filled from the op's inputs (decode_prompt.cu). */
+ * PROMPT_MIN_POSITIONS, all its positions at once through GEMMs and the
+ * fast NSA op (the training engine's forward, kernels/cuda/fast_attn), the
+ * caches then filled from the op's inputs (decode_prompt.cu). */
 typedef struct DecPrompt {
     int stride;                 /* projection row stride (attnInputsStride) */
     int *tokens;                /* [T] */
