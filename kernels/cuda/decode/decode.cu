@@ -34,9 +34,9 @@
 #define PROMPT_CHUNK 4096
 #define PROMPT_GEMM_WORKSPACE ((size_t)32 << 20)
 /* Prompts longer than this take the prompt pass. A decoder's first prompt
- * pass costs ~0.2 s before its work (its kernels loaded, GEMM plans
- * chosen; H100, docs/PERF.md), about what the 256-position passes take for
- * 8,192 positions, and a sample job's decoder is new. */
+ * pass pays a fixed ~0.2 s (H100, docs/PERF.md), about what the
+ * 256-position passes take for 8,192 positions, and a sample job's decoder
+ * is new. */
 #define PROMPT_MIN_POSITIONS 8192
 
 typedef struct DecLayerWeights {
