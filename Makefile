@@ -159,9 +159,9 @@ $(BUILD)/nsad: $(BUILD)/obj/daemon/main.o $(DAEMON_OBJ) $(BUILD)/libnsa.a
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(DAEMON_LIBS) $(LDLIBS_ENGINE) -rdynamic
 
-# nsactl shares daemon/paths.c with nsad: both find the same default
-# state dir and socket.
-$(BUILD)/nsactl: $(CTL_OBJ) $(BUILD)/obj/daemon/paths.o
+# nsactl shares daemon/paths.c with nsad (both find the same default
+# state dir and socket) and daemon/strbuf.c.
+$(BUILD)/nsactl: $(CTL_OBJ) $(BUILD)/obj/daemon/paths.o $(BUILD)/obj/daemon/strbuf.o
 	@echo "  LD      $@"
 	$(Q)$(CC) -o $@ $^ $(CTL_LIBS) -lm
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "../daemon/strbuf.h"
 
 typedef struct UseOption {
     const char *name;
@@ -144,7 +145,7 @@ static void jsonLine(UseRun *u, const char *line, size_t len, const char *ev, co
 
 /* ---- sample ------------------------------------------------------------------ */
 
-#define SAMPLE_MAX_N 16
+#define SAMPLE_MAX_N 16   /* the daemon's limit on n (proto/api.md) */
 
 /* One continuation streams straight to stdout; several are collected and
  * printed one after another when the job is done. */
@@ -152,24 +153,8 @@ typedef struct SampleRun {
     UseRun u;
     int n;
     char *prompt;
-    char *text[SAMPLE_MAX_N];
-    size_t len[SAMPLE_MAX_N], cap[SAMPLE_MAX_N];
+    StrBuf text[SAMPLE_MAX_N];   /* n > 1: each continuation's text so far */
 } SampleRun;
-
-static int sampleAppend(SampleRun *r, int i, const char *piece) {
-    const size_t n = strlen(piece);
-    if (r->len[i] + n + 1 > r->cap[i]) {
-        size_t cap = r->cap[i] ? r->cap[i] * 2 : 256;
-        while (cap < r->len[i] + n + 1) cap *= 2;
-        char *t = realloc(r->text[i], cap);
-        if (!t) return -1;
-        r->text[i] = t;
-        r->cap[i] = cap;
-    }
-    memcpy(r->text[i] + r->len[i], piece, n + 1);
-    r->len[i] += n;
-    return 0;
-}
 
 static void samplePrintAll(SampleRun *r, const cJSON *done) {
     const cJSON *each = cJSON_GetObjectItemCaseSensitive(done, "samples");
@@ -178,7 +163,7 @@ static void samplePrintAll(SampleRun *r, const cJSON *done) {
         double tokens = 0;
         ctlNumber(e, "tokens", &tokens);
         printf("%s--- sample %d (%.0f tokens, %s) ---\n%s%s\n", i ? "\n" : "", i, tokens,
-               ctlString(e, "stop", "?"), r->prompt ? r->prompt : "", r->text[i] ? r->text[i] : "");
+               ctlString(e, "stop", "?"), r->prompt ? r->prompt : "", r->text[i].data);
     }
 }
 
@@ -201,6 +186,13 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
         }
     } else if (!strcmp(ev, "done")) {
         double tokens = 0, tps = 0;
+        for (int i = 0; i < r->n && r->n > 1; i++)
+            if (r->text[i].failed) {
+                fprintf(stderr, "nsactl sample: out of memory for the texts\n");
+                u->failed = 1;
+                cJSON_Delete(o);
+                return 0;
+            }
         ctlNumber(o, "tokens", &tokens);
         ctlNumber(o, "tokens_per_s", &tps);
         u->done = 1;
@@ -219,10 +211,7 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
     } else {
         double at = -1;
         ctlNumber(o, "sample", &at);
-        if (at >= 0 && at < r->n && sampleAppend(r, (int)at, ctlString(o, "text", ""))) {
-            fprintf(stderr, "nsactl sample: out of memory\n");
-            u->failed = 1;
-        }
+        if (at >= 0 && at < r->n) strbufPrintf(&r->text[(int)at], "%s", ctlString(o, "text", ""));
     }
     cJSON_Delete(o);
     return 0;
@@ -245,6 +234,12 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
         }
         r.n = (int)n;
     }
+    for (int i = 0; i < r.n && r.n > 1; i++)
+        if (strbufInit(&r.text[i], 256)) {
+            fprintf(stderr, "nsactl sample: out of memory\n");
+            for (int k = 0; k < i; k++) free(strbufTake(&r.text[k]));
+            return CTL_EXIT_ERROR;
+        }
     cJSON *body = cJSON_CreateObject();
     if (!body || addTarget("sample", body, what) ||
         addNumber("sample", body, "n", &opts[8]) ||
@@ -263,7 +258,7 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
     if (opts[7].value) cJSON_AddStringToObject(body, "device", opts[7].value);
     const int rc = streamCall(&r.u, "/api/v1/sample", body, sampleLine);
     free(r.prompt);
-    for (int i = 0; i < SAMPLE_MAX_N; i++) free(r.text[i]);
+    for (int i = 0; i < r.n && r.n > 1; i++) free(strbufTake(&r.text[i]));
     return rc;
 }
 

@@ -51,7 +51,8 @@ static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
     return 0;
 }
 
-/* Each continuation's bytes, kept until all are done (--n above 1). */
+/* Each continuation's raw bytes (a NUL may be among them, so not a
+ * StrBuf), kept until all are done (--n above 1). */
 typedef struct Collected {
     char *text[SAMPLE_MAX_PROMPTS];
     size_t len[SAMPLE_MAX_PROMPTS], cap[SAMPLE_MAX_PROMPTS];
