@@ -53,6 +53,7 @@ typedef struct ServeOptions {
     long idle_timeout_s;
     long request_timeout_s;
     long stop_timeout_s;
+    long model_keep_s;
     char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
     int n_allow_hosts;
     int log_level;
@@ -88,6 +89,8 @@ static void usage(FILE *out) {
             "                         arrived this long after it began, trickling or not (default 30)\n"
             "  --stop-timeout SECONDS on SIGTERM, wait this long for the run to stop; after half of\n"
             "                         it, abandon the step without a checkpoint (default 80)\n"
+            "  --model-keep SECONDS   keep a sample job's checkpoint and decoder loaded this long for\n"
+            "                         the next sample job (default 120; 0: load for every job)\n"
             "  --log-level LEVEL      error, warning, notice, info (default) or debug\n"
             "  --peak-tflops T        one GPU's dense bf16 matrix rate in TFLOP/s, the MFU denominator\n"
             "                         (default: from the GPU's model, proto/model.md; unknown: no MFU)\n"
@@ -109,6 +112,7 @@ static void setDefaults(ServeOptions *o) {
     o->idle_timeout_s = 30;
     o->request_timeout_s = 30;
     o->stop_timeout_s = 80; /* inside systemd's default TimeoutStopSec of 90 s */
+    o->model_keep_s = 120;
     o->log_level = LOG_LVL_INFO;
 }
 
@@ -191,6 +195,10 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         bad = parseInteger(v, 1, 86400, &n);
         if (!bad) o->stop_timeout_s = (long)n;
         allowed = "an integer from 1 to 86400";
+    } else if (!strcmp(key, "model_keep_s")) {
+        bad = parseInteger(v, 0, 86400, &n);
+        if (!bad) o->model_keep_s = (long)n;
+        allowed = "an integer from 0 to 86400";
     } else if (!strcmp(key, "allow_hosts")) {
         bad = o->n_allow_hosts == SERVER_MAX_ALLOW_HOSTS || !*v ||
               copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
@@ -212,7 +220,8 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         snprintf(err->message, sizeof err->message,
                  "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
                  "max_body_bytes, max_connections, max_connections_per_client, idle_timeout_s, "
-                 "request_timeout_s, stop_timeout_s, allow_hosts, log_level, peak_tflops",
+                 "request_timeout_s, stop_timeout_s, model_keep_s, allow_hosts, log_level, "
+                 "peak_tflops",
                  flag);
         return -1;
     }
@@ -309,6 +318,7 @@ static int parseArgs(ServeOptions *o, int argc, char **argv) {
                   {"--idle-timeout", "idle_timeout_s"},
                   {"--request-timeout", "request_timeout_s"},
                   {"--stop-timeout", "stop_timeout_s"},
+                  {"--model-keep", "model_keep_s"},
                   {"--log-level", "log_level"},
                   {"--peak-tflops", "peak_tflops"}};
     /* the config file first, so that flags override it */
@@ -455,6 +465,16 @@ static void logStacks(const char *reason) {
 
 /* Tells the service each GPU's peak matrix rate, the MFU denominator: the
  * table's value for its model, or --peak-tflops. Logs what MFU will say. */
+/* Detaches the inference worker from svc under its lock (a trainer
+ * assigning a run tells it about claimed GPUs), then stops it. */
+static void stopInfer(Service *svc) {
+    pthread_mutex_lock(&svc->lock);
+    Infer *inf = svc->infer;
+    svc->infer = NULL;
+    pthread_mutex_unlock(&svc->lock);
+    inferStop(inf);
+}
+
 static void setPeakFlops(Service *svc, double peak_tflops) {
     double peaks[SERVICE_MAX_GPUS];
     int n = 0;
@@ -562,7 +582,7 @@ int cmdServe(int argc, char **argv) {
     }
     logSetRunSink(runlogAppend, svc->runlog); /* each run's lines into its own log too */
     setPeakFlops(svc, o.peak_tflops);
-    if (!(svc->infer = inferStart(&err))) {
+    if (!(svc->infer = inferStart((double)o.model_keep_s, &err))) {
         logError("%s", err.message);
         logSetRunSink(NULL, NULL);
         serviceClose(svc);
@@ -602,7 +622,7 @@ int cmdServe(int argc, char **argv) {
     Server *srv = serverStart(&so, svc, &err);
     if (!srv) {
         logError("%s", err.message);
-        inferStop(svc->infer);
+        stopInfer(svc);
         logSetRunSink(NULL, NULL);
         serviceClose(svc);
         return 1;
@@ -611,7 +631,7 @@ int cmdServe(int argc, char **argv) {
     if (serviceStartTrainers(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
         logError("%s", err.message);
         serverStop(srv);
-        inferStop(svc->infer);
+        stopInfer(svc);
         serviceShutdown(svc, (double)o.stop_timeout_s, TRAIN_HALT_SHUTDOWN);
         logSetRunSink(NULL, NULL);
         serviceClose(svc);
@@ -657,8 +677,7 @@ int cmdServe(int argc, char **argv) {
     }
     sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
     serverStop(srv);      /* first: it ends the streams the inference jobs write */
-    inferStop(svc->infer);
-    svc->infer = NULL;
+    stopInfer(svc);
     if (serviceShutdown(svc, (double)o.stop_timeout_s,
                         trainHaltReasonOfSignal(stop_signal)) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -27,11 +28,26 @@ typedef struct Queued {
     struct Queued *next;
 } Queued;
 
+/* The checkpoint and decoder of the last sample job, kept for the next one
+ * (infer.h). Only the worker thread touches it. */
+typedef struct Kept {
+    int live;           /* w is open (d may still be NULL) */
+    Weights w;
+    NsaDecoder *d;
+    NsaDevice dev;
+    int gpu, slots, context;
+    struct stat file;   /* model.safetensors when opened: a new checkpoint there is another file */
+    double last_used;   /* clockMonotonicSeconds() at the end of its last job */
+} Kept;
+
 struct Infer {
     pthread_mutex_t lock;
     pthread_cond_t cv;
     Queued *head, *tail;
     int waiting, stop;
+    double keep_s;            /* how long the kept model outlives its last job */
+    uint64_t release_gpus;    /* GPUs runs claimed since the worker last looked (lock) */
+    Kept kept;
     pthread_t thread;
 };
 
@@ -77,6 +93,90 @@ static cJSON *startLine(const Weights *w, NsaDevice dev, int gpu) {
     if (dev == NSA_DEVICE_CUDA) cJSON_AddNumberToObject(o, "gpu", gpu);
     else cJSON_AddNullToObject(o, "gpu");
     return o;
+}
+
+/* ---- the kept model ------------------------------------------------------------------ */
+
+static void keptDrop(Kept *k, const char *why) {
+    if (!k->live) return;
+    if (k->d) logInfo("sample model %s released: %s", k->w.dir, why);
+    nsaDecoderFree(k->d);
+    weightsClose(&k->w);
+    memset(k, 0, sizeof *k);
+}
+
+/* model.safetensors of the checkpoint spec names, resolved as weightsOpen
+ * does; 0 with its directory and stat, -1 when it does not resolve (the
+ * job then opens it afresh, and weightsOpen says what is wrong). */
+static int keptIdentity(const char *spec, char *dir, size_t cap, struct stat *sb) {
+    NsaError err;
+    char path[WEIGHTS_PATH_MAX + 32];
+    if (checkpointResolve(NULL, spec, dir, cap, &err) != 1 ||
+        snprintf(path, sizeof path, "%s/model.safetensors", dir) >= (int)sizeof path)
+        return -1;
+    return stat(path, sb);
+}
+
+static int sameFile(const struct stat *a, const struct stat *b) {
+    return a->st_dev == b->st_dev && a->st_ino == b->st_ino && a->st_size == b->st_size &&
+           a->st_mtim.tv_sec == b->st_mtim.tv_sec && a->st_mtim.tv_nsec == b->st_mtim.tv_nsec;
+}
+
+/* Rows of context a decoder is built for: needed rounded up to a multiple
+ * of 4096, so that jobs with other prompt lengths reuse it (a multiple of
+ * 4096 stays within the CUDA decoder's limit of 4096 selection blocks
+ * whenever needed does). */
+static int keptContext(int needed) { return (needed + 4095) / 4096 * 4096; }
+
+/* Makes k hold the checkpoint spec names: kept as it is when it is the same
+ * file, else dropped and opened. Returns 0 (*opened: whether it was
+ * opened now), or -1 with err (k then holds nothing). */
+static int keptOpen(Kept *k, const char *spec, int *opened, NsaError *err) {
+    char dir[WEIGHTS_PATH_MAX];
+    struct stat sb;
+    const int known = keptIdentity(spec, dir, sizeof dir, &sb) == 0;
+    *opened = 0;
+    const int same_dir = k->live && known && !strcmp(dir, k->w.dir);
+    if (same_dir && sameFile(&sb, &k->file)) return 0;
+    keptDrop(k, same_dir ? "its model.safetensors changed" : "a job names another checkpoint");
+    if (weightsOpen(spec, &k->w, err)) return -1;
+    k->live = 1;
+    *opened = 1;
+    char path[WEIGHTS_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/model.safetensors", k->w.dir);
+    if (stat(path, &k->file)) memset(&k->file, 0, sizeof k->file);   /* never the same again */
+    return 0;
+}
+
+/* A decoder of k's checkpoint on dev/gpu with room for slots x context,
+ * every slot empty: k's own when it fits, else a new one (at least as large
+ * as the one it replaces on the same device). Returns 0 (*built: whether it
+ * was built now), or -1 with err, dropping k. */
+static int keptDecoder(Kept *k, NsaDevice dev, int gpu, int slots, int context, int *built,
+                       NsaError *err) {
+    *built = 0;
+    if (k->d && k->dev == dev && k->gpu == gpu && k->slots >= slots && k->context >= context) {
+        if (nsaDecoderReset(k->d, -1, err) == 0) return 0;
+        keptDrop(k, "its decoder failed to reset");
+        return -1;
+    }
+    context = keptContext(context);
+    if (k->d && k->dev == dev && k->gpu == gpu) {
+        if (k->slots > slots) slots = k->slots;
+        if (k->context > context) context = k->context;
+    }
+    nsaDecoderFree(k->d);   /* its memory first: the new one may need it */
+    k->d = weightsNewDecoder(&k->w, dev, gpu, slots, context, err);
+    if (!k->d) {
+        keptDrop(k, "a decoder could not be built");
+        return -1;
+    }
+    k->dev = dev;
+    k->gpu = gpu;
+    k->slots = slots;
+    k->context = context;
+    *built = 1;
+    return 0;
 }
 
 /* ---- sample ------------------------------------------------------------------------ */
@@ -139,34 +239,38 @@ static cJSON *doneLine(const SampleResult *res, int n) {
     return o;
 }
 
-static void runSample(InferJob *job, Stream *s) {
+static void runSample(Infer *inf, InferJob *job, Stream *s) {
     NsaError err = {{0}};
-    Weights w;
-    if (weightsOpen(job->checkpoint, &w, &err)) {
+    Kept *k = &inf->kept;
+    int opened = 0, built = 0;
+    if (keptOpen(k, job->checkpoint, &opened, &err)) {
         writeError(s, err.message);
         return;
     }
-    const Tokenizer *tok = tokenizerFind(weightsTokenizer(&w));
+    const Weights *w = &k->w;
+    const Tokenizer *tok = tokenizerFind(weightsTokenizer(w));
     const NsaDevice dev = pickDevice(job->device);
-    NsaDecoder *d = NULL;
+    int ready = 0;
     if (!tok) {
         snprintf(err.message, sizeof err.message,
                  "the run's tokenizer '%s' cannot encode a prompt; allowed: %s",
-                 weightsTokenizer(&w), tokenizerNames());
+                 weightsTokenizer(w), tokenizerNames());
     } else {
         const size_t ctx = tokenizerMaxTokens(tok, strlen(job->prompt)) + (size_t)job->sample.max_tokens;
         if (ctx > (1u << 24))
             snprintf(err.message, sizeof err.message, "prompt + max_tokens: %zu tokens; allowed: at "
                      "most %u", ctx, 1u << 24);
         else
-            d = weightsNewDecoder(&w, dev, job->gpu, job->n_samples, (int)ctx, &err);
+            ready = keptDecoder(k, dev, job->gpu, job->n_samples, (int)ctx, &built, &err) == 0;
     }
-    if (!d) {
+    if (!ready) {
         writeError(s, err.message);
-        weightsClose(&w);
+        keptDrop(k, "its job failed");
         return;
     }
-    cJSON *start = startLine(&w, dev, job->gpu);
+    NsaDecoder *d = k->d;
+    cJSON *start = startLine(w, dev, job->gpu);
+    cJSON_AddBoolToObject(start, "reused", !opened && !built);
     cJSON_AddStringToObject(start, "prompt", job->prompt);
     const int n = job->n_samples;
     cJSON_AddNumberToObject(start, "samples", n);
@@ -186,8 +290,7 @@ static void runSample(InferJob *job, Stream *s) {
             if (!gone) writeLine(s, doneLine(&res, n));
         }
     }
-    nsaDecoderFree(d);
-    weightsClose(&w);
+    k->last_used = clockMonotonicSeconds();
 }
 
 /* ---- eval -------------------------------------------------------------------------- */
@@ -242,12 +345,51 @@ static void runEval(InferJob *job, Stream *s) {
 
 /* ---- the worker --------------------------------------------------------------------- */
 
+/* Drops the kept model when a run claimed its GPU or it has been idle for
+ * keep_s. Caller holds inf->lock. */
+static void keptExpire(Infer *inf) {
+    Kept *k = &inf->kept;
+    const uint64_t claimed = inf->release_gpus;
+    inf->release_gpus = 0;
+    if (!k->live) return;
+    if (k->dev == NSA_DEVICE_CUDA && k->gpu >= 0 && k->gpu < 64 && (claimed >> k->gpu & 1))
+        keptDrop(k, "a run claimed its GPU");
+    else if (clockMonotonicSeconds() - k->last_used >= inf->keep_s)
+        keptDrop(k, "no sample job for the keep time");
+}
+
+/* Waits for a job, a stop or a release while the kept model lives, until
+ * its keep time ends. Caller holds inf->lock. */
+static void waitForWork(Infer *inf) {
+    for (;;) {
+        keptExpire(inf);
+        if (inf->stop || inf->head) return;
+        if (!inf->kept.live) {
+            pthread_cond_wait(&inf->cv, &inf->lock);
+            continue;
+        }
+        const double until = inf->kept.last_used + inf->keep_s;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        const double wait = until - clockMonotonicSeconds();
+        if (wait > 0) {
+            ts.tv_sec += (time_t)wait;
+            ts.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec++;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&inf->cv, &inf->lock, &ts);
+        }
+    }
+}
+
 static void *inferMain(void *arg) {
     Infer *inf = arg;
     if (stackdumpRegisterThread("infer") != 0) logWarn("the infer thread is not in stack dumps");
     pthread_mutex_lock(&inf->lock);
     for (;;) {
-        while (!inf->stop && !inf->head) pthread_cond_wait(&inf->cv, &inf->lock);
+        waitForWork(inf);
         if (inf->stop) break;
         Queued *q = inf->head;
         inf->head = q->next;
@@ -256,7 +398,7 @@ static void *inferMain(void *arg) {
         pthread_mutex_unlock(&inf->lock);
         if (!streamCancelled(q->stream)) {
             const double t0 = clockMonotonicSeconds();
-            if (q->job.kind == INFER_SAMPLE) runSample(&q->job, q->stream);
+            if (q->job.kind == INFER_SAMPLE) runSample(inf, &q->job, q->stream);
             else runEval(&q->job, q->stream);
             logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
                     q->job.checkpoint, clockMonotonicSeconds() - t0,
@@ -267,19 +409,25 @@ static void *inferMain(void *arg) {
         free(q);
         pthread_mutex_lock(&inf->lock);
     }
+    keptDrop(&inf->kept, "nsad is stopping");
     pthread_mutex_unlock(&inf->lock);
     stackdumpUnregisterThread();
     return NULL;
 }
 
-Infer *inferStart(NsaError *err) {
+Infer *inferStart(double keep_s, NsaError *err) {
     Infer *inf = calloc(1, sizeof *inf);
     if (!inf) {
         nsaErrorf(err, "inference: out of memory");
         return NULL;
     }
+    inf->keep_s = keep_s;
     pthread_mutex_init(&inf->lock, NULL);
-    pthread_cond_init(&inf->cv, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);   /* the keep time's deadline */
+    pthread_cond_init(&inf->cv, &ca);
+    pthread_condattr_destroy(&ca);
     int rc = pthread_create(&inf->thread, NULL, inferMain, inf);
     if (rc != 0) {
         nsaErrorf(err, "inference: cannot start its thread: %s", strerror(rc));
@@ -311,6 +459,14 @@ void inferStop(Infer *inf) {
     pthread_mutex_destroy(&inf->lock);
     pthread_cond_destroy(&inf->cv);
     free(inf);
+}
+
+void inferReleaseGpus(Infer *inf, uint64_t gpus) {
+    if (!inf || !gpus) return;
+    pthread_mutex_lock(&inf->lock);
+    inf->release_gpus |= gpus;
+    pthread_cond_signal(&inf->cv);
+    pthread_mutex_unlock(&inf->lock);
 }
 
 Stream *inferSubmit(Infer *inf, InferJob *job, NsaError *err) {

@@ -7,7 +7,18 @@
  * build has CUDA and a device is visible; else on the CPU engine (fp32,
  * one thread per online core up to 8). It runs beside the trainer thread
  * (on a GPU the two share the device). A job whose reader goes away is
- * cancelled at its next line. */
+ * cancelled at its next line.
+ *
+ * The checkpoint and decoder of a sample job stay loaded for the next one
+ * (its start line says "reused"), which then skips reading and verifying
+ * the checkpoint, uploading the weights and building the decoder: when it
+ * names the same model.safetensors (same directory, inode, size and
+ * modification time), device and GPU, and fits the decoder's slots and
+ * context (built for the context rounded up to a multiple of 4096, and
+ * never smaller than the one it replaces). They are released when keep_s
+ * pass without a sample job, when a run claims their GPU
+ * (inferReleaseGpus), when a job needs another checkpoint or device, and at
+ * stop. */
 #ifndef NSAD_INFER_H
 #define NSAD_INFER_H
 
@@ -37,8 +48,14 @@ typedef struct InferJob {
     int64_t max_tokens;
 } InferJob;
 
-/* Starts the worker. NULL with err when the thread cannot start. */
-Infer *inferStart(NsaError *err);
+/* Starts the worker; a sample job's model is kept keep_s seconds after it
+ * (0: released after each job). NULL with err when the thread cannot
+ * start. */
+Infer *inferStart(double keep_s, NsaError *err);
+/* Asks the worker to release the kept model if it is on one of gpus (a
+ * mask of ordinals below 64), as soon as no job of its own uses it. Never
+ * blocks on a job; inf NULL is a no-op. */
+void inferReleaseGpus(Infer *inf, uint64_t gpus);
 /* Cancels what waits (each stream gets an error line and its end), lets
  * the running job finish at its next line (its reader is gone by then: the
  * server stops first), joins the thread, frees everything. NULL: no-op. */

@@ -41,6 +41,7 @@
  * timeout). Owned by its listener's thread. */
 typedef struct ConnState {
     struct ConnState *prev, *next;
+    struct Listener *listener;
     int64_t request_since_ns;
     int fd;
     int answering; /* the request is in and answered: no deadline until the next one */
@@ -59,6 +60,13 @@ typedef struct Listener {
     _Atomic unsigned open_connections;
     ConnState *conns; /* the listener thread's, see ConnState */
     _Atomic int64_t tick_ns;
+    /* A streamed response resumed from another thread (streamResume) writes
+     * a byte into nudge and sets resumed: libmicrohttpd's own wake-up does
+     * not end an external select, and the resumed connection needs two
+     * more rounds (resume, then its content reader) before its bytes go
+     * out, so without this they would wait for LOOP_WAKE_MS. */
+    int nudge[2];
+    _Atomic int resumed;
     pthread_t thread;
     int thread_started;
 } Listener;
@@ -186,6 +194,7 @@ static int bindUnix(Server *srv, NsaError *err) {
  * to its end. */
 typedef struct StreamResponse {
     Server *srv;
+    struct Listener *listener; /* the connection's (NULL when its state was not allocated) */
     Stream *stream;
     struct MHD_Connection *conn;
     struct StreamResponse *prev, *next;
@@ -199,6 +208,12 @@ static void streamSuspend(void *ctx) {
 static void streamResume(void *ctx) {
     StreamResponse *sr = ctx;
     MHD_resume_connection(sr->conn);
+    Listener *l = sr->listener;
+    if (l && l->nudge[1] >= 0) {
+        atomic_store(&l->resumed, 1);
+        ssize_t w = write(l->nudge[1], "r", 1);   /* full pipe: a byte is there already */
+        (void)w;
+    }
 }
 
 static ssize_t streamReader(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -220,6 +235,8 @@ static void streamFree(void *cls) {
     free(sr);
 }
 
+static ConnState *connState(struct MHD_Connection *conn);
+
 /* The response for res->stream, which it takes over; NULL on failure
  * (res->stream released). */
 static struct MHD_Response *streamResponse(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
@@ -233,6 +250,8 @@ static struct MHD_Response *streamResponse(Server *srv, struct MHD_Connection *c
         return NULL;
     }
     sr->srv = srv;
+    const ConnState *cs = connState(conn);
+    sr->listener = cs ? cs->listener : NULL;
     sr->stream = res->stream;
     sr->conn = conn;
     res->stream = NULL;
@@ -246,8 +265,6 @@ static struct MHD_Response *streamResponse(Server *srv, struct MHD_Connection *c
 }
 
 /* ---- responses ------------------------------------------------------------------ */
-
-static ConnState *connState(struct MHD_Connection *conn);
 
 /* The request on conn is answered: its deadline no longer runs. */
 static void requestAnswered(struct MHD_Connection *conn) {
@@ -609,6 +626,7 @@ static void connectionNotify(void *cls, struct MHD_Connection *conn, void **sock
         if (!cs) return; /* no deadline for this one: the idle timeout still applies */
         const union MHD_ConnectionInfo *info = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         cs->fd = info ? info->connect_fd : -1;
+        cs->listener = l;
         cs->request_since_ns = clockMonotonicNs();
         cs->next = l->conns;
         if (l->conns) l->conns->prev = cs;
@@ -662,6 +680,8 @@ static void mhdLog(void *cls, const char *fmt, va_list ap) {
 
 static int startMhd(Server *srv, Listener *l, NsaError *err) {
     l->srv = srv;
+    if (pipe2(l->nudge, O_CLOEXEC | O_NONBLOCK) != 0)
+        return nsaErrorf(err, "cannot create a pipe: %s", strerror(errno));
     /* a hard cap above max_connections: up to it, requests get a 429 answer */
     unsigned hard_limit = srv->opt.max_connections + 16;
     /* libmicrohttpd counts per IP address only: the Unix socket has none */
@@ -709,9 +729,11 @@ static void *httpThread(void *arg) {
         FD_ZERO(&r);
         FD_ZERO(&w);
         FD_ZERO(&e);
-        MHD_socket max = srv->wake[0];
+        MHD_socket max = srv->wake[0] > l->nudge[0] ? srv->wake[0] : l->nudge[0];
         FD_SET(srv->wake[0], &r);
+        FD_SET(l->nudge[0], &r);
         uint64_t timeout_ms = cutLateConnections(l, now, LOOP_WAKE_MS);
+        if (atomic_exchange(&l->resumed, 0)) timeout_ms = 0;   /* the resumed stream's next round */
         MHD_get_fdset2(l->mhd, &r, &w, &e, &max, FD_SETSIZE);
         MHD_UNSIGNED_LONG_LONG t;
         if (MHD_get_timeout(l->mhd, &t) == MHD_YES && t < timeout_ms) timeout_ms = t;
@@ -724,6 +746,11 @@ static void *httpThread(void *arg) {
             continue;
         }
         if (n < 0) continue;
+        if (FD_ISSET(l->nudge[0], &r)) {
+            char drain[64];
+            while (read(l->nudge[0], drain, sizeof drain) > 0) {
+            }
+        }
         MHD_run_from_select(l->mhd, &r, &w, &e);
     }
     stackdumpUnregisterThread();
@@ -750,6 +777,7 @@ Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err) {
     srv->svc = svc;
     pthread_mutex_init(&srv->streams_lock, NULL);
     srv->tcp.fd = srv->unix_sock.fd = -1;
+    srv->tcp.nudge[0] = srv->tcp.nudge[1] = srv->unix_sock.nudge[0] = srv->unix_sock.nudge[1] = -1;
     srv->unix_sock.is_unix = 1;
     srv->wake[0] = srv->wake[1] = -1;
     if (opt->token) {
@@ -799,6 +827,8 @@ void serverStop(Server *srv) {
         /* closes the listener's connections (connectionNotify frees their state) */
         if (ls[i]->mhd) MHD_stop_daemon(ls[i]->mhd);
         if (ls[i]->fd >= 0) close(ls[i]->fd);
+        if (ls[i]->nudge[0] >= 0) close(ls[i]->nudge[0]);
+        if (ls[i]->nudge[1] >= 0) close(ls[i]->nudge[1]);
     }
     if (srv->socket_path[0]) unlink(srv->socket_path);
     if (srv->wake[0] >= 0) close(srv->wake[0]);

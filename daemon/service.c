@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "infer.h"
 #include "log.h"
 #include "mfu.h"
 #include "runlog.h"
@@ -406,6 +407,7 @@ static void assignRun(ServiceTrainer *t, Run *run, int resume) {
     Service *svc = t->svc;
     snprintf(t->active_id, sizeof t->active_id, "%s", run->id);
     t->claim = claimOf(svc, run);
+    inferReleaseGpus(svc->infer, t->claim.gpus);   /* a kept sample model gives them back */
     t->pending = resume ? SERVICE_PENDING_RESUME : SERVICE_PENDING_START;
     t->user_halt = 0;
     atomic_store(&t->mon.halt_requested, 0);

@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 from nsadtest import CORPUS, NSACTL, NSAD, check, ensure_corpus, finish, wait_for
 
@@ -105,8 +106,10 @@ def main():
     tmp = tempfile.mkdtemp(prefix="nsad-test-use-")
     sock = os.path.join(tmp, "nsad.sock")
     log = open(os.path.join(tmp, "nsad.log"), "w")
+    keep_s = 10   # --model-keep: the checks that reuse a model run well within it
     proc = subprocess.Popen([NSAD, "serve", "--listen", "none", "--socket", sock, "--state-dir",
-                             os.path.join(tmp, "state")], stdout=log, stderr=subprocess.STDOUT)
+                             os.path.join(tmp, "state"), "--model-keep", str(keep_s)],
+                            stdout=log, stderr=subprocess.STDOUT)
     ctl = [NSACTL, "--socket", sock]
     try:
         if not check("nsad serve starts", wait_for(lambda: os.path.exists(sock), 20),
@@ -158,6 +161,14 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
               and lines[-1].get("event") == "done" and lines[-1]["tokens"] == 30
               and lines[-1]["stop"] == "max_tokens" and all("text" in l for l in lines[1:-1]), lines[:3])
         streamed = "".join(l.get("text", "") for l in lines[1:-1])
+        check("the first sample job loads the model (start: reused false)",
+              lines and lines[0].get("reused") is False, lines[:1])
+        st, _, body = http(sock, "POST", "/api/v1/sample",
+                           {"run": run_id, "prompt": "Hello", "max_tokens": 30, "temperature": 0})
+        again = [json.loads(l) for l in body.decode().splitlines() if l]
+        check("the next one reuses it (reused true) and gives the same greedy text",
+              st == 200 and again and again[0].get("reused") is True
+              and "".join(l.get("text", "") for l in again[1:-1]) == streamed, again[:1])
         r1 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "30", "--temperature", "0"])
         r2 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "30", "--temperature", "0"])
         check("nsactl sample: greedy is reproducible", r1.returncode == 0 and r1.stdout == r2.stdout
@@ -205,6 +216,43 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
               fg2.returncode == 0 and len(parts) == 3 and parts[1].startswith(b"0 (20 tokens, max_tokens) ---\nHello")
               and parts[2].startswith(b"1 (20 tokens, max_tokens) ---\nHello") and parts[1][2:] != parts[2][2:]
               and b"40 tokens" in fg2.stderr, (fg2.stdout[:120], fg2.stderr))
+        check("n = 3 after jobs of one slot builds a decoder (reused false)", lines[0].get("reused") is False,
+              lines[:1])
+        st, _, body = http(sock, "POST", "/api/v1/sample",
+                           {"run": run_id, "prompt": "Hello", "n": 2, "max_tokens": 200, "seed": 4})
+        two = [json.loads(l) for l in body.decode().splitlines() if l]
+        two_text = "".join(l["text"] for l in two if l.get("sample") == 1 and "text" in l)
+        check("n = 2 then reuses the three-slot decoder, with the same continuation 1",
+              st == 200 and two and two[0].get("reused") is True and two_text == texts[1],
+              (two[:1], two_text[:40], texts[1][:40]))
+        latest = os.path.join(out_dir, "checkpoints",
+                              open(os.path.join(out_dir, "checkpoints", "latest")).read().strip(),
+                              "model.safetensors")
+        os.utime(latest, ns=(os.stat(latest).st_atime_ns, os.stat(latest).st_mtime_ns + 1000))
+        st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt": "Hello", "max_tokens": 5})
+        changed = [json.loads(l) for l in body.decode().splitlines() if l]
+        check("a checkpoint file that changed is loaded again (reused false, logged)",
+              st == 200 and changed and changed[0].get("reused") is False
+              and "its model.safetensors changed" in open(os.path.join(tmp, "nsad.log")).read(),
+              changed[:1])
+        # streamed as generated: each text line leaves when it is written, not at the HTTP
+        # thread's next periodic wake-up (that batched a job's lines into a few reads)
+        body = json.dumps({"run": run_id, "prompt": "Hello", "max_tokens": 3000}).encode()
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.connect(sock)
+        c.sendall(b"POST /api/v1/sample HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+        reads, got = 0, b""
+        while True:
+            chunk = c.recv(65536)
+            if not chunk:
+                break
+            reads += 1
+            got += chunk
+        c.close()
+        check("a 3000-token sample reaches the client in many reads as it is generated",
+              b'"event":"done"' in got and reads >= 30, (reads, got[-80:]))
+        last_sample = time.monotonic()
         st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt": "x", "n": 17})
         check("n = 17: 400 naming n", st == 400 and b"n: out of range" in body, body)
         r = run(ctl + ["sample", run_id, "--prompt", "x", "--n", "0"])
@@ -222,6 +270,12 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         check("nsactl eval reports what nsad eval computes", ok, (fe.stdout, fe.stderr, de.stdout, de.stderr))
         check("nsactl eval --json streams progress lines before the result",
               '"progress"' in de.stdout.split('"result"')[0], de.stdout[:300])
+
+        released = wait_for(lambda: "no sample job for the keep time" in open(os.path.join(tmp, "nsad.log")).read(),
+                            keep_s + 30, 0.5)
+        check(f"the kept model is released after --model-keep {keep_s} s without a sample job",
+              released and time.monotonic() - last_sample >= keep_s - 1,
+              open(os.path.join(tmp, "nsad.log")).read()[-600:])
 
         # refusals
         r = run(ctl + ["sample", "no-such-run", "--prompt", "x"])
