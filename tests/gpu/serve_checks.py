@@ -10,7 +10,8 @@ scheduler with a made-up node and a stand-in trainer), this checks:
   - a second CUDA run claiming that GPU waits in the queue while the first
     trains, and starts and completes once the first is halted;
   - a sample of the halted CUDA run (its halt checkpoint) says which GPU it
-    ran on;
+    ran on; the next one reuses the kept model (same text), and a run that
+    claims that GPU releases it;
   - with two or more GPUs: runs on GPU 0 and GPU 1 train at once.
 Orders are read from the runs' own states, never from timing.
 
@@ -110,6 +111,22 @@ def scenario(d, n_gpus):
             start = json.loads(line)
     check("a sample runs on a GPU and names it", r.status == 200 and start.get("device") == "cuda" and
           isinstance(start.get("gpu"), int), r.body[:300])
+    r2 = d.api("POST", "/api/v1/sample", json.dumps({"run": gpu_run, "prompt": "The", "max_tokens": 8}),
+               content_type="application/json")
+    again = [json.loads(l) for l in r2.body.splitlines() if '"event":"start"' in l.replace(" ", "")]
+    check("the next sample reuses the kept model and gives the same text",
+          r2.status == 200 and again and again[0].get("reused") is True and
+          [l for l in r2.body.splitlines() if '"text"' in l] == [l for l in r.body.splitlines() if '"text"' in l],
+          r2.body[:300])
+    # a run claiming that GPU makes the worker release the kept model at once
+    g = start.get("gpu")
+    claimer, _ = submit(d, job("cuda", 20, [g]), "claims-the-sample-gpu") if isinstance(g, int) else (None, None)
+    released = claimer and wait_for(
+        lambda: "released: a run claimed its GPU" in open(d.log_path, errors="replace").read(), 60)
+    check("a run on the sample's GPU releases the kept model", released,
+          open(d.log_path, errors="replace").read()[-600:])
+    if claimer:
+        wait_for(lambda: state(d, claimer).get("state") in ENDED, 300)
 
     if n_gpus < 2:
         check("runs on GPU 0 and GPU 1 train at once # SKIP one GPU here", True)
