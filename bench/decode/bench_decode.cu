@@ -16,10 +16,17 @@
  * slots' sequences part from the first step on; each slot reads its own
  * copy of the caches. After the timed steps slot 0 is filled again through
  * the 256-position passes (one token first, so the slot is not empty) for
- * pass_prefill_tok_per_s. Prints one JSON object:
+ * pass_prefill_tok_per_s; then the decoder is freed and a second one built
+ * (second_decoder_build_seconds, first_build_seconds for the first: create
+ * and weights uploaded, not drawn) and filled once
+ * (second_decoder_first_fill_seconds: a new decoder's first fill in a
+ * process that has filled one before, as in a long-lived nsad serve).
+ * Prints one JSON object:
  *   {"impl": "nsa", "batch", "context", "steps", "ms_per_step",
  *    "ms_per_step_p50", "tok_per_s", "kv_bytes_per_token", "fill_seconds",
- *    "prefill_tok_per_s", "pass_prefill_tok_per_s", "copy_ms", "prefill_path"}
+ *    "prefill_tok_per_s", "pass_prefill_tok_per_s", "first_fill_seconds", "copy_ms",
+ *    "first_build_seconds", "second_decoder_build_seconds",
+ *    "second_decoder_first_fill_seconds", "prefill_path"}
  * kv_bytes_per_token: the cache bytes one token's attention reads, all
  * layers (nsaDecoderKvBytesPerToken at the timed context). Runs on the GPU
  * machine: make bench-decode. */
@@ -50,6 +57,29 @@ static void die(const char *what, const NsaError *err) {
     exit(1);
 }
 
+/* A decoder with random bf16-valued weights, N(0, 0.02) (norms 1);
+ * *build_s: the seconds of nsaDecoderCreate and nsaDecoderSetTensor (not of
+ * drawing the weights). */
+static NsaDecoder *newDecoder(const NsaModelConfig *cfg, const NsaDecoderOptions *o,
+                              double *build_s) {
+    NsaError err = {{0}};
+    double t0 = now();
+    NsaDecoder *d = nsaDecoderCreate(cfg, o, &err);
+    if (!d) die("create", &err);
+    *build_s = now() - t0;
+    for (int i = 0; i < nsaDecoderNumTensors(d); i++) {
+        const NsaTensorInfo *ti = nsaDecoderTensorInfo(d, i);
+        std::vector<float> w(ti->numel);
+        NsaRng rng;
+        nsaRngSeed(&rng, 42, (uint64_t)i);
+        for (float &v : w) v = ti->ndim == 1 ? 1.0f : (float)(0.02 * nsaRngNormal(&rng));
+        t0 = now();
+        if (nsaDecoderSetTensor(d, i, w.data(), &err)) die("weights", &err);
+        *build_s += now() - t0;
+    }
+    return d;
+}
+
 int main(int argc, char **argv) {
     if (argc < 3) {
         fprintf(stderr, "usage: bench_decode CONTEXT BATCH [STEPS]\n");
@@ -68,16 +98,8 @@ int main(int argc, char **argv) {
     o.max_batch = B;
     o.max_context = context + steps;
     NsaError err = {{0}};
-    NsaDecoder *d = nsaDecoderCreate(&cfg, &o, &err);
-    if (!d) die("create", &err);
-    for (int i = 0; i < nsaDecoderNumTensors(d); i++) {
-        const NsaTensorInfo *ti = nsaDecoderTensorInfo(d, i);
-        std::vector<float> w(ti->numel);
-        NsaRng rng;
-        nsaRngSeed(&rng, 42, (uint64_t)i);
-        for (float &v : w) v = ti->ndim == 1 ? 1.0f : (float)(0.02 * nsaRngNormal(&rng));
-        if (nsaDecoderSetTensor(d, i, w.data(), &err)) die("weights", &err);
-    }
+    double first_build_s = 0.0;
+    NsaDecoder *d = newDecoder(&cfg, &o, &first_build_s);
     NsaRng rng;
     nsaRngSeed(&rng, 7, 0);
     std::vector<int32_t> tok(B), prompt((size_t)context);
@@ -118,6 +140,14 @@ int main(int argc, char **argv) {
         if (nsaDecoderPrefill(d, 0, prompt.data() + 1, context - 1, NULL, &err)) die("refill", &err);
         pass_fill = now() - p0;
     }
+    /* a second decoder in this process: what a new decoder costs once the
+     * process has run one (kernels loaded), to build and to fill */
+    nsaDecoderFree(d);
+    double build_s = 0.0;
+    d = newDecoder(&cfg, &o, &build_s);
+    const double s0 = now();
+    if (nsaDecoderPrefill(d, 0, prompt.data(), context, NULL, &err)) die("fill", &err);
+    const double second_fill = now() - s0;
     double sum = 0.0;
     for (double v : ms) sum += v;
     const double mean = sum / steps;
@@ -127,10 +157,13 @@ int main(int argc, char **argv) {
            "\"ms_per_step\": %.4f, \"ms_per_step_p50\": %.4f, \"tok_per_s\": %.1f, "
            "\"kv_bytes_per_token\": %zu, \"fill_seconds\": %.2f, \"prefill_tok_per_s\": %.0f, "
            "\"pass_prefill_tok_per_s\": %.0f, \"first_fill_seconds\": %.3f, \"copy_ms\": %.3f, "
+           "\"first_build_seconds\": %.3f, \"second_decoder_build_seconds\": %.3f, "
+           "\"second_decoder_first_fill_seconds\": %.3f, "
            "\"prefill_path\": \"%s\"}\n",
            B, context, steps, mean, sorted[steps / 2], B * 1e3 / mean,
            nsaDecoderKvBytesPerToken(d, context + steps / 2), fill, (double)context / fill,
-           pass_fill > 0 ? (context - 1) / pass_fill : 0.0, cold_fill, copy_ms,
+           pass_fill > 0 ? (context - 1) / pass_fill : 0.0, cold_fill, copy_ms, first_build_s, build_s,
+           second_fill,
            nsaDecoderPrefillPath(d));
     nsaDecoderFree(d);
     return 0;
