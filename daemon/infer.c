@@ -314,14 +314,18 @@ static int evalProgress(void *ctx, int64_t done, int64_t total, double loss) {
     return writeLine(p->s, o) ? 1 : 0;
 }
 
-static void runEval(InferJob *job, Stream *s) {
+static void runEval(Infer *inf, InferJob *job, Stream *s) {
     NsaError err = {{0}};
+    const NsaDevice dev = pickDevice(job->device);
+    /* the eval's model and activations may need the memory a kept decoder holds */
+    if (dev == NSA_DEVICE_CUDA && inf->kept.live && inf->kept.dev == NSA_DEVICE_CUDA &&
+        inf->kept.gpu == job->gpu)
+        keptDrop(&inf->kept, "an eval job needs its GPU");
     Weights w;
     if (weightsOpen(job->checkpoint, &w, &err)) {
         writeError(s, err.message);
         return;
     }
-    const NsaDevice dev = pickDevice(job->device);
     EvalOptions o = {.seq_len = job->seq_len, .batch = job->batch, .max_tokens = job->max_tokens,
                      .device = dev, .gpu = job->gpu, .precision = dev == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
                      .threads = cpuThreads()};
@@ -399,7 +403,7 @@ static void *inferMain(void *arg) {
         if (!streamCancelled(q->stream)) {
             const double t0 = clockMonotonicSeconds();
             if (q->job.kind == INFER_SAMPLE) runSample(inf, &q->job, q->stream);
-            else runEval(&q->job, q->stream);
+            else runEval(inf, &q->job, q->stream);
             logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
                     q->job.checkpoint, clockMonotonicSeconds() - t0,
                     streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");

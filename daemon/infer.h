@@ -17,8 +17,8 @@
  * context (built for the context rounded up to a multiple of 4096, and
  * never smaller than the one it replaces). They are released when keep_s
  * pass without a sample job, when a run claims their GPU
- * (inferReleaseGpus), when a job needs another checkpoint or device, and at
- * stop. */
+ * (inferReleaseGpus), when a job needs another checkpoint or device, before
+ * an eval job on their GPU, and at stop. */
 #ifndef NSAD_INFER_H
 #define NSAD_INFER_H
 
