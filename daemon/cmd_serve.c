@@ -463,8 +463,6 @@ static void logStacks(const char *reason) {
     free(text);
 }
 
-/* Tells the service each GPU's peak matrix rate, the MFU denominator: the
- * table's value for its model, or --peak-tflops. Logs what MFU will say. */
 /* Detaches the inference worker from svc under its lock (a trainer
  * assigning a run tells it about claimed GPUs), then stops it. */
 static void stopInfer(Service *svc) {
@@ -475,6 +473,8 @@ static void stopInfer(Service *svc) {
     inferStop(inf);
 }
 
+/* Tells the service each GPU's peak matrix rate, the MFU denominator: the
+ * table's value for its model, or --peak-tflops. Logs what MFU will say. */
 static void setPeakFlops(Service *svc, double peak_tflops) {
     double peaks[SERVICE_MAX_GPUS];
     int n = 0;
