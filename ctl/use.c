@@ -154,6 +154,7 @@ typedef struct SampleRun {
     int n;
     char *prompt;
     StrBuf text[SAMPLE_MAX_N];   /* n > 1: each continuation's text so far */
+    const char *model;           /* the start line's reused: "model kept" or "model loaded" */
 } SampleRun;
 
 static void samplePrintAll(SampleRun *r, const cJSON *done) {
@@ -177,6 +178,8 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
         jsonLine(u, line, len, ev, "done");
     } else if (errorLine(u, o)) {
     } else if (!strcmp(ev, "start")) {
+        const cJSON *reused = cJSON_GetObjectItemCaseSensitive(o, "reused");
+        r->model = cJSON_IsTrue(reused) ? "model kept" : cJSON_IsFalse(reused) ? "model loaded" : NULL;
         if (r->n == 1) {
             fputs(ctlString(o, "prompt", ""), stdout);
             fflush(stdout);
@@ -198,11 +201,12 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
         u->done = 1;
         if (r->n == 1) {
             fprintf(stdout, "\n");
-            fprintf(stderr, "[%.0f tokens, %s, %.1f tokens/s]\n", tokens, ctlString(o, "stop", "?"),
-                    tps);
+            fprintf(stderr, "[%.0f tokens, %s, %.1f tokens/s%s%s]\n", tokens,
+                    ctlString(o, "stop", "?"), tps, r->model ? ", " : "", r->model ? r->model : "");
         } else {
             samplePrintAll(r, o);
-            fprintf(stderr, "[%d samples, %.0f tokens, %.1f tokens/s]\n", r->n, tokens, tps);
+            fprintf(stderr, "[%d samples, %.0f tokens, %.1f tokens/s%s%s]\n", r->n, tokens, tps,
+                    r->model ? ", " : "", r->model ? r->model : "");
         }
         fflush(stdout);
     } else if (r->n == 1) {

@@ -173,6 +173,8 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         r2 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "30", "--temperature", "0"])
         check("nsactl sample: greedy is reproducible", r1.returncode == 0 and r1.stdout == r2.stdout
               and r1.stdout.startswith("Hello"), r1.stderr)
+        check("... its summary says the daemon had the model kept", r2.stderr.rstrip().endswith(", model kept]"),
+              r2.stderr)
         fg = subprocess.run([NSAD, "sample", out_dir, "--prompt", "Hello", "--max-tokens", "30",
                              "--temperature", "0", "--device", "cpu"], capture_output=True, timeout=60)
         check("the daemon's text is the foreground's (nsad sample, raw bytes there)", fg.returncode == 0
