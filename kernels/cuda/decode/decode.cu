@@ -33,10 +33,11 @@
  * attention's inputs and output the whole prompt. */
 #define PROMPT_CHUNK 4096
 #define PROMPT_GEMM_WORKSPACE ((size_t)32 << 20)
-/* Prompts longer than this take the prompt pass. A decoder's first prompt
- * pass pays a fixed ~0.2 s (H100, docs/PERF.md), about what the
- * 256-position passes take for 8,192 positions, and a sample job's decoder
- * is new. */
+/* Prompts longer than this take the prompt pass. A process's first prompt
+ * pass pays a fixed ~0.13 s (H100, docs/PERF.md), about what the
+ * 256-position passes take for 6-8K positions; warm, the prompt pass wins
+ * from ~1K positions, so a long-lived nsad could take it far lower (see
+ * PERF.md for what blocks that now). */
 #define PROMPT_MIN_POSITIONS 8192
 
 typedef struct DecLayerWeights {
