@@ -536,7 +536,7 @@ int nsaDecoderCopySlot(NsaDecoder *d, int dst, int src, NsaError *err);
  * for NULL). CPU: the reference rows, up to 64 positions a call. CUDA:
  * passes of up to 256 positions of a slot, each one CUDA graph of the
  * decode kernels; and, where the fast NSA op takes the config (phi = avg,
- * its head sizes), an empty slot's prompt of more than 8,192 positions goes
+ * its head sizes), an empty slot's prompt of more than 512 positions goes
  * through the prompt pass instead: all its positions at once through
  * GEMMs and the fast op, the caches filled from the op's inputs (the
  * training forward's arithmetic; tests/gpu/test_decode.cu checks both

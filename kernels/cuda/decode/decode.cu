@@ -33,12 +33,12 @@
  * attention's inputs and output the whole prompt. */
 #define PROMPT_CHUNK 4096
 #define PROMPT_GEMM_WORKSPACE ((size_t)32 << 20)
-/* Prompts longer than this take the prompt pass. A process's first prompt
- * pass pays a fixed ~0.13 s (H100, docs/PERF.md), about what the
- * 256-position passes take for 6-8K positions; warm, the prompt pass wins
- * from ~1K positions, so a long-lived nsad could take it far lower (see
- * PERF.md for what blocks that now). */
-#define PROMPT_MIN_POSITIONS 8192
+/* Prompts longer than this take the prompt pass. Warm, it fills 1,024
+ * positions ~10x faster than the 256-position passes, and the gap grows
+ * with the prompt. A process's first prompt pass pays a one-time start-up
+ * (~0.13 s, docs/PERF.md) that a long-lived nsad serve pays once; up to
+ * two passes (512 positions, ~0.01 s) a short prompt is not worth it. */
+#define PROMPT_MIN_POSITIONS 512
 
 typedef struct DecLayerWeights {
     bf16 *w_attn;   /* [P][C]: wq, wk_cmp, wv_cmp, wk_sel, wv_sel, wk_win, wv_win, w_gate */

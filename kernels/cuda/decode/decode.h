@@ -9,7 +9,7 @@
  * (the compressed branch's raw ring in fp32, as pooling sums it); the
  * scratch of one pass (max_batch slots, or 256 prefill positions); pinned
  * staging for the token ids and the logits; where the decoder has the
- * prompt pass (max_context above 8,192, a config the fast NSA op takes),
+ * prompt pass (max_context above 512, a config the fast NSA op takes),
  * its buffers for max_context positions (the fp32 residual stream, the
  * op's bf16 inputs and output: ~0.55 GB at 64k for the production shape),
  * 4,096-row chunk buffers, the op's plan and a cuBLASLt context. A step is one CUDA graph per batch size, captured on first
