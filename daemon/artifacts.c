@@ -400,7 +400,11 @@ cJSON *artifactsConfigJson(const JobConfig *cfg) {
     cJSON_AddStringToObject(o, "device", configDeviceName(cfg->runtime.device));
     cJSON_AddStringToObject(o, "precision", configPrecisionName(cfg->runtime.precision));
     cJSON_AddNumberToObject(o, "threads", cfg->runtime.threads);
-    cJSON_AddBoolToObject(o, "gradient_checkpointing", cfg->runtime.gradient_checkpointing);
+    /* the config's own values: false, true or "selective" */
+    if (cfg->runtime.gradient_checkpointing == NSA_RECOMPUTE_SELECTIVE)
+        cJSON_AddStringToObject(o, "gradient_checkpointing", "selective");
+    else
+        cJSON_AddBoolToObject(o, "gradient_checkpointing", cfg->runtime.gradient_checkpointing);
     o = cJSON_AddObjectToObject(root, "data");
     cJSON_AddStringToObject(o, "source", sourceName(cfg->data.source));
     cJSON_AddStringToObject(o, "path", cfg->data.path);

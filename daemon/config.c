@@ -88,9 +88,13 @@ static const EnumName hang_policy_names[] = {
 static const EnumName fault_kind_names[] = {
     {"none", FAULT_NONE}, {"loss", FAULT_NAN_LOSS}, {"grad", FAULT_NAN_GRAD}, {NULL, 0}};
 static const EnumName lr_schedule_names[] = {{"cosine", LR_SCHEDULE_COSINE}, {NULL, 0}};
-/* YAML 1.1's booleans, as the prototype's loader (PyYAML) reads them */
-static const EnumName bool_names[] = {{"false", 0}, {"true", 1}, {"no", 0},  {"yes", 1},
-                                      {"off", 0},   {"on", 1},   {NULL, 0}};
+/* runtime.gradient_checkpointing: the prototype's bool (YAML 1.1's
+ * spellings, as its loader PyYAML reads them; true = the whole layer made
+ * again) or nsad's selective; the values are NsaRecompute's */
+static const EnumName recompute_names[] = {
+    {"false", NSA_RECOMPUTE_NONE}, {"true", NSA_RECOMPUTE_LAYER}, {"selective", NSA_RECOMPUTE_SELECTIVE},
+    {"no", NSA_RECOMPUTE_NONE},    {"yes", NSA_RECOMPUTE_LAYER},  {"off", NSA_RECOMPUTE_NONE},
+    {"on", NSA_RECOMPUTE_LAYER},   {"layer", NSA_RECOMPUTE_LAYER}, {NULL, 0}};
 
 /* The phases a stall can be injected into (trainer.h's TrainPhase names). */
 static const char *const stall_phases[] = {"data",       "forward", "backward", "allreduce",
@@ -146,7 +150,7 @@ static const ConfigKey configKeys[] = {
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
-    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, bool_names},
+    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, recompute_names},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -309,6 +313,10 @@ static const char *enumName(const EnumName *names, int value) {
     for (const EnumName *e = names; e->name; e++)
         if (e->value == value) return e->name;
     return "unknown";
+}
+
+const char *configRecomputeName(int gradient_checkpointing) {
+    return enumName(recompute_names, gradient_checkpointing);
 }
 
 /* Writes the distinct canonical names ("a, b, c") of an enum table. */
@@ -987,8 +995,9 @@ static void loadWarnings(JobConfig *cfg) {
     if (cfg->data.source == DATA_SYNTHETIC && cfg->data.path[0])
         addWarning(cfg, "data.path: \"%s\" ignored (data.source is synthetic)", cfg->data.path);
     if (cfg->runtime.gradient_checkpointing && cfg->runtime.device == NSA_DEVICE_CPU)
-        addWarning(cfg, "runtime.gradient_checkpointing: true has no effect on device cpu (the CPU engine "
-                        "keeps every activation)");
+        addWarning(cfg, "runtime.gradient_checkpointing: %s has no effect on device cpu (the CPU engine "
+                        "keeps every activation)",
+                   enumName(recompute_names, cfg->runtime.gradient_checkpointing));
 }
 
 static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, NsaError *err) {

@@ -83,9 +83,9 @@ typedef struct RuntimeConfig {
      * multi-node job this nsad coordinates; none for one node */
     char nodes[CONFIG_MAX_NODES][CONFIG_NODE_MAX];
     int n_nodes;
-    int gradient_checkpointing; /* 1: the CUDA engine recomputes each layer's
-                                   activations in the backward
-                                   (NsaEngineOptions.recompute); no effect on cpu */
+    int gradient_checkpointing; /* NsaRecompute: what the CUDA engine makes
+                                   again in the backward (true = LAYER,
+                                   selective = SELECTIVE); no effect on cpu */
 } RuntimeConfig;
 
 typedef struct DataConfig {
@@ -163,5 +163,8 @@ const char *configPrecisionName(NsaPrecision p);
  * runtime.precision_auto is set. */
 NsaPrecision configAutoPrecision(NsaDevice d);
 const char *configDeviceName(NsaDevice d);
+/* runtime.gradient_checkpointing's value as the config writes it: "false",
+ * "true" (layer recompute) or "selective"; "unknown" out of range. */
+const char *configRecomputeName(int gradient_checkpointing);
 
 #endif

@@ -145,6 +145,29 @@ typedef struct NsaModel NsaModel;
 /* A data-parallel transport (see "data parallelism" below). */
 typedef struct NsaComm NsaComm;
 
+/* Activation recompute (NsaEngineOptions.recompute): what the CUDA
+ * engine's forward keeps for the backward, and what the backward makes
+ * again.
+ *   NONE       every activation of every layer kept
+ *   LAYER      only each layer's input residual kept; the backward runs
+ *              the layer's whole forward again (about one more forward a
+ *              step; one layer's activations in memory instead of L)
+ *   SELECTIVE  everything that needs a GEMM or the attention op kept; the
+ *              two RMSNorm outputs and the MLP activation, which take one
+ *              element-wise pass each to make, are made again in the
+ *              backward into one buffer shared by the layers (three
+ *              element-wise passes a layer; about a third of a layer's
+ *              activation bytes in the production config)
+ * The gradients are bit-identical in all three. */
+typedef enum NsaRecompute {
+    NSA_RECOMPUTE_NONE = 0,
+    NSA_RECOMPUTE_LAYER = 1,
+    NSA_RECOMPUTE_SELECTIVE = 2
+} NsaRecompute;
+
+/* "none", "layer", "selective"; "?" for a value out of range. */
+const char *nsaRecomputeName(int recompute);
+
 typedef struct NsaEngineOptions {
     NsaDevice device;
     int device_ordinal;     /* CUDA device index */
@@ -152,10 +175,8 @@ typedef struct NsaEngineOptions {
     int max_batch;          /* B: largest micro-batch forward/backward sees */
     int max_seq_len;        /* S: largest sequence length */
     int threads;            /* CPU engine worker threads; 0 = 1 */
-    int recompute;          /* CUDA: 1 keeps only each layer's input and runs the layer's
-                               forward again in the backward (activation recompute: about
-                               one more forward, a layer's activations instead of L);
-                               0 keeps every activation. The CPU engine takes 0 only. */
+    int recompute;          /* NsaRecompute. CUDA: any; the CPU engine takes NONE only
+                               (it keeps every activation). */
     /* Data parallelism: the transport joining this model to the other
      * ranks of its job (rank and world come from it), or NULL for a model
      * alone. Not owned: free it after the model. A CPU model takes a local

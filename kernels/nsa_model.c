@@ -113,6 +113,15 @@ static const char *precisionName(NsaPrecision p) {
 
 /* ---- create / free ------------------------------------------------------ */
 
+const char *nsaRecomputeName(int recompute) {
+    switch (recompute) {
+    case NSA_RECOMPUTE_NONE: return "none";
+    case NSA_RECOMPUTE_LAYER: return "layer";
+    case NSA_RECOMPUTE_SELECTIVE: return "selective";
+    default: return "?";
+    }
+}
+
 NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
     if (!cfg || !opt) {
         nsaErrorf(err, "nsa: nsaModelCreate needs a config and engine options (got NULL)");
@@ -133,13 +142,15 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
         nsaErrorf(err, "nsa: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
         return NULL;
     }
-    if (opt->recompute != 0 && opt->recompute != 1) {
-        nsaErrorf(err, "nsa: recompute = %d; allowed: 0 or 1", opt->recompute);
+    if (opt->recompute < NSA_RECOMPUTE_NONE || opt->recompute > NSA_RECOMPUTE_SELECTIVE) {
+        nsaErrorf(err, "nsa: recompute = %d; allowed: %d (none), %d (layer), %d (selective)",
+                  opt->recompute, NSA_RECOMPUTE_NONE, NSA_RECOMPUTE_LAYER,
+                  NSA_RECOMPUTE_SELECTIVE);
         return NULL;
     }
-    if (opt->device == NSA_DEVICE_CPU && opt->recompute) {
-        nsaErrorf(err, "nsa: recompute = 1 is a CUDA engine option; the CPU engine keeps every "
-                       "activation (allowed: 0)");
+    if (opt->device == NSA_DEVICE_CPU && opt->recompute != NSA_RECOMPUTE_NONE) {
+        nsaErrorf(err, "nsa: recompute = %s is a CUDA engine option; the CPU engine keeps every "
+                       "activation (allowed: none)", nsaRecomputeName(opt->recompute));
         return NULL;
     }
     if (opt->device == NSA_DEVICE_CPU && opt->precision != NSA_PREC_F32 &&

@@ -3,8 +3,9 @@
  * SiLU MLP, l/d/l'/n/w = 32/16/64/16/512): tokens/s, MFU, the step's phases
  * and peak memory, for bench/train/run_all.sh (`make bench-train`).
  *
- *   bench_train --seq S [--batch B] [--steps N] [--warmup W] [--profile] [--recompute]
- *   bench_train --largest-seq [--recompute]
+ *   bench_train --seq S [--batch B] [--steps N] [--warmup W] [--profile]
+ *               [--recompute | --selective-recompute]
+ *   bench_train --largest-seq [--recompute | --selective-recompute]
  *
  * --batch 0 (the default) takes the largest batch the engine's memory plan
  * says fits. A step is what the trainer runs: ZeroGrad, Forward, Backward,
@@ -16,16 +17,17 @@
  * cudaProfilerStart and cudaProfilerStop, for Nsight Compute's per-kernel
  * breakdown (bench/train/breakdown.py).
  *
- * --recompute builds the engine with activation recompute
- * (NsaEngineOptions.recompute). Prints one JSON line (impl "nsa", or
- * "nsa-recompute"): S, B, ms_step (median), tok_s, the phases' medians,
- * peak_gb, flops_per_token (nsaModelFlopsPerToken), loss.
+ * --recompute builds the engine with layer activation recompute,
+ * --selective-recompute with selective (NsaEngineOptions.recompute). Prints
+ * one JSON line (impl "nsa", "nsa-recompute" or "nsa-selective"): S, B,
+ * ms_step (median), tok_s, the phases' medians, peak_gb, flops_per_token
+ * (nsaModelFlopsPerToken), loss.
  *
  * --largest-seq finds the longest sequence that trains at B = 1: the
  * largest multiple of 4096 the engine's memory plan fits (bisection), then
  * steps there (stepping down 4096 at a time while creation fails), and
- * prints {"impl": "nsa-largest", "recompute", "S", "ms_step", "tok_s",
- * "peak_gb"}. Exits 1 on any engine error or a non-finite loss. */
+ * prints {"impl": "nsa-largest", "recompute" (0 none, 1 layer, 2
+ * selective), "S", "ms_step", "tok_s", "peak_gb"}. Exits 1 on any engine error or a non-finite loss. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -72,7 +74,8 @@ static void drawBatch(int32_t *tok, int32_t *tgt, size_t n, int V, uint64_t step
 
 static void usage(void) {
     fprintf(stderr, "usage: bench_train --seq S [--batch B] [--steps N] [--warmup W] [--profile] "
-                    "[--recompute]\n       bench_train --largest-seq [--recompute]\n");
+                    "[--recompute | --selective-recompute]\n"
+                    "       bench_train --largest-seq [--recompute | --selective-recompute]\n");
     exit(2);
 }
 
@@ -163,7 +166,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--profile")) profile = 1;
-        else if (!strcmp(argv[i], "--recompute")) recompute = 1;
+        else if (!strcmp(argv[i], "--recompute")) recompute = NSA_RECOMPUTE_LAYER;
+        else if (!strcmp(argv[i], "--selective-recompute")) recompute = NSA_RECOMPUTE_SELECTIVE;
         else if (!strcmp(argv[i], "--largest-seq")) largest = 1;
         else usage();
     }
@@ -262,7 +266,8 @@ int main(int argc, char **argv) {
            "\"tok_s\": %.0f, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"opt_ms\": %.3f, "
            "\"peak_gb\": %.3f, \"flops_per_token\": %.6g, \"matmul_flops_per_token\": %.6g, "
            "\"attention_flops_per_token\": %.6g, \"loss\": %.5f, \"attention\": \"%.4s\"}\n",
-           recompute ? "nsa-recompute" : "nsa", S, B, steps, ms_step, tok_s, median(fwd, steps), median(bwd, steps),
+           recompute == NSA_RECOMPUTE_LAYER ? "nsa-recompute"
+           : recompute == NSA_RECOMPUTE_SELECTIVE ? "nsa-selective" : "nsa", S, B, steps, ms_step, tok_s, median(fwd, steps), median(bwd, steps),
            median(opt, steps), (double)nsaCudaModelPeakDeviceBytes(m) / 1e9, flops.total,
            flops.matmul, flops.attention, stats.loss, mr.attention_path);
     for (int i = 0; i < 4; i++) cudaEventDestroy(ev[i]);

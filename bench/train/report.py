@@ -4,7 +4,7 @@
     bench/train/report.py RESULTS.jsonl
 
 RESULTS.jsonl holds bench_train's lines (impl "nsa", "nsa-recompute",
-"nsa-largest"), dense_train.py's ("dense-cudnn", "dense-flash") and one
+"nsa-selective", "nsa-largest"), dense_train.py's ("dense-cudnn", "dense-flash") and one
 "ceiling" line. Prints, per sequence
 length and batch, each implementation's tokens/s, MFU (tokens/s x its model
 FLOPs per token over the measured bf16 matrix rate), step time and peak
@@ -58,8 +58,9 @@ def main(argv):
         print("\nLongest sequence that trains at B = 1:\n")
         print("| activation recompute | S | ms/step | tok/s | peak GB |")
         print("|---|---|---|---|---|")
+        names = {0: "none", 1: "layer", 2: "selective"}
         for r in sorted(largest, key=lambda r: r["recompute"]):
-            print(f"| {'yes' if r['recompute'] else 'no'} | {r['S']:,} | {r['ms_step']:.0f} | "
+            print(f"| {names.get(r['recompute'], r['recompute'])} | {r['S']:,} | {r['ms_step']:.0f} | "
                   f"{r['tok_s']:,.0f} | {r['peak_gb']:.1f} |")
     return 0
 

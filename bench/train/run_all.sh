@@ -15,10 +15,10 @@
 #   TRAIN_DENSE      "cudnn flash" (default): the dense backends to run
 #   TRAIN_BREAKDOWN  "S:B ..." (default "2048:64"): shapes broken down per kernel
 #   TRAIN_STEPS      timed steps (default 10)
-#   TRAIN_RECOMPUTE  "S:B ..." (default "2048:64"): also timed with activation
-#                    recompute
-#   TRAIN_LARGEST    1 (default): the longest S that trains at B = 1, with and
-#                    without activation recompute
+#   TRAIN_RECOMPUTE  "S:B ..." (default "2048:64"): also timed with layer and
+#                    with selective activation recompute
+#   TRAIN_LARGEST    1 (default): the longest S that trains at B = 1 without,
+#                    with selective and with layer activation recompute
 # Writes train.jsonl, report.md, breakdown.md and the logs to $OUT (the lent
 # machine's return folder) or build/bench/train-results.
 set -u
@@ -54,11 +54,13 @@ for shape in $shapes; do
     done
 done
 for shape in ${TRAIN_RECOMPUTE-2048:64}; do
-    "$bin" --seq "${shape%%:*}" --batch "${shape##*:}" --steps "$steps" --recompute \
-        2>>"$out/errors.log" | tee -a "$results"
+    for flag in --recompute --selective-recompute; do
+        "$bin" --seq "${shape%%:*}" --batch "${shape##*:}" --steps "$steps" $flag \
+            2>>"$out/errors.log" | tee -a "$results"
+    done
 done
 if [ "${TRAIN_LARGEST:-1}" = 1 ]; then
-    for flag in "" --recompute; do
+    for flag in "" --selective-recompute --recompute; do
         "$bin" --largest-seq $flag 2>>"$out/errors.log" | tee -a "$results"
     done
 fi

@@ -117,8 +117,11 @@ typedef struct EngineMode {
     int low;       /* 1 in bf16/fp16 mode: GEMM operands are 16-bit */
     int fast;      /* 1 when attention runs on the fast bf16 op */
     DType op;      /* GEMM operand type */
-    int recompute; /* 1: only each layer's input is kept; the backward runs the
-                      layer's forward again into one shared set of buffers */
+    int recompute; /* NsaRecompute. LAYER: only each layer's input is kept; the
+                      backward runs the layer's forward again into one shared
+                      set of buffers. SELECTIVE: the norms' outputs and the MLP
+                      activation share one buffer each; the backward makes
+                      them again */
 } EngineMode;
 
 /* The data-parallel part of a model (comm NULL: a model alone, world 1,
@@ -289,14 +292,16 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
     for (int i = 0; i < c->n_layers; i++) {
         LayerActs a;
         memset(&a, 0, sizeof(a));
-        if (e.recompute && i > 0) { /* layer 0's buffers, a residual of its own */
+        if (e.recompute == NSA_RECOMPUTE_LAYER && i > 0) { /* layer 0's buffers, a residual of its own */
             a = shared;
             a.res = carve(&cv, N * C);
             if (layers) layers[i] = a;
             continue;
         }
+        /* selective: the outputs made again in the backward live in layer 0's */
+        const int remade = e.recompute == NSA_RECOMPUTE_SELECTIVE && i > 0;
         a.res = carve(&cv, N * C);
-        a.xn = carveTyped(&cv, N * C, e.op);
+        a.xn = remade ? shared.xn : carveTyped(&cv, N * C, e.op);
         a.rstd = carve(&cv, N);
         if (e.fast) {
             a.qb = carveTyped(&cv, N * H * dk, DTYPE_BF16);
@@ -327,13 +332,13 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
         a.gates = carve(&cv, N * H * 3);
         a.y_op = e.low ? carveTyped(&cv, N * H * dv, e.op) : (void *)a.y;
         a.mid = carve(&cv, N * C);
-        a.mxn = carveTyped(&cv, N * C, e.op);
+        a.mxn = remade ? shared.mxn : carveTyped(&cv, N * C, e.op);
         a.mrstd = carve(&cv, N);
         a.fc = carveTyped(&cv, N * F, e.op);
         a.up = c->mlp == NSA_MLP_SWIGLU ? carveTyped(&cv, N * F, e.op) : NULL;
-        a.act = carveTyped(&cv, N * F, e.op);
+        a.act = remade ? shared.act : carveTyped(&cv, N * F, e.op);
         if (layers) layers[i] = a;
-        shared = a;
+        if (i == 0) shared = a;
     }
     float *fr = carve(&cv, N * C), *fs = carve(&cv, N);
     void *fx = carveTyped(&cv, N * C, e.op);
@@ -441,6 +446,10 @@ static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, 
                         "cuda: precision = %d is not available on the CUDA engine; allowed: "
                         "%d (f32), %d (bf16), %d (fp16)",
                         (int)opt->precision, NSA_PREC_F32, NSA_PREC_BF16, NSA_PREC_FP16);
+    if (opt->recompute < NSA_RECOMPUTE_NONE || opt->recompute > NSA_RECOMPUTE_SELECTIVE)
+        return cudaFail(err, "cuda: recompute = %d; allowed: %d (none), %d (layer), %d (selective)",
+                        opt->recompute, NSA_RECOMPUTE_NONE, NSA_RECOMPUTE_LAYER,
+                        NSA_RECOMPUTE_SELECTIVE);
     if (opt->max_batch < 1)
         return cudaFail(err, "cuda: max_batch = %d; allowed: 1 or more", opt->max_batch);
     if (opt->max_seq_len < 1)
@@ -548,7 +557,8 @@ int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *op
             if (nsaAttnCudaPlanMeasure(&d, NULL, &state, &scratch, &aerr))
                 return cudaFail(err, "cuda: the fast attention op refused the plan (%s)",
                                 aerr.message);
-            *(pass ? &attn1 : &attn) = state * (size_t)(e.recompute ? 1 : cfg->n_layers) + scratch;
+            const size_t plans = e.recompute == NSA_RECOMPUTE_LAYER ? 1 : (size_t)cfg->n_layers;
+            *(pass ? &attn1 : &attn) = state * plans + scratch;
         }
     }
     plan->workspace = planScratch(cfg, e, F, B, S, chunks, NULL, NULL, NULL) * sizeof(float) +
@@ -961,11 +971,11 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
      * the selection), so all L backward calls find their own. The layers
      * run one after another on one stream, so plans 1..L-1 borrow plan 0's
      * per-call scratch instead of holding L copies; they are freed first.
-     * With recompute a layer's forward state is made again right before its
-     * backward, so one plan serves every layer. */
+     * With layer recompute a layer's forward state is made again right
+     * before its backward, so one plan serves every layer. */
     size_t plan_bytes = 0;
     if (m->mode.fast) {
-        m->n_attn_plans = m->mode.recompute ? 1 : c->n_layers;
+        m->n_attn_plans = m->mode.recompute == NSA_RECOMPUTE_LAYER ? 1 : c->n_layers;
         m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)m->n_attn_plans, sizeof(*m->attn_plans));
         if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
         const NsaAttnDims max_dims = attnDimsFor(c, B, S);
@@ -1259,7 +1269,7 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
 
 /* The fast attention plan that holds layer's forward state. */
 static NsaAttnCudaPlan *attnPlan(const NsaCudaModel *m, int layer) {
-    return m->attn_plans[m->mode.recompute ? 0 : layer];
+    return m->attn_plans[m->mode.recompute == NSA_RECOMPUTE_LAYER ? 0 : layer];
 }
 
 /* Weight idx as a GEMM operand: the fp32 master in f32 mode, else its
@@ -1532,6 +1542,23 @@ static int attentionBackwardFast(NsaCudaModel *m, int layer, const LayerActs *a,
     return 0;
 }
 
+/* Selective recompute: layer i's MLP input (RMSNorm of mid) and
+ * activation made again into the shared buffers, by the forward's own
+ * kernels on the kept inputs, so they come out bit for bit as the forward
+ * made them. */
+static int remakeMlpInputs(NsaCudaModel *m, int i, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const size_t N = (size_t)m->B * m->S;
+    const DType op = m->mode.op;
+    const LayerActs *a = &m->layers[i];
+    const NsaLayerIndex *li = &m->lay.layers[i];
+    TRY(rmsnormForwardTo(a->mxn, op, a->mrstd, a->mid, P(li->mlp_norm), N, c->dim, c->norm_eps,
+                         m->stream, err));
+    if (c->mlp == NSA_MLP_SWIGLU)
+        return swigluForwardTo(a->act, op, a->fc, a->up, op, N * m->F, m->stream, err);
+    return siluForwardTo(a->act, op, a->fc, op, N * m->F, m->stream, err);
+}
+
 static int backwardPass(NsaCudaModel *m, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const int B = m->B, S = m->S;
@@ -1564,8 +1591,12 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
         const LayerActs *a = &m->layers[i];
         const NsaLayerIndex *li = &lay->layers[i];
         /* with recompute the shared buffers hold the last layer's forward;
-         * every other layer's is made again from its kept input */
-        if (m->mode.recompute && i < L - 1) TRY(layerForward(m, i, &dims, 0, err));
+         * every other layer's is made again from its kept input (layer) or
+         * from the kept GEMM outputs (selective) */
+        const int remake = i < L - 1 && m->mode.recompute != NSA_RECOMPUTE_NONE;
+        if (remake && m->mode.recompute == NSA_RECOMPUTE_LAYER)
+            TRY(layerForward(m, i, &dims, 0, err));
+        if (remake && m->mode.recompute == NSA_RECOMPUTE_SELECTIVE) TRY(remakeMlpInputs(m, i, err));
 
         /* MLP; dres = d loss / d(layer output) */
         TRY(linearBackwardXTo(gm, st, sc->dact, op, dres_op, W(li->w_proj), N, F, C, err));
@@ -1591,6 +1622,9 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
         else
             TRY(linearBackwardX(gm, st, sc->dy, dres_op, W(li->wo), N, H * dv, C, 0.0f, err));
         TRY(linearBackwardW(gm, st, GR(li->wo), dres_op, a->y_op, N, H * dv, C, err));
+        if (remake && m->mode.recompute == NSA_RECOMPUTE_SELECTIVE)
+            TRY(rmsnormForwardTo(a->xn, op, a->rstd, a->res, P(li->attn_norm), (size_t)N, C,
+                                 c->norm_eps, st, err));
         if (m->mode.fast) TRY(attentionBackwardFast(m, i, a, li, &dims, err));
         else TRY(attentionBackwardReference(m, a, li, &dims, err));
         /* the embedding's backward reads the fp32 sum only */

@@ -1276,17 +1276,20 @@ static void testDeterminism(Results *res, NsaPrecision p) {
     nsaModelFree(b);
 }
 
-/* Activation recompute (NsaEngineOptions.recompute) changes where the
- * activations live, not what is computed: training with it is bit-identical
- * to training without it (losses, weights, moments), on the fast path and
- * on the reference path (f32), and its memory plan needs less. */
-static void testRecompute(Results *res, NsaPrecision p) {
+/* Activation recompute (NsaEngineOptions.recompute, layer or selective)
+ * changes where the activations live, not what is computed: training with
+ * it is bit-identical to training without it (losses, weights, moments),
+ * on the fast path and on the reference path (f32), and its memory plan
+ * needs less. */
+static void testRecompute(Results *res, NsaPrecision p, NsaMlpKind mlp, int mode) {
     double t0 = nowSeconds();
-    char name[96];
-    snprintf(name, sizeof(name), "recompute bit-identical (%s)",
-             p == NSA_PREC_BF16 ? "bf16, fast attention" : "f32, reference attention");
+    char name[128];
+    snprintf(name, sizeof(name), "recompute %s bit-identical (%s, %s)", nsaRecomputeName(mode),
+             p == NSA_PREC_BF16 ? "bf16, fast attention" : "f32, reference attention",
+             mlp == NSA_MLP_SWIGLU ? "swiglu" : "silu");
     NsaError err = {{0}};
-    NsaModelConfig c = p == NSA_PREC_F32 ? midConfig() : fastConfig(NSA_MLP_SILU);
+    NsaModelConfig c = p == NSA_PREC_F32 ? midConfig() : fastConfig(mlp);
+    c.mlp = mlp;
     const int B = 2, S = 300;
     double la[6], lb[6];
     NsaModel *a = makeModel(&c, NSA_DEVICE_CUDA, p, B, S, 78, &err);
@@ -1296,7 +1299,7 @@ static void testRecompute(Results *res, NsaPrecision p) {
     o.precision = p;
     o.max_batch = B;
     o.max_seq_len = S;
-    o.recompute = 1;
+    o.recompute = mode;
     NsaModel *b = a ? nsaModelCreate(&c, &o, &err) : NULL;
     if (b && nsaModelInit(b, 78, &err)) {
         nsaModelFree(b);
@@ -1305,7 +1308,7 @@ static void testRecompute(Results *res, NsaPrecision p) {
     NsaCudaMemoryPlan keep, again;
     o.recompute = 0;
     int plan_rc = nsaCudaMemoryPlanFor(&c, &o, &keep, &err);
-    o.recompute = 1;
+    o.recompute = mode;
     plan_rc = plan_rc || nsaCudaMemoryPlanFor(&c, &o, &again, &err);
     if (!a || !b || plan_rc || trainSteps(a, 1, 6, B, S, c.vocab_size, la, &err) ||
         trainSteps(b, 1, 6, B, S, c.vocab_size, lb, &err)) {
@@ -1673,8 +1676,11 @@ int main(int argc, char **argv) {
         testTrajectory(res, NSA_PHI_MLP);
         testDeterminism(res, NSA_PREC_F32);
         testDeterminism(res, NSA_PREC_BF16);
-        testRecompute(res, NSA_PREC_BF16);
-        testRecompute(res, NSA_PREC_F32);
+        testRecompute(res, NSA_PREC_BF16, NSA_MLP_SILU, NSA_RECOMPUTE_LAYER);
+        testRecompute(res, NSA_PREC_F32, NSA_MLP_SILU, NSA_RECOMPUTE_LAYER);
+        testRecompute(res, NSA_PREC_BF16, NSA_MLP_SILU, NSA_RECOMPUTE_SELECTIVE);
+        testRecompute(res, NSA_PREC_BF16, NSA_MLP_SWIGLU, NSA_RECOMPUTE_SELECTIVE);
+        testRecompute(res, NSA_PREC_F32, NSA_MLP_SWIGLU, NSA_RECOMPUTE_SELECTIVE);
         testDeterminismBf16Reference(res, NSA_PHI_AVG);
         testDeterminismBf16Reference(res, NSA_PHI_MLP);
         testResume(res);

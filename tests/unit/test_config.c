@@ -154,7 +154,21 @@ static void test_prototype_key_style(void **state) {
     assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  gradient_checkpointing: yes\n", &err), 0);
     assert_true(hasWarning(&cfg, "runtime.gradient_checkpointing: true has no effect on device cpu"));
     expectError("runtime:\n  gradient_checkpointing: sometimes\n", "runtime.gradient_checkpointing", "sometimes",
-                "allowed: false, true", NULL);
+                "allowed: false, true, selective", NULL);
+    /* selective recompute: nsad's third value, written back as it reads */
+    assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  gradient_checkpointing: selective\n", &err), 0);
+    assert_int_equal(cfg.runtime.gradient_checkpointing, NSA_RECOMPUTE_SELECTIVE);
+    assert_int_equal(cfg.n_warnings, 0);
+    yaml = configToYaml(&cfg);
+    assert_non_null(yaml);
+    assert_non_null(strstr(yaml, "  gradient_checkpointing: selective\n"));
+    if (load(&back, yaml, &err) != 0) fail_msg("%s", err.message);
+    assertSameConfig(&cfg, &back);
+    free(yaml);
+    assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  gradient_checkpointing: layer\n", &err), 0);
+    assert_int_equal(cfg.runtime.gradient_checkpointing, NSA_RECOMPUTE_LAYER);
+    assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  gradient_checkpointing: selective\n", &err), 0);
+    assert_true(hasWarning(&cfg, "runtime.gradient_checkpointing: selective has no effect on device cpu"));
     /* both spellings of the clip: fine when they agree */
     assert_int_equal(load(&cfg, "train:\n  grad_clip: 2.0\n  max_grad_norm: 2\n", &err), 0);
     assert_true(cfg.train.grad_clip == 2.0);

@@ -1103,8 +1103,26 @@ static void test_cuda_device_without_engine(void **state) {
     assert_true(err.message[0] != '\0');
 }
 
+/* Activation recompute is the CUDA engine's: the CPU engine refuses any
+ * but none, and a value out of range is named with the allowed ones. */
+static void test_recompute_options(void **state) {
+    (void)state;
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    NsaEngineOptions opt = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F32, .max_batch = 1,
+                            .max_seq_len = 8, .recompute = NSA_RECOMPUTE_SELECTIVE};
+    NsaError err = {{0}};
+    assert_null(nsaModelCreate(&cfg, &opt, &err));
+    assert_non_null(strstr(err.message, "recompute = selective is a CUDA engine option"));
+    opt.recompute = 3;
+    assert_null(nsaModelCreate(&cfg, &opt, &err));
+    assert_non_null(strstr(err.message, "recompute = 3; allowed: 0 (none), 1 (layer), 2 (selective)"));
+    assert_string_equal(nsaRecomputeName(NSA_RECOMPUTE_LAYER), "layer");
+    assert_string_equal(nsaRecomputeName(7), "?");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_recompute_options),
         cmocka_unit_test(test_layout_table),
         cmocka_unit_test(test_init_is_seeded_and_scaled),
         cmocka_unit_test(test_get_set_tensor),
