@@ -315,10 +315,6 @@ static const char *enumName(const EnumName *names, int value) {
     return "unknown";
 }
 
-const char *configRecomputeName(int gradient_checkpointing) {
-    return enumName(recompute_names, gradient_checkpointing);
-}
-
 /* Writes the distinct canonical names ("a, b, c") of an enum table. */
 static void enumList(const EnumName *names, char *out, size_t cap) {
     size_t n = 0;

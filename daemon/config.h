@@ -163,8 +163,5 @@ const char *configPrecisionName(NsaPrecision p);
  * runtime.precision_auto is set. */
 NsaPrecision configAutoPrecision(NsaDevice d);
 const char *configDeviceName(NsaDevice d);
-/* runtime.gradient_checkpointing's value as the config writes it: "false",
- * "true" (layer recompute) or "selective"; "unknown" out of range. */
-const char *configRecomputeName(int gradient_checkpointing);
 
 #endif
