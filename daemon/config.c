@@ -92,9 +92,11 @@ static const EnumName lr_schedule_names[] = {{"cosine", LR_SCHEDULE_COSINE}, {NU
  * spellings, as its loader PyYAML reads them; true = the whole layer made
  * again) or nsad's selective; the values are NsaRecompute's */
 static const EnumName recompute_names[] = {
-    {"false", NSA_RECOMPUTE_NONE}, {"true", NSA_RECOMPUTE_LAYER}, {"selective", NSA_RECOMPUTE_SELECTIVE},
-    {"no", NSA_RECOMPUTE_NONE},    {"yes", NSA_RECOMPUTE_LAYER},  {"off", NSA_RECOMPUTE_NONE},
-    {"on", NSA_RECOMPUTE_LAYER},   {"layer", NSA_RECOMPUTE_LAYER}, {NULL, 0}};
+    {"false", NSA_RECOMPUTE_NONE},  {"true", NSA_RECOMPUTE_LAYER},
+    {"selective", NSA_RECOMPUTE_SELECTIVE},
+    {"no", NSA_RECOMPUTE_NONE},     {"yes", NSA_RECOMPUTE_LAYER},
+    {"off", NSA_RECOMPUTE_NONE},    {"on", NSA_RECOMPUTE_LAYER},
+    {"layer", NSA_RECOMPUTE_LAYER}, {NULL, 0}};
 
 /* The phases a stall can be injected into (trainer.h's TrainPhase names). */
 static const char *const stall_phases[] = {"data",       "forward", "backward", "allreduce",

@@ -1454,13 +1454,12 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     size_t n_params = 0;  /* the arenas' padding is not a parameter */
     for (int i = 0; i < nsaModelNumTensors(t->model); i++)
         n_params += nsaModelTensorInfo(t->model, i)->numel;
+    const int recompute = nsaModelGetOptions(t->model)->recompute;
     logInfo("train: %zu parameters (%.1f MB with activations), %s %s%s%s, %" PRId64
             " steps of %d x %d x %d tokens, out_dir %s",
             n_params, have_mem ? (double)mem.total / 1e6 : 0.0,
             configDeviceName(t->job.runtime.device), configPrecisionName(t->job.runtime.precision),
-            nsaModelGetOptions(t->model)->recompute ? ", activation recompute " : "",
-            nsaModelGetOptions(t->model)->recompute
-                ? nsaRecomputeName(nsaModelGetOptions(t->model)->recompute) : "",
+            recompute ? ", activation recompute " : "", recompute ? nsaRecomputeName(recompute) : "",
             tc->steps, tc->batch_size, tc->seq_len, tc->accumulate_grad_batches, t->out_dir);
     if (have_mem) {
         logInfo("memory: params %.1f MB, grads %.1f MB, optimizer %.1f MB, activations %.1f MB, "

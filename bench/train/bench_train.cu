@@ -259,6 +259,9 @@ int main(int argc, char **argv) {
         opt[k] = ms;
     }
     const double ms_step = median(wall, steps);
+    const char *impl = recompute == NSA_RECOMPUTE_LAYER       ? "nsa-recompute"
+                       : recompute == NSA_RECOMPUTE_SELECTIVE ? "nsa-selective"
+                                                              : "nsa";
     const double tok_s = (double)N / (ms_step * 1e-3);
     NsaMemoryReport mr;
     nsaCudaModelMemoryReport(m, &mr);
@@ -266,8 +269,7 @@ int main(int argc, char **argv) {
            "\"tok_s\": %.0f, \"fwd_ms\": %.3f, \"bwd_ms\": %.3f, \"opt_ms\": %.3f, "
            "\"peak_gb\": %.3f, \"flops_per_token\": %.6g, \"matmul_flops_per_token\": %.6g, "
            "\"attention_flops_per_token\": %.6g, \"loss\": %.5f, \"attention\": \"%.4s\"}\n",
-           recompute == NSA_RECOMPUTE_LAYER ? "nsa-recompute"
-           : recompute == NSA_RECOMPUTE_SELECTIVE ? "nsa-selective" : "nsa", S, B, steps, ms_step, tok_s, median(fwd, steps), median(bwd, steps),
+           impl, S, B, steps, ms_step, tok_s, median(fwd, steps), median(bwd, steps),
            median(opt, steps), (double)nsaCudaModelPeakDeviceBytes(m) / 1e9, flops.total,
            flops.matmul, flops.attention, stats.loss, mr.attention_path);
     for (int i = 0; i < 4; i++) cudaEventDestroy(ev[i]);

@@ -292,7 +292,7 @@ static size_t planActivations(const NsaModelConfig *c, EngineMode e, int F, int 
     for (int i = 0; i < c->n_layers; i++) {
         LayerActs a;
         memset(&a, 0, sizeof(a));
-        if (e.recompute == NSA_RECOMPUTE_LAYER && i > 0) { /* layer 0's buffers, a residual of its own */
+        if (e.recompute == NSA_RECOMPUTE_LAYER && i > 0) { /* layer 0's buffers, its own residual */
             a = shared;
             a.res = carve(&cv, N * C);
             if (layers) layers[i] = a;
@@ -1593,10 +1593,11 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
         /* with recompute the shared buffers hold the last layer's forward;
          * every other layer's is made again from its kept input (layer) or
          * from the kept GEMM outputs (selective) */
-        const int remake = i < L - 1 && m->mode.recompute != NSA_RECOMPUTE_NONE;
-        if (remake && m->mode.recompute == NSA_RECOMPUTE_LAYER)
-            TRY(layerForward(m, i, &dims, 0, err));
-        if (remake && m->mode.recompute == NSA_RECOMPUTE_SELECTIVE) TRY(remakeMlpInputs(m, i, err));
+        const int last = i == L - 1;
+        const int remake_layer = !last && m->mode.recompute == NSA_RECOMPUTE_LAYER;
+        const int remake_inputs = !last && m->mode.recompute == NSA_RECOMPUTE_SELECTIVE;
+        if (remake_layer) TRY(layerForward(m, i, &dims, 0, err));
+        if (remake_inputs) TRY(remakeMlpInputs(m, i, err));
 
         /* MLP; dres = d loss / d(layer output) */
         TRY(linearBackwardXTo(gm, st, sc->dact, op, dres_op, W(li->w_proj), N, F, C, err));
@@ -1622,7 +1623,7 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
         else
             TRY(linearBackwardX(gm, st, sc->dy, dres_op, W(li->wo), N, H * dv, C, 0.0f, err));
         TRY(linearBackwardW(gm, st, GR(li->wo), dres_op, a->y_op, N, H * dv, C, err));
-        if (remake && m->mode.recompute == NSA_RECOMPUTE_SELECTIVE)
+        if (remake_inputs)
             TRY(rmsnormForwardTo(a->xn, op, a->rstd, a->res, P(li->attn_norm), (size_t)N, C,
                                  c->norm_eps, st, err));
         if (m->mode.fast) TRY(attentionBackwardFast(m, i, a, li, &dims, err));
