@@ -14,6 +14,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cjson/cJSON.h>
+
+#include "artifacts.h"
 #include "commands.h"
 #include "config.h"
 
@@ -25,6 +28,18 @@ static int load(JobConfig *cfg, const char *text, NsaError *err) {
     configDefaults(cfg);
     memset(err, 0, sizeof *err);
     return configLoadString(cfg, text, strlen(text), err);
+}
+
+/* Asserts that env.json's config (artifactsConfigJson) spells
+ * runtime.gradient_checkpointing as want: "true", "false" or a string. */
+static void assertEnvRecompute(const JobConfig *cfg, const char *want) {
+    cJSON *all = artifactsConfigJson(cfg);
+    assert_non_null(all);
+    const cJSON *v = cJSON_GetObjectItem(cJSON_GetObjectItem(all, "runtime"), "gradient_checkpointing");
+    if (!strcmp(want, "true")) assert_true(cJSON_IsTrue(v));
+    else if (!strcmp(want, "false")) assert_true(cJSON_IsFalse(v));
+    else assert_string_equal(cJSON_GetStringValue(v), want);
+    cJSON_Delete(all);
 }
 
 /* Asserts that text fails to load and that the message holds every needle. */
@@ -165,8 +180,12 @@ static void test_prototype_key_style(void **state) {
     if (load(&back, yaml, &err) != 0) fail_msg("%s", err.message);
     assertSameConfig(&cfg, &back);
     free(yaml);
+    assertEnvRecompute(&cfg, "selective");
     assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  gradient_checkpointing: layer\n", &err), 0);
     assert_int_equal(cfg.runtime.gradient_checkpointing, NSA_RECOMPUTE_LAYER);
+    assertEnvRecompute(&cfg, "true");
+    assert_int_equal(load(&cfg, "runtime:\n  device: cuda\n  gradient_checkpointing: no\n", &err), 0);
+    assertEnvRecompute(&cfg, "false");
     assert_int_equal(load(&cfg, "runtime:\n  device: cpu\n  gradient_checkpointing: selective\n", &err), 0);
     assert_true(hasWarning(&cfg, "runtime.gradient_checkpointing: selective has no effect on device cpu"));
     /* both spellings of the clip: fine when they agree */
