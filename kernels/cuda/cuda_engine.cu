@@ -29,182 +29,19 @@
  * kernel (attn_inputs.cu) turns the [N][width] product into the op's
  * inputs; the backward mirrors it (one kernel, one dX and one dW GEMM).
  *
- * Data parallelism (an NCCL transport in opt->comm; kernels/nsa.h says what
- * it computes): a second, communication stream carries every NCCL call of
- * the model. The backward records an event as each gradient bucket is
- * complete and the communication stream, waiting on it, reduce-scatters
- * the bucket while the compute stream goes on with the layers below
- * (bucketReady). The optimizer step waits for the reductions, sums the
- * norm over this rank's slices, all-gathers every rank's {loss, norm}
- * (dp_optim.cu), runs AdamW over its pieces and hands the weights to the
- * communication stream, which all-gathers them bucket by bucket (fp32,
- * then rounds the other ranks' slices into the bf16/fp16 copy) and records
- * an event per bucket; the next forward waits on a bucket's event only
- * before the layer that reads it. Host waits of a data-parallel model go
- * through nsaCommNcclWaitEvent (the transport's deadline; an overrun
- * aborts the communicator), never a plain synchronise that a dead peer
- * could block forever. */
-#include "cuda_engine.h"
+ * Data parallelism (the communication stream, gradient buckets, the
+ * weights' all-gather, the collectives the daemon asks for) is in
+ * cuda_engine_dp.cu; the state both files share is in
+ * cuda_engine_internal.h. */
+#include "cuda_engine_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include "../nsa_comm.h"
-#include "../nsa_layout.h"
-#include "attn_ref/attn_cuda.h"
-#include "cuda_common.cuh"
-#include "layers/gemm.h"
-#include "layers/layers_cuda.h"
 
 #define GEMM_WORKSPACE_BYTES ((size_t)32 << 20)
-#define TRY(call) do { if ((call) != 0) return -1; } while (0)
-#define STAGING_SLOTS 2
 #define FP16_INITIAL_SCALE 65536.0f
 #define FP16_SCALE_WINDOW 1000
 
-/* One layer's saved forward activations (device pointers). "op" buffers are
- * in the GEMM operand type (fp32 in f32 mode); "bf16" ones feed the fast
- * attention op. A path's buffers are NULL when the other path is in use. */
-typedef struct LayerActs {
-    float *res;            /* [N][C] residual entering the layer */
-    void *xn;              /* op [N][C] attention RMSNorm output */
-    float *rstd;           /* [N] 1/rms */
-    /* reference attention path (fp32) */
-    float *q;              /* [N][H][dk] rotated */
-    float *k[3], *v[3];    /* per branch (cmp, sel, win) [N][G][dk] rotated, [N][G][dv] */
-    float *kc, *vc;        /* pooled [B][Nc][G][dk], [B][Nc][G][dv] */
-    float *hk, *hv;        /* phi = mlp: pre-activations, shaped as kc, vc (else NULL) */
-    float *o[3], *lse[3];  /* per branch [N][H][dv], [N][H] */
-    int32_t *sel;          /* [N][G][slots] */
-    float *y;              /* [N][H][dv] gate-combined */
-    /* fast attention path (bf16; the plan keeps o, lse, kc, vc, sel) */
-    void *qb, *kb[3], *vb[3], *gb;
-    float *gates;          /* [N][H][3] post-sigmoid, fp32 */
-    void *y_op;            /* op [N][H][dv] the Wo operand (== y in f32 mode) */
-    float *mid;            /* [N][C] residual after attention */
-    void *mxn;             /* op [N][C] MLP RMSNorm output */
-    float *mrstd;
-    void *fc, *up;         /* op [N][F] pre-activations; up only for SwiGLU */
-    void *act;             /* op [N][F] */
-} LayerActs;
-
-typedef struct Scratch {
-    float *dres, *dxn;
-    float *dq, *dk[3], *dv[3];   /* fp32, reference path only */
-    float *dkc, *dvc, *dgates, *d_o[3], *delta[3];   /* reference path only */
-    PoolMlpScratch pool;         /* phi = mlp only (zeroed otherwise); forward and backward */
-    float *dy;                   /* [N][H][dv] fp32 */
-    void *dfc, *dup;             /* op [N][F] */
-    void *dact;                  /* op [N][F] */
-    void *op_a;                  /* op [N][max(C, V)]: residual / logits gradient (bf16/fp16) */
-    void *op_b;                  /* op [N][max(H dk, G dk, G dv, 3H)]: attention input gradients
-                                    (reference path) */
-    void *proj;                  /* op [N][attnInputsStride]: the fused attention projection,
-                                    then its gradient (fast path) */
-    void *dyb, *dqb, *dkb[3], *dvb[3], *dgb;   /* bf16, fast path */
-    float *row_loss;       /* [N] */
-    float *rms_partial;    /* rmsnormPartialFloats(N, C) */
-    float *emb_partial;    /* [max chunks][C] */
-    double *norm_partial;  /* [NORM_BLOCKS] */
-} Scratch;
-
-/* Device copies of one batch's ids and the embedding backward plan. */
-typedef struct BatchIds {
-    int32_t *tokens, *targets, *order, *chunk_start, *chunk_token, *token_chunk;
-} BatchIds;
-
-/* What the precision mode and the dims decide about storage. */
-typedef struct EngineMode {
-    int low;       /* 1 in bf16/fp16 mode: GEMM operands are 16-bit */
-    int fast;      /* 1 when attention runs on the fast bf16 op */
-    DType op;      /* GEMM operand type */
-    int recompute; /* NsaRecompute. LAYER: only each layer's input is kept; the
-                      backward runs the layer's forward again into one shared
-                      set of buffers. SELECTIVE: the norms' outputs and the MLP
-                      activation share one buffer each; the backward makes
-                      them again */
-} EngineMode;
-
-/* The data-parallel part of a model (comm NULL: a model alone, world 1,
- * and the shard is every tensor with the moments at their arena offsets). */
-typedef struct DpState {
-    NsaComm *comm;
-    int rank, world;
-    NsaShard shard;                  /* this rank's slices and pieces */
-    int n_ranges;                    /* its slices with neighbours merged (1 alone) */
-    size_t *range_offset, *range_count;
-    cudaStream_t stream;             /* communication stream */
-    int have_stream;
-    cudaEvent_t *bucket_ready;       /* [n_buckets] on the compute stream */
-    cudaEvent_t *weights_ready;      /* [n_buckets] on the communication stream */
-    cudaEvent_t to_comm, to_compute, sync; /* hand-overs between the streams, host waits */
-    double *partial;                 /* device [n_ranges][NORM_BLOCKS] */
-    double *scalars;                 /* device [world][2] */
-    float *staging;                  /* device, the largest tensor: gathers, broadcasts */
-    int reducing;                    /* the running backward reduces its buckets */
-    int reduced;                     /* this step's buckets are reduced (until ZeroGrad) */
-    /* timing (nsaCudaModelCommStats): each bucket's reduce-scatter on the
-     * communication stream, the backward's end on the compute stream, and
-     * the weights' all-gather in two sets used by turns (the set of the
-     * step before is complete when a step's figures are read) */
-    cudaEvent_t *t_begin, *t_end;    /* [n_buckets] */
-    cudaEvent_t t_backward_end;
-    cudaEvent_t t_gather[2][2];
-    int gather_turn, gather_recorded[2];
-    double last_gather_seconds;
-} DpState;
-
-struct NsaCudaModel {
-    NsaModelConfig cfg;
-    NsaEngineOptions opt;
-    NsaLayout lay;
-    EngineMode mode;
-    char attention_path[256];
-    int F, max_tokens, max_cmp, slots;
-    size_t max_chunks;
-    cudaStream_t stream;
-    int have_stream;
-    GemmContext gemm;
-    float *arena[4];                 /* params, grads, adam m, adam v */
-    void *weights_low;               /* bf16/fp16 copy of the params arena (low modes) */
-    NsaAttnCudaPlan **attn_plans;    /* host array [n_attn_plans] (fast path) */
-    int n_attn_plans;                /* L, or 1 with recompute (layers take turns) */
-    float *acts;                     /* activation arena */
-    size_t acts_floats;
-    float *scratch_mem;              /* scratch arena */
-    size_t scratch_floats;
-    LayerActs *layers;               /* host array [L] of device pointers */
-    float *final_res, *final_rstd, *logits;
-    void *final_xn;                  /* op */
-    Scratch sc;
-    float *rope;                     /* [max_seq][dk/2][2] */
-    OptimTensor *tensors;            /* device [n_optim]: the shard's pieces */
-    int n_optim;
-    size_t optim_max_numel;          /* the largest piece */
-    size_t max_numel;                /* the largest tensor */
-    DpState dp;
-    OptimState *state;               /* device */
-    OptimState *host_state;          /* pinned, filled after each step */
-    double *eval_loss, *host_eval_loss;
-    /* staging */
-    int32_t *ids_device;             /* one region, carved into ids */
-    BatchIds ids;
-    int32_t *staging[STAGING_SLOTS]; /* pinned, same size as ids_device */
-    cudaEvent_t staged[STAGING_SLOTS];
-    int staged_used[STAGING_SLOTS];
-    int next_slot;
-    size_t ids_ints;
-    int32_t *host_count;             /* [V] counting-sort scratch */
-    int32_t *host_plan_chunks;       /* n_chunks of the last forward */
-    int plan_chunks;
-    cudaEvent_t step_done;
-    int step_recorded;
-    /* step bookkeeping */
-    int B, S, have_forward;
-    float backward_factor;           /* grad_scale / counted targets */
-    int fault_nan_loss, fault_nan_grad;
-    size_t bytes_params, bytes_grads, bytes_optimizer, bytes_acts, bytes_workspace;
-    size_t peak_used;
-};
 
 /* ---- attention path ------------------------------------------------------ */
 
@@ -579,9 +416,7 @@ int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *op
     return 0;
 }
 
-/* ---- data parallelism ---------------------------------------------------- */
-
-static int allocDevice(void **p, size_t bytes, const char *what, NsaError *err);
+/* ---- streams and waits ---------------------------------------------------- */
 
 /* Elements of an arena: the moments hold this rank's shard only. */
 static size_t arenaElements(const NsaCudaModel *m, NsaArena arena) {
@@ -589,15 +424,14 @@ static size_t arenaElements(const NsaCudaModel *m, NsaArena arena) {
                                                                   : m->lay.total;
 }
 
-/* Waits for an event on the host: plainly alone; with the transport's
- * deadline (and abort) for a data-parallel model. */
-static int waitEvent(NsaCudaModel *m, cudaEvent_t ev, const char *what, NsaError *err) {
+/* cuda_engine_internal.h says what it does. */
+int engineWaitEvent(NsaCudaModel *m, cudaEvent_t ev, const char *what, NsaError *err) {
     if (m->dp.comm) return nsaCommNcclWaitEvent(m->dp.comm, (void *)ev, what, err);
     CUDA_CHECK(cudaEventSynchronize(ev), err);
     return 0;
 }
 
-/* Waits for everything enqueued on the compute stream (see waitEvent).
+/* Waits for everything enqueued on the compute stream (see engineWaitEvent).
  * A data-parallel model also calls it before a copy between the device and
  * pageable host memory: such a copy blocks the host until the stream's
  * earlier work is done, and that work may wait for a dead peer. */
@@ -607,11 +441,11 @@ static int syncStream(NsaCudaModel *m, const char *what, NsaError *err) {
         return 0;
     }
     CUDA_CHECK(cudaEventRecord(m->dp.sync, m->stream), err);
-    return waitEvent(m, m->dp.sync, what, err);
+    return engineWaitEvent(m, m->dp.sync, what, err);
 }
 
-/* `to` waits (on the device) for what `from` has enqueued so far. */
-static int streamHop(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, NsaError *err) {
+/* cuda_engine_internal.h says what it does. */
+int engineStreamHop(cudaStream_t from, cudaStream_t to, cudaEvent_t ev, NsaError *err) {
     CUDA_CHECK(cudaEventRecord(ev, from), err);
     CUDA_CHECK(cudaStreamWaitEvent(to, ev, 0), err);
     return 0;
@@ -628,26 +462,6 @@ static int waitAllWeights(NsaCudaModel *m, NsaError *err) {
     return waitWeights(m, m->lay.n_buckets - 1, err);
 }
 
-static const char *bucketName(const NsaCudaModel *m, int b, char *buf, size_t cap) {
-    if (b == NSA_BUCKET_EMBED) snprintf(buf, cap, "bucket %d (embedding)", b);
-    else if (b == NSA_BUCKET_HEAD(m->cfg.n_layers)) snprintf(buf, cap, "bucket %d (head)", b);
-    else snprintf(buf, cap, "bucket %d (layer %d)", b, b - NSA_BUCKET_LAYER(0));
-    return buf;
-}
-
-/* Reduce-scatters bucket b of the gradients on the communication stream
- * (which must already wait for the gradients). */
-static int dpReduceBucket(NsaCudaModel *m, int b, NsaError *err) {
-    const NsaLayoutBucket *bk = &m->lay.buckets[b];
-    char name[64], what[96];
-    snprintf(what, sizeof what, "reduce-scatter of %s", bucketName(m, b, name, sizeof name));
-    CUDA_CHECK(cudaEventRecord(m->dp.t_begin[b], m->dp.stream), err);
-    TRY(nsaCommReduceScatter(m->dp.comm, m->arena[NSA_ARENA_GRADS] + bk->offset,
-                             bk->count / (size_t)m->dp.world, 0, m->dp.stream, what, err));
-    CUDA_CHECK(cudaEventRecord(m->dp.t_end[b], m->dp.stream), err);
-    return 0;
-}
-
 /* Bucket b's gradients are complete on the compute stream. The NaN fault
  * lands in the head's bucket first (so it reaches whichever rank holds the
  * element); in a reducing backward the communication stream then
@@ -660,162 +474,11 @@ static int bucketReady(NsaCudaModel *m, int b, NsaError *err) {
     }
     if (!m->dp.comm || !m->dp.reducing) return 0;
     if (b == NSA_BUCKET_EMBED) CUDA_CHECK(cudaEventRecord(m->dp.t_backward_end, m->stream), err);
-    TRY(streamHop(m->stream, m->dp.stream, m->dp.bucket_ready[b], err));
+    TRY(engineStreamHop(m->stream, m->dp.stream, m->dp.bucket_ready[b], err));
     return dpReduceBucket(m, b, err);
 }
 
-/* The step's global loss and gradient norm into m->state: this rank's sum
- * of squares over its slices, every rank's pair all-gathered on the
- * communication stream, then added in rank order (the same on all). */
-static int dpGlobalScalars(NsaCudaModel *m, NsaError *err) {
-    DpState *dp = &m->dp;
-    for (int k = 0; k < dp->n_ranges; k++)
-        TRY(gradNormPartial(dp->partial + (size_t)k * NORM_BLOCKS,
-                            m->arena[NSA_ARENA_GRADS] + dp->range_offset[k], dp->range_count[k],
-                            m->stream, err));
-    TRY(dpLocalScalars(dp->scalars, dp->rank, m->state, dp->partial, dp->n_ranges * NORM_BLOCKS,
-                       m->stream, err));
-    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
-    TRY(nsaCommAllGather(dp->comm, dp->scalars, 2 * sizeof(double), dp->stream,
-                         "all-gather of the loss and gradient norm", err));
-    TRY(streamHop(dp->stream, m->stream, dp->to_compute, err));
-    return dpGlobalNorm(m->state, dp->scalars, dp->world, m->stream, err);
-}
-
-/* After AdamW (on the compute stream): every rank's slices of the fp32
- * weights to every rank, bucket by bucket in the forward's order, the other
- * ranks' slices rounded into the GEMMs' weight copy, and an event per
- * bucket for the next forward to wait on. */
-static int dpGatherWeights(NsaCudaModel *m, NsaError *err) {
-    DpState *dp = &m->dp;
-    const int turn = dp->gather_turn;
-    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
-    CUDA_CHECK(cudaEventRecord(dp->t_gather[turn][0], dp->stream), err);
-    for (int b = 0; b < m->lay.n_buckets; b++) {
-        const NsaLayoutBucket *bk = &m->lay.buckets[b];
-        const NsaShardSlice *own = &dp->shard.slices[b];
-        char name[64], what[96];
-        snprintf(what, sizeof what, "all-gather of the weights of %s",
-                 bucketName(m, b, name, sizeof name));
-        TRY(nsaCommAllGather(dp->comm, m->arena[NSA_ARENA_PARAMS] + bk->offset,
-                             own->count * sizeof(float), dp->stream, what, err));
-        if (m->weights_low) {
-            /* [bucket start, own slice) and [own slice end, bucket end) */
-            const size_t lo[2] = {bk->offset, own->offset + own->count};
-            const size_t hi[2] = {own->offset, bk->offset + bk->count};
-            for (int k = 0; k < 2; k++)
-                if (hi[k] > lo[k])
-                    TRY(convertTensor((char *)m->weights_low + lo[k] * dtypeBytes(m->mode.op),
-                                      m->mode.op, m->arena[NSA_ARENA_PARAMS] + lo[k], DTYPE_F32,
-                                      hi[k] - lo[k], dp->stream, err));
-        }
-        CUDA_CHECK(cudaEventRecord(dp->weights_ready[b], dp->stream), err);
-    }
-    CUDA_CHECK(cudaEventRecord(dp->t_gather[turn][1], dp->stream), err);
-    dp->gather_recorded[turn] = 1;
-    dp->gather_turn = turn ^ 1;
-    return 0;
-}
-
-/* Device bytes of the data-parallel buffers (0 alone). */
-static size_t dpBytes(const NsaCudaModel *m) {
-    if (!m->dp.comm) return 0;
-    return (size_t)m->dp.n_ranges * NORM_BLOCKS * sizeof(double) +
-           (size_t)m->dp.world * 2 * sizeof(double) + m->max_numel * sizeof(float);
-}
-
-/* The communication stream, events, slice ranges and buffers. Alone:
- * nothing. */
-static int dpCreate(NsaCudaModel *m, NsaError *err) {
-    DpState *dp = &m->dp;
-    if (!dp->comm) return 0;
-    const NsaShard *sh = &dp->shard;
-    const int nb = m->lay.n_buckets;
-    dp->range_offset = (size_t *)calloc((size_t)sh->n_slices, sizeof(size_t));
-    dp->range_count = (size_t *)calloc((size_t)sh->n_slices, sizeof(size_t));
-    dp->bucket_ready = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
-    dp->weights_ready = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
-    dp->t_begin = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
-    dp->t_end = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
-    if (!dp->range_offset || !dp->range_count || !dp->bucket_ready || !dp->weights_ready ||
-        !dp->t_begin || !dp->t_end)
-        return cudaFail(err, "cuda: out of host memory for the data-parallel tables");
-    /* neighbouring slices merge (alone: one range, the whole arena, so the
-     * norm's partial sums are gradNorm's own) */
-    for (int b = 0; b < sh->n_slices; b++) {
-        const NsaShardSlice *sl = &sh->slices[b];
-        if (dp->n_ranges > 0 &&
-            dp->range_offset[dp->n_ranges - 1] + dp->range_count[dp->n_ranges - 1] == sl->offset)
-            dp->range_count[dp->n_ranges - 1] += sl->count;
-        else {
-            dp->range_offset[dp->n_ranges] = sl->offset;
-            dp->range_count[dp->n_ranges++] = sl->count;
-        }
-    }
-    CUDA_CHECK(cudaStreamCreateWithFlags(&dp->stream, cudaStreamNonBlocking), err);
-    dp->have_stream = 1;
-    for (int b = 0; b < nb; b++) {
-        CUDA_CHECK(cudaEventCreateWithFlags(&dp->bucket_ready[b], cudaEventDisableTiming), err);
-        CUDA_CHECK(cudaEventCreateWithFlags(&dp->weights_ready[b], cudaEventDisableTiming), err);
-        CUDA_CHECK(cudaEventCreate(&dp->t_begin[b]), err);
-        CUDA_CHECK(cudaEventCreate(&dp->t_end[b]), err);
-    }
-    CUDA_CHECK(cudaEventCreate(&dp->t_backward_end), err);
-    for (int k = 0; k < 2; k++)
-        for (int e = 0; e < 2; e++) CUDA_CHECK(cudaEventCreate(&dp->t_gather[k][e]), err);
-    CUDA_CHECK(cudaEventCreateWithFlags(&dp->to_comm, cudaEventDisableTiming), err);
-    CUDA_CHECK(cudaEventCreateWithFlags(&dp->to_compute, cudaEventDisableTiming), err);
-    CUDA_CHECK(cudaEventCreateWithFlags(&dp->sync, cudaEventDisableTiming), err);
-    if (allocDevice((void **)&dp->partial,
-                    (size_t)dp->n_ranges * NORM_BLOCKS * sizeof(double), "norm partials", err) ||
-        allocDevice((void **)&dp->scalars, (size_t)dp->world * 2 * sizeof(double),
-                    "the ranks' loss and norm", err) ||
-        allocDevice((void **)&dp->staging, m->max_numel * sizeof(float), "gather staging", err))
-        return -1;
-    return 0;
-}
-
-/* Waits for both streams (deadline-bound: a dead peer aborts the
- * communicator, which releases its kernels), then frees. */
-static void dpFree(NsaCudaModel *m) {
-    DpState *dp = &m->dp;
-    if (dp->comm && dp->have_stream && dp->sync) {
-        NsaError ignored;
-        if (m->have_stream && cudaEventRecord(dp->sync, m->stream) == cudaSuccess)
-            waitEvent(m, dp->sync, "free (compute stream)", &ignored);
-        if (cudaEventRecord(dp->sync, dp->stream) == cudaSuccess)
-            waitEvent(m, dp->sync, "free (communication stream)", &ignored);
-    }
-    for (int b = 0; b < m->lay.n_buckets; b++) {
-        if (dp->bucket_ready && dp->bucket_ready[b]) cudaEventDestroy(dp->bucket_ready[b]);
-        if (dp->weights_ready && dp->weights_ready[b]) cudaEventDestroy(dp->weights_ready[b]);
-        if (dp->t_begin && dp->t_begin[b]) cudaEventDestroy(dp->t_begin[b]);
-        if (dp->t_end && dp->t_end[b]) cudaEventDestroy(dp->t_end[b]);
-    }
-    if (dp->t_backward_end) cudaEventDestroy(dp->t_backward_end);
-    for (int k = 0; k < 2; k++)
-        for (int e = 0; e < 2; e++)
-            if (dp->t_gather[k][e]) cudaEventDestroy(dp->t_gather[k][e]);
-    free(dp->t_begin);
-    free(dp->t_end);
-    if (dp->to_comm) cudaEventDestroy(dp->to_comm);
-    if (dp->to_compute) cudaEventDestroy(dp->to_compute);
-    if (dp->sync) cudaEventDestroy(dp->sync);
-    if (dp->have_stream) cudaStreamDestroy(dp->stream);
-    cudaFree(dp->partial);
-    cudaFree(dp->scalars);
-    cudaFree(dp->staging);
-    free(dp->bucket_ready);
-    free(dp->weights_ready);
-    free(dp->range_offset);
-    free(dp->range_count);
-    nsaShardFree(&dp->shard);
-    memset(dp, 0, sizeof(*dp));
-}
-
 /* ---- create / free ------------------------------------------------------ */
-
-static void dpFree(NsaCudaModel *m);
 
 void nsaCudaModelFree(NsaCudaModel *m) {
     if (!m) return;
@@ -848,7 +511,8 @@ void nsaCudaModelFree(NsaCudaModel *m) {
     free(m);
 }
 
-static int allocDevice(void **p, size_t bytes, const char *what, NsaError *err) {
+/* cuda_engine_internal.h says what it does. */
+int engineAllocDevice(void **p, size_t bytes, const char *what, NsaError *err) {
     cudaError_t e = cudaMalloc(p, bytes ? bytes : 256);
     if (e != cudaSuccess) {
         *p = NULL;
@@ -938,13 +602,13 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
      * weight copy (the fused projection's GEMMs read the padding rows) */
     for (int a = 0; a < 4; a++) {
         const size_t bytes = arenaElements(m, (NsaArena)a) * sizeof(float);
-        if (allocDevice((void **)&m->arena[a], bytes, arena_names[a], err)) return -1;
+        if (engineAllocDevice((void **)&m->arena[a], bytes, arena_names[a], err)) return -1;
         CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
     }
     m->bytes_params = arena_bytes;
     if (m->mode.low) {
         const size_t low_bytes = m->lay.total * dtypeBytes(m->mode.op);
-        if (allocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
+        if (engineAllocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
         CUDA_CHECK(cudaMemsetAsync(m->weights_low, 0, low_bytes, m->stream), err);
         m->bytes_params += low_bytes;
     }
@@ -955,12 +619,12 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
     m->acts_floats =
         planActivations(c, m->mode, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
-    if (allocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
+    if (engineAllocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
         return -1;
     planActivations(c, m->mode, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
                     &m->final_rstd, &m->logits);
     m->scratch_floats = planScratch(c, m->mode, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
-    if (allocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
+    if (engineAllocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
                     "backward scratch", err))
         return -1;
     planScratch(c, m->mode, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
@@ -1018,7 +682,7 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     }
     for (int i = 0; i < m->lay.n_tensors; i++)
         if (m->lay.entries[i].info.numel > m->max_numel) m->max_numel = m->lay.entries[i].info.numel;
-    if (allocDevice((void **)&m->tensors, ((size_t)sh->n_pieces + 1) * sizeof(OptimTensor),
+    if (engineAllocDevice((void **)&m->tensors, ((size_t)sh->n_pieces + 1) * sizeof(OptimTensor),
                     "the tensor table", err)) {
         free(table);
         return -1;
@@ -1029,14 +693,14 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
     CUDA_CHECK(ce, err);
     if (dpCreate(m, err)) return -1;
 
-    if (allocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
-        allocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
+    if (engineAllocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
+        engineAllocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
         allocPinned((void **)&m->host_state, sizeof(OptimState), "step stats", err) ||
         allocPinned((void **)&m->host_eval_loss, sizeof(double), "the eval loss", err))
         return -1;
 
     m->ids_ints = planIds(N, m->max_chunks, c->vocab_size, NULL, NULL);
-    if (allocDevice((void **)&m->ids_device, m->ids_ints * sizeof(int32_t), "token ids", err))
+    if (engineAllocDevice((void **)&m->ids_device, m->ids_ints * sizeof(int32_t), "token ids", err))
         return -1;
     planIds(N, m->max_chunks, c->vocab_size, m->ids_device, &m->ids);
     for (int s = 0; s < STAGING_SLOTS; s++) {
@@ -1247,7 +911,7 @@ static int uploadBatch(NsaCudaModel *m, const int32_t *tokens, const int32_t *ta
                        NsaError *err) {
     const int slot = m->next_slot;
     m->next_slot = (slot + 1) % STAGING_SLOTS;
-    if (m->staged_used[slot] && waitEvent(m, m->staged[slot], "token staging", err)) return -1;
+    if (m->staged_used[slot] && engineWaitEvent(m, m->staged[slot], "token staging", err)) return -1;
     int32_t *host = m->staging[slot];
     BatchIds h;
     planIds((size_t)m->max_tokens, m->max_chunks, m->cfg.vocab_size, host, &h);
@@ -1699,11 +1363,11 @@ int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t
         DpState *dp = &m->dp;
         if (!dp->reduced) { /* a plain backward: reduce every bucket now */
             CUDA_CHECK(cudaEventRecord(dp->t_backward_end, m->stream), err);
-            TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
+            TRY(engineStreamHop(m->stream, dp->stream, dp->to_comm, err));
             for (int b = m->lay.n_buckets - 1; b >= 0; b--) TRY(dpReduceBucket(m, b, err));
             dp->reduced = 1;
         }
-        TRY(streamHop(dp->stream, m->stream, dp->to_compute, err));
+        TRY(engineStreamHop(dp->stream, m->stream, dp->to_compute, err));
         TRY(dpGlobalScalars(m, err));
     } else {
         TRY(gradNorm(m->state, m->sc.norm_partial, m->arena[NSA_ARENA_GRADS], m->lay.total,
@@ -1728,7 +1392,7 @@ int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err) {
     if (!m || !out) return cudaFail(err, "cuda: StepStats needs a model and an output");
     memset(out, 0, sizeof(*out));
     if (!m->step_recorded) return 0;   /* no step yet: zeros, like the CPU engine */
-    if (waitEvent(m, m->step_done, "the step", err)) return -1;
+    if (engineWaitEvent(m, m->step_done, "the step", err)) return -1;
     const OptimState *s = m->host_state;
     out->loss = s->loss;
     out->grad_norm = s->grad_norm;
@@ -1802,116 +1466,3 @@ const char *nsaCudaModelAttentionPath(const NsaCudaModel *m) {
 }
 
 int nsaCudaModelUsesFastAttention(const NsaCudaModel *m) { return m ? m->mode.fast : 0; }
-
-int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
-                             const char *what, NsaError *err) {
-    if (!m || !dst) return cudaFail(err, "cuda: GatherPieces needs a model and a destination");
-    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no pieces to gather", what);
-    if (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)
-        return cudaFail(err, "cuda: %s: only the moments are sharded", what);
-    const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
-    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
-                             nsaCudaModelNumTensors(m) - 1);
-    DpState *dp = &m->dp;
-    /* everything on the communication stream, after the compute stream's work */
-    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
-    const int p = dp->shard.tensor_piece[i];
-    if (p >= 0) {
-        const NsaShardPiece *pc = &dp->shard.pieces[p];
-        CUDA_CHECK(cudaMemcpyAsync(dp->staging + pc->begin, m->arena[arena] + pc->local,
-                                   pc->numel * sizeof(float), cudaMemcpyDeviceToDevice,
-                                   dp->stream), err);
-    }
-    for (int r = 0; r < dp->world; r++) {
-        size_t begin, end;
-        nsaShardTensorRange(&m->lay, i, r, &begin, &end);
-        if (end > begin)
-            TRY(nsaCommBroadcast(dp->comm, dp->staging + begin, (end - begin) * sizeof(float), r,
-                                 dp->stream, what, err));
-    }
-    /* the broadcasts first, by the deadline: the copy to pageable memory
-     * would block the host on them */
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    TRY(waitEvent(m, dp->sync, what, err));
-    CUDA_CHECK(cudaMemcpyAsync(dst, dp->staging, ti->numel * sizeof(float), cudaMemcpyDeviceToHost,
-                               dp->stream), err);
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    return waitEvent(m, dp->sync, what, err);
-}
-
-int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
-                              NsaError *err) {
-    if (!m || !buf) return cudaFail(err, "cuda: BroadcastHost needs a model and a buffer");
-    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no one to broadcast to", what);
-    DpState *dp = &m->dp;
-    if (bytes > m->max_numel * sizeof(float))
-        return cudaFail(err, "cuda: %s: %zu bytes; allowed: up to the largest tensor (%zu bytes)",
-                        what, bytes, m->max_numel * sizeof(float));
-    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    TRY(waitEvent(m, dp->sync, what, err)); /* before copies from/to pageable memory */
-    if (dp->rank == root)
-        CUDA_CHECK(cudaMemcpyAsync(dp->staging, buf, bytes, cudaMemcpyHostToDevice, dp->stream), err);
-    TRY(nsaCommBroadcast(dp->comm, dp->staging, bytes, root, dp->stream, what, err));
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    TRY(waitEvent(m, dp->sync, what, err));
-    CUDA_CHECK(cudaMemcpyAsync(buf, dp->staging, bytes, cudaMemcpyDeviceToHost, dp->stream), err);
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    return waitEvent(m, dp->sync, what, err);
-}
-
-int nsaCudaModelExchange(NsaCudaModel *m, void *buf, size_t bytes, NsaError *err) {
-    if (!m || !buf) return cudaFail(err, "cuda: Exchange needs a model and a buffer");
-    DpState *dp = &m->dp;
-    if (!dp->comm) return 0;
-    const size_t total = bytes * (size_t)dp->world;
-    if (total > m->max_numel * sizeof(float))
-        return cudaFail(err, "cuda: exchange of %zu bytes from %d ranks; allowed: up to %zu bytes in "
-                             "all", bytes, dp->world, m->max_numel * sizeof(float));
-    char *slot = (char *)dp->staging + (size_t)dp->rank * bytes;
-    TRY(streamHop(m->stream, dp->stream, dp->to_comm, err));
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    TRY(waitEvent(m, dp->sync, "exchange", err)); /* before copies from/to pageable memory */
-    CUDA_CHECK(cudaMemcpyAsync(slot, (char *)buf + (size_t)dp->rank * bytes, bytes,
-                               cudaMemcpyHostToDevice, dp->stream), err);
-    TRY(nsaCommAllGather(dp->comm, dp->staging, bytes, dp->stream, "exchange", err));
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    TRY(waitEvent(m, dp->sync, "exchange", err));
-    CUDA_CHECK(cudaMemcpyAsync(buf, dp->staging, total, cudaMemcpyDeviceToHost, dp->stream), err);
-    CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
-    return waitEvent(m, dp->sync, "exchange", err);
-}
-
-/* Milliseconds between two completed timing events (0 when either is not). */
-static double elapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
-    float ms = 0.0f;
-    if (cudaEventElapsedTime(&ms, a, b) != cudaSuccess) {
-        cudaGetLastError();
-        return 0.0;
-    }
-    return (double)ms * 1e-3;
-}
-
-int nsaCudaModelCommStats(NsaCudaModel *m, NsaCommStats *out, NsaError *err) {
-    if (!m || !out) return cudaFail(err, "cuda: CommStats needs a model and an output");
-    memset(out, 0, sizeof(*out));
-    DpState *dp = &m->dp;
-    if (!dp->comm || !m->step_recorded) return 0;
-    /* after StepStats every reduction is complete: the step waited for them */
-    for (int b = 0; b < m->lay.n_buckets; b++)
-        out->reduce_seconds += elapsedSeconds(dp->t_begin[b], dp->t_end[b]);
-    double exposed = elapsedSeconds(dp->t_backward_end, dp->t_end[NSA_BUCKET_EMBED]);
-    out->exposed_seconds = exposed > 0 ? exposed : 0;
-    if (out->exposed_seconds > out->reduce_seconds) out->exposed_seconds = out->reduce_seconds;
-    out->overlap = out->reduce_seconds > 0 ? 1.0 - out->exposed_seconds / out->reduce_seconds : 0;
-    /* the all-gather of the step before: complete, the forward waited for it */
-    const int before = dp->gather_turn; /* the turn not written by the last step */
-    if (dp->gather_recorded[before] && cudaEventQuery(dp->t_gather[before][1]) == cudaSuccess)
-        dp->last_gather_seconds = elapsedSeconds(dp->t_gather[before][0], dp->t_gather[before][1]);
-    else
-        cudaGetLastError();
-    out->gather_seconds = dp->last_gather_seconds;
-    out->bytes_sent = 2.0 * (double)m->lay.total * sizeof(float) * (double)(dp->world - 1) /
-                      (double)dp->world;
-    return 0;
-}
