@@ -164,8 +164,8 @@ struct NsaCudaModel {
 
 /* ---- cuda_engine.cu: allocation and waits -------------------------------- */
 
-/* cudaMalloc of bytes (at least 256) into *p; -1 with err naming what (and
- * *p NULL) when the device has no room. */
+/* cudaMalloc of bytes (256 when bytes is 0) into *p; -1 with err naming
+ * what (and *p NULL) when the device has no room. The caller frees. */
 int engineAllocDevice(void **p, size_t bytes, const char *what, NsaError *err);
 /* Waits on the host for ev: plainly for a model alone, with the transport's
  * deadline (an overrun aborts the communicator) for a data-parallel one.
