@@ -24,7 +24,7 @@
 #define NSAD_RANKS_H
 
 #include "../kernels/nsa.h"
-#include "trainer.h"
+#include "monitor.h"
 
 #define RANKS_MAX TRAIN_MAX_RANKS
 
