@@ -98,7 +98,7 @@ static const EnumName recompute_names[] = {
     {"off", NSA_RECOMPUTE_NONE},    {"on", NSA_RECOMPUTE_LAYER},
     {"layer", NSA_RECOMPUTE_LAYER}, {NULL, 0}};
 
-/* The phases a stall can be injected into (trainer.h's TrainPhase names). */
+/* The phases a stall can be injected into (monitor.h's TrainPhase names). */
 static const char *const stall_phases[] = {"data",       "forward", "backward", "allreduce",
                                            "optimizer", "checkpoint", "eval", NULL};
 

@@ -1,7 +1,7 @@
 /* trainer.h - one training job, start to finish: data, steps, evaluation,
  * checkpoints, artifacts, the NaN guard. `nsad train` runs it in the
  * foreground; `nsad serve` runs it on its trainer thread and watches it
- * through a TrainMonitor. Same code path for both.
+ * through a TrainMonitor (monitor.h). Same code path for both.
  *
  * Threads: trainerRun runs on the caller's thread (plus a data prefetch
  * thread it owns). Other threads talk to it only through the TrainMonitor
