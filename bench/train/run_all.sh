@@ -13,7 +13,8 @@
 #   TRAIN_MAX_BATCH  1 (default) also runs bench_train at the largest batch
 #                    that fits at each S
 #   TRAIN_DENSE      "cudnn flash" (default): the dense backends to run
-#   TRAIN_BREAKDOWN  "S:B ..." (default "2048:64"): shapes broken down per kernel
+#   TRAIN_BREAKDOWN  "S:B ..." (default: every shape of TRAIN_SHAPES): shapes broken
+#                    down per kernel
 #   TRAIN_STEPS      timed steps (default 10)
 #   TRAIN_RECOMPUTE  "S:B ..." (default "2048:64"): also timed with layer and
 #                    with selective activation recompute
@@ -28,7 +29,7 @@ mkdir -p "$out"
 bin=build/bench/bench_train
 shapes="${TRAIN_SHAPES:-2048:64 16384:8 65536:2}"
 dense="${TRAIN_DENSE-cudnn flash}"
-breakdown="${TRAIN_BREAKDOWN-2048:64}"
+breakdown="${TRAIN_BREAKDOWN-$shapes}"
 steps="${TRAIN_STEPS:-10}"
 results="$out/train.jsonl"
 : >"$results"
