@@ -196,6 +196,7 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     TAKE(s->cmp_m, float, R * H * dm->n_chunks);
     TAKE(s->cmp_l, float, R * H * dm->n_chunks);
     TAKE(s->cmp_o, float, R * H * dm->n_chunks * dv);
+    TAKE(s->sel_cand, int2, R * G * dm->sel_chunks * dm->cand_stride);
     TAKE(s->sel, int, R * G * dm->slots);
     TAKE(s->sw_m, float, R * H * units);
     TAKE(s->sw_l, float, R * H * units);
@@ -388,6 +389,7 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     dm->n_sel = cfg->n_sel;
     dm->slots = nsaNumSelSlots(cfg->n_sel);
     dm->window = cfg->window;
+    decSelectDims(dm);
     dm->sel_units = dm->slots * ((cfg->sel_len + DEC_UNIT - 1) / DEC_UNIT);
     dm->win_units = (window + DEC_UNIT - 1) / DEC_UNIT;
     dm->proj_stride = d->P;

@@ -14,9 +14,9 @@
  *             score_j = sum_i M_ij p_i (M_ij: the share of block i
  *             inside selection block j); blocks 0, t/l' and t/l' - 1, then
  *             the complete blocks with the highest scores (ties: lower j)
- *             up to n_sel: the K-th largest score is found by a radix
- *             select on its bits, a byte per pass (scores are >= 0, so
- *             their bits order like them)
+ *             up to n_sel. Scored in chunks of DEC_SEL_CHUNK blocks, a CTA
+ *             each, whose best blocks are the candidates a second kernel
+ *             ranks
  *   selwin    per DEC_UNIT keys (a part of a selected block, <= t, or of
  *             the window [max(0, t-w+1), t]) partial m, l, o for every head
  *             of the group: the group's keys are read once
@@ -378,61 +378,89 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const
 
 /* ---- selection -------------------------------------------------------------- */
 
+/* Two kernels. decSelScoreKernel: a CTA per row, group and chunk of
+ * DEC_SEL_CHUNK selection blocks scores its blocks from the compressed
+ * scores of the blocks that overlap them, ranks them among themselves and
+ * writes its best `want` as candidates (the best `want` of the row are among
+ * the chunks' best `want`). decSelectKernel: a CTA per row and group ranks
+ * the candidates, adds the forced blocks and writes the set ascending.
+ * Spreading the scores over many CTAs keeps the long-context selection off
+ * one CTA's chain of dependent loads; ranking a few candidates by counting
+ * needs no radix passes. Order: score descending, then j ascending (ties go
+ * to the lower block); scores are >= 0, so their bits order like them. */
+
 #define SEL_THREADS 256
-#define SEL_PER_THREAD (DEC_MAX_SEL_BLOCKS / SEL_THREADS)
-#define SEL_COLS 8             /* compressed blocks a thread scores at once */
-#define SEL_NO_BIN 0xffffffffu /* a key outside this radix pass */
-static_assert(SEL_THREADS == 256, "decSelectKernel's radix histogram has a bin per thread");
+static_assert(SEL_THREADS >= DEC_SEL_CHUNK, "decSelScoreKernel: a thread per block of its chunk");
 
-/* Sum of v over the block (every thread gets it). scratch: 2 x 32 ints,
- * alternated by the caller's round (parity), so one barrier per sum: a
- * thread that runs ahead into the next round writes the other half. */
-__device__ int blockSumInt(int v, int *scratch, int parity) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int *half = scratch + 32 * (parity & 1);
-    if (lane == 0) half[warp] = v;
-    __syncthreads();
-    int total = lane < warps ? half[lane] : 0;
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    return total;
+/* The selection facts of a row at position t. */
+typedef struct SelRow {
+    int Ns;           /* blocks up to the current one: t / l' + 1 */
+    int current;      /* the block t is in */
+    int n_complete;   /* blocks that end at or before t: candidates */
+    int want;         /* blocks chosen by score: n_sel minus the forced ones */
+} SelRow;
+
+__device__ __forceinline__ SelRow selRow(int t, int l_sel, int n_sel) {
+    SelRow r;
+    r.Ns = t / l_sel + 1;
+    r.current = t / l_sel;
+    r.n_complete = (t + 1) / l_sel;
+    r.want = n_sel - (1 + (r.current != 0) + (r.current >= 2));   /* 0, current, current-1 */
+    return r;
 }
 
-/* Exclusive prefix sum of flag (0/1) over the block in thread order; *total
- * gets the sum. scratch as blockSumInt's. */
-__device__ int blockPrefix(int flag, int *scratch, int parity, int *total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    const unsigned ballot = __ballot_sync(0xffffffffu, flag);
-    const int in_warp = __popc(ballot & ((1u << lane) - 1u));
-    int *half = scratch + 32 * (parity & 1);
-    if (lane == 0) half[warp] = __popc(ballot);
-    __syncthreads();
-    int before = 0, all = 0;
-    for (int w = 0; w < warps; w++) {
-        if (w < warp) before += half[w];
-        all += half[w];
-    }
-    *total = all;
-    return before + in_warp;
+__device__ __forceinline__ int selForced(int j, int current) {
+    return j == 0 || j == current || j == current - 1;
 }
 
-__global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
+/* Candidates among blocks [lo, end): complete and not forced. */
+__device__ __forceinline__ int selCandidatesIn(int lo, int end, const SelRow &r) {
+    const int e = end < r.n_complete ? end : r.n_complete;
+    if (e <= lo) return 0;
+    int n = e - lo;
+    n -= lo == 0;   /* block 0 */
+    if (r.current != 0 && r.current >= lo && r.current < e) n--;
+    if (r.current >= 2 && r.current - 1 >= lo && r.current - 1 < e) n--;
+    return n;
+}
+
+/* Compressed blocks [*first, *last] overlapping the tokens of selection
+ * blocks j_lo .. j_hi, clamped to the n_vis visible ones (*last < *first
+ * when none is). Block i covers tokens [i d, i d + l). */
+__device__ __forceinline__ void cmpSpan(int j_lo, int j_hi, int l, int d, int l_sel, int n_vis,
+                                        int *first, int *last) {
+    const int lo_tok = j_lo * l_sel, hi_tok = (j_hi + 1) * l_sel;
+    *first = lo_tok - l < 0 ? 0 : (lo_tok - l) / d + 1;
+    const int hi = (hi_tok - 1) / d;
+    *last = hi < n_vis - 1 ? hi : n_vis - 1;
+}
+
+/* Compressed blocks the widest chunk's span can hold (host and device). */
+__host__ __device__ static inline int selSpanMax(int l, int d, int l_sel) {
+    return (DEC_SEL_CHUNK * l_sel + l) / d + 2;
+}
+
+__global__ void __launch_bounds__(SEL_THREADS) decSelScoreKernel(DecDims dm, DecScratch s) {
     decWaitPrior();
-    extern __shared__ float P[];   /* [Nc]: p_i summed over the group's heads */
+    extern __shared__ float P[];   /* [span]: p_i summed over the group's heads */
     __shared__ float lse[DEC_MAX_HEADS_PER_GROUP];
-    __shared__ float score[DEC_MAX_SEL_BLOCKS];
-    __shared__ int scratch[64];
-    __shared__ int hist[256];        /* radix select: one bin per thread */
-    __shared__ int radix_pick[2];    /* the pass's byte and the count left */
-    const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
+    __shared__ unsigned key[DEC_SEL_CHUNK];
+    __shared__ int candidate[DEC_SEL_CHUNK];
+    const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G, chunk = blockIdx.y;
     const int t = s.row_pos[b];
+    const SelRow row = selRow(t, dm.l_sel, dm.n_sel);
+    const int j0 = chunk * DEC_SEL_CHUNK;
+    /* uniform over the CTA: past the row's blocks, or nothing to choose */
+    if (j0 >= row.Ns || row.want <= 0) {
+        decLetNextLaunch();
+        return;
+    }
+    const int jn = min(DEC_SEL_CHUNK, row.Ns - j0);
     const int H = dm.H, hpg = H / dm.G, l = dm.l, d = dm.d, ls = dm.l_sel;
-    const int n_vis = visibleBlocks(t, l, d);
+    const int n_vis = visibleBlocks(t, l, d), nc = visibleChunks(n_vis);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-    int round = 0;
 
     /* 1. each head's log-sum-exp over the compressed partials */
-    const int nc = visibleChunks(n_vis);
     for (int hh = warp; hh < hpg; hh += warps) {
         const size_t p0 = ((size_t)b * H + g * hpg + hh) * dm.n_chunks;
         float M = -INFINITY;
@@ -446,154 +474,133 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     }
     __syncthreads();
 
-    /* 2. p_i summed over the group's heads (in head order), into shared
-     * memory. A thread takes SEL_COLS columns at once and issues their loads
-     * (two heads' worth) before it uses any: the scores come from L2, and
-     * one round trip per column and head would make this step the
-     * selection's longest at long context. */
+    /* 2. p_i = sum_h exp(s_hi - lse_h) (head order) over the chunk's span;
+     * a thread issues every head's load of its column before using any */
+    int i_first, i_last;
+    cmpSpan(j0, j0 + jn - 1, l, d, ls, n_vis, &i_first, &i_last);
     const float *sc = s.cmp_scores + ((size_t)b * H + g * hpg) * dm.Nc;
-    for (int i0 = 0; i0 < n_vis; i0 += SEL_COLS * SEL_THREADS) {
-        float acc[SEL_COLS];
+    for (int i = i_first + threadIdx.x; i <= i_last; i += SEL_THREADS) {
+        float v[DEC_MAX_HEADS_PER_GROUP];
 #pragma unroll
-        for (int r = 0; r < SEL_COLS; r++) acc[r] = 0.0f;
-#pragma unroll 2
-        for (int hh = 0; hh < hpg; hh++) {
-            const float *row = sc + (size_t)hh * dm.Nc;
-            float v[SEL_COLS];
-#pragma unroll
-            for (int r = 0; r < SEL_COLS; r++) {
-                const int i = i0 + r * SEL_THREADS + threadIdx.x;
-                v[r] = i < n_vis ? row[i] : 0.0f;
-            }
-#pragma unroll
-            for (int r = 0; r < SEL_COLS; r++) acc[r] += __expf(v[r] - lse[hh]);
-        }
-#pragma unroll
-        for (int r = 0; r < SEL_COLS; r++) {
-            const int i = i0 + r * SEL_THREADS + threadIdx.x;
-            if (i < n_vis) P[i] = acc[r];
-        }
-    }
-    __syncthreads();
-
-    /* 3. selection-block scores, blocks up to the current one:
-     * score_j = sum_i (share of compressed block i inside block j) p_i */
-    const int Ns = t / ls + 1, current = t / ls, n_complete = (t + 1) / ls;
-    for (int j = threadIdx.x; j < Ns; j += blockDim.x) {
-        const int lo_tok = j * ls, hi_tok = (j + 1) * ls;
-        const int i_lo = lo_tok - l < 0 ? 0 : (lo_tok - l) / d + 1;
-        int i_hi = (hi_tok - 1) / d;
-        if (i_hi > n_vis - 1) i_hi = n_vis - 1;
+        for (int hh = 0; hh < DEC_MAX_HEADS_PER_GROUP; hh++)
+            v[hh] = hh < hpg ? sc[(size_t)hh * dm.Nc + i] : 0.0f;
         float acc = 0.0f;
-        for (int i = i_lo; i <= i_hi; i++) {
-            const int first = i * d, end = i * d + l;
-            const int lo = first > lo_tok ? first : lo_tok, hi = end < hi_tok ? end : hi_tok;
-            acc += (float)(hi - lo) / (float)l * P[i];
-        }
-        score[j] = acc;
+#pragma unroll
+        for (int hh = 0; hh < DEC_MAX_HEADS_PER_GROUP; hh++)
+            if (hh < hpg) acc += __expf(v[hh] - lse[hh]);
+        P[i - i_first] = acc;
     }
     __syncthreads();
 
-    /* 4. forced blocks, then the K best complete ones (score desc, j asc) */
-    int n_forced = 1 + (current != 0) + (current >= 2);   /* 0, current, current-1 distinct */
-    int want = dm.n_sel - n_forced;
-    unsigned key[SEL_PER_THREAD];
-    int valid[SEL_PER_THREAD], chosen[SEL_PER_THREAD];
-    int n_cand = 0;
-#pragma unroll
-    for (int r = 0; r < SEL_PER_THREAD; r++) {   /* every slot set: later loops read them */
-        const int j = r * SEL_THREADS + threadIdx.x;
-        const int forced = j == 0 || j == current || j == current - 1;
-        valid[r] = j < n_complete && !forced;
-        key[r] = valid[r] ? __float_as_uint(score[j]) : 0u;
-        chosen[r] = forced && j < Ns;
-        n_cand += valid[r];
-    }
-    n_cand = blockSumInt(n_cand, scratch, round++);
-    if (want > 0 && n_cand <= want) {
-#pragma unroll
-        for (int r = 0; r < SEL_PER_THREAD; r++) chosen[r] |= valid[r];
-    } else if (want > 0) {
-        /* tau = the want-th largest key, 8 bits at a time from the top (radix
-         * select): per pass a histogram of the next byte over the keys that
-         * match the bytes found so far, then the byte where the count from
-         * the top reaches want_left. need_eq: the keys equal to tau to take. */
-        unsigned tau = 0, known = 0;
-        int want_left = want;
-        for (int shift = 24; shift >= 0; shift -= 8) {
-            hist[threadIdx.x] = 0;
-            __syncthreads();
-            /* the scores share their top bytes, so most keys land in one
-             * bin: one atomic per warp and bin (the lanes that match it
-             * counted together), not one per key */
-#pragma unroll
-            for (int r = 0; r < SEL_PER_THREAD; r++) {
-                if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing valid past Ns */
-                const unsigned bin = valid[r] && (key[r] & known) == tau
-                                         ? (key[r] >> shift) & 255u : SEL_NO_BIN;
-                const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                if (bin != SEL_NO_BIN && __ffs(peers) - 1 == lane)
-                    atomicAdd(&hist[bin], __popc(peers));
+    /* 3. score_j = sum_i (share of compressed block i inside block j) p_i */
+    if (threadIdx.x < DEC_SEL_CHUNK) {
+        const int j = j0 + threadIdx.x;
+        unsigned k = 0u;
+        int cand = 0;
+        if (threadIdx.x < jn) {
+            int lo, hi;
+            cmpSpan(j, j, l, d, ls, n_vis, &lo, &hi);
+            float acc = 0.0f;
+            for (int i = lo; i <= hi; i++) {
+                const int first = i * d, end = i * d + l;
+                const int a = first > j * ls ? first : j * ls;
+                const int e = end < (j + 1) * ls ? end : (j + 1) * ls;
+                acc += (float)(e - a) / (float)l * P[i - i_first];
             }
-            __syncthreads();
-            if (warp == 0) {
-                /* lane owns bins 8 lane .. 8 lane + 7; above = keys in higher lanes' bins */
-                int local = 0;
-#pragma unroll
-                for (int i = 0; i < 8; i++) local += hist[lane * 8 + i];
-                int suffix = local;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int v = __shfl_down_sync(0xffffffffu, suffix, o);
-                    if (lane + o < 32) suffix += v;
-                }
-                int above = suffix - local;
-                for (int i = 7; i >= 0; i--) {
-                    const int c = hist[lane * 8 + i];
-                    if (above < want_left && above + c >= want_left) {
-                        radix_pick[0] = lane * 8 + i;
-                        radix_pick[1] = want_left - above;
-                    }
-                    above += c;
-                }
-            }
-            __syncthreads();
-            tau |= (unsigned)radix_pick[0] << shift;
-            known |= 255u << shift;
-            want_left = radix_pick[1];
+            k = __float_as_uint(acc);
+            cand = j < row.n_complete && !selForced(j, row.current);
         }
-        const int need_eq = want_left;
-        /* ties at tau: the lowest j first; j = r * SEL_THREADS + thread is in
-         * thread order within each r, and r ascends */
-        int eq_before = 0;
-#pragma unroll
-        for (int r = 0; r < SEL_PER_THREAD; r++) {
-            if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing valid past Ns */
-            const int eq = valid[r] && key[r] == tau;
-            int total;
-            const int rank = eq_before + blockPrefix(eq, scratch, round++, &total);
-            chosen[r] |= (valid[r] && key[r] > tau) || (eq && rank < need_eq);
-            eq_before += total;
-        }
+        key[threadIdx.x] = k;
+        candidate[threadIdx.x] = cand;
     }
-    /* 5. write the chosen blocks ascending, -1 padded */
-    int *out = s.sel + ((size_t)b * dm.G + g) * dm.slots;
-    int written = 0;
-#pragma unroll
-    for (int r = 0; r < SEL_PER_THREAD; r++) {
-        if (r * SEL_THREADS >= Ns) break;   /* uniform: nothing chosen past Ns */
-        int total;
-        const int at = written + blockPrefix(chosen[r], scratch, round++, &total);
-        if (chosen[r] && at < dm.slots) out[at] = r * SEL_THREADS + threadIdx.x;
-        written += total;
+    __syncthreads();
+
+    /* 4. rank among the chunk's candidates; the best `want` go out at their rank */
+    if (threadIdx.x < jn && candidate[threadIdx.x]) {
+        const unsigned k = key[threadIdx.x];
+        int rank = 0;
+        for (int o = 0; o < jn; o++)
+            rank += candidate[o] && (key[o] > k || (key[o] == k && o < (int)threadIdx.x));
+        if (rank < row.want)
+            s.sel_cand[(((size_t)b * dm.G + g) * dm.sel_chunks + chunk) * dm.cand_stride + rank] =
+                make_int2((int)k, j0 + (int)threadIdx.x);
     }
-    for (int k = written + threadIdx.x; k < dm.slots; k += blockDim.x) out[k] = -1;
     decLetNextLaunch();
 }
 
+__global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
+    decWaitPrior();
+    extern __shared__ int2 cand[];   /* [sel_chunks * cand_stride], then chosen [slots] */
+    __shared__ int n_chosen;
+    const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
+    const SelRow row = selRow(s.row_pos[b], dm.l_sel, dm.n_sel);
+    const int chunks = (row.Ns + DEC_SEL_CHUNK - 1) / DEC_SEL_CHUNK;
+    const int per = row.want <= 0 ? 0 : row.want < dm.cand_stride ? row.want : dm.cand_stride;
+    const int n_cand = chunks * per;
+    int *chosen = (int *)(cand + (size_t)dm.sel_chunks * dm.cand_stride);
+    const int2 *src = s.sel_cand + ((size_t)b * dm.G + g) * dm.sel_chunks * dm.cand_stride;
+    for (int idx = threadIdx.x; idx < n_cand; idx += SEL_THREADS) {
+        const int c = idx / per, k = idx % per;
+        const int end = (c + 1) * DEC_SEL_CHUNK < row.Ns ? (c + 1) * DEC_SEL_CHUNK : row.Ns;
+        /* a chunk wrote min(want, its candidates) entries */
+        cand[idx] = k < selCandidatesIn(c * DEC_SEL_CHUNK, end, row)
+                        ? src[(size_t)c * dm.cand_stride + k] : make_int2(0, -1);
+    }
+    if (threadIdx.x == 0) {
+        int n = 0;
+        chosen[n++] = 0;
+        if (row.current != 0) chosen[n++] = row.current;
+        if (row.current >= 2) chosen[n++] = row.current - 1;
+        n_chosen = n;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n_cand; idx += SEL_THREADS) {
+        const int2 me = cand[idx];
+        if (me.y < 0) continue;
+        int rank = 0;
+        for (int o = 0; o < n_cand; o++) {
+            const int2 c = cand[o];
+            rank += c.y >= 0 && ((unsigned)c.x > (unsigned)me.x ||
+                                 ((unsigned)c.x == (unsigned)me.x && c.y < me.y));
+        }
+        if (rank < row.want) chosen[atomicAdd(&n_chosen, 1)] = me.y;
+    }
+    __syncthreads();
+    /* the set ascending (each block's place = the chosen below it), -1 padded */
+    const int n = n_chosen;
+    int *out = s.sel + ((size_t)b * dm.G + g) * dm.slots;
+    for (int k = threadIdx.x; k < dm.slots; k += SEL_THREADS) {
+        if (k >= n) {
+            out[k] = -1;
+            continue;
+        }
+        const int j = chosen[k];
+        int at = 0;
+        for (int o = 0; o < n; o++) at += chosen[o] < j;
+        out[at] = j;
+    }
+    decLetNextLaunch();
+}
+
+void decSelectDims(DecDims *dm) {
+    dm->sel_chunks = (nsaNumSelBlocks(dm->T, dm->l_sel) + DEC_SEL_CHUNK - 1) / DEC_SEL_CHUNK;
+    if (dm->sel_chunks < 1) dm->sel_chunks = 1;
+    dm->cand_stride = dm->slots < DEC_SEL_CHUNK ? dm->slots : DEC_SEL_CHUNK;
+}
+
+static size_t selScoreSmem(const DecDims *dm) {
+    return (size_t)selSpanMax(dm->l, dm->d, dm->l_sel) * sizeof(float);
+}
+
+static size_t selectSmem(const DecDims *dm) {
+    return (size_t)dm->sel_chunks * dm->cand_stride * sizeof(int2) + (size_t)dm->slots * sizeof(int);
+}
+
 int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err) {
+    DEC_LAUNCH("decSelScoreKernel", ln, err, decSelScoreKernel, dim3(dm->B * dm->G, dm->sel_chunks),
+               dim3(SEL_THREADS), selScoreSmem(dm), *dm, *s);
     DEC_LAUNCH("decSelectKernel", ln, err, decSelectKernel, dim3(dm->B * dm->G), dim3(SEL_THREADS),
-               (size_t)dm->Nc * sizeof(float), *dm, *s);
+               selectSmem(dm), *dm, *s);
     return 0;
 }
 
@@ -725,17 +732,26 @@ int decAttnPrepare(const DecDims *dm, NsaError *err) {
     int dev = 0, optin = 0;
     CUDA_CHECK(cudaGetDevice(&dev), err);
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err);
-    cudaFuncAttributes sel_attr;
-    CUDA_CHECK(cudaFuncGetAttributes(&sel_attr, decSelectKernel), err);
-    const size_t sel = (size_t)dm->Nc * sizeof(float);
-    if (sel + sel_attr.sharedSizeBytes > (size_t)optin)
-        return cudaFail(err, "nsa decoder (cuda): max_context makes %d compressed blocks, whose "
-                             "selection sums need %zu bytes of shared memory; allowed: at most "
-                             "%zu on this GPU (a shorter max_context)",
-                        dm->Nc, sel, (size_t)optin - sel_attr.sharedSizeBytes);
-    if (sel > 48 * 1024 - sel_attr.sharedSizeBytes)
-        CUDA_CHECK(cudaFuncSetAttribute(decSelectKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)sel), err);
+    const struct {
+        const void *fn;
+        const char *name;
+        size_t bytes;
+    } sel[2] = {{(const void *)decSelScoreKernel, "scores (a chunk's compressed blocks)",
+                 selScoreSmem(dm)},
+                {(const void *)decSelectKernel, "top-n (the chunks' candidates)", selectSmem(dm)}};
+    for (int k = 0; k < 2; k++) {
+        cudaFuncAttributes fa;
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, sel[k].fn), err);
+        if (sel[k].bytes + fa.sharedSizeBytes > (size_t)optin)
+            return cudaFail(err, "nsa decoder (cuda): the selection's %s needs %zu bytes of "
+                                 "shared memory; allowed: at most %zu on this GPU (sel_len %d, "
+                                 "cmp_stride %d, n_sel %d, max_context %d)",
+                            sel[k].name, sel[k].bytes, (size_t)optin - fa.sharedSizeBytes,
+                            dm->l_sel, dm->d, dm->n_sel, dm->T);
+        if (sel[k].bytes > 48 * 1024 - fa.sharedSizeBytes)
+            CUDA_CHECK(cudaFuncSetAttribute(sel[k].fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            (int)sel[k].bytes), err);
+    }
     const size_t tile = tileSmemBytes(dm);
     const size_t comb = ((size_t)dm->n_chunks + dm->sel_units + dm->win_units) * sizeof(float);
     if (tile > 48 * 1024) {

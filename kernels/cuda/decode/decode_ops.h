@@ -38,6 +38,7 @@ typedef __nv_bfloat16 bf16;
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_MAX_SEL_BLOCKS 4096
 #define DEC_CMP_CHUNK 64      /* compressed blocks per CTA of decCmp */
+#define DEC_SEL_CHUNK 64      /* selection blocks per CTA of the selection's scores */
 #define DEC_UNIT 64           /* keys per CTA of decSelWin; key tile of decCmp */
 #define DEC_MLP_POOL_MAX 8192 /* l * max(dk, dv) for phi = mlp (shared memory) */
 
@@ -133,6 +134,8 @@ typedef struct DecDims {
     int Nc;           /* pooled rows per slot: nsaNumCmpBlocks(T) (>= 1) */
     int n_chunks;     /* ceil(Nc / DEC_CMP_CHUNK) */
     int l, d, l_sel, n_sel, slots, window;
+    int sel_chunks;   /* ceil(selection blocks of T / DEC_SEL_CHUNK) (decSelectDims) */
+    int cand_stride;  /* min(slots, DEC_SEL_CHUNK): candidates a chunk keeps (decSelectDims) */
     int sel_units;    /* slots * ceil(l_sel / DEC_UNIT) */
     int win_units;    /* ceil(min(w, T) / DEC_UNIT) */
     int proj_stride;  /* P: projection row length */
@@ -155,6 +158,7 @@ typedef struct DecScratch {
     float *cmp_scores;     /* [B][H][Nc] scale q.kc_i */
     float *cmp_m, *cmp_l;  /* [B][H][n_chunks] */
     float *cmp_o;          /* [B][H][n_chunks][dv] */
+    int2 *sel_cand;        /* [B][G][sel_chunks][cand_stride]: a chunk's best (score bits, j) */
     int *sel;              /* [B][G][slots] */
     float *sw_m, *sw_l;    /* [B][H][sel_units + win_units] */
     float *sw_o;           /* [B][H][units][dv] */
@@ -180,10 +184,14 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cons
  * scores for the selection. Grid (B*G, n_chunks). */
 int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
            NsaError *err);
-/* Each head's log-sum-exp from the compressed partials, then the selection
- * blocks' scores and the forced and top blocks (sel).
- * Grid (B*G). */
+/* The selection (two kernels): each head's log-sum-exp from the compressed
+ * partials, the selection blocks' scores, every chunk's best candidates
+ * (grid (B*G, sel_chunks)), then the forced and top blocks (sel; grid
+ * (B*G)). */
 int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
+/* Sets dm->sel_chunks and dm->cand_stride from dm->T, l_sel and slots;
+ * cannot fail. */
+void decSelectDims(DecDims *dm);
 /* Selected and window attention partials, DEC_UNIT keys per CTA, every
  * head of the group at once. Grid (B*G, sel_units + win_units). */
 int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
@@ -191,9 +199,10 @@ int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, co
 /* Merges each branch's partials (compressed chunks, selected and window
  * units) and combines the branches with the gates into y. Grid (B, H). */
 int decCombine(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
-/* Lets decCmp and decSelWin use the shared memory dm's head sizes need
- * (above 48 KB only for large heads); -1 with err when decCombine's
- * would not fit. Once per decoder, before any pass. */
+/* Lets decCmp, decSelWin and the selection use the shared memory dm's
+ * sizes need (above 48 KB only for large heads, long selection blocks or
+ * many of them); -1 with err when the selection's or decCombine's would not
+ * fit. Once per decoder, before any pass. */
 int decAttnPrepare(const DecDims *dm, NsaError *err);
 
 /* ---- decode_prompt.cu ----
