@@ -385,9 +385,10 @@ int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const
  * the chunks' best `want`). decSelectKernel: a CTA per row and group ranks
  * the candidates, adds the forced blocks and writes the set ascending.
  * Spreading the scores over many CTAs keeps the long-context selection off
- * one CTA's chain of dependent loads; ranking a few candidates by counting
- * needs no radix passes. Order: score descending, then j ascending (ties go
- * to the lower block); scores are >= 0, so their bits order like them. */
+ * one CTA's chain of dependent loads; ranking a few candidates by binary
+ * searches in the chunks' ordered lists needs no radix passes. Order: score
+ * descending, then j ascending (ties go to the lower block); scores are
+ * >= 0, so their bits order like them. */
 
 #define SEL_THREADS 256
 static_assert(SEL_THREADS >= DEC_SEL_CHUNK, "decSelScoreKernel: a thread per block of its chunk");
@@ -433,6 +434,11 @@ __device__ __forceinline__ void cmpSpan(int j_lo, int j_hi, int l, int d, int l_
     *first = lo_tok - l < 0 ? 0 : (lo_tok - l) / d + 1;
     const int hi = (hi_tok - 1) / d;
     *last = hi < n_vis - 1 ? hi : n_vis - 1;
+}
+
+/* Whether candidate a comes before b: score descending, then block ascending. */
+__device__ __forceinline__ bool selBefore(int2 a, int2 b) {
+    return (unsigned)a.x > (unsigned)b.x || ((unsigned)a.x == (unsigned)b.x && a.y < b.y);
 }
 
 /* Compressed blocks the widest chunk's span can hold (host and device). */
@@ -520,7 +526,8 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelScoreKernel(DecDims dm, Dec
         const unsigned k = key[threadIdx.x];
         int rank = 0;
         for (int o = 0; o < jn; o++)
-            rank += candidate[o] && (key[o] > k || (key[o] == k && o < (int)threadIdx.x));
+            rank += candidate[o] && selBefore(make_int2((int)key[o], j0 + o),
+                                              make_int2((int)k, j0 + (int)threadIdx.x));
         if (rank < row.want)
             s.sel_cand[(((size_t)b * dm.G + g) * dm.sel_chunks + chunk) * dm.cand_stride + rank] =
                 make_int2((int)k, j0 + (int)threadIdx.x);
@@ -528,9 +535,14 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelScoreKernel(DecDims dm, Dec
     decLetNextLaunch();
 }
 
+/* A chunk's candidates are in that order (each went out at its rank in the
+ * chunk), so a candidate's rank in the row is its rank in its chunk plus, in
+ * every other chunk, the length of the prefix that comes before it: a binary
+ * search a chunk, not a comparison with every candidate. */
 __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecScratch s) {
     decWaitPrior();
     extern __shared__ int2 cand[];   /* [sel_chunks * cand_stride], then chosen [slots] */
+    __shared__ int count[DEC_MAX_SEL_BLOCKS / DEC_SEL_CHUNK];   /* candidates a chunk wrote */
     __shared__ int n_chosen;
     const int b = blockIdx.x / dm.G, g = blockIdx.x % dm.G;
     const SelRow row = selRow(s.row_pos[b], dm.l_sel, dm.n_sel);
@@ -539,10 +551,15 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     const int n_cand = chunks * per;
     int *chosen = (int *)(cand + (size_t)dm.sel_chunks * dm.cand_stride);
     const int2 *src = s.sel_cand + ((size_t)b * dm.G + g) * dm.sel_chunks * dm.cand_stride;
+    /* a chunk wrote min(want, its candidates) entries */
+    for (int c = threadIdx.x; c < chunks; c += SEL_THREADS) {
+        const int end = (c + 1) * DEC_SEL_CHUNK < row.Ns ? (c + 1) * DEC_SEL_CHUNK : row.Ns;
+        const int n = selCandidatesIn(c * DEC_SEL_CHUNK, end, row);
+        count[c] = n < per ? n : per;
+    }
     for (int idx = threadIdx.x; idx < n_cand; idx += SEL_THREADS) {
         const int c = idx / per, k = idx % per;
         const int end = (c + 1) * DEC_SEL_CHUNK < row.Ns ? (c + 1) * DEC_SEL_CHUNK : row.Ns;
-        /* a chunk wrote min(want, its candidates) entries */
         cand[idx] = k < selCandidatesIn(c * DEC_SEL_CHUNK, end, row)
                         ? src[(size_t)c * dm.cand_stride + k] : make_int2(0, -1);
     }
@@ -555,13 +572,20 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
     }
     __syncthreads();
     for (int idx = threadIdx.x; idx < n_cand; idx += SEL_THREADS) {
+        const int me_chunk = idx / per, me_rank = idx % per;
+        if (me_rank >= count[me_chunk]) continue;
         const int2 me = cand[idx];
-        if (me.y < 0) continue;
-        int rank = 0;
-        for (int o = 0; o < n_cand; o++) {
-            const int2 c = cand[o];
-            rank += c.y >= 0 && ((unsigned)c.x > (unsigned)me.x ||
-                                 ((unsigned)c.x == (unsigned)me.x && c.y < me.y));
+        int rank = me_rank;
+        for (int c = 0; c < chunks && rank < row.want; c++) {
+            if (c == me_chunk) continue;
+            const int2 *list = cand + (size_t)c * per;
+            int lo = 0, hi = count[c];
+            while (lo < hi) {
+                const int mid = (lo + hi) >> 1;
+                if (selBefore(list[mid], me)) lo = mid + 1;
+                else hi = mid;
+            }
+            rank += lo;
         }
         if (rank < row.want) chosen[atomicAdd(&n_chosen, 1)] = me.y;
     }
