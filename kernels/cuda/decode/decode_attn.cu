@@ -446,6 +446,9 @@ __host__ __device__ static inline int selSpanMax(int l, int d, int l_sel) {
     return (DEC_SEL_CHUNK * l_sel + l) / d + 2;
 }
 
+/* lse_h = log sum_chunks l_c exp(m_c); p_i = sum_h exp(s_hi - lse_h) over
+ * the chunk's span; score_j = sum_i M_ij p_i; candidates = the chunk's
+ * blocks ranked below want, written at their rank. */
 __global__ void __launch_bounds__(SEL_THREADS) decSelScoreKernel(DecDims dm, DecScratch s) {
     decWaitPrior();
     extern __shared__ float P[];   /* [span]: p_i summed over the group's heads */
