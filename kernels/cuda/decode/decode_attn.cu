@@ -560,11 +560,11 @@ __global__ void __launch_bounds__(SEL_THREADS) decSelectKernel(DecDims dm, DecSc
         const int n = selCandidatesIn(c * DEC_SEL_CHUNK, end, row);
         count[c] = n < per ? n : per;
     }
+    __syncthreads();
+    /* slots at or past a chunk's count are never read */
     for (int idx = threadIdx.x; idx < n_cand; idx += SEL_THREADS) {
         const int c = idx / per, k = idx % per;
-        const int end = (c + 1) * DEC_SEL_CHUNK < row.Ns ? (c + 1) * DEC_SEL_CHUNK : row.Ns;
-        cand[idx] = k < selCandidatesIn(c * DEC_SEL_CHUNK, end, row)
-                        ? src[(size_t)c * dm.cand_stride + k] : make_int2(0, -1);
+        if (k < count[c]) cand[idx] = src[(size_t)c * dm.cand_stride + k];
     }
     if (threadIdx.x == 0) {
         int n = 0;
