@@ -21,6 +21,7 @@
 #include "fast_host.h"
 #include "tile_common.cuh"
 
+#include <cuda_fp16.h>
 #include <limits.h>
 
 #define SEL_P_LD 68 /* fp32 P tile row stride (64 + 4 against bank conflicts) */
@@ -45,6 +46,18 @@
 static __host__ __device__ int selRowsPerToken(int hpg) { return hpg > 8 ? 16 : hpg > 4 ? 8 : hpg; }
 static __host__ __device__ bool selHeadsInWarp(int hpg) { return hpg > 4; }
 
+/* The fold on tensor cores (heads in a warp, periodic tiles): the overlap
+ * shares of a tile's 64 compressed blocks in its first 32 selection blocks,
+ * M^T[32][64] in fp16, rows of 128 bytes with their 16-byte chunks rotated
+ * by the row (chunk ^ row % 8), so that the eight rows of an ldmatrix phase
+ * fall in distinct banks. It shares the space of the head-summed P, which
+ * only the other folds use. */
+#define SEL_FOLD_ROWS 32
+static __host__ __device__ int selPtFloats(int tpc, bool heads_in_warp) {
+    const int pt = tpc * SEL_PT_LD, fold = SEL_FOLD_ROWS * 64 / 2;
+    return heads_in_warp && fold > pt ? fold : pt;
+}
+
 /* Per token of a CTA: its selection constants and its running top-K. */
 struct SelTokenState {
     int cur, n_forced, n_complete, K; /* see SelToken */
@@ -60,7 +73,7 @@ static int selectSmem(const FastCtx &c, int dk, int warps, bool wg) {
     const int rows = 16 * warps, tpc = rows / selRowsPerToken(c.hpg);
     const int p_rows = selHeadsInWarp(c.hpg) ? 0 : rows;
     return (rows + SEL_STAGES * 64) * (dk + (wg ? 0 : 8)) * 2 + (wg ? 2 * SEL_STAGES * 8 : 0) +
-           p_rows * SEL_P_LD * 4 + tpc * SEL_PT_LD * 4 +
+           p_rows * SEL_P_LD * 4 + selPtFloats(tpc, selHeadsInWarp(c.hpg)) * 4 +
            tpc * FAST_SCORE_RING * 4 + tpc * FAST_MAX_SLOTS * 8 +
            tpc * (int)sizeof(SelTokenState) + (wg ? 1024 : 0);
 }
@@ -102,38 +115,45 @@ __device__ __forceinline__ bool selBetter(float s1, int j1, float s2, int j2) {
 
 /* Merges one candidate per lane (valid or not) into a token's top-K kept in
  * topS/topJ[0..K) (K <= 31) sorted best first, warp-wide, given the worst
- * kept key (ws, wj) = entry K - 1, which it updates. Each candidate that
- * beats the worst is inserted at its rank (the kept keys better than it
- * form a prefix: one ballot counts them) and the entries behind it move
- * down one lane, dropping the old worst - a shift instead of a search for
- * the new worst. The kept set is the K best keys seen, whatever the order
- * of the offers; after the first few tiles a candidate rarely gets in, so
- * the common case is one compare and one ballot. Empty slots hold -inf with
- * ascending sentinel blocks, which is sorted. */
+ * kept key (ws, wj) = entry K - 1, which it updates. The candidates that
+ * beat the worst are placed all at once: a candidate's rank in the merged
+ * list is the kept keys better than it (K less those it beats: one ballot)
+ * plus the other such candidates better than it, and a kept key moves down
+ * by the candidates better than it. One pass over those candidates, whose
+ * comparisons do not wait on each other - placed one at a time, each
+ * insertion waited on the last one's shuffles. Keys ranked K or worse drop
+ * out, so the kept set is the K best keys seen, whatever the order of the
+ * offers; after the first few tiles a candidate rarely gets in, so the
+ * common case is one compare and one ballot. Every key is distinct (a
+ * block is offered once; empty slots hold -inf with ascending sentinel
+ * blocks, which is sorted), so the ranks are a permutation. */
 __device__ __forceinline__ void selTopkMerge(float *topS, int *topJ, int K, float cs, int cj,
                                              bool valid, float &ws, int &wj) {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
-    unsigned in = __ballot_sync(full, valid && selBetter(cs, cj, ws, wj));
+    const bool mine = valid && selBetter(cs, cj, ws, wj);
+    const unsigned in = __ballot_sync(full, mine);
     if (!in) return;
-    float os = lane < K ? topS[lane] : -INFINITY;
-    int oj = lane < K ? topJ[lane] : SEL_EMPTY_J + lane;
-    while (in) {
-        const int src = __ffs(in) - 1;
-        in &= in - 1;
+    const bool kept = lane < K;
+    const float os = kept ? topS[lane] : -INFINITY;
+    const int oj = kept ? topJ[lane] : SEL_EMPTY_J + lane;
+    int old_rank = lane, new_rank = 0;
+    for (unsigned bits = in; bits; bits &= bits - 1) {
+        const int src = __ffs(bits) - 1;
         const float xs = __shfl_sync(full, cs, src);
         const int xj = __shfl_sync(full, cj, src);
-        if (!selBetter(xs, xj, ws, wj)) continue; /* an earlier newcomer raised the bar */
-        const int rank = __popc(__ballot_sync(full, lane < K && selBetter(os, oj, xs, xj)));
-        const float us = __shfl_up_sync(full, os, 1);
-        const int uj = __shfl_up_sync(full, oj, 1);
-        if (lane == rank) os = xs, oj = xj;
-        else if (lane > rank) os = us, oj = uj;
-        ws = __shfl_sync(full, os, K - 1);
-        wj = __shfl_sync(full, oj, K - 1);
+        const bool beats_kept = selBetter(xs, xj, os, oj);
+        old_rank += beats_kept;
+        new_rank += selBetter(xs, xj, cs, cj);
+        const int beaten = __popc(__ballot_sync(full, kept && beats_kept));
+        if (lane == src) new_rank += K - beaten;
     }
-    if (lane < K) topS[lane] = os, topJ[lane] = oj;
     __syncwarp();
+    if (kept && old_rank < K) topS[old_rank] = os, topJ[old_rank] = oj;
+    if (mine && new_rank < K) topS[new_rank] = cs, topJ[new_rank] = cj;
+    __syncwarp();
+    ws = topS[K - 1];
+    wj = topJ[K - 1];
 }
 
 /* One token's view of the selection: its current block, the forced blocks
@@ -210,9 +230,81 @@ __device__ __forceinline__ void selSumHeads8(const float (&s)[8][4], float *pt0,
     *(float2 *)(pt + (n0 + 1) * 8 + quad * 2) = make_float2(v[2], v[3]);
 }
 
+/* fp16 operands, fp32 sums: p in [0, 1] and the overlap shares (multiples
+ * of 1 / l) keep 11 significant bits, bf16 would keep 8. */
+__device__ __forceinline__ void selMmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t selPackF16(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&v;
+}
+
+/* The periodic fold on tensor cores, for a warp whose 16 rows are whole
+ * tokens' heads (rpt 8: rows 0-7 one token, 8-15 the next; rpt 16, one_token:
+ * all 16 one token's):
+ *   Y^T = M^T P^T   (selection blocks x rows; M^T from `fold`, 64 columns),
+ * then each token's rows summed across the quad. s holds the tile's P in
+ * C-fragment layout, which is already the B fragment of P^T. A reduce-
+ * scatter over the quad leaves this lane one block per token: on return
+ * sum[h] is the score share of block 16 (quad & 1) + grp + 8 (quad >> 1 & 1)
+ * of the token of row half h (with one_token, sum[0] is the token's). The
+ * second m-tile (blocks 16-31) runs only where a tile reaches them. */
+__device__ __forceinline__ void selFoldMma(const float (&s)[8][4], const __half *fold,
+                                           bool two_mtiles, bool one_token, float (&sum)[2]) {
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31, quad = lane & 3;
+    float y[2][2][4] = {}; /* [m-tile][row half][C fragment] */
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++) {
+        uint32_t bf[2][2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            bf[h][0] = selPackF16(s[2 * kk][2 * h], s[2 * kk][2 * h + 1]);
+            bf[h][1] = selPackF16(s[2 * kk + 1][2 * h], s[2 * kk + 1][2 * h + 1]);
+        }
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            if (m == 1 && !two_mtiles) break;
+            const int row = 16 * m + (lane & 15), chunk = 2 * kk + (lane >> 4);
+            uint32_t a[4];
+            fastLdsm4(a[0], a[1], a[2], a[3],
+                      (const bf16 *)(fold + row * 64 + ((chunk ^ (row & 7)) << 3)));
+#pragma unroll
+            for (int h = 0; h < 2; h++) selMmaF16(y[m][h], a, bf[h][0], bf[h][1]);
+        }
+    }
+    const bool up1 = quad & 1, up2 = (quad >> 1) & 1;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (one_token && h == 1) {
+            sum[1] = 0.f;
+            break;
+        }
+        float v[2][2]; /* [m][e]: block 16 m + grp + 8 e, this lane's two rows (or four) */
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                v[m][e] = y[m][h][2 * e] + y[m][h][2 * e + 1];
+                if (one_token) v[m][e] += y[m][1][2 * e] + y[m][1][2 * e + 1];
+            }
+        float w[2];
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            w[e] = (up1 ? v[1][e] : v[0][e]) + __shfl_xor_sync(full, up1 ? v[0][e] : v[1][e], 1);
+        sum[h] = (up2 ? w[1] : w[0]) + __shfl_xor_sync(full, up2 ? w[0] : w[1], 2);
+    }
+}
+
 /* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
 template <int DK, int WARPS, bool WG>
-__global__ void __launch_bounds__(32 * WARPS)
+__global__ void __launch_bounds__(32 * WARPS, WG ? 24 / WARPS : 1)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx,
                  const __grid_constant__ FastKvMaps maps) {
     constexpr int LDK = DK + (WG ? 0 : 8), SCORE_ROWS = 16 * WARPS, SCORE_THREADS = 32 * WARPS;
@@ -225,7 +317,8 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     const bool heads_in_warp = selHeadsInWarp(hpg);
     float *sP = (float *)((char *)sK + (WG ? Ring::BYTES : SEL_STAGES * 64 * LDK * 2));
     float *sPt = sP + (heads_in_warp ? 0 : SCORE_ROWS * SEL_P_LD); /* [tpc][SEL_PT_LD]: P summed over heads */
-    float *sRing = sPt + tpc * SEL_PT_LD;
+    float *sRing = sPt + selPtFloats(tpc, heads_in_warp);
+    __half *sFold = (__half *)sPt; /* the tensor-core fold's M^T (SEL_FOLD_ROWS) */
     float *sTopS = sRing + tpc * FAST_SCORE_RING;
     int *sTopJ = (int *)(sTopS + tpc * FAST_MAX_SLOTS);
     SelTokenState *sTok = (SelTokenState *)(sTopJ + tpc * FAST_MAX_SLOTS);
@@ -272,9 +365,35 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         loadK(0, 0);
     }
     fastCpCommit();
+    /* Where 64 compressed blocks span a whole number of selection blocks
+     * (64 d % l' == 0, as in every configuration the paper uses), tile it
+     * folds exactly as tile 0 does, shifted by it * 64 d / l' blocks (d
+     * divides l and l', so positions i d - j l' are tile-invariant). */
+    const int fold_nj = div_sel(63 * d + l - 1) + 1; /* blocks a tile touches */
+    const int fold_step = (64 * d) / l_sel;               /* blocks a tile completes (periodic) */
+    const int fold_carry = max(0, fold_nj - fold_step);    /* blocks it hands to the next */
+    const bool tile_periodic = (64 * d) % l_sel == 0 && fold_nj <= SEL_FOLD_ROWS;
+    const bool fold_mma = heads_in_warp && tile_periodic;
     for (int i = tid; i < tpc * FAST_SCORE_RING; i += SCORE_THREADS) sRing[i] = 0.f;
-    for (int i = tid; i < tpc * SEL_FOLD_TAPS; i += SCORE_THREADS) /* sPt's padding columns */
-        sPt[(i / SEL_FOLD_TAPS) * SEL_PT_LD + 64 + i % SEL_FOLD_TAPS] = 0.f;
+    if (fold_mma) {
+        /* M^T[jj][i]: the share of compressed block i (tokens [i d, i d + l))
+         * inside selection block jj (tokens [jj l', (jj + 1) l')), over l */
+        const float share = 1.f / (float)l;
+        for (int e = tid; e < SEL_FOLD_ROWS * 8; e += SCORE_THREADS) { /* a 16-byte chunk each */
+            const int jj = e >> 3, i0 = (e & 7) * 8, ju = jj * l_sel, ju_end = ju + l_sel;
+            uint32_t w[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const int ia = (i0 + 2 * k) * d, ib = ia + d;
+                const int na = min(ia + l, ju_end) - max(ia, ju), nb = min(ib + l, ju_end) - max(ib, ju);
+                w[k] = selPackF16(na > 0 ? (float)na * share : 0.f, nb > 0 ? (float)nb * share : 0.f);
+            }
+            *(uint4 *)(sFold + jj * 64 + (((e & 7) ^ (jj & 7)) << 3)) = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    } else {
+        for (int i = tid; i < tpc * SEL_FOLD_TAPS; i += SCORE_THREADS) /* sPt's padding columns */
+            sPt[(i / SEL_FOLD_TAPS) * SEL_PT_LD + 64 + i % SEL_FOLD_TAPS] = 0.f;
+    }
     for (int i = tid; i < tpc * FAST_MAX_SLOTS; i += SCORE_THREADS) {
         sTopS[i] = -INFINITY;
         sTopJ[i] = SEL_EMPTY_J + i % FAST_MAX_SLOTS;
@@ -321,6 +440,31 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         }
     };
 
+    /* The periodic folds' offer: acc is this lane's share of block bl of
+     * tile it (j = it * fold_step + bl) for token tk. Blocks below
+     * (it + 1) * fold_step are final once this tile is in (the next tile
+     * starts at that block), so blocks bl < fold_step add the previous
+     * tile's carry and are offered from registers; blocks fold_step ..
+     * fold_nj - 1 leave theirs in the ring's first slots as the next tile's
+     * carry. The ring is not walked and the offers need no second pass
+     * (ring updates and offers had been a large share of the kernel's
+     * instructions). */
+    auto offerFolded = [&](int tk, int it, int bl, float acc) {
+        float *carry = sRing + tk * FAST_SCORE_RING;
+        if (bl < fold_carry) acc += carry[bl];
+        __syncwarp();
+        if (bl >= fold_step && bl < fold_nj) carry[bl - fold_step] = acc;
+        const int j = it * fold_step + bl;
+        SelTokenState ts = sTok[tk];
+        if (ts.K > 0) {
+            selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, ts.K, acc, j,
+                         bl < fold_step && j < c.Ns && selEligible(ts, j), ts.worst_s,
+                         ts.worst_j);
+            if (lane == 0) sTok[tk].worst_s = ts.worst_s, sTok[tk].worst_j = ts.worst_j;
+        }
+        __syncwarp();
+    };
+
     const int rA = warp * 16 + grp, rB = rA + 8;
     int tok[2] = {rowToken(rA), rowToken(rB)};
     float lse2[2] = {INFINITY, INFINITY};
@@ -333,16 +477,11 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
     }
     uint32_t qf[WG ? 1 : DK / 16][4]; /* mma.sync: the warp's q fragments, loaded once */
     const float inv_l = 1.f / (float)l;
-    /* Where 64 compressed blocks span a whole number of selection blocks
-     * (64 d % l' == 0, as in every configuration the paper uses), tile it
-     * folds exactly as tile 0 does, shifted by it * 64 d / l' blocks (d
-     * divides l and l', so positions i d - j l' are tile-invariant): lane
-     * jj's weights and columns are formed once here. Elsewhere, or past 32
-     * blocks or SEL_FOLD_TAPS taps per tile, they are formed per tile.
-     * Taps past the last visible block need no bound: their P is 0. */
-    const int fold_nj = div_sel(63 * d + l - 1) + 1; /* blocks a tile touches */
-    const int fold_step = (64 * d) / l_sel;               /* blocks a tile completes (periodic) */
-    const int fold_carry = max(0, fold_nj - fold_step);    /* blocks it hands to the next */
+    /* Periodic tiles with the heads in a warp fold on tensor cores
+     * (fold_mma); with packed rows lane jj's weights and columns are formed
+     * once here, within SEL_FOLD_TAPS taps a block. Elsewhere they are
+     * formed per tile. Taps past the last visible block need no bound: their
+     * P is 0. */
     float fold_w[SEL_FOLD_TAPS];
     int fold_lo; /* the lane's first tap column: taps fold_lo + k, k < SEL_FOLD_TAPS */
     bool periodic;
@@ -350,8 +489,9 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         const int lo_rel = max(0, (lane * l_sel - l) / d + 1); /* multiples of d: exact */
         const int hi_rel = min(63, ((lane + 1) * l_sel - 1) / d);
         const bool lane_live = lane < fold_nj;
-        periodic = __all_sync(0xffffffffu, !lane_live || hi_rel - lo_rel < SEL_FOLD_TAPS) &&
-                   (64 * d) % l_sel == 0 && fold_nj <= 32;
+        periodic = fold_mma ||
+                   (__all_sync(0xffffffffu, !lane_live || hi_rel - lo_rel < SEL_FOLD_TAPS) &&
+                    tile_periodic);
 #pragma unroll
         for (int k = 0; k < SEL_FOLD_TAPS; k++) {
             const int i = lo_rel + k;
@@ -413,9 +553,23 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
                 s[n][2 * h + 1] = p1;
             }
         }
-        if (heads_in_warp) {
+        if (fold_mma) {
             /* the warp's 16 rows are its own tokens' heads (rpt 16: token
              * `warp`; rpt 8: tokens warp and warp + WARPS): no barrier */
+            float sum[2];
+            selFoldMma(s, sFold, fold_nj > 16, rpt == 16, sum);
+            const int bl = 16 * (quad & 1) + grp + 8 * ((quad >> 1) & 1);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int tk = warp + h * WARPS;
+                if ((rpt == 16 && h == 1) || tk >= n_tok) break;
+                offerFolded(tk, it, bl, sum[h]);
+            }
+            j_done = min(c.Ns, (it + 1) * fold_step);
+            continue;
+        }
+        if (heads_in_warp) {
+            /* the warp's own tokens' heads, summed in its registers */
             if (rpt == 16) selSumHeads16(s, sPt + warp * SEL_PT_LD);
             else selSumHeads8(s, sPt + warp * SEL_PT_LD, WARPS * SEL_PT_LD);
             __syncwarp();
@@ -439,32 +593,13 @@ fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp,
         /* fold the tile into the open selection blocks of each token: a
          * lane per selection block, a warp per token */
         if (periodic) {
-            /* Lane r folds block j = it * fold_step + r. Blocks below
-             * (it + 1) * fold_step are final once this tile is in (the next
-             * tile starts at that block), so lanes r < fold_step add the
-             * previous tile's carry and offer their score from registers;
-             * lanes fold_step .. fold_nj - 1 leave theirs in the ring's
-             * first slots as the next tile's carry. The ring is not walked
-             * and the offers need no second pass (ring updates and offers
-             * had been a large share of the kernel's instructions). */
-            const int j = it * fold_step + lane;
-            const bool final_lane = lane < fold_step && j < c.Ns;
+            /* lane r folds block it * fold_step + r from its taps */
             for (int tk = warp; tk < n_tok; tk += WARPS) {
                 const float *pt = sPt + tk * SEL_PT_LD + fold_lo;
-                float *carry = sRing + tk * FAST_SCORE_RING;
                 float acc = 0.f;
 #pragma unroll
                 for (int k = 0; k < SEL_FOLD_TAPS; k++) acc = fmaf(fold_w[k], pt[k], acc);
-                if (lane < fold_carry) acc += carry[lane];
-                __syncwarp();
-                if (lane >= fold_step && lane < fold_nj) carry[lane - fold_step] = acc;
-                SelTokenState ts = sTok[tk];
-                if (ts.K > 0) {
-                    selTopkMerge(sTopS + tk * FAST_MAX_SLOTS, sTopJ + tk * FAST_MAX_SLOTS, ts.K,
-                                 acc, j, final_lane && selEligible(ts, j), ts.worst_s, ts.worst_j);
-                    if (lane == 0) sTok[tk].worst_s = ts.worst_s, sTok[tk].worst_j = ts.worst_j;
-                }
-                __syncwarp();
+                offerFolded(tk, it, lane, acc);
             }
             j_done = min(c.Ns, (it + 1) * fold_step);
         } else {
