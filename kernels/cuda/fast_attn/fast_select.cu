@@ -12,12 +12,14 @@
  * touch block j (j < floor(i_end d / l')) its score is final and is offered
  * to the token's running top-K (K = n_sel - forced blocks), kept sorted. A
  * warp serves a token, a lane per offered block: a ballot finds the
- * candidates that beat the worst kept key and only those are inserted, at
+ * candidates that beat the worst kept key and only those are placed, at
  * their rank, so the set is exact under the key (score desc, block asc) -
  * ties go to the lower block index as in the reference - and no thread
  * walks the blocks alone. Blocks no tile reaches score 0. Where the heads
  * of a token are in one warp's rows, that warp sums, folds and offers them
- * and a tile needs one CTA barrier (its K tile landing). */
+ * and a tile needs one CTA barrier (its K tile landing); where, besides,
+ * every tile folds alike (64 d a multiple of l'), the head sums and the
+ * fold are one small product on tensor cores, M^T P^T (selFoldMma). */
 #include "fast_host.h"
 #include "tile_common.cuh"
 
