@@ -304,7 +304,10 @@ __device__ __forceinline__ void selFoldMma(const float (&s)[8][4], const __half 
     }
 }
 
-/* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). */
+/* WG: the scores on wgmma (swizzled tiles, a warpgroup per 64 rows). On
+ * wgmma 24 warps an SM fit the shared memory at d_k 64; the register bound
+ * keeps the tensor-core fold's accumulators from taking that occupancy
+ * away (88 registers unbounded: 20 warps). */
 template <int DK, int WARPS, bool WG>
 __global__ void __launch_bounds__(32 * WARPS, WG ? 24 / WARPS : 1)
 fastSelectKernel(FastCtx c, const bf16 *q, const bf16 *kc, const float *lse_cmp, int32_t *sel_idx,
