@@ -232,16 +232,7 @@ __device__ __forceinline__ void selSumHeads8(const float (&s)[8][4], float *pt0,
     *(float2 *)(pt + (n0 + 1) * 8 + quad * 2) = make_float2(v[2], v[3]);
 }
 
-/* fp16 operands, fp32 sums: p in [0, 1] and the overlap shares (multiples
- * of 1 / l) keep 11 significant bits, bf16 would keep 8. */
-__device__ __forceinline__ void selMmaF16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+/* Two values as the fp16 pair of an mma.sync operand register (lo first). */
 __device__ __forceinline__ uint32_t selPackF16(float lo, float hi) {
     const __half2 v = __floats2half2_rn(lo, hi);
     return *(const uint32_t *)&v;
@@ -278,7 +269,7 @@ __device__ __forceinline__ void selFoldMma(const float (&s)[8][4], const __half 
             fastLdsm4(a[0], a[1], a[2], a[3],
                       (const bf16 *)(fold + row * 64 + ((chunk ^ (row & 7)) << 3)));
 #pragma unroll
-            for (int h = 0; h < 2; h++) selMmaF16(y[m][h], a, bf[h][0], bf[h][1]);
+            for (int h = 0; h < 2; h++) fastMmaF16(y[m][h], a, bf[h][0], bf[h][1]);
         }
     }
     const bool up1 = quad & 1, up2 = (quad >> 1) & 1;
