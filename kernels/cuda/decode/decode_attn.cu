@@ -262,18 +262,9 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
     const int hpg = dm.H / dm.G, dk = dm.dk, dv = dm.dv, ks_stride = dk + 8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
     const float scale = rsqrtf((float)dk);
-    for (int k = threadIdx.x; k < hpg * dk; k += blockDim.x) sm.qs[k] = q[k];
-    for (int hh = threadIdx.x; hh < hpg; hh += blockDim.x) {
-        sm.stat[hh] = -INFINITY;
-        sm.stat[hpg + hh] = 0.0f;
-    }
-    float acc[ATTN_OUTS];
-#pragma unroll
-    for (int r = 0; r < ATTN_OUTS; r++) acc[r] = 0.0f;
-    for (int k0 = 0; k0 < n; k0 += DEC_UNIT) {
-        const int nt = n - k0 < DEC_UNIT ? n - k0 : DEC_UNIT;
-        __syncthreads();   /* the previous tile is done with ks, vs and ps */
-        /* asynchronous 16-byte copies: every one in flight before the wait */
+    /* asynchronous 16-byte copies of keys [k0, k0 + nt): every one in flight
+     * before the wait */
+    auto issueTile = [&](int k0, int nt) {
         const int ck = dk / 8, cv = dv / 8;
         for (int idx = threadIdx.x; idx < nt * (ck + cv); idx += blockDim.x) {
             const int k = idx / (ck + cv), c = idx % (ck + cv);
@@ -285,6 +276,24 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
                                         vbase + row * dv + (c - ck) * 8, 16);
         }
         __pipeline_commit();
+    };
+    /* the first tile's copies go out before q is read, so that the two
+     * round trips overlap */
+    if (n > 0) issueTile(0, n < DEC_UNIT ? n : DEC_UNIT);
+    for (int k = threadIdx.x; k < hpg * dk; k += blockDim.x) sm.qs[k] = q[k];
+    for (int hh = threadIdx.x; hh < hpg; hh += blockDim.x) {
+        sm.stat[hh] = -INFINITY;
+        sm.stat[hpg + hh] = 0.0f;
+    }
+    float acc[ATTN_OUTS];
+#pragma unroll
+    for (int r = 0; r < ATTN_OUTS; r++) acc[r] = 0.0f;
+    for (int k0 = 0; k0 < n; k0 += DEC_UNIT) {
+        const int nt = n - k0 < DEC_UNIT ? n - k0 : DEC_UNIT;
+        if (k0 > 0) {
+            __syncthreads();   /* the previous tile is done with ks, vs and ps */
+            issueTile(k0, nt);
+        }
         __pipeline_wait_prior(0);
         __syncthreads();
         for (int idx = threadIdx.x; idx < hpg * DEC_UNIT; idx += blockDim.x) {
