@@ -62,8 +62,10 @@ typedef struct Safetensors Safetensors;
  * NULL with err naming the file and the first problem. The caller frees
  * with safetensorsFree. */
 Safetensors *safetensorsRead(const char *path, NsaError *err);
+/* Frees st and everything it holds; NULL is a no-op. */
 void safetensorsFree(Safetensors *st);
 
+/* The number of tensors in st (st not NULL). Cannot fail. */
 int safetensorsCount(const Safetensors *st);
 /* Tensor i in file order (by data offset), or NULL when out of range. The
  * pointer lives as long as st; its data field is NULL (use safetensorsCopy). */

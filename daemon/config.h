@@ -157,6 +157,8 @@ int configParseNode(const char *text, char *host, size_t host_cap, int *port);
  * seed, batch shape); resume refuses a checkpoint whose hash differs. */
 uint64_t configHash(const JobConfig *cfg);
 
+/* The config spelling of p ("fp32", "fp64", "bf16", "fp16"; "unknown" for
+ * a value outside the enum): a static string, never NULL. */
 const char *configPrecisionName(NsaPrecision p);
 /* The precision "auto" means on device d: bf16 on cuda, fp32 on cpu. A
  * caller that overrides runtime.device re-resolves precision with it when

@@ -87,6 +87,8 @@ typedef struct TrainMonitor {
     _Atomic int abort_requested;     /* set by the watchdog; the trainer aborts the ranks */
 } TrainMonitor;
 
+/* Resets every field: idle phase since now, step 0, no requests, no
+ * device line. Call before any reader or writer can see mon. */
 void trainMonitorInit(TrainMonitor *mon);
 /* Sets the phase and its start time; also a heartbeat. Async-signal-safe. */
 void trainMonitorEnter(TrainMonitor *mon, TrainPhase phase);

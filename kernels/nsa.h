@@ -195,6 +195,8 @@ NsaModel *nsaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
 /* Frees everything the model owns. NULL is a no-op. */
 void nsaModelFree(NsaModel *m);
 
+/* The config and options m was built with (NULL for NULL m); they live as
+ * long as m. */
 const NsaModelConfig *nsaModelGetConfig(const NsaModel *m);
 const NsaEngineOptions *nsaModelGetOptions(const NsaModel *m);
 
@@ -232,6 +234,7 @@ typedef struct NsaTensorInfo {
     int weight_decay;  /* 1 for matrices (decayed), 0 for norms and vectors */
 } NsaTensorInfo;
 
+/* The number of named tensors (0 for NULL m); indices run 0 .. n-1. */
 int nsaModelNumTensors(const NsaModel *m);
 /* Returns NULL when i is out of range. The pointer lives as long as m. */
 const NsaTensorInfo *nsaModelTensorInfo(const NsaModel *m, int i);
@@ -257,6 +260,8 @@ void *nsaModelHostArena(NsaModel *m, NsaArena arena);
  * On CUDA the first three only enqueue work: no host synchronisation and
  * no allocation inside a step. nsaModelStepStats waits for the step. */
 
+/* Zeroes the gradient arena and starts a step's accumulation. Returns 0,
+ * or -1 with err (NULL m, or the device's enqueue failed). */
 int nsaModelZeroGrad(NsaModel *m, NsaError *err);
 
 /* tokens and targets are host arrays of B*S ids in [0, V); B <= max_batch,
@@ -608,6 +613,9 @@ int nsaNumSelBlocks(int S, int sel_len);
  * to 3 blocks; for n_sel >= 3 this is n_sel. sel_idx is [B][S][G][slots]. */
 int nsaNumSelSlots(int n_sel);
 
+/* Checks dims against the op's rules (sizes positive and in range, G
+ * dividing H, cmp_stride dividing cmp_len and sel_len, ...): 0, or -1 with
+ * err naming the first field that breaks one and what is allowed. */
 int nsaAttnDimsValidate(const NsaAttnDims *dims, NsaError *err);
 
 typedef struct NsaAttnInputs {
@@ -716,6 +724,8 @@ int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, const NsaAttnCudaOptions
                            size_t *state_bytes, size_t *scratch_bytes,
                            NsaError *err);
 
+/* The forward and backward of a plan (see the top of this section):
+ * enqueue only; 0, or -1 with err. */
 int nsaAttnForwardCuda(NsaAttnCudaPlan *plan, const NsaAttnDims *dims,
                        const NsaAttnDeviceInputs *in, void *out, int32_t *sel_idx,
                        float *lse_cmp, void *stream, NsaError *err);
