@@ -56,6 +56,8 @@ int ctlCallQuiet(const Ctl *ctl, const char *method, const char *path, const cha
                  size_t body_len, const char *content_type, int config_body, CtlReply *reply,
                  char *msg, size_t msgcap);
 
+/* Frees what a call left in reply (its JSON and HTTP body) and clears it
+ * for reuse; the struct itself is the caller's. NULL is a no-op. */
 void ctlReplyFree(CtlReply *reply);
 
 /* Sends the request and hands each line of a 2xx answer to on_line as it
