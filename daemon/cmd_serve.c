@@ -493,6 +493,77 @@ static void setPeakFlops(Service *svc, double peak_tflops) {
     serviceSetPeakFlops(svc, peaks, n);
 }
 
+/* The bearer token for the TCP listener, from o->token_file (default
+ * STATE_DIR/token), created (mode 0600) when missing. Returns 0, or -1
+ * after logging why. */
+static int loadToken(ServeOptions *o, char *token, size_t cap) {
+    if (!o->token_file[0] &&
+        snprintf(o->token_file, sizeof o->token_file, "%s/token", o->state_dir) >=
+            (int)sizeof o->token_file) {
+        logError("--state-dir %s: path too long", o->state_dir);
+        return -1;
+    }
+    int created = 0;
+    NsaError err = {""};
+    if (authLoadOrCreateToken(o->token_file, token, cap, &created, &err) != 0) {
+        logError("%s", err.message);
+        return -1;
+    }
+    if (created) logNotice("created a new bearer token in %s (mode 0600)", o->token_file);
+    return 0;
+}
+
+/* Tells the service, the state lock's description, the log and systemd
+ * (READY=1) where nsad listens: host (NULL: no TCP listener) at the
+ * server's port, and o->socket when unix_sock. Cannot fail (what cannot be
+ * told is logged). */
+static void announceReady(Service *svc, Server *srv, const ServeOptions *o, int lock_fd,
+                          const char *host, int unix_sock) {
+    char where[PATH_MAX + 400], url[300] = "";
+    int n = 0;
+    const int auth = host && !o->no_auth;
+    if (host)
+        snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
+                 strchr(host, ':') ? "]" : "", serverPort(srv));
+    n += snprintf(where + n, sizeof where - (size_t)n, "%s", url);
+    if (unix_sock)
+        snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", host ? " and " : "", o->socket);
+    serviceSetListeners(svc, url, unix_sock ? o->socket : "");
+    NsaError err = {""};
+    if (statelockDescribe(lock_fd, url, unix_sock ? o->socket : "", &err) != 0)
+        logWarn("%s", err.message);
+    logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where,
+              o->state_dir, auth ? "; token in " : "", auth ? o->token_file : "",
+              o->web_root[0] ? o->web_root : "(none found)");
+    char status[PATH_MAX + 500];
+    snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
+    if (sdNotify(status) < 0)
+        logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
+}
+
+/* Serves the daemon's signals until one means stop (signals.h: SIGTERM, SIGINT, ...):
+ * stack dumps on request, the others logged and ignored. Returns the
+ * stopping signal. */
+static int waitForStopSignal(void) {
+    for (;;) {
+        int sig = signalsWait(1000);
+        if (!sig) continue;
+        char buf[32];
+        const char *name = signalsName(sig, buf, sizeof buf);
+        switch (signalsAction(sig)) {
+        case SIGNAL_DUMP_STACKS: logStacks(name); break;
+        case SIGNAL_RELOAD:
+            logNotice("%s: nsad serve has nothing it can reload while running; restart it to apply a new "
+                      "daemon config (ignored)", name);
+            break;
+        case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
+        case SIGNAL_STOP:
+            logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)", name);
+            return sig;
+        }
+    }
+}
+
 /* ---- the command --------------------------------------------------------------------- */
 
 int cmdServe(int argc, char **argv) {
@@ -554,19 +625,7 @@ int cmdServe(int argc, char **argv) {
     }
 
     char token[AUTH_TOKEN_MAX] = "";
-    if (tcp && !o.no_auth) {
-        if (!o.token_file[0] && snprintf(o.token_file, sizeof o.token_file, "%s/token", o.state_dir) >=
-                                    (int)sizeof o.token_file) {
-            logError("--state-dir %s: path too long", o.state_dir);
-            return EXIT_CONFIG;
-        }
-        int created = 0;
-        if (authLoadOrCreateToken(o.token_file, token, sizeof token, &created, &err) != 0) {
-            logError("%s", err.message);
-            return EXIT_CONFIG;
-        }
-        if (created) logNotice("created a new bearer token in %s (mode 0600)", o.token_file);
-    }
+    if (tcp && !o.no_auth && loadToken(&o, token, sizeof token) != 0) return EXIT_CONFIG;
 
     if (signalsBlockDaemonSignals() != 0 || signalsInstallFatal() != 0) {
         logError("cannot set up signal handling: %s", strerror(errno));
@@ -638,43 +697,10 @@ int cmdServe(int argc, char **argv) {
         return 1;
     }
 
-    char where[PATH_MAX + 400], url[300] = "";
-    int n = 0;
-    if (tcp)
-        snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
-                 strchr(host, ':') ? "]" : "", serverPort(srv));
-    n += snprintf(where + n, sizeof where - (size_t)n, "%s", url);
-    if (unix_sock) snprintf(where + n, sizeof where - (size_t)n, "%sunix:%s", tcp ? " and " : "", o.socket);
-    serviceSetListeners(svc, url, unix_sock ? o.socket : "");
-    if (statelockDescribe(lock_fd, url, unix_sock ? o.socket : "", &err) != 0) logWarn("%s", err.message);
-    logNotice("nsad %s listening on %s; state dir %s%s%s; dashboard %s", NSA_VERSION, where, o.state_dir,
-              tcp && !o.no_auth ? "; token in " : "", tcp && !o.no_auth ? o.token_file : "",
-              o.web_root[0] ? o.web_root : "(none found)");
-    char status[PATH_MAX + 500];
-    snprintf(status, sizeof status, "READY=1\nSTATUS=listening on %s", where);
-    if (sdNotify(status) < 0)
-        logWarn("sd_notify: cannot send READY=1 to $NOTIFY_SOCKET: %s", strerror(errno));
+    announceReady(svc, srv, &o, lock_fd, tcp ? host : NULL, unix_sock);
 
-    int exit_code = 0, stop_signal = SIGTERM;
-    for (int stopping = 0; !stopping;) {
-        int sig = signalsWait(1000);
-        if (!sig) continue;
-        char buf[32];
-        const char *name = signalsName(sig, buf, sizeof buf);
-        switch (signalsAction(sig)) {
-        case SIGNAL_DUMP_STACKS: logStacks(name); break;
-        case SIGNAL_RELOAD:
-            logNotice("%s: nsad serve has nothing it can reload while running; restart it to apply a new "
-                      "daemon config (ignored)", name);
-            break;
-        case SIGNAL_IGNORE: logNotice("%s: ignored (nsad gives it no meaning)", name); break;
-        case SIGNAL_STOP:
-            logNotice("%s: shutting down (the active run checkpoints and resumes at the next start)", name);
-            stop_signal = sig;
-            stopping = 1;
-            break;
-        }
-    }
+    int exit_code = 0;
+    const int stop_signal = waitForStopSignal();
     sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
     serverStop(srv);      /* first: it ends the streams the inference jobs write */
     stopInfer(svc);
