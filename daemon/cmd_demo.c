@@ -11,7 +11,7 @@
  * seq_len and seed come from the file (configLoadFile); flags given after it
  * override. Exit 0 when the loss is finite and within 0.5 of ln(V), 1 if not
  * or on an engine error, 2 on a usage error, 78 on a bad config. */
-#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +22,7 @@
 #include "clockutil.h"
 #include "commands.h"
 #include "config.h"
+#include "flags.h"
 #include "nsa.h"
 #include "nsa_rng.h"
 
@@ -68,21 +69,6 @@ static void demoDefaults(DemoOptions *d) {
 
 /* Parses a whole decimal integer in [lo, hi] for flag; prints and returns
  * -1 when it is not one. */
-static int parseIntFlag(const char *flag, const char *text, long long lo, long long hi,
-                        long long *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr,
-                "nsad demo: %s '%s' is not allowed; allowed: an integer from %lld to %lld\n", flag,
-                text, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 /* Applies one "--flag value" pair. Returns 0, or an exit status. */
 static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
     long long v = 0;
@@ -104,12 +90,12 @@ static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
     };
     for (size_t i = 0; i < sizeof(ints) / sizeof(ints[0]); i++) {
         if (strcmp(flag, ints[i].name)) continue;
-        if (parseIntFlag(flag, value, ints[i].lo, ints[i].hi, &v)) return EXIT_USAGE;
+        if (flagsInt("demo", flag, value, ints[i].lo, ints[i].hi, &v)) return EXIT_USAGE;
         *ints[i].field = (int)v;
         return 0;
     }
     if (!strcmp(flag, "--seed")) {
-        if (parseIntFlag(flag, value, 0, INT64_MAX, &v)) return EXIT_USAGE;
+        if (flagsInt("demo", flag, value, 0, LLONG_MAX, &v)) return EXIT_USAGE;
         d->seed = (uint64_t)v;
     } else if (!strcmp(flag, "--phi")) {
         if (!strcmp(value, "avg"))

@@ -4,7 +4,6 @@
  * (one line, or one JSON object with --json). Exit 0 on success, 1 on a
  * failure (one line naming it), 2 on a usage error. */
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +14,7 @@
 #include "commands.h"
 #include "config.h"
 #include "evaluate.h"
+#include "flags.h"
 #include "weights.h"
 
 static void evalUsage(FILE *out) {
@@ -30,19 +30,6 @@ static void evalUsage(FILE *out) {
 }
 
 /* A whole number in [lo, hi] from s into *out; -1 with a message otherwise. */
-static int parseInt(const char *flag, const char *s, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v < lo || v > hi) {
-        fprintf(stderr, "nsad eval: %s '%s'; allowed: a whole number from %lld to %lld\n", flag, s,
-                lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
 typedef struct Ticker {
     double last;
 } Ticker;
@@ -76,13 +63,13 @@ int cmdEval(int argc, char **argv) {
         } else if (v && !strcmp(a, "--precision")) {
             precision = argv[++i];
         } else if (v && !strcmp(a, "--seq-len")) {
-            if (parseInt(a, argv[++i], 1, 1 << 24, &seq_len)) return EXIT_USAGE;
+            if (flagsInt("eval", a, argv[++i], 1, 1 << 24, &seq_len)) return EXIT_USAGE;
         } else if (v && !strcmp(a, "--batch")) {
-            if (parseInt(a, argv[++i], 1, 4096, &batch)) return EXIT_USAGE;
+            if (flagsInt("eval", a, argv[++i], 1, 4096, &batch)) return EXIT_USAGE;
         } else if (v && !strcmp(a, "--max-tokens")) {
-            if (parseInt(a, argv[++i], 1, (long long)1 << 50, &max_tokens)) return EXIT_USAGE;
+            if (flagsInt("eval", a, argv[++i], 1, (long long)1 << 50, &max_tokens)) return EXIT_USAGE;
         } else if (v && !strcmp(a, "--threads")) {
-            if (parseInt(a, argv[++i], 1, 256, &threads)) return EXIT_USAGE;
+            if (flagsInt("eval", a, argv[++i], 1, 256, &threads)) return EXIT_USAGE;
         } else if (a[0] == '-') {
             fprintf(stderr, "nsad eval: unknown option or missing value: '%s'\n", a);
             evalUsage(stderr);

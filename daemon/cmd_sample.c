@@ -6,13 +6,12 @@
  * after one prefill and printed one after another, each under a header,
  * once all are done. Exit 0 on success, 1 on a failure, 2 on a usage
  * error. */
-#include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "commands.h"
+#include "flags.h"
 #include "sampler.h"
 #include "tokenizer.h"
 #include "weights.h"
@@ -29,18 +28,6 @@ static void sampleUsage(FILE *out) {
             "--stop (up to 4) ends the text when it ends with that string. --n N (1 to 16)\n"
             "decodes N continuations together after one prefill and prints each under a\n"
             "'--- sample I ---' line once all are done.\n");
-}
-
-static int parseNumber(const char *flag, const char *s, double lo, double hi, double *out) {
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (!*s || *end || errno || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "nsad sample: %s '%s'; allowed: a number from %g to %g\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
 }
 
 static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
@@ -81,6 +68,7 @@ int cmdSample(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double x;
+        long long k;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             sampleUsage(stdout);
             return 0;
@@ -96,24 +84,24 @@ int cmdSample(int argc, char **argv) {
             }
             snprintf(so.stops[so.n_stops++], sizeof so.stops[0], "%s", argv[++i]);
         } else if (v && !strcmp(a, "--n")) {
-            if (parseNumber(a, argv[++i], 1, SAMPLE_MAX_PROMPTS, &x) || x != floor(x)) return EXIT_USAGE;
-            n = (int)x;
+            if (flagsInt("sample", a, argv[++i], 1, SAMPLE_MAX_PROMPTS, &k)) return EXIT_USAGE;
+            n = (int)k;
         } else if (v && !strcmp(a, "--max-tokens")) {
-            if (parseNumber(a, argv[++i], 1, 1000000, &x) || x != floor(x)) return EXIT_USAGE;
-            so.max_tokens = (int)x;
+            if (flagsInt("sample", a, argv[++i], 1, 1000000, &k)) return EXIT_USAGE;
+            so.max_tokens = (int)k;
         } else if (v && !strcmp(a, "--temperature")) {
-            if (parseNumber(a, argv[++i], 0, 1e6, &x)) return EXIT_USAGE;
+            if (flagsNumber("sample", a, argv[++i], 0, 1e6, &x)) return EXIT_USAGE;
             so.temperature = x;
         } else if (v && !strcmp(a, "--top-k")) {
-            if (parseNumber(a, argv[++i], 0, 1 << 24, &x) || x != floor(x)) return EXIT_USAGE;
-            so.top_k = (int)x;
+            if (flagsInt("sample", a, argv[++i], 0, 1 << 24, &k)) return EXIT_USAGE;
+            so.top_k = (int)k;
         } else if (v && !strcmp(a, "--top-p")) {
-            if (parseNumber(a, argv[++i], 1e-9, 1, &x)) return EXIT_USAGE;
+            if (flagsNumber("sample", a, argv[++i], 1e-9, 1, &x)) return EXIT_USAGE;
             so.top_p = x;
         } else if (v && !strcmp(a, "--seed")) {
-            if (parseNumber(a, argv[++i], 0, 9007199254740992.0, &x) || x != floor(x))
-                return EXIT_USAGE;
-            so.seed = (uint64_t)x;
+            /* 2^53: what a JSON number (the API's seed) holds exactly */
+            if (flagsInt("sample", a, argv[++i], 0, 9007199254740992LL, &k)) return EXIT_USAGE;
+            so.seed = (uint64_t)k;
         } else if (a[0] == '-') {
             fprintf(stderr, "nsad sample: unknown option or missing value: '%s'\n", a);
             sampleUsage(stderr);

@@ -20,6 +20,7 @@
 
 #include "auth.h"
 #include "commands.h"
+#include "flags.h"
 #include "fsutil.h"
 #include "infer.h"
 #include "log.h"
@@ -132,15 +133,6 @@ static int parseLogLevel(const char *v) {
     return -1;
 }
 
-static int parseInteger(const char *v, long long lo, long long hi, long long *out) {
-    char *end;
-    errno = 0;
-    long long n = strtoll(v, &end, 10);
-    if (!*v || *end || errno || n < lo || n > hi) return -1;
-    *out = n;
-    return 0;
-}
-
 static int copyValue(char *dst, size_t cap, const char *v) {
     return snprintf(dst, cap, "%s", v) >= (int)cap ? -1 : 0;
 }
@@ -172,31 +164,31 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         o->no_auth = !strcmp(v, "false");
         allowed = "true or false";
     } else if (!strcmp(key, "max_body_bytes")) {
-        bad = parseInteger(v, 1024, (long long)1 << 30, &n);
+        bad = flagsParseInt(v, 1024, (long long)1 << 30, &n);
         if (!bad) o->max_body = n;
         allowed = "an integer from 1024 to 1073741824";
     } else if (!strcmp(key, "max_connections")) {
-        bad = parseInteger(v, 1, 1000, &n);
+        bad = flagsParseInt(v, 1, 1000, &n);
         if (!bad) o->max_connections = (long)n;
         allowed = "an integer from 1 to 1000";
     } else if (!strcmp(key, "max_connections_per_client")) {
-        bad = parseInteger(v, 1, 1000, &n);
+        bad = flagsParseInt(v, 1, 1000, &n);
         if (!bad) o->max_connections_per_client = (long)n;
         allowed = "an integer from 1 to 1000";
     } else if (!strcmp(key, "request_timeout_s")) {
-        bad = parseInteger(v, 1, 3600, &n);
+        bad = flagsParseInt(v, 1, 3600, &n);
         if (!bad) o->request_timeout_s = (long)n;
         allowed = "an integer from 1 to 3600";
     } else if (!strcmp(key, "idle_timeout_s")) {
-        bad = parseInteger(v, 1, 3600, &n);
+        bad = flagsParseInt(v, 1, 3600, &n);
         if (!bad) o->idle_timeout_s = (long)n;
         allowed = "an integer from 1 to 3600";
     } else if (!strcmp(key, "stop_timeout_s")) {
-        bad = parseInteger(v, 1, 86400, &n);
+        bad = flagsParseInt(v, 1, 86400, &n);
         if (!bad) o->stop_timeout_s = (long)n;
         allowed = "an integer from 1 to 86400";
     } else if (!strcmp(key, "model_keep_s")) {
-        bad = parseInteger(v, 0, 86400, &n);
+        bad = flagsParseInt(v, 0, 86400, &n);
         if (!bad) o->model_keep_s = (long)n;
         allowed = "an integer from 0 to 86400";
     } else if (!strcmp(key, "allow_hosts")) {
@@ -389,7 +381,7 @@ static int splitListen(const char *spec, char *host, size_t cap, int *port) {
     memcpy(host, start, len);
     host[len] = '\0';
     long long p;
-    if (parseInteger(colon + 1, 0, 65535, &p) != 0) return -1;
+    if (flagsParseInt(colon + 1, 0, 65535, &p) != 0) return -1;
     *port = (int)p;
     return 0;
 }

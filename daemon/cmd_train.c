@@ -7,6 +7,7 @@
  * every registered thread's stack to OUT/stacks-<time>.txt and training
  * goes on; SIGHUP and the rest are logged and ignored (signals.h). */
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -21,6 +22,7 @@
 
 #include "commands.h"
 #include "config.h"
+#include "flags.h"
 #include "log.h"
 #include "signals.h"
 #include "stackdump.h"
@@ -118,15 +120,6 @@ static void *signalThread(void *arg) {
     return NULL;
 }
 
-static int parseSteps(const char *s, int64_t *out) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (!*s || *end || errno || v <= 0) return -1;
-    *out = v;
-    return 0;
-}
-
 int cmdTrain(int argc, char **argv) {
     const char *config_path = NULL;
     TrainOptions opt = {.device_override = -1};
@@ -139,11 +132,9 @@ int cmdTrain(int argc, char **argv) {
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             opt.quiet = 1;
         } else if (!strcmp(a, "--steps") && has_value) {
-            if (parseSteps(argv[++i], &opt.steps) != 0) {
-                fprintf(stderr, "nsad train: --steps: '%s' is not allowed; allowed: a positive "
-                                "integer\n", argv[i]);
-                return EXIT_USAGE;
-            }
+            long long steps;
+            if (flagsInt("train", "--steps", argv[++i], 1, LLONG_MAX, &steps)) return EXIT_USAGE;
+            opt.steps = steps;
         } else if (!strcmp(a, "--out") && has_value) {
             opt.out_dir = argv[++i];
         } else if (!strcmp(a, "--resume") && has_value) {

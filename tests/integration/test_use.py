@@ -218,6 +218,11 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
               fg2.returncode == 0 and len(parts) == 3 and parts[1].startswith(b"0 (20 tokens, max_tokens) ---\nHello")
               and parts[2].startswith(b"1 (20 tokens, max_tokens) ---\nHello") and parts[1][2:] != parts[2][2:]
               and b"40 tokens" in fg2.stderr, (fg2.stdout[:120], fg2.stderr))
+        bad = subprocess.run([NSAD, "sample", out_dir, "--prompt", "Hello", "--n", "2.5"],
+                             capture_output=True, timeout=60)
+        check("nsad sample --n 2.5: refused (exit 2), naming the flag and what is allowed",
+              bad.returncode == 2 and bad.stdout == b""
+              and b"--n '2.5' is not allowed; allowed: an integer from 1 to" in bad.stderr, bad.stderr)
         check("n = 3 after jobs of one slot builds a decoder (reused false)", lines[0].get("reused") is False,
               lines[:1])
         st, _, body = http(sock, "POST", "/api/v1/sample",
