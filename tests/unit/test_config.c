@@ -19,6 +19,7 @@
 #include "artifacts.h"
 #include "commands.h"
 #include "config.h"
+#include "testutil.h"
 
 static const char *const shipped[] = {"configs/tiny-cpu.yaml", "configs/prototype-smoke.yaml",
                                       "configs/prototype-125m.yaml", "configs/long-context.yaml"};
@@ -566,28 +567,18 @@ static void test_hash_follows_the_math(void **state) {
     assert_true(configHash(&a) != configHash(&b));
 }
 
-/* Runs cmdCheck with stdout and stderr sent to files; returns its status. */
+/* Runs cmdCheck with stdout and stderr captured into out; returns its status. */
+typedef struct CheckArgs {
+    int argc;
+    char **argv;
+} CheckArgs;
+static int callCheck(void *arg) {
+    const CheckArgs *c = arg;
+    return cmdCheck(c->argc, c->argv);
+}
 static int runCheck(int argc, char **argv, char *out, size_t cap) {
-    fflush(stdout);
-    fflush(stderr);
-    int saved_out = dup(1), saved_err = dup(2);
-    char path[] = "/tmp/nsad-test-check-XXXXXX";
-    int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    dup2(fd, 1);
-    dup2(fd, 2);
-    int rc = cmdCheck(argc, argv);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, 1);
-    dup2(saved_err, 2);
-    close(saved_out);
-    close(saved_err);
-    ssize_t n = pread(fd, out, cap - 1, 0);
-    out[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
-    return rc;
+    CheckArgs c = {argc, argv};
+    return testCaptureOutput(callCheck, &c, out, cap);
 }
 
 static void test_check_command(void **state) {

@@ -13,27 +13,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "flags.h"
+#include "testutil.h"
 
-/* Runs fn with stderr sent to a temporary file; returns what it wrote. */
+/* Runs fn with its output captured; returns what it wrote. */
+typedef struct NoArg {
+    int (*fn)(void);
+} NoArg;
+static int callNoArg(void *arg) {
+    return ((const NoArg *)arg)->fn();
+}
 static const char *capturedStderr(int (*fn)(void), int *rc) {
     static char text[512];
-    char path[] = "/tmp/test_flags_XXXXXX";
-    const int fd = mkstemp(path);
-    assert_true(fd >= 0);
-    fflush(stderr);
-    const int saved = dup(2);
-    dup2(fd, 2);
-    *rc = fn();
-    fflush(stderr);
-    dup2(saved, 2);
-    close(saved);
-    const ssize_t n = pread(fd, text, sizeof text - 1, 0);
-    text[n > 0 ? n : 0] = '\0';
-    close(fd);
-    unlink(path);
+    NoArg call = {fn};
+    *rc = testCaptureOutput(callNoArg, &call, text, sizeof text);
     return text;
 }
 

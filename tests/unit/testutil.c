@@ -9,6 +9,7 @@
 #include <ftw.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 void *testAlloc(size_t n, size_t size) {
     void *p = calloc(n ? n : 1, size ? size : 1);
@@ -113,4 +114,30 @@ void testScrambleWeights(NsaModel *m, uint64_t seed) {
         }
         free(w);
     }
+}
+
+int testCaptureOutput(int (*fn)(void *), void *arg, char *out, size_t cap) {
+    char path[] = "/tmp/nsad-test-output-XXXXXX";
+    const int fd = mkstemp(path);
+    if (fd < 0) {
+        fprintf(stderr, "testCaptureOutput: mkstemp: %s\n", strerror(errno));
+        abort();
+    }
+    fflush(stdout);
+    fflush(stderr);
+    const int saved_out = dup(1), saved_err = dup(2);
+    dup2(fd, 1);
+    dup2(fd, 2);
+    const int rc = fn(arg);
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_out, 1);
+    dup2(saved_err, 2);
+    close(saved_out);
+    close(saved_err);
+    const ssize_t n = pread(fd, out, cap - 1, 0);
+    out[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return rc;
 }

@@ -36,6 +36,12 @@ char *testTempDir(const char *tag);
  * dir is fine. */
 void testRemoveTree(const char *dir);
 
+/* Runs fn(arg) with stdout and stderr sent to one temporary file and
+ * returns fn's result; what they wrote is left in out, NUL-terminated and
+ * cut at cap - 1 bytes. Aborts the test program when the file cannot be
+ * made. */
+int testCaptureOutput(int (*fn)(void *), void *arg, char *out, size_t cap);
+
 /* The tiny model of the CPU model and decoder tests: V 11, C 8, 2 layers,
  * 4 query heads in 2 groups, d_k 4 != d_v 6, MLP 16, compressed blocks of
  * 4 every 2, selection blocks of 4 (3 of them), window 5; phi and the MLP
