@@ -67,8 +67,6 @@ static void demoDefaults(DemoOptions *d) {
     d->threads = 1;
 }
 
-/* Parses a whole decimal integer in [lo, hi] for flag; prints and returns
- * -1 when it is not one. */
 /* Applies one "--flag value" pair. Returns 0, or an exit status. */
 static int applyFlag(DemoOptions *d, const char *flag, const char *value) {
     long long v = 0;

@@ -29,7 +29,6 @@ static void evalUsage(FILE *out) {
             "precision; the whole file.\n");
 }
 
-/* A whole number in [lo, hi] from s into *out; -1 with a message otherwise. */
 typedef struct Ticker {
     double last;
 } Ticker;

@@ -7,9 +7,9 @@
  * every registered thread's stack to OUT/stacks-<time>.txt and training
  * goes on; SIGHUP and the rest are logged and ignored (signals.h). */
 #include <errno.h>
-#include <limits.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>

@@ -6,7 +6,8 @@
 
 /* All of text as a base-10 integer in [lo, hi] into *out. Returns 0, or -1
  * (empty, other characters, overflow, out of range) with *out untouched.
- * Prints nothing. */
+ * Prints nothing: for callers that word the error themselves (serve's
+ * daemon-config values and its --listen port). */
 int flagsParseInt(const char *text, long long lo, long long hi, long long *out);
 
 /* flagsParseInt for flag of command cmd; on -1 it has printed "nsad CMD:
