@@ -16,7 +16,7 @@ static int tokenCharAllowed(char c) {
 }
 
 static int fail(NsaError *err, const char *fmt, const char *path, const char *why) {
-    if (err) snprintf(err->message, sizeof err->message, fmt, path, why);
+    nsaErrorf(err, fmt, path, why);
     return -1;
 }
 
@@ -84,10 +84,8 @@ int authLoadOrCreateToken(const char *path, char *token, size_t cap, int *create
     }
     if (st.st_mode & 077) {
         close(fd);
-        if (err)
-            snprintf(err->message, sizeof err->message,
-                     "token file %s has mode %04o; allowed: 0600 or stricter (chmod 600 %s)", path,
-                     (unsigned)(st.st_mode & 07777), path);
+        nsaErrorf(err, "token file %s has mode %04o; allowed: 0600 or stricter (chmod 600 %s)",
+                  path, (unsigned)(st.st_mode & 07777), path);
         return -1;
     }
     char buf[AUTH_TOKEN_MAX + 2];

@@ -209,17 +209,17 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         if (!bad) o->log_level = level;
         allowed = "error, warning, notice, info or debug";
     } else {
-        snprintf(err->message, sizeof err->message,
-                 "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
-                 "max_body_bytes, max_connections, max_connections_per_client, idle_timeout_s, "
-                 "request_timeout_s, stop_timeout_s, model_keep_s, allow_hosts, log_level, "
-                 "peak_tflops",
-                 flag);
+        nsaErrorf(
+            err,
+            "%s: unknown key; allowed: listen, socket, state_dir, web_root, token_file, auth, "
+            "max_body_bytes, max_connections, max_connections_per_client, idle_timeout_s, "
+            "request_timeout_s, stop_timeout_s, model_keep_s, allow_hosts, log_level, "
+            "peak_tflops",
+            flag);
         return -1;
     }
     if (bad) {
-        snprintf(err->message, sizeof err->message, "%s: '%.200s' is not allowed; allowed: %s", flag, v,
-                 allowed);
+        nsaErrorf(err, "%s: '%.200s' is not allowed; allowed: %s", flag, v, allowed);
         return -1;
     }
     return 0;
@@ -239,22 +239,21 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
     yaml_document_t doc;
     if (!yaml_parser_initialize(&parser)) {
         free(text);
-        snprintf(err->message, sizeof err->message, "%.300s: out of memory", path);
+        nsaErrorf(err, "%.300s: out of memory", path);
         return -1;
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     int rc = 0;
     if (!yaml_parser_load(&parser, &doc)) {
-        snprintf(err->message, sizeof err->message, "%.300s line %zu: %s", path, parser.problem_mark.line + 1,
-                 parser.problem ? parser.problem : "YAML syntax error");
+        nsaErrorf(err, "%.300s line %zu: %s", path, parser.problem_mark.line + 1,
+                  parser.problem ? parser.problem : "YAML syntax error");
         yaml_parser_delete(&parser);
         free(text);
         return -1;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
     if (root && root->type != YAML_MAPPING_NODE) {
-        snprintf(err->message, sizeof err->message, "%.300s: the top level must be a mapping of settings",
-                 path);
+        nsaErrorf(err, "%.300s: the top level must be a mapping of settings", path);
         rc = -1;
     }
     for (yaml_node_pair_t *p = root && rc == 0 ? root->data.mapping.pairs.start : NULL;
@@ -262,7 +261,7 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
         yaml_node_t *k = yaml_document_get_node(&doc, p->key);
         yaml_node_t *v = yaml_document_get_node(&doc, p->value);
         if (!k || k->type != YAML_SCALAR_NODE) {
-            snprintf(err->message, sizeof err->message, "%.300s: keys must be plain words", path);
+            nsaErrorf(err, "%.300s: keys must be plain words", path);
             rc = -1;
             break;
         }
@@ -275,14 +274,12 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
                 yaml_node_t *item = yaml_document_get_node(&doc, *it);
                 rc = item && item->type == YAML_SCALAR_NODE
                          ? applySetting(o, key, (const char *)item->data.scalar.value, flag, err)
-                         : (snprintf(err->message, sizeof err->message, "%s: list items must be host names",
-                                     flag),
-                            -1);
+                         : nsaErrorf(err, "%s: list items must be host names", flag);
             }
         } else if (v && v->type == YAML_SCALAR_NODE) {
             rc = applySetting(o, key, (const char *)v->data.scalar.value, flag, err);
         } else {
-            snprintf(err->message, sizeof err->message, "%s: expected a single value", flag);
+            nsaErrorf(err, "%s: expected a single value", flag);
             rc = -1;
         }
     }
@@ -294,7 +291,8 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
 
 /* ---- command line ------------------------------------------------------------------ */
 
-/* Returns 0 to go on, or an exit status (EXIT_USAGE, EXIT_CONFIG, 0 for --help). */
+/* Returns 0 to go on, an exit status (EXIT_USAGE, EXIT_CONFIG), or -1 after
+ * printing --help (the command then exits 0). */
 static int parseArgs(ServeOptions *o, int argc, char **argv) {
     static const struct {
         const char *flag, *key;

@@ -252,14 +252,12 @@ static void runSample(Infer *inf, InferJob *job, Stream *s) {
     const NsaDevice dev = pickDevice(job->device);
     int ready = 0;
     if (!tok) {
-        snprintf(err.message, sizeof err.message,
-                 "the run's tokenizer '%s' cannot encode a prompt; allowed: %s",
-                 weightsTokenizer(w), tokenizerNames());
+        nsaErrorf(&err, "the run's tokenizer '%s' cannot encode a prompt; allowed: %s",
+                  weightsTokenizer(w), tokenizerNames());
     } else {
         const size_t ctx = tokenizerMaxTokens(tok, strlen(job->prompt)) + (size_t)job->sample.max_tokens;
         if (ctx > (1u << 24))
-            snprintf(err.message, sizeof err.message, "prompt + max_tokens: %zu tokens; allowed: at "
-                     "most %u", ctx, 1u << 24);
+            nsaErrorf(&err, "prompt + max_tokens: %zu tokens; allowed: at most %u", ctx, 1u << 24);
         else
             ready = keptDecoder(k, dev, job->gpu, job->n_samples, (int)ctx, &built, &err) == 0;
     }

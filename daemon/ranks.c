@@ -329,9 +329,6 @@ int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err
     return dispatch(g, local, fn, arg, err);
 }
 
-int rankGroupLocal(const RankGroup *g) { return g ? g->cfg.local : 0; }
-int rankGroupWorld(const RankGroup *g) { return g ? g->cfg.world : 0; }
-int rankGroupFirst(const RankGroup *g) { return g ? g->cfg.first : 0; }
 
 NsaModel *rankGroupModel(RankGroup *g, int local) {
     if (!g || local < 0 || local >= g->cfg.local) return NULL;

@@ -89,12 +89,6 @@ int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err
  * fail (its ranks then get the grace period). Any thread; idempotent. */
 void rankGroupAbort(RankGroup *g, const char *reason);
 
-/* The group's shape: ranks on this process (local), ranks in the job
- * (world), and the job-wide rank of local rank 0 (first); 0 for NULL. */
-int rankGroupLocal(const RankGroup *g);
-int rankGroupWorld(const RankGroup *g);
-int rankGroupFirst(const RankGroup *g);
-
 /* Local rank `local`'s model, for what touches no device (its tensor table,
  * options); engine calls go through rankGroupRun*. NULL when out of range. */
 NsaModel *rankGroupModel(RankGroup *g, int local);

@@ -31,7 +31,7 @@ static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        nsaErrorv(err, fmt, ap);
         va_end(ap);
     }
     return st;
@@ -422,7 +422,7 @@ static void assignRun(ServiceTrainer *t, Run *run, int resume) {
 /* The scheduler: queued runs, in queue order, take idle trainers while
  * their claims are free and no run before them wants what they claim (see
  * service.h). Caller holds the lock. */
-static void schedule(Service *svc) {
+static void scheduleQueuedRuns(Service *svc) {
     if (svc->shutting_down) return;
     Run **queue = NULL;
     size_t n = 0;
@@ -461,7 +461,7 @@ static void *trainerThread(void *arg) {
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
         atomic_store(&t->tick_ns, clockMonotonicNs());
-        schedule(svc);
+        scheduleQueuedRuns(svc);
         if (t->pending) {
             char id[RUN_ID_MAX];
             snprintf(id, sizeof id, "%s", t->active_id);

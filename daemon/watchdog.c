@@ -36,12 +36,12 @@ int watchdogWriteDump(const char *dir, const char *reason, const char *header, c
                       size_t cap, NsaError *err) {
     int n = snprintf(path, cap, "%s/stacks-%lld-%s.txt", dir, (long long)time(NULL), reason);
     if (n < 0 || (size_t)n >= cap) {
-        if (err) snprintf(err->message, sizeof err->message, "dump path too long under %s", dir);
+        nsaErrorf(err, "dump path too long under %s", dir);
         return -1;
     }
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640);
     if (fd < 0) {
-        if (err) snprintf(err->message, sizeof err->message, "cannot write %s: %s", path, strerror(errno));
+        nsaErrorf(err, "cannot write %s: %s", path, strerror(errno));
         return -1;
     }
     int ok = 1;
@@ -61,7 +61,7 @@ int watchdogWriteDump(const char *dir, const char *reason, const char *header, c
     int saved = errno;
     if (close(fd) != 0) ok = 0;
     if (!ok) {
-        if (err) snprintf(err->message, sizeof err->message, "cannot write %s: %s", path, strerror(saved));
+        nsaErrorf(err, "cannot write %s: %s", path, strerror(saved));
         return -1;
     }
     return 0;
@@ -262,7 +262,7 @@ static void *watchdogThread(void *arg) {
 Watchdog *watchdogStart(Service *svc, NsaError *err) {
     Watchdog *wd = calloc(1, sizeof *wd);
     if (!wd) {
-        if (err) snprintf(err->message, sizeof err->message, "out of memory");
+        nsaErrorf(err, "out of memory");
         return NULL;
     }
     wd->svc = svc;
@@ -270,8 +270,7 @@ Watchdog *watchdogStart(Service *svc, NsaError *err) {
     if (wd->sd_usec) logInfo("systemd watchdog: pinging every %.1f s", (double)wd->sd_usec / 3e6);
     int rc = pthread_create(&wd->thread, NULL, watchdogThread, wd);
     if (rc != 0) {
-        if (err)
-            snprintf(err->message, sizeof err->message, "cannot start the watchdog thread: %s", strerror(rc));
+        nsaErrorf(err, "cannot start the watchdog thread: %s", strerror(rc));
         free(wd);
         return NULL;
     }

@@ -21,6 +21,7 @@
 #ifndef NSA_H
 #define NSA_H
 
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,12 @@ typedef struct NsaError {
 int nsaErrorf(NsaError *err, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+/* nsaErrorf with the arguments as a va_list (for variadic wrappers). */
+int nsaErrorv(NsaError *err, const char *fmt, va_list ap)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 0)))
 #endif
     ;
 

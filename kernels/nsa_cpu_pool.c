@@ -49,8 +49,7 @@ static void *workerMain(void *arg_ptr) {
 NsaCpuPool *nsaCpuPoolCreate(int threads, NsaError *err) {
     NsaCpuPool *pool = calloc(1, sizeof(*pool));
     if (!pool) {
-        if (err)
-            snprintf(err->message, sizeof(err->message), "nsa: out of memory for the thread pool");
+        nsaErrorf(err, "nsa: out of memory for the thread pool");
         return NULL;
     }
     pool->parts = threads > 1 ? threads : 1;
@@ -68,10 +67,8 @@ NsaCpuPool *nsaCpuPoolCreate(int threads, NsaError *err) {
         int rc = pthread_create(&pool->workers[i - 1], NULL, workerMain, arg);
         if (rc) {
             free(arg);
-            if (err)
-                snprintf(err->message, sizeof(err->message),
-                         "nsa: cannot start CPU worker thread %d of %d: %s", i, pool->parts - 1,
-                         strerror(rc));
+            nsaErrorf(err, "nsa: cannot start CPU worker thread %d of %d: %s", i, pool->parts - 1,
+                      strerror(rc));
             nsaCpuPoolFree(pool);
             return NULL;
         }
@@ -79,7 +76,7 @@ NsaCpuPool *nsaCpuPoolCreate(int threads, NsaError *err) {
     }
     return pool;
 fail:
-    if (err) snprintf(err->message, sizeof(err->message), "nsa: out of memory for the thread pool");
+    nsaErrorf(err, "nsa: out of memory for the thread pool");
     nsaCpuPoolFree(pool);
     return NULL;
 }
@@ -98,8 +95,6 @@ void nsaCpuPoolFree(NsaCpuPool *pool) {
     pthread_mutex_destroy(&pool->lock);
     free(pool);
 }
-
-int nsaCpuPoolParts(const NsaCpuPool *pool) { return pool ? pool->parts : 1; }
 
 void nsaCpuPoolRun(NsaCpuPool *pool, NsaCpuTask task, void *ctx) {
     if (!pool || pool->parts == 1) {

@@ -23,9 +23,6 @@ NsaCpuPool *nsaCpuPoolCreate(int threads, NsaError *err);
 /* Stops and joins the workers and frees the pool. NULL is a no-op. */
 void nsaCpuPoolFree(NsaCpuPool *pool);
 
-/* Number of parts a region is split into (>= 1); 1 for NULL. */
-int nsaCpuPoolParts(const NsaCpuPool *pool);
-
 /* Runs task over all parts and waits for them. pool NULL runs task(ctx, 0, 1).
  * Cannot fail. Not reentrant: tasks must not call it. */
 void nsaCpuPoolRun(NsaCpuPool *pool, NsaCpuTask task, void *ctx);

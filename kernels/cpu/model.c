@@ -231,9 +231,7 @@ int FN(nsaCpuModelForward)(NsaCpuModel *cm, const int32_t *tokens, const int32_t
         atomic_init(&job.failed, 0);
         nsaCpuPoolRun(cm->pool, attnForwardTask, &job);
         if (atomic_load(&job.failed)) {
-            if (err)
-                snprintf(err->message, sizeof(err->message),
-                         "nsa: layer %d: block selection ran out of memory for its scratch", i);
+            nsaErrorf(err, "nsa: layer %d: block selection ran out of memory for its scratch", i);
             return -1;
         }
         linearForward(cm, proj, ACT(la->y_attn), PARAM(li->wo), N, H * dv, C);

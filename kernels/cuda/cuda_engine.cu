@@ -882,12 +882,6 @@ int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *s
     return n ? copyIn(m, arena, at, n, src ? src + begin : NULL, err) : 0;
 }
 
-int nsaCudaModelGetArena(NsaCudaModel *m, NsaArena arena, float *dst, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
-    if (checkArena(arena, err)) return -1;
-    return copyOut(m, arena, 0, arenaElements(m, arena), dst, err);
-}
-
 int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err) {
     if (!m) return cudaFail(err, "cuda: no model (NULL)");
     if (checkArena(arena, err)) return -1;
@@ -1456,13 +1450,7 @@ size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m) { return m ? m->peak_u
 
 void *nsaCudaModelStream(const NsaCudaModel *m) { return m ? (void *)m->stream : NULL; }
 
-int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
-    if (!m || !scale) return cudaFail(err, "cuda: LossScale needs a model and an output");
-    return currentLossScale(m, scale, err);
-}
-
 const char *nsaCudaModelAttentionPath(const NsaCudaModel *m) {
     return m ? m->attention_path : "";
 }
 
-int nsaCudaModelUsesFastAttention(const NsaCudaModel *m) { return m ? m->mode.fast : 0; }

@@ -139,9 +139,8 @@ int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, Ns
 int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *src,
                           NsaError *err);
 
-/* Whole arena (nsaCudaModelArenaElements floats) at once, for checkpoints.
- * Same rules as Get/SetTensor. */
-int nsaCudaModelGetArena(NsaCudaModel *m, NsaArena arena, float *dst, NsaError *err);
+/* Whole arena (nsaCudaModelArenaElements floats) at once (Init's weights).
+ * Same rules as SetTensor. */
 int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err);
 
 /* The step, as nsa.h describes nsaModelZeroGrad/Forward/Backward/
@@ -196,8 +195,6 @@ int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out);
 /* Which attention kernels the model runs and why (one line, never NULL;
  * "" for NULL m). Lives as long as m. */
 const char *nsaCudaModelAttentionPath(const NsaCudaModel *m);
-/* 1 when the model's attention runs on the fast bf16 op, else 0. */
-int nsaCudaModelUsesFastAttention(const NsaCudaModel *m);
 
 /* Peak device memory in use since create (cudaMemGetInfo based), bytes. */
 size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m);
@@ -205,9 +202,6 @@ size_t nsaCudaModelPeakDeviceBytes(const NsaCudaModel *m);
 /* The stream every step enqueues on (a cudaStream_t), for benchmarks that
  * record events between the step's calls. NULL for NULL m. */
 void *nsaCudaModelStream(const NsaCudaModel *m);
-
-/* Current fp16 dynamic loss scale (1 in the other modes). Synchronous. */
-int nsaCudaModelLossScale(NsaCudaModel *m, float *scale, NsaError *err);
 
 #ifdef __cplusplus
 }

@@ -7,7 +7,6 @@
  * so no per-branch dO is ever written. dq of the three branches is summed
  * in fp32 in a fixed order (window, then compressed in the same pass, then
  * selected) without atomics. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,22 +65,12 @@ struct NsaAttnCudaPlan {
     FastMarks marks[2];
 };
 
-static int fastFail(NsaError *err, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof(err->message), fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 #define FAST_CHECK(call, what)                                                              \
     do {                                                                                    \
         cudaError_t fast_status_ = (call);                                                  \
         if (fast_status_ != cudaSuccess)                                                    \
-            return fastFail(err, "nsa fast attention: %s failed: %s", (what),              \
-                            cudaGetErrorString(fast_status_));                              \
+            return nsaErrorf(err, "nsa fast attention: %s failed: %s", (what),              \
+                             cudaGetErrorString(fast_status_));                             \
     } while (0)
 
 /* Which selected-branch kernels a call runs, from the shape and the
@@ -177,33 +166,33 @@ static FastCtx fastPlanCtx(const NsaAttnCudaPlan *p, const NsaAttnDims *dims) {
 static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
     if (nsaAttnDimsValidate(d, err)) return -1;
     if (!fastDimsSupported(d->d_k, d->d_v))
-        return fastFail(err,
-                        "nsa fast attention: (d_k, d_v) = (%d, %d) is not built; allowed: "
-                        "(64, 64), (128, 64), (128, 128), (192, 128)",
-                        d->d_k, d->d_v);
+        return nsaErrorf(err,
+                         "nsa fast attention: (d_k, d_v) = (%d, %d) is not built; allowed: "
+                         "(64, 64), (128, 64), (128, 128), (192, 128)",
+                         d->d_k, d->d_v);
     int hpg = d->H / d->G;
     if (hpg > FAST_MAX_HPG)
-        return fastFail(err, "nsa fast attention: H/G = %d heads per group; allowed: 1 to %d", hpg,
-                        FAST_MAX_HPG);
+        return nsaErrorf(err, "nsa fast attention: H/G = %d heads per group; allowed: 1 to %d", hpg,
+                         FAST_MAX_HPG);
     if (nsaNumSelSlots(d->n_sel) > FAST_MAX_SLOTS)
-        return fastFail(err, "nsa fast attention: n_sel = %d; allowed: 1 to %d", d->n_sel,
-                        FAST_MAX_SLOTS);
+        return nsaErrorf(err, "nsa fast attention: n_sel = %d; allowed: 1 to %d", d->n_sel,
+                         FAST_MAX_SLOTS);
     long long span = (63LL * d->cmp_stride + d->cmp_len - 1) / d->sel_len + 2;
     if (span >= FAST_SCORE_RING)
-        return fastFail(err,
-                        "nsa fast attention: a tile of 64 compressed blocks spans %lld selection "
-                        "blocks (cmp_stride %d, cmp_len %d, sel_len %d); allowed: fewer than %d",
-                        span, d->cmp_stride, d->cmp_len, d->sel_len, FAST_SCORE_RING);
+        return nsaErrorf(err,
+                         "nsa fast attention: a tile of 64 compressed blocks spans %lld selection "
+                         "blocks (cmp_stride %d, cmp_len %d, sel_len %d); allowed: fewer than %d",
+                         span, d->cmp_stride, d->cmp_len, d->sel_len, FAST_SCORE_RING);
     if (d->cmp_len / d->cmp_stride > FAST_CMP_MAX_OVERLAP)
-        return fastFail(err,
-                        "nsa fast attention: cmp_len / cmp_stride = %d compressed blocks hold a "
-                        "token; allowed: up to %d",
-                        d->cmp_len / d->cmp_stride, FAST_CMP_MAX_OVERLAP);
+        return nsaErrorf(err,
+                         "nsa fast attention: cmp_len / cmp_stride = %d compressed blocks hold a "
+                         "token; allowed: up to %d",
+                         d->cmp_len / d->cmp_stride, FAST_CMP_MAX_OVERLAP);
     size_t hist = (size_t)nsaNumSelBlocks(d->S, d->sel_len) * sizeof(int);
     if (hist > 200 * 1024)
-        return fastFail(err,
-                        "nsa fast attention: S / sel_len = %d selection blocks; allowed: up to %d",
-                        nsaNumSelBlocks(d->S, d->sel_len), (int)(200 * 1024 / sizeof(int)));
+        return nsaErrorf(err,
+                         "nsa fast attention: S / sel_len = %d selection blocks; allowed: up to %d",
+                         nsaNumSelBlocks(d->S, d->sel_len), (int)(200 * 1024 / sizeof(int)));
     return 0;
 }
 
@@ -412,24 +401,27 @@ static size_t fastCarve(NsaAttnCudaPlan *p, const NsaAttnDims *d, char *state_ba
  * err naming the field, its value and what is allowed. */
 static int fastCheckOptions(const NsaAttnCudaOptions *o, NsaError *err) {
     if (o->sel < NSA_ATTN_SEL_AUTO || o->sel > NSA_ATTN_SEL_DENSE)
-        return fastFail(err, "nsa fast attention: options sel = %d; allowed: %d (auto) to %d (dense)",
-                        (int)o->sel, (int)NSA_ATTN_SEL_AUTO, (int)NSA_ATTN_SEL_DENSE);
+        return nsaErrorf(err,
+                         "nsa fast attention: options sel = %d; allowed: %d (auto) to %d (dense)",
+                         (int)o->sel, (int)NSA_ATTN_SEL_AUTO, (int)NSA_ATTN_SEL_DENSE);
     if (o->mma < NSA_ATTN_MMA_AUTO || o->mma > NSA_ATTN_MMA_WGMMA)
-        return fastFail(err, "nsa fast attention: options mma = %d; allowed: %d (auto) to %d (wgmma)",
-                        (int)o->mma, (int)NSA_ATTN_MMA_AUTO, (int)NSA_ATTN_MMA_WGMMA);
+        return nsaErrorf(err,
+                         "nsa fast attention: options mma = %d; allowed: %d (auto) to %d (wgmma)",
+                         (int)o->mma, (int)NSA_ATTN_MMA_AUTO, (int)NSA_ATTN_MMA_WGMMA);
     if (o->sel_unfused != 0 && o->sel_unfused != 1)
-        return fastFail(err, "nsa fast attention: options sel_unfused = %d; allowed: 0, 1",
-                        o->sel_unfused);
+        return nsaErrorf(err, "nsa fast attention: options sel_unfused = %d; allowed: 0, 1",
+                         o->sel_unfused);
     if (o->cmp_parts < 0 || o->cmp_parts > CMP_MAX_PARTS)
-        return fastFail(err, "nsa fast attention: options cmp_parts = %d; allowed: 0 (auto), 1 to %d",
-                        o->cmp_parts, CMP_MAX_PARTS);
+        return nsaErrorf(err,
+                         "nsa fast attention: options cmp_parts = %d; allowed: 0 (auto), 1 to %d",
+                         o->cmp_parts, CMP_MAX_PARTS);
     const int chunk = o->sel_chunk_tokens;
     if (chunk != 0 && (chunk < FAST_REV_TOKENS || chunk > FAST_SEL_CHUNK_TOKENS_MAX ||
                        chunk % FAST_REV_TOKENS))
-        return fastFail(err,
-                        "nsa fast attention: options sel_chunk_tokens = %d; allowed: 0 (auto), or "
-                        "a multiple of %d from %d to %d",
-                        chunk, FAST_REV_TOKENS, FAST_REV_TOKENS, FAST_SEL_CHUNK_TOKENS_MAX);
+        return nsaErrorf(err,
+                         "nsa fast attention: options sel_chunk_tokens = %d; allowed: 0 (auto), or "
+                         "a multiple of %d from %d to %d",
+                         chunk, FAST_REV_TOKENS, FAST_REV_TOKENS, FAST_SEL_CHUNK_TOKENS_MAX);
     return 0;
 }
 
@@ -456,28 +448,31 @@ static int fastPlanConfigure(NsaAttnCudaPlan *p, const NsaAttnDims *max_dims,
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
     if (e != cudaSuccess)
-        return fastFail(err, "nsa fast attention: no usable CUDA device: %s", cudaGetErrorString(e));
+        return nsaErrorf(err, "nsa fast attention: no usable CUDA device: %s",
+                         cudaGetErrorString(e));
     p->device = dev;
     const int hopper = major == 9 && minor == 0;
     if (p->opt.mma == NSA_ATTN_MMA_WGMMA && !hopper)
-        return fastFail(err, "nsa fast attention: options mma = wgmma on a compute capability "
-                             "%d.%d device; allowed: auto, sync, and wgmma on 9.0",
-                        major, minor);
+        return nsaErrorf(err,
+                         "nsa fast attention: options mma = wgmma on a compute capability "
+                         "%d.%d device; allowed: auto, sync, and wgmma on 9.0",
+                         major, minor);
     p->wgmma = p->opt.mma == NSA_ATTN_MMA_AUTO ? hopper : p->opt.mma == NSA_ATTN_MMA_WGMMA;
     /* the wgmma tile loops read their key tiles by TMA: without the
      * driver's encoder they cannot run, and we say so rather than fall back */
     if (p->wgmma && (e = fastTmaEncoder(&p->tma_encode)) != cudaSuccess)
-        return fastFail(err, "nsa fast attention: the driver offers no "
-                             "cuTensorMapEncodeTiled (%s); the wgmma path needs it; "
-                             "options mma = sync runs without",
-                        cudaGetErrorString(e));
+        return nsaErrorf(err,
+                         "nsa fast attention: the driver offers no "
+                         "cuTensorMapEncodeTiled (%s); the wgmma path needs it; "
+                         "options mma = sync runs without",
+                         cudaGetErrorString(e));
     /* the compressed backward's parts at the max dims: fastCarve keeps
      * room for them, and calls at these dims take them as they are */
     e = fastCmpBackwardParts(fastPlanCtx(p, max_dims), max_dims->d_k, max_dims->d_v,
                              p->sm_count, CMP_MAX_PARTS, &p->cmp_parts);
     if (e != cudaSuccess)
-        return fastFail(err, "nsa fast attention: the compressed backward's parts: %s",
-                        cudaGetErrorString(e));
+        return nsaErrorf(err, "nsa fast attention: the compressed backward's parts: %s",
+                         cudaGetErrorString(e));
     if (p->opt.cmp_parts) p->cmp_parts = p->opt.cmp_parts;
     p->cmp_parts_B = max_dims->B, p->cmp_parts_S = max_dims->S;
     return 0;
@@ -489,7 +484,7 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
                                        NsaError *err) {
     NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
     if (!p) {
-        fastFail(err, "nsa fast attention: out of host memory for the plan");
+        nsaErrorf(err, "nsa fast attention: out of host memory for the plan");
         return NULL;
     }
     if (fastPlanConfigure(p, max_dims, opt, err)) {
@@ -512,10 +507,11 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
         else if (owner->device != p->device)
             why = "the scratch owner lives on another device; allowed: the same device";
         if (why) {
-            fastFail(err, "nsa fast attention: %s (this plan B=%d S=%d H=%d G=%d on device %d, "
-                          "owner B=%d S=%d H=%d G=%d on device %d)",
-                     why, max_dims->B, max_dims->S, max_dims->H, max_dims->G, p->device, o->B,
-                     o->S, o->H, o->G, owner->device);
+            nsaErrorf(err,
+                      "nsa fast attention: %s (this plan B=%d S=%d H=%d G=%d on device %d, "
+                      "owner B=%d S=%d H=%d G=%d on device %d)",
+                      why, max_dims->B, max_dims->S, max_dims->H, max_dims->G, p->device, o->B,
+                      o->S, o->H, o->G, owner->device);
             free(p);
             return NULL;
         }
@@ -527,8 +523,9 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
     p->bytes = owner ? state_bytes : state_bytes + scratch_bytes;
     cudaError_t e = cudaMalloc(&p->base, p->bytes);
     if (e != cudaSuccess) {
-        fastFail(err, "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
-                 p->bytes, max_dims->B, max_dims->S, cudaGetErrorString(e));
+        nsaErrorf(err,
+                  "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
+                  p->bytes, max_dims->B, max_dims->S, cudaGetErrorString(e));
         free(p);
         return NULL;
     }
@@ -537,7 +534,7 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
     for (int i = 0; i < FAST_MAX_MARKS; i++) {
         if (cudaEventCreate(&p->ev[0][i]) != cudaSuccess ||
             cudaEventCreate(&p->ev[1][i]) != cudaSuccess) {
-            fastFail(err, "nsa fast attention: cudaEventCreate failed");
+            nsaErrorf(err, "nsa fast attention: cudaEventCreate failed");
             nsaAttnCudaPlanFree(p);
             return NULL;
         }
@@ -546,8 +543,8 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
     if ((e = cudaStreamCreateWithFlags(&p->side, cudaStreamNonBlocking)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->to_side, cudaEventDisableTiming)) != cudaSuccess ||
         (e = cudaEventCreateWithFlags(&p->to_main, cudaEventDisableTiming)) != cudaSuccess) {
-        fastFail(err, "nsa fast attention: creating the second stream failed: %s",
-                 cudaGetErrorString(e));
+        nsaErrorf(err, "nsa fast attention: creating the second stream failed: %s",
+                  cudaGetErrorString(e));
         nsaAttnCudaPlanFree(p);
         return NULL;
     }
@@ -561,8 +558,8 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
             cudaSuccess)
             e = cudaEventCreateWithFlags(&p->drain.drained[i], cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        fastFail(err, "nsa fast attention: creating the combines' stream failed: %s",
-                 cudaGetErrorString(e));
+        nsaErrorf(err, "nsa fast attention: creating the combines' stream failed: %s",
+                  cudaGetErrorString(e));
         nsaAttnCudaPlanFree(p);
         return NULL;
     }
@@ -571,9 +568,9 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
 
 extern "C" int nsaAttnCudaPlanMeasure(const NsaAttnDims *max_dims, const NsaAttnCudaOptions *opt,
                                       size_t *state_bytes, size_t *scratch_bytes, NsaError *err) {
-    if (!max_dims) return fastFail(err, "nsa fast attention: dims are NULL");
+    if (!max_dims) return nsaErrorf(err, "nsa fast attention: dims are NULL");
     NsaAttnCudaPlan *p = (NsaAttnCudaPlan *)calloc(1, sizeof(*p));
-    if (!p) return fastFail(err, "nsa fast attention: out of host memory for the plan");
+    if (!p) return nsaErrorf(err, "nsa fast attention: out of host memory for the plan");
     if (fastPlanConfigure(p, max_dims, opt, err)) {
         free(p);
         return -1;
@@ -595,7 +592,7 @@ extern "C" NsaAttnCudaPlan *nsaAttnCudaPlanCreateSharing(const NsaAttnDims *max_
                                                          const NsaAttnCudaOptions *opt,
                                                          NsaAttnCudaPlan *owner, NsaError *err) {
     if (!owner) {
-        fastFail(err, "nsa fast attention: the plan to share scratch with is NULL");
+        nsaErrorf(err, "nsa fast attention: the plan to share scratch with is NULL");
         return NULL;
     }
     return fastPlanCreate(max_dims, opt, owner, err);
@@ -625,17 +622,17 @@ extern "C" size_t nsaAttnCudaPlanBytes(const NsaAttnCudaPlan *p) { return p ? p-
  * made for the plan's dims; every buffer is indexed densely by the call's
  * dims, and all sizes grow with B and S, so the plan's buffers hold them. */
 static int fastCheckCall(const NsaAttnCudaPlan *p, const NsaAttnDims *d, NsaError *err) {
-    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    if (!p) return nsaErrorf(err, "nsa fast attention: plan is NULL");
     if (fastCheckDims(d, err)) return -1;
     const NsaAttnDims *m = &p->max;
     if (d->H != m->H || d->G != m->G || d->d_k != m->d_k || d->d_v != m->d_v ||
         d->cmp_len != m->cmp_len || d->cmp_stride != m->cmp_stride || d->sel_len != m->sel_len ||
         d->n_sel != m->n_sel || d->window != m->window)
-        return fastFail(err, "nsa fast attention: dims differ from the plan's in a field other "
-                             "than B and S; allowed: the planned H, G, d_k, d_v, l, d, l', n, w");
+        return nsaErrorf(err, "nsa fast attention: dims differ from the plan's in a field other "
+                              "than B and S; allowed: the planned H, G, d_k, d_v, l, d, l', n, w");
     if (d->B > m->B || d->S > m->S)
-        return fastFail(err, "nsa fast attention: B=%d S=%d exceed the plan's B=%d S=%d", d->B,
-                        d->S, m->B, m->S);
+        return nsaErrorf(err, "nsa fast attention: B=%d S=%d exceed the plan's B=%d S=%d", d->B,
+                         d->S, m->B, m->S);
     /* the reverse index lays out [B*G][Ns][chunks]: fits when B and S do */
     return 0;
 }
@@ -647,8 +644,10 @@ static int fastCheckAligned(const char *const *names, const void *const *ptrs, i
                             NsaError *err) {
     for (int i = 0; i < n; i++)
         if ((uintptr_t)ptrs[i] % 16 != 0)
-            return fastFail(err, "nsa fast attention: %s = %p is not 16-byte aligned; allowed: "
-                                 "16-byte aligned device pointers", names[i], ptrs[i]);
+            return nsaErrorf(err,
+                             "nsa fast attention: %s = %p is not 16-byte aligned; allowed: "
+                             "16-byte aligned device pointers",
+                             names[i], ptrs[i]);
     return 0;
 }
 
@@ -683,8 +682,8 @@ extern "C" int nsaAttnForwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (fastCheckCall(p, dims, err)) return -1;
     if (!in || !in->q || !in->k_cmp || !in->v_cmp || !in->k_sel || !in->v_sel || !in->k_win ||
         !in->v_win || !in->gates || !out)
-        return fastFail(err, "nsa fast attention: an input or out is NULL; all eight inputs and "
-                             "out are required");
+        return nsaErrorf(err, "nsa fast attention: an input or out is NULL; all eight inputs and "
+                              "out are required");
     {
         const char *names[] = {"q", "k_cmp", "v_cmp", "k_sel", "v_sel", "k_win", "v_win", "out"};
         const void *ptrs[] = {in->q, in->k_cmp, in->v_cmp, in->k_sel, in->v_sel, in->k_win,
@@ -853,10 +852,11 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     if (fastCheckCall(p, dims, err)) return -1;
     if (!in || !in->q || !in->k_cmp || !in->v_cmp || !in->k_sel || !in->v_sel || !in->k_win ||
         !in->v_win || !in->gates || !dout)
-        return fastFail(err, "nsa fast attention: an input or dout is NULL; all are required");
+        return nsaErrorf(err, "nsa fast attention: an input or dout is NULL; all are required");
     if (!grads || !grads->dq || !grads->dk_cmp || !grads->dv_cmp || !grads->dk_sel ||
         !grads->dv_sel || !grads->dk_win || !grads->dv_win || !grads->dgates)
-        return fastFail(err, "nsa fast attention: a gradient output is NULL; all eight are required");
+        return nsaErrorf(err,
+                         "nsa fast attention: a gradient output is NULL; all eight are required");
     {
         const char *names[] = {"q",      "k_cmp",  "v_cmp",  "k_sel",  "v_sel",  "k_win",
                                "v_win",  "dout",   "dq",     "dk_cmp", "dv_cmp", "dk_sel",
@@ -976,8 +976,8 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
     }
     if (fused) {
         if (!p->fused.item_start || !sbq.part_dq)
-            return fastFail(err, "nsa fast attention: the fused selected backward was not planned "
-                                 "(a bug: fastCarve and fastSelDesign disagree)");
+            return nsaErrorf(err, "nsa fast attention: the fused selected backward was not planned "
+                                  "(a bug: fastCarve and fastSelDesign disagree)");
         FastSelFused f = p->fused;
         const FastSelFused shape =
             fastSelFusedShape(sbq, c.Ns, c.slots, c.hpg, dims->B * dims->G, p->sm_count);
@@ -1007,7 +1007,7 @@ extern "C" int nsaAttnBackwardCuda(NsaAttnCudaPlan *p, const NsaAttnDims *dims,
 }
 
 extern "C" int nsaAttnCudaProfile(NsaAttnCudaPlan *p, int enable, NsaError *err) {
-    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    if (!p) return nsaErrorf(err, "nsa fast attention: plan is NULL");
     p->profile = enable != 0;
     p->n_marks[0] = p->n_marks[1] = 0;
     return 0;
@@ -1015,7 +1015,7 @@ extern "C" int nsaAttnCudaProfile(NsaAttnCudaPlan *p, int enable, NsaError *err)
 
 extern "C" int nsaAttnCudaProfileRead(NsaAttnCudaPlan *p, const char **names, float *ms, int max,
                                       NsaError *err) {
-    if (!p) return fastFail(err, "nsa fast attention: plan is NULL");
+    if (!p) return nsaErrorf(err, "nsa fast attention: plan is NULL");
     int n = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int i = 0; i + 1 < p->n_marks[pass] && n < max; i++, n++) {
