@@ -3,10 +3,11 @@
  * job at a time on the GPUs, or the CPU, that job claims), the TrainMonitor
  * of each that the watchdog and the API read, and the daemon's counters.
  *
- * Threads: the HTTP thread calls serviceCreateRun / serviceHaltRun /
+ * Threads: the HTTP thread calls serviceSubmitRun / serviceHaltRun /
  * serviceResumeRun and reads the registry under svc->lock; the scheduler
- * (serviceSchedule, under the lock) hands queued runs to idle trainers in
- * queue order as their GPUs come free, and each trainer thread runs its job
+ * (scheduleQueuedRuns in service.c, run by the trainer threads under the
+ * lock) hands queued runs to idle trainers in queue order as their GPUs
+ * come free, and each trainer thread runs its job
  * (trainerRun) and records its news under the same lock; the watchdog
  * reads the monitors' atomics and takes the lock to mark a run hung.
  * Nobody holds the lock across slow work.

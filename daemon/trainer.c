@@ -15,7 +15,8 @@
  * micro-batch a of a step gives rank r the batch at position
  * P + a * world + r, so the data position counts batches of batch_size
  * samples, whatever the rank count) and hands the step to all ranks at
- * once (stepOnRank); evaluation runs on rank 0; checkpoints gather the
+ * once (stepOnRank); evaluation is shared by the ranks (evalOnRank: each
+ * takes every world-th held-out batch); checkpoints gather the
  * sharded moments (nsaModelGatherTensor) and load by broadcast from rank 0
  * (nsaModelBroadcastTensor). */
 #include "trainer.h"
@@ -794,7 +795,6 @@ static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
     return rc;
 }
 
-/* The held-out batches on rank 0 (its weights are every rank's). */
 /* Evaluation shared by the ranks: rank r takes the held-out batches
  * i = r, r + world, ... (the same batches every time, so the curve
  * compares) and sums their losses; the sums are exchanged and added in
@@ -918,8 +918,6 @@ static TrainRankStatus localStatus(const Trainer *t, int r) {
     return st;
 }
 
-/* toks_per_s counts the steps' own time: evaluations and checkpoints in
- * between would otherwise show up as a throughput drop. */
 /* Hands a held sample to on_sample after all (its evaluation failed). */
 static void releaseHeldSample(Trainer *t) {
     if (t->has_held_sample && t->hooks && t->hooks->on_sample)
@@ -929,7 +927,9 @@ static void releaseHeldSample(Trainer *t) {
 
 /* Logs the step to training.csv and the console; its sample goes to
  * on_sample now, or - hold: the step is evaluated next - to on_eval with
- * the evaluation. Returns -1 with err set when the CSV write fails. */
+ * the evaluation. toks_per_s counts the steps' own time: evaluations and
+ * checkpoints in between would otherwise show up as a throughput drop.
+ * Returns -1 with err set when the CSV write fails. */
 static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step_seconds, int hold,
                    NsaError *err) {
     double now = clockMonotonicSeconds();
