@@ -44,21 +44,12 @@ static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *op
                 if (strlen(opts[k].name) == name_len && !strncmp(opts[k].name, arg, name_len))
                     opt = &opts[k];
             if (!opt) {
-                /* the command's options and the global ones (nsactl.c) */
-                static const char *const global[] = {"--json", "--help", "--socket", "--url", "--token",
-                                                     "--token-file", "--state-dir", "--timeout", "--version"};
-                char typed[80], hint[256] = "";
+                char typed[80];
+                const char *names[16];
+                int n_names = 0;
                 snprintf(typed, sizeof typed, "%.*s", (int)name_len, arg);
-                const char *names[32], *close[SUGGEST_MAX];
-                size_t n_names = 0;
                 for (int k = 0; k < n_opts && n_names < 16; k++) names[n_names++] = opts[k].name;
-                for (size_t k = 0; k < sizeof global / sizeof global[0]; k++) names[n_names++] = global[k];
-                int n_close = suggestWords(typed, names, n_names, close);
-                if (n_close) {
-                    char list[200];
-                    snprintf(hint, sizeof hint, "; did you mean %s?", suggestList(close, n_close, list, sizeof list));
-                }
-                fprintf(stderr, "nsactl %s: unknown option '%s'%s (see nsactl %s --help)\n", cmd, typed, hint, cmd);
+                ctlUnknownOption(cmd, typed, names, n_names);
                 return -1;
             }
             if (opt->flag) {
@@ -1068,6 +1059,23 @@ char *ctlAliasesOf(const char *command, char *buf, size_t cap) {
         used += (size_t)k;
     }
     return buf;
+}
+
+void ctlUnknownOption(const char *cmd, const char *typed, const char *const *opts, int n_opts) {
+    /* the command's options and the global ones (nsactl.c) */
+    static const char *const global[] = {"--json",  "--help",       "--socket",    "--url",
+                                         "--token", "--token-file", "--state-dir", "--timeout",
+                                         "--version"};
+    enum { N_GLOBAL = sizeof global / sizeof global[0] };
+    const char *names[16 + N_GLOBAL], *close[SUGGEST_MAX];
+    size_t n = 0;
+    for (int k = 0; k < n_opts && k < 16; k++) names[n++] = opts[k];
+    for (size_t k = 0; k < N_GLOBAL; k++) names[n++] = global[k];
+    char hint[256] = "", list[200];
+    const int n_close = suggestWords(typed, names, n, close);
+    if (n_close)
+        snprintf(hint, sizeof hint, "; did you mean %s?", suggestList(close, n_close, list, sizeof list));
+    fprintf(stderr, "nsactl %s: unknown option '%s'%s (see nsactl %s --help)\n", cmd, typed, hint, cmd);
 }
 
 void ctlUnknownCommand(const char *name) {

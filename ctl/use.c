@@ -35,8 +35,12 @@ static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int
             for (int k = 0; k < n_opts; k++)
                 if (strlen(opts[k].name) == len && !strncmp(opts[k].name, arg, len)) o = &opts[k];
             if (!o) {
-                fprintf(stderr, "nsactl %s: unknown option '%.*s' (see nsactl %s --help)\n", cmd,
-                        (int)len, arg, cmd);
+                char typed[80];
+                const char *names[16];
+                int n_names = 0;
+                snprintf(typed, sizeof typed, "%.*s", (int)len, arg);
+                for (int k = 0; k < n_opts && n_names < 16; k++) names[n_names++] = opts[k].name;
+                ctlUnknownOption(cmd, typed, names, n_names);
                 return -1;
             }
             if (!eq && i + 1 >= argc) {

@@ -116,6 +116,9 @@ expect_rc "help of a mistyped command exits 2" 2 C help lsit
 grep -q "did you mean 'list'?" "$TMP/err" && ok "help lsit: did you mean 'list'?" || not_ok "help lsit: did you mean 'list'?" "$(cat "$TMP/err")"
 expect_rc "a mistyped option exits 2" 2 C list --jsno
 grep -q "did you mean '--json'?" "$TMP/err" && ok "list --jsno: did you mean '--json'?" || not_ok "list --jsno: did you mean '--json'?" "$(cat "$TMP/err")"
+expect_rc "a mistyped option of sample exits 2" 2 C sample run-1 --promt hi
+grep -q "did you mean '--prompt'?" "$TMP/err" && ok "sample --promt: did you mean '--prompt'?" ||
+    not_ok "sample --promt: did you mean '--prompt'?" "$(cat "$TMP/err")"
 for alias in ps ls rm stop; do
     expect_rc "$alias --help exits 0" 0 C "$alias" --help
 done
