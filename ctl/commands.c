@@ -954,7 +954,8 @@ const CtlCommand ctlCommands[] = {
      "A table of id, name, state, step, loss, tokens/s, device (a CUDA run's\n"
      "GPUs: cuda:0,1) and creation time;\n"
      "a queued run's state shows its place (queued #1 starts next).\n"
-     "--json prints {\"runs\": [...], \"active\": ID|null, \"queue\": [ID, ...]}.\n",
+     "--json prints {\"runs\": [...], \"active\": ID|null, \"active_runs\": [ID, ...],\n"
+     "\"queue\": [ID, ...]}.\n",
      cmdList},
     {"front", "front ID", "move a queued run to the front of the queue",
      "Nobody waits before it then: it starts as soon as the GPUs it needs are\n"
@@ -1011,8 +1012,9 @@ const CtlCommand ctlCommands[] = {
      "guard stopped it.\n",
      cmdWatch},
     {"dashboard", "dashboard", "print the dashboard URL, with the token in its fragment",
-     "The URL is --url (default http://127.0.0.1:8470) plus /#token=TOKEN; the\n"
-     "token comes from --token, --token-file or the state dir (see nsactl --help).\n",
+     "The URL is nsad's TCP address (asked of nsad over the socket, or --url)\n"
+     "plus /#token=TOKEN; the token comes from --token, --token-file or the\n"
+     "state dir (see nsactl --help).\n",
      cmdDashboard},
     {"sample", "sample ID|CHECKPOINT_DIR --prompt TEXT [--n N] [--max-tokens N] [--temperature T]\n"
                "       [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",

@@ -49,7 +49,7 @@ static void printUsage(FILE *out) {
             "  2   bad command line\n"
             "  3   cannot reach nsad (no socket, connection refused, no answer in time)\n"
             "  4   not found (no such run)\n"
-            "  5   conflict (another run is active, or the run's state does not allow it)\n"
+            "  5   conflict (the run's state does not allow it, or --no-queue and it would wait)\n"
             "  78  bad config file (missing, unreadable, or rejected by nsad)\n");
 }
 

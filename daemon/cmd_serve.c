@@ -1,9 +1,10 @@
 /* cmd_serve.c - `nsad serve`: the long-lived daemon.
  *
- * Threads: main (options, start-up, then signals), the trainer (service.c),
- * the HTTP loop (server.c) and the watchdog (watchdog.c). Start-up order:
+ * Threads: main (options, start-up, then signals), the trainers (service.c:
+ * one per GPU and one for the CPU engine), the HTTP loop (server.c) and the
+ * watchdog (watchdog.c). Start-up order:
  * options and daemon config (exit 78 when bad), state dir, token, run
- * registry (picking up an interrupted run), listeners, trainer, watchdog,
+ * registry (picking up an interrupted run), listeners, trainers, watchdog,
  * then READY=1 to systemd. SIGTERM/SIGINT stop it: the active run
  * checkpoints and stays active on disk, so the next start resumes it;
  * signals.h says what every other signal does. */
@@ -65,8 +66,9 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: nsad serve [OPTIONS]\n"
             "\n"
-            "Runs the training daemon: a JSON/HTTP API (proto/api.md), the dashboard, one\n"
-            "trainer that owns the GPUs (or the CPU engine), and a watchdog.\n"
+            "Runs the training daemon: a JSON/HTTP API (proto/api.md), the dashboard, the\n"
+            "trainers (one per GPU, one for the CPU engine; a run takes the GPUs it names),\n"
+            "the run queue and a watchdog.\n"
             "\n"
             "  --config FILE          daemon config (YAML; default " DEFAULT_CONFIG " when it exists)\n"
             "  --listen ADDR:PORT     TCP address (default " DEFAULT_LISTEN "; 'none' for no TCP)\n"

@@ -1,5 +1,8 @@
 /* commands.h - nsad's subcommands. Each returns the process exit status:
- * 0 success, 1 runtime failure, 2 usage error, 78 (EX_CONFIG) bad config. */
+ * 0 success, 1 runtime failure, 2 usage error, 75 (EX_TEMPFAIL) the state
+ * dir held by another nsad serve, 78 (EX_CONFIG) bad config; nsad serve
+ * also exits 70 (EX_SOFTWARE) when its watchdog ends a hung process
+ * (watchdog.h). */
 #ifndef NSAD_COMMANDS_H
 #define NSAD_COMMANDS_H
 

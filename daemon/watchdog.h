@@ -1,6 +1,6 @@
-/* watchdog.h - the thread that watches the trainer and the HTTP loop.
+/* watchdog.h - the thread that watches the trainers and the HTTP loop.
  *
- * Every tick (250 ms) it compares how long the trainer has been in its
+ * Every tick (250 ms) it compares how long each busy trainer has been in its
  * current phase with that phase's deadline (the active job's `watchdog:`
  * config). On an overrun it writes every thread's stack, the phase and how
  * long it has lasted to a dump file in the run's out_dir and to the log,
@@ -10,7 +10,7 @@
  * nsad, which resumes the run from its latest checkpoint.
  *
  * It also speaks to systemd: WATCHDOG=1 pings (only while both the HTTP
- * thread and the trainer show signs of life) and STATUS= lines. */
+ * thread and the trainers show signs of life) and STATUS= lines. */
 #ifndef NSAD_WATCHDOG_H
 #define NSAD_WATCHDOG_H
 

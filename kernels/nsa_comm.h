@@ -5,6 +5,7 @@
  * (rank, world, deadline, abort state, the stall fault) and a table of
  * operations each transport fills:
  *   nsa_comm_local.c  ranks that are threads of this process (CPU engine);
+ *   nsa_comm_tcp.c    ranks on other nodes over TCP (CPU engine);
  *   nsa_comm_nccl.c   NCCL (CUDA engine), compiled in when nccl.h exists.
  * nsa_comm.c holds the public entry points: argument checks, the abort
  * state and the injected stall, then the transport's operation. */

@@ -2,8 +2,9 @@
  * backward as a sequence of kernels and cuBLASLt GEMMs, the optimizer step
  * and the host-facing API of cuda_engine.h.
  *
- * Memory is planned once (planCarve walks the same layout for sizing and
- * for pointer assignment): parameters, gradients, Adam m and v (the shared
+ * Memory is planned once (planActivations and planScratch walk the same
+ * layout through a Carver twice: counting, then handing out pointers):
+ * parameters, gradients, Adam m and v (the shared
  * layout, fp32), the bf16/fp16 weight copy the GEMMs read, saved
  * activations for max_batch x max_seq_len, backward scratch shared by all
  * layers, the cuBLASLt workspace, one fast-attention plan per layer, and
