@@ -633,11 +633,14 @@ int cmdServe(int argc, char **argv) {
     }
     logSetRunSink(runlogAppend, svc->runlog); /* each run's lines into its own log too */
     setPeakFlops(svc, o.peak_tflops);
+    /* from here every way out goes through `stop`: what started is stopped
+     * in reverse order, the service last */
+    int exit_code = 1, halt_reason = TRAIN_HALT_SHUTDOWN;
+    Server *srv = NULL;
+    Watchdog *wd = NULL;
     if (!(svc->infer = inferStart((double)o.model_keep_s, &err))) {
         logError("%s", err.message);
-        logSetRunSink(NULL, NULL);
-        serviceClose(svc);
-        return 1;
+        goto stop;
     }
     /* the nodes of a multi-node job share one token: a coordinator shows
      * the other nodes its own */
@@ -670,44 +673,34 @@ int cmdServe(int argc, char **argv) {
         .n_allow_hosts = o.n_allow_hosts,
     };
     for (int i = 0; i < o.n_allow_hosts; i++) so.allow_hosts[i] = o.allow_hosts[i];
-    Server *srv = serverStart(&so, svc, &err);
-    if (!srv) {
+    if (!(srv = serverStart(&so, svc, &err)) || serviceStartTrainers(svc, &err) != 0 ||
+        !(wd = watchdogStart(svc, &err))) {
         logError("%s", err.message);
-        stopInfer(svc);
-        logSetRunSink(NULL, NULL);
-        serviceClose(svc);
-        return 1;
-    }
-    Watchdog *wd = NULL;
-    if (serviceStartTrainers(svc, &err) != 0 || !(wd = watchdogStart(svc, &err))) {
-        logError("%s", err.message);
-        serverStop(srv);
-        stopInfer(svc);
-        serviceShutdown(svc, (double)o.stop_timeout_s, TRAIN_HALT_SHUTDOWN);
-        logSetRunSink(NULL, NULL);
-        serviceClose(svc);
-        return 1;
+        goto stop;
     }
 
     announceReady(svc, srv, &o, lock_fd, tcp ? host : NULL, unix_sock);
-
-    int exit_code = 0;
-    const int stop_signal = waitForStopSignal();
+    halt_reason = trainHaltReasonOfSignal(waitForStopSignal());
     sdNotify("STOPPING=1\nSTATUS=stopping: checkpointing the active run");
-    serverStop(srv);      /* first: it ends the streams the inference jobs write */
+    exit_code = 0;
+
+stop:
+    if (srv) serverStop(srv); /* first: it ends the streams the inference jobs write */
     stopInfer(svc);
-    if (serviceShutdown(svc, (double)o.stop_timeout_s,
-                        trainHaltReasonOfSignal(stop_signal)) != 0) {
+    /* a trainer not started has nothing to stop; a run it was handed stays
+     * active on disk and resumes at the next start */
+    if (serviceShutdown(svc, (double)o.stop_timeout_s, halt_reason) != 0) {
         logError("the trainer did not stop within %.0f s; exiting anyway (the run resumes at the next start)",
                  (double)o.stop_timeout_s);
-        exit_code = 1;
         watchdogStop(wd);
-        return exit_code; /* the trainer thread still runs: do not free what it uses */
+        return 1; /* the trainer thread still runs: do not free what it uses */
     }
     watchdogStop(wd);
     logSetRunSink(NULL, NULL);
     serviceClose(svc);
-    stackdumpUnregisterThread();
-    logNotice("nsad stopped");
+    if (exit_code == 0) {
+        stackdumpUnregisterThread();
+        logNotice("nsad stopped");
+    }
     return exit_code;
 }
