@@ -19,8 +19,8 @@
  *                  the AdamW kernel writes the bf16 weight copy next to the
  *                  fp32 master, and every activation a GEMM reads is stored
  *                  in bf16 by its producer (RMSNorm, SiLU, RoPE backward...);
- *                  attention on the fast bf16 tensor-core op (fast_*.cu,
- *                  nsaAttnForwardCuda) with one NsaAttnCudaPlan per layer;
+ *                  attention on the fast bf16 tensor-core op
+ *                  (kernels/cuda/fast_attn/, nsaAttnForwardCuda) with one NsaAttnCudaPlan per layer;
  *   NSA_PREC_FP16  the same with fp16 GEMM operands and a dynamic loss scale
  *                  kept on the device; attention still runs in bf16 (the
  *                  fast op is bf16 only; bf16 has fp32's range, so the

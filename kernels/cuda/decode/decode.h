@@ -50,7 +50,9 @@ int nsaCudaDecoderPosition(const NsaCudaDecoder *d, int slot);
 int nsaCudaDecoderCopySlot(NsaCudaDecoder *d, int dst, int src, NsaError *err);
 /* How Prefill runs on this decoder, and why (a sentence). */
 const char *nsaCudaDecoderPrefillPath(const NsaCudaDecoder *d);
-/* n steps of one token on slot; logits [V] of the last (NULL: none). */
+/* n prompt tokens into slot: the prompt pass (more than 512 positions into
+ * an empty slot) or passes of up to 256 rows (nsaCudaDecoderPrefillPath
+ * says which); logits [V] of the last (NULL: none). */
 int nsaCudaDecoderPrefill(NsaCudaDecoder *d, int slot, const int32_t *tokens, int n,
                           float *logits, NsaError *err);
 /* One step of slots 0..B-1; logits [B][V] (NULL: none). */

@@ -23,7 +23,7 @@
 
 #define GEMV_WARPS 8
 /* 16-row tiles a CTA of the tensor-core form takes; more rows (a prefill
- * pass of 64) go to more CTAs, each reading the weights again from L2. At 4
+ * pass of 256) go to more CTAs, each reading the weights again from L2. At 4
  * tiles a CTA the normalising products held 170 registers (one CTA per SM)
  * and half as many CTAs ran. The two-tile kernels are built for two CTAs
  * per SM; the one-tile kernels keep the compiler's own register choice

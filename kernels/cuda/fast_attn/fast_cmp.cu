@@ -10,8 +10,8 @@
  * CTA; the count from a model of the CTA schedule, fastCmpBackwardParts),
  * or row tiles dealt round-robin with the CTAs started longest first; each
  * writes an fp32 partial and the pooling backward sums the parts in a
- * fixed order - no atomics, reproducible. (The optional dq in that pass,
- * CmpDqTurns, adds by L2 reductions that take turns in a fixed order.) */
+ * fixed order - no atomics, reproducible. The compressed dq comes from the
+ * window + compressed dQ pass (fastWinCmpDq). */
 #include "fast_host.h"
 #include "fast_policy.cuh"
 #include "tile_fwd.cuh"

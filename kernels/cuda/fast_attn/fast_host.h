@@ -137,7 +137,7 @@ cudaError_t fastWinBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &i
  * keys and where dq goes, per win.dq_mode; cmp: io.k, io.v = kc, vc, nkeys
  * = Nc, lse_cmp), for the tokens [t_begin, t_end) of every batch row. With
  * sel (its keys and lse) the selected branch joins the pass: with sel_mask
- * (fastSelDenseMask: c.sel_dense_dq) all of it, as masked dense attention,
+ * (fastSelDenseMask: c.sel_dq == FastSelDq::DENSE) all of it, as masked dense attention,
  * over every token, dq written whole; without, its forced blocks only
  * (SelForcedPolicy, where fastSelForcedDqApplies), the fused selected
  * backward adding the chosen blocks' dq (FastSelBlock.forced_dq_apart).
@@ -256,7 +256,8 @@ struct FastSelBlock {
 /* Whether the block-centric forward takes the forced blocks of every
  * token (block 0, its own and the one before: 3 of the paper's 16) in a
  * flash pass of their own (SelForcedPolicy) rather than as work items like
- * the chosen blocks: where l' is a multiple of 64, the key tile. */
+ * the chosen blocks: where l' is a multiple of 64, the key tile, and the
+ * block kernel runs on wgmma (d_v = 64 or l' = 64; selBlockForward). */
 static inline bool fastSelForcedApplies(const FastCtx &c) { return c.sel_len % 64 == 0; }
 /* Whether that pass is fast_sel_forced.cu's, one token block per CTA:
  * where l' = 64 (a block is one key tile) and the tile loops run on wgmma;
@@ -396,8 +397,9 @@ cudaError_t fastSelFusedBackward(const FastCtx &c, int dk, int dv, const FastBwd
                                  bf16 *dv_out, const FastChunkHook *before_combine,
                                  const FastDrain *drain, cudaStream_t stream);
 /* dk_out, dv_out overwritten (bf16); dq per io.dq_mode, block-centric when
- * c.sel_block_dq (sb_dq its chunking and buffers, else NULL), and none
- * when c.sel_dense_dq (the masked dense dQ runs in fastWinCmpDq's pass). */
+ * c.sel_dq is FastSelDq::BLOCK or FUSED (sb_dq its chunking and buffers,
+ * else NULL), and none when it is DENSE (the masked dense dQ runs in
+ * fastWinCmpDq's pass). */
 cudaError_t fastSelBackward(const FastCtx &c, int dk, int dv, const FastBwdIo &io,
                             const int32_t *sel_idx, const FastRevIndex &rev,
                             const FastSelBlock *sb_dq, bf16 *dk_out, bf16 *dv_out,

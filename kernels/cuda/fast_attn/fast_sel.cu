@@ -12,8 +12,8 @@
  *
  * Which dQ runs is decided per call in fast_attn.cu (fastSelDesign, by S,
  * head dims and tensor-core path; docs/FAST_ATTN.md has the table): this
- * one for the long-S dQ at d_k >= 128 where l' > 64, and on mma.sync from
- * S = 4096 where d_k > 64.
+ * one for the long-S dQ on wgmma at d_k >= 128 where l' > 64 (from S =
+ * 8192), and on mma.sync from S = 4096, except at d_k = 64 from S = 8192.
  *
  * dK/dV, deterministic: a stable counting sort builds, for every selection
  * block j, the ascending list of tokens that chose it (count per chunk of

@@ -1,10 +1,10 @@
 /* fast_sel_block.cu - selected attention forward for long sequences,
- * block-centric (the third design of the selected forward; fast_sel.cu says
- * when each runs).
+ * block-centric (one of the selected forward's three designs, FastSelFwd;
+ * fastSelDesign in fast_attn.cu picks one per call).
  *
- * The warp-per-token forward gathers the chosen blocks' K and V for every
- * token: 32 KB per (token, block) pair at the paper shape, fetched from L2
- * at random addresses - that kernel runs at the L2 bandwidth. Here a CTA
+ * Gathering the chosen blocks' K and V for every token (the dropped
+ * warp-per-token forward) moves 32 KB per (token, block) pair at the paper
+ * shape, fetched from L2 at random addresses, at the L2 bandwidth. Here a CTA
  * holds one selection block's K and V in shared memory and streams the
  * query rows of the tokens that chose it (the block's ascending token list
  * of the reverse index), writing for each (token, block) pair a partial
@@ -19,9 +19,9 @@
  *
  * Three of a token's blocks are forced (block 0, its own and the previous
  * one: the selection always keeps them, proto/model.md), the same for
- * every token of a block. Where l' is a
- * multiple of 64 (fastSelForcedApplies) the forward's work items skip
- * them: a pass of their own writes their merged partial straight into
+ * every token of a block. Where l' is a multiple of 64
+ * (fastSelForcedApplies) and the block kernel runs on wgmma (d_v = 64 or
+ * l' = 64) the forward's work items skip them: a pass of their own writes their merged partial straight into
  * o_sel, lse_sel - at l' = 64 one CTA per token block holding the three
  * key tiles (fast_sel_forced.cu), at other multiples of 64 the forward
  * tile kernel over the query tiles (SelForcedPolicy: block 0 as lead

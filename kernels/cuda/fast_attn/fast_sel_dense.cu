@@ -1,6 +1,6 @@
 /* fast_sel_dense.cu - selected attention at short S as masked dense flash
- * attention (the fourth design of the selected forward and dQ; fast_attn.cu
- * picks it, fast_sel.cu says what the others do).
+ * attention (one of the selected forward's and dQ's designs, FastSelFwd
+ * and FastSelDq in fast_host.h; fastSelDesign in fast_attn.cu picks it).
  *
  * At short S a token chooses a large share of all blocks (16 of 32 at
  * S = 2048, l' = 64), so its selected keys are most of its causal past. Then

@@ -1,13 +1,15 @@
 /* fast_win.cu - sliding-window attention, flash style, on tensor cores.
  *
  * Query t of head h sees keys [max(0, t-w+1), t] of its group. Forward: one
- * CTA per tile of 64 packed (token, head) rows of a group streams the key
+ * CTA per query tile (FastQTile: 128 packed (token, head) rows of a group,
+ * 192 on wgmma where d_v > 64) streams the key
  * tiles of [t0-w+1, t_last] (left and causal masks per row) and, as the
  * last branch of the forward, fuses the gate combine into its epilogue:
  * out = g_cmp o_cmp + g_sel o_sel + g_win o_win, saving a pass over memory;
  * where the selected branch is masked dense (short S) the same CTA runs it
  * first on the same q tile.
- * Backward: dK/dV per key tile of 64 over the query rows [u0, u1+w-1]
+ * Backward: dK/dV per key tile (FastDkdvShape: 64 keys, 128 on wgmma where
+ * d_k + d_v >= 256) over the query rows [u0, u1+w-1]
  * (deterministic, written once), and one dQ pass per query tile for this
  * branch and the compressed one together, and the masked dense selected
  * one with them where that design runs (fastWinCmpDq). */
