@@ -54,6 +54,9 @@ __global__ void poolAvgBackwardKernel(float *dx, const float *dpooled, int B, in
     }
 }
 
+/* Forward: one warp per query row (b, t, h) over the blocks i < cmpVisible(t) of group g:
+ * o = sum_i p_i vc_i, p_i = softmax_i(scale q_t.kc_i), lse = log sum_i exp(scale q_t.kc_i)
+ * (o = 0, lse = -inf when no block is visible). */
 __global__ void cmpForwardKernel(float *o, float *lse, const float *q, const float *kc,
                                  const float *vc, NsaAttnDims d, int Nc, float scale) {
     extern __shared__ float smem[];
@@ -72,6 +75,8 @@ __global__ void cmpForwardKernel(float *o, float *lse, const float *q, const flo
                        o + row * d.d_v, lse + row);
 }
 
+/* dq: one warp per query row, the same blocks as the forward:
+ * dq (+)= scale sum_i p_i (dO.vc_i - delta) kc_i, p_i = exp(scale q.kc_i - lse), delta = dO.o. */
 __global__ void cmpBackwardDqKernel(float *dq, int accumulate, const float *dout, const float *q,
                                     const float *kc, const float *vc, const float *lse,
                                     const float *delta, NsaAttnDims d, int Nc, float scale) {

@@ -30,6 +30,8 @@ __global__ void selForwardKernel(float *o, float *lse, const float *q, const flo
                        slots * lsel, keyOf, scale, o + row * d.d_v, lse + row);
 }
 
+/* dq: one warp per query row, the same keys as the forward:
+ * dq (+)= scale sum_j p_j (dO.v_j - delta) k_j, p_j = exp(scale q.k_j - lse), delta = dO.o. */
 __global__ void selBackwardDqKernel(float *dq, int accumulate, const float *dout, const float *q,
                                     const float *k, const float *v, const int32_t *sel_idx,
                                     const float *lse, const float *delta, NsaAttnDims d,

@@ -63,6 +63,8 @@ __device__ __forceinline__ int visibleChunks(int n_vis) {
 
 /* ---- rows ------------------------------------------------------------------ */
 
+/* A thread per row b < B: decode: slot = stage[0] + b, row_pos[b] = pos[slot]; prefill (one slot's
+ * B consecutive positions): slot = stage[0], row_pos[b] = pos[slot] + b. row_slot[b] = slot. */
 __global__ void decRowsKernel(int *row_slot, int *row_pos, const int *stage, const int *pos, int B,
                               int prefill) {
     decWaitPrior();
@@ -129,6 +131,11 @@ __device__ void poolBlock(const DecDims &dm, const DecLayerCache &c, size_t sg, 
     }
 }
 
+/* A CTA per (row b, group g), t = row_pos[b]: q_h = RoPE_t(q_h of proj) for the heads of g
+ * (fp32, into s.q); per branch k = RoPE_t(k of proj), v as is: cmp -> raw ring row t % Lr
+ * (fp32), sel -> k_sel, v_sel row t, win -> ring row t % W (bf16). RoPE_t turns each pair
+ * (x_i, x_{i+dk/2}) into (x_i cos - x_{i+dk/2} sin, x_i sin + x_{i+dk/2} cos), s.rope row t.
+ * With pool_in_append it then pools the block t completes (poolBlock). */
 __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     decWaitPrior();
     extern __shared__ float pool_u[];   /* phi = mlp: [l][dim] block + position */
@@ -180,6 +187,9 @@ __global__ void decAppendKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     decLetNextLaunch();
 }
 
+/* A CTA per (row b, group g): when t = row_pos[b] completes block i = (t - l + 1) / d,
+ * kc_i, vc_i = phi(raw ring rows t-l+1 .. t) (avg: their mean; mlp: mean + W2 silu(W1 vec(X + P)));
+ * poolBlock. */
 __global__ void decPoolKernel(DecDims dm, DecLayerCache c, DecScratch s) {
     decWaitPrior();
     extern __shared__ float pool_u[];
@@ -362,6 +372,9 @@ struct RingRow {
 
 /* ---- compressed attention partials ----------------------------------------- */
 
+/* A CTA per (row b, group g) and chunk of DEC_CMP_CHUNK compressed blocks: for each head h of g,
+ * over the chunk's visible blocks i, s_hi = scale q_h.kc_i (also into cmp_scores), m = max_i s_hi,
+ * l = sum_i exp(s_hi - m), o = sum_i exp(s_hi - m) vc_i (unnormalised): cmp_m, cmp_l, cmp_o. */
 __global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLayerCache c,
                                                              DecScratch s) {
     decWaitPrior();
@@ -642,6 +655,10 @@ int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaEr
 
 /* ---- selected and window partials ------------------------------------------- */
 
+/* A CTA per (row b, group g) and unit: the unit's keys are one DEC_UNIT part of selected block
+ * sel[slot] (keys <= t; sel_units = slots x parts) or of the window [max(0, t-w+1), t] (ring
+ * rows); per head h of g: m = max_k s_hk, l = sum_k exp(s_hk - m), o = sum_k exp(s_hk - m) v_k,
+ * s_hk = scale q_h.k_k, into sw_m, sw_l, sw_o (an empty unit: m = -inf, l = 0, o = 0). */
 __global__ void __launch_bounds__(ATTN_THREADS) decSelWinKernel(DecDims dm, DecLayerCache c,
                                                                 DecScratch s) {
     decWaitPrior();
@@ -806,6 +823,7 @@ int decAttnPrepare(const DecDims *dm, NsaError *err) {
 
 /* ---- embedding and positions ------------------------------------------------- */
 
+/* x[b][c] = tok_emb[tokens[b]][c], a CTA per row b. */
 __global__ void decEmbedKernel(float *x, const float *tok_emb, const int *tokens, int C) {
     decWaitPrior();
     const int b = blockIdx.x;
@@ -821,6 +839,7 @@ int decEmbed(float *x, const float *tok_emb, const int *tokens, int B, int C, co
     return 0;
 }
 
+/* One CTA: decode: pos[stage[0] + b] += 1 for b < B; prefill: pos[stage[0]] += B. */
 __global__ void decAdvanceKernel(int *pos, const int *stage, int B, int prefill) {
     decWaitPrior();
     const int b = threadIdx.x;

@@ -20,6 +20,9 @@
 
 #define PROMPT_ROWS 8   /* positions per CTA of the cache copy */
 
+/* A CTA per (PROMPT_ROWS positions, group g) of slot `slot`, for t < n: k_sel, v_sel row t <-
+ * in.k[1], in.v[1] [t][g]; ring row t % W <- in.k[2], in.v[2] [t][g] for t >= n - W; raw ring
+ * row t % Lr <- in.k[0], in.v[0] [t][g] widened to fp32 for t >= n - Lr. */
 __global__ void decPromptCachesKernel(DecDims dm, DecLayerCache c, int slot, DecPromptInputs in,
                                       int n) {
     const int g = blockIdx.y, G = dm.G, dk = dm.dk, dv = dm.dv, Lr = dm.raw_ring;

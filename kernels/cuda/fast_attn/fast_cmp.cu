@@ -133,6 +133,11 @@ __device__ __forceinline__ void cmpDkdvWalk(const FastCtx &c, const FastBwdIo &i
                                          seesAny, tileFull, store);
 }
 
+/* dK, dV of the pooled keys [i0, i0 + KEYS) of (b, g) (grid: key tiles x parts x B*G), summed
+ * over the rows (t, h of group g) of its part (a token range, or every parts-th row tile:
+ * CmpRanges) that see block i (i*d + l - 1 <= t): dvc_i = sum g_cmp P_ti dout_t,
+ * dkc_i = scale sum dS_ti q_t, dS_ti = g_cmp P_ti (dout_t.vc_i - dout_t.o_cmp), P = exp(s - lse);
+ * into the part's fp32 partial [part][b][i][g][c] (cmpPoolBackwardKernel sums the parts). */
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
 cmpDkdvKernel(FastCtx c, FastBwdIo io, float *part_k, float *part_v,

@@ -648,6 +648,11 @@ static int selCombineTokens(int hpg, int d) {
 /* Dynamic shared memory of the forward combine: its weights per (token,
  * head, slot). */
 static int selCombineSmem(int tpc, int hpg) { return tpc * hpg * FAST_MAX_SLOTS * 4; }
+/* Forward combine of chunk `chunk`: for each token t of the CTA's tpc and head h of group g,
+ * lse = ln sum_k exp(lse_k), o = sum_k exp(lse_k - lse) o_k over its used slots k in order, into
+ * io.o (bf16), io.lse (o = 0, lse = -inf where none). SKIP: slot 0 is the forced blocks' partial
+ * already in io.o, io.lse; t's own and previous block have no slot of their own.
+ * Grid (chunk tokens / tpc, B*G). */
 template <int DV, bool SKIP> /* SKIP: sb.skip_forced */
 __global__ void __launch_bounds__(128)
 selBlockCombineKernel(FastCtx c, FastFwdIo io, const int32_t *sel_idx, FastSelBlock sb, int chunk,

@@ -19,6 +19,9 @@
 #include "tile_dq.cuh"
 #include "tile_dkdv.cuh"
 
+/* dK, dV of the keys [u0, u0 + KEYS) of (b, g) (grid: key tiles x B*G), summed over the rows
+ * (t, h of group g) with u in (t - w, t]: dv_u = sum g_win P_tu dout_t, dk_u = scale sum dS_tu q_t,
+ * dS_tu = g_win P_tu (dout_t.v_u - dout_t.o_win), P = exp(s - lse); written once, bf16. */
 template <int DK, int DV, bool WG>
 __global__ void __launch_bounds__(FastDkdvShape<WG, DK, DV>::THREADS)
 winDkdvKernel(FastCtx c, FastBwdIo io, bf16 *dk_out, bf16 *dv_out,

@@ -190,6 +190,10 @@ struct FastDqMaps {
      * mma.sync). */
     int t_begin, t_end;
 };
+/* dq of one query tile (grid: tiles of R / hpg tokens from t_begin x B*G; the rows are the heads
+ * of group g), over the branches c in order: dq = scale sum_c dS_c.K_c,
+ * dS_c = g_c P_c (dout.V_c^T - dout.o_c), P_c = exp(s - lse_c) over the keys the branch's policy
+ * makes visible; stored as io.dq_mode says (fastStoreDqRow). */
 template <int DK, int DV, bool WG, class... Branches>
 __global__ void __launch_bounds__(FastQTile<DK, WG>::THREADS, FastQTile<DK, WG>::DQ_CTAS)
 fastDqKernel(FastCtx c, FastBwdIo io, const __grid_constant__ FastDqMaps maps, Branches... br) {

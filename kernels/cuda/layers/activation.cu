@@ -160,9 +160,11 @@ int swigluBackward(float *da, float *db, const float *dout, const float *a, cons
 
 /* ---- sigmoid (the reference path's gates) ---- */
 
+/* out = sigmoid(a) = 1 / (1 + exp(-a)), elementwise. */
 __global__ void sigmoidForwardKernel(float *out, const float *a, size_t n) {
     ELEMENTWISE_LOOP(n) { out[i] = sigmoidf_(a[i]); }
 }
+/* da = dout g (1 - g), elementwise, from the forward's output g = sigmoid(a). */
 __global__ void sigmoidBackwardKernel(float *da, const float *dout, const float *g, size_t n) {
     ELEMENTWISE_LOOP(n) { float y = g[i]; da[i] = dout[i] * y * (1.0f - y); }
 }

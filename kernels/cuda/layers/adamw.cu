@@ -15,6 +15,8 @@
 #include "layers_cuda.h"
 #include "../cuda_common.cuh"
 
+/* partial[block] = sum g_i^2 over the block's grid-stride elements, in double (blockSumD, fixed
+ * order); gradNormFinishKernel or dpLocalScalarsKernel adds the NORM_BLOCKS partials. */
 __global__ void gradNormPartialKernel(double *partial, const float *grads, size_t n) {
     __shared__ double scratch[32];
     double s = 0.0;
@@ -27,6 +29,8 @@ __global__ void gradNormPartialKernel(double *partial, const float *grads, size_
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
+/* One block: s = sum of partial[0 .. n_partial) (fixed order); grad_norm = sqrt(s) / loss_scale;
+ * nonfinite_loss = !isfinite(loss), nonfinite_grad = !isfinite(norm), applied = neither. */
 __global__ void gradNormFinishKernel(OptimState *state, const double *partial, int n_partial) {
     __shared__ double scratch[32];
     double s = 0.0;
@@ -84,6 +88,9 @@ __global__ void adamwKernel(float *params, void *params_low, int low_type, const
     }
 }
 
+/* One thread, dynamic loss scaling: on a non-finite gradient with a finite loss,
+ * scale = max(scale / 2, 1), good_steps = 0; else on an applied step ++good_steps, and once it
+ * reaches scale_window, scale = min(scale * 2, 2^24), good_steps = 0. */
 __global__ void lossScaleUpdateKernel(OptimState *state, int scale_window) {
     if (state->nonfinite_grad && !state->nonfinite_loss) {
         state->loss_scale = fmaxf(state->loss_scale * 0.5f, 1.0f);
@@ -122,6 +129,7 @@ int adamwStepWithCopy(float *params, void *params_low, DType low_type, const flo
     return 0;
 }
 
+/* *at = NaN (one thread): the NaN-gradient fault injection. */
 __global__ void poisonKernel(float *at) { *at = NAN; }
 
 int poisonFloat(float *at, cudaStream_t stream, NsaError *err) {

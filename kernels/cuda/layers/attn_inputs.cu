@@ -97,6 +97,9 @@ __device__ __forceinline__ void copyRow(void *dst, size_t dst_at, int dtype, con
         store4As(dst, dst_at + u, dtype, load4As(src, src_at + u, stype));
 }
 
+/* A block per token n (t = n % S): q' = rope(q), k'_b = rope(k_b), v'_b = v_b (b = 0..2), stored
+ * bf16; g = sigmoid(logit) for the 3H gate logits, into gates (fp32) and out.g (bf16). rope
+ * rotates each head's pairs (i, i+d/2) by angle t theta_i, with cos/sin from cos_sin row t. */
 __global__ void attnInputsForwardKernel(AttnInputTensors out, float *gates, const void *proj,
                                         int pt, const float *cos_sin, int S, int H, int G, int dk,
                                         int dv, RowParts parts) {

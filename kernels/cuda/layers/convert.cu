@@ -6,6 +6,8 @@
 #include "layers_cuda.h"
 #include "../cuda_common.cuh"
 
+/* dst[i] = round_dt(float(src[i])) for i < n: read as fp32 (loadAs), rounded once into the
+ * destination type (storeAs); grid-stride loop. */
 __global__ void convertKernel(void *dst, int dt, const void *src, int st, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
          i += (size_t)gridDim.x * blockDim.x)

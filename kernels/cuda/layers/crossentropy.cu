@@ -6,7 +6,10 @@
 #include "layers_cuda.h"
 #include "../cuda_common.cuh"
 
-/* One block per row. */
+/* One block per row. row_loss[n] = lse - logits[n][target],
+ * lse = mx + log sum_v exp(logit_v - mx), mx = max_v logit_v (the sum in double); with want_grad
+ * the row becomes f (softmax_v - [v == target]), f = grad_factor * loss_scale. A target < 0
+ * gives loss 0 and a zero row. */
 __global__ void crossEntropyForwardKernel(float *logits, float *row_loss, const int32_t *targets,
                                           int V, int want_grad, float grad_factor,
                                           const float *loss_scale) {

@@ -11,6 +11,8 @@
 #include "layers_cuda.h"
 #include "../cuda_common.cuh"
 
+/* One block: s_r = sum of partial[0 .. n_partial) (blockSumD, fixed order);
+ * scalars[2 rank] = loss_r, scalars[2 rank + 1] = s_r. */
 __global__ void dpLocalScalarsKernel(double *scalars, int rank, const OptimState *state,
                                      const double *partial, int n_partial) {
     __shared__ double scratch[32];
@@ -30,6 +32,8 @@ int dpLocalScalars(double *scalars, int rank, const OptimState *state, const dou
     return 0;
 }
 
+/* One thread: loss = sum_r scalars[2r], s = sum_r scalars[2r+1] (r in order);
+ * grad_norm = sqrt(s) / loss_scale; the non-finite flags and applied as in gradNormFinishKernel. */
 __global__ void dpGlobalNormKernel(OptimState *state, const double *scalars, int world) {
     double loss = 0.0, s = 0.0;
     for (int r = 0; r < world; r++) {

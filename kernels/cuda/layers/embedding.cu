@@ -38,6 +38,7 @@ void embeddingPlanBackward(EmbedPlan *plan, int32_t *count, const int32_t *token
     plan->n_chunks = chunks;
 }
 
+/* out[n][c] = table[tokens[n]][c]; a thread per element (grid-stride). */
 __global__ void embeddingForwardKernel(float *out, const float *table, const int32_t *tokens,
                                        size_t N, int C) {
     size_t total = N * C;

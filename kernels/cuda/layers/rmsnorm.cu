@@ -41,6 +41,9 @@ __device__ __forceinline__ void store4As(void *p, size_t i, int type, float a, f
     }
 }
 
+/* y[n] = x[n] * rstd_n * w (stored as ytype), rstd_n = 1/sqrt(mean_c x[n][c]^2 + eps), the sum
+ * of squares in double; rstd[n] saved for the backward. A warp per row, RMS_ROWS_PER_BLOCK rows
+ * per block. */
 __global__ void rmsnormForwardKernel(void *y, int ytype, float *rstd, const float *x,
                                      const float *w, size_t N, int C, float eps, int vec) {
     const size_t n = (size_t)blockIdx.x * RMS_ROWS_PER_BLOCK + threadIdx.x / 32;

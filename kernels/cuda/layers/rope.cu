@@ -18,7 +18,9 @@ void ropeTableHost(float *cos_sin, int S_max, int dim, double base) {
         }
 }
 
-/* A thread per pair (row, head, i). */
+/* A thread per pair (row, head, i):
+ * (a_i, a_{i+dim/2}) <- (a_i c - a_{i+dim/2} s, a_i s + a_{i+dim/2} c), with c, s = cos,
+ * sign * sin from table row row % S; sign = -1 (rotation by -angle) is the backward. */
 __global__ void ropeKernel(float *x, const float *cos_sin, size_t rows, int S, int heads, int dim,
                            float sign) {
     const int half = dim / 2;
