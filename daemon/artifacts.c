@@ -270,7 +270,7 @@ static int heartbeatAppend(Artifacts *a, cJSON *obj, NsaError *err) {
     return rc;
 }
 
-int artifactsLogStep(Artifacts *a, const TrainSample *s, const char *phase, NsaError *err) {
+int artifactsLogStep(Artifacts *a, const TrainStepLog *s, const char *phase, NsaError *err) {
     cJSON *o = cJSON_CreateObject();
     if (o) {
         cJSON_AddNumberToObject(o, "ts", s->ts);

@@ -51,7 +51,7 @@ int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemory
 /* A logged step: one heartbeat line (ts, step, loss, lr, grad_norm,
  * toks_per_s, phase, memory, ...) and one training.csv row. phase is the
  * schedule's phase, "warmup" or "train". Returns 0 or -1 with err. */
-int artifactsLogStep(Artifacts *a, const TrainSample *s, const char *phase, NsaError *err);
+int artifactsLogStep(Artifacts *a, const TrainStepLog *s, const char *phase, NsaError *err);
 
 /* An evaluation: one val.csv row and an "eval" heartbeat event. */
 int artifactsLogEval(Artifacts *a, int64_t step, double val_loss, double bits_per_byte,

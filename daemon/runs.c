@@ -568,7 +568,7 @@ static int appendVal(Run *run, const RunValPoint *p) {
     return 0;
 }
 
-int runsAddSample(Run *run, const TrainSample *s) {
+int runsAddStep(Run *run, const TrainStepLog *s) {
     RunTrainPoint p = {.step = s->step,
                        .ts = s->ts,
                        .loss = s->loss,

@@ -96,7 +96,7 @@ typedef struct Run {
      * matrix rate of the GPUs the run last started on (FLOP/s); NAN when
      * not known or not reported (CPU runs). run.json keeps both. */
     double flops_per_token, peak_flops;
-    /* the ETA's smoothed seconds per step (runsAddSample; NAN until two
+    /* the ETA's smoothed seconds per step (runsAddStep; NAN until two
      * samples of this segment came in), from the segment's first sample
      * and the last one (step and unix time; eta_ts 0: none yet) */
     double step_seconds_avg;
@@ -222,7 +222,7 @@ double runsEtaSeconds(const Run *run, double now);
  * from that step on, so the series stays strictly increasing; a series past
  * RUN_SERIES_MAX_POINTS is thinned. Either bumps series_generation.
  * Returns 0, or -1 when out of memory. */
-int runsAddSample(Run *run, const TrainSample *s);
+int runsAddStep(Run *run, const TrainStepLog *s);
 /* Same for an evaluation. */
 int runsAddEval(Run *run, int64_t step, double ts, double val_loss, double bits_per_byte);
 

@@ -85,32 +85,32 @@ static void markRunning(ServiceTrainer *t, Run *run) {
     }
 }
 
-/* Adds a logged sample to the run's series; a run still starting (or hung)
+/* Adds a logged step to the run's series; a run still starting (or hung)
  * is running again. Caller holds the lock. */
-static void addSample(ServiceTrainer *t, Run *run, const TrainSample *s) {
-    if (runsAddSample(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
+static void addStepLog(ServiceTrainer *t, Run *run, const TrainStepLog *s) {
+    if (runsAddStep(run, s) != 0) logWarn("run %s: out of memory for the metric series", run->id);
     markRunning(t, run);
 }
 
-static void hookSample(void *ctx, const TrainSample *s) {
+static void hookStep(void *ctx, const TrainStepLog *s) {
     ServiceTrainer *t = ctx;
     pthread_mutex_lock(&t->svc->lock);
     Run *run = activeRun(t);
-    if (run) addSample(t, run, s);
+    if (run) addStepLog(t, run, s);
     pthread_mutex_unlock(&t->svc->lock);
 }
 
-/* The step's sample (when the trainer held it back) and its evaluation go
+/* The step's log (when the trainer held it back) and its evaluation go
  * into the series under one lock: a metrics poll sees both or neither, so
  * its cursor never passes a step whose validation point is still to come. */
-static void hookEval(void *ctx, const TrainSample *sample, int64_t step, double val_loss,
+static void hookEval(void *ctx, const TrainStepLog *logged, int64_t step, double val_loss,
                      double bits_per_byte) {
     ServiceTrainer *t = ctx;
     Service *svc = t->svc;
     pthread_mutex_lock(&svc->lock);
     Run *run = activeRun(t);
     if (run) {
-        if (sample) addSample(t, run, sample);
+        if (logged) addStepLog(t, run, logged);
         if (runsAddEval(run, step, clockUnixSeconds(), val_loss, bits_per_byte) != 0)
             logWarn("run %s: out of memory for the metric series", run->id);
     }
@@ -270,7 +270,7 @@ static void runJob(ServiceTrainer *t, const char *id, int resume) {
                                 .peer_token = svc->peer_token[0] ? svc->peer_token : NULL,
                                 .join = member ? &join : NULL};
             TrainHooks hooks = {
-                .ctx = t, .on_sample = hookSample, .on_eval = hookEval, .on_event = hookEvent};
+                .ctx = t, .on_step = hookStep, .on_eval = hookEval, .on_event = hookEvent};
             logInfo("run %s: %s", id, resume ? "resuming from its latest checkpoint" : "starting");
             rc = svc->train(cfg, &opt, &t->mon, &hooks, &res, &terr);
         }

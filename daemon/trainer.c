@@ -51,9 +51,9 @@ typedef struct Trainer {
     TrainMonitor *mon;
     const TrainHooks *hooks;
     int quiet;
-    /* the logged sample of a step that is evaluated next, for on_eval */
-    TrainSample held_sample;
-    int has_held_sample;
+    /* the log of a step that is evaluated next, for on_eval */
+    TrainStepLog held_step;
+    int has_held_step;
 
     RankGroup *ranks;             /* the job's ranks on this node */
     NsaModel *model;              /* local rank 0's: its tensor table (no device calls) */
@@ -851,9 +851,9 @@ static int evaluate(Trainer *t, NsaError *err) {
     if (isnan(t->best_val) || val < t->best_val) t->best_val = val;
     t->last_eval_step = step;
     if (artifactsLogEval(t->art, step, val, bpb, err) != 0) return -1;
-    const TrainSample *held = t->has_held_sample && t->held_sample.step == step ? &t->held_sample : NULL;
+    const TrainStepLog *held = t->has_held_step && t->held_step.step == step ? &t->held_step : NULL;
     if (t->hooks && t->hooks->on_eval) t->hooks->on_eval(t->hooks->ctx, held, step, val, bpb);
-    t->has_held_sample = 0;
+    t->has_held_step = 0;
     /* once: the progress line on stdout (`nsad train`, where stdout and the
      * log usually share a terminal), else the log */
     if (!t->quiet) {
@@ -918,15 +918,15 @@ static TrainRankStatus localStatus(const Trainer *t, int r) {
     return st;
 }
 
-/* Hands a held sample to on_sample after all (its evaluation failed). */
-static void releaseHeldSample(Trainer *t) {
-    if (t->has_held_sample && t->hooks && t->hooks->on_sample)
-        t->hooks->on_sample(t->hooks->ctx, &t->held_sample);
-    t->has_held_sample = 0;
+/* Hands a held step log to on_step after all (its evaluation failed). */
+static void releaseHeldStep(Trainer *t) {
+    if (t->has_held_step && t->hooks && t->hooks->on_step)
+        t->hooks->on_step(t->hooks->ctx, &t->held_step);
+    t->has_held_step = 0;
 }
 
-/* Logs the step to training.csv and the console; its sample goes to
- * on_sample now, or - hold: the step is evaluated next - to on_eval with
+/* Logs the step to training.csv and the console; its TrainStepLog goes to
+ * on_step now, or - hold: the step is evaluated next - to on_eval with
  * the evaluation. toks_per_s counts the steps' own time: evaluations and
  * checkpoints in between would otherwise show up as a throughput drop.
  * Returns -1 with err set when the CSV write fails. */
@@ -935,7 +935,7 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
     double now = clockMonotonicSeconds();
     double span = t->log_step_seconds;
     int64_t tokens = t->state.tokens_seen - t->log_tokens0;
-    TrainSample s = {
+    TrainStepLog s = {
         .step = t->state.step,
         .total_steps = t->job.train.steps,
         .ts = clockUnixSeconds(),
@@ -961,10 +961,10 @@ static int logStep(Trainer *t, const NsaStepStats *stats, double lr, double step
     const char *phase = t->state.step <= t->job.train.warmup_steps ? "warmup" : "train";
     if (artifactsLogStep(t->art, &s, phase, err) != 0) return -1;
     if (hold) {
-        t->held_sample = s;
-        t->has_held_sample = 1;
-    } else if (t->hooks && t->hooks->on_sample) {
-        t->hooks->on_sample(t->hooks->ctx, &s);
+        t->held_step = s;
+        t->has_held_step = 1;
+    } else if (t->hooks && t->hooks->on_step) {
+        t->hooks->on_step(t->hooks->ctx, &s);
     }
     if (!t->quiet) {
         double per_step = (now - t->started) / (double)t->steps_this_process;
@@ -1194,7 +1194,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
             if ((tc->log_every > 0 && step % tc->log_every == 0) || step == tc->steps)
                 if (logStep(t, &stats, lr, clockMonotonicSeconds() - t0, eval_now, err) != 0) return -1;
             if (eval_now && evaluate(t, err) != 0) {
-                releaseHeldSample(t);
+                releaseHeldStep(t);
                 return -1;
             }
             if (tc->save_every > 0 && step % tc->save_every == 0 && step != tc->steps)

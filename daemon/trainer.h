@@ -19,14 +19,14 @@
 typedef struct TrainHooks {
     void *ctx;
     /* a step was logged (every log_every steps and the last), except a
-     * step that is also evaluated: its sample comes with the evaluation */
-    void (*on_sample)(void *ctx, const TrainSample *s);
-    /* an evaluation of `step` finished; sample is that step's logged sample
-     * when it was held back to arrive here, else NULL. A consumer that
+     * step that is also evaluated: its log comes with the evaluation */
+    void (*on_step)(void *ctx, const TrainStepLog *s);
+    /* an evaluation of `step` finished; logged is that step's log when it
+     * was held back to arrive here, else NULL. A consumer that
      * lists both series by step (the metrics API's `since` cursor) takes
      * the two together, so no reader sees the step's loss without its
      * validation point and moves past it. */
-    void (*on_eval)(void *ctx, const TrainSample *sample, int64_t step, double val_loss,
+    void (*on_eval)(void *ctx, const TrainStepLog *logged, int64_t step, double val_loss,
                     double bits_per_byte);
     /* an event: type is "start", "resume", "checkpoint", "anomaly", "rollback",
      * "halt", "complete", "fail"; detail is a one-line JSON object */

@@ -1,5 +1,5 @@
 /* trainstep.h - what one logged training step reports: the trainer fills a
- * TrainSample, the artifacts write it (heartbeat_rank0.jsonl, training.csv)
+ * TrainStepLog, the artifacts write it (heartbeat_rank0.jsonl, training.csv)
  * and the run registry keeps it (runs.c). Its own header so that those two
  * need not know the trainer. */
 #ifndef NSAD_TRAINSTEP_H
@@ -23,7 +23,7 @@ typedef struct TrainRankStatus {
 } TrainRankStatus;
 
 /* One logged step, as written to heartbeat_rank0.jsonl and training.csv. */
-typedef struct TrainSample {
+typedef struct TrainStepLog {
     int64_t step, total_steps;
     double ts;            /* unix seconds */
     double loss, lr, grad_norm, toks_per_s, step_seconds;  /* toks_per_s: the whole job's */
@@ -32,6 +32,6 @@ typedef struct TrainSample {
     int world;            /* data-parallel ranks of the job */
     int n_ranks;          /* this node's ranks, described in ranks[] */
     TrainRankStatus ranks[TRAIN_MAX_RANKS];
-} TrainSample;
+} TrainStepLog;
 
 #endif

@@ -393,7 +393,7 @@ static void test_metrics_series_and_since(void **state) {
     pthread_mutex_lock(&f->svc->lock);
     Run *run = runsFind(f->svc->runs, id);
     for (int64_t s = 1; s <= 5; s++)
-        runsAddSample(run, &(TrainSample){.step = s,
+        runsAddStep(run, &(TrainStepLog){.step = s,
                                           .total_steps = 20,
                                           .ts = 1.0,
                                           .loss = 5.0 - (double)s * 0.1,
@@ -401,7 +401,7 @@ static void test_metrics_series_and_since(void **state) {
                                           .grad_norm = 1.0,
                                           .toks_per_s = 10,
                                           .mem_bytes = 7});
-    runsAddSample(run, &(TrainSample){.step = 6, .loss = NAN});
+    runsAddStep(run, &(TrainStepLog){.step = 6, .loss = NAN});
     runsAddEval(run, 4, 1.0, 4.5, 6.5);
     pthread_mutex_unlock(&f->svc->lock);
 
@@ -447,7 +447,7 @@ static void test_mfu_and_tokens(void **state) {
     run->flops_per_token = 6e9;
     run->peak_flops = 12e12; /* what runJob sets from the config and the GPU's peak */
     for (int64_t s = 1; s <= 5; s += 2) /* logged every other step: 128 tokens a step */
-        runsAddSample(run, &(TrainSample){.step = s, .ts = 1.0, .loss = 4.0, .toks_per_s = 1000.0 * (double)s,
+        runsAddStep(run, &(TrainStepLog){.step = s, .ts = 1.0, .loss = 4.0, .toks_per_s = 1000.0 * (double)s,
                                           .tokens_seen = 128 * s});
     runsAddEval(run, 2, 1.0, 4.0, 6.0);
     runsAddEval(run, 3, 1.0, 4.0, 6.0);

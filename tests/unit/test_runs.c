@@ -137,7 +137,7 @@ static void test_create_save_reopen(void **state) {
 
     assert_int_equal(runsSetState(run, RUN_RUNNING, &err), 0);
     assert_true(run->started_at > 0);
-    assert_int_equal(runsAddSample(run, &(TrainSample){.step = 7, .total_steps = 100, .loss = 3.5}), 0);
+    assert_int_equal(runsAddStep(run, &(TrainStepLog){.step = 7, .total_steps = 100, .loss = 3.5}), 0);
     run->last_checkpoint_step = 5;
     assert_int_equal(runsAddEvent(run, "checkpoint", 5, "{\"dir\":\"x\"}", &err), 0);
     assert_int_equal(runsAddEvent(run, "note", 6, "not json", &err), 0);
@@ -194,10 +194,10 @@ static void test_redone_steps_replace_the_tail(void **state) {
     Run run;
     memset(&run, 0, sizeof run);
     for (int64_t s = 1; s <= 10; s++)
-        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 1.0}), 0);
+        assert_int_equal(runsAddStep(&run, &(TrainStepLog){.step = s, .loss = 1.0}), 0);
     /* a resume from the checkpoint at step 6 logs 7.. again */
     for (int64_t s = 7; s <= 12; s++)
-        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = 2.0}), 0);
+        assert_int_equal(runsAddStep(&run, &(TrainStepLog){.step = s, .loss = 2.0}), 0);
     assert_int_equal(run.n_train, 12);
     assert_int_equal(run.series_generation, 1);
     for (size_t i = 0; i < run.n_train; i++) {
@@ -222,7 +222,7 @@ static void test_long_series_is_thinned(void **state) {
     const int64_t steps = 5 * RUN_SERIES_MAX_POINTS + 7;
     int64_t thinned_at = 0;
     for (int64_t s = 1; s <= steps; s++) {
-        assert_int_equal(runsAddSample(&run, &(TrainSample){.step = s, .loss = (double)s}), 0);
+        assert_int_equal(runsAddStep(&run, &(TrainStepLog){.step = s, .loss = (double)s}), 0);
         assert_true(run.n_train <= RUN_SERIES_MAX_POINTS);
         if (!thinned_at && run.series_generation) thinned_at = s;
     }
@@ -237,7 +237,7 @@ static void test_long_series_is_thinned(void **state) {
     }
     /* a redo after thinning still replaces the tail */
     int64_t gen = run.series_generation;
-    assert_int_equal(runsAddSample(&run, &(TrainSample){.step = steps - 100, .loss = -1.0}), 0);
+    assert_int_equal(runsAddStep(&run, &(TrainStepLog){.step = steps - 100, .loss = -1.0}), 0);
     assert_int_equal(run.train[run.n_train - 1].step, steps - 100);
     assert_true(run.series_generation > gen);
     for (int64_t s = 1; s <= RUN_SERIES_MAX_POINTS + 1; s++)
@@ -405,8 +405,8 @@ static void test_queue_order_survives_reopen(void **state) {
 /* Feeds a sample of step `step` logged at unix time ts; step_seconds is
  * what the trainer measured for that one step alone. */
 static void sample(Run *run, int64_t step, double ts, double step_seconds) {
-    TrainSample s = {.step = step, .total_steps = 1000, .ts = ts, .loss = 3.0, .step_seconds = step_seconds};
-    assert_int_equal(runsAddSample(run, &s), 0);
+    TrainStepLog s = {.step = step, .total_steps = 1000, .ts = ts, .loss = 3.0, .step_seconds = step_seconds};
+    assert_int_equal(runsAddStep(run, &s), 0);
 }
 
 /* The ETA comes from a smoothed step time: a step logged after a slow

@@ -170,7 +170,7 @@ typedef struct HookCtx {
     char device[640]; /* the monitor's device lines when the job returned */
 } HookCtx;
 
-static void onSample(void *ctx, const TrainSample *s) {
+static void onSample(void *ctx, const TrainStepLog *s) {
     HookCtx *h = ctx;
     h->samples++;
     assert_true(s->ts > 1e9);
@@ -181,7 +181,7 @@ static void onSample(void *ctx, const TrainSample *s) {
     if (h->action == HOOK_HALT_FILE) writeText(h->out_dir, ARTIFACT_HALT, "test\n");
 }
 
-static void onEval(void *ctx, const TrainSample *sample, int64_t step, double val_loss, double bpb) {
+static void onEval(void *ctx, const TrainStepLog *sample, int64_t step, double val_loss, double bpb) {
     HookCtx *h = ctx;
     h->evals++;
     assert_true(isfinite(val_loss) && isfinite(bpb));
@@ -210,7 +210,7 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
     if (!h) h = &local;
     h->mon = &mon;
     h->out_dir = out_dir;
-    TrainHooks hooks = {.ctx = h, .on_sample = onSample, .on_eval = onEval, .on_event = onEvent};
+    TrainHooks hooks = {.ctx = h, .on_step = onSample, .on_eval = onEval, .on_event = onEvent};
     TrainOptions opt = {.out_dir = out_dir, .resume = resume, .device_override = -1, .quiet = 1};
     memset(err, 0, sizeof *err);
     int rc = trainerRun(cfg, &opt, &mon, &hooks, res, err);
@@ -332,7 +332,7 @@ static void test_artifacts_logs_and_resume_trim(void **state) {
     Artifacts *a = artifactsOpen(sub, -1, &err);
     assert_non_null(a);
     for (int64_t step = 1; step <= 4; step++) {
-        TrainSample s = {.step = step, .total_steps = 4, .ts = 1.7e9, .loss = 1.0 / 3.0 + (double)step,
+        TrainStepLog s = {.step = step, .total_steps = 4, .ts = 1.7e9, .loss = 1.0 / 3.0 + (double)step,
                          .lr = 1e-3, .grad_norm = 0.5, .toks_per_s = 1234.56, .tokens_seen = 100 * step,
                          .mem_bytes = 4096};
         assert_int_equal(artifactsLogStep(a, &s, "train", &err), 0);
@@ -991,7 +991,7 @@ static void stallOnEvent(void *ctx, const char *type, const char *detail) {
     snprintf(s->detail, sizeof s->detail, "%s", detail);
 }
 
-static void stallOnSample(void *ctx, const TrainSample *sample) {
+static void stallOnSample(void *ctx, const TrainStepLog *sample) {
     StallSeen *s = ctx;
     if (sample->step == 2) s->step2_seconds = sample->step_seconds;
 }
@@ -1013,7 +1013,7 @@ static void test_stall_fault_sleeps_in_phase(void **state) {
     TrainMonitor mon;
     trainMonitorInit(&mon);
     StallSeen seen = {.mon = &mon};
-    TrainHooks hooks = {.ctx = &seen, .on_sample = stallOnSample, .on_event = stallOnEvent};
+    TrainHooks hooks = {.ctx = &seen, .on_step = stallOnSample, .on_event = stallOnEvent};
     TrainOptions opt = {.out_dir = dir, .device_override = -1, .quiet = 1};
     TrainResult res;
     NsaError err;
