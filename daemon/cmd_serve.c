@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,13 +50,13 @@ typedef struct ServeOptions {
     char web_root[PATH_MAX];
     char token_file[PATH_MAX];
     int no_auth;
-    long long max_body;
-    long max_connections;
-    long max_connections_per_client;
-    long idle_timeout_s;
-    long request_timeout_s;
-    long stop_timeout_s;
-    long model_keep_s;
+    long long max_body; /* the integer settings (intSettings) */
+    long long max_connections;
+    long long max_connections_per_client;
+    long long idle_timeout_s;
+    long long request_timeout_s;
+    long long stop_timeout_s;
+    long long model_keep_s;
     char allow_hosts[SERVER_MAX_ALLOW_HOSTS][256];
     int n_allow_hosts;
     int log_level;
@@ -135,6 +136,22 @@ static int parseLogLevel(const char *v) {
     return -1;
 }
 
+/* The integer settings by config-file key: bounds (the message names them)
+ * and the ServeOptions field. */
+static const struct {
+    const char *key;
+    long long lo, hi;
+    size_t field; /* offsetof a long long */
+} intSettings[] = {
+    {"max_body_bytes", 1024, 1LL << 30, offsetof(ServeOptions, max_body)},
+    {"max_connections", 1, 1000, offsetof(ServeOptions, max_connections)},
+    {"max_connections_per_client", 1, 1000, offsetof(ServeOptions, max_connections_per_client)},
+    {"request_timeout_s", 1, 3600, offsetof(ServeOptions, request_timeout_s)},
+    {"idle_timeout_s", 1, 3600, offsetof(ServeOptions, idle_timeout_s)},
+    {"stop_timeout_s", 1, 86400, offsetof(ServeOptions, stop_timeout_s)},
+    {"model_keep_s", 0, 86400, offsetof(ServeOptions, model_keep_s)},
+};
+
 static int copyValue(char *dst, size_t cap, const char *v) {
     return snprintf(dst, cap, "%s", v) >= (int)cap ? -1 : 0;
 }
@@ -143,9 +160,16 @@ static int copyValue(char *dst, size_t cap, const char *v) {
  * naming the key, the value and what is allowed. flag is the spelling used
  * in messages ("--listen" or "listen"). */
 static int applySetting(ServeOptions *o, const char *key, const char *v, const char *flag, NsaError *err) {
-    long long n;
+    for (size_t i = 0; i < sizeof intSettings / sizeof intSettings[0]; i++) {
+        if (strcmp(key, intSettings[i].key)) continue;
+        long long *field = (long long *)((char *)o + intSettings[i].field);
+        if (flagsParseInt(v, intSettings[i].lo, intSettings[i].hi, field) == 0) return 0;
+        return nsaErrorf(err, "%s: '%.200s' is not allowed; allowed: an integer from %lld to %lld",
+                         flag, v, intSettings[i].lo, intSettings[i].hi);
+    }
     int bad = 0;
     const char *allowed = "";
+    char hosts[64];
     if (!strcmp(key, "listen")) {
         bad = copyValue(o->listen, sizeof o->listen, v);
         allowed = "ADDR:PORT or none";
@@ -165,39 +189,12 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         bad = strcmp(v, "true") && strcmp(v, "false");
         o->no_auth = !strcmp(v, "false");
         allowed = "true or false";
-    } else if (!strcmp(key, "max_body_bytes")) {
-        bad = flagsParseInt(v, 1024, (long long)1 << 30, &n);
-        if (!bad) o->max_body = n;
-        allowed = "an integer from 1024 to 1073741824";
-    } else if (!strcmp(key, "max_connections")) {
-        bad = flagsParseInt(v, 1, 1000, &n);
-        if (!bad) o->max_connections = (long)n;
-        allowed = "an integer from 1 to 1000";
-    } else if (!strcmp(key, "max_connections_per_client")) {
-        bad = flagsParseInt(v, 1, 1000, &n);
-        if (!bad) o->max_connections_per_client = (long)n;
-        allowed = "an integer from 1 to 1000";
-    } else if (!strcmp(key, "request_timeout_s")) {
-        bad = flagsParseInt(v, 1, 3600, &n);
-        if (!bad) o->request_timeout_s = (long)n;
-        allowed = "an integer from 1 to 3600";
-    } else if (!strcmp(key, "idle_timeout_s")) {
-        bad = flagsParseInt(v, 1, 3600, &n);
-        if (!bad) o->idle_timeout_s = (long)n;
-        allowed = "an integer from 1 to 3600";
-    } else if (!strcmp(key, "stop_timeout_s")) {
-        bad = flagsParseInt(v, 1, 86400, &n);
-        if (!bad) o->stop_timeout_s = (long)n;
-        allowed = "an integer from 1 to 86400";
-    } else if (!strcmp(key, "model_keep_s")) {
-        bad = flagsParseInt(v, 0, 86400, &n);
-        if (!bad) o->model_keep_s = (long)n;
-        allowed = "an integer from 0 to 86400";
     } else if (!strcmp(key, "allow_hosts")) {
         bad = o->n_allow_hosts == SERVER_MAX_ALLOW_HOSTS || !*v ||
               copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
         if (!bad) o->n_allow_hosts++;
-        allowed = "up to 16 host names";
+        snprintf(hosts, sizeof hosts, "up to %d host names", SERVER_MAX_ALLOW_HOSTS);
+        allowed = hosts;
     } else if (!strcmp(key, "peak_tflops")) {
         char *end = NULL;
         errno = 0;
