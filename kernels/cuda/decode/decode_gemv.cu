@@ -19,6 +19,7 @@
  * Launched overlapped (decode_ops.h), a kernel prefetches its weight rows
  * into L2 before it waits for the kernel before it. */
 #include "../cuda_common.cuh"
+#include "../mma_sync.cuh"
 #include "decode_ops.h"
 
 #define GEMV_WARPS 8
@@ -143,20 +144,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) decGemvRowKernel(DecGemv a) {
     decLetNextLaunch();
 }
 
-/* c += A (16x16, row-major) B (16x8, column-major), bf16 in, fp32 out. */
-__device__ __forceinline__ void decMma(float c[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                       uint32_t a3, uint32_t b0, uint32_t b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t decPackBf16(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(const uint32_t *)&v;
-}
 
 /* Input row b's 8 values at 16-byte column k8 as bf16 (zero past B or K):
  * the bf16 activation as it is, or (NORM) the row normalised on the fly and
@@ -184,7 +171,7 @@ __device__ __forceinline__ void decRowChunk(const DecGemv &a, const float *rstd,
     for (int i = 0; i < 4; i++) {
         const __nv_bfloat162 p = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
         h[i] = *(const uint32_t *)&p;
-        l[i] = decPackBf16(v[2 * i] - __low2float(p), v[2 * i + 1] - __high2float(p));
+        l[i] = packBf16(v[2 * i] - __low2float(p), v[2 * i + 1] - __high2float(p));
     }
     hi = make_uint4(h[0], h[1], h[2], h[3]);
     lo = make_uint4(l[0], l[1], l[2], l[3]);
@@ -251,11 +238,11 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32, MT > 1 ? 2 : 1) decGemvMmaKer
 #pragma unroll
             for (int part = 0; part < (NORM ? 2 : 1); part++) {
                 const uint4 r0 = top[part], r1 = bot[part];
-                decMma(acc[0][t], r0.x, r1.x, r0.y, r1.y, wa.x, wa.y);
-                decMma(acc[0][t], r0.z, r1.z, r0.w, r1.w, wa.z, wa.w);
+                mmaBf16(acc[0][t], r0.x, r1.x, r0.y, r1.y, wa.x, wa.y);
+                mmaBf16(acc[0][t], r0.z, r1.z, r0.w, r1.w, wa.z, wa.w);
                 if (MODE == DEC_SWIGLU) {
-                    decMma(acc[ACC - 1][t], r0.x, r1.x, r0.y, r1.y, wb.x, wb.y);
-                    decMma(acc[ACC - 1][t], r0.z, r1.z, r0.w, r1.w, wb.z, wb.w);
+                    mmaBf16(acc[ACC - 1][t], r0.x, r1.x, r0.y, r1.y, wb.x, wb.y);
+                    mmaBf16(acc[ACC - 1][t], r0.z, r1.z, r0.w, r1.w, wb.z, wb.w);
                 }
             }
         }

@@ -17,6 +17,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
+#include "../mma_sync.cuh"
 #include "fast_attn.h"
 
 #define FAST_THREADS 128  /* 4 warps: 4 x 16 mma rows */
@@ -170,27 +171,19 @@ __device__ __forceinline__ void fastLdsm4T(uint32_t &r0, uint32_t &r1, uint32_t 
                  : "r"(fastSmemAddr(p)));
 }
 
-/* c += a b on mma.sync m16n8k16 with fp32 accumulators; T names the
- * operands' type: "bf16" (the attention's tiles), "f16" (fastMmaF16). */
-#define FAST_MMA_16816(T, c, a, b0, b1)                                                      \
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." T "." T ".f32 {%0,%1,%2,%3}, "     \
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"                                  \
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                             \
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1))
+/* c += a b on mma.sync m16n8k16 (mma_sync.cuh) with an A fragment a[4]:
+ * bf16 operands (the attention's tiles) */
 __device__ __forceinline__ void fastMma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
-    FAST_MMA_16816("bf16", c, a, b0, b1);
+    mmaBf16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 /* fp16 operands: 11 significant bits for values in [0, 1] (probabilities,
  * overlap shares), where bf16 keeps 8 - the score pass's fold. */
 __device__ __forceinline__ void fastMmaF16(float c[4], const uint32_t a[4], uint32_t b0,
                                            uint32_t b1) {
-    FAST_MMA_16816("f16", c, a, b0, b1);
+    mmaF16(c, a[0], a[1], a[2], a[3], b0, b1);
 }
 
-__device__ __forceinline__ uint32_t fastPack(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&v;
-}
+__device__ __forceinline__ uint32_t fastPack(float lo, float hi) { return packBf16(lo, hi); }
 
 /* A fragment of rows [row0, row0+16), cols [k0, k0+16) of a row-major tile. */
 __device__ __forceinline__ void fastLoadA(uint32_t a[4], const bf16 *tile, int ld, int row0,
