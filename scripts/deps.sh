@@ -8,6 +8,7 @@ PACKAGES="
 build-essential
 pkg-config
 python3
+python3-numpy
 curl
 libyaml-dev
 libmicrohttpd-dev
