@@ -4,17 +4,19 @@
 #include "commands.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+
 #include "format.h"
 #include "nsa.h"
 #include "runview.h"
-#include "watch.h"
 #include "suggest.h"
+#include "watch.h"
 
 /* Config files are small; the daemon refuses bodies over 1 MiB anyway
  * (proto/api.md), so a bigger file is an error here, with a clear message. */
@@ -290,51 +292,56 @@ static int waitForStart(Ctl *ctl, const char *id, char *state, size_t cap) {
     return rc;
 }
 
+/* Appends key=value (escaped) to path's query. Returns 0, or prints what
+ * was too long (allowed: what the option takes) and returns -1. */
+static int addQuery(char *path, size_t cap, const char *key, const char *value,
+                    const char *allowed) {
+    char escaped[3 * PATH_MAX];
+    const size_t used = strlen(path);
+    if (httpEscape(value, escaped, sizeof escaped) ||
+        snprintf(path + used, cap - used, "%s%s=%s", strchr(path, '?') ? "&" : "?", key, escaped) >=
+            (int)(cap - used)) {
+        fprintf(stderr, "nsactl start: the %s value is too long; allowed: %s\n", key, allowed);
+        return -1;
+    }
+    return 0;
+}
+
 static int cmdStart(Ctl *ctl, int argc, char **argv) {
-    const char *name = NULL, *interval = NULL, *nodes = NULL, *gpus = NULL;
+    const char *name = NULL, *interval = NULL, *nodes = NULL, *gpus = NULL, *init_from = NULL;
     int watch = 0, wait = 0, no_queue = 0;
     const CmdOption opts[] = {{"--name", &name, NULL},         {"--watch", NULL, &watch},
                               {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL},
                               {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue},
-                              {"--gpus", &gpus, NULL}};
+                              {"--gpus", &gpus, NULL},         {"--init-from", &init_from, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, 7, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("start", argc, argv, opts, 8, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
-    char path[HTTP_ADDR_MAX] = "/api/v1/runs";
-    if (name) {
-        char escaped[512];
-        if (httpEscape(name, escaped, sizeof escaped)) {
-            fprintf(stderr, "nsactl start: --name is too long; allowed: 1-64 of A-Z a-z 0-9 . _ -\n");
+    /* a checkpoint path goes absolute: the daemon does not share our
+     * working directory (anything without a '/' is a run id, as for sample) */
+    char init_abs[PATH_MAX];
+    if (init_from &&
+        (strchr(init_from, '/') || !strcmp(init_from, ".") || !strcmp(init_from, ".."))) {
+        if (!realpath(init_from, init_abs)) {
+            fprintf(stderr, "nsactl start: --init-from %s: %s\n", init_from, strerror(errno));
             return CTL_EXIT_USAGE;
         }
-        snprintf(path, sizeof path, "/api/v1/runs?name=%s", escaped);
+        init_from = init_abs;
+    } else if (init_from && ctlCheckRunId(init_from)) {
+        return CTL_EXIT_USAGE;
     }
-    if (nodes) { /* the other nodes of a multi-node job: the daemon checks the list */
-        char escaped[1024];
-        size_t used = strlen(path);
-        if (httpEscape(nodes, escaped, sizeof escaped) ||
-            snprintf(path + used, sizeof path - used, "%snodes=%s", name ? "&" : "?", escaped) >=
-                (int)(sizeof path - used)) {
-            fprintf(stderr, "nsactl start: --nodes is too long; allowed: HOST:PORT,... of up to 32 nodes\n");
-            return CTL_EXIT_USAGE;
-        }
-    }
-    if (gpus) { /* runtime.gpus over the config's: the daemon checks it */
-        char escaped[512];
-        size_t used = strlen(path);
-        if (httpEscape(gpus, escaped, sizeof escaped) ||
-            snprintf(path + used, sizeof path - used, "%sgpus=%s", strchr(path, '?') ? "&" : "?", escaped) >=
-                (int)(sizeof path - used)) {
-            fprintf(stderr, "nsactl start: --gpus is too long; allowed: all, a GPU count, or ordinals like 0,2\n");
-            return CTL_EXIT_USAGE;
-        }
-    }
-    if (no_queue) { /* busy answers 409 (exit 5) instead of queueing */
-        size_t used = strlen(path);
-        snprintf(path + used, sizeof path - used, "%squeue=false", strchr(path, '?') ? "&" : "?");
-    }
+    /* the daemon checks every value */
+    char path[4 * PATH_MAX] = "/api/v1/runs";
+    if ((name && addQuery(path, sizeof path, "name", name, "1-64 of A-Z a-z 0-9 . _ -")) ||
+        (nodes && addQuery(path, sizeof path, "nodes", nodes, "HOST:PORT,... of up to 32 nodes")) ||
+        (gpus &&
+         addQuery(path, sizeof path, "gpus", gpus, "all, a GPU count, or ordinals like 0,2")) ||
+        (init_from && addQuery(path, sizeof path, "init_from", init_from, "a run id or a path")) ||
+        (no_queue &&
+         addQuery(path, sizeof path, "queue", "false", "false"))) /* busy: 409, exit 5 */
+        return CTL_EXIT_USAGE;
     size_t len = 0;
     char *body = readConfigFile(pos[0], &len);
     if (!body) return CTL_EXIT_CONFIG;
@@ -926,7 +933,9 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
 /* ---- the table ------------------------------------------------------------------------ */
 
 const CtlCommand ctlCommands[] = {
-    {"start", "start CONFIG [--name NAME] [--gpus all|N|I,J,...] [--nodes HOST:PORT,...] [--wait] [--no-queue] [--watch] [--interval S]",
+    {"start",
+     "start CONFIG [--name NAME] [--gpus all|N|I,J,...] [--nodes HOST:PORT,...] [--init-from "
+     "RUN_ID|DIR] [--wait] [--no-queue] [--watch] [--interval S]",
      "start a run from a job config (YAML or JSON; - is stdin)",
      "Sends CONFIG to nsad, which validates it and starts the run on a trainer,\n"
      "or, while another run holds GPUs it needs (or a run queued before it wants\n"
@@ -935,6 +944,10 @@ const CtlCommand ctlCommands[] = {
      "  --name NAME     a label for the run (1-64 of A-Z a-z 0-9 . _ -)\n"
      "  --gpus G        runtime.gpus over the config's: all, a count (the first\n"
      "                  N GPUs) or ordinals (1 GPU: [1]; several: 0,2)\n"
+     "  --init-from X   train.init_from over the config's: start from the weights\n"
+     "                  of run X's latest checkpoint (or of a checkpoint DIR, a\n"
+     "                  path with a '/'), fixed when nsad takes the run; the\n"
+     "                  optimizer, step and data start afresh (fine-tuning)\n"
      "  --wait          return once the run has started (left the queue and\n"
      "                  starting); exit 1 when it ended before it ran\n"
      "  --no-queue      exit 5 instead of queueing when the run would wait\n"
@@ -968,7 +981,8 @@ const CtlCommand ctlCommands[] = {
      "  --wait    return only once it is halted (or ended otherwise)\n"
      "Exit 5 when the run is not active (already ended).\n",
      cmdHalt},
-    {"resume", "resume ID [--wait] [--no-queue]", "continue a halted or failed run from its checkpoint",
+    {"resume", "resume ID [--wait] [--no-queue]",
+     "continue a halted or failed run from its checkpoint",
      "Same id, same metric series. While another run trains it is queued.\n"
      "  --wait      return only once it left the queue and starting\n"
      "  --no-queue  exit 5 instead of queueing when the run would wait\n"
@@ -980,14 +994,15 @@ const CtlCommand ctlCommands[] = {
      "kept. --json prints {\"run_id\": ID, \"deleted\": true}.\n"
      "Exit 5 when the run is active, 4 when there is no such run.\n",
      cmdDelete},
-    {"metrics", "metrics ID [--since STEP] [--last N]", "a run's logged training and validation samples",
+    {"metrics", "metrics ID [--since STEP] [--last N]",
+     "a run's logged training and validation samples",
      "  --since STEP   samples at or after this step (default 0)\n"
      "  --last N       show only the newest N training rows (default 20; 0: all);\n"
      "                 --json always prints the daemon's whole answer\n",
      cmdMetrics},
-    {"events", "events ID [--since SEQ]", "a run's events: start, checkpoints, anomalies, hangs, end",
-     "  --since SEQ    events with seq >= SEQ\n",
-     cmdEvents},
+    {"events", "events ID [--since SEQ]",
+     "a run's events: start, checkpoints, anomalies, hangs, end",
+     "  --since SEQ    events with seq >= SEQ\n", cmdEvents},
     {"logs", "logs ID [-f] [--tail N]", "the daemon's log lines for one run; -f follows them",
      "What nsad logged about the run: its creation, start or resume, checkpoints,\n"
      "evaluations, warnings, anomalies, hangs and how it ended (the run's part of\n"
@@ -1016,8 +1031,9 @@ const CtlCommand ctlCommands[] = {
      "plus /#token=TOKEN; the token comes from --token, --token-file or the\n"
      "state dir (see nsactl --help).\n",
      cmdDashboard},
-    {"sample", "sample ID|CHECKPOINT_DIR --prompt TEXT [--n N] [--max-tokens N] [--temperature T]\n"
-               "       [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
+    {"sample",
+     "sample ID|CHECKPOINT_DIR --prompt TEXT [--n N] [--max-tokens N] [--temperature T]\n"
+     "       [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
      "generate text from a run's latest checkpoint (or a checkpoint directory), streamed",
      "nsad continues the prompt with NSA's decode caches and the text is printed as it\n"
      "is generated; a summary (tokens, why it stopped, tokens/s) goes to stderr.\n"
@@ -1027,7 +1043,8 @@ const CtlCommand ctlCommands[] = {
      "seed 1; the daemon's GPU when it has one. --stop ends the text at that string.\n"
      "--json prints the daemon's JSON lines as they come. Not bounded by --timeout.\n",
      ctlCmdSample},
-    {"eval", "eval ID|CHECKPOINT_DIR --data PATH [--seq-len N] [--batch N] [--max-tokens N] [--device D]",
+    {"eval",
+     "eval ID|CHECKPOINT_DIR --data PATH [--seq-len N] [--batch N] [--max-tokens N] [--device D]",
      "held-out loss and bits per byte of a checkpoint on a data file",
      "PATH (.txt, .jsonl, a directory of them, or .bin token shards; as the daemon\n"
      "sees it) is cut into consecutive windows of seq_len + 1 tokens, every\n"

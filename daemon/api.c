@@ -401,7 +401,7 @@ static int isJsonType(const char *content_type) {
 }
 
 static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    if (refuseUnknownQuery(req, res, "name,nodes,gpus,queue")) return;
+    if (refuseUnknownQuery(req, res, "name,nodes,gpus,init_from,queue")) return;
     int may_queue = 1;
     if (queryBool(req, res, "queue", &may_queue)) return;
     const char *name = queryValue(req, "name");
@@ -446,6 +446,7 @@ static void createRun(Service *svc, const ApiRequest *req, ApiResponse *res) {
     const ServiceSubmit how = {.name = name,
                                .nodes = queryValue(req, "nodes"),
                                .gpus = queryValue(req, "gpus"),
+                               .init_from = queryValue(req, "init_from"),
                                .may_queue = may_queue};
     ServiceStatus st = serviceSubmitRun(svc, req->body, req->body_len, &how, id, warnings, &err);
     if (st != SVC_OK) {

@@ -1155,7 +1155,7 @@ int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t c
     }
     int rc = readLatest(spec, dir, cap, err);
     if (rc == 0)
-        return nsaErrorf(err, "resume: '%s' is neither a checkpoint directory (no model.safetensors) "
+        return nsaErrorf(err, "checkpoint: '%s' is neither a checkpoint directory (no model.safetensors) "
                          "nor a run directory (no checkpoints/latest)", spec);
     return rc;
 }

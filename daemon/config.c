@@ -145,6 +145,7 @@ static const ConfigKey configKeys[] = {
     {"train", "save_every", KEY_INT64, F(train.save_every), 0, 0, BIG, 0, NULL},
     {"train", "keep_last", KEY_INT, F(train.keep_last), 0, 1, 100000, 0, NULL},
     {"train", "out_dir", KEY_STRING, F(train.out_dir), SZ(train.out_dir), 0, 0, 0, NULL},
+    {"train", "init_from", KEY_STRING, F(train.init_from), SZ(train.init_from), 0, 0, 0, NULL},
 
     {"runtime", "device", KEY_ENUM, F(runtime.device), 0, 0, 0, 0, device_names},
     {"runtime", "precision", KEY_ENUM, F(runtime.precision), 0, 0, 0, 0, precision_names},

@@ -9,7 +9,7 @@
  *   train:   steps seq_len batch_size lr min_lr lr_schedule seed log_every
  *            out_dir accumulate_grad_batches warmup_steps weight_decay
  *            grad_clip (alias max_grad_norm) eval_every eval_batches
- *            save_every keep_last beta1 beta2 eps
+ *            save_every keep_last beta1 beta2 eps init_from
  *   runtime: device precision threads gpus cpu_ranks nodes
  *            gradient_checkpointing
  *   data:    source path tokenizer val_fraction prefetch
@@ -62,6 +62,9 @@ typedef struct TrainConfig {
     int64_t log_every, eval_every, eval_batches, save_every;
     int keep_last;           /* checkpoints kept */
     char out_dir[CONFIG_PATH_MAX];
+    /* a checkpoint (or a run's out_dir) whose weights a fresh start takes
+     * instead of the seed's (fine-tuning, continued training); "" for none */
+    char init_from[CONFIG_PATH_MAX];
 } TrainConfig;
 
 typedef struct RuntimeConfig {

@@ -21,6 +21,7 @@
 #include "mfu.h"
 #include "runlog.h"
 #include "stackdump.h"
+#include "weights.h"
 
 const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
                                                     404, 405, 409, 413, 429, 500, 503, 0};
@@ -762,6 +763,55 @@ static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
     return SVC_OK;
 }
 
+/* train.init_from (a run of this nsad by its id, or a checkpoint
+ * directory or run out_dir by path; relative paths against nsad's working
+ * directory) resolved now to the absolute path of one checkpoint
+ * directory, so that a queued run starts from the checkpoint that was the
+ * latest when it was submitted, whatever its source run writes meanwhile;
+ * its files verified (weightsOpen) and its sizes fitting the job's model
+ * (weightsFitModel). Called for this node's own runs only: a member node of
+ * a multi-node job is not asked, its coordinator reads the files. */
+static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err) {
+    char spec[WEIGHTS_PATH_MAX], found[WEIGHTS_PATH_MAX], absolute[PATH_MAX];
+    snprintf(spec, sizeof spec, "%s", cfg->train.init_from);
+    if (!spec[0]) return SVC_OK;
+    pthread_mutex_lock(&svc->lock);
+    const Run *r = runIdValid(spec) ? runsFind(svc->runs, spec) : NULL;
+    if (r) snprintf(spec, sizeof spec, "%s", r->out_dir);
+    pthread_mutex_unlock(&svc->lock);
+    char cwd[PATH_MAX] = "", where[PATH_MAX + 64] = "";
+    if (!r && spec[0] != '/' && getcwd(cwd, sizeof cwd))
+        snprintf(where, sizeof where, " (relative to nsad's working directory %s)", cwd);
+    NsaError werr;
+    const int rc = checkpointResolve(NULL, spec, found, sizeof found, &werr);
+    if (rc == 0) snprintf(werr.message, sizeof werr.message, "%.400s has no checkpoint yet", spec);
+    if (rc < 0 && !r && runIdValid(spec) && access(spec, F_OK) != 0)
+        snprintf(werr.message, sizeof werr.message,
+                 "no run of that id on this nsad, and no such path");
+    if (rc <= 0 || !realpath(found, absolute))
+        return fail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s", cfg->train.init_from,
+                    where, rc <= 0 ? werr.message : strerror(errno));
+    Weights *w = malloc(sizeof *w);
+    if (!w) return fail(err, SVC_INTERNAL, "out of memory");
+    char notes[8];
+    int bad = weightsOpen(absolute, w, &werr);
+    if (!bad) {
+        bad = weightsFitModel(w, &cfg->model, notes, sizeof notes, &werr);
+        weightsClose(w);
+    }
+    free(w);
+    if (bad)
+        return fail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s", cfg->train.init_from,
+                    where, werr.message);
+    if (snprintf(cfg->train.init_from, sizeof cfg->train.init_from, "%s", absolute) >=
+        (int)sizeof cfg->train.init_from)
+        return fail(err, SVC_INVALID_CONFIG,
+                    "train.init_from: the checkpoint's path %s is longer than "
+                    "%zu bytes",
+                    absolute, sizeof cfg->train.init_from - 1);
+    return SVC_OK;
+}
+
 /* A CUDA job's memory plan on each of its GPUs (ordinals, n of them)
  * against that GPU's free memory, for a model that is one of `world`
  * data-parallel ranks (the optimizer's moments sharded over them). */
@@ -868,7 +918,15 @@ ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len
         free(cfg);
         return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
+    /* over the file's train.init_from, like nodes and gpus over runtime's */
+    if (how->init_from && snprintf(cfg->train.init_from, sizeof cfg->train.init_from, "%s",
+                                   how->init_from) >= (int)sizeof cfg->train.init_from) {
+        free(cfg);
+        return fail(err, SVC_INVALID_CONFIG, "init_from: longer than %zu bytes",
+                    sizeof cfg->train.init_from - 1);
+    }
     ServiceStatus st = checkRunnable(svc, cfg, cfg->runtime.n_nodes, err);
+    if (st == SVC_OK) st = resolveInitFrom(svc, cfg, err);
     if (st != SVC_OK) {
         logNotice("new run refused: %s", err ? err->message : "");
         free(cfg);

@@ -204,10 +204,13 @@ typedef struct ServiceSubmit {
     const char *name;
     const char *nodes;
     const char *gpus;
+    const char *init_from; /* train.init_from over the config's: a run id or a checkpoint path */
     int may_queue;
 } ServiceSubmit;
-/* serviceCreateRun with those; a bad nodes or gpus is SVC_INVALID_CONFIG
- * naming it. */
+/* serviceCreateRun with those; a bad nodes, gpus or init_from is
+ * SVC_INVALID_CONFIG naming it. train.init_from (from the config or
+ * init_from) is resolved to one checkpoint directory's absolute path and
+ * checked against the model before the run is created. */
 ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len, const ServiceSubmit *how,
                                char *id_out, ServiceWarnings *warnings, NsaError *err);
 

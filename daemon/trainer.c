@@ -39,9 +39,10 @@
 #include "peers.h"
 #include "ranks.h"
 #include "schedule.h"
-#include "trainsamples.h"
 #include "stackdump.h"
+#include "trainsamples.h"
 #include "watchdog.h"
+#include "weights.h"
 
 /* ---- the job ------------------------------------------------------------ */
 
@@ -617,8 +618,53 @@ static int joinLoad(Trainer *t, NsaError *err) {
     return shareState(t, err);
 }
 
+/* A fresh start from train.init_from (fine-tuning, continued training):
+ * every rank initialised from the seed (the Adam moments zero), then each
+ * weight read by the job's rank 0 from the checkpoint and broadcast to
+ * every rank; a member node takes part in the broadcasts without the
+ * files. The step, the data position and the tokens seen start at zero. */
+static int initFromCheckpoint(Trainer *t, NsaError *err) {
+    InitWork iw = {t, t->job.train.seed};
+    if (rankGroupRun(t->ranks, initOnRank, &iw, err) != 0) return -1;
+    const int n = nsaModelNumTensors(t->model);
+    if (t->join) { /* the coordinator reads the checkpoint */
+        for (int i = 0; i < n; i++) {
+            TensorWork w = {t, NSA_ARENA_PARAMS, i, t->scratch[0]};
+            if (rankGroupRun(t->ranks, broadcastOnRank, &w, err) != 0) return -1;
+        }
+        logNotice("init: the weights of the coordinator's %s", t->job.train.init_from);
+        return 0;
+    }
+    Weights *src = malloc(sizeof *src);
+    if (!src) return nsaErrorf(err, "out of memory");
+    char notes[512];
+    NsaError werr;
+    int rc = weightsOpen(t->job.train.init_from, src, &werr);
+    if (rc == 0 && (rc = weightsFitModel(src, &t->job.model, notes, sizeof notes, &werr)) == 0 &&
+        weightsNumTensors(src) != n)
+        rc = nsaErrorf(&werr, "%s has %d tensors; this model has %d", src->dir,
+                       weightsNumTensors(src), n);
+    if (rc) nsaErrorf(err, "train.init_from: %s", werr.message);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        TensorWork w = {t, NSA_ARENA_PARAMS, i, t->scratch[0]};
+        if (weightsTensor(src, i, NULL, t->scratch[0], err) ||
+            rankGroupRun(t->ranks, broadcastOnRank, &w, err))
+            rc = -1;
+    }
+    if (rc == 0) {
+        logNotice("init: the weights of %s (step %" PRId64 " of its run, %" PRId64
+                  " tokens seen); the Adam moments, the step and the data start at zero",
+                  src->dir, src->state.step, src->state.tokens_seen);
+        if (notes[0]) logNotice("init: this job changes what shapes no weight: %s", notes);
+    }
+    weightsClose(src); /* safe after a failed weightsOpen: it holds nothing */
+    free(src);
+    return rc;
+}
+
 /* Loads the checkpoint dir (from checkpointResolve; "" for a fresh start,
- * NULL for a member of a job that resumes), or initialises from the seed. */
+ * NULL for a member of a job that resumes), or initialises from
+ * train.init_from's weights or from the seed. */
 static int restoreOrInit(Trainer *t, const char *dir, NsaError *err) {
     memset(&t->state, 0, sizeof t->state);
     t->state.seed = t->job.train.seed;
@@ -640,6 +686,7 @@ static int restoreOrInit(Trainer *t, const char *dir, NsaError *err) {
                   st.data_position);
         return 0;
     }
+    if (t->job.train.init_from[0]) return initFromCheckpoint(t, err);
     InitWork w = {t, t->job.train.seed};
     return rankGroupRun(t->ranks, initOnRank, &w, err);
 }
@@ -1326,6 +1373,7 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
     cJSON_AddNumberToObject(d, "params", (double)n_params);
     cJSON_AddStringToObject(d, "device", configDeviceName(t->job.runtime.device));
     if (resumed) cJSON_AddStringToObject(d, "checkpoint", resumed_from);
+    else if (tc->init_from[0]) cJSON_AddStringToObject(d, "init_from", tc->init_from);
     char *detail = cJSON_PrintUnformatted(d);
     cJSON_Delete(d);
     int rc = detail ? emitEvent(t, resumed ? "resume" : "start", detail, err)

@@ -164,6 +164,60 @@ int weightsTensor(const Weights *w, int i, const NsaTensorInfo **info, float *ds
     return 0;
 }
 
+int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size_t cap,
+                    NsaError *err) {
+    const NsaModelConfig *c = &w->job.model;
+    const struct {
+        const char *key;
+        int have, want, shapes;
+    } ints[] = {
+        {"model.vocab_size", c->vocab_size, m->vocab_size, 1},
+        {"model.dim", c->dim, m->dim, 1},
+        {"model.n_layers", c->n_layers, m->n_layers, 1},
+        {"model.n_heads", c->n_heads, m->n_heads, 1},
+        {"model.n_kv_groups", c->n_kv_groups, m->n_kv_groups, 1},
+        {"model.d_k", c->d_k, m->d_k, 1},
+        {"model.d_v", c->d_v, m->d_v, 1},
+        {"model.mlp_hidden", nsaLayoutMlpHidden(c), nsaLayoutMlpHidden(m), 1},
+        {"nsa.l", c->cmp_len, m->cmp_len, m->phi == NSA_PHI_MLP},
+        {"nsa.d", c->cmp_stride, m->cmp_stride, 0},
+        {"nsa.l_sel", c->sel_len, m->sel_len, 0},
+        {"nsa.n_sel", c->n_sel, m->n_sel, 0},
+        {"nsa.w", c->window, m->window, 0},
+    };
+    static const char *const mlp_names[] = {"silu", "swiglu"}, *const phi_names[] = {"avg", "mlp"};
+    if (c->mlp != m->mlp || c->phi != m->phi)
+        return nsaErrorf(err,
+                         "%s holds a model with %s = %s; this job's is %s (it shapes the "
+                         "weights: the two must be equal)",
+                         w->dir, c->mlp != m->mlp ? "model.mlp" : "nsa.phi",
+                         c->mlp != m->mlp ? mlp_names[c->mlp] : phi_names[c->phi],
+                         c->mlp != m->mlp ? mlp_names[m->mlp] : phi_names[m->phi]);
+    size_t at = 0;
+    if (cap) notes[0] = '\0';
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (ints[i].have == ints[i].want) continue;
+        if (ints[i].shapes)
+            return nsaErrorf(err,
+                             "%s holds a model with %s = %d; this job's is %d (it shapes the "
+                             "weights: the two must be equal)",
+                             w->dir, ints[i].key, ints[i].have, ints[i].want);
+        if (at < cap)
+            at += (size_t)snprintf(notes + at, cap - at, "%s%s %d -> %d", at ? ", " : "",
+                                   ints[i].key, ints[i].have, ints[i].want);
+    }
+    const struct {
+        const char *key;
+        float have, want;
+    } reals[] = {{"model.rope_base", c->rope_base, m->rope_base},
+                 {"model.norm_eps", c->norm_eps, m->norm_eps}};
+    for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
+        if (reals[i].have != reals[i].want && at < cap)
+            at += (size_t)snprintf(notes + at, cap - at, "%s%s %g -> %g", at ? ", " : "",
+                                   reals[i].key, reals[i].have, reals[i].want);
+    return 0;
+}
+
 /* Copies every tensor through one buffer of the largest size into set(). */
 typedef int (*SetFn)(void *target, int i, const float *src, NsaError *err);
 

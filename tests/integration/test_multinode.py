@@ -9,8 +9,9 @@ objects show every rank and the member's coordinator; a halt on the member
 stops both nodes at the same step and the coordinator resumes both; kill -9
 of the member fails the coordinator's run at once (no hang), a member run is
 never resumed alone, and resuming on the coordinator after the member's
-nsad is back trains on to the same curve as an uninterrupted job; a busy
-node refuses to join, naming itself.
+nsad is back trains on to the same curve as an uninterrupted job; a job
+started from a trained model's weights (init_from) trains on two nodes as on
+one; a busy node refuses to join, naming itself.
 
 Python 3 standard library only; TAP output; every nsad it starts is killed
 on the way out.
@@ -139,6 +140,19 @@ def scenarios(workdir, daemons):
           one and run and losses(one) == losses(run) and len(losses(run)) == 12,
           (losses(one) if one else None, losses(run) if run else None))
     check("the member logs the same curve", member and run and losses(member) == losses(run), "")
+
+    # ---- a two-node job from a trained model's weights (train.init_from) ----
+    if one:
+        status, ft = a.request("POST", f"/api/v1/runs?nodes={b.address()}&init_from={one['id']}", job(4))
+        ft = a.wait_state(ft["id"], ("completed", "failed"), 120) if status == 201 else None
+        status, ref = a.request("POST", f"/api/v1/runs?init_from={one['id']}", job(4, ranks=2))
+        ref = a.wait_state(ref["id"], ("completed", "failed"), 120) if status == 201 else None
+        check("init_from on two nodes (the member receives the weights): the one-node curve, bit for bit",
+              ft and ref and ft["state"] == "completed" and losses(ft) == losses(ref)
+              and losses(ft)[0] != losses(one)[0], (losses(ft) if ft else None,
+                                                     losses(ref) if ref else None))
+        check("the member logs that the coordinator's checkpoint gave the weights",
+              "init: the weights of the coordinator's" in b.log_text(), b.log_text()[-1500:])
 
     # ---- a halt on the member stops both; the coordinator resumes both ----
     status, run = start(a, job(100000), b.address())  # far longer than the test waits
