@@ -20,14 +20,16 @@ static void sampleUsage(FILE *out) {
     fprintf(out,
             "usage: nsad sample CHECKPOINT --prompt TEXT [--n N] [--max-tokens N]\n"
             "                   [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "                   [--stop TEXT]... [--device cpu|cuda]\n"
+            "                   [--stop TEXT]... [--device cpu|cuda] [--threads N]\n"
             "\n"
             "Generates text from a checkpoint (a checkpoint directory or a run's out_dir) with\n"
             "NSA's decode caches, printing it as it is generated. Defaults: 200 tokens,\n"
             "temperature 0.8 (0 is greedy), top-k off, top-p 0.95, seed 1, the run's device.\n"
             "--stop (up to 4) ends the text when it ends with that string. --n N (1 to 16)\n"
             "decodes N continuations together after one prefill and prints each under a\n"
-            "'--- sample I ---' line once all are done.\n");
+            "'--- sample I ---' line once all are done. --threads N (1 to 256): the CPU\n"
+            "decoder's threads (default: the run's runtime.threads); the text is the same\n"
+            "for any count.\n");
 }
 
 static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
@@ -63,6 +65,7 @@ static int collectOut(void *ctx, int prompt, const char *bytes, size_t len) {
 int cmdSample(int argc, char **argv) {
     const char *spec = NULL, *prompt = NULL, *device = NULL;
     int n = 1;
+    long long threads = 0;
     SampleOptions so;
     sampleDefaults(&so);
     for (int i = 1; i < argc; i++) {
@@ -76,6 +79,8 @@ int cmdSample(int argc, char **argv) {
             prompt = argv[++i];
         } else if (v && !strcmp(a, "--device")) {
             device = argv[++i];
+        } else if (v && !strcmp(a, "--threads")) {
+            if (flagsInt("sample", a, argv[++i], 1, 256, &threads)) return EXIT_USAGE;
         } else if (v && !strcmp(a, "--stop")) {
             if (so.n_stops == SAMPLE_MAX_STOPS || strlen(v) < 1 || strlen(v) > SAMPLE_STOP_MAX) {
                 fprintf(stderr, "nsad sample: --stop: at most %d strings of 1 to %d bytes\n",
@@ -139,7 +144,7 @@ int cmdSample(int argc, char **argv) {
         rc = 1;
     } else if (!(d = weightsNewDecoder(&w, dev, 0, n,
                                        (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
-                                       &err))) {
+                                       threads > 0 ? (int)threads : w.job.runtime.threads, &err))) {
         fprintf(stderr, "nsad sample: %s\n", err.message);
         rc = 1;
     }

@@ -166,7 +166,7 @@ static int keptDecoder(Kept *k, NsaDevice dev, int gpu, int slots, int context, 
         if (k->context > context) context = k->context;
     }
     nsaDecoderFree(k->d);   /* its memory first: the new one may need it */
-    k->d = weightsNewDecoder(&k->w, dev, gpu, slots, context, err);
+    k->d = weightsNewDecoder(&k->w, dev, gpu, slots, context, cpuThreads(), err);
     if (!k->d) {
         keptDrop(k, "a decoder could not be built");
         return -1;

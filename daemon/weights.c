@@ -251,12 +251,13 @@ int weightsToModel(const Weights *w, NsaModel *m, NsaError *err) {
 }
 
 NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int slots, int context,
-                              NsaError *err) {
+                              int threads, NsaError *err) {
     NsaDecoderOptions o = {.device = device,
                            .device_ordinal = gpu,
                            .precision = device == NSA_DEVICE_CUDA ? NSA_PREC_BF16 : NSA_PREC_F32,
                            .max_batch = slots,
-                           .max_context = context};
+                           .max_context = context,
+                           .threads = threads};
     NsaDecoder *d = nsaDecoderCreate(&w->job.model, &o, err);
     if (d && weightsToDecoder(w, d, err)) {
         nsaDecoderFree(d);

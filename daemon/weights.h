@@ -51,11 +51,11 @@ const char *weightsTokenizer(const Weights *w);
 int weightsToDecoder(const Weights *w, NsaDecoder *d, NsaError *err);
 int weightsToModel(const Weights *w, NsaModel *m, NsaError *err);
 
-/* A decoder on device (CPU: fp32; CUDA: bf16, on GPU ordinal gpu) for
- * `slots` sequences of up to `context` tokens, holding w's weights. NULL with err on failure. The
- * caller frees with nsaDecoderFree. */
+/* A decoder on device (CPU: fp32 on `threads` threads; CUDA: bf16, on GPU
+ * ordinal gpu) for `slots` sequences of up to `context` tokens, holding w's
+ * weights. NULL with err on failure. The caller frees with nsaDecoderFree. */
 NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int slots, int context,
-                              NsaError *err);
+                              int threads, NsaError *err);
 
 /* Whether w's weights fit a model of config m (train.init_from): every
  * field that shapes a tensor (the model section, nsa.phi, and nsa.l where

@@ -526,6 +526,9 @@ typedef struct NsaDecoderOptions {
     NsaPrecision precision; /* CPU: F32 or F64; CUDA: BF16 */
     int max_batch;          /* slots: sequences decoded together */
     int max_context;        /* tokens a slot holds: prompt + generated */
+    int threads;            /* CPU: threads for the matrix-vector products (0 or 1: the
+                               caller's only), bit-identical logits for any count;
+                               CUDA: ignored */
 } NsaDecoderOptions;
 
 /* Plans and allocates weights, caches and scratch. Returns NULL with err on

@@ -3,9 +3,10 @@
  * reference step (kernels/cpu/decode.c) or, when built with nvcc, the CUDA
  * decoder (kernels/cuda/decode/decode.h). A CUDA decoder in a build without CUDA is
  * an error, never a silent CPU run. */
-#include "nsa.h"
-#include "nsa_layout.h"
 #include "cpu/decode.h"
+#include "nsa.h"
+#include "nsa_cpu_pool.h"
+#include "nsa_layout.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@ static size_t planTake(size_t *cursor, size_t elems) {
 }
 
 static void cpuRelease(NsaCpuDecoder *cd) {
+    nsaCpuPoolFree(cd->pool);
     free(cd->arena);
     free(cd->layers);
     free(cd->taken);
@@ -135,6 +137,10 @@ static int cpuAlloc(NsaCpuDecoder *cd, const NsaModelConfig *cfg, const NsaLayou
         return nsaErrorf(err, "nsa decoder: out of memory for %.1f MB of weights and caches",
                          (double)a * (opt->precision == NSA_PREC_F64 ? 8 : 4) / 1e6);
     }
+    if (opt->threads > 1 && !(cd->pool = nsaCpuPoolCreate(opt->threads, err))) {
+        cpuRelease(cd);
+        return -1;
+    }
     return 0;
 }
 
@@ -154,6 +160,10 @@ NsaDecoder *nsaDecoderCreate(const NsaModelConfig *cfg, const NsaDecoderOptions 
     }
     if (opt->max_batch < 1 || opt->max_batch > 4096) {
         nsaErrorf(err, "nsa decoder: max_batch = %d; allowed: 1 to 4096", opt->max_batch);
+        return NULL;
+    }
+    if (opt->threads < 0 || opt->threads > 256) {
+        nsaErrorf(err, "nsa decoder: threads = %d; allowed: 0 (one thread) to 256", opt->threads);
         return NULL;
     }
     if (opt->max_context < 1 || opt->max_context > (1 << 24)) {

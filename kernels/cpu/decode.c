@@ -16,11 +16,12 @@
  * Every sum runs in the order the full forward (model.c and the attn_*.c
  * ops) uses, so the logits agree with it to rounding - in practice to the
  * last bit. */
+#include "decode.h"
+#include "../nsa_cpu_pool.h"
+#include "cpu_ops.h"
+#include "real.h"
 #include <string.h>
 #include <tgmath.h>
-#include "real.h"
-#include "cpu_ops.h"
-#include "decode.h"
 
 static real dot(const real *a, const real *b, int n) {
     real acc = 0;
@@ -286,9 +287,28 @@ static void attendRow(NsaCpuDecoder *dec, int layer, int r) {
 
 /* ---- the step ------------------------------------------------------------ */
 
-/* y[rows][out] = x[rows][in] W^T with W stored transposed ([in][out]). */
-static void linearRows(real *y, const real *x, const real *wt, int rows, int in, int out) {
-    FN(nsaCpuMatmul)(y, x, wt, (size_t)rows, in, out, 0);
+typedef struct ProductJob {
+    real *y;
+    const real *x, *wt;
+    int rows, in, out;
+} ProductJob;
+
+/* A part's columns of the product: whole blocks of 8, the rest to the last. */
+static void productTask(void *ctx, int part, int parts) {
+    const ProductJob *j = ctx;
+    const int blocks = j->out / 8;
+    const int lo = blocks * part / parts * 8;
+    const int hi = part == parts - 1 ? j->out : blocks * (part + 1) / parts * 8;
+    FN(nsaCpuMatmulCols)(j->y, j->x, j->wt, (size_t)j->rows, j->in, j->out, lo, hi, 0);
+}
+
+/* y[rows][out] = x[rows][in] W^T with W stored transposed ([in][out]), the
+ * output columns split over the decoder's threads (a step has one row a
+ * slot: the rows are too few to split). */
+static void linearRows(const NsaCpuDecoder *dec, real *y, const real *x, const real *wt, int rows,
+                       int in, int out) {
+    ProductJob j = {y, x, wt, rows, in, out};
+    nsaCpuPoolRun(dec->pool, productTask, &j);
 }
 
 /* cos, sin at the row's position: the values nsaCpuRopeTable gives. */
@@ -325,36 +345,36 @@ void FN(nsaCpuDecodeRows)(NsaCpuDecoder *dec, const int32_t *tokens, int rows) {
         const int wv[3] = {li->wv_cmp, li->wv_sel, li->wv_win};
 
         FN(nsaCpuRmsNormForward)(xn, rstd, x, W(li->attn_norm), R, C, c->norm_eps);
-        linearRows(q, xn, W(li->wq), rows, C, H * dk);
+        linearRows(dec, q, xn, W(li->wq), rows, C, H * dk);
         for (int r = 0; r < rows; r++)
             FN(nsaCpuRopeForward)(q + (size_t)r * H * dk, rope + (size_t)r * dk, 1, 1, H, dk);
         for (int b = 0; b < 3; b++) {
             real *k = S(dec->k[b]);
-            linearRows(k, xn, W(wk[b]), rows, C, G * dk);
+            linearRows(dec, k, xn, W(wk[b]), rows, C, G * dk);
             for (int r = 0; r < rows; r++)
                 FN(nsaCpuRopeForward)(k + (size_t)r * G * dk, rope + (size_t)r * dk, 1, 1, G, dk);
-            linearRows(S(dec->v[b]), xn, W(wv[b]), rows, C, G * dv);
+            linearRows(dec, S(dec->v[b]), xn, W(wv[b]), rows, C, G * dv);
         }
-        linearRows(gates, xn, W(li->w_gate), rows, C, 3 * H);
+        linearRows(dec, gates, xn, W(li->w_gate), rows, C, 3 * H);
         FN(nsaCpuSigmoidForward)(gates, gates, R * 3 * H);
         for (int r = 0; r < rows; r++) attendRow(dec, i, r);
-        linearRows(proj, S(dec->y), W(li->wo), rows, H * dv, C);
+        linearRows(dec, proj, S(dec->y), W(li->wo), rows, H * dv, C);
         for (size_t j = 0; j < R * C; j++) mid[j] = x[j] + proj[j];
 
         real *fc = S(dec->fc), *act = S(dec->act);
         FN(nsaCpuRmsNormForward)(xn, rstd, mid, W(li->mlp_norm), R, C, c->norm_eps);
-        linearRows(fc, xn, W(li->w_fc), rows, C, F);
+        linearRows(dec, fc, xn, W(li->w_fc), rows, C, F);
         if (c->mlp == NSA_MLP_SWIGLU) {
-            linearRows(S(dec->up), xn, W(li->w_up), rows, C, F);
+            linearRows(dec, S(dec->up), xn, W(li->w_up), rows, C, F);
             FN(nsaCpuSwigluForward)(act, fc, S(dec->up), R * F);
         } else {
             FN(nsaCpuSiluForward)(act, fc, R * F);
         }
-        linearRows(proj, act, W(li->w_proj), rows, F, C);
+        linearRows(dec, proj, act, W(li->w_proj), rows, F, C);
         for (size_t j = 0; j < R * C; j++) x[j] = mid[j] + proj[j];
     }
     FN(nsaCpuRmsNormForward)(xn, rstd, x, W(lay->final_norm), R, C, c->norm_eps);
-    linearRows(S(dec->logits), xn, W(lay->lm_head), rows, C, V);
+    linearRows(dec, S(dec->logits), xn, W(lay->lm_head), rows, C, V);
 #undef W
 #undef S
 }

@@ -58,6 +58,7 @@ typedef struct NsaCpuDecoder {
     int32_t *sel;              /* [nsaNumSelSlots(n_sel)] */
     int32_t *pos;              /* [max_batch]: tokens each slot holds */
     int32_t *row_slot, *row_pos;   /* [max_rows] */
+    struct NsaCpuPool *pool;   /* the products' threads; NULL: the caller's only */
 } NsaCpuDecoder;
 
 /* Appends one token per row: rows 0..rows-1 go to slots row_slot[r] at

@@ -28,6 +28,10 @@ void FN(nsaCpuLinearBackward)(real *dx, real *dw, const real *dy, const real *x,
 void FN(nsaCpuTranspose)(real *t, const real *a, size_t rows, int cols);
 void FN(nsaCpuMatmul)(real *y, const real *a, const real *b, size_t rows, int K, int M,
                       int accumulate);
+/* nsaCpuMatmul's columns [m_lo, m_hi) only: splitting the columns over calls
+ * (threads) gives the same bits too. */
+void FN(nsaCpuMatmulCols)(real *y, const real *a, const real *b, size_t rows, int K, int M,
+                          int m_lo, int m_hi, int accumulate);
 
 /* rope.c: rotates, in place, each head vector of x[B*S][heads][dim] at its
  * absolute position t = row % S. Split-halves pairing: (i, i + dim/2) is

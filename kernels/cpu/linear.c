@@ -95,24 +95,29 @@ static void block1(real *y, const real *a, const real *b, int K, int M, int m0, 
         y[m0 + j] = accumulate ? y[m0 + j] + c[j] : c[j];
 }
 
-/* y[r][m] = (accumulate ? y[r][m] : 0) + sum_k a[r][k] b[k][m],
- * a [rows][K], b [K][M], y [rows][M]. */
-void FN(nsaCpuMatmul)(real *y, const real *a, const real *b, size_t rows, int K, int M,
-                      int accumulate) {
-    const int m_main = M / COLS * COLS;
+/* y[r][m] = (accumulate ? y[r][m] : 0) + sum_k a[r][k] b[k][m] for the
+ * columns m_lo <= m < m_hi, a [rows][K], b [K][M], y [rows][M]. */
+void FN(nsaCpuMatmulCols)(real *y, const real *a, const real *b, size_t rows, int K, int M,
+                          int m_lo, int m_hi, int accumulate) {
+    const int m_main = m_lo + (m_hi - m_lo) / COLS * COLS;
     size_t r = 0;
     for (; r + 4 <= rows; r += 4)
-        for (int m0 = 0; m0 < m_main; m0 += COLS)
+        for (int m0 = m_lo; m0 < m_main; m0 += COLS)
             block4(y + r * M, a + r * K, b, K, M, m0, accumulate);
     for (; r < rows; r++)
-        for (int m0 = 0; m0 < m_main; m0 += COLS)
+        for (int m0 = m_lo; m0 < m_main; m0 += COLS)
             block1(y + r * M, a + r * K, b, K, M, m0, accumulate);
-    /* the last M % COLS columns, one element at a time */
+    /* the last (m_hi - m_lo) % COLS columns, one element at a time */
     for (r = 0; r < rows; r++)
-        for (int m = m_main; m < M; m++) {
+        for (int m = m_main; m < m_hi; m++) {
             real s = 0;
             for (int k = 0; k < K; k++)
                 s += a[r * K + k] * b[(size_t)k * M + m];
             y[r * M + m] = accumulate ? y[r * M + m] + s : s;
         }
+}
+
+void FN(nsaCpuMatmul)(real *y, const real *a, const real *b, size_t rows, int K, int M,
+                      int accumulate) {
+    FN(nsaCpuMatmulCols)(y, a, b, rows, K, M, 0, M, accumulate);
 }

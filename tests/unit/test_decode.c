@@ -285,6 +285,51 @@ static void test_copy_slot_detects_a_difference(void **state) {
     referenceFree(&ref);
 }
 
+/* Threads split the products' output columns: the logits are the same
+ * bits for any count (3 threads against 1 here, widths that leave a
+ * remainder past the blocks of 8), through prefill passes and batched
+ * steps. */
+static void test_threads_bit_identical(void **state) {
+    (void)state;
+    NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_MLP, NSA_MLP_SWIGLU);
+    cfg.vocab_size = 37;
+    cfg.dim = 44;
+    Reference ref;
+    referenceBuild(&ref, &cfg, NSA_PREC_F32, 12, 0);
+    NsaError err = {{0}};
+    NsaDecoder *d[2];
+    for (int k = 0; k < 2; k++) {
+        NsaDecoderOptions o = {.device = NSA_DEVICE_CPU,
+                               .precision = NSA_PREC_F32,
+                               .max_batch = SEQ,
+                               .max_context = LEN,
+                               .threads = k ? 3 : 1};
+        d[k] = nsaDecoderCreate(&cfg, &o, &err);
+        if (!d[k]) fail_msg("nsaDecoderCreate: %s", err.message);
+        assert_int_equal(nsaDecoderLoadModel(d[k], ref.model, &err), 0);
+    }
+    const size_t V = (size_t)cfg.vocab_size;
+    float *got[2] = {testAlloc(SEQ * V, sizeof(float)), testAlloc(SEQ * V, sizeof(float))};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(nsaDecoderPrefill(d[k], 0, ref.tokens[0], 9, got[k], &err), 0);
+        assert_int_equal(nsaDecoderPrefill(d[k], 1, ref.tokens[1], 30, got[k] + V, &err), 0);
+    }
+    assert_memory_equal(got[0], got[1], SEQ * V * sizeof(float));
+    for (int t = 30; t < LEN; t++) {
+        const int32_t step[SEQ] = {ref.tokens[0][t - 21], ref.tokens[1][t]};
+        for (int k = 0; k < 2; k++)
+            if (nsaDecoderStep(d[k], SEQ, step, got[k], &err)) fail_msg("step: %s", err.message);
+        assert_memory_equal(got[0], got[1], SEQ * V * sizeof(float));
+    }
+    /* and they are the forward's logits, to fp32 rounding */
+    assert_true(rowError(d[1], 1, &ref, 1, LEN - 1, cfg.vocab_size) <= 1e-5);
+    for (int k = 0; k < 2; k++) {
+        nsaDecoderFree(d[k]);
+        free(got[k]);
+    }
+    referenceFree(&ref);
+}
+
 static void test_refusals(void **state) {
     (void)state;
     NsaModelConfig cfg = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
@@ -297,6 +342,11 @@ static void test_refusals(void **state) {
     o.max_context = 0;
     assert_null(nsaDecoderCreate(&cfg, &o, &err));
     assert_non_null(strstr(err.message, "max_context"));
+    o.max_context = 8;
+    o.threads = 257;
+    assert_null(nsaDecoderCreate(&cfg, &o, &err));
+    assert_non_null(strstr(err.message, "threads = 257"));
+    o.threads = 0;
 #ifndef NSA_HAVE_CUDA
     o.max_context = 8;
     o.device = NSA_DEVICE_CUDA;
@@ -371,6 +421,7 @@ int main(void) {
         cmocka_unit_test(test_detects_a_difference),
         cmocka_unit_test(test_copy_slot),
         cmocka_unit_test(test_copy_slot_detects_a_difference),
+        cmocka_unit_test(test_threads_bit_identical),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_kv_bytes),
     };
