@@ -3,10 +3,10 @@
  * reference step (kernels/cpu/decode.c) or, when built with nvcc, the CUDA
  * decoder (kernels/cuda/decode/decode.h). A CUDA decoder in a build without CUDA is
  * an error, never a silent CPU run. */
-#include "cpu/decode.h"
 #include "nsa.h"
-#include "nsa_cpu_pool.h"
 #include "nsa_layout.h"
+#include "nsa_cpu_pool.h"
+#include "cpu/decode.h"
 
 #include <limits.h>
 #include <stdio.h>

@@ -16,12 +16,12 @@
  * Every sum runs in the order the full forward (model.c and the attn_*.c
  * ops) uses, so the logits agree with it to rounding - in practice to the
  * last bit. */
-#include "decode.h"
-#include "../nsa_cpu_pool.h"
-#include "cpu_ops.h"
-#include "real.h"
 #include <string.h>
 #include <tgmath.h>
+#include "real.h"
+#include "cpu_ops.h"
+#include "decode.h"
+#include "../nsa_cpu_pool.h"
 
 static real dot(const real *a, const real *b, int n) {
     real acc = 0;
