@@ -76,6 +76,19 @@ int ctlCall(const Ctl *ctl, const char *method, const char *path, const char *bo
     return rc;
 }
 
+/* A non-2xx answer as one line on stderr; its exit code. */
+static int answerError(const HttpResponse *res, int bad_request_exit) {
+    cJSON *doc = res->len ? cJSON_ParseWithLength(res->body, res->len) : NULL;
+    const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+    fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
+            ctlString(e, "code", "?"), res->status);
+    cJSON_Delete(doc);
+    return res->status == 404   ? CTL_EXIT_NOT_FOUND
+           : res->status == 409 ? CTL_EXIT_CONFLICT
+           : res->status == 400 ? bad_request_exit
+                                : CTL_EXIT_ERROR;
+}
+
 int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
               size_t body_len, HttpLineFn on_line, void *ctx, int bad_request_exit) {
     HttpResponse res;
@@ -84,18 +97,19 @@ int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *
         fprintf(stderr, "nsactl: %s\n", err);
         return CTL_EXIT_UNREACHABLE;
     }
-    int rc = CTL_OK;
-    if (res.status < 200 || res.status >= 300) {
-        cJSON *doc = res.len ? cJSON_ParseWithLength(res.body, res.len) : NULL;
-        const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-        fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
-                ctlString(e, "code", "?"), res.status);
-        cJSON_Delete(doc);
-        rc = res.status == 404   ? CTL_EXIT_NOT_FOUND
-             : res.status == 409 ? CTL_EXIT_CONFLICT
-             : res.status == 400 ? bad_request_exit
-                                 : CTL_EXIT_ERROR;
+    const int rc = res.status >= 200 && res.status < 300 ? CTL_OK : answerError(&res, bad_request_exit);
+    httpResponseFree(&res);
+    return rc;
+}
+
+int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progress, void *ctx) {
+    HttpResponse res;
+    char err[HTTP_ERR_MAX];
+    if (httpDownload(&ctl->target, path, fd, progress, ctx, &res, err, sizeof err) != 0) {
+        fprintf(stderr, "nsactl: %s\n", err);
+        return CTL_EXIT_UNREACHABLE;
     }
+    const int rc = res.status >= 200 && res.status < 300 ? CTL_OK : answerError(&res, CTL_EXIT_ERROR);
     httpResponseFree(&res);
     return rc;
 }

@@ -1052,6 +1052,15 @@ const CtlCommand ctlCommands[] = {
      "run's seq_len, batch min(batch_size, 4), the whole file. Not bounded by\n"
      "--timeout.\n",
      ctlCmdEval},
+    {"export", "export ID|CHECKPOINT_DIR --out DIR [--dtype bf16|f32]",
+     "download a checkpoint's weights as an export (safetensors, config.json, model card)",
+     "nsad makes the export of the run's latest checkpoint (or of a checkpoint\n"
+     "directory as it sees it) in its state dir - or finds it made already - and\n"
+     "nsactl downloads its three files into DIR (created when missing; a file there\n"
+     "already is refused, nothing is overwritten): what `nsad export` writes on the\n"
+     "daemon's machine, here. --dtype bf16 (default) or f32 (the master weights).\n"
+     "Progress on stderr. Not bounded by --timeout.\n",
+     ctlCmdExport},
     {"version", "version", "nsactl's and nsad's versions", "", cmdVersion},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -42,5 +42,6 @@ void ctlUnknownOption(const char *cmd, const char *typed, const char *const *opt
 /* The commands that use a trained checkpoint (use.c). */
 int ctlCmdSample(Ctl *ctl, int argc, char **argv);
 int ctlCmdEval(Ctl *ctl, int argc, char **argv);
+int ctlCmdExport(Ctl *ctl, int argc, char **argv);
 
 #endif

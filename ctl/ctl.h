@@ -70,6 +70,12 @@ void ctlReplyFree(CtlReply *reply);
 int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
               size_t body_len, HttpLineFn on_line, void *ctx, int bad_request_exit);
 
+/* GETs path into fd (httpDownload, http.h). Returns CTL_OK once a 2xx
+ * answer is written whole; otherwise prints one line on stderr as
+ * ctlStream does and returns its codes (404 CTL_EXIT_NOT_FOUND; a failed
+ * write or a broken exchange CTL_EXIT_UNREACHABLE). Nothing to free. */
+int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progress, void *ctx);
+
 /* Prints the raw JSON body of a reply on stdout as one line (what --json
  * promises: the daemon's document, unchanged). */
 void ctlPrintJson(const CtlReply *reply);

@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include "paths.h"
 
@@ -310,6 +311,67 @@ int httpStream(const HttpTarget *t, const char *method, const char *path, const 
         on_line(ctx, res->body, res->len);
     curl_slist_free_all(headers);
     curl_easy_cleanup(ls.curl);
+    free(url);
+    return ret;
+}
+
+/* ---- downloads ---------------------------------------------------------- */
+
+typedef struct Download {
+    CURL *curl;
+    int fd;
+    BodyBuffer error_body; /* a non-2xx answer */
+    uint64_t written;
+    int write_errno;       /* a write to fd failed */
+    HttpProgressFn progress;
+    void *ctx;
+} Download;
+
+static size_t downloadChunk(char *chunk, size_t size, size_t nmemb, void *userdata) {
+    Download *dl = userdata;
+    const size_t n = size * nmemb;
+    long status = 0;
+    curl_easy_getinfo(dl->curl, CURLINFO_RESPONSE_CODE, &status);
+    if (status < 200 || status >= 300) return collectBody(chunk, size, nmemb, &dl->error_body);
+    for (size_t done = 0; done < n;) {
+        const ssize_t w = write(dl->fd, chunk + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            dl->write_errno = w < 0 ? errno : EIO;
+            return 0;
+        }
+        done += (size_t)w;
+    }
+    dl->written += n;
+    if (dl->progress) dl->progress(dl->ctx, dl->written);
+    return n;
+}
+
+int httpDownload(const HttpTarget *t, const char *path, int fd, HttpProgressFn progress,
+                 void *ctx, HttpResponse *res, char *err, size_t errcap) {
+    memset(res, 0, sizeof *res);
+    struct curl_slist *headers;
+    char *url;
+    char detail[CURL_ERROR_SIZE] = "";
+    Download dl = {.fd = fd, .progress = progress, .ctx = ctx};
+    dl.curl = newRequest(t, "GET", path, NULL, 0, NULL, &headers, &url, detail);
+    if (!dl.curl) {
+        snprintf(err, errcap, "out of memory preparing the request");
+        return -1;
+    }
+    curl_easy_setopt(dl.curl, CURLOPT_WRITEFUNCTION, downloadChunk);
+    curl_easy_setopt(dl.curl, CURLOPT_WRITEDATA, &dl);
+    const CURLcode rc = curl_easy_perform(dl.curl);
+    int ret;
+    if (dl.write_errno) {
+        snprintf(err, errcap, "writing the download: %s", strerror(dl.write_errno));
+        free(dl.error_body.data);
+        ret = -1;
+    } else {
+        ret = finishRequest(t, dl.curl, rc, &dl.error_body, detail, res, err, errcap);
+    }
+    curl_slist_free_all(headers);
+    curl_easy_cleanup(dl.curl);
     free(url);
     return ret;
 }

@@ -13,6 +13,7 @@
 #define NSACTL_HTTP_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define HTTP_ADDR_MAX 1024
 #define HTTP_TOKEN_MAX 256
@@ -77,6 +78,16 @@ typedef int (*HttpLineFn)(void *ctx, const char *line, size_t len);
 int httpStream(const HttpTarget *t, const char *method, const char *path, const char *body,
                size_t body_len, HttpLineFn on_line, void *ctx, HttpResponse *res, char *err,
                size_t errcap);
+
+/* GETs path and writes a 2xx answer's body to fd as it comes, calling
+ * progress (when not NULL) with the bytes written so far; a non-2xx
+ * answer's body is collected into res instead (nothing written to fd).
+ * No whole-request timeout. Returns 0 when the daemon answered (res->status
+ * says how; the caller frees res), or -1 with err (unreachable, the
+ * exchange broke, a write to fd failed). */
+typedef void (*HttpProgressFn)(void *ctx, uint64_t bytes);
+int httpDownload(const HttpTarget *t, const char *path, int fd, HttpProgressFn progress,
+                 void *ctx, HttpResponse *res, char *err, size_t errcap);
 
 /* Frees the body; res may be reused. NULL-safe. */
 void httpResponseFree(HttpResponse *res);

@@ -1,15 +1,19 @@
 /* use.c - nsactl's commands that use a trained checkpoint through the
- * daemon: `sample` (text streamed as it is generated) and `eval` (held-out
- * loss with progress). Both name a run (its latest checkpoint) or a
- * checkpoint directory, and read the JSON lines of POST /api/v1/sample and
- * /api/v1/eval (proto/api.md) as they come. */
+ * daemon: `sample` (text streamed as it is generated), `eval` (held-out
+ * loss with progress) and `export` (the weights made into an export and
+ * downloaded). Each names a run (its latest checkpoint) or a checkpoint
+ * directory, and reads the JSON lines of POST /api/v1/sample, /api/v1/eval
+ * or /api/v1/export (proto/api.md) as they come. */
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <sys/stat.h>
 
 #include "commands.h"
 #include "../daemon/strbuf.h"
@@ -328,4 +332,143 @@ int ctlCmdEval(Ctl *ctl, int argc, char **argv) {
     if (opts[4].value) cJSON_AddStringToObject(body, "device", opts[4].value);
     UseRun u = {.ctl = ctl, .cmd = "eval"};
     return streamCall(&u, "/api/v1/eval", body, evalLine);
+}
+
+/* ---- export ------------------------------------------------------------------ */
+
+#define EXPORT_FILES 3
+static const char *const export_files[EXPORT_FILES] = {"model.safetensors", "config.json",
+                                                       "README.md"};
+
+typedef struct ExportRun {
+    UseRun u;
+    char name[128];              /* the done line's export name */
+    double bytes[EXPORT_FILES];  /* and its files' sizes */
+} ExportRun;
+
+static int exportLine(void *ctx, const char *line, size_t len) {
+    ExportRun *r = ctx;
+    UseRun *u = &r->u;
+    cJSON *o = cJSON_ParseWithLength(line, len);
+    if (!o) return 0;
+    const char *ev = ctlString(o, "event", "");
+    double step = 0;
+    if (errorLine(u, o)) {
+    } else if (!strcmp(ev, "start")) {
+        ctlNumber(o, "step", &step);
+        fprintf(stderr, "exporting %s (step %.0f, %s)\n", ctlString(o, "checkpoint", "?"), step,
+                ctlString(o, "dtype", "?"));
+    } else if (!strcmp(ev, "done")) {
+        const cJSON *files = cJSON_GetObjectItemCaseSensitive(o, "files");
+        snprintf(r->name, sizeof r->name, "%s", ctlString(o, "name", ""));
+        for (int i = 0; i < EXPORT_FILES; i++) {
+            const cJSON *f = cJSON_GetArrayItem(files, i);
+            r->bytes[i] = -1;
+            if (!strcmp(ctlString(f, "name", ""), export_files[i])) ctlNumber(f, "bytes", &r->bytes[i]);
+        }
+        u->done = r->name[0] != 0;
+        if (!u->done) {
+            fprintf(stderr, "nsactl export: the daemon's done line names no export\n");
+            u->failed = 1;
+        }
+    }
+    cJSON_Delete(o);
+    return 0;
+}
+
+typedef struct Progress {
+    const char *file;
+    double total;
+    int tty;
+    double shown;
+} Progress;
+
+static void downloadProgress(void *ctx, uint64_t bytes) {
+    Progress *p = ctx;
+    if (!p->tty || ((double)bytes - p->shown < 8e6 && (double)bytes < p->total)) return;
+    p->shown = (double)bytes;
+    fprintf(stderr, "\r  %s: %.1f of %.1f MB", p->file, (double)bytes / 1e6, p->total / 1e6);
+}
+
+/* Downloads the three files of export `name` into dir: each into a hidden
+ * file beside it, its size checked, then renamed into place. */
+static int downloadExport(Ctl *ctl, const ExportRun *r, const char *dir) {
+    for (int i = 0; i < EXPORT_FILES; i++) {
+        char path[PATH_MAX], part[PATH_MAX + 16], url[512];
+        snprintf(path, sizeof path, "%s/%s", dir, export_files[i]);
+        snprintf(part, sizeof part, "%s/.%s.part", dir, export_files[i]);
+        snprintf(url, sizeof url, "/api/v1/exports/%s/%s", r->name, export_files[i]);
+        const int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
+            return CTL_EXIT_ERROR;
+        }
+        Progress p = {export_files[i], r->bytes[i], isatty(STDERR_FILENO), 0};
+        int rc = ctlDownload(ctl, url, fd, downloadProgress, &p);
+        struct stat st;
+        if (rc == CTL_OK && (fsync(fd) != 0 || fstat(fd, &st) != 0)) {
+            fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
+            rc = CTL_EXIT_ERROR;
+        } else if (rc == CTL_OK && (double)st.st_size != r->bytes[i]) {
+            fprintf(stderr, "nsactl export: %s: %lld bytes came, the daemon said %.0f\n",
+                    export_files[i], (long long)st.st_size, r->bytes[i]);
+            rc = CTL_EXIT_ERROR;
+        }
+        close(fd);
+        if (p.tty && p.shown > 0) fputc('\n', stderr);
+        if (rc == CTL_OK && rename(part, path) != 0) {
+            fprintf(stderr, "nsactl export: %s: %s\n", path, strerror(errno));
+            rc = CTL_EXIT_ERROR;
+        }
+        if (rc != CTL_OK) {
+            unlink(part);
+            return rc;
+        }
+        if (!ctl->json) fprintf(stderr, "  %s (%.1f MB)\n", path, r->bytes[i] / 1e6);
+    }
+    return CTL_OK;
+}
+
+int ctlCmdExport(Ctl *ctl, int argc, char **argv) {
+    UseOption opts[] = {{"--out", NULL}, {"--dtype", NULL}};
+    const char *what;
+    if (parseUse("export", argc, argv, opts, 2, "--out DIR", &what)) return CTL_EXIT_USAGE;
+    const char *dir = opts[0].value, *dtype = opts[1].value ? opts[1].value : "bf16";
+    if (strcmp(dtype, "bf16") && strcmp(dtype, "f32")) {
+        fprintf(stderr, "nsactl export: --dtype '%s'; allowed: bf16 or f32\n", dtype);
+        return CTL_EXIT_USAGE;
+    }
+    /* nothing is overwritten: refused before the daemon does any work */
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "nsactl export: --out %s: %s\n", dir, strerror(errno));
+        return CTL_EXIT_USAGE;
+    }
+    for (int i = 0; i < EXPORT_FILES; i++) {
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", dir, export_files[i]) >= (int)sizeof path ||
+            access(path, F_OK) == 0) {
+            fprintf(stderr, "nsactl export: --out %s: %s exists; allowed: a new or empty "
+                    "directory (nothing is overwritten)\n", dir, export_files[i]);
+            return CTL_EXIT_USAGE;
+        }
+    }
+    cJSON *body = cJSON_CreateObject();
+    if (!body || addTarget("export", body, what)) {
+        cJSON_Delete(body);
+        return CTL_EXIT_USAGE;
+    }
+    cJSON_AddStringToObject(body, "dtype", dtype);
+    ExportRun r = {.u = {.ctl = ctl, .cmd = "export"}};
+    int rc = streamCall(&r.u, "/api/v1/export", body, exportLine);
+    if (rc == CTL_OK) rc = downloadExport(ctl, &r, dir);
+    if (rc == CTL_OK && ctl->json) {
+        cJSON *doc = cJSON_CreateObject();
+        cJSON_AddStringToObject(doc, "export", r.name);
+        cJSON_AddStringToObject(doc, "dir", dir);
+        char *text = doc ? cJSON_PrintUnformatted(doc) : NULL;
+        if (text) puts(text);
+        free(text);
+        cJSON_Delete(doc);
+    }
+    return rc;
 }

@@ -32,6 +32,8 @@ void apiResponseFree(ApiResponse *res) {
     res->body = NULL;
     if (res->stream) streamRelease(res->stream);
     res->stream = NULL;
+    if (res->has_file) close(res->file_fd);
+    res->has_file = 0;
 }
 
 static void outOfMemory(ApiResponse *res) {
@@ -849,6 +851,11 @@ void apiHandle(Service *svc, const ApiRequest *req, ApiResponse *res) {
         if (methodIs(req, res, "POST")) apiUseSample(svc, req, res);
     } else if (!strcmp(rest, "eval")) {
         if (methodIs(req, res, "POST")) apiUseEval(svc, req, res);
+    } else if (!strcmp(rest, "export")) {
+        if (methodIs(req, res, "POST")) apiUseExport(svc, req, res);
+    } else if (!strncmp(rest, "exports/", 8)) {
+        if (methodIs(req, res, "GET") && !refuseUnknownQuery(req, res, ""))
+            apiUseExportFile(svc, req, res, rest + 8);
     } else if (!strcmp(rest, "join")) {
         if (methodIs(req, res, "POST")) postJoin(svc, req, res);
     } else if (!strcmp(rest, "debug/stacks")) {

@@ -6,6 +6,7 @@
 #define NSAD_API_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include "service.h"
 
 #define API_MAX_QUERY 16
@@ -36,6 +37,10 @@ typedef struct ApiResponse {
     int no_store;             /* Cache-Control: no-store */
     struct Stream *stream;    /* not NULL: the body is this stream (daemon/stream.h), read until
                                  its end; owned by the response (apiResponseFree releases it) */
+    int has_file;             /* the body is file_size bytes read from file_fd, which the
+                                 response owns (apiResponseFree closes it) */
+    int file_fd;
+    uint64_t file_size;
 } ApiResponse;
 
 /* 1 when path belongs to the API (/api/... or /metrics), 0 for the

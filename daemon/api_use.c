@@ -1,10 +1,13 @@
 /* api_use.c - the routes that use a trained checkpoint (proto/api.md):
  *   POST /api/v1/sample   text generated from a prompt, streamed
  *   POST /api/v1/eval     held-out loss on a data file, with progress
- * Both take {"run": ID} (its latest checkpoint) or {"checkpoint": DIR}, check
- * every field here (400 naming it), queue a job on the inference worker
- * (daemon/infer.c; 503 busy when INFER_QUEUE_MAX wait) and answer 200 with
- * a stream of JSON lines (application/x-ndjson) that the worker writes. */
+ *   POST /api/v1/export   the weights as an export to download
+ *   GET  /api/v1/exports/NAME/FILE   one file of such an export
+ * The POSTs take {"run": ID} (its latest checkpoint) or {"checkpoint": DIR},
+ * check every field here (400 naming it), queue a job on the inference
+ * worker (daemon/infer.c; 503 busy when INFER_QUEUE_MAX wait) and answer 200
+ * with a stream of JSON lines (application/x-ndjson) that the worker
+ * writes. */
 #include "api.h"
 #include "api_use.h"
 
@@ -204,4 +207,48 @@ void apiUseEval(Service *svc, const ApiRequest *req, ApiResponse *res) {
     job.max_tokens = (int64_t)max_tokens;
     if (ok) answerStream(svc, &job, res);
     cJSON_Delete(o);
+}
+
+void apiUseExport(Service *svc, const ApiRequest *req, ApiResponse *res) {
+    cJSON *o = parseBody(req, res, "run,checkpoint,dtype");
+    if (!o) return;
+    InferJob job = {.kind = INFER_EXPORT, .device = -1, .dtype = EXPORT_BF16};
+    const cJSON *dtype = cJSON_GetObjectItemCaseSensitive(o, "dtype");
+    int ok = checkpointField(svc, o, job.checkpoint, sizeof job.checkpoint, res);
+    if (ok && dtype) {
+        ExportDtype d;
+        NsaError err;
+        ok = cJSON_IsString(dtype) && exportDtypeParse(dtype->valuestring, &d, &err) == 0;
+        if (ok) job.dtype = d;
+        else apiError(res, 400, "invalid_argument", "dtype: allowed: \"bf16\" or \"f32\"");
+    }
+    snprintf(job.exports_dir, sizeof job.exports_dir, "%s", svc->exports_dir);
+    if (ok) answerStream(svc, &job, res);
+    cJSON_Delete(o);
+}
+
+void apiUseExportFile(Service *svc, const ApiRequest *req, ApiResponse *res, const char *rest) {
+    const char *slash = strchr(rest, '/');
+    char name[EXPORT_STORE_NAME_MAX];
+    if (!slash || (size_t)(slash - rest) >= sizeof name) {
+        apiError(res, 404, "not_found", "no such export file: %.120s; the form is "
+                 "/api/v1/exports/NAME/FILE", rest);
+        return;
+    }
+    snprintf(name, sizeof name, "%.*s", (int)(slash - rest), rest);
+    int fd;
+    uint64_t size;
+    if (exportStoreOpen(svc->exports_dir, name, slash + 1, &fd, &size) != 0) {
+        apiError(res, 404, "not_found", "no file %.80s in an export %.80s (POST /api/v1/export "
+                 "makes one; files: model.safetensors, config.json, README.md)", slash + 1, name);
+        return;
+    }
+    (void)req;
+    res->status = 200;
+    res->has_file = 1;
+    res->file_fd = fd;
+    res->file_size = size;
+    res->content_type = !strcmp(slash + 1, "config.json") ? "application/json"
+                        : !strcmp(slash + 1, "README.md") ? "text/markdown; charset=utf-8"
+                                                          : "application/octet-stream";
 }

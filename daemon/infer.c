@@ -345,6 +345,47 @@ static void runEval(Infer *inf, InferJob *job, Stream *s) {
     weightsClose(&w);
 }
 
+/* Start line, then done {name, reused, seconds, files: [{name, bytes}]} once
+ * the export is made (or found), or an error line. */
+static void runExport(InferJob *job, Stream *s) {
+    NsaError err = {{0}};
+    Weights w;
+    if (weightsOpen(job->checkpoint, &w, &err)) {
+        writeError(s, err.message);
+        return;
+    }
+    const double t0 = clockMonotonicSeconds();
+    cJSON *start = cJSON_CreateObject();
+    cJSON_AddStringToObject(start, "event", "start");
+    cJSON_AddStringToObject(start, "checkpoint", w.dir);
+    cJSON_AddNumberToObject(start, "step", (double)w.state.step);
+    cJSON_AddStringToObject(start, "dtype", job->dtype == EXPORT_BF16 ? "bf16" : "f32");
+    char name[EXPORT_STORE_NAME_MAX];
+    uint64_t bytes[EXPORT_STORE_FILES];
+    int reused = 0;
+    if (writeLine(s, start) == 0) {
+        if (exportStoreMake(job->exports_dir, &w, (ExportDtype)job->dtype, name, bytes, &reused,
+                            &err)) {
+            writeError(s, err.message);
+        } else {
+            cJSON *done = cJSON_CreateObject();
+            cJSON_AddStringToObject(done, "event", "done");
+            cJSON_AddStringToObject(done, "name", name);
+            cJSON_AddBoolToObject(done, "reused", reused);
+            cJSON_AddNumberToObject(done, "seconds", clockMonotonicSeconds() - t0);
+            cJSON *files = cJSON_AddArrayToObject(done, "files");
+            for (int i = 0; i < EXPORT_STORE_FILES; i++) {
+                cJSON *f = cJSON_CreateObject();
+                cJSON_AddStringToObject(f, "name", exportStoreFiles[i]);
+                cJSON_AddNumberToObject(f, "bytes", (double)bytes[i]);
+                cJSON_AddItemToArray(files, f);
+            }
+            writeLine(s, done);
+        }
+    }
+    weightsClose(&w);
+}
+
 /* ---- the worker --------------------------------------------------------------------- */
 
 /* Drops the kept model when a run claimed its GPU or it has been idle for
@@ -400,9 +441,11 @@ static void *inferMain(void *arg) {
         pthread_mutex_unlock(&inf->lock);
         if (!streamCancelled(q->stream)) {
             const double t0 = clockMonotonicSeconds();
+            static const char *const kinds[] = {"sample", "eval", "export"};
             if (q->job.kind == INFER_SAMPLE) runSample(inf, &q->job, q->stream);
-            else runEval(inf, &q->job, q->stream);
-            logInfo("%s on %s: %.2f s%s", q->job.kind == INFER_SAMPLE ? "sample" : "eval",
+            else if (q->job.kind == INFER_EVAL) runEval(inf, &q->job, q->stream);
+            else runExport(&q->job, q->stream);
+            logInfo("%s on %s: %.2f s%s", kinds[q->job.kind],
                     q->job.checkpoint, clockMonotonicSeconds() - t0,
                     streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");
         }

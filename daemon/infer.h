@@ -1,7 +1,8 @@
-/* infer.h - nsad serve's inference worker: one thread that runs sample and
- * eval jobs on trained checkpoints one at a time (daemon/sampler.c,
- * daemon/evaluate.c), each writing JSON lines into the Stream its HTTP
- * response reads (proto/api.md, POST /api/v1/sample and /api/v1/eval).
+/* infer.h - nsad serve's inference worker: one thread that runs sample,
+ * eval and export jobs on trained checkpoints one at a time
+ * (daemon/sampler.c, daemon/evaluate.c, daemon/exportstore.c), each writing
+ * JSON lines into the Stream its HTTP response reads (proto/api.md, POST
+ * /api/v1/sample, /api/v1/eval and /api/v1/export).
  *
  * A job runs on CUDA when it asks for it, or asks for nothing and this
  * build has CUDA and a device is visible; else on the CPU engine (fp32,
@@ -23,6 +24,7 @@
 #define NSAD_INFER_H
 
 #include "evaluate.h"
+#include "exportstore.h"
 #include "sampler.h"
 #include "stream.h"
 #include "weights.h"
@@ -31,7 +33,7 @@
 
 typedef struct Infer Infer;
 
-typedef enum InferKind { INFER_SAMPLE = 0, INFER_EVAL = 1 } InferKind;
+typedef enum InferKind { INFER_SAMPLE = 0, INFER_EVAL = 1, INFER_EXPORT = 2 } InferKind;
 
 typedef struct InferJob {
     InferKind kind;
@@ -46,6 +48,9 @@ typedef struct InferJob {
     char data[WEIGHTS_PATH_MAX];
     int seq_len, batch;
     int64_t max_tokens;
+    /* export: made under exports_dir (exportstore.h) in dtype (ExportDtype) */
+    char exports_dir[WEIGHTS_PATH_MAX];
+    int dtype;
 } InferJob;
 
 /* Starts the worker; a sample job's model is kept keep_s seconds after it

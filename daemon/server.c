@@ -274,11 +274,17 @@ static void requestAnswered(struct MHD_Connection *conn) {
 
 static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiResponse *res) {
     struct MHD_Response *r =
-        res->stream ? streamResponse(srv, conn, res)
-                    : MHD_create_response_from_buffer(res->body_len, res->body, MHD_RESPMEM_MUST_FREE);
+        res->stream     ? streamResponse(srv, conn, res)
+        : res->has_file ? MHD_create_response_from_fd(res->file_size, res->file_fd)
+                        : MHD_create_response_from_buffer(res->body_len, res->body,
+                                                          MHD_RESPMEM_MUST_FREE);
     if (!r) {
         apiResponseFree(res);
         return MHD_NO;
+    }
+    if (res->has_file) { /* MHD closes the descriptor with the response */
+        res->has_file = 0;
+        free(res->body);
     }
     res->body = NULL; /* MHD owns it now */
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, res->content_type);

@@ -531,6 +531,12 @@ Service *serviceOpen(const char *state_dir, NsaError *err) {
         fail(err, SVC_INTERNAL, "out of memory");
         return NULL;
     }
+    if (snprintf(svc->exports_dir, sizeof svc->exports_dir, "%s/exports", state_dir) >=
+        (int)sizeof svc->exports_dir) {
+        fail(err, SVC_INTERNAL, "the state dir's path is too long: %s", state_dir);
+        free(svc);
+        return NULL;
+    }
     svc->runs = runsOpen(state_dir, err);
     if (!svc->runs) {
         free(svc);

@@ -112,7 +112,8 @@ typedef struct Service {
     ServiceTrainFn train;            /* trainerRun */
     double started_unix;
     int64_t started_ns;
-    struct Infer *infer; /* sample and eval jobs (daemon/infer.c); set by cmd_serve, or NULL */
+    struct Infer *infer; /* sample, eval and export jobs (daemon/infer.c); set by cmd_serve, or NULL */
+    char exports_dir[RUN_PATH_MAX]; /* <state-dir>/exports (daemon/exportstore.h) */
     /* multi-node: the token this nsad presents to the other nodes of a job
      * it coordinates ("" without auth; the nodes of a job share one) */
     char peer_token[AUTH_TOKEN_MAX];

@@ -5,6 +5,8 @@ foreground: a tiny CPU run trains under `nsad serve`, then
     chunked response; greedy output is reproducible and the same as
     `nsad sample` in the foreground; a stop string ends it;
   - nsactl eval reports the loss `nsad eval` computes in the foreground;
+  - nsactl export downloads the export the daemon makes (the bytes `nsad
+    export` writes in the foreground), made once and served again;
   - the training run wrote samples.jsonl and `samples` events;
   - refusals (unknown run, bad numbers, no prompt, a run without a
     checkpoint) are 4xx answers naming the field, and the daemon stays up;
@@ -277,6 +279,48 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         check("nsactl eval reports what nsad eval computes", ok, (fe.stdout, fe.stderr, de.stdout, de.stderr))
         check("nsactl eval --json streams progress lines before the result",
               '"progress"' in de.stdout.split('"result"')[0], de.stdout[:300])
+
+        # export: made in the state dir, downloaded, the same bytes as nsad export
+        dl = os.path.join(tmp, "dl")
+        r = run(ctl + ["export", run_id, "--out", dl])
+        files = ["README.md", "config.json", "model.safetensors"]
+        check("nsactl export RUN --out DIR: the three files", r.returncode == 0
+              and sorted(os.listdir(dl)) == files, (r.returncode, r.stderr, os.listdir(dl) if
+                                                     os.path.isdir(dl) else None))
+        fg_dir = os.path.join(tmp, "fg-export")
+        fx = run([NSAD, "export", out_dir, "--out", fg_dir, "--dtype", "bf16"])
+        same = fx.returncode == 0 and all(
+            open(os.path.join(dl, f), "rb").read() == open(os.path.join(fg_dir, f), "rb").read()
+            for f in files)
+        check("... byte for byte what nsad export writes in the foreground", same, fx.stderr)
+        st, _, body = http(sock, "POST", "/api/v1/export", {"run": run_id})
+        lines = [json.loads(l) for l in body.decode().splitlines() if l.startswith("{")]
+        done = lines[-1] if lines else {}
+        check("POST /api/v1/export again: done, reused, the files and their sizes",
+              st == 200 and done.get("event") == "done" and done.get("reused") is True
+              and [f["name"] for f in done.get("files", [])] == ["model.safetensors", "config.json",
+                                                                  "README.md"]
+              and done["files"][0]["bytes"] == os.path.getsize(os.path.join(dl, "model.safetensors")),
+              lines)
+        name = done.get("name", "")
+        st, hd, body = http(sock, "GET", f"/api/v1/exports/{name}/config.json")
+        check("GET /api/v1/exports/NAME/config.json: the file, as JSON",
+              st == 200 and hd.get("content-type") == "application/json"
+              and body == open(os.path.join(dl, "config.json"), "rb").read(), (st, hd))
+        st, _, body = http(sock, "GET", f"/api/v1/exports/{name}/run.json")
+        check("a file that is not one of the three: 404", st == 404, body)
+        st, _, body = http(sock, "GET", f"/api/v1/exports/..%2F..%2Fruns/config.json")
+        check("a path out of the exports: refused (400 bad_path)", st == 400 and b"bad_path" in body, body)
+        st, _, body = http(sock, "GET", f"/api/v1/exports/step_1-bf16-00000000/config.json")
+        check("an export that is not there: 404", st == 404, body)
+        r = run(ctl + ["export", run_id, "--out", dl])
+        check("nsactl export into a directory holding them: exit 2, nothing overwritten",
+              r.returncode == 2 and "exists" in r.stderr and sorted(os.listdir(dl)) == files, r.stderr)
+        r = run(ctl + ["export", run_id, "--out", os.path.join(tmp, "dl3"), "--dtype", "f16"])
+        check("--dtype f16: exit 2 naming what is allowed", r.returncode == 2 and "bf16 or f32" in r.stderr,
+              r.stderr)
+        st, _, body = http(sock, "POST", "/api/v1/export", {"run": run_id, "dtype": "f16"})
+        check("dtype f16 in the body: 400 naming it", st == 400 and b"dtype" in body, body)
 
         released = wait_for(lambda: "no sample job for the keep time" in open(os.path.join(tmp, "nsad.log")).read(),
                             keep_s + 30, 0.5)
