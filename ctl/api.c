@@ -105,9 +105,10 @@ int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *
 int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progress, void *ctx) {
     HttpResponse res;
     char err[HTTP_ERR_MAX];
-    if (httpDownload(&ctl->target, path, fd, progress, ctx, &res, err, sizeof err) != 0) {
+    const int got = httpDownload(&ctl->target, path, fd, progress, ctx, &res, err, sizeof err);
+    if (got != 0) {
         fprintf(stderr, "nsactl: %s\n", err);
-        return CTL_EXIT_UNREACHABLE;
+        return got == -2 ? CTL_EXIT_ERROR : CTL_EXIT_UNREACHABLE;
     }
     const int rc = res.status >= 200 && res.status < 300 ? CTL_OK : answerError(&res, CTL_EXIT_ERROR);
     httpResponseFree(&res);

@@ -292,8 +292,9 @@ static int waitForStart(Ctl *ctl, const char *id, char *state, size_t cap) {
     return rc;
 }
 
-/* Appends key=value (escaped) to path's query. Returns 0, or prints what
- * was too long (allowed: what the option takes) and returns -1. */
+/* Appends key=value (escaped) to path's query. Returns 0, or prints that
+ * the option (--key, '_' as '-') is too long (allowed: what it takes) and
+ * returns -1. */
 static int addQuery(char *path, size_t cap, const char *key, const char *value,
                     const char *allowed) {
     char escaped[3 * PATH_MAX];
@@ -301,7 +302,11 @@ static int addQuery(char *path, size_t cap, const char *key, const char *value,
     if (httpEscape(value, escaped, sizeof escaped) ||
         snprintf(path + used, cap - used, "%s%s=%s", strchr(path, '?') ? "&" : "?", key, escaped) >=
             (int)(cap - used)) {
-        fprintf(stderr, "nsactl start: the %s value is too long; allowed: %s\n", key, allowed);
+        char option[64];
+        snprintf(option, sizeof option, "%s", key);
+        for (char *c = option; *c; c++)
+            if (*c == '_') *c = '-';
+        fprintf(stderr, "nsactl start: --%s is too long; allowed: %s\n", option, allowed);
         return -1;
     }
     return 0;

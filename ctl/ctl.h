@@ -72,8 +72,9 @@ int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *
 
 /* GETs path into fd (httpDownload, http.h). Returns CTL_OK once a 2xx
  * answer is written whole; otherwise prints one line on stderr as
- * ctlStream does and returns its codes (404 CTL_EXIT_NOT_FOUND; a failed
- * write or a broken exchange CTL_EXIT_UNREACHABLE). Nothing to free. */
+ * ctlStream does and returns its codes (404 CTL_EXIT_NOT_FOUND; a broken
+ * exchange CTL_EXIT_UNREACHABLE; a failed write to fd CTL_EXIT_ERROR).
+ * Nothing to free. */
 int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progress, void *ctx);
 
 /* Prints the raw JSON body of a reply on stdout as one line (what --json

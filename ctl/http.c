@@ -366,7 +366,7 @@ int httpDownload(const HttpTarget *t, const char *path, int fd, HttpProgressFn p
     if (dl.write_errno) {
         snprintf(err, errcap, "writing the download: %s", strerror(dl.write_errno));
         free(dl.error_body.data);
-        ret = -1;
+        ret = -2;
     } else {
         ret = finishRequest(t, dl.curl, rc, &dl.error_body, detail, res, err, errcap);
     }

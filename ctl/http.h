@@ -83,8 +83,8 @@ int httpStream(const HttpTarget *t, const char *method, const char *path, const 
  * progress (when not NULL) with the bytes written so far; a non-2xx
  * answer's body is collected into res instead (nothing written to fd).
  * No whole-request timeout. Returns 0 when the daemon answered (res->status
- * says how; the caller frees res), or -1 with err (unreachable, the
- * exchange broke, a write to fd failed). */
+ * says how; the caller frees res), -1 with err when it could not be reached
+ * or the exchange broke, -2 with err when a write to fd failed. */
 typedef void (*HttpProgressFn)(void *ctx, uint64_t bytes);
 int httpDownload(const HttpTarget *t, const char *path, int fd, HttpProgressFn progress,
                  void *ctx, HttpResponse *res, char *err, size_t errcap);

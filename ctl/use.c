@@ -390,43 +390,77 @@ static void downloadProgress(void *ctx, uint64_t bytes) {
     fprintf(stderr, "\r  %s: %.1f of %.1f MB", p->file, (double)bytes / 1e6, p->total / 1e6);
 }
 
-/* Downloads the three files of export `name` into dir: each into a hidden
- * file beside it, its size checked, then renamed into place. */
-static int downloadExport(Ctl *ctl, const ExportRun *r, const char *dir) {
+/* Removes the hidden part files of dir's export (those that exist). */
+static void removeParts(const char *dir) {
     for (int i = 0; i < EXPORT_FILES; i++) {
-        char path[PATH_MAX], part[PATH_MAX + 16], url[512];
-        snprintf(path, sizeof path, "%s/%s", dir, export_files[i]);
+        char part[PATH_MAX + 16];
         snprintf(part, sizeof part, "%s/.%s.part", dir, export_files[i]);
-        snprintf(url, sizeof url, "/api/v1/exports/%s/%s", r->name, export_files[i]);
-        const int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        if (fd < 0) {
-            fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
-            return CTL_EXIT_ERROR;
-        }
-        Progress p = {export_files[i], r->bytes[i], isatty(STDERR_FILENO), 0};
-        int rc = ctlDownload(ctl, url, fd, downloadProgress, &p);
-        struct stat st;
-        if (rc == CTL_OK && (fsync(fd) != 0 || fstat(fd, &st) != 0)) {
-            fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
-            rc = CTL_EXIT_ERROR;
-        } else if (rc == CTL_OK && (double)st.st_size != r->bytes[i]) {
-            fprintf(stderr, "nsactl export: %s: %lld bytes came, the daemon said %.0f\n",
-                    export_files[i], (long long)st.st_size, r->bytes[i]);
-            rc = CTL_EXIT_ERROR;
-        }
-        close(fd);
-        if (p.tty && p.shown > 0) fputc('\n', stderr);
-        if (rc == CTL_OK && rename(part, path) != 0) {
+        unlink(part);
+    }
+}
+
+/* Downloads one file of export r->name into part, checking its size. */
+static int downloadFile(Ctl *ctl, const ExportRun *r, int i, const char *part) {
+    char url[512];
+    snprintf(url, sizeof url, "/api/v1/exports/%s/%s", r->name, export_files[i]);
+    const int fd = open(part, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
+        return CTL_EXIT_ERROR;
+    }
+    Progress p = {export_files[i], r->bytes[i], isatty(STDERR_FILENO), 0};
+    int rc = ctlDownload(ctl, url, fd, downloadProgress, &p);
+    struct stat st;
+    if (p.tty && p.shown > 0) fputc('\n', stderr);
+    if (rc == CTL_OK && (fsync(fd) != 0 || fstat(fd, &st) != 0)) {
+        fprintf(stderr, "nsactl export: %s: %s\n", part, strerror(errno));
+        rc = CTL_EXIT_ERROR;
+    } else if (rc == CTL_OK && (double)st.st_size != r->bytes[i]) {
+        fprintf(stderr, "nsactl export: %s: %lld bytes came, the daemon said %.0f\n",
+                export_files[i], (long long)st.st_size, r->bytes[i]);
+        rc = CTL_EXIT_ERROR;
+    }
+    close(fd);
+    return rc;
+}
+
+/* Downloads the three files of export r->name into dir (created when
+ * missing): each into a hidden part file beside it, its size checked; once
+ * all three are there they are linked into place (a file that appeared
+ * meanwhile is not replaced) and the parts removed. On failure nothing of
+ * this export is left in dir, so the same command can be run again. */
+static int downloadExport(Ctl *ctl, const ExportRun *r, const char *dir) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "nsactl export: --out %s: %s\n", dir, strerror(errno));
+        return CTL_EXIT_ERROR;
+    }
+    int rc = CTL_OK;
+    for (int i = 0; rc == CTL_OK && i < EXPORT_FILES; i++) {
+        char part[PATH_MAX + 16];
+        snprintf(part, sizeof part, "%s/.%s.part", dir, export_files[i]);
+        rc = downloadFile(ctl, r, i, part);
+    }
+    int linked = 0;
+    for (; rc == CTL_OK && linked < EXPORT_FILES; linked++) {
+        char path[PATH_MAX], part[PATH_MAX + 16];
+        snprintf(path, sizeof path, "%s/%s", dir, export_files[linked]);
+        snprintf(part, sizeof part, "%s/.%s.part", dir, export_files[linked]);
+        if (link(part, path) != 0) {
             fprintf(stderr, "nsactl export: %s: %s\n", path, strerror(errno));
             rc = CTL_EXIT_ERROR;
+            break;
         }
-        if (rc != CTL_OK) {
-            unlink(part);
-            return rc;
-        }
-        if (!ctl->json) fprintf(stderr, "  %s (%.1f MB)\n", path, r->bytes[i] / 1e6);
     }
-    return CTL_OK;
+    if (rc != CTL_OK) /* the files linked before the one that failed */
+        for (int i = 0; i < linked; i++) {
+            char path[PATH_MAX];
+            snprintf(path, sizeof path, "%s/%s", dir, export_files[i]);
+            unlink(path);
+        }
+    removeParts(dir);
+    for (int i = 0; rc == CTL_OK && !ctl->json && i < EXPORT_FILES; i++)
+        fprintf(stderr, "  %s/%s (%.1f MB)\n", dir, export_files[i], r->bytes[i] / 1e6);
+    return rc;
 }
 
 int ctlCmdExport(Ctl *ctl, int argc, char **argv) {
@@ -439,10 +473,6 @@ int ctlCmdExport(Ctl *ctl, int argc, char **argv) {
         return CTL_EXIT_USAGE;
     }
     /* nothing is overwritten: refused before the daemon does any work */
-    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "nsactl export: --out %s: %s\n", dir, strerror(errno));
-        return CTL_EXIT_USAGE;
-    }
     for (int i = 0; i < EXPORT_FILES; i++) {
         char path[PATH_MAX];
         if (snprintf(path, sizeof path, "%s/%s", dir, export_files[i]) >= (int)sizeof path ||

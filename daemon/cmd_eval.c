@@ -93,7 +93,7 @@ int cmdEval(int argc, char **argv) {
     }
     EvalOptions o = {.seq_len = (int)seq_len, .batch = (int)batch, .max_tokens = max_tokens,
                      .device = w.job.runtime.device, .precision = w.job.runtime.precision,
-                     .threads = threads > 0 ? (int)threads : w.job.runtime.threads};
+                     .threads = threads > 0 ? (int)threads : weightsCpuThreads(&w)};
     evalOptionsFromPath(&o, data);
     int rc = 0;
     if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {

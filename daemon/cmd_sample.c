@@ -28,8 +28,8 @@ static void sampleUsage(FILE *out) {
             "--stop (up to 4) ends the text when it ends with that string. --n N (1 to 16)\n"
             "decodes N continuations together after one prefill and prints each under a\n"
             "'--- sample I ---' line once all are done. --threads N (1 to 256): the CPU\n"
-            "decoder's threads (default: the run's runtime.threads); the text is the same\n"
-            "for any count.\n");
+            "decoder's threads (default: the run's runtime.threads, at most this machine's\n"
+            "cores); the text is the same for any count.\n");
 }
 
 static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
@@ -144,7 +144,7 @@ int cmdSample(int argc, char **argv) {
         rc = 1;
     } else if (!(d = weightsNewDecoder(&w, dev, 0, n,
                                        (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
-                                       threads > 0 ? (int)threads : w.job.runtime.threads, &err))) {
+                                       threads > 0 ? (int)threads : weightsCpuThreads(&w), &err))) {
         fprintf(stderr, "nsad sample: %s\n", err.message);
         rc = 1;
     }

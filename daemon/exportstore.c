@@ -92,10 +92,28 @@ static void prune(const char *dir, const char *keep) {
     }
 }
 
+/* What tells this checkpoint's weights from others at the same path: the
+ * path, the run's config hash and model.safetensors' inode, size and
+ * modification time (a run retrained into the same out_dir writes new
+ * files). "" when model.safetensors cannot be stat'ed. */
+static void identity(const Weights *w, char *out, size_t cap) {
+    char model[PATH_MAX];
+    struct stat st;
+    out[0] = '\0';
+    if (snprintf(model, sizeof model, "%s/model.safetensors", w->dir) < (int)sizeof model &&
+        stat(model, &st) == 0)
+        snprintf(out, cap, "%s|%016" PRIx64 "|%ju|%jd|%jd.%09ld", w->dir, w->state.config_hash,
+                 (uintmax_t)st.st_ino, (intmax_t)st.st_size, (intmax_t)st.st_mtim.tv_sec,
+                 st.st_mtim.tv_nsec);
+}
+
 int exportStoreMake(const char *dir, const Weights *w, ExportDtype dtype, char *name,
                     uint64_t bytes[EXPORT_STORE_FILES], int *reused, NsaError *err) {
+    char id[PATH_MAX + 128];
+    identity(w, id, sizeof id);
+    if (!id[0]) return nsaErrorf(err, "exports: %s/model.safetensors: %s", w->dir, strerror(errno));
     snprintf(name, EXPORT_STORE_NAME_MAX, "step_%08" PRId64 "-%s-%08x", w->state.step,
-             dtype == EXPORT_BF16 ? "bf16" : "f32", fnv1a(w->dir));
+             dtype == EXPORT_BF16 ? "bf16" : "f32", fnv1a(id));
     char path[PATH_MAX], making[PATH_MAX];
     if (fsMkdirs(dir, 0755, err) || fsPathf(err, path, sizeof path, "%s/%s", dir, name) ||
         fsPathf(err, making, sizeof making, "%s/" MAKING_PREFIX "%s", dir, name))

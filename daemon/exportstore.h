@@ -3,8 +3,10 @@
  *
  * An export is `nsad export`'s three files (export.h) in a directory of
  * their own, <state-dir>/exports/NAME, NAME = step_<N>-<dtype>-<8 hex
- * digits of the checkpoint directory's path>: one checkpoint in one dtype
- * is made once and then served again (reused). It is written into a hidden
+ * digits of the checkpoint's identity: its path, its run's config hash and
+ * its model.safetensors' inode, size and modification time>: one
+ * checkpoint in one dtype is made once and then served again (reused);
+ * another written at the same path (a run retrained there) is another. It is written into a hidden
  * directory beside it and renamed into place when complete, so a reader
  * never sees half an export. The newest EXPORT_STORE_KEEP stay; making
  * another removes the oldest past that. */

@@ -282,11 +282,8 @@ static enum MHD_Result queue(Server *srv, struct MHD_Connection *conn, ApiRespon
         apiResponseFree(res);
         return MHD_NO;
     }
-    if (res->has_file) { /* MHD closes the descriptor with the response */
-        res->has_file = 0;
-        free(res->body);
-    }
-    res->body = NULL; /* MHD owns it now */
+    res->has_file = 0; /* MHD closes the descriptor with the response */
+    res->body = NULL;  /* MHD owns it now */
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, res->content_type);
     MHD_add_response_header(r, "X-Content-Type-Options", "nosniff");
     MHD_add_response_header(r, "Content-Security-Policy", CSP);

@@ -774,8 +774,9 @@ static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
  * directory) resolved now to the absolute path of one checkpoint
  * directory, so that a queued run starts from the checkpoint that was the
  * latest when it was submitted, whatever its source run writes meanwhile;
- * its files verified (weightsOpen) and its sizes fitting the job's model
- * (weightsFitModel). Called for this node's own runs only: a member node of
+ * its model config and tensors read (weightsOpenUnverified: the trainer
+ * checks the checksums when it loads them) and its sizes fitting the job's
+ * model (weightsFitModel). Called for this node's own runs only: a member node of
  * a multi-node job is not asked, its coordinator reads the files. */
 static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err) {
     char spec[WEIGHTS_PATH_MAX], found[WEIGHTS_PATH_MAX], absolute[PATH_MAX];
@@ -789,20 +790,28 @@ static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err
     if (!r && spec[0] != '/' && getcwd(cwd, sizeof cwd))
         snprintf(where, sizeof where, " (relative to nsad's working directory %s)", cwd);
     NsaError werr;
+    char latest[WEIGHTS_PATH_MAX + 32];
+    snprintf(latest, sizeof latest, "%s/checkpoints/latest", spec);
     const int rc = checkpointResolve(NULL, spec, found, sizeof found, &werr);
-    if (rc == 0) snprintf(werr.message, sizeof werr.message, "%.400s has no checkpoint yet", spec);
-    if (rc < 0 && !r && runIdValid(spec) && access(spec, F_OK) != 0)
+    if (rc <= 0 && r && access(latest, F_OK) != 0)
+        snprintf(
+            werr.message, sizeof werr.message,
+            "that run has written no checkpoint yet; allowed: a run that has (train.save_every)");
+    else if (rc < 0 && !r && runIdValid(spec) && access(spec, F_OK) != 0)
         snprintf(werr.message, sizeof werr.message,
                  "no run of that id on this nsad, and no such path");
+    else if (rc == 0)
+        snprintf(werr.message, sizeof werr.message, "%.400s has no checkpoint yet", spec);
     if (rc <= 0 || !realpath(found, absolute))
         return fail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s", cfg->train.init_from,
                     where, rc <= 0 ? werr.message : strerror(errno));
     Weights *w = malloc(sizeof *w);
     if (!w) return fail(err, SVC_INTERNAL, "out of memory");
-    char notes[8];
-    int bad = weightsOpen(absolute, w, &werr);
+    /* the trainer verifies the checksums when it loads the weights: here,
+     * on the HTTP thread, reading every byte would stall the API */
+    int bad = weightsOpenUnverified(absolute, w, &werr);
     if (!bad) {
-        bad = weightsFitModel(w, &cfg->model, notes, sizeof notes, &werr);
+        bad = weightsFitModel(w, &cfg->model, NULL, 0, &werr);
         weightsClose(w);
     }
     free(w);

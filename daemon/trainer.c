@@ -627,7 +627,7 @@ static int initFromCheckpoint(Trainer *t, NsaError *err) {
     InitWork iw = {t, t->job.train.seed};
     if (rankGroupRun(t->ranks, initOnRank, &iw, err) != 0) return -1;
     const int n = nsaModelNumTensors(t->model);
-    if (t->join) { /* the coordinator reads the checkpoint */
+    if (t->join) { /* a member node: the coordinator reads the checkpoint */
         for (int i = 0; i < n; i++) {
             TensorWork w = {t, NSA_ARENA_PARAMS, i, t->scratch[0]};
             if (rankGroupRun(t->ranks, broadcastOnRank, &w, err) != 0) return -1;

@@ -96,7 +96,9 @@ static int checkTensors(const Weights *w, const char *path, NsaError *err) {
     return 0;
 }
 
-int weightsOpen(const char *spec, Weights *w, NsaError *err) {
+/* weightsOpen and weightsOpenUnverified: verify says whether the
+ * manifest's sizes and checksums are checked first. */
+static int openWeights(const char *spec, int verify, Weights *w, NsaError *err) {
     memset(w, 0, sizeof *w);
     if (!spec || !*spec || !strcmp(spec, "latest"))
         return nsaErrorf(err, "checkpoint: '%s'; allowed: a checkpoint directory or a run's out_dir",
@@ -105,7 +107,7 @@ int weightsOpen(const char *spec, Weights *w, NsaError *err) {
     if (found < 0) return -1;
     if (found == 0) return nsaErrorf(err, "checkpoint: %s holds no checkpoint yet", spec);
     /* a damaged or incomplete checkpoint is refused here too, not used */
-    const int unverified = checkpointVerify(w->dir, err);
+    const int unverified = verify ? checkpointVerify(w->dir, err) : 0;
     if (unverified < 0) return -1;
     if (unverified)
         logWarn("checkpoint %s: format %s (before manifests): loaded unverified, no sizes or checksums "
@@ -139,6 +141,21 @@ int weightsOpen(const char *spec, Weights *w, NsaError *err) {
 fail:
     weightsClose(w);
     return -1;
+}
+
+int weightsOpen(const char *spec, Weights *w, NsaError *err) {
+    return openWeights(spec, 1, w, err);
+}
+
+int weightsOpenUnverified(const char *spec, Weights *w, NsaError *err) {
+    return openWeights(spec, 0, w, err);
+}
+
+int weightsCpuThreads(const Weights *w) {
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = w->job.runtime.threads;
+    if (cores >= 1 && n > cores) n = (int)cores;
+    return n < 1 ? 1 : n > 256 ? 256 : n;
 }
 
 void weightsClose(Weights *w) {
@@ -194,7 +211,7 @@ int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size
                          c->mlp != m->mlp ? mlp_names[c->mlp] : phi_names[c->phi],
                          c->mlp != m->mlp ? mlp_names[m->mlp] : phi_names[m->phi]);
     size_t at = 0;
-    if (cap) notes[0] = '\0';
+    if (notes && cap) notes[0] = '\0';
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
         if (ints[i].have == ints[i].want) continue;
         if (ints[i].shapes)
@@ -202,7 +219,7 @@ int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size
                              "%s holds a model with %s = %d; this job's is %d (it shapes the "
                              "weights: the two must be equal)",
                              w->dir, ints[i].key, ints[i].have, ints[i].want);
-        if (at < cap)
+        if (notes && at < cap)
             at += (size_t)snprintf(notes + at, cap - at, "%s%s %d -> %d", at ? ", " : "",
                                    ints[i].key, ints[i].have, ints[i].want);
     }
@@ -212,7 +229,7 @@ int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size
     } reals[] = {{"model.rope_base", c->rope_base, m->rope_base},
                  {"model.norm_eps", c->norm_eps, m->norm_eps}};
     for (size_t i = 0; i < sizeof reals / sizeof reals[0]; i++)
-        if (reals[i].have != reals[i].want && at < cap)
+        if (notes && reals[i].have != reals[i].want && at < cap)
             at += (size_t)snprintf(notes + at, cap - at, "%s%s %g -> %g", at ? ", " : "",
                                    reals[i].key, reals[i].have, reals[i].want);
     return 0;

@@ -42,6 +42,17 @@ typedef struct Weights {
  * w holds nothing to close). The caller closes with weightsClose. */
 int weightsOpen(const char *spec, Weights *w, NsaError *err);
 void weightsClose(Weights *w);
+/* weightsOpen without the manifest's checksums (which read every byte of
+ * the checkpoint, its optimizer state included): the model config, the
+ * state and every tensor's name and shape are still checked. For a quick
+ * check before the files are used (nsad serve's submit); whatever then
+ * loads them opens them with weightsOpen. Same contract otherwise. */
+int weightsOpenUnverified(const char *spec, Weights *w, NsaError *err);
+
+/* CPU threads for using w's model on this machine: the run's
+ * runtime.threads, at most the online cores and 256 (the engine's and the
+ * decoder's limit), at least 1. Cannot fail. */
+int weightsCpuThreads(const Weights *w);
 
 /* The config's tokenizer name ("byte" when the run's config is unknown). */
 const char *weightsTokenizer(const Weights *w);
@@ -63,8 +74,8 @@ NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int s
  * directory, the first field that differs and both values. The fields that do
  * not shape a tensor (nsa.d, l_sel, n_sel, w, and l where phi = avg;
  * rope_base, norm_eps) may differ: each that does is listed in notes
- * ("nsa.w 512 -> 1024, ..."; "" when none), cut to cap bytes. Cannot fail
- * otherwise. */
+ * ("nsa.w 512 -> 1024, ..."; "" when none), cut to cap bytes (notes NULL:
+ * not listed). Cannot fail otherwise. */
 int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size_t cap, NsaError *err);
 
 /* Tensor i of the layout of w->job.model as fp32 into dst (numel floats);

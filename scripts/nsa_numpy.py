@@ -21,8 +21,9 @@ then top-p, then a uniform draw from xoshiro256** seeded as NsaRng with the
 seed and stream 0). Both print one JSON object.
 
 As a module: `NsaModel(DIR)` then `model.logits(tokens)` ([S][V]) and
-`model.near_ties` (selection decisions whose two closest scores were within
-1e-6 of each other: where an engine's rounding may choose the other block).
+`model.near_ties`: the selection decisions of that call where the last
+block chosen and the first left out scored within 1e-6 (relative) of each
+other, where an engine's rounding may choose the other block.
 tests/integration/test_export_numpy.py checks it against nsad's own engine.
 """
 import argparse
@@ -251,6 +252,7 @@ class NsaModel:
 
     def logits(self, tokens):
         """[S][V] next-token logits of one sequence (token ids, S >= 1)."""
+        self.near_ties = 0
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or len(tokens) == 0 or tokens.min() < 0 or tokens.max() >= self.V:
             raise ValueError(f"tokens: a non-empty sequence of ids in [0, {self.V})")
@@ -275,10 +277,11 @@ def evaluate(model, data, seq_len, max_tokens=0):
     windows = (len(ids) - 1) // seq_len
     if windows < 1:
         raise ValueError(f"{len(ids)} tokens: shorter than one window of {seq_len + 1}")
-    total, count = 0.0, 0
+    total, count, near_ties = 0.0, 0, 0
     for k in range(windows):
         w = ids[k * seq_len:k * seq_len + seq_len + 1]
         lp = log_softmax(model.logits(w[:-1]))
+        near_ties += model.near_ties
         total -= float(np.sum(lp[np.arange(seq_len), w[1:]]))
         count += seq_len
         if max_tokens and count >= max_tokens:
@@ -286,7 +289,7 @@ def evaluate(model, data, seq_len, max_tokens=0):
             break
     loss = total / count
     return {"loss": loss, "bits_per_byte": loss / math.log(2), "tokens": count,
-            "windows": windows, "seq_len": seq_len}
+            "windows": windows, "seq_len": seq_len, "near_ties": near_ties}
 
 
 class NsaRng:
@@ -405,8 +408,8 @@ def main(argv):
             print("nsa_numpy.py: --prompt: at least one byte", file=sys.stderr)
             return 2
         ids, _ = generate(model, prompt, a.max_tokens, a.temperature, a.top_k, a.top_p, a.seed)
-        res = {"prompt": a.prompt, "text": bytes(ids).decode("utf-8", "replace"), "tokens": len(ids)}
-    res["near_ties"] = model.near_ties
+        res = {"prompt": a.prompt, "text": bytes(ids).decode("utf-8", "replace"), "tokens": len(ids),
+               "near_ties": model.near_ties}   # in the last forward: the whole text
     print(json.dumps(res))
     return 0
 

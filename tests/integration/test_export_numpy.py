@@ -87,8 +87,8 @@ def main():
             check(f"{name}: f32 export, NumPy: nsad eval's loss to 1e-5 ({rel:.1e}) over the same "
                   f"{want['tokens']} tokens",
                   rel < 1e-5 and got["tokens"] == want["tokens"], f"{got} against {want}")
-            check(f"{name}: the NumPy selection met no near tie", m32.near_ties == 0,
-                  f"{m32.near_ties} decisions within 1e-6")
+            check(f"{name}: the NumPy selection met no near tie", got["near_ties"] == 0,
+                  f"{got['near_ties']} decisions within 1e-6")
             m16 = nsa_numpy.NsaModel(os.path.join(tmp, f"{name}-bf16"))
             with open(data, "rb") as f:
                 got16 = nsa_numpy.evaluate(m16, f.read(), SEQ)

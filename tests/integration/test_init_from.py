@@ -143,6 +143,17 @@ def main():
               "directory" in r.stderr, (r.returncode, r.stderr))
         check("no run was created by the refusals",
               len(json.loads(run(ctl + ["--json", "list"]).stdout)["runs"]) == before)
+        long_yaml = os.path.join(tmp, "long.yaml")
+        with open(long_yaml, "w") as f:
+            f.write(job_text(1000000).replace("save_every: 4", "save_every: 1000000"))
+        r = run(ctl + ["--json", "start", long_yaml])
+        busy = json.loads(r.stdout)["id"] if r.returncode == 0 else None
+        r = run(ctl + ["start", ft_yaml, "--init-from", busy or "x"])
+        check("a run that has written no checkpoint yet: refused (78) saying so",
+              busy and r.returncode == 78 and "no checkpoint yet" in r.stderr, (r.returncode, r.stderr))
+        if busy:
+            run(ctl + ["halt", busy])
+            wait_for(lambda: status(busy)["state"] in ("halted", "completed", "failed"), 60, 0.1)
 
         # the foreground: nsad train with init_from in the file
         fg = os.path.join(tmp, "fg.yaml")
