@@ -776,7 +776,7 @@ static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
  * latest when it was submitted, whatever its source run writes meanwhile;
  * its model config and tensors read (weightsOpenUnverified: the trainer
  * checks the checksums when it loads them) and its sizes fitting the job's
- * model (weightsFitModel). Called for this node's own runs only: a member node of
+ * model and tokenizer (weightsFitJob). Called for this node's own runs only: a member node of
  * a multi-node job is not asked, its coordinator reads the files. */
 static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err) {
     char spec[WEIGHTS_PATH_MAX], found[WEIGHTS_PATH_MAX], absolute[PATH_MAX];
@@ -811,7 +811,7 @@ static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err
      * on the HTTP thread, reading every byte would stall the API */
     int bad = weightsOpenUnverified(absolute, w, &werr);
     if (!bad) {
-        bad = weightsFitModel(w, &cfg->model, NULL, 0, &werr);
+        bad = weightsFitJob(w, cfg, NULL, 0, &werr);
         weightsClose(w);
     }
     free(w);

@@ -640,7 +640,7 @@ static int initFromCheckpoint(Trainer *t, NsaError *err) {
     char notes[512];
     NsaError werr;
     int rc = weightsOpen(t->job.train.init_from, src, &werr);
-    if (rc == 0 && (rc = weightsFitModel(src, &t->job.model, notes, sizeof notes, &werr)) == 0 &&
+    if (rc == 0 && (rc = weightsFitJob(src, &t->job, notes, sizeof notes, &werr)) == 0 &&
         weightsNumTensors(src) != n)
         rc = nsaErrorf(&werr, "%s has %d tensors; this model has %d", src->dir,
                        weightsNumTensors(src), n);

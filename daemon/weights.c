@@ -181,9 +181,13 @@ int weightsTensor(const Weights *w, int i, const NsaTensorInfo **info, float *ds
     return 0;
 }
 
-int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size_t cap,
-                    NsaError *err) {
-    const NsaModelConfig *c = &w->job.model;
+int weightsFitJob(const Weights *w, const JobConfig *job, char *notes, size_t cap, NsaError *err) {
+    const NsaModelConfig *c = &w->job.model, *m = &job->model;
+    if (w->have_run_config && strcmp(weightsTokenizer(w), job->data.tokenizer))
+        return nsaErrorf(err,
+                         "%s was trained on data.tokenizer '%s'; this job's is '%s' (the "
+                         "token ids must mean the same: the two must be equal)",
+                         w->dir, weightsTokenizer(w), job->data.tokenizer);
     const struct {
         const char *key;
         int have, want, shapes;

@@ -68,15 +68,17 @@ int weightsToModel(const Weights *w, NsaModel *m, NsaError *err);
 NsaDecoder *weightsNewDecoder(const Weights *w, NsaDevice device, int gpu, int slots, int context,
                               int threads, NsaError *err);
 
-/* Whether w's weights fit a model of config m (train.init_from): every
+/* Whether w's weights fit the model of job (train.init_from): every
  * field that shapes a tensor (the model section, nsa.phi, and nsa.l where
  * phi = mlp) must be equal; returns 0, or -1 with err naming w's
  * directory, the first field that differs and both values. The fields that do
  * not shape a tensor (nsa.d, l_sel, n_sel, w, and l where phi = avg;
  * rope_base, norm_eps) may differ: each that does is listed in notes
  * ("nsa.w 512 -> 1024, ..."; "" when none), cut to cap bytes (notes NULL:
- * not listed). Cannot fail otherwise. */
-int weightsFitModel(const Weights *w, const NsaModelConfig *m, char *notes, size_t cap, NsaError *err);
+ * not listed). The tokenizer must be the job's data.tokenizer too, where
+ * w's run config is known (token ids mean nothing under another); -1 with
+ * err naming both otherwise. Cannot fail otherwise. */
+int weightsFitJob(const Weights *w, const JobConfig *job, char *notes, size_t cap, NsaError *err);
 
 /* Tensor i of the layout of w->job.model as fp32 into dst (numel floats);
  * for export. Returns 0, or -1 with err for a bad index. */

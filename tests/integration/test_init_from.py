@@ -134,6 +134,14 @@ def main():
         check("a model whose sizes differ: refused (78) naming model.dim and both values",
               r.returncode == 78 and "model.dim = 32; this job's is 48" in r.stderr,
               (r.returncode, r.stderr))
+        other_tok = os.path.join(tmp, "other-tokenizer.yaml")
+        with open(other_tok, "w") as f:
+            f.write(job_text(4).replace(f"source: text, path: {CORPUS}, tokenizer: byte",
+                                        "source: synthetic, tokenizer: gpt2"))
+        r = run(ctl + ["start", other_tok, "--init-from", base])
+        check("a checkpoint of another tokenizer: refused (78) naming both",
+              r.returncode == 78 and "'byte'; this job's is 'gpt2'" in r.stderr,
+              (r.returncode, r.stderr))
         in_file = os.path.join(tmp, "in-file.yaml")
         with open(in_file, "w") as f:
             f.write(job_text(4, extra=", init_from: nothing/here"))
