@@ -128,7 +128,8 @@ static const ConfigKey configKeys[] = {
     {"train", "steps", KEY_INT64, F(train.steps), 0, 1, BIG, 0, NULL},
     {"train", "seq_len", KEY_INT, F(train.seq_len), 0, 1, 1 << 20, 0, NULL},
     {"train", "batch_size", KEY_INT, F(train.batch_size), 0, 1, 65536, 0, NULL},
-    {"train", "accumulate_grad_batches", KEY_INT, F(train.accumulate_grad_batches), 0, 1, 65536, 0, NULL},
+    {"train", "accumulate_grad_batches", KEY_INT, F(train.accumulate_grad_batches), 0, 1, 65536, 0,
+     NULL},
     {"train", "lr", KEY_DOUBLE, F(train.lr), 0, 0, 10, RANGE_MIN_OPEN, NULL},
     {"train", "min_lr", KEY_DOUBLE, F(train.min_lr), 0, 0, 10, 0, NULL},
     {"train", "lr_schedule", KEY_ENUM, F(train.lr_schedule), 0, 0, 0, 0, lr_schedule_names},
@@ -153,12 +154,14 @@ static const ConfigKey configKeys[] = {
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
-    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, recompute_names},
+    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0,
+     recompute_names},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
     {"data", "tokenizer", KEY_STRING, F(data.tokenizer), SZ(data.tokenizer), 0, 0, 0, NULL},
     {"data", "val_fraction", KEY_DOUBLE, F(data.val_fraction), 0, 0, 0.5, 0, NULL},
+    {"data", "val_path", KEY_STRING, F(data.val_path), SZ(data.val_path), 0, 0, 0, NULL},
     {"data", "prefetch", KEY_INT, F(data.prefetch), 0, 0, 64, 0, NULL},
 
     {"nan", "policy", KEY_ENUM, F(nan.policy), 0, 0, 0, 0, nan_policy_names},
@@ -167,7 +170,8 @@ static const ConfigKey configKeys[] = {
     {"fault", "nan_at_step", KEY_INT64, F(fault.nan_at_step), 0, 0, BIG, 0, NULL},
     {"fault", "nan_kind", KEY_ENUM, F(fault.nan_kind), 0, 0, 0, 0, fault_kind_names},
     {"fault", "stall_at_step", KEY_INT64, F(fault.stall_at_step), 0, 0, BIG, 0, NULL},
-    {"fault", "stall_phase", KEY_STRING, F(fault.stall_phase), SZ(fault.stall_phase), 0, 0, 0, NULL},
+    {"fault", "stall_phase", KEY_STRING, F(fault.stall_phase), SZ(fault.stall_phase), 0, 0, 0,
+     NULL},
     {"fault", "stall_seconds", KEY_DOUBLE, F(fault.stall_seconds), 0, 0, 1e6, 0, NULL},
     {"fault", "rank", KEY_INT, F(fault.rank), 0, 0, 4095, 0, NULL},
     {"fault", "exit_at_step", KEY_INT64, F(fault.exit_at_step), 0, 0, BIG, 0, NULL},
@@ -1150,10 +1154,12 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
         return nsaErrorf(err, "train.min_lr: %g is above train.lr (%g); allowed: 0 to lr", t->min_lr, t->lr);
     if (!t->out_dir[0])
         return nsaErrorf(err, "train.out_dir: (empty); allowed: a directory path");
-    if (t->eval_every > 0 && cfg->data.val_fraction <= 0)
-        return nsaErrorf(err, "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
-                        "allowed: 0 (no evaluation), or set data.val_fraction above 0",
-                        (long long)t->eval_every);
+    if (t->eval_every > 0 && cfg->data.val_fraction <= 0 && !cfg->data.val_path[0])
+        return nsaErrorf(
+            err,
+            "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
+            "allowed: 0 (no evaluation), or set data.val_fraction above 0 or data.val_path",
+            (long long)t->eval_every);
 
     const RuntimeConfig *r = &cfg->runtime;
     if (r->device == NSA_DEVICE_CPU && (r->precision == NSA_PREC_BF16 || r->precision == NSA_PREC_FP16))
@@ -1190,6 +1196,11 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
     if (d->source == DATA_SHARDS && m->vocab_size > 65536)
         return nsaErrorf(err, "model.vocab_size: %d does not fit llm.c shards' uint16 tokens; allowed: 2 "
                         "to 65536 with data.source shards", m->vocab_size);
+    if (d->source == DATA_SYNTHETIC && d->val_path[0])
+        return nsaErrorf(err,
+                         "data.val_path: \"%s\" with data.source synthetic; allowed: a "
+                         "validation file for data.source text or shards",
+                         d->val_path);
     if (d->source != DATA_SYNTHETIC && !d->path[0])
         return nsaErrorf(err, "data.path: (empty) with data.source %s; allowed: %s",
                         enumName(source_names, d->source),

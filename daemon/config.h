@@ -12,7 +12,7 @@
  *            save_every keep_last beta1 beta2 eps init_from
  *   runtime: device precision threads gpus cpu_ranks nodes
  *            gradient_checkpointing
- *   data:    source path tokenizer val_fraction prefetch
+ *   data:    source path tokenizer val_fraction val_path prefetch
  *   nan:     policy max_skips
  *   fault:   nan_at_step nan_kind stall_at_step stall_phase stall_seconds rank
  *            exit_at_step
@@ -96,6 +96,10 @@ typedef struct DataConfig {
     char path[CONFIG_PATH_MAX];
     char tokenizer[32];      /* "byte"; for shards any name ("gpt2" sets the vocabulary) */
     double val_fraction;     /* held-out share of the data, never trained on */
+    /* a validation source of its own (same source kind and tokenizer): the
+     * validation split is all of it and training takes all of path; ""
+     * for none (val_fraction's split) */
+    char val_path[CONFIG_PATH_MAX];
     int prefetch;            /* batches computed ahead by the loader thread; 0 = none */
 } DataConfig;
 

@@ -793,6 +793,23 @@ static int startPrefetch(DataLoader *dl, int depth, NsaError *err) {
 /* ---- public API -------------------------------------------------------------------------- */
 
 DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
+    /* data.val_path: the validation split is all of that source, read as a
+     * whole file is; training takes all of data.path, no share held out */
+    if (cfg->data.val_path[0] && (split == SPLIT_TRAIN || split == SPLIT_VAL)) {
+        JobConfig *own = malloc(sizeof *own);
+        if (!own) {
+            nsaErrorf(err, "data: out of memory");
+            return NULL;
+        }
+        *own = *cfg;
+        own->data.val_path[0] = '\0';
+        own->data.val_fraction = 0;
+        if (split == SPLIT_VAL)
+            snprintf(own->data.path, sizeof own->data.path, "%s", cfg->data.val_path);
+        DataLoader *dl = dataOpen(own, split == SPLIT_VAL ? SPLIT_ALL : SPLIT_TRAIN, err);
+        free(own);
+        return dl;
+    }
     if (cfg->train.seq_len < 1 || cfg->train.batch_size < 1) {
         nsaErrorf(err, "train.seq_len: %d, train.batch_size: %d; allowed: both at least 1",
                  cfg->train.seq_len, cfg->train.batch_size);

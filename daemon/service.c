@@ -743,30 +743,41 @@ static int setGpus(JobConfig *cfg, const char *gpus, NsaError *err) {
     return setRuntimeKey(cfg, "gpus", value, err);
 }
 
-/* data.path names something nsad can read (a glob: at least one file).
- * Relative paths resolve against nsad's working directory, which the
- * message names. */
-static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
-    if (d->source == DATA_SYNTHETIC) return SVC_OK;
-    const char *allowed = d->source == DATA_TEXT ? "a .txt or .jsonl file, or a directory of them"
-                                                 : "a .bin shard, a directory of them, or a glob";
+/* One data path (key: its config key) names something nsad can read (a
+ * glob: at least one file). Relative paths resolve against nsad's working
+ * directory, which the message names. */
+static ServiceStatus checkReadable(DataSource source, const char *key, const char *path,
+                                   NsaError *err) {
+    const char *allowed = source == DATA_TEXT ? "a .txt or .jsonl file, or a directory of them"
+                                              : "a .bin shard, a directory of them, or a glob";
     char cwd[PATH_MAX] = "", where[PATH_MAX + 64] = "";
-    if (d->path[0] != '/' && getcwd(cwd, sizeof cwd))
+    if (path[0] != '/' && getcwd(cwd, sizeof cwd))
         snprintf(where, sizeof where, " (relative to nsad's working directory %s)", cwd);
-    if (d->source == DATA_SHARDS && strpbrk(d->path, "*?[")) {
+    if (source == DATA_SHARDS && strpbrk(path, "*?[")) {
         glob_t g;
-        int rc = glob(d->path, 0, NULL, &g);
+        int rc = glob(path, 0, NULL, &g);
         size_t n = rc == 0 ? g.gl_pathc : 0;
         if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
         if (n == 0)
-            return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\" matches no file%s; allowed: %s (readable "
-                        "by nsad)", d->path, where, allowed);
+            return fail(err, SVC_INVALID_CONFIG,
+                        "%s: \"%s\" matches no file%s; allowed: %s (readable "
+                        "by nsad)",
+                        key, path, where, allowed);
         return SVC_OK;
     }
-    if (access(d->path, R_OK) != 0)
-        return fail(err, SVC_INVALID_CONFIG, "data.path: \"%s\"%s: %s; allowed: %s (readable by nsad)", d->path,
-                    where, errno == ENOENT ? "does not exist" : strerror(errno), allowed);
+    if (access(path, R_OK) != 0)
+        return fail(err, SVC_INVALID_CONFIG, "%s: \"%s\"%s: %s; allowed: %s (readable by nsad)",
+                    key, path, where, errno == ENOENT ? "does not exist" : strerror(errno),
+                    allowed);
     return SVC_OK;
+}
+
+/* data.path, and data.val_path when set, name something nsad can read. */
+static ServiceStatus checkDataPath(const DataConfig *d, NsaError *err) {
+    if (d->source == DATA_SYNTHETIC) return SVC_OK;
+    const ServiceStatus st = checkReadable(d->source, "data.path", d->path, err);
+    if (st != SVC_OK || !d->val_path[0]) return st;
+    return checkReadable(d->source, "data.val_path", d->val_path, err);
 }
 
 /* train.init_from (a run of this nsad by its id, or a checkpoint

@@ -118,6 +118,33 @@ def main():
             check("the widened window is logged", "shapes no weight: nsa.w 16 -> 32" in logs,
                   logs[-1500:])
 
+        # fine-tuning with a held-out file of its own (data.val_path)
+        held = os.path.join(tmp, "held.txt")
+        with open(CORPUS, "rb") as f:
+            f.seek(50000)
+            text = f.read(3000)
+        with open(held, "wb") as f:
+            f.write(text)
+        tuned_yaml = os.path.join(tmp, "tuned.yaml")
+        with open(tuned_yaml, "w") as f:
+            f.write(job_text(4).replace("val_fraction: 0.05", f"val_path: {held}"))
+        r = run(ctl + ["--json", "start", tuned_yaml, "--init-from", base, "--wait"])
+        tuned = json.loads(r.stdout)["id"] if r.returncode == 0 else None
+        fe = run([NSAD, "eval", base_ck, "--data", held, "--seq-len", "64", "--batch", "2",
+                  "--max-tokens", "128", "--json", "--device", "cpu"])
+        ok_tuned = tuned and ended(tuned) and status(tuned)["state"] == "completed" and fe.returncode == 0
+        first = val_rows(status(tuned)["out_dir"])[0] if ok_tuned else None
+        check("data.val_path: validation reads that file (step 0 = nsad eval of the start weights "
+              "on its first batch)", ok_tuned and first[0] == 0
+              and abs(float(first[1]) - json.loads(fe.stdout)["loss"]) < 1e-9,
+              (r.stderr, first, fe.stdout, fe.stderr))
+        missing_val = os.path.join(tmp, "missing-val.yaml")
+        with open(missing_val, "w") as f:
+            f.write(job_text(4).replace("val_fraction: 0.05", "val_path: no/such.txt"))
+        r = run(ctl + ["start", missing_val])
+        check("a data.val_path that does not exist: refused (78) naming it",
+              r.returncode == 78 and "data.val_path" in r.stderr, (r.returncode, r.stderr))
+
         # refusals: exit 78, the field named, no run created
         before = len(json.loads(run(ctl + ["--json", "list"]).stdout)["runs"])
         r = run(ctl + ["start", ft_yaml, "--init-from", "0123456789ab"])

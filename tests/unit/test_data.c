@@ -461,6 +461,51 @@ static void test_val_walks_sequentially(void **state) {
     dataClose(val1);
 }
 
+/* data.val_path: validation is that file's text from its first byte, in
+ * consecutive windows; training takes all of data.path (no share held out:
+ * val_fraction does not apply) and never a byte of the validation file. */
+static void test_val_path_is_its_own_split(void **state) {
+    const Fixture *fx = *state;
+    char train[512], val[512];
+    pathIn(fx, "train.txt", train, sizeof train);
+    pathIn(fx, "val.txt", val, sizeof val);
+    char text[4096];
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = (char)('a' + i % 26); /* lowercase only */
+    writeFile(train, text, sizeof text);
+    for (size_t i = 0; i < 1000; i++)
+        text[i] = (char)('A' + i % 26); /* uppercase only */
+    writeFile(val, text, 1000);
+    JobConfig cfg;
+    baseConfig(&cfg, DATA_TEXT, train, 32, 4);
+    snprintf(cfg.data.val_path, sizeof cfg.data.val_path, "%s", val);
+    DataLoader *v = openOk(&cfg, SPLIT_VAL), *t = openOk(&cfg, SPLIT_TRAIN);
+    /* the whole of each file (and its document separator): val_fraction 0.05
+     * cut nothing off the training text */
+    JobConfig whole = cfg;
+    whole.data.val_path[0] = '\0';
+    whole.data.val_fraction = 0;
+    DataLoader *all = openOk(&whole, SPLIT_TRAIN);
+    assert_int_equal(dataNumTokens(t), dataNumTokens(all));
+    assert_true(dataNumTokens(all) >= 4096 && dataNumTokens(v) >= 1000 && dataNumTokens(v) < 1004);
+    dataClose(all);
+    Batch b = batchNew(&cfg);
+    getBatch(v, 0, &b);
+    for (int i = 0; i < 32; i++)
+        assert_int_equal(b.tokens[i], 'A' + i % 26);
+    for (uint64_t p = 0; p < 8; p++) {
+        getBatch(t, p, &b);
+        for (size_t i = 0; i < b.n; i++)
+            assert_true(b.tokens[i] >= 'a' && b.tokens[i] <= 'z');
+    }
+    batchFree(&b);
+    dataClose(v);
+    dataClose(t);
+    /* a missing validation file is named */
+    snprintf(cfg.data.val_path, sizeof cfg.data.val_path, "%s/none.txt", fx->dir);
+    expectOpenError(&cfg, SPLIT_VAL, "none.txt", NULL);
+}
+
 static void test_fortunes_corpus(void **state) {
     (void)state;
     struct stat st;
@@ -751,6 +796,7 @@ int main(void) {
         DIR_TEST(test_text_too_small_for_the_split),
         DIR_TEST(test_odd_data_files_are_refused),
         DIR_TEST(test_val_walks_sequentially),
+        DIR_TEST(test_val_path_is_its_own_split),
         cmocka_unit_test(test_fortunes_corpus),
         DIR_TEST(test_shards_split_and_load),
         DIR_TEST(test_corrupt_shards_name_file_and_offset),
