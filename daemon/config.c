@@ -128,8 +128,7 @@ static const ConfigKey configKeys[] = {
     {"train", "steps", KEY_INT64, F(train.steps), 0, 1, BIG, 0, NULL},
     {"train", "seq_len", KEY_INT, F(train.seq_len), 0, 1, 1 << 20, 0, NULL},
     {"train", "batch_size", KEY_INT, F(train.batch_size), 0, 1, 65536, 0, NULL},
-    {"train", "accumulate_grad_batches", KEY_INT, F(train.accumulate_grad_batches), 0, 1, 65536, 0,
-     NULL},
+    {"train", "accumulate_grad_batches", KEY_INT, F(train.accumulate_grad_batches), 0, 1, 65536, 0, NULL},
     {"train", "lr", KEY_DOUBLE, F(train.lr), 0, 0, 10, RANGE_MIN_OPEN, NULL},
     {"train", "min_lr", KEY_DOUBLE, F(train.min_lr), 0, 0, 10, 0, NULL},
     {"train", "lr_schedule", KEY_ENUM, F(train.lr_schedule), 0, 0, 0, 0, lr_schedule_names},
@@ -154,8 +153,7 @@ static const ConfigKey configKeys[] = {
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
-    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0,
-     recompute_names},
+    {"runtime", "gradient_checkpointing", KEY_ENUM, F(runtime.gradient_checkpointing), 0, 0, 0, 0, recompute_names},
 
     {"data", "source", KEY_ENUM, F(data.source), 0, 0, 0, 0, source_names},
     {"data", "path", KEY_STRING, F(data.path), SZ(data.path), 0, 0, 0, NULL},
@@ -170,8 +168,7 @@ static const ConfigKey configKeys[] = {
     {"fault", "nan_at_step", KEY_INT64, F(fault.nan_at_step), 0, 0, BIG, 0, NULL},
     {"fault", "nan_kind", KEY_ENUM, F(fault.nan_kind), 0, 0, 0, 0, fault_kind_names},
     {"fault", "stall_at_step", KEY_INT64, F(fault.stall_at_step), 0, 0, BIG, 0, NULL},
-    {"fault", "stall_phase", KEY_STRING, F(fault.stall_phase), SZ(fault.stall_phase), 0, 0, 0,
-     NULL},
+    {"fault", "stall_phase", KEY_STRING, F(fault.stall_phase), SZ(fault.stall_phase), 0, 0, 0, NULL},
     {"fault", "stall_seconds", KEY_DOUBLE, F(fault.stall_seconds), 0, 0, 1e6, 0, NULL},
     {"fault", "rank", KEY_INT, F(fault.rank), 0, 0, 4095, 0, NULL},
     {"fault", "exit_at_step", KEY_INT64, F(fault.exit_at_step), 0, 0, BIG, 0, NULL},
@@ -1155,11 +1152,9 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
     if (!t->out_dir[0])
         return nsaErrorf(err, "train.out_dir: (empty); allowed: a directory path");
     if (t->eval_every > 0 && cfg->data.val_fraction <= 0 && !cfg->data.val_path[0])
-        return nsaErrorf(
-            err,
-            "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
-            "allowed: 0 (no evaluation), or set data.val_fraction above 0 or data.val_path",
-            (long long)t->eval_every);
+        return nsaErrorf(err, "train.eval_every: %lld needs a validation split but data.val_fraction is 0; "
+                        "allowed: 0 (no evaluation), or set data.val_fraction above 0 or data.val_path",
+                        (long long)t->eval_every);
 
     const RuntimeConfig *r = &cfg->runtime;
     if (r->device == NSA_DEVICE_CPU && (r->precision == NSA_PREC_BF16 || r->precision == NSA_PREC_FP16))
