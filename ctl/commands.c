@@ -235,6 +235,8 @@ static void printRunDetails(const cJSON *run) {
     if (anomaly) statusLine("anomaly", anomaly);
     const char *error = ctlString(run, "error", NULL);
     if (error) statusLine("error", error);
+    const char *from = ctlString(run, "init_from", NULL);
+    if (from) statusLine("init from", from);
     statusLine("out_dir", ctlString(run, "out_dir", "-"));
 }
 

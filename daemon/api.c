@@ -283,6 +283,7 @@ static cJSON *runJson(Service *svc, Run *run, int with_config) {
     cJSON_AddStringToObject(o, "precision", run->precision);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
     addStringOrNull(o, "member_of", run->member_of);
+    addStringOrNull(o, "init_from", run->init_from);
     cJSON_AddNumberToObject(o, "created_at", run->created_at);
     addNumberOrNull(o, "started_at", run->started_at > 0 ? run->started_at : NAN);
     addNumberOrNull(o, "ended_at", run->ended_at > 0 ? run->ended_at : NAN);

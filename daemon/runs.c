@@ -132,6 +132,7 @@ int runsSave(const Run *run, NsaError *err) {
     cJSON_AddStringToObject(o, "error", run->error);
     cJSON_AddNumberToObject(o, "restarts", run->restarts);
     if (run->member_of[0]) cJSON_AddStringToObject(o, "member_of", run->member_of);
+    if (run->init_from[0]) cJSON_AddStringToObject(o, "init_from", run->init_from);
     if (run->state == RUN_QUEUED) {
         cJSON_AddNumberToObject(o, "queue_order", (double)run->queue_order);
         cJSON_AddBoolToObject(o, "queue_resume", run->queue_resume);
@@ -194,6 +195,7 @@ static Run *runLoad(const RunRegistry *reg, const char *id, NsaError *err) {
     jsonString(o, "anomaly", run->anomaly, sizeof run->anomaly);
     jsonString(o, "error", run->error, sizeof run->error);
     jsonString(o, "member_of", run->member_of, sizeof run->member_of);
+    jsonString(o, "init_from", run->init_from, sizeof run->init_from);
     run->step = (int64_t)jsonNumber(o, "step", 0);
     run->total_steps = (int64_t)jsonNumber(o, "total_steps", 0);
     run->last_checkpoint_step = (int64_t)jsonNumber(o, "last_checkpoint_step", 0);

@@ -126,6 +126,9 @@ typedef struct Run {
     /* a member run (this node's part of a multi-node job another nsad
      * coordinates): the coordinator's run id, else "" (run.json "member_of") */
     char member_of[RUN_ID_MAX];
+    /* the checkpoint whose weights the run started from (train.init_from,
+     * fixed at submit), else "" (run.json "init_from") */
+    char init_from[RUN_PATH_MAX];
     /* while queued: its place (the lowest starts first; run.json keeps it,
      * so the queue survives restarts and crashes) and whether it starts
      * from its latest checkpoint (a resume that waited) */

@@ -1012,9 +1012,12 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
             run->claim_gpus = claim.gpus;
             run->claim_cpu = claim.cpu;
             run->claim_known = 1;
+            snprintf(run->init_from, sizeof run->init_from, "%s", cfg->train.init_from);
             if (member_of) {
                 snprintf(run->member_of, sizeof run->member_of, "%s", member_of);
                 t->join = *join;
+            }
+            if (member_of || run->init_from[0]) { /* run.json was written without them */
                 NsaError serr;
                 if (runsSave(run, &serr) != 0) logWarn("run %s: %s", run->id, serr.message);
             }

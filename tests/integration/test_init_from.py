@@ -90,6 +90,10 @@ def main():
         ft_out = status(ft)["out_dir"]
         with open(os.path.join(os.path.dirname(ft_out), "config.yaml")) as f:
             stored = f.read()
+        check("the run object and nsactl status name the checkpoint it started from",
+              status(ft).get("init_from") == base_ck
+              and f"init from   {base_ck}" in run(ctl + ["status", ft]).stdout,
+              (status(ft).get("init_from"), run(ctl + ["status", ft]).stdout))
         check("its stored config holds train.init_from fixed to the checkpoint's absolute path",
               f"init_from: \"{base_ck}\"" in stored or f"init_from: {base_ck}" in stored,
               [l for l in stored.splitlines() if "init_from" in l])
