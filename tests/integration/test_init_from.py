@@ -40,6 +40,14 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
 """
 
 
+def write_job(tmp, name, text):
+    """tmp/name holding text; its path."""
+    path = os.path.join(tmp, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
 def run(args, timeout=60):
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout)
 
@@ -67,9 +75,7 @@ def main():
         status = lambda rid: json.loads(run(ctl + ["--json", "status", rid]).stdout)
         ended = lambda rid: wait_for(lambda: status(rid)["state"] in ("completed", "failed"), 60, 0.1)
 
-        base_yaml = os.path.join(tmp, "base.yaml")
-        with open(base_yaml, "w") as f:
-            f.write(job_text(8))
+        base_yaml = write_job(tmp, "base.yaml", job_text(8))
         r = run(ctl + ["--json", "start", base_yaml])
         base = json.loads(r.stdout)["id"] if r.returncode == 0 else None
         if not check("the first run starts", base is not None, r.stderr):
@@ -79,9 +85,7 @@ def main():
         base_ck = os.path.realpath(os.path.join(base_out, "checkpoints", "step_00000008"))
 
         # fine-tuning through nsactl: the run id resolved to its checkpoint
-        ft_yaml = os.path.join(tmp, "ft.yaml")
-        with open(ft_yaml, "w") as f:
-            f.write(job_text(4))
+        ft_yaml = write_job(tmp, "ft.yaml", job_text(4))
         r = run(ctl + ["--json", "start", ft_yaml, "--init-from", base, "--wait"])
         ft = json.loads(r.stdout)["id"] if r.returncode == 0 else None
         if not check("nsactl start --init-from RUN_ID: the run starts", ft is not None, r.stderr):
@@ -109,9 +113,8 @@ def main():
               start and start["detail"].get("init_from") == base_ck, start)
 
         # a path, and a change that shapes no weight
-        wide = os.path.join(tmp, "wide.yaml")
-        with open(wide, "w") as f:
-            f.write(job_text(4, nsa="{l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}"))
+        wide = write_job(tmp, "wide.yaml",
+                         job_text(4, nsa="{l: 8, d: 4, l_sel: 16, n_sel: 4, w: 32}"))
         r = run(ctl + ["--json", "start", wide, "--init-from", base_out, "--wait"])
         wide_id = json.loads(r.stdout)["id"] if r.returncode == 0 else None
         check("--init-from a run's out_dir path, with nsa.w widened: taken",
@@ -129,9 +132,8 @@ def main():
             text = f.read(3000)
         with open(held, "wb") as f:
             f.write(text)
-        tuned_yaml = os.path.join(tmp, "tuned.yaml")
-        with open(tuned_yaml, "w") as f:
-            f.write(job_text(4).replace("val_fraction: 0.05", f"val_path: {held}"))
+        tuned_yaml = write_job(tmp, "tuned.yaml",
+                               job_text(4).replace("val_fraction: 0.05", f"val_path: {held}"))
         r = run(ctl + ["--json", "start", tuned_yaml, "--init-from", base, "--wait"])
         tuned = json.loads(r.stdout)["id"] if r.returncode == 0 else None
         fe = run([NSAD, "eval", base_ck, "--data", held, "--seq-len", "64", "--batch", "2",
@@ -142,9 +144,8 @@ def main():
               "on its first batch)", ok_tuned and first[0] == 0
               and abs(float(first[1]) - json.loads(fe.stdout)["loss"]) < 1e-9,
               (r.stderr, first, fe.stdout, fe.stderr))
-        missing_val = os.path.join(tmp, "missing-val.yaml")
-        with open(missing_val, "w") as f:
-            f.write(job_text(4).replace("val_fraction: 0.05", "val_path: no/such.txt"))
+        missing_val = write_job(tmp, "missing-val.yaml",
+                                job_text(4).replace("val_fraction: 0.05", "val_path: no/such.txt"))
         r = run(ctl + ["start", missing_val])
         check("a data.val_path that does not exist: refused (78) naming it",
               r.returncode == 78 and "data.val_path" in r.stderr, (r.returncode, r.stderr))
@@ -158,33 +159,27 @@ def main():
         check("a path without a checkpoint: refused (78) naming it",
               r.returncode == 78 and "init_from" in r.stderr and "neither" in r.stderr,
               (r.returncode, r.stderr))
-        wider = os.path.join(tmp, "wider.yaml")
-        with open(wider, "w") as f:
-            f.write(job_text(4, model=MODEL.replace("dim: 32", "dim: 48")))
+        wider = write_job(tmp, "wider.yaml", job_text(4, model=MODEL.replace("dim: 32", "dim: 48")))
         r = run(ctl + ["start", wider, "--init-from", base])
         check("a model whose sizes differ: refused (78) naming model.dim and both values",
               r.returncode == 78 and "model.dim = 32; this job's is 48" in r.stderr,
               (r.returncode, r.stderr))
-        other_tok = os.path.join(tmp, "other-tokenizer.yaml")
-        with open(other_tok, "w") as f:
-            f.write(job_text(4).replace(f"source: text, path: {CORPUS}, tokenizer: byte",
-                                        "source: synthetic, tokenizer: gpt2"))
+        other_tok = write_job(tmp, "other-tokenizer.yaml",
+                              job_text(4).replace(f"source: text, path: {CORPUS}, tokenizer: byte",
+                                                  "source: synthetic, tokenizer: gpt2"))
         r = run(ctl + ["start", other_tok, "--init-from", base])
         check("a checkpoint of another tokenizer: refused (78) naming both",
               r.returncode == 78 and "'byte'; this job's is 'gpt2'" in r.stderr,
               (r.returncode, r.stderr))
-        in_file = os.path.join(tmp, "in-file.yaml")
-        with open(in_file, "w") as f:
-            f.write(job_text(4, extra=", init_from: nothing/here"))
+        in_file = write_job(tmp, "in-file.yaml", job_text(4, extra=", init_from: nothing/here"))
         r = run(ctl + ["start", in_file])
         check("train.init_from in the file is checked the same way (relative to nsad's directory)",
               r.returncode == 78 and "train.init_from: \"nothing/here\" (relative to nsad's working "
               "directory" in r.stderr, (r.returncode, r.stderr))
         check("no run was created by the refusals",
               len(json.loads(run(ctl + ["--json", "list"]).stdout)["runs"]) == before)
-        long_yaml = os.path.join(tmp, "long.yaml")
-        with open(long_yaml, "w") as f:
-            f.write(job_text(1000000).replace("save_every: 4", "save_every: 1000000"))
+        long_yaml = write_job(tmp, "long.yaml",
+                              job_text(1000000).replace("save_every: 4", "save_every: 1000000"))
         r = run(ctl + ["--json", "start", long_yaml])
         busy = json.loads(r.stdout)["id"] if r.returncode == 0 else None
         r = run(ctl + ["start", ft_yaml, "--init-from", busy or "x"])
@@ -195,10 +190,8 @@ def main():
             wait_for(lambda: status(busy)["state"] in ("halted", "completed", "failed"), 60, 0.1)
 
         # the foreground: nsad train with init_from in the file
-        fg = os.path.join(tmp, "fg.yaml")
         fg_out = os.path.join(tmp, "fg")
-        with open(fg, "w") as f:
-            f.write(job_text(4, extra=f", init_from: {base_ck}, out_dir: {fg_out}"))
+        fg = write_job(tmp, "fg.yaml", job_text(4, extra=f", init_from: {base_ck}, out_dir: {fg_out}"))
         r = run([NSAD, "train", fg])
         check("nsad train with train.init_from: starts from those weights",
               r.returncode == 0 and val_rows(fg_out)[0] == (0, base_val[-1][1]),
