@@ -33,7 +33,11 @@ import os
 import struct
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    sys.exit(f"nsa_numpy.py: NumPy does not import in {sys.executable}: install it "
+             "(Debian: apt-get install python3-numpy, then /usr/bin/python3; or pip install numpy)")
 
 EXPORT_FORMAT = "nsad-export-1"
 
