@@ -359,11 +359,13 @@ static int coordinate(Trainer *t, RankGroupConfig *rc, int resume, const TrainOp
         if (rt->device != NSA_DEVICE_CUDA &&
             nsaCommTcpIdSetHost(&ps.comm_id, ips[k][0] ? ips[k] : "127.0.0.1", err)) {
             free(yaml);
+            nsaCommTcpIdRelease(&id);
             return -1;
         }
         char member[96];
         if (peerStart(rt->nodes[k], opt->peer_token, &ps, member, sizeof member, err)) {
             free(yaml);
+            nsaCommTcpIdRelease(&id);
             return -1;
         }
         logInfo("multi-node: %s takes ranks %d to %d (its run %s)", rt->nodes[k], first,
@@ -377,6 +379,43 @@ static int coordinate(Trainer *t, RankGroupConfig *rc, int resume, const TrainOp
     logInfo("multi-node: %d ranks on %d nodes; this node has ranks 0 to %d", world, rt->n_nodes + 1,
             rc->local - 1);
     return 0;
+}
+
+/* The job's ranks on this node (each its model) and the step's batch
+ * buffers, for the ranks rc lays out. */
+static int startRanks(Trainer *t, RankGroupConfig *rc, NsaError *err) {
+    const RuntimeConfig *rt = &t->job.runtime;
+    t->multi_node = rc->world > rc->local;
+    const FaultConfig *f = &t->job.fault;
+    const int faults = f->nan_at_step > 0 || f->stall_at_step > 0 || f->exit_at_step > 0;
+    if (faults && f->rank >= rc->world)
+        return nsaErrorf(err, "fault.rank: %d, but the job has %d rank%s; allowed: 0 to %d", f->rank,
+                         rc->world, rc->world == 1 ? "" : "s", rc->world - 1);
+    if (f->exit_at_step > 0 && rc->world < 2)
+        return nsaErrorf(err, "fault.exit_at_step: %lld with one rank; allowed: 0, or a job of 2 or "
+                         "more ranks (runtime.gpus, runtime.cpu_ranks)", (long long)f->exit_at_step);
+    t->local = rc->local;
+    t->world = rc->world;
+    t->first = rc->first;
+    memcpy(t->ordinals, rc->ordinals, sizeof t->ordinals);
+    const size_t step_tokens = (size_t)t->local * (size_t)t->job.train.accumulate_grad_batches *
+                               batchTokens(t);
+    t->tokens = malloc(step_tokens * sizeof(int32_t));
+    t->targets = malloc(step_tokens * sizeof(int32_t));
+    t->scratch = calloc((size_t)t->local, sizeof(float *));
+    t->xbuf = calloc((size_t)t->local, sizeof(*t->xbuf));
+    t->world_status = calloc((size_t)t->world, sizeof(*t->world_status));
+    if (!t->tokens || !t->targets || !t->scratch || !t->xbuf || !t->world_status)
+        return nsaErrorf(err, "out of memory for a step's batches (%zu tokens)", step_tokens);
+    for (int r = 0; r < t->local; r++)
+        if (!(t->xbuf[r] = calloc((size_t)t->world, sizeof(RankSlot))))
+            return nsaErrorf(err, "out of memory for the ranks' exchange (%d ranks)", t->world);
+    if (t->world > 1)
+        logInfo("data parallel: %d ranks (%s), %d x %d x %d tokens per rank and step", t->world,
+                rt->device == NSA_DEVICE_CUDA ? "NCCL, one GPU each" : "CPU engine, in-process",
+                t->job.train.batch_size, t->job.train.seq_len, t->job.train.accumulate_grad_batches);
+    t->ranks = rankGroupCreate(rc, err);
+    return t->ranks ? 0 : -1;
 }
 
 /* The job's ranks on this node (each its model), the step's batch buffers
@@ -410,42 +449,16 @@ static int createRanks(Trainer *t, const TrainOptions *opt, int resume, NsaError
     } else if (rt->n_nodes > 0 && coordinate(t, &rc, resume, opt, err)) {
         return -1;
     }
-    t->multi_node = rc.world > rc.local;
     rc.timeout = t->job.watchdog.allreduce;
     rc.mon = t->mon;
     if (opt->run_id) snprintf(rc.run_id, sizeof rc.run_id, "%s", opt->run_id);
     rc.on_failure = dumpRankFailure;
     rc.failure_ctx = t;
-    const FaultConfig *f = &t->job.fault;
-    const int faults = f->nan_at_step > 0 || f->stall_at_step > 0 || f->exit_at_step > 0;
-    if (faults && f->rank >= rc.world)
-        return nsaErrorf(err, "fault.rank: %d, but the job has %d rank%s; allowed: 0 to %d", f->rank,
-                         rc.world, rc.world == 1 ? "" : "s", rc.world - 1);
-    if (f->exit_at_step > 0 && rc.world < 2)
-        return nsaErrorf(err, "fault.exit_at_step: %lld with one rank; allowed: 0, or a job of 2 or "
-                         "more ranks (runtime.gpus, runtime.cpu_ranks)", (long long)f->exit_at_step);
-    t->local = rc.local;
-    t->world = rc.world;
-    t->first = rc.first;
-    memcpy(t->ordinals, rc.ordinals, sizeof t->ordinals);
-    const size_t step_tokens = (size_t)t->local * (size_t)t->job.train.accumulate_grad_batches *
-                               batchTokens(t);
-    t->tokens = malloc(step_tokens * sizeof(int32_t));
-    t->targets = malloc(step_tokens * sizeof(int32_t));
-    t->scratch = calloc((size_t)t->local, sizeof(float *));
-    t->xbuf = calloc((size_t)t->local, sizeof(*t->xbuf));
-    t->world_status = calloc((size_t)t->world, sizeof(*t->world_status));
-    if (!t->tokens || !t->targets || !t->scratch || !t->xbuf || !t->world_status)
-        return nsaErrorf(err, "out of memory for a step's batches (%zu tokens)", step_tokens);
-    for (int r = 0; r < t->local; r++)
-        if (!(t->xbuf[r] = calloc((size_t)t->world, sizeof(RankSlot))))
-            return nsaErrorf(err, "out of memory for the ranks' exchange (%d ranks)", t->world);
-    if (t->world > 1)
-        logInfo("data parallel: %d ranks (%s), %d x %d x %d tokens per rank and step", t->world,
-                rt->device == NSA_DEVICE_CUDA ? "NCCL, one GPU each" : "CPU engine, in-process",
-                t->job.train.batch_size, t->job.train.seq_len, t->job.train.accumulate_grad_batches);
-    t->ranks = rankGroupCreate(&rc, err);
-    if (!t->ranks) return -1;
+    const int started = startRanks(t, &rc, err);
+    /* the coordinator's TCP listening socket: rank 0 has joined or never
+     * will (a no-op for NCCL ids, single-node jobs and members' copies) */
+    nsaCommTcpIdRelease(&rc.comm_id);
+    if (started) return -1;
     t->model = rankGroupModel(t->ranks, 0);
     size_t largest = 1;
     for (int i = 0; i < nsaModelNumTensors(t->model); i++)

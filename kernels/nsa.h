@@ -382,11 +382,17 @@ int nsaCommHaveNccl(void);
  * listening socket on bind_host (an IPv4 address of this machine, "" for
  * all) and an ephemeral port and describes it in id, with a random key the
  * other ranks present; rank 0's handle must be made from it in the same
- * process (it takes the socket over). nsaCommTcpIdSetHost sets the address
- * the other ranks connect to. nsaCommTcpCreate joins (rank 0 waits for the
- * others, the others connect) within timeout_seconds, which also bounds
- * every collective. Return 0 / a handle, or -1 / NULL with err. */
+ * process. nsaCommTcpIdSetHost sets the address the other ranks connect to.
+ * nsaCommTcpCreate joins (rank 0 waits for the others on the id's socket,
+ * the others connect) within timeout_seconds, which also bounds every
+ * collective. Return 0 / a handle, or -1 / NULL with err.
+ * The socket belongs to the id's maker, who closes it with
+ * nsaCommTcpIdRelease once rank 0's handle is made or will not be, whether
+ * the job failed or not (the handles do not need it). Release is a no-op
+ * on a released id, on another process's id (a copy sent to a peer) and
+ * on a NULL or non-TCP id; it cannot fail. */
 int nsaCommTcpUniqueId(const char *bind_host, NsaCommId *id, NsaError *err);
+void nsaCommTcpIdRelease(NsaCommId *id);
 int nsaCommTcpIdSetHost(NsaCommId *id, const char *host, NsaError *err);
 NsaComm *nsaCommTcpCreate(const NsaCommId *id, int rank, int world, double timeout_seconds,
                           NsaError *err);
@@ -658,6 +664,13 @@ int nsaAttnBackwardCpu(const NsaAttnDims *dims, const NsaAttnInputs *in, const f
  * sel_idx and lse_cmp outputs are optional (NULL). Backward overwrites all
  * eight gradients (bf16; dgates is the gradient of the post-sigmoid gates). */
 typedef struct NsaAttnCudaPlan NsaAttnCudaPlan;
+
+/* Whether the fast op takes dims: 0, or -1 with err naming the first limit
+ * dims break (the ones above, and the block geometry's: a tile of 64
+ * compressed blocks must span few enough selection blocks, a token sit in
+ * few enough overlapping compressed blocks, and S / sel_len fit the
+ * histogram's shared memory). Pure host code; needs no device. */
+int nsaAttnCudaSupports(const NsaAttnDims *dims, NsaError *err);
 
 typedef struct NsaAttnDeviceInputs {
     const void *q, *k_cmp, *v_cmp, *k_sel, *v_sel, *k_win, *v_win, *gates;

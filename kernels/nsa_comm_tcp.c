@@ -284,6 +284,17 @@ int nsaCommTcpUniqueId(const char *bind_host, NsaCommId *id, NsaError *err) {
     return 0;
 }
 
+void nsaCommTcpIdRelease(NsaCommId *id) {
+    if (!id) return;
+    TcpId t;
+    memcpy(&t, id->bytes, sizeof t);
+    if (memcmp(t.magic, TCP_MAGIC, sizeof TCP_MAGIC) || t.pid != (int32_t)getpid() || t.fd < 0)
+        return; /* not a TCP id, another process's, or released */
+    close(t.fd);
+    t.fd = -1;
+    memcpy(id->bytes, &t, sizeof t);
+}
+
 int nsaCommTcpIdSetHost(NsaCommId *id, const char *host, NsaError *err) {
     TcpId t;
     if (!id || !host) return nsaErrorf(err, "nsa: nsaCommTcpIdSetHost needs an id and a host");
@@ -417,8 +428,8 @@ NsaComm *nsaCommTcpCreate(const NsaCommId *id, int rank, int world, double timeo
         return NULL;
     }
     if (rank == 0 && (t.pid != (int32_t)getpid() || !isOurListener(&t))) {
-        nsaErrorf(err, "nsa: rank 0 of a TCP job must be made from a fresh id, in the process that "
-                       "made it (an id's listening socket serves one job)");
+        nsaErrorf(err, "nsa: rank 0 of a TCP job must be made from an id that is not released, in "
+                       "the process that made it (its listening socket)");
         return NULL;
     }
     TcpComm *tc = calloc(1, sizeof *tc);
@@ -440,8 +451,17 @@ NsaComm *nsaCommTcpCreate(const NsaCommId *id, int rank, int world, double timeo
     }
     for (int i = 0; i < tc->n_fds; i++) tc->fds[i] = -1;
     const double deadline = nsaCommNow() + timeout_seconds;
-    int rc = rank == 0 ? acceptAll(tc, t.fd, t.key, deadline, err) : connectToRoot(tc, &t, deadline, err);
-    if (rank == 0) close(t.fd); /* everyone joined, or never will */
+    int rc;
+    if (rank == 0) {
+        /* a descriptor of its own: the maker may release the id's while a
+         * rank given up on still waits here, and its number be reused */
+        const int listen_fd = fcntl(t.fd, F_DUPFD_CLOEXEC, 0);
+        rc = listen_fd < 0 ? nsaErrorf(err, "nsa: TCP rank 0's listening socket: %s", strerror(errno))
+                           : acceptAll(tc, listen_fd, t.key, deadline, err);
+        if (listen_fd >= 0) close(listen_fd);
+    } else {
+        rc = connectToRoot(tc, &t, deadline, err);
+    }
     if (rc != 0) {
         tcpDestroy(&tc->base);
         return NULL;

@@ -11,7 +11,8 @@ of the member fails the coordinator's run at once (no hang), a member run is
 never resumed alone, and resuming on the coordinator after the member's
 nsad is back trains on to the same curve as an uninterrupted job; a job
 started from a trained model's weights (init_from) trains on two nodes as on
-one; a busy node refuses to join, naming itself.
+one; a job that fails after its nodes are told leaves no listening socket
+and fails its member; a busy node refuses to join, naming itself.
 
 Python 3 standard library only; TAP output; every nsad it starts is killed
 on the way out.
@@ -99,6 +100,26 @@ class Nsad(NsadProcess):
             if r.get("member_of") == coordinator_id:
                 return r
         return None
+
+
+def listening_sockets(pid):
+    """The inodes of the TCP sockets process pid has open and listening."""
+    mine = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:["):
+            mine.add(link[8:-1])
+    listening = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                cols = line.split()
+                if cols[3] == "0A":  # TCP_LISTEN
+                    listening.add(cols[9])
+    return sorted(mine & listening)
 
 
 def losses(run):
@@ -199,6 +220,18 @@ def scenarios(workdir, daemons):
     check("resumed after the kill, the job ends on the uninterrupted curve, bit for bit",
           run and ref and run["state"] == "completed" and losses(run) == losses(ref),
           (run, losses(run) if run else None, losses(ref) if ref else None))
+
+    # ---- a job that fails once the nodes are told: no socket is left ----
+    before = listening_sockets(a.proc.pid)
+    status, run = start(a, job(10, fault={"rank": 5, "nan_at_step": 3, "nan_kind": "loss"}), b.address())
+    run = a.wait_state(run["id"], ("failed", "completed"), 60) if status == 201 else None
+    check("a job that fails after the transport's id is made (fault.rank 5 of 2) names the field",
+          run and run["state"] == "failed" and "fault.rank" in (run["error"] or ""), run)
+    member = wait_for(lambda: (lambda m: m if m and m["state"] not in ("starting", "running") else None)(
+        b.member_run(run["id"])) if run else None, 60)
+    check("... its member fails too, not waits", member and member["state"] == "failed", member)
+    check("... and the coordinator's TCP listening socket is closed",
+          listening_sockets(a.proc.pid) == before, (before, listening_sockets(a.proc.pid)))
 
     # ---- a busy node refuses to join ----
     status, busy = start(b, job(100000))

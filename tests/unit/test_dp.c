@@ -8,6 +8,7 @@
  * all, and a rank that stalls fails the others by the deadline instead of
  * hanging them. Rank threads never call cmocka: they record, the main
  * thread asserts. */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -717,6 +718,7 @@ static void tcpCreateAll(int world, double timeout, NsaComm **comms) {
     NsaError err = {{0}};
     if (nsaCommTcpUniqueId("127.0.0.1", &j.id, &err)) fail_msg("%s", err.message);
     runRanks(world, tcpJoinRank, &j);
+    nsaCommTcpIdRelease(&j.id);
     for (int r = 0; r < world; r++) {
         if (!j.comms[r]) fail_msg("rank %d: %s", r, j.err[r].message);
         comms[r] = j.comms[r];
@@ -746,14 +748,42 @@ static void test_tcp_collectives(void **state) {
     }
 }
 
+/* Descriptors this process has open. */
+static int openDescriptors(void) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) fail_msg("cannot list /proc/self/fd");
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) n += e->d_name[0] != '.';
+    closedir(d);
+    return n - 1; /* the listing's own */
+}
+
+/* A job that never forms leaves no descriptor once the maker releases its
+ * id, and a released id makes no rank 0. */
 static void test_tcp_rank_that_never_joins(void **state) {
     (void)state;
     NsaCommId id;
     NsaError err = {{0}};
+    const int before = openDescriptors();
     assert_int_equal(nsaCommTcpUniqueId("127.0.0.1", &id, &err), 0);
+    assert_int_equal(openDescriptors(), before + 1);
     assert_null(nsaCommTcpCreate(&id, 0, 2, 0.05, &err)); /* rank 1 never comes */
     assert_non_null(strstr(err.message, "rank 1 did not join within 0.05 s"));
-    assert_null(nsaCommTcpCreate(&id, 0, 2, 1, &err)); /* the id's socket is spent */
+    assert_int_equal(openDescriptors(), before + 1); /* the maker's, until released */
+    nsaCommTcpIdRelease(&id);
+    assert_int_equal(openDescriptors(), before);
+    nsaCommTcpIdRelease(&id); /* twice is a no-op */
+    nsaCommTcpIdRelease(NULL);
+    assert_null(nsaCommTcpCreate(&id, 0, 2, 1, &err));
+    assert_non_null(strstr(err.message, "not released"));
+    assert_int_equal(openDescriptors(), before);
+    /* a job that forms leaves only its handles' sockets, gone at free */
+    NsaComm *comms[2];
+    tcpCreateAll(2, 30, comms);
+    assert_int_equal(openDescriptors(), before + 2); /* one connection, two ends */
+    nsaCommFree(comms[0]);
+    nsaCommFree(comms[1]);
+    assert_int_equal(openDescriptors(), before);
     assert_int_equal(nsaCommTcpUniqueId("not-an-address", &id, &err), -1);
 }
 
