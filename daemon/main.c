@@ -1,5 +1,6 @@
 /* main.c - nsad's entry point: dispatches to a subcommand. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "commands.h"
 #include "nsa.h"
@@ -31,6 +32,10 @@ int main(int argc, char **argv) {
         usage(stderr);
         return EXIT_USAGE;
     }
+    /* NVLink multicast stays off unless the user set it (libnsa does the
+     * same when it loads NCCL; here it happens before any thread exists,
+     * so no setenv ever runs beside another thread's getenv) */
+    if (setenv("NCCL_NVLS_ENABLE", "0", 0) != 0) perror("nsad: setenv NCCL_NVLS_ENABLE");
     const char *cmd = argv[1];
     if (!strcmp(cmd, "serve")) return cmdServe(argc - 1, argv + 1);
     if (!strcmp(cmd, "train")) return cmdTrain(argc - 1, argv + 1);

@@ -74,6 +74,11 @@ static int ncclResolve(void *lib, const char *name, void **slot) {
 }
 
 static void ncclLoad(void) {
+    /* NVLink multicast (NVLS) stays off unless the user set it. Here, once
+     * and before any NCCL call, because NCCL reads its environment from
+     * the ranks' threads: a setenv beside them could move environ under a
+     * getenv. */
+    setenv("NCCL_NVLS_ENABLE", "0", 0);
     void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *why = dlerror();
@@ -227,13 +232,13 @@ static int ncclBroadcastOp(NsaComm *c, void *buf, size_t bytes, int root, void *
 static void ncclDestroy(NsaComm *c) {
     NcclComm *nc = ncclOf(c);
     if (nc->nccl) {
-        cudaSetDevice(nc->device);
+        (void)cudaSetDevice(nc->device); /* teardown cannot report; abort still runs */
         NsaError ignored;
         /* a clean finish flushes what was issued; anything that cannot
          * finish in time (a dead peer) is aborted instead */
         if (!nc->nccl_aborted && !atomic_load(&c->aborted) &&
             afterCall(nc, ncclFn.commFinalize(nc->nccl), "finalize", &ignored) == 0)
-            ncclFn.commDestroy(nc->nccl);
+            (void)ncclFn.commDestroy(nc->nccl); /* finalized: frees host and device state */
         else
             abortNccl(nc);
     }
@@ -278,8 +283,6 @@ NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_
         return NULL;
     }
     if (!ncclApi(err)) return NULL;
-    /* NVLink multicast (NVLS) stays off unless the user set it */
-    setenv("NCCL_NVLS_ENABLE", "0", 0);
     cudaError_t ce = cudaSetDevice(device_ordinal);
     if (ce != cudaSuccess) {
         nsaErrorf(err, "nsa: rank %d: cudaSetDevice(%d) failed: %s", rank, device_ordinal,

@@ -18,13 +18,18 @@
 #define cudaFail nsaErrorf
 
 /* Checks a CUDA runtime call; on failure fills err (naming the call, file
- * and line) and returns -1 from the enclosing function. */
+ * and line) and returns -1 from the enclosing function. The failure is
+ * taken off the thread's last error too (a failed cudaMalloc leaves one),
+ * or the next launch check on this thread - another job's, on a
+ * long-lived worker - would report it as its own. */
 #define CUDA_CHECK(call, err)                                                             \
     do {                                                                                  \
         cudaError_t cuda_check_status_ = (call);                                          \
-        if (cuda_check_status_ != cudaSuccess)                                            \
+        if (cuda_check_status_ != cudaSuccess) {                                          \
+            (void)cudaGetLastError(); /* reported here, not by the next launch check */  \
             return cudaFail((err), "cuda: %s failed at %s:%d: %s", #call, __FILE__, __LINE__, \
                             cudaGetErrorString(cuda_check_status_));                      \
+        }                                                                                 \
     } while (0)
 
 /* After a kernel launch: catches bad launch configurations at once. */

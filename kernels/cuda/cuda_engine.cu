@@ -46,14 +46,24 @@
 
 /* ---- attention path ------------------------------------------------------ */
 
-/* Decides which attention kernels a model runs and writes the reason into
- * why. Returns 1 for the fast bf16 op, 0 for the fp32 reference kernels.
- * The fast op's own limits (kernels/nsa.h) are checked here so that an
- * unsupported shape is a reported choice, never a silent one: the reason
- * reaches nsaCudaModelAttentionPath, the memory plan and MemoryReport. */
-static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, size_t len) {
+/* The fast attention op's dims for B sequences of S tokens of model cfg:
+ * what the engine plans each layer for, and what its memory plan measures. */
+static NsaAttnDims attnDimsFor(const NsaModelConfig *cfg, int B, int S) {
+    const NsaAttnDims d = {B, S, cfg->n_heads, cfg->n_kv_groups, cfg->d_k, cfg->d_v,
+                           cfg->cmp_len, cfg->cmp_stride, cfg->sel_len, cfg->n_sel, cfg->window};
+    return d;
+}
+
+/* Decides which attention kernels a model run with opt runs and writes the
+ * reason into why. Returns 1 for the fast bf16 op, 0 for the fp32 reference
+ * kernels. The fast op's limits are its own (nsaAttnCudaSupports, asked at
+ * the largest dims the model plans for), so that a shape it refuses is a
+ * reported choice, never a failed model: the reason reaches
+ * nsaCudaModelAttentionPath, the memory plan and MemoryReport. */
+static int chooseAttention(const NsaModelConfig *c, const NsaEngineOptions *opt, char *why,
+                           size_t len) {
     const char *ref = "reference: fp32 CUDA-core NSA kernels (kernels/cuda/attn_ref/)";
-    if (p == NSA_PREC_F32) {
+    if (opt->precision == NSA_PREC_F32) {
         snprintf(why, len, "%s, because precision f32 is the exact check mode", ref);
         return 0;
     }
@@ -62,23 +72,11 @@ static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, s
                            "fast bf16 op pools with avg internally", ref);
         return 0;
     }
-    const int dk = c->d_k, dv = c->d_v, hpg = c->n_heads / c->n_kv_groups;
-    const int dims_ok = (dk == 64 && dv == 64) || (dk == 128 && dv == 64) ||
-                        (dk == 128 && dv == 128) || (dk == 192 && dv == 128);
-    if (!dims_ok) {
-        snprintf(why, len,
-                 "%s, because the fast bf16 op takes (d_k, d_v) in {(64,64), (128,64), "
-                 "(128,128), (192,128)} and this model has (%d, %d)", ref, dk, dv);
-        return 0;
-    }
-    if (hpg > 16) {
-        snprintf(why, len, "%s, because the fast bf16 op takes up to 16 heads per group and "
-                           "this model has %d", ref, hpg);
-        return 0;
-    }
-    if (nsaNumSelSlots(c->n_sel) > 32) {
-        snprintf(why, len, "%s, because the fast bf16 op takes n_sel up to 32 and this model "
-                           "has %d", ref, c->n_sel);
+    const NsaAttnDims max_dims = attnDimsFor(c, opt->max_batch, opt->max_seq_len);
+    NsaError refused;
+    if (nsaAttnCudaSupports(&max_dims, &refused)) {
+        snprintf(why, len, "%s, because the fast bf16 op does not take this shape (%s)", ref,
+                 refused.message);
         return 0;
     }
     snprintf(why, len, "fast: bf16 tensor-core NSA op (nsaAttnForwardCuda, kernels/cuda/fast_attn/), "
@@ -86,11 +84,14 @@ static int chooseAttention(const NsaModelConfig *c, NsaPrecision p, char *why, s
     return 1;
 }
 
-static EngineMode engineMode(const NsaModelConfig *c, NsaPrecision p, char *why, size_t len) {
+static EngineMode engineMode(const NsaModelConfig *c, const NsaEngineOptions *opt, char *why,
+                             size_t len) {
     EngineMode e;
-    e.low = p != NSA_PREC_F32;
-    e.op = p == NSA_PREC_BF16 ? DTYPE_BF16 : p == NSA_PREC_FP16 ? DTYPE_F16 : DTYPE_F32;
-    e.fast = chooseAttention(c, p, why, len);
+    e.low = opt->precision != NSA_PREC_F32;
+    e.op = opt->precision == NSA_PREC_BF16   ? DTYPE_BF16
+           : opt->precision == NSA_PREC_FP16 ? DTYPE_F16
+                                             : DTYPE_F32;
+    e.fast = chooseAttention(c, opt, why, len);
     return e;
 }
 
@@ -296,14 +297,14 @@ static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, 
         return cudaFail(err, "cuda: max_batch x max_seq_len = %zu tokens; allowed: up to 2^30",
                         (size_t)opt->max_batch * (size_t)opt->max_seq_len);
     char why[256];
-    const int fast = chooseAttention(cfg, opt->precision, why, sizeof(why));
+    const int fast = chooseAttention(cfg, opt, why, sizeof(why));
     if (!fast && (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM))
         return cudaFail(err, "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the reference "
                              "attention kernels (%s)",
                         cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM,
                         opt->precision == NSA_PREC_F32 ? "precision f32"
                         : cfg->phi == NSA_PHI_MLP      ? "phi = mlp"
-                                                       : "the fast op does not take these dims");
+                                                       : "the fast op does not take this shape");
     return 0;
 }
 
@@ -329,13 +330,6 @@ int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_byt
     return 0;
 }
 
-/* The fast attention op's dims for B sequences of S tokens of model cfg:
- * what the engine plans each layer for, and what its memory plan measures. */
-static NsaAttnDims attnDimsFor(const NsaModelConfig *cfg, int B, int S) {
-    const NsaAttnDims d = {B, S, cfg->n_heads, cfg->n_kv_groups, cfg->d_k, cfg->d_v,
-                           cfg->cmp_len, cfg->cmp_stride, cfg->sel_len, cfg->n_sel, cfg->window};
-    return d;
-}
 
 int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
                          NsaCudaMemoryPlan *plan, NsaError *err) {
@@ -350,7 +344,7 @@ int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *op
         return cudaFail(err, "cuda: a plan for %d ranks; allowed: 1 or more (the transport's %d when "
                              "one is given)", world, nsaCommWorld(opt->comm));
     memset(plan, 0, sizeof(*plan));
-    EngineMode e = engineMode(cfg, opt->precision, plan->attention_path,
+    EngineMode e = engineMode(cfg, opt, plan->attention_path,
                               sizeof(plan->attention_path));
     e.recompute = opt->recompute;
     NsaLayout lay;
@@ -484,7 +478,9 @@ static int bucketReady(NsaCudaModel *m, int b, NsaError *err) {
 void nsaCudaModelFree(NsaCudaModel *m) {
     if (!m) return;
     dpFree(m); /* waits for both streams (within the deadline) first */
-    if (m->have_stream) cudaStreamSynchronize(m->stream);
+    /* teardown cannot report: a failed wait (a device already lost) must
+     * not stop the frees below */
+    if (m->have_stream) (void)cudaStreamSynchronize(m->stream);
     gemmContextDestroy(&m->gemm);
     if (m->attn_plans)
         for (int i = m->n_attn_plans - 1; i >= 0; i--) /* plan 0, the scratch owner, last */
@@ -730,7 +726,7 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
     }
     m->cfg = *cfg;
     m->opt = *opt;
-    m->mode = engineMode(cfg, opt->precision, m->attention_path, sizeof(m->attention_path));
+    m->mode = engineMode(cfg, opt, m->attention_path, sizeof(m->attention_path));
     m->mode.recompute = opt->recompute;
     if (createInner(m, err)) {
         nsaCudaModelFree(m);

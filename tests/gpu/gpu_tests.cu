@@ -1147,26 +1147,42 @@ static void testModelGradientsLow(Results *res, NsaPrecision p, NsaMlpKind mlp, 
     nsaModelFree(gpu);
 }
 
+static int trainSteps(NsaModel *m, int first, int last, int B, int S, int V, double *losses,
+                      NsaError *err);
+
 /* The attention path is chosen at create time and reported with its
  * reason: fast in bf16/fp16 for dims the op takes, the reference kernels
- * (with the reason) in f32 and for dims it does not take. */
+ * (with the reason) in f32 and for shapes it does not take - head dims,
+ * and a block geometry it refuses (a token in 65 overlapping compressed
+ * blocks), which must make a model that trains, not a failed create. */
 static void testAttentionPath(Results *res) {
     double t0 = nowSeconds();
     const char *name = "attention path chosen and reported";
     NsaError err = {{0}};
     NsaModelConfig fc = fastConfig(NSA_MLP_SILU), sc = smallConfig(NSA_MLP_SILU);
-    struct { const NsaModelConfig *c; NsaPrecision p; const char *want; } cases[] = {
-        {&fc, NSA_PREC_BF16, "fast"}, {&fc, NSA_PREC_FP16, "fast"},
-        {&fc, NSA_PREC_F32, "reference"}, {&sc, NSA_PREC_BF16, "reference"}};
+    NsaModelConfig gc = fc;
+    gc.cmp_len = 65;
+    gc.cmp_stride = 1;
+    struct { const NsaModelConfig *c; NsaPrecision p; const char *want, *why; } cases[] = {
+        {&fc, NSA_PREC_BF16, "fast", ""}, {&fc, NSA_PREC_FP16, "fast", ""},
+        {&fc, NSA_PREC_F32, "reference", "f32"}, {&sc, NSA_PREC_BF16, "reference", "(12, 8)"},
+        {&gc, NSA_PREC_BF16, "reference", "cmp_len / cmp_stride = 65"}};
     int ok = 1;
     char last[600] = "";
-    for (int i = 0; i < 4 && ok; i++) {
+    for (int i = 0; i < 5 && ok; i++) {
         NsaModel *m = makeModel(cases[i].c, NSA_DEVICE_CUDA, cases[i].p, 1, 64, 1, &err);
         NsaMemoryReport mr;
         ok = m && nsaModelMemoryReport(m, &mr) == 0 &&
              strncmp(mr.attention_path, cases[i].want, strlen(cases[i].want)) == 0 &&
-             (i < 3 || strstr(mr.attention_path, "(12, 8)") != NULL);
+             strstr(mr.attention_path, cases[i].why) != NULL;
         snprintf(last, sizeof(last), "%s", m ? mr.attention_path : err.message);
+        if (ok && cases[i].c == &gc) { /* the model the fast op refused trains */
+            double losses[2] = {NAN, NAN};
+            ok = trainSteps(m, 1, 2, 1, 64, gc.vocab_size, losses, &err) == 0 &&
+                 isfinite(losses[0]) && isfinite(losses[1]);
+            if (!ok) snprintf(last, sizeof(last), "refused shape: %s, losses %g %g", err.message,
+                              losses[0], losses[1]);
+        }
         nsaModelFree(m);
     }
     report(res, ok, nowSeconds() - t0, name, "%s", last);

@@ -41,6 +41,12 @@ static void expectRefused(NsaAttnDims d, const char *needle1, const char *needle
     assert_int_equal(nsaAttnCudaPlanMeasure(&d, NULL, &state_bytes, &scratch_bytes, &err), -1);
     assert_non_null(strstr(err.message, needle1));
     if (needle2) assert_non_null(strstr(err.message, needle2));
+    /* and asking first (what the CUDA engine does to pick its attention
+     * kernels) gives the same answer */
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(nsaAttnCudaSupports(&d, &err), -1);
+    assert_non_null(strstr(err.message, needle1));
+    if (needle2) assert_non_null(strstr(err.message, needle2));
 }
 
 static void test_refuses_unbuilt_head_dims(void **state) {
@@ -79,6 +85,52 @@ static void test_refuses_invalid_dims(void **state) {
     d.cmp_stride = 1;
     d.sel_len = 1; /* 64 compressed blocks of 128 tokens span 192 selection blocks */
     expectRefused(d, "spans 192 selection blocks", "fewer than 128");
+}
+
+/* The block geometry's limits, each a valid NSA shape the reference
+ * kernels take: the engine must be able to tell before it plans. */
+static void test_refuses_block_geometry(void **state) {
+    (void)state;
+    NsaAttnDims d = protoDims();
+    d.cmp_len = 1024;
+    d.cmp_stride = 8;
+    d.sel_len = 1024; /* a token sits in 128 overlapping compressed blocks */
+    expectRefused(d, "cmp_len / cmp_stride = 128", "up to 64");
+    d = protoDims();
+    d.S = 4 * 1024 * 1024;
+    d.sel_len = 64; /* 65,536 selection blocks: a 256 KB histogram */
+    expectRefused(d, "S / sel_len = 65536", "up to 51200");
+}
+
+/* What the fast op takes, it says it takes: the production shape at 64k,
+ * the paper's, and the limits' edges. */
+static void test_supports_what_it_takes(void **state) {
+    (void)state;
+    NsaError err;
+    NsaAttnDims d = protoDims();
+    d.S = 65536;
+    d.B = 2;
+    assert_int_equal(nsaAttnCudaSupports(&d, &err), 0);
+    NsaAttnDims paper = {.B = 1, .S = 65536, .H = 64, .G = 4, .d_k = 192, .d_v = 128,
+                         .cmp_len = 32, .cmp_stride = 16, .sel_len = 64, .n_sel = 16,
+                         .window = 512};
+    assert_int_equal(nsaAttnCudaSupports(&paper, &err), 0);
+    d = protoDims();
+    d.H = 16;
+    d.G = 1;
+    d.n_sel = 32;
+    d.cmp_len = 512;
+    d.cmp_stride = 8; /* 64 overlapping blocks, the most */
+    d.sel_len = 512;
+    assert_int_equal(nsaAttnCudaSupports(&d, &err), 0);
+    d.S = 51200 * 64;
+    d.sel_len = 64;
+    d.cmp_len = 32;
+    d.cmp_stride = 16;
+    assert_int_equal(nsaAttnCudaSupports(&d, &err), 0);
+    memset(&err, 0, sizeof(err));
+    assert_int_equal(nsaAttnCudaSupports(NULL, &err), -1);
+    assert_non_null(strstr(err.message, "NULL"));
 }
 
 /* Plan creation and measuring must fail on options o, the message naming
@@ -191,6 +243,8 @@ int main(void) {
         cmocka_unit_test(test_refuses_too_many_heads_per_group),
         cmocka_unit_test(test_refuses_large_n_sel),
         cmocka_unit_test(test_refuses_invalid_dims),
+        cmocka_unit_test(test_refuses_block_geometry),
+        cmocka_unit_test(test_supports_what_it_takes),
         cmocka_unit_test(test_refuses_bad_options),
         cmocka_unit_test(test_refuses_null),
         cmocka_unit_test(test_plan_on_this_machine),

@@ -403,8 +403,11 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
 
 extern "C" void nsaCudaDecoderFree(NsaCudaDecoder *d) {
     if (!d) return;
-    cudaSetDevice(d->opt.device_ordinal);
-    if (d->stream) cudaStreamSynchronize(d->stream);
+    /* teardown cannot report: a failure here (a device already lost) must
+     * not stop the release of what can still be released */
+    (void)cudaSetDevice(d->opt.device_ordinal);
+    if (d->stream) (void)cudaStreamSynchronize(d->stream);
+    (void)cudaGetLastError();
     releaseAll(d);
 }
 

@@ -189,11 +189,16 @@ static int fastCheckDims(const NsaAttnDims *d, NsaError *err) {
                          "token; allowed: up to %d",
                          d->cmp_len / d->cmp_stride, FAST_CMP_MAX_OVERLAP);
     size_t hist = (size_t)nsaNumSelBlocks(d->S, d->sel_len) * sizeof(int);
-    if (hist > 200 * 1024)
+    if (hist > FAST_HIST_SMEM_BYTES)
         return nsaErrorf(err,
                          "nsa fast attention: S / sel_len = %d selection blocks; allowed: up to %d",
-                         nsaNumSelBlocks(d->S, d->sel_len), (int)(200 * 1024 / sizeof(int)));
+                         nsaNumSelBlocks(d->S, d->sel_len), (int)(FAST_HIST_SMEM_BYTES / sizeof(int)));
     return 0;
+}
+
+int nsaAttnCudaSupports(const NsaAttnDims *dims, NsaError *err) {
+    if (!dims) return nsaErrorf(err, "nsa fast attention: dims pointer is NULL");
+    return fastCheckDims(dims, err);
 }
 
 /* Entries per work item of the unfused selected dK/dV (selDkdvKernel;
@@ -523,6 +528,7 @@ static NsaAttnCudaPlan *fastPlanCreate(const NsaAttnDims *max_dims,
     p->bytes = owner ? state_bytes : state_bytes + scratch_bytes;
     cudaError_t e = cudaMalloc(&p->base, p->bytes);
     if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not by the next launch check */
         nsaErrorf(err,
                   "nsa fast attention: cudaMalloc of the %zu-byte workspace (B=%d S=%d) failed: %s",
                   p->bytes, max_dims->B, max_dims->S, cudaGetErrorString(e));

@@ -148,6 +148,13 @@ cudaError_t fastWinCmpDq(const FastCtx &c, int dk, int dv, const FastBwdIo &win,
                          const FastBwdIo *cmp, const FastBwdIo *sel, const uint64_t *sel_mask,
                          int t_begin, int t_end, cudaStream_t stream);
 
+/* fast_sel.cu */
+/* The most shared memory the selection index's count kernel takes for its
+ * per-(b, g) histogram of S / sel_len block counts: under the 227 KB opt-in
+ * with room for the fill kernel's token slots beside the same histogram
+ * (fastSelBuildIndex; fastCheckDims). */
+#define FAST_HIST_SMEM_BYTES ((size_t)200 * 1024)
+
 /* fast_cmp.cu */
 /* Compressed blocks that may hold one token (cmp_len / cmp_stride): the
  * pooling backward keeps the sums of a run of blocks and of the blocks

@@ -45,6 +45,7 @@ int gemmContextCreate(GemmContext *ctx, NsaPrecision precision, size_t workspace
         return cudaFail(err, "cublasLt: cublasLtCreate failed: status %d", (int)st);
     cudaError_t ce = cudaMalloc(&ctx->workspace, workspace_bytes);
     if (ce != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported here, not by the next launch check */
         cublasLtDestroy(ctx->handle);
         memset(ctx, 0, sizeof(*ctx));
         return cudaFail(err, "cuda: cudaMalloc of %zu bytes of GEMM workspace failed: %s",
@@ -114,7 +115,7 @@ static int planBuild(GemmContext *ctx, GemmPlan *p, NsaError *err) {
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulAlgoGetHeuristic(ctx->handle, p->desc, p->la, p->lb, p->lc, p->ld,
                                             pref, 1, &result, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
+    (void)cublasLtMatmulPreferenceDestroy(pref); /* frees a host struct; fails only on NULL */
     if (st != CUBLAS_STATUS_SUCCESS || found < 1)
         return cudaFail(err,
                         "cublasLt: no algorithm for %dx%dx%d GEMM (trans %d/%d, compute %d): "
