@@ -570,6 +570,154 @@ static int checkFusedProjections(const NsaLayout *lay, const NsaModelConfig *c, 
     return 0;
 }
 
+/* The four f32 arenas (parameters, gradients, Adam m and v) and, in bf16
+ * or fp16, the weight copy the GEMMs read; counts their bytes. Returns 0,
+ * or -1 with err (what was freed is left to nsaCudaModelFree). */
+static int allocArenas(NsaCudaModel *m, NsaError *err) {
+    const size_t arena_bytes = m->lay.total * sizeof(float);
+    const char *arena_names[4] = {"parameters", "gradients", "Adam m", "Adam v"};
+    /* zeroed once: the layout's padding stays zero in every arena and in the
+     * weight copy (the fused projection's GEMMs read the padding rows) */
+    for (int a = 0; a < 4; a++) {
+        const size_t bytes = arenaElements(m, (NsaArena)a) * sizeof(float);
+        if (engineAllocDevice((void **)&m->arena[a], bytes, arena_names[a], err)) return -1;
+        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
+    }
+    m->bytes_params = arena_bytes;
+    if (m->mode.low) {
+        const size_t low_bytes = m->lay.total * dtypeBytes(m->mode.op);
+        if (engineAllocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
+        CUDA_CHECK(cudaMemsetAsync(m->weights_low, 0, low_bytes, m->stream), err);
+        m->bytes_params += low_bytes;
+    }
+    m->bytes_grads = arena_bytes;
+    m->bytes_optimizer = 2 * m->dp.shard.total * sizeof(float);
+    return 0;
+}
+
+/* The activations the backward reads and the scratch it works in, both
+ * planned for B sequences of S tokens. Returns 0, or -1 with err. */
+static int allocActivations(NsaCudaModel *m, int B, int S, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
+    if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
+    m->acts_floats = planActivations(c, m->mode, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
+    if (engineAllocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
+        return -1;
+    planActivations(c, m->mode, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
+                    &m->final_rstd, &m->logits);
+    m->scratch_floats = planScratch(c, m->mode, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
+    if (engineAllocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
+                          "backward scratch", err))
+        return -1;
+    planScratch(c, m->mode, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
+    m->bytes_acts = m->acts_floats * sizeof(float);
+    return 0;
+}
+
+/* One fast-attention plan per layer (none on the reference path): each
+ * keeps what its layer's forward saves for the backward (pooled keys,
+ * branch outputs, lse, the selection), so all L backward calls find their
+ * own. The layers run one after another on one stream, so plans 1..L-1
+ * borrow plan 0's per-call scratch instead of holding L copies; they are
+ * freed first. With layer recompute a layer's forward state is made again
+ * right before its backward, so one plan serves every layer. Adds their
+ * bytes to *plan_bytes. Returns 0, or -1 with err. */
+static int createAttnPlans(NsaCudaModel *m, int B, int S, size_t *plan_bytes, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    if (m->mode.fast) {
+        m->n_attn_plans = m->mode.recompute == NSA_RECOMPUTE_LAYER ? 1 : c->n_layers;
+        m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)m->n_attn_plans, sizeof(*m->attn_plans));
+        if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
+        const NsaAttnDims max_dims = attnDimsFor(c, B, S);
+        for (int i = 0; i < m->n_attn_plans; i++) {
+            NsaError perr = {{0}};
+            /* the default options: every design as fastSelDesign picks it */
+            m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, NULL, &perr)
+                                      : nsaAttnCudaPlanCreateSharing(&max_dims, NULL,
+                                                                     m->attn_plans[0], &perr);
+            if (!m->attn_plans[i])
+                return cudaFail(err, "cuda: layer %d's fast attention plan: %s", i, perr.message);
+            *plan_bytes += nsaAttnCudaPlanBytes(m->attn_plans[i]);
+        }
+    }
+    return 0;
+}
+
+/* The RoPE table, made once in double on the host and copied to m->rope.
+ * Returns 0, or -1 with err. */
+static int uploadRope(NsaCudaModel *m, int S, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    const size_t rope_floats = (size_t)S * (c->d_k / 2) * 2;
+    float *rope_host = (float *)malloc(rope_floats * sizeof(float));
+    if (!rope_host) return cudaFail(err, "cuda: out of host memory for the RoPE table");
+    ropeTableHost(rope_host, S, c->d_k, (double)c->rope_base);
+    cudaError_t ce = cudaMemcpy(m->rope, rope_host, rope_floats * sizeof(float),
+                                cudaMemcpyHostToDevice);
+    free(rope_host);
+    CUDA_CHECK(ce, err);
+    return 0;
+}
+
+/* The optimizer's table on the device: this rank's shard pieces (alone:
+ * every tensor, its moments at its own offset), and the largest tensor
+ * and piece sizes. Returns 0, or -1 with err. */
+static int buildOptimTable(NsaCudaModel *m, NsaError *err) {
+    const NsaShard *sh = &m->dp.shard;
+    m->n_optim = sh->n_pieces;
+    OptimTensor *table = (OptimTensor *)calloc((size_t)sh->n_pieces + 1, sizeof(OptimTensor));
+    if (!table) return cudaFail(err, "cuda: out of host memory for the tensor table");
+    for (int p = 0; p < sh->n_pieces; p++) {
+        table[p].offset = sh->pieces[p].offset;
+        table[p].numel = sh->pieces[p].numel;
+        table[p].state_offset = sh->pieces[p].local;
+        table[p].decay = sh->pieces[p].weight_decay;
+        if (sh->pieces[p].numel > m->optim_max_numel) m->optim_max_numel = sh->pieces[p].numel;
+    }
+    for (int i = 0; i < m->lay.n_tensors; i++)
+        if (m->lay.entries[i].info.numel > m->max_numel) m->max_numel = m->lay.entries[i].info.numel;
+    if (engineAllocDevice((void **)&m->tensors, ((size_t)sh->n_pieces + 1) * sizeof(OptimTensor),
+                          "the tensor table", err)) {
+        free(table);
+        return -1;
+    }
+    const cudaError_t ce = cudaMemcpy(m->tensors, table,
+                                      (size_t)sh->n_pieces * sizeof(OptimTensor),
+                                      cudaMemcpyHostToDevice);
+    free(table);
+    CUDA_CHECK(ce, err);
+    return 0;
+}
+
+/* What a step keeps between its phases: the optimizer's state and the eval
+ * loss (device and pinned host copies), the token ids and their pinned
+ * staging slots with their events, and the token counts. Returns 0, or -1
+ * with err. */
+static int allocStepState(NsaCudaModel *m, size_t N, NsaError *err) {
+    const NsaModelConfig *c = &m->cfg;
+    if (engineAllocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
+        engineAllocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
+        allocPinned((void **)&m->host_state, sizeof(OptimState), "step stats", err) ||
+        allocPinned((void **)&m->host_eval_loss, sizeof(double), "the eval loss", err))
+        return -1;
+    m->ids_ints = planIds(N, m->max_chunks, c->vocab_size, NULL, NULL);
+    if (engineAllocDevice((void **)&m->ids_device, m->ids_ints * sizeof(int32_t), "token ids", err))
+        return -1;
+    planIds(N, m->max_chunks, c->vocab_size, m->ids_device, &m->ids);
+    for (int s = 0; s < STAGING_SLOTS; s++) {
+        if (allocPinned((void **)&m->staging[s], m->ids_ints * sizeof(int32_t), "token staging",
+                        err))
+            return -1;
+        CUDA_CHECK(cudaEventCreateWithFlags(&m->staged[s], cudaEventDisableTiming), err);
+    }
+    CUDA_CHECK(cudaEventCreateWithFlags(&m->step_done, cudaEventDisableTiming), err);
+    m->host_count = (int32_t *)malloc((size_t)c->vocab_size * sizeof(int32_t));
+    if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
+    return 0;
+}
+
+/* Everything a model holds, in order; on failure what was made is freed by
+ * nsaCudaModelFree. Returns 0, or -1 with err. */
 static int createInner(NsaCudaModel *m, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const int B = m->opt.max_batch, S = m->opt.max_seq_len;
@@ -593,122 +741,11 @@ static int createInner(NsaCudaModel *m, NsaError *err) {
         rmsnormPrepare(c->dim, err))
         return -1;
 
-    const size_t arena_bytes = m->lay.total * sizeof(float);
-    const char *arena_names[4] = {"parameters", "gradients", "Adam m", "Adam v"};
-    /* zeroed once: the layout's padding stays zero in every arena and in the
-     * weight copy (the fused projection's GEMMs read the padding rows) */
-    for (int a = 0; a < 4; a++) {
-        const size_t bytes = arenaElements(m, (NsaArena)a) * sizeof(float);
-        if (engineAllocDevice((void **)&m->arena[a], bytes, arena_names[a], err)) return -1;
-        CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, bytes, m->stream), err);
-    }
-    m->bytes_params = arena_bytes;
-    if (m->mode.low) {
-        const size_t low_bytes = m->lay.total * dtypeBytes(m->mode.op);
-        if (engineAllocDevice(&m->weights_low, low_bytes, "the bf16/fp16 weight copy", err)) return -1;
-        CUDA_CHECK(cudaMemsetAsync(m->weights_low, 0, low_bytes, m->stream), err);
-        m->bytes_params += low_bytes;
-    }
-    m->bytes_grads = arena_bytes;
-    m->bytes_optimizer = 2 * m->dp.shard.total * sizeof(float);
-
-    m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
-    if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
-    m->acts_floats =
-        planActivations(c, m->mode, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
-    if (engineAllocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
-        return -1;
-    planActivations(c, m->mode, m->F, B, S, m->acts, m->layers, &m->final_res, &m->final_xn,
-                    &m->final_rstd, &m->logits);
-    m->scratch_floats = planScratch(c, m->mode, m->F, B, S, m->max_chunks, NULL, NULL, NULL);
-    if (engineAllocDevice((void **)&m->scratch_mem, m->scratch_floats * sizeof(float),
-                    "backward scratch", err))
-        return -1;
-    planScratch(c, m->mode, m->F, B, S, m->max_chunks, m->scratch_mem, &m->sc, &m->rope);
-    m->bytes_acts = m->acts_floats * sizeof(float);
-
-    /* One fast-attention plan per layer: each keeps what its layer's
-     * forward saves for the backward (pooled keys, branch outputs, lse,
-     * the selection), so all L backward calls find their own. The layers
-     * run one after another on one stream, so plans 1..L-1 borrow plan 0's
-     * per-call scratch instead of holding L copies; they are freed first.
-     * With layer recompute a layer's forward state is made again right
-     * before its backward, so one plan serves every layer. */
     size_t plan_bytes = 0;
-    if (m->mode.fast) {
-        m->n_attn_plans = m->mode.recompute == NSA_RECOMPUTE_LAYER ? 1 : c->n_layers;
-        m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)m->n_attn_plans, sizeof(*m->attn_plans));
-        if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
-        const NsaAttnDims max_dims = attnDimsFor(c, B, S);
-        for (int i = 0; i < m->n_attn_plans; i++) {
-            NsaError perr = {{0}};
-            /* the default options: every design as fastSelDesign picks it */
-            m->attn_plans[i] = i == 0 ? nsaAttnCudaPlanCreate(&max_dims, NULL, &perr)
-                                      : nsaAttnCudaPlanCreateSharing(&max_dims, NULL,
-                                                                     m->attn_plans[0], &perr);
-            if (!m->attn_plans[i])
-                return cudaFail(err, "cuda: the fast attention op refused layer %d's plan (%s); "
-                                     "precision f32 runs the reference kernels instead",
-                                i, perr.message);
-            plan_bytes += nsaAttnCudaPlanBytes(m->attn_plans[i]);
-        }
-    }
-
-    /* RoPE table, made once in double on the host */
-    const size_t rope_floats = (size_t)S * (c->d_k / 2) * 2;
-    float *rope_host = (float *)malloc(rope_floats * sizeof(float));
-    if (!rope_host) return cudaFail(err, "cuda: out of host memory for the RoPE table");
-    ropeTableHost(rope_host, S, c->d_k, (double)c->rope_base);
-    cudaError_t ce = cudaMemcpy(m->rope, rope_host, rope_floats * sizeof(float),
-                                cudaMemcpyHostToDevice);
-    free(rope_host);
-    CUDA_CHECK(ce, err);
-
-    /* optimizer table: the shard's pieces (alone: every tensor, its
-     * moments at its own offset) */
-    const NsaShard *sh = &m->dp.shard;
-    m->n_optim = sh->n_pieces;
-    OptimTensor *table = (OptimTensor *)calloc((size_t)sh->n_pieces + 1, sizeof(OptimTensor));
-    if (!table) return cudaFail(err, "cuda: out of host memory for the tensor table");
-    for (int p = 0; p < sh->n_pieces; p++) {
-        table[p].offset = sh->pieces[p].offset;
-        table[p].numel = sh->pieces[p].numel;
-        table[p].state_offset = sh->pieces[p].local;
-        table[p].decay = sh->pieces[p].weight_decay;
-        if (sh->pieces[p].numel > m->optim_max_numel) m->optim_max_numel = sh->pieces[p].numel;
-    }
-    for (int i = 0; i < m->lay.n_tensors; i++)
-        if (m->lay.entries[i].info.numel > m->max_numel) m->max_numel = m->lay.entries[i].info.numel;
-    if (engineAllocDevice((void **)&m->tensors, ((size_t)sh->n_pieces + 1) * sizeof(OptimTensor),
-                    "the tensor table", err)) {
-        free(table);
+    if (allocArenas(m, err) || allocActivations(m, B, S, err) ||
+        createAttnPlans(m, B, S, &plan_bytes, err) || uploadRope(m, S, err) ||
+        buildOptimTable(m, err) || dpCreate(m, err) || allocStepState(m, N, err))
         return -1;
-    }
-    ce = cudaMemcpy(m->tensors, table, (size_t)sh->n_pieces * sizeof(OptimTensor),
-                    cudaMemcpyHostToDevice);
-    free(table);
-    CUDA_CHECK(ce, err);
-    if (dpCreate(m, err)) return -1;
-
-    if (engineAllocDevice((void **)&m->state, sizeof(OptimState), "the optimizer state", err) ||
-        engineAllocDevice((void **)&m->eval_loss, sizeof(double), "the eval loss", err) ||
-        allocPinned((void **)&m->host_state, sizeof(OptimState), "step stats", err) ||
-        allocPinned((void **)&m->host_eval_loss, sizeof(double), "the eval loss", err))
-        return -1;
-
-    m->ids_ints = planIds(N, m->max_chunks, c->vocab_size, NULL, NULL);
-    if (engineAllocDevice((void **)&m->ids_device, m->ids_ints * sizeof(int32_t), "token ids", err))
-        return -1;
-    planIds(N, m->max_chunks, c->vocab_size, m->ids_device, &m->ids);
-    for (int s = 0; s < STAGING_SLOTS; s++) {
-        if (allocPinned((void **)&m->staging[s], m->ids_ints * sizeof(int32_t), "token staging",
-                        err))
-            return -1;
-        CUDA_CHECK(cudaEventCreateWithFlags(&m->staged[s], cudaEventDisableTiming), err);
-    }
-    CUDA_CHECK(cudaEventCreateWithFlags(&m->step_done, cudaEventDisableTiming), err);
-    m->host_count = (int32_t *)malloc((size_t)c->vocab_size * sizeof(int32_t));
-    if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
     m->bytes_workspace = m->scratch_floats * sizeof(float) + GEMM_WORKSPACE_BYTES + plan_bytes +
                          m->ids_ints * sizeof(int32_t) + sizeof(OptimState) +
                          (size_t)m->n_optim * sizeof(OptimTensor) + dpBytes(m);
