@@ -13,32 +13,28 @@
 #include <stdio.h>
 #include "../nsa.h"
 
-/* The engine's name for nsaErrorf (kernels/nsa_error.c): fills err with a
- * one-line message and returns -1, so callers `return cudaFail(err, ...)`. */
-#define cudaFail nsaErrorf
-
 /* Checks a CUDA runtime call; on failure fills err (naming the call, file
  * and line) and returns -1 from the enclosing function. The failure is
  * taken off the thread's last error too (a failed cudaMalloc leaves one),
  * or the next launch check on this thread - another job's, on a
  * long-lived worker - would report it as its own. */
-#define CUDA_CHECK(call, err)                                                             \
-    do {                                                                                  \
-        cudaError_t cuda_check_status_ = (call);                                          \
-        if (cuda_check_status_ != cudaSuccess) {                                          \
-            (void)cudaGetLastError(); /* reported here, not by the next launch check */  \
-            return cudaFail((err), "cuda: %s failed at %s:%d: %s", #call, __FILE__, __LINE__, \
-                            cudaGetErrorString(cuda_check_status_));                      \
-        }                                                                                 \
+#define CUDA_CHECK(call, err)                                                                      \
+    do {                                                                                           \
+        cudaError_t cuda_check_status_ = (call);                                                   \
+        if (cuda_check_status_ != cudaSuccess) {                                                   \
+            (void)cudaGetLastError(); /* reported here, not by the next launch check */            \
+            return nsaErrorf((err), "cuda: %s failed at %s:%d: %s", #call, __FILE__, __LINE__,     \
+                             cudaGetErrorString(cuda_check_status_));                              \
+        }                                                                                          \
     } while (0)
 
 /* After a kernel launch: catches bad launch configurations at once. */
-#define LAUNCH_CHECK(name, err)                                                           \
-    do {                                                                                  \
-        cudaError_t launch_check_status_ = cudaGetLastError();                            \
-        if (launch_check_status_ != cudaSuccess)                                          \
-            return cudaFail((err), "cuda: launch of %s failed at %s:%d: %s", (name), __FILE__, \
-                            __LINE__, cudaGetErrorString(launch_check_status_));          \
+#define LAUNCH_CHECK(name, err)                                                                    \
+    do {                                                                                           \
+        cudaError_t launch_check_status_ = cudaGetLastError();                                     \
+        if (launch_check_status_ != cudaSuccess)                                                   \
+            return nsaErrorf((err), "cuda: launch of %s failed at %s:%d: %s", (name), __FILE__,    \
+                             __LINE__, cudaGetErrorString(launch_check_status_));                  \
     } while (0)
 
 static inline unsigned ceilDiv(size_t a, size_t b) { return (unsigned)((a + b - 1) / b); }

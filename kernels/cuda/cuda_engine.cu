@@ -274,42 +274,45 @@ static size_t planIds(size_t N, size_t max_chunks, int V, int32_t *base, BatchId
 }
 
 static int checkOptions(const NsaModelConfig *cfg, const NsaEngineOptions *opt, NsaError *err) {
-    if (!cfg || !opt) return cudaFail(err, "cuda: config and options are required (NULL given)");
+    if (!cfg || !opt) return nsaErrorf(err, "cuda: config and options are required (NULL given)");
     if (opt->comm && !nsaCommIsNccl(opt->comm))
-        return cudaFail(err, "cuda: the CUDA engine's data parallelism runs on NCCL; the "
-                             "transport given is %s", nsaCommKind(opt->comm));
+        return nsaErrorf(err,
+                         "cuda: the CUDA engine's data parallelism runs on NCCL; the "
+                         "transport given is %s",
+                         nsaCommKind(opt->comm));
     if (nsaModelConfigValidate(cfg, err)) return -1;
     if (opt->precision != NSA_PREC_F32 && opt->precision != NSA_PREC_BF16 &&
         opt->precision != NSA_PREC_FP16)
-        return cudaFail(err,
-                        "cuda: precision = %d is not available on the CUDA engine; allowed: "
-                        "%d (f32), %d (bf16), %d (fp16)",
-                        (int)opt->precision, NSA_PREC_F32, NSA_PREC_BF16, NSA_PREC_FP16);
+        return nsaErrorf(err,
+                         "cuda: precision = %d is not available on the CUDA engine; allowed: "
+                         "%d (f32), %d (bf16), %d (fp16)",
+                         (int)opt->precision, NSA_PREC_F32, NSA_PREC_BF16, NSA_PREC_FP16);
     if (opt->recompute < NSA_RECOMPUTE_NONE || opt->recompute > NSA_RECOMPUTE_SELECTIVE)
-        return cudaFail(err, "cuda: recompute = %d; allowed: %d (none), %d (layer), %d (selective)",
-                        opt->recompute, NSA_RECOMPUTE_NONE, NSA_RECOMPUTE_LAYER,
-                        NSA_RECOMPUTE_SELECTIVE);
+        return nsaErrorf(
+            err, "cuda: recompute = %d; allowed: %d (none), %d (layer), %d (selective)",
+            opt->recompute, NSA_RECOMPUTE_NONE, NSA_RECOMPUTE_LAYER, NSA_RECOMPUTE_SELECTIVE);
     if (opt->max_batch < 1)
-        return cudaFail(err, "cuda: max_batch = %d; allowed: 1 or more", opt->max_batch);
+        return nsaErrorf(err, "cuda: max_batch = %d; allowed: 1 or more", opt->max_batch);
     if (opt->max_seq_len < 1)
-        return cudaFail(err, "cuda: max_seq_len = %d; allowed: 1 or more", opt->max_seq_len);
+        return nsaErrorf(err, "cuda: max_seq_len = %d; allowed: 1 or more", opt->max_seq_len);
     if ((size_t)opt->max_batch * (size_t)opt->max_seq_len > (size_t)1 << 30)
-        return cudaFail(err, "cuda: max_batch x max_seq_len = %zu tokens; allowed: up to 2^30",
-                        (size_t)opt->max_batch * (size_t)opt->max_seq_len);
+        return nsaErrorf(err, "cuda: max_batch x max_seq_len = %zu tokens; allowed: up to 2^30",
+                         (size_t)opt->max_batch * (size_t)opt->max_seq_len);
     char why[256];
     const int fast = chooseAttention(cfg, opt, why, sizeof(why));
     if (!fast && (cfg->d_k > NSA_CUDA_ATTN_MAX_DIM || cfg->d_v > NSA_CUDA_ATTN_MAX_DIM))
-        return cudaFail(err, "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the reference "
-                             "attention kernels (%s)",
-                        cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM,
-                        opt->precision == NSA_PREC_F32 ? "precision f32"
-                        : cfg->phi == NSA_PHI_MLP      ? "phi = mlp"
-                                                       : "the fast op does not take this shape");
+        return nsaErrorf(err,
+                         "cuda: d_k = %d, d_v = %d; allowed: up to %d each on the reference "
+                         "attention kernels (%s)",
+                         cfg->d_k, cfg->d_v, NSA_CUDA_ATTN_MAX_DIM,
+                         opt->precision == NSA_PREC_F32 ? "precision f32"
+                         : cfg->phi == NSA_PHI_MLP      ? "phi = mlp"
+                                                        : "the fast op does not take this shape");
     return 0;
 }
 
 int nsaCudaDeviceCount(int *count, NsaError *err) {
-    if (!count) return cudaFail(err, "cuda: count pointer is NULL");
+    if (!count) return nsaErrorf(err, "cuda: count pointer is NULL");
     cudaError_t e = cudaGetDeviceCount(count);
     if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
         cudaGetLastError();
@@ -321,7 +324,7 @@ int nsaCudaDeviceCount(int *count, NsaError *err) {
 }
 
 int nsaCudaDeviceDescribe(int ordinal, char *name, size_t cap, size_t *total_bytes, NsaError *err) {
-    if (!name || cap == 0) return cudaFail(err, "cuda: name buffer is NULL or empty");
+    if (!name || cap == 0) return nsaErrorf(err, "cuda: name buffer is NULL or empty");
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal), err);
     snprintf(name, cap, "%s (sm_%d%d, %d SMs)", prop.name, prop.major, prop.minor,
@@ -338,11 +341,13 @@ int nsaCudaMemoryPlanFor(const NsaModelConfig *cfg, const NsaEngineOptions *opt,
 
 int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *opt, int world,
                            NsaCudaMemoryPlan *plan, NsaError *err) {
-    if (!plan) return cudaFail(err, "cuda: plan pointer is NULL");
+    if (!plan) return nsaErrorf(err, "cuda: plan pointer is NULL");
     if (checkOptions(cfg, opt, err)) return -1;
     if (world < 1 || (opt->comm && world != nsaCommWorld(opt->comm)))
-        return cudaFail(err, "cuda: a plan for %d ranks; allowed: 1 or more (the transport's %d when "
-                             "one is given)", world, nsaCommWorld(opt->comm));
+        return nsaErrorf(err,
+                         "cuda: a plan for %d ranks; allowed: 1 or more (the transport's %d when "
+                         "one is given)",
+                         world, nsaCommWorld(opt->comm));
     memset(plan, 0, sizeof(*plan));
     EngineMode e = engineMode(cfg, opt, plan->attention_path,
                               sizeof(plan->attention_path));
@@ -387,8 +392,8 @@ int nsaCudaMemoryPlanRanks(const NsaModelConfig *cfg, const NsaEngineOptions *op
             size_t state = 0, scratch = 0;
             NsaError aerr = {{0}};
             if (nsaAttnCudaPlanMeasure(&d, NULL, &state, &scratch, &aerr))
-                return cudaFail(err, "cuda: the fast attention op refused the plan (%s)",
-                                aerr.message);
+                return nsaErrorf(err, "cuda: the fast attention op refused the plan (%s)",
+                                 aerr.message);
             const size_t plans = e.recompute == NSA_RECOMPUTE_LAYER ? 1 : (size_t)cfg->n_layers;
             *(pass ? &attn1 : &attn) = state * plans + scratch;
         }
@@ -514,8 +519,8 @@ int engineAllocDevice(void **p, size_t bytes, const char *what, NsaError *err) {
     if (e != cudaSuccess) {
         *p = NULL;
         cudaGetLastError();
-        return cudaFail(err, "cuda: out of device memory allocating %zu bytes for %s: %s", bytes,
-                        what, cudaGetErrorString(e));
+        return nsaErrorf(err, "cuda: out of device memory allocating %zu bytes for %s: %s", bytes,
+                         what, cudaGetErrorString(e));
     }
     return 0;
 }
@@ -525,8 +530,8 @@ static int allocPinned(void **p, size_t bytes, const char *what, NsaError *err) 
     if (e != cudaSuccess) {
         *p = NULL;
         cudaGetLastError();
-        return cudaFail(err, "cuda: cannot allocate %zu bytes of pinned host memory for %s: %s",
-                        bytes, what, cudaGetErrorString(e));
+        return nsaErrorf(err, "cuda: cannot allocate %zu bytes of pinned host memory for %s: %s",
+                         bytes, what, cudaGetErrorString(e));
     }
     return 0;
 }
@@ -554,18 +559,20 @@ static int checkFusedProjections(const NsaLayout *lay, const NsaModelConfig *c, 
             const NsaTensorInfo *prev = &lay->entries[order[j - 1]].info;
             const NsaTensorInfo *next = &lay->entries[order[j]].info;
             if (next->offset != prev->offset + prev->numel)
-                return cudaFail(err, "cuda: %s does not follow %s in the parameter layout; the "
-                                     "fused attention projection needs them adjacent",
-                                next->name, prev->name);
+                return nsaErrorf(err,
+                                 "cuda: %s does not follow %s in the parameter layout; the "
+                                 "fused attention projection needs them adjacent",
+                                 next->name, prev->name);
         }
         const NsaTensorInfo *gate = &lay->entries[li->w_gate].info;
         const size_t end = gate->offset + gate->numel + (size_t)(stride - width) * c->dim;
         const size_t next = li->w_gate + 1 < lay->n_tensors
                                 ? lay->entries[li->w_gate + 1].info.offset : lay->total;
         if (end > next)
-            return cudaFail(err, "cuda: %s is not followed by %d zero rows in the parameter "
-                                 "layout; the fused attention projection reads them",
-                            gate->name, stride - width);
+            return nsaErrorf(err,
+                             "cuda: %s is not followed by %d zero rows in the parameter "
+                             "layout; the fused attention projection reads them",
+                             gate->name, stride - width);
     }
     return 0;
 }
@@ -600,7 +607,7 @@ static int allocArenas(NsaCudaModel *m, NsaError *err) {
 static int allocActivations(NsaCudaModel *m, int B, int S, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     m->layers = (LayerActs *)calloc((size_t)c->n_layers, sizeof(LayerActs));
-    if (!m->layers) return cudaFail(err, "cuda: out of host memory for %d layers", c->n_layers);
+    if (!m->layers) return nsaErrorf(err, "cuda: out of host memory for %d layers", c->n_layers);
     m->acts_floats = planActivations(c, m->mode, m->F, B, S, NULL, NULL, NULL, NULL, NULL, NULL);
     if (engineAllocDevice((void **)&m->acts, m->acts_floats * sizeof(float), "activations", err))
         return -1;
@@ -628,7 +635,7 @@ static int createAttnPlans(NsaCudaModel *m, int B, int S, size_t *plan_bytes, Ns
     if (m->mode.fast) {
         m->n_attn_plans = m->mode.recompute == NSA_RECOMPUTE_LAYER ? 1 : c->n_layers;
         m->attn_plans = (NsaAttnCudaPlan **)calloc((size_t)m->n_attn_plans, sizeof(*m->attn_plans));
-        if (!m->attn_plans) return cudaFail(err, "cuda: out of host memory for attention plans");
+        if (!m->attn_plans) return nsaErrorf(err, "cuda: out of host memory for attention plans");
         const NsaAttnDims max_dims = attnDimsFor(c, B, S);
         for (int i = 0; i < m->n_attn_plans; i++) {
             NsaError perr = {{0}};
@@ -637,7 +644,7 @@ static int createAttnPlans(NsaCudaModel *m, int B, int S, size_t *plan_bytes, Ns
                                       : nsaAttnCudaPlanCreateSharing(&max_dims, NULL,
                                                                      m->attn_plans[0], &perr);
             if (!m->attn_plans[i])
-                return cudaFail(err, "cuda: layer %d's fast attention plan: %s", i, perr.message);
+                return nsaErrorf(err, "cuda: layer %d's fast attention plan: %s", i, perr.message);
             *plan_bytes += nsaAttnCudaPlanBytes(m->attn_plans[i]);
         }
     }
@@ -650,7 +657,7 @@ static int uploadRope(NsaCudaModel *m, int S, NsaError *err) {
     const NsaModelConfig *c = &m->cfg;
     const size_t rope_floats = (size_t)S * (c->d_k / 2) * 2;
     float *rope_host = (float *)malloc(rope_floats * sizeof(float));
-    if (!rope_host) return cudaFail(err, "cuda: out of host memory for the RoPE table");
+    if (!rope_host) return nsaErrorf(err, "cuda: out of host memory for the RoPE table");
     ropeTableHost(rope_host, S, c->d_k, (double)c->rope_base);
     cudaError_t ce = cudaMemcpy(m->rope, rope_host, rope_floats * sizeof(float),
                                 cudaMemcpyHostToDevice);
@@ -666,7 +673,7 @@ static int buildOptimTable(NsaCudaModel *m, NsaError *err) {
     const NsaShard *sh = &m->dp.shard;
     m->n_optim = sh->n_pieces;
     OptimTensor *table = (OptimTensor *)calloc((size_t)sh->n_pieces + 1, sizeof(OptimTensor));
-    if (!table) return cudaFail(err, "cuda: out of host memory for the tensor table");
+    if (!table) return nsaErrorf(err, "cuda: out of host memory for the tensor table");
     for (int p = 0; p < sh->n_pieces; p++) {
         table[p].offset = sh->pieces[p].offset;
         table[p].numel = sh->pieces[p].numel;
@@ -712,7 +719,7 @@ static int allocStepState(NsaCudaModel *m, size_t N, NsaError *err) {
     }
     CUDA_CHECK(cudaEventCreateWithFlags(&m->step_done, cudaEventDisableTiming), err);
     m->host_count = (int32_t *)malloc((size_t)c->vocab_size * sizeof(int32_t));
-    if (!m->host_count) return cudaFail(err, "cuda: out of host memory for token counts");
+    if (!m->host_count) return nsaErrorf(err, "cuda: out of host memory for token counts");
     return 0;
 }
 
@@ -758,7 +765,7 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
     if (checkOptions(cfg, opt, err)) return NULL;
     NsaCudaModel *m = (NsaCudaModel *)calloc(1, sizeof(NsaCudaModel));
     if (!m) {
-        cudaFail(err, "cuda: out of host memory for the model");
+        nsaErrorf(err, "cuda: out of host memory for the model");
         return NULL;
     }
     m->cfg = *cfg;
@@ -779,7 +786,7 @@ NsaCudaModel *nsaCudaModelCreate(const NsaModelConfig *cfg, const NsaEngineOptio
 /* ---- state, tensors ----------------------------------------------------- */
 
 int nsaCudaModelResetState(NsaCudaModel *m, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     for (int a = NSA_ARENA_GRADS; a <= NSA_ARENA_ADAM_V; a++)
         CUDA_CHECK(cudaMemsetAsync(m->arena[a], 0, arenaElements(m, (NsaArena)a) * sizeof(float),
                                    m->stream), err);
@@ -799,9 +806,10 @@ int nsaCudaModelResetState(NsaCudaModel *m, NsaError *err) {
 }
 
 int nsaCudaModelInit(NsaCudaModel *m, uint64_t seed, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     float *host = (float *)calloc(m->lay.total, sizeof(float));   /* padding stays zero */
-    if (!host) return cudaFail(err, "cuda: out of host memory for init (%zu floats)", m->lay.total);
+    if (!host)
+        return nsaErrorf(err, "cuda: out of host memory for init (%zu floats)", m->lay.total);
     for (int i = 0; i < m->lay.n_tensors; i++) {
         if (nsaLayoutInitTensor(&m->lay, i, seed, host + m->lay.entries[i].info.offset, err)) {
             free(host);
@@ -825,8 +833,10 @@ size_t nsaCudaModelArenaElements(const NsaCudaModel *m) { return m ? m->lay.tota
 
 static int checkArena(NsaArena arena, NsaError *err) {
     if (arena < NSA_ARENA_PARAMS || arena > NSA_ARENA_ADAM_V)
-        return cudaFail(err, "cuda: arena = %d; allowed: 0 (params), 1 (grads), 2 (adam_m), "
-                             "3 (adam_v)", (int)arena);
+        return nsaErrorf(err,
+                         "cuda: arena = %d; allowed: 0 (params), 1 (grads), 2 (adam_m), "
+                         "3 (adam_v)",
+                         (int)arena);
     return 0;
 }
 
@@ -845,7 +855,7 @@ static int currentLossScale(NsaCudaModel *m, float *scale, NsaError *err) {
 static int copyOut(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, float *dst,
                    NsaError *err) {
     if (checkArena(arena, err)) return -1;
-    if (!dst) return cudaFail(err, "cuda: destination is NULL");
+    if (!dst) return nsaErrorf(err, "cuda: destination is NULL");
     if (waitAllWeights(m, err)) return -1;
     if (m->dp.comm && syncStream(m, "reading a tensor", err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(dst, m->arena[arena] + offset, n * sizeof(float),
@@ -863,10 +873,10 @@ static int copyOut(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, flo
 static int copyIn(NsaCudaModel *m, NsaArena arena, size_t offset, size_t n, const float *src,
                   NsaError *err) {
     if (checkArena(arena, err)) return -1;
-    if (!src) return cudaFail(err, "cuda: source is NULL");
+    if (!src) return nsaErrorf(err, "cuda: source is NULL");
     if (arena == NSA_ARENA_GRADS && m->opt.precision == NSA_PREC_FP16)
-        return cudaFail(err, "cuda: setting gradients is not supported in fp16 mode (they carry "
-                             "the loss scale); allowed arenas: params, adam_m, adam_v");
+        return nsaErrorf(err, "cuda: setting gradients is not supported in fp16 mode (they carry "
+                              "the loss scale); allowed arenas: params, adam_m, adam_v");
     if (waitAllWeights(m, err)) return -1;
     if (m->dp.comm && syncStream(m, "writing a tensor", err)) return -1;
     CUDA_CHECK(cudaMemcpyAsync(m->arena[arena] + offset, src, n * sizeof(float),
@@ -897,8 +907,9 @@ static void tensorSpan(const NsaCudaModel *m, NsaArena arena, int i, size_t *beg
 
 int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, NsaError *err) {
     const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
-    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
-                             nsaCudaModelNumTensors(m) - 1);
+    if (!ti)
+        return nsaErrorf(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                         nsaCudaModelNumTensors(m) - 1);
     if (checkArena(arena, err)) return -1;
     size_t begin, n, at;
     tensorSpan(m, arena, i, &begin, &n, &at);
@@ -908,8 +919,9 @@ int nsaCudaModelGetTensor(NsaCudaModel *m, NsaArena arena, int i, float *dst, Ns
 int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *src,
                           NsaError *err) {
     const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
-    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
-                             nsaCudaModelNumTensors(m) - 1);
+    if (!ti)
+        return nsaErrorf(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                         nsaCudaModelNumTensors(m) - 1);
     if (checkArena(arena, err)) return -1;
     size_t begin, n, at;
     tensorSpan(m, arena, i, &begin, &n, &at);
@@ -917,7 +929,7 @@ int nsaCudaModelSetTensor(NsaCudaModel *m, NsaArena arena, int i, const float *s
 }
 
 int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     if (checkArena(arena, err)) return -1;
     return copyIn(m, arena, 0, arenaElements(m, arena), src, err);
 }
@@ -925,7 +937,7 @@ int nsaCudaModelSetArena(NsaCudaModel *m, NsaArena arena, const float *src, NsaE
 /* ---- the step ------------------------------------------------------------ */
 
 int nsaCudaModelZeroGrad(NsaCudaModel *m, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     m->dp.reduced = 0;
     CUDA_CHECK(cudaMemsetAsync(m->arena[NSA_ARENA_GRADS], 0, m->lay.total * sizeof(float),
                                m->stream), err);
@@ -1335,9 +1347,10 @@ static int backwardPass(NsaCudaModel *m, NsaError *err) {
 
 int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                         int S, float grad_scale, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     if (!isfinite(grad_scale))
-        return cudaFail(err, "cuda: grad_scale = %g; allowed: a finite number", (double)grad_scale);
+        return nsaErrorf(err, "cuda: grad_scale = %g; allowed: a finite number",
+                         (double)grad_scale);
     size_t count;
     if (nsaBatchValidate(&m->cfg, m->opt.max_batch, m->opt.max_seq_len, tokens, targets, B, S,
                          &count, err))
@@ -1360,13 +1373,13 @@ int nsaCudaModelForward(NsaCudaModel *m, const int32_t *tokens, const int32_t *t
 }
 
 static int backward(NsaCudaModel *m, int reduce, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     if (!m->have_forward)
-        return cudaFail(err, "cuda: Backward needs the activations of a Forward (each Forward "
-                             "serves one Backward; EvalLoss discards them)");
+        return nsaErrorf(err, "cuda: Backward needs the activations of a Forward (each Forward "
+                              "serves one Backward; EvalLoss discards them)");
     if (m->dp.reduced)
-        return cudaFail(err, "cuda: this step's gradients were already reduced; the reducing "
-                             "backward must be the step's last");
+        return nsaErrorf(err, "cuda: this step's gradients were already reduced; the reducing "
+                              "backward must be the step's last");
     m->have_forward = 0;
     m->dp.reducing = reduce && m->dp.comm;
     const int rc = backwardPass(m, err);
@@ -1381,10 +1394,10 @@ int nsaCudaModelBackwardReduce(NsaCudaModel *m, NsaError *err) { return backward
 
 int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t step,
                               NsaError *err) {
-    if (!m || !oc) return cudaFail(err, "cuda: OptimizerStep needs a model and a config");
+    if (!m || !oc) return nsaErrorf(err, "cuda: OptimizerStep needs a model and a config");
     if (step < 1)
-        return cudaFail(err, "cuda: optimizer step = %lld; allowed: 1 or more (1-based)",
-                        (long long)step);
+        return nsaErrorf(err, "cuda: optimizer step = %lld; allowed: 1 or more (1-based)",
+                         (long long)step);
     const double bc1 = 1.0 - pow((double)oc->beta1, (double)step);
     const double bc2 = 1.0 - pow((double)oc->beta2, (double)step);
     if (m->dp.comm) {
@@ -1417,7 +1430,7 @@ int nsaCudaModelOptimizerStep(NsaCudaModel *m, const NsaOptimConfig *oc, int64_t
 }
 
 int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err) {
-    if (!m || !out) return cudaFail(err, "cuda: StepStats needs a model and an output");
+    if (!m || !out) return nsaErrorf(err, "cuda: StepStats needs a model and an output");
     memset(out, 0, sizeof(*out));
     if (!m->step_recorded) return 0;   /* no step yet: zeros, like the CPU engine */
     if (engineWaitEvent(m, m->step_done, "the step", err)) return -1;
@@ -1433,7 +1446,7 @@ int nsaCudaModelStepStats(NsaCudaModel *m, NsaStepStats *out, NsaError *err) {
 
 int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *targets, int B,
                          int S, double *loss, NsaError *err) {
-    if (!m || !loss) return cudaFail(err, "cuda: EvalLoss needs a model and an output");
+    if (!m || !loss) return nsaErrorf(err, "cuda: EvalLoss needs a model and an output");
     size_t count;
     if (nsaBatchValidate(&m->cfg, m->opt.max_batch, m->opt.max_seq_len, tokens, targets, B, S,
                          &count, err))
@@ -1453,14 +1466,16 @@ int nsaCudaModelEvalLoss(NsaCudaModel *m, const int32_t *tokens, const int32_t *
 }
 
 int nsaCudaModelInjectFault(NsaCudaModel *m, NsaFault fault, NsaError *err) {
-    if (!m) return cudaFail(err, "cuda: no model (NULL)");
+    if (!m) return nsaErrorf(err, "cuda: no model (NULL)");
     switch (fault) {
     case NSA_FAULT_NONE: m->fault_nan_loss = m->fault_nan_grad = 0; return 0;
     case NSA_FAULT_NAN_LOSS: m->fault_nan_loss = 1; return 0;
     case NSA_FAULT_NAN_GRAD: m->fault_nan_grad = 1; return 0;
     }
-    return cudaFail(err, "cuda: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
-                         "2 (nan_grad)", (int)fault);
+    return nsaErrorf(err,
+                     "cuda: fault = %d is unknown; allowed: 0 (none), 1 (nan_loss), "
+                     "2 (nan_grad)",
+                     (int)fault);
 }
 
 int nsaCudaModelMemoryReport(const NsaCudaModel *m, NsaMemoryReport *out) {

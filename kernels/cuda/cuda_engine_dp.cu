@@ -121,7 +121,7 @@ int dpCreate(NsaCudaModel *m, NsaError *err) {
     dp->t_end = (cudaEvent_t *)calloc((size_t)nb, sizeof(cudaEvent_t));
     if (!dp->range_offset || !dp->range_count || !dp->bucket_ready || !dp->weights_ready ||
         !dp->t_begin || !dp->t_end)
-        return cudaFail(err, "cuda: out of host memory for the data-parallel tables");
+        return nsaErrorf(err, "cuda: out of host memory for the data-parallel tables");
     /* neighbouring slices merge (alone: one range, the whole arena, so the
      * norm's partial sums are gradNorm's own) */
     for (int b = 0; b < sh->n_slices; b++) {
@@ -199,13 +199,14 @@ void dpFree(NsaCudaModel *m) {
 
 int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
                              const char *what, NsaError *err) {
-    if (!m || !dst) return cudaFail(err, "cuda: GatherPieces needs a model and a destination");
-    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no pieces to gather", what);
+    if (!m || !dst) return nsaErrorf(err, "cuda: GatherPieces needs a model and a destination");
+    if (!m->dp.comm) return nsaErrorf(err, "cuda: %s: a model alone has no pieces to gather", what);
     if (arena != NSA_ARENA_ADAM_M && arena != NSA_ARENA_ADAM_V)
-        return cudaFail(err, "cuda: %s: only the moments are sharded", what);
+        return nsaErrorf(err, "cuda: %s: only the moments are sharded", what);
     const NsaTensorInfo *ti = nsaCudaModelTensorInfo(m, i);
-    if (!ti) return cudaFail(err, "cuda: tensor index %d; allowed: 0 to %d", i,
-                             nsaCudaModelNumTensors(m) - 1);
+    if (!ti)
+        return nsaErrorf(err, "cuda: tensor index %d; allowed: 0 to %d", i,
+                         nsaCudaModelNumTensors(m) - 1);
     DpState *dp = &m->dp;
     /* everything on the communication stream, after the compute stream's work */
     TRY(engineStreamHop(m->stream, dp->stream, dp->to_comm, err));
@@ -235,12 +236,13 @@ int nsaCudaModelGatherPieces(NsaCudaModel *m, NsaArena arena, int i, float *dst,
 
 int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root, const char *what,
                               NsaError *err) {
-    if (!m || !buf) return cudaFail(err, "cuda: BroadcastHost needs a model and a buffer");
-    if (!m->dp.comm) return cudaFail(err, "cuda: %s: a model alone has no one to broadcast to", what);
+    if (!m || !buf) return nsaErrorf(err, "cuda: BroadcastHost needs a model and a buffer");
+    if (!m->dp.comm)
+        return nsaErrorf(err, "cuda: %s: a model alone has no one to broadcast to", what);
     DpState *dp = &m->dp;
     if (bytes > m->max_numel * sizeof(float))
-        return cudaFail(err, "cuda: %s: %zu bytes; allowed: up to the largest tensor (%zu bytes)",
-                        what, bytes, m->max_numel * sizeof(float));
+        return nsaErrorf(err, "cuda: %s: %zu bytes; allowed: up to the largest tensor (%zu bytes)",
+                         what, bytes, m->max_numel * sizeof(float));
     TRY(engineStreamHop(m->stream, dp->stream, dp->to_comm, err));
     CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
     TRY(engineWaitEvent(m, dp->sync, what, err)); /* before copies from/to pageable memory */
@@ -255,13 +257,15 @@ int nsaCudaModelBroadcastHost(NsaCudaModel *m, void *buf, size_t bytes, int root
 }
 
 int nsaCudaModelExchange(NsaCudaModel *m, void *buf, size_t bytes, NsaError *err) {
-    if (!m || !buf) return cudaFail(err, "cuda: Exchange needs a model and a buffer");
+    if (!m || !buf) return nsaErrorf(err, "cuda: Exchange needs a model and a buffer");
     DpState *dp = &m->dp;
     if (!dp->comm) return 0;
     const size_t total = bytes * (size_t)dp->world;
     if (total > m->max_numel * sizeof(float))
-        return cudaFail(err, "cuda: exchange of %zu bytes from %d ranks; allowed: up to %zu bytes in "
-                             "all", bytes, dp->world, m->max_numel * sizeof(float));
+        return nsaErrorf(err,
+                         "cuda: exchange of %zu bytes from %d ranks; allowed: up to %zu bytes in "
+                         "all",
+                         bytes, dp->world, m->max_numel * sizeof(float));
     char *slot = (char *)dp->staging + (size_t)dp->rank * bytes;
     TRY(engineStreamHop(m->stream, dp->stream, dp->to_comm, err));
     CUDA_CHECK(cudaEventRecord(dp->sync, dp->stream), err);
@@ -287,7 +291,7 @@ static double elapsedSeconds(cudaEvent_t a, cudaEvent_t b) {
 }
 
 int nsaCudaModelCommStats(NsaCudaModel *m, NsaCommStats *out, NsaError *err) {
-    if (!m || !out) return cudaFail(err, "cuda: CommStats needs a model and an output");
+    if (!m || !out) return nsaErrorf(err, "cuda: CommStats needs a model and an output");
     memset(out, 0, sizeof(*out));
     DpState *dp = &m->dp;
     if (!dp->comm || !m->step_recorded) return 0;

@@ -9,11 +9,11 @@
 int attnCudaCheckDims(const NsaAttnDims *dims, NsaError *err) {
     if (nsaAttnDimsValidate(dims, err)) return -1;
     if (dims->d_k > NSA_CUDA_ATTN_MAX_DIM)
-        return cudaFail(err, "cuda attention: d_k = %d; allowed: 2 to %d on the CUDA engine",
-                        dims->d_k, NSA_CUDA_ATTN_MAX_DIM);
+        return nsaErrorf(err, "cuda attention: d_k = %d; allowed: 2 to %d on the CUDA engine",
+                         dims->d_k, NSA_CUDA_ATTN_MAX_DIM);
     if (dims->d_v > NSA_CUDA_ATTN_MAX_DIM)
-        return cudaFail(err, "cuda attention: d_v = %d; allowed: 1 to %d on the CUDA engine",
-                        dims->d_v, NSA_CUDA_ATTN_MAX_DIM);
+        return nsaErrorf(err, "cuda attention: d_v = %d; allowed: 1 to %d on the CUDA engine",
+                         dims->d_v, NSA_CUDA_ATTN_MAX_DIM);
     return 0;
 }
 

@@ -63,7 +63,8 @@ int attnOpForward(const NsaAttnDims *dims, const NsaAttnInputs *in, float *out, 
                   float *lse_cmp, float *workspace, cudaStream_t stream, NsaError *err) {
     if (attnCudaCheckDims(dims, err)) return -1;
     if (!in || !out || !workspace)
-        return cudaFail(err, "cuda attention: inputs, out and workspace are required (NULL given)");
+        return nsaErrorf(err,
+                         "cuda attention: inputs, out and workspace are required (NULL given)");
     AttnOpWork w = attnOpCarve(dims, workspace);
     if (attnOpRun(dims, in, &w, out, stream, err)) return -1;
     const size_t N = (size_t)dims->B * dims->S;
@@ -82,7 +83,7 @@ int attnOpBackward(const NsaAttnDims *dims, const NsaAttnInputs *in, const float
                    NsaError *err) {
     if (attnCudaCheckDims(dims, err)) return -1;
     if (!in || !dout || !gr || !workspace)
-        return cudaFail(err, "cuda attention: inputs, dout, grads and workspace are required");
+        return nsaErrorf(err, "cuda attention: inputs, dout, grads and workspace are required");
     const NsaAttnDims *d = dims;
     AttnOpWork w = attnOpCarve(d, workspace);
     if (attnOpRun(d, in, &w, NULL, stream, err)) return -1;

@@ -132,10 +132,10 @@ int attnSelectBlocks(int32_t *sel_idx, const float *q, const float *kc, const fl
                   (size_t)Ns * sizeof(int) +
                   (size_t)SELECT_THREADS * (dims->d_k | 1) * sizeof(float);
     if (smem > 200 * 1024)
-        return cudaFail(err,
-                        "cuda: selection needs %zu bytes of shared memory per row (S = %d, "
-                        "heads per group %d, d_k %d); allowed: up to 204800",
-                        smem, dims->S, hpg, dims->d_k);
+        return nsaErrorf(err,
+                         "cuda: selection needs %zu bytes of shared memory per row (S = %d, "
+                         "heads per group %d, d_k %d); allowed: up to 204800",
+                         smem, dims->S, hpg, dims->d_k);
     CUDA_CHECK(cudaFuncSetAttribute(selectBlocksKernel,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem), err);
     float scale = 1.0f / sqrtf((float)dims->d_k);

@@ -105,32 +105,33 @@ static size_t take(size_t *cursor, size_t bytes) {
 static int checkLimits(const NsaModelConfig *c, const NsaDecoderOptions *o, NsaError *err) {
     const int F = nsaLayoutMlpHidden(c), hpg = c->n_heads / c->n_kv_groups;
     if (c->dim % 8 || (c->n_heads * c->d_v) % 8 || F % 8)
-        return cudaFail(err,
-                        "nsa decoder (cuda): dim = %d, n_heads*d_v = %d, mlp width = %d; "
-                        "allowed: multiples of 8",
-                        c->dim, c->n_heads * c->d_v, F);
+        return nsaErrorf(err,
+                         "nsa decoder (cuda): dim = %d, n_heads*d_v = %d, mlp width = %d; "
+                         "allowed: multiples of 8",
+                         c->dim, c->n_heads * c->d_v, F);
     if (c->d_k % 8 || c->d_v % 8 || c->d_k > DEC_MAX_HEAD_DIM || c->d_v > DEC_MAX_HEAD_DIM)
-        return cudaFail(err, "nsa decoder (cuda): d_k = %d, d_v = %d; allowed: multiples of 8 up "
-                             "to %d",
-                        c->d_k, c->d_v, DEC_MAX_HEAD_DIM);
+        return nsaErrorf(err,
+                         "nsa decoder (cuda): d_k = %d, d_v = %d; allowed: multiples of 8 up "
+                         "to %d",
+                         c->d_k, c->d_v, DEC_MAX_HEAD_DIM);
     if (hpg > DEC_MAX_HEADS_PER_GROUP)
-        return cudaFail(err, "nsa decoder (cuda): %d heads per group; allowed: at most %d", hpg,
-                        DEC_MAX_HEADS_PER_GROUP);
+        return nsaErrorf(err, "nsa decoder (cuda): %d heads per group; allowed: at most %d", hpg,
+                         DEC_MAX_HEADS_PER_GROUP);
     if (o->max_batch > DEC_MAX_BATCH)
-        return cudaFail(err, "nsa decoder (cuda): max_batch = %d; allowed: 1 to %d",
-                        o->max_batch, DEC_MAX_BATCH);
+        return nsaErrorf(err, "nsa decoder (cuda): max_batch = %d; allowed: 1 to %d", o->max_batch,
+                         DEC_MAX_BATCH);
     if (nsaNumSelBlocks(o->max_context, c->sel_len) > DEC_MAX_SEL_BLOCKS)
-        return cudaFail(err,
-                        "nsa decoder (cuda): max_context = %d makes %d selection blocks; "
-                        "allowed: at most %d (max_context <= %d at sel_len %d)",
-                        o->max_context, nsaNumSelBlocks(o->max_context, c->sel_len),
-                        DEC_MAX_SEL_BLOCKS, DEC_MAX_SEL_BLOCKS * c->sel_len, c->sel_len);
+        return nsaErrorf(err,
+                         "nsa decoder (cuda): max_context = %d makes %d selection blocks; "
+                         "allowed: at most %d (max_context <= %d at sel_len %d)",
+                         o->max_context, nsaNumSelBlocks(o->max_context, c->sel_len),
+                         DEC_MAX_SEL_BLOCKS, DEC_MAX_SEL_BLOCKS * c->sel_len, c->sel_len);
     const int dmax = c->d_k > c->d_v ? c->d_k : c->d_v;
     if (c->phi == NSA_PHI_MLP && c->cmp_len * dmax > DEC_MLP_POOL_MAX)
-        return cudaFail(err,
-                        "nsa decoder (cuda): phi = mlp with cmp_len * max(d_k, d_v) = %d; "
-                        "allowed: at most %d",
-                        c->cmp_len * dmax, DEC_MLP_POOL_MAX);
+        return nsaErrorf(err,
+                         "nsa decoder (cuda): phi = mlp with cmp_len * max(d_k, d_v) = %d; "
+                         "allowed: at most %d",
+                         c->cmp_len * dmax, DEC_MLP_POOL_MAX);
     return 0;
 }
 
@@ -322,7 +323,7 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
     d->graphs = (cudaGraphExec_t *)calloc(Bm + 1, sizeof(cudaGraphExec_t));
     d->prefill_graphs = (cudaGraphExec_t *)calloc((size_t)d->R + 1, sizeof(cudaGraphExec_t));
     if (!d->lw || !d->cache || !d->pos_host || !d->graphs || !d->prefill_graphs)
-        return cudaFail(err, "nsa decoder (cuda): out of host memory");
+        return nsaErrorf(err, "nsa decoder (cuda): out of host memory");
     d->launch.stream = d->stream;
     if (decOverlapSupported(&d->launch.overlap, err) || decAttnPrepare(&d->dims, err)) return -1;
     promptDecide(d);
@@ -341,14 +342,14 @@ static int createInto(NsaCudaDecoder *d, NsaError *err) {
     /* RoPE table: cos, sin in double, as the CPU engine's */
     const size_t rope_n = (size_t)d->dims.T * c->d_k;
     float *rope = (float *)malloc(rope_n * sizeof(float));
-    if (!rope) return cudaFail(err, "nsa decoder (cuda): out of host memory for the RoPE table");
+    if (!rope) return nsaErrorf(err, "nsa decoder (cuda): out of host memory for the RoPE table");
     ropeTableHost(rope, d->dims.T, c->d_k, c->rope_base);
     cudaError_t e = cudaMemcpy((void *)d->scratch.rope, rope, rope_n * sizeof(float),
                                cudaMemcpyHostToDevice);
     free(rope);
     if (e != cudaSuccess)
-        return cudaFail(err, "nsa decoder (cuda): uploading the RoPE table: %s",
-                        cudaGetErrorString(e));
+        return nsaErrorf(err, "nsa decoder (cuda): uploading the RoPE table: %s",
+                         cudaGetErrorString(e));
     return 0;
 }
 
@@ -357,7 +358,7 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     if (checkLimits(cfg, opt, err)) return NULL;
     NsaCudaDecoder *d = (NsaCudaDecoder *)calloc(1, sizeof *d);
     if (!d) {
-        cudaFail(err, "nsa decoder (cuda): out of host memory");
+        nsaErrorf(err, "nsa decoder (cuda): out of host memory");
         return NULL;
     }
     d->cfg = *cfg;
@@ -424,12 +425,13 @@ static uint16_t toBf16(float f) {
 
 static int uploadBf16(void *dst, const float *src, size_t n, NsaError *err) {
     uint16_t *h = (uint16_t *)malloc(n * sizeof(uint16_t));
-    if (!h) return cudaFail(err, "nsa decoder (cuda): out of host memory for %zu values", n);
+    if (!h) return nsaErrorf(err, "nsa decoder (cuda): out of host memory for %zu values", n);
     for (size_t i = 0; i < n; i++) h[i] = toBf16(src[i]);
     cudaError_t e = cudaMemcpy(dst, h, n * sizeof(uint16_t), cudaMemcpyHostToDevice);
     free(h);
     if (e != cudaSuccess)
-        return cudaFail(err, "nsa decoder (cuda): cudaMemcpy of a weight: %s", cudaGetErrorString(e));
+        return nsaErrorf(err, "nsa decoder (cuda): cudaMemcpy of a weight: %s",
+                         cudaGetErrorString(e));
     return 0;
 }
 
@@ -469,7 +471,8 @@ extern "C" int nsaCudaDecoderSetTensor(NsaCudaDecoder *d, int i, const float *sr
         for (int p = 0; p < 6; p++)
             if (phi[p] >= 0 && i == phi[p]) return uploadF32(w->phi[p], src, n, err);
     }
-    return cudaFail(err, "nsa decoder (cuda): tensor %d (%s) has no place", i, lay->entries[i].name);
+    return nsaErrorf(err, "nsa decoder (cuda): tensor %d (%s) has no place", i,
+                     lay->entries[i].name);
 }
 
 /* ---- steps -------------------------------------------------------------------- */
@@ -546,14 +549,14 @@ static int graphFor(NsaCudaDecoder *d, int B, int prefill, cudaGraphExec_t *out,
         return -1;
     }
     if (e != cudaSuccess)
-        return cudaFail(err, "nsa decoder (cuda): capturing the %d-row %s: %s", B,
-                        prefill ? "prefill pass" : "step", cudaGetErrorString(e));
+        return nsaErrorf(err, "nsa decoder (cuda): capturing the %d-row %s: %s", B,
+                         prefill ? "prefill pass" : "step", cudaGetErrorString(e));
     const cudaError_t ie = cudaGraphInstantiate(slot, graph, 0);
     cudaGraphDestroy(graph);
     if (ie != cudaSuccess) {
         *slot = NULL;
-        return cudaFail(err, "nsa decoder (cuda): instantiating the %d-row %s: %s", B,
-                        prefill ? "prefill pass" : "step", cudaGetErrorString(ie));
+        return nsaErrorf(err, "nsa decoder (cuda): instantiating the %d-row %s: %s", B,
+                         prefill ? "prefill pass" : "step", cudaGetErrorString(ie));
     }
     *out = *slot;
     return 0;

@@ -796,11 +796,12 @@ int decAttnPrepare(const DecDims *dm, NsaError *err) {
         cudaFuncAttributes fa;
         CUDA_CHECK(cudaFuncGetAttributes(&fa, sel[k].fn), err);
         if (sel[k].bytes + fa.sharedSizeBytes > (size_t)optin)
-            return cudaFail(err, "nsa decoder (cuda): the selection's %s needs %zu bytes of "
-                                 "shared memory; allowed: at most %zu on this GPU (sel_len %d, "
-                                 "cmp_stride %d, n_sel %d, max_context %d)",
-                            sel[k].name, sel[k].bytes, (size_t)optin - fa.sharedSizeBytes,
-                            dm->l_sel, dm->d, dm->n_sel, dm->T);
+            return nsaErrorf(err,
+                             "nsa decoder (cuda): the selection's %s needs %zu bytes of "
+                             "shared memory; allowed: at most %zu on this GPU (sel_len %d, "
+                             "cmp_stride %d, n_sel %d, max_context %d)",
+                             sel[k].name, sel[k].bytes, (size_t)optin - fa.sharedSizeBytes,
+                             dm->l_sel, dm->d, dm->n_sel, dm->T);
         if (sel[k].bytes > 48 * 1024 - fa.sharedSizeBytes)
             CUDA_CHECK(cudaFuncSetAttribute(sel[k].fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                             (int)sel[k].bytes), err);
@@ -815,9 +816,10 @@ int decAttnPrepare(const DecDims *dm, NsaError *err) {
     }
     const size_t comb_max = 48 * 1024 - sizeof(float) * 3 * COMBINE_THREADS;
     if (comb > comb_max)
-        return cudaFail(err, "nsa decoder (cuda): %d compressed chunks and %d units need %zu bytes "
-                             "of shared memory to combine; allowed: at most %zu",
-                        dm->n_chunks, dm->sel_units + dm->win_units, comb, comb_max);
+        return nsaErrorf(err,
+                         "nsa decoder (cuda): %d compressed chunks and %d units need %zu bytes "
+                         "of shared memory to combine; allowed: at most %zu",
+                         dm->n_chunks, dm->sel_units + dm->win_units, comb, comb_max);
     return 0;
 }
 

@@ -287,8 +287,8 @@ static cudaError_t launchTiles(const DecGemv *g, const DecLaunch *ln) {
 
 int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *err) {
     if (g->K % 8 != 0 || g->B < 1 || g->B > DEC_MAX_ROWS)
-        return cudaFail(err, "decode gemv: K = %d, B = %d; allowed: K a multiple of 8, B 1 to %d",
-                        g->K, g->B, DEC_MAX_ROWS);
+        return nsaErrorf(err, "decode gemv: K = %d, B = %d; allowed: K a multiple of 8, B 1 to %d",
+                         g->K, g->B, DEC_MAX_ROWS);
     const bool norm = g->norm_w != NULL;
     cudaError_t e;
     if (norm && mode == DEC_STORE) e = launchTiles<true, DEC_STORE>(g, ln);
@@ -296,10 +296,10 @@ int decGemv(const DecGemv *g, DecGemvMode mode, const DecLaunch *ln, NsaError *e
     else if (norm && mode == DEC_SWIGLU) e = launchTiles<true, DEC_SWIGLU>(g, ln);
     else if (!norm && mode == DEC_ADD) e = launchTiles<false, DEC_ADD>(g, ln);
     else
-        return cudaFail(err, "decode gemv: mode %d with%s RMSNorm is not built", (int)mode,
-                        norm ? "" : "out");
+        return nsaErrorf(err, "decode gemv: mode %d with%s RMSNorm is not built", (int)mode,
+                         norm ? "" : "out");
     if (e != cudaSuccess)
-        return cudaFail(err, "cuda: launch of a decode gemv kernel (N %d, K %d, B %d) failed: %s", g->N,
-                        g->K, g->B, cudaGetErrorString(e));
+        return nsaErrorf(err, "cuda: launch of a decode gemv kernel (N %d, K %d, B %d) failed: %s",
+                         g->N, g->K, g->B, cudaGetErrorString(e));
     return 0;
 }

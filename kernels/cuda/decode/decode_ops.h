@@ -92,12 +92,12 @@ static inline cudaError_t decLaunchKernel(const DecLaunch *ln, void (*kernel)(Pa
 }
 
 /* decLaunchKernel, returning -1 with err (naming the kernel) on failure. */
-#define DEC_LAUNCH(name, ln, err, ...)                                                    \
-    do {                                                                                  \
-        const cudaError_t dec_launch_status_ = decLaunchKernel((ln), __VA_ARGS__);        \
-        if (dec_launch_status_ != cudaSuccess)                                            \
-            return cudaFail((err), "cuda: launch of %s failed at %s:%d: %s", (name),       \
-                            __FILE__, __LINE__, cudaGetErrorString(dec_launch_status_));   \
+#define DEC_LAUNCH(name, ln, err, ...)                                                             \
+    do {                                                                                           \
+        const cudaError_t dec_launch_status_ = decLaunchKernel((ln), __VA_ARGS__);                 \
+        if (dec_launch_status_ != cudaSuccess)                                                     \
+            return nsaErrorf((err), "cuda: launch of %s failed at %s:%d: %s", (name), __FILE__,    \
+                             __LINE__, cudaGetErrorString(dec_launch_status_));                    \
     } while (0)
 
 /* Whether this build's decode kernels can overlap their launches on the

@@ -103,8 +103,8 @@ static int activationLaunchIn(void *out, void *out2, const void *dout, const voi
     case DTYPE_F16:
         return activationLaunchTyped<OP, OT, __half>(out, out2, dout, a, b, n, stream, err);
     }
-    return cudaFail(err, "cuda: activation input type %d; allowed: 0 (fp32), 1 (bf16), 2 (fp16)",
-                    (int)it);
+    return nsaErrorf(err, "cuda: activation input type %d; allowed: 0 (fp32), 1 (bf16), 2 (fp16)",
+                     (int)it);
 }
 
 /* out (and out2) of type ot, every input of type it. */
@@ -121,8 +121,8 @@ static int activationLaunch(void *out, void *out2, DType ot, const void *dout, c
     case DTYPE_F16:
         return activationLaunchIn<OP, __half>(out, out2, dout, a, b, it, n, stream, err);
     }
-    return cudaFail(err, "cuda: activation output type %d; allowed: 0 (fp32), 1 (bf16), 2 (fp16)",
-                    (int)ot);
+    return nsaErrorf(err, "cuda: activation output type %d; allowed: 0 (fp32), 1 (bf16), 2 (fp16)",
+                     (int)ot);
 }
 
 int siluForwardTo(void *out, DType ot, const void *a, DType at, size_t n, cudaStream_t stream,

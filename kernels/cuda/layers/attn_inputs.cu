@@ -147,8 +147,9 @@ static unsigned rowThreads(int H, int dk) { return H * dk / 8 >= 128 ? 128 : 64;
  * head dims all are), and 16-byte aligned tensors. */
 static int shapeOk(int dk, int dv, const char *what, NsaError *err) {
     if (dk % 8 || dv % 4)
-        return cudaFail(err, "cuda: %s: d_k = %d, d_v = %d; allowed: d_k a multiple of 8, d_v of 4",
-                        what, dk, dv);
+        return nsaErrorf(err,
+                         "cuda: %s: d_k = %d, d_v = %d; allowed: d_k a multiple of 8, d_v of 4",
+                         what, dk, dv);
     return 0;
 }
 
@@ -157,7 +158,8 @@ int attnInputsForward(AttnInputTensors out, float *gates, const void *proj, DTyp
                       cudaStream_t stream, NsaError *err) {
     const size_t N = (size_t)B * S;
     if (N == 0) return 0;
-    if (N > 0x7fffffffu) return cudaFail(err, "cuda: attnInputsForward: %zu tokens; allowed: < 2^31", N);
+    if (N > 0x7fffffffu)
+        return nsaErrorf(err, "cuda: attnInputsForward: %zu tokens; allowed: < 2^31", N);
     if (shapeOk(dk, dv, "attnInputsForward", err)) return -1;
     attnInputsForwardKernel<<<(unsigned)N, rowThreads(H, dk), 0, stream>>>(
         out, gates, proj, (int)pt, cos_sin, S, H, G, dk, dv, rowParts(H, G, dk, dv));
@@ -170,7 +172,8 @@ int attnInputsBackward(void *dproj, DType dt, AttnInputTensors grads, const floa
                        cudaStream_t stream, NsaError *err) {
     const size_t N = (size_t)B * S;
     if (N == 0) return 0;
-    if (N > 0x7fffffffu) return cudaFail(err, "cuda: attnInputsBackward: %zu tokens; allowed: < 2^31", N);
+    if (N > 0x7fffffffu)
+        return nsaErrorf(err, "cuda: attnInputsBackward: %zu tokens; allowed: < 2^31", N);
     if (shapeOk(dk, dv, "attnInputsBackward", err)) return -1;
     attnInputsBackwardKernel<<<(unsigned)N, rowThreads(H, dk), 0, stream>>>(
         dproj, (int)dt, grads, gates, cos_sin, S, H, G, dk, dv, rowParts(H, G, dk, dv));

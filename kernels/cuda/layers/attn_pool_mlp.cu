@@ -115,13 +115,15 @@ size_t poolMlpBlocks(int B, int S, int G, int cmp_len, int cmp_stride) {
 static int poolMlpCheck(const PoolMlpWeights *w, const PoolMlpScratch *s, int B, int S, int G,
                         int dim, int cmp_len, int cmp_stride, NsaError *err) {
     if (!w || !s || !w->pos || !w->w1 || !w->w2 || !w->w1_master)
-        return cudaFail(err, "cuda: phi=mlp pooling needs its weights and scratch (NULL given)");
+        return nsaErrorf(err, "cuda: phi=mlp pooling needs its weights and scratch (NULL given)");
     if (B < 1 || S < 1 || G < 1 || dim < 1 || cmp_len < 1 || cmp_stride < 1)
-        return cudaFail(err, "cuda: phi=mlp pooling dims B=%d S=%d G=%d dim=%d l=%d d=%d; "
-                             "allowed: each 1 or more", B, S, G, dim, cmp_len, cmp_stride);
+        return nsaErrorf(err,
+                         "cuda: phi=mlp pooling dims B=%d S=%d G=%d dim=%d l=%d d=%d; "
+                         "allowed: each 1 or more",
+                         B, S, G, dim, cmp_len, cmp_stride);
     if ((size_t)cmp_len * dim > (size_t)1 << 30)
-        return cudaFail(err, "cuda: phi=mlp pooling l*dim = %zu; allowed: up to 2^30",
-                        (size_t)cmp_len * dim);
+        return nsaErrorf(err, "cuda: phi=mlp pooling l*dim = %zu; allowed: up to 2^30",
+                         (size_t)cmp_len * dim);
     return 0;
 }
 
@@ -133,7 +135,7 @@ int poolMlpForward(GemmContext *gemm, cudaStream_t stream, float *pooled, float 
     const size_t NB = (size_t)B * Nc * G;
     if (NB == 0) return 0;   /* S < l: no block, nothing to pool */
     if (NB > (size_t)1 << 30)
-        return cudaFail(err, "cuda: phi=mlp pooling over %zu blocks; allowed: up to 2^30", NB);
+        return nsaErrorf(err, "cuda: phi=mlp pooling over %zu blocks; allowed: up to 2^30", NB);
     const int in_len = cmp_len * dim;
     const DType op = gemmOperandType(gemm);
     const size_t n_u = NB * (size_t)in_len;
@@ -158,7 +160,7 @@ int poolMlpBackward(GemmContext *gemm, cudaStream_t stream, float *dx, int accum
     const int Nc = nsaNumCmpBlocks(S, cmp_len, cmp_stride);
     const size_t NB = (size_t)B * Nc * G;
     if (NB > (size_t)1 << 30)
-        return cudaFail(err, "cuda: phi=mlp pooling over %zu blocks; allowed: up to 2^30", NB);
+        return nsaErrorf(err, "cuda: phi=mlp pooling over %zu blocks; allowed: up to 2^30", NB);
     const int in_len = cmp_len * dim;
     const DType op = gemmOperandType(gemm);
     const size_t n_x = (size_t)B * S * G * dim;

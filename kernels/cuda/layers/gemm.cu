@@ -20,12 +20,12 @@ struct GemmPlan {
     cublasLtMatmulAlgo_t algo;
 };
 
-#define LT_CHECK(call, err)                                                                  \
-    do {                                                                                     \
-        cublasStatus_t lt_check_status_ = (call);                                            \
-        if (lt_check_status_ != CUBLAS_STATUS_SUCCESS)                                       \
-            return cudaFail((err), "cublasLt: %s failed at %s:%d: status %d", #call, __FILE__, \
-                            __LINE__, (int)lt_check_status_);                                \
+#define LT_CHECK(call, err)                                                                        \
+    do {                                                                                           \
+        cublasStatus_t lt_check_status_ = (call);                                                  \
+        if (lt_check_status_ != CUBLAS_STATUS_SUCCESS)                                             \
+            return nsaErrorf((err), "cublasLt: %s failed at %s:%d: status %d", #call, __FILE__,    \
+                             __LINE__, (int)lt_check_status_);                                     \
     } while (0)
 
 int gemmContextCreate(GemmContext *ctx, NsaPrecision precision, size_t workspace_bytes,
@@ -37,19 +37,19 @@ int gemmContextCreate(GemmContext *ctx, NsaPrecision precision, size_t workspace
     case NSA_PREC_BF16: ctx->operand_cuda = CUDA_R_16BF; ctx->operand = DTYPE_BF16; break;
     case NSA_PREC_FP16: ctx->operand_cuda = CUDA_R_16F; ctx->operand = DTYPE_F16; break;
     default:
-        return cudaFail(err, "cuda: precision %d has no GEMM mode; allowed: f32, bf16, fp16",
-                        (int)precision);
+        return nsaErrorf(err, "cuda: precision %d has no GEMM mode; allowed: f32, bf16, fp16",
+                         (int)precision);
     }
     cublasStatus_t st = cublasLtCreate(&ctx->handle);
     if (st != CUBLAS_STATUS_SUCCESS)
-        return cudaFail(err, "cublasLt: cublasLtCreate failed: status %d", (int)st);
+        return nsaErrorf(err, "cublasLt: cublasLtCreate failed: status %d", (int)st);
     cudaError_t ce = cudaMalloc(&ctx->workspace, workspace_bytes);
     if (ce != cudaSuccess) {
         (void)cudaGetLastError(); /* reported here, not by the next launch check */
         cublasLtDestroy(ctx->handle);
         memset(ctx, 0, sizeof(*ctx));
-        return cudaFail(err, "cuda: cudaMalloc of %zu bytes of GEMM workspace failed: %s",
-                        workspace_bytes, cudaGetErrorString(ce));
+        return nsaErrorf(err, "cuda: cudaMalloc of %zu bytes of GEMM workspace failed: %s",
+                         workspace_bytes, cudaGetErrorString(ce));
     }
     ctx->workspace_bytes = workspace_bytes;
     return 0;
@@ -117,10 +117,10 @@ static int planBuild(GemmContext *ctx, GemmPlan *p, NsaError *err) {
                                             pref, 1, &result, &found);
     (void)cublasLtMatmulPreferenceDestroy(pref); /* frees a host struct; fails only on NULL */
     if (st != CUBLAS_STATUS_SUCCESS || found < 1)
-        return cudaFail(err,
-                        "cublasLt: no algorithm for %dx%dx%d GEMM (trans %d/%d, compute %d): "
-                        "status %d",
-                        p->M, p->N, p->K, p->trans_a, p->trans_b, (int)ctx->compute, (int)st);
+        return nsaErrorf(err,
+                         "cublasLt: no algorithm for %dx%dx%d GEMM (trans %d/%d, compute %d): "
+                         "status %d",
+                         p->M, p->N, p->K, p->trans_a, p->trans_b, (int)ctx->compute, (int)st);
     p->algo = result.algo;
     return 0;
 }
@@ -138,7 +138,7 @@ static GemmPlan *planFind(GemmContext *ctx, const GemmPlan *key, NsaError *err) 
         int cap = ctx->cap_plans ? 2 * ctx->cap_plans : 64;
         GemmPlan *grown = (GemmPlan *)realloc(ctx->plans, (size_t)cap * sizeof(GemmPlan));
         if (!grown) {
-            cudaFail(err, "cuda: out of host memory for GEMM plan %d", ctx->n_plans);
+            nsaErrorf(err, "cuda: out of host memory for GEMM plan %d", ctx->n_plans);
             return NULL;
         }
         ctx->plans = grown;
@@ -164,12 +164,13 @@ int gemmRowMajorTo(GemmContext *ctx, cudaStream_t stream, int trans_a, int trans
                    const float *C, int ldc, void *D, DType d_type, int ldd, NsaError *err) {
     if (M <= 0 || N <= 0) return 0;
     if (K <= 0) {
-        return cudaFail(err, "cuda: GEMM with K = %d (M %d, N %d); allowed: K >= 1", K, M, N);
+        return nsaErrorf(err, "cuda: GEMM with K = %d (M %d, N %d); allowed: K >= 1", K, M, N);
     }
     if (d_type != DTYPE_F32 && (d_type != ctx->operand || beta != 0.0f))
-        return cudaFail(err, "cuda: GEMM output type %d with beta %g; allowed: fp32, or the "
-                             "operand type (%d) with beta 0", (int)d_type, (double)beta,
-                        (int)ctx->operand);
+        return nsaErrorf(err,
+                         "cuda: GEMM output type %d with beta %g; allowed: fp32, or the "
+                         "operand type (%d) with beta 0",
+                         (int)d_type, (double)beta, (int)ctx->operand);
     GemmPlan key;
     memset(&key, 0, sizeof(key));
     key.trans_a = trans_a; key.trans_b = trans_b;

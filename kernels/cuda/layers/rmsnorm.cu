@@ -192,9 +192,10 @@ int rmsnormPrepare(int C, NsaError *err) {
     CUDA_CHECK(cudaGetDevice(&dev), err);
     CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), err);
     if (smem > (size_t)optin)
-        return cudaFail(err, "cuda: RMSNorm backward: dim %d needs %zu bytes of shared memory for "
-                             "the weight gradient's row sums; allowed: dim up to %d on this GPU",
-                        C, smem, optin / (RMS_BWD_WARPS * 4));
+        return nsaErrorf(err,
+                         "cuda: RMSNorm backward: dim %d needs %zu bytes of shared memory for "
+                         "the weight gradient's row sums; allowed: dim up to %d on this GPU",
+                         C, smem, optin / (RMS_BWD_WARPS * 4));
     CUDA_CHECK(cudaFuncSetAttribute(rmsnormBackwardKernel,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
                err);
