@@ -32,6 +32,14 @@
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "                        \
     "connect-src 'self'; frame-ancestors 'none'"
 #define LOOP_WAKE_MS 500
+/* Connections a listener takes beyond max_connections: those get a 429
+ * answer (so a client learns why); past these, libmicrohttpd closes new
+ * ones unanswered (docs/API.md). */
+#define CONNECTIONS_OVER_LIMIT 16
+/* libmicrohttpd's memory pool per connection: the request line and headers
+ * and the body as it arrives in pieces (whole bodies are bounded by
+ * max_body). */
+#define CONNECTION_POOL_BYTES ((size_t)128 * 1024)
 
 /* One open connection, for the request deadline: when its current request
  * began (the connection's start, or the end of the previous request on a
@@ -685,15 +693,14 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
     l->srv = srv;
     if (pipe2(l->nudge, O_CLOEXEC | O_NONBLOCK) != 0)
         return nsaErrorf(err, "cannot create a pipe: %s", strerror(errno));
-    /* a hard cap above max_connections: up to it, requests get a 429 answer */
-    unsigned hard_limit = srv->opt.max_connections + 16;
+    unsigned hard_limit = srv->opt.max_connections + CONNECTIONS_OVER_LIMIT;
     /* libmicrohttpd counts per IP address only: the Unix socket has none */
     unsigned per_client = l->is_unix ? 0 : srv->opt.max_connections_per_client;
     l->mhd = MHD_start_daemon(
         MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME, 0, NULL, NULL, handleRequest, l, MHD_OPTION_LISTEN_SOCKET, l->fd,
         MHD_OPTION_CONNECTION_LIMIT, hard_limit, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_client,
         MHD_OPTION_CONNECTION_TIMEOUT, srv->opt.idle_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
-        (size_t)128 * 1024, MHD_OPTION_URI_LOG_CALLBACK, uriSeen, l, MHD_OPTION_NOTIFY_COMPLETED,
+        CONNECTION_POOL_BYTES, MHD_OPTION_URI_LOG_CALLBACK, uriSeen, l, MHD_OPTION_NOTIFY_COMPLETED,
         requestCompleted, l, MHD_OPTION_NOTIFY_CONNECTION, connectionNotify, l, MHD_OPTION_EXTERNAL_LOGGER,
         mhdLog, srv, MHD_OPTION_END);
     if (!l->mhd)
