@@ -83,7 +83,13 @@ typedef struct Trainer {
     int64_t last_saved_step, last_eval_step;
     char last_checkpoint[4096];
     char anomaly[32];
-    int fault_fired, stall_fired, exit_fired; /* written by the fault rank's worker only */
+    /* fault injections done (once per run). fault_fired and exit_fired are
+     * touched by the fault rank's worker only; stall_fired also by this
+     * (the controller) thread, whose phases (data, eval, checkpoint) can
+     * stall too. Never at once: the controller reads and writes it only
+     * between dispatches, and rankGroupRun's lock orders those accesses
+     * with the worker's. */
+    int fault_fired, stall_fired, exit_fired;
     /* the last step of each local rank: its wall time and communication */
     double rank_seconds[TRAIN_MAX_RANKS];
     NsaCommStats rank_comm[TRAIN_MAX_RANKS];

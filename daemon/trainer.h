@@ -3,10 +3,21 @@
  * foreground; `nsad serve` runs it on its trainer thread and watches it
  * through a TrainMonitor (monitor.h). Same code path for both.
  *
- * Threads: trainerRun runs on the caller's thread (plus a data prefetch
- * thread it owns). Other threads talk to it only through the TrainMonitor
- * (atomics) and receive its news through TrainHooks, called on the trainer
- * thread: hooks must be quick and must not call back into the trainer. */
+ * Threads: trainerRun runs the job's loop on the caller's thread (the
+ * controller) and starts threads it owns and ends before it returns: a
+ * worker per local rank (ranks.h; each owns its rank's model and runs the
+ * steps, evaluation shares and checkpoint gathers the controller hands it)
+ * and a data prefetch thread per loader (data.h); a rank abandoned after
+ * a failure is detached instead (ranks.h). Other threads talk to
+ * it only through the TrainMonitor (atomics, monitor.h).
+ *
+ * TrainHooks are called on the controller thread, with one exception: a
+ * `stall` event in one of a step's phases (fault.stall_phase forward,
+ * backward or optimizer) is sent on the fault rank's worker thread, as is
+ * its heartbeat line, while the controller waits for the step to finish
+ * (so hooks are not called concurrently with each other). Hooks must be
+ * quick, must not call back into the trainer, and must not rely on the
+ * thread they run on (thread-local state). */
 #ifndef NSAD_TRAINER_H
 #define NSAD_TRAINER_H
 
@@ -28,8 +39,12 @@ typedef struct TrainHooks {
      * validation point and moves past it. */
     void (*on_eval)(void *ctx, const TrainStepLog *logged, int64_t step, double val_loss,
                     double bits_per_byte);
-    /* an event: type is "start", "resume", "checkpoint", "anomaly", "rollback",
-     * "halt", "complete", "fail"; detail is a one-line JSON object */
+    /* an event: type is one of "start", "resume" (the run began, fresh or
+     * from a checkpoint), "checkpoint", "samples" (an evaluation's sample
+     * continuations), "anomaly" (the NaN guard), "rollback", "stall" (a
+     * fault.stall_* injection, except in allreduce: that one sleeps inside
+     * the transport and sends none), and last "complete", "halt" or "fail";
+     * detail is a one-line JSON object */
     void (*on_event)(void *ctx, const char *type, const char *detail_json);
 } TrainHooks;
 
