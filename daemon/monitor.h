@@ -84,7 +84,10 @@ typedef struct TrainMonitor {
     _Atomic int rank_first;          /* the job-wide rank of local rank 0 */
     _Atomic int rank_phase[TRAIN_MAX_RANKS];
     _Atomic int64_t rank_since_ns[TRAIN_MAX_RANKS];
-    _Atomic int abort_requested;     /* set by the watchdog; the trainer aborts the ranks */
+    /* set by the watchdog on a hang of a job with several local ranks;
+     * polled by the rank group's dispatch (ranks.c), which then aborts
+     * every local transport so the step fails; cleared at each job start */
+    _Atomic int abort_requested;
 } TrainMonitor;
 
 /* Resets every field: idle phase since now, step 0, no requests, no

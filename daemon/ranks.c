@@ -51,7 +51,7 @@ struct RankGroup {
     int pending;              /* targeted workers that have not reported */
     int broken;               /* a worker was abandoned: no more dispatches */
     char abort_reason[256];
-    int aborted;              /* this dispatch was aborted (a failure or rankGroupAbort) */
+    int aborted;              /* this dispatch was aborted: a failure, mon->abort_requested */
     NsaComm *local_comms[RANKS_MAX];  /* CPU: the in-process transport's handles */
     RankWorker workers[RANKS_MAX];
 };
@@ -96,7 +96,7 @@ static int setupRank(const RankCtx *rc, void *arg, NsaError *err) {
                                                     c->timeout, err)
                                 : nsaCommTcpCreate(&c->comm_id, rc->rank, c->world, c->timeout, err);
             if (!comm) return -1;
-            pthread_mutex_lock(&g->mu); /* rankGroupAbort reads it */
+            pthread_mutex_lock(&g->mu); /* abortLocked reads it (the controller's thread) */
             w->comm = comm;
             pthread_mutex_unlock(&g->mu);
         } else {
@@ -178,13 +178,6 @@ static void abortLocked(RankGroup *g, const char *reason) {
         if (g->local_comms[r]) nsaCommAbort(g->local_comms[r], reason);
     }
     pthread_cond_broadcast(&g->finished);
-}
-
-void rankGroupAbort(RankGroup *g, const char *reason) {
-    if (!g) return;
-    pthread_mutex_lock(&g->mu);
-    abortLocked(g, reason && reason[0] ? reason : "aborted");
-    pthread_mutex_unlock(&g->mu);
 }
 
 /* The job-wide rank and phase of local rank r, for messages: the phase it

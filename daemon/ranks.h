@@ -14,12 +14,20 @@
  * (the transport's timeout) to return. A rank that still has not returned
  * is abandoned: the dispatch fails naming it and its phase, the group is
  * broken (later dispatches fail at once), and the worker frees its own
- * model whenever it returns. rankGroupAbort (any thread: the watchdog, a
- * shutdown) does the same from outside.
+ * model whenever it returns.
  *
- * Threads: rankGroup* are called by one controller thread (the trainer),
- * except rankGroupAbort. Workers register with the stack dumper as
- * "rank N" and report their phase in the TrainMonitor's rank slots. */
+ * From outside, the watchdog (watchdog.c) does the same through the
+ * TrainMonitor: on a hang of a job with several local ranks it sets
+ * cfg.mon->abort_requested, which the dispatch's wait loop polls (at least
+ * every 100 ms); seeing it, the dispatch aborts every local transport and
+ * fails as above. Nothing else aborts a dispatch: a shutdown sets
+ * mon->stop_now, which ends a fault stall and makes the trainer stop
+ * after the step, but a rank blocked in a collective still waits out the
+ * transport's deadline.
+ *
+ * Threads: rankGroup* are called by one controller thread (the trainer).
+ * Workers register with the stack dumper as "rank N" and report their
+ * phase in the TrainMonitor's rank slots. */
 #ifndef NSAD_RANKS_H
 #define NSAD_RANKS_H
 
@@ -84,10 +92,6 @@ int rankGroupRun(RankGroup *g, RankFn fn, void *arg, NsaError *err);
 
 /* Runs fn on local rank `local` alone (the others idle); same failure rules. */
 int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err);
-
-/* Aborts every local transport with reason and makes the running dispatch
- * fail (its ranks then get the grace period). Any thread; idempotent. */
-void rankGroupAbort(RankGroup *g, const char *reason);
 
 /* Local rank `local`'s model, for what touches no device (its tensor table,
  * options); engine calls go through rankGroupRun*. NULL when out of range. */
