@@ -313,6 +313,11 @@ static int parseEntry(StEntry *e, const cJSON *obj, const char *path, NsaError *
             return nsaErrorf(err, "%s: tensor %s: shape overflows", path, name);
         numel *= dim;
     }
+    if (numel > SIZE_MAX / sizeof(float))
+        return nsaErrorf(err,
+                         "%s: tensor %s: shape holds %zu elements, whose byte size overflows; "
+                         "allowed: at most %zu elements",
+                         path, name, numel, SIZE_MAX / sizeof(float));
     e->t.numel = numel;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 ||
         jsonSize(cJSON_GetArrayItem(offs, 0), &e->begin) != 0 ||

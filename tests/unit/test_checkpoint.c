@@ -294,6 +294,15 @@ static void test_safetensors_rejects_corrupt(void **state) {
     writeRaw(path, "{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,0]}}", NULL, 0);
     expectReadError(path, "shape[0]");
 
+    /* 2^62 elements: numel fits a size_t, numel * 4 wraps to 0 and would
+     * match the empty span */
+    writeRaw(path,
+             "{\"big\":{\"dtype\":\"F32\",\"shape\":[2147483648,2147483648],"
+             "\"data_offsets\":[0,0]}}",
+             NULL, 0);
+    expectReadError(path, "tensor big: shape holds 4611686018427387904 elements, whose byte size "
+                          "overflows");
+
     NsaError err = {{0}};
     snprintf(path, sizeof path, "%s/missing.safetensors", dir);
     assert_null(safetensorsRead(path, &err));
