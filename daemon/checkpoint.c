@@ -74,6 +74,18 @@ static int fileExists(const char *path) {
 
 /* ---- safetensors writer ---------------------------------------------------- */
 
+/* Appends the number v to array. Returns 0, or -1 out of memory (nothing
+ * appended, nothing leaked). */
+static int appendNumber(cJSON *array, double v) {
+    cJSON *item = cJSON_CreateNumber(v);
+    if (!item) return -1;
+    if (!cJSON_AddItemToArray(array, item)) {
+        cJSON_Delete(item);
+        return -1;
+    }
+    return 0;
+}
+
 static char *buildHeader(const SafetensorsTensor *tensors, int n, const SafetensorsMeta *meta,
                          int n_meta, NsaError *err) {
     cJSON *root = cJSON_CreateObject();
@@ -109,10 +121,10 @@ static char *buildHeader(const SafetensorsTensor *tensors, int n, const Safetens
         cJSON *offs = cJSON_AddArrayToObject(obj, "data_offsets");
         if (!shape || !offs) goto oom;
         for (int d = 0; d < t->ndim; d++)
-            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+            if (appendNumber(shape, (double)t->shape[d]) != 0) goto oom;
         size_t end = offset + numel * sizeof(float);
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)offset));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)end));
+        if (appendNumber(offs, (double)offset) != 0 || appendNumber(offs, (double)end) != 0)
+            goto oom;
         offset = end;
     }
     char *json = cJSON_PrintUnformatted(root);
@@ -279,10 +291,14 @@ static int parseMetadata(Safetensors *st, const cJSON *md, const char *path, Nsa
         if (!cJSON_IsString(kv))
             return nsaErrorf(err, "%s: __metadata__.%s is not a string; allowed: string values", path,
                         kv->string);
-        st->meta_keys[st->n_meta] = strdup(kv->string);
-        st->meta_values[st->n_meta] = strdup(kv->valuestring);
-        if (!st->meta_keys[st->n_meta] || !st->meta_values[st->n_meta])
+        char *key = strdup(kv->string), *value = strdup(kv->valuestring);
+        if (!key || !value) {
+            free(key);
+            free(value);
             return nsaErrorf(err, "%s: out of memory", path);
+        }
+        st->meta_keys[st->n_meta] = key;
+        st->meta_values[st->n_meta] = value;
         st->n_meta++;
     }
     return 0;
