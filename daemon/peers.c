@@ -28,6 +28,16 @@ static size_t collect(char *ptr, size_t size, size_t n, void *ctx) {
     return add;
 }
 
+/* Appends line to *list. Returns 0, or -1 out of memory with *list as it
+ * was (curl_slist_append returns NULL then: assigning that would lose the
+ * list). The caller frees *list either way. */
+static int appendHeader(struct curl_slist **list, const char *line) {
+    struct curl_slist *grown = curl_slist_append(*list, line);
+    if (!grown) return -1;
+    *list = grown;
+    return 0;
+}
+
 /* POSTs a JSON object to http://node/api/v1/join. Returns the parsed
  * answer of a 2xx reply (the caller deletes it), or NULL with err naming
  * the node and what went wrong (the daemon's own error message when it
@@ -51,10 +61,12 @@ static cJSON *postJoin(const char *node, const char *token, cJSON *request, char
         nsaErrorf(err, "node %s: out of memory", node);
         goto out;
     }
-    headers = curl_slist_append(headers, "Content-Type: application/json");
-    if (token && token[0]) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
-        headers = curl_slist_append(headers, auth);
+    const int with_auth = token && token[0];
+    if (with_auth) snprintf(auth, sizeof auth, "Authorization: Bearer %s", token);
+    if (appendHeader(&headers, "Content-Type: application/json") != 0 ||
+        (with_auth && appendHeader(&headers, auth) != 0)) {
+        nsaErrorf(err, "node %s: out of memory for the request's headers", node);
+        goto out;
     }
     curl_easy_setopt(curl, CURLOPT_URL, url);
     curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
