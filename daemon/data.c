@@ -181,7 +181,10 @@ static int hasSuffix(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
-/* Lists dir/NAME for the names ending in one of the suffixes, sorted. */
+/* Lists dir/NAME for the names ending in one of the suffixes, sorted, into
+ * out. Returns 0, or -1 with err naming dir (unreadable, out of memory, or
+ * an entry whose path does not fit 4095 bytes); out keeps what was listed
+ * and the caller frees it (namesFree) either way. */
 static int listDir(const char *dir, const char *const *suffixes, Names *out, NsaError *err) {
     DIR *d = opendir(dir);
     if (!d) return nsaErrorf(err, "data.path: %s: cannot open directory: %s", dir, strerror(errno));
@@ -192,7 +195,13 @@ static int listDir(const char *dir, const char *const *suffixes, Names *out, Nsa
         int match = 0;
         for (int i = 0; suffixes[i]; i++) match |= hasSuffix(e->d_name, suffixes[i]);
         if (!match) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        const int len = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        if (len < 0 || (size_t)len >= sizeof path) {
+            /* never a truncated name: it would read another file, or none */
+            closedir(d);
+            return nsaErrorf(err, "data.path: %s: entry %s: the path is longer than %zu bytes", dir,
+                             e->d_name, sizeof path - 1);
+        }
         if (namesPush(out, path) != 0) {
             closedir(d);
             return nsaErrorf(err, "data.path: %s: out of memory", dir);
