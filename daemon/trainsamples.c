@@ -105,11 +105,22 @@ int trainSamplesRun(TrainSamples *ts, NsaModel *m, int64_t step, char **detail, 
 int trainSamplesAppend(const char *out_dir, const char *detail, double ts, NsaError *err) {
     char path[4096];
     if (fsPathf(err, path, sizeof path, "%s/samples.jsonl", out_dir)) return -1;
-    /* {"ts":..., then the detail's members */
-    const size_t n = strlen(detail);
-    char *line = malloc(n + 64);
+    /* {"ts":..., then the detail's members: none for "" and "{}" */
+    const char *members = "}";
+    if (detail && detail[0]) {
+        if (detail[0] != '{')
+            return nsaErrorf(err, "%s: the sample detail is not a JSON object", path);
+        members = detail + 1 + strspn(detail + 1, " \t\r\n");
+    }
+    const char *comma = members[0] == '}' ? "" : ",";
+    const size_t cap = strlen(members) + 64;
+    char *line = malloc(cap);
     if (!line) return nsaErrorf(err, "%s: out of memory", path);
-    int len = snprintf(line, n + 64, "{\"ts\":%.3f,%s\n", ts, detail + 1);
+    const int len = snprintf(line, cap, "{\"ts\":%.3f%s%s\n", ts, comma, members);
+    if (len < 0 || (size_t)len >= cap) {
+        free(line);
+        return nsaErrorf(err, "%s: the timestamp %g does not fit a line", path, ts);
+    }
     int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     int rc = 0;
     if (fd < 0 || fsWriteAll(fd, line, (size_t)len) != 0)

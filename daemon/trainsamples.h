@@ -32,7 +32,9 @@ void trainSamplesFree(TrainSamples *ts);
 int trainSamplesRun(TrainSamples *ts, NsaModel *m, int64_t step, char **detail, NsaError *err);
 
 /* Appends {"ts", ...detail} as one line to out_dir/samples.jsonl (one
- * write(2), like the heartbeat). Returns 0 or -1 with err. */
+ * write(2), like the heartbeat): detail is a one-line JSON object; "{}",
+ * "" and NULL give {"ts"} alone. Returns 0, or -1 with err naming the file
+ * (detail not an object, out of memory, a failed open or write). */
 int trainSamplesAppend(const char *out_dir, const char *detail, double ts, NsaError *err);
 
 #endif

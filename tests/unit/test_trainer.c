@@ -34,6 +34,7 @@
 #include "signals.h"
 #include "stackdump.h"
 #include "trainer.h"
+#include "trainsamples.h"
 #include "testutil.h"
 
 #define CORPUS "build/data/fortunes.txt"
@@ -408,6 +409,42 @@ static int collectRow(void *ctx, const ArtifactCsvRow *row, NsaError *err) {
     if (row->step == 99) return nsaErrorf(err, "stopped at step 99");
     if (rows->n < 8) rows->row[rows->n++] = *row;
     return 0;
+}
+
+/* samples.jsonl: every line is a JSON object with its ts first, whatever
+ * the detail ("{}" and "" have no members to follow the ts). */
+static void test_samples_append_lines(void **state) {
+    (void)state;
+    char *dir = testTempDir("train");
+    NsaError err = {{0}};
+    const char *details[] = {"{\"step\":3,\"samples\":[]}", "{}", "", NULL, "{ }"};
+    const int n = (int)(sizeof details / sizeof details[0]);
+    for (int i = 0; i < n; i++)
+        if (trainSamplesAppend(dir, details[i], 1000.0 + i, &err) != 0)
+            fail_msg("detail %d: %s", i, err.message);
+    assert_int_equal(trainSamplesAppend(dir, "[1]", 1.0, &err), -1);
+    assert_non_null(strstr(err.message, "not a JSON object"));
+
+    char *text = slurp(dir, "samples.jsonl");
+    assert_non_null(text);
+    char *save = NULL;
+    int lines = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        cJSON *o = cJSON_Parse(line);
+        if (!cJSON_IsObject(o)) fail_msg("line %d is not a JSON object: %s", lines + 1, line);
+        const cJSON *ts = cJSON_GetObjectItemCaseSensitive(o, "ts");
+        assert_true(cJSON_IsNumber(ts));
+        assert_true(ts->valuedouble == 1000.0 + lines);
+        /* the detail's members follow, none for an empty one */
+        assert_int_equal(cJSON_GetArraySize(o), lines == 0 ? 3 : 1);
+        if (lines == 0) assert_true(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, "step")));
+        cJSON_Delete(o);
+        lines++;
+    }
+    assert_int_equal(lines, n);
+    free(text);
+    testRemoveTree(dir);
+    free(dir);
 }
 
 static void test_artifacts_read_csv(void **state) {
@@ -1237,6 +1274,7 @@ int main(void) {
         cmocka_unit_test(test_monitor_device_line),
         cmocka_unit_test(test_artifacts_logs_and_resume_trim),
         cmocka_unit_test(test_artifacts_read_csv),
+        cmocka_unit_test(test_samples_append_lines),
         cmocka_unit_test(test_artifacts_markers_and_metrics),
         cmocka_unit_test(test_stackdump_all_threads),
         cmocka_unit_test(test_train_real_text_loss_falls),
