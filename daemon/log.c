@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+/* process-wide state, shared by every thread (log.h says what is safe) */
 static _Atomic int log_level = LOG_LVL_INFO;
 /* the run sink: ctx is stored before the function and cleared after it */
 static _Atomic(LogRunSink) run_sink;

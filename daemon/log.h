@@ -5,7 +5,21 @@
  * (sd-daemon(3)), which journald turns into the entry's priority and
  * strips. Anywhere else - a terminal, a pipe, a file - a person reads the
  * lines, so they start with a timestamp and a short level word instead.
- * Thread-safe: one write(2) per line.
+ *
+ * The logger is a process singleton: no handle, no set-up. Its state is
+ * process-wide - the level (logSetLevel) and the run sink (logSetRunSink) -
+ * except the run a thread is bound to (logBindRun), which is the calling
+ * thread's own (thread-local). Thread-safety:
+ *   - logMsg / logRunMsg (and the macros) may be called from any thread at
+ *     once: a line is formatted on the caller's stack (cut at 2047 bytes)
+ *     and written with one write(2), so lines do not interleave. They are
+ *     not async-signal-safe: never call them from a signal handler.
+ *   - logSetLevel may be called from any thread at any time (an atomic); a
+ *     line already being formatted keeps the level it read.
+ *   - logSetRunSink stores the sink and its ctx as two atomics, not as one:
+ *     a thread logging meanwhile could call the old sink with the new ctx
+ *     (or NULL). Hence its rule below: set and clear it only while no thread
+ *     logs lines of a run.
  *
  * Lines that belong to a run - logged with logRun* naming it, or by a
  * thread bound to it with logBindRun (the trainer thread while it runs the
