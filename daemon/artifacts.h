@@ -53,7 +53,10 @@ int artifactsWriteEnv(const char *out_dir, const JobConfig *cfg, const NsaMemory
  * schedule's phase, "warmup" or "train". Returns 0 or -1 with err. */
 int artifactsLogStep(Artifacts *a, const TrainStepLog *s, const char *phase, NsaError *err);
 
-/* An evaluation: one val.csv row and an "eval" heartbeat event. */
+/* An evaluation: one val.csv row and an "eval" heartbeat event (a NaN
+ * figure is "nan" in the row, null in the event). Returns 0, or -1 with err
+ * (a failed write names the file; out of memory): the row may be written
+ * without its event then. a must not be NULL. */
 int artifactsLogEval(Artifacts *a, int64_t step, double val_loss, double bits_per_byte,
                      NsaError *err);
 

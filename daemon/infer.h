@@ -54,8 +54,9 @@ typedef struct InferJob {
 } InferJob;
 
 /* Starts the worker; a sample job's model is kept keep_s seconds after it
- * (0: released after each job). NULL with err when the thread cannot
- * start. */
+ * (0: released after each job). Returns the worker (stop and free it with
+ * inferStop), or NULL with err when out of memory or when the thread cannot
+ * start (nothing is left allocated then). */
 Infer *inferStart(double keep_s, NsaError *err);
 /* Asks the worker to release the kept model if it is on one of gpus (a
  * mask of ordinals below 64), as soon as no job of its own uses it. Never

@@ -194,12 +194,12 @@ static int bindUnix(Server *srv, NsaError *err) {
 /* ---- streamed responses -----------------------------------------------------------
  * A response whose body is a Stream (daemon/stream.h: the JSON lines of the
  * sample and eval routes) is read by MHD through a content reader on the
- * HTTP thread. With nothing buffered the reader suspends the connection
- * (from inside the callback, where MHD allows it) and the producer's next
- * write resumes it (MHD_resume_connection may be called from any thread).
- * The server lists its live streams: at stop, before MHD_stop_daemon (which
- * must not find a suspended connection), each is aborted, which resumes it
- * to its end. */
+ * connection's HTTP thread. With nothing buffered the reader suspends the
+ * connection (from inside the callback, where MHD allows it) and the
+ * producer's next write resumes it (MHD_resume_connection may be called
+ * from any thread). The server lists its live streams: at stop, before
+ * MHD_stop_daemon (which must not find a suspended connection), each is
+ * aborted, which resumes it to its end. */
 typedef struct StreamResponse {
     Server *srv;
     struct Listener *listener; /* the connection's (NULL when its state was not allocated) */
@@ -231,7 +231,7 @@ static ssize_t streamReader(void *cls, uint64_t pos, char *buf, size_t max) {
     return n < 0 ? MHD_CONTENT_READER_END_OF_STREAM : n;
 }
 
-/* MHD is done with the response: the HTTP thread, or MHD_stop_daemon. */
+/* MHD is done with the response: its listener's HTTP thread, or MHD_stop_daemon. */
 static void streamFree(void *cls) {
     StreamResponse *sr = cls;
     pthread_mutex_lock(&sr->srv->streams_lock);
@@ -709,7 +709,7 @@ static int startMhd(Server *srv, Listener *l, NsaError *err) {
     return 0;
 }
 
-/* ---- the HTTP thread ---------------------------------------------------------------- */
+/* ---- the HTTP threads (one per listener) -------------------------------------------- */
 
 /* The HTTP threads' liveness for the watchdog: the older of the two
  * listeners' last loops, so that one stuck thread is not hidden by the
@@ -770,7 +770,9 @@ static void *httpThread(void *arg) {
 static int startThread(Listener *l, NsaError *err) {
     atomic_store(&l->tick_ns, clockMonotonicNs());
     int rc = pthread_create(&l->thread, NULL, httpThread, l);
-    if (rc != 0) return nsaErrorf(err, "cannot start the HTTP thread: %s", strerror(rc));
+    if (rc != 0)
+        return nsaErrorf(err, "cannot start the %s HTTP thread: %s",
+                         l->is_unix ? "Unix socket" : "TCP", strerror(rc));
     l->thread_started = 1;
     return 0;
 }

@@ -32,16 +32,23 @@ typedef struct ServerOptions {
 
 typedef struct Server Server;
 
-/* Binds the listeners, starts libmicrohttpd and the HTTP thread. A stale
- * Unix socket file (nobody accepting) is replaced; a live one is an error
- * (another nsad). Returns NULL with err naming the address and the reason. */
+/* Binds the listeners opt names (TCP, the Unix socket, or both; at least
+ * one) and starts, for each, a libmicrohttpd daemon and the HTTP thread that
+ * serves it. A stale Unix socket file (nobody accepting) is replaced; a live
+ * one is an error (another nsad). svc must outlive the server. Returns the
+ * server (stop and free it with serverStop), or NULL with err naming the
+ * address and the reason; on failure nothing is left running, bound or
+ * allocated. */
 Server *serverStart(const ServerOptions *opt, Service *svc, NsaError *err);
 
 /* The TCP port actually bound (useful with port 0), or 0 without TCP. */
 int serverPort(const Server *srv);
 
-/* Stops accepting, joins the HTTP thread, closes the listeners and removes
- * the socket file. NULL is a no-op. */
+/* Stops accepting, joins the HTTP threads (one per listener), ends the
+ * streamed responses still open, stops libmicrohttpd (closing its
+ * connections), closes the listeners, removes the socket file and frees
+ * srv: it must not be used after. Not on an HTTP thread (it joins them).
+ * Cannot fail; NULL is a no-op. */
 void serverStop(Server *srv);
 
 /* 1 when host (a numeric address or "localhost") is a loopback address. */
