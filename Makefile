@@ -96,10 +96,16 @@ TEST_HELPER_OBJ := $(TEST_HELPERS:%.c=$(BUILD)/obj/%.o)
 DAEMON_LIBS := -lyaml -lmicrohttpd -lcjson -lcurl
 
 # env.json records the commit nsad was built from (daemon/artifacts.c);
-# artifacts.o is rebuilt when a commit moves the branch.
+# artifacts.o is rebuilt when the commit differs from the last build's
+# (a stamp rewritten only then: any checkout, worktree or detached HEAD).
 GIT_COMMIT := $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 $(BUILD)/obj/daemon/artifacts.o: CFLAGS += -DNSAD_GIT_COMMIT='"$(GIT_COMMIT)"'
-$(BUILD)/obj/daemon/artifacts.o: $(wildcard .git/HEAD .git/refs/heads/* .git/packed-refs)
+$(BUILD)/obj/daemon/artifacts.o: $(BUILD)/git-commit
+$(BUILD)/git-commit: FORCE
+	@mkdir -p $(@D)
+	@echo '$(GIT_COMMIT)' | cmp -s - $@ || echo '$(GIT_COMMIT)' > $@
+.PHONY: FORCE
+FORCE:
 CTL_LIBS    := -lcurl -lcjson
 
 .PHONY: all deps check-deps run test unit-test gpu-test bench-attn bench-train bench-decode bench-dp clean corpus fuzz
