@@ -8,16 +8,21 @@
 #include <string.h>
 #include <unistd.h>
 
-/* The daemon's error document is {"error":{"code","message"}}; anything else
- * (an HTML page from some other server, an empty body) is described by its
- * status alone. */
-static int exitCodeFor(long status, const char *code, int config_body) {
+/* The one mapping from a non-2xx HTTP status to nsactl's exit code (ctl.h,
+ * docs/NSACTL.md "Exit codes"): 404 CTL_EXIT_NOT_FOUND, 409
+ * CTL_EXIT_CONFLICT, 400 bad_request_exit, anything else CTL_EXIT_ERROR.
+ * A bad_request_exit of CTL_EXIT_CONFIG (start's config body) applies only
+ * to the daemon's verdict on the config (code invalid_config or
+ * invalid_json); any other 400, such as a bad --name, is CTL_EXIT_ERROR.
+ * code may be NULL (no error document). Cannot fail. */
+static int exitCodeFor(long status, const char *code, int bad_request_exit) {
     if (status == 404) return CTL_EXIT_NOT_FOUND;
     if (status == 409) return CTL_EXIT_CONFLICT;
-    if (config_body && status == 400 && code &&
-        (!strcmp(code, "invalid_config") || !strcmp(code, "invalid_json")))
-        return CTL_EXIT_CONFIG;
-    return CTL_EXIT_ERROR;
+    if (status != 400) return CTL_EXIT_ERROR;
+    if (bad_request_exit != CTL_EXIT_CONFIG) return bad_request_exit;
+    const int config_rejected =
+        code && (!strcmp(code, "invalid_config") || !strcmp(code, "invalid_json"));
+    return config_rejected ? CTL_EXIT_CONFIG : CTL_EXIT_ERROR;
 }
 
 /* Adds what the user can do about a refused token; the daemon's own message
@@ -29,6 +34,27 @@ static void authHint(const Ctl *ctl, long status, char *hint, size_t cap) {
         snprintf(hint, cap, "; the token from %s was refused", ctl->token_source);
     else
         snprintf(hint, cap, "; no token found: pass --token-file STATE_DIR/token or use the Unix socket");
+}
+
+/* Describes a non-2xx answer to METHOD path in msg (what nsactl prints
+ * after "nsactl: ") and returns its exit code (exitCodeFor). doc is the
+ * parsed body, or NULL: the daemon's error document is
+ * {"error":{"code","message"}}; anything else (an HTML page from some other
+ * server, an empty body) is described by its status alone. A 401 adds where
+ * the token came from (authHint). Cannot fail. */
+static int describeRefusal(const Ctl *ctl, const char *method, const char *path, long status,
+                           const cJSON *doc, int bad_request_exit, char *msg, size_t msgcap) {
+    const cJSON *error = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
+    const char *code = ctlString(error, "code", NULL);
+    const char *message = ctlString(error, "message", NULL);
+    char hint[HTTP_ADDR_MAX + 64];
+    authHint(ctl, status, hint, sizeof hint);
+    if (code && message)
+        snprintf(msg, msgcap, "%s (%s, HTTP %ld)%s", message, code, status, hint);
+    else
+        snprintf(msg, msgcap, "%s %s: HTTP %ld without an nsad error document; is this nsad?%s",
+                 method, path, status, hint);
+    return exitCodeFor(status, code, bad_request_exit);
 }
 
 int ctlCallQuiet(const Ctl *ctl, const char *method, const char *path, const char *body,
@@ -52,17 +78,8 @@ int ctlCallQuiet(const Ctl *ctl, const char *method, const char *path, const cha
         }
         return CTL_OK;
     }
-    const cJSON *error = reply->json ? cJSON_GetObjectItemCaseSensitive(reply->json, "error") : NULL;
-    const char *code = ctlString(error, "code", NULL);
-    const char *message = ctlString(error, "message", NULL);
-    char hint[HTTP_ADDR_MAX + 64];
-    authHint(ctl, status, hint, sizeof hint);
-    if (code && message)
-        snprintf(msg, msgcap, "%s (%s, HTTP %ld)%s", message, code, status, hint);
-    else
-        snprintf(msg, msgcap, "%s %s: HTTP %ld without an nsad error document; is this nsad?%s",
-                 method, path, status, hint);
-    int rc = exitCodeFor(status, code, config_body);
+    int rc = describeRefusal(ctl, method, path, status, reply->json,
+                             config_body ? CTL_EXIT_CONFIG : CTL_EXIT_ERROR, msg, msgcap);
     ctlReplyFree(reply);
     return rc;
 }
@@ -76,17 +93,17 @@ int ctlCall(const Ctl *ctl, const char *method, const char *path, const char *bo
     return rc;
 }
 
-/* A non-2xx answer as one line on stderr; its exit code. */
-static int answerError(const HttpResponse *res, int bad_request_exit) {
+/* Prints a non-2xx answer to METHOD path as one line on stderr, as ctlCall
+ * does. Returns its exit code (exitCodeFor). */
+static int printRefusal(const Ctl *ctl, const char *method, const char *path,
+                        const HttpResponse *res, int bad_request_exit) {
     cJSON *doc = res->len ? cJSON_ParseWithLength(res->body, res->len) : NULL;
-    const cJSON *e = doc ? cJSON_GetObjectItemCaseSensitive(doc, "error") : NULL;
-    fprintf(stderr, "nsactl: %s (%s, HTTP %ld)\n", ctlString(e, "message", "no nsad error document"),
-            ctlString(e, "code", "?"), res->status);
+    char msg[HTTP_ERR_MAX * 2];
+    const int rc =
+        describeRefusal(ctl, method, path, res->status, doc, bad_request_exit, msg, sizeof msg);
+    fprintf(stderr, "nsactl: %s\n", msg);
     cJSON_Delete(doc);
-    return res->status == 404   ? CTL_EXIT_NOT_FOUND
-           : res->status == 409 ? CTL_EXIT_CONFLICT
-           : res->status == 400 ? bad_request_exit
-                                : CTL_EXIT_ERROR;
+    return rc;
 }
 
 int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
@@ -97,7 +114,9 @@ int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *
         fprintf(stderr, "nsactl: %s\n", err);
         return CTL_EXIT_UNREACHABLE;
     }
-    const int rc = res.status >= 200 && res.status < 300 ? CTL_OK : answerError(&res, bad_request_exit);
+    const int rc = res.status >= 200 && res.status < 300
+                       ? CTL_OK
+                       : printRefusal(ctl, method, path, &res, bad_request_exit);
     httpResponseFree(&res);
     return rc;
 }
@@ -110,7 +129,9 @@ int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progres
         fprintf(stderr, "nsactl: %s\n", err);
         return got == -2 ? CTL_EXIT_ERROR : CTL_EXIT_UNREACHABLE;
     }
-    const int rc = res.status >= 200 && res.status < 300 ? CTL_OK : answerError(&res, CTL_EXIT_ERROR);
+    const int rc = res.status >= 200 && res.status < 300
+                       ? CTL_OK
+                       : printRefusal(ctl, "GET", path, &res, CTL_EXIT_ERROR);
     httpResponseFree(&res);
     return rc;
 }

@@ -11,7 +11,14 @@
 #include <cjson/cJSON.h>
 #include "http.h"
 
-/* Exit codes (documented in `nsactl --help` and docs/NSACTL.md). */
+/* Exit codes (documented in `nsactl --help` and docs/NSACTL.md). A non-2xx
+ * answer maps to one the same way for every call (ctlCall, ctlStream,
+ * ctlDownload): 404 CTL_EXIT_NOT_FOUND, 409 CTL_EXIT_CONFLICT, 400 what the
+ * caller says a refused request means (its bad_request_exit; for a config
+ * body CTL_EXIT_CONFIG, but only for the codes invalid_config and
+ * invalid_json), anything else (401, 500, ...) CTL_EXIT_ERROR. Its message
+ * is "nsactl: <daemon's message> (<code>, HTTP <status>)", plus on a 401
+ * where the token came from (or that none was found). */
 enum {
     CTL_OK = 0,
     CTL_EXIT_ERROR = 1,       /* the daemon answered with an error (or a local failure) */
@@ -41,12 +48,12 @@ typedef struct CtlReply {
 
 /* Sends the request and checks the answer. Returns CTL_OK with *reply filled
  * when the daemon answered 2xx with JSON; otherwise prints one line on stderr
- * ("nsactl: <daemon's message> (<code>, HTTP <status>)" or why it could not
- * reach nsad) and returns the exit code that fits: CTL_EXIT_UNREACHABLE,
- * CTL_EXIT_NOT_FOUND (404), CTL_EXIT_CONFLICT (409), CTL_EXIT_CONFIG (400
- * invalid_config / invalid_json when config_body is set), else
- * CTL_EXIT_ERROR. reply needs ctlReplyFree after CTL_OK only; after an
- * error reply->http.status still holds the HTTP status (0 when unreachable). */
+ * (the daemon's refusal as above, or why it could not reach nsad) and
+ * returns the exit code that fits: CTL_EXIT_UNREACHABLE, or the status's
+ * (above; a 400 is CTL_EXIT_CONFIG when config_body is set and the code
+ * says the config was rejected, else CTL_EXIT_ERROR). reply needs
+ * ctlReplyFree after CTL_OK only; after an error reply->http.status still
+ * holds the HTTP status (0 when unreachable). */
 int ctlCall(const Ctl *ctl, const char *method, const char *path, const char *body,
             size_t body_len, const char *content_type, int config_body, CtlReply *reply);
 
@@ -62,19 +69,18 @@ void ctlReplyFree(CtlReply *reply);
 
 /* Sends the request and hands each line of a 2xx answer to on_line as it
  * comes (httpStream, http.h). Returns CTL_OK once a 2xx stream has ended;
- * otherwise prints one line on stderr ("nsactl: <daemon's message> (<code>,
- * HTTP <status>)" or why it could not reach nsad) and returns
- * CTL_EXIT_UNREACHABLE, CTL_EXIT_NOT_FOUND (404), CTL_EXIT_CONFLICT (409),
- * bad_request_exit (400), else CTL_EXIT_ERROR. Whether the stream said all
- * it should is for the caller's on_line to tell. Nothing to free. */
+ * otherwise prints one line on stderr (as ctlCall) and returns
+ * CTL_EXIT_UNREACHABLE or the status's exit code (above; a 400 is
+ * bad_request_exit). Whether the stream said all it should is for the
+ * caller's on_line to tell. Nothing to free. */
 int ctlStream(const Ctl *ctl, const char *method, const char *path, const char *body,
               size_t body_len, HttpLineFn on_line, void *ctx, int bad_request_exit);
 
 /* GETs path into fd (httpDownload, http.h). Returns CTL_OK once a 2xx
- * answer is written whole; otherwise prints one line on stderr as
- * ctlStream does and returns its codes (404 CTL_EXIT_NOT_FOUND; a broken
- * exchange CTL_EXIT_UNREACHABLE; a failed write to fd CTL_EXIT_ERROR).
- * Nothing to free. */
+ * answer is written whole; otherwise prints one line on stderr as ctlCall
+ * does and returns CTL_EXIT_UNREACHABLE (a broken exchange), CTL_EXIT_ERROR
+ * (a failed write to fd) or the status's exit code (above; a 400 is
+ * CTL_EXIT_ERROR). Nothing to free. */
 int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progress, void *ctx);
 
 /* Prints the raw JSON body of a reply on stdout as one line (what --json

@@ -277,6 +277,9 @@ grep -q "not_found" "$TMP/err" && ok "the 404 names not_found" || not_ok "the 40
 expect_rc "TCP without a token exits 1 (401)" 1 C --url "$URL" --state-dir "$TMP/none" list
 grep -q "unauthorized" "$TMP/err" && ok "the 401 says unauthorized and what to do" || not_ok "the 401 says unauthorized and what to do" "$(cat "$TMP/err")"
 expect_rc "TCP with a wrong token exits 1" 1 C --url "$URL" --token wrong list
+# a streamed answer (logs) is refused the same way, with the same hint
+expect_rc "logs over TCP without a token exits 1 (401)" 1 C --url "$URL" --state-dir "$TMP/none" logs "$ID"
+grep -q "unauthorized.*no token found" "$TMP/err" && ok "the stream's 401 says what to do" || not_ok "the stream's 401 says what to do" "$(cat "$TMP/err")"
 expect_rc "TCP with --token-file exits 0" 0 C --url "$URL" --token-file "$STATE/token" list --json
 json "d['runs'][0]['id'] == '$ID'" && ok "TCP list --json sees the same runs" || not_ok "TCP list --json sees the same runs" "$(head -c 300 "$TMP/out")"
 expect_rc "TCP with the state dir's token exits 0" 0 C --url "$URL" --state-dir "$STATE" status
