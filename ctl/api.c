@@ -150,7 +150,7 @@ void ctlPrintJson(const CtlReply *reply) {
     fputc('\n', stdout);
 }
 
-int ctlNumber(const cJSON *obj, const char *key, double *out) {
+int ctlHasNumber(const cJSON *obj, const char *key, double *out) {
     const cJSON *item = obj ? cJSON_GetObjectItemCaseSensitive(obj, key) : NULL;
     if (!cJSON_IsNumber(item)) return 0;
     *out = item->valuedouble;

@@ -128,7 +128,7 @@ static void statusLine(const char *label, const char *value) {
 static void printRanks(const cJSON *run) {
     double world = 0;
     const cJSON *ranks = cJSON_GetObjectItemCaseSensitive(run, "ranks");
-    if (!ctlNumber(run, "world", &world) || world < 2 || !cJSON_IsArray(ranks)) return;
+    if (!ctlHasNumber(run, "world", &world) || world < 2 || !cJSON_IsArray(ranks)) return;
     char line[512], a[64], b[64], c[64];
     if (cJSON_GetArraySize(ranks) < (int)world)
         snprintf(line, sizeof line, "%.0f (%d on this node)", world, cJSON_GetArraySize(ranks));
@@ -138,14 +138,14 @@ static void printRanks(const cJSON *run) {
     const cJSON *r;
     cJSON_ArrayForEach(r, ranks) {
         double rank = 0, device = -1, v = 0;
-        ctlNumber(r, "rank", &rank);
-        int have_device = ctlNumber(r, "device", &device);
+        ctlHasNumber(r, "rank", &rank);
+        int have_device = ctlHasNumber(r, "device", &device);
         snprintf(a, sizeof a, "-");
         snprintf(b, sizeof b, "-");
         snprintf(c, sizeof c, "-");
-        if (ctlNumber(r, "step_s", &v)) snprintf(a, sizeof a, "%.1f ms", v * 1e3);
-        if (ctlNumber(r, "comm_s", &v)) snprintf(b, sizeof b, "%.1f ms", v * 1e3);
-        if (ctlNumber(r, "overlap", &v)) snprintf(c, sizeof c, "%.0f%%", v * 100.0);
+        if (ctlHasNumber(r, "step_s", &v)) snprintf(a, sizeof a, "%.1f ms", v * 1e3);
+        if (ctlHasNumber(r, "comm_s", &v)) snprintf(b, sizeof b, "%.1f ms", v * 1e3);
+        if (ctlHasNumber(r, "overlap", &v)) snprintf(c, sizeof c, "%.0f%%", v * 100.0);
         int used = snprintf(line, sizeof line, "%s%-3.0f step %s   comm %s (%s hidden)",
                             have_device ? "gpu " : "cpu ", have_device ? device : rank, a, b, c);
         const char *phase = ctlString(r, "phase", NULL);
@@ -168,66 +168,66 @@ static void printRunDetails(const cJSON *run) {
 
     const char *state = ctlString(run, "state", "?");
     const char *phase = ctlString(run, "phase", NULL);
-    if (phase && ctlNumber(run, "phase_age_s", &v))
+    if (phase && ctlHasNumber(run, "phase_age_s", &v))
         snprintf(line, sizeof line, "%s (phase %s for %s)", state, phase, formatDuration(v, a, sizeof a));
     else
         snprintf(line, sizeof line, "%s", state);
     statusLine("state", line);
 
-    int have_step = ctlNumber(run, "step", &v);
+    int have_step = ctlHasNumber(run, "step", &v);
     if (!have_step) snprintf(line, sizeof line, "-");
-    else if (ctlNumber(run, "total_steps", &w) && w > 0)
+    else if (ctlHasNumber(run, "total_steps", &w) && w > 0)
         snprintf(line, sizeof line, "%.0f / %.0f (%.1f%%)", v, w, 100.0 * v / w);
     else snprintf(line, sizeof line, "%.0f", v);
     statusLine("step", line);
 
-    int have_loss = ctlNumber(run, "loss", &v);
+    int have_loss = ctlHasNumber(run, "loss", &v);
     formatLoss(v, have_loss, a, sizeof a);
-    int have_val = ctlNumber(run, "val_loss", &v);
+    int have_val = ctlHasNumber(run, "val_loss", &v);
     formatLoss(v, have_val, b, sizeof b);
-    int have_bpb = ctlNumber(run, "bits_per_byte", &v);
+    int have_bpb = ctlHasNumber(run, "bits_per_byte", &v);
     formatLoss(v, have_bpb, c, sizeof c);
     snprintf(line, sizeof line, "%s   val %s   bits/byte %s", a, b, c);
     statusLine("loss", line);
 
     snprintf(a, sizeof a, "-");
     snprintf(b, sizeof b, "-");
-    if (ctlNumber(run, "lr", &v)) snprintf(a, sizeof a, "%.3g", v);
-    if (ctlNumber(run, "grad_norm", &v)) snprintf(b, sizeof b, "%.3g", v);
+    if (ctlHasNumber(run, "lr", &v)) snprintf(a, sizeof a, "%.3g", v);
+    if (ctlHasNumber(run, "grad_norm", &v)) snprintf(b, sizeof b, "%.3g", v);
     snprintf(line, sizeof line, "%s   grad norm %s", a, b);
     statusLine("lr", line);
 
     snprintf(a, sizeof a, "-");
     snprintf(c, sizeof c, "-");
-    if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, a, sizeof a);
-    if (ctlNumber(run, "mfu", &v)) snprintf(c, sizeof c, "%.1f%%", 100.0 * v);
+    if (ctlHasNumber(run, "toks_per_s", &v)) formatSi(v, a, sizeof a);
+    if (ctlHasNumber(run, "mfu", &v)) snprintf(c, sizeof c, "%.1f%%", 100.0 * v);
     w = -1;
-    ctlNumber(run, "eta_s", &w);
+    ctlHasNumber(run, "eta_s", &w);
     snprintf(line, sizeof line, "%s tok/s   MFU %s   ETA %s", a, c, formatDuration(w, b, sizeof b));
     statusLine("speed", line);
-    if (ctlNumber(run, "elapsed_s", &v)) statusLine("elapsed", formatDuration(v, a, sizeof a));
+    if (ctlHasNumber(run, "elapsed_s", &v)) statusLine("elapsed", formatDuration(v, a, sizeof a));
 
-    if (ctlNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));
-    if (ctlNumber(run, "heartbeat_age_s", &v)) {
+    if (ctlHasNumber(run, "mem_bytes", &v)) statusLine("memory", formatBytes(v, a, sizeof a));
+    if (ctlHasNumber(run, "heartbeat_age_s", &v)) {
         snprintf(line, sizeof line, "%s ago", formatDuration(v, a, sizeof a));
         statusLine("heartbeat", line);
     }
-    if (ctlNumber(run, "last_checkpoint_step", &v)) {
+    if (ctlHasNumber(run, "last_checkpoint_step", &v)) {
         snprintf(line, sizeof line, "step %.0f", v);
         statusLine("checkpoint", line);
     }
     char where[96];
     ctlRunDevice(run, where, sizeof where);
     snprintf(line, sizeof line, "%s %s", where, ctlString(run, "precision", "-"));
-    if (ctlNumber(run, "restarts", &v) && v > 0)
+    if (ctlHasNumber(run, "restarts", &v) && v > 0)
         snprintf(line + strlen(line), sizeof line - strlen(line), "   restarts %.0f", v);
     statusLine("device", line);
     printRanks(run);
 
     double created = 0, started = 0, ended = 0;
-    ctlNumber(run, "created_at", &created);
-    ctlNumber(run, "started_at", &started);
-    ctlNumber(run, "ended_at", &ended);
+    ctlHasNumber(run, "created_at", &created);
+    ctlHasNumber(run, "started_at", &started);
+    ctlHasNumber(run, "ended_at", &ended);
     statusLine("created", formatTimestamp(created, a, sizeof a));
     if (started > 0) statusLine("started", formatTimestamp(started, a, sizeof a));
     if (ended > 0) statusLine("ended", formatTimestamp(ended, a, sizeof a));
@@ -375,7 +375,8 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
         if (!wait) ctlPrintJson(&reply);
     } else {
         double position = 0;
-        int queued = !strcmp(state, "queued") && ctlNumber(reply.json, "queue_position", &position);
+        int queued =
+            !strcmp(state, "queued") && ctlHasNumber(reply.json, "queue_position", &position);
         printf("%s run %s", queued ? "queued" : "started", id);
         const char *run_name = ctlString(reply.json, "name", id);
         if (strcmp(run_name, id)) printf(" (%s)", run_name);
@@ -481,10 +482,10 @@ static int statusOfDaemon(Ctl *ctl) {
     } else {
         double uptime = -1, trainers = 1, busy = 0;
         char up[32], load[48] = "";
-        ctlNumber(health.json, "uptime_s", &uptime);
+        ctlHasNumber(health.json, "uptime_s", &uptime);
         /* several trainers (a GPU node): how many of them are busy */
-        if (ctlNumber(health.json, "trainers", &trainers) && trainers > 1 &&
-            ctlNumber(health.json, "trainers_busy", &busy))
+        if (ctlHasNumber(health.json, "trainers", &trainers) && trainers > 1 &&
+            ctlHasNumber(health.json, "trainers_busy", &busy))
             snprintf(load, sizeof load, " (%.0f of %.0f busy)", busy, trainers);
         printf("nsad %s, up %s, trainer %s%s, %d run%s stored\n", ctlString(health.json, "version", "?"),
                formatDuration(uptime, up, sizeof up), ctlString(health.json, "trainer", "?"), load, n_runs,
@@ -540,17 +541,18 @@ static int showRunTable(const cJSON *doc, const void *how) {
         char step[48] = "-", loss[32], tps[32] = "-", created[32], where[96];
         ctlRunDevice(run, where, sizeof where);
         double v = 0, total = 0, ts = 0;
-        if (ctlNumber(run, "step", &v)) {
-            if (ctlNumber(run, "total_steps", &total)) snprintf(step, sizeof step, "%.0f/%.0f", v, total);
+        if (ctlHasNumber(run, "step", &v)) {
+            if (ctlHasNumber(run, "total_steps", &total))
+                snprintf(step, sizeof step, "%.0f/%.0f", v, total);
             else snprintf(step, sizeof step, "%.0f", v);
         }
-        int have_loss = ctlNumber(run, "loss", &v);
+        int have_loss = ctlHasNumber(run, "loss", &v);
         formatLoss(v, have_loss, loss, sizeof loss);
-        if (ctlNumber(run, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
-        ctlNumber(run, "created_at", &ts);
+        if (ctlHasNumber(run, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
+        ctlHasNumber(run, "created_at", &ts);
         char state[48];
         double position = 0;
-        if (ctlNumber(run, "queue_position", &position))
+        if (ctlHasNumber(run, "queue_position", &position))
             snprintf(state, sizeof state, "%s #%.0f", ctlString(run, "state", "?"), position);
         else
             snprintf(state, sizeof state, "%s", ctlString(run, "state", "?"));
@@ -705,13 +707,13 @@ static int showMetrics(const cJSON *doc, const void *how) {
         if (i++ < skip) continue;
         char step[32] = "-", loss[32], lr[32] = "-", gn[32] = "-", tps[32] = "-", mem[32] = "-";
         double v = 0;
-        if (ctlNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
-        int have_loss = ctlNumber(s, "loss", &v);
+        if (ctlHasNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
+        int have_loss = ctlHasNumber(s, "loss", &v);
         formatLoss(v, have_loss, loss, sizeof loss);
-        if (ctlNumber(s, "lr", &v)) snprintf(lr, sizeof lr, "%.3g", v);
-        if (ctlNumber(s, "grad_norm", &v)) snprintf(gn, sizeof gn, "%.3g", v);
-        if (ctlNumber(s, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
-        if (ctlNumber(s, "mem_bytes", &v)) formatBytes(v, mem, sizeof mem);
+        if (ctlHasNumber(s, "lr", &v)) snprintf(lr, sizeof lr, "%.3g", v);
+        if (ctlHasNumber(s, "grad_norm", &v)) snprintf(gn, sizeof gn, "%.3g", v);
+        if (ctlHasNumber(s, "toks_per_s", &v)) formatSi(v, tps, sizeof tps);
+        if (ctlHasNumber(s, "mem_bytes", &v)) formatBytes(v, mem, sizeof mem);
         const char *cells[] = {step, loss, lr, gn, tps, mem};
         if (formatTableAdd(table, cells)) {
             fprintf(stderr, "nsactl metrics: out of memory\n");
@@ -735,10 +737,10 @@ static int showMetrics(const cJSON *doc, const void *how) {
             cJSON_ArrayForEach(s, val) {
                 char step[32] = "-", vl[32], bpb[32];
                 double v = 0;
-                if (ctlNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
-                int have = ctlNumber(s, "val_loss", &v);
+                if (ctlHasNumber(s, "step", &v)) snprintf(step, sizeof step, "%.0f", v);
+                int have = ctlHasNumber(s, "val_loss", &v);
                 formatLoss(v, have, vl, sizeof vl);
-                have = ctlNumber(s, "bits_per_byte", &v);
+                have = ctlHasNumber(s, "bits_per_byte", &v);
                 formatLoss(v, have, bpb, sizeof bpb);
                 const char *cells[] = {step, vl, bpb};
                 if (formatTableAdd(table, cells)) {
@@ -779,9 +781,9 @@ static int showEvents(const cJSON *doc, const void *how) {
     cJSON_ArrayForEach(e, events) {
         double seq = 0, ts = 0, step = 0;
         char when[32], step_s[32] = "-";
-        ctlNumber(e, "seq", &seq);
-        ctlNumber(e, "ts", &ts);
-        if (ctlNumber(e, "step", &step)) snprintf(step_s, sizeof step_s, "%.0f", step);
+        ctlHasNumber(e, "seq", &seq);
+        ctlHasNumber(e, "ts", &ts);
+        if (ctlHasNumber(e, "step", &step)) snprintf(step_s, sizeof step_s, "%.0f", step);
         const cJSON *detail = cJSON_GetObjectItemCaseSensitive(e, "detail");
         char *detail_text = (detail && cJSON_GetArraySize(detail) > 0) ? cJSON_PrintUnformatted(detail) : NULL;
         printf("%4.0f  %s  step %-7s %s%s%s\n", seq, formatTimestamp(ts, when, sizeof when), step_s,
@@ -818,7 +820,7 @@ static int logLine(void *ctx, const char *line, size_t len) {
         cJSON *o = cJSON_ParseWithLength(line, len);
         double ts = 0;
         char when[32];
-        if (o && ctlNumber(o, "ts", &ts))
+        if (o && ctlHasNumber(o, "ts", &ts))
             printf("%s  %-7s  %s\n", formatTimestamp(ts, when, sizeof when), ctlString(o, "level", "?"),
                    ctlString(o, "message", ""));
         /* a line that does not parse (torn by a crash of nsad) is left out */
@@ -859,8 +861,8 @@ static int showStacks(const cJSON *doc, const void *how) {
     (void)how;
     double age = -1, step = 0;
     char age_s[32];
-    ctlNumber(doc, "phase_age_s", &age);
-    int have_step = ctlNumber(doc, "step", &step);
+    ctlHasNumber(doc, "phase_age_s", &age);
+    int have_step = ctlHasNumber(doc, "step", &step);
     printf("run %s, phase %s for %s", ctlString(doc, "run_id", "(none)"), ctlString(doc, "phase", "-"),
            formatDuration(age, age_s, sizeof age_s));
     if (have_step) printf(", step %.0f", step);

@@ -87,10 +87,13 @@ int ctlDownload(const Ctl *ctl, const char *path, int fd, HttpProgressFn progres
  * promises: the daemon's document, unchanged). */
 void ctlPrintJson(const CtlReply *reply);
 
-/* Helpers for reading the daemon's JSON. Missing keys and JSON null read as
- * "absent": ctlNumber returns 0 and leaves *out alone, ctlString returns
- * `fallback`. */
-int ctlNumber(const cJSON *obj, const char *key, double *out);
+/* Helpers for reading the daemon's JSON; obj may be NULL. Missing keys and
+ * JSON null read as "absent".
+ * ctlHasNumber is a predicate: it returns 1 with *out set when obj has a
+ * number at key, else 0 with *out left alone (so a default set before the
+ * call survives). ctlString returns the string at key (owned by obj), else
+ * `fallback`. Neither can fail. */
+int ctlHasNumber(const cJSON *obj, const char *key, double *out);
 const char *ctlString(const cJSON *obj, const char *key, const char *fallback);
 
 /* Checks a run id before it goes into a URL: [A-Za-z0-9_-]{1,64} (proto/api.md).

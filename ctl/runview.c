@@ -22,22 +22,22 @@ void ctlRunDevice(const cJSON *run, char *buf, size_t cap) {
 
 void ctlRunLine(const cJSON *run, char *buf, size_t cap) {
     double step = 0, total = 0, loss = 0, val = 0, tps = 0, eta = -1, age = 0;
-    int have_step = ctlNumber(run, "step", &step);
-    int have_total = ctlNumber(run, "total_steps", &total);
-    int have_loss = ctlNumber(run, "loss", &loss);
-    int have_val = ctlNumber(run, "val_loss", &val);
-    int have_tps = ctlNumber(run, "toks_per_s", &tps);
-    ctlNumber(run, "eta_s", &eta);
+    int have_step = ctlHasNumber(run, "step", &step);
+    int have_total = ctlHasNumber(run, "total_steps", &total);
+    int have_loss = ctlHasNumber(run, "loss", &loss);
+    int have_val = ctlHasNumber(run, "val_loss", &val);
+    int have_tps = ctlHasNumber(run, "toks_per_s", &tps);
+    ctlHasNumber(run, "eta_s", &eta);
     const char *state = ctlString(run, "state", "?");
     char loss_s[32], val_s[32], tps_s[32], eta_s[32], phase_s[96] = "", anomaly_s[96] = "", mfu_s[32] = "";
     double mfu = 0;
-    if (ctlNumber(run, "mfu", &mfu)) snprintf(mfu_s, sizeof mfu_s, " (MFU %.1f%%)", 100.0 * mfu);
+    if (ctlHasNumber(run, "mfu", &mfu)) snprintf(mfu_s, sizeof mfu_s, " (MFU %.1f%%)", 100.0 * mfu);
 
     const char *phase = ctlString(run, "phase", NULL);
     double position = 0;
-    if (!strcmp(state, "queued") && ctlNumber(run, "queue_position", &position))
+    if (!strcmp(state, "queued") && ctlHasNumber(run, "queue_position", &position))
         snprintf(phase_s, sizeof phase_s, " #%.0f", position);
-    if (!strcmp(state, "hung") && phase && ctlNumber(run, "phase_age_s", &age)) {
+    if (!strcmp(state, "hung") && phase && ctlHasNumber(run, "phase_age_s", &age)) {
         char age_s[32];
         snprintf(phase_s, sizeof phase_s, " (%s for %s)", phase, formatDuration(age, age_s, sizeof age_s));
     }

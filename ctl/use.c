@@ -170,7 +170,7 @@ static void samplePrintAll(SampleRun *r, const cJSON *done) {
     for (int i = 0; i < r->n; i++) {
         const cJSON *e = cJSON_GetArrayItem(each, i);
         double tokens = 0;
-        ctlNumber(e, "tokens", &tokens);
+        ctlHasNumber(e, "tokens", &tokens);
         printf("%s--- sample %d (%.0f tokens, %s) ---\n%s%s\n", i ? "\n" : "", i, tokens,
                ctlString(e, "stop", "?"), r->prompt ? r->prompt : "", r->text[i].data);
     }
@@ -204,8 +204,8 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
                 cJSON_Delete(o);
                 return 0;
             }
-        ctlNumber(o, "tokens", &tokens);
-        ctlNumber(o, "tokens_per_s", &tps);
+        ctlHasNumber(o, "tokens", &tokens);
+        ctlHasNumber(o, "tokens_per_s", &tps);
         u->done = 1;
         if (r->n == 1) {
             fprintf(stdout, "\n");
@@ -222,7 +222,7 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
         fflush(stdout);
     } else {
         double at = -1;
-        ctlNumber(o, "sample", &at);
+        ctlHasNumber(o, "sample", &at);
         if (at >= 0 && at < r->n) strbufPrintf(&r->text[(int)at], "%s", ctlString(o, "text", ""));
     }
     cJSON_Delete(o);
@@ -286,9 +286,9 @@ static int evalLine(void *ctx, const char *line, size_t len) {
         jsonLine(u, line, len, ev, "result");
     } else if (errorLine(u, o)) {
     } else if (!strcmp(ev, "progress")) {
-        ctlNumber(o, "done", &done);
-        ctlNumber(o, "total", &total);
-        ctlNumber(o, "loss", &loss);
+        ctlHasNumber(o, "done", &done);
+        ctlHasNumber(o, "total", &total);
+        ctlHasNumber(o, "loss", &loss);
         const int tty = isatty(STDERR_FILENO);
         fprintf(stderr, "%seval: %5.1f%% (%.0f of %.0f tokens), loss %.4f%s", tty ? "\r" : "",
                 total > 0 ? 100.0 * done / total : 0.0, done, total, loss, tty ? "" : "\n");
@@ -297,14 +297,14 @@ static int evalLine(void *ctx, const char *line, size_t len) {
         if (u->progress_shown) fputc('\n', stderr);
         u->progress_shown = 0;
         u->done = 1;
-        ctlNumber(o, "loss", &loss);
+        ctlHasNumber(o, "loss", &loss);
         printf("%s (step %.0f) on %s: loss %.4f nats/token", ctlString(o, "checkpoint", "?"),
-               ctlNumber(o, "step", &v) ? v : 0.0, ctlString(o, "data", "?"), loss);
-        if (ctlNumber(o, "bits_per_byte", &v)) printf(", %.4f bits/byte", v);
+               ctlHasNumber(o, "step", &v) ? v : 0.0, ctlString(o, "data", "?"), loss);
+        if (ctlHasNumber(o, "bits_per_byte", &v)) printf(", %.4f bits/byte", v);
         double tokens = 0, windows = 0, seq = 0;
-        ctlNumber(o, "tokens", &tokens);
-        ctlNumber(o, "windows", &windows);
-        ctlNumber(o, "seq_len", &seq);
+        ctlHasNumber(o, "tokens", &tokens);
+        ctlHasNumber(o, "windows", &windows);
+        ctlHasNumber(o, "seq_len", &seq);
         printf(" over %.0f tokens (%.0f windows of %.0f)\n", tokens, windows, seq);
     }
     cJSON_Delete(o);
@@ -355,7 +355,7 @@ static int exportLine(void *ctx, const char *line, size_t len) {
     double step = 0;
     if (errorLine(u, o)) {
     } else if (!strcmp(ev, "start")) {
-        ctlNumber(o, "step", &step);
+        ctlHasNumber(o, "step", &step);
         fprintf(stderr, "exporting %s (step %.0f, %s)\n", ctlString(o, "checkpoint", "?"), step,
                 ctlString(o, "dtype", "?"));
     } else if (!strcmp(ev, "done")) {
@@ -364,7 +364,8 @@ static int exportLine(void *ctx, const char *line, size_t len) {
         for (int i = 0; i < EXPORT_FILES; i++) {
             const cJSON *f = cJSON_GetArrayItem(files, i);
             r->bytes[i] = -1;
-            if (!strcmp(ctlString(f, "name", ""), export_files[i])) ctlNumber(f, "bytes", &r->bytes[i]);
+            if (!strcmp(ctlString(f, "name", ""), export_files[i]))
+                ctlHasNumber(f, "bytes", &r->bytes[i]);
         }
         u->done = r->name[0] != 0;
         if (!u->done) {

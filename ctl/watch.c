@@ -78,7 +78,7 @@ int ctlWatchRun(Ctl *ctl, const char *run_id, double interval_s) {
         cJSON_DeleteItemFromObjectCaseSensitive(reply.json, "config");
         const char *state = ctlString(reply.json, "state", "?");
         double step = -1;
-        ctlNumber(reply.json, "step", &step);
+        ctlHasNumber(reply.json, "step", &step);
         int changed = strcmp(state, last_state) != 0 || step != last_step;
         snprintf(last_state, sizeof last_state, "%s", state);
         last_step = step;
