@@ -152,37 +152,60 @@ static void describeCurlError(const HttpTarget *t, CURLcode rc, long os_errno, c
     }
 }
 
+/* The headers nsad wants: Accept, the bearer token when there is one, the
+ * body's Content-Type (default JSON) when has_body, and an empty Expect.
+ * Returns the list (the caller frees it with curl_slist_free_all), or NULL
+ * when out of memory, with nothing left to free. */
+static struct curl_slist *requestHeaders(const HttpTarget *t, int has_body,
+                                         const char *content_type) {
+    char auth[HTTP_TOKEN_MAX + 32], ctype[128];
+    const char *lines[4];
+    int n = 0;
+    lines[n++] = "Accept: application/json";
+    if (t->token[0]) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s", t->token);
+        lines[n++] = auth;
+    }
+    if (has_body) {
+        snprintf(ctype, sizeof ctype, "Content-Type: %s",
+                 content_type ? content_type : "application/json");
+        lines[n++] = ctype;
+    }
+    /* curl adds "Expect: 100-continue" to large POSTs; the daemon answers
+     * straight away, so the extra round trip only costs a second's wait. */
+    lines[n++] = "Expect:";
+    struct curl_slist *list = NULL;
+    for (int i = 0; i < n; i++) {
+        /* NULL when out of memory, the list kept: free it, not lose it */
+        struct curl_slist *grown = curl_slist_append(list, lines[i]);
+        if (!grown) {
+            curl_slist_free_all(list);
+            return NULL;
+        }
+        list = grown;
+    }
+    return list;
+}
+
 /* A curl handle for METHOD base_url+path with the headers nsad wants and
  * body (may be NULL); *headers and *url are for the caller to free. NULL
- * when out of memory. */
+ * when out of memory, with nothing left to free (*headers and *url NULL). */
 static CURL *newRequest(const HttpTarget *t, const char *method, const char *path,
                         const char *body, size_t body_len, const char *content_type,
                         struct curl_slist **headers, char **url, char *detail) {
     size_t url_len = strlen(t->base_url) + strlen(path) + 1;
     *url = malloc(url_len);
-    *headers = NULL;
+    *headers = requestHeaders(t, body != NULL, content_type);
     CURL *curl = curl_easy_init();
-    if (!*url || !curl) {
+    if (!*url || !*headers || !curl) {
         free(*url);
         *url = NULL;
+        curl_slist_free_all(*headers);
+        *headers = NULL;
         if (curl) curl_easy_cleanup(curl);
         return NULL;
     }
     snprintf(*url, url_len, "%s%s", t->base_url, path);
-    char auth[HTTP_TOKEN_MAX + 32];
-    char ctype[128];
-    *headers = curl_slist_append(*headers, "Accept: application/json");
-    if (t->token[0]) {
-        snprintf(auth, sizeof auth, "Authorization: Bearer %s", t->token);
-        *headers = curl_slist_append(*headers, auth);
-    }
-    if (body) {
-        snprintf(ctype, sizeof ctype, "Content-Type: %s", content_type ? content_type : "application/json");
-        *headers = curl_slist_append(*headers, ctype);
-    }
-    /* curl adds "Expect: 100-continue" to large POSTs; the daemon answers
-     * straight away, so the extra round trip only costs a second's wait. */
-    *headers = curl_slist_append(*headers, "Expect:");
     curl_easy_setopt(curl, CURLOPT_URL, *url);
     if (t->socket_path[0]) curl_easy_setopt(curl, CURLOPT_UNIX_SOCKET_PATH, t->socket_path);
     curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
