@@ -50,7 +50,8 @@ static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *op
                 const char *names[16];
                 int n_names = 0;
                 snprintf(typed, sizeof typed, "%.*s", (int)name_len, arg);
-                for (int k = 0; k < n_opts && n_names < 16; k++) names[n_names++] = opts[k].name;
+                for (int k = 0; k < n_opts && n_names < ARRAY_LEN(names); k++)
+                    names[n_names++] = opts[k].name;
                 ctlUnknownOption(cmd, typed, names, n_names);
                 return -1;
             }
@@ -323,7 +324,8 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
                               {"--gpus", &gpus, NULL},         {"--init-from", &init_from, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, 8, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("start", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+        return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     /* a checkpoint path goes absolute: the daemon does not share our
@@ -531,7 +533,7 @@ static int cmdStatus(Ctl *ctl, int argc, char **argv) {
 static int showRunTable(const cJSON *doc, const void *how) {
     (void)how;
     static const char *const headers[] = {"ID", "NAME", "STATE", "STEP", "LOSS", "TOK/S", "DEVICE", "CREATED"};
-    FormatTable *table = formatTableNew(8, headers);
+    FormatTable *table = formatTableNew(ARRAY_LEN(headers), headers);
     if (!table) {
         fprintf(stderr, "nsactl list: out of memory\n");
         return CTL_EXIT_ERROR;
@@ -596,10 +598,12 @@ static int waitWhileState(Ctl *ctl, const char *id, const char *transient, char 
 static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
     int wait = 0, no_queue = 0;
     const int resume = !strcmp(verb, "resume");
+    /* halt takes the first (--wait) only */
     const CmdOption opts[] = {{"--wait", NULL, &wait}, {"--no-queue", NULL, &no_queue}};
+    const int n_opts = resume ? ARRAY_LEN(opts) : 1;
     const char *pos[1];
     int n_pos;
-    if (parseArgs(verb, argc, argv, opts, resume ? 2 : 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs(verb, argc, argv, opts, n_opts, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s/%s%s", pos[0], verb, no_queue ? "?queue=false" : "");
@@ -696,7 +700,7 @@ static int showMetrics(const cJSON *doc, const void *how) {
     int skip = (view->last_n > 0 && n_train > view->last_n) ? n_train - (int)view->last_n : 0;
 
     static const char *const train_headers[] = {"STEP", "LOSS", "LR", "GRAD_NORM", "TOK/S", "MEMORY"};
-    FormatTable *table = formatTableNew(6, train_headers);
+    FormatTable *table = formatTableNew(ARRAY_LEN(train_headers), train_headers);
     if (!table) {
         fprintf(stderr, "nsactl metrics: out of memory\n");
         return CTL_EXIT_ERROR;
@@ -728,7 +732,7 @@ static int showMetrics(const cJSON *doc, const void *how) {
 
     if (n_val > 0) {
         static const char *const val_headers[] = {"STEP", "VAL_LOSS", "BITS/BYTE"};
-        table = formatTableNew(3, val_headers);
+        table = formatTableNew(ARRAY_LEN(val_headers), val_headers);
         if (!table) {
             fprintf(stderr, "nsactl metrics: out of memory\n");
             return CTL_EXIT_ERROR;
@@ -763,7 +767,8 @@ static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     MetricsView view = {.since_step = 0, .last_n = 20};
-    if (parseArgs("metrics", argc, argv, opts, 2, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("metrics", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+        return CTL_EXIT_USAGE;
     if (since && parseCount("metrics", "--since", since, &view.since_step)) return CTL_EXIT_USAGE;
     if (last && parseCount("metrics", "--last", last, &view.last_n)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
@@ -799,7 +804,8 @@ static int cmdEvents(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     long long since_seq = 0;
-    if (parseArgs("events", argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("events", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+        return CTL_EXIT_USAGE;
     if (since && parseCount("events", "--since", since, &since_seq)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
@@ -844,7 +850,7 @@ static int cmdLogs(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     long long tail_n = -1;
-    int bad = parseArgs("logs", argc, args, opts, 2, pos, 1, 1, &n_pos) ||
+    int bad = parseArgs("logs", argc, args, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos) ||
               (tail && parseCount("logs", "--tail", tail, &tail_n)) || ctlCheckRunId(pos[0]);
     free(args);
     if (bad) return CTL_EXIT_USAGE;
@@ -932,7 +938,8 @@ static int cmdWatch(Ctl *ctl, int argc, char **argv) {
     const CmdOption opts[] = {{"--interval", &interval, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("watch", argc, argv, opts, 1, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (parseArgs("watch", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+        return CTL_EXIT_USAGE;
     double interval_s = 1.0;
     if (interval && parseInterval("watch", interval, &interval_s)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
@@ -1103,11 +1110,11 @@ void ctlUnknownOption(const char *cmd, const char *typed, const char *const *opt
     static const char *const global[] = {"--json",  "--help",       "--socket",    "--url",
                                          "--token", "--token-file", "--state-dir", "--timeout",
                                          "--version"};
-    enum { N_GLOBAL = sizeof global / sizeof global[0] };
-    const char *names[16 + N_GLOBAL], *close[SUGGEST_MAX];
+    const char *names[16 + ARRAY_LEN(global)], *close[SUGGEST_MAX];
     size_t n = 0;
     for (int k = 0; k < n_opts && k < 16; k++) names[n++] = opts[k];
-    for (size_t k = 0; k < N_GLOBAL; k++) names[n++] = global[k];
+    for (int k = 0; k < ARRAY_LEN(global); k++)
+        names[n++] = global[k];
     char hint[256] = "", list[200];
     const int n_close = suggestWords(typed, names, n, close);
     if (n_close)

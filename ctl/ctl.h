@@ -11,6 +11,10 @@
 #include <cjson/cJSON.h>
 #include "http.h"
 
+/* The element count of array a (an array, not a pointer), as an int: the
+ * option, column and name counts the commands pass along with an array. */
+#define ARRAY_LEN(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
 /* Exit codes (documented in `nsactl --help` and docs/NSACTL.md). A non-2xx
  * answer maps to one the same way for every call (ctlCall, ctlStream,
  * ctlDownload): 404 CTL_EXIT_NOT_FOUND, 409 CTL_EXIT_CONFLICT, 400 what the

@@ -83,7 +83,7 @@ static int splitArgs(int argc, char **argv, GlobalArgs *g, char **rest, int *n_r
         if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) { g->help = 1; continue; }
         if (!strcmp(arg, "--version")) { g->version = 1; continue; }
         int matched = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0] && !matched; k++) {
+        for (int k = 0; k < ARRAY_LEN(valued) && !matched; k++) {
             size_t n = strlen(valued[k].name);
             if (strncmp(arg, valued[k].name, n) != 0) continue;
             if (arg[n] == '=') {

@@ -43,7 +43,8 @@ static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int
                 const char *names[16];
                 int n_names = 0;
                 snprintf(typed, sizeof typed, "%.*s", (int)len, arg);
-                for (int k = 0; k < n_opts && n_names < 16; k++) names[n_names++] = opts[k].name;
+                for (int k = 0; k < n_opts && n_names < ARRAY_LEN(names); k++)
+                    names[n_names++] = opts[k].name;
                 ctlUnknownOption(cmd, typed, names, n_names);
                 return -1;
             }
@@ -234,7 +235,8 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
                         {"--top-k", NULL},       {"--top-p", NULL},      {"--seed", NULL},
                         {"--stop", NULL},        {"--device", NULL},     {"--n", NULL}};
     const char *what;
-    if (parseUse("sample", argc, argv, opts, 9, "--prompt TEXT", &what)) return CTL_EXIT_USAGE;
+    if (parseUse("sample", argc, argv, opts, ARRAY_LEN(opts), "--prompt TEXT", &what))
+        return CTL_EXIT_USAGE;
     SampleRun r = {.u = {.ctl = ctl, .cmd = "sample"}, .n = 1};
     if (opts[8].value) {
         char *end = NULL;
@@ -315,7 +317,8 @@ int ctlCmdEval(Ctl *ctl, int argc, char **argv) {
     UseOption opts[] = {{"--data", NULL},       {"--seq-len", NULL}, {"--batch", NULL},
                         {"--max-tokens", NULL}, {"--device", NULL}};
     const char *what;
-    if (parseUse("eval", argc, argv, opts, 5, "--data PATH", &what)) return CTL_EXIT_USAGE;
+    if (parseUse("eval", argc, argv, opts, ARRAY_LEN(opts), "--data PATH", &what))
+        return CTL_EXIT_USAGE;
     char data[PATH_MAX];
     if (!realpath(opts[0].value, data)) {
         fprintf(stderr, "nsactl eval: --data %s: %s\n", opts[0].value, strerror(errno));
@@ -467,7 +470,8 @@ static int downloadExport(Ctl *ctl, const ExportRun *r, const char *dir) {
 int ctlCmdExport(Ctl *ctl, int argc, char **argv) {
     UseOption opts[] = {{"--out", NULL}, {"--dtype", NULL}};
     const char *what;
-    if (parseUse("export", argc, argv, opts, 2, "--out DIR", &what)) return CTL_EXIT_USAGE;
+    if (parseUse("export", argc, argv, opts, ARRAY_LEN(opts), "--out DIR", &what))
+        return CTL_EXIT_USAGE;
     const char *dir = opts[0].value, *dtype = opts[1].value ? opts[1].value : "bf16";
     if (strcmp(dtype, "bf16") && strcmp(dtype, "f32")) {
         fprintf(stderr, "nsactl export: --dtype '%s'; allowed: bf16 or f32\n", dtype);
