@@ -1,7 +1,7 @@
 /* commands.c - the nsactl commands that ask once and print: start, status,
  * list, halt, resume, metrics, events, stacks, dashboard, version. (watch,
  * which keeps asking, is in watch.c.) */
-#include "commands.h"
+#include "ctlcmd.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "commands.h"
+#include "ctlcmd.h"
 #include "ctl.h"
 #include "nsa.h"
 #include "paths.h"

@@ -15,7 +15,7 @@
 
 #include <sys/stat.h>
 
-#include "commands.h"
+#include "ctlcmd.h"
 #include "../daemon/strbuf.h"
 
 typedef struct UseOption {

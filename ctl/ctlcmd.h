@@ -1,7 +1,8 @@
-/* commands.h - nsactl's commands. Each takes the arguments after its name
- * (global options already removed) and returns nsactl's exit code (ctl.h). */
-#ifndef NSACTL_COMMANDS_H
-#define NSACTL_COMMANDS_H
+/* ctlcmd.h - nsactl's commands (not nsad's: those are daemon/commands.h).
+ * Each takes the arguments after its name (global options already removed)
+ * and returns nsactl's exit code (ctl.h). */
+#ifndef NSACTL_CTLCMD_H
+#define NSACTL_CTLCMD_H
 
 #include "ctl.h"
 
