@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "args.h"
 #include "format.h"
 #include "nsa.h"
 #include "runview.h"
@@ -21,102 +22,6 @@
 /* Config files are small; the daemon refuses bodies over 1 MiB anyway
  * (proto/api.md), so a bigger file is an error here, with a clear message. */
 #define CONFIG_FILE_LIMIT ((size_t)1 << 20)
-
-/* ---- per-command argument parsing --------------------------------------- */
-
-typedef struct CmdOption {
-    const char *name;   /* "--since" */
-    const char **value; /* set for options that take a value */
-    int *flag;          /* set to 1 for flags */
-} CmdOption;
-
-/* Splits argv into options from `opts` ("--x V", "--x=V", flags) and
- * positional arguments (at least min_pos, at most max_pos, stored in pos[]).
- * Returns 0, or prints one usage line and returns -1. */
-static int parseArgs(const char *cmd, int argc, char **argv, const CmdOption *opts, int n_opts,
-                     const char **pos, int min_pos, int max_pos, int *n_pos) {
-    *n_pos = 0;
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (arg[0] == '-' && arg[1] == '-' && arg[2]) {
-            const char *eq = strchr(arg, '=');
-            size_t name_len = eq ? (size_t)(eq - arg) : strlen(arg);
-            const CmdOption *opt = NULL;
-            for (int k = 0; k < n_opts; k++)
-                if (strlen(opts[k].name) == name_len && !strncmp(opts[k].name, arg, name_len))
-                    opt = &opts[k];
-            if (!opt) {
-                char typed[80];
-                const char *names[16];
-                int n_names = 0;
-                snprintf(typed, sizeof typed, "%.*s", (int)name_len, arg);
-                for (int k = 0; k < n_opts && n_names < ARRAY_LEN(names); k++)
-                    names[n_names++] = opts[k].name;
-                ctlUnknownOption(cmd, typed, names, n_names);
-                return -1;
-            }
-            if (opt->flag) {
-                if (eq) {
-                    fprintf(stderr, "nsactl %s: %s takes no value\n", cmd, opt->name);
-                    return -1;
-                }
-                *opt->flag = 1;
-            } else if (eq) {
-                *opt->value = eq + 1;
-            } else if (i + 1 < argc) {
-                *opt->value = argv[++i];
-            } else {
-                fprintf(stderr, "nsactl %s: %s needs a value\n", cmd, opt->name);
-                return -1;
-            }
-        } else if (arg[0] == '-' && arg[1] && strcmp(arg, "-") != 0) {
-            fprintf(stderr, "nsactl %s: unknown option '%s' (see nsactl %s --help)\n", cmd, arg, cmd);
-            return -1;
-        } else {
-            if (*n_pos == max_pos) {
-                fprintf(stderr, "nsactl %s: unexpected argument '%s' (see nsactl %s --help)\n", cmd,
-                        arg, cmd);
-                return -1;
-            }
-            pos[(*n_pos)++] = arg;
-        }
-    }
-    if (*n_pos < min_pos) {
-        const CtlCommand *c = ctlFindCommand(cmd);
-        fprintf(stderr, "nsactl %s: missing argument; usage: nsactl %s\n", cmd,
-                c ? c->synopsis : cmd);
-        return -1;
-    }
-    return 0;
-}
-
-/* Parses a poll interval in seconds (>= 0.05). Returns 0, or prints and
- * returns -1. */
-static int parseInterval(const char *cmd, const char *text, double *out) {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (errno || end == text || *end || !(v >= 0.05) || v > 3600) {
-        fprintf(stderr, "nsactl %s: --interval '%s' is not valid; allowed: seconds from 0.05 to 3600\n",
-                cmd, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
-
-/* Parses a non-negative integer option. Returns 0, or prints and returns -1. */
-static int parseCount(const char *cmd, const char *opt, const char *text, long long *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (errno || end == text || *end || v < 0) {
-        fprintf(stderr, "nsactl %s: %s '%s' is not valid; allowed: an integer >= 0\n", cmd, opt, text);
-        return -1;
-    }
-    *out = v;
-    return 0;
-}
 
 /* Prints one "label  value" line of `status`. */
 static void statusLine(const char *label, const char *value) {
@@ -318,16 +223,16 @@ static int addQuery(char *path, size_t cap, const char *key, const char *value,
 static int cmdStart(Ctl *ctl, int argc, char **argv) {
     const char *name = NULL, *interval = NULL, *nodes = NULL, *gpus = NULL, *init_from = NULL;
     int watch = 0, wait = 0, no_queue = 0;
-    const CmdOption opts[] = {{"--name", &name, NULL},         {"--watch", NULL, &watch},
-                              {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL},
-                              {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue},
-                              {"--gpus", &gpus, NULL},         {"--init-from", &init_from, NULL}};
+    const ArgsOption opts[] = {{"--name", &name, NULL},         {"--watch", NULL, &watch},
+                               {"--interval", &interval, NULL}, {"--nodes", &nodes, NULL},
+                               {"--wait", NULL, &wait},         {"--no-queue", NULL, &no_queue},
+                               {"--gpus", &gpus, NULL},         {"--init-from", &init_from, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("start", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+    if (argsParse("start", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
         return CTL_EXIT_USAGE;
     double interval_s = 1.0;
-    if (interval && parseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
+    if (interval && argsParseInterval("start", interval, &interval_s)) return CTL_EXIT_USAGE;
     /* a checkpoint path goes absolute: the daemon does not share our
      * working directory (anything without a '/' is a run id, as for sample) */
     char init_abs[PATH_MAX];
@@ -410,14 +315,6 @@ static int cmdStart(Ctl *ctl, int argc, char **argv) {
 }
 
 /* ---- asking once and showing the answer ------------------------------------------ */
-
-/* For the commands that take no argument (the global options aside).
- * Returns 0, or prints one usage line and returns -1. */
-static int parseNoArgs(const char *cmd, int argc, char **argv) {
-    const char *pos[1];
-    int n_pos;
-    return parseArgs(cmd, argc, argv, NULL, 0, pos, 0, 0, &n_pos);
-}
 
 /* Prints doc, a document nsactl built, as one line of JSON on stdout (what
  * --json promises) and frees it. */
@@ -521,7 +418,7 @@ static int showRunDetails(const cJSON *run, const void *how) {
 static int cmdStatus(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
-    if (parseArgs("status", argc, argv, NULL, 0, pos, 0, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (argsParse("status", argc, argv, NULL, 0, pos, 0, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (n_pos == 0) return statusOfDaemon(ctl);
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
@@ -574,7 +471,7 @@ static int showRunTable(const cJSON *doc, const void *how) {
 }
 
 static int cmdList(Ctl *ctl, int argc, char **argv) {
-    if (parseNoArgs("list", argc, argv)) return CTL_EXIT_USAGE;
+    if (argsParseNone("list", argc, argv)) return CTL_EXIT_USAGE;
     return callAndShow(ctl, "GET", "/api/v1/runs", showRunTable, NULL);
 }
 
@@ -599,11 +496,11 @@ static int cmdHaltOrResume(Ctl *ctl, int argc, char **argv, const char *verb) {
     int wait = 0, no_queue = 0;
     const int resume = !strcmp(verb, "resume");
     /* halt takes the first (--wait) only */
-    const CmdOption opts[] = {{"--wait", NULL, &wait}, {"--no-queue", NULL, &no_queue}};
+    const ArgsOption opts[] = {{"--wait", NULL, &wait}, {"--no-queue", NULL, &no_queue}};
     const int n_opts = resume ? ARRAY_LEN(opts) : 1;
     const char *pos[1];
     int n_pos;
-    if (parseArgs(verb, argc, argv, opts, n_opts, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (argsParse(verb, argc, argv, opts, n_opts, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s/%s%s", pos[0], verb, no_queue ? "?queue=false" : "");
@@ -654,7 +551,7 @@ static int cmdOnRun(Ctl *ctl, int argc, char **argv, const char *cmd, const char
                     const char *suffix, ShowFn show) {
     const char *pos[1];
     int n_pos;
-    if (parseArgs(cmd, argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
+    if (argsParse(cmd, argc, argv, NULL, 0, pos, 1, 1, &n_pos)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s%s", pos[0], suffix);
@@ -763,14 +660,15 @@ static int showMetrics(const cJSON *doc, const void *how) {
 
 static int cmdMetrics(Ctl *ctl, int argc, char **argv) {
     const char *since = NULL, *last = NULL;
-    const CmdOption opts[] = {{"--since", &since, NULL}, {"--last", &last, NULL}};
+    const ArgsOption opts[] = {{"--since", &since, NULL}, {"--last", &last, NULL}};
     const char *pos[1];
     int n_pos;
     MetricsView view = {.since_step = 0, .last_n = 20};
-    if (parseArgs("metrics", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+    if (argsParse("metrics", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
         return CTL_EXIT_USAGE;
-    if (since && parseCount("metrics", "--since", since, &view.since_step)) return CTL_EXIT_USAGE;
-    if (last && parseCount("metrics", "--last", last, &view.last_n)) return CTL_EXIT_USAGE;
+    if (since && argsParseCount("metrics", "--since", since, &view.since_step))
+        return CTL_EXIT_USAGE;
+    if (last && argsParseCount("metrics", "--last", last, &view.last_n)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
     snprintf(path, sizeof path, "/api/v1/runs/%s/metrics?since=%lld", pos[0], view.since_step);
@@ -800,13 +698,13 @@ static int showEvents(const cJSON *doc, const void *how) {
 
 static int cmdEvents(Ctl *ctl, int argc, char **argv) {
     const char *since = NULL;
-    const CmdOption opts[] = {{"--since", &since, NULL}};
+    const ArgsOption opts[] = {{"--since", &since, NULL}};
     const char *pos[1];
     int n_pos;
     long long since_seq = 0;
-    if (parseArgs("events", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+    if (argsParse("events", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
         return CTL_EXIT_USAGE;
-    if (since && parseCount("events", "--since", since, &since_seq)) return CTL_EXIT_USAGE;
+    if (since && argsParseCount("events", "--since", since, &since_seq)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     char path[256];
     if (since) snprintf(path, sizeof path, "/api/v1/runs/%s/events?since=%lld", pos[0], since_seq);
@@ -839,7 +737,7 @@ static int logLine(void *ctx, const char *line, size_t len) {
 static int cmdLogs(Ctl *ctl, int argc, char **argv) {
     const char *tail = NULL;
     int follow = 0;
-    const CmdOption opts[] = {{"--follow", NULL, &follow}, {"--tail", &tail, NULL}};
+    const ArgsOption opts[] = {{"--follow", NULL, &follow}, {"--tail", &tail, NULL}};
     /* -f is --follow, as in tail(1) */
     char **args = calloc((size_t)argc + 1, sizeof *args);
     if (!args) {
@@ -850,8 +748,8 @@ static int cmdLogs(Ctl *ctl, int argc, char **argv) {
     const char *pos[1];
     int n_pos;
     long long tail_n = -1;
-    int bad = parseArgs("logs", argc, args, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos) ||
-              (tail && parseCount("logs", "--tail", tail, &tail_n)) || ctlCheckRunId(pos[0]);
+    int bad = argsParse("logs", argc, args, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos) ||
+              (tail && argsParseCount("logs", "--tail", tail, &tail_n)) || ctlCheckRunId(pos[0]);
     free(args);
     if (bad) return CTL_EXIT_USAGE;
     char path[256];
@@ -880,12 +778,12 @@ static int showStacks(const cJSON *doc, const void *how) {
 }
 
 static int cmdStacks(Ctl *ctl, int argc, char **argv) {
-    if (parseNoArgs("stacks", argc, argv)) return CTL_EXIT_USAGE;
+    if (argsParseNone("stacks", argc, argv)) return CTL_EXIT_USAGE;
     return callAndShow(ctl, "POST", "/api/v1/debug/stacks", showStacks, NULL);
 }
 
 static int cmdDashboard(Ctl *ctl, int argc, char **argv) {
-    if (parseNoArgs("dashboard", argc, argv)) return CTL_EXIT_USAGE;
+    if (argsParseNone("dashboard", argc, argv)) return CTL_EXIT_USAGE;
     /* The dashboard is a TCP page: with the socket as target, nsad says
      * where it listens. */
     char base[HTTP_ADDR_MAX];
@@ -929,19 +827,19 @@ static int showVersion(const cJSON *doc, const void *how) {
 }
 
 static int cmdVersion(Ctl *ctl, int argc, char **argv) {
-    if (parseNoArgs("version", argc, argv)) return CTL_EXIT_USAGE;
+    if (argsParseNone("version", argc, argv)) return CTL_EXIT_USAGE;
     return callAndShow(ctl, "GET", "/api/v1/version", showVersion, NULL);
 }
 
 static int cmdWatch(Ctl *ctl, int argc, char **argv) {
     const char *interval = NULL;
-    const CmdOption opts[] = {{"--interval", &interval, NULL}};
+    const ArgsOption opts[] = {{"--interval", &interval, NULL}};
     const char *pos[1];
     int n_pos;
-    if (parseArgs("watch", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
+    if (argsParse("watch", argc, argv, opts, ARRAY_LEN(opts), pos, 1, 1, &n_pos))
         return CTL_EXIT_USAGE;
     double interval_s = 1.0;
-    if (interval && parseInterval("watch", interval, &interval_s)) return CTL_EXIT_USAGE;
+    if (interval && argsParseInterval("watch", interval, &interval_s)) return CTL_EXIT_USAGE;
     if (ctlCheckRunId(pos[0])) return CTL_EXIT_USAGE;
     return ctlWatchRun(ctl, pos[0], interval_s);
 }
@@ -1103,23 +1001,6 @@ char *ctlAliasesOf(const char *command, char *buf, size_t cap) {
         used += (size_t)k;
     }
     return buf;
-}
-
-void ctlUnknownOption(const char *cmd, const char *typed, const char *const *opts, int n_opts) {
-    /* the command's options and the global ones (nsactl.c) */
-    static const char *const global[] = {"--json",  "--help",       "--socket",    "--url",
-                                         "--token", "--token-file", "--state-dir", "--timeout",
-                                         "--version"};
-    const char *names[16 + ARRAY_LEN(global)], *close[SUGGEST_MAX];
-    size_t n = 0;
-    for (int k = 0; k < n_opts && k < 16; k++) names[n++] = opts[k];
-    for (int k = 0; k < ARRAY_LEN(global); k++)
-        names[n++] = global[k];
-    char hint[256] = "", list[200];
-    const int n_close = suggestWords(typed, names, n, close);
-    if (n_close)
-        snprintf(hint, sizeof hint, "; did you mean %s?", suggestList(close, n_close, list, sizeof list));
-    fprintf(stderr, "nsactl %s: unknown option '%s'%s (see nsactl %s --help)\n", cmd, typed, hint, cmd);
 }
 
 void ctlUnknownCommand(const char *name) {

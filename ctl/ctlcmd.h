@@ -35,11 +35,6 @@ char *ctlAliasesOf(const char *command, char *buf, size_t cap);
  * commands and aliases closest to name - on stderr, one line. */
 void ctlUnknownCommand(const char *name);
 
-/* Prints "nsactl CMD: unknown option 'TYPED'; did you mean 'X'? (see
- * nsactl CMD --help)" on stderr, one line: the closest of the command's
- * n_opts option names and nsactl's global options. Cannot fail. */
-void ctlUnknownOption(const char *cmd, const char *typed, const char *const *opts, int n_opts);
-
 /* The commands that use a trained checkpoint (use.c). */
 int ctlCmdSample(Ctl *ctl, int argc, char **argv);
 int ctlCmdEval(Ctl *ctl, int argc, char **argv);

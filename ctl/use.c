@@ -15,6 +15,7 @@
 
 #include <sys/stat.h>
 
+#include "args.h"
 #include "ctlcmd.h"
 #include "../daemon/strbuf.h"
 
@@ -40,12 +41,12 @@ static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int
                 if (strlen(opts[k].name) == len && !strncmp(opts[k].name, arg, len)) o = &opts[k];
             if (!o) {
                 char typed[80];
-                const char *names[16];
+                const char *names[ARGS_MAX_OPTIONS];
                 int n_names = 0;
                 snprintf(typed, sizeof typed, "%.*s", (int)len, arg);
                 for (int k = 0; k < n_opts && n_names < ARRAY_LEN(names); k++)
                     names[n_names++] = opts[k].name;
-                ctlUnknownOption(cmd, typed, names, n_names);
+                argsUnknownOption(cmd, typed, names, n_names);
                 return -1;
             }
             if (!eq && i + 1 >= argc) {
