@@ -1,6 +1,8 @@
-/* ctlcmd.h - nsactl's commands (not nsad's: those are daemon/commands.h).
- * Each takes the arguments after its name (global options already removed)
- * and returns nsactl's exit code (ctl.h). */
+/* ctlcmd.h - nsactl's commands (not nsad's: those are daemon/commands.h):
+ * the command table with its help text and aliases (cmdtable.c) and the
+ * commands it points to (commands.c, use.c). Each command takes the
+ * arguments after its name (global options already removed) and returns
+ * nsactl's exit code (ctl.h). */
 #ifndef NSACTL_CTLCMD_H
 #define NSACTL_CTLCMD_H
 
@@ -13,6 +15,8 @@ typedef struct CtlCommand {
     const char *help;      /* the rest of `nsactl CMD --help` */
     int (*run)(Ctl *ctl, int argc, char **argv);
 } CtlCommand;
+
+/* ---- the table (cmdtable.c) ---- */
 
 /* The command table, terminated by an entry with name == NULL. */
 extern const CtlCommand ctlCommands[];
@@ -34,6 +38,25 @@ char *ctlAliasesOf(const char *command, char *buf, size_t cap);
 /* Prints "nsactl: unknown command 'NAME'; did you mean 'X'? (...)" - the
  * commands and aliases closest to name - on stderr, one line. */
 void ctlUnknownCommand(const char *name);
+
+/* ---- the commands ---- */
+
+/* Ask nsad once and print (commands.c); watch (commands.c) parses its
+ * arguments and follows the run with ctlWatchRun (watch.c). */
+int ctlCmdStart(Ctl *ctl, int argc, char **argv);
+int ctlCmdStatus(Ctl *ctl, int argc, char **argv);
+int ctlCmdList(Ctl *ctl, int argc, char **argv);
+int ctlCmdFront(Ctl *ctl, int argc, char **argv);
+int ctlCmdHalt(Ctl *ctl, int argc, char **argv);
+int ctlCmdResume(Ctl *ctl, int argc, char **argv);
+int ctlCmdDelete(Ctl *ctl, int argc, char **argv);
+int ctlCmdMetrics(Ctl *ctl, int argc, char **argv);
+int ctlCmdEvents(Ctl *ctl, int argc, char **argv);
+int ctlCmdLogs(Ctl *ctl, int argc, char **argv);
+int ctlCmdStacks(Ctl *ctl, int argc, char **argv);
+int ctlCmdWatch(Ctl *ctl, int argc, char **argv);
+int ctlCmdDashboard(Ctl *ctl, int argc, char **argv);
+int ctlCmdVersion(Ctl *ctl, int argc, char **argv);
 
 /* The commands that use a trained checkpoint (use.c). */
 int ctlCmdSample(Ctl *ctl, int argc, char **argv);

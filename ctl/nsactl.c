@@ -1,5 +1,15 @@
 /* nsactl.c - the command-line client of nsad: global options, help, and
- * dispatch to the commands (commands.c, watch.c). */
+ * dispatch to the commands. The rest of ctl/:
+ *   cmdtable.c  the command table: names, synopses, help text, aliases
+ *   args.c      per-command argument parsing, "did you mean" for options
+ *   commands.c  the commands that ask nsad and print (start ... version)
+ *   watch.c     following a run live (watch, start --watch)
+ *   use.c       sample, eval and export (streams and downloads)
+ *   runview.c   a run in one line (status, list, watch)
+ *   format.c    durations, SI numbers, bytes, losses, tables
+ *   suggest.c   the nearest words to a mistyped one
+ *   api.c       one request to nsad and what its answer means (ctl.h)
+ *   http.c      libcurl: the socket or TCP exchange itself (http.h) */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
