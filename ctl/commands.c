@@ -21,10 +21,6 @@
 #include "suggest.h"
 #include "watch.h"
 
-/* Config files are small; the daemon refuses bodies over 1 MiB anyway
- * (proto/api.md), so a bigger file is an error here, with a clear message. */
-#define CONFIG_FILE_LIMIT ((size_t)1 << 20)
-
 /* Prints one "label  value" line of `status`. */
 static void statusLine(const char *label, const char *value) {
     printf("  %-11s %s\n", label, value);
@@ -159,20 +155,21 @@ static char *readConfigFile(const char *path, size_t *len) {
         return NULL;
     }
     /* One byte past the limit tells "exactly the limit" from "too large". */
-    char *buf = malloc(CONFIG_FILE_LIMIT + 2);
+    char *buf = malloc(CTL_CONFIG_FILE_LIMIT + 2);
     if (!buf) {
         if (f != stdin) fclose(f);
         fprintf(stderr, "nsactl start: out of memory reading %s\n", path);
         return NULL;
     }
     errno = 0;
-    size_t n = fread(buf, 1, CONFIG_FILE_LIMIT + 1, f);
+    size_t n = fread(buf, 1, CTL_CONFIG_FILE_LIMIT + 1, f);
     buf[n] = '\0';
     int read_error = ferror(f) ? (errno ? errno : EIO) : 0;
     if (f != stdin) fclose(f);
     const char *problem = NULL;
     if (read_error) problem = strerror(read_error);
-    else if (n > CONFIG_FILE_LIMIT) problem = "larger than 1 MiB, the most nsad accepts; a job config is a short YAML file";
+    else if (n > CTL_CONFIG_FILE_LIMIT)
+        problem = "larger than 1 MiB, the most nsad accepts; a job config is a short YAML file";
     else if (strspn(buf, " \t\r\n") >= n) problem = "empty";
     if (problem) {
         fprintf(stderr, "nsactl start: config file %s: %s\n", path, problem);

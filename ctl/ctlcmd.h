@@ -41,6 +41,14 @@ void ctlUnknownCommand(const char *name);
 
 /* ---- the commands ---- */
 
+/* The largest config file `start` sends: nsad refuses a bigger body
+ * (proto/api.md), so start says so before sending. Must equal nsad's
+ * YAML_LIMIT_BYTES (daemon/yamllimit.h). nsactl does not include that
+ * header: it is not header-only (it declares yamllimit.c's libyaml
+ * checks), and nsactl links no daemon module but paths.c and strbuf.c.
+ * tests/unit/test_ctl_limits.c fails to compile when the two differ. */
+#define CTL_CONFIG_FILE_LIMIT ((size_t)1 << 20)
+
 /* Ask nsad once and print (commands.c); watch (commands.c) parses its
  * arguments and follows the run with ctlWatchRun (watch.c). */
 int ctlCmdStart(Ctl *ctl, int argc, char **argv);
