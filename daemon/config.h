@@ -45,7 +45,7 @@ typedef enum HangPolicy { HANG_REPORT = 0, HANG_EXIT = 1 } HangPolicy;
 
 typedef enum FaultKind { FAULT_NONE = 0, FAULT_NAN_LOSS = 1, FAULT_NAN_GRAD = 2 } FaultKind;
 
-/* train.lr_schedule: nsad has one, schedule.h's linear warmup then cosine. */
+/* train.lr_schedule: nsad has one, lrschedule.h's linear warmup then cosine. */
 typedef enum LrScheduleKind { LR_SCHEDULE_COSINE = 0 } LrScheduleKind;
 
 typedef struct TrainConfig {

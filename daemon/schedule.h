@@ -1,27 +1,15 @@
-/* schedule.h - the learning-rate schedule: linear warmup, then cosine decay
- * to min_lr, counted in optimizer steps (not micro-batches).
- *
- *   step s is 1-based (the step about to be taken), W = warmup_steps,
- *   T = total steps:
- *     s <= W:      lr * s / W
- *     W < s <= T:  min_lr + (lr - min_lr) * (1 + cos(pi * (s - W) / (T - W))) / 2
- *     s > T:       min_lr
- * so the first step already trains (lr/W, not 0) and the last step lands
- * exactly on min_lr. */
+/* schedule.h - a forwarding header: the learning-rate schedule lives in
+ * lrschedule.h (lrScheduleRate). Kept only for daemon/trainer.c, which
+ * still includes this name and calls scheduleLr; remove it once trainer.c
+ * includes lrschedule.h and calls lrScheduleRate. */
 #ifndef NSAD_SCHEDULE_H
 #define NSAD_SCHEDULE_H
 
-#include <stdint.h>
+#include "lrschedule.h"
 
-typedef struct LrSchedule {
-    double lr;             /* peak */
-    double min_lr;         /* floor reached at total_steps */
-    int64_t warmup_steps;  /* >= 0 */
-    int64_t total_steps;   /* >= 1 */
-} LrSchedule;
-
-/* Learning rate for 1-based optimizer step `step`. Pure; cannot fail:
- * steps < 1 are treated as 1, steps past the end get min_lr. */
-double scheduleLr(const LrSchedule *s, int64_t step);
+/* lrScheduleRate under its old name. Pure; cannot fail. */
+static inline double scheduleLr(const LrSchedule *s, int64_t step) {
+    return lrScheduleRate(s, step);
+}
 
 #endif

@@ -30,7 +30,7 @@
 #include "checkpoint.h"
 #include "commands.h"
 #include "config.h"
-#include "schedule.h"
+#include "lrschedule.h"
 #include "signals.h"
 #include "stackdump.h"
 #include "trainer.h"
@@ -224,19 +224,21 @@ static int runJob(const JobConfig *cfg, const char *out_dir, const char *resume,
 static void test_schedule_warmup_cosine(void **state) {
     (void)state;
     LrSchedule s = {.lr = 1.0, .min_lr = 0.1, .warmup_steps = 10, .total_steps = 110};
-    assert_true(fabs(scheduleLr(&s, 1) - 0.1) < 1e-12);   /* the first step trains */
-    assert_true(fabs(scheduleLr(&s, 5) - 0.5) < 1e-12);
-    assert_true(fabs(scheduleLr(&s, 10) - 1.0) < 1e-12);  /* peak at the end of warmup */
-    assert_true(fabs(scheduleLr(&s, 60) - 0.55) < 1e-12); /* cosine midpoint */
-    assert_true(fabs(scheduleLr(&s, 110) - 0.1) < 1e-12); /* lands on min_lr */
-    assert_true(fabs(scheduleLr(&s, 500) - 0.1) < 1e-12);
-    for (int64_t k = 11; k <= 110; k++) assert_true(scheduleLr(&s, k) <= scheduleLr(&s, k - 1));
-    for (int64_t k = 2; k <= 10; k++) assert_true(scheduleLr(&s, k) > scheduleLr(&s, k - 1));
+    assert_true(fabs(lrScheduleRate(&s, 1) - 0.1) < 1e-12); /* the first step trains */
+    assert_true(fabs(lrScheduleRate(&s, 5) - 0.5) < 1e-12);
+    assert_true(fabs(lrScheduleRate(&s, 10) - 1.0) < 1e-12);  /* peak at the end of warmup */
+    assert_true(fabs(lrScheduleRate(&s, 60) - 0.55) < 1e-12); /* cosine midpoint */
+    assert_true(fabs(lrScheduleRate(&s, 110) - 0.1) < 1e-12); /* lands on min_lr */
+    assert_true(fabs(lrScheduleRate(&s, 500) - 0.1) < 1e-12);
+    for (int64_t k = 11; k <= 110; k++)
+        assert_true(lrScheduleRate(&s, k) <= lrScheduleRate(&s, k - 1));
+    for (int64_t k = 2; k <= 10; k++)
+        assert_true(lrScheduleRate(&s, k) > lrScheduleRate(&s, k - 1));
     LrSchedule flat = {.lr = 0.5, .min_lr = 0.5, .warmup_steps = 0, .total_steps = 10};
-    assert_true(scheduleLr(&flat, 1) == 0.5 && scheduleLr(&flat, 10) == 0.5);
+    assert_true(lrScheduleRate(&flat, 1) == 0.5 && lrScheduleRate(&flat, 10) == 0.5);
     LrSchedule no_warmup = {.lr = 1.0, .min_lr = 0.0, .warmup_steps = 0, .total_steps = 3};
-    assert_true(fabs(scheduleLr(&no_warmup, 0) - 0.75) < 1e-12); /* clamped to step 1 */
-    assert_true(fabs(scheduleLr(&no_warmup, 1) - 0.75) < 1e-12);
+    assert_true(fabs(lrScheduleRate(&no_warmup, 0) - 0.75) < 1e-12); /* clamped to step 1 */
+    assert_true(fabs(lrScheduleRate(&no_warmup, 1) - 0.75) < 1e-12);
 }
 
 static void test_phase_names(void **state) {

@@ -1,9 +1,9 @@
-/* schedule.c - see schedule.h. */
-#include "schedule.h"
+/* lrschedule.c - see lrschedule.h. */
+#include "lrschedule.h"
 
 #include <math.h>
 
-double scheduleLr(const LrSchedule *s, int64_t step) {
+double lrScheduleRate(const LrSchedule *s, int64_t step) {
     if (step < 1) step = 1;
     if (s->warmup_steps > 0 && step <= s->warmup_steps)
         return s->lr * (double)step / (double)s->warmup_steps;
