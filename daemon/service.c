@@ -50,19 +50,6 @@ static void saveState(Run *run, RunState state) {
     if (runsSetState(run, state, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
 }
 
-double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase) {
-    switch (phase) {
-    case PHASE_DATA: return wd->data;
-    case PHASE_FORWARD: return wd->forward;
-    case PHASE_BACKWARD: return wd->backward;
-    case PHASE_ALLREDUCE: return wd->allreduce;
-    case PHASE_OPTIMIZER: return wd->optimizer;
-    case PHASE_CHECKPOINT: return wd->checkpoint;
-    case PHASE_EVAL: return wd->eval;
-    default: return 0;
-    }
-}
-
 void serviceCountRequest(Service *svc, int status) {
     for (int i = 0; i < SERVICE_HTTP_CODES && service_http_codes[i]; i++)
         if (service_http_codes[i] == status) {

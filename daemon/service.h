@@ -264,8 +264,4 @@ void serviceCountRequest(Service *svc, int status);
 /* The status codes serviceCountRequest tracks, slot by slot (0 ends). */
 extern const int service_http_codes[SERVICE_HTTP_CODES];
 
-/* The deadline in seconds for phase under the active job's watchdog config,
- * or 0 when the phase has none (idle, starting). */
-double serviceDeadline(const WatchdogConfig *wd, TrainPhase phase);
-
 #endif

@@ -78,6 +78,29 @@ static void logLines(int level, const char *prefix, const char *text) {
     }
 }
 
+/* The deadline in seconds for phase under the active job's watchdog config,
+ * or 0 when the phase has none (idle, starting). */
+static double phaseDeadline(const WatchdogConfig *wd, TrainPhase phase) {
+    switch (phase) {
+    case PHASE_DATA:
+        return wd->data;
+    case PHASE_FORWARD:
+        return wd->forward;
+    case PHASE_BACKWARD:
+        return wd->backward;
+    case PHASE_ALLREDUCE:
+        return wd->allreduce;
+    case PHASE_OPTIMIZER:
+        return wd->optimizer;
+    case PHASE_CHECKPOINT:
+        return wd->checkpoint;
+    case PHASE_EVAL:
+        return wd->eval;
+    default:
+        return 0;
+    }
+}
+
 /* watchdogCheck for one trainer. */
 static int checkTrainer(ServiceTrainer *t, int64_t now_ns, char *dump_path, size_t cap) {
     Service *svc = t->svc;
@@ -100,7 +123,7 @@ static int checkTrainer(ServiceTrainer *t, int64_t now_ns, char *dump_path, size
             logRunNotice(run->id, "run %s: the stuck phase ended; running again", run->id);
         }
     }
-    double deadline = serviceDeadline(&t->deadlines, phase);
+    double deadline = phaseDeadline(&t->deadlines, phase);
     double age = (double)(now_ns - since) * 1e-9;
     int overrun = run && !t->pending && deadline > 0 && age > deadline &&
                   t->hang_flagged_since != since && run->state != RUN_HUNG;
