@@ -62,15 +62,21 @@ void serviceCountRequest(Service *svc, int status) {
 
 static Run *activeRun(ServiceTrainer *t) { return runsFind(t->svc->runs, t->active_id); }
 
+int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how) {
+    if (run->state != RUN_HUNG) return 0;
+    t->hang_flagged_since = 0;
+    run->anomaly[0] = '\0';
+    saveState(run, t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
+    addEvent(run, "recovered", run->step, NULL);
+    logRunNotice(run->id, "run %s: %s", run->id, how);
+    return 1;
+}
+
+/* The trainer reported progress: a run still starting is running, a hung
+ * one has recovered. Caller holds the lock. */
 static void markRunning(ServiceTrainer *t, Run *run) {
     if (run->state == RUN_STARTING) saveState(run, RUN_RUNNING);
-    if (run->state == RUN_HUNG) {
-        t->hang_flagged_since = 0;
-        run->anomaly[0] = '\0';
-        saveState(run, t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
-        addEvent(run, "recovered", run->step, NULL);
-        logRunNotice(run->id, "run %s: recovered from the hang, running again", run->id);
-    }
+    serviceRecoverHung(t, run, "recovered from the hang, running again");
 }
 
 /* Adds a logged step to the run's series; a run still starting (or hung)

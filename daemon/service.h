@@ -129,6 +129,14 @@ typedef struct Service {
 ServiceClaim serviceClaimOf(Service *svc, Run *run);
 /* The trainer holding run id, or NULL. Caller holds the lock. */
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
+/* Takes run (t's, hung) out of the hung state: back to what it was before
+ * the hang (running, or halting when a halt came first), its anomaly
+ * cleared, a "recovered" event added and "run ID: <how>" logged; t's
+ * flagged hang is forgotten. The trainer's progress hooks and the watchdog
+ * (the stuck phase ended) both call it. Returns 1 when run was hung, 0
+ * (nothing done) otherwise. Cannot fail: a record not written is logged.
+ * Caller holds the lock. */
+int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how);
 /* Trainers holding a run now (0 when all are idle). Lock-free. */
 int serviceBusyTrainers(Service *svc);
 /* The GPU a sample or eval job should use: the highest-numbered one no run

@@ -113,15 +113,7 @@ static int checkTrainer(ServiceTrainer *t, int64_t now_ns, char *dump_path, size
         /* the stuck phase ended: the trainer is moving again (a run halted
          * while hung stays halting) */
         t->hang_flagged_since = 0;
-        if (run && run->state == RUN_HUNG) {
-            run->anomaly[0] = '\0';
-            NsaError err;
-            RunState back = t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING;
-            if (runsSetState(run, back, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
-            if (runsAddEvent(run, "recovered", run->step, NULL, &err) != 0)
-                logWarn("run %s: %s", run->id, err.message);
-            logRunNotice(run->id, "run %s: the stuck phase ended; running again", run->id);
-        }
+        if (run) serviceRecoverHung(t, run, "the stuck phase ended; running again");
     }
     double deadline = phaseDeadline(&t->deadlines, phase);
     double age = (double)(now_ns - since) * 1e-9;
