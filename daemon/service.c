@@ -4,6 +4,7 @@
 #include "clockutil.h"
 #include "fsutil.h"
 
+#include <assert.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <glob.h>
@@ -111,14 +112,44 @@ static void hookEval(void *ctx, const TrainStepLog *logged, int64_t step, double
     pthread_mutex_unlock(&svc->lock);
 }
 
-/* One bit per event type that ends a job, so finishJob adds the event only
- * when the trainer did not report it itself. */
-static unsigned eventBit(const char *type) {
-    static const char *const ending[] = {"complete", "halt", "anomaly", "fail"};
-    for (unsigned i = 0; i < 4; i++)
-        if (!strcmp(type, ending[i])) return 1u << i;
-    return 0;
+/* The trainer's events that the service acts on. trainer.c reports each by
+ * name through TrainHooks.on_event (the names proto/api.md lists); every
+ * event, these or others, is recorded on the run. */
+typedef enum JobEvent {
+    JOB_EVENT_START,
+    JOB_EVENT_RESUME,
+    JOB_EVENT_CHECKPOINT,
+    JOB_EVENT_ANOMALY, /* a skipped step, or (nan_halted) the job's end */
+    JOB_EVENT_COMPLETE,
+    JOB_EVENT_HALT,
+    JOB_EVENT_FAIL,
+    JOB_EVENT_COUNT,
+    JOB_EVENT_OTHER = JOB_EVENT_COUNT /* a name not above */
+} JobEvent;
+
+static const char *const job_event_names[JOB_EVENT_COUNT] = {
+    [JOB_EVENT_START] = "start",
+    [JOB_EVENT_RESUME] = "resume",
+    [JOB_EVENT_CHECKPOINT] = "checkpoint",
+    [JOB_EVENT_ANOMALY] = "anomaly",
+    [JOB_EVENT_COMPLETE] = "complete",
+    [JOB_EVENT_HALT] = "halt",
+    [JOB_EVENT_FAIL] = "fail",
+};
+
+/* ServiceTrainer.job_events holds one bit per JobEvent. */
+static_assert(JOB_EVENT_COUNT <= sizeof(unsigned) * CHAR_BIT, "a JobEvent bit past job_events");
+
+static JobEvent jobEventOf(const char *type) {
+    for (int e = 0; e < JOB_EVENT_COUNT; e++)
+        if (!strcmp(type, job_event_names[e])) return (JobEvent)e;
+    return JOB_EVENT_OTHER;
 }
+
+/* The JobEvent's bit in ServiceTrainer.job_events (0 for JOB_EVENT_OTHER):
+ * finishJob adds a job's ending event only when the trainer did not report
+ * it itself. */
+static unsigned jobEventBit(JobEvent e) { return e < JOB_EVENT_COUNT ? 1u << e : 0; }
 
 /* The step an event belongs to: its detail's "step" when present. */
 static int64_t eventStep(const cJSON *detail, int64_t fallback) {
@@ -135,20 +166,22 @@ static void hookEvent(void *ctx, const char *type, const char *detail_json) {
     if (run) {
         int64_t step = eventStep(detail, atomic_load(&t->mon.step));
         addEvent(run, type, step, detail_json);
-        if (!strcmp(type, "start") || !strcmp(type, "resume")) {
+        const JobEvent event = jobEventOf(type);
+        if (event == JOB_EVENT_START || event == JOB_EVENT_RESUME) {
             markRunning(t, run);
-        } else if (!strcmp(type, "checkpoint")) {
+        } else if (event == JOB_EVENT_CHECKPOINT) {
             run->last_checkpoint_step = step;
             run->step = step > run->step ? step : run->step;
             NsaError err;
             if (runsSave(run, &err) != 0) logWarn("run %s: %s", run->id, err.message);
-        } else if (!strcmp(type, "anomaly")) {
+        } else if (event == JOB_EVENT_ANOMALY) {
             atomic_fetch_add(&svc->anomalies_total, 1);
-            const cJSON *kind = cJSON_GetObjectItemCaseSensitive(detail, "kind");
-            if (!cJSON_IsString(kind)) kind = cJSON_GetObjectItemCaseSensitive(detail, "type");
-            if (cJSON_IsString(kind)) snprintf(run->anomaly, sizeof run->anomaly, "%s", kind->valuestring);
+            /* its name is detail.type (proto/api.md: nan_loss...) */
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(detail, "type");
+            if (cJSON_IsString(name))
+                snprintf(run->anomaly, sizeof run->anomaly, "%s", name->valuestring);
         }
-        t->job_events |= eventBit(type);
+        t->job_events |= jobEventBit(event);
     }
     pthread_mutex_unlock(&svc->lock);
     cJSON_Delete(detail);
@@ -174,19 +207,19 @@ static void finishJob(ServiceTrainer *t, Run *run, int rc, const TrainResult *re
     /* a hang the run came through is history (its event stays), not its end */
     if (!strncmp(run->anomaly, "hang:", 5)) run->anomaly[0] = '\0';
     RunState state = RUN_FAILED;
-    const char *event = "fail";
+    JobEvent event = JOB_EVENT_FAIL;
     switch (res->outcome) {
     case TRAIN_COMPLETED:
         state = RUN_COMPLETED;
-        event = "complete";
+        event = JOB_EVENT_COMPLETE;
         break;
     case TRAIN_HALTED:
         state = RUN_HALTED;
-        event = "halt";
+        event = JOB_EVENT_HALT;
         break;
     case TRAIN_NAN_HALTED:
         state = RUN_NAN_HALTED;
-        event = "anomaly";
+        event = JOB_EVENT_ANOMALY;
         if (res->anomaly[0]) snprintf(run->anomaly, sizeof run->anomaly, "%s", res->anomaly);
         break;
     case TRAIN_FAILED:
@@ -195,12 +228,12 @@ static void finishJob(ServiceTrainer *t, Run *run, int rc, const TrainResult *re
                  rc != 0 && terr->message[0] ? terr->message : "the trainer failed without a message");
         break;
     }
-    if (!(t->job_events & eventBit(event))) {
+    if (!(t->job_events & jobEventBit(event))) {
         cJSON *d = cJSON_CreateObject();
         if (state == RUN_FAILED) cJSON_AddStringToObject(d, "error", run->error);
-        if (state == RUN_NAN_HALTED) cJSON_AddStringToObject(d, "kind", run->anomaly);
+        if (state == RUN_NAN_HALTED) cJSON_AddStringToObject(d, "type", run->anomaly);
         char *text = cJSON_PrintUnformatted(d);
-        addEvent(run, event, run->step, text);
+        addEvent(run, job_event_names[event], run->step, text);
         if (state == RUN_NAN_HALTED) atomic_fetch_add(&svc->anomalies_total, 1);
         free(text);
         cJSON_Delete(d);

@@ -77,7 +77,7 @@ typedef struct ServiceTrainer {
     char active_id[RUN_ID_MAX]; /* the run it holds, "" when idle */
     int pending;                /* SERVICE_PENDING_*: the run waits for the thread */
     int user_halt;              /* the run's halt came from a user */
-    unsigned job_events;        /* ending events the trainer reported (eventBit) */
+    unsigned job_events;        /* events the trainer reported, a bit each (service.c's JobEvent) */
     ServiceClaim claim;         /* what the run holds */
     TrainJoin join;             /* a member run's part in its multi-node job */
     WatchdogConfig deadlines;   /* the job's phase deadlines */
