@@ -275,7 +275,7 @@ static cJSON *runJson(Service *svc, Run *run, int with_config) {
     const ServiceClaim claim = strcmp(run->device, "cuda") ? (ServiceClaim){0} : serviceClaimOf(svc, run);
     if (claim.gpus) {
         cJSON *gpus = cJSON_AddArrayToObject(o, "gpus");
-        for (int g = 0; g < 64; g++)
+        for (int g = 0; g < SERVICE_MAX_GPUS; g++)
             if (claim.gpus & ((uint64_t)1 << g)) cJSON_AddItemToArray(gpus, cJSON_CreateNumber(g));
     } else {
         cJSON_AddNullToObject(o, "gpus");

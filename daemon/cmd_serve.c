@@ -1,8 +1,9 @@
 /* cmd_serve.c - `nsad serve`: the long-lived daemon.
  *
  * Threads: main (options, start-up, then signals), the trainers (service.c:
- * one per GPU and one for the CPU engine), the HTTP loop (server.c) and the
- * watchdog (watchdog.c). Start-up order:
+ * 1 + min(GPUs, 16) alike, any idle one takes any run, whose claim binds
+ * its GPUs or the CPU engine), the HTTP loop (server.c) and the watchdog
+ * (watchdog.c). Start-up order:
  * options and daemon config (exit 78 when bad), state dir, token, run
  * registry (picking up an interrupted run), listeners, trainers, watchdog,
  * then READY=1 to systemd. SIGTERM/SIGINT stop it: the active run

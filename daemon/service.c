@@ -334,7 +334,8 @@ static ServiceClaim claimOfOrdinals(const int *ordinals, int n) {
     ServiceClaim c = {0};
     if (n < 0) c.cpu = 1;
     for (int i = 0; i < n; i++)
-        if (ordinals[i] >= 0 && ordinals[i] < 64) c.gpus |= (uint64_t)1 << ordinals[i];
+        if (ordinals[i] >= 0 && ordinals[i] < SERVICE_MAX_GPUS)
+            c.gpus |= (uint64_t)1 << ordinals[i];
     return c;
 }
 
@@ -365,7 +366,7 @@ static ServiceClaim claimOf(Service *svc, Run *run) {
                 const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
                 if (cfg->runtime.device_auto) {
                     c.cpu = 1;
-                    c.gpus = gpus >= 64 ? ~(uint64_t)0 : ((uint64_t)1 << gpus) - 1;
+                    c.gpus = gpus >= SERVICE_MAX_GPUS ? ~(uint64_t)0 : ((uint64_t)1 << gpus) - 1;
                 } else {
                     c = claimOfConfig(svc, cfg);
                 }
@@ -418,7 +419,7 @@ int servicePickGpu(Service *svc) {
     pthread_mutex_lock(&svc->lock);
     const ServiceClaim held = heldClaims(svc);
     pthread_mutex_unlock(&svc->lock);
-    for (int g = (n < 64 ? n : 64) - 1; g >= 0; g--)
+    for (int g = (n < SERVICE_MAX_GPUS ? n : SERVICE_MAX_GPUS) - 1; g >= 0; g--)
         if (!(held.gpus & ((uint64_t)1 << g))) return g;
     return n > 0 ? n - 1 : 0;
 }

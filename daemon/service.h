@@ -20,6 +20,7 @@
 #ifndef NSAD_SERVICE_H
 #define NSAD_SERVICE_H
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -30,9 +31,13 @@
 
 /* HTTP status classes counted for nsad_http_requests_total. */
 #define SERVICE_HTTP_CODES 16
-/* GPUs whose peak matrix rate the service keeps (MFU). */
+/* The most GPUs nsad tells apart: a claim is a bitmask of GPU ordinals
+ * (ServiceClaim.gpus, a uint64_t), and the service keeps each one's peak
+ * matrix rate (MFU). GPUs past it are never claimed. */
 #define SERVICE_MAX_GPUS 64
-/* Trainers one nsad runs: one per GPU and one for the CPU engine, at most. */
+static_assert(SERVICE_MAX_GPUS <= 64, "ServiceClaim.gpus is a uint64_t bitmask");
+/* Trainer threads one nsad runs, at most: serviceStartTrainers starts
+ * 1 + min(GPUs, SERVICE_MAX_TRAINERS - 1) of them, all alike. */
 #define SERVICE_MAX_TRAINERS 17
 
 typedef enum ServiceStatus {
@@ -55,9 +60,10 @@ typedef int (*ServiceMemoryPlanFn)(const NsaModelConfig *cfg, const NsaEngineOpt
 typedef int (*ServiceTrainFn)(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
                               const TrainHooks *hooks, TrainResult *res, NsaError *err);
 
-/* What a run holds while it trains: GPU ordinals (bit g: GPU g) or the CPU
- * engine. A run whose config no longer resolves claims nothing and fails
- * with the config's error when it starts. */
+/* What a run holds while it trains: GPU ordinals (bit g: GPU g, g below
+ * SERVICE_MAX_GPUS) or the CPU engine. A run whose config no longer
+ * resolves claims nothing and fails with the config's error when it
+ * starts. */
 typedef struct ServiceClaim {
     uint64_t gpus;
     int cpu;
@@ -166,9 +172,12 @@ void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *pro
  * "" for none), for the version route. Takes the lock. Cannot fail. */
 void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path);
 
-/* Starts the trainer threads - one for the CPU engine and one per GPU of
- * serviceSetDevices, at most SERVICE_MAX_TRAINERS - which pick up queued
- * runs at once. Returns 0 or -1 with err (then none runs). */
+/* Starts 1 + min(GPUs of serviceSetDevices, SERVICE_MAX_TRAINERS - 1)
+ * trainer threads, which pick up queued runs at once. The trainers are
+ * interchangeable: any idle one takes any run, and the run's claim (not
+ * the trainer) binds its GPUs or the CPU engine, so at most that many runs
+ * with disjoint claims train at once. Returns 0 or -1 with err (then none
+ * runs). */
 int serviceStartTrainers(Service *svc, NsaError *err);
 
 /* Asks every active run to checkpoint and stop without marking it halted
