@@ -27,9 +27,7 @@
 const int service_http_codes[SERVICE_HTTP_CODES] = {200, 201, 202, 204, 304, 400, 401, 403,
                                                     404, 405, 409, 413, 429, 500, 503, 0};
 
-static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...) {
+ServiceStatus serviceFail(NsaError *err, ServiceStatus st, const char *fmt, ...) {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
@@ -39,14 +37,12 @@ static ServiceStatus fail(NsaError *err, ServiceStatus st, const char *fmt, ...)
     return st;
 }
 
-/* Records an event, logging (not failing) when its file cannot be written:
- * the event stays visible through the API either way. Caller holds the lock. */
-static void addEvent(Run *run, const char *type, int64_t step, const char *detail) {
+void serviceAddEvent(Run *run, const char *type, int64_t step, const char *detail) {
     NsaError err;
     if (runsAddEvent(run, type, step, detail, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
 }
 
-static void saveState(Run *run, RunState state) {
+void serviceSaveState(Run *run, RunState state) {
     NsaError err;
     if (runsSetState(run, state, &err) != 0) logRunWarn(run->id, "run %s: %s", run->id, err.message);
 }
@@ -67,8 +63,8 @@ int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how) {
     if (run->state != RUN_HUNG) return 0;
     t->hang_flagged_since = 0;
     run->anomaly[0] = '\0';
-    saveState(run, t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
-    addEvent(run, "recovered", run->step, NULL);
+    serviceSaveState(run, t->state_before_hang == RUN_HALTING ? RUN_HALTING : RUN_RUNNING);
+    serviceAddEvent(run, "recovered", run->step, NULL);
     logRunNotice(run->id, "run %s: %s", run->id, how);
     return 1;
 }
@@ -76,7 +72,7 @@ int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how) {
 /* The trainer reported progress: a run still starting is running, a hung
  * one has recovered. Caller holds the lock. */
 static void markRunning(ServiceTrainer *t, Run *run) {
-    if (run->state == RUN_STARTING) saveState(run, RUN_RUNNING);
+    if (run->state == RUN_STARTING) serviceSaveState(run, RUN_RUNNING);
     serviceRecoverHung(t, run, "recovered from the hang, running again");
 }
 
@@ -165,7 +161,7 @@ static void hookEvent(void *ctx, const char *type, const char *detail_json) {
     Run *run = activeRun(t);
     if (run) {
         int64_t step = eventStep(detail, atomic_load(&t->mon.step));
-        addEvent(run, type, step, detail_json);
+        serviceAddEvent(run, type, step, detail_json);
         const JobEvent event = jobEventOf(type);
         if (event == JOB_EVENT_START || event == JOB_EVENT_RESUME) {
             markRunning(t, run);
@@ -198,8 +194,8 @@ static void finishJob(ServiceTrainer *t, Run *run, int rc, const TrainResult *re
          * nsad resumes it */
         char detail[64];
         snprintf(detail, sizeof detail, "{\"reason\":\"%s\"}", trainHaltReasonName(svc->shutting_down));
-        addEvent(run, "shutdown", run->step, detail);
-        saveState(run, RUN_RUNNING);
+        serviceAddEvent(run, "shutdown", run->step, detail);
+        serviceSaveState(run, RUN_RUNNING);
         logRunNotice(run->id, "run %s: checkpointed at step %lld for the shutdown (%s); the next start resumes it",
                      run->id, (long long)run->step, trainHaltReasonName(svc->shutting_down));
         return;
@@ -233,12 +229,12 @@ static void finishJob(ServiceTrainer *t, Run *run, int rc, const TrainResult *re
         if (state == RUN_FAILED) cJSON_AddStringToObject(d, "error", run->error);
         if (state == RUN_NAN_HALTED) cJSON_AddStringToObject(d, "type", run->anomaly);
         char *text = cJSON_PrintUnformatted(d);
-        addEvent(run, job_event_names[event], run->step, text);
+        serviceAddEvent(run, job_event_names[event], run->step, text);
         if (state == RUN_NAN_HALTED) atomic_fetch_add(&svc->anomalies_total, 1);
         free(text);
         cJSON_Delete(d);
     }
-    saveState(run, state);
+    serviceSaveState(run, state);
     if (state == RUN_FAILED)
         logRunError(run->id, "run %s failed at step %lld: %s", run->id, (long long)run->step, run->error);
     else
@@ -469,8 +465,9 @@ static void scheduleQueuedRuns(Service *svc) {
         }
         const int resume = run->queue_resume;
         run->queue_resume = 0;
-        addEvent(run, "dequeued", run->step, resume ? "{\"resume\":true}" : "{\"resume\":false}");
-        saveState(run, RUN_STARTING); /* it leaves the queue */
+        serviceAddEvent(run, "dequeued", run->step,
+                        resume ? "{\"resume\":true}" : "{\"resume\":false}");
+        serviceSaveState(run, RUN_STARTING); /* it leaves the queue */
         assignRun(t, run, resume);
         claimAdd(&held, c);
         logRunNotice(run->id, "run %s: its turn in the queue came; %s", run->id,
@@ -521,27 +518,29 @@ static void recoverRuns(Service *svc) {
     for (size_t i = svc->runs->n_runs; i-- > 0;) {
         Run *run = svc->runs->runs[i];
         if (run->state == RUN_HALTING) {
-            addEvent(run, "restart", run->step, "{\"note\":\"nsad restarted while the run was halting\"}");
-            saveState(run, RUN_HALTED);
+            serviceAddEvent(run, "restart", run->step,
+                            "{\"note\":\"nsad restarted while the run was halting\"}");
+            serviceSaveState(run, RUN_HALTED);
         } else if (runStateIsActive(run->state) && run->member_of[0]) {
             /* a member follows its coordinator, which resumes the job */
-            addEvent(run, "restart", run->step,
-                     "{\"note\":\"nsad restarted; the coordinator resumes a multi-node job\"}");
+            serviceAddEvent(
+                run, "restart", run->step,
+                "{\"note\":\"nsad restarted; the coordinator resumes a multi-node job\"}");
             snprintf(run->error, sizeof run->error, "nsad restarted during the multi-node job %s; "
                      "resume it on its coordinator", run->member_of);
-            saveState(run, RUN_FAILED);
+            serviceSaveState(run, RUN_FAILED);
         } else if (runStateIsActive(run->state)) {
             run->restarts++;
             char detail[128];
             snprintf(detail, sizeof detail, "{\"from_state\":\"%s\",\"last_checkpoint_step\":%lld}",
                      runStateName(run->state), (long long)run->last_checkpoint_step);
-            addEvent(run, "restart", run->last_checkpoint_step, detail);
+            serviceAddEvent(run, "restart", run->last_checkpoint_step, detail);
             run->anomaly[0] = '\0';
             logRunNotice(run->id, "run %s was active when nsad stopped; resuming it from its latest "
                          "checkpoint (step %lld)", run->id, (long long)run->last_checkpoint_step);
             if (!newest) {
                 newest = run;
-                saveState(run, RUN_STARTING);
+                serviceSaveState(run, RUN_STARTING);
                 assignRun(&svc->trainers[0], run, 1);
                 continue;
             }
@@ -555,12 +554,12 @@ static void recoverRuns(Service *svc) {
 Service *serviceOpen(const char *state_dir, NsaError *err) {
     Service *svc = calloc(1, sizeof *svc);
     if (!svc) {
-        fail(err, SVC_INTERNAL, "out of memory");
+        serviceFail(err, SVC_INTERNAL, "out of memory");
         return NULL;
     }
     if (snprintf(svc->exports_dir, sizeof svc->exports_dir, "%s/exports", state_dir) >=
         (int)sizeof svc->exports_dir) {
-        fail(err, SVC_INTERNAL, "the state dir's path is too long: %s", state_dir);
+        serviceFail(err, SVC_INTERNAL, "the state dir's path is too long: %s", state_dir);
         free(svc);
         return NULL;
     }
@@ -642,7 +641,7 @@ int serviceStartTrainers(Service *svc, NsaError *err) {
         ServiceTrainer *t = &svc->trainers[i];
         int rc = pthread_create(&t->thread, NULL, trainerThread, t);
         if (rc != 0) {
-            fail(err, SVC_INTERNAL, "cannot start trainer thread %d: %s", i, strerror(rc));
+            serviceFail(err, SVC_INTERNAL, "cannot start trainer thread %d: %s", i, strerror(rc));
             serviceShutdown(svc, 5, TRAIN_HALT_SHUTDOWN);
             return -1;
         }
@@ -719,13 +718,16 @@ static ServiceStatus busy(Service *svc, ServiceClaim c, NsaError *err) {
         ServiceTrainer *t = &svc->trainers[i];
         Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
         if (run && claimsOverlap(c, t->claim))
-            return fail(err, SVC_BUSY, "run %s (%s) holds %s this run needs; halt it first or wait", run->id,
-                        runStateName(run->state), c.cpu ? "the CPU engine" : "GPUs");
+            return serviceFail(
+                err, SVC_BUSY, "run %s (%s) holds %s this run needs; halt it first or wait",
+                run->id, runStateName(run->state), c.cpu ? "the CPU engine" : "GPUs");
     }
-    if (!idleTrainer(svc)) return fail(err, SVC_BUSY, "every trainer is busy; halt a run first or wait");
+    if (!idleTrainer(svc))
+        return serviceFail(err, SVC_BUSY, "every trainer is busy; halt a run first or wait");
     const int waiting = runsQueueLength(svc->runs);
-    return fail(err, SVC_BUSY, "%d queued run%s wait%s for what this run needs; wait or queue it", waiting,
-                waiting == 1 ? "" : "s", waiting == 1 ? "s" : "");
+    return serviceFail(err, SVC_BUSY,
+                       "%d queued run%s wait%s for what this run needs; wait or queue it", waiting,
+                       waiting == 1 ? "" : "s", waiting == 1 ? "s" : "");
 }
 
 
@@ -786,16 +788,16 @@ static ServiceStatus checkReadable(DataSource source, const char *key, const cha
         size_t n = rc == 0 ? g.gl_pathc : 0;
         if (rc == 0 || rc == GLOB_NOMATCH) globfree(&g);
         if (n == 0)
-            return fail(err, SVC_INVALID_CONFIG,
-                        "%s: \"%s\" matches no file%s; allowed: %s (readable "
-                        "by nsad)",
-                        key, path, where, allowed);
+            return serviceFail(err, SVC_INVALID_CONFIG,
+                               "%s: \"%s\" matches no file%s; allowed: %s (readable "
+                               "by nsad)",
+                               key, path, where, allowed);
         return SVC_OK;
     }
     if (access(path, R_OK) != 0)
-        return fail(err, SVC_INVALID_CONFIG, "%s: \"%s\"%s: %s; allowed: %s (readable by nsad)",
-                    key, path, where, errno == ENOENT ? "does not exist" : strerror(errno),
-                    allowed);
+        return serviceFail(err, SVC_INVALID_CONFIG,
+                           "%s: \"%s\"%s: %s; allowed: %s (readable by nsad)", key, path, where,
+                           errno == ENOENT ? "does not exist" : strerror(errno), allowed);
     return SVC_OK;
 }
 
@@ -841,10 +843,10 @@ static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err
     else if (rc == 0)
         snprintf(werr.message, sizeof werr.message, "%.400s has no checkpoint yet", spec);
     if (rc <= 0 || !realpath(found, absolute))
-        return fail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s", cfg->train.init_from,
-                    where, rc <= 0 ? werr.message : strerror(errno));
+        return serviceFail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s",
+                           cfg->train.init_from, where, rc <= 0 ? werr.message : strerror(errno));
     Weights *w = malloc(sizeof *w);
-    if (!w) return fail(err, SVC_INTERNAL, "out of memory");
+    if (!w) return serviceFail(err, SVC_INTERNAL, "out of memory");
     /* the trainer verifies the checksums when it loads the weights: here,
      * on the HTTP thread, reading every byte would stall the API */
     int bad = weightsOpenUnverified(absolute, w, &werr);
@@ -854,14 +856,14 @@ static ServiceStatus resolveInitFrom(Service *svc, JobConfig *cfg, NsaError *err
     }
     free(w);
     if (bad)
-        return fail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s", cfg->train.init_from,
-                    where, werr.message);
+        return serviceFail(err, SVC_INVALID_CONFIG, "train.init_from: \"%s\"%s: %s",
+                           cfg->train.init_from, where, werr.message);
     if (snprintf(cfg->train.init_from, sizeof cfg->train.init_from, "%s", absolute) >=
         (int)sizeof cfg->train.init_from)
-        return fail(err, SVC_INVALID_CONFIG,
-                    "train.init_from: the checkpoint's path %s is longer than "
-                    "%zu bytes",
-                    absolute, sizeof cfg->train.init_from - 1);
+        return serviceFail(err, SVC_INVALID_CONFIG,
+                           "train.init_from: the checkpoint's path %s is longer than "
+                           "%zu bytes",
+                           absolute, sizeof cfg->train.init_from - 1);
     return SVC_OK;
 }
 
@@ -887,27 +889,33 @@ static ServiceStatus checkFits(Service *svc, const JobConfig *cfg, const int *or
         NsaError perr = {""};
         int fits = 0;
         if (svc->memory_plan(&cfg->model, &eo, world, &plan, &fits, &perr) != 0)
-            return fail(err, SVC_INVALID_CONFIG, "the CUDA engine cannot plan this job on GPU %d: %s",
-                        ordinals[g], perr.message);
+            return serviceFail(err, SVC_INVALID_CONFIG,
+                               "the CUDA engine cannot plan this job on GPU %d: %s", ordinals[g],
+                               perr.message);
         if (plan.total <= plan.device_free) continue;
         const double gb = 1e9;
         if (fits >= t->batch_size) fits = t->batch_size - 1; /* the estimate is not linear in B */
         if (fits < 1)
-            return fail(err, SVC_INVALID_CONFIG,
-                        "model: needs %.1f GB of GPU memory per GPU%s (weights, gradients and optimizer "
-                        "%.1f GB, activations for one sequence of %d tokens and workspace besides) but GPU %d "
-                        "has %.1f GB free; allowed: a smaller model (model.dim, model.n_layers) or "
-                        "train.seq_len",
-                        (double)plan.total / gb, ranks, (double)(plan.params + plan.grads + plan.optimizer) / gb,
-                        t->seq_len, ordinals[g], (double)plan.device_free / gb);
-        return fail(err, SVC_INVALID_CONFIG,
-                    "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory per GPU%s "
-                    "(weights, gradients and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) but "
-                    "GPU %d has %.1f GB free; allowed: train.batch_size up to %d at this seq_len (raise "
-                    "train.accumulate_grad_batches to keep the tokens per step)",
-                    t->batch_size, t->seq_len, (double)plan.total / gb, ranks,
-                    (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
-                    (double)plan.workspace / gb, ordinals[g], (double)plan.device_free / gb, fits);
+            return serviceFail(
+                err, SVC_INVALID_CONFIG,
+                "model: needs %.1f GB of GPU memory per GPU%s (weights, gradients and optimizer "
+                "%.1f GB, activations for one sequence of %d tokens and workspace besides) but GPU "
+                "%d "
+                "has %.1f GB free; allowed: a smaller model (model.dim, model.n_layers) or "
+                "train.seq_len",
+                (double)plan.total / gb, ranks,
+                (double)(plan.params + plan.grads + plan.optimizer) / gb, t->seq_len, ordinals[g],
+                (double)plan.device_free / gb);
+        return serviceFail(
+            err, SVC_INVALID_CONFIG,
+            "train.batch_size: %d sequences of %d tokens need %.1f GB of GPU memory per GPU%s "
+            "(weights, gradients and optimizer %.1f GB, activations %.1f GB, workspace %.1f GB) "
+            "but "
+            "GPU %d has %.1f GB free; allowed: train.batch_size up to %d at this seq_len (raise "
+            "train.accumulate_grad_batches to keep the tokens per step)",
+            t->batch_size, t->seq_len, (double)plan.total / gb, ranks,
+            (double)(plan.params + plan.grads + plan.optimizer) / gb, (double)plan.activations / gb,
+            (double)plan.workspace / gb, ordinals[g], (double)plan.device_free / gb, fits);
     }
     return SVC_OK;
 }
@@ -923,19 +931,21 @@ static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks
         rt->device = gpus > 0 ? NSA_DEVICE_CUDA : NSA_DEVICE_CPU;
         if (rt->precision_auto) rt->precision = configAutoPrecision(rt->device);
         NsaError verr;
-        if (configValidate(cfg, &verr) != 0) return fail(err, SVC_INVALID_CONFIG, "%s", verr.message);
+        if (configValidate(cfg, &verr) != 0)
+            return serviceFail(err, SVC_INVALID_CONFIG, "%s", verr.message);
         rt->device_auto = 0; /* the run's config.yaml says what it runs on */
     }
     if (rt->device == NSA_DEVICE_CUDA && gpus == 0)
-        return fail(err, SVC_INVALID_CONFIG,
-                    "runtime.device: cuda, but this nsad has no usable GPU (%s); allowed here: cpu, or auto "
-                    "(which picks cpu)",
-                    svc->devices.description);
+        return serviceFail(err, SVC_INVALID_CONFIG,
+                           "runtime.device: cuda, but this nsad has no usable GPU (%s); allowed "
+                           "here: cpu, or auto "
+                           "(which picks cpu)",
+                           svc->devices.description);
     int ordinals[TRAIN_MAX_RANKS], n = 0;
     if (rt->device == NSA_DEVICE_CUDA) {
         NsaError gerr;
         if ((n = trainerResolveGpus(rt, gpus, ordinals, &gerr)) < 0)
-            return fail(err, SVC_INVALID_CONFIG, "%s", gerr.message);
+            return serviceFail(err, SVC_INVALID_CONFIG, "%s", gerr.message);
     }
     ServiceStatus st = checkDataPath(&cfg->data, err);
     if (st != SVC_OK) return st;
@@ -960,7 +970,7 @@ ServiceStatus serviceCreateRun(Service *svc, const char *config_text, size_t len
 ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len, const ServiceSubmit *how,
                                char *id_out, ServiceWarnings *warnings, NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
-    if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
+    if (!cfg) return serviceFail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
     NsaError cerr;
     const char *name = how->name;
@@ -969,14 +979,14 @@ ServiceStatus serviceSubmitRun(Service *svc, const char *config_text, size_t len
         (how->nodes && setNodes(cfg, how->nodes, &cerr) != 0) ||
         (how->gpus && setGpus(cfg, how->gpus, &cerr) != 0)) {
         free(cfg);
-        return fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
+        return serviceFail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     }
     /* over the file's train.init_from, like nodes and gpus over runtime's */
     if (how->init_from && snprintf(cfg->train.init_from, sizeof cfg->train.init_from, "%s",
                                    how->init_from) >= (int)sizeof cfg->train.init_from) {
         free(cfg);
-        return fail(err, SVC_INVALID_CONFIG, "init_from: longer than %zu bytes",
-                    sizeof cfg->train.init_from - 1);
+        return serviceFail(err, SVC_INVALID_CONFIG, "init_from: longer than %zu bytes",
+                           sizeof cfg->train.init_from - 1);
     }
     ServiceStatus st = checkRunnable(svc, cfg, cfg->runtime.n_nodes, err);
     if (st == SVC_OK) st = resolveInitFrom(svc, cfg, err);
@@ -1012,7 +1022,7 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                                   : trainerFor(svc, claim);
     const int wait = t == NULL;
     if (svc->shutting_down) {
-        st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+        st = serviceFail(err, SVC_UNAVAILABLE, "nsad is shutting down");
     } else if (wait && (!may_queue || member_of)) {
         st = busy(svc, claim, err);
     } else {
@@ -1026,7 +1036,7 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
         int had_yaml = yaml != NULL;
         free(yaml);
         if (!run) {
-            st = had_yaml ? SVC_INTERNAL : fail(err, SVC_INTERNAL, "out of memory");
+            st = had_yaml ? SVC_INTERNAL : serviceFail(err, SVC_INTERNAL, "out of memory");
         } else {
             NsaError werr = {"out of memory"};
             int fits = snprintf(cfg->train.out_dir, sizeof cfg->train.out_dir, "%s", run->out_dir) <
@@ -1052,7 +1062,7 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
             if (wait) {
                 char detail[64];
                 snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
-                addEvent(run, "queued", 0, detail);
+                serviceAddEvent(run, "queued", 0, detail);
                 logRunNotice(run->id, "run %s created (%s, %lld steps, %s) and queued at position %d", run->id,
                              run->name, (long long)run->total_steps, run->device,
                              runsQueuePosition(svc->runs, run));
@@ -1071,24 +1081,26 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
 ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *id_out,
                           NsaError *err) {
     JobConfig *cfg = malloc(sizeof *cfg);
-    if (!cfg) return fail(err, SVC_INTERNAL, "out of memory");
+    if (!cfg) return serviceFail(err, SVC_INTERNAL, "out of memory");
     configDefaults(cfg);
     NsaError cerr;
     if (!j->config_yaml ||
         configLoadString(cfg, j->config_yaml, strlen(j->config_yaml), &cerr) != 0) {
         free(cfg);
-        return fail(err, SVC_INVALID_CONFIG, "%s", j->config_yaml ? cerr.message : "no config");
+        return serviceFail(err, SVC_INVALID_CONFIG, "%s",
+                           j->config_yaml ? cerr.message : "no config");
     }
     cfg->runtime.n_nodes = 0; /* a member coordinates nothing */
     int ordinals[TRAIN_MAX_RANKS];
     const int n = trainerLocalRanks(cfg, ordinals, &cerr);
     ServiceStatus st = SVC_OK;
     if (n < 0) {
-        st = fail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
+        st = serviceFail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     } else if (!j->start) {
         pthread_mutex_lock(&svc->lock);
         const ServiceClaim claim = claimOfConfig(svc, cfg);
-        if (svc->shutting_down) st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+        if (svc->shutting_down)
+            st = serviceFail(err, SVC_UNAVAILABLE, "nsad is shutting down");
         else if (claimsOverlap(claim, heldClaims(svc)) || !idleTrainer(svc)) st = busy(svc, claim, err);
         pthread_mutex_unlock(&svc->lock);
         /* what the coordinator checked at submit, against this node's
@@ -1096,11 +1108,13 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
         if (st == SVC_OK && (st = checkRunnable(svc, cfg, 1, err)) != SVC_OK)
             logNotice("multi-node job refused: %s", err ? err->message : "");
     } else if (!j->run_id || !runNameValid(j->run_id)) {
-        st = fail(err, SVC_INVALID_CONFIG, "run_id: '%.80s' is not a run id", j->run_id ? j->run_id : "");
+        st = serviceFail(err, SVC_INVALID_CONFIG, "run_id: '%.80s' is not a run id",
+                         j->run_id ? j->run_id : "");
     } else if (j->join.first < 1 || j->join.first + n > j->join.world) {
-        st = fail(err, SVC_INVALID_CONFIG, "first: %d, world %d: this node's %d rank%s do not fit; "
-                  "allowed: ranks after the coordinator's, within the job",
-                  j->join.first, j->join.world, n, n == 1 ? "" : "s");
+        st = serviceFail(err, SVC_INVALID_CONFIG,
+                         "first: %d, world %d: this node's %d rank%s do not fit; "
+                         "allowed: ranks after the coordinator's, within the job",
+                         j->join.first, j->join.world, n, n == 1 ? "" : "s");
     } else {
         st = createAndQueue(svc, cfg, j->run_id, j->run_id, &j->join, 0, id_out, err);
     }
@@ -1114,25 +1128,26 @@ ServiceStatus serviceHaltRun(Service *svc, const char *id, NsaError *err) {
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     if (!run) {
-        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+        st = serviceFail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
     } else if (run->state == RUN_HALTING) {
         /* already on its way: repeating the request is harmless */
     } else if (run->state == RUN_QUEUED) {
         /* it leaves the queue, keeping its files: resume queues it again */
         run->queue_resume = 0;
-        addEvent(run, "halt", run->step, "{\"note\":\"left the queue\"}");
-        saveState(run, RUN_HALTED);
+        serviceAddEvent(run, "halt", run->step, "{\"note\":\"left the queue\"}");
+        serviceSaveState(run, RUN_HALTED);
         logRunNotice(id, "run %s: halted while queued; it left the queue", id);
         pthread_cond_broadcast(&svc->wake); /* a run behind it may start now */
     } else if (!runStateIsActive(run->state) || !serviceTrainerOf(svc, id)) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt applies to a queued, starting, running or hung run", id,
-                  runStateName(run->state));
+        st = serviceFail(err, SVC_INVALID_STATE,
+                         "run %s is %s; halt applies to a queued, starting, running or hung run",
+                         id, runStateName(run->state));
     } else {
         ServiceTrainer *t = serviceTrainerOf(svc, id);
         t->user_halt = 1;
         atomic_store(&t->mon.halt_requested, TRAIN_HALT_REQUEST);
-        addEvent(run, "halt_requested", run->step, NULL);
-        saveState(run, RUN_HALTING);
+        serviceAddEvent(run, "halt_requested", run->step, NULL);
+        serviceSaveState(run, RUN_HALTING);
         logRunNotice(id, "run %s: halt requested at step %lld", id, (long long)run->step);
     }
     pthread_mutex_unlock(&svc->lock);
@@ -1157,14 +1172,15 @@ ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err) {
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     if (!run) {
-        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+        st = serviceFail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
     } else if (runStateIsActive(run->state) || serviceTrainerOf(svc, id)) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is %s; halt it (and let it stop) before deleting it", id,
-                  runStateName(run->state));
+        st = serviceFail(err, SVC_INVALID_STATE,
+                         "run %s is %s; halt it (and let it stop) before deleting it", id,
+                         runStateName(run->state));
     } else {
         NsaError derr = {""};
         if (runsDelete(svc->runs, id, trash, sizeof trash, &derr) != 0)
-            st = fail(err, SVC_INTERNAL, "run %s not deleted: %s", id, derr.message);
+            st = serviceFail(err, SVC_INTERNAL, "run %s not deleted: %s", id, derr.message);
     }
     if (st == SVC_OK) {
         runlogEnd(svc->runlog, id);
@@ -1198,17 +1214,18 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     if (!run) {
-        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+        st = serviceFail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
     } else if (svc->shutting_down) {
-        st = fail(err, SVC_UNAVAILABLE, "nsad is shutting down");
+        st = serviceFail(err, SVC_UNAVAILABLE, "nsad is shutting down");
     } else if (!runStateIsResumable(run->state)) {
-        st =
-            fail(err, SVC_INVALID_STATE, "run %s is %s; resume applies to a halted, nan_halted or failed run",
-                 id, runStateName(run->state));
+        st = serviceFail(err, SVC_INVALID_STATE,
+                         "run %s is %s; resume applies to a halted, nan_halted or failed run", id,
+                         runStateName(run->state));
     } else if (run->member_of[0]) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is this node's part of the multi-node job %s; resume "
-                                          "that run on its coordinator (it brings this node back in)",
-                  id, run->member_of);
+        st = serviceFail(err, SVC_INVALID_STATE,
+                         "run %s is this node's part of the multi-node job %s; resume "
+                         "that run on its coordinator (it brings this node back in)",
+                         id, run->member_of);
     } else {
         ServiceTrainer *t = trainerFor(svc, claimOf(svc, run));
         if (!t && !may_queue) {
@@ -1216,18 +1233,18 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
         } else {
             run->anomaly[0] = '\0';
             run->error[0] = '\0';
-            addEvent(run, "resume_requested", run->step, NULL);
+            serviceAddEvent(run, "resume_requested", run->step, NULL);
         }
         if (!t && may_queue) {
             NsaError qerr;
             if (runsEnqueue(svc->runs, run, 0, 1, &qerr) != 0) logRunWarn(id, "run %s: %s", id, qerr.message);
             char detail[64];
             snprintf(detail, sizeof detail, "{\"position\":%d}", runsQueuePosition(svc->runs, run));
-            addEvent(run, "queued", run->step, detail);
+            serviceAddEvent(run, "queued", run->step, detail);
             logRunNotice(id, "run %s: resume queued at position %d (latest checkpoint: step %lld)", id,
                          runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
         } else if (t) {
-            saveState(run, RUN_STARTING);
+            serviceSaveState(run, RUN_STARTING);
             assignRun(t, run, 1);
             logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
                          (long long)run->last_checkpoint_step);
@@ -1242,16 +1259,16 @@ ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err) {
     pthread_mutex_lock(&svc->lock);
     Run *run = runsFind(svc->runs, id);
     if (!run) {
-        st = fail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
+        st = serviceFail(err, SVC_NOT_FOUND, "no run '%s'; GET /api/v1/runs lists them", id);
     } else if (run->state != RUN_QUEUED) {
-        st = fail(err, SVC_INVALID_STATE, "run %s is %s; front applies to a queued run", id,
-                  runStateName(run->state));
+        st = serviceFail(err, SVC_INVALID_STATE, "run %s is %s; front applies to a queued run", id,
+                         runStateName(run->state));
     } else if (runsQueuePosition(svc->runs, run) > 1) {
         NsaError qerr;
         if (runsEnqueue(svc->runs, run, 1, run->queue_resume, &qerr) != 0) {
-            st = fail(err, SVC_INTERNAL, "run %s: %s", id, qerr.message);
+            st = serviceFail(err, SVC_INTERNAL, "run %s: %s", id, qerr.message);
         } else {
-            addEvent(run, "queue_front", run->step, NULL);
+            serviceAddEvent(run, "queue_front", run->step, NULL);
             logRunNotice(id, "run %s: moved to the front of the queue", id);
             pthread_cond_broadcast(&svc->wake); /* no run before it now: it may start */
         }

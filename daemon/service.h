@@ -276,6 +276,18 @@ ServiceStatus serviceFrontRun(Service *svc, const char *id, NsaError *err);
  * it). Takes the lock. */
 ServiceStatus serviceDeleteRun(Service *svc, const char *id, NsaError *err);
 
+/* Sets err (when not NULL) from fmt - one line, nsaErrorf's rules - and
+ * returns st: the error of a ServiceStatus in one call. */
+ServiceStatus serviceFail(NsaError *err, ServiceStatus st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Adds an event to run's record (runsAddEvent); when its file cannot be
+ * written that is logged, not returned: the event stays visible through
+ * the API either way. Caller holds the lock. */
+void serviceAddEvent(Run *run, const char *type, int64_t step, const char *detail);
+/* Sets run's state and saves its record (runsSetState); a record not
+ * written is logged, not returned. Caller holds the lock. */
+void serviceSaveState(Run *run, RunState state);
+
 /* Counts one answered HTTP request by status for /metrics. Lock-free. */
 void serviceCountRequest(Service *svc, int status);
 /* The status codes serviceCountRequest tracks, slot by slot (0 ends). */
