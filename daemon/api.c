@@ -19,6 +19,7 @@
 #include "mfu.h"
 #include "prom.h"
 #include "runlog.h"
+#include "scheduler.h"
 #include "stackdump.h"
 #include "stream.h"
 
@@ -272,7 +273,8 @@ static cJSON *runJson(Service *svc, Run *run, int with_config) {
     cJSON_AddNumberToObject(o, "last_checkpoint_step", (double)run->last_checkpoint_step);
     cJSON_AddStringToObject(o, "device", run->device);
     /* a CUDA run's GPUs (what it claims: runtime.gpus resolved here) */
-    const ServiceClaim claim = strcmp(run->device, "cuda") ? (ServiceClaim){0} : serviceClaimOf(svc, run);
+    const ServiceClaim claim =
+        strcmp(run->device, "cuda") ? (ServiceClaim){0} : schedulerClaimOf(svc, run);
     if (claim.gpus) {
         cJSON *gpus = cJSON_AddArrayToObject(o, "gpus");
         for (int g = 0; g < SERVICE_MAX_GPUS; g++)

@@ -20,6 +20,7 @@
 
 #include "checkpoint.h"
 #include "infer.h"
+#include "scheduler.h"
 
 /* The body as a JSON object whose fields are all in `allowed` (a
  * comma-separated list); NULL after answering 400 otherwise. */
@@ -124,7 +125,7 @@ static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
         apiError(res, 503, "unavailable", "this nsad has no inference worker");
         return;
     }
-    job->gpu = servicePickGpu(svc);
+    job->gpu = schedulerPickGpu(svc);
     NsaError err = {{0}};
     Stream *s = inferSubmit(svc->infer, job, &err);
     if (!s) {

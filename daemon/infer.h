@@ -39,7 +39,7 @@ typedef struct InferJob {
     InferKind kind;
     char checkpoint[WEIGHTS_PATH_MAX]; /* a checkpoint dir or a run's out_dir */
     int device;                         /* -1: as above; else NsaDevice */
-    int gpu;                            /* CUDA: the device ordinal (servicePickGpu) */
+    int gpu;                            /* CUDA: the device ordinal (schedulerPickGpu) */
     /* sample */
     char *prompt;                       /* owned by the job once submitted */
     int n_samples;                      /* continuations of the prompt, 1 to SAMPLE_MAX_PROMPTS */

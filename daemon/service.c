@@ -1,5 +1,6 @@
-/* service.c - the trainers, the scheduler and the run life cycle; see
- * service.h. */
+/* service.c - the trainer threads, the trainer hooks, the run life cycle
+ * and the commands on runs; see service.h. Who trains where is
+ * scheduler.c's. */
 #include "service.h"
 #include "clockutil.h"
 #include "fsutil.h"
@@ -21,6 +22,7 @@
 #include "log.h"
 #include "mfu.h"
 #include "runlog.h"
+#include "scheduler.h"
 #include "stackdump.h"
 #include "weights.h"
 
@@ -314,95 +316,6 @@ static void runJob(ServiceTrainer *t, const char *id, int resume) {
     logBindRun(NULL);
 }
 
-/* ---- claims and the scheduler ------------------------------------------------------- */
-
-static int claimsOverlap(ServiceClaim a, ServiceClaim b) {
-    return (a.gpus & b.gpus) != 0 || (a.cpu && b.cpu);
-}
-
-static void claimAdd(ServiceClaim *into, ServiceClaim c) {
-    into->gpus |= c.gpus;
-    into->cpu |= c.cpu;
-}
-
-/* What the CUDA job with these ordinals, or a CPU job (n < 0), claims. */
-static ServiceClaim claimOfOrdinals(const int *ordinals, int n) {
-    ServiceClaim c = {0};
-    if (n < 0) c.cpu = 1;
-    for (int i = 0; i < n; i++)
-        if (ordinals[i] >= 0 && ordinals[i] < SERVICE_MAX_GPUS)
-            c.gpus |= (uint64_t)1 << ordinals[i];
-    return c;
-}
-
-/* What the CUDA job cfg (device pinned) claims (none when its GPUs do not
- * resolve); a CPU job claims the CPU engine. Its GPU ordinals resolve
- * against this nsad's devices. */
-static ServiceClaim claimOfConfig(Service *svc, const JobConfig *cfg) {
-    if (cfg->runtime.device != NSA_DEVICE_CUDA) return claimOfOrdinals(NULL, -1);
-    const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
-    int ordinals[TRAIN_MAX_RANKS];
-    NsaError err;
-    const int n = trainerResolveGpus(&cfg->runtime, gpus, ordinals, &err);
-    return claimOfOrdinals(ordinals, n > 0 ? n : 0);
-}
-
-/* What run claims, worked out from its config once (run->claim_*). A config
- * that no longer resolves (a GPU gone) claims nothing: the run starts and
- * fails with the config's error. A device still "auto" (a run from before
- * submissions pinned it) claims everything. Caller holds the lock. */
-static ServiceClaim claimOf(Service *svc, Run *run) {
-    if (!run->claim_known) {
-        ServiceClaim c = {0};
-        JobConfig *cfg = malloc(sizeof *cfg);
-        NsaError err;
-        if (cfg && run->config_yaml) {
-            configDefaults(cfg);
-            if (configLoadString(cfg, run->config_yaml, strlen(run->config_yaml), &err) == 0) {
-                const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
-                if (cfg->runtime.device_auto) {
-                    c.cpu = 1;
-                    c.gpus = gpus >= SERVICE_MAX_GPUS ? ~(uint64_t)0 : ((uint64_t)1 << gpus) - 1;
-                } else {
-                    c = claimOfConfig(svc, cfg);
-                }
-            }
-        }
-        free(cfg);
-        run->claim_gpus = c.gpus;
-        run->claim_cpu = c.cpu;
-        run->claim_known = 1;
-    }
-    return (ServiceClaim){.gpus = run->claim_gpus, .cpu = run->claim_cpu};
-}
-
-ServiceClaim serviceClaimOf(Service *svc, Run *run) { return claimOf(svc, run); }
-
-/* What the trainers' runs hold now. Caller holds the lock. */
-static ServiceClaim heldClaims(Service *svc) {
-    ServiceClaim held = {0};
-    for (int i = 0; i < svc->n_trainers; i++)
-        if (svc->trainers[i].active_id[0]) claimAdd(&held, svc->trainers[i].claim);
-    return held;
-}
-
-static ServiceTrainer *idleTrainer(Service *svc) {
-    for (int i = 0; i < svc->n_trainers; i++)
-        if (!svc->trainers[i].active_id[0]) return &svc->trainers[i];
-    return NULL;
-}
-
-/* The idle trainer a run submitted now (new or resumed) claiming c may
- * take at once: c is free and no queued run wants any of it. NULL when it
- * must wait. Caller holds the lock. */
-static ServiceTrainer *trainerFor(Service *svc, ServiceClaim c) {
-    if (claimsOverlap(c, heldClaims(svc))) return NULL;
-    ServiceClaim queued = {0};
-    for (size_t i = 0; i < svc->runs->n_runs; i++)
-        if (svc->runs->runs[i]->state == RUN_QUEUED) claimAdd(&queued, claimOf(svc, svc->runs->runs[i]));
-    return claimsOverlap(c, queued) ? NULL : idleTrainer(svc);
-}
-
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id) {
     if (!id || !id[0]) return NULL;
     for (int i = 0; i < svc->n_trainers; i++)
@@ -410,70 +323,10 @@ ServiceTrainer *serviceTrainerOf(Service *svc, const char *id) {
     return NULL;
 }
 
-int servicePickGpu(Service *svc) {
-    const int n = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
-    pthread_mutex_lock(&svc->lock);
-    const ServiceClaim held = heldClaims(svc);
-    pthread_mutex_unlock(&svc->lock);
-    for (int g = (n < SERVICE_MAX_GPUS ? n : SERVICE_MAX_GPUS) - 1; g >= 0; g--)
-        if (!(held.gpus & ((uint64_t)1 << g))) return g;
-    return n > 0 ? n - 1 : 0;
-}
-
 int serviceBusyTrainers(Service *svc) {
     int n = 0;
     for (int i = 0; i < SERVICE_MAX_TRAINERS; i++) n += atomic_load(&svc->trainers[i].busy) != 0;
     return n;
-}
-
-/* Hands run to trainer t (idle). Caller holds the lock. */
-static void assignRun(ServiceTrainer *t, Run *run, int resume) {
-    Service *svc = t->svc;
-    snprintf(t->active_id, sizeof t->active_id, "%s", run->id);
-    t->claim = claimOf(svc, run);
-    inferReleaseGpus(svc->infer, t->claim.gpus);   /* a kept sample model gives them back */
-    t->pending = resume ? SERVICE_PENDING_RESUME : SERVICE_PENDING_START;
-    t->user_halt = 0;
-    atomic_store(&t->mon.halt_requested, 0);
-    atomic_store(&t->mon.stop_now, 0);
-    atomic_store(&t->mon.abort_requested, 0);
-    atomic_store(&t->mon.step, run->step);
-    trainMonitorEnter(&t->mon, PHASE_STARTING);
-    atomic_store(&t->busy, 1);
-    pthread_cond_broadcast(&svc->wake);
-}
-
-/* The scheduler: queued runs, in queue order, take idle trainers while
- * their claims are free and no run before them wants what they claim (see
- * service.h). Caller holds the lock. */
-static void scheduleQueuedRuns(Service *svc) {
-    if (svc->shutting_down) return;
-    Run **queue = NULL;
-    size_t n = 0;
-    if (runsQueue(svc->runs, &queue, &n) != 0) {
-        logWarn("the scheduler is out of memory; the queue waits for the next try");
-        return;
-    }
-    ServiceClaim held = heldClaims(svc), ahead = {0};
-    for (size_t i = 0; i < n; i++) {
-        Run *run = queue[i];
-        const ServiceClaim c = claimOf(svc, run);
-        ServiceTrainer *t = claimsOverlap(c, held) || claimsOverlap(c, ahead) ? NULL : idleTrainer(svc);
-        if (!t) { /* it waits, and those behind it leave what it wants alone */
-            claimAdd(&ahead, c);
-            continue;
-        }
-        const int resume = run->queue_resume;
-        run->queue_resume = 0;
-        serviceAddEvent(run, "dequeued", run->step,
-                        resume ? "{\"resume\":true}" : "{\"resume\":false}");
-        serviceSaveState(run, RUN_STARTING); /* it leaves the queue */
-        assignRun(t, run, resume);
-        claimAdd(&held, c);
-        logRunNotice(run->id, "run %s: its turn in the queue came; %s", run->id,
-                     resume ? "resuming from its latest checkpoint" : "starting");
-    }
-    free(queue);
 }
 
 static void *trainerThread(void *arg) {
@@ -486,7 +339,7 @@ static void *trainerThread(void *arg) {
     pthread_mutex_lock(&svc->lock);
     while (!svc->shutting_down) {
         atomic_store(&t->tick_ns, clockMonotonicNs());
-        scheduleQueuedRuns(svc);
+        schedulerStartQueued(svc);
         if (t->pending) {
             char id[RUN_ID_MAX];
             snprintf(id, sizeof id, "%s", t->active_id);
@@ -541,7 +394,7 @@ static void recoverRuns(Service *svc) {
             if (!newest) {
                 newest = run;
                 serviceSaveState(run, RUN_STARTING);
-                assignRun(&svc->trainers[0], run, 1);
+                schedulerAssign(&svc->trainers[0], run, 1);
                 continue;
             }
             /* older ones go to the front, each before the one after it */
@@ -634,7 +487,7 @@ int serviceStartTrainers(Service *svc, NsaError *err) {
     for (int i = 0; i < svc->n_trainers; i++) {
         ServiceTrainer *t = &svc->trainers[i];
         Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
-        if (run) t->claim = claimOf(svc, run);
+        if (run) t->claim = schedulerClaimOf(svc, run);
     }
     pthread_mutex_unlock(&svc->lock);
     for (int i = 0; i < svc->n_trainers; i++) {
@@ -710,26 +563,6 @@ void serviceClose(Service *svc) {
 }
 
 /* ---- commands (HTTP thread) --------------------------------------------------------- */
-
-/* Names what a run claiming c waits for: the run holding part of it, or
- * the queued run before it that wants part of it. Caller holds the lock. */
-static ServiceStatus busy(Service *svc, ServiceClaim c, NsaError *err) {
-    for (int i = 0; i < svc->n_trainers; i++) {
-        ServiceTrainer *t = &svc->trainers[i];
-        Run *run = t->active_id[0] ? runsFind(svc->runs, t->active_id) : NULL;
-        if (run && claimsOverlap(c, t->claim))
-            return serviceFail(
-                err, SVC_BUSY, "run %s (%s) holds %s this run needs; halt it first or wait",
-                run->id, runStateName(run->state), c.cpu ? "the CPU engine" : "GPUs");
-    }
-    if (!idleTrainer(svc))
-        return serviceFail(err, SVC_BUSY, "every trainer is busy; halt a run first or wait");
-    const int waiting = runsQueueLength(svc->runs);
-    return serviceFail(err, SVC_BUSY,
-                       "%d queued run%s wait%s for what this run needs; wait or queue it", waiting,
-                       waiting == 1 ? "" : "s", waiting == 1 ? "s" : "");
-}
-
 
 static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *name,
                                     const char *member_of, const TrainJoin *join, int may_queue,
@@ -954,7 +787,7 @@ static ServiceStatus checkRunnable(Service *svc, JobConfig *cfg, int other_ranks
      * when it starts) */
     if (rt->device == NSA_DEVICE_CUDA && svc->memory_plan) {
         pthread_mutex_lock(&svc->lock);
-        const int held = claimsOverlap(claimOfOrdinals(ordinals, n), heldClaims(svc));
+        const int held = claimsOverlap(claimsOfOrdinals(ordinals, n), schedulerHeldClaims(svc));
         pthread_mutex_unlock(&svc->lock);
         if (!held) return checkFits(svc, cfg, ordinals, n, n + other_ranks, err);
     }
@@ -1016,15 +849,16 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                                     char *id_out, NsaError *err) {
     ServiceStatus st = SVC_OK;
     pthread_mutex_lock(&svc->lock);
-    const ServiceClaim claim = claimOfConfig(svc, cfg);
+    const ServiceClaim claim = schedulerClaimOfConfig(svc, cfg);
     /* a member never waits for the queue: its coordinator starts the job now */
-    ServiceTrainer *t = member_of ? (claimsOverlap(claim, heldClaims(svc)) ? NULL : idleTrainer(svc))
-                                  : trainerFor(svc, claim);
+    ServiceTrainer *t = NULL;
+    if (!member_of) t = schedulerTrainerFor(svc, claim);
+    else if (!claimsOverlap(claim, schedulerHeldClaims(svc))) t = schedulerIdleTrainer(svc);
     const int wait = t == NULL;
     if (svc->shutting_down) {
         st = serviceFail(err, SVC_UNAVAILABLE, "nsad is shutting down");
     } else if (wait && (!may_queue || member_of)) {
-        st = busy(svc, claim, err);
+        st = schedulerBusy(svc, claim, err);
     } else {
         /* the run's out_dir lives under the state dir: store the resolved
          * config with it so the file says what the trainer does */
@@ -1067,7 +901,7 @@ static ServiceStatus createAndQueue(Service *svc, JobConfig *cfg, const char *na
                              run->name, (long long)run->total_steps, run->device,
                              runsQueuePosition(svc->runs, run));
             } else {
-                assignRun(t, run, 0);
+                schedulerAssign(t, run, 0);
                 logRunNotice(run->id, "run %s created (%s, %lld steps, %s)%s%s", run->id, run->name,
                              (long long)run->total_steps, run->device,
                              member_of ? ": ranks of the multi-node job " : "", member_of ? member_of : "");
@@ -1098,10 +932,11 @@ ServiceStatus serviceJoin(Service *svc, const ServiceJoin *j, int *local, char *
         st = serviceFail(err, SVC_INVALID_CONFIG, "%s", cerr.message);
     } else if (!j->start) {
         pthread_mutex_lock(&svc->lock);
-        const ServiceClaim claim = claimOfConfig(svc, cfg);
+        const ServiceClaim claim = schedulerClaimOfConfig(svc, cfg);
         if (svc->shutting_down)
             st = serviceFail(err, SVC_UNAVAILABLE, "nsad is shutting down");
-        else if (claimsOverlap(claim, heldClaims(svc)) || !idleTrainer(svc)) st = busy(svc, claim, err);
+        else if (claimsOverlap(claim, schedulerHeldClaims(svc)) || !schedulerIdleTrainer(svc))
+            st = schedulerBusy(svc, claim, err);
         pthread_mutex_unlock(&svc->lock);
         /* what the coordinator checked at submit, against this node's
          * devices and files (its own ranks are one or more) */
@@ -1227,9 +1062,9 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
                          "that run on its coordinator (it brings this node back in)",
                          id, run->member_of);
     } else {
-        ServiceTrainer *t = trainerFor(svc, claimOf(svc, run));
+        ServiceTrainer *t = schedulerTrainerFor(svc, schedulerClaimOf(svc, run));
         if (!t && !may_queue) {
-            st = busy(svc, claimOf(svc, run), err);
+            st = schedulerBusy(svc, schedulerClaimOf(svc, run), err);
         } else {
             run->anomaly[0] = '\0';
             run->error[0] = '\0';
@@ -1245,7 +1080,7 @@ ServiceStatus serviceResumeRun(Service *svc, const char *id, int may_queue, NsaE
                          runsQueuePosition(svc->runs, run), (long long)run->last_checkpoint_step);
         } else if (t) {
             serviceSaveState(run, RUN_STARTING);
-            assignRun(t, run, 1);
+            schedulerAssign(t, run, 1);
             logRunNotice(id, "run %s: resume requested (latest checkpoint: step %lld)", id,
                          (long long)run->last_checkpoint_step);
         }

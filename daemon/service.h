@@ -5,7 +5,7 @@
  *
  * Threads: the HTTP thread calls serviceSubmitRun / serviceHaltRun /
  * serviceResumeRun and reads the registry under svc->lock; the scheduler
- * (scheduleQueuedRuns in service.c, run by the trainer threads under the
+ * (schedulerStartQueued in scheduler.c, run by the trainer threads under the
  * lock) hands queued runs to idle trainers in queue order as their GPUs
  * come free, and each trainer thread runs its job
  * (trainerRun) and records its news under the same lock; the watchdog
@@ -130,9 +130,6 @@ typedef struct Service {
     int n_gpus;
 } Service;
 
-/* What run claims (worked out from its config once; see ServiceClaim).
- * Caller holds the lock. Cannot fail. */
-ServiceClaim serviceClaimOf(Service *svc, Run *run);
 /* The trainer holding run id, or NULL. Caller holds the lock. */
 ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
 /* Takes run (t's, hung) out of the hung state: back to what it was before
@@ -145,10 +142,6 @@ ServiceTrainer *serviceTrainerOf(Service *svc, const char *id);
 int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how);
 /* Trainers holding a run now (0 when all are idle). Lock-free. */
 int serviceBusyTrainers(Service *svc);
-/* The GPU a sample or eval job should use: the highest-numbered one no run
- * claims (runs given a GPU count take the lowest), else the highest; 0
- * without GPUs. Takes the lock. Cannot fail. */
-int servicePickGpu(Service *svc);
 
 /* Opens the registry in state_dir and prepares the pick-up of runs a
  * previous nsad left active: the newest one that was starting, running or

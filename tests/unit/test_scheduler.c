@@ -24,6 +24,7 @@
 
 #include "api.h"
 #include "prom.h"
+#include "scheduler.h"
 #include "service.h"
 
 #define MAX_JOBS 512
@@ -228,7 +229,7 @@ static void test_one_trainer_per_gpu_and_one_for_the_cpu(void **state) {
     Fixture *f = *state;
     assert_int_equal(f->svc->n_trainers, 3);
     assert_int_equal(serviceBusyTrainers(f->svc), 0);
-    assert_int_equal(servicePickGpu(f->svc), 1); /* sample/eval: the highest free GPU */
+    assert_int_equal(schedulerPickGpu(f->svc), 1); /* sample/eval: the highest free GPU */
 }
 
 static void test_runs_on_disjoint_gpus_train_at_once(void **state) {
@@ -241,7 +242,7 @@ static void test_runs_on_disjoint_gpus_train_at_once(void **state) {
     assert_true(startedJob(a) && startedJob(b));
     assert_int_equal(bench.most_running, 2);
     assert_int_equal(serviceBusyTrainers(f->svc), 2);
-    assert_int_equal(servicePickGpu(f->svc), 1); /* none free: the highest */
+    assert_int_equal(schedulerPickGpu(f->svc), 1); /* none free: the highest */
     /* what the API, nsactl and /metrics see of two runs at once */
     cJSON *health = get(f->svc, "/api/v1/health");
     assert_int_equal((int)number(health, "trainers"), 3);
@@ -325,7 +326,7 @@ static void test_a_small_run_passes_but_never_delays_a_waiting_one(void **state)
     assert_int_equal(waitStarted(1), 1);
     assert_int_equal(submit(f, "cuda", "2", big, &err), SVC_OK);     /* GPUs 0 and 1: waits for a */
     assert_int_equal(submit(f, "cuda", "[1]", small1, &err), SVC_OK); /* GPU 1 is free, but big wants it */
-    assert_int_equal(servicePickGpu(f->svc), 1); /* GPU 0 is a's */
+    assert_int_equal(schedulerPickGpu(f->svc), 1);                    /* GPU 0 is a's */
     assert_int_equal(stateOf(f, big), RUN_QUEUED);
     assert_int_equal(stateOf(f, small1), RUN_QUEUED);
     /* moved to the front, small1 has nobody before it: it starts at once */
@@ -428,8 +429,8 @@ static void test_the_submit_sets_the_gpus(void **state) {
     assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &first, b, NULL, &err), SVC_OK);
     assert_int_equal(waitStarted(2), 2);
     pthread_mutex_lock(&f->svc->lock);
-    assert_int_equal(serviceClaimOf(f->svc, runsFind(f->svc->runs, a)).gpus, 2u);
-    assert_int_equal(serviceClaimOf(f->svc, runsFind(f->svc->runs, b)).gpus, 1u);
+    assert_int_equal(schedulerClaimOf(f->svc, runsFind(f->svc->runs, a)).gpus, 2u);
+    assert_int_equal(schedulerClaimOf(f->svc, runsFind(f->svc->runs, b)).gpus, 1u);
     pthread_mutex_unlock(&f->svc->lock);
     /* what the loader refuses, named */
     assert_int_equal(serviceSubmitRun(f->svc, yaml, strlen(yaml), &on0, x, NULL, &err), SVC_INVALID_CONFIG);
