@@ -5,10 +5,10 @@
  * its GPUs or the CPU engine), the HTTP loop (server.c) and the watchdog
  * (watchdog.c). Start-up order:
  * options and daemon config (exit 78 when bad), state dir, token, run
- * registry (picking up an interrupted run), listeners, trainers, watchdog,
- * then READY=1 to systemd. SIGTERM/SIGINT stop it: the active run
- * checkpoints and stays active on disk, so the next start resumes it;
- * signals.h says what every other signal does. */
+ * registry (resuming every run left active: serviceOpen), listeners,
+ * trainers, watchdog, then READY=1 to systemd. SIGTERM/SIGINT stop it:
+ * every active run checkpoints and stays active on disk, so the next
+ * start resumes it; signals.h says what every other signal does. */
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>

@@ -143,11 +143,16 @@ int serviceRecoverHung(ServiceTrainer *t, Run *run, const char *how);
 /* Trainers holding a run now (0 when all are idle). Lock-free. */
 int serviceBusyTrainers(Service *svc);
 
-/* Opens the registry in state_dir and prepares the pick-up of runs a
- * previous nsad left active: the newest one that was starting, running or
- * hung is queued to resume from its latest checkpoint (same id, restarts+1,
- * a "restart" event); one that was halting becomes halted. Returns NULL with
- * err when the state dir is unusable. Free with serviceClose. */
+/* Opens the registry in state_dir and picks up the runs a previous nsad
+ * left active. Every run that was starting, running or hung resumes from
+ * its latest checkpoint (same id, restarts+1, a "restart" event, its
+ * anomaly cleared): the newest is handed straight to the first trainer
+ * (state starting; it starts once serviceStartTrainers runs), the others
+ * go to the front of the queue, oldest first, ahead of runs already
+ * queued, and start as their claims allow. A run that was halting becomes
+ * halted; a member run of a multi-node job becomes failed (its
+ * coordinator resumes the job and brings this node back in). Returns NULL
+ * with err when the state dir is unusable. Free with serviceClose. */
 Service *serviceOpen(const char *state_dir, NsaError *err);
 
 /* Records the peak dense bf16 matrix rate of each of the node's n GPUs
