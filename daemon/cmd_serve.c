@@ -453,15 +453,10 @@ static void logStacks(const char *reason) {
     free(text);
 }
 
-/* Detaches the inference worker from svc under its lock (a trainer
- * assigning a run tells it about claimed GPUs), then stops it. */
-static void stopInfer(Service *svc) {
-    pthread_mutex_lock(&svc->lock);
-    Infer *inf = svc->infer;
-    svc->infer = NULL;
-    pthread_mutex_unlock(&svc->lock);
-    inferStop(inf);
-}
+/* Detaches the inference worker from svc (serviceSetInfer takes its lock:
+ * a trainer handed a run tells the worker about claimed GPUs), then stops
+ * it. */
+static void stopInfer(Service *svc) { inferStop(serviceSetInfer(svc, NULL)); }
 
 /* Tells the service each GPU's peak matrix rate, the MFU denominator: the
  * table's value for its model, or --peak-tflops. Logs what MFU will say. */
@@ -636,13 +631,15 @@ int cmdServe(int argc, char **argv) {
     int exit_code = 1, halt_reason = TRAIN_HALT_SHUTDOWN;
     Server *srv = NULL;
     Watchdog *wd = NULL;
-    if (!(svc->infer = inferStart((double)o.model_keep_s, &err))) {
+    Infer *infer = inferStart((double)o.model_keep_s, &err);
+    if (!infer) {
         logError("%s", err.message);
         goto stop;
     }
+    serviceSetInfer(svc, infer);
     /* the nodes of a multi-node job share one token: a coordinator shows
      * the other nodes its own */
-    snprintf(svc->peer_token, sizeof svc->peer_token, "%s", tcp && !o.no_auth ? token : "");
+    serviceSetPeerToken(svc, tcp && !o.no_auth ? token : NULL);
     /* Device init before the API and READY=1: systemd (and whoever waits on
      * it) learns that nsad is up only once the driver has answered, and
      * the first POST of a run is checked against what it found. No GPU is

@@ -475,6 +475,18 @@ void serviceSetListeners(Service *svc, const char *listen_url, const char *socke
     pthread_mutex_unlock(&svc->lock);
 }
 
+struct Infer *serviceSetInfer(Service *svc, struct Infer *infer) {
+    pthread_mutex_lock(&svc->lock);
+    struct Infer *old = svc->infer;
+    svc->infer = infer;
+    pthread_mutex_unlock(&svc->lock);
+    return old;
+}
+
+void serviceSetPeerToken(Service *svc, const char *token) {
+    snprintf(svc->peer_token, sizeof svc->peer_token, "%s", token ? token : "");
+}
+
 int serviceStartTrainers(Service *svc, NsaError *err) {
     const int gpus = svc->devices.cuda_built ? svc->devices.cuda_devices : 0;
     pthread_mutex_lock(&svc->lock);

@@ -16,7 +16,58 @@
  * default), a CPU run claims the CPU engine. Runs whose claims are
  * disjoint train at once, each on its own trainer; a queued run starts
  * when its claim is free and no run queued before it wants any of it (so a
- * small run may pass a big one waiting for busy GPUs, never delay it). */
+ * small run may pass a big one waiting for busy GPUs, never delay it).
+ *
+ * Who touches which Service field, and how ("lock": holding svc->lock;
+ * "atomic": without it). main is cmd_serve.c; HTTP is server.c, api.c,
+ * api_use.c and prom.c; trainers are the trainer threads (service.c,
+ * scheduler.c); watchdog is watchdog.c. Lock order: svc->lock, then the
+ * run log's (runlog.h), then a stream's.
+ *
+ *   field               written by                    read by
+ *   runs, runlog,       serviceOpen (main), before    everyone (the registry's
+ *   lock, wake,         any other thread; tests set   contents under the lock;
+ *   exports_dir,        memory_plan/train then too    runlog locks itself)
+ *   memory_plan, train,
+ *   started_*
+ *   Run records and     HTTP (commands), trainers     HTTP, trainers, watchdog:
+ *   the queue (runs)    (hooks, runJob, scheduler),   lock
+ *                       watchdog (hang), main
+ *                       (serviceOpen): lock
+ *   devices             main (serviceSetDevices),     HTTP (submit checks, version),
+ *                       before the HTTP thread        trainers (claims): no lock
+ *                       starts; read-only after
+ *   gpu_peak_flops,     main (serviceSetPeakFlops):   trainers (runJob): lock
+ *   n_gpus              lock
+ *   peer_token          main (serviceSetPeerToken),   trainers (runJob): no lock
+ *                       before serviceStartTrainers
+ *   infer               main (serviceSetInfer): lock; HTTP (api_use.c): no lock;
+ *                       set before the HTTP thread    trainers (schedulerAssign):
+ *                       starts, cleared after it ends lock
+ *   listen_url,         main (serviceSetListeners):   HTTP (version route): lock
+ *   socket_path         lock
+ *   n_trainers          main (serviceStartTrainers,   lock, except GET /health
+ *                       once, after the HTTP thread   (api.c: an int read without
+ *                       started): lock                it) and the watchdog
+ *                                                     (started after it)
+ *   shutting_down       main (serviceShutdown): lock  trainers, HTTP commands: lock
+ *   trainers[i], the    trainers (runJob, scheduler), HTTP (api.c, prom.c),
+ *   fields marked       HTTP (commands hand runs      watchdog, trainers: lock
+ *   "under svc->lock"   over, halt), main (start,
+ *                       shutdown), watchdog (hang
+ *                       fields, last_dump): lock
+ *   trainers[i].mon     its trainer (trainerRun);     everyone: atomic
+ *                       schedulerAssign resets it;
+ *                       HTTP (halt), main (shutdown),
+ *                       watchdog (abort) set its
+ *                       requests: atomic
+ *   trainers[i].busy,   trainers, schedulerAssign,    HTTP (health), watchdog,
+ *   .tick_ns            main (shutdown): atomic       main (shutdown): atomic
+ *   http_tick_ns        HTTP (server.c): atomic       watchdog: atomic
+ *   hangs_total         watchdog: atomic              HTTP (metrics): atomic
+ *   anomalies_total     trainers (hooks): atomic      HTTP (metrics): atomic
+ *   http_requests       HTTP (serviceCountRequest):   HTTP (metrics): atomic
+ *                       atomic */
 #ifndef NSAD_SERVICE_H
 #define NSAD_SERVICE_H
 
@@ -114,14 +165,18 @@ typedef struct Service {
     /* under lock: where nsad listens (serviceSetListeners), "" for none */
     char listen_url[300];
     char socket_path[RUN_PATH_MAX];
+    /* set by serviceOpen (tests replace the first two before any thread
+     * starts), read-only after: */
     ServiceMemoryPlanFn memory_plan; /* nsaModelMemoryPlan */
     ServiceTrainFn train;            /* trainerRun */
     double started_unix;
     int64_t started_ns;
-    struct Infer *infer; /* sample, eval and export jobs (daemon/infer.c); set by cmd_serve, or NULL */
+    /* sample, eval and export jobs (daemon/infer.c), or NULL: serviceSetInfer */
+    struct Infer *infer;
     char exports_dir[RUN_PATH_MAX]; /* <state-dir>/exports (daemon/exportstore.h) */
     /* multi-node: the token this nsad presents to the other nodes of a job
-     * it coordinates ("" without auth; the nodes of a job share one) */
+     * it coordinates ("" without auth; the nodes of a job share one);
+     * serviceSetPeerToken, before the trainers start */
     char peer_token[AUTH_TOKEN_MAX];
     struct RunLog *runlog; /* each run's log lines (daemon/runlog.c); serviceOpen makes it */
     /* under lock: each GPU's peak dense bf16 matrix rate in FLOP/s (0: not
@@ -169,6 +224,21 @@ void serviceSetDevices(Service *svc, const NsaDeviceInfo *found, const char *pro
 /* Records where nsad listens (the TCP URL, the Unix socket path; NULL or
  * "" for none), for the version route. Takes the lock. Cannot fail. */
 void serviceSetListeners(Service *svc, const char *listen_url, const char *socket_path);
+
+/* Sets the inference worker (sample, eval and export jobs; NULL: none)
+ * and returns the one it replaces (NULL when none), which the caller then
+ * owns (inferStop). Takes the lock: a trainer handed a run tells the
+ * worker about the GPUs the run claims. The HTTP thread reads it without
+ * the lock: set it before the HTTP thread starts and clear it (NULL) only
+ * after that thread has stopped. Cannot fail. */
+struct Infer *serviceSetInfer(Service *svc, struct Infer *infer);
+
+/* Sets the bearer token this nsad presents to the other nodes of a
+ * multi-node job it coordinates (NULL or "": none, as without auth; a
+ * longer one is cut at AUTH_TOKEN_MAX - 1 bytes). The trainer threads
+ * read it without the lock: call before serviceStartTrainers. Cannot
+ * fail. */
+void serviceSetPeerToken(Service *svc, const char *token);
 
 /* Starts 1 + min(GPUs of serviceSetDevices, SERVICE_MAX_TRAINERS - 1)
  * trainer threads, which pick up queued runs at once. The trainers are
