@@ -340,8 +340,11 @@ static void getHealth(Service *svc, ApiResponse *res) {
     cJSON_AddStringToObject(o, "version", NSA_VERSION);
     cJSON_AddNumberToObject(o, "uptime_s", (double)(clockMonotonicNs() - svc->started_ns) * 1e-9);
     const int busy = serviceBusyTrainers(svc);
+    pthread_mutex_lock(&svc->lock); /* serviceStartTrainers sets it after the HTTP threads start */
+    const int trainers = svc->n_trainers;
+    pthread_mutex_unlock(&svc->lock);
     cJSON_AddStringToObject(o, "trainer", busy ? "busy" : "idle");
-    cJSON_AddNumberToObject(o, "trainers", svc->n_trainers);
+    cJSON_AddNumberToObject(o, "trainers", trainers);
     cJSON_AddNumberToObject(o, "trainers_busy", busy);
     respondJson(res, 200, o);
 }

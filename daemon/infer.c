@@ -395,7 +395,8 @@ static void keptExpire(Infer *inf) {
     const uint64_t claimed = inf->release_gpus;
     inf->release_gpus = 0;
     if (!k->live) return;
-    if (k->dev == NSA_DEVICE_CUDA && k->gpu >= 0 && k->gpu < 64 && (claimed >> k->gpu & 1))
+    if (k->dev == NSA_DEVICE_CUDA && k->gpu >= 0 && k->gpu < (int)(8 * sizeof claimed) &&
+        (claimed >> k->gpu & 1))
         keptDrop(k, "a run claimed its GPU");
     else if (clockMonotonicSeconds() - k->last_used >= inf->keep_s)
         keptDrop(k, "no sample job for the keep time");

@@ -115,9 +115,9 @@ char *promRender(Service *svc, size_t *len) {
         if (hs > heartbeat_s) heartbeat_s = hs;
     }
     if (!busy) in_phase[PHASE_IDLE] = 1;
-    family(&b, "nsad_trainer_busy", "gauge", "Trainers holding a run (one per GPU set or the CPU engine).");
+    family(&b, "nsad_trainer_busy", "gauge", "Trainers holding a run (each on the GPUs or the CPU engine its run claims).");
     strbufPrintf(&b, "nsad_trainer_busy %d\n", busy);
-    family(&b, "nsad_trainers", "gauge", "Trainers this nsad runs (one per GPU and one for the CPU engine).");
+    family(&b, "nsad_trainers", "gauge", "Trainer threads this nsad runs (1 + min(GPUs, 16)); each takes any run.");
     strbufPrintf(&b, "nsad_trainers %d\n", svc->n_trainers);
     family(&b, "nsad_trainer_phase", "gauge", "1 for each phase a busy trainer is in (idle when none is busy).");
     for (int p = 0; p < PHASE_COUNT; p++)

@@ -46,10 +46,9 @@
  *                       starts, cleared after it ends lock
  *   listen_url,         main (serviceSetListeners):   HTTP (version route): lock
  *   socket_path         lock
- *   n_trainers          main (serviceStartTrainers,   lock, except GET /health
- *                       once, after the HTTP thread   (api.c: an int read without
- *                       started): lock                it) and the watchdog
- *                                                     (started after it)
+ *   n_trainers          main (serviceStartTrainers,   lock, except the watchdog
+ *                       once, after the HTTP thread   (started after it)
+ *                       started): lock
  *   shutting_down       main (serviceShutdown): lock  trainers, HTTP commands: lock
  *   trainers[i], the    trainers (runJob, scheduler), HTTP (api.c, prom.c),
  *   fields marked       HTTP (commands hand runs      watchdog, trainers: lock

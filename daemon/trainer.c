@@ -36,9 +36,9 @@
 #include "checkpoint.h"
 #include "data.h"
 #include "log.h"
+#include "lrschedule.h"
 #include "peers.h"
 #include "ranks.h"
-#include "schedule.h"
 #include "stackdump.h"
 #include "trainsamples.h"
 #include "watchdog.h"
@@ -1236,7 +1236,7 @@ static int trainLoop(Trainer *t, TrainOutcome *outcome, const char **halt_reason
     t->log_tokens0 = t->state.tokens_seen;
     while (t->state.step < tc->steps) {
         int64_t step = t->state.step + 1;
-        double lr = scheduleLr(&t->schedule, step);
+        double lr = lrScheduleRate(&t->schedule, step);
         double t0 = clockMonotonicSeconds();
         NsaStepStats stats;
         if (runStep(t, step, lr, &stats, err) != 0) return -1;
