@@ -50,6 +50,8 @@ struct RankGroup {
     int target;               /* -1: every rank, else one local rank */
     int pending;              /* targeted workers that have not reported */
     int broken;               /* a worker was abandoned: no more dispatches */
+    void (*release)(void *);  /* rankGroupFreeThen's: run when the last reference goes */
+    void *release_ctx;
     char abort_reason[256];
     int aborted;              /* this dispatch was aborted: a failure, mon->abort_requested */
     NsaComm *local_comms[RANKS_MAX];  /* CPU: the in-process transport's handles */
@@ -62,10 +64,13 @@ static void releaseLocked(RankGroup *g) {
     const int last = --g->refs == 0;
     pthread_mutex_unlock(&g->mu);
     if (!last) return;
+    void (*release)(void *) = g->release;
+    void *release_ctx = g->release_ctx;
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->work);
     pthread_cond_destroy(&g->finished);
     free(g);
+    if (release) release(release_ctx);
 }
 
 static RankCtx ctxOf(RankWorker *w) {
@@ -309,6 +314,14 @@ static int dispatch(RankGroup *g, int target, RankFn fn, void *arg, NsaError *er
     return rc;
 }
 
+int rankGroupBroken(RankGroup *g) {
+    if (!g) return 0;
+    pthread_mutex_lock(&g->mu);
+    const int broken = g->broken;
+    pthread_mutex_unlock(&g->mu);
+    return broken;
+}
+
 int rankGroupRun(RankGroup *g, RankFn fn, void *arg, NsaError *err) {
     if (!g || !fn) return nsaErrorf(err, "rankGroupRun: no group or function");
     return dispatch(g, -1, fn, arg, err);
@@ -326,6 +339,18 @@ int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err
 NsaModel *rankGroupModel(RankGroup *g, int local) {
     if (!g || local < 0 || local >= g->cfg.local) return NULL;
     return g->workers[local].model;
+}
+
+void rankGroupFreeThen(RankGroup *g, void (*release)(void *ctx), void *ctx) {
+    if (!g) {
+        if (release) release(ctx);
+        return;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->release = release;
+    g->release_ctx = ctx;
+    pthread_mutex_unlock(&g->mu);
+    rankGroupFree(g);
 }
 
 void rankGroupFree(RankGroup *g) {

@@ -87,7 +87,10 @@ RankGroup *rankGroupCreate(const RankGroupConfig *cfg, NsaError *err);
 
 /* Runs fn(rank, arg) on every local rank at once and waits for them all.
  * Returns 0, or -1 with err: "rank R (PHASE): <what failed>", plus the
- * ranks abandoned (see above). */
+ * ranks abandoned (see above). An abandoned worker may still read and
+ * write arg, and whatever fn reaches from it, when it returns: after a
+ * failed dispatch, rankGroupBroken says whether that can happen, and what
+ * it can reach must stay valid until rankGroupFreeThen's release runs. */
 int rankGroupRun(RankGroup *g, RankFn fn, void *arg, NsaError *err);
 
 /* Runs fn on local rank `local` alone (the others idle); same failure rules. */
@@ -97,9 +100,21 @@ int rankGroupRunOne(RankGroup *g, int local, RankFn fn, void *arg, NsaError *err
  * options); engine calls go through rankGroupRun*. NULL when out of range. */
 NsaModel *rankGroupModel(RankGroup *g, int local);
 
+/* 1 when a worker was abandoned (the group takes no more dispatches), else
+ * 0; NULL is 0. Cannot fail. */
+int rankGroupBroken(RankGroup *g);
+
 /* Stops the workers (each frees its model, then its transport handle) and
  * frees the group; an abandoned worker does that when it returns. NULL is
  * a no-op. */
 void rankGroupFree(RankGroup *g);
+
+/* rankGroupFree, then release(ctx) once no worker can run any more: on
+ * this thread before it returns when every worker had returned, else on
+ * the last abandoned worker's thread when it returns and leaves (maybe
+ * never, if it never returns). The memory the dispatches reached goes in
+ * release. release may not touch the group. With g NULL, release runs at
+ * once. Cannot fail. */
+void rankGroupFreeThen(RankGroup *g, void (*release)(void *ctx), void *ctx);
 
 #endif

@@ -50,7 +50,12 @@ typedef struct Trainer {
     JobConfig job;                /* cfg with the command line's overrides */
     const char *out_dir;          /* job.train.out_dir */
     TrainMonitor *mon;
+    TrainMonitor own_mon;         /* mon when the caller gives none */
     const TrainHooks *hooks;
+    /* the argument of the dispatch in flight (workArea): never on a stack,
+     * as a worker given up on may still write into it (ranks.h) */
+    void *work;
+    size_t work_bytes;
     int quiet;
     /* the log of a step that is evaluated next, for on_eval */
     TrainStepLog held_step;
@@ -111,6 +116,23 @@ typedef struct RankSlot {
     ResumeState state;       /* rank 0's resume state after it loaded a checkpoint */
 } RankSlot;
 
+/* The argument of the next dispatch to the ranks, zeroed: the trainer's
+ * one work area (a dispatch never starts another, and a failed one that
+ * left a worker behind ends the ranks' dispatches). Everything a dispatch
+ * reaches is the trainer's (its buffers, this area), freed only once the
+ * last worker is gone (releaseTrainer): a worker given up on may return
+ * and write into it later. NULL with err if bytes exceed the area, which
+ * workBytes sizes for every kind of work. */
+static void *workArea(Trainer *t, size_t bytes, NsaError *err) {
+    if (bytes > t->work_bytes) {
+        nsaErrorf(err, "internal: a dispatch of %zu bytes; the work area has %zu (workBytes)",
+                  bytes, t->work_bytes);
+        return NULL;
+    }
+    memset(t->work, 0, bytes);
+    return t->work;
+}
+
 static int memoryReportOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     return nsaModelMemoryReport(rc->model, arg) == 0 ? 0 : nsaErrorf(err, "no memory report");
 }
@@ -118,7 +140,10 @@ static int memoryReportOnRank(const RankCtx *rc, void *arg, NsaError *err) {
 /* Local rank 0's memory report, asked on its thread (its device). */
 static int memoryReport(Trainer *t, NsaMemoryReport *out) {
     NsaError err;
-    return rankGroupRunOne(t->ranks, 0, memoryReportOnRank, out, &err);
+    NsaMemoryReport *w = workArea(t, sizeof *w, &err);
+    if (!w || rankGroupRunOne(t->ranks, 0, memoryReportOnRank, w, &err) != 0) return -1;
+    *out = *w;
+    return 0;
 }
 
 /* Resident memory of the process (CPU engine) or memory in use on rank 0's GPU. */
@@ -513,15 +538,14 @@ static const RankSlot *exchangeSlots(Trainer *t, ExchangeWork *w, NsaError *err)
  * have no files, only the broadcast tensors). */
 static int shareState(Trainer *t, NsaError *err) {
     if (!t->multi_node) return 0;
-    ExchangeWork *w = calloc(1, sizeof *w);
-    if (!w) return nsaErrorf(err, "out of memory");
+    ExchangeWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
     for (int r = 0; r < t->local; r++) w->mine[r].state = t->state;
     const RankSlot *all = exchangeSlots(t, w, err);
     if (all) {
         t->state = all[0].state;
         t->state.ranks = t->world;
     }
-    free(w);
     return all ? 0 : -1;
 }
 
@@ -551,6 +575,16 @@ static int broadcastOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     return nsaModelBroadcastTensor(rc->model, w->arena, w->i, tensorBuffer(w, rc), 0, err);
 }
 
+/* Runs fn for tensor i of arena on the ranks (on local rank 0 alone when
+ * only_rank0), local rank 0 working in t->scratch[0]. */
+static int tensorOnRanks(Trainer *t, RankFn fn, NsaArena arena, int i, int only_rank0,
+                         NsaError *err) {
+    TensorWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
+    *w = (TensorWork){t, arena, i, t->scratch[0]};
+    return only_rank0 ? rankGroupRunOne(t->ranks, 0, fn, w, err) : rankGroupRun(t->ranks, fn, w, err);
+}
+
 static const NsaTensorInfo *ranksInfo(void *ctx, int i) {
     return nsaModelTensorInfo(((Trainer *)ctx)->model, i);
 }
@@ -559,9 +593,12 @@ static const NsaTensorInfo *ranksInfo(void *ctx, int i) {
  * moments gathered from their holders (a collective of every rank). */
 static int ranksGet(void *ctx, NsaArena arena, int i, float *dst, NsaError *err) {
     Trainer *t = ctx;
-    TensorWork w = {t, arena, i, dst};
-    if (arena == NSA_ARENA_PARAMS) return rankGroupRunOne(t->ranks, 0, gatherOnRank, &w, err);
-    return rankGroupRun(t->ranks, gatherOnRank, &w, err);
+    /* into the trainer's scratch, then dst: a rank given up on mid-gather
+     * must not write into the caller's buffer after it is gone */
+    if (tensorOnRanks(t, gatherOnRank, arena, i, arena == NSA_ARENA_PARAMS, err) != 0) return -1;
+    if (dst != t->scratch[0])
+        memcpy(dst, t->scratch[0], nsaModelTensorInfo(t->model, i)->numel * sizeof(float));
+    return 0;
 }
 
 /* Job-wide rank 0's copy goes to every rank (each keeps its moments' range). */
@@ -569,8 +606,7 @@ static int ranksSet(void *ctx, NsaArena arena, int i, const float *src, NsaError
     Trainer *t = ctx;
     const size_t n = nsaModelTensorInfo(t->model, i)->numel;
     memcpy(t->scratch[0], src, n * sizeof(float)); /* the broadcast writes into its buffer */
-    TensorWork w = {t, arena, i, t->scratch[0]};
-    return rankGroupRun(t->ranks, broadcastOnRank, &w, err);
+    return tensorOnRanks(t, broadcastOnRank, arena, i, 0, err);
 }
 
 static CheckpointTensors ranksTensors(Trainer *t) {
@@ -617,10 +653,8 @@ static int loadCheckpoint(Trainer *t, const char *dir, ResumeState *st, NsaError
  * gathers of the moments (params need no collective), nothing written. */
 static int joinSave(Trainer *t, NsaError *err) {
     for (NsaArena a = NSA_ARENA_ADAM_M; a <= NSA_ARENA_ADAM_V; a++)
-        for (int i = 0; i < nsaModelNumTensors(t->model); i++) {
-            TensorWork w = {t, a, i, t->scratch[0]};
-            if (rankGroupRun(t->ranks, gatherOnRank, &w, err) != 0) return -1;
-        }
+        for (int i = 0; i < nsaModelNumTensors(t->model); i++)
+            if (tensorOnRanks(t, gatherOnRank, a, i, 0, err) != 0) return -1;
     return 0;
 }
 
@@ -630,10 +664,8 @@ static int joinSave(Trainer *t, NsaError *err) {
 static int joinLoad(Trainer *t, NsaError *err) {
     const NsaArena arenas[3] = {NSA_ARENA_PARAMS, NSA_ARENA_ADAM_M, NSA_ARENA_ADAM_V};
     for (int a = 0; a < 3; a++)
-        for (int i = 0; i < nsaModelNumTensors(t->model); i++) {
-            TensorWork w = {t, arenas[a], i, t->scratch[0]};
-            if (rankGroupRun(t->ranks, broadcastOnRank, &w, err) != 0) return -1;
-        }
+        for (int i = 0; i < nsaModelNumTensors(t->model); i++)
+            if (tensorOnRanks(t, broadcastOnRank, arenas[a], i, 0, err) != 0) return -1;
     return shareState(t, err);
 }
 
@@ -642,15 +674,20 @@ static int joinLoad(Trainer *t, NsaError *err) {
  * weight read by the job's rank 0 from the checkpoint and broadcast to
  * every rank; a member node takes part in the broadcasts without the
  * files. The step, the data position and the tokens seen start at zero. */
+/* Every rank's model from the job's seed. */
+static int initFromSeed(Trainer *t, NsaError *err) {
+    InitWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
+    *w = (InitWork){t, t->job.train.seed};
+    return rankGroupRun(t->ranks, initOnRank, w, err);
+}
+
 static int initFromCheckpoint(Trainer *t, NsaError *err) {
-    InitWork iw = {t, t->job.train.seed};
-    if (rankGroupRun(t->ranks, initOnRank, &iw, err) != 0) return -1;
+    if (initFromSeed(t, err) != 0) return -1;
     const int n = nsaModelNumTensors(t->model);
     if (t->join) { /* a member node: the coordinator reads the checkpoint */
-        for (int i = 0; i < n; i++) {
-            TensorWork w = {t, NSA_ARENA_PARAMS, i, t->scratch[0]};
-            if (rankGroupRun(t->ranks, broadcastOnRank, &w, err) != 0) return -1;
-        }
+        for (int i = 0; i < n; i++)
+            if (tensorOnRanks(t, broadcastOnRank, NSA_ARENA_PARAMS, i, 0, err) != 0) return -1;
         logNotice("init: the weights of the coordinator's %s", t->job.train.init_from);
         return 0;
     }
@@ -664,12 +701,10 @@ static int initFromCheckpoint(Trainer *t, NsaError *err) {
         rc = nsaErrorf(&werr, "%s has %d tensors; this model has %d", src->dir,
                        weightsNumTensors(src), n);
     if (rc) nsaErrorf(err, "train.init_from: %s", werr.message);
-    for (int i = 0; rc == 0 && i < n; i++) {
-        TensorWork w = {t, NSA_ARENA_PARAMS, i, t->scratch[0]};
+    for (int i = 0; rc == 0 && i < n; i++)
         if (weightsTensor(src, i, NULL, t->scratch[0], err) ||
-            rankGroupRun(t->ranks, broadcastOnRank, &w, err))
+            tensorOnRanks(t, broadcastOnRank, NSA_ARENA_PARAMS, i, 0, err))
             rc = -1;
-    }
     if (rc == 0) {
         logNotice("init: the weights of %s (step %" PRId64 " of its run, %" PRId64
                   " tokens seen); the Adam moments, the step and the data start at zero",
@@ -706,8 +741,7 @@ static int restoreOrInit(Trainer *t, const char *dir, NsaError *err) {
         return 0;
     }
     if (t->job.train.init_from[0]) return initFromCheckpoint(t, err);
-    InitWork w = {t, t->job.train.seed};
-    return rankGroupRun(t->ranks, initOnRank, &w, err);
+    return initFromSeed(t, err);
 }
 
 /* ---- the step ----------------------------------------------------------- */
@@ -793,8 +827,8 @@ static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, Nsa
             const size_t at = batchAt(t, r, a);
             if (dataBatch(t->train_data, position, t->tokens + at, t->targets + at, err) != 0) return -1;
         }
-    StepWork *w = calloc(1, sizeof *w);
-    if (!w) return nsaErrorf(err, "out of memory for a step");
+    StepWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
     *w = (StepWork){.t = t, .step = step, .lr = lr};
     int rc = rankGroupRun(t->ranks, stepOnRank, w, err);
     if (rc == 0) {
@@ -810,7 +844,6 @@ static int runStep(Trainer *t, int64_t step, double lr, NsaStepStats *stats, Nsa
                                step, t->first + r, t->first, w->stats[r].loss, stats->loss,
                                w->stats[r].applied, stats->applied);
     }
-    free(w);
     if (rc != 0) return -1;
     t->state.data_position += (uint64_t)accum * (uint64_t)t->world;
     t->state.tokens_seen += (int64_t)(batchTokens(t) * (size_t)accum * (size_t)t->world);
@@ -847,9 +880,13 @@ static int sampleAtEval(Trainer *t, int64_t step, NsaError *err) {
     if (!t->samples) return 0;
     char *detail = NULL;
     NsaError e;
-    SampleWork w = {t, step, NULL};
-    int rc_run = rankGroupRunOne(t->ranks, 0, sampleOnRank, &w, &e);
-    detail = w.detail;
+    SampleWork *w = workArea(t, sizeof *w, &e);
+    int rc_run = -1;
+    if (w) {
+        *w = (SampleWork){t, step, NULL};
+        rc_run = rankGroupRunOne(t->ranks, 0, sampleOnRank, w, &e);
+        if (rc_run == 0) detail = w->detail; /* else a worker given up on may still set it */
+    }
     if (rc_run != 0 ||
         trainSamplesAppend(t->out_dir, detail, clockUnixSeconds(), &e) != 0) {
         logWarn("samples at step %" PRId64 ": %s", step, e.message);
@@ -895,14 +932,13 @@ static int evaluate(Trainer *t, NsaError *err) {
     const TrainConfig *tc = &t->job.train;
     int64_t step = t->state.step;
     enter(t, PHASE_EVAL, step);
-    EvalWork *w = calloc(1, sizeof *w);
-    if (!w) return nsaErrorf(err, "out of memory");
+    EvalWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
     w->t = t;
     const RankSlot *all = rankGroupRun(t->ranks, evalOnRank, w, err) == 0 ? exchangeSlots(t, &w->x, err)
                                                                           : NULL;
     double total = 0.0;
     for (int r = 0; all && r < t->world; r++) total += all[r].eval_sum;
-    free(w);
     if (!all) return -1;
     double val = total / (double)tc->eval_batches;
     /* token shards do not record the text they came from: no bits-per-byte
@@ -1062,12 +1098,11 @@ static int rollBack(Trainer *t, NsaError *err) {
     if (found < 0 && !t->multi_node) return -1;
     if (found > 0 && skipped[0]) logWarn("rollback: skipping damaged checkpoints (%s); rolling back to %s", skipped, dir);
     if (t->multi_node) { /* the coordinator's checkpoints decide for every node */
-        ExchangeWork *w = calloc(1, sizeof *w);
-        if (!w) return nsaErrorf(err, "out of memory");
+        ExchangeWork *w = workArea(t, sizeof *w, err);
+        if (!w) return -1;
         for (int r = 0; r < t->local; r++) w->mine[r].found = found;
         const RankSlot *all = exchangeSlots(t, w, err);
         found = all ? all[0].found : -1;
-        free(w);
         if (!all) return -1;
         if (found < 0) return nsaErrorf(err, "rollback: the coordinator could not read its checkpoints");
     }
@@ -1165,14 +1200,12 @@ static int freeSamplesOnRank(const RankCtx *rc, void *arg, NsaError *err) {
     return 0;
 }
 
-static void freeTrainer(Trainer *t) {
+/* What the ranks' dispatches reach - the trainer, its buffers, its work
+ * area, its data and artifacts - once no worker can run any more
+ * (rankGroupFreeThen): at once, or when a worker given up on leaves. */
+static void releaseTrainer(void *ctx) {
+    Trainer *t = ctx;
     artifactsClose(t->art);
-    /* the decoder on the thread that made it, then the ranks (models,
-     * transports, worker threads) before the data their workers read */
-    NsaError e;
-    if (t->samples && rankGroupRunOne(t->ranks, 0, freeSamplesOnRank, t, &e) != 0)
-        logWarn("samples: %s", e.message); /* the ranks are broken: it stays (a leak, not a crash) */
-    rankGroupFree(t->ranks);
     dataClose(t->train_data);
     dataClose(t->val_data);
     for (int r = 0; t->scratch && r < t->local; r++) free(t->scratch[r]);
@@ -1184,6 +1217,21 @@ static void freeTrainer(Trainer *t) {
     free(t->tokens);
     free(t->targets);
     free(t->model_config_json);
+    free(t->work);
+    free(t);
+}
+
+/* Frees the trainer: the decoder on the thread that made it, then the
+ * ranks (models, transports, worker threads), then releaseTrainer - later,
+ * if a worker was given up on and may still return into what it reaches. */
+static void freeTrainer(Trainer *t) {
+    NsaError e;
+    if (t->samples && rankGroupRunOne(t->ranks, 0, freeSamplesOnRank, t, &e) != 0)
+        logWarn("samples: %s", e.message); /* the ranks are broken: it stays (a leak, not a crash) */
+    if (rankGroupBroken(t->ranks))
+        logWarn("the run's memory is kept until the rank given up on returns (it may still write "
+                "into it)");
+    rankGroupFreeThen(t->ranks, releaseTrainer, t);
 }
 
 static const char *outcomeName(TrainOutcome o) {
@@ -1211,8 +1259,8 @@ static const char *haltReason(Trainer *t) {
 static int agreeHalt(Trainer *t, const char **halt_reason, NsaError *err) {
     *halt_reason = haltReason(t);
     if (!t->multi_node) return 0;
-    ExchangeWork *w = calloc(1, sizeof *w);
-    if (!w) return nsaErrorf(err, "out of memory");
+    ExchangeWork *w = workArea(t, sizeof *w, err);
+    if (!w) return -1;
     for (int r = 0; r < t->local; r++) {
         w->mine[r].stop = *halt_reason != NULL;
         w->mine[r].status = localStatus(t, r);
@@ -1223,7 +1271,6 @@ static int agreeHalt(Trainer *t, const char **halt_reason, NsaError *err) {
         stop |= all[r].stop;
         t->world_status[r] = all[r].status;
     }
-    free(w);
     if (!all) return -1;
     if (stop && !*halt_reason) *halt_reason = "another node's halt";
     return 0;
@@ -1427,17 +1474,23 @@ static void finishRun(Trainer *t, TrainOutcome outcome, const char *halt_reason,
     free(detail);
 }
 
+/* The work area's size: the largest argument any dispatch takes. */
+static size_t workBytes(void) {
+    const size_t sizes[] = {sizeof(NsaMemoryReport), sizeof(ExchangeWork), sizeof(TensorWork),
+                            sizeof(InitWork),        sizeof(StepWork),     sizeof(SampleWork),
+                            sizeof(EvalWork)};
+    size_t most = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        if (sizes[i] > most) most = sizes[i];
+    return most;
+}
+
 int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
                const TrainHooks *hooks, TrainResult *res, NsaError *err) {
     static const TrainOptions no_options = {.device_override = -1};
-    TrainMonitor local_mon;
     TrainResult local_res;
     NsaError local_err;
     if (!opt) opt = &no_options;
-    if (!mon) {
-        trainMonitorInit(&local_mon);
-        mon = &local_mon;
-    }
     if (!res) res = &local_res;
     if (!err) err = &local_err;
     memset(res, 0, sizeof *res);
@@ -1445,7 +1498,18 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     res->last_loss = res->last_val_loss = NAN;
 
     Trainer *t = calloc(1, sizeof *t);
-    if (!t) return nsaErrorf(err, "out of memory");
+    if (t) {
+        t->work_bytes = workBytes();
+        t->work = calloc(1, t->work_bytes);
+    }
+    if (!t || !t->work) {
+        free(t);
+        return nsaErrorf(err, "out of memory");
+    }
+    if (!mon) { /* the trainer's own: the ranks report into it as long as they run */
+        trainMonitorInit(&t->own_mon);
+        mon = &t->own_mon;
+    }
     t->mon = mon;
     t->hooks = hooks;
     t->quiet = opt->quiet;
@@ -1480,6 +1544,5 @@ int trainerRun(const JobConfig *cfg, const TrainOptions *opt, TrainMonitor *mon,
     if (outcome == TRAIN_HALTED && halt_reason)
         snprintf(res->halt_reason, sizeof res->halt_reason, "%s", halt_reason);
     freeTrainer(t);
-    free(t);
     return outcome == TRAIN_COMPLETED || outcome == TRAIN_HALTED ? 0 : -1;
 }
