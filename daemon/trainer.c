@@ -174,6 +174,15 @@ static int emitEvent(Trainer *t, const char *type, const char *detail_json, NsaE
     return 0;
 }
 
+/* The `stall` event of an injected stall in phase_name at step. */
+static void emitStall(Trainer *t, const char *phase_name, int64_t step) {
+    char detail[160];
+    snprintf(detail, sizeof detail, "{\"phase\":\"%s\",\"at_step\":%" PRId64 ",\"seconds\":%.6g}",
+             phase_name, step, t->job.fault.stall_seconds);
+    NsaError err;
+    if (emitEvent(t, "stall", detail, &err) != 0) logError("heartbeat: %s", err.message);
+}
+
 /* Sleeps inside `phase` when the config's fault section asks for a stall
  * there at this step (the watchdog's test); once per run, interruptible by
  * stop_now and by an abort of comm (a rank's transport, may be NULL). The
@@ -188,11 +197,7 @@ static void maybeStall(Trainer *t, TrainPhase phase, int64_t step, NsaComm *comm
     t->stall_fired = 1;
     logWarn("fault: stalling %.1f s in phase %s at step %" PRId64 " (fault.stall_at_step)",
             f->stall_seconds, f->stall_phase, step);
-    char detail[160];
-    snprintf(detail, sizeof detail, "{\"phase\":\"%s\",\"at_step\":%" PRId64 ",\"seconds\":%.6g}",
-             trainPhaseName(phase), step, f->stall_seconds);
-    NsaError err;
-    if (emitEvent(t, "stall", detail, &err) != 0) logError("heartbeat: %s", err.message);
+    emitStall(t, trainPhaseName(phase), step);
     double until = clockMonotonicSeconds() + f->stall_seconds;
     while (clockMonotonicSeconds() < until && !atomic_load(&t->mon->stop_now) &&
            !nsaCommAborted(comm, NULL, 0)) {
@@ -792,6 +797,7 @@ static int stepOnRank(const RankCtx *rc, void *arg, NsaError *err) {
             t->stall_fired = 1;
             logWarn("fault: rank %d sleeps %.1f s in its next collective at step %" PRId64
                     " (fault.stall_phase allreduce)", rc->rank, f->stall_seconds, w->step);
+            emitStall(t, "allreduce", w->step);
             nsaCommInjectStall(rc->comm, f->stall_seconds);
         }
         if ((last ? nsaModelBackwardReduce(rc->model, err) : nsaModelBackward(rc->model, err)) != 0)

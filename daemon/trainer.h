@@ -13,7 +13,7 @@
  *
  * TrainHooks are called on the controller thread, with one exception: a
  * `stall` event in one of a step's phases (fault.stall_phase forward,
- * backward or optimizer) is sent on the fault rank's worker thread, as is
+ * backward, allreduce or optimizer) is sent on the fault rank's worker thread, as is
  * its heartbeat line, while the controller waits for the step to finish
  * (so hooks are not called concurrently with each other). Hooks must be
  * quick, must not call back into the trainer, and must not rely on the
@@ -42,8 +42,7 @@ typedef struct TrainHooks {
     /* an event: type is one of "start", "resume" (the run began, fresh or
      * from a checkpoint), "checkpoint", "samples" (an evaluation's sample
      * continuations), "anomaly" (the NaN guard), "rollback", "stall" (a
-     * fault.stall_* injection, except in allreduce: that one sleeps inside
-     * the transport and sends none), and last "complete", "halt" or "fail";
+     * fault.stall_* injection, sent as the stall begins), and last "complete", "halt" or "fail";
      * detail is a one-line JSON object */
     void (*on_event)(void *ctx, const char *type, const char *detail_json);
 } TrainHooks;

@@ -76,6 +76,18 @@ static void readLosses(const char *dir, Losses *out) {
     fclose(f);
 }
 
+/* Whether a line of dir's heartbeat_rank0.jsonl holds every needle. */
+static int heartbeatHas(const char *dir, const char *needle1, const char *needle2) {
+    char path[1024], line[2048];
+    snprintf(path, sizeof path, "%s/heartbeat_rank0.jsonl", dir);
+    FILE *f = fopen(path, "r");
+    if (!f) fail_msg("%s is missing", path);
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) found = strstr(line, needle1) && strstr(line, needle2);
+    fclose(f);
+    return found;
+}
+
 /* ---- config ---------------------------------------------------------------- */
 
 static void expectConfigError(const char *yaml, const char *needle) {
@@ -288,6 +300,8 @@ static void test_rank_asleep_in_a_collective_fails_the_run(void **state) {
     NsaError err;
     assert_int_equal(run(&cfg, dir, NULL, NULL, &res, &err), -1);
     assert_int_equal(res.outcome, TRAIN_FAILED);
+    /* the stall is on record as it begins, as in any other phase */
+    assert_true(heartbeatHas(dir, "\"stall\"", "\"phase\":\"allreduce\""));
     /* rank 0 waited in the first reduce-scatter; rank 1 never arrived */
     if (!strstr(err.message, "rank 0 (in backward") || !strstr(err.message, "reduce-scatter of bucket") ||
         !strstr(err.message, "rank 1 did not arrive within 0.2 s"))
