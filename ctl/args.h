@@ -1,8 +1,8 @@
 /* args.h - nsactl's per-command argument parsing: a command's options
  * ("--x V", "--x=V", flags) and positional arguments, the numbers options
  * take, and the "did you mean" line for a mistyped option. (nsactl.c splits
- * off the global options first; use.c parses sample/eval/export, whose
- * options all take a value and one is required, itself.)
+ * off the global options first; use.c adds sample/eval/export's required
+ * option on top of argsParse.)
  *
  * Each parser prints one line on stderr ("nsactl CMD: ...") and returns -1
  * when the command line is wrong; the command then exits CTL_EXIT_USAGE.

@@ -25,47 +25,20 @@ typedef struct UseOption {
 } UseOption;
 
 /* argv into one positional argument and values of the named options (each
- * takes a value; "--x V" or "--x=V"). opts[0] is required, non-empty;
+ * takes a value; argsParse's rules). opts[0] is required, non-empty;
  * `required` names it with its value ("--prompt TEXT"). Returns 0, or
  * prints and returns -1. */
 static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int n_opts,
                     const char *required, const char **pos) {
-    *pos = NULL;
-    for (int i = 0; i < argc; i++) {
-        const char *arg = argv[i];
-        if (arg[0] == '-' && arg[1] == '-' && arg[2]) {
-            const char *eq = strchr(arg, '=');
-            const size_t len = eq ? (size_t)(eq - arg) : strlen(arg);
-            UseOption *o = NULL;
-            for (int k = 0; k < n_opts; k++)
-                if (strlen(opts[k].name) == len && !strncmp(opts[k].name, arg, len)) o = &opts[k];
-            if (!o) {
-                char typed[80];
-                const char *names[ARGS_MAX_OPTIONS];
-                int n_names = 0;
-                snprintf(typed, sizeof typed, "%.*s", (int)len, arg);
-                for (int k = 0; k < n_opts && n_names < ARRAY_LEN(names); k++)
-                    names[n_names++] = opts[k].name;
-                argsUnknownOption(cmd, typed, names, n_names);
-                return -1;
-            }
-            if (!eq && i + 1 >= argc) {
-                fprintf(stderr, "nsactl %s: %s needs a value\n", cmd, o->name);
-                return -1;
-            }
-            o->value = eq ? eq + 1 : argv[++i];
-        } else if (*pos) {
-            fprintf(stderr, "nsactl %s: unexpected argument '%s'\n", cmd, arg);
-            return -1;
-        } else {
-            *pos = arg;
-        }
-    }
-    if (!*pos) {
-        fprintf(stderr, "nsactl %s: missing argument; usage: nsactl %s\n", cmd,
-                ctlFindCommand(cmd)->synopsis);
+    ArgsOption args[ARGS_MAX_OPTIONS];
+    if (n_opts > ARRAY_LEN(args)) {
+        fprintf(stderr, "nsactl %s: internal: %d options; at most %d\n", cmd, n_opts,
+                ARRAY_LEN(args));
         return -1;
     }
+    for (int k = 0; k < n_opts; k++) args[k] = (ArgsOption){opts[k].name, &opts[k].value, NULL};
+    int n_pos = 0;
+    if (argsParse(cmd, argc, argv, args, n_opts, pos, 1, 1, &n_pos) != 0) return -1;
     if (!opts[0].value || !opts[0].value[0]) {
         fprintf(stderr, "nsactl %s: %s is required\n", cmd, required);
         return -1;
