@@ -1166,6 +1166,11 @@ int checkpointResolveValid(const char *out_dir, char *dir, size_t cap, char *ski
 
 int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t cap,
                       NsaError *err) {
+    const int keyword = !spec || !strcmp(spec, "latest") || !strcmp(spec, "latest-valid");
+    if (keyword && !out_dir)
+        return nsaErrorf(err, "checkpoint: '%s' needs a run to be the latest of; allowed: a run id, "
+                              "a checkpoint directory or a run's out_dir",
+                         spec ? spec : "latest");
     if (!spec || !strcmp(spec, "latest")) return readLatest(out_dir, dir, cap, err);
     if (!strcmp(spec, "latest-valid")) return checkpointResolveValid(out_dir, dir, cap, NULL, 0, err);
     char path[4096];

@@ -142,7 +142,8 @@ int checkpointSaveTensors(const CheckpointTensors *src, const char *out_dir, con
  * (a named directory that holds no checkpoint is an error; so is a latest
  * pointer that is not a regular file holding a step_N name, with its bytes
  * shown escaped, and step directories without a latest pointer). Only
- * latest-valid verifies: checkpointLoad does for the others. */
+ * latest-valid verifies: checkpointLoad does for the others. With out_dir
+ * NULL (no run: a path alone), the keywords are an error. */
 int checkpointResolve(const char *out_dir, const char *spec, char *dir, size_t cap,
                       NsaError *err);
 

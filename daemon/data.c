@@ -730,6 +730,12 @@ static void *prefetchMain(void *arg) {
     DataLoader *dl = arg;
     int32_t *window = malloc(((size_t)dl->seq_len + 1) * sizeof(int32_t));
     pthread_mutex_lock(&dl->mu);
+    if (!window) { /* a waiter must not wait for batches that never come */
+        nsaErrorf(&dl->fail, "data: out of memory for the prefetch thread's window (%d tokens)",
+                  dl->seq_len + 1);
+        dl->failed = 1;
+        pthread_cond_broadcast(&dl->cv);
+    }
     while (!dl->stop && window) {
         /* the first position of the look-ahead not held, and a slot outside it */
         uint64_t target = 0;

@@ -389,17 +389,25 @@ static void runExport(InferJob *job, Stream *s) {
 /* ---- the worker --------------------------------------------------------------------- */
 
 /* Drops the kept model when a run claimed its GPU or it has been idle for
- * keep_s. Caller holds inf->lock. */
+ * keep_s. Caller holds inf->lock; the drop (a device free, an unmap) runs
+ * with it released, as the kept model is the worker's alone and the lock's
+ * other takers (inferReleaseGpus under the service lock, inferSubmit on an
+ * HTTP thread) must not wait for it. */
 static void keptExpire(Infer *inf) {
     Kept *k = &inf->kept;
     const uint64_t claimed = inf->release_gpus;
     inf->release_gpus = 0;
     if (!k->live) return;
+    const char *why = NULL;
     if (k->dev == NSA_DEVICE_CUDA && k->gpu >= 0 && k->gpu < (int)(8 * sizeof claimed) &&
         (claimed >> k->gpu & 1))
-        keptDrop(k, "a run claimed its GPU");
+        why = "a run claimed its GPU";
     else if (clockMonotonicSeconds() - k->last_used >= inf->keep_s)
-        keptDrop(k, "no sample job for the keep time");
+        why = "no sample job for the keep time";
+    if (!why) return;
+    pthread_mutex_unlock(&inf->lock);
+    keptDrop(k, why);
+    pthread_mutex_lock(&inf->lock);
 }
 
 /* Waits for a job, a stop or a release while the kept model lives, until
@@ -455,8 +463,8 @@ static void *inferMain(void *arg) {
         free(q);
         pthread_mutex_lock(&inf->lock);
     }
-    keptDrop(&inf->kept, "nsad is stopping");
     pthread_mutex_unlock(&inf->lock);
+    keptDrop(&inf->kept, "nsad is stopping");
     stackdumpUnregisterThread();
     return NULL;
 }

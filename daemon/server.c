@@ -76,7 +76,7 @@ typedef struct Listener {
     int nudge[2];
     _Atomic int resumed;
     pthread_t thread;
-    int thread_started;
+    _Atomic int thread_started; /* set by main after pthread_create; read by both HTTP threads */
 } Listener;
 
 struct Server {
@@ -718,7 +718,7 @@ static void publishTick(Server *srv) {
     int64_t oldest = INT64_MAX;
     const Listener *ls[2] = {&srv->tcp, &srv->unix_sock};
     for (int i = 0; i < 2; i++)
-        if (ls[i]->thread_started) {
+        if (atomic_load(&ls[i]->thread_started)) {
             int64_t t = atomic_load(&ls[i]->tick_ns);
             if (t < oldest) oldest = t;
         }
@@ -773,7 +773,7 @@ static int startThread(Listener *l, NsaError *err) {
     if (rc != 0)
         return nsaErrorf(err, "cannot start the %s HTTP thread: %s",
                          l->is_unix ? "Unix socket" : "TCP", strerror(rc));
-    l->thread_started = 1;
+    atomic_store(&l->thread_started, 1);
     return 0;
 }
 
@@ -830,7 +830,7 @@ void serverStop(Server *srv) {
         (void)w;
     }
     for (int i = 0; i < 2; i++)
-        if (ls[i]->thread_started) pthread_join(ls[i]->thread, NULL);
+        if (atomic_load(&ls[i]->thread_started)) pthread_join(ls[i]->thread, NULL);
     /* no connection may stay suspended into MHD_stop_daemon: end every stream */
     pthread_mutex_lock(&srv->streams_lock);
     for (StreamResponse *sr = srv->streams; sr; sr = sr->next) streamAbort(sr->stream);

@@ -162,22 +162,32 @@ static int checkTrainer(ServiceTrainer *t, int64_t now_ns, char *dump_path, size
 
     pthread_mutex_lock(&svc->lock);
     run = runsFind(svc->runs, id);
-    if (run && !strcmp(t->active_id, id)) {
-        snprintf(run->anomaly, sizeof run->anomaly, "hang:%s", phase_name);
-        snprintf(t->last_dump, sizeof t->last_dump, "%s", path);
-        cJSON *d = cJSON_CreateObject();
-        cJSON_AddStringToObject(d, "phase", phase_name);
-        cJSON_AddNumberToObject(d, "seconds", age);
-        cJSON_AddNumberToObject(d, "deadline", deadline);
-        cJSON_AddStringToObject(d, "dump", path);
-        cJSON_AddStringToObject(d, "policy", policy == HANG_EXIT ? "exit" : "report");
-        char *detail = cJSON_PrintUnformatted(d);
-        cJSON_Delete(d);
-        if (runsAddEvent(run, "hang", step, detail, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
-        free(detail);
-        t->state_before_hang = run->state;
-        if (runsSetState(run, RUN_HUNG, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
+    /* still the same stuck phase of the same run: while the stacks were
+     * taken the phase may have ended, or the run restarted on this trainer
+     * (runJob clears hang_flagged_since) - then the dump stays, as a
+     * record, but nothing is marked hung and nobody exits */
+    const int still = run && !strcmp(t->active_id, id) && t->hang_flagged_since == since &&
+                      atomic_load(&mon->phase_since_ns) == since;
+    if (!still) {
+        pthread_mutex_unlock(&svc->lock);
+        logRunWarn(id, "run %s: the %s phase ended while its stacks were taken; not marked hung",
+                   id, phase_name);
+        return 0;
     }
+    snprintf(run->anomaly, sizeof run->anomaly, "hang:%s", phase_name);
+    snprintf(t->last_dump, sizeof t->last_dump, "%s", path);
+    cJSON *d = cJSON_CreateObject();
+    cJSON_AddStringToObject(d, "phase", phase_name);
+    cJSON_AddNumberToObject(d, "seconds", age);
+    cJSON_AddNumberToObject(d, "deadline", deadline);
+    cJSON_AddStringToObject(d, "dump", path);
+    cJSON_AddStringToObject(d, "policy", policy == HANG_EXIT ? "exit" : "report");
+    char *detail = cJSON_PrintUnformatted(d);
+    cJSON_Delete(d);
+    if (runsAddEvent(run, "hang", step, detail, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
+    free(detail);
+    t->state_before_hang = run->state;
+    if (runsSetState(run, RUN_HUNG, &err) != 0) logRunWarn(id, "run %s: %s", id, err.message);
     atomic_fetch_add(&svc->hangs_total, 1);
     pthread_mutex_unlock(&svc->lock);
 

@@ -479,6 +479,13 @@ static void test_checkpoint_latest_and_keep_last(void **state) {
     snprintf(expect, sizeof expect, "%s/checkpoints/step_00000030", dir);
     assert_int_equal(checkpointResolve("/nonexistent", expect, found, sizeof found, &err), 1);
     assert_string_equal(found, expect);
+    /* without a run, the keywords name nothing (never the working directory) */
+    const char *keywords[] = {"latest", "latest-valid", NULL};
+    for (int k = 0; k < 3; k++) {
+        memset(&err, 0, sizeof err);
+        assert_int_equal(checkpointResolve(NULL, keywords[k], found, sizeof found, &err), -1);
+        assert_non_null(strstr(err.message, "needs a run to be the latest of"));
+    }
 
     /* saving an older step again (resume from an older checkpoint) replaces
      * it, points latest at it and keeps it even though newer ones exist */
