@@ -50,7 +50,14 @@ int streamWrite(Stream *s, const char *data, size_t len) {
         rc = -1;
     } else {
         if (s->off > 0 && s->off == s->len) s->off = s->len = 0;   /* all read: start over */
-        if (s->len + len > s->cap) {
+        if (s->len - s->off + len > STREAM_MAX_UNREAD) {
+            rc = -1;
+        } else if (s->len + len > s->cap && s->off > 0) { /* room at the front first */
+            memmove(s->buf, s->buf + s->off, s->len - s->off);
+            s->len -= s->off;
+            s->off = 0;
+        }
+        if (rc == 0 && s->len + len > s->cap) {
             size_t cap = s->cap ? s->cap : 4096;
             while (cap < s->len + len) cap *= 2;
             char *bigger = realloc(s->buf, cap);

@@ -22,9 +22,14 @@ typedef struct Stream Stream;
 Stream *streamCreate(void);
 
 /* ---- producer ---- */
-/* Appends len bytes. Returns 0, or -1 when the consumer is gone (cancel)
- * or memory ran out; nothing is written then. */
+/* Appends len bytes. Returns 0, or -1 when the consumer is gone (cancel),
+ * memory ran out, or the consumer has fallen STREAM_MAX_UNREAD bytes
+ * behind (a client that stopped reading: the producer stops as for one
+ * that left); nothing is written then. */
 int streamWrite(Stream *s, const char *data, size_t len);
+
+/* The most bytes a stream holds for its consumer. */
+#define STREAM_MAX_UNREAD ((size_t)16 << 20)
 /* 1 once the consumer is gone: the producer should stop. */
 int streamCancelled(Stream *s);
 /* The end: what is buffered is still read, then EOF. Drops the producer's
