@@ -92,14 +92,19 @@ static Run *runNew(const RunRegistry *reg, const char *id) {
     return run;
 }
 
+/* Room for one more run in the registry. Returns 0, or -1 (out of memory). */
+static int registryReserve(RunRegistry *reg) {
+    if (reg->n_runs < reg->cap_runs) return 0;
+    size_t cap = reg->cap_runs ? reg->cap_runs * 2 : 16;
+    Run **bigger = realloc(reg->runs, cap * sizeof *bigger);
+    if (!bigger) return -1;
+    reg->runs = bigger;
+    reg->cap_runs = cap;
+    return 0;
+}
+
 static int registryAppend(RunRegistry *reg, Run *run) {
-    if (reg->n_runs == reg->cap_runs) {
-        size_t cap = reg->cap_runs ? reg->cap_runs * 2 : 16;
-        Run **bigger = realloc(reg->runs, cap * sizeof *bigger);
-        if (!bigger) return -1;
-        reg->runs = bigger;
-        reg->cap_runs = cap;
-    }
+    if (registryReserve(reg) != 0) return -1;
     reg->runs[reg->n_runs++] = run;
     return 0;
 }
@@ -417,7 +422,9 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
         return NULL;
     }
     Run *run = runNew(reg, id);
-    if (!run || !(run->config_yaml = strdup(config_yaml))) {
+    /* the registry's room first: once the directory exists the run is
+     * either whole (on disk and in the registry) or gone from both */
+    if (!run || !(run->config_yaml = strdup(config_yaml)) || registryReserve(reg) != 0) {
         runFree(run);
         nsaErrorf(err, "out of memory creating a run");
         return NULL;
@@ -440,14 +447,13 @@ Run *runsCreate(RunRegistry *reg, const char *name, const char *config_yaml, con
     }
     if (fsMkdirs(run->out_dir, 0750, err) != 0 ||
         fsWriteFileAtomic(path, config_yaml, strlen(config_yaml), 0640, err) != 0 || runsSave(run, err) != 0) {
+        NsaError rm_err;
+        if (fsRemoveTree(run->dir, &rm_err) != 0) /* else a restart would find a half-made run */
+            logWarn("run %s: %s", run->id, rm_err.message);
         runFree(run);
         return NULL;
     }
-    if (registryAppend(reg, run) != 0) {
-        nsaErrorf(err, "out of memory creating a run");
-        runFree(run);
-        return NULL;
-    }
+    reg->runs[reg->n_runs++] = run; /* reserved above */
     return run;
 }
 
