@@ -49,6 +49,16 @@ static RankGroupConfig groupConfig(int local, double timeout) {
     return c;
 }
 
+/* A started group of local ranks with the given timeout (fails the test
+ * when it cannot start). */
+static RankGroup *startGroup(int local, double timeout) {
+    RankGroupConfig c = groupConfig(local, timeout);
+    NsaError err = {{0}};
+    RankGroup *g = rankGroupCreate(&c, &err);
+    if (!g) fail_msg("%s", err.message);
+    return g;
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -64,10 +74,8 @@ static int writeRank(const RankCtx *rc, void *arg, NsaError *err) {
 
 static void test_dispatch_reaches_every_rank(void **state) {
     (void)state;
-    RankGroupConfig c = groupConfig(3, 5.0);
+    RankGroup *g = startGroup(3, 5.0);
     NsaError err = {{0}};
-    RankGroup *g = rankGroupCreate(&c, &err);
-    if (!g) fail_msg("%s", err.message);
     int got[3] = {0, 0, 0};
     assert_int_equal(rankGroupRun(g, writeRank, got, &err), 0);
     assert_int_equal(got[0], 100);
@@ -117,10 +125,8 @@ static void releaseStuck(void *ctx) {
 
 static void test_release_waits_for_a_rank_given_up_on(void **state) {
     (void)state;
-    RankGroupConfig c = groupConfig(2, 0.1); /* grace: 0.1 + 5 s */
+    RankGroup *g = startGroup(2, 0.1); /* grace: 0.1 + 5 s */
     NsaError err = {{0}};
-    RankGroup *g = rankGroupCreate(&c, &err);
-    if (!g) fail_msg("%s", err.message);
     Stuck *s = calloc(1, sizeof *s);
     s->after = calloc(1, sizeof(int));
     assert_non_null(s);
@@ -153,10 +159,7 @@ static void test_release_waits_for_a_rank_given_up_on(void **state) {
 
 static void test_release_at_once_when_every_rank_returned(void **state) {
     (void)state;
-    RankGroupConfig c = groupConfig(2, 5.0);
-    NsaError err = {{0}};
-    RankGroup *g = rankGroupCreate(&c, &err);
-    if (!g) fail_msg("%s", err.message);
+    RankGroup *g = startGroup(2, 5.0);
     Stuck *s = calloc(1, sizeof *s);
     assert_non_null(s);
     s->after = calloc(1, sizeof(int));
