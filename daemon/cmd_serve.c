@@ -104,7 +104,8 @@ static void usage(FILE *out) {
             "every thread's stack; SIGHUP and other signals are logged and ignored.\n"
             "Exit status: 0 after SIGTERM/SIGINT, 1 on a runtime failure, 2 on a usage error,\n"
             "70 when the watchdog policy 'exit' stops a hung run, 75 when another nsad serve\n"
-            "uses the state dir (the message names its pid and address), 78 on a bad config.\n");
+            "uses the state dir (the message names its pid and address), 78 on a bad config\n"
+            "or a state dir it cannot use.\n");
 }
 
 static void setDefaults(ServeOptions *o) {
