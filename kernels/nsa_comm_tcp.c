@@ -92,12 +92,19 @@ static int moveAll(TcpComm *tc, int fd, void *buf, size_t n, int sending, double
         int ready = poll(&pfd, 1, msLeft(deadline));
         if (ready < 0 && errno == EINTR) continue;
         if (atomic_load(&c->aborted)) return nsaCommAbortedError(c, what, err);
+        if (ready < 0)
+            return nsaCommFail(c, err, "rank %d: %s: waiting for rank %d: poll: %s; the transport is "
+                                       "aborted",
+                               c->rank, what, peer, strerror(errno));
         if (ready == 0)
             return nsaCommFail(c, err, "rank %d: %s: rank %d did not %s within %g s (the deadline of "
                                        "every collective); the transport is aborted",
                                c->rank, what, peer, sending ? "take our data" : "send its part",
                                c->timeout);
-        ssize_t got = sending ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        /* never blocking: POLLOUT means some room, not room for n bytes, and
+         * a send that waits for the rest would outlive the deadline */
+        ssize_t got = sending ? send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT)
+                              : recv(fd, p, n, MSG_DONTWAIT);
         if (got < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
         if (got <= 0)
             return nsaCommFail(c, err, "rank %d: %s: the connection with rank %d %s; the transport is "
@@ -319,7 +326,7 @@ static int readHello(int fd, Hello *h, double deadline) {
         int ready = poll(&pfd, 1, msLeft(deadline));
         if (ready < 0 && errno == EINTR) continue;
         if (ready <= 0) return -1;
-        ssize_t got = recv(fd, p, n, 0);
+        ssize_t got = recv(fd, p, n, MSG_DONTWAIT);
         if (got < 0 && (errno == EINTR || errno == EAGAIN)) continue;
         if (got <= 0) return -1;
         p += got;

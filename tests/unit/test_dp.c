@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <cmocka.h>
 
 #include "nsa.h"
@@ -818,6 +819,25 @@ static void test_tcp_deadline_and_lost_peer(void **state) {
         nsaCommFree(x.comms[r]);
         free(x.bufs[r]);
     }
+    /* rank 0 joined but never reads: rank 1's part (far more than the
+     * sockets buffer) cannot all be sent - the deadline, not a send that
+     * waits for room for ever */
+    Exchange big = {.world = 2, .shard = (size_t)4 << 20};
+    tcpCreateAll(2, 0.2, big.comms);
+    big.bufs[1] = testAlloc(big.shard * 2, sizeof(float));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    RankArg arg1 = {.fn = lonelyRank, .ctx = &big, .rank = 1};
+    assert_int_equal(pthread_create(&th, NULL, rankMain, &arg1), 0);
+    pthread_join(th, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    const double took = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    assert_int_equal(big.rc[1], -1);
+    print_message("# %s (%.2f s)\n", big.err[1].message, took);
+    assert_non_null(strstr(big.err[1].message, "rank 0 did not take our data within 0.2 s"));
+    assert_true(took < 30);
+    for (int r = 0; r < 2; r++) nsaCommFree(big.comms[r]);
+    free(big.bufs[1]);
 }
 
 static void test_tcp_ranks_train_as_local_ones(void **state) {
