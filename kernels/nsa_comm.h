@@ -15,6 +15,11 @@
 #include <stddef.h>
 #include "nsa.h"
 
+/* The longest deadline a transport takes, in seconds (about 31 years):
+ * past it the deadline's arithmetic would overflow a time_t; not finite
+ * (inf, NaN) is no deadline, which every collective must have. */
+#define NSA_COMM_MAX_TIMEOUT 1e9
+
 #ifdef __cplusplus
 extern "C" {
 #endif

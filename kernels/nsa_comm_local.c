@@ -224,9 +224,9 @@ int nsaCommLocalCreate(int world, double timeout_seconds, NsaComm **comms, NsaEr
     if (!comms) return nsaErrorf(err, "nsa: nsaCommLocalCreate needs an array for the handles");
     if (world < 1 || world > 4096)
         return nsaErrorf(err, "nsa: local transport world = %d; allowed: 1 to 4096", world);
-    if (!(timeout_seconds > 0) || !isfinite(timeout_seconds))
-        return nsaErrorf(err, "nsa: local transport timeout = %g s; allowed: a finite number > 0",
-                         timeout_seconds);
+    if (!(timeout_seconds > 0) || !(timeout_seconds <= NSA_COMM_MAX_TIMEOUT))
+        return nsaErrorf(err, "nsa: local transport timeout = %g s; allowed: more than 0, up to %g",
+                         timeout_seconds, NSA_COMM_MAX_TIMEOUT);
     LocalHub *h = calloc(1, sizeof *h);
     if (!h) return nsaErrorf(err, "nsa: out of memory for the local transport");
     pthread_mutex_init(&h->mu, NULL);

@@ -32,6 +32,7 @@ int nsaCommIsNccl(const NsaComm *c) { return c && !strcmp(c->ops->kind, "nccl");
 
 #include <cuda_runtime.h>
 #include <dlfcn.h>
+#include <math.h>
 #include <nccl.h>
 #include <pthread.h>
 #include <time.h>
@@ -141,10 +142,12 @@ int nsaCommHaveNccl(void) {
     return !ncclLoadError[0];
 }
 
-/* Aborts the NCCL communicator once (on the calling thread). */
+/* Aborts the NCCL communicator once (on the calling thread). ncclCommAbort
+ * frees it: nc->nccl is NULL from then on, and nothing may ask it again. */
 static void abortNccl(NcclComm *nc) {
     if (nc->nccl && !nc->nccl_aborted) {
         ncclFn.commAbort(nc->nccl);
+        nc->nccl = NULL;
         nc->nccl_aborted = 1;
     }
 }
@@ -171,6 +174,7 @@ static int waitIdle(NcclComm *nc, const char *what, NsaError *err) {
     NsaComm *c = &nc->base;
     const double deadline = nsaCommNow() + c->timeout;
     for (int round = 0;; round++) {
+        if (!nc->nccl) return nsaCommAbortedError(c, what, err); /* aborted: freed */
         ncclResult_t state = ncclSuccess;
         ncclResult_t r = ncclFn.commGetAsyncError(nc->nccl, &state);
         if (r != ncclSuccess) state = r;
@@ -278,8 +282,9 @@ NsaComm *nsaCommNcclCreate(const NsaCommId *id, int rank, int world, int device_
                   world);
         return NULL;
     }
-    if (!(timeout_seconds > 0)) {
-        nsaErrorf(err, "nsa: NCCL timeout = %g s; allowed: a number > 0", timeout_seconds);
+    if (!(timeout_seconds > 0) || !(timeout_seconds <= NSA_COMM_MAX_TIMEOUT)) {
+        nsaErrorf(err, "nsa: NCCL timeout = %g s; allowed: more than 0, up to %g", timeout_seconds,
+                  NSA_COMM_MAX_TIMEOUT);
         return NULL;
     }
     if (!ncclApi(err)) return NULL;
@@ -341,8 +346,10 @@ int nsaCommNcclWaitEvent(NsaComm *c, void *event, const char *what, NsaError *er
                             what, detail);
         }
         ncclResult_t state = ncclSuccess;
-        ncclResult_t r = ncclFn.commGetAsyncError(nc->nccl, &state);
-        if (r != ncclSuccess) state = r;
+        if (nc->nccl) { /* else aborted (freed): only the event and the deadline are left */
+            ncclResult_t r = ncclFn.commGetAsyncError(nc->nccl, &state);
+            if (r != ncclSuccess) state = r;
+        }
         if (state != ncclSuccess && state != ncclInProgress)
             return ncclFail(nc, err, "rank %d: %s: NCCL failed (%s); the communicator is aborted",
                             what, ncclFn.getLastError(nc->nccl));

@@ -430,8 +430,9 @@ NsaComm *nsaCommTcpCreate(const NsaCommId *id, int rank, int world, double timeo
                   rank, world);
         return NULL;
     }
-    if (!(timeout_seconds > 0) || !isfinite(timeout_seconds)) {
-        nsaErrorf(err, "nsa: TCP timeout = %g s; allowed: a finite number > 0", timeout_seconds);
+    if (!(timeout_seconds > 0) || !(timeout_seconds <= NSA_COMM_MAX_TIMEOUT)) {
+        nsaErrorf(err, "nsa: TCP timeout = %g s; allowed: more than 0, up to %g", timeout_seconds,
+                  NSA_COMM_MAX_TIMEOUT);
         return NULL;
     }
     if (rank == 0 && (t.pid != (int32_t)getpid() || !isOurListener(&t))) {

@@ -696,6 +696,19 @@ static void test_transport_kind_must_fit_the_device(void **state) {
     assert_non_null(strstr(err.message, "world = 0"));
     assert_int_equal(nsaCommLocalCreate(2, 0, comms, &err), -1);
     assert_non_null(strstr(err.message, "timeout"));
+    /* every collective has a deadline: none that is infinite or would
+     * overflow the clock's arithmetic */
+    const double no_deadline[] = {INFINITY, NAN, 1e20};
+    for (int k = 0; k < 3; k++) {
+        memset(&err, 0, sizeof err);
+        assert_int_equal(nsaCommLocalCreate(2, no_deadline[k], comms, &err), -1);
+        assert_non_null(strstr(err.message, "up to 1e+09"));
+    }
+    NsaCommId tcp_id;
+    assert_int_equal(nsaCommTcpUniqueId("127.0.0.1", &tcp_id, &err), 0);
+    assert_null(nsaCommTcpCreate(&tcp_id, 0, 2, 1e20, &err));
+    assert_non_null(strstr(err.message, "up to 1e+09"));
+    nsaCommTcpIdRelease(&tcp_id);
 }
 
 /* ---- the TCP transport (ranks in threads here, over loopback) ----------------- */
