@@ -636,18 +636,24 @@ static int sweepLeftovers(const char *ck_dir, NsaError *err) {
     return rc;
 }
 
-/* Deletes step_* directories beyond keep_last, never the one just saved. */
+/* Keeps keep_last step_* directories: the one just saved (latest names it)
+ * and the newest keep_last - 1 before it. Those after it belong to a
+ * timeline a resume from an older checkpoint abandoned (latest-valid never
+ * takes them): they are retired first, or they would count among the kept
+ * and push out the checkpoints of the run as it is. */
 static int pruneCheckpoints(const char *ck_dir, int64_t saved_step, int keep_last, NsaError *err) {
     if (keep_last <= 0) return 0;
     int64_t *all;
     size_t n_all;
     if (listSteps(ck_dir, &all, &n_all, err) != 0) return -1;
-    size_t n = 0;
-    for (size_t i = 0; i < n_all; i++)
-        if (all[i] != saved_step) all[n++] = all[i];
-    size_t keep_others = (size_t)keep_last - 1;
+    size_t n_before = 0; /* listSteps sorts ascending: the older ones first */
+    while (n_before < n_all && all[n_before] < saved_step) n_before++;
+    const size_t keep_before = (size_t)keep_last - 1;
     int rc = 0;
-    for (size_t i = 0; rc == 0 && i + keep_others < n; i++) {
+    for (size_t i = 0; rc == 0 && i < n_all; i++) {
+        const int abandoned = all[i] > saved_step;
+        const int too_old = i < n_before && i + keep_before < n_before;
+        if (!abandoned && !too_old) continue;
         char name[64];
         stepDirName(all[i], name, sizeof name);
         rc = retireStepDir(ck_dir, name, err);

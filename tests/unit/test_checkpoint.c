@@ -488,7 +488,8 @@ static void test_checkpoint_latest_and_keep_last(void **state) {
     }
 
     /* saving an older step again (resume from an older checkpoint) replaces
-     * it, points latest at it and keeps it even though newer ones exist */
+     * it and points latest at it; the newer one belongs to the abandoned
+     * timeline and goes */
     rs.step = 30;
     rs.anomalies = 4;
     assert_int_equal(checkpointSave(m, dir, &rs, 2, NULL, NULL, 0, &err), 0);
@@ -497,6 +498,33 @@ static void test_checkpoint_latest_and_keep_last(void **state) {
     assert_int_equal(got.anomalies, 4);
     assert_int_equal(checkpointResolve(dir, "latest", found, sizeof found, &err), 1);
     assert_string_equal(found, expect);
+    snprintf(path, sizeof path, "%s/checkpoints/step_00000040", dir);
+    assert_false(fileExists(path));
+    /* the run goes on from 30: keep_last counts its checkpoints, never the
+     * abandoned timeline's (which would push them out): after 32 and 34,
+     * 32 and 34 remain */
+    rs.anomalies = 0;
+    for (int64_t s = 32; s <= 34; s += 2) {
+        rs.step = s;
+        assert_int_equal(checkpointSave(m, dir, &rs, 2, NULL, NULL, 0, &err), 0);
+    }
+    const int64_t steps[] = {10, 20, 30, 32, 34, 40};
+    for (int k = 0; k < 6; k++) {
+        snprintf(path, sizeof path, "%s/checkpoints/step_%08d", dir, (int)steps[k]);
+        assert_int_equal(fileExists(path), steps[k] >= 32 && steps[k] <= 34);
+    }
+    /* a rollback to 32 (latest moved back, 34 left behind), then a save at
+     * 33: 32 and 33 are kept, the abandoned 34 goes */
+    snprintf(path, sizeof path, "%s/checkpoints/latest", dir);
+    writeBytes(path, "step_00000032\n", 14);
+    rs.step = 33;
+    assert_int_equal(checkpointSave(m, dir, &rs, 2, NULL, NULL, 0, &err), 0);
+    const int64_t after[] = {32, 33, 34};
+    for (int k = 0; k < 3; k++) {
+        snprintf(path, sizeof path, "%s/checkpoints/step_%08d", dir, (int)after[k]);
+        assert_int_equal(fileExists(path), after[k] != 34);
+    }
+    snprintf(expect, sizeof expect, "%s/checkpoints/step_00000030", dir);
     /* no temporary directories or files are left behind */
     snprintf(path, sizeof path, "%s/checkpoints/.step_00000030.tmp", dir);
     assert_false(fileExists(path));
