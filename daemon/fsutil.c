@@ -23,8 +23,18 @@ int fsPathf(NsaError *err, char *out, size_t cap, const char *fmt, ...) {
     return 0;
 }
 
+/* Makes path (a directory) unless it is one; a new one's entry is made
+ * durable in its parent (a crash must not lose the directory a checkpoint
+ * or a run was written into). */
 static int mkdirOne(const char *path, mode_t mode, NsaError *err) {
-    if (mkdir(path, mode) == 0) return 0;
+    if (mkdir(path, mode) == 0) {
+        char parent[PATH_MAX];
+        const char *slash = strrchr(path, '/');
+        if (!slash) return fsFsyncDir(".", err);
+        if (slash == path) return fsFsyncDir("/", err);
+        if (fsPathf(err, parent, sizeof parent, "%.*s", (int)(slash - path), path) != 0) return -1;
+        return fsFsyncDir(parent, err);
+    }
     if (errno != EEXIST) return nsaErrorf(err, "cannot create directory %s: %s", path, strerror(errno));
     struct stat st;
     if (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))

@@ -17,7 +17,8 @@ int fsPathf(NsaError *err, char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
 /* mkdir -p: parents get 0755, the last component `mode`. An existing
- * directory is fine; an existing non-directory is an error. */
+ * directory is fine; an existing non-directory is an error. Each directory
+ * made is fsynced into its parent. Returns 0, or -1 with err. */
 int fsMkdirs(const char *path, mode_t mode, NsaError *err);
 
 /* write(2) until done, retrying EINTR. Returns 0, or -1 with errno set. */
