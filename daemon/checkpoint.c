@@ -991,7 +991,10 @@ static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_
         size_t n;
         if (listSteps(ck_dir, &steps, &n, err) != 0) return -1;
         char other[64] = "";
+        long long replaced = -1; /* older ones only: newer ones are an abandoned timeline */
+        if (sscanf(name, "step_%lld", &replaced) != 1) replaced = -1;
         for (size_t i = n; i-- > 0 && !other[0];) {
+            if (steps[i] >= replaced) continue;
             char candidate[64];
             stepDirName(steps[i], candidate, sizeof candidate);
             if (strcmp(candidate, name) && hasManifest(ck_dir, candidate)) snprintf(other, sizeof other, "%s", candidate);
@@ -1006,8 +1009,15 @@ static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_
         }
     }
     if (rename(final_dir, old_dir) != 0) return nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
-    if (rename(tmp_dir, final_dir) != 0)
-        return nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+    if (rename(tmp_dir, final_dir) != 0) {
+        const int saved = errno;
+        /* the old one back under its name, or the next save's sweep takes it */
+        if (rename(old_dir, final_dir) != 0)
+            return nsaErrorf(err, "rename %s to %s: %s; and the old checkpoint could not be put "
+                                  "back from %s: %s",
+                             tmp_dir, final_dir, strerror(saved), old_dir, strerror(errno));
+        return nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(saved));
+    }
     if (fsFsyncDir(ck_dir, err) != 0) return -1;
     return removeCheckpointDir(old_dir, err);
 }
