@@ -38,6 +38,8 @@
 
 #define TCP_MAGIC "NSATCP1"
 #define TCP_CHUNK ((size_t)1 << 20)
+/* How long rank 0 waits for a connection's hello before it drops it. */
+#define TCP_HELLO_SECONDS 5.0
 #define HEADER_MAGIC 0x4e534143u /* "NSAC" */
 
 enum { OP_REDUCE_SCATTER = 1, OP_ALL_GATHER = 2, OP_BROADCAST = 3 };
@@ -357,8 +359,11 @@ static int acceptAll(TcpComm *tc, int listen_fd, uint64_t key, double deadline, 
         }
         int fd = accept4(listen_fd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0) continue;
+        /* a rank says hello as it connects: a connection that stays silent
+         * (not one of ours) costs a few seconds, not the whole deadline */
+        const double hello_by = nsaCommNow() + TCP_HELLO_SECONDS;
         Hello h;
-        if (readHello(fd, &h, deadline) != 0 || h.key != key ||
+        if (readHello(fd, &h, hello_by < deadline ? hello_by : deadline) != 0 || h.key != key ||
             h.world != c->world || h.rank < 1 || h.rank >= c->world || tc->fds[h.rank] >= 0) {
             close(fd); /* a stranger, or a rank twice: not part of this job */
             continue;
@@ -369,6 +374,30 @@ static int acceptAll(TcpComm *tc, int listen_fd, uint64_t key, double deadline, 
         joined++;
     }
     return 0;
+}
+
+/* connect(2) on the non-blocking fd, waiting no later than deadline (a
+ * blocking connect to an address that drops SYNs waits out the kernel's
+ * retries, minutes, whatever the deadline). Returns 0, or -1 with errno. */
+static int connectBy(int fd, const struct sockaddr_in *addr, double deadline) {
+    if (connect(fd, (const struct sockaddr *)addr, sizeof *addr) == 0) return 0;
+    if (errno != EINPROGRESS) return -1;
+    for (;;) {
+        struct pollfd pfd = {fd, POLLOUT, 0};
+        int ready = poll(&pfd, 1, msLeft(deadline));
+        if (ready < 0 && errno == EINTR) continue;
+        if (ready < 0) return -1;
+        if (ready == 0) {
+            errno = ETIMEDOUT;
+            return -1;
+        }
+        int so_error = 0;
+        socklen_t len = sizeof so_error;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so_error, &len) != 0) return -1;
+        if (so_error == 0) return 0;
+        errno = so_error;
+        return -1;
+    }
 }
 
 /* A rank other than 0 connects to rank 0 and says who it is. */
@@ -382,9 +411,9 @@ static int connectToRoot(TcpComm *tc, const TcpId *t, double deadline, NsaError 
         return nsaErrorf(err, "nsa: rank %d: TCP transport: rank 0's address '%s' is not an IPv4 "
                               "address", c->rank, t->host);
     for (;;) { /* rank 0 may still be on its way to accept: retry by the deadline */
-        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
         if (fd < 0) return nsaErrorf(err, "nsa: socket: %s", strerror(errno));
-        if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0) {
+        if (connectBy(fd, &addr, deadline) == 0) {
             int one = 1;
             setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
             tc->fds[0] = fd;
