@@ -149,7 +149,7 @@ static const ConfigKey configKeys[] = {
 
     {"runtime", "device", KEY_ENUM, F(runtime.device), 0, 0, 0, 0, device_names},
     {"runtime", "precision", KEY_ENUM, F(runtime.precision), 0, 0, 0, 0, precision_names},
-    {"runtime", "threads", KEY_INT, F(runtime.threads), 0, 0, 4096, 0, NULL},
+    {"runtime", "threads", KEY_INT, F(runtime.threads), 0, 0, 256, 0, NULL}, /* nsaModelCreate's */
     {"runtime", "gpus", KEY_GPUS, F(runtime.gpus), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "cpu_ranks", KEY_INT, F(runtime.cpu_ranks), 0, 1, CONFIG_MAX_GPUS, 0, NULL},
     {"runtime", "nodes", KEY_NODES, F(runtime.n_nodes), 0, 0, CONFIG_MAX_NODES, 0, NULL},
@@ -310,7 +310,7 @@ static NsaDevice autoDevice(void) {
  * "auto", so the engine (where 0 means 1) always gets a real count. */
 static int onlineCores(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 4096 ? 4096 : (int)n;
+    return n < 1 ? 1 : n > 256 ? 256 : (int)n; /* the engine's most (nsaModelCreate) */
 }
 
 static const char *enumName(const EnumName *names, int value) {

@@ -71,6 +71,7 @@ typedef struct Slot {
 struct DataLoader {
     DataSource source;
     DataSplit split;
+    int whole_path;      /* data.val_path holds the validation: no shard is held out by name */
     int batch, seq_len, vocab;
     uint64_t seed;
     double bytes_per_token;
@@ -579,7 +580,7 @@ static int openShards(DataLoader *dl, const JobConfig *cfg, NsaError *err) {
     /* llm.c names its held-out shard *_val_*: use the names when both kinds exist */
     size_t n_val_named = 0;
     for (size_t i = 0; i < files.len; i++) n_val_named += (size_t)isValShard(files.data[i]);
-    int by_name = n_val_named > 0 && n_val_named < files.len;
+    int by_name = !dl->whole_path && n_val_named > 0 && n_val_named < files.len;
 
     dl->maps = calloc(files.len, sizeof *dl->maps);
     dl->segments = calloc(files.len, sizeof *dl->segments);
@@ -807,6 +808,8 @@ static int startPrefetch(DataLoader *dl, int depth, NsaError *err) {
 
 /* ---- public API -------------------------------------------------------------------------- */
 
+static DataLoader *openSplit(const JobConfig *cfg, DataSplit split, int whole_path, NsaError *err);
+
 DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
     /* data.val_path: the validation split is all of that source, read as a
      * whole file is; training takes all of data.path, no share held out */
@@ -821,10 +824,16 @@ DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
         own->data.val_fraction = 0;
         if (split == SPLIT_VAL)
             snprintf(own->data.path, sizeof own->data.path, "%s", cfg->data.val_path);
-        DataLoader *dl = dataOpen(own, split == SPLIT_VAL ? SPLIT_ALL : SPLIT_TRAIN, err);
+        DataLoader *dl = openSplit(own, split == SPLIT_VAL ? SPLIT_ALL : SPLIT_TRAIN, 1, err);
         free(own);
         return dl;
     }
+    return openSplit(cfg, split, 0, err);
+}
+
+/* dataOpen for one split of cfg->data.path; whole_path: the training split
+ * takes every shard, whatever its name (data.val_path holds the validation). */
+static DataLoader *openSplit(const JobConfig *cfg, DataSplit split, int whole_path, NsaError *err) {
     if (cfg->train.seq_len < 1 || cfg->train.batch_size < 1) {
         nsaErrorf(err, "train.seq_len: %d, train.batch_size: %d; allowed: both at least 1",
                  cfg->train.seq_len, cfg->train.batch_size);
@@ -841,6 +850,7 @@ DataLoader *dataOpen(const JobConfig *cfg, DataSplit split, NsaError *err) {
     }
     dl->source = cfg->data.source;
     dl->split = split;
+    dl->whole_path = whole_path;
     dl->batch = cfg->train.batch_size;
     dl->seq_len = cfg->train.seq_len;
     dl->seed = cfg->train.seed;

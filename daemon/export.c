@@ -285,5 +285,7 @@ int exportWrite(const Weights *w, const char *out_dir, ExportDtype dtype, NsaErr
     free(json);
     free(card);
     if (rc == 0) rc = fsFsyncDir(out_dir, err);
+    if (rc != 0) /* nothing half made: a retry finds the directory as it was */
+        for (int i = 0; i < 3; i++) unlink(paths[i]);
     return rc;
 }

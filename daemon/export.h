@@ -19,8 +19,8 @@ typedef enum ExportDtype { EXPORT_F32 = 0, EXPORT_BF16 = 1 } ExportDtype;
 
 /* Writes the three files for the open checkpoint w into out_dir (created
  * when missing). Refuses, writing nothing, when out_dir already holds any
- * of them. Each file is written atomically. Returns 0, or -1 with err
- * naming the file and the problem. */
+ * of them. Each file is written atomically, and a failure leaves none of
+ * the three. Returns 0, or -1 with err naming the file and the problem. */
 int exportWrite(const Weights *w, const char *out_dir, ExportDtype dtype, NsaError *err);
 
 /* "f32" or "bf16" into *out; -1 with err naming the value otherwise. */

@@ -55,6 +55,8 @@ static int byLogit(const void *a, const void *b, void *ctx) {
 }
 
 int samplePick(const float *logits, int V, const SampleOptions *o, double u, void *scratch) {
+    for (int v = 0; v < V; v++) /* no order, no distribution: the model broke */
+        if (!isfinite(logits[v])) return -1;
     if (o->temperature == 0) {
         int best = 0;
         for (int v = 1; v < V; v++)
@@ -232,6 +234,13 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
             if (gen[i].done) continue;
             const double u = nsaRngUniform(&gen[i].rng);
             next[i] = samplePick(logits + (size_t)i * V, V, o, u, scratch);
+            if (next[i] < 0) {
+                rc = nsaErrorf(err, "sample %d, token %d: the model's logits are not finite "
+                                    "(NaN or infinity): nothing to sample from",
+                               i, res->tokens[i] + 1);
+                live = 0;
+                break;
+            }
             char bytes[8];
             int32_t id = next[i];
             size_t len = tokenizerDecode(tok, &id, 1, bytes, sizeof bytes);

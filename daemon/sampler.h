@@ -41,8 +41,9 @@ void sampleDefaults(SampleOptions *o);
  * or -1 with err naming the field, its value and what is allowed. */
 int sampleValidate(const SampleOptions *o, NsaError *err);
 
-/* One token id from logits [V] (see above). scratch holds 2*V doubles or
- * ints (sampleScratchBytes). u is the uniform draw (ignored when greedy). */
+/* One token id from logits [V] (see above), or -1 when a logit is NaN or
+ * infinite. scratch holds 2*V doubles or ints (sampleScratchBytes). u is
+ * the uniform draw (ignored when greedy). */
 size_t sampleScratchBytes(int V);
 int samplePick(const float *logits, int V, const SampleOptions *o, double u, void *scratch);
 

@@ -235,7 +235,12 @@ static void test_defaults_are_valid(void **state) {
     assert_true(cfg.runtime.threads >= 1);  /* 0 resolves to the core count */
     NsaError err2;
     assert_int_equal(load(&cfg, "runtime:\n  threads: 0\n", &err2), 0);
-    assert_int_equal(cfg.runtime.threads, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    assert_int_equal(cfg.runtime.threads, cores > 256 ? 256 : (int)cores);
+    /* the engine's most (nsaModelCreate), not a count it refuses at start */
+    assert_int_equal(load(&cfg, "runtime:\n  threads: 256\n", &err2), 0);
+    assert_int_equal(load(&cfg, "runtime:\n  threads: 257\n", &err2), -1);
+    assert_non_null(strstr(err2.message, "runtime.threads"));
 }
 
 static void test_json_loads_like_yaml(void **state) {

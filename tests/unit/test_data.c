@@ -617,6 +617,17 @@ static void test_shards_split_and_load(void **state) {
     batchFree(&b);
     dataClose(train);
     dataClose(val);
+
+    /* with data.val_path, training takes every shard of data.path, a
+     * *_val_* one too: the held-out data is the other source */
+    snprintf(path, sizeof path, "%s/fineweb_train_000001.bin", dir);
+    snprintf(cfg.data.val_path, sizeof cfg.data.val_path, "%s", path);
+    train = openOk(&cfg, SPLIT_TRAIN);
+    val = openOk(&cfg, SPLIT_VAL);
+    assert_int_equal(dataNumTokens(train), 6000);
+    assert_int_equal(dataNumTokens(val), 5000);
+    dataClose(train);
+    dataClose(val);
 }
 
 static void test_corrupt_shards_name_file_and_offset(void **state) {

@@ -56,6 +56,11 @@ static void test_pick_rules(void **state) {
     assert_int_equal(pick(z, 3, 1, 2, 1, 0.90), 1);     /* top-k 2 drops id 0 */
     /* a high temperature flattens: u = 0.5 lands past the first third */
     assert_int_equal(pick(z, 3, 1e6, 0, 1, 0.5), 1);
+    /* a NaN or an infinity anywhere: no token, greedy or sampled */
+    const float nan_at_end[3] = {0.0f, 1.0f, NAN}, inf_first[3] = {INFINITY, 1.0f, 0.0f};
+    assert_int_equal(pick(nan_at_end, 3, 0, 0, 1, 0.5), -1);
+    assert_int_equal(pick(nan_at_end, 3, 1, 0, 0.9, 0.5), -1);
+    assert_int_equal(pick(inf_first, 3, 0, 0, 1, 0.5), -1);
 }
 
 static void test_validate(void **state) {
