@@ -27,9 +27,10 @@ static void runDirOf(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "%s", parent == real ? "/" : real);
 }
 
-/* env.json's config_yaml, loaded over the defaults; 0 when there is none
- * (or it does not load: the checkpoint's own model config still holds). */
-static int loadRunConfig(Weights *w) {
+/* env.json's config_yaml, loaded over the defaults: 1, or 0 when there is
+ * none, or -1 with why (the checkpoint's own model config still holds, but
+ * the run's tokenizer is then unknown). */
+static int loadRunConfig(Weights *w, char *why, size_t cap) {
     char path[WEIGHTS_PATH_MAX + 16];
     if (!w->out_dir[0] || snprintf(path, sizeof path, "%s/env.json", w->out_dir) >= (int)sizeof path)
         return 0;
@@ -40,13 +41,16 @@ static int loadRunConfig(Weights *w) {
     const cJSON *yaml = env ? cJSON_GetObjectItemCaseSensitive(env, "config_yaml") : NULL;
     int ok = 0;
     if (cJSON_IsString(yaml)) {
-        NsaError ignored;
+        NsaError load_err;
         JobConfig job;
         configDefaults(&job);
-        if (configLoadString(&job, yaml->valuestring, strlen(yaml->valuestring), &ignored) == 0) {
+        if (configLoadString(&job, yaml->valuestring, strlen(yaml->valuestring), &load_err) == 0) {
             w->job = job;
             w->config_yaml = strdup(yaml->valuestring);
             ok = w->config_yaml != NULL;
+        } else {
+            snprintf(why, cap, "env.json's config does not load here: %s", load_err.message);
+            ok = -1;
         }
     }
     cJSON_Delete(env);
@@ -114,7 +118,9 @@ static int openWeights(const char *spec, int verify, Weights *w, NsaError *err) 
                 "to check it against", w->dir, CHECKPOINT_FORMAT_LEGACY);
     runDirOf(w->dir, w->out_dir, sizeof w->out_dir);
     configDefaults(&w->job);
-    w->have_run_config = loadRunConfig(w);
+    char run_config_why[700] = "";
+    const int run_config = loadRunConfig(w, run_config_why, sizeof run_config_why);
+    w->have_run_config = run_config == 1;
 
     char path[WEIGHTS_PATH_MAX + 32];
     if (fsPathf(err, path, sizeof path, "%s/model.safetensors", w->dir)) goto fail;
@@ -133,6 +139,17 @@ static int openWeights(const char *spec, int verify, Weights *w, NsaError *err) 
         goto fail;
     }
     w->job.model = model.model;
+    /* without the run's config the tokenizer is taken to be bytes: say so,
+     * and refuse where that cannot be (a vocabulary of another size) */
+    if (run_config < 0 && w->job.model.vocab_size != 256) {
+        nsaErrorf(err, "%s: %s; the run's tokenizer is unknown, and this model's vocabulary (%d) "
+                       "is not the byte tokenizer's (256)",
+                  w->out_dir, run_config_why, w->job.model.vocab_size);
+        goto fail;
+    }
+    if (run_config < 0)
+        logWarn("%s: %s; reading the model with the byte tokenizer, as its vocabulary of 256 says",
+                w->out_dir, run_config_why);
     if (nsaLayoutBuild(&w->layout, &w->job.model, err)) goto fail;
     if (checkTensors(w, path, err)) goto fail;
     if (checkpointReadState(w->dir, &w->state, err)) goto fail;

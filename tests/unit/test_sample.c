@@ -367,6 +367,41 @@ static void test_weights_and_eval(void **state) {
     assert_true(err.message[0] != 0);
     weightsClose(&w);
 
+    /* an env.json whose config does not load here: a 256-token model is
+     * read with the byte tokenizer (with a warning), any other refused,
+     * never silently decoded as bytes */
+    snprintf(path, sizeof path, "%s/env.json", dir);
+    f = fopen(path, "w");
+    fputs("{\"config_yaml\": \"model: {dim: -1}\\n\"}", f);
+    fclose(f);
+    assert_int_equal(job.model.vocab_size, 256);
+    if (weightsOpen(dir, &w, &err)) fail_msg("weightsOpen: %s", err.message);
+    assert_string_equal(weightsTokenizer(&w), "byte");
+    weightsClose(&w);
+    char *dir2 = testTempDir("sample-v300");
+    JobConfig job2 = job;
+    job2.model.vocab_size = 300;
+    NsaModel *m2 = randomModel(&job2.model, 3, 16);
+    all = artifactsConfigJson(&job2);
+    mc = cJSON_CreateObject();
+    cJSON_AddItemToObject(mc, "model", cJSON_DetachItemFromObject(all, "model"));
+    cJSON_AddItemToObject(mc, "nsa", cJSON_DetachItemFromObject(all, "nsa"));
+    mc_json = cJSON_PrintUnformatted(mc);
+    cJSON_Delete(all);
+    cJSON_Delete(mc);
+    assert_int_equal(checkpointSave(m2, dir2, &rs, 0, mc_json, saved, sizeof saved, &err), 0);
+    free(mc_json);
+    nsaModelFree(m2);
+    snprintf(path, sizeof path, "%s/env.json", dir2);
+    f = fopen(path, "w");
+    fputs("{\"config_yaml\": \"model: {dim: -1}\\n\"}", f);
+    fclose(f);
+    assert_int_equal(weightsOpen(dir2, &w, &err), -1);
+    assert_non_null(strstr(err.message, "env.json's config does not load here"));
+    assert_non_null(strstr(err.message, "vocabulary (300)"));
+    testRemoveTree(dir2);
+    free(dir2);
+
     /* a checkpoint whose tensors do not match its config is refused */
     assert_int_equal(weightsOpen("/nonexistent-dir", &w, &err), -1);
     nsaModelFree(m);
