@@ -109,6 +109,17 @@ def ensure_corpus():
         subprocess.run([os.path.join(ROOT, "scripts", "make-corpus.sh")], check=True, capture_output=True)
 
 
+def corpus_slice(path, offset, n):
+    """Writes n bytes of the corpus from offset to path (a held-out file);
+    returns path."""
+    with open(CORPUS, "rb") as f:
+        f.seek(offset)
+        text = f.read(n)
+    with open(path, "wb") as f:
+        f.write(text)
+    return path
+
+
 def first_line(text, prefix):
     """The first line of text that starts with prefix, or ""."""
     return next((line for line in text.splitlines() if line.startswith(prefix)), "")

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from nsadtest import CORPUS, NSACTL, NSAD, check, ensure_corpus, finish, wait_for
+from nsadtest import CORPUS, NSACTL, NSAD, check, corpus_slice, ensure_corpus, finish, wait_for
 
 MODEL = "{dim: 32, n_layers: 2, n_heads: 4, n_kv_groups: 2, d_k: 8, d_v: 8}"
 
@@ -126,12 +126,7 @@ def main():
                   logs[-1500:])
 
         # fine-tuning with a held-out file of its own (data.val_path)
-        held = os.path.join(tmp, "held.txt")
-        with open(CORPUS, "rb") as f:
-            f.seek(50000)
-            text = f.read(3000)
-        with open(held, "wb") as f:
-            f.write(text)
+        held = corpus_slice(os.path.join(tmp, "held.txt"), 50000, 3000)
         tuned_yaml = write_job(tmp, "tuned.yaml",
                                job_text(4).replace("val_fraction: 0.05", f"val_path: {held}"))
         r = run(ctl + ["--json", "start", tuned_yaml, "--init-from", base, "--wait"])

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from nsadtest import CORPUS, NSACTL, NSAD, check, ensure_corpus, finish, wait_for
+from nsadtest import CORPUS, NSACTL, NSAD, check, corpus_slice, ensure_corpus, finish, wait_for
 
 
 def http(sock, method, path, body=None, read_lines=None):
@@ -117,12 +117,7 @@ def main():
         if not check("nsad serve starts", wait_for(lambda: os.path.exists(sock), 20),
                      open(os.path.join(tmp, "nsad.log")).read()):
             return
-        held = os.path.join(tmp, "held.txt")
-        with open(CORPUS, "rb") as f:
-            f.seek(100000)
-            text = f.read(20000)
-        with open(held, "wb") as f:
-            f.write(text)
+        held = corpus_slice(os.path.join(tmp, "held.txt"), 100000, 20000)
         job = os.path.join(tmp, "job.yaml")
         with open(job, "w") as f:
             f.write(f"""model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_groups: 2, d_k: 8, d_v: 8}}

@@ -113,6 +113,16 @@ static int failOrSleep(const RankCtx *rc, void *arg, NsaError *err) {
     return 0;
 }
 
+/* A Stuck whose late-write target holds `written`. */
+static Stuck *newStuck(int written) {
+    Stuck *s = calloc(1, sizeof *s);
+    assert_non_null(s);
+    s->after = calloc(1, sizeof(int));
+    assert_non_null(s->after);
+    s->after[0] = written;
+    return s;
+}
+
 /* Runs on whichever thread lets the group go: no cmocka calls here. */
 static void releaseStuck(void *ctx) {
     Stuck *s = ctx;
@@ -127,10 +137,7 @@ static void test_release_waits_for_a_rank_given_up_on(void **state) {
     (void)state;
     RankGroup *g = startGroup(2, 0.1); /* grace: 0.1 + 5 s */
     NsaError err = {{0}};
-    Stuck *s = calloc(1, sizeof *s);
-    s->after = calloc(1, sizeof(int));
-    assert_non_null(s);
-    assert_non_null(s->after);
+    Stuck *s = newStuck(0);
     s->sleep_s = 8.0;
     const double t0 = now();
     assert_int_equal(rankGroupRun(g, failOrSleep, s, &err), -1);
@@ -160,21 +167,13 @@ static void test_release_waits_for_a_rank_given_up_on(void **state) {
 static void test_release_at_once_when_every_rank_returned(void **state) {
     (void)state;
     RankGroup *g = startGroup(2, 5.0);
-    Stuck *s = calloc(1, sizeof *s);
-    assert_non_null(s);
-    s->after = calloc(1, sizeof(int));
-    assert_non_null(s->after);
-    s->after[0] = 42;
+    Stuck *s = newStuck(42);
     rankGroupFreeThen(g, releaseStuck, s);
     assert_int_equal(atomic_load(&s->released), 1);
     assert_true(pthread_equal(s->release_thread, pthread_self()));
     free(s);
     /* NULL: release at once */
-    s = calloc(1, sizeof *s);
-    assert_non_null(s);
-    s->after = calloc(1, sizeof(int));
-    assert_non_null(s->after);
-    s->after[0] = 42;
+    s = newStuck(42);
     rankGroupFreeThen(NULL, releaseStuck, s);
     assert_int_equal(atomic_load(&s->released), 1);
     free(s);
