@@ -4,8 +4,10 @@
  * as it comes; a summary line (tokens, why it stopped, tokens/s) goes to
  * stderr. With --n N, N continuations of the prompt are decoded together
  * after one prefill and printed one after another, each under a header,
- * once all are done. Exit 0 on success, 1 on a failure, 2 on a usage
- * error. */
+ * once all are done. With --prompt-ids ID,ID,... instead, the prompt and
+ * the output are token ids (a line of them): the way to sample a model
+ * with no text form, such as one trained on token shards of its own
+ * vocabulary. Exit 0 on success, 1 on a failure, 2 on a usage error. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,11 +18,14 @@
 #include "tokenizer.h"
 #include "weights.h"
 
+#define SAMPLE_MAX_PROMPT_IDS 65536
+
 static void sampleUsage(FILE *out) {
     fprintf(out,
             "usage: nsad sample CHECKPOINT --prompt TEXT [--n N] [--max-tokens N]\n"
             "                   [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
             "                   [--stop TEXT]... [--device cpu|cuda] [--threads N]\n"
+            "       nsad sample CHECKPOINT --prompt-ids ID,ID,... [the options but --stop]\n"
             "\n"
             "Generates text from a checkpoint (a checkpoint directory or a run's out_dir) with\n"
             "NSA's decode caches, printing it as it is generated. Defaults: 200 tokens,\n"
@@ -29,7 +34,11 @@ static void sampleUsage(FILE *out) {
             "decodes N continuations together after one prefill and prints each under a\n"
             "'--- sample I ---' line once all are done. --threads N (1 to 256): the CPU\n"
             "decoder's threads (default: the run's runtime.threads, at most this machine's\n"
-            "cores); the text is the same for any count.\n");
+            "cores); the text is the same for any count.\n"
+            "--prompt-ids: the prompt as 1 to 65536 token ids (commas or spaces between),\n"
+            "each below the model's vocabulary; the prompt's and the new tokens' ids are\n"
+            "printed, space-separated, as one line. For a model whose tokenizer nsad cannot\n"
+            "run (token shards of another vocabulary), ids are its only form.\n");
 }
 
 static int writeOut(void *ctx, int prompt, const char *bytes, size_t len) {
@@ -62,8 +71,64 @@ static int collectOut(void *ctx, int prompt, const char *bytes, size_t len) {
     return 0;
 }
 
+/* SampleEmitId for stdout (ctx NULL) or a Collected: " ID". */
+static int writeId(void *ctx, int prompt, int32_t id) {
+    char b[16];
+    const int k = snprintf(b, sizeof b, " %d", (int)id);
+    return ctx ? collectOut(ctx, prompt, b, (size_t)k) : writeOut(NULL, prompt, b, (size_t)k);
+}
+
+/* --prompt-ids' text into a malloc'd array: 1 to SAMPLE_MAX_PROMPT_IDS ids,
+ * each 0 to 2^24 - 1, commas or spaces between. Returns the array (*n set),
+ * or NULL after printing what was wrong (a usage error). */
+static int32_t *parseIds(const char *text, int *n) {
+    int32_t *ids = malloc(SAMPLE_MAX_PROMPT_IDS * sizeof *ids);
+    if (!ids) {
+        fprintf(stderr, "nsad sample: out of memory\n");
+        return NULL;
+    }
+    *n = 0;
+    for (const char *p = text;;) {
+        while (*p == ',' || *p == ' ' || *p == '\t' || *p == '\n')
+            p++;
+        if (!*p) break;
+        size_t len = strcspn(p, ", \t\n");
+        char one[24];
+        long long v;
+        snprintf(one, sizeof one, "%.*s", len < sizeof one ? (int)len : (int)sizeof one - 1, p);
+        if (*n == SAMPLE_MAX_PROMPT_IDS || len >= sizeof one ||
+            flagsParseInt(one, 0, (1 << 24) - 1, &v)) {
+            if (*n == SAMPLE_MAX_PROMPT_IDS)
+                fprintf(stderr, "nsad sample: --prompt-ids: more than %d ids",
+                        SAMPLE_MAX_PROMPT_IDS);
+            else
+                fprintf(stderr, "nsad sample: --prompt-ids: '%.*s' is not a token id", (int)len, p);
+            fprintf(stderr, "; allowed: 1 to %d ids from 0 to %d, commas or spaces between\n",
+                    SAMPLE_MAX_PROMPT_IDS, (1 << 24) - 1);
+            free(ids);
+            return NULL;
+        }
+        ids[(*n)++] = (int32_t)v;
+        p += len;
+    }
+    if (*n == 0) {
+        fprintf(stderr, "nsad sample: --prompt-ids: no ids; allowed: 1 to %d token ids\n",
+                SAMPLE_MAX_PROMPT_IDS);
+        free(ids);
+        return NULL;
+    }
+    return ids;
+}
+
+/* The prompt as printed before its continuation: the text, or its ids. */
+static void printPrompt(const char *prompt, const int32_t *ids, int n_ids) {
+    if (!ids) fputs(prompt, stdout);
+    for (int j = 0; ids && j < n_ids; j++)
+        printf("%s%d", j ? " " : "", (int)ids[j]);
+}
+
 int cmdSample(int argc, char **argv) {
-    const char *spec = NULL, *prompt = NULL, *device = NULL;
+    const char *spec = NULL, *prompt = NULL, *prompt_ids = NULL, *device = NULL;
     int n = 1;
     long long threads = 0;
     SampleOptions so;
@@ -77,6 +142,8 @@ int cmdSample(int argc, char **argv) {
             return 0;
         } else if (v && !strcmp(a, "--prompt")) {
             prompt = argv[++i];
+        } else if (v && !strcmp(a, "--prompt-ids")) {
+            prompt_ids = argv[++i];
         } else if (v && !strcmp(a, "--device")) {
             device = argv[++i];
         } else if (v && !strcmp(a, "--threads")) {
@@ -118,32 +185,55 @@ int cmdSample(int argc, char **argv) {
             spec = a;
         }
     }
-    if (!spec || !prompt) {
-        fprintf(stderr, "nsad sample: %s is required\n", spec ? "--prompt TEXT" : "CHECKPOINT");
+    if (!spec || !prompt == !prompt_ids) {
+        fprintf(stderr, "nsad sample: %s\n",
+                !spec    ? "CHECKPOINT is required"
+                : prompt ? "--prompt and --prompt-ids: one of the two, not both"
+                         : "--prompt TEXT or --prompt-ids ID,ID,... is required");
         sampleUsage(stderr);
+        return EXIT_USAGE;
+    }
+    if (prompt_ids && so.n_stops) {
+        fprintf(stderr, "nsad sample: --stop with --prompt-ids; allowed: --stop with --prompt "
+                        "(stop strings need text)\n");
         return EXIT_USAGE;
     }
     if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
         fprintf(stderr, "nsad sample: --device '%s'; allowed: cpu or cuda\n", device);
         return EXIT_USAGE;
     }
+    int n_ids = 0;
+    int32_t *ids = prompt_ids ? parseIds(prompt_ids, &n_ids) : NULL;
+    if (prompt_ids && !ids) return EXIT_USAGE;
     NsaError err = {{0}};
     Weights w;
     if (weightsOpen(spec, &w, &err)) {
         fprintf(stderr, "nsad sample: %s\n", err.message);
+        free(ids);
         return 1;
     }
-    const Tokenizer *tok = tokenizerFind(weightsTokenizer(&w));
+    const int V = w.job.model.vocab_size;
+    for (int j = 0; j < n_ids; j++)
+        if (ids[j] >= V) {
+            fprintf(stderr,
+                    "nsad sample: --prompt-ids: id %d (the prompt's token %d) is not in the "
+                    "model's vocabulary of %d; allowed: ids 0 to %d\n",
+                    (int)ids[j], j, V, V - 1);
+            free(ids);
+            weightsClose(&w);
+            return 1;
+        }
+    const Tokenizer *tok = ids ? NULL : weightsTextTokenizer(&w, &err);
     const NsaDevice dev = device ? (!strcmp(device, "cuda") ? NSA_DEVICE_CUDA : NSA_DEVICE_CPU)
                                  : w.job.runtime.device;
+    const size_t context = ids ? (size_t)n_ids : tok ? tokenizerMaxTokens(tok, strlen(prompt)) : 0;
     NsaDecoder *d = NULL;
     int rc = 0;
-    if (!tok) {
-        fprintf(stderr, "nsad sample: the run's tokenizer '%s' cannot encode a prompt; allowed: %s\n",
-                weightsTokenizer(&w), tokenizerNames());
+    if (!ids && !tok) {
+        fprintf(stderr, "nsad sample: %s; give the prompt as token ids: --prompt-ids ID,ID,...\n",
+                err.message);
         rc = 1;
-    } else if (!(d = weightsNewDecoder(&w, dev, 0, n,
-                                       (int)tokenizerMaxTokens(tok, strlen(prompt)) + so.max_tokens,
+    } else if (!(d = weightsNewDecoder(&w, dev, 0, n, (int)context + so.max_tokens,
                                        threads > 0 ? (int)threads : weightsCpuThreads(&w), &err))) {
         fprintf(stderr, "nsad sample: %s\n", err.message);
         rc = 1;
@@ -151,13 +241,15 @@ int cmdSample(int argc, char **argv) {
     Collected got;
     memset(&got, 0, sizeof got);
     if (rc == 0) {
-        if (n == 1) fputs(prompt, stdout);
+        if (n == 1) printPrompt(prompt, ids, n_ids);
         fflush(stdout);
         SampleResult res;
         const char *prompts[SAMPLE_MAX_PROMPTS];
         for (int i = 0; i < n; i++) prompts[i] = prompt;   /* one prefill, copied */
-        if (sampleGenerate(d, tok, prompts, n, &so, n == 1 ? writeOut : collectOut,
-                           n == 1 ? NULL : &got, &res, &err)) {
+        void *ctx = n == 1 ? NULL : &got;
+        if (ids ? sampleGenerateIds(d, ids, n_ids, n, &so, writeId, ctx, &res, &err)
+                : sampleGenerate(d, tok, prompts, n, &so, n == 1 ? writeOut : collectOut, ctx, &res,
+                                 &err)) {
             fprintf(stderr, "\nnsad sample: %s\n", err.message);
             rc = 1;
         } else {
@@ -165,20 +257,24 @@ int cmdSample(int argc, char **argv) {
             for (int i = 0; i < n; i++) {
                 total += res.tokens[i];
                 if (n == 1) continue;
-                printf("%s--- sample %d (%d tokens, %s) ---\n%s", i ? "\n" : "", i, res.tokens[i],
-                       sampleStopName(res.stop[i]), prompt);
+                printf("%s--- sample %d (%d tokens, %s) ---\n", i && !ids ? "\n" : "", i,
+                       res.tokens[i], sampleStopName(res.stop[i]));
+                printPrompt(prompt, ids, n_ids);
                 if (got.len[i]) fwrite(got.text[i], 1, got.len[i], stdout);
+                if (ids) putchar('\n');
             }
+            if (ids && n == 1) putchar('\n'); /* a line of ids */
             fflush(stdout);
             const double gen = res.seconds - res.prefill_seconds;
-            fprintf(stderr, "\n[%s%d tokens, %s; %.1f tokens/s on %s; step %lld of %s]\n",
-                    n > 1 ? "samples together: " : "", total,
+            fprintf(stderr, "%s[%s%d tokens, %s; %.1f tokens/s on %s; step %lld of %s]\n",
+                    ids ? "" : "\n", n > 1 ? "samples together: " : "", total,
                     n > 1 ? "each stopped as above" : sampleStopName(res.stop[0]),
                     gen > 0 ? total / gen : 0.0, dev == NSA_DEVICE_CUDA ? "cuda" : "cpu",
                     (long long)w.state.step, w.dir);
         }
     }
     for (int i = 0; i < SAMPLE_MAX_PROMPTS; i++) free(got.text[i]);
+    free(ids);
     nsaDecoderFree(d);
     weightsClose(&w);
     return rc;

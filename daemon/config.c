@@ -403,7 +403,8 @@ void configDefaults(JobConfig *cfg) {
 
 /* Where a node sits, for messages: "FILE:LINE: " or "line LINE: ". */
 typedef struct Source {
-    const char *path;  /* NULL for strings */
+    const char *path; /* NULL for strings */
+    int model_only;   /* a model config: the model and nsa sections alone */
 } Source;
 
 static void where(const Source *src, const yaml_node_t *node, char *out, size_t cap) {
@@ -962,6 +963,9 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Giv
         const char *name = (const char *)kn->data.scalar.value;
         int known = 0;
         for (int i = 0; sections[i]; i++) known |= !strcmp(sections[i], name);
+        if (known && src->model_only && strcmp(name, "model") && strcmp(name, "nsa"))
+            return nsaErrorf(err, "%s%s: not a section of a model config; allowed: model, nsa", at,
+                             name);
         if (!known) {
             const char *closest = NULL;
             int best = 3;
@@ -1000,6 +1004,8 @@ static void loadWarnings(JobConfig *cfg) {
                    enumName(recompute_names, cfg->runtime.gradient_checkpointing));
 }
 
+static int validateModel(const JobConfig *cfg, int model_only, NsaError *err);
+
 static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, NsaError *err) {
     yaml_document_t doc;
     if (!yaml_parser_load(parser, &doc)) {
@@ -1027,7 +1033,7 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
     /* the prototype took the vocabulary from its tokenizer (gpt2: 50257) */
     const ConfigKey *vocab = findKey("model", "vocab_size");
     int tokenizer_vocab = tokenizerVocabOf(cfg->data.tokenizer);
-    if (rc == 0 && !given->node[vocab - configKeys] && tokenizer_vocab > 0)
+    if (rc == 0 && !src->model_only && !given->node[vocab - configKeys] && tokenizer_vocab > 0)
         cfg->model.vocab_size = tokenizer_vocab;
     free(given);
     yaml_document_delete(&doc);
@@ -1051,6 +1057,7 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
                         src->path ? ": " : "", parser->problem ? parser->problem : "parse error");
     }
 
+    if (src->model_only) return validateModel(cfg, 1, err);
     if (cfg->runtime.device_auto) cfg->runtime.device = autoDevice();
     if (cfg->runtime.precision_auto) cfg->runtime.precision = configAutoPrecision(cfg->runtime.device);
     if (cfg->runtime.threads == 0) cfg->runtime.threads = onlineCores();
@@ -1078,7 +1085,12 @@ static int loadText(JobConfig *cfg, const char *text, size_t len, const Source *
 }
 
 int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err) {
-    Source src = {NULL};
+    Source src = {NULL, 0};
+    return loadText(cfg, yaml, len, &src, err);
+}
+
+int configLoadModelString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err) {
+    Source src = {NULL, 1};
     return loadText(cfg, yaml, len, &src, err);
 }
 
@@ -1095,7 +1107,7 @@ int configLoadFile(JobConfig *cfg, const char *path, NsaError *err) {
             return nsaErrorf(err, "%s: is %s; allowed: a YAML or JSON config file", path, fsKindName(st.st_mode));
         return nsaErrorf(err, "%s: cannot open config: %s", path, strerror(errno));
     }
-    Source src = {path};
+    Source src = {path, 0};
     int rc = loadText(cfg, text, len, &src, err);
     free(text);
     return rc;
@@ -1103,12 +1115,27 @@ int configLoadFile(JobConfig *cfg, const char *path, NsaError *err) {
 
 /* ---- validation -------------------------------------------------------------------- */
 
-int configValidate(const JobConfig *cfg, NsaError *err) {
+/* The engine's own rules for the model (nsaModelConfigValidate). Returns 0
+ * or -1 with err. */
+static int validateEngine(const NsaModelConfig *m, NsaError *err) {
+    NsaError engine_err;
+    if (nsaModelConfigValidate(m, &engine_err) != 0)
+        return nsaErrorf(err, "model: the engine refuses the model: %s", engine_err.message);
+    return 0;
+}
+
+/* The rules of the model alone: each key's range (of the model and nsa
+ * sections only when model_only, else of every section), then the rules
+ * relating the model's keys; with model_only the engine's own rules too
+ * (configValidate checks those last, after the other sections). Returns 0
+ * or -1 with err. */
+static int validateModel(const JobConfig *cfg, int model_only, NsaError *err) {
     /* every key's own range first: structs filled in code (overrides, the
      * HTTP API) get the same checks as files */
     char allowed[320];
     for (size_t i = 0; i < N_KEYS; i++) {
         const ConfigKey *k = &configKeys[i];
+        if (model_only && strcmp(k->section, "model") && strcmp(k->section, "nsa")) continue;
         const void *field = (const char *)cfg + k->offset;
         double v;
         switch (k->type) {
@@ -1145,7 +1172,12 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
     if (m->sel_len % m->cmp_stride != 0)
         return nsaErrorf(err, "nsa.d: %d does not divide nsa.l_sel (%d); allowed: a divisor of l and l_sel",
                         m->cmp_stride, m->sel_len);
+    return model_only ? validateEngine(m, err) : 0;
+}
 
+int configValidate(const JobConfig *cfg, NsaError *err) {
+    if (validateModel(cfg, 0, err) != 0) return -1;
+    const NsaModelConfig *m = &cfg->model;
     const TrainConfig *t = &cfg->train;
     if (t->min_lr > t->lr)
         return nsaErrorf(err, "train.min_lr: %g is above train.lr (%g); allowed: 0 to lr", t->min_lr, t->lr);
@@ -1204,9 +1236,7 @@ int configValidate(const JobConfig *cfg, NsaError *err) {
 
     /* the engine's own rules last: the keys above already cover them, so
      * this only fires if the engine grows a rule config.c does not know */
-    NsaError engine_err;
-    if (nsaModelConfigValidate(m, &engine_err) != 0)
-        return nsaErrorf(err, "model: the engine refuses the model: %s", engine_err.message);
+    if (validateEngine(m, err) != 0) return -1;
 
     const FaultConfig *f = &cfg->fault;
     if (f->nan_at_step > 0 && f->nan_kind == FAULT_NONE)

@@ -148,6 +148,16 @@ void configDefaults(JobConfig *cfg);
 int configLoadFile(JobConfig *cfg, const char *path, NsaError *err);
 int configLoadString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err);
 
+/* Parses a model config - a document of the model and nsa sections alone,
+ * as a checkpoint's model_config holds - over cfg and validates the model
+ * alone: each model and nsa key's range, the rules relating them and the
+ * engine's. Not the rules that tie the model to a data section (a
+ * tokenizer's vocabulary, shards' uint16 tokens): the document has none,
+ * and cfg's data section is not the one the model was trained on. Any
+ * other section is an error. Returns 0, or -1 with err as configLoadString
+ * (then cfg->model may be partly written). */
+int configLoadModelString(JobConfig *cfg, const char *yaml, size_t len, NsaError *err);
+
 /* Validates a filled struct (also used after overrides). Returns 0 or -1. */
 int configValidate(const JobConfig *cfg, NsaError *err);
 

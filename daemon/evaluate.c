@@ -43,6 +43,14 @@ int evalRun(const Weights *w, const EvalOptions *o, EvalProgress progress, void 
     const double t0 = clockMonotonicSeconds();
     memset(out, 0, sizeof *out);
     if (!o->data_path || !*o->data_path) return nsaErrorf(err, "eval: no data file given");
+    if (!o->shards && !weightsTextTokenizer(w, err)) { /* no text form: shards only */
+        char why[sizeof err->message];
+        snprintf(why, sizeof why, "%s", err->message);
+        return nsaErrorf(err,
+                         "eval: %s is text, and %s; allowed: .bin token shards of the model's "
+                         "vocabulary",
+                         o->data_path, why);
+    }
     JobConfig job = w->job;
     job.data.source = o->shards ? DATA_SHARDS : DATA_TEXT;
     if (snprintf(job.data.path, sizeof job.data.path, "%s", o->data_path) >= (int)sizeof job.data.path)

@@ -208,10 +208,15 @@ static char *modelCard(const Weights *w, ExportDtype dtype) {
         weightsTensor(w, i, &ti, NULL, NULL);
         params += ti->numel;
     }
-    char bpb[96];
+    char bpb[160];
     if (isfinite(w->bits_per_byte))
         snprintf(bpb, sizeof bpb, "%.4f (val loss %.4f nats/token, at step %" PRId64 ")",
                  w->bits_per_byte, w->val_loss, w->val_step);
+    else if (w->val_step >= 0) /* token shards: no bytes to count */
+        snprintf(bpb, sizeof bpb,
+                 "none: token shards, whose text is unknown (val loss %.4f nats/token, at step "
+                 "%" PRId64 ")",
+                 w->val_loss, w->val_step);
     else
         snprintf(bpb, sizeof bpb, "not recorded (no val.csv row at or before this step)");
     char *out = NULL;

@@ -248,12 +248,17 @@ static void runSample(Infer *inf, InferJob *job, Stream *s) {
         return;
     }
     const Weights *w = &k->w;
-    const Tokenizer *tok = tokenizerFind(weightsTokenizer(w));
+    const Tokenizer *tok = weightsTextTokenizer(w, &err);
     const NsaDevice dev = pickDevice(job->device);
     int ready = 0;
     if (!tok) {
-        nsaErrorf(&err, "the run's tokenizer '%s' cannot encode a prompt; allowed: %s",
-                  weightsTokenizer(w), tokenizerNames());
+        /* this route takes text; the CLI takes token ids too */
+        char why[sizeof err.message];
+        snprintf(why, sizeof why, "%s", err.message);
+        nsaErrorf(&err,
+                  "%s; this route takes a text prompt: sample its token ids with nsad sample "
+                  "CHECKPOINT --prompt-ids ID,ID,...",
+                  why);
     } else {
         const size_t ctx = tokenizerMaxTokens(tok, strlen(job->prompt)) + (size_t)job->sample.max_tokens;
         if (ctx > (1u << 24))

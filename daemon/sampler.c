@@ -176,19 +176,21 @@ static int endsWithStop(Gen *g, const SampleOptions *o, const char *bytes, size_
     return 0;
 }
 
-int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *prompts, int n,
-                   const SampleOptions *o, SampleEmit emit, void *ctx, SampleResult *res,
-                   NsaError *err) {
-    memset(res, 0, sizeof *res);
+/* What a generation emits: text (tok, emit; stop strings apply) or, with
+ * tok NULL, token ids (emit_id). */
+typedef struct Out {
+    const Tokenizer *tok;
+    SampleEmit emit;
+    SampleEmitId emit_id;
+    void *ctx;
+} Out;
+
+/* The generation of n encoded prompts (ids[i][0..len[i])); see
+ * sampleGenerate. o is valid and n fits the decoder. */
+static int generate(NsaDecoder *d, const int32_t *const *ids, const size_t *len, int n,
+                    const SampleOptions *o, const Out *out, SampleResult *res, NsaError *err) {
     const NsaDecoderOptions *dopt = nsaDecoderGetOptions(d);
     const int V = nsaDecoderGetConfig(d)->vocab_size;
-    if (sampleValidate(o, err)) return -1;
-    if (n < 1 || n > SAMPLE_MAX_PROMPTS || n > dopt->max_batch)
-        return nsaErrorf(err, "sample: %d prompts; allowed: 1 to %d", n,
-                         dopt->max_batch < SAMPLE_MAX_PROMPTS ? dopt->max_batch : SAMPLE_MAX_PROMPTS);
-    if (tok->vocab_size > V)
-        return nsaErrorf(err, "sample: the %s tokenizer's %d ids do not fit the model's vocabulary (%d)",
-                         tok->name, tok->vocab_size, V);
     const double t0 = clockMonotonicSeconds();
     float *logits = malloc((size_t)n * V * sizeof(float));
     void *scratch = malloc(sampleScratchBytes(V));
@@ -202,29 +204,22 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
         nsaRngSeed(&gen[i].rng, o->seed, (uint64_t)i);
         int same = -1;
         for (int j = 0; j < i && same < 0; j++)
-            if (!strcmp(prompts[j], prompts[i])) same = j;
+            if (len[j] == len[i] && !memcmp(ids[j], ids[i], len[i] * sizeof(int32_t))) same = j;
         if (same >= 0) {
             if (nsaDecoderCopySlot(d, i, same, err)) rc = -1;
             memcpy(logits + (size_t)i * V, logits + (size_t)same * V, (size_t)V * sizeof(float));
             continue;
         }
-        const size_t len = strlen(prompts[i]);
-        uint16_t *ids16 = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(uint16_t));
-        int32_t *ids = malloc((tokenizerMaxTokens(tok, len) + 1) * sizeof(int32_t));
-        size_t m = ids16 && ids ? tokenizerEncode(tok, (const uint8_t *)prompts[i], len, ids16) : 0;
-        for (size_t j = 0; j < m; j++) ids[j] = ids16[j];
-        if (!ids16 || !ids)
-            rc = nsaErrorf(err, "sample: out of memory for a prompt of %zu bytes", len);
-        else if (m == 0)
+        if (len[i] == 0)
             rc = nsaErrorf(err, "sample: prompt %d is empty; allowed: at least one token", i);
-        else if ((int64_t)m + o->max_tokens > dopt->max_context)
-            rc = nsaErrorf(err, "sample: prompt %d (%zu tokens) + max_tokens (%d) exceeds the "
-                                "context (%d)", i, m, o->max_tokens, dopt->max_context);
+        else if ((int64_t)len[i] + o->max_tokens > dopt->max_context)
+            rc = nsaErrorf(err,
+                           "sample: prompt %d (%zu tokens) + max_tokens (%d) exceeds the "
+                           "context (%d)",
+                           i, len[i], o->max_tokens, dopt->max_context);
         else if (nsaDecoderReset(d, i, err) ||
-                 nsaDecoderPrefill(d, i, ids, (int)m, logits + (size_t)i * V, err))
+                 nsaDecoderPrefill(d, i, ids[i], (int)len[i], logits + (size_t)i * V, err))
             rc = -1;
-        free(ids16);
-        free(ids);
     }
     res->prefill_seconds = clockMonotonicSeconds() - t0;
     /* then all together: pick, emit, step */
@@ -243,16 +238,21 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
             }
             char bytes[8];
             int32_t id = next[i];
-            size_t len = tokenizerDecode(tok, &id, 1, bytes, sizeof bytes);
-            if (len >= sizeof bytes) len = sizeof bytes - 1;
+            size_t blen = 0;
+            if (out->tok) {
+                blen = tokenizerDecode(out->tok, &id, 1, bytes, sizeof bytes);
+                if (blen >= sizeof bytes) blen = sizeof bytes - 1;
+            }
             res->tokens[i]++;
-            if (emit && emit(ctx, i, bytes, len)) {
+            const int cancel = out->tok ? out->emit && out->emit(out->ctx, i, bytes, blen)
+                                        : out->emit_id && out->emit_id(out->ctx, i, id);
+            if (cancel) {
                 for (int k = 0; k < n; k++)
                     if (!gen[k].done) res->stop[k] = SAMPLE_STOP_CANCEL, gen[k].done = 1;
                 live = 0;
                 break;
             }
-            if (endsWithStop(&gen[i], o, bytes, len)) {
+            if (out->tok && endsWithStop(&gen[i], o, bytes, blen)) {
                 gen[i].done = 1;
                 res->stop[i] = SAMPLE_STOP_STRING;
                 live--;
@@ -271,4 +271,75 @@ int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *promp
     free(gen);
     free(next);
     return rc;
+}
+
+/* The checks both entries share: o, and n against the decoder. */
+static int checkRequest(NsaDecoder *d, int n, const SampleOptions *o, NsaError *err) {
+    const NsaDecoderOptions *dopt = nsaDecoderGetOptions(d);
+    if (sampleValidate(o, err)) return -1;
+    if (n < 1 || n > SAMPLE_MAX_PROMPTS || n > dopt->max_batch)
+        return nsaErrorf(err, "sample: %d prompts; allowed: 1 to %d", n,
+                         dopt->max_batch < SAMPLE_MAX_PROMPTS ? dopt->max_batch
+                                                              : SAMPLE_MAX_PROMPTS);
+    return 0;
+}
+
+int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *prompts, int n,
+                   const SampleOptions *o, SampleEmit emit, void *ctx, SampleResult *res,
+                   NsaError *err) {
+    memset(res, 0, sizeof *res);
+    const int V = nsaDecoderGetConfig(d)->vocab_size;
+    if (checkRequest(d, n, o, err)) return -1;
+    if (tok->vocab_size > V)
+        return nsaErrorf(err,
+                         "sample: the %s tokenizer's %d ids do not fit the model's vocabulary (%d)",
+                         tok->name, tok->vocab_size, V);
+    int32_t *ids[SAMPLE_MAX_PROMPTS] = {0};
+    size_t len[SAMPLE_MAX_PROMPTS] = {0};
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        const size_t bytes = strlen(prompts[i]);
+        uint16_t *ids16 = malloc((tokenizerMaxTokens(tok, bytes) + 1) * sizeof(uint16_t));
+        ids[i] = malloc((tokenizerMaxTokens(tok, bytes) + 1) * sizeof(int32_t));
+        if (!ids16 || !ids[i])
+            rc = nsaErrorf(err, "sample: out of memory for a prompt of %zu bytes", bytes);
+        else
+            len[i] = tokenizerEncode(tok, (const uint8_t *)prompts[i], bytes, ids16);
+        for (size_t j = 0; j < len[i]; j++)
+            ids[i][j] = ids16[j];
+        free(ids16);
+    }
+    const Out out = {.tok = tok, .emit = emit, .ctx = ctx};
+    if (rc == 0) rc = generate(d, (const int32_t *const *)ids, len, n, o, &out, res, err);
+    for (int i = 0; i < n; i++)
+        free(ids[i]);
+    return rc;
+}
+
+int sampleGenerateIds(NsaDecoder *d, const int32_t *ids, int n_ids, int n, const SampleOptions *o,
+                      SampleEmitId emit, void *ctx, SampleResult *res, NsaError *err) {
+    memset(res, 0, sizeof *res);
+    const int V = nsaDecoderGetConfig(d)->vocab_size;
+    if (checkRequest(d, n, o, err)) return -1;
+    if (o->n_stops > 0)
+        return nsaErrorf(err,
+                         "sample: %d stop strings with a prompt of token ids; allowed: none "
+                         "(stop strings need text)",
+                         o->n_stops);
+    if (n_ids < 1)
+        return nsaErrorf(err, "sample: the prompt is empty; allowed: at least one token id");
+    for (int j = 0; j < n_ids; j++)
+        if (ids[j] < 0 || ids[j] >= V)
+            return nsaErrorf(err,
+                             "sample: prompt token %d is id %d; allowed: 0 to %d (the model's "
+                             "vocabulary is %d)",
+                             j, (int)ids[j], V - 1, V);
+    const int32_t *all[SAMPLE_MAX_PROMPTS];
+    size_t len[SAMPLE_MAX_PROMPTS];
+    for (int i = 0; i < n; i++) {
+        all[i] = ids; /* one prefill, copied into every slot */
+        len[i] = (size_t)n_ids;
+    }
+    const Out out = {.emit_id = emit, .ctx = ctx};
+    return generate(d, all, len, n, o, &out, res, err);
 }

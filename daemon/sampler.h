@@ -1,7 +1,8 @@
 /* sampler.h - text generation from a decoder: next-token sampling
  * (temperature, top-k, top-p, a seed) and the generation loop over one or
  * several prompts at once (nsaDecoderPrefill per prompt, then batched
- * nsaDecoderStep), with stop strings and a token budget.
+ * nsaDecoderStep), with stop strings and a token budget; prompts and output
+ * as text through a tokenizer, or as token ids (a model with no text form).
  *
  * Sampling a token from logits z (V values), reproducible for a seed:
  *   temperature 0: the arg max (ties: the lowest id);
@@ -55,6 +56,9 @@ const char *sampleStopName(SampleStop s);
  * the token's decoded bytes); returns non-zero to cancel everything. */
 typedef int (*SampleEmit)(void *ctx, int prompt, const char *bytes, size_t len);
 
+/* The same for a generation of token ids: each prompt's new token id. */
+typedef int (*SampleEmitId)(void *ctx, int prompt, int32_t id);
+
 typedef struct SampleResult {
     int tokens[SAMPLE_MAX_PROMPTS];       /* generated per prompt */
     SampleStop stop[SAMPLE_MAX_PROMPTS];
@@ -74,6 +78,20 @@ typedef struct SampleResult {
 int sampleGenerate(NsaDecoder *d, const Tokenizer *tok, const char *const *prompts, int n,
                    const SampleOptions *o, SampleEmit emit, void *ctx, SampleResult *res,
                    NsaError *err);
+
+/* sampleGenerate for a prompt given as token ids, for a model with no text
+ * form (its tokenizer is one nsad cannot run, such as a token shard run's)
+ * or to bypass the tokenizer: n continuations (1 to SAMPLE_MAX_PROMPTS, at
+ * most the decoder's max_batch) of ids[0..n_ids), prefilled once and copied
+ * into slots 0..n-1, continuation i drawing from stream i (so the ids a
+ * text prompt encodes to give the tokens sampleGenerate gives for it). The
+ * prompt must hold at least one id, each in [0, the model's vocab_size),
+ * and n_ids + max_tokens must fit the decoder's max_context. Stop strings
+ * need text: o->n_stops must be 0. emit (may be NULL) gets each new token's
+ * id. Returns 0 with res filled (a cancel is a success with
+ * SAMPLE_STOP_CANCEL), or -1 with err naming what was wrong. */
+int sampleGenerateIds(NsaDecoder *d, const int32_t *ids, int n_ids, int n, const SampleOptions *o,
+                      SampleEmitId emit, void *ctx, SampleResult *res, NsaError *err);
 
 /* The longest prefix of buf[0..len) made of whole UTF-8 sequences, given
  * that more bytes may follow: a trailing incomplete sequence is held back.

@@ -3,6 +3,7 @@
 #include "artifacts.h"
 #include "fsutil.h"
 #include "log.h"
+#include "tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -130,11 +131,14 @@ static int openWeights(const char *spec, int verify, Weights *w, NsaError *err) 
         nsaErrorf(err, "%s: __metadata__ has no 'model_config'", path);
         goto fail;
     }
-    /* the checkpoint's model config is the truth; the run's other sections stay */
+    /* the checkpoint's model config is the truth; the run's other sections
+     * stay. It is checked as a model alone: its vocabulary is the data's
+     * (shards of 100 token ids make a 100-token model), not the default
+     * byte tokenizer's */
     JobConfig model;
     configDefaults(&model);
     NsaError cerr;
-    if (configLoadString(&model, mc, strlen(mc), &cerr)) {
+    if (configLoadModelString(&model, mc, strlen(mc), &cerr)) {
         nsaErrorf(err, "%s: model_config does not load: %s", path, cerr.message);
         goto fail;
     }
@@ -184,7 +188,36 @@ void weightsClose(Weights *w) {
 }
 
 const char *weightsTokenizer(const Weights *w) {
-    return w->have_run_config && w->job.data.tokenizer[0] ? w->job.data.tokenizer : "byte";
+    if (w->have_run_config && w->job.data.tokenizer[0]) return w->job.data.tokenizer;
+    return w->job.model.vocab_size >= tokenizerVocabOf("byte") ? "byte" : WEIGHTS_TOKENIZER_UNKNOWN;
+}
+
+const Tokenizer *weightsTextTokenizer(const Weights *w, NsaError *err) {
+    const char *name = weightsTokenizer(w);
+    const Tokenizer *tok = tokenizerFind(name);
+    const int V = w->job.model.vocab_size;
+    if (!w->have_run_config && !strcmp(name, WEIGHTS_TOKENIZER_UNKNOWN)) {
+        nsaErrorf(err,
+                  "%s: the model's tokenizer is unknown (no run config beside the checkpoint, and "
+                  "its vocabulary of %d is smaller than the byte tokenizer's %d): it has no text "
+                  "form, only token ids",
+                  w->dir, V, tokenizerVocabOf("byte"));
+        return NULL;
+    }
+    if (!tok) {
+        nsaErrorf(err,
+                  "the run's tokenizer '%s' (data.tokenizer, vocabulary %d) is not one nsad can "
+                  "encode or decode text with (allowed: %s): the model has no text form here, "
+                  "only token ids",
+                  name, V, tokenizerNames());
+        return NULL;
+    }
+    if (tok->vocab_size > V) {
+        nsaErrorf(err, "the %s tokenizer's %d ids do not fit the model's vocabulary (%d)",
+                  tok->name, tok->vocab_size, V);
+        return NULL;
+    }
+    return tok;
 }
 
 int weightsNumTensors(const Weights *w) { return w->layout.n_tensors; }

@@ -16,6 +16,7 @@
 #include "../kernels/nsa_layout.h"
 #include "checkpoint.h"
 #include "config.h"
+#include "tokenizer.h"
 
 #define WEIGHTS_PATH_MAX 4096
 
@@ -36,9 +37,11 @@ typedef struct Weights {
 /* Opens what spec names - a checkpoint directory, or a run's out_dir (its
  * checkpoints/latest) - and reads the model config, the state and, when
  * present, the run's env.json and val.csv. Verifies the checkpoint's
- * manifest (checkpointVerify: sizes, checksums) first. Checks every tensor the layout
- * of that config names is in model.safetensors with its shape, and nothing
- * else is. Returns 0, or -1 with err naming the file and the problem (then
+ * manifest (checkpointVerify: sizes, checksums) first. The model config is
+ * checked as a model alone (configLoadModelString): any vocabulary the
+ * engine takes, a shard run's below the byte tokenizer's 256 included.
+ * Checks every tensor the layout of that config names is in
+ * model.safetensors with its shape, and nothing else is. Returns 0, or -1 with err naming the file and the problem (then
  * w holds nothing to close). The caller closes with weightsClose. */
 int weightsOpen(const char *spec, Weights *w, NsaError *err);
 void weightsClose(Weights *w);
@@ -54,8 +57,21 @@ int weightsOpenUnverified(const char *spec, Weights *w, NsaError *err);
  * decoder's limit), at least 1. Cannot fail. */
 int weightsCpuThreads(const Weights *w);
 
-/* The config's tokenizer name ("byte" when the run's config is unknown). */
+/* The name weightsTokenizer gives a tokenizer that cannot be known. */
+#define WEIGHTS_TOKENIZER_UNKNOWN "unknown"
+
+/* The run's data.tokenizer. Without the run's config: "byte" (the
+ * default) where the model's vocabulary holds the byte tokenizer's 256 ids,
+ * else WEIGHTS_TOKENIZER_UNKNOWN (a model of fewer ids, e.g. one trained on
+ * shards of a 100-token vocabulary, was not trained on bytes). Never NULL. */
 const char *weightsTokenizer(const Weights *w);
+
+/* The tokenizer that turns text into w's token ids and back: the one of
+ * weightsTokenizer when nsad runs it (tokenizerFind) and its ids fit the
+ * model's vocabulary. NULL with err saying why there is none (the
+ * tokenizer is unknown, or one nsad cannot run, such as a shard run's
+ * own): such a model is used through token ids alone. */
+const Tokenizer *weightsTextTokenizer(const Weights *w, NsaError *err);
 
 /* Copies every weight into d / m (built from w->job.model). Synchronous.
  * Returns 0, or -1 with err (out of memory, an engine error). */

@@ -8,6 +8,10 @@ foreground: a tiny CPU run trains under `nsad serve`, then
   - nsactl export downloads the export the daemon makes (the bytes `nsad
     export` writes in the foreground), made once and served again;
   - the training run wrote samples.jsonl and `samples` events;
+  - a model trained on token shards of its own 100-token vocabulary opens
+    for all of it: sampled as token ids (`nsad sample --prompt-ids`; a text
+    prompt is refused naming its tokenizer, by the daemon too), evaluated on
+    shards (the daemon's loss is the foreground's), exported with vocab 100;
   - refusals (unknown run, bad numbers, no prompt, a run without a
     checkpoint) are 4xx answers naming the field, and the daemon stays up;
   - a client that goes away mid-stream cancels its job (the next one runs);
@@ -21,6 +25,7 @@ import os
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -101,6 +106,107 @@ def clean_utf8(data):
             out.append("\ufffd")
             i += 1
     return "".join(out)
+
+
+def write_shard(path, tokens):
+    """An llm.c token shard: the 256-int32 header (magic, version, count), uint16 tokens."""
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, len(tokens), *([0] * 253)))
+        f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+
+
+def small_vocab(ctl, sock, tmp, held):
+    """A run on token shards of a 100-token vocabulary (data.tokenizer
+    char100, which nsad does not run): its checkpoint is sampled as ids,
+    evaluated on shards and exported, by the daemon and in the foreground;
+    text is refused naming why."""
+    shards = os.path.join(tmp, "shards")
+    os.makedirs(shards)
+    train, val = os.path.join(shards, "tok_train_000.bin"), os.path.join(shards, "tok_val_000.bin")
+    write_shard(train, [(i * 7 + i // 5) % 100 for i in range(20000)])
+    write_shard(val, [(i * 7 + i // 5 + 3) % 100 for i in range(3000)])
+    job = os.path.join(tmp, "job100.yaml")
+    with open(job, "w") as f:
+        f.write(f"""model: {{dim: 32, n_layers: 2, n_heads: 4, n_kv_groups: 2, d_k: 8, d_v: 8, vocab_size: 100}}
+nsa: {{l: 8, d: 4, l_sel: 16, n_sel: 4, w: 16}}
+train: {{steps: 6, seq_len: 64, batch_size: 2, lr: 3.0e-3, seed: 9, log_every: 3, eval_every: 3,
+        eval_batches: 1, save_every: 6}}
+runtime: {{device: cpu, precision: fp32, threads: 1}}
+data: {{source: shards, path: {train}, val_path: {val}, tokenizer: char100}}
+""")
+    r = run(ctl + ["--json", "start", job])
+    rid = json.loads(r.stdout)["id"] if r.returncode == 0 else None
+    if not check("vocab 100: a run on 100-token shards starts", rid is not None, r.stderr):
+        return
+    done = wait_for(lambda: json.loads(run(ctl + ["--json", "status", rid]).stdout)["state"]
+                    in ("completed", "failed"), 60, 0.2)
+    status = json.loads(run(ctl + ["--json", "status", rid]).stdout)
+    if not check("vocab 100: the run completes", done and status["state"] == "completed", status):
+        return
+    out = status["out_dir"]
+
+    st, _, body = http(sock, "POST", "/api/v1/sample", {"run": rid, "prompt": "Hello", "max_tokens": 5})
+    lines = [json.loads(l) for l in body.decode().splitlines() if l]
+    msg = lines[-1].get("message", "") if lines else ""
+    check("vocab 100: POST /api/v1/sample with a text prompt ends in an error naming the run's "
+          "tokenizer and --prompt-ids", st == 200 and lines[-1].get("event") == "error"
+          and "'char100'" in msg and "--prompt-ids" in msg, lines)
+    fs = run([NSAD, "sample", out, "--prompt-ids", "1,2, 3", "--max-tokens", "12", "--temperature", "0",
+              "--device", "cpu"])
+    ids = fs.stdout.split()
+    check("vocab 100: nsad sample --prompt-ids prints one line of ids: the prompt's, then 12 new ones "
+          "below 100", fs.returncode == 0 and fs.stdout.count("\n") == 1 and ids[:3] == ["1", "2", "3"]
+          and len(ids) == 15 and all(0 <= int(i) < 100 for i in ids) and "12 tokens, max_tokens" in fs.stderr,
+          (fs.returncode, fs.stdout, fs.stderr))
+    again = run([NSAD, "sample", out, "--prompt-ids", "1 2 3", "--max-tokens", "12", "--temperature", "0",
+                 "--device", "cpu"])
+    check("... greedy is reproducible", again.returncode == 0 and again.stdout == fs.stdout, again.stdout)
+    fn = run([NSAD, "sample", out, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--n", "2", "--device", "cpu"])
+    check("... --n 2: each continuation's ids under its header", fn.returncode == 0
+          and re.fullmatch(r"--- sample 0 \(4 tokens, max_tokens\) ---\n1 2 3( \d+){4}\n"
+                           r"--- sample 1 \(4 tokens, max_tokens\) ---\n1 2 3( \d+){4}\n", fn.stdout),
+          (fn.stdout, fn.stderr))
+    ft = run([NSAD, "sample", out, "--prompt", "Hello"])
+    check("vocab 100: nsad sample --prompt TEXT: exit 1 naming the tokenizer and --prompt-ids",
+          ft.returncode == 1 and ft.stdout == "" and "'char100'" in ft.stderr and "--prompt-ids" in ft.stderr,
+          ft.stderr)
+    fb = run([NSAD, "sample", out, "--prompt-ids", "1,100"])
+    check("vocab 100: an id outside the vocabulary: exit 1 naming it", fb.returncode == 1 and fb.stdout == ""
+          and "id 100" in fb.stderr and "vocabulary of 100" in fb.stderr, fb.stderr)
+    fu = run([NSAD, "sample", out, "--prompt-ids", "1,x"])
+    check("vocab 100: --prompt-ids 1,x: a usage error naming 'x'", fu.returncode == 2 and "'x'" in fu.stderr,
+          fu.stderr)
+
+    fe = run([NSAD, "eval", out, "--data", val, "--json", "--device", "cpu"])
+    de = run(ctl + ["--json", "eval", rid, "--data", val])
+    result = [json.loads(l) for l in de.stdout.splitlines() if '"result"' in l]
+    ok = fe.returncode == 0 and de.returncode == 0 and result
+    if ok:
+        a, b = json.loads(fe.stdout), result[0]
+        ok = a["tokens"] == b["tokens"] > 0 and abs(a["loss"] - b["loss"]) <= 1e-9 * a["loss"] \
+            and a["bits_per_byte"] is None and b["bits_per_byte"] is None
+    check("vocab 100: eval on its shards, the daemon's loss the foreground's, no bits per byte", ok,
+          (fe.stdout, fe.stderr, de.stdout, de.stderr))
+    fx = run([NSAD, "eval", out, "--data", held])
+    check("vocab 100: eval on text: exit 1 naming why", fx.returncode == 1 and "is text" in fx.stderr
+          and "'char100'" in fx.stderr, fx.stderr)
+
+    dl = os.path.join(tmp, "dl100")
+    r = run(ctl + ["export", rid, "--out", dl])
+    c = json.load(open(os.path.join(dl, "config.json"))) if r.returncode == 0 else {}
+    shapes = {t["name"]: t["shape"] for t in c.get("tensors", [])}
+    check("vocab 100: the export's config.json: vocab_size 100, the run's tokenizer, tok_emb and "
+          "lm_head of 100 rows", c.get("vocab_size") == 100
+          and c.get("tokenizer") == {"type": "char100", "vocab_size": 100}
+          and shapes.get("tok_emb") == [100, 32] and shapes.get("lm_head") == [100, 32], (r.stderr, c))
+    fg = os.path.join(tmp, "fg100")
+    r = run([NSAD, "export", out, "--out", fg, "--dtype", "bf16"])
+    check("... byte for byte what nsad export writes", r.returncode == 0 and all(
+        open(os.path.join(dl, f), "rb").read() == open(os.path.join(fg, f), "rb").read()
+        for f in ("config.json", "model.safetensors", "README.md")), r.stderr)
+    card = open(os.path.join(fg, "README.md")).read() if r.returncode == 0 else ""
+    check("... its card: vocab 100 (char100 tokenizer), a val loss and no bits per byte",
+          "| vocab | 100 (char100 tokenizer) |" in card and "none: token shards" in card, card[:800])
 
 
 def main():
@@ -322,6 +428,8 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         check(f"the kept model is released after --model-keep {keep_s} s without a sample job",
               released and time.monotonic() - last_sample >= keep_s - 1,
               open(os.path.join(tmp, "nsad.log")).read()[-600:])
+
+        small_vocab(ctl, sock, tmp, held)
 
         # refusals
         r = run(ctl + ["sample", "no-such-run", "--prompt", "x"])

@@ -391,6 +391,45 @@ static void test_cross_key_rules(void **state) {
     assert_non_null(strstr(cfg.warnings[0], "data.path"));
 }
 
+/* A checkpoint's model config (model and nsa alone) is checked as a model:
+ * a vocabulary below the byte tokenizer's is a shard run's and loads; the
+ * model's own rules and ranges still hold, and another section is refused. */
+static void test_model_config_alone(void **state) {
+    (void)state;
+    const char *mc = "{\"model\":{\"vocab_size\":100,\"dim\":32},\"nsa\":{\"l\":8,\"d\":4}}";
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    assert_int_equal(configLoadString(&cfg, mc, strlen(mc), &err), -1); /* as a job: bytes */
+    assert_non_null(strstr(err.message, "at least 256"));
+    configDefaults(&cfg);
+    if (configLoadModelString(&cfg, mc, strlen(mc), &err)) fail_msg("%s", err.message);
+    assert_int_equal(cfg.model.vocab_size, 100);
+    assert_int_equal(cfg.model.dim, 32);
+    assert_int_equal(cfg.model.cmp_len, 8);
+    const struct {
+        const char *text, *needle1, *needle2;
+    } bad[] = {
+        {"model: {vocab_size: 1}\n", "model.vocab_size: 1", "out of range"},
+        {"model: {n_heads: 6, n_kv_groups: 4}\n", "model.n_heads", "n_kv_groups"},
+        {"nsa: {l: 8, d: 3}\n", "nsa.d", "does not divide"},
+        {"model: {vocab_size: 100}\ndata: {tokenizer: byte}\n",
+         "data: not a section of a model "
+         "config",
+         "allowed: model, nsa"},
+        {"model: {vocab_sise: 100}\n", "vocab_sise", "vocab_size"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        configDefaults(&cfg);
+        memset(&err, 0, sizeof err);
+        if (configLoadModelString(&cfg, bad[i].text, strlen(bad[i].text), &err) == 0)
+            fail_msg("loaded but should fail: %s", bad[i].text);
+        if (!strstr(err.message, bad[i].needle1) || !strstr(err.message, bad[i].needle2))
+            fail_msg("message \"%s\" lacks \"%s\" or \"%s\"", err.message, bad[i].needle1,
+                     bad[i].needle2);
+    }
+}
+
 static void test_malformed_yaml_names_line(void **state) {
     (void)state;
     expectError("model:\n  dim: 64\n  n_layers: [1, 2\nnsa:\n  l: 8\n", "malformed YAML", "line 4", NULL);
@@ -733,6 +772,7 @@ int main(void) {
         cmocka_unit_test(test_not_divisible),
         cmocka_unit_test(test_bad_enum),
         cmocka_unit_test(test_cross_key_rules),
+        cmocka_unit_test(test_model_config_alone),
         cmocka_unit_test(test_malformed_yaml_names_line),
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_empty),

@@ -3,7 +3,8 @@
  * batched prompts, cancel, UTF-8 hold-back), greedy generation against the
  * full forward's arg max, the checkpoint opened for use (daemon/weights.c)
  * and whole-file evaluation (daemon/evaluate.c) against nsaModelEvalLoss
- * over the same windows by hand. */
+ * over the same windows by hand; a model of 100 token ids (a shard run's):
+ * opened, sampled as ids, evaluated on shards, text refused. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -150,6 +151,18 @@ static int capture(void *ctx, int prompt, const char *bytes, size_t len) {
     return c->cancel_after && ++c->emitted >= c->cancel_after;
 }
 
+/* Each prompt's token ids (sampleGenerateIds). */
+typedef struct IdCapture {
+    int32_t ids[SAMPLE_MAX_PROMPTS][256];
+    int n[SAMPLE_MAX_PROMPTS];
+} IdCapture;
+
+static int captureId(void *ctx, int prompt, int32_t id) {
+    IdCapture *c = ctx;
+    c->ids[prompt][c->n[prompt]++] = id;
+    return 0;
+}
+
 static NsaDecoder *decoderOf(NsaModel *m, int slots, int context) {
     NsaDecoderOptions o = {.device = NSA_DEVICE_CPU, .precision = NSA_PREC_F32,
                            .max_batch = slots, .max_context = context};
@@ -223,6 +236,14 @@ static void test_seeds_batches_stops(void **state) {
     generate(d, one, 1, &o, &b, &res);
     assert_string_equal(a.text[0], b.text[0]);          /* same seed, same text */
     assert_int_equal(a.len[0], 40);                     /* byte tokenizer: a byte a token */
+    /* the prompt given as its ids gives the text's tokens, as ids */
+    IdCapture as_ids = {0};
+    NsaError ierr = {{0}};
+    const int32_t abc[3] = {'a', 'b', 'c'};
+    assert_int_equal(sampleGenerateIds(d, abc, 3, 1, &o, captureId, &as_ids, &res, &ierr), 0);
+    assert_int_equal(as_ids.n[0], 40);
+    for (int t = 0; t < 40; t++)
+        assert_int_equal(as_ids.ids[0][t], (unsigned char)a.text[0][t]);
     o.seed = 6;
     generate(d, one, 1, &o, &b, &res);
     assert_true(strcmp(a.text[0], b.text[0]) != 0);     /* another seed, another text */
@@ -287,6 +308,37 @@ static void test_seeds_batches_stops(void **state) {
 
 /* ---- a checkpoint opened for use; evaluation ----------------------------------------- */
 
+/* m's weights as a checkpoint in dir (its checkpoints/step_N) at rs, with
+ * mc_json as its model_config (NULL: job's model and nsa sections, as the
+ * trainer writes them). */
+static void saveModel(NsaModel *m, const JobConfig *job, const char *mc_json, const char *dir,
+                      const ResumeState *rs) {
+    char *own = NULL;
+    if (!mc_json) {
+        cJSON *all = artifactsConfigJson(job), *mc = cJSON_CreateObject();
+        cJSON_AddItemToObject(mc, "model", cJSON_DetachItemFromObject(all, "model"));
+        cJSON_AddItemToObject(mc, "nsa", cJSON_DetachItemFromObject(all, "nsa"));
+        mc_json = own = cJSON_PrintUnformatted(mc);
+        cJSON_Delete(all);
+        cJSON_Delete(mc);
+    }
+    char saved[4096];
+    NsaError err = {{0}};
+    if (checkpointSave(m, dir, rs, 0, mc_json, saved, sizeof saved, &err))
+        fail_msg("checkpointSave: %s", err.message);
+    free(own);
+}
+
+/* Writes len bytes of data to dir/name; its path into path (cap bytes). */
+static void writeFile(const char *dir, const char *name, const void *data, size_t len, char *path,
+                      size_t cap) {
+    snprintf(path, cap, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
 static void test_weights_and_eval(void **state) {
     (void)state;
     char *dir = testTempDir("sample");
@@ -296,17 +348,9 @@ static void test_weights_and_eval(void **state) {
     job.train.seq_len = 16;
     job.train.batch_size = 3;
     NsaModel *m = randomModel(&job.model, 3, 16);
-    cJSON *all = artifactsConfigJson(&job), *mc = cJSON_CreateObject();
-    cJSON_AddItemToObject(mc, "model", cJSON_DetachItemFromObject(all, "model"));
-    cJSON_AddItemToObject(mc, "nsa", cJSON_DetachItemFromObject(all, "nsa"));
-    char *mc_json = cJSON_PrintUnformatted(mc);
-    cJSON_Delete(all);
-    cJSON_Delete(mc);
     ResumeState rs = {.step = 12, .seed = 3, .tokens_seen = 999};
-    char saved[4096];
     NsaError err = {{0}};
-    assert_int_equal(checkpointSave(m, dir, &rs, 0, mc_json, saved, sizeof saved, &err), 0);
-    free(mc_json);
+    saveModel(m, &job, NULL, dir, &rs);
 
     Weights w;
     if (weightsOpen(dir, &w, &err)) fail_msg("weightsOpen: %s", err.message);   /* a run dir: its latest */
@@ -382,15 +426,7 @@ static void test_weights_and_eval(void **state) {
     JobConfig job2 = job;
     job2.model.vocab_size = 300;
     NsaModel *m2 = randomModel(&job2.model, 3, 16);
-    all = artifactsConfigJson(&job2);
-    mc = cJSON_CreateObject();
-    cJSON_AddItemToObject(mc, "model", cJSON_DetachItemFromObject(all, "model"));
-    cJSON_AddItemToObject(mc, "nsa", cJSON_DetachItemFromObject(all, "nsa"));
-    mc_json = cJSON_PrintUnformatted(mc);
-    cJSON_Delete(all);
-    cJSON_Delete(mc);
-    assert_int_equal(checkpointSave(m2, dir2, &rs, 0, mc_json, saved, sizeof saved, &err), 0);
-    free(mc_json);
+    saveModel(m2, &job2, NULL, dir2, &rs);
     nsaModelFree(m2);
     snprintf(path, sizeof path, "%s/env.json", dir2);
     f = fopen(path, "w");
@@ -409,6 +445,181 @@ static void test_weights_and_eval(void **state) {
     free(dir);
 }
 
+/* ---- a model of fewer ids than bytes (token shards of its own vocabulary) -------------- */
+
+/* An llm.c shard of n tokens (header: magic, version, count) at path. */
+static void writeShard(const char *path, const uint16_t *tokens, int n) {
+    int32_t header[256] = {20240520, 1, n};
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(header, sizeof header, 1, f), 1);
+    assert_int_equal(fwrite(tokens, sizeof *tokens, (size_t)n, f), (size_t)n);
+    fclose(f);
+}
+
+/* A checkpoint of a 100-token model (a run on shards of a 100-token
+ * vocabulary) opens for use: its model config is checked as a model, not
+ * against the default byte tokenizer. It has no text form: it samples as
+ * token ids (greedy = the forward's arg max), evaluates on shards, and a
+ * text prompt or text data is refused naming why. */
+static void test_small_vocab_checkpoint(void **state) {
+    (void)state;
+    enum { V = 100, P = 5, N = 30 };
+    char *dir = testTempDir("sample-v100");
+    JobConfig job;
+    configDefaults(&job);
+    job.model = smallConfig();
+    job.model.vocab_size = V;
+    NsaModel *m = randomModel(&job.model, 1, P + N);
+    ResumeState rs = {.step = 7, .seed = 3, .tokens_seen = 448};
+    saveModel(m, &job, NULL, dir, &rs);
+
+    /* no run config beside it: the tokenizer cannot be bytes */
+    Weights w;
+    NsaError err = {{0}};
+    if (weightsOpen(dir, &w, &err)) fail_msg("weightsOpen: %s", err.message);
+    assert_int_equal(w.job.model.vocab_size, V);
+    assert_memory_equal(&w.job.model, &job.model, sizeof job.model);
+    assert_string_equal(weightsTokenizer(&w), WEIGHTS_TOKENIZER_UNKNOWN);
+    assert_null(weightsTextTokenizer(&w, &err));
+    assert_non_null(strstr(err.message, "tokenizer is unknown"));
+    assert_non_null(strstr(err.message, "vocabulary of 100"));
+
+    /* sampled as ids: greedy = the full forward's arg max at every position */
+    NsaDecoder *d = weightsNewDecoder(&w, NSA_DEVICE_CPU, 0, 2, P + N, 1, &err);
+    if (!d) fail_msg("weightsNewDecoder: %s", err.message);
+    const int32_t prompt[P] = {5, 17, 99, 0, 42};
+    SampleOptions o;
+    sampleDefaults(&o);
+    o.temperature = 0;
+    o.max_tokens = N;
+    IdCapture c = {0};
+    SampleResult res;
+    if (sampleGenerateIds(d, prompt, P, 1, &o, captureId, &c, &res, &err))
+        fail_msg("sampleGenerateIds: %s", err.message);
+    assert_int_equal(res.tokens[0], N);
+    assert_int_equal(c.n[0], N);
+    assert_int_equal(res.stop[0], SAMPLE_STOP_TOKENS);
+    int32_t tokens[P + N], targets[P + N];
+    memcpy(tokens, prompt, sizeof prompt);
+    memcpy(tokens + P, c.ids[0], N * sizeof(int32_t));
+    for (int t = 0; t < P + N; t++)
+        targets[t] = 0;
+    assert_int_equal(nsaModelForward(m, tokens, targets, 1, P + N, 1.0f, &err), 0);
+    const float *logits = (const float *)nsaModelCpuEngine(m)->acts + nsaModelCpuEngine(m)->logits;
+    int distinct = 0;
+    for (int t = P - 1; t < P + N - 1; t++) {
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[(size_t)t * V + v] > logits[(size_t)t * V + best]) best = v;
+        assert_int_equal(best, tokens[t + 1]);
+        distinct += tokens[t + 1] != tokens[t];
+    }
+    assert_true(distinct > 3);
+    /* two continuations: continuation 0 is the single one of that seed */
+    o.temperature = 1.0;
+    o.seed = 11;
+    IdCapture one = {0}, two = {0};
+    assert_int_equal(sampleGenerateIds(d, prompt, P, 1, &o, captureId, &one, &res, &err), 0);
+    assert_int_equal(sampleGenerateIds(d, prompt, P, 2, &o, captureId, &two, &res, &err), 0);
+    assert_int_equal(two.n[0], N);
+    assert_int_equal(two.n[1], N);
+    assert_memory_equal(two.ids[0], one.ids[0], N * sizeof(int32_t));
+    assert_true(memcmp(two.ids[1], two.ids[0], N * sizeof(int32_t)) != 0);
+    for (int i = 0; i < 2; i++)
+        for (int t = 0; t < N; t++)
+            assert_true(two.ids[i][t] >= 0 && two.ids[i][t] < V);
+    /* refusals, each naming what was wrong */
+    const int32_t out_of_vocab[2] = {3, V};
+    assert_int_equal(sampleGenerateIds(d, out_of_vocab, 2, 1, &o, NULL, NULL, &res, &err), -1);
+    assert_non_null(strstr(err.message, "id 100; allowed: 0 to 99"));
+    assert_int_equal(sampleGenerateIds(d, prompt, 0, 1, &o, NULL, NULL, &res, &err), -1);
+    assert_non_null(strstr(err.message, "empty"));
+    o.n_stops = 1;
+    snprintf(o.stops[0], sizeof o.stops[0], "x");
+    assert_int_equal(sampleGenerateIds(d, prompt, P, 1, &o, NULL, NULL, &res, &err), -1);
+    assert_non_null(strstr(err.message, "stop strings need text"));
+    o.n_stops = 0;
+    o.max_tokens = N + 1;
+    assert_int_equal(sampleGenerateIds(d, prompt, P, 1, &o, NULL, NULL, &res, &err), -1);
+    assert_non_null(strstr(err.message, "context"));
+    assert_int_equal(sampleGenerate(d, tokenizerFind("byte"), (const char *[]){"hi"}, 1, &o, NULL,
+                                    NULL, &res, &err),
+                     -1);
+    assert_non_null(strstr(err.message, "256 ids do not fit the model's vocabulary (100)"));
+    nsaDecoderFree(d);
+
+    /* evaluated on shards of its vocabulary: the loss of the windows by hand */
+    enum { S = 8, T = 60 };
+    uint16_t stream[T];
+    for (int i = 0; i < T; i++)
+        stream[i] = (uint16_t)((i * 37 + i / 7) % V);
+    char path[4200];
+    snprintf(path, sizeof path, "%s/held_val_000.bin", dir);
+    writeShard(path, stream, T);
+    EvalOptions eo = {.device = NSA_DEVICE_CPU,
+                      .precision = NSA_PREC_F32,
+                      .threads = 1,
+                      .seq_len = S,
+                      .batch = 1};
+    evalOptionsFromPath(&eo, path);
+    assert_int_equal(eo.shards, 1);
+    EvalResult r;
+    if (evalRun(&w, &eo, NULL, NULL, &r, &err)) fail_msg("evalRun: %s", err.message);
+    assert_int_equal(r.windows, (T - 1) / S);
+    assert_true(isnan(r.bits_per_byte)); /* token shards: no bytes */
+    double sum = 0;
+    for (int k = 0; k < r.windows; k++) {
+        int32_t tok[S], tgt[S];
+        for (int t = 0; t < S; t++)
+            tok[t] = stream[S * k + t], tgt[t] = stream[S * k + t + 1];
+        double loss;
+        assert_int_equal(nsaModelEvalLoss(m, tok, tgt, 1, S, &loss, &err), 0);
+        sum += loss;
+    }
+    assert_true(fabs(sum / r.windows - r.loss) <= 1e-9);
+    /* a shard token outside the vocabulary, and text, are refused */
+    stream[20] = V;
+    writeShard(path, stream, T);
+    assert_int_equal(evalRun(&w, &eo, NULL, NULL, &r, &err), -1);
+    assert_non_null(strstr(err.message, "token 100 is not below model.vocab_size (100)"));
+    char txt[4200];
+    writeFile(dir, "held.txt", "some text to evaluate on, long enough", 37, txt, sizeof txt);
+    evalOptionsFromPath(&eo, txt);
+    assert_int_equal(evalRun(&w, &eo, NULL, NULL, &r, &err), -1);
+    assert_non_null(strstr(err.message, "is text"));
+    assert_non_null(strstr(err.message, ".bin token shards"));
+    weightsClose(&w);
+
+    /* with its run's config: the shard run's tokenizer, which nsad cannot run */
+    const char *env = "{\"config_yaml\": \"data: {source: shards, path: /x/t.bin, tokenizer: "
+                      "char100}\\n\"}";
+    writeFile(dir, "env.json", env, strlen(env), path, sizeof path);
+    if (weightsOpen(dir, &w, &err)) fail_msg("weightsOpen: %s", err.message);
+    assert_int_equal(w.have_run_config, 1);
+    assert_int_equal(w.job.model.vocab_size, V);
+    assert_string_equal(weightsTokenizer(&w), "char100");
+    assert_null(weightsTextTokenizer(&w, &err));
+    assert_non_null(strstr(err.message, "'char100'"));
+    assert_non_null(strstr(err.message, "only token ids"));
+    weightsClose(&w);
+    testRemoveTree(dir);
+
+    /* bad model configs are still refused, naming the key */
+    job.model.vocab_size = 1;
+    saveModel(m, &job, "{\"model\":{\"vocab_size\":1}}", dir, &rs);
+    assert_int_equal(weightsOpen(dir, &w, &err), -1);
+    assert_non_null(strstr(err.message, "model_config does not load"));
+    assert_non_null(strstr(err.message, "model.vocab_size: 1 is out of range"));
+    testRemoveTree(dir);
+    saveModel(m, &job, "{\"model\":{\"vocab_size\":100},\"data\":{\"tokenizer\":\"x\"}}", dir, &rs);
+    assert_int_equal(weightsOpen(dir, &w, &err), -1);
+    assert_non_null(strstr(err.message, "data: not a section of a model config"));
+    nsaModelFree(m);
+    testRemoveTree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pick_rules),
@@ -417,6 +628,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_matches_forward),
         cmocka_unit_test(test_seeds_batches_stops),
         cmocka_unit_test(test_weights_and_eval),
+        cmocka_unit_test(test_small_vocab_checkpoint),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
