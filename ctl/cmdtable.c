@@ -110,15 +110,23 @@ const CtlCommand ctlCommands[] = {
      "state dir (see nsactl --help).\n",
      ctlCmdDashboard},
     {"sample",
-     "sample ID|CHECKPOINT_DIR --prompt TEXT [--n N] [--max-tokens N] [--temperature T]\n"
-     "       [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device cpu|cuda]",
-     "generate text from a run's latest checkpoint (or a checkpoint directory), streamed",
+     "sample ID|CHECKPOINT_DIR --prompt TEXT|--prompt-ids ID,ID,... [--n N] [--max-tokens N]\n"
+     "       [--temperature T] [--top-k K] [--top-p P] [--seed S] [--stop TEXT] [--device D]",
+     "generate text (or token ids) from a run's latest checkpoint (or a checkpoint directory), "
+     "streamed",
      "nsad continues the prompt with NSA's decode caches and the text is printed as it\n"
      "is generated; a summary (tokens, why it stopped, tokens/s) goes to stderr.\n"
      "--n N (1 to 16) asks for N continuations of the prompt, decoded together after\n"
      "one prefill; each is printed under a '--- sample I ---' line once all are done.\n"
      "Defaults: 200 tokens, temperature 0.8 (0 is greedy), top-k off, top-p 0.95,\n"
-     "seed 1; the daemon's GPU when it has one. --stop ends the text at that string.\n"
+     "seed 1; the daemon's GPU when it has one (--device cpu|cuda). --stop ends the\n"
+     "text at that string (not with --prompt-ids).\n"
+     "--prompt-ids: the prompt as token ids (1 to 65536, commas or spaces between,\n"
+     "each below the model's vocabulary); the prompt's and the new tokens' ids are\n"
+     "printed space-separated, one line per continuation, as `nsad sample\n"
+     "--prompt-ids` prints them: the way to sample a model with no text form (one\n"
+     "trained on token shards of a tokenizer nsad does not run). An id outside the\n"
+     "vocabulary, or a text prompt to such a model, is refused (exit 1).\n"
      "--json prints the daemon's JSON lines as they come. Not bounded by --timeout.\n",
      ctlCmdSample},
     {"eval",

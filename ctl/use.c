@@ -1,5 +1,5 @@
 /* use.c - nsactl's commands that use a trained checkpoint through the
- * daemon: `sample` (text streamed as it is generated), `eval` (held-out
+ * daemon: `sample` (text, or token ids, streamed as generated), `eval` (held-out
  * loss with progress) and `export` (the weights made into an export and
  * downloaded). Each names a run (its latest checkpoint) or a checkpoint
  * directory, and reads the JSON lines of POST /api/v1/sample, /api/v1/eval
@@ -25,9 +25,9 @@ typedef struct UseOption {
 } UseOption;
 
 /* argv into one positional argument and values of the named options (each
- * takes a value; argsParse's rules). opts[0] is required, non-empty;
- * `required` names it with its value ("--prompt TEXT"). Returns 0, or
- * prints and returns -1. */
+ * takes a value; argsParse's rules). With `required` (naming opts[0] with
+ * its value: "--data PATH"), opts[0] is required, non-empty; NULL: the
+ * caller checks what is required. Returns 0, or prints and returns -1. */
 static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int n_opts,
                     const char *required, const char **pos) {
     ArgsOption args[ARGS_MAX_OPTIONS];
@@ -39,7 +39,7 @@ static int parseUse(const char *cmd, int argc, char **argv, UseOption *opts, int
     for (int k = 0; k < n_opts; k++) args[k] = (ArgsOption){opts[k].name, &opts[k].value, NULL};
     int n_pos = 0;
     if (argsParse(cmd, argc, argv, args, n_opts, pos, 1, 1, &n_pos) != 0) return -1;
-    if (!opts[0].value || !opts[0].value[0]) {
+    if (required && (!opts[0].value || !opts[0].value[0])) {
         fprintf(stderr, "nsactl %s: %s is required\n", cmd, required);
         return -1;
     }
@@ -131,12 +131,16 @@ static void jsonLine(UseRun *u, const char *line, size_t len, const char *ev, co
 #define SAMPLE_MAX_N 16   /* the daemon's limit on n (proto/api.md) */
 
 /* One continuation streams straight to stdout; several are collected and
- * printed one after another when the job is done. */
+ * printed one after another when the job is done. A prompt of token ids
+ * (--prompt-ids) gets ids back: the prompt's and the new ones, printed
+ * space-separated as one line per continuation, as `nsad sample
+ * --prompt-ids` prints them. */
 typedef struct SampleRun {
     UseRun u;
     int n;
-    char *prompt;
-    StrBuf text[SAMPLE_MAX_N];   /* n > 1: each continuation's text so far */
+    int ids;                     /* the prompt and the output are token ids */
+    char *prompt;                /* n > 1: the start line's prompt, as printed */
+    StrBuf text[SAMPLE_MAX_N];   /* n > 1: each continuation's text (or " ID"s) so far */
     const char *model;           /* the start line's reused: "model kept" or "model loaded" */
 } SampleRun;
 
@@ -146,8 +150,40 @@ static void samplePrintAll(SampleRun *r, const cJSON *done) {
         const cJSON *e = cJSON_GetArrayItem(each, i);
         double tokens = 0;
         ctlHasNumber(e, "tokens", &tokens);
-        printf("%s--- sample %d (%.0f tokens, %s) ---\n%s%s\n", i ? "\n" : "", i, tokens,
+        printf("%s--- sample %d (%.0f tokens, %s) ---\n%s%s\n", i && !r->ids ? "\n" : "", i, tokens,
                ctlString(e, "stop", "?"), r->prompt ? r->prompt : "", r->text[i].data);
+    }
+}
+
+/* The start line's prompt as printed: its text, or its prompt_ids
+ * space-separated. Returns a malloc'd string, or NULL when out of memory. */
+static char *promptOf(const SampleRun *r, const cJSON *start) {
+    if (!r->ids) return strdup(ctlString(start, "prompt", ""));
+    StrBuf b;
+    if (strbufInit(&b, 64)) return NULL;
+    const cJSON *id;
+    int first = 1;
+    cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(start, "prompt_ids")) {
+        strbufPrintf(&b, "%s%.0f", first ? "" : " ", cJSON_IsNumber(id) ? id->valuedouble : -1.0);
+        first = 0;
+    }
+    if (b.failed) {
+        free(strbufTake(&b));
+        return NULL;
+    }
+    return strbufTake(&b);
+}
+
+/* A token line's new ids as " ID" each: into b, or to stdout when b is
+ * NULL. */
+static void putIds(StrBuf *b, const cJSON *line) {
+    const cJSON *id;
+    cJSON_ArrayForEach(id, cJSON_GetObjectItemCaseSensitive(line, "ids")) {
+        const double v = cJSON_IsNumber(id) ? id->valuedouble : -1.0;
+        if (b)
+            strbufPrintf(b, " %.0f", v);
+        else
+            printf(" %.0f", v);
     }
 }
 
@@ -163,12 +199,14 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
     } else if (!strcmp(ev, "start")) {
         const cJSON *reused = cJSON_GetObjectItemCaseSensitive(o, "reused");
         r->model = cJSON_IsTrue(reused) ? "model kept" : cJSON_IsFalse(reused) ? "model loaded" : NULL;
-        if (r->n == 1) {
-            fputs(ctlString(o, "prompt", ""), stdout);
+        free(r->prompt);
+        r->prompt = promptOf(r, o);
+        if (!r->prompt) {
+            fprintf(stderr, "nsactl sample: out of memory for the prompt\n");
+            u->failed = 1;
+        } else if (r->n == 1) {
+            fputs(r->prompt, stdout);
             fflush(stdout);
-        } else {
-            free(r->prompt);
-            r->prompt = strdup(ctlString(o, "prompt", ""));
         }
     } else if (!strcmp(ev, "done")) {
         double tokens = 0, tps = 0;
@@ -192,26 +230,75 @@ static int sampleLine(void *ctx, const char *line, size_t len) {
                     r->model ? ", " : "", r->model ? r->model : "");
         }
         fflush(stdout);
+    } else if (r->n == 1 && r->ids) {
+        putIds(NULL, o);
+        fflush(stdout);
     } else if (r->n == 1) {
         fputs(ctlString(o, "text", ""), stdout);
         fflush(stdout);
     } else {
         double at = -1;
         ctlHasNumber(o, "sample", &at);
-        if (at >= 0 && at < r->n) strbufPrintf(&r->text[(int)at], "%s", ctlString(o, "text", ""));
+        if (at >= 0 && at < r->n && r->ids)
+            putIds(&r->text[(int)at], o);
+        else if (at >= 0 && at < r->n)
+            strbufPrintf(&r->text[(int)at], "%s", ctlString(o, "text", ""));
     }
     cJSON_Delete(o);
     return 0;
 }
 
+/* --prompt-ids' text (whole numbers, commas or spaces between) into body's
+ * prompt_ids; their range and count are the daemon's to check. Returns 0,
+ * or prints and returns -1 (a usage error). */
+static int addIds(cJSON *body, const char *text) {
+    cJSON *ids = cJSON_AddArrayToObject(body, "prompt_ids");
+    if (!ids) {
+        fprintf(stderr, "nsactl sample: out of memory\n");
+        return -1;
+    }
+    for (const char *p = text;;) {
+        p += strspn(p, ", \t\n");
+        if (!*p) break;
+        const size_t len = strcspn(p, ", \t\n");
+        if (strspn(p, "0123456789") < len || len > 15) {
+            fprintf(stderr,
+                    "nsactl sample: --prompt-ids: '%.*s' is not a token id; allowed: whole "
+                    "numbers, commas or spaces between\n",
+                    (int)(len > 40 ? 40 : len), p);
+            return -1;
+        }
+        cJSON_AddItemToArray(ids, cJSON_CreateNumber(strtod(p, NULL)));
+        p += len;
+    }
+    if (cJSON_GetArraySize(ids) == 0) {
+        fprintf(stderr, "nsactl sample: --prompt-ids: no ids; allowed: whole numbers, commas or "
+                        "spaces between\n");
+        return -1;
+    }
+    return 0;
+}
+
 int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
-    UseOption opts[] = {{"--prompt", NULL},      {"--max-tokens", NULL}, {"--temperature", NULL},
-                        {"--top-k", NULL},       {"--top-p", NULL},      {"--seed", NULL},
-                        {"--stop", NULL},        {"--device", NULL},     {"--n", NULL}};
+    UseOption opts[] = {{"--prompt", NULL},    {"--max-tokens", NULL}, {"--temperature", NULL},
+                        {"--top-k", NULL},     {"--top-p", NULL},      {"--seed", NULL},
+                        {"--stop", NULL},      {"--device", NULL},     {"--n", NULL},
+                        {"--prompt-ids", NULL}};
     const char *what;
-    if (parseUse("sample", argc, argv, opts, ARRAY_LEN(opts), "--prompt TEXT", &what))
+    if (parseUse("sample", argc, argv, opts, ARRAY_LEN(opts), NULL, &what)) return CTL_EXIT_USAGE;
+    const char *prompt = opts[0].value, *ids = opts[9].value;
+    if (!prompt == !ids || (prompt && !prompt[0])) {
+        fprintf(stderr, "nsactl sample: %s\n",
+                prompt && ids ? "--prompt and --prompt-ids: one of the two, not both"
+                              : "--prompt TEXT or --prompt-ids ID,ID,... is required");
         return CTL_EXIT_USAGE;
-    SampleRun r = {.u = {.ctl = ctl, .cmd = "sample"}, .n = 1};
+    }
+    if (ids && opts[6].value) {
+        fprintf(stderr, "nsactl sample: --stop with --prompt-ids; allowed: --stop with --prompt "
+                        "(stop strings need text)\n");
+        return CTL_EXIT_USAGE;
+    }
+    SampleRun r = {.u = {.ctl = ctl, .cmd = "sample"}, .n = 1, .ids = ids != NULL};
     if (opts[8].value) {
         char *end = NULL;
         const long n = strtol(opts[8].value, &end, 10);
@@ -222,28 +309,30 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
         }
         r.n = (int)n;
     }
-    for (int i = 0; i < r.n && r.n > 1; i++)
-        if (strbufInit(&r.text[i], 256)) {
-            fprintf(stderr, "nsactl sample: out of memory\n");
-            for (int k = 0; k < i; k++) free(strbufTake(&r.text[k]));
-            return CTL_EXIT_ERROR;
-        }
     cJSON *body = cJSON_CreateObject();
-    if (!body || addTarget("sample", body, what) ||
-        addNumber("sample", body, "n", &opts[8]) ||
+    if (!body || addTarget("sample", body, what) || addNumber("sample", body, "n", &opts[8]) ||
         addNumber("sample", body, "max_tokens", &opts[1]) ||
         addNumber("sample", body, "temperature", &opts[2]) ||
-        addNumber("sample", body, "top_k", &opts[3]) || addNumber("sample", body, "top_p", &opts[4]) ||
-        addNumber("sample", body, "seed", &opts[5])) {
+        addNumber("sample", body, "top_k", &opts[3]) ||
+        addNumber("sample", body, "top_p", &opts[4]) ||
+        addNumber("sample", body, "seed", &opts[5]) || (ids && addIds(body, ids))) {
         cJSON_Delete(body);
         return CTL_EXIT_USAGE;
     }
-    cJSON_AddStringToObject(body, "prompt", opts[0].value);
+    if (prompt) cJSON_AddStringToObject(body, "prompt", prompt);
     if (opts[6].value) {
         cJSON *stops = cJSON_AddArrayToObject(body, "stop");
         cJSON_AddItemToArray(stops, cJSON_CreateString(opts[6].value));
     }
     if (opts[7].value) cJSON_AddStringToObject(body, "device", opts[7].value);
+    for (int i = 0; i < r.n && r.n > 1; i++)
+        if (strbufInit(&r.text[i], 256)) {
+            fprintf(stderr, "nsactl sample: out of memory\n");
+            for (int k = 0; k < i; k++)
+                free(strbufTake(&r.text[k]));
+            cJSON_Delete(body);
+            return CTL_EXIT_ERROR;
+        }
     const int rc = streamCall(&r.u, "/api/v1/sample", body, sampleLine);
     free(r.prompt);
     for (int i = 0; i < r.n && r.n > 1; i++) free(strbufTake(&r.text[i]));

@@ -1,5 +1,5 @@
 /* api_use.c - the routes that use a trained checkpoint (proto/api.md):
- *   POST /api/v1/sample   text generated from a prompt, streamed
+ *   POST /api/v1/sample   text (or token ids) generated from a prompt, streamed
  *   POST /api/v1/eval     held-out loss on a data file, with progress
  *   POST /api/v1/export   the weights as an export to download
  *   GET  /api/v1/exports/NAME/FILE   one file of such an export
@@ -118,10 +118,60 @@ static int deviceField(const cJSON *o, int *device, ApiResponse *res) {
     return 1;
 }
 
+/* A sample body's prompt_ids (v, present) into job->prompt_ids: 1 to
+ * SAMPLE_MAX_PROMPT_IDS whole numbers from 0 to SAMPLE_MAX_TOKEN_ID (the
+ * worker checks them against the model's vocabulary, which it reads). 1
+ * when set (job owns the array), 0 after a 400 answer naming what is wrong
+ * or a 500 when memory ran out. */
+static int promptIdsField(const cJSON *v, InferJob *job, ApiResponse *res) {
+    const int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : -1;
+    if (n < 1 || n > SAMPLE_MAX_PROMPT_IDS) {
+        char what[48];
+        if (n < 0)
+            snprintf(what, sizeof what, "not an array");
+        else if (n == 0)
+            snprintf(what, sizeof what, "empty");
+        else
+            snprintf(what, sizeof what, "%d ids, longer than a prompt may be", n);
+        apiError(res, 400, "invalid_argument",
+                 "prompt_ids: %s; allowed: an array of 1 to %d token ids, whole numbers from 0 "
+                 "to %d",
+                 what, SAMPLE_MAX_PROMPT_IDS, SAMPLE_MAX_TOKEN_ID);
+        return 0;
+    }
+    job->prompt_ids = malloc((size_t)n * sizeof *job->prompt_ids);
+    if (!job->prompt_ids) {
+        apiError(res, 500, "internal", "out of memory");
+        return 0;
+    }
+    int j = 0;
+    for (const cJSON *e = v->child; e; e = e->next, j++) {
+        const double x = cJSON_IsNumber(e) ? e->valuedouble : NAN;
+        if (x >= 0 && x <= SAMPLE_MAX_TOKEN_ID && x == floor(x)) {
+            job->prompt_ids[j] = (int32_t)x;
+            continue;
+        }
+        char *shown = cJSON_PrintUnformatted(e);
+        apiError(res, 400, "invalid_argument",
+                 "prompt_ids[%d]: %.40s%s is %s; allowed: a whole number from 0 to %d (a token id "
+                 "of the model's vocabulary)",
+                 j, shown ? shown : "?", shown && strlen(shown) > 40 ? "..." : "",
+                 !cJSON_IsNumber(e) ? "not a number"
+                 : x != floor(x)    ? "not a whole number"
+                                    : "out of range",
+                 SAMPLE_MAX_TOKEN_ID);
+        free(shown);
+        inferJobRelease(job);
+        return 0;
+    }
+    job->n_prompt_ids = n;
+    return 1;
+}
+
 /* Queues job and answers with its stream. */
 static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
     if (!svc->infer) {
-        free(job->prompt);
+        inferJobRelease(job);
         apiError(res, 503, "unavailable", "this nsad has no inference worker");
         return;
     }
@@ -137,18 +187,27 @@ static void answerStream(Service *svc, InferJob *job, ApiResponse *res) {
 }
 
 void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
-    cJSON *o = parseBody(req, res, "run,checkpoint,prompt,n,max_tokens,temperature,top_k,top_p,"
-                                   "seed,stop,device");
+    cJSON *o = parseBody(req, res,
+                         "run,checkpoint,prompt,prompt_ids,n,max_tokens,temperature,"
+                         "top_k,top_p,seed,stop,device");
     if (!o) return;
     InferJob job = {.kind = INFER_SAMPLE};
     sampleDefaults(&job.sample);
     const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(o, "prompt");
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(o, "prompt_ids");
     const cJSON *stop = cJSON_GetObjectItemCaseSensitive(o, "stop");
     double max_tokens = job.sample.max_tokens, top_k = 0, seed = (double)job.sample.seed, n = 1;
     int ok = checkpointField(svc, o, job.checkpoint, sizeof job.checkpoint, res) &&
              deviceField(o, &job.device, res);
-    if (ok && (!cJSON_IsString(prompt) || !prompt->valuestring[0] ||
-               strlen(prompt->valuestring) > 65536)) {
+    if (ok && !!prompt == !!ids) {
+        apiError(res, 400, "invalid_argument",
+                 prompt ? "prompt and prompt_ids: give one of the two, not both"
+                        : "prompt (text) or prompt_ids (an array of token ids) is required");
+        ok = 0;
+    } else if (ok && ids) {
+        ok = promptIdsField(ids, &job, res);
+    } else if (ok && (!cJSON_IsString(prompt) || !prompt->valuestring[0] ||
+                      strlen(prompt->valuestring) > 65536)) {
         apiError(res, 400, "invalid_argument", "prompt: a string of 1 to 65536 bytes is required");
         ok = 0;
     }
@@ -171,6 +230,11 @@ void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
                      "stop: an array of at most %d strings of 1 to %d bytes", SAMPLE_MAX_STOPS,
                      SAMPLE_STOP_MAX);
             ok = 0;
+        } else if (n > 0 && ids) {
+            apiError(res, 400, "invalid_argument",
+                     "stop: stop strings with prompt_ids; allowed: none (stop strings need text: "
+                     "give them with a text prompt)");
+            ok = 0;
         }
         job.sample.n_stops = n;
     }
@@ -178,11 +242,14 @@ void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res) {
     job.sample.max_tokens = (int)max_tokens;
     job.sample.top_k = (int)top_k;
     job.sample.seed = (uint64_t)seed;
-    if (ok) {
-        job.prompt = strdup(prompt->valuestring);
-        if (!job.prompt) apiError(res, 500, "internal", "out of memory");
-        else answerStream(svc, &job, res);
+    if (ok && prompt && !(job.prompt = strdup(prompt->valuestring))) {
+        apiError(res, 500, "internal", "out of memory");
+        ok = 0;
     }
+    if (ok)
+        answerStream(svc, &job, res); /* which takes over the prompt */
+    else
+        inferJobRelease(&job);
     cJSON_Delete(o);
 }
 

@@ -9,11 +9,14 @@
 #include "api.h"
 
 /* POST /api/v1/sample: queues a generation from a run's or a checkpoint's
- * weights (body: run or checkpoint, prompt and the sampling options) on the
- * inference worker; the stream sends the text as it comes. A bad body is
- * answered 400 naming the field, an unknown run or a missing checkpoint
- * 404, no worker or a full queue 503: nothing is queued then. Errors during
- * generation end the stream with an error line. */
+ * weights (body: run or checkpoint, the prompt as text (prompt) or as
+ * token ids (prompt_ids), and the sampling options) on the inference
+ * worker; the stream sends the text, or the new token ids, as they come. A
+ * bad body is answered 400 naming the field, an unknown run or a missing
+ * checkpoint 404, no worker or a full queue 503: nothing is queued then.
+ * What only the model can tell (an id outside its vocabulary, a text
+ * prompt to a model with no text form) and errors during generation end
+ * the stream with an error line. */
 void apiUseSample(Service *svc, const ApiRequest *req, ApiResponse *res);
 /* POST /api/v1/eval: queues held-out loss and bits per byte of a run's or
  * a checkpoint's weights on a data file; the stream sends progress lines,

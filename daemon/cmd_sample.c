@@ -18,8 +18,6 @@
 #include "tokenizer.h"
 #include "weights.h"
 
-#define SAMPLE_MAX_PROMPT_IDS 65536
-
 static void sampleUsage(FILE *out) {
     fprintf(out,
             "usage: nsad sample CHECKPOINT --prompt TEXT [--n N] [--max-tokens N]\n"
@@ -97,14 +95,14 @@ static int32_t *parseIds(const char *text, int *n) {
         long long v;
         snprintf(one, sizeof one, "%.*s", len < sizeof one ? (int)len : (int)sizeof one - 1, p);
         if (*n == SAMPLE_MAX_PROMPT_IDS || len >= sizeof one ||
-            flagsParseInt(one, 0, (1 << 24) - 1, &v)) {
+            flagsParseInt(one, 0, SAMPLE_MAX_TOKEN_ID, &v)) {
             if (*n == SAMPLE_MAX_PROMPT_IDS)
                 fprintf(stderr, "nsad sample: --prompt-ids: more than %d ids",
                         SAMPLE_MAX_PROMPT_IDS);
             else
                 fprintf(stderr, "nsad sample: --prompt-ids: '%.*s' is not a token id", (int)len, p);
             fprintf(stderr, "; allowed: 1 to %d ids from 0 to %d, commas or spaces between\n",
-                    SAMPLE_MAX_PROMPT_IDS, (1 << 24) - 1);
+                    SAMPLE_MAX_PROMPT_IDS, SAMPLE_MAX_TOKEN_ID);
             free(ids);
             return NULL;
         }

@@ -1,7 +1,8 @@
 /* infer.c - see infer.h. Lines a job writes (proto/api.md):
  *   sample: {"event":"start",...} then {"text":"..."} as tokens come (whole
  *           UTF-8 characters; a byte that is not becomes U+FFFD; with "sample"
- *           naming the continuation when the job asked for several), then
+ *           naming the continuation when the job asked for several), or for
+ *           a prompt of token ids {"ids":[ID]} per token, then
  *           {"event":"done","tokens","stop","samples","seconds","tokens_per_s"}
  *   eval:   {"event":"start",...}, {"event":"progress","done","total","loss"}
  *           at most twice a second, then {"event":"result",...}
@@ -218,6 +219,62 @@ static int emitText(void *ctx, int prompt, const char *bytes, size_t len) {
     return flushText(&out[prompt], bytes, len, 0) ? 1 : 0;
 }
 
+/* SampleEmitId: the new token of a continuation as an {"ids":[ID]} line
+ * (ctx: one TextOut per continuation, its pending bytes unused). */
+static int emitId(void *ctx, int prompt, int32_t id) {
+    const TextOut *t = (const TextOut *)ctx + prompt;
+    cJSON *o = cJSON_CreateObject(), *ids = cJSON_CreateArray();
+    if (t->sample >= 0) cJSON_AddNumberToObject(o, "sample", t->sample);
+    cJSON_AddItemToArray(ids, cJSON_CreateNumber(id));
+    cJSON_AddItemToObject(o, "ids", ids);
+    return writeLine(t->s, o) ? 1 : 0;
+}
+
+/* The prompt's ids as a JSON array, or NULL when memory ran out. */
+static cJSON *idsArray(const int32_t *ids, int n) {
+    cJSON *a = cJSON_CreateArray();
+    for (int j = 0; a && j < n; j++) {
+        cJSON *v = cJSON_CreateNumber(ids[j]);
+        if (!v) {
+            cJSON_Delete(a);
+            return NULL;
+        }
+        cJSON_AddItemToArray(a, v);
+    }
+    return a;
+}
+
+/* Whether job's prompt suits w's model before anything is built: token ids
+ * within its vocabulary, or text and a tokenizer that encodes it (*tok).
+ * Returns 0 with *tokens, the most tokens the prompt takes, or -1 with err
+ * naming what is wrong (a refusal of the request: the model is fine). */
+static int checkPrompt(const Weights *w, const InferJob *job, const Tokenizer **tok, size_t *tokens,
+                       NsaError *err) {
+    const int V = w->job.model.vocab_size;
+    *tok = NULL;
+    if (job->prompt_ids) {
+        for (int j = 0; j < job->n_prompt_ids; j++)
+            if (job->prompt_ids[j] < 0 || job->prompt_ids[j] >= V)
+                return nsaErrorf(err,
+                                 "prompt_ids[%d]: id %d is not in the model's vocabulary of %d "
+                                 "ids; allowed: 0 to %d",
+                                 j, (int)job->prompt_ids[j], V, V - 1);
+        *tokens = (size_t)job->n_prompt_ids;
+        return 0;
+    }
+    *tok = weightsTextTokenizer(w, err);
+    if (!*tok) {
+        char why[sizeof err->message];
+        snprintf(why, sizeof why, "%s", err->message);
+        return nsaErrorf(err,
+                         "%s; give the prompt as token ids: prompt_ids [ID, ...] (nsactl sample "
+                         "--prompt-ids ID,ID,...)",
+                         why);
+    }
+    *tokens = tokenizerMaxTokens(*tok, strlen(job->prompt));
+    return 0;
+}
+
 static cJSON *doneLine(const SampleResult *res, int n) {
     const double gen = res->seconds - res->prefill_seconds;
     int total = 0;
@@ -248,24 +305,21 @@ static void runSample(Infer *inf, InferJob *job, Stream *s) {
         return;
     }
     const Weights *w = &k->w;
-    const Tokenizer *tok = weightsTextTokenizer(w, &err);
+    const Tokenizer *tok = NULL;
     const NsaDevice dev = pickDevice(job->device);
-    int ready = 0;
-    if (!tok) {
-        /* this route takes text; the CLI takes token ids too */
-        char why[sizeof err.message];
-        snprintf(why, sizeof why, "%s", err.message);
-        nsaErrorf(&err,
-                  "%s; this route takes a text prompt: sample its token ids with nsad sample "
-                  "CHECKPOINT --prompt-ids ID,ID,...",
-                  why);
-    } else {
-        const size_t ctx = tokenizerMaxTokens(tok, strlen(job->prompt)) + (size_t)job->sample.max_tokens;
-        if (ctx > (1u << 24))
-            nsaErrorf(&err, "prompt + max_tokens: %zu tokens; allowed: at most %u", ctx, 1u << 24);
-        else
-            ready = keptDecoder(k, dev, job->gpu, job->n_samples, (int)ctx, &built, &err) == 0;
+    size_t tokens = 0;
+    if (checkPrompt(w, job, &tok, &tokens, &err)) {
+        /* the request is refused, not the model: it stays kept as it is */
+        writeError(s, err.message);
+        k->last_used = clockMonotonicSeconds();
+        return;
     }
+    int ready = 0;
+    const size_t ctx = tokens + (size_t)job->sample.max_tokens;
+    if (ctx > (1u << 24))
+        nsaErrorf(&err, "prompt + max_tokens: %zu tokens; allowed: at most %u", ctx, 1u << 24);
+    else
+        ready = keptDecoder(k, dev, job->gpu, job->n_samples, (int)ctx, &built, &err) == 0;
     if (!ready) {
         writeError(s, err.message);
         keptDrop(k, "its job failed");
@@ -274,7 +328,15 @@ static void runSample(Infer *inf, InferJob *job, Stream *s) {
     NsaDecoder *d = k->d;
     cJSON *start = startLine(w, dev, job->gpu);
     cJSON_AddBoolToObject(start, "reused", !opened && !built);
-    cJSON_AddStringToObject(start, "prompt", job->prompt);
+    if (job->prompt_ids) {
+        cJSON *ids = idsArray(job->prompt_ids, job->n_prompt_ids);
+        if (ids)
+            cJSON_AddItemToObject(start, "prompt_ids", ids);
+        else
+            cJSON_AddNullToObject(start, "prompt_ids");
+    } else {
+        cJSON_AddStringToObject(start, "prompt", job->prompt);
+    }
     const int n = job->n_samples;
     cJSON_AddNumberToObject(start, "samples", n);
     TextOut out[SAMPLE_MAX_PROMPTS];
@@ -285,11 +347,16 @@ static void runSample(Infer *inf, InferJob *job, Stream *s) {
     }
     SampleResult res;
     if (writeLine(s, start) == 0) {
-        if (sampleGenerate(d, tok, prompts, n, &job->sample, emitText, out, &res, &err)) {
+        const int failed =
+            tok ? sampleGenerate(d, tok, prompts, n, &job->sample, emitText, out, &res, &err)
+                : sampleGenerateIds(d, job->prompt_ids, job->n_prompt_ids, n, &job->sample, emitId,
+                                    out, &res, &err);
+        if (failed) {
             writeError(s, err.message);
         } else if (res.stop[0] != SAMPLE_STOP_CANCEL) {
             int gone = 0;
-            for (int i = 0; i < n && !gone; i++) gone = flushText(&out[i], "", 0, 1) != 0;
+            for (int i = 0; tok && i < n && !gone; i++) /* text held back, if any */
+                gone = flushText(&out[i], "", 0, 1) != 0;
             if (!gone) writeLine(s, doneLine(&res, n));
         }
     }
@@ -464,7 +531,7 @@ static void *inferMain(void *arg) {
                     streamCancelled(q->stream) ? " (cancelled: its reader left)" : "");
         }
         streamClose(q->stream);
-        free(q->job.prompt);
+        inferJobRelease(&q->job);
         free(q);
         pthread_mutex_lock(&inf->lock);
     }
@@ -511,7 +578,7 @@ void inferStop(Infer *inf) {
         Queued *next = q->next;
         writeError(q->stream, "nsad is stopping");
         streamClose(q->stream);
-        free(q->job.prompt);
+        inferJobRelease(&q->job);
         free(q);
         q = next;
     }
@@ -533,19 +600,20 @@ Stream *inferSubmit(Infer *inf, InferJob *job, NsaError *err) {
     Stream *s = q ? streamCreate() : NULL;
     if (!q || !s) {
         free(q);
-        free(job->prompt);
-        job->prompt = NULL;
+        inferJobRelease(job);
         nsaErrorf(err, "inference: out of memory");
         return NULL;
     }
     q->job = *job;
-    job->prompt = NULL;
+    job->prompt = NULL; /* the queued copy owns them now */
+    job->prompt_ids = NULL;
+    job->n_prompt_ids = 0;
     q->stream = s;
     pthread_mutex_lock(&inf->lock);
     if (inf->waiting >= INFER_QUEUE_MAX || inf->stop) {
         const int stopping = inf->stop;
         pthread_mutex_unlock(&inf->lock);
-        free(q->job.prompt);
+        inferJobRelease(&q->job);
         free(q);
         streamClose(s);
         streamRelease(s);
@@ -563,4 +631,12 @@ Stream *inferSubmit(Infer *inf, InferJob *job, NsaError *err) {
     pthread_cond_signal(&inf->cv);
     pthread_mutex_unlock(&inf->lock);
     return s;
+}
+
+void inferJobRelease(InferJob *job) {
+    free(job->prompt);
+    free(job->prompt_ids);
+    job->prompt = NULL;
+    job->prompt_ids = NULL;
+    job->n_prompt_ids = 0;
 }

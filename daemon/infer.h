@@ -40,8 +40,10 @@ typedef struct InferJob {
     char checkpoint[WEIGHTS_PATH_MAX]; /* a checkpoint dir or a run's out_dir */
     int device;                         /* -1: as above; else NsaDevice */
     int gpu;                            /* CUDA: the device ordinal (schedulerPickGpu) */
-    /* sample */
-    char *prompt;                       /* owned by the job once submitted */
+    /* sample: the prompt as text or as token ids (one of the two; owned by the job) */
+    char *prompt;        /* NUL-terminated text, or NULL */
+    int32_t *prompt_ids; /* n_prompt_ids ids (below SAMPLE_MAX_TOKEN_ID + 1), or NULL */
+    int n_prompt_ids;
     int n_samples;                      /* continuations of the prompt, 1 to SAMPLE_MAX_PROMPTS */
     SampleOptions sample;
     /* eval */
@@ -67,10 +69,14 @@ void inferReleaseGpus(Infer *inf, uint64_t gpus);
  * server stops first), joins the thread, frees everything. NULL: no-op. */
 void inferStop(Infer *inf);
 
-/* Queues a copy of job (taking over job->prompt, also on failure) and
- * returns the stream its lines go to, held for the consumer (release with
- * streamRelease). Returns NULL with err when INFER_QUEUE_MAX jobs wait
- * already or memory ran out. */
+/* Queues a copy of job (taking over job->prompt and job->prompt_ids, also
+ * on failure: both are NULL after the call) and returns the stream its
+ * lines go to, held for the consumer (release with streamRelease). Returns
+ * NULL with err when INFER_QUEUE_MAX jobs wait already or memory ran out. */
 Stream *inferSubmit(Infer *inf, InferJob *job, NsaError *err);
+
+/* Frees what job owns (its prompt or prompt ids) and sets those fields to
+ * NULL / 0; the struct itself is the caller's. Cannot fail. */
+void inferJobRelease(InferJob *job);
 
 #endif

@@ -22,6 +22,8 @@
 #define SAMPLE_MAX_STOPS 4
 #define SAMPLE_STOP_MAX 64 /* bytes per stop string */
 #define SAMPLE_MAX_PROMPTS 16
+#define SAMPLE_MAX_PROMPT_IDS 65536         /* token ids in a prompt given as ids */
+#define SAMPLE_MAX_TOKEN_ID ((1 << 24) - 1) /* no vocabulary holds more (model.vocab_size) */
 
 typedef struct SampleOptions {
     double temperature;  /* >= 0; 0 is greedy */

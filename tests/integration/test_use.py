@@ -8,10 +8,16 @@ foreground: a tiny CPU run trains under `nsad serve`, then
   - nsactl export downloads the export the daemon makes (the bytes `nsad
     export` writes in the foreground), made once and served again;
   - the training run wrote samples.jsonl and `samples` events;
+  - a prompt of token ids (`prompt_ids`) to a byte model streams the ids of
+    the text a text prompt gives;
   - a model trained on token shards of its own 100-token vocabulary opens
-    for all of it: sampled as token ids (`nsad sample --prompt-ids`; a text
-    prompt is refused naming its tokenizer, by the daemon too), evaluated on
-    shards (the daemon's loss is the foreground's), exported with vocab 100;
+    for all of it: sampled as token ids through the daemon (`prompt_ids`:
+    `ids` lines, the ids `nsad sample --prompt-ids` prints; nsactl sample
+    --prompt-ids prints what the foreground prints) with each malformed
+    `prompt_ids` refused naming what is wrong, an id outside the vocabulary
+    ending the stream with an error and a text prompt refused naming its
+    tokenizer, by both; evaluated on shards (the daemon's loss is the
+    foreground's), exported with vocab 100;
   - refusals (unknown run, bad numbers, no prompt, a run without a
     checkpoint) are 4xx answers naming the field, and the daemon stays up;
   - a client that goes away mid-stream cancels its job (the next one runs);
@@ -149,8 +155,8 @@ data: {{source: shards, path: {train}, val_path: {val}, tokenizer: char100}}
     lines = [json.loads(l) for l in body.decode().splitlines() if l]
     msg = lines[-1].get("message", "") if lines else ""
     check("vocab 100: POST /api/v1/sample with a text prompt ends in an error naming the run's "
-          "tokenizer and --prompt-ids", st == 200 and lines[-1].get("event") == "error"
-          and "'char100'" in msg and "--prompt-ids" in msg, lines)
+          "tokenizer, prompt_ids and --prompt-ids", st == 200 and lines[-1].get("event") == "error"
+          and "'char100'" in msg and "prompt_ids" in msg and "--prompt-ids" in msg, lines)
     fs = run([NSAD, "sample", out, "--prompt-ids", "1,2, 3", "--max-tokens", "12", "--temperature", "0",
               "--device", "cpu"])
     ids = fs.stdout.split()
@@ -166,6 +172,103 @@ data: {{source: shards, path: {train}, val_path: {val}, tokenizer: char100}}
           and re.fullmatch(r"--- sample 0 \(4 tokens, max_tokens\) ---\n1 2 3( \d+){4}\n"
                            r"--- sample 1 \(4 tokens, max_tokens\) ---\n1 2 3( \d+){4}\n", fn.stdout),
           (fn.stdout, fn.stderr))
+
+    # the daemon's sample route by token ids
+    def sample(body):
+        st, _, raw = http(sock, "POST", "/api/v1/sample", dict({"run": rid}, **body))
+        return st, raw, [json.loads(l) for l in raw.decode().splitlines() if l] if st == 200 else []
+
+    st, _, lines = sample({"prompt_ids": [1, 2, 3], "max_tokens": 12, "temperature": 0})
+    new_ids = [l["ids"] for l in lines[1:-1]]
+    check("vocab 100: POST /api/v1/sample with prompt_ids: start (its prompt_ids), a line of one new id "
+          "per token, done (12 tokens, max_tokens, the text's summary)", st == 200 and len(lines) == 14
+          and lines[0].get("event") == "start" and lines[0].get("prompt_ids") == [1, 2, 3]
+          and "prompt" not in lines[0] and lines[0].get("samples") == 1
+          and all(list(l) == ["ids"] and len(l["ids"]) == 1 and 0 <= l["ids"][0] < 100 for l in lines[1:-1])
+          and lines[-1].get("event") == "done" and lines[-1].get("tokens") == 12
+          and lines[-1].get("stop") == "max_tokens"
+          and lines[-1].get("samples") == [{"tokens": 12, "stop": "max_tokens"}]
+          and {"seconds", "prefill_seconds", "tokens_per_s"} <= set(lines[-1]), lines)
+    check("... the ids nsad sample --prompt-ids gives in the foreground",
+          ["1", "2", "3"] + [str(i[0]) for i in new_ids] == ids, (new_ids, fs.stdout))
+    st, _, lines = sample({"prompt_ids": [1, 200], "max_tokens": 5})
+    msg = lines[-1].get("message", "") if lines else ""
+    check("vocab 100: an id outside the vocabulary ends the stream with an error naming its index, the id "
+          "and the vocabulary", st == 200 and len(lines) == 1 and lines[0].get("event") == "error"
+          and "prompt_ids[1]: id 200 is not in the model's vocabulary of 100 ids; allowed: 0 to 99" in msg,
+          lines)
+    st, _, lines = sample({"prompt_ids": [1, 2, 3], "max_tokens": 12, "temperature": 0})
+    check("... which left the model kept: the same request again reuses it, with the same ids",
+          st == 200 and lines and lines[0].get("reused") is True
+          and [l["ids"] for l in lines[1:-1]] == new_ids, lines[:2])
+    st, _, lines = sample({"prompt_ids": [1, 2, 3], "n": 2, "max_tokens": 4})
+    per = [[l["ids"][0] for l in lines if l.get("sample") == i and "ids" in l] for i in range(2)]
+    check("vocab 100: n = 2: every ids line names its continuation, done has each one's count",
+          st == 200 and lines[0].get("samples") == 2 and lines[-1].get("event") == "done"
+          and all(l.get("sample") in (0, 1) and len(l["ids"]) == 1 for l in lines[1:-1])
+          and [len(p) for p in per] == [4, 4] and lines[-1].get("tokens") == 8 and "stop" not in lines[-1]
+          and fn.stdout == "".join(f"--- sample {i} (4 tokens, max_tokens) ---\n1 2 3"
+                                   + "".join(f" {x}" for x in per[i]) + "\n" for i in range(2)),
+          (lines[:3], fn.stdout))
+    for body, want in [
+            ({"prompt_ids": "1,2,3"}, "prompt_ids: not an array; allowed: an array of 1 to 65536 token ids"),
+            ({"prompt_ids": []}, "prompt_ids: empty"),
+            ({"prompt_ids": [1, 2.5]}, "prompt_ids[1]: 2.5 is not a whole number"),
+            ({"prompt_ids": [1, "2"]}, 'prompt_ids[1]: \\"2\\" is not a number'),
+            ({"prompt_ids": [-3]}, "prompt_ids[0]: -3 is out of range; allowed: a whole number from 0 to "
+                                   "16777215"),
+            ({"prompt_ids": [0] * 65537}, "prompt_ids: 65537 ids, longer than a prompt may be; allowed: "
+                                          "an array of 1 to 65536"),
+            ({"prompt_ids": [1], "stop": ["a"]}, "stop: stop strings with prompt_ids; allowed: none"),
+            ({"prompt_ids": [1], "prompt": "Hello"}, "prompt and prompt_ids: give one of the two, not both"),
+            ({"max_tokens": 3}, "prompt (text) or prompt_ids (an array of token ids) is required")]:
+        st, raw, _ = sample(body)
+        check(f"vocab 100: {json.dumps(body)[:60]}: 400 naming it", st == 400
+              and b'"invalid_argument"' in raw and want.encode() in raw, raw[:300])
+
+    # nsactl sample --prompt-ids
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,2, 3", "--max-tokens", "12", "--temperature", "0"])
+    check("vocab 100: nsactl sample --prompt-ids prints what nsad sample --prompt-ids prints, the summary "
+          "on stderr", r.returncode == 0 and r.stdout == fs.stdout
+          and re.fullmatch(r"\[12 tokens, max_tokens, [\d.]+ tokens/s, model kept\]\n", r.stderr),
+          (r.returncode, r.stdout, fs.stdout, r.stderr))
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,2,3", "--max-tokens", "4", "--n", "2"])
+    check("... --n 2: each continuation's ids under its header, as nsad sample prints them",
+          r.returncode == 0 and r.stdout == fn.stdout and "[2 samples, 8 tokens" in r.stderr,
+          (r.stdout, fn.stdout, r.stderr))
+    r = run(ctl + ["--json", "sample", rid, "--prompt-ids", "1 2 3", "--max-tokens", "3", "--temperature", "0"])
+    js = [json.loads(l) for l in r.stdout.splitlines()]
+    check("... --json: the daemon's lines (start, ids, done)", r.returncode == 0 and len(js) == 5
+          and js[0].get("prompt_ids") == [1, 2, 3] and [l["ids"] for l in js[1:4]] == new_ids[:3]
+          and js[4].get("event") == "done", r.stdout)
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,100", "--max-tokens", "3"])
+    check("vocab 100: nsactl sample --prompt-ids 1,100: exit 1 naming the id and the vocabulary",
+          r.returncode == 1 and r.stdout == "" and "id 100 is not in the model's vocabulary of 100" in r.stderr,
+          (r.stdout, r.stderr))
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,x"])
+    check("... --prompt-ids 1,x: exit 2 naming 'x'", r.returncode == 2 and "'x' is not a token id" in r.stderr,
+          r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,-2"])
+    check("... --prompt-ids 1,-2: exit 2 naming '-2'", r.returncode == 2 and "'-2' is not a token id" in r.stderr,
+          r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1,16777216"])
+    check("... an id above any vocabulary: the daemon's 400, exit 2 naming it", r.returncode == 2
+          and "prompt_ids[1]: 16777216 is out of range" in r.stderr, r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt-ids", " , "])
+    check("... no ids: exit 2", r.returncode == 2 and "no ids" in r.stderr, r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt", "Hello", "--prompt-ids", "1"])
+    check("... --prompt and --prompt-ids: exit 2", r.returncode == 2 and "not both" in r.stderr, r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt-ids", "1", "--stop", "a"])
+    check("... --stop with --prompt-ids: exit 2", r.returncode == 2 and "stop strings need text" in r.stderr,
+          r.stderr)
+    r = run(ctl + ["sample", rid])
+    check("... neither: exit 2 naming both", r.returncode == 2 and "--prompt TEXT or --prompt-ids" in r.stderr,
+          r.stderr)
+    r = run(ctl + ["sample", rid, "--prompt", "Hello"])
+    check("vocab 100: nsactl sample --prompt TEXT: exit 1 naming the tokenizer and --prompt-ids",
+          r.returncode == 1 and r.stdout == "" and "'char100'" in r.stderr and "--prompt-ids" in r.stderr,
+          r.stderr)
+
     ft = run([NSAD, "sample", out, "--prompt", "Hello"])
     check("vocab 100: nsad sample --prompt TEXT: exit 1 naming the tokenizer and --prompt-ids",
           ft.returncode == 1 and ft.stdout == "" and "'char100'" in ft.stderr and "--prompt-ids" in ft.stderr,
@@ -283,6 +386,16 @@ data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
         check("the daemon's text is the foreground's (nsad sample, raw bytes there)", fg.returncode == 0
               and clean_utf8(fg.stdout) == r1.stdout.rstrip("\n") and r1.stdout.rstrip("\n") == "Hello" + streamed,
               (fg.stdout, r1.stdout))
+        st, _, body = http(sock, "POST", "/api/v1/sample", {"run": run_id, "prompt_ids": list(b"Hello"),
+                                                            "max_tokens": 30, "temperature": 0})
+        byid = [json.loads(l) for l in body.decode().splitlines() if l]
+        check("a byte model takes prompt_ids: start has them (no prompt), ids lines of one id each, "
+              "the ids the text's bytes (nsad sample's raw bytes), done as for text",
+              st == 200 and byid and byid[0].get("prompt_ids") == list(b"Hello") and "prompt" not in byid[0]
+              and all(list(l) == ["ids"] and len(l["ids"]) == 1 for l in byid[1:-1])
+              and [l["ids"][0] for l in byid[1:-1]] == list(fg.stdout[len("Hello"):])
+              and byid[-1].get("event") == "done" and byid[-1].get("tokens") == 30
+              and byid[-1].get("stop") == "max_tokens", (byid[:3], byid[-1:], fg.stdout[:40]))
         r3 = run(ctl + ["sample", run_id, "--prompt", "Hello", "--max-tokens", "200", "--seed", "4"])
         gen = r3.stdout[len("Hello"):]
         at = next(i for i in range(len(gen) - 1) if gen[i:i + 2].isascii() and gen[i:i + 2].isprintable())

@@ -1,7 +1,8 @@
 /* test_api.c - the API routes (daemon/api.c) called directly, the service's
  * run life cycle without a trainer thread (daemon/service.c), the pick-up
- * of an interrupted run, the watchdog's hang detection (daemon/watchdog.c)
- * and the Prometheus exposition (daemon/prom.c). */
+ * of an interrupted run, the watchdog's hang detection (daemon/watchdog.c),
+ * the Prometheus exposition (daemon/prom.c) and the sample route's body
+ * checks (daemon/api_use.c). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -786,6 +787,91 @@ static void test_loopback_addresses(void **state) {
             fail_msg("%s is not a loopback address", other[i] ? other[i] : "NULL");
 }
 
+/* POST /api/v1/sample with body: status and, for an error, a message
+ * holding want (want NULL: 503 unavailable, the service has no inference
+ * worker: the body was accepted and would have been queued). */
+static void expectSample(Service *svc, const char *body, int status, const char *want) {
+    ApiResponse res;
+    cJSON *json = call(svc, "POST", "/api/v1/sample", body, "application/json", &res);
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(json, "error");
+    const char *msg = str(e, "message"), *code = str(e, "code");
+    const int ok = want ? res.status == status && code && !strcmp(code, "invalid_argument") &&
+                              msg && strstr(msg, want)
+                        : res.status == 503 && code && !strcmp(code, "unavailable");
+    if (!ok)
+        fail_msg("POST /api/v1/sample %.200s: got %d %.*s, want %d %s", body, res.status,
+                 (int)res.body_len, res.body, want ? status : 503, want ? want : "unavailable");
+    cJSON_Delete(json);
+    apiResponseFree(&res);
+}
+
+/* A sample body for checkpoint ck with n prompt ids (0 to 9). Returns it
+ * malloc'd; the caller frees it. */
+static char *idsBody(const char *ck, int n) {
+    char *b = malloc((size_t)n * 2 + strlen(ck) + 64);
+    assert_non_null(b);
+    int at = sprintf(b, "{\"checkpoint\":\"%s\",\"prompt_ids\":[", ck);
+    for (int i = 0; i < n; i++)
+        at += sprintf(b + at, "%s%d", i ? "," : "", i % 10);
+    sprintf(b + at, "]}");
+    return b;
+}
+
+/* The sample route's prompt: text (prompt) or token ids (prompt_ids), one
+ * of the two; each malformed prompt_ids is refused 400 naming what is
+ * wrong (the vocabulary is the worker's to check: it reads the model). */
+static void test_sample_prompt_ids(void **state) {
+    Fixture *f = *state;
+    char ck[600], path[700];
+    snprintf(ck, sizeof ck, "%s/ckpt", f->dir);
+    assert_int_equal(mkdir(ck, 0755), 0);
+    snprintf(path, sizeof path, "%s/model.safetensors", ck); /* enough for the route to find */
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fclose(fp);
+    char body[800];
+#define SAMPLE_BODY(rest)                                                                          \
+    (snprintf(body, sizeof body, "{\"checkpoint\":\"%s\",%s}", ck, rest), body)
+    /* accepted (no worker here: 503) */
+    expectSample(f->svc, SAMPLE_BODY("\"prompt\":\"Hi\""), 503, NULL);
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[3,14,15]"), 503, NULL);
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[0,16777215],\"n\":2,\"stop\":[]"), 503, NULL);
+    /* one of the two */
+    expectSample(f->svc, SAMPLE_BODY("\"n\":1"), 400,
+                 "prompt (text) or prompt_ids (an array of token ids) is required");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt\":\"Hi\",\"prompt_ids\":[1]"), 400,
+                 "prompt and prompt_ids: give one of the two, not both");
+    /* its shape and each id */
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":\"3,14\""), 400,
+                 "prompt_ids: not an array; allowed: an array of 1 to 65536 token ids");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":{}"), 400, "prompt_ids: not an array");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[]"), 400, "prompt_ids: empty");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[1,2.5]"), 400,
+                 "prompt_ids[1]: 2.5 is not a whole number; allowed: a whole number from 0 to "
+                 "16777215");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[1,2,\"7\"]"), 400,
+                 "prompt_ids[2]: \"7\" is not a number");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[null]"), 400,
+                 "prompt_ids[0]: null is not a number");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[-1]"), 400,
+                 "prompt_ids[0]: -1 is out of range");
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[5,16777216]"), 400,
+                 "prompt_ids[1]: 16777216 is out of range");
+    /* stop strings need text; an empty list is no stop */
+    expectSample(f->svc, SAMPLE_BODY("\"prompt_ids\":[1],\"stop\":[\"a\"]"), 400,
+                 "stop: stop strings with prompt_ids; allowed: none");
+    /* too long: more ids than a prompt may hold */
+    char *big = idsBody(ck, 65537);
+    expectSample(f->svc, big, 400,
+                 "prompt_ids: 65537 ids, longer than a prompt may be; allowed: an array of 1 to "
+                 "65536");
+    free(big);
+    big = idsBody(ck, 65536);
+    expectSample(f->svc, big, 503, NULL);
+    free(big);
+#undef SAMPLE_BODY
+}
+
 /* A test on a service of its own (setUp) */
 #define SERVICE_TEST(test) cmocka_unit_test_setup_teardown(test, setUp, tearDown)
 
@@ -802,6 +888,7 @@ int main(void) {
         SERVICE_TEST(test_watchdog_flags_an_overrun_and_a_recovery),
         SERVICE_TEST(test_hang_during_halt_keeps_halting),
         SERVICE_TEST(test_prometheus_exposition),
+        SERVICE_TEST(test_sample_prompt_ids),
         cmocka_unit_test(test_loopback_addresses),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
