@@ -28,6 +28,13 @@
   var ACTIVE_STATES = { starting: 1, running: 1, halting: 1, hung: 1 };
   var HALTABLE_STATES = { starting: 1, running: 1, hung: 1 };
   var RESUMABLE_STATES = { halted: 1, nan_halted: 1, failed: 1 };
+  /* The tokenizers nsad encodes and decodes text with (daemon/tokenizer.c):
+   * a run's model has a text form only with one of these; any other
+   * (token shards of gpt2, of a vocabulary of its own) is sampled by token
+   * ids. Prompt limits from proto/api.md, POST /api/v1/sample. */
+  var TEXT_TOKENIZERS = { byte: 1 };
+  var MAX_PROMPT_IDS = 65536;
+  var MAX_TOKEN_ID = 16777215;  /* 2^24 - 1 */
   var STATE_LABELS = {
     idle: 'idle', starting: 'starting', running: 'running', halting: 'halting',
     halted: 'halted', completed: 'completed', failed: 'failed',
@@ -447,7 +454,11 @@
     xmode: localStorage.getItem(XMODE_KEY) === 'time' ? 'time' : 'step',
     smoothing: 0.6,
     configKey: '',
-    busy: false           /* a halt/resume request is in flight */
+    busy: false,          /* a halt/resume request is in flight */
+    sampleAbort: null,    /* the sample request in flight */
+    sampleMode: 'text',   /* the sample box's prompt as the user picked it: 'text' or 'ids' */
+    sampleModel: { text: null, tokenizer: null, vocab: null },  /* sampleModelOf the run's config */
+    sampleModelKey: ''
   };
 
   (function loadSmoothing() {
@@ -1094,6 +1105,7 @@
     document.title = (STATE_LABELS[state] || state) + (total ? ' ' + pct.toFixed(0) + '%' : '') +
                      ' · ' + (st.id || '') + ' · nsad';
     renderConfig(st.config);
+    noteSampleModel(st.config);
   }
 
   /* The API's anomaly code with words for a person; the code stays, since
@@ -1323,26 +1335,217 @@
     S.sampleAbort = null;
     $('sample-out').hidden = true;
     $('sample-out').textContent = '';
-    $('sample-note').hidden = true;
+    sampleNote('');
     $('sample-btn').disabled = false;
+    $('sample-ids').removeAttribute('aria-invalid');
+    S.sampleModel = sampleModelOf(null);
+    S.sampleModelKey = '';
+    renderSampleMode();
   }
 
-  /* POST /sample for the shown run and appends the text as its JSON lines
-   * arrive (proto/api.md); the note says how it ended. */
+  /* What the shown run's config says about prompting its model: `text`
+   * true when its data.tokenizer is one nsad encodes text with, false when
+   * it is another (a run on token shards: it takes and gives token ids
+   * only, proto/api.md POST /sample), null when the config does not say;
+   * `vocab` bounds its token ids. */
+  function sampleModelOf(cfg) {
+    var tok = configValue(cfg, 'data', 'tokenizer');
+    var vocab = configValue(cfg, 'model', 'vocab_size');
+    var named = typeof tok === 'string' && tok !== '';
+    return {
+      text: named ? Object.prototype.hasOwnProperty.call(TEXT_TOKENIZERS, tok) : null,
+      tokenizer: named ? tok : null,
+      vocab: isNum(vocab) && vocab >= 1 ? vocab : null
+    };
+  }
+
+  /* One key of a run's config: from the resolved YAML text the API sends
+   * ("section:" lines, "  key: value" under them, strings in double
+   * quotes) or from an object (older daemons, other tools); null when the
+   * config does not have it. */
+  function configValue(cfg, section, key) {
+    if (cfg && typeof cfg === 'object') {
+      var sec = cfg[section];
+      return sec && typeof sec === 'object' && sec[key] !== undefined ? sec[key] : null;
+    }
+    if (typeof cfg !== 'string') return null;
+    var inSection = false, value = null;
+    cfg.split('\n').some(function (line) {
+      if (/^[^\s#]/.test(line)) {
+        inSection = new RegExp('^' + section + ':\\s*(#.*)?$').test(line);
+        return false;
+      }
+      var kv = inSection ? /^\s+([A-Za-z_][\w-]*):\s*(.*)$/.exec(line) : null;
+      if (!kv || kv[1] !== key) return false;
+      value = yamlScalar(kv[2]);
+      return true;
+    });
+    return value;
+  }
+
+  function yamlScalar(text) {
+    var quoted = /^"((?:[^"\\]|\\.)*)"/.exec(text);
+    if (quoted) return quoted[1].replace(/\\(.)/g, '$1');
+    var plain = text.replace(/\s+#.*$/, '').trim();
+    return /^-?\d+(\.\d+)?([eE][-+]?\d+)?$/.test(plain) ? Number(plain) : plain;
+  }
+
+  /* Called with each status: redraws the box when what the config says
+   * about the model changes (a run switch, the first status of a run). */
+  function noteSampleModel(cfg) {
+    var m = sampleModelOf(cfg);
+    var key = JSON.stringify(m);
+    if (key === S.sampleModelKey) return;
+    S.sampleModelKey = key;
+    S.sampleModel = m;
+    renderSampleMode();
+  }
+
+  /* What the box sends: token ids for a model with no text form, else the
+   * user's pick. */
+  function sampleMode() {
+    return S.sampleModel.text === false ? 'ids' : S.sampleMode;
+  }
+
+  /* The mode's field shows (the other is disabled too, so that the form
+   * does not require it); Text cannot be picked for a model with no text
+   * form, and a line says why and what ids it takes. */
+  function renderSampleMode() {
+    var m = S.sampleModel, ids = sampleMode() === 'ids';
+    Array.prototype.forEach.call(document.querySelectorAll('input[name="sample-mode"]'), function (r) {
+      r.checked = r.value === (ids ? 'ids' : 'text');
+      if (r.value === 'text') r.disabled = m.text === false;
+    });
+    $('sample-prompt').hidden = ids;
+    $('sample-prompt').disabled = ids;
+    $('sample-ids').hidden = !ids;
+    $('sample-ids').disabled = !ids;
+    $('sample-label').htmlFor = ids ? 'sample-ids' : 'sample-prompt';
+    var range = m.vocab ? ' from 0 to ' + (m.vocab - 1) : '';
+    var hint = !ids ? ''
+      : m.text === false
+        ? 'This model has no text form (its tokenizer, ' + m.tokenizer + ', is not one nsad runs): it is prompted ' +
+          'with token ids' + range + ', commas or spaces between, and answers with token ids.'
+        : 'Token ids' + range + ', commas or spaces between; the answer comes as token ids.';
+    setText('sample-hint', hint);
+    $('sample-hint').hidden = !hint;
+  }
+
+  /* The ids field's text as token ids: whole numbers, commas or spaces
+   * between, within the model's vocabulary when the config gives it (the
+   * daemon checks them again). Returns { ids } or { error }. */
+  function parseIds(text, vocab) {
+    var words = text.split(/[\s,]+/).filter(function (w) { return w !== ''; });
+    if (!words.length) return { error: 'none given; enter whole numbers such as 3, 14, 15 (commas or spaces between)' };
+    if (words.length > MAX_PROMPT_IDS) return { error: words.length + ' ids; a prompt holds at most ' + MAX_PROMPT_IDS };
+    var top = vocab ? vocab - 1 : MAX_TOKEN_ID;
+    var ids = [];
+    for (var i = 0; i < words.length; i++) {
+      var w = words[i];
+      var at = ' (position ' + (i + 1) + ')';
+      if (!/^\d+$/.test(w)) {
+        return { error: '"' + (w.length > 20 ? w.slice(0, 20) + '…' : w) + '"' + at +
+                        ' is not a whole number; enter ids such as 3, 14, 15 (commas or spaces between)' };
+      }
+      var id = Number(w);
+      if (id > top) {
+        return { error: w + at + (vocab ? ' is not in the model\'s vocabulary of ' + vocab + ' ids'
+                                        : ' is above the largest token id') + '; allowed: 0 to ' + top };
+      }
+      ids.push(id);
+    }
+    return { ids: ids };
+  }
+
+  function sampleNote(text, bad) {
+    var note = $('sample-note');
+    note.textContent = text;
+    note.hidden = !text;
+    note.classList.toggle('bad', !!bad);
+  }
+
+  /* Empties the output box into one part per continuation - its heading
+   * when there are several, the prompt, then what is generated - and
+   * returns them: { head, text (a text node to append to) }. */
+  function sampleParts(out, n, prompt, ids) {
+    out.textContent = '';
+    var parts = [];
+    for (var i = 0; i < n; i++) {
+      var head = null;
+      if (n > 1) {
+        if (i) out.appendChild(document.createTextNode(ids ? '\n' : '\n\n'));
+        head = document.createElement('span');
+        head.className = 'sample-head';
+        head.textContent = sampleHead(i, null);
+        out.appendChild(head);
+        out.appendChild(document.createTextNode('\n'));
+      }
+      var p = document.createElement('span');
+      /* ids all look alike: the prompt's are dimmed, as in the Samples list */
+      if (ids) p.className = 'sample-prompt';
+      p.textContent = prompt;
+      var text = document.createTextNode('');
+      out.appendChild(p);
+      out.appendChild(text);
+      parts.push({ head: head, text: text });
+    }
+    return parts;
+  }
+
+  /* A continuation's heading, as nsactl sample --n prints it. */
+  function sampleHead(i, s) {
+    return '--- sample ' + i + (s ? ' (' + s.tokens + ' tokens, ' + s.stop + ')' : '') + ' ---';
+  }
+
+  /* The done event's words; with several continuations their headings
+   * take each one's tokens and stop. */
+  function sampleSummary(msg, parts) {
+    var rate = fmtFixed(msg.tokens_per_s, 1) + ' tokens/s';
+    if (parts.length === 1) return msg.tokens + ' tokens, ' + msg.stop + ', ' + rate;
+    (Array.isArray(msg.samples) ? msg.samples : []).forEach(function (s, i) {
+      if (parts[i] && s) parts[i].head.textContent = sampleHead(i, s);
+    });
+    return parts.length + ' samples, ' + msg.tokens + ' tokens, ' + rate;
+  }
+
+  /* POST /sample for the shown run - a text prompt, or token ids checked
+   * here first - and appends the text or the ids as its JSON lines arrive
+   * (proto/api.md); the note says how it ended. */
   function generateSample() {
     var id = S.runId;
-    var prompt = $('sample-prompt').value;
-    if (!id || !prompt || S.sampleAbort) return;
+    if (!id || S.sampleAbort) return;
+    var out = $('sample-out'), btn = $('sample-btn');
+    var ids = sampleMode() === 'ids';
+    var body = { run: id }, prompt;
+    if (ids) {
+      var field = $('sample-ids');
+      var parsed = parseIds(field.value, S.sampleModel.vocab);
+      if (parsed.error) {
+        out.hidden = true;
+        sampleNote('Token ids: ' + parsed.error, true);
+        field.setAttribute('aria-invalid', 'true');
+        field.focus();
+        return;
+      }
+      field.removeAttribute('aria-invalid');
+      body.prompt_ids = parsed.ids;
+      prompt = parsed.ids.join(' ');
+    } else {
+      prompt = $('sample-prompt').value;
+      if (!prompt) return;
+      body.prompt = prompt;
+    }
+    var n = parseInt($('sample-n').value, 10);
     var tokens = parseInt($('sample-tokens').value, 10);
     var temp = parseFloat($('sample-temp').value);
-    var body = { run: id, prompt: prompt };
+    if (isNum(n) && n > 1) body.n = n;
     if (isNum(tokens)) body.max_tokens = tokens;
     if (isNum(temp)) body.temperature = temp;
-    var out = $('sample-out'), note = $('sample-note'), btn = $('sample-btn');
-    out.textContent = prompt;
+    var parts = sampleParts(out, body.n || 1, prompt, ids);
     out.hidden = false;
-    note.hidden = true;
+    sampleNote('');
     btn.disabled = true;
+    var note = $('sample-note');
     var ctrl = window.AbortController ? new AbortController() : null;
     S.sampleAbort = ctrl || { abort: function () {} };
     var headers = { 'Accept': 'application/x-ndjson', 'Content-Type': 'application/json' };
@@ -1352,8 +1555,7 @@
       if (S.sampleAbort !== (ctrl || S.sampleAbort)) return;
       S.sampleAbort = null;
       btn.disabled = false;
-      note.textContent = text;
-      note.hidden = !text;
+      sampleNote(text);
     }
     /* the last event's words, shown when the response has ended (not when
      * the event arrives): the box reads "finished" only once the request is */
@@ -1361,8 +1563,10 @@
     function onLine(line) {
       var msg;
       try { msg = JSON.parse(line); } catch (e) { return; }
-      if (typeof msg.text === 'string') out.textContent += msg.text;
-      else if (msg.event === 'done') ending = msg.tokens + ' tokens, ' + msg.stop + ', ' + fmtFixed(msg.tokens_per_s, 1) + ' tokens/s';
+      var part = parts[isNum(msg.sample) ? msg.sample : 0];
+      if (typeof msg.text === 'string') { if (part) part.text.appendData(msg.text); }
+      else if (Array.isArray(msg.ids)) { if (part) part.text.appendData(msg.ids.map(function (x) { return ' ' + x; }).join('')); }
+      else if (msg.event === 'done') ending = sampleSummary(msg, parts);
       else if (msg.event === 'error') ending = 'error: ' + msg.message;
       else if (msg.event === 'start') note.textContent = 'step ' + msg.step + ' on ' + msg.device;
     }
@@ -1529,6 +1733,14 @@
     $('sample-form').addEventListener('submit', function (e) {
       e.preventDefault();
       generateSample();
+    });
+    Array.prototype.forEach.call(document.querySelectorAll('input[name="sample-mode"]'), function (r) {
+      r.addEventListener('change', function () {
+        if (!r.checked) return;
+        S.sampleMode = r.value === 'ids' ? 'ids' : 'text';
+        renderSampleMode();
+        $(S.sampleMode === 'ids' ? 'sample-ids' : 'sample-prompt').focus();
+      });
     });
 
     var smooth = $('smooth');
