@@ -119,7 +119,8 @@ typedef struct Bytes {
     size_t len, cap;
 } Bytes;
 
-static int bytesAppend(Bytes *b, const void *src, size_t n) {
+/* Makes room for n more bytes after b->len. Returns 0, or -1 out of memory. */
+static int bytesReserve(Bytes *b, size_t n) {
     if (b->len + n > b->cap) {
         size_t cap = b->cap ? b->cap : 1 << 16;
         while (cap < b->len + n) cap *= 2;
@@ -128,6 +129,11 @@ static int bytesAppend(Bytes *b, const void *src, size_t n) {
         b->data = p;
         b->cap = cap;
     }
+    return 0;
+}
+
+static int bytesAppend(Bytes *b, const void *src, size_t n) {
+    if (bytesReserve(b, n) != 0) return -1;
     memcpy(b->data + b->len, src, n);
     b->len += n;
     return 0;
@@ -302,9 +308,166 @@ static int appendTxt(const char *path, TextStream *ts, NsaError *err) {
     return appendSeparator(ts) == 0 ? 0 : nsaErrorf(err, "data.path: %s: out of memory", path);
 }
 
+/* ---- jsonl: the "text" field, every byte of it --------------------------------- */
+
+/* cJSON validates a record, but its strings are C strings: a "\u0000" in
+ * the text would end it there. These read the record's raw bytes again
+ * (after cJSON accepted them, so only its grammar needs handling) and
+ * decode the "text" string with its length, NUL bytes included. */
+
+/* Whitespace as cJSON skips it: every byte up to and including space. */
+static size_t jsonSkipSpace(const char *s, size_t n, size_t i) {
+    while (i < n && (unsigned char)s[i] <= ' ')
+        i++;
+    return i;
+}
+
+/* s[i] is a string's opening quote: returns the index just past its
+ * closing quote, or n when there is none. */
+static size_t jsonStringEnd(const char *s, size_t n, size_t i) {
+    for (i++; i < n; i++) {
+        if (s[i] == '\\')
+            i++;
+        else if (s[i] == '"')
+            return i + 1;
+    }
+    return n;
+}
+
+/* Returns the index just past the value starting at s[i] (a string, an
+ * object or array with everything in it, or a number or literal). */
+static size_t jsonValueEnd(const char *s, size_t n, size_t i) {
+    if (i < n && s[i] == '"') return jsonStringEnd(s, n, i);
+    if (i < n && (s[i] == '{' || s[i] == '[')) {
+        size_t depth = 0;
+        while (i < n) {
+            if (s[i] == '"') {
+                i = jsonStringEnd(s, n, i);
+                continue;
+            }
+            if (s[i] == '{' || s[i] == '[')
+                depth++;
+            else if ((s[i] == '}' || s[i] == ']') && --depth == 0)
+                return i + 1;
+            i++;
+        }
+        return n;
+    }
+    while (i < n && (unsigned char)s[i] > ' ' && s[i] != ',' && s[i] != '}' && s[i] != ']')
+        i++;
+    return i;
+}
+
+static int jsonHex4(const char *s, unsigned *out) {
+    unsigned v = 0;
+    for (int k = 0; k < 4; k++) {
+        char c = s[k];
+        unsigned d = c >= '0' && c <= '9'   ? (unsigned)(c - '0')
+                     : c >= 'a' && c <= 'f' ? (unsigned)(c - 'a' + 10)
+                     : c >= 'A' && c <= 'F' ? (unsigned)(c - 'A' + 10)
+                                            : 16u;
+        if (d == 16) return -1;
+        v = v << 4 | d;
+    }
+    *out = v;
+    return 0;
+}
+
+/* Decodes the JSON string s[begin..end) (both quotes included) into out,
+ * which has room for end - begin bytes: escapes are never longer decoded
+ * than written, and \u0000 is a 0 byte like any other. Returns the decoded
+ * length, or SIZE_MAX for an escape that is not JSON: a lone UTF-16
+ * surrogate (cJSON refuses it too) or a \u without four hex digits (cJSON
+ * reads that as a NUL, which would hide a corrupt record). */
+static size_t jsonDecodeString(const char *s, size_t begin, size_t end, uint8_t *out) {
+    size_t o = 0;
+    for (size_t i = begin + 1; i + 1 < end; i++) {
+        if (s[i] != '\\') {
+            out[o++] = (uint8_t)s[i];
+            continue;
+        }
+        if (i + 2 >= end) return SIZE_MAX;
+        char c = s[++i];
+        if (c != 'u') {
+            static const char from[] = "\"\\/bfnrt", to[] = "\"\\/\b\f\n\r\t";
+            const char *k = strchr(from, c);
+            if (!k || !c) return SIZE_MAX;
+            out[o++] = (uint8_t)to[k - from];
+            continue;
+        }
+        unsigned cp, lo;
+        if (i + 5 > end - 1 || jsonHex4(s + i + 1, &cp) != 0) return SIZE_MAX;
+        i += 4;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return SIZE_MAX;
+        if (cp >= 0xD800 && cp <= 0xDBFF) { /* a surrogate pair: \uD8xx\uDCxx */
+            if (i + 7 > end - 1 || s[i + 1] != '\\' || s[i + 2] != 'u' ||
+                jsonHex4(s + i + 3, &lo) != 0 || lo < 0xDC00 || lo > 0xDFFF)
+                return SIZE_MAX;
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            i += 6;
+        }
+        if (cp < 0x80) {
+            out[o++] = (uint8_t)cp;
+        } else if (cp < 0x800) {
+            out[o++] = (uint8_t)(0xC0 | cp >> 6);
+            out[o++] = (uint8_t)(0x80 | (cp & 0x3F));
+        } else if (cp < 0x10000) {
+            out[o++] = (uint8_t)(0xE0 | cp >> 12);
+            out[o++] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+            out[o++] = (uint8_t)(0x80 | (cp & 0x3F));
+        } else {
+            out[o++] = (uint8_t)(0xF0 | cp >> 18);
+            out[o++] = (uint8_t)(0x80 | (cp >> 12 & 0x3F));
+            out[o++] = (uint8_t)(0x80 | (cp >> 6 & 0x3F));
+            out[o++] = (uint8_t)(0x80 | (cp & 0x3F));
+        }
+    }
+    return o;
+}
+
+typedef enum JsonlText {
+    JSONL_NO_TEXT,
+    JSONL_TEXT_NOT_STRING,
+    JSONL_TEXT,
+    JSONL_UNREADABLE
+} JsonlText;
+
+/* Finds the first member of the JSON object line[0..len) (one cJSON
+ * accepted) whose key is exactly the four bytes "text". JSONL_TEXT: its
+ * value is a string, [*begin, *end) its raw bytes, quotes included. */
+static JsonlText jsonlFindText(const char *line, size_t len, size_t *begin, size_t *end) {
+    size_t i = len >= 3 && !memcmp(line, "\xEF\xBB\xBF", 3) ? 3 : 0; /* a BOM, as cJSON skips it */
+    i = jsonSkipSpace(line, len, i);
+    if (i >= len || line[i] != '{') return JSONL_UNREADABLE;
+    i = jsonSkipSpace(line, len, i + 1);
+    while (i < len && line[i] == '"') {
+        size_t key_end = jsonStringEnd(line, len, i);
+        uint8_t key[32];
+        size_t key_len = SIZE_MAX;
+        /* "text" is at most 24 bytes written (\u0074\u0065\u0078\u0074) */
+        if (key_end - i <= sizeof key) key_len = jsonDecodeString(line, i, key_end, key);
+        i = jsonSkipSpace(line, len, key_end);
+        if (i >= len || line[i] != ':') return JSONL_UNREADABLE;
+        i = jsonSkipSpace(line, len, i + 1);
+        size_t value_end = jsonValueEnd(line, len, i);
+        if (i >= len) return JSONL_UNREADABLE;
+        if (key_len == 4 && !memcmp(key, "text", 4)) {
+            if (line[i] != '"') return JSONL_TEXT_NOT_STRING;
+            *begin = i;
+            *end = value_end;
+            return JSONL_TEXT;
+        }
+        i = jsonSkipSpace(line, len, value_end);
+        if (i < len && line[i] == ',') i = jsonSkipSpace(line, len, i + 1);
+    }
+    return i < len && line[i] == '}' ? JSONL_NO_TEXT : JSONL_UNREADABLE;
+}
+
 /* Appends the "text" field of every record of a .jsonl file, one document
- * each. Fails on the first line that is not a JSON object with a string
- * "text", naming the line and the byte offset. */
+ * each, byte for byte: an escaped NUL (\u0000) is a 0 byte of the text,
+ * which the byte tokenizer reads like any other. Fails on the first line
+ * that is not a JSON object with a string "text", naming the line and the
+ * byte offset. */
 static int appendJsonl(const char *path, TextStream *ts, NsaError *err) {
     Bytes *text = &ts->text;
     Offsets *docs = &ts->docs;
@@ -337,7 +500,9 @@ static int appendJsonl(const char *path, TextStream *ts, NsaError *err) {
             break;
         }
         while (at < len && (line[at] == ' ' || line[at] == '\t' || line[at] == '\r')) at++;
-        const cJSON *field = cJSON_IsObject(obj) ? cJSON_GetObjectItemCaseSensitive(obj, "text") : NULL;
+        size_t begin = 0, stop = 0;
+        JsonlText field = cJSON_IsObject(obj) && at >= len ? jsonlFindText(line, at, &begin, &stop)
+                                                           : JSONL_UNREADABLE;
         if (at < len) {
             rc = nsaErrorf(err, "data.path: %s:%zu: unexpected text after the JSON value at byte offset "
                           "%zu (column %zu); allowed: one JSON object per line", path, line_no, pos + at,
@@ -345,15 +510,35 @@ static int appendJsonl(const char *path, TextStream *ts, NsaError *err) {
         } else if (!cJSON_IsObject(obj)) {
             rc = nsaErrorf(err, "data.path: %s:%zu: the line at byte offset %zu is not a JSON object; "
                           "allowed: an object with a string \"text\"", path, line_no, pos + lead);
-        } else if (!cJSON_IsString(field)) {
-            rc = nsaErrorf(err, "data.path: %s:%zu: %s \"text\" field in the record at byte offset %zu; "
-                          "allowed: an object with a string \"text\"", path, line_no,
-                          field ? "a non-string" : "no", pos + lead);
+        } else if (field == JSONL_NO_TEXT || field == JSONL_TEXT_NOT_STRING) {
+            rc = nsaErrorf(err,
+                           "data.path: %s:%zu: %s \"text\" field in the record at byte offset %zu; "
+                           "allowed: an object with a string \"text\"",
+                           path, line_no, field == JSONL_TEXT_NOT_STRING ? "a non-string" : "no",
+                           pos + lead);
+        } else if (field == JSONL_UNREADABLE) {
+            rc = nsaErrorf(err,
+                           "data.path: %s:%zu: the record at byte offset %zu cannot be read; "
+                           "allowed: one JSON object per line with a string \"text\"",
+                           path, line_no, pos + lead);
         } else {
-            const char *s = field->valuestring;
-            size_t n = strlen(s);
-            if (n > 0) {
-                if (offsetsPush(docs, text->len) != 0 || bytesAppend(text, s, n) != 0 || appendSeparator(ts) != 0)
+            /* room for the raw string: decoding never lengthens it */
+            size_t room = stop - begin, n = 0;
+            if (bytesReserve(text, room) != 0) {
+                rc = nsaErrorf(err, "data.path: %s: out of memory", path);
+            } else if ((n = jsonDecodeString(line, begin, stop, text->data + text->len)) ==
+                       SIZE_MAX) {
+                rc = nsaErrorf(
+                    err,
+                    "data.path: %s:%zu: the \"text\" string at byte offset %zu has an "
+                    "escape that is not JSON; allowed: \\\", \\\\, \\/, \\b, \\f, \\n, \\r, "
+                    "\\t and \\uXXXX (surrogates in pairs)",
+                    path, line_no, pos + begin);
+            } else if (n > 0) {
+                if (offsetsPush(docs, text->len) != 0)
+                    rc = nsaErrorf(err, "data.path: %s: out of memory", path);
+                text->len += n;
+                if (rc == 0 && appendSeparator(ts) != 0)
                     rc = nsaErrorf(err, "data.path: %s: out of memory", path);
             }
         }

@@ -328,12 +328,72 @@ static void test_malformed_jsonl_names_file_and_line(void **state) {
         {"{\"body\": \"one\"}\n", "1: no \"text\" field", NULL},
         {"{\"text\": \"one\"}\n[1, 2]\n", "2: the line at byte offset 16 is not a JSON object", NULL},
         {"{\"text\": \"one\"} x\n", "1: unexpected text after the JSON value at byte offset 16", NULL},
+        /* cJSON reads a bad \u escape as a NUL and would cut the text there */
+        {"{\"text\": \"one\"}\n{\"text\": \"a\\uZZZZb\"}\n",
+         "2: the \"text\" string at byte offset 25 has an escape that is not JSON", "\\uXXXX"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         writeFile(path, cases[i].text, strlen(cases[i].text));
         snprintf(want, sizeof want, "%s:%s", path, cases[i].error);
         expectOpenError(&cfg, SPLIT_TRAIN, want, cases[i].also);
     }
+}
+
+/* Reads the whole stream of a text source: SPLIT_ALL's first window, with
+ * seq_len one short of the stream, holds every token. */
+static size_t readWholeStream(const char *path, uint8_t *out, size_t cap) {
+    JobConfig cfg;
+    baseConfig(&cfg, DATA_TEXT, path, 1, 1);
+    DataLoader *dl = openOk(&cfg, SPLIT_ALL);
+    size_t n = (size_t)dataNumTokens(dl);
+    dataClose(dl);
+    assert_true(n >= 2 && n <= cap);
+    baseConfig(&cfg, DATA_TEXT, path, (int)n - 1, 1);
+    dl = openOk(&cfg, SPLIT_ALL);
+    Batch b = batchNew(&cfg);
+    getBatch(dl, 0, &b);
+    for (size_t i = 0; i + 1 < n; i++)
+        out[i] = (uint8_t)b.tokens[i];
+    out[n - 1] = (uint8_t)b.targets[n - 2];
+    batchFree(&b);
+    dataClose(dl);
+    return n;
+}
+
+/* A jsonl record's text is every byte its JSON string holds: an escaped
+ * NUL (\u0000) is a 0 token, not the end of the text (cJSON's strings are C
+ * strings, and "ab\u0000cd" was read as "ab"); the eval path (evaluate.c)
+ * reads data through the same loader. */
+static void test_jsonl_text_keeps_every_byte(void **state) {
+    Fixture *fx = *state;
+    char path[256];
+    pathIn(fx, "nul.jsonl", path, sizeof path);
+    /* line 2: a "text" inside another member is not the record's */
+    const char *jsonl =
+        "{\"text\": \"ab\\u0000cd\", \"id\": 1}\n"
+        "{\"meta\": {\"text\": 5, \"x\": [\"}\", \"\\\"\"]}, \"text\": \"\\u0000\"}\n"
+        "{\"t\\u0065xt\": \"q\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00e9\\u20ac\\ud83d\\ude00\", \"text\": "
+        "\"dup\"}\n"
+        "{\"text\": \"\"}\n" /* empty: no document */
+        "\xEF\xBB\xBF{\"text\":\"z\\u0000\"}\n";
+    writeFile(path, jsonl, strlen(jsonl));
+    static const uint8_t expected[] = {'a',  'b',  0,    'c',  'd',  '\n', '\n', 0,    '\n',
+                                       '\n', 'q',  '"',  '\\', '/',  '\b', '\f', '\n', '\r',
+                                       '\t', 0xC3, 0xA9, 0xE2, 0x82, 0xAC, 0xF0, 0x9F, 0x98,
+                                       0x80, '\n', '\n', 'z',  0,    '\n', '\n'};
+    uint8_t got[128];
+    size_t n = readWholeStream(path, got, sizeof got);
+    assert_int_equal(n, sizeof expected);
+    assert_memory_equal(got, expected, sizeof expected);
+
+    /* a key is "text" only when all of it is: "text\u0000" is another key */
+    const char *other = "{\"text\\u0000\": \"abcdefgh\"}\n";
+    writeFile(path, other, strlen(other));
+    JobConfig cfg;
+    baseConfig(&cfg, DATA_TEXT, path, 4, 1);
+    char want[320];
+    snprintf(want, sizeof want, "%s:1: no \"text\" field", path);
+    expectOpenError(&cfg, SPLIT_ALL, want, NULL);
 }
 
 static void test_crlf_paragraphs_are_documents(void **state) {
@@ -803,6 +863,7 @@ int main(void) {
         DIR_TEST(test_jsonl_val_never_overlaps_train),
         DIR_TEST(test_directory_of_text_files),
         DIR_TEST(test_malformed_jsonl_names_file_and_line),
+        DIR_TEST(test_jsonl_text_keeps_every_byte),
         DIR_TEST(test_crlf_paragraphs_are_documents),
         DIR_TEST(test_text_too_small_for_the_split),
         DIR_TEST(test_odd_data_files_are_refused),
