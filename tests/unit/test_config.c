@@ -463,6 +463,165 @@ static char *writeTemp(const char *text) {
     return path;
 }
 
+/* Loads a file holding text; expects it to fail with "PATH:LINE: " then
+ * rest in its message. */
+static void expectFileError(const char *text, int line, const char *rest) {
+    char *path = writeTemp(text);
+    JobConfig cfg;
+    NsaError err = {{0}};
+    configDefaults(&cfg);
+    assert_int_equal(configLoadFile(&cfg, path, &err), -1);
+    char want[256];
+    snprintf(want, sizeof want, "%s:%d: %s", path, line, rest);
+    if (!strstr(err.message, want)) fail_msg("message \"%s\" lacks \"%s\"", err.message, want);
+    unlink(path);
+    free(path);
+}
+
+/* YAML tags were ignored: `steps: !!str 5` trained 5 steps, `!foo 5` too,
+ * and `!!int "3"` was refused as a string. A core-schema tag is now the
+ * value's type (when the key takes that type), any other tag an error
+ * naming the key and the line. */
+static void test_yaml_tags(void **state) {
+    (void)state;
+    JobConfig cfg;
+    NsaError err;
+    /* honoured: the tag decides, not the quoting */
+    const char *ok = "!!map\n"
+                     "model: !!map\n"
+                     "  !!str dim: !!int \"64\"\n"
+                     "  norm_eps: !!float \"1e-5\"\n"
+                     "  mlp: !!str swiglu\n"
+                     "train:\n"
+                     "  lr: !!int 1\n"
+                     "  min_lr: !<tag:yaml.org,2002:float> 0.5\n"
+                     "  seed: !!int 18446744073709551615\n"
+                     "  out_dir: !!str 2024\n"
+                     "  init_from: !!null\n"
+                     "runtime:\n"
+                     "  gradient_checkpointing: !!bool \"yes\"\n"
+                     "  nodes: !!seq []\n"
+                     "  use_flash: !!bool false\n"
+                     "  sel_triton_min_L: !!int \"8\"\n"
+                     "  compile: {mode: !!str max, level: !!int 3}\n"
+                     "data: !!null\n";
+    if (load(&cfg, ok, &err) != 0) fail_msg("%s", err.message);
+    assert_int_equal(cfg.model.dim, 64);
+    assert_true(cfg.model.norm_eps == 1e-5f);
+    assert_int_equal(cfg.model.mlp, NSA_MLP_SWIGLU);
+    assert_true(cfg.train.lr == 1.0 && cfg.train.min_lr == 0.5);
+    assert_true(cfg.train.seed == UINT64_MAX);
+    assert_string_equal(cfg.train.out_dir, "2024");
+    assert_string_equal(cfg.train.init_from, "");
+    assert_int_equal(cfg.runtime.gradient_checkpointing, NSA_RECOMPUTE_LAYER);
+
+    /* a core tag the key does not take: refused as the type it names */
+    expectError("train:\n  steps: !!str 5\n", "line 2: train.steps: !!str 5 is tagged a string",
+                "allowed: an integer >= 1, untagged or tagged !!int", NULL);
+    expectError("train:\n  steps: ! 5\n", "train.steps: ! 5 is tagged a string", NULL);
+    expectError("model:\n  dim: !!float 64\n", "model.dim: !!float 64 is tagged a float", NULL);
+    expectError("data:\n  path: !!int 5\n", "data.path: !!int 5 is tagged an integer",
+                "allowed: a string, untagged or tagged !!str or !!null", NULL);
+    expectError("runtime:\n  device: !!bool true\n",
+                "runtime.device: !!bool true is tagged a boolean", "allowed: cpu, cuda, auto",
+                NULL);
+    expectError("train:\n  !!int steps: 5\n",
+                "line 2: train.steps: !!int steps is tagged an integer", "a key name", NULL);
+    /* a value that is not what its tag says */
+    expectError("train:\n  lr: !!int 0.5\n",
+                "train.lr: !!int 0.5 is not an integer, as its tag says", NULL);
+    expectError("data:\n  path: !!null x\n", "data.path: !!null x is not null", NULL);
+    expectError("runtime:\n  gradient_checkpointing: !!bool selective\n", "is not a boolean", NULL);
+    /* a collection tag on the wrong node */
+    expectError("train: !!seq\n  steps: 5\n", "line 1: train: !!seq a mapping",
+                "the tag !!seq does not fit a mapping", NULL);
+    expectError("train:\n  steps: !!map 5\n", "the tag !!map does not fit a scalar", NULL);
+    /* any other tag, wherever it is */
+    expectError("train:\n  steps: !foo 5\n",
+                "line 2: train.steps: !foo 5: the tag !foo is not supported",
+                "allowed: an integer >= 1, untagged or tagged !!int", NULL);
+    expectError("train:\n  out_dir: !!binary aGk=\n", "train.out_dir",
+                "the tag !!binary is not supported", NULL);
+    expectError("%TAG !e! tag:example.com,2000:\n---\ntrain:\n  steps: !e!n 5\n",
+                "line 4: train.steps", "the tag tag:example.com,2000:n is not supported", NULL);
+    expectError("runtime:\n  gpus: [0, !foo 1]\n",
+                "runtime.gpus: !foo 1: the tag !foo is not supported", NULL);
+    expectError("runtime:\n  nodes: [!!int 5]\n", "runtime.nodes: !!int 5 is tagged an integer",
+                NULL);
+    expectError("runtime:\n  compile:\n    mode: !foo x\n",
+                "line 3: runtime.compile: the tag !foo is not supported", NULL);
+    expectError("!foo\nmodel:\n  dim: 64\n",
+                "config: !foo a mapping: the tag !foo is not supported", NULL);
+    expectError("!foo model:\n  dim: 64\n", "model: !foo model: the tag !foo is not supported",
+                NULL);
+    expectFileError("train:\n  lr: 0.001\n  steps: !foo 5\n", 3, "train.steps: !foo 5");
+}
+
+/* `steps: 010` loaded as 10, which the prototype's YAML 1.1 loader
+ * (PyYAML) read as octal 8: a number with a leading zero is refused,
+ * naming the key and the number to write instead. */
+static void test_leading_zeros(void **state) {
+    (void)state;
+    expectError(
+        "train:\n  steps: 010\n", "line 2: train.steps: 010 has a leading zero",
+        "YAML 1.1 reads it as octal (8), YAML 1.2 as decimal (10)",
+        "allowed: an integer >= 1, written without leading zeros (10, or 8 if octal was meant)",
+        NULL);
+    expectError("train:\n  steps: 09\n", "train.steps: 09 has a leading zero", "leading zeros (9)",
+                NULL);
+    expectError("train:\n  warmup_steps: 0_10\n", "train.warmup_steps: 0_10", "(10, or 8", NULL);
+    expectError("train:\n  seed: 0123\n", "train.seed: 0123", "(123, or 83 if octal", NULL);
+    expectError("train:\n  lr: 010e-4\n", "train.lr: 010e-4 has a leading zero", "(10e-4)", NULL);
+    expectError("train:\n  steps: !!int \"010\"\n", "train.steps: 010 has a leading zero", NULL);
+    expectError("runtime:\n  gpus: 02\n", "runtime.gpus: 02 has a leading zero", NULL);
+    expectError("runtime:\n  gpus: [0, 01]\n", "runtime.gpus: 01 has a leading zero", NULL);
+    expectError("runtime:\n  sel_triton_min_L: 0512\n",
+                "runtime.sel_triton_min_L: 0512 has a leading zero", NULL);
+    expectFileError("train:\n  steps: 010\n", 2, "train.steps: 010 has a leading zero");
+
+    /* a zero alone, a fraction and quoted text are as before */
+    JobConfig cfg;
+    NsaError err;
+    if (load(&cfg, "train:\n  warmup_steps: 0\n  lr: 00.5\n  min_lr: 0.0\n  out_dir: \"010\"\n",
+             &err) != 0)
+        fail_msg("%s", err.message);
+    assert_true(cfg.train.warmup_steps == 0 && cfg.train.lr == 0.5 && cfg.train.min_lr == 0);
+    assert_string_equal(cfg.train.out_dir, "010");
+}
+
+/* `min_lr: 1e-400` loaded as 0 (strtod's underflow went unnoticed) and a
+ * float key's `norm_eps: 1e-50` passed its > 0 check as a double and was
+ * stored as 0.0f: a nonzero number the key cannot hold is refused. */
+static void test_tiny_numbers_are_refused(void **state) {
+    (void)state;
+    expectError("train:\n  min_lr: 1e-400\n",
+                "line 2: train.min_lr: 1e-400 is too small: it would be stored as 0",
+                "allowed: a number from 0 to 10, and if not 0 at least 2.22507e-308", NULL);
+    expectError("train:\n  lr: 1e-400\n", "train.lr: 1e-400 is too small", "0 < x <= 10", NULL);
+    expectError("train:\n  grad_clip: 1e-310\n", "train.grad_clip: 1e-310 is too small",
+                "the subnormal 1e-310, losing precision", NULL);
+    expectError("model:\n  norm_eps: 1e-50\n",
+                "model.norm_eps: 1e-50 is too small: it would be stored as 0", "1.17549e-38", NULL);
+    expectError("model:\n  norm_eps: 1e-40\n", "model.norm_eps: 1e-40 is too small", "subnormal",
+                NULL);
+    expectError("fault:\n  stall_seconds: 0.0000e-999\n  nan_at_step: 1\n  exit_at_step: 0\n"
+                "watchdog:\n  data: 1e-999\n",
+                "line 6: watchdog.data: 1e-999 is too small", NULL);
+    expectFileError("train:\n  min_lr: 1e-400\n", 2, "train.min_lr: 1e-400 is too small");
+
+    /* zero written any way, and small normal numbers, load */
+    JobConfig cfg;
+    NsaError err;
+    if (load(&cfg,
+             "train:\n  min_lr: 0e-400\n  weight_decay: -0.0\n  grad_clip: 1e-300\n"
+             "model:\n  norm_eps: 1.2e-38\n",
+             &err) != 0)
+        fail_msg("%s", err.message);
+    assert_true(cfg.train.min_lr == 0 && cfg.train.weight_decay == 0 &&
+                cfg.train.grad_clip == 1e-300);
+    assert_true(cfg.model.norm_eps > 0);
+}
+
 static void test_file_errors_name_the_file(void **state) {
     (void)state;
     char *path = writeTemp("model:\n  dim: 64\n  heads: 4\n");
@@ -777,6 +936,9 @@ int main(void) {
         cmocka_unit_test(test_duplicate_key),
         cmocka_unit_test(test_empty),
         cmocka_unit_test(test_file_errors_name_the_file),
+        cmocka_unit_test(test_yaml_tags),
+        cmocka_unit_test(test_leading_zeros),
+        cmocka_unit_test(test_tiny_numbers_are_refused),
         cmocka_unit_test(test_hostile_configs_stop_at_a_limit),
         cmocka_unit_test(test_config_must_be_a_regular_file),
         cmocka_unit_test(test_hash_follows_the_math),
