@@ -181,6 +181,26 @@ static void generate(NsaDecoder *d, const char *const *prompts, int n, const Sam
         fail_msg("sampleGenerate: %s", err.message);
 }
 
+/* tokens [P + N]: a P-token prompt and N greedily generated tokens; each
+ * generated token must be the arg max of the full forward's logits at the
+ * position before it, and the N must not be one token repeated (so the check
+ * has teeth). */
+static void assertGreedy(NsaModel *m, const int32_t *tokens, const int32_t *targets, int P, int N,
+                         int V) {
+    NsaError err = {{0}};
+    assert_int_equal(nsaModelForward(m, tokens, targets, 1, P + N, 1.0f, &err), 0);
+    const float *logits = (const float *)nsaModelCpuEngine(m)->acts + nsaModelCpuEngine(m)->logits;
+    int distinct = 0;
+    for (int t = P - 1; t < P + N - 1; t++) {
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[(size_t)t * V + v] > logits[(size_t)t * V + best]) best = v;
+        assert_int_equal(best, tokens[t + 1]);
+        distinct += tokens[t + 1] != tokens[t];
+    }
+    assert_true(distinct > 3);
+}
+
 /* Greedy generation = the arg max of the full forward at every position. */
 static void test_greedy_matches_forward(void **state) {
     (void)state;
@@ -202,19 +222,7 @@ static void test_greedy_matches_forward(void **state) {
     for (int t = 0; t < P; t++) tokens[t] = (unsigned char)"hello"[t];
     for (int t = 0; t < N; t++) tokens[P + t] = (unsigned char)c.text[0][t];
     for (int t = 0; t < P + N; t++) targets[t] = 0;
-    NsaError err = {{0}};
-    assert_int_equal(nsaModelForward(m, tokens, targets, 1, P + N, 1.0f, &err), 0);
-    const float *logits = (const float *)nsaModelCpuEngine(m)->acts + nsaModelCpuEngine(m)->logits;
-    const int V = cfg.vocab_size;
-    int distinct = 0;
-    for (int t = P - 1; t < P + N - 1; t++) {
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (logits[(size_t)t * V + v] > logits[(size_t)t * V + best]) best = v;
-        assert_int_equal(best, tokens[t + 1]);
-        distinct += tokens[t + 1] != tokens[t];
-    }
-    assert_true(distinct > 3);   /* not one token repeated: the check has teeth */
+    assertGreedy(m, tokens, targets, P, N, cfg.vocab_size);
     nsaDecoderFree(d);
     nsaModelFree(m);
 }
@@ -505,17 +513,7 @@ static void test_small_vocab_checkpoint(void **state) {
     memcpy(tokens + P, c.ids[0], N * sizeof(int32_t));
     for (int t = 0; t < P + N; t++)
         targets[t] = 0;
-    assert_int_equal(nsaModelForward(m, tokens, targets, 1, P + N, 1.0f, &err), 0);
-    const float *logits = (const float *)nsaModelCpuEngine(m)->acts + nsaModelCpuEngine(m)->logits;
-    int distinct = 0;
-    for (int t = P - 1; t < P + N - 1; t++) {
-        int best = 0;
-        for (int v = 1; v < V; v++)
-            if (logits[(size_t)t * V + v] > logits[(size_t)t * V + best]) best = v;
-        assert_int_equal(best, tokens[t + 1]);
-        distinct += tokens[t + 1] != tokens[t];
-    }
-    assert_true(distinct > 3);
+    assertGreedy(m, tokens, targets, P, N, V);
     /* two continuations: continuation 0 is the single one of that seed */
     o.temperature = 1.0;
     o.seed = 11;
