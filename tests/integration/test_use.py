@@ -121,6 +121,19 @@ def write_shard(path, tokens):
         f.write(struct.pack(f"<{len(tokens)}H", *tokens))
 
 
+def start_and_wait(ctl, job, seconds=60):
+    """Starts job through nsactl and waits for it to end: (run id, whether it
+    ended in time, its last status), or (None, False, nsactl's stderr) when
+    it did not start."""
+    r = run(ctl + ["--json", "start", job])
+    if r.returncode != 0:
+        return None, False, r.stderr
+    rid = json.loads(r.stdout)["id"]
+    done = wait_for(lambda: json.loads(run(ctl + ["--json", "status", rid]).stdout)["state"]
+                    in ("completed", "failed"), seconds, 0.2)
+    return rid, done, json.loads(run(ctl + ["--json", "status", rid]).stdout)
+
+
 def small_vocab(ctl, sock, tmp, held):
     """A run on token shards of a 100-token vocabulary (data.tokenizer
     char100, which nsad does not run): its checkpoint is sampled as ids,
@@ -140,13 +153,9 @@ train: {{steps: 6, seq_len: 64, batch_size: 2, lr: 3.0e-3, seed: 9, log_every: 3
 runtime: {{device: cpu, precision: fp32, threads: 1}}
 data: {{source: shards, path: {train}, val_path: {val}, tokenizer: char100}}
 """)
-    r = run(ctl + ["--json", "start", job])
-    rid = json.loads(r.stdout)["id"] if r.returncode == 0 else None
-    if not check("vocab 100: a run on 100-token shards starts", rid is not None, r.stderr):
+    rid, done, status = start_and_wait(ctl, job)
+    if not check("vocab 100: a run on 100-token shards starts", rid is not None, status):
         return
-    done = wait_for(lambda: json.loads(run(ctl + ["--json", "status", rid]).stdout)["state"]
-                    in ("completed", "failed"), 60, 0.2)
-    status = json.loads(run(ctl + ["--json", "status", rid]).stdout)
     if not check("vocab 100: the run completes", done and status["state"] == "completed", status):
         return
     out = status["out_dir"]
@@ -336,14 +345,11 @@ train: {{steps: 12, seq_len: 64, batch_size: 2, lr: 3.0e-3, seed: 9, log_every: 
 runtime: {{device: cpu, precision: fp32, threads: 1}}
 data: {{source: text, path: {CORPUS}, tokenizer: byte, val_fraction: 0.05}}
 """)
-        r = run(ctl + ["--json", "start", job])
-        run_id = json.loads(r.stdout)["id"] if r.returncode == 0 else None
-        if not check("a run starts", run_id is not None, r.stderr):
+        run_id, done, status = start_and_wait(ctl, job)
+        if not check("a run starts", run_id is not None, status):
             return
-        done = wait_for(lambda: json.loads(run(ctl + ["--json", "status", run_id]).stdout)["state"]
-                        in ("completed", "failed"), 60, 0.2)
         check("the run completes", done)
-        out_dir = json.loads(run(ctl + ["--json", "status", run_id]).stdout)["out_dir"]
+        out_dir = status["out_dir"]
 
         # samples written during training
         with open(os.path.join(out_dir, "samples.jsonl")) as f:
