@@ -678,13 +678,16 @@ static void getLogs(Service *svc, const ApiRequest *req, ApiResponse *res, const
     Run *run = runsFind(svc->runs, id);
     /* decided under the lock the job's end takes to end its followers */
     int live = run && (runStateIsActive(run->state) || serviceTrainerOf(svc, id));
-    Stream *s = run ? runlogRead(svc->runlog, id, tail > LONG_MAX ? LONG_MAX : (long)tail, follow && live, &err)
-                    : NULL;
+    RunLogRead *rd = run ? runlogReadStart(svc->runlog, id, tail > LONG_MAX ? LONG_MAX : (long)tail,
+                                           follow && live, &err)
+                         : NULL;
     pthread_mutex_unlock(&svc->lock);
     if (!run) {
         apiError(res, 404, "not_found", "no run '%s'; GET /api/v1/runs lists them", id);
         return;
     }
+    /* the files are read with no lock held: a slow disk stalls this request only */
+    Stream *s = rd ? runlogReadFinish(svc->runlog, rd, &err) : NULL;
     if (!s) {
         apiError(res, 503, "unavailable", "%s", err.message);
         res->retry_after = 5;

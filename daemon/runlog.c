@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,40 +18,95 @@
 #include "runs.h"
 #include "stackdump.h"
 
+/* A reader that follows a run's log. While `loading` its reader is writing
+ * the stored lines to the stream outside the lock (runlogReadFinish): the
+ * lines logged meanwhile wait in `pending`, and only that reader drops it. */
 typedef struct Follower {
     char run_id[RUN_ID_MAX];
     Stream *stream; /* the producer's hold */
+    int loading;
+    int ended;    /* runlogEnd came while loading: the end follows the stored lines */
+    int overflow; /* pending outgrew STREAM_MAX_UNREAD or memory: ends once loaded */
+    char *pending;
+    size_t pending_len, pending_cap;
     struct Follower *next;
 } Follower;
 
 struct RunLog {
     pthread_mutex_t lock;
-    pthread_cond_t wake; /* the keep-alive thread waits on it */
+    pthread_cond_t wake;   /* the keep-alive thread waits on it */
+    pthread_cond_t loaded; /* runlogClose waits on it for loading readers */
     char runs_dir[RUN_PATH_MAX];
     Follower *followers;
     int n_followers;
+    int n_loading; /* followers whose reader is in runlogReadFinish */
     int stop;
     pthread_t thread;
+    RunLogReadHook read_hook; /* tests: runlogSetReadHook */
+    void *read_hook_ctx;
 };
+
+/* One read between runlogReadStart and runlogReadFinish: the stored files
+ * as they were under the lock. Appends go past `size`, a rotation renames
+ * (the descriptors keep what they opened): reading `size` bytes of each
+ * gives the lines stored then, no more. */
+struct RunLogRead {
+    int fd[2];      /* log.1.jsonl, log.jsonl; -1: none */
+    size_t size[2]; /* their sizes then */
+    char path[2][RUN_PATH_MAX + 80];
+    long tail;
+    Stream *stream;     /* the consumer's hold, handed to the caller */
+    Follower *follower; /* with follow: in the list, loading */
+};
+
+/* Adds data to a loading follower's pending lines; past STREAM_MAX_UNREAD
+ * or out of memory it is marked to end instead. Caller holds the lock. */
+static void holdForLoader(Follower *f, const char *data, size_t len) {
+    if (f->overflow) return;
+    if (f->pending_len + len > STREAM_MAX_UNREAD) {
+        f->overflow = 1;
+        return;
+    }
+    if (f->pending_len + len > f->pending_cap) {
+        size_t cap = f->pending_cap ? f->pending_cap : 4096;
+        while (cap < f->pending_len + len)
+            cap *= 2;
+        char *grown = realloc(f->pending, cap);
+        if (!grown) {
+            f->overflow = 1;
+            return;
+        }
+        f->pending = grown;
+        f->pending_cap = cap;
+    }
+    memcpy(f->pending + f->pending_len, data, len);
+    f->pending_len += len;
+}
 
 /* Closes and unlinks *link's follower. Caller holds the lock. */
 static void dropFollower(RunLog *rl, Follower **link) {
     Follower *f = *link;
     *link = f->next;
     streamClose(f->stream);
+    free(f->pending);
     free(f);
     rl->n_followers--;
 }
 
-/* Writes data to the followers of run_id (all of them when NULL), dropping
- * those whose reader is gone. Caller holds the lock. */
+/* Writes data to the followers of run_id (all of them when NULL: a
+ * keep-alive, which loading ones skip), dropping those whose reader is
+ * gone; a loading one keeps it for its reader. Caller holds the lock. */
 static void writeFollowers(RunLog *rl, const char *run_id, const char *data, size_t len) {
     for (Follower **link = &rl->followers; *link;) {
         if (run_id && strcmp((*link)->run_id, run_id) != 0) {
             link = &(*link)->next;
             continue;
         }
-        if (streamWrite((*link)->stream, data, len) != 0) dropFollower(rl, link);
+        if ((*link)->loading) {
+            if (run_id) holdForLoader(*link, data, len);
+            link = &(*link)->next;
+        } else if (streamWrite((*link)->stream, data, len) != 0)
+            dropFollower(rl, link);
         else link = &(*link)->next;
     }
 }
@@ -84,9 +140,11 @@ RunLog *runlogOpen(const char *runs_dir, NsaError *err) {
     }
     pthread_mutex_init(&rl->lock, NULL);
     pthread_cond_init(&rl->wake, NULL);
+    pthread_cond_init(&rl->loaded, NULL);
     int rc = pthread_create(&rl->thread, NULL, keepAliveMain, rl);
     if (rc != 0) {
         nsaErrorf(err, "cannot start the run log thread: %s", strerror(rc));
+        pthread_cond_destroy(&rl->loaded);
         pthread_cond_destroy(&rl->wake);
         pthread_mutex_destroy(&rl->lock);
         free(rl);
@@ -100,9 +158,13 @@ void runlogClose(RunLog *rl) {
     pthread_mutex_lock(&rl->lock);
     rl->stop = 1;
     pthread_cond_broadcast(&rl->wake);
+    /* a loading follower is its reader's to drop: it sees stop when done */
+    while (rl->n_loading > 0)
+        pthread_cond_wait(&rl->loaded, &rl->lock);
     while (rl->followers) dropFollower(rl, &rl->followers);
     pthread_mutex_unlock(&rl->lock);
     pthread_join(rl->thread, NULL);
+    pthread_cond_destroy(&rl->loaded);
     pthread_cond_destroy(&rl->wake);
     pthread_mutex_destroy(&rl->lock);
     free(rl);
@@ -162,45 +224,40 @@ void runlogAppend(void *ctx, const char *run_id, int level, double ts, const cha
         logWarn("run %s: cannot append to its log.jsonl: %s", run_id, strerror(saved));
 }
 
-/* Appends the file at path (a missing one adds nothing) to *buf. Returns 0,
- * or -1 with err. */
-static int readInto(const char *path, char **buf, size_t *len, NsaError *err) {
-    size_t n = 0;
-    char *text = fsReadRegular(path, RUNLOG_FILE_MAX + 65536, &n, err);
-    if (!text) return errno == ENOENT ? 0 : -1;
-    char *bigger = realloc(*buf, *len + n + 1);
-    if (!bigger) {
-        free(text);
-        return nsaErrorf(err, "out of memory reading %s", path);
-    }
-    memcpy(bigger + *len, text, n);
-    *len += n;
-    bigger[*len] = '\0';
-    *buf = bigger;
-    free(text);
-    return 0;
+/* Closes rd's descriptors and frees it (not its stream or follower). */
+static void freeRead(RunLogRead *rd) {
+    for (int i = 0; i < 2; i++)
+        if (rd->fd[i] >= 0) close(rd->fd[i]);
+    free(rd);
 }
 
-Stream *runlogRead(RunLog *rl, const char *run_id, long tail, int follow, NsaError *err) {
-    char path[RUN_PATH_MAX + 80], old[RUN_PATH_MAX + 80];
-    if (!runIdValid(run_id) || logPath(rl, run_id, "log.jsonl", path, sizeof path) != 0 ||
-        logPath(rl, run_id, "log.1.jsonl", old, sizeof old) != 0) {
+RunLogRead *runlogReadStart(RunLog *rl, const char *run_id, long tail, int follow, NsaError *err) {
+    RunLogRead *rd = calloc(1, sizeof *rd);
+    if (!rd) {
+        nsaErrorf(err, "out of memory");
+        return NULL;
+    }
+    rd->fd[0] = rd->fd[1] = -1;
+    rd->tail = tail;
+    if (!runIdValid(run_id) ||
+        logPath(rl, run_id, "log.1.jsonl", rd->path[0], sizeof rd->path[0]) != 0 ||
+        logPath(rl, run_id, "log.jsonl", rd->path[1], sizeof rd->path[1]) != 0) {
         nsaErrorf(err, "run id '%.80s': no log path", run_id);
+        free(rd);
         return NULL;
     }
     Follower *f = follow ? calloc(1, sizeof *f) : NULL;
-    Stream *s = streamCreate();
-    char *buf = NULL;
-    size_t len = 0;
-    if (!s || (follow && !f)) {
+    rd->stream = streamCreate();
+    if (!rd->stream || (follow && !f)) {
         nsaErrorf(err, "out of memory");
         goto fail;
     }
     pthread_mutex_lock(&rl->lock);
-    /* the files and the follower under one lock: no line is lost or doubled */
+    /* the files' sizes and the follower under one lock: no line is lost or doubled */
     if (follow) { /* readers that left are noticed here too, not only at the next line */
         for (Follower **link = &rl->followers; *link;) {
-            if (streamCancelled((*link)->stream)) dropFollower(rl, link);
+            if (!(*link)->loading && streamCancelled((*link)->stream))
+                dropFollower(rl, link);
             else link = &(*link)->next;
         }
     }
@@ -209,57 +266,147 @@ Stream *runlogRead(RunLog *rl, const char *run_id, long tail, int follow, NsaErr
         nsaErrorf(err, "%d readers follow run logs already; try again later", RUNLOG_FOLLOWERS_MAX);
         goto fail;
     }
-    if (readInto(old, &buf, &len, err) != 0 || readInto(path, &buf, &len, err) != 0) {
-        pthread_mutex_unlock(&rl->lock);
-        goto fail;
-    }
-    size_t start = 0;
-    if (tail >= 0) { /* the last `tail` lines: walk back over tail newlines past the final one */
-        long seen = 0;
-        start = len;
-        for (size_t i = len; i > 0; i--) {
-            if (buf[i - 1] != '\n' || i == len) continue;
-            if (++seen > tail) break;
-            start = i;
+    /* opened, not read: only metadata under the lock (a missing file is no lines) */
+    for (int i = 0; i < 2; i++) {
+        struct stat st;
+        rd->fd[i] = fsOpenRegular(rd->path[i], &st, err);
+        if (rd->fd[i] < 0 && errno == ENOENT) continue;
+        if (rd->fd[i] < 0) {
+            pthread_mutex_unlock(&rl->lock);
+            goto fail;
         }
-        if (seen < tail) start = 0; /* fewer lines than that: all */
-        if (tail == 0) start = len;
+        if ((uint64_t)st.st_size > (uint64_t)(RUNLOG_FILE_MAX + 65536)) {
+            pthread_mutex_unlock(&rl->lock);
+            nsaErrorf(err, "%s: %lld bytes; allowed: at most %zu bytes", rd->path[i],
+                      (long long)st.st_size, RUNLOG_FILE_MAX + 65536);
+            goto fail;
+        }
+        rd->size[i] = (size_t)st.st_size;
     }
-    int ok = len - start == 0 || streamWrite(s, buf + start, len - start) == 0;
-    if (ok && follow) {
+    if (follow) {
         snprintf(f->run_id, sizeof f->run_id, "%s", run_id);
-        f->stream = s;
+        f->stream = rd->stream;
+        f->loading = 1;
         f->next = rl->followers;
         rl->followers = f;
         rl->n_followers++;
-        f = NULL;
+        rl->n_loading++;
+        rd->follower = f;
     }
     pthread_mutex_unlock(&rl->lock);
-    free(buf);
-    buf = NULL;
-    if (!ok) {
-        nsaErrorf(err, "out of memory");
-        goto fail;
-    }
-    if (!follow) streamClose(s); /* the producer is done: the reader gets the end */
-    free(f);
-    return s;
+    return rd;
 fail:
-    free(buf);
     free(f);
-    if (s) {
-        streamClose(s);
-        streamRelease(s);
+    if (rd->stream) {
+        streamClose(rd->stream);
+        streamRelease(rd->stream);
     }
+    freeRead(rd);
     return NULL;
+}
+
+/* Reads rd's stored lines into a malloc'd buffer: size[i] bytes of each
+ * file at most (a file cut shorter since gives what it has). Returns 0, or
+ * -1 with err. */
+static int readStored(RunLogRead *rd, char **buf_out, size_t *len_out, NsaError *err) {
+    char *buf = malloc(rd->size[0] + rd->size[1] + 1);
+    if (!buf) return nsaErrorf(err, "out of memory reading %s", rd->path[1]);
+    size_t len = 0;
+    for (int i = 0; i < 2; i++) {
+        for (size_t got = 0; rd->fd[i] >= 0 && got < rd->size[i];) {
+            ssize_t n = pread(rd->fd[i], buf + len, rd->size[i] - got, (off_t)got);
+            if (n < 0 && errno == EINTR) continue;
+            if (n < 0) {
+                int saved = errno;
+                free(buf);
+                nsaErrorf(err, "%s: read error: %s", rd->path[i], strerror(saved));
+                return -1;
+            }
+            if (n == 0) break;
+            got += (size_t)n;
+            len += (size_t)n;
+        }
+    }
+    buf[len] = '\0';
+    *buf_out = buf;
+    *len_out = len;
+    return 0;
+}
+
+Stream *runlogReadFinish(RunLog *rl, RunLogRead *rd, NsaError *err) {
+    if (rl->read_hook) rl->read_hook(rl->read_hook_ctx);
+    Stream *s = rd->stream;
+    Follower *f = rd->follower;
+    char *buf = NULL;
+    size_t len = 0;
+    int ok = readStored(rd, &buf, &len, err) == 0;
+    if (ok) {
+        size_t start = 0;
+        if (rd->tail >=
+            0) { /* the last `tail` lines: walk back over tail newlines past the final one */
+            long seen = 0;
+            start = len;
+            for (size_t i = len; i > 0; i--) {
+                if (buf[i - 1] != '\n' || i == len) continue;
+                if (++seen > rd->tail) break;
+                start = i;
+            }
+            if (seen < rd->tail) start = 0; /* fewer lines than that: all */
+            if (rd->tail == 0) start = len;
+        }
+        ok = len - start == 0 || streamWrite(s, buf + start, len - start) == 0;
+        if (!ok) nsaErrorf(err, "out of memory");
+    }
+    free(buf);
+    freeRead(rd);
+    if (f) { /* the lines logged since the start, then the follower goes live */
+        pthread_mutex_lock(&rl->lock);
+        int live = ok && !f->overflow &&
+                   (f->pending_len == 0 || streamWrite(s, f->pending, f->pending_len) == 0);
+        if (f->ended || rl->stop) live = 0; /* its job ended meanwhile: the end comes now */
+        free(f->pending);
+        f->pending = NULL;
+        f->pending_len = f->pending_cap = 0;
+        f->loading = 0;
+        if (!live) { /* the end after what was written (or, failed, for nobody) */
+            for (Follower **link = &rl->followers; *link; link = &(*link)->next) {
+                if (*link == f) {
+                    dropFollower(rl, link);
+                    break;
+                }
+            }
+        }
+        rl->n_loading--;
+        pthread_cond_broadcast(&rl->loaded);
+        pthread_mutex_unlock(&rl->lock);
+    } else if (ok) {
+        streamClose(s); /* the producer is done: the reader gets the end */
+    }
+    if (!ok) {
+        if (!f) streamClose(s);
+        streamRelease(s);
+        return NULL;
+    }
+    return s;
 }
 
 void runlogEnd(RunLog *rl, const char *run_id) {
     if (!rl) return;
     pthread_mutex_lock(&rl->lock);
     for (Follower **link = &rl->followers; *link;) {
-        if (!strcmp((*link)->run_id, run_id)) dropFollower(rl, link);
-        else link = &(*link)->next;
+        if (strcmp((*link)->run_id, run_id) != 0) {
+            link = &(*link)->next;
+        } else if ((*link)->loading) { /* its reader ends it after the stored lines */
+            (*link)->ended = 1;
+            link = &(*link)->next;
+        } else {
+            dropFollower(rl, link);
+        }
     }
     pthread_mutex_unlock(&rl->lock);
+}
+
+void runlogSetReadHook(RunLog *rl, RunLogReadHook fn, void *ctx) {
+    rl->read_hook = fn;
+    rl->read_hook_ctx = ctx;
 }

@@ -10,7 +10,8 @@
  * come free, and each trainer thread runs its job
  * (trainerRun) and records its news under the same lock; the watchdog
  * reads the monitors' atomics and takes the lock to mark a run hung.
- * Nobody holds the lock across slow work.
+ * Nobody holds the lock across slow work (GET .../logs, for one, only
+ * opens the run's log files under it and reads them after: runlog.h).
  *
  * Claims: a CUDA run claims the GPUs runtime.gpus names (all of them by
  * default), a CPU run claims the CPU engine. Runs whose claims are

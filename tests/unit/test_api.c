@@ -10,11 +10,16 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <semaphore.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "api.h"
 #include "log.h"
@@ -48,6 +53,7 @@ static int setUp(void **state) {
 
 static int tearDown(void **state) {
     Fixture *f = *state;
+    logSetRunSink(NULL, NULL); /* a failed test may leave its run log as the sink */
     serviceClose(f->svc);
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
@@ -72,7 +78,9 @@ static cJSON *call(Service *svc, const char *method, const char *path, const cha
         snprintf(path_only, sizeof path_only, "%.*s", (int)(q - path), path);
         snprintf(query, sizeof query, "%s", q + 1);
         req.path = path_only;
-        for (char *kv = strtok(query, "&"); kv && req.n_query < API_MAX_QUERY; kv = strtok(NULL, "&")) {
+        char *save = NULL; /* strtok_r: requests come from several threads at once */
+        for (char *kv = strtok_r(query, "&", &save); kv && req.n_query < API_MAX_QUERY;
+             kv = strtok_r(NULL, "&", &save)) {
             char *eq = strchr(kv, '=');
             if (eq) *eq = '\0';
             req.query[req.n_query].key = kv;
@@ -622,6 +630,223 @@ static void test_run_logs(void **state) {
     logSetRunSink(NULL, NULL);
 }
 
+/* ---- a log read holds no lock while it reads ---- */
+
+/* The read hook of test_run_logs_read_holds_no_lock: the first read waits
+ * in it (a slow disk) until the test lets it go; later ones pass. */
+typedef struct SlowDisk {
+    sem_t entered, go;
+    atomic_int reads;
+} SlowDisk;
+
+static void slowDiskRead(void *ctx) {
+    SlowDisk *d = ctx;
+    if (atomic_fetch_add(&d->reads, 1) != 0) return;
+    sem_post(&d->entered);
+    while (sem_wait(&d->go) != 0)
+        continue;
+}
+
+/* 0 once sem is posted, -1 after `seconds` without. */
+static int semWaitFor(sem_t *sem, int seconds) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += seconds;
+    int rc;
+    while ((rc = sem_timedwait(sem, &until)) != 0 && errno == EINTR)
+        continue;
+    return rc;
+}
+
+/* One GET on a thread of its own (no cmocka checks off the main thread). */
+typedef struct BackgroundGet {
+    Service *svc;
+    char path[300];
+    ApiResponse res;
+} BackgroundGet;
+
+static void *backgroundGetMain(void *arg) {
+    BackgroundGet *g = arg;
+    cJSON_Delete(call(g->svc, "GET", g->path, NULL, NULL, &g->res));
+    return NULL;
+}
+
+/* What other requests do while a log read is slow: read a run (the
+ * service's lock), log a line for it (the run log's lock) and read its
+ * log again; then `done` is posted. */
+typedef struct OtherWork {
+    Service *svc;
+    const char *id;
+    int run_status, tail_status;
+    char *tail_text;
+    sem_t done;
+} OtherWork;
+
+static void *otherWorkMain(void *arg) {
+    OtherWork *w = arg;
+    char path[300];
+    ApiResponse res;
+    snprintf(path, sizeof path, "/api/v1/runs/%s", w->id);
+    cJSON_Delete(call(w->svc, "GET", path, NULL, NULL, &res));
+    w->run_status = res.status;
+    apiResponseFree(&res);
+    logRunNotice(w->id, "logged during the slow read");
+    snprintf(path, sizeof path, "/api/v1/runs/%s/logs?tail=1", w->id);
+    cJSON_Delete(call(w->svc, "GET", path, NULL, NULL, &res));
+    w->tail_status = res.status;
+    if (res.stream) {
+        int ended;
+        w->tail_text = drainStream(res.stream, &ended);
+    }
+    apiResponseFree(&res);
+    sem_post(&w->done);
+    return NULL;
+}
+
+static size_t countOf(const char *text, const char *what) {
+    size_t n = 0;
+    for (const char *p = text; (p = strstr(p, what)) != NULL; p += strlen(what))
+        n++;
+    return n;
+}
+
+/* A slow read of GET /api/v1/runs/{id}/logs (up to 8 MiB) blocks no other
+ * request: the route reads the files with neither the service's lock nor
+ * the run log's held. A follower still gets every stored line, then the
+ * lines logged during its read, each once and in order; a job that ends
+ * during the read, or a rotation, loses or doubles nothing either. */
+static void test_run_logs_read_holds_no_lock(void **state) {
+    Fixture *f = *state;
+    logSetRunSink(runlogAppend, f->svc->runlog);
+    char id[RUN_ID_MAX];
+    cJSON_Delete(postTinyRun(f->svc, "/api/v1/runs?name=slow", id));
+    logRunNotice(id, "stored before the read");
+
+    SlowDisk disk = {.reads = 0};
+    sem_init(&disk.entered, 0, 0);
+    sem_init(&disk.go, 0, 0);
+    runlogSetReadHook(f->svc->runlog, slowDiskRead, &disk);
+    BackgroundGet slow = {.svc = f->svc};
+    snprintf(slow.path, sizeof slow.path, "/api/v1/runs/%s/logs?follow=1", id);
+    pthread_t slow_thread, other_thread;
+    assert_int_equal(pthread_create(&slow_thread, NULL, backgroundGetMain, &slow), 0);
+    int entered = semWaitFor(&disk.entered, 30) == 0;
+    OtherWork other = {.svc = f->svc, .id = id};
+    sem_init(&other.done, 0, 0);
+    int other_done = 0;
+    if (entered) {
+        assert_int_equal(pthread_create(&other_thread, NULL, otherWorkMain, &other), 0);
+        other_done = semWaitFor(&other.done, 10) == 0; /* while the first read still waits */
+    }
+    sem_post(&disk.go);
+    pthread_join(slow_thread, NULL);
+    if (entered) pthread_join(other_thread, NULL);
+    runlogSetReadHook(f->svc->runlog, NULL, NULL);
+    assert_true(entered);
+    if (!other_done) fail_msg("other requests waited for a slow log read");
+    assert_int_equal(other.run_status, 200);
+    assert_int_equal(other.tail_status, 200);
+    assert_non_null(other.tail_text);
+    assert_non_null(strstr(other.tail_text, "logged during the slow read"));
+    free(other.tail_text);
+
+    /* the slow reader: the stored lines, then the one logged meanwhile, once */
+    assert_int_equal(slow.res.status, 200);
+    Stream *s = slow.res.stream;
+    assert_non_null(s);
+    slow.res.stream = NULL;
+    apiResponseFree(&slow.res);
+    int ended = 0;
+    char *text = drainStream(s, &ended);
+    assert_false(ended);
+    const char *stored = strstr(text, "stored before the read");
+    const char *during = strstr(text, "logged during the slow read");
+    assert_non_null(stored);
+    assert_non_null(during);
+    assert_true(stored < during);
+    assert_int_equal(countOf(text, "logged during the slow read"), 1);
+    free(text);
+    logRunNotice(id, "after the read");
+    text = drainStream(s, &ended);
+    assert_int_equal(countOf(text, "after the read"), 1);
+    assert_null(strstr(text, "during the slow read"));
+    free(text);
+    pthread_mutex_lock(&f->svc->lock);
+    runlogEnd(f->svc->runlog, id);
+    pthread_mutex_unlock(&f->svc->lock);
+    text = drainStream(s, &ended);
+    assert_true(ended);
+    free(text);
+    streamRelease(s);
+
+    /* the job ends between the two steps: the stored lines, the line logged
+     * meanwhile, then the end */
+    NsaError err = {""};
+    pthread_mutex_lock(&f->svc->lock);
+    RunLogRead *rd = runlogReadStart(f->svc->runlog, id, 1, 1, &err);
+    pthread_mutex_unlock(&f->svc->lock);
+    assert_non_null(rd);
+    logRunNotice(id, "the job's last line");
+    pthread_mutex_lock(&f->svc->lock);
+    runlogEnd(f->svc->runlog, id);
+    pthread_mutex_unlock(&f->svc->lock);
+    s = runlogReadFinish(f->svc->runlog, rd, &err);
+    assert_non_null(s);
+    text = drainStream(s, &ended);
+    assert_true(ended);
+    assert_int_equal(countOf(text, "\n"), 2); /* tail=1, then the one logged meanwhile */
+    assert_non_null(strstr(text, "after the read"));
+    assert_int_equal(countOf(text, "the job's last line"), 1);
+    free(text);
+    streamRelease(s);
+
+    /* log.jsonl moves to log.1.jsonl between the two steps: what was stored
+     * at step one, exactly, then the line that moved it */
+    char file[700], old_file[700];
+    snprintf(file, sizeof file, "%s/runs/%s/log.jsonl", f->dir, id);
+    snprintf(old_file, sizeof old_file, "%s/runs/%s/log.1.jsonl", f->dir, id);
+    size_t stored_len = 0;
+    char *want = NULL;
+    {
+        FILE *in = fopen(file, "r");
+        assert_non_null(in);
+        want = calloc(1, 1 << 20);
+        stored_len = fread(want, 1, (1 << 20) - 1, in);
+        fclose(in);
+    }
+    pthread_mutex_lock(&f->svc->lock);
+    rd = runlogReadStart(f->svc->runlog, id, -1, 1, &err);
+    pthread_mutex_unlock(&f->svc->lock);
+    assert_non_null(rd);
+    FILE *big = fopen(file, "a"); /* not through the run log: past what step one took */
+    while ((size_t)ftell(big) < RUNLOG_FILE_MAX)
+        fprintf(big, "{\"ts\":1,\"level\":\"info\",\"message\":\"%-25s\"}\n", "filler");
+    fclose(big);
+    logRunNotice(id, "the line that moved it");
+    struct stat st;
+    assert_int_equal(stat(old_file, &st), 0);
+    s = runlogReadFinish(f->svc->runlog, rd, &err);
+    assert_non_null(s);
+    text = drainStream(s, &ended);
+    assert_false(ended);
+    assert_int_equal(strncmp(text, want, stored_len), 0);
+    assert_null(strstr(text, "filler"));
+    assert_int_equal(countOf(text + stored_len, "\n"), 1);
+    assert_non_null(strstr(text + stored_len, "the line that moved it"));
+    free(text);
+    free(want);
+    pthread_mutex_lock(&f->svc->lock);
+    runlogEnd(f->svc->runlog, id);
+    pthread_mutex_unlock(&f->svc->lock);
+    free(drainStream(s, &ended));
+    assert_true(ended);
+    streamRelease(s);
+    sem_destroy(&other.done);
+    sem_destroy(&disk.entered);
+    sem_destroy(&disk.go);
+    logSetRunSink(NULL, NULL);
+}
+
 static void test_interrupted_run_is_picked_up(void **state) {
     Fixture *f = *state;
     char id[RUN_ID_MAX];
@@ -884,6 +1109,7 @@ int main(void) {
         SERVICE_TEST(test_metrics_series_and_since),
         SERVICE_TEST(test_mfu_and_tokens),
         SERVICE_TEST(test_run_logs),
+        SERVICE_TEST(test_run_logs_read_holds_no_lock),
         SERVICE_TEST(test_interrupted_run_is_picked_up),
         SERVICE_TEST(test_watchdog_flags_an_overrun_and_a_recovery),
         SERVICE_TEST(test_hang_during_halt_keeps_halting),
