@@ -618,7 +618,8 @@ static int retireStepDir(const char *ck_dir, const char *name, NsaError *err) {
     return removeCheckpointDir(gone, err);
 }
 
-/* Removes what crashed saves and prunes left: .step_*.tmp, .old, .del. */
+/* Removes what crashed saves and prunes left: .step_*.tmp, .old, .del
+ * (sweepCheckpoints first keeps the copy a cut replacement needs). */
 static int sweepLeftovers(const char *ck_dir, NsaError *err) {
     DIR *d = opendir(ck_dir);
     if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
@@ -936,12 +937,14 @@ static int hasManifest(const char *ck_dir, const char *name) {
 
 /* ---- saving ------------------------------------------------------------------------------ */
 
-/* Reads OUT/checkpoints/latest's name into name (cap bytes). 1 read, 0 no
- * pointer, -1 with err (not a regular file, unreadable, not a step name:
- * the message shows its bytes escaped, never raw). */
-static int readLatestName(const char *ck_dir, char *name, size_t cap, NsaError *err) {
+/* Reads the step name in ck_dir/<file> (`latest`, REPLACING_NAME) into
+ * name (cap bytes). 1 read, 0 no such file, -1 with err (not a regular
+ * file, unreadable, not a step name: the message shows its bytes escaped,
+ * never raw). */
+static int readStepName(const char *ck_dir, const char *file, char *name, size_t cap,
+                        NsaError *err) {
     char path[4096];
-    if (fsPathf(err, path, sizeof path, "%s/latest", ck_dir) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/%s", ck_dir, file) != 0) return -1;
     size_t len;
     NsaError rerr;
     char *text = fsReadRegular(path, 256, &len, &rerr);
@@ -971,11 +974,51 @@ static int readLatestName(const char *ck_dir, char *name, size_t cap, NsaError *
     return ok ? 1 : -1;
 }
 
+/* OUT/checkpoints/latest's step name: readStepName's contract. */
+static int readLatestName(const char *ck_dir, char *name, size_t cap, NsaError *err) {
+    return readStepName(ck_dir, "latest", name, cap, err);
+}
+
+/* Without RENAME_EXCHANGE, the replacement of the step `latest` names
+ * moves `latest` off it first; this file ("step_N\n") says so until
+ * `latest` is back on it, so that the sweep after a kill puts it back. */
+#define REPLACING_NAME ".replacing"
+
+static int writeReplacing(const char *ck_dir, const char *name, NsaError *err) {
+    char path[4096], line[64];
+    if (fsPathf(err, path, sizeof path, "%s/" REPLACING_NAME, ck_dir) != 0) return -1;
+    int len = snprintf(line, sizeof line, "%s\n", name);
+    return fsWriteFileAtomic(path, line, (size_t)len, 0644, err);
+}
+
+static int dropReplacing(const char *ck_dir, NsaError *err) {
+    char path[4096];
+    if (fsPathf(err, path, sizeof path, "%s/" REPLACING_NAME, ck_dir) != 0) return -1;
+    if (unlink(path) != 0) {
+        if (errno == ENOENT) return 0;
+        return nsaErrorf(err, "remove %s: %s", path, strerror(errno));
+    }
+    return fsFsyncDir(ck_dir, err);
+}
+
+/* A replacement that failed after moving `latest` off name, with name in
+ * place again: `latest` back on it. Best effort: what fails here the next
+ * sweep does. */
+static void restoreLatest(const char *ck_dir, const char *name) {
+    NsaError ignored;
+    if (writeLatest(ck_dir, name, &ignored) == 0) dropReplacing(ck_dir, &ignored);
+}
+
 /* Replaces ck_dir/name by tmp_dir (both complete checkpoints) so that
  * `latest` never names a missing directory: one atomic exchange of the two
- * directories where the file system has it; elsewhere (NFS) `latest` is
- * first moved to the newest other complete checkpoint (or removed when
- * there is none), then the old directory goes and the new one comes. */
+ * directories where the file system has it. Elsewhere (NFS) it takes two
+ * renames, the old directory to .name.old, then the new one into place;
+ * when `latest` names this step it is first moved to the newest other
+ * complete checkpoint (or removed when there is none), with REPLACING_NAME
+ * written before and removed once `latest` is back. A kill anywhere in
+ * between is finished by the next sweep (sweepCheckpoints): one complete
+ * copy of the step, the new one once the first rename is done, and
+ * `latest` on it again. */
 static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_dir, const char *final_dir,
                           const char *old_dir, NsaError *err) {
     if (renameat2(AT_FDCWD, tmp_dir, AT_FDCWD, final_dir, RENAME_EXCHANGE) == 0) {
@@ -986,7 +1029,10 @@ static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_
         return nsaErrorf(err, "exchange %s and %s: %s", tmp_dir, final_dir, strerror(errno));
     char latest[64];
     NsaError ignored;
-    if (readLatestName(ck_dir, latest, sizeof latest, &ignored) == 1 && !strcmp(latest, name)) {
+    const int moved =
+        readLatestName(ck_dir, latest, sizeof latest, &ignored) == 1 && !strcmp(latest, name);
+    if (moved) {
+        if (writeReplacing(ck_dir, name, err) != 0) return -1;
         int64_t *steps;
         size_t n;
         if (listSteps(ck_dir, &steps, &n, err) != 0) return -1;
@@ -1008,18 +1054,144 @@ static int replaceStepDir(const char *ck_dir, const char *name, const char *tmp_
             return nsaErrorf(err, "remove %s/latest: %s", ck_dir, strerror(errno));
         }
     }
-    if (rename(final_dir, old_dir) != 0) return nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
+    if (rename(final_dir, old_dir) != 0) {
+        nsaErrorf(err, "rename %s: %s", final_dir, strerror(errno));
+        if (moved) restoreLatest(ck_dir, name);
+        return -1;
+    }
     if (rename(tmp_dir, final_dir) != 0) {
         const int saved = errno;
-        /* the old one back under its name, or the next save's sweep takes it */
+        /* the old one back under its name, or the next sweep puts one there */
         if (rename(old_dir, final_dir) != 0)
             return nsaErrorf(err, "rename %s to %s: %s; and the old checkpoint could not be put "
                                   "back from %s: %s",
                              tmp_dir, final_dir, strerror(saved), old_dir, strerror(errno));
+        if (moved) restoreLatest(ck_dir, name);
         return nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(saved));
     }
     if (fsFsyncDir(ck_dir, err) != 0) return -1;
+    if (moved && (writeLatest(ck_dir, name, err) != 0 || dropReplacing(ck_dir, err) != 0))
+        return -1;
     return removeCheckpointDir(old_dir, err);
+}
+
+static int isDir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+/* 1 when dir is a complete checkpoint of step (checkpointVerify: its
+ * manifest, sizes and checksums), else 0. */
+static int copyVerifies(const char *dir, int64_t step) {
+    Manifest man;
+    NsaError ignored;
+    return verifyManifest(dir, &man, &ignored) == 0 && man.step == step;
+}
+
+/* Finishes the replacement of step's directory that a kill cut after its
+ * first rename (.step_N.old is there): the new copy - step_N itself once
+ * the second rename is done, else .step_N.tmp - when it verifies, else the
+ * old one, ends up as step_N (each move one rename, so a kill here leaves
+ * a state this finishes too). With neither verifying nothing moves (the
+ * sweep then removes the leftovers). Returns 0, or -1 with err. */
+static int finishReplacement(const char *ck_dir, int64_t step, NsaError *err) {
+    char name[64], final_dir[4096], tmp_dir[4096], old_dir[4096];
+    stepDirName(step, name, sizeof name);
+    if (fsPathf(err, final_dir, sizeof final_dir, "%s/%s", ck_dir, name) != 0 ||
+        fsPathf(err, tmp_dir, sizeof tmp_dir, "%s/.%s.tmp", ck_dir, name) != 0 ||
+        fsPathf(err, old_dir, sizeof old_dir, "%s/.%s.old", ck_dir, name) != 0)
+        return -1;
+    const int has_final = isDir(final_dir);
+    if (has_final ? copyVerifies(final_dir, step) : isDir(tmp_dir) && copyVerifies(tmp_dir, step)) {
+        if (has_final) return 0;
+        if (rename(tmp_dir, final_dir) != 0)
+            return nsaErrorf(err, "rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
+        return fsFsyncDir(ck_dir, err);
+    }
+    if (!copyVerifies(old_dir, step)) return 0;
+    if (has_final && retireStepDir(ck_dir, name, err) != 0) return -1; /* the new one, damaged */
+    if (rename(old_dir, final_dir) != 0)
+        return nsaErrorf(err, "rename %s to %s: %s", old_dir, final_dir, strerror(errno));
+    return fsFsyncDir(ck_dir, err);
+}
+
+/* The steps N of ck_dir's .step_N.old directories into a malloc'd array
+ * (the caller frees; NULL with *n = 0 when none). Returns 0, or -1 with
+ * err. */
+static int listCutReplacements(const char *ck_dir, int64_t **steps_out, size_t *n_out,
+                               NsaError *err) {
+    *steps_out = NULL;
+    *n_out = 0;
+    DIR *d = opendir(ck_dir);
+    if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
+    size_t n = 0, cap = 0;
+    int64_t *steps = NULL;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        char name[64];
+        if (len < 6 + 4 || len - 5 >= sizeof name || strncmp(e->d_name, ".step_", 6) != 0 ||
+            strcmp(e->d_name + len - 4, ".old") != 0)
+            continue;
+        memcpy(name, e->d_name + 1, len - 5); /* ".step_N.old" -> "step_N" */
+        name[len - 5] = '\0';
+        int64_t s = parseStepDir(name);
+        if (s < 0) continue;
+        if (n == cap) {
+            size_t grown_cap = cap ? 2 * cap : 4;
+            int64_t *grown = realloc(steps, grown_cap * sizeof *steps);
+            if (!grown) {
+                rc = nsaErrorf(err, "out of memory listing %s", ck_dir);
+                break;
+            }
+            steps = grown;
+            cap = grown_cap;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    if (rc != 0) {
+        free(steps);
+        return -1;
+    }
+    *steps_out = steps;
+    *n_out = n;
+    return 0;
+}
+
+/* What a kill in the middle of a save or prune left in ck_dir: a
+ * replacement cut between or after its renames is finished
+ * (finishReplacement), `latest` goes back on the step REPLACING_NAME
+ * names, then the leftovers (.step_N.tmp, .old, .del) are removed. Returns
+ * 0, or -1 with err. */
+static int sweepCheckpoints(const char *ck_dir, NsaError *err) {
+    int64_t *cut;
+    size_t n_cut;
+    if (listCutReplacements(ck_dir, &cut, &n_cut, err) != 0) return -1;
+    int rc = 0;
+    for (size_t i = 0; rc == 0 && i < n_cut; i++)
+        rc = finishReplacement(ck_dir, cut[i], err);
+    free(cut);
+    if (rc != 0) return -1;
+    char name[64], path[4096];
+    NsaError ignored;
+    if (readStepName(ck_dir, REPLACING_NAME, name, sizeof name, &ignored) == 1) {
+        if (fsPathf(err, path, sizeof path, "%s/%s", ck_dir, name) != 0) return -1;
+        if (isDir(path) && writeLatest(ck_dir, name, err) != 0) return -1;
+    }
+    if (dropReplacing(ck_dir, err) != 0) return -1;
+    if (fsPathf(err, path, sizeof path, "%s/" REPLACING_NAME ".tmp", ck_dir) != 0) return -1;
+    if (unlink(path) != 0 && errno != ENOENT)
+        return nsaErrorf(err, "remove %s: %s", path, strerror(errno));
+    return sweepLeftovers(ck_dir, err);
+}
+
+int checkpointSweep(const char *out_dir, NsaError *err) {
+    char ck_dir[4096];
+    if (fsPathf(err, ck_dir, sizeof ck_dir, "%s/checkpoints", out_dir) != 0) return -1;
+    if (!isDir(ck_dir)) return 0;
+    return sweepCheckpoints(ck_dir, err);
 }
 
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
@@ -1041,8 +1213,8 @@ int checkpointSaveTensors(const CheckpointTensors *m, const char *out_dir, const
         fsPathf(err, path, sizeof path, "%s/model.safetensors", tmp_dir) != 0)
         return -1;
     if (fsMkdirs(ck_dir, 0755, err) != 0) return -1;
-    /* leftovers of a crash in the middle of an earlier save or prune */
-    if (sweepLeftovers(ck_dir, err) != 0) return -1;
+    /* what a crash in the middle of an earlier save or prune left */
+    if (sweepCheckpoints(ck_dir, err) != 0) return -1;
     if (mkdir(tmp_dir, 0755) != 0) return nsaErrorf(err, "mkdir %s: %s", tmp_dir, strerror(errno));
 
     char step_s[32], pos_s[32], seed_s[32], hash_s[32], tokens_s[32], anomalies_s[32], ranks_s[32];

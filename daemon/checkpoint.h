@@ -122,7 +122,8 @@ typedef struct CheckpointTensors {
  * oldest step_* directories beyond keep_last (<= 0 keeps all; each is
  * renamed away first, so a kill never leaves one half deleted). An
  * existing directory for the same step is replaced without `latest` ever
- * naming a missing directory. model_config_json (may be NULL) goes into
+ * naming a missing directory (a kill in the middle: checkpointSweep, which
+ * each save runs first). model_config_json (may be NULL) goes into
  * model.safetensors' metadata. On success copies the directory path into
  * saved_dir (if not NULL, cap bytes). Returns 0 or -1 with err. */
 int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int keep_last,
@@ -131,6 +132,19 @@ int checkpointSave(NsaModel *m, const char *out_dir, const ResumeState *st, int 
 int checkpointSaveTensors(const CheckpointTensors *src, const char *out_dir, const ResumeState *st,
                           int keep_last, const char *model_config_json, char *saved_dir,
                           size_t cap, NsaError *err);
+
+/* Finishes what a kill in the middle of a save or prune left in
+ * OUT/checkpoints. A replacement of a step's directory where the file
+ * system has no RENAME_EXCHANGE (NFS: two renames, with `latest` moved off
+ * that step meanwhile) cut at any point ends with exactly one complete,
+ * verified copy of the step under its name - the new one once the first
+ * rename was done and it verifies, else the old one - and `latest` back on
+ * it when the replacement had moved it. Then the leftovers (.step_N.tmp,
+ * .old, .del) are removed. Each save runs it first; a resume runs it
+ * before it picks a checkpoint. An out_dir without checkpoints is fine.
+ * Not while another process saves into out_dir. Returns 0, or -1 with
+ * err. */
+int checkpointSweep(const char *out_dir, NsaError *err);
 
 /* Resolves what `--resume` names into a checkpoint directory:
  *   "latest" or NULL   the directory OUT/checkpoints/latest points at;

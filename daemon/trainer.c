@@ -1392,6 +1392,8 @@ static int startRun(Trainer *t, const JobConfig *cfg, const TrainOptions *opt, N
         resumed = t->join->resume;
         if (resumed) snprintf(resumed_from, sizeof resumed_from, "the coordinator's checkpoint");
     } else if (opt->resume) {
+        /* a save a kill cut short first: a step it was replacing is not lost */
+        if (checkpointSweep(t->out_dir, &e) != 0) logWarn("resume: %s", e.message);
         char skipped[1024] = "";
         int found = !strcmp(opt->resume, "latest-valid")
                         ? checkpointResolveValid(t->out_dir, resumed_from, sizeof resumed_from, skipped,

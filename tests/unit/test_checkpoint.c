@@ -890,6 +890,7 @@ typedef struct CrashCase {
     int keep_last;
     int no_exchange;    /* the file system has no RENAME_EXCHANGE */
     int latest_may_vanish; /* no other complete checkpoint exists to point at meanwhile */
+    int replaces;          /* the fixture has the step already, and latest names it */
 } CrashCase;
 
 /* Checks what must hold after any kill: latest, when present, names a
@@ -926,19 +927,73 @@ static void checkAfterKill(const CrashCase *c, const char *dir, long k) {
         fail_msg("%s, kill %ld: no checkpoint left", c->what, k);
 }
 
+/* After a kill, the sweep a resume runs (checkpointSweep), itself killed
+ * at each of its changes in turn until it completes: what checkAfterKill
+ * checks holds after each kill, and at the end nothing is left over and a
+ * step the save was replacing is there once, complete, with latest on it:
+ * the save's copy once the replacement's first rename was done (its
+ * .old exists). Returns the number of kills in the sweep. */
+static long checkAfterSweep(const CrashCase *c, const char *dir, long k) {
+    char ck[1100], final_dir[1200], old_dir[1200], found[1024];
+    snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+    snprintf(final_dir, sizeof final_dir, "%s/step_%08lld", ck, (long long)c->step);
+    snprintf(old_dir, sizeof old_dir, "%s/.step_%08lld.old", ck, (long long)c->step);
+    const int cut = fileExists(old_dir);
+    long kills = 0;
+    for (long j = 0;; j++) {
+        if (j == 100) fail_msg("%s, kill %ld: the sweep never completed", c->what, k);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            NsaError cerr;
+            crash_budget = j;
+            int rc = checkpointSweep(dir, &cerr);
+            if (rc != 0) fprintf(stderr, "sweep: %s\n", cerr.message);
+            _exit(rc == 0 ? 0 : 1);
+        }
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(WIFEXITED(status));
+        int code = WEXITSTATUS(status);
+        if (code != 0 && code != CRASHED) fail_msg("%s, kill %ld: the sweep failed", c->what, k);
+        checkAfterKill(c, dir, k);
+        if (code == 0) break;
+        kills++;
+    }
+    DIR *d = opendir(ck);
+    struct dirent *e;
+    while (d && (e = readdir(d)))
+        if (e->d_name[0] == '.' && strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            fail_msg("%s, kill %ld: %s left after the sweep", c->what, k, e->d_name);
+    if (d) closedir(d);
+    if (!c->replaces) return kills;
+    NsaError err = {{0}};
+    if (checkpointResolve(dir, "latest", found, sizeof found, &err) != 1)
+        fail_msg("%s, kill %ld: latest after the sweep: %s", c->what, k, err.message);
+    if (strcmp(found, final_dir) != 0)
+        fail_msg("%s, kill %ld: latest names %s, not the step being replaced", c->what, k, found);
+    ResumeState got;
+    assert_int_equal(checkpointReadState(final_dir, &got, &err), 0);
+    if (cut && got.anomalies != 7)
+        fail_msg("%s, kill %ld: the old copy was kept; the new one was complete", c->what, k);
+    return kills;
+}
+
 /* Issue 39, items 4 and 7: a kill between the two renames that replace
  * the step directory `latest` names left latest pointing at nothing, and
  * a kill during pruning left an old directory missing a file. Kills the
- * save at each of its file-system changes in turn, until it completes. */
+ * save at each of its file-system changes in turn, until it completes;
+ * after each kill, the sweep must keep the step being replaced
+ * (checkAfterSweep). */
 static void test_checkpoint_survives_a_kill_anywhere(void **state) {
     (void)state;
     const CrashCase cases[] = {
         {.what = "replacing the step latest names", .fixture = fixtureTenTwenty, .step = 20,
-         .keep_last = 0, .no_exchange = 0, .latest_may_vanish = 0},
+         .keep_last = 0, .no_exchange = 0, .latest_may_vanish = 0, .replaces = 1},
         {.what = "replacing it without RENAME_EXCHANGE", .fixture = fixtureTenTwenty, .step = 20,
-         .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 0},
+         .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 0, .replaces = 1},
         {.what = "replacing the only one without RENAME_EXCHANGE", .fixture = fixtureTwenty,
-         .step = 20, .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 1},
+         .step = 20, .keep_last = 0, .no_exchange = 1, .latest_may_vanish = 1, .replaces = 1},
         {.what = "saving and pruning (keep_last 2)", .fixture = fixtureTenTwenty, .step = 30,
          .keep_last = 2, .no_exchange = 0, .latest_may_vanish = 0},
         {.what = "the first save", .fixture = fixtureEmpty, .step = 5, .keep_last = 0,
@@ -947,7 +1002,7 @@ static void test_checkpoint_survives_a_kill_anywhere(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const CrashCase *c = &cases[i];
         int completed = 0;
-        long kills = 0;
+        long kills = 0, sweep_kills = 0;
         for (long k = 0; !completed && k < 200; k++) {
             char *dir = testTempDir("crash");
             NsaModel *m = tinyModel(16, 4);
@@ -984,11 +1039,83 @@ static void test_checkpoint_survives_a_kill_anywhere(void **state) {
             } else {
                 kills++;
             }
+            sweep_kills += checkAfterSweep(c, dir, k);
             testRemoveTree(dir);
             free(dir);
         }
         if (!completed) fail_msg("%s: the save never completed", c->what);
-        print_message("# %s: killed at each of %ld points, then completed\n", c->what, kills);
+        print_message("# %s: killed at each of %ld points, then completed; the sweeps after "
+                      "the kills, killed %ld times in all, then completed\n",
+                      c->what, kills, sweep_kills);
+    }
+}
+
+/* ---- a replacement cut between its two renames --------------------------- */
+
+/* dir/checkpoints/<name> */
+static void ckPath(char *out, size_t cap, const char *dir, const char *name) {
+    snprintf(out, cap, "%s/checkpoints/%s", dir, name);
+}
+
+/* A complete copy of step 20 from other weights (anomalies 7, the mark of
+ * the new copy) left as dir's .step_00000020.tmp, as a save makes it. */
+static void newCopyAsTmp(const char *dir) {
+    char *other = testTempDir("cut-new");
+    NsaModel *m = tinyModel(16, 5);
+    NsaError err = {{0}};
+    ResumeState rs = {.step = 20, .seed = 1, .config_hash = 5, .anomalies = 7};
+    char saved[1024], tmp[1200];
+    if (checkpointSave(m, other, &rs, 0, NULL, saved, sizeof saved, &err) != 0)
+        fail_msg("%s", err.message);
+    ckPath(tmp, sizeof tmp, dir, ".step_00000020.tmp");
+    assert_int_equal(rename(saved, tmp), 0);
+    nsaModelFree(m);
+    testRemoveTree(other);
+    free(other);
+}
+
+/* Where the file system has no RENAME_EXCHANGE, replacing step_N takes two
+ * renames: step_N to .step_N.old, then .step_N.tmp to step_N. A kill
+ * between them left only .old and the new .tmp, and the next save's sweep
+ * removed both: the step was gone. The sweep now finishes the
+ * replacement: the new copy when it verifies, else the old one. */
+static void test_checkpoint_cut_replacement_keeps_the_step(void **state) {
+    (void)state;
+    for (int damaged = 0; damaged < 2; damaged++) {
+        char *dir = testTempDir("cut");
+        NsaModel *m = tinyModel(16, 4);
+        saveSteps(m, dir, (const int64_t[]){10, 20}, 2);
+        newCopyAsTmp(dir);
+        char final_dir[1200], old_dir[1200], tmp_dir[1200], path[1400];
+        ckPath(final_dir, sizeof final_dir, dir, "step_00000020");
+        ckPath(old_dir, sizeof old_dir, dir, ".step_00000020.old");
+        ckPath(tmp_dir, sizeof tmp_dir, dir, ".step_00000020.tmp");
+        if (damaged) { /* the new copy's weights, one byte off */
+            snprintf(path, sizeof path, "%s/model.safetensors", tmp_dir);
+            size_t len;
+            unsigned char *bytes = readFile(path, &len);
+            bytes[len - 1] ^= 0x40;
+            writeBytes(path, bytes, len);
+            free(bytes);
+        }
+        assert_int_equal(rename(final_dir, old_dir), 0); /* the first rename, then the kill */
+
+        /* the next save sweeps first */
+        NsaError err = {{0}};
+        ResumeState rs = {.step = 30, .seed = 1, .config_hash = 5};
+        if (checkpointSave(m, dir, &rs, 0, NULL, NULL, 0, &err) != 0)
+            fail_msg("save: %s", err.message);
+        if (!fileExists(final_dir)) fail_msg("damaged=%d: step_00000020 is gone", damaged);
+        if (checkpointVerify(final_dir, &err) != 0)
+            fail_msg("damaged=%d: %s", damaged, err.message);
+        ResumeState got;
+        assert_int_equal(checkpointReadState(final_dir, &got, &err), 0);
+        assert_int_equal(got.anomalies, damaged ? 0 : 7); /* the new copy, unless it is damaged */
+        assert_false(fileExists(old_dir));
+        assert_false(fileExists(tmp_dir));
+        nsaModelFree(m);
+        testRemoveTree(dir);
+        free(dir);
     }
 }
 
@@ -1006,6 +1133,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_latest_valid_falls_back),
         cmocka_unit_test(test_checkpoint_odd_files),
         cmocka_unit_test(test_checkpoint_survives_a_kill_anywhere),
+        cmocka_unit_test(test_checkpoint_cut_replacement_keeps_the_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -852,6 +852,43 @@ static void test_damaged_checkpoint_is_refused_or_skipped(void **state) {
     free(dir);
 }
 
+/* A kill cut the NFS replacement of step 8 (no RENAME_EXCHANGE) between
+ * its renames: latest moved to step 4 and .replacing written, step_8 renamed
+ * to .step_00000008.old, the new copy still .step_00000008.tmp. The resume
+ * sweeps first: it finishes the replacement and resumes from step 8, not
+ * from step 4 with step 8 lost. */
+static void test_resume_finishes_a_cut_replacement(void **state) {
+    (void)state;
+    JobConfig cfg;
+    loadSmallJob(&cfg, 0);
+    char *dir = testTempDir("train");
+    TrainResult res;
+    NsaError err;
+    HookCtx h = {.at_step = 8, .action = HOOK_HALT_REQUEST}; /* checkpoints at 4 and 8 */
+    assert_int_equal(runJob(&cfg, dir, NULL, &h, &res, &err), 0);
+    assert_int_equal(res.step, 8);
+    char cmd[1200], ck[512];
+    snprintf(ck, sizeof ck, "%s/checkpoints", dir);
+    snprintf(cmd, sizeof cmd, "cp -r '%s/step_00000008' '%s/.step_00000008.tmp'", ck, ck);
+    assert_int_equal(system(cmd), 0);
+    writeText(ck, ".replacing", "step_00000008\n");
+    writeText(ck, "latest", "step_00000004\n");
+    snprintf(cmd, sizeof cmd, "mv '%s/step_00000008' '%s/.step_00000008.old'", ck, ck);
+    assert_int_equal(system(cmd), 0);
+
+    HookCtx h2 = {0};
+    if (runJob(&cfg, dir, "latest-valid", &h2, &res, &err) != 0)
+        fail_msg("resume: %s", err.message);
+    assert_int_equal(res.outcome, TRAIN_COMPLETED);
+    assert_int_equal(res.step, 12);
+    assert_int_equal(h2.samples, 4); /* steps 9..12: resumed from 8 */
+    assert_false(fileIn(ck, ".step_00000008.old"));
+    assert_false(fileIn(ck, ".step_00000008.tmp"));
+    assert_false(fileIn(ck, ".replacing"));
+    testRemoveTree(dir);
+    free(dir);
+}
+
 static void test_halt_file_stops_with_checkpoint(void **state) {
     (void)state;
     JobConfig cfg;
@@ -1282,6 +1319,7 @@ int main(void) {
         cmocka_unit_test(test_train_real_text_loss_falls),
         cmocka_unit_test(test_resume_is_bit_identical),
         cmocka_unit_test(test_damaged_checkpoint_is_refused_or_skipped),
+        cmocka_unit_test(test_resume_finishes_a_cut_replacement),
         cmocka_unit_test(test_halt_file_stops_with_checkpoint),
         cmocka_unit_test(test_stop_now_skips_checkpoint),
         cmocka_unit_test(test_nan_policy_halt_loss),
