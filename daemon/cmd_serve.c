@@ -10,6 +10,7 @@
  * every active run checkpoints and stays active on disk, so the next
  * start resumes it; signals.h says what every other signal does. */
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <signal.h>
 #include <stddef.h>
@@ -28,8 +29,8 @@
 #include "infer.h"
 #include "log.h"
 #include "mfu.h"
-#include "runlog.h"
 #include "paths.h"
+#include "runlog.h"
 #include "sdnotify.h"
 #include "server.h"
 #include "service.h"
@@ -38,6 +39,7 @@
 #include "statelock.h"
 #include "watchdog.h"
 #include "yamllimit.h"
+#include "yamlscalar.h"
 
 #define DEFAULT_CONFIG "/etc/nsad/nsad.yaml"
 #define DEFAULT_LISTEN "127.0.0.1:8470"
@@ -154,6 +156,42 @@ static const struct {
     {"model_keep_s", 0, 86400, offsetof(ServeOptions, model_keep_s)},
 };
 
+/* The other settings: the core YAML tags each takes in the config file
+ * (yamlTagApply) and what it takes, for messages. */
+static const struct {
+    const char *key;
+    int tags;
+    const char *allowed;
+} otherSettings[] = {
+    {"listen", YTAG_STR, "ADDR:PORT or none"},
+    {"socket", YTAG_STR, "a path or none"},
+    {"state_dir", YTAG_STR, "a directory"},
+    {"web_root", YTAG_STR, "a directory"},
+    {"token_file", YTAG_STR, "a file path"},
+    {"auth", YTAG_BOOL | YTAG_STR, "true or false"},
+    {"allow_hosts", YTAG_STR | YTAG_SEQ, "a host name or a list of them"},
+    {"peak_tflops", YTAG_INT | YTAG_FLOAT,
+     "a number of TFLOP/s above 0 (one GPU's dense bf16 rate)"},
+    {"log_level", YTAG_STR, "error, warning, notice, info or debug"},
+};
+
+/* What key takes, for messages, into out, and the core tags it takes in the
+ * config file. Returns them, or -1 for an unknown key. */
+static int settingRule(const char *key, char *out, size_t cap) {
+    for (size_t i = 0; i < sizeof intSettings / sizeof intSettings[0]; i++)
+        if (!strcmp(key, intSettings[i].key)) {
+            snprintf(out, cap, "an integer from %lld to %lld", intSettings[i].lo,
+                     intSettings[i].hi);
+            return YTAG_INT;
+        }
+    for (size_t i = 0; i < sizeof otherSettings / sizeof otherSettings[0]; i++)
+        if (!strcmp(key, otherSettings[i].key)) {
+            snprintf(out, cap, "%s", otherSettings[i].allowed);
+            return otherSettings[i].tags;
+        }
+    return -1;
+}
+
 static int copyValue(char *dst, size_t cap, const char *v) {
     return snprintf(dst, cap, "%s", v) >= (int)cap ? -1 : 0;
 }
@@ -170,27 +208,23 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
                          flag, v, intSettings[i].lo, intSettings[i].hi);
     }
     int bad = 0;
-    const char *allowed = "";
+    char rule[200] = "";
+    settingRule(key, rule, sizeof rule);
+    const char *allowed = rule;
     char hosts[64];
     if (!strcmp(key, "listen")) {
         bad = copyValue(o->listen, sizeof o->listen, v);
-        allowed = "ADDR:PORT or none";
     } else if (!strcmp(key, "socket")) {
         bad = copyValue(o->socket, sizeof o->socket, v);
-        allowed = "a path or none";
     } else if (!strcmp(key, "state_dir")) {
         bad = copyValue(o->state_dir, sizeof o->state_dir, v) || !*v;
-        allowed = "a directory";
     } else if (!strcmp(key, "web_root")) {
         bad = copyValue(o->web_root, sizeof o->web_root, v) || !*v;
-        allowed = "a directory";
     } else if (!strcmp(key, "token_file")) {
         bad = copyValue(o->token_file, sizeof o->token_file, v) || !*v;
-        allowed = "a file path";
     } else if (!strcmp(key, "auth")) {
         bad = strcmp(v, "true") && strcmp(v, "false");
         o->no_auth = !strcmp(v, "false");
-        allowed = "true or false";
     } else if (!strcmp(key, "allow_hosts")) {
         bad = o->n_allow_hosts == SERVER_MAX_ALLOW_HOSTS || !*v ||
               copyValue(o->allow_hosts[o->n_allow_hosts], sizeof o->allow_hosts[0], v);
@@ -203,12 +237,10 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
         double t = strtod(v, &end);
         bad = !*v || *end || errno || !(t > 0) || t > 1e6;
         if (!bad) o->peak_tflops = t;
-        allowed = "a number of TFLOP/s above 0 (one GPU's dense bf16 rate)";
     } else if (!strcmp(key, "log_level")) {
         int level = parseLogLevel(v);
         bad = level < 0;
         if (!bad) o->log_level = level;
-        allowed = "error, warning, notice, info or debug";
     } else {
         nsaErrorf(
             err,
@@ -226,8 +258,43 @@ static int applySetting(ServeOptions *o, const char *key, const char *v, const c
     return 0;
 }
 
+/* A value as messages show it: its text (quoted when it was), or "a list",
+ * "a mapping". */
+static void showNode(const yaml_node_t *node, char *out, size_t cap) {
+    if (node->type != YAML_SCALAR_NODE)
+        snprintf(out, cap, "%s", node->type == YAML_SEQUENCE_NODE ? "a list" : "a mapping");
+    else if (node->data.scalar.style == YAML_PLAIN_SCALAR_STYLE)
+        snprintf(out, cap, "%.100s", (const char *)node->data.scalar.value);
+    else
+        snprintf(out, cap, "\"%.100s\"", (const char *)node->data.scalar.value);
+}
+
+/* The YAML rules a job config keeps too (yamlscalar.h), for one value of
+ * key (at: "FILE:LINE: "), which takes the core tags in kinds: its tag
+ * honoured or refused, and a number with a leading zero or too small to
+ * keep refused. Returns 0 or -1 with err. */
+static int checkValue(const YamlTagList *tags, yaml_node_t *node, const char *at, const char *key,
+                      int kinds, const char *allowed, NsaError *err) {
+    char shown[220], plain[128], octal[32];
+    showNode(node, shown, sizeof shown);
+    if (yamlTagApply(tags, node, at, key, shown, kinds, allowed, err) != 0) return -1;
+    if (node->type != YAML_SCALAR_NODE || node->data.scalar.style != YAML_PLAIN_SCALAR_STYLE ||
+        !(kinds & (YTAG_INT | YTAG_FLOAT)))
+        return 0;
+    const char *text = (const char *)node->data.scalar.value;
+    if (yamlLeadingZero(text, plain, sizeof plain, octal, sizeof octal))
+        return yamlLeadingZeroError(err, at, key, shown, allowed, plain, octal);
+    if (!(kinds & YTAG_FLOAT) || strspn(text, "0123456789+-.eE") != strlen(text)) return 0;
+    double v = strtod(text, NULL);
+    if (yamlTooSmall(text, v, DBL_MIN))
+        return yamlTooSmallError(err, at, key, shown, allowed, v, DBL_MIN);
+    return 0;
+}
+
 /* Reads the daemon config: a YAML mapping of the keys applySetting knows
- * (allow_hosts may be a list). Returns 0 or -1 with err. */
+ * (allow_hosts may be a list), held to the job config's YAML rules
+ * (checkValue). Messages start "FILE:LINE: KEY: ". Returns 0 or -1 with
+ * err. */
 static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
     size_t len = 0;
     char *text = fsReadRegular(path, YAML_LIMIT_BYTES, &len, err);
@@ -236,9 +303,11 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
         free(text);
         return -1;
     }
+    YamlTagList tags = {0};
     yaml_parser_t parser;
     yaml_document_t doc;
-    if (!yaml_parser_initialize(&parser)) {
+    if (yamlTagsCollect(text, len, &tags) != 0 || !yaml_parser_initialize(&parser)) {
+        yamlTagsFree(&tags);
         free(text);
         nsaErrorf(err, "%.300s: out of memory", path);
         return -1;
@@ -249,11 +318,20 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
         nsaErrorf(err, "%.300s line %zu: %s", path, parser.problem_mark.line + 1,
                   parser.problem ? parser.problem : "YAML syntax error");
         yaml_parser_delete(&parser);
+        yamlTagsFree(&tags);
         free(text);
         return -1;
     }
     yaml_node_t *root = yaml_document_get_root_node(&doc);
-    if (root && root->type != YAML_MAPPING_NODE) {
+    char at[340], root_shown[220];
+    if (root) {
+        snprintf(at, sizeof at, "%.300s:%zu: ", path, root->start_mark.line + 1);
+        showNode(root, root_shown, sizeof root_shown);
+    }
+    if (root && yamlTagApply(&tags, root, at, "config", root_shown, YTAG_MAP,
+                             "a mapping of settings", err) != 0) {
+        rc = -1;
+    } else if (root && root->type != YAML_MAPPING_NODE) {
         nsaErrorf(err, "%.300s: the top level must be a mapping of settings", path);
         rc = -1;
     }
@@ -267,13 +345,28 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
             break;
         }
         const char *key = (const char *)k->data.scalar.value;
-        char flag[300];
-        snprintf(flag, sizeof flag, "%.200s: %.80s", path, key);
+        char flag[440], allowed[200], shown[220];
+        snprintf(at, sizeof at, "%.300s:%zu: ", path, k->start_mark.line + 1);
+        snprintf(flag, sizeof flag, "%s%.80s", at, key);
+        showNode(k, shown, sizeof shown);
+        if (yamlTagApply(&tags, k, at, key, shown, YTAG_STR, "a setting name", err) != 0) {
+            rc = -1;
+            break;
+        }
+        int kinds = settingRule(key, allowed, sizeof allowed);
+        if (v) snprintf(at, sizeof at, "%.300s:%zu: ", path, v->start_mark.line + 1);
+        if (kinds >= 0 && v && checkValue(&tags, v, at, key, kinds, allowed, err) != 0) {
+            rc = -1;
+            break;
+        }
         if (v && v->type == YAML_SEQUENCE_NODE && !strcmp(key, "allow_hosts")) {
             for (yaml_node_item_t *it = v->data.sequence.items.start;
                  it < v->data.sequence.items.top && rc == 0; it++) {
                 yaml_node_t *item = yaml_document_get_node(&doc, *it);
-                rc = item && item->type == YAML_SCALAR_NODE
+                if (item) snprintf(at, sizeof at, "%.300s:%zu: ", path, item->start_mark.line + 1);
+                rc = item && checkValue(&tags, item, at, key, YTAG_STR, "a host name", err) != 0
+                         ? -1
+                     : item && item->type == YAML_SCALAR_NODE
                          ? applySetting(o, key, (const char *)item->data.scalar.value, flag, err)
                          : nsaErrorf(err, "%s: list items must be host names", flag);
             }
@@ -284,8 +377,10 @@ static int loadDaemonConfig(ServeOptions *o, const char *path, NsaError *err) {
             rc = -1;
         }
     }
+    if (rc == 0) rc = yamlTagsUnread(&tags, path, err);
     yaml_document_delete(&doc);
     yaml_parser_delete(&parser);
+    yamlTagsFree(&tags);
     free(text);
     return rc;
 }

@@ -12,13 +12,14 @@
  * their text (an int key takes 64 but not "64", 6.4 or 1e3); quoted scalars
  * are strings. A number with a leading zero (010: octal in YAML 1.1,
  * decimal in 1.2) and a nonzero number too small for its field (1e-400)
- * are errors. Tags are read from the text (tagsCollect: the document
+ * are errors. Tags are read from the text (yamlTagsCollect: the document
  * loses which were written): a core-schema tag the key takes is the
  * value's type (!!int "3" is 3), any other tag an error (tagApply). */
 #include "config.h"
 #include "fsutil.h"
 #include "strbuf.h"
 #include "yamllimit.h"
+#include "yamlscalar.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -406,29 +407,11 @@ void configDefaults(JobConfig *cfg) {
 
 /* ---- scalar parsing -------------------------------------------------------------- */
 
-/* The tags a config's text names. libyaml's document gives every node a
- * tag, the implicit ones included (a plain 5 and `!!str 5` both read
- * tag:yaml.org,2002:str there), so an event pass over the text collects the
- * written ones (tagsCollect) and the walk finds them again by where their
- * node starts. */
-typedef struct TagMark {
-    size_t index;          /* the node's start_mark.index */
-    yaml_node_type_t type; /* a scalar's, a mapping's or a list's */
-    size_t line;
-    int used;  /* the walk has read the node */
-    char *tag; /* as libyaml resolved it: tag:yaml.org,2002:int, !foo */
-} TagMark;
-
-typedef struct TagList {
-    TagMark *marks; /* in the order of the text */
-    size_t len, cap;
-} TagList;
-
 /* Where a node sits, for messages: "FILE:LINE: " or "line LINE: ". */
 typedef struct Source {
     const char *path; /* NULL for strings */
     int model_only;   /* a model config: the model and nsa sections alone */
-    TagList *tags;    /* the tags the text names; NULL: none */
+    YamlTagList *tags; /* the tags the text names; NULL: none */
 } Source;
 
 static void where(const Source *src, const yaml_node_t *node, char *out, size_t cap) {
@@ -478,18 +461,10 @@ static int isNull(const yaml_node_t *node) {
     return !*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") || !strcmp(v, "NULL");
 }
 
-/* YAML allows '_' between digits (1_000_000); strtoll does not. */
-static void stripUnderscores(const char *in, char *out, size_t cap) {
-    size_t n = 0;
-    for (; *in && n + 1 < cap; in++)
-        if (*in != '_') out[n++] = *in;
-    out[n] = '\0';
-}
-
 static int parseInteger(const char *text, int64_t *out) {
     char buf[64];
     if (strlen(text) >= sizeof buf) return -1;
-    stripUnderscores(text, buf, sizeof buf);
+    yamlStripUnderscores(text, buf, sizeof buf);
     const char *p = buf;
     if (*p == '+') p++;
     if (!*p) return -1;
@@ -506,7 +481,7 @@ static int parseInteger(const char *text, int64_t *out) {
 static int parseUnsigned(const char *text, uint64_t *out) {
     char buf[64];
     if (strlen(text) >= sizeof buf) return -1;
-    stripUnderscores(text, buf, sizeof buf);
+    yamlStripUnderscores(text, buf, sizeof buf);
     const char *p = buf + (buf[0] == '+');
     if (!*p) return -1;
     for (const char *q = p; *q; q++)
@@ -521,7 +496,7 @@ static int parseUnsigned(const char *text, uint64_t *out) {
 static int parseReal(const char *text, double *out) {
     char buf[128];
     if (strlen(text) >= sizeof buf) return -1;
-    stripUnderscores(text, buf, sizeof buf);
+    yamlStripUnderscores(text, buf, sizeof buf);
     if (!buf[0]) return -1;
     /* strtod would also take "nan", "inf" and hex floats: only decimal here */
     for (const char *q = buf; *q; q++)
@@ -558,185 +533,6 @@ static int inRange(const ConfigKey *k, double v) {
     return 1;
 }
 
-/* A number written with a leading zero: 010, -007, 0_10, 010e2 (not 0, 0.5
- * or 00.5, which every YAML reads alike). YAML 1.1 - PyYAML, the
- * prototype's loader - reads 010 as octal 8, YAML 1.2 as decimal 10, so
- * nsad takes neither. Returns 1 and writes the number without its leading
- * zeros to plain (and, when the digits are octal ones, what YAML 1.1 reads,
- * to octal; else ""), or 0. */
-static int leadingZero(const char *text, char *plain, size_t plain_cap, char *octal,
-                       size_t octal_cap) {
-    char buf[128];
-    if (strlen(text) >= sizeof buf) return 0;
-    stripUnderscores(text, buf, sizeof buf);
-    const char *p = buf + (buf[0] == '+' || buf[0] == '-');
-    if (p[0] != '0' || !isdigit((unsigned char)p[1]) || strspn(p, "0123456789eE+-") != strlen(p))
-        return 0; /* not a number, or one with a fraction */
-    const char *digits = p;
-    while (digits[0] == '0' && isdigit((unsigned char)digits[1]))
-        digits++;
-    snprintf(plain, plain_cap, "%s%.100s", buf[0] == '-' ? "-" : "", digits);
-    octal[0] = '\0';
-    errno = 0;
-    long long v = strspn(p, "01234567") == strlen(p) ? strtoll(p, NULL, 8) : -1;
-    if (v >= 0 && errno != ERANGE)
-        snprintf(octal, octal_cap, "%s%lld", buf[0] == '-' ? "-" : "", v);
-    return 1;
-}
-
-/* Whether a decimal number's digits (those before any exponent) are all
- * zeros: 0, 0.0, -0e5. */
-static int zeroLiteral(const char *text) {
-    for (; *text && *text != 'e' && *text != 'E'; text++)
-        if (*text >= '1' && *text <= '9') return 0;
-    return 1;
-}
-
-/* "FILE:LINE: section.key: 010 has a leading zero ...", with what each
- * YAML makes of it where they differ (leadingZero's plain and octal). */
-static int leadingZeroError(NsaError *err, const char *at, const char *name, const char *shown,
-                            const char *allowed, const char *plain, const char *octal) {
-    if (octal[0] && strcmp(octal, plain))
-        return nsaErrorf(
-            err,
-            "%s%s: %s has a leading zero: YAML 1.1 reads it as octal (%s), YAML 1.2 as "
-            "decimal (%s); allowed: %s, written without leading zeros (%s, or %s if octal "
-            "was meant)",
-            at, name, shown, octal, plain, allowed, plain, octal);
-    return nsaErrorf(
-        err,
-        "%s%s: %s has a leading zero, which YAML 1.1 reads as octal or as a string and "
-        "YAML 1.2 as decimal; allowed: %s, written without leading zeros (%s)",
-        at, name, shown, allowed, plain);
-}
-
-/* ---- tags ---------------------------------------------------------------------- */
-
-/* YAML's core schema tags, as a set: what a key takes. */
-enum {
-    TAG_STR = 1,
-    TAG_INT = 2,
-    TAG_FLOAT = 4,
-    TAG_BOOL = 8,
-    TAG_NULL = 16,
-    TAG_MAP = 32,
-    TAG_SEQ = 64
-};
-
-static const struct CoreTag {
-    const char *name; /* after tag:yaml.org,2002: (written !!name) */
-    int kind;
-    const char *noun; /* what the tag makes the value */
-} coreTags[] = {{"str", TAG_STR, "a string"},    {"int", TAG_INT, "an integer"},
-                {"float", TAG_FLOAT, "a float"}, {"bool", TAG_BOOL, "a boolean"},
-                {"null", TAG_NULL, "null"},      {"map", TAG_MAP, "a mapping"},
-                {"seq", TAG_SEQ, "a list"}};
-#define N_CORE_TAGS (sizeof coreTags / sizeof coreTags[0])
-#define CORE_TAG_PREFIX "tag:yaml.org,2002:"
-
-static void tagsFree(TagList *tags) {
-    for (size_t i = 0; i < tags->len; i++)
-        free(tags->marks[i].tag);
-    free(tags->marks);
-}
-
-/* Collects the tags written in the first document of text into tags (free
- * with tagsFree). Returns 0, or -1 out of memory. A syntax error ends the
- * pass quietly: the document load reports it with its place. */
-static int tagsCollect(const char *text, size_t len, TagList *tags) {
-    yaml_parser_t parser;
-    if (!yaml_parser_initialize(&parser)) return -1;
-    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
-    int rc = 0;
-    for (int done = 0; !done && rc == 0;) {
-        yaml_event_t ev;
-        if (!yaml_parser_parse(&parser, &ev)) break;
-        const yaml_char_t *tag = NULL;
-        yaml_node_type_t type = YAML_NO_NODE;
-        if (ev.type == YAML_SCALAR_EVENT) {
-            tag = ev.data.scalar.tag;
-            type = YAML_SCALAR_NODE;
-        } else if (ev.type == YAML_MAPPING_START_EVENT) {
-            tag = ev.data.mapping_start.tag;
-            type = YAML_MAPPING_NODE;
-        } else if (ev.type == YAML_SEQUENCE_START_EVENT) {
-            tag = ev.data.sequence_start.tag;
-            type = YAML_SEQUENCE_NODE;
-        }
-        done = ev.type == YAML_DOCUMENT_END_EVENT || ev.type == YAML_STREAM_END_EVENT;
-        if (tag) {
-            if (tags->len == tags->cap) {
-                size_t cap = tags->cap ? tags->cap * 2 : 16;
-                TagMark *m = realloc(tags->marks, cap * sizeof *m);
-                if (m) {
-                    tags->marks = m;
-                    tags->cap = cap;
-                }
-            }
-            char *copy = tags->len < tags->cap ? strdup((const char *)tag) : NULL;
-            if (copy)
-                tags->marks[tags->len++] =
-                    (TagMark){ev.start_mark.index, type, ev.start_mark.line + 1, 0, copy};
-            else
-                rc = -1;
-        }
-        yaml_event_delete(&ev);
-    }
-    yaml_parser_delete(&parser);
-    return rc;
-}
-
-/* The tag written on node, or NULL. */
-static TagMark *tagOf(const Source *src, const yaml_node_t *node) {
-    if (!src->tags || !node) return NULL;
-    const TagList *t = src->tags;
-    size_t lo = 0, hi = t->len; /* the first mark at or after the node's start */
-    while (lo < hi) {
-        size_t mid = lo + (hi - lo) / 2;
-        if (t->marks[mid].index < node->start_mark.index)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    /* a block mapping starts where its first key does */
-    for (; lo < t->len && t->marks[lo].index == node->start_mark.index; lo++)
-        if (t->marks[lo].type == node->type) return &t->marks[lo];
-    return NULL;
-}
-
-/* The core tag a written tag is (TAG_*), or 0 for any other. The
- * non-specific "!" is the node's own kind: a string for a scalar. */
-static int tagKind(const TagMark *m) {
-    if (!strcmp(m->tag, "!"))
-        return m->type == YAML_MAPPING_NODE    ? TAG_MAP
-               : m->type == YAML_SEQUENCE_NODE ? TAG_SEQ
-                                               : TAG_STR;
-    if (strncmp(m->tag, CORE_TAG_PREFIX, strlen(CORE_TAG_PREFIX))) return 0;
-    for (size_t i = 0; i < N_CORE_TAGS; i++)
-        if (!strcmp(m->tag + strlen(CORE_TAG_PREFIX), coreTags[i].name)) return coreTags[i].kind;
-    return 0;
-}
-
-/* A tag as it is written: !!int for tag:yaml.org,2002:int, else itself. */
-static void tagShort(const TagMark *m, char *out, size_t cap) {
-    if (!strncmp(m->tag, CORE_TAG_PREFIX, strlen(CORE_TAG_PREFIX)))
-        snprintf(out, cap, "!!%.40s", m->tag + strlen(CORE_TAG_PREFIX));
-    else
-        snprintf(out, cap, "%.60s", m->tag);
-}
-
-/* "untagged or tagged !!int or !!float" for a set of core tags. */
-static void tagsAllowed(int kinds, char *out, size_t cap) {
-    size_t n = (size_t)snprintf(out, cap, "untagged");
-    int first = 1;
-    for (size_t i = 0; i < N_CORE_TAGS && n < cap; i++) {
-        if (!(kinds & coreTags[i].kind)) continue;
-        n += (size_t)snprintf(out + n, cap - n, "%s!!%s", first ? " or tagged " : " or ",
-                              coreTags[i].name);
-        first = 0;
-    }
-}
-
 /* Honours the tag written on node, if any, for `name` (section.key), which
  * takes the core tags in `kinds` and `what` (for messages). A core tag the
  * key takes is the value's type whatever its quoting: !!str reads the value
@@ -748,56 +544,11 @@ static void tagsAllowed(int kinds, char *out, size_t cap) {
  * with err. */
 static int tagApply(const Source *src, yaml_node_t *node, const char *name, int kinds,
                     const char *what, NsaError *err) {
-    TagMark *m = tagOf(src, node);
-    if (!m) return 0;
-    m->used = 1;
-    char at[CONFIG_PATH_MAX + 32], tag[80], value[128], shown[220], allowed[200];
+    if (!yamlTagOf(src->tags, node)) return 0;
+    char at[CONFIG_PATH_MAX + 32], value[128];
     where(src, node, at, sizeof at);
-    tagShort(m, tag, sizeof tag);
     showValue(node, value, sizeof value);
-    snprintf(shown, sizeof shown, "%s %s", tag, value);
-    tagsAllowed(kinds, allowed, sizeof allowed);
-    int kind = tagKind(m);
-    int scalar = node->type == YAML_SCALAR_NODE;
-    if (!kind)
-        return nsaErrorf(err, "%s%s: %s: the tag %s is not supported; allowed: %s, %s", at, name,
-                         shown, tag, what, allowed);
-    if (scalar == ((kind & (TAG_MAP | TAG_SEQ)) != 0) ||
-        (kind == TAG_MAP && node->type != YAML_MAPPING_NODE) ||
-        (kind == TAG_SEQ && node->type != YAML_SEQUENCE_NODE))
-        return nsaErrorf(err, "%s%s: %s: the tag %s does not fit %s; allowed: %s, %s", at, name,
-                         shown, tag,
-                         scalar                            ? "a scalar"
-                         : node->type == YAML_MAPPING_NODE ? "a mapping"
-                                                           : "a list",
-                         what, allowed);
-    const char *noun = "";
-    for (size_t i = 0; i < N_CORE_TAGS; i++)
-        if (coreTags[i].kind == kind) noun = coreTags[i].noun;
-    if (!(kinds & kind))
-        return nsaErrorf(err, "%s%s: %s is tagged %s; allowed: %s, %s", at, name, shown, noun, what,
-                         allowed);
-    if (!scalar) return 0;
-    const char *text = (const char *)node->data.scalar.value;
-    int fits = 1;
-    if (kind == TAG_INT) {
-        const char *p = text + (text[0] == '+' || text[0] == '-');
-        fits = strspn(p, "0123456789_") == strlen(p) && strpbrk(p, "0123456789");
-    } else if (kind == TAG_BOOL) {
-        static const char *const bools[] = {"true", "false", "yes", "no", "on", "off", NULL};
-        fits = 0;
-        for (int i = 0; bools[i]; i++)
-            fits |= !strcasecmp(text, bools[i]);
-    } else if (kind == TAG_NULL) {
-        fits = !*text || !strcmp(text, "~") || !strcmp(text, "null") || !strcmp(text, "Null") ||
-               !strcmp(text, "NULL");
-    }
-    if (!fits)
-        return nsaErrorf(err, "%s%s: %s is not %s, as its tag says; allowed: %s, %s", at, name,
-                         shown, noun, what, allowed);
-    node->data.scalar.style =
-        kind == TAG_STR ? YAML_SINGLE_QUOTED_SCALAR_STYLE : YAML_PLAIN_SCALAR_STYLE;
-    return 0;
+    return yamlTagApply(src->tags, node, at, name, value, kinds, what, err);
 }
 
 /* The core tags a key takes, and what it takes, for tagApply. */
@@ -807,27 +558,27 @@ static int keyTags(const ConfigKey *k, char *what, size_t cap) {
     case KEY_INT64:
     case KEY_UINT64:
         describeRange(k, what, cap);
-        return TAG_INT;
+        return YTAG_INT;
     case KEY_DOUBLE:
     case KEY_FLOAT:
         describeRange(k, what, cap);
-        return TAG_INT | TAG_FLOAT;
+        return YTAG_INT | YTAG_FLOAT;
     case KEY_STRING:
         snprintf(what, cap, "a string");
-        return TAG_STR | TAG_NULL;
+        return YTAG_STR | YTAG_NULL;
     case KEY_ENUM: {
         int v;
         enumList(k->names, what, cap);
         if (k->names == device_names || k->names == precision_names)
             snprintf(what + strlen(what), cap - strlen(what), ", auto");
-        return TAG_STR | (lookupEnum(k->names, "true", &v) == 0 ? TAG_BOOL : 0);
+        return YTAG_STR | (lookupEnum(k->names, "true", &v) == 0 ? YTAG_BOOL : 0);
     }
     case KEY_GPUS:
         snprintf(what, cap, "all, a GPU count or a list of ordinals");
-        return TAG_INT | TAG_STR | TAG_SEQ;
+        return YTAG_INT | YTAG_STR | YTAG_SEQ;
     case KEY_NODES:
         snprintf(what, cap, "a list of HOST:PORT addresses");
-        return TAG_STR | TAG_SEQ | TAG_NULL;
+        return YTAG_STR | YTAG_SEQ | YTAG_NULL;
     }
     snprintf(what, cap, "a value");
     return 0;
@@ -855,8 +606,8 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
                             is_real ? "a number" : "an integer", allowed);
         char name[80], plain[128], octal[32];
         snprintf(name, sizeof name, "%s.%s", k->section, k->key);
-        if (leadingZero(text, plain, sizeof plain, octal, sizeof octal))
-            return leadingZeroError(err, at, name, shown, allowed, plain, octal);
+        if (yamlLeadingZero(text, plain, sizeof plain, octal, sizeof octal))
+            return yamlLeadingZeroError(err, at, name, shown, allowed, plain, octal);
         double v;
         int rc;
         if (k->type == KEY_UINT64) {
@@ -888,14 +639,8 @@ static int applyKey(JobConfig *cfg, const ConfigKey *k, const yaml_node_t *node,
          * float key's 1e-50 becomes 0 when stored */
         double smallest = k->type == KEY_FLOAT ? FLT_MIN : DBL_MIN;
         double stored = k->type == KEY_FLOAT ? (double)(float)v : v;
-        if (rc == 0 && is_real && fabs(stored) < smallest && !zeroLiteral(text)) {
-            char as[64] = "0";
-            if (stored != 0) snprintf(as, sizeof as, "the subnormal %g, losing precision", stored);
-            return nsaErrorf(err,
-                             "%s%s.%s: %s is too small: it would be stored as %s; allowed: %s, "
-                             "and if not 0 at least %g in magnitude",
-                             at, k->section, k->key, shown, as, allowed, smallest);
-        }
+        if (rc == 0 && is_real && yamlTooSmall(text, stored, smallest))
+            return yamlTooSmallError(err, at, name, shown, allowed, stored, smallest);
         if (rc == -2 || !inRange(k, v))
             return nsaErrorf(err, "%s%s.%s: %s is out of range; allowed: %s", at, k->section, k->key,
                             shown, allowed);
@@ -963,16 +708,16 @@ static int applyGpus(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *no
              it < node->data.sequence.items.top; it++) {
             yaml_node_t *item = yaml_document_get_node(doc, *it);
             int64_t v = -1;
-            if (tagApply(src, item, "runtime.gpus", TAG_INT, "a device ordinal from 0 to 255",
+            if (tagApply(src, item, "runtime.gpus", YTAG_INT, "a device ordinal from 0 to 255",
                          err) != 0)
                 return -1;
             char plain[128], octal[32], item_shown[128];
             if (item && isPlain(item) &&
-                leadingZero((const char *)item->data.scalar.value, plain, sizeof plain, octal,
-                            sizeof octal)) {
+                yamlLeadingZero((const char *)item->data.scalar.value, plain, sizeof plain, octal,
+                                sizeof octal)) {
                 showValue(item, item_shown, sizeof item_shown);
-                return leadingZeroError(err, at, "runtime.gpus", item_shown,
-                                        "device ordinals 0 to 255", plain, octal);
+                return yamlLeadingZeroError(err, at, "runtime.gpus", item_shown,
+                                            "device ordinals 0 to 255", plain, octal);
             }
             if (!item || !isPlain(item) || parseInteger((const char *)item->data.scalar.value, &v) ||
                 v < 0 || v > 255 || n == CONFIG_MAX_GPUS)
@@ -990,8 +735,8 @@ static int applyGpus(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *no
         if (!strchr(text, ',')) {
             int64_t v = 0;
             char plain[128], octal[32];
-            if (isPlain(node) && leadingZero(text, plain, sizeof plain, octal, sizeof octal))
-                return leadingZeroError(err, at, "runtime.gpus", shown, allowed, plain, octal);
+            if (isPlain(node) && yamlLeadingZero(text, plain, sizeof plain, octal, sizeof octal))
+                return yamlLeadingZeroError(err, at, "runtime.gpus", shown, allowed, plain, octal);
             if (!isPlain(node) || parseInteger(text, &v) || v < 1 || v > CONFIG_MAX_GPUS)
                 return nsaErrorf(err, "%sruntime.gpus: %s is not a GPU count or list; allowed: %s", at,
                                  shown, allowed);
@@ -1054,7 +799,7 @@ static int applyNodes(JobConfig *cfg, yaml_document_t *doc, const yaml_node_t *n
         for (yaml_node_item_t *it = node->data.sequence.items.start;
              it < node->data.sequence.items.top; it++) {
             yaml_node_t *item = yaml_document_get_node(doc, *it);
-            if (tagApply(src, item, "runtime.nodes", TAG_STR, "a HOST:PORT address", err) != 0)
+            if (tagApply(src, item, "runtime.nodes", YTAG_STR, "a HOST:PORT address", err) != 0)
                 return -1;
             if (!item || item->type != YAML_SCALAR_NODE || n == CONFIG_MAX_NODES)
                 return nsaErrorf(err, "%sruntime.nodes: %s is not a list of addresses; allowed: %s", at,
@@ -1171,22 +916,22 @@ static int yamlBool(const yaml_node_t *node, int *value) {
 static int ignoredTags(const IgnoredKey *ig, yaml_node_t *node, const Source *src, NsaError *err) {
     char name[80];
     snprintf(name, sizeof name, "%s.%s", ig->section, ig->key);
-    if (ig->type == IGNORED_BOOL) return tagApply(src, node, name, TAG_BOOL, "true or false", err);
+    if (ig->type == IGNORED_BOOL) return tagApply(src, node, name, YTAG_BOOL, "true or false", err);
     if (ig->type == IGNORED_COUNT)
-        return tagApply(src, node, name, TAG_INT, "an integer >= 0", err);
+        return tagApply(src, node, name, YTAG_INT, "an integer >= 0", err);
     if (!src->tags) return 0;
-    const int any = TAG_STR | TAG_INT | TAG_FLOAT | TAG_BOOL | TAG_NULL | TAG_MAP | TAG_SEQ;
+    const int any = YTAG_STR | YTAG_INT | YTAG_FLOAT | YTAG_BOOL | YTAG_NULL | YTAG_MAP | YTAG_SEQ;
     for (size_t i = 0; i < src->tags->len; i++) {
-        TagMark *m = &src->tags->marks[i];
+        YamlTagMark *m = &src->tags->marks[i];
         if (m->index < node->start_mark.index || m->index >= node->end_mark.index) continue;
         m->used = 1;
-        int kind = tagKind(m);
-        if (kind && ((kind == TAG_MAP) == (m->type == YAML_MAPPING_NODE)) &&
-            ((kind == TAG_SEQ) == (m->type == YAML_SEQUENCE_NODE)))
+        int kind = yamlTagKind(m);
+        if (kind && ((kind == YTAG_MAP) == (m->type == YAML_MAPPING_NODE)) &&
+            ((kind == YTAG_SEQ) == (m->type == YAML_SEQUENCE_NODE)))
             continue;
         char at[CONFIG_PATH_MAX + 32], tag[80], allowed[200];
-        tagShort(m, tag, sizeof tag);
-        tagsAllowed(any, allowed, sizeof allowed);
+        yamlTagShort(m, tag, sizeof tag);
+        yamlTagsAllowed(any, allowed, sizeof allowed);
         if (src->path)
             snprintf(at, sizeof at, "%s:%zu: ", src->path, m->line);
         else
@@ -1216,11 +961,11 @@ static int applyIgnored(JobConfig *cfg, const IgnoredKey *ig, const yaml_node_t 
         int64_t v;
         char name[80], plain[128], octal[32];
         snprintf(name, sizeof name, "%s.%s", ig->section, ig->key);
-        if (isPlain(node) && leadingZero((const char *)node->data.scalar.value, plain, sizeof plain,
-                                         octal, sizeof octal))
-            return leadingZeroError(err, at, name, shown,
-                                    "an integer >= 0 (a prototype setting nsad ignores)", plain,
-                                    octal);
+        if (isPlain(node) && yamlLeadingZero((const char *)node->data.scalar.value, plain,
+                                             sizeof plain, octal, sizeof octal))
+            return yamlLeadingZeroError(err, at, name, shown,
+                                        "an integer >= 0 (a prototype setting nsad ignores)", plain,
+                                        octal);
         if (!isPlain(node) || isNull(node) || parseInteger((const char *)node->data.scalar.value, &v) != 0 ||
             v < 0)
             return nsaErrorf(err, "%s%s.%s: %s is not a count; allowed: an integer >= 0 (a prototype setting "
@@ -1273,7 +1018,7 @@ static int walkSection(JobConfig *cfg, yaml_document_t *doc, const char *section
         const char *key = (const char *)kn->data.scalar.value;
         char name[80], what[400];
         snprintf(name, sizeof name, "%s.%.60s", section, key);
-        if (tagApply(src, kn, name, TAG_STR, "a key name", err) != 0) return -1;
+        if (tagApply(src, kn, name, YTAG_STR, "a key name", err) != 0) return -1;
         const KeyAlias *alias = findAlias(section, key);
         const ConfigKey *k = findKey(section, alias ? alias->canonical : key);
         if (k) {
@@ -1323,7 +1068,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Giv
     yaml_node_t *root = yaml_document_get_root_node(doc);
     char what[480];
     snprintf(what, sizeof what, "a mapping of sections (%s)", section_list);
-    if (tagApply(src, root, "config", TAG_MAP | TAG_NULL, what, err) != 0) return -1;
+    if (tagApply(src, root, "config", YTAG_MAP | YTAG_NULL, what, err) != 0) return -1;
     if (!root || (root->type == YAML_SCALAR_NODE && isNull(root)))
         return nsaErrorf(err, "%s%sconfig is empty; allowed: a mapping of sections (%s)",
                         src->path ? src->path : "", src->path ? ": " : "", section_list);
@@ -1342,7 +1087,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Giv
             return nsaErrorf(err, "%sconfig: a section name that is not a plain name; allowed: %s", at,
                             section_list);
         const char *name = (const char *)kn->data.scalar.value;
-        if (tagApply(src, kn, name, TAG_STR, "a section name", err) != 0) return -1;
+        if (tagApply(src, kn, name, YTAG_STR, "a section name", err) != 0) return -1;
         int known = 0;
         for (int i = 0; sections[i]; i++) known |= !strcmp(sections[i], name);
         if (known && src->model_only && strcmp(name, "model") && strcmp(name, "nsa"))
@@ -1365,7 +1110,7 @@ static int walkRoot(JobConfig *cfg, yaml_document_t *doc, const Source *src, Giv
         const char *unused;
         sectionKeys(name, "", list, sizeof list, &unused);
         snprintf(what, sizeof what, "a mapping of %s", list);
-        if (tagApply(src, vn, name, TAG_MAP | TAG_NULL, what, err) != 0) return -1;
+        if (tagApply(src, vn, name, YTAG_MAP | YTAG_NULL, what, err) != 0) return -1;
         if (vn->type == YAML_SCALAR_NODE && isNull(vn)) continue;  /* "nan:" with nothing under it */
         if (vn->type != YAML_MAPPING_NODE) {
             showValue(vn, shown, sizeof shown);
@@ -1416,21 +1161,7 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
     int rc = walkRoot(cfg, &doc, src, given, err);
     /* the walk reads every node it keeps; a tag it did not meet is refused
      * all the same */
-    for (size_t i = 0; rc == 0 && src->tags && i < src->tags->len; i++) {
-        const TagMark *m = &src->tags->marks[i];
-        char tag[80];
-        tagShort(m, tag, sizeof tag);
-        if (!m->used)
-            rc = src->path
-                     ? nsaErrorf(err,
-                                 "%s:%zu: the tag %s is on a value nsad does not read; allowed: "
-                                 "no tag there",
-                                 src->path, m->line, tag)
-                     : nsaErrorf(err,
-                                 "line %zu: the tag %s is on a value nsad does not read; allowed: "
-                                 "no tag there",
-                                 m->line, tag);
-    }
+    if (rc == 0) rc = yamlTagsUnread(src->tags, src->path, err);
     /* the prototype took the vocabulary from its tokenizer (gpt2: 50257) */
     const ConfigKey *vocab = findKey("model", "vocab_size");
     int tokenizer_vocab = tokenizerVocabOf(cfg->data.tokenizer);
@@ -1477,22 +1208,22 @@ static int loadParser(JobConfig *cfg, yaml_parser_t *parser, const Source *src, 
 /* Loads len bytes of text: the limits first (yamllimit.h), then the document. */
 static int loadText(JobConfig *cfg, const char *text, size_t len, const Source *src, NsaError *err) {
     if (yamlLimitCheck(text, len, &yamlConfigLimits, src->path, err) != 0) return -1;
-    TagList tags = {0};
+    YamlTagList tags = {0};
     Source tagged = *src;
     tagged.tags = &tags;
-    if (tagsCollect(text, len, &tags) != 0) {
-        tagsFree(&tags);
+    if (yamlTagsCollect(text, len, &tags) != 0) {
+        yamlTagsFree(&tags);
         return nsaErrorf(err, "config: out of memory");
     }
     yaml_parser_t parser;
     if (!yaml_parser_initialize(&parser)) {
-        tagsFree(&tags);
+        yamlTagsFree(&tags);
         return nsaErrorf(err, "config: out of memory");
     }
     yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
     int rc = loadParser(cfg, &parser, &tagged, err);
     yaml_parser_delete(&parser);
-    tagsFree(&tags);
+    yamlTagsFree(&tags);
     return rc;
 }
 

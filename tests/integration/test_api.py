@@ -919,6 +919,30 @@ def test_bad_daemon_config(workdir):
                         "--socket", "none"], capture_output=True, timeout=30)
     check("an unknown daemon config key: exit 78", p.returncode == 78 and "colour" in p.stderr.decode(),
           (p.returncode, p.stderr))
+    # the job config's YAML rules (daemon/yamlscalar.h): tags, leading zeros, numbers too small
+    for text, want in (
+            ("listen: 127.0.0.1:1\nmax_connections: 010\n",
+             "bad.yaml:2: max_connections: 010 has a leading zero: YAML 1.1 reads it as octal (8), "
+             "YAML 1.2 as decimal (10); allowed: an integer from 1 to 1000"),
+            ("peak_tflops: 1e-400\n", "bad.yaml:1: peak_tflops: 1e-400 is too small: it would be stored as 0"),
+            ("max_connections: !foo 5\n",
+             "bad.yaml:1: max_connections: !foo 5: the tag !foo is not supported; allowed: an integer "
+             "from 1 to 1000, untagged or tagged !!int"),
+            ("idle_timeout_s: 5\nlisten: !!int 5\n", "bad.yaml:2: listen: !!int 5 is tagged an integer"),
+            ("allow_hosts: [a, !!binary aGk=]\n", "bad.yaml:1: allow_hosts: !!binary aGk=: the tag !!binary")):
+        with open(bad, "w") as f:
+            f.write(text)
+        p = subprocess.run([NSAD, "serve", "--config", bad, "--state-dir", os.path.join(workdir, "s1"),
+                            "--socket", "none"], capture_output=True, timeout=30)
+        check(f"a daemon config refused as a job config would be: {text!r}",
+              p.returncode == 78 and want in p.stderr.decode(), (p.returncode, p.stderr))
+    # a core tag the key takes, and numbers every YAML reads alike, still load
+    with open(bad, "w") as f:
+        f.write("max_connections: !!int \"8\"\npeak_tflops: 0.5\nauth: !!bool true\nmodel_keep_s: 0\n")
+    p = subprocess.run([NSAD, "serve", "--config", bad, "--state-dir", os.path.join(workdir, "s1"),
+                        "--socket", "none", "--listen", "nonsense"], capture_output=True, timeout=30)
+    check("a daemon config with the tags its keys take loads (then --listen is refused)",
+          p.returncode == 78 and "--listen: 'nonsense'" in p.stderr.decode(), (p.returncode, p.stderr))
     p = subprocess.run([NSAD, "serve", "--listen", f"0.0.0.0:{free_port()}", "--no-auth", "--state-dir",
                         os.path.join(workdir, "s2"), "--socket", "none"], capture_output=True, timeout=30)
     check("a non-loopback bind without a token is refused (exit 78)",
