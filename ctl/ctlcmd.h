@@ -49,6 +49,11 @@ void ctlUnknownCommand(const char *name);
  * tests/unit/test_ctl_limits.c fails to compile when the two differ. */
 #define CTL_CONFIG_FILE_LIMIT ((size_t)1 << 20)
 
+/* The most continuations `sample --n` asks for: nsad's SAMPLE_MAX_PROMPTS
+ * (daemon/sampler.h, not header-only either); test_ctl_limits.c fails to
+ * compile when the two differ. */
+#define CTL_SAMPLE_MAX_N 16
+
 /* Ask nsad once and print (commands.c); watch (commands.c) parses its
  * arguments and follows the run with ctlWatchRun (watch.c). */
 int ctlCmdStart(Ctl *ctl, int argc, char **argv);

@@ -128,7 +128,6 @@ static void jsonLine(UseRun *u, const char *line, size_t len, const char *ev, co
 
 /* ---- sample ------------------------------------------------------------------ */
 
-#define SAMPLE_MAX_N 16   /* the daemon's limit on n (proto/api.md) */
 
 /* One continuation streams straight to stdout; several are collected and
  * printed one after another when the job is done. A prompt of token ids
@@ -140,7 +139,7 @@ typedef struct SampleRun {
     int n;
     int ids;                     /* the prompt and the output are token ids */
     char *prompt;                /* n > 1: the start line's prompt, as printed */
-    StrBuf text[SAMPLE_MAX_N];   /* n > 1: each continuation's text (or " ID"s) so far */
+    StrBuf text[CTL_SAMPLE_MAX_N];   /* n > 1: each continuation's text (or " ID"s) so far */
     const char *model;           /* the start line's reused: "model kept" or "model loaded" */
 } SampleRun;
 
@@ -302,9 +301,9 @@ int ctlCmdSample(Ctl *ctl, int argc, char **argv) {
     if (opts[8].value) {
         char *end = NULL;
         const long n = strtol(opts[8].value, &end, 10);
-        if (end == opts[8].value || *end || n < 1 || n > SAMPLE_MAX_N) {
+        if (end == opts[8].value || *end || n < 1 || n > CTL_SAMPLE_MAX_N) {
             fprintf(stderr, "nsactl sample: --n '%s'; allowed: a whole number from 1 to %d\n",
-                    opts[8].value, SAMPLE_MAX_N);
+                    opts[8].value, CTL_SAMPLE_MAX_N);
             return CTL_EXIT_USAGE;
         }
         r.n = (int)n;
