@@ -560,10 +560,23 @@ static int cmpInt64(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* The steps of ck_dir's step_* directories, ascending, into a malloc'd
- * array (the caller frees; NULL with *n = 0 when there are none). Returns
- * 0, or -1 with err. */
-static int listSteps(const char *ck_dir, int64_t **steps_out, size_t *n_out, NsaError *err) {
+/* ".step_N.old" (a replacement's old copy) -> N; -1 for any other name. */
+static int64_t parseCutStepDir(const char *name) {
+    const size_t len = strlen(name);
+    char step[64];
+    if (len < 6 + 4 || len - 5 >= sizeof step || strncmp(name, ".step_", 6) != 0 ||
+        strcmp(name + len - 4, ".old") != 0)
+        return -1;
+    memcpy(step, name + 1, len - 5); /* ".step_N.old" -> "step_N" */
+    step[len - 5] = '\0';
+    return parseStepDir(step);
+}
+
+/* The steps parse finds in the names in ck_dir (-1: not one), ascending,
+ * into a malloc'd array (the caller frees; NULL with *n = 0 when there are
+ * none, or no ck_dir). Returns 0, or -1 with err. */
+static int listStepsBy(const char *ck_dir, int64_t (*parse)(const char *name), int64_t **steps_out,
+                       size_t *n_out, NsaError *err) {
     *steps_out = NULL;
     *n_out = 0;
     DIR *d = opendir(ck_dir);
@@ -576,7 +589,7 @@ static int listSteps(const char *ck_dir, int64_t **steps_out, size_t *n_out, Nsa
     struct dirent *e;
     int rc = 0;
     while ((e = readdir(d)) != NULL) {
-        int64_t s = parseStepDir(e->d_name);
+        int64_t s = parse(e->d_name);
         if (s < 0) continue;
         if (n == cap) {
             size_t grown_cap = cap ? 2 * cap : 16;
@@ -599,6 +612,11 @@ static int listSteps(const char *ck_dir, int64_t **steps_out, size_t *n_out, Nsa
     *steps_out = steps;
     *n_out = n;
     return 0;
+}
+
+/* The steps of ck_dir's step_* directories (listStepsBy). */
+static int listSteps(const char *ck_dir, int64_t **steps_out, size_t *n_out, NsaError *err) {
+    return listStepsBy(ck_dir, parseStepDir, steps_out, n_out, err);
 }
 
 /* Moves a step directory out of the way (one rename: a kill never leaves
@@ -1115,49 +1133,10 @@ static int finishReplacement(const char *ck_dir, int64_t step, NsaError *err) {
     return fsFsyncDir(ck_dir, err);
 }
 
-/* The steps N of ck_dir's .step_N.old directories into a malloc'd array
- * (the caller frees; NULL with *n = 0 when none). Returns 0, or -1 with
- * err. */
+/* The steps N of ck_dir's .step_N.old directories (listStepsBy). */
 static int listCutReplacements(const char *ck_dir, int64_t **steps_out, size_t *n_out,
                                NsaError *err) {
-    *steps_out = NULL;
-    *n_out = 0;
-    DIR *d = opendir(ck_dir);
-    if (!d) return nsaErrorf(err, "opendir %s: %s", ck_dir, strerror(errno));
-    size_t n = 0, cap = 0;
-    int64_t *steps = NULL;
-    int rc = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        size_t len = strlen(e->d_name);
-        char name[64];
-        if (len < 6 + 4 || len - 5 >= sizeof name || strncmp(e->d_name, ".step_", 6) != 0 ||
-            strcmp(e->d_name + len - 4, ".old") != 0)
-            continue;
-        memcpy(name, e->d_name + 1, len - 5); /* ".step_N.old" -> "step_N" */
-        name[len - 5] = '\0';
-        int64_t s = parseStepDir(name);
-        if (s < 0) continue;
-        if (n == cap) {
-            size_t grown_cap = cap ? 2 * cap : 4;
-            int64_t *grown = realloc(steps, grown_cap * sizeof *steps);
-            if (!grown) {
-                rc = nsaErrorf(err, "out of memory listing %s", ck_dir);
-                break;
-            }
-            steps = grown;
-            cap = grown_cap;
-        }
-        steps[n++] = s;
-    }
-    closedir(d);
-    if (rc != 0) {
-        free(steps);
-        return -1;
-    }
-    *steps_out = steps;
-    *n_out = n;
-    return 0;
+    return listStepsBy(ck_dir, parseCutStepDir, steps_out, n_out, err);
 }
 
 /* What a kill in the middle of a save or prune left in ck_dir: a
