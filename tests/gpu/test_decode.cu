@@ -83,30 +83,43 @@ static std::vector<int> cpuSelect(const std::vector<double> &score, int t, int l
  * exactly and the rule (lower block first) alone decides; the GPU set must
  * then be the CPU's. */
 static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint64_t seed,
-                       bool ties = false, int cluster = DEC_MAX_CLUSTER) {
+                       bool ties = false) {
     const double t0 = nowSeconds();
     DecDims dm = {};
     dm.B = 1; dm.G = 1; dm.H = hpg; dm.dk = 8; dm.dv = 8;
     dm.T = t + 1; dm.W = 1; dm.l = l; dm.d = d; dm.l_sel = l_sel; dm.n_sel = n_sel;
     dm.slots = n_sel < 3 ? 3 : n_sel; dm.window = 1;
     dm.Nc = nsaNumCmpBlocks(t + 1, l, d);
+    dm.n_chunks = (dm.Nc + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
+    decSelectDims(&dm);
     const int n_vis = dm.Nc;
-    /* the selection takes each head's log-sum-exp as 0: p_i = exp(score_i) */
+    /* one chunk holds the softmax normaliser: lse = 0, so p_i = exp(score_i) */
+    std::vector<float> m(hpg * dm.n_chunks, -INFINITY), lsum(hpg * dm.n_chunks, 0.0f);
+    std::vector<float> o((size_t)hpg * dm.n_chunks * dm.dv, 0.0f);
+    for (int h = 0; h < hpg; h++) m[h * dm.n_chunks] = 0.0f, lsum[h * dm.n_chunks] = 1.0f;
     std::vector<float> sc((size_t)hpg * dm.Nc);
     if (ties)
         std::fill(sc.begin(), sc.end(), 0.0f);
     else
         fillUniform(sc.data(), sc.size(), seed, 1, -6.0f, 0.0f);
-    float *d_sc = devFrom(sc.data(), sc.size());
-    int *d_sel = (int *)devAlloc((size_t)dm.slots * sizeof(int));
+    int hslot[1] = {0}, hpos[1] = {t};
+    int *stage = (int *)devAlloc(sizeof hslot), *pos = (int *)devAlloc(sizeof hpos);
+    GPU_OK(cudaMemcpy(stage, hslot, sizeof hslot, cudaMemcpyHostToDevice));
+    GPU_OK(cudaMemcpy(pos, hpos, sizeof hpos, cudaMemcpyHostToDevice));
+    DecScratch s = {};
+    s.row_slot = stage;
+    s.row_pos = pos;
+    s.cmp_m = devFrom(m.data(), m.size());
+    s.cmp_l = devFrom(lsum.data(), lsum.size());
+    s.cmp_o = devFrom(o.data(), o.size());
+    s.cmp_scores = devFrom(sc.data(), sc.size());
+    s.sel_cand = (int2 *)devAlloc((size_t)dm.G * dm.sel_chunks * dm.cand_stride * sizeof(int2));
+    s.sel = (int *)devAlloc((size_t)dm.slots * sizeof(int));
     NsaError err = {{0}};
-    int rc = decAttnPrepare(&dm, &err);
-    if (!rc) {
-        decAttnCluster(&dm, cluster);
-        rc = decSelectCheck(&dm, d_sc, t, d_sel, &err) || cudaDeviceSynchronize() != cudaSuccess;
-    }
+    const DecLaunch plain = {0, 0};
+    const int rc = decAttnPrepare(&dm, &err) || decSelect(&dm, &s, &plain, &err);
     std::vector<int> sel(dm.slots);
-    toHost(sel.data(), d_sel, sel.size() * sizeof(int));
+    toHost(sel.data(), s.sel, sel.size() * sizeof(int));
 
     /* reference scores in double */
     const int Ns = t / l_sel + 1, n_complete = (t + 1) / l_sel;
@@ -147,12 +160,12 @@ static void testSelect(int t, int l, int d, int l_sel, int n_sel, int hpg, uint6
     for (size_t r = 0; r < want.size() && r < (size_t)k; r++) exact = exact && sel[r] == want[r];
     if (ties) ok = ok && exact;
     report(&g_res, ok, nowSeconds() - t0, "select kernel",
-           "t %d l %d d %d l' %d n %d hpg %d%s, cluster %d: %d blocks, %s, worst swap gap %.1e%s", t, l,
-           d, l_sel, n_sel, hpg, ties ? " (exact ties)" : "", dm.cluster, k,
+           "t %d l %d d %d l' %d n %d hpg %d%s: %d blocks, %s, worst swap gap %.1e%s", t, l,
+           d, l_sel, n_sel, hpg, ties ? " (exact ties)" : "", k,
            exact ? "same set as the CPU" : "differs at a near-tie", worst_gap,
            rc ? err.message : "");
-    cudaFree(d_sc);
-    cudaFree(d_sel);
+    cudaFree(stage); cudaFree(pos); cudaFree((void *)s.cmp_m); cudaFree((void *)s.cmp_l);
+    cudaFree((void *)s.cmp_o); cudaFree((void *)s.cmp_scores); cudaFree(s.sel_cand); cudaFree(s.sel);
 }
 
 /* ---- the matrix-vector products alone --------------------------------------------- */
@@ -503,7 +516,7 @@ int main(void) {
         return 2;
     }
     printf("# %s\n", info.description);
-    /* the selection (decAttn's, in a cluster of 16 CTAs): short, long, n_sel < 3, l > l' */
+    /* selection kernel: short, several rounds of 1024 blocks, n_sel < 3, l > l' */
     testSelect(40, 8, 4, 16, 4, 2, 1);
     testSelect(2047, 32, 16, 64, 16, 6, 2);
     testSelect(65535, 32, 16, 64, 16, 6, 3);
@@ -513,11 +526,6 @@ int main(void) {
     testSelect(1000, 64, 16, 32, 20, 4, 7);
     testSelect(65535, 32, 16, 64, 16, 6, 8, true);
     testSelect(9000, 32, 16, 64, 70, 2, 9, true);
-    /* the same at smaller clusters (many-row passes), down to one CTA */
-    testSelect(65535, 32, 16, 64, 16, 6, 10, false, 4);
-    testSelect(9000, 32, 16, 64, 70, 2, 11, true, 2);
-    testSelect(65535, 32, 16, 64, 16, 6, 12, false, 1);
-    testSelect(1000, 64, 16, 32, 20, 4, 13, false, 1);
     /* matrix-vector products: one row (CUDA cores), 2 to 256 (tensor cores:
      * tiles of 16 rows, at most 2 a CTA, so above 32 rows more row groups
      * of CTAs), N and K off the tiles (K a multiple of 8) */
@@ -594,19 +602,6 @@ int main(void) {
     f.prompt[0] = 256; f.prompt[1] = 257; f.prompt[2] = 530;
     f.seed = 15;
     testModel(&f);
-
-    Case g = {};
-    g.name = "decode l 64 > 2 l' (a selection block's CTA scores the block pooled this step)";
-    g.cfg = smallConfig();
-    g.cfg.cmp_len = 64;
-    g.cfg.cmp_stride = 16;
-    g.cfg.sel_len = 16;
-    g.cfg.n_sel = 6;
-    g.slots = 2;
-    g.context = 400;
-    g.prompt[0] = 30; g.prompt[1] = 3;
-    g.seed = 16;
-    testModel(&g);
 
     Case e = {};
     e.name = "decode 16 slots, d_k 64 d_v 32, G 1";

@@ -142,7 +142,7 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     const size_t Bm = d->opt.max_batch, R = d->R, C = c->dim, V = c->vocab_size, H = c->n_heads;
     const size_t G = c->n_kv_groups, dk = c->d_k, dv = c->d_v, F = d->F, P = d->P;
     const DecDims *dm = &d->dims;
-    const size_t L = c->n_layers;
+    const size_t units = (size_t)dm->sel_units + dm->win_units, L = c->n_layers;
     size_t cur = 0;
 #define TAKE(ptr, type, count)                                    \
     do {                                                          \
@@ -192,6 +192,16 @@ static size_t plan(NsaCudaDecoder *d, char *base) {
     TAKE(rope, float, (size_t)dm->T * dk);
     int *row_slot = NULL, *row_pos = NULL;
     TAKE(s->proj, float, R * P);
+    TAKE(s->q, float, R * H * dk);
+    TAKE(s->cmp_scores, float, R * H * dm->Nc);
+    TAKE(s->cmp_m, float, R * H * dm->n_chunks);
+    TAKE(s->cmp_l, float, R * H * dm->n_chunks);
+    TAKE(s->cmp_o, float, R * H * dm->n_chunks * dv);
+    TAKE(s->sel_cand, int2, R * G * dm->sel_chunks * dm->cand_stride);
+    TAKE(s->sel, int, R * G * dm->slots);
+    TAKE(s->sw_m, float, R * H * units);
+    TAKE(s->sw_l, float, R * H * units);
+    TAKE(s->sw_o, float, R * H * units * dv);
     TAKE(s->y, bf16, R * H * dv);
     TAKE(d->x, float, R * C);
     TAKE(d->act, bf16, R * F);
@@ -373,12 +383,16 @@ extern "C" NsaCudaDecoder *nsaCudaDecoderCreate(const NsaModelConfig *cfg, const
     dm->raw_ring = cfg->cmp_len + d->R - 1;
     const int nc = nsaNumCmpBlocks(opt->max_context, cfg->cmp_len, cfg->cmp_stride);
     dm->Nc = nc > 0 ? nc : 1;
+    dm->n_chunks = (dm->Nc + DEC_CMP_CHUNK - 1) / DEC_CMP_CHUNK;
     dm->l = cfg->cmp_len;
     dm->d = cfg->cmp_stride;
     dm->l_sel = cfg->sel_len;
     dm->n_sel = cfg->n_sel;
     dm->slots = nsaNumSelSlots(cfg->n_sel);
     dm->window = cfg->window;
+    decSelectDims(dm);
+    dm->sel_units = dm->slots * ((cfg->sel_len + DEC_UNIT - 1) / DEC_UNIT);
+    dm->win_units = (window + DEC_UNIT - 1) / DEC_UNIT;
     dm->proj_stride = d->P;
     dm->phi_mlp = cfg->phi == NSA_PHI_MLP;
     if (createInto(d, err)) {
@@ -475,8 +489,7 @@ static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
     const int C = c->dim, V = c->vocab_size, H = c->n_heads, dv = c->d_v, F = d->F;
     DecDims dm = d->dims;
     dm.B = B;
-    dm.append_in_attn = !prefill;
-    decAttnForRows(&dm, B);
+    dm.pool_in_append = !prefill;
     DecScratch *s = &d->scratch;
     CUDA_CHECK(cudaMemcpyAsync(d->stage, d->stage_host, (size_t)(1 + B) * sizeof(int),
                                cudaMemcpyHostToDevice, st),
@@ -491,8 +504,9 @@ static int enqueuePass(NsaCudaDecoder *d, int B, int prefill, NsaError *err) {
         g.w = w->w_attn; g.N = d->P; g.K = C; g.B = B;
         g.x = d->x; g.norm_w = w->attn_norm; g.eps = c->norm_eps; g.out = s->proj;
         if (decGemv(&g, DEC_STORE, ln, err)) return -1;
-        if ((prefill && (decAppend(&dm, k, s, ln, err) || decPool(&dm, k, s, ln, err))) ||
-            decAttn(&dm, k, s, ln, err))
+        if (decAppend(&dm, k, s, ln, err) || (prefill && decPool(&dm, k, s, ln, err)) ||
+            decCmp(&dm, k, s, ln, err) || decSelect(&dm, s, ln, err) ||
+            decSelWin(&dm, k, s, ln, err) || decCombine(&dm, s, ln, err))
             return -1;
         g = DecGemv{};
         g.w = w->wo; g.N = C; g.K = H * dv; g.B = B; g.xb = s->y; g.out = d->x;

@@ -37,11 +37,13 @@ typedef __nv_bfloat16 bf16;
 #define DEC_MAX_HEADS_PER_GROUP 16
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_MAX_SEL_BLOCKS 4096
-#define DEC_MAX_CLUSTER 16    /* CTAs of decAttn's cluster (non-portable above 8) */
+#define DEC_CMP_CHUNK 64      /* compressed blocks per CTA of decCmp */
+#define DEC_SEL_CHUNK 64      /* selection blocks per CTA of the selection's scores */
+#define DEC_UNIT 64           /* keys per CTA of decSelWin; key tile of decCmp */
 #define DEC_MLP_POOL_MAX 8192 /* l * max(dk, dv) for phi = mlp (shared memory) */
 
 /* ---- overlapped launches --------------------------------------------------
- * A pass is a chain of five or seven small kernels a layer, each waiting for the
+ * A pass is a chain of about ten small kernels a layer, each waiting for the
  * one before; launched plainly, every kernel pays its launch after its
  * predecessor has drained. With overlap (programmatic dependent launch,
  * sm_90 code) the next kernel of the chain is launched while the current
@@ -130,18 +132,15 @@ typedef struct DecDims {
     int W;            /* window ring rows, min(w + R - 1, T) (R: rows_max) */
     int raw_ring;     /* raw compressed-branch ring rows, l + R - 1 */
     int Nc;           /* pooled rows per slot: nsaNumCmpBlocks(T) (>= 1) */
+    int n_chunks;     /* ceil(Nc / DEC_CMP_CHUNK) */
     int l, d, l_sel, n_sel, slots, window;
+    int sel_chunks;   /* ceil(selection blocks of T / DEC_SEL_CHUNK) (decSelectDims) */
+    int cand_stride;  /* min(slots, DEC_SEL_CHUNK): candidates a chunk keeps (decSelectDims) */
+    int sel_units;    /* slots * ceil(l_sel / DEC_UNIT) */
+    int win_units;    /* ceil(min(w, T) / DEC_UNIT) */
     int proj_stride;  /* P: projection row length */
     int phi_mlp;
-    int append_in_attn; /* decode: decAttn appends and pools; prefill: decAppend, decPool */
-    /* set by decAttnPrepare and decAttnForRows */
-    int cluster_sizes; /* a bit per cluster size (16, 8, .. 1) that fits and runs */
-    int sms;          /* the GPU's multiprocessors */
-    int cluster;      /* CTAs of a (row, group) cluster for this pass (decAttnForRows) */
-    int tile;         /* keys of a shared-memory tile */
-    int sel_per;      /* selection blocks a CTA scores, at most: ceil(blocks of T / cluster) */
-    int span_max;     /* compressed blocks a CTA scores, at most */
-    int cand_cap;     /* candidates a CTA proposes, at most: min(slots, sel_per) */
+    int pool_in_append; /* decode: decAppend pools a completed block; prefill: decPool does */
 } DecDims;
 
 typedef struct DecLayerCache {
@@ -155,6 +154,14 @@ typedef struct DecScratch {
     const int *row_slot, *row_pos; /* [B]: each row's slot and position (decRows) */
     const float *rope;     /* [T][dk/2][2] cos, sin */
     float *proj;           /* [B][P] */
+    float *q;              /* [B][H][dk] rotated */
+    float *cmp_scores;     /* [B][H][Nc] scale q.kc_i */
+    float *cmp_m, *cmp_l;  /* [B][H][n_chunks] */
+    float *cmp_o;          /* [B][H][n_chunks][dv] */
+    int2 *sel_cand;        /* [B][G][sel_chunks][cand_stride]: a chunk's best (score bits, j) */
+    int *sel;              /* [B][G][slots] */
+    float *sw_m, *sw_l;    /* [B][H][sel_units + win_units] */
+    float *sw_o;           /* [B][H][units][dv] */
     bf16 *y;               /* [B][H*dv] gate-combined attention output */
 } DecScratch;
 
@@ -164,39 +171,39 @@ typedef struct DecScratch {
  * slot. */
 int decRows(int *row_slot, int *row_pos, const int *stage, const int *pos, int B, int prefill,
             const DecLaunch *ln, NsaError *err);
-/* A prefill pass's cache appends: RoPE on the three branch keys of every
- * row, the rows into the caches. Grid (B, G). */
+/* RoPE on q and the three branch keys of every row, cache appends, and (when
+ * dm->pool_in_append) the pooled block when the row's position completes
+ * one. Grid (B, G). */
 int decAppend(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
               NsaError *err);
-/* The pooled blocks a prefill pass's positions complete, after decAppend
- * (the rows of one slot share the raw ring). Grid (B, G). */
+/* The pooled blocks the rows' positions complete, after decAppend (prefill:
+ * the rows of one slot share the raw ring). Grid (B, G). */
 int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
             NsaError *err);
-/* The attention of every row and group into s->y: (dm->append_in_attn) the
- * row's appends and pooled block, compressed attention, the selection,
- * selected and window attention, the gated combine; a cluster of
- * dm->cluster CTAs per row and group. */
-int decAttn(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
-            NsaError *err);
-/* Finds the cluster sizes (16, 8, 4, 2 or 1 CTAs; 1 before Hopper) whose
- * shared memory fits and that the GPU runs, for dm's shape, lets decAttn use
- * the device's whole shared-memory opt-in and sets dm for one row
- * (decAttnForRows); -1 with err when no size fits (a long max_context on a
- * GPU before Hopper, whose one CTA keeps every selection block's score).
- * Once per decoder, before any pass. */
-int decAttnPrepare(DecDims *dm, NsaError *err);
-/* Sets dm's cluster, tile and per-CTA sizes for a pass of rows rows (dm
- * prepared): the largest cluster that keeps the pass near two CTAs an SM.
- * Cannot fail. */
-void decAttnForRows(DecDims *dm, int rows);
-/* test_decode: dm's sizes for the largest cluster size that runs and is at
- * most `cluster` (the smallest that runs when none is). Cannot fail. */
-void decAttnCluster(DecDims *dm, int cluster);
-/* test_decode: the selection alone, for row 0 and group 0 at position t
- * (dm prepared, dm->T = t + 1): compressed scores [hpg][Nc] on the device,
- * each head's log-sum-exp taken as 0; the chosen blocks ascending, -1
- * padded, into out [slots] (device). 0 or -1 with err. */
-int decSelectCheck(const DecDims *dm, const float *scores, int t, int *out, NsaError *err);
+/* Compressed attention partials over chunks of visible blocks, and the raw
+ * scores for the selection. Grid (B*G, n_chunks). */
+int decCmp(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
+           NsaError *err);
+/* The selection (two kernels): each head's log-sum-exp from the compressed
+ * partials, the selection blocks' scores, every chunk's best candidates
+ * (grid (B*G, sel_chunks)), then the forced and top blocks (sel; grid
+ * (B*G)). */
+int decSelect(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
+/* Sets dm->sel_chunks and dm->cand_stride from dm->T, l_sel and slots;
+ * cannot fail. */
+void decSelectDims(DecDims *dm);
+/* Selected and window attention partials, DEC_UNIT keys per CTA, every
+ * head of the group at once. Grid (B*G, sel_units + win_units). */
+int decSelWin(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, const DecLaunch *ln,
+              NsaError *err);
+/* Merges each branch's partials (compressed chunks, selected and window
+ * units) and combines the branches with the gates into y. Grid (B, H). */
+int decCombine(const DecDims *dm, const DecScratch *s, const DecLaunch *ln, NsaError *err);
+/* Lets decCmp, decSelWin and the selection use the shared memory dm's
+ * sizes need (above 48 KB only for large heads, long selection blocks or
+ * many of them); -1 with err when the selection's or decCombine's would not
+ * fit. Once per decoder, before any pass. */
+int decAttnPrepare(const DecDims *dm, NsaError *err);
 
 /* ---- decode_prompt.cu ----
  * The fast NSA op's bf16 inputs of a whole prompt (keys rotated), branch
