@@ -221,39 +221,45 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cons
 /* ---- attention over key tiles (compressed, selected, window) ---------------- */
 
 /* The CTA's view of the group's hpg heads and a tile of DEC_UNIT keys, in
- * dynamic shared memory: fp32 q and probabilities, then bf16 key rows (padded
- * by 8 so that neighbouring threads' 16-byte reads fall in different banks)
- * and value rows. */
+ * dynamic shared memory: fp32 q, probabilities and running outputs, then
+ * bf16 key rows (padded by 8 so that neighbouring threads' 16-byte reads
+ * fall in different banks) and value rows. The running outputs live in
+ * shared memory, not registers, so that the value loop is one short loop
+ * whatever hpg x dv is: a register array sized for the largest shape (16
+ * heads of 256) had it unrolled 16 times, and these kernels, whose code is
+ * fetched anew at each launch, spent most of their time waiting for
+ * instructions. */
 typedef struct TileSmem {
     float *qs;      /* [hpg][dk] */
     float *ps;      /* [hpg][DEC_UNIT] scores, then probabilities */
     float *stat;    /* [3][hpg]: running max, running sum, this tile's rescale */
+    float *os;      /* [hpg][dv] running unnormalised outputs */
     bf16 *ks;       /* [DEC_UNIT][dk + 8] */
     bf16 *vs;       /* [DEC_UNIT][dv] */
 } TileSmem;
 
 #define ATTN_THREADS 256
-#define ATTN_OUTS (DEC_MAX_HEADS_PER_GROUP * DEC_MAX_HEAD_DIM / ATTN_THREADS)
 
 /* The fp32 part in floats, rounded up to 16 bytes so that the bf16 rows
  * after it are 16-byte aligned for the copies. */
-__host__ __device__ static inline int tileFloats(int hpg, int dk) {
-    return (hpg * dk + hpg * DEC_UNIT + 3 * hpg + 3) / 4 * 4;
+__host__ __device__ static inline int tileFloats(int hpg, int dk, int dv) {
+    return (hpg * dk + hpg * DEC_UNIT + 3 * hpg + hpg * dv + 3) / 4 * 4;
 }
 
 static size_t tileSmemBytes(const DecDims *dm) {
     const int hpg = dm->H / dm->G;
-    return (size_t)tileFloats(hpg, dm->dk) * sizeof(float) +
+    return (size_t)tileFloats(hpg, dm->dk, dm->dv) * sizeof(float) +
            (size_t)DEC_UNIT * (dm->dk + 8 + dm->dv) * sizeof(bf16);
 }
 
 /* base: the kernel's dynamic shared memory (16-byte aligned) */
-__device__ TileSmem tileSmem(float *base, int hpg, int dk) {
+__device__ TileSmem tileSmem(float *base, int hpg, int dk, int dv) {
     TileSmem t;
     t.qs = base;
     t.ps = t.qs + hpg * dk;
     t.stat = t.ps + hpg * DEC_UNIT;
-    t.ks = (bf16 *)(base + tileFloats(hpg, dk));
+    t.os = t.stat + 3 * hpg;
+    t.ks = (bf16 *)(base + tileFloats(hpg, dk, dv));
     t.vs = t.ks + DEC_UNIT * (dk + 8);
     return t;
 }
@@ -295,9 +301,9 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
         sm.stat[hh] = -INFINITY;
         sm.stat[hpg + hh] = 0.0f;
     }
-    float acc[ATTN_OUTS];
-#pragma unroll
-    for (int r = 0; r < ATTN_OUTS; r++) acc[r] = 0.0f;
+    /* a thread keeps the same outputs every tile: no barrier between their
+     * updates */
+    for (int idx = threadIdx.x; idx < hpg * dv; idx += blockDim.x) sm.os[idx] = 0.0f;
     for (int k0 = 0; k0 < n; k0 += DEC_UNIT) {
         const int nt = n - k0 < DEC_UNIT ? n - k0 : DEC_UNIT;
         if (k0 > 0) {
@@ -336,17 +342,13 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
             }
         }
         __syncthreads();
-#pragma unroll
-        for (int r = 0; r < ATTN_OUTS; r++) {
-            const int idx = threadIdx.x + r * ATTN_THREADS;
-            if (idx < hpg * dv) {
-                const int hh = idx / dv, e = idx % dv;
-                const float *p = sm.ps + hh * DEC_UNIT;
-                float a = 0.0f;
+        for (int idx = threadIdx.x; idx < hpg * dv; idx += blockDim.x) {
+            const int hh = idx / dv, e = idx % dv;
+            const float *p = sm.ps + hh * DEC_UNIT;
+            float a = 0.0f;
 #pragma unroll 8
-                for (int k = 0; k < nt; k++) a += p[k] * bf(sm.vs[k * dv + e]);
-                acc[r] = acc[r] * sm.stat[2 * hpg + hh] + a;
-            }
+            for (int k = 0; k < nt; k++) a += p[k] * bf(sm.vs[k * dv + e]);
+            sm.os[idx] = sm.os[idx] * sm.stat[2 * hpg + hh] + a;
         }
     }
     __syncthreads();   /* stat is final (also when n == 0: the empty partial) */
@@ -354,11 +356,8 @@ __device__ void attendKeys(const DecDims &dm, TileSmem sm, const float *q, int n
         m_out[part0 + hh * part_stride] = sm.stat[hh];
         l_out[part0 + hh * part_stride] = sm.stat[hpg + hh];
     }
-#pragma unroll
-    for (int r = 0; r < ATTN_OUTS; r++) {
-        const int idx = threadIdx.x + r * ATTN_THREADS;
-        if (idx < hpg * dv) o_out[(part0 + (idx / dv) * part_stride) * dv + idx % dv] = acc[r];
-    }
+    for (int idx = threadIdx.x; idx < hpg * dv; idx += blockDim.x)
+        o_out[(part0 + (idx / dv) * part_stride) * dv + idx % dv] = sm.os[idx];
 }
 
 struct IdentityRow {
@@ -384,7 +383,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) decCmpKernel(DecDims dm, DecLaye
     const int i0 = chunk * DEC_CMP_CHUNK, n_vis = visibleBlocks(t, dm.l, dm.d);
     const int n = max(0, min(DEC_CMP_CHUNK, n_vis - i0));   /* this chunk's visible blocks */
     const size_t sg = (size_t)s.row_slot[b] * dm.G + g, head0 = (size_t)b * dm.H + g * hpg;
-    attendKeys(dm, tileSmem((float *)smem_cmp, hpg, dm.dk), s.q + head0 * dm.dk, n,
+    attendKeys(dm, tileSmem((float *)smem_cmp, hpg, dm.dk, dm.dv), s.q + head0 * dm.dk, n,
                IdentityRow{0}, c.kc + (sg * dm.Nc + i0) * dm.dk, c.vc + (sg * dm.Nc + i0) * dm.dv,
                s.cmp_scores + head0 * dm.Nc + i0, (size_t)dm.Nc, s.cmp_m, s.cmp_l, s.cmp_o,
                head0 * dm.n_chunks + chunk, (size_t)dm.n_chunks);
@@ -667,7 +666,7 @@ __global__ void __launch_bounds__(ATTN_THREADS) decSelWinKernel(DecDims dm, DecL
     const int t = s.row_pos[b], hpg = dm.H / dm.G;
     const int units = dm.sel_units + dm.win_units;
     const size_t sg = (size_t)s.row_slot[b] * dm.G + g, head0 = (size_t)b * dm.H + g * hpg;
-    const TileSmem sm = tileSmem((float *)smem_sw, hpg, dm.dk);
+    const TileSmem sm = tileSmem((float *)smem_sw, hpg, dm.dk, dm.dv);
     const float *q = s.q + head0 * dm.dk;
     const size_t part0 = head0 * units + unit;
 
