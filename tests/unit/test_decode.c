@@ -185,6 +185,14 @@ static void test_f64_shape_variants(void **state) {
     c.cmp_stride = 4;
     c.n_sel = 1;
     checkConfig(c, NSA_PREC_F64, 1e-9, 5);
+    /* l = 16 > 2 l' = 8: a compressed block overlaps four selection blocks
+     * and ends past the one it starts in; d < l' */
+    c = testTinyModelConfig(NSA_PHI_AVG, NSA_MLP_SILU);
+    c.cmp_len = 16;
+    c.cmp_stride = 2;
+    c.sel_len = 4;
+    c.n_sel = 6;
+    checkConfig(c, NSA_PREC_F64, 1e-9, 7);
 }
 
 static void test_f32(void **state) {
