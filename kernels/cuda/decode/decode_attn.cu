@@ -227,8 +227,8 @@ int decPool(const DecDims *dm, const DecLayerCache *c, const DecScratch *s, cons
  * shared memory, not registers, so that the value loop is one short loop
  * whatever hpg x dv is: a register array sized for the largest shape (16
  * heads of 256) had it unrolled 16 times, and these kernels, whose code is
- * fetched anew at each launch, spent most of their time waiting for
- * instructions. */
+ * fetched anew at each launch, waited on instructions more than on anything
+ * else. */
 typedef struct TileSmem {
     float *qs;      /* [hpg][dk] */
     float *ps;      /* [hpg][DEC_UNIT] scores, then probabilities */
